@@ -1,0 +1,128 @@
+// Shared device definitions for every FLAME kernel. Self-contained (no CUDA headers), so NVRTC
+// needs no include path: 16-bit float types with PTX conversions, the compute-type mapping
+// (f16/bf16 compute in f32), conversions between any two element types, aligned vectors for
+// 16-byte accesses, and the scalar-argument block every functor carries.
+#pragma once
+
+namespace flame {
+
+struct half_t { unsigned short x; };
+struct bf16_t { unsigned short x; };
+struct None {};  // an absent operand
+
+__device__ __forceinline__ float to_float(half_t h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.x));
+  return f;
+}
+__device__ __forceinline__ half_t to_half(float f) {
+  half_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.x) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float to_float(bf16_t h) { return __uint_as_float(static_cast<unsigned>(h.x) << 16); }
+__device__ __forceinline__ bf16_t to_bf16(float f) {
+  bf16_t h;
+#if __CUDA_ARCH__ >= 800
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.x) : "f"(f));
+#else
+  unsigned u = __float_as_uint(f);
+  h.x = (u & 0x7fffffffu) > 0x7f800000u ? static_cast<unsigned short>((u >> 16) | 0x40u)
+                                        : static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
+  return h;
+}
+
+template <class T> struct compute_type { using type = T; };
+template <> struct compute_type<half_t> { using type = float; };
+template <> struct compute_type<bf16_t> { using type = float; };
+template <class T> using compute_t = typename compute_type<T>::type;
+
+template <class T> __device__ __forceinline__ compute_t<T> to_compute(T x) { return x; }
+template <> __device__ __forceinline__ float to_compute<half_t>(half_t x) { return to_float(x); }
+template <> __device__ __forceinline__ float to_compute<bf16_t>(bf16_t x) { return to_float(x); }
+
+// cast<To>(x) for x of any arithmetic compute type.
+template <class To> struct Caster {
+  template <class F> static __device__ __forceinline__ To from(F x) { return static_cast<To>(x); }
+};
+template <> struct Caster<half_t> {
+  template <class F> static __device__ __forceinline__ half_t from(F x) { return to_half(static_cast<float>(x)); }
+};
+template <> struct Caster<bf16_t> {
+  template <class F> static __device__ __forceinline__ bf16_t from(F x) { return to_bf16(static_cast<float>(x)); }
+};
+template <> struct Caster<bool> {
+  template <class F> static __device__ __forceinline__ bool from(F x) { return x != F(0); }
+};
+template <class To, class F> __device__ __forceinline__ To cast(F x) { return Caster<To>::from(x); }
+
+template <class T> struct is_none { static constexpr bool value = false; };
+template <> struct is_none<None> { static constexpr bool value = true; };
+
+// N elements of T, aligned so that one access moves N * sizeof(T) bytes.
+template <class T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
+template <int N> struct Vec<None, N> { None v[N]; };
+
+// Scalar parameters of a functor (clamp bounds, slopes, the scalar of add_scalar...). Every
+// functor derives from Functor so that its kernel parameter has this exact host-visible layout.
+struct ScalarArgs { double s0, s1, s2; };
+struct Functor { ScalarArgs a; };
+
+typedef long long i64;
+typedef unsigned long long u64;
+
+// Math overloads for float and double.
+#define FLAME_MATH1(name, f32, f64) \
+  __device__ __forceinline__ float name(float x) { return f32(x); } \
+  __device__ __forceinline__ double name(double x) { return f64(x); }
+FLAME_MATH1(m_exp, expf, exp)
+FLAME_MATH1(m_log, logf, log)
+FLAME_MATH1(m_log1p, log1pf, log1p)
+FLAME_MATH1(m_expm1, expm1f, expm1)
+FLAME_MATH1(m_sqrt, sqrtf, sqrt)
+FLAME_MATH1(m_rsqrt, rsqrtf, rsqrt)
+FLAME_MATH1(m_sin, sinf, sin)
+FLAME_MATH1(m_cos, cosf, cos)
+FLAME_MATH1(m_tanh, tanhf, tanh)
+FLAME_MATH1(m_erf, erff, erf)
+FLAME_MATH1(m_floor, floorf, floor)
+FLAME_MATH1(m_ceil, ceilf, ceil)
+FLAME_MATH1(m_rint, rintf, rint)
+#undef FLAME_MATH1
+__device__ __forceinline__ float m_pow(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ double m_pow(double x, double y) { return pow(x, y); }
+
+// Integer powers: m_pow has no integer overloads; repeated squaring keeps integers exact.
+template <class T> __device__ __forceinline__ T ipow(T b, T e) {
+  if (e < T(0)) return b == T(1) ? T(1) : (b == T(-1) ? ((e & T(1)) ? T(-1) : T(1)) : T(0));
+  T r = T(1);
+  while (e) { if (e & T(1)) r *= b; b *= b; e >>= 1; }
+  return r;
+}
+__device__ __forceinline__ int m_pow(int x, int y) { return ipow(x, y); }
+__device__ __forceinline__ long long m_pow(long long x, long long y) { return ipow(x, y); }
+__device__ __forceinline__ unsigned char m_pow(unsigned char x, unsigned char y) { return static_cast<unsigned char>(ipow<int>(x, y)); }
+
+template <class T> __device__ __forceinline__ bool is_nan(T x) { return x != x; }
+
+// Block-wide combine through shared memory (blockDim.x a multiple of 32, at most 1024).
+template <class T, class F>
+__device__ T block_reduce(T v, F combine, T* smem /* 32 entries */) {
+  for (int o = 16; o > 0; o >>= 1) v = combine(v, __shfl_down_sync(0xffffffffu, v, o));
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // smem may still be read by a previous call
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  int nw = (blockDim.x + 31) >> 5;
+  if (warp == 0) {
+    v = lane < nw ? smem[lane] : smem[0];
+    for (int o = 16; o > 0; o >>= 1) {
+      T other = __shfl_down_sync(0xffffffffu, v, o);
+      if (lane + o < nw) v = combine(v, other);
+    }
+  }
+  return v;  // valid in thread 0
+}
+
+}  // namespace flame

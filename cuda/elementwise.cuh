@@ -1,0 +1,141 @@
+// Elementwise kernels: one functor per op (the name in src/ops/op_list.h), applied by two generic
+// kernels over 0 to 3 operands of any element types. ew_contig moves V elements per thread with
+// aligned vector accesses (16 bytes for the widest operand) when every operand is dense;
+// ew_strided handles any strides (broadcast 0, negative for flips) with 32- or 64-bit indexing.
+// Functors compute in compute_t (f32 for f16/bf16) and the result is converted to the output type.
+#pragma once
+#include "common.cuh"
+
+namespace flame {
+
+// ---------------- functors ----------------
+#define FLAME_UNARY(Name, expr) \
+  struct Name : Functor { template <class T> __device__ __forceinline__ auto operator()(T x) const { return expr; } };
+#define FLAME_BINARY(Name, expr) \
+  struct Name : Functor { template <class T> __device__ __forceinline__ auto operator()(T x, T y) const { return expr; } };
+
+FLAME_UNARY(Identity, x)
+FLAME_UNARY(Neg, -x)
+FLAME_UNARY(Abs, x < T(0) ? T(-x) : x)
+FLAME_UNARY(Exp, m_exp(x))
+FLAME_UNARY(Log, m_log(x))
+FLAME_UNARY(Log1p, m_log1p(x))
+FLAME_UNARY(Expm1, m_expm1(x))
+FLAME_UNARY(Sqrt, m_sqrt(x))
+FLAME_UNARY(Rsqrt, m_rsqrt(x))
+FLAME_UNARY(Sin, m_sin(x))
+FLAME_UNARY(Cos, m_cos(x))
+FLAME_UNARY(Tanh, m_tanh(x))
+FLAME_UNARY(Sigmoid, T(1) / (T(1) + m_exp(-x)))
+FLAME_UNARY(Relu, x > T(0) ? x : T(0))
+FLAME_UNARY(Silu, x / (T(1) + m_exp(-x)))
+FLAME_UNARY(LeakyRelu, x > T(0) ? x : T(a.s0) * x)
+FLAME_UNARY(Elu, x > T(0) ? x : T(a.s0) * m_expm1(x))
+FLAME_UNARY(Gelu, T(0.5) * x * (T(1) + m_erf(x * T(0.70710678118654752440))))
+FLAME_UNARY(GeluTanh, T(0.5) * x * (T(1) + m_tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x))))
+FLAME_UNARY(Softplus, x * T(a.s0) > T(a.s1) ? x : m_log1p(m_exp(x * T(a.s0))) / T(a.s0))
+FLAME_UNARY(Floor, m_floor(x))
+FLAME_UNARY(Ceil, m_ceil(x))
+FLAME_UNARY(Round, m_rint(x))
+FLAME_UNARY(Sign, is_nan(x) ? x : T((x > T(0)) - (x < T(0))))
+FLAME_UNARY(Reciprocal, T(1) / x)
+FLAME_UNARY(Square, x * x)
+FLAME_UNARY(IsNan, is_nan(x))
+FLAME_UNARY(IsInf, x == T(1.0 / 0.0) || x == T(-1.0 / 0.0))
+FLAME_UNARY(LogicalNot, !(x != T(0)))
+// Bounds compared in double so that infinite bounds never convert to an integer type.
+FLAME_UNARY(Clamp, static_cast<double>(x) < a.s0 ? T(a.s0) : (static_cast<double>(x) > a.s1 ? T(a.s1) : x))
+FLAME_UNARY(AddScalar, x + T(a.s0))
+FLAME_UNARY(MulScalar, x * T(a.s0))
+FLAME_UNARY(RsubScalar, T(a.s0) - x)
+FLAME_UNARY(PowScalar, a.s0 == 2.0 ? T(x * x) : m_pow(x, T(a.s0)))
+
+FLAME_BINARY(Add, x + y)
+FLAME_BINARY(Sub, x - y)
+FLAME_BINARY(Mul, x * y)
+FLAME_BINARY(Div, x / y)
+FLAME_BINARY(Pow, m_pow(x, y))
+FLAME_BINARY(Maximum, is_nan(x) ? x : (is_nan(y) ? y : (x > y ? x : y)))
+FLAME_BINARY(Minimum, is_nan(x) ? x : (is_nan(y) ? y : (x < y ? x : y)))
+FLAME_BINARY(Eq, x == y)
+FLAME_BINARY(Ne, x != y)
+FLAME_BINARY(Lt, x < y)
+FLAME_BINARY(Le, x <= y)
+FLAME_BINARY(Gt, x > y)
+FLAME_BINARY(Ge, x >= y)
+FLAME_BINARY(LogicalAnd, (x != T(0)) && (y != T(0)))
+FLAME_BINARY(LogicalOr, (x != T(0)) || (y != T(0)))
+
+struct Fill : Functor { __device__ __forceinline__ double operator()() const { return a.s0; } };
+struct Where : Functor {
+  template <class C, class T> __device__ __forceinline__ T operator()(C c, T x, T y) const { return c ? x : y; }
+};
+#undef FLAME_UNARY
+#undef FLAME_BINARY
+
+template <class Op, class A, class B, class C>
+__device__ __forceinline__ auto apply(const Op& op, const A& a, const B& b, const C& c) {
+  if constexpr (is_none<A>::value) return op();
+  else if constexpr (is_none<B>::value) return op(to_compute(a));
+  else if constexpr (is_none<C>::value) return op(to_compute(a), to_compute(b));
+  else return op(to_compute(a), to_compute(b), to_compute(c));
+}
+
+// ---------------- dense operands ----------------
+template <int V, class Op, class R, class A = None, class B = None, class C = None>
+__global__ void ew_contig(Op op, R* __restrict__ out, i64 n, const A* __restrict__ a, const B* __restrict__ b,
+                          const C* __restrict__ c) {
+  i64 step = static_cast<i64>(gridDim.x) * blockDim.x * V;
+  for (i64 i = (static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < n; i += step) {
+    if (i + V <= n) {
+      Vec<A, V> va; Vec<B, V> vb; Vec<C, V> vc; Vec<R, V> vo;
+      if constexpr (!is_none<A>::value) va = *reinterpret_cast<const Vec<A, V>*>(a + i);
+      if constexpr (!is_none<B>::value) vb = *reinterpret_cast<const Vec<B, V>*>(b + i);
+      if constexpr (!is_none<C>::value) vc = *reinterpret_cast<const Vec<C, V>*>(c + i);
+#pragma unroll
+      for (int k = 0; k < V; ++k) vo.v[k] = cast<R>(apply(op, va.v[k], vb.v[k], vc.v[k]));
+      *reinterpret_cast<Vec<R, V>*>(out + i) = vo;
+    } else {
+      for (i64 j = i; j < n; ++j) {
+        A xa; B xb; C xc;
+        if constexpr (!is_none<A>::value) xa = a[j];
+        if constexpr (!is_none<B>::value) xb = b[j];
+        if constexpr (!is_none<C>::value) xc = c[j];
+        out[j] = cast<R>(apply(op, xa, xb, xc));
+      }
+    }
+  }
+}
+
+// ---------------- any strides ----------------
+constexpr int kMaxDims = 8;
+struct StridedLayout {
+  int ndim;
+  i64 shape[kMaxDims];
+  i64 stride[4][kMaxDims];  // operand 0 is the output, then a, b, c; in elements
+};
+
+template <class Index, class Op, class R, class A = None, class B = None, class C = None>
+__global__ void ew_strided(Op op, R* out, i64 n, const A* a, const B* b, const C* c, StridedLayout L) {
+  Index step = static_cast<Index>(gridDim.x) * blockDim.x;
+  for (Index i = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; i < static_cast<Index>(n); i += step) {
+    Index rem = i;
+    i64 o0 = 0, o1 = 0, o2 = 0, o3 = 0;
+    for (int d = L.ndim - 1; d >= 0; --d) {
+      Index size = static_cast<Index>(L.shape[d]);
+      i64 idx = static_cast<i64>(rem % size);
+      rem /= size;
+      o0 += idx * L.stride[0][d];
+      if constexpr (!is_none<A>::value) o1 += idx * L.stride[1][d];
+      if constexpr (!is_none<B>::value) o2 += idx * L.stride[2][d];
+      if constexpr (!is_none<C>::value) o3 += idx * L.stride[3][d];
+    }
+    A xa; B xb; C xc;
+    if constexpr (!is_none<A>::value) xa = a[o1];
+    if constexpr (!is_none<B>::value) xb = b[o2];
+    if constexpr (!is_none<C>::value) xc = c[o3];
+    out[o0] = cast<R>(apply(op, xa, xb, xc));
+  }
+}
+
+}  // namespace flame

@@ -1,0 +1,154 @@
+// Reductions over any set of axes of a strided tensor. The host describes the kept axes
+// (out_*) and the reduced axes (red_*) by their sizes and input strides, after merging
+// neighbours. reduce_general gives each output one block (or `chunks` blocks writing partials
+// that a second launch combines, when few outputs must reduce many elements); reduce_cols gives
+// each output one thread lane when outputs are adjacent in memory, so loads stay coalesced.
+// Sums of f16/bf16/f32 accumulate in f32, f64 in f64, integers and bool in i64.
+#pragma once
+#include "common.cuh"
+
+namespace flame {
+
+template <class T> __device__ __forceinline__ T lowest_value();
+template <> __device__ __forceinline__ float lowest_value<float>() { return -__int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ double lowest_value<double>() { return -__longlong_as_double(0x7ff0000000000000ll); }
+template <> __device__ __forceinline__ long long lowest_value<long long>() { return -0x7fffffffffffffffll - 1; }
+template <> __device__ __forceinline__ int lowest_value<int>() { return -0x7fffffff - 1; }
+template <> __device__ __forceinline__ unsigned char lowest_value<unsigned char>() { return 0; }
+template <> __device__ __forceinline__ bool lowest_value<bool>() { return false; }
+template <class T> __device__ __forceinline__ T highest_value();
+template <> __device__ __forceinline__ float highest_value<float>() { return __int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ double highest_value<double>() { return __longlong_as_double(0x7ff0000000000000ll); }
+template <> __device__ __forceinline__ long long highest_value<long long>() { return 0x7fffffffffffffffll; }
+template <> __device__ __forceinline__ int highest_value<int>() { return 0x7fffffff; }
+template <> __device__ __forceinline__ unsigned char highest_value<unsigned char>() { return 255; }
+template <> __device__ __forceinline__ bool highest_value<bool>() { return true; }
+
+struct SumOp {
+  template <class A> static __device__ __forceinline__ A init() { return A(0); }
+  template <class A> static __device__ __forceinline__ A combine(A x, A y) { return x + y; }
+};
+struct ProdOp {
+  template <class A> static __device__ __forceinline__ A init() { return A(1); }
+  template <class A> static __device__ __forceinline__ A combine(A x, A y) { return x * y; }
+};
+struct MaxOp {  // NaN wins, as in PyTorch
+  template <class A> static __device__ __forceinline__ A init() { return lowest_value<A>(); }
+  template <class A> static __device__ __forceinline__ A combine(A x, A y) { return is_nan(x) ? x : (is_nan(y) ? y : (x > y ? x : y)); }
+};
+struct MinOp {
+  template <class A> static __device__ __forceinline__ A init() { return highest_value<A>(); }
+  template <class A> static __device__ __forceinline__ A combine(A x, A y) { return is_nan(x) ? x : (is_nan(y) ? y : (x < y ? x : y)); }
+};
+
+struct ReduceLayout {
+  int out_ndim;
+  i64 out_shape[8];
+  i64 out_stride[8];  // input strides of the kept axes
+  int red_ndim;
+  i64 red_shape[8];
+  i64 red_stride[8];  // input strides of the reduced axes
+};
+
+__device__ __forceinline__ i64 layout_offset(i64 i, int ndim, const i64* shape, const i64* stride) {
+  i64 off = 0;
+  for (int d = ndim - 1; d >= 0; --d) {
+    i64 idx = i % shape[d];
+    i /= shape[d];
+    off += idx * stride[d];
+  }
+  return off;
+}
+
+template <class Op, class T, class Acc, class R>
+__global__ void reduce_general(const T* in, R* out, i64 n_out, i64 n_red, i64 chunks, i64 chunk_len, ReduceLayout L) {
+  __shared__ Acc smem[32];
+  for (i64 blk = blockIdx.x; blk < n_out * chunks; blk += gridDim.x) {
+    i64 o = blk / chunks, ch = blk % chunks;
+    i64 base = layout_offset(o, L.out_ndim, L.out_shape, L.out_stride);
+    i64 r1 = min(n_red, (ch + 1) * chunk_len);
+    Acc acc = Op::template init<Acc>();
+    if (L.red_ndim == 1) {
+      i64 s = L.red_stride[0];
+      for (i64 r = ch * chunk_len + threadIdx.x; r < r1; r += blockDim.x)
+        acc = Op::combine(acc, static_cast<Acc>(to_compute(in[base + r * s])));
+    } else {
+      for (i64 r = ch * chunk_len + threadIdx.x; r < r1; r += blockDim.x)
+        acc = Op::combine(acc, static_cast<Acc>(to_compute(in[base + layout_offset(r, L.red_ndim, L.red_shape, L.red_stride)])));
+    }
+    acc = block_reduce(acc, [](Acc x, Acc y) { return Op::combine(x, y); }, smem);
+    if (threadIdx.x == 0) out[blk] = cast<R>(acc);
+  }
+}
+
+// blockDim = (32, 8): x walks adjacent outputs (input stride 1 along the last kept axis), y splits
+// the reduced elements; the 8 partial values of a column are combined through shared memory.
+template <class Op, class T, class Acc, class R>
+__global__ void reduce_cols(const T* in, R* out, i64 n_out, i64 n_red, ReduceLayout L) {
+  __shared__ Acc part[8][33];
+  for (i64 o0 = static_cast<i64>(blockIdx.x) * 32; o0 < n_out; o0 += static_cast<i64>(gridDim.x) * 32) {
+    i64 o = o0 + threadIdx.x;
+    Acc acc = Op::template init<Acc>();
+    if (o < n_out) {
+      i64 base = layout_offset(o, L.out_ndim, L.out_shape, L.out_stride);
+      for (i64 r = threadIdx.y; r < n_red; r += blockDim.y)
+        acc = Op::combine(acc, static_cast<Acc>(to_compute(in[base + layout_offset(r, L.red_ndim, L.red_shape, L.red_stride)])));
+    }
+    part[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && o < n_out) {
+      for (int y = 1; y < blockDim.y; ++y) acc = Op::combine(acc, part[y][threadIdx.x]);
+      out[o] = cast<R>(acc);
+    }
+    __syncthreads();
+  }
+}
+
+// Index of the first maximum (IsMax) or minimum; NaN counts as the maximum and the minimum alike
+// (the first NaN wins), as in PyTorch. in_idx, when not null, supplies the candidates' indices
+// (second pass over partials); out_val, when not null, receives the winning values.
+template <bool IsMax, class V>
+__device__ __forceinline__ bool arg_better(V a, i64 ia, V b, i64 ib) {  // is (a, ia) preferred to (b, ib)?
+  bool na = is_nan(a), nb = is_nan(b);
+  if (na || nb) return na && (!nb || ia < ib);
+  if (a == b) return ia < ib;
+  return IsMax ? a > b : a < b;
+}
+
+template <bool IsMax, class T>
+__global__ void arg_reduce(const T* in, const i64* in_idx, i64* out_idx, compute_t<T>* out_val, i64 n_out, i64 n_red,
+                           i64 chunks, i64 chunk_len, ReduceLayout L) {
+  typedef compute_t<T> V;
+  __shared__ V sv[32];
+  __shared__ i64 si[32];
+  for (i64 blk = blockIdx.x; blk < n_out * chunks; blk += gridDim.x) {
+    i64 o = blk / chunks, ch = blk % chunks;
+    i64 base = layout_offset(o, L.out_ndim, L.out_shape, L.out_stride);
+    i64 r1 = min(n_red, (ch + 1) * chunk_len);
+    V best = V(0);
+    i64 bi = -1;
+    for (i64 r = ch * chunk_len + threadIdx.x; r < r1; r += blockDim.x) {
+      i64 off = base + layout_offset(r, L.red_ndim, L.red_shape, L.red_stride);
+      V v = to_compute(in[off]);
+      i64 id = in_idx ? in_idx[off] : r;
+      if (bi < 0 || arg_better<IsMax>(v, id, best, bi)) { best = v; bi = id; }
+    }
+    for (int s = 16; s > 0; s >>= 1) {
+      V ov = __shfl_down_sync(0xffffffffu, best, s);
+      i64 oi = __shfl_down_sync(0xffffffffu, bi, s);
+      if (oi >= 0 && (bi < 0 || arg_better<IsMax>(ov, oi, best, bi))) { best = ov; bi = oi; }
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) { sv[warp] = best; si[warp] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
+        if (si[w] >= 0 && (bi < 0 || arg_better<IsMax>(sv[w], si[w], best, bi))) { best = sv[w]; bi = si[w]; }
+      out_idx[blk] = bi;
+      if (out_val) out_val[blk] = best;
+    }
+  }
+}
+
+}  // namespace flame

@@ -1,0 +1,455 @@
+/*
+ * flame.h - the public C ABI of FLAME (Fast Learning Accelerated Matrix Engine).
+ *
+ * If it is not in this file, it is not API. Everything here is plain C99 and C++ compatible.
+ *
+ * Conventions that hold for every function below unless its comment says otherwise:
+ *  - Every function returns flame_status_t (FLAME_OK = 0) and never throws, aborts or exits.
+ *  - Results come back through out-parameters marked OUT. On failure every OUT handle is set to
+ *    NULL (when the OUT pointer itself is not NULL) and nothing else changes.
+ *  - Tensor handles passed in are BORROWED: the call neither keeps nor releases your reference.
+ *    Tensor handles returned are NEW REFERENCES: release each with flame_tensor_release().
+ *  - A NULL handle or NULL OUT pointer gives FLAME_ERROR_INVALID_ARGUMENT; a released handle gives
+ *    FLAME_ERROR_INVALID_HANDLE wherever the library can still tell (see flame_tensor_release).
+ *  - After a failure, flame_last_error_message() names the function and the offending argument.
+ *  - Every *_release / *_destroy / *_remove function accepts NULL and then does nothing.
+ *
+ * Threads: a context and all of its tensors may be used from several threads; calls on one
+ * context are serialised by a lock inside the context. Distinct contexts share nothing and run
+ * in parallel. Error messages are per thread.
+ *
+ * Lifetime: tensors keep their context alive. flame_ctx_destroy() drops the caller's reference;
+ * the GPU resources go when the last tensor of the context is released. Using the context handle
+ * after flame_ctx_destroy() is an error (FLAME_ERROR_INVALID_HANDLE while tensors keep it alive).
+ *
+ * Work is asynchronous on one stream per context. Copies to the host synchronise. A device fault
+ * found asynchronously is kept in the context and reported by the next call that can see it
+ * (FLAME_ERROR_CONTEXT_FAILED); such a context stays failed, other contexts keep working.
+ */
+#ifndef FLAME_H
+#define FLAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ============================== Export and version ============================== */
+
+#if defined(_WIN32)
+#  if defined(FLAME_BUILDING_LIBRARY)
+#    define FLAME_API __declspec(dllexport)
+#  else
+#    define FLAME_API __declspec(dllimport)
+#  endif
+#elif defined(__GNUC__)
+#  define FLAME_API __attribute__((visibility("default")))
+#else
+#  define FLAME_API
+#endif
+
+#define FLAME_VERSION_MAJOR 0
+#define FLAME_VERSION_MINOR 1
+#define FLAME_VERSION_PATCH 0
+/* The ABI major version: the SONAME is libflame.so.FLAME_ABI_VERSION. Bumped on every break. */
+#define FLAME_ABI_VERSION 1
+
+/* @return the library's version as "MAJOR.MINOR.PATCH"; a static string, never NULL. */
+FLAME_API const char* flame_version_string(void);
+/* @return FLAME_ABI_VERSION of the loaded library; bindings compare it before first use. */
+FLAME_API int32_t flame_abi_version(void);
+
+/* ============================== Status and errors ============================== */
+
+typedef enum flame_status_t {
+  FLAME_OK = 0,
+  FLAME_ERROR_INVALID_ARGUMENT = 1,   /* NULL pointer, bad value, out-of-range axis or index */
+  FLAME_ERROR_INVALID_HANDLE = 2,     /* released or foreign handle */
+  FLAME_ERROR_SHAPE_MISMATCH = 3,     /* shapes cannot broadcast or do not fit */
+  FLAME_ERROR_DTYPE_MISMATCH = 4,     /* dtype not supported by the op, or incompatible dtypes */
+  FLAME_ERROR_OUT_OF_MEMORY = 5,      /* device memory or the context's memory limit */
+  FLAME_ERROR_NO_DRIVER = 6,          /* libcuda.so.1 could not be loaded */
+  FLAME_ERROR_NO_DEVICE = 7,          /* the driver loaded but the device ordinal does not exist */
+  FLAME_ERROR_CUDA = 8,               /* a CUDA driver call failed */
+  FLAME_ERROR_KERNEL_COMPILE = 9,     /* NVRTC failed to compile a kernel */
+  FLAME_ERROR_NOT_DIFFERENTIABLE = 10,/* an op without backward got an input that requires grad */
+  FLAME_ERROR_IO = 11,                /* file system error (kernel cache, model files) */
+  FLAME_ERROR_UNSUPPORTED = 12,       /* valid request this build or device cannot do */
+  FLAME_ERROR_INTERNAL = 13,          /* a bug in FLAME; please report it */
+  FLAME_ERROR_CONTEXT_FAILED = 14,    /* an earlier asynchronous device fault; context unusable */
+  FLAME_ERROR_INVALID_FORMAT = 15,    /* malformed file content */
+  FLAME_ERROR_GRAPH_FREED = 16,       /* backward through a graph whose saved tensors were freed */
+  FLAME_ERROR_INPLACE_MODIFIED = 17   /* a tensor saved for backward was modified in place */
+} flame_status_t;
+
+/* @return a static English name for status ("FLAME_ERROR_SHAPE_MISMATCH"); never NULL. */
+FLAME_API const char* flame_status_string(flame_status_t status);
+
+/* @return the message of the last failed FLAME call on this thread ("" when the last call
+ * succeeded). Owned by the library; valid until the next FLAME call on this thread. */
+FLAME_API const char* flame_last_error_message(void);
+
+/* Sets this thread's error message. Callbacks (hooks) call it before returning an error status so
+ * that the status reaches the caller with their text. msg may be NULL (clears). */
+FLAME_API void flame_set_error_message(const char* msg);
+
+/* ============================== Types ============================== */
+
+typedef enum flame_dtype_t {
+  FLAME_DTYPE_F32 = 0,
+  FLAME_DTYPE_F16 = 1,
+  FLAME_DTYPE_BF16 = 2,
+  FLAME_DTYPE_F64 = 3,
+  FLAME_DTYPE_I32 = 4,
+  FLAME_DTYPE_I64 = 5,
+  FLAME_DTYPE_U8 = 6,
+  FLAME_DTYPE_BOOL = 7
+} flame_dtype_t;
+
+/* @return size in bytes of one element of dtype, or 0 for an unknown value. */
+FLAME_API size_t flame_dtype_size(flame_dtype_t dtype);
+/* @return a static name ("f32", "bf16", ...) or "unknown"; never NULL. */
+FLAME_API const char* flame_dtype_name(flame_dtype_t dtype);
+
+typedef struct flame_ctx_s* flame_ctx_t;       /* a GPU, its stream, memory pool and kernels */
+typedef struct flame_tensor_s* flame_tensor_t; /* a reference-counted strided view of memory */
+typedef struct flame_hook_s* flame_hook_t;     /* a registered gradient hook */
+
+/* The most dimensions a tensor may have. */
+#define FLAME_MAX_DIMS 8
+
+/* ============================== Context ============================== */
+
+/* Options for flame_ctx_create. Fill with flame_ctx_options_init, then change fields. The struct
+ * may grow at its end; the library reads only struct_size bytes of it. */
+typedef struct flame_ctx_options_t {
+  size_t struct_size;           /* sizeof(flame_ctx_options_t), set by flame_ctx_options_init */
+  int32_t device;               /* CUDA device ordinal; default 0 */
+  uint64_t seed;                /* seed of the Philox generator; default 0 */
+  const char* kernel_cache_dir; /* NULL: $FLAME_KERNEL_CACHE_DIR, else $XDG_CACHE_HOME/flame/kernels,
+                                   else ~/.cache/flame/kernels. "" disables the disk cache.
+                                   Copied during flame_ctx_create. */
+  uint64_t memory_limit;        /* bytes of tensor memory the context may hold; 0 = no limit */
+  int32_t allow_tf32;           /* matrix products in f32 may use TF32 tensor cores; default 0 */
+} flame_ctx_options_t;
+
+/* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_ctx_options_init(flame_ctx_options_t* opts);
+
+/* Creates a context on a device. opts may be NULL (defaults). OUT *ctx: a new context, destroy it
+ * with flame_ctx_destroy. Loads the CUDA driver (libcuda.so.1) on first use.
+ * Errors: FLAME_ERROR_NO_DRIVER (no libcuda.so.1 or no usable driver), FLAME_ERROR_NO_DEVICE
+ * (ordinal out of range, or no GPU), FLAME_ERROR_INVALID_ARGUMENT (bad struct_size), FLAME_ERROR_CUDA. */
+FLAME_API flame_status_t flame_ctx_create(const flame_ctx_options_t* opts, flame_ctx_t* ctx);
+
+/* Drops the caller's reference to ctx (see Lifetime above). NULL is a no-op. */
+FLAME_API void flame_ctx_destroy(flame_ctx_t ctx);
+
+/* Waits for all work queued on the context's stream. Reports asynchronous faults. */
+FLAME_API flame_status_t flame_ctx_synchronize(flame_ctx_t ctx);
+
+/* Writes the device's name, NUL-terminated and truncated to capacity bytes, into buf.
+ * buf NULL or capacity 0: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_ctx_device_name(flame_ctx_t ctx, char* buf, size_t capacity);
+
+/* OUT *major, *minor: the device's compute capability (9, 0 for Hopper). */
+FLAME_API flame_status_t flame_ctx_compute_capability(flame_ctx_t ctx, int32_t* major, int32_t* minor);
+
+/* OUT *stream: the context's CUstream (borrowed; valid while the context lives), for interop. */
+FLAME_API flame_status_t flame_ctx_stream(flame_ctx_t ctx, void** stream);
+
+/* OUT *count: number of CUDA devices. Errors: FLAME_ERROR_NO_DRIVER when no driver loads. */
+FLAME_API flame_status_t flame_device_count(int32_t* count);
+
+/* Memory statistics of the context's pool. Fill struct_size before the call (sizeof). */
+typedef struct flame_memory_stats_t {
+  size_t struct_size;
+  uint64_t bytes_in_use;      /* bytes held by live tensors and workspaces */
+  uint64_t bytes_reserved;    /* bytes the pool holds from the device */
+  uint64_t peak_bytes_in_use; /* maximum of bytes_in_use since creation or the last reset */
+  uint64_t live_tensors;      /* tensor handles not yet released */
+} flame_memory_stats_t;
+
+/* OUT *stats. stats->struct_size must be set. */
+FLAME_API flame_status_t flame_ctx_memory_stats(flame_ctx_t ctx, flame_memory_stats_t* stats);
+/* Resets peak_bytes_in_use to the current bytes_in_use. */
+FLAME_API flame_status_t flame_ctx_reset_peak_memory(flame_ctx_t ctx);
+
+/* Random number generator state: seed and a counter of values drawn so far. Setting the state
+ * replays the same stream (same seed gives the same tensors on any GPU). */
+FLAME_API flame_status_t flame_ctx_manual_seed(flame_ctx_t ctx, uint64_t seed);
+FLAME_API flame_status_t flame_ctx_get_rng_state(flame_ctx_t ctx, uint64_t* seed, uint64_t* offset);
+FLAME_API flame_status_t flame_ctx_set_rng_state(flame_ctx_t ctx, uint64_t seed, uint64_t offset);
+
+/* ============================== Tensor lifetime and queries ============================== */
+
+/* Adds a reference to t. */
+FLAME_API flame_status_t flame_tensor_retain(flame_tensor_t t);
+/* Drops a reference; the tensor's memory returns to the pool when the last one goes. NULL is a
+ * no-op. A released handle is detected (FLAME_ERROR_INVALID_HANDLE) while its context lives. */
+FLAME_API void flame_tensor_release(flame_tensor_t t);
+
+/* OUT *ctx: the tensor's context, BORROWED (do not destroy it). */
+FLAME_API flame_status_t flame_tensor_context(flame_tensor_t t, flame_ctx_t* ctx);
+FLAME_API flame_status_t flame_tensor_dtype(flame_tensor_t t, flame_dtype_t* dtype);
+FLAME_API flame_status_t flame_tensor_ndim(flame_tensor_t t, int32_t* ndim);
+/* Writes ndim sizes into dims; capacity below ndim: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_tensor_shape(flame_tensor_t t, int64_t* dims, int32_t capacity);
+/* Writes ndim strides, in elements (may be 0 or negative for views), into strides. */
+FLAME_API flame_status_t flame_tensor_strides(flame_tensor_t t, int64_t* strides, int32_t capacity);
+FLAME_API flame_status_t flame_tensor_numel(flame_tensor_t t, int64_t* numel);
+/* OUT *contiguous: 1 when the elements are dense in row-major order. */
+FLAME_API flame_status_t flame_tensor_is_contiguous(flame_tensor_t t, int32_t* contiguous);
+/* OUT *ptr: device address of the first element (a CUdeviceptr), BORROWED: valid while t lives.
+ * Work on it must be ordered after the context's stream (flame_ctx_stream). */
+FLAME_API flame_status_t flame_tensor_data_ptr(flame_tensor_t t, void** ptr);
+
+/* ============================== Creation ============================== */
+/* shape points to ndim sizes (>= 0); ndim 0 makes a 0-d (scalar) tensor and shape may be NULL.
+ * Sizes whose product or byte count overflows: FLAME_ERROR_INVALID_ARGUMENT. */
+
+/* Uninitialised memory. */
+FLAME_API flame_status_t flame_empty(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out);
+FLAME_API flame_status_t flame_zeros(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out);
+FLAME_API flame_status_t flame_ones(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out);
+FLAME_API flame_status_t flame_full(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, double value, flame_tensor_t* out);
+/* Values start, start+step, ... below end (above end for negative step). step 0: error. */
+FLAME_API flame_status_t flame_arange(flame_ctx_t ctx, double start, double end, double step, flame_dtype_t dtype, flame_tensor_t* out);
+/* steps values evenly from start to end inclusive; steps >= 0. */
+FLAME_API flame_status_t flame_linspace(flame_ctx_t ctx, double start, double end, int64_t steps, flame_dtype_t dtype, flame_tensor_t* out);
+/* n x m matrix with ones on the diagonal. */
+FLAME_API flame_status_t flame_eye(flame_ctx_t ctx, int64_t n, int64_t m, flame_dtype_t dtype, flame_tensor_t* out);
+/* Uniform in [0, 1) from the context's Philox generator (floating dtypes only). */
+FLAME_API flame_status_t flame_rand(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out);
+/* Standard normal from the context's Philox generator (floating dtypes only). */
+FLAME_API flame_status_t flame_randn(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out);
+/* Copies nbytes of host data (row-major, element type dtype; f16/bf16 as their 16-bit patterns,
+ * bool as one byte 0/1) into a new tensor. nbytes must equal numel * dtype size. */
+FLAME_API flame_status_t flame_from_host(flame_ctx_t ctx, const void* data, size_t nbytes, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out);
+/* Copies t (any strides) to host memory in row-major order; waits for the copy.
+ * nbytes must equal numel * dtype size: otherwise FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_to_host(flame_tensor_t t, void* data, size_t nbytes);
+/* OUT *value: the single element of a one-element tensor, converted to double; waits. */
+FLAME_API flame_status_t flame_tensor_item(flame_tensor_t t, double* value);
+
+/* ============================== Views and shape ops ============================== */
+/* Views share memory with their input (no copy); negative dims count from the end. */
+
+/* Same data, new shape; one size may be -1. Copies only when the strides forbid a view. */
+FLAME_API flame_status_t flame_reshape(flame_tensor_t t, const int64_t* shape, int32_t ndim, flame_tensor_t* out);
+/* As reshape but never copies: FLAME_ERROR_INVALID_ARGUMENT when no view exists. */
+FLAME_API flame_status_t flame_view(flame_tensor_t t, const int64_t* shape, int32_t ndim, flame_tensor_t* out);
+FLAME_API flame_status_t flame_permute(flame_tensor_t t, const int32_t* dims, int32_t ndim, flame_tensor_t* out);
+FLAME_API flame_status_t flame_transpose(flame_tensor_t t, int32_t dim0, int32_t dim1, flame_tensor_t* out);
+/* Broadcasts t to shape (NumPy rules; also known as broadcast_to); -1 keeps a size. */
+FLAME_API flame_status_t flame_expand(flame_tensor_t t, const int64_t* shape, int32_t ndim, flame_tensor_t* out);
+/* Removes dimension dim, which must have size 1. */
+FLAME_API flame_status_t flame_squeeze(flame_tensor_t t, int32_t dim, flame_tensor_t* out);
+/* Removes every dimension of size 1. */
+FLAME_API flame_status_t flame_squeeze_all(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_unsqueeze(flame_tensor_t t, int32_t dim, flame_tensor_t* out);
+/* Elements start .. start+length-1 of dim. */
+FLAME_API flame_status_t flame_narrow(flame_tensor_t t, int32_t dim, int64_t start, int64_t length, flame_tensor_t* out);
+/* Python-style slice start:end:step of dim (step > 0; start/end clamped, negative from the end). */
+FLAME_API flame_status_t flame_slice(flame_tensor_t t, int32_t dim, int64_t start, int64_t end, int64_t step, flame_tensor_t* out);
+/* Index index of dim, removing the dimension. */
+FLAME_API flame_status_t flame_select(flame_tensor_t t, int32_t dim, int64_t index, flame_tensor_t* out);
+/* Reverses the listed dims (a view with negative strides). */
+FLAME_API flame_status_t flame_flip(flame_tensor_t t, const int32_t* dims, int32_t ndims, flame_tensor_t* out);
+/* The diagonal of dims dim1 and dim2 with offset, as a new last dimension. */
+FLAME_API flame_status_t flame_diagonal(flame_tensor_t t, int64_t offset, int32_t dim1, int32_t dim2, flame_tensor_t* out);
+/* t itself (new reference) when contiguous, else a contiguous copy. */
+FLAME_API flame_status_t flame_contiguous(flame_tensor_t t, flame_tensor_t* out);
+/* A contiguous copy with its own memory. */
+FLAME_API flame_status_t flame_clone(flame_tensor_t t, flame_tensor_t* out);
+/* Converts to dtype (a copy; t itself as a new reference when the dtype is already dtype). */
+FLAME_API flame_status_t flame_to_dtype(flame_tensor_t t, flame_dtype_t dtype, flame_tensor_t* out);
+/* Joins n tensors along dim; all other sizes must agree; dtypes are promoted. */
+FLAME_API flame_status_t flame_cat(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out);
+/* Joins n equal-shaped tensors along a new dim. */
+FLAME_API flame_status_t flame_stack(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out);
+/* Views of consecutive pieces of split_size along dim (the last may be smaller). Writes up to
+ * capacity handles (new references) into outs and OUT *count the number of pieces; capacity below
+ * the number of pieces: FLAME_ERROR_INVALID_ARGUMENT and nothing is written. */
+FLAME_API flame_status_t flame_split(flame_tensor_t t, int64_t split_size, int32_t dim, flame_tensor_t* outs, int32_t capacity, int32_t* count);
+/* Views of pieces with the given sizes (summing to the size of dim). */
+FLAME_API flame_status_t flame_split_sizes(flame_tensor_t t, const int64_t* sizes, int32_t n, int32_t dim, flame_tensor_t* outs);
+/* chunks views of ceil(size/chunks) elements each (fewer when they run out), as torch.chunk. */
+FLAME_API flame_status_t flame_chunk(flame_tensor_t t, int32_t chunks, int32_t dim, flame_tensor_t* outs, int32_t capacity, int32_t* count);
+/* Upper / lower triangle of the last two dims; diagonal shifts it (0: main diagonal). */
+FLAME_API flame_status_t flame_triu(flame_tensor_t t, int64_t diagonal, flame_tensor_t* out);
+FLAME_API flame_status_t flame_tril(flame_tensor_t t, int64_t diagonal, flame_tensor_t* out);
+
+/* ============================== Elementwise ============================== */
+/* Binary ops broadcast (NumPy rules) and promote dtypes (bool < u8 < i32 < i64 < f16,bf16 < f32 <
+ * f64; f16 with bf16 gives f32). Math functions on integer inputs give f32. Comparisons and logical
+ * ops give bool. Any strides are accepted. Arithmetic on bool tensors: FLAME_ERROR_DTYPE_MISMATCH. */
+
+FLAME_API flame_status_t flame_add(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+FLAME_API flame_status_t flame_sub(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+FLAME_API flame_status_t flame_mul(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+/* True division: integer inputs give f32. */
+FLAME_API flame_status_t flame_div(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+FLAME_API flame_status_t flame_pow(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+/* Elementwise max / min; NaN propagates. */
+FLAME_API flame_status_t flame_maximum(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+FLAME_API flame_status_t flame_minimum(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+FLAME_API flame_status_t flame_eq(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+FLAME_API flame_status_t flame_ne(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+FLAME_API flame_status_t flame_lt(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+FLAME_API flame_status_t flame_le(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+FLAME_API flame_status_t flame_gt(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+FLAME_API flame_status_t flame_ge(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+/* Nonzero counts as true; the result is bool. */
+FLAME_API flame_status_t flame_logical_and(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+FLAME_API flame_status_t flame_logical_or(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+FLAME_API flame_status_t flame_logical_not(flame_tensor_t t, flame_tensor_t* out);
+/* cond ? a : b, broadcasting all three; cond must be bool. */
+FLAME_API flame_status_t flame_where(flame_tensor_t cond, flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+/* Clamps into [lo, hi]; pass -INFINITY / INFINITY for no bound. NaN stays NaN. */
+FLAME_API flame_status_t flame_clamp(flame_tensor_t t, double lo, double hi, flame_tensor_t* out);
+
+/* Tensor-scalar forms: t op s. sub_scalar is t - s; rsub_scalar is s - t. */
+FLAME_API flame_status_t flame_add_scalar(flame_tensor_t t, double s, flame_tensor_t* out);
+FLAME_API flame_status_t flame_sub_scalar(flame_tensor_t t, double s, flame_tensor_t* out);
+FLAME_API flame_status_t flame_rsub_scalar(flame_tensor_t t, double s, flame_tensor_t* out);
+FLAME_API flame_status_t flame_mul_scalar(flame_tensor_t t, double s, flame_tensor_t* out);
+FLAME_API flame_status_t flame_div_scalar(flame_tensor_t t, double s, flame_tensor_t* out);
+FLAME_API flame_status_t flame_pow_scalar(flame_tensor_t t, double s, flame_tensor_t* out);
+
+FLAME_API flame_status_t flame_neg(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_abs(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_exp(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_log(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_log1p(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_expm1(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_sqrt(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_rsqrt(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_sin(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_cos(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_tanh(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_sigmoid(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_relu(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_silu(flame_tensor_t t, flame_tensor_t* out);
+/* x for x > 0, slope * x otherwise. */
+FLAME_API flame_status_t flame_leaky_relu(flame_tensor_t t, double slope, flame_tensor_t* out);
+/* x for x > 0, alpha * (exp(x) - 1) otherwise. */
+FLAME_API flame_status_t flame_elu(flame_tensor_t t, double alpha, flame_tensor_t* out);
+/* GELU; approximate 0: exact (erf), 1: tanh approximation. */
+FLAME_API flame_status_t flame_gelu(flame_tensor_t t, int32_t approximate, flame_tensor_t* out);
+/* log(1 + exp(beta x)) / beta, and x where beta x > threshold (PyTorch's softplus). */
+FLAME_API flame_status_t flame_softplus(flame_tensor_t t, double beta, double threshold, flame_tensor_t* out);
+FLAME_API flame_status_t flame_floor(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_ceil(flame_tensor_t t, flame_tensor_t* out);
+/* Rounds half to even, as PyTorch. */
+FLAME_API flame_status_t flame_round(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_sign(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_reciprocal(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_square(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_isnan(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_isinf(flame_tensor_t t, flame_tensor_t* out);
+
+/* ============================== Reductions ============================== */
+/* dims lists ndims axes (negative counts from the end); dims NULL with ndims 0 reduces all axes.
+ * keepdim != 0 keeps reduced axes with size 1. f16/bf16 accumulate in f32; integer and bool sums
+ * give i64. Reducing an empty axis: sum 0, prod 1, mean NaN; max/min/argmax/argmin error. */
+
+FLAME_API flame_status_t flame_sum(flame_tensor_t t, const int32_t* dims, int32_t ndims, int32_t keepdim, flame_tensor_t* out);
+FLAME_API flame_status_t flame_mean(flame_tensor_t t, const int32_t* dims, int32_t ndims, int32_t keepdim, flame_tensor_t* out);
+FLAME_API flame_status_t flame_prod(flame_tensor_t t, const int32_t* dims, int32_t ndims, int32_t keepdim, flame_tensor_t* out);
+/* Max / min values (gradient split evenly between ties, as torch.amax). NaN propagates. */
+FLAME_API flame_status_t flame_max(flame_tensor_t t, const int32_t* dims, int32_t ndims, int32_t keepdim, flame_tensor_t* out);
+FLAME_API flame_status_t flame_min(flame_tensor_t t, const int32_t* dims, int32_t ndims, int32_t keepdim, flame_tensor_t* out);
+/* Variance / standard deviation with the given correction (1: unbiased, 0: population). */
+FLAME_API flame_status_t flame_var(flame_tensor_t t, const int32_t* dims, int32_t ndims, double correction, int32_t keepdim, flame_tensor_t* out);
+FLAME_API flame_status_t flame_std(flame_tensor_t t, const int32_t* dims, int32_t ndims, double correction, int32_t keepdim, flame_tensor_t* out);
+/* Vector norm with p = 1, 2 or INFINITY. */
+FLAME_API flame_status_t flame_norm(flame_tensor_t t, double p, const int32_t* dims, int32_t ndims, int32_t keepdim, flame_tensor_t* out);
+FLAME_API flame_status_t flame_logsumexp(flame_tensor_t t, const int32_t* dims, int32_t ndims, int32_t keepdim, flame_tensor_t* out);
+
+/* Pass as dim to argmax/argmin to search the flattened tensor. */
+#define FLAME_DIM_ALL (-2147483647 - 1)
+/* Index (i64) of the first maximum / minimum along dim; NaN counts as the maximum. */
+FLAME_API flame_status_t flame_argmax(flame_tensor_t t, int32_t dim, int32_t keepdim, flame_tensor_t* out);
+FLAME_API flame_status_t flame_argmin(flame_tensor_t t, int32_t dim, int32_t keepdim, flame_tensor_t* out);
+/* Inclusive prefix sum along dim (integer inputs give i64). */
+FLAME_API flame_status_t flame_cumsum(flame_tensor_t t, int32_t dim, flame_tensor_t* out);
+/* 0-d results over all elements. */
+FLAME_API flame_status_t flame_sum_all(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_max_all(flame_tensor_t t, flame_tensor_t* out);
+FLAME_API flame_status_t flame_min_all(flame_tensor_t t, flame_tensor_t* out);
+
+/* ============================== Autograd ============================== */
+/* One reverse-mode engine with PyTorch semantics. Only floating tensors can require grad. Ops
+ * record a graph while grad mode is on and an input requires grad; an op that has no backward
+ * returns FLAME_ERROR_NOT_DIFFERENTIABLE in that case. */
+
+FLAME_API flame_status_t flame_tensor_set_requires_grad(flame_tensor_t t, int32_t requires_grad);
+FLAME_API flame_status_t flame_tensor_requires_grad(flame_tensor_t t, int32_t* requires_grad);
+/* OUT *is_leaf: 1 unless t was made by a recorded op. */
+FLAME_API flame_status_t flame_tensor_is_leaf(flame_tensor_t t, int32_t* is_leaf);
+/* A new tensor sharing t's memory, with no history and requires_grad 0. */
+FLAME_API flame_status_t flame_tensor_detach(flame_tensor_t t, flame_tensor_t* out);
+
+/* OUT *grad: the accumulated gradient (a new reference), or NULL when there is none. */
+FLAME_API flame_status_t flame_tensor_grad(flame_tensor_t t, flame_tensor_t* grad);
+/* Replaces t's gradient (grad is copied by reference; NULL clears it). Shape and dtype must match. */
+FLAME_API flame_status_t flame_tensor_set_grad(flame_tensor_t t, flame_tensor_t grad);
+/* Fills t's gradient with zeros, if it has one. */
+FLAME_API flame_status_t flame_tensor_zero_grad(flame_tensor_t t);
+/* Makes a non-leaf keep its gradient in .grad during backward. */
+FLAME_API flame_status_t flame_tensor_retain_grad(flame_tensor_t t);
+
+enum {
+  FLAME_BACKWARD_RETAIN_GRAPH = 1, /* keep saved tensors so the graph can be walked again */
+  FLAME_BACKWARD_CREATE_GRAPH = 2, /* record the backward itself (higher-order gradients) */
+  FLAME_GRAD_ALLOW_UNUSED = 4      /* flame_grad: inputs not reached give NULL instead of an error */
+};
+
+/* Accumulates d(root)/d(leaf) into .grad of every leaf that requires grad. grad: the gradient of
+ * root (same shape and dtype); NULL means 1 and then root must have one element. flags: the
+ * FLAME_BACKWARD_* bits. Without RETAIN_GRAPH the graph's saved tensors are freed; walking it again
+ * gives FLAME_ERROR_GRAPH_FREED. An error from a hook stops backward and is returned. */
+FLAME_API flame_status_t flame_backward(flame_ctx_t ctx, flame_tensor_t root, flame_tensor_t grad, uint32_t flags);
+
+/* Gradients of n_outputs outputs (weighted by grad_outputs, which may be NULL or hold NULLs for
+ * ones) with respect to n_inputs inputs, written as new references into results[n_inputs]; .grad
+ * fields are not touched. flags: FLAME_BACKWARD_* and FLAME_GRAD_ALLOW_UNUSED. */
+FLAME_API flame_status_t flame_grad(flame_ctx_t ctx, const flame_tensor_t* outputs, const flame_tensor_t* grad_outputs, int32_t n_outputs,
+                                    const flame_tensor_t* inputs, int32_t n_inputs, uint32_t flags, flame_tensor_t* results);
+
+/* Grad mode of the context (on by default). OUT *previous (may be NULL): the mode before, so that
+ * callers nest: prev = set(0); ...; set(prev). */
+FLAME_API flame_status_t flame_ctx_set_grad_enabled(flame_ctx_t ctx, int32_t enabled, int32_t* previous);
+FLAME_API flame_status_t flame_ctx_is_grad_enabled(flame_ctx_t ctx, int32_t* enabled);
+/* Inference mode records nothing and tensors made in it can never require grad. Nests as above. */
+FLAME_API flame_status_t flame_ctx_set_inference_mode(flame_ctx_t ctx, int32_t enabled, int32_t* previous);
+
+/* A tensor hook: called during backward with the gradient flowing into t (borrowed). It may
+ * write a replacement gradient (a new reference of the same shape and dtype, which the engine
+ * takes over) into *replacement, or leave it NULL to keep the gradient. A non-OK return stops
+ * backward with that status (set the text with flame_set_error_message). */
+typedef flame_status_t (*flame_tensor_hook_fn)(void* user_data, flame_tensor_t grad, flame_tensor_t* replacement);
+/* A post-accumulate hook: called on a leaf (borrowed) after its .grad was updated; it may edit
+ * .grad in place (flame_tensor_grad gives it). */
+typedef flame_status_t (*flame_post_accumulate_hook_fn)(void* user_data, flame_tensor_t leaf);
+/* Called exactly once with user_data when the hook goes: on flame_hook_remove or when the tensor
+ * goes, whichever comes first. May be NULL. */
+typedef void (*flame_destroy_fn)(void* user_data);
+
+/* Registers fn on t. OUT *hook: a handle to pass to flame_hook_remove (it must be removed even
+ * after t is released, to free the handle). Hooks run in registration order. */
+FLAME_API flame_status_t flame_tensor_register_hook(flame_tensor_t t, flame_tensor_hook_fn fn, void* user_data, flame_destroy_fn destroy, flame_hook_t* hook);
+/* Registers fn on a leaf tensor t (error for a non-leaf). */
+FLAME_API flame_status_t flame_tensor_register_post_accumulate_grad_hook(flame_tensor_t t, flame_post_accumulate_hook_fn fn, void* user_data,
+                                                                         flame_destroy_fn destroy, flame_hook_t* hook);
+/* Detaches the hook (if its tensor still lives), calls destroy once, frees the handle. NULL: no-op. */
+FLAME_API void flame_hook_remove(flame_hook_t hook);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLAME_H */

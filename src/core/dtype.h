@@ -1,0 +1,35 @@
+// Element types: sizes, names, the promotion lattice and the matching device type names used to
+// instantiate NVRTC kernels. f16/bf16 are stored as 16-bit patterns on the host.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include "flame.h"
+
+namespace flame {
+
+using DType = flame_dtype_t;
+constexpr int kNumDTypes = 8;
+
+bool dtype_valid(int d);
+size_t dtype_size(DType d);
+const char* dtype_name(DType d);
+bool is_floating(DType d);
+bool is_integral(DType d);  // integers and bool
+// The C++ type the kernels use for d ("float", "flame::half_t", ...).
+const char* device_type(DType d);
+// NumPy-like promotion: bool < u8 < i32 < i64 < f16,bf16 < f32 < f64; f16 with bf16 gives f32.
+DType promote(DType a, DType b);
+// The dtype reductions accumulate sums in: i64 for integers and bool, else the input dtype.
+DType sum_result_dtype(DType d);
+
+// Host conversions for 16-bit floats (round to nearest even).
+uint16_t float_to_half_bits(float f);
+float half_bits_to_float(uint16_t h);
+uint16_t float_to_bf16_bits(float f);
+float bf16_bits_to_float(uint16_t h);
+// Reads one element of dtype d at p as double, and writes v converted to d at p.
+double load_as_double(const void* p, DType d);
+void store_from_double(void* p, DType d, double v);
+
+}  // namespace flame

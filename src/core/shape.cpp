@@ -1,0 +1,158 @@
+#include "core/shape.h"
+#include <limits>
+#include <sstream>
+#include "core/error.h"
+
+namespace flame {
+
+int64_t checked_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    FLAME_CHECK(s >= 0, FLAME_ERROR_INVALID_ARGUMENT, "negative size ", s, " in shape ", shape_str(shape));
+    if (s != 0 && n > std::numeric_limits<int64_t>::max() / s)
+      fail(FLAME_ERROR_INVALID_ARGUMENT, "shape ", shape_str(shape), " has more elements than fit in int64");
+    n *= s;
+  }
+  // A later zero makes the product zero even if an earlier prefix overflowed; sizes are checked
+  // one by one above, so an overflow can only be missed when a zero follows, which is harmless.
+  return n;
+}
+
+size_t checked_bytes(int64_t numel, size_t elem_size) {
+  if (numel < 0 || (elem_size != 0 && static_cast<uint64_t>(numel) > std::numeric_limits<int64_t>::max() / elem_size))
+    fail(FLAME_ERROR_INVALID_ARGUMENT, "tensor of ", numel, " elements of ", elem_size, " bytes overflows the byte count");
+  return static_cast<size_t>(numel) * elem_size;
+}
+
+Strides contiguous_strides(const Shape& shape) {
+  Strides st(shape.size());
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    st[i] = s;
+    s *= shape[i] > 0 ? shape[i] : 1;
+  }
+  return st;
+}
+
+bool is_contiguous(const Shape& shape, const Strides& strides) {
+  int64_t expect = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] == 0) return true;
+    if (shape[i] != 1 && strides[i] != expect) return false;
+    expect *= shape[i];
+  }
+  return true;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << ']';
+  return os.str();
+}
+
+int normalize_dim(int64_t dim, int ndim, const char* what) {
+  int64_t d = dim < 0 ? dim + ndim : dim;
+  if (d < 0 || d >= ndim)
+    fail(FLAME_ERROR_INVALID_ARGUMENT, what, " ", dim, " is out of range for a tensor of ", ndim, " dims");
+  return static_cast<int>(d);
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b) {
+  size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t x = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t y = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    if (x != y && x != 1 && y != 1)
+      fail(FLAME_ERROR_SHAPE_MISMATCH, "shapes ", shape_str(a), " and ", shape_str(b), " cannot broadcast");
+    out[i] = x == 1 ? y : x;
+  }
+  return out;
+}
+
+// PyTorch's computeStride: walk chunks of the old shape that are contiguous among themselves and
+// match them to runs of the new shape with equal element counts.
+bool view_strides(const Shape& shape, const Strides& strides, const Shape& new_shape, Strides* out) {
+  out->assign(new_shape.size(), 0);
+  int64_t numel = 1;
+  for (int64_t s : shape) numel *= s;
+  if (numel == 0) {
+    *out = contiguous_strides(new_shape);
+    return true;
+  }
+  if (shape.empty()) {
+    for (auto& s : *out) s = 1;
+    return true;
+  }
+  int64_t view_d = static_cast<int64_t>(new_shape.size()) - 1;
+  int64_t chunk_base_stride = strides.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; d--) {
+    tensor_numel *= shape[d];
+    if (d == 0 || (shape[d - 1] != 1 && strides[d - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d] == 1)) {
+        (*out)[view_d] = view_numel * chunk_base_stride;
+        view_numel *= new_shape[view_d];
+        view_d--;
+      }
+      if (view_numel != tensor_numel) return false;
+      if (d > 0) {
+        chunk_base_stride = strides[d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  return view_d == -1;
+}
+
+Shape infer_shape(const Shape& requested, int64_t numel) {
+  Shape out = requested;
+  int infer = -1;
+  int64_t known = 1;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == -1) {
+      FLAME_CHECK(infer < 0, FLAME_ERROR_INVALID_ARGUMENT, "only one size may be -1 in ", shape_str(requested));
+      infer = static_cast<int>(i);
+    } else {
+      FLAME_CHECK(out[i] >= 0, FLAME_ERROR_INVALID_ARGUMENT, "invalid size ", out[i], " in ", shape_str(requested));
+      known = checked_numel({known, out[i]});
+    }
+  }
+  if (infer >= 0) {
+    FLAME_CHECK(known != 0 && numel % known == 0, FLAME_ERROR_SHAPE_MISMATCH, "cannot reshape ", numel,
+                " elements into ", shape_str(requested));
+    out[infer] = numel / known;
+  } else {
+    FLAME_CHECK(known == numel, FLAME_ERROR_SHAPE_MISMATCH, "cannot reshape ", numel, " elements into ",
+                shape_str(requested));
+  }
+  return out;
+}
+
+CollapsedLayout collapse(const Shape& shape, const std::vector<Strides>& strides) {
+  CollapsedLayout r;
+  r.strides.resize(strides.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool merge = !r.shape.empty();
+    for (size_t k = 0; merge && k < strides.size(); ++k)
+      merge = r.strides[k].back() == strides[k][d] * shape[d];
+    if (merge) {
+      r.shape.back() *= shape[d];
+      for (size_t k = 0; k < strides.size(); ++k) r.strides[k].back() = strides[k][d];
+    } else {
+      r.shape.push_back(shape[d]);
+      for (size_t k = 0; k < strides.size(); ++k) r.strides[k].push_back(strides[k][d]);
+    }
+  }
+  if (r.shape.empty()) {
+    r.shape.push_back(1);
+    for (auto& s : r.strides) s.push_back(1);
+  }
+  return r;
+}
+
+}  // namespace flame

@@ -1,0 +1,181 @@
+#include "runtime/context.h"
+#include <cstdlib>
+#include <cstring>
+#include "core/error.h"
+#include "runtime/nvrtc_compiler.h"
+#include "runtime/hash.h"
+
+namespace flame {
+
+void release_dead_handles(Context& ctx);  // api/handles.cpp
+
+std::shared_ptr<Context> Context::create(const flame_ctx_options_t& opts) {
+  std::shared_ptr<Context> c(new Context());
+  c->drv.load();
+  int count = 0;
+  c->check(c->drv.cuDeviceGetCount(&count), "cuDeviceGetCount");
+  FLAME_CHECK(count > 0, FLAME_ERROR_NO_DEVICE, "the CUDA driver found no GPU");
+  FLAME_CHECK(opts.device >= 0 && opts.device < count, FLAME_ERROR_NO_DEVICE, "device ", opts.device,
+              " does not exist (", count, " device(s) present)");
+  c->ordinal = opts.device;
+  c->check(c->drv.cuDeviceGet(&c->device, opts.device), "cuDeviceGet");
+  char name[256] = {0};
+  c->check(c->drv.cuDeviceGetName(name, sizeof name - 1, c->device), "cuDeviceGetName");
+  c->device_name = name;
+  c->check(c->drv.cuDeviceGetAttribute(&c->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, c->device), "cuDeviceGetAttribute");
+  c->check(c->drv.cuDeviceGetAttribute(&c->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, c->device), "cuDeviceGetAttribute");
+  c->check(c->drv.cuDeviceGetAttribute(&c->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, c->device), "cuDeviceGetAttribute");
+  FLAME_CHECK(c->cc_major >= 7, FLAME_ERROR_UNSUPPORTED, "device ", name, " has compute capability ", c->cc_major,
+              ".", c->cc_minor, "; FLAME needs 7.0 or newer");
+  c->check(c->drv.cuDevicePrimaryCtxRetain(&c->cu, c->device), "cuDevicePrimaryCtxRetain");
+  c->bind();
+  c->check(c->drv.cuStreamCreate(&c->stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CUmemPoolProps props;
+  std::memset(&props, 0, sizeof props);
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = c->device;
+  c->check(c->drv.cuMemPoolCreate(&c->pool, &props), "cuMemPoolCreate");
+  cuuint64_t threshold = ~0ull;  // keep freed memory in the pool: threshold 0 returns it at every sync
+  c->check(c->drv.cuMemPoolSetAttribute(c->pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold), "cuMemPoolSetAttribute");
+  c->memory_limit = opts.memory_limit;
+  c->rng_seed = opts.seed;
+  c->allow_tf32 = opts.allow_tf32 != 0;
+  c->disk_cache = DiskCache(DiskCache::resolve_dir(opts.kernel_cache_dir));
+  if (const char* n = std::getenv("FLAME_FAIL_ALLOC_AT")) c->fail_alloc_at = std::strtoull(n, nullptr, 10);
+  return c;
+}
+
+Context::~Context() {
+  if (cu) {
+    drv.cuCtxSetCurrent(cu);
+    if (stream) drv.cuStreamSynchronize(stream);
+    for (CUmodule m : modules_) drv.cuModuleUnload(m);
+    if (pool) drv.cuMemPoolDestroy(pool);
+    if (stream) drv.cuStreamDestroy(stream);
+    drv.cuDevicePrimaryCtxRelease(device);
+  }
+  release_dead_handles(*this);
+}
+
+void Context::bind() {
+  CUcontext cur = nullptr;
+  if (drv.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || cur != cu) drv.cuCtxSetCurrent(cu);
+}
+
+static bool is_sticky(CUresult r) {
+  switch (r) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS: case CUDA_ERROR_LAUNCH_FAILED: case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS: case CUDA_ERROR_INVALID_ADDRESS_SPACE: case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR: case CUDA_ERROR_ASSERT: case CUDA_ERROR_LAUNCH_TIMEOUT:
+    case CUDA_ERROR_ECC_UNCORRECTABLE: case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void Context::check(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return;
+  std::string msg = std::string(what) + " failed: " + drv.describe(r);
+  if (is_sticky(r)) {
+    if (sticky_error_.empty()) sticky_error_ = msg;
+    fail(FLAME_ERROR_CONTEXT_FAILED, "device fault, the context is no longer usable: ", msg);
+  }
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) fail(FLAME_ERROR_OUT_OF_MEMORY, msg);
+  fail(FLAME_ERROR_CUDA, msg);
+}
+
+void Context::check_alive() const {
+  if (!sticky_error_.empty())
+    fail(FLAME_ERROR_CONTEXT_FAILED, "an earlier device fault made this context unusable: ", sticky_error_);
+}
+
+void Context::synchronize() { check(drv.cuStreamSynchronize(stream), "cuStreamSynchronize"); }
+
+CUdeviceptr Context::allocate(size_t bytes) {
+  if (bytes == 0) return 0;
+  ++alloc_count;
+  if (fail_alloc_at && alloc_count == fail_alloc_at)
+    fail(FLAME_ERROR_OUT_OF_MEMORY, "allocation of ", bytes, " bytes failed (fault injected by FLAME_FAIL_ALLOC_AT)");
+  if (memory_limit && bytes_in_use + bytes > memory_limit)
+    fail(FLAME_ERROR_OUT_OF_MEMORY, "allocating ", bytes, " bytes would exceed the context's memory limit of ",
+         memory_limit, " bytes (", bytes_in_use, " in use)");
+  CUdeviceptr p = 0;
+  CUresult r = drv.cuMemAllocFromPoolAsync(&p, bytes, pool, stream);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) {  // give cached blocks back to the device and try once more
+    drv.cuStreamSynchronize(stream);
+    drv.cuMemPoolTrimTo(pool, 0);
+    r = drv.cuMemAllocFromPoolAsync(&p, bytes, pool, stream);
+  }
+  if (r == CUDA_ERROR_OUT_OF_MEMORY)
+    fail(FLAME_ERROR_OUT_OF_MEMORY, "out of device memory allocating ", bytes, " bytes (", bytes_in_use, " in use)");
+  check(r, "cuMemAllocFromPoolAsync");
+  bytes_in_use += bytes;
+  if (bytes_in_use > peak_bytes) peak_bytes = bytes_in_use;
+  return p;
+}
+
+void Context::deallocate(CUdeviceptr p, size_t bytes) noexcept {
+  if (!p) return;
+  std::lock_guard<std::recursive_mutex> lock(mutex);
+  bind();
+  drv.cuMemFreeAsync(p, stream);
+  bytes_in_use -= bytes;
+}
+
+uint64_t Context::bytes_reserved() {
+  cuuint64_t v = 0;
+  check(drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v), "cuMemPoolGetAttribute");
+  return v;
+}
+
+CUfunction Context::function(const std::string& file, const std::string& name_expr) {
+  std::string mem_key = file + '\n' + name_expr;
+  auto it = functions_.find(mem_key);
+  if (it != functions_.end()) {
+    ++kernel_stats.memory_hits;
+    return it->second;
+  }
+  int arch = cc_major * 10 + cc_minor;
+  bool ptx = false;
+  std::string key = kernel_sources_digest() + '\n' + file + '\n' + name_expr + '\n' + nvrtc_version_string() + '\n' +
+                    std::to_string(arch);
+  for (const auto& o : nvrtc_options(arch, &ptx)) key += '\n' + o;
+  CacheEntry entry;
+  bool from_disk = disk_cache.load(key, &entry);
+  if (from_disk) {
+    ++kernel_stats.disk_hits;
+  } else {
+    CompiledModule m = nvrtc_compile(file, {name_expr}, arch);
+    entry.image = std::move(m.image);
+    entry.ptx = m.ptx;
+    entry.lowered_name = m.lowered_names.at(0);
+    if (entry.ptx) entry.image.push_back('\0');
+    ++kernel_stats.compiled;
+  }
+  CUmodule mod = nullptr;
+  CUresult r = drv.cuModuleLoadData(&mod, entry.image.data());
+  if (r != CUDA_SUCCESS && from_disk) {  // a stale entry the driver rejects: rebuild it
+    CompiledModule m = nvrtc_compile(file, {name_expr}, arch);
+    entry.image = std::move(m.image);
+    entry.ptx = m.ptx;
+    entry.lowered_name = m.lowered_names.at(0);
+    if (entry.ptx) entry.image.push_back('\0');
+    from_disk = false;
+    r = drv.cuModuleLoadData(&mod, entry.image.data());
+  }
+  check(r, "cuModuleLoadData");
+  modules_.push_back(mod);
+  if (!from_disk) disk_cache.store(key, entry);
+  CUfunction f = nullptr;
+  check(drv.cuModuleGetFunction(&f, mod, entry.lowered_name.c_str()), "cuModuleGetFunction");
+  functions_.emplace(mem_key, f);
+  return f;
+}
+
+void Context::launch(CUfunction f, unsigned grid, unsigned block, void** args, unsigned smem) {
+  check(drv.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, smem, stream, args, nullptr), "cuLaunchKernel");
+}
+
+}  // namespace flame

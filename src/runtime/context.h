@@ -1,0 +1,107 @@
+// A FLAME context: one GPU (its primary CUDA context), one stream, one stream-ordered memory pool,
+// the kernel cache, the Philox generator state and the autograd mode. Everything FLAME keeps
+// lives here; there is no process-wide mutable state. Tensors hold a shared_ptr to their context,
+// so it outlives flame_ctx_destroy until the last tensor goes.
+#pragma once
+#include <cuda.h>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+#include "flame.h"
+#include "runtime/disk_cache.h"
+#include "runtime/driver.h"
+
+struct flame_ctx_s {
+  uint64_t magic;
+  flame::Context* ctx;
+};
+
+namespace flame {
+
+constexpr uint64_t kCtxMagic = 0xF1A3EC7C7C7C0001ull;
+constexpr uint64_t kDeadMagic = 0xDEADDEADDEADDEADull;
+
+struct KernelStats {
+  uint64_t memory_hits = 0, disk_hits = 0, compiled = 0;
+};
+
+class Context : public std::enable_shared_from_this<Context> {
+ public:
+  static std::shared_ptr<Context> create(const flame_ctx_options_t& opts);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  // ---- identity and C handle ----
+  flame_ctx_s handle{kCtxMagic, this};
+  std::shared_ptr<Context> user_ref;  // the reference flame_ctx_create hands out
+  std::recursive_mutex mutex;         // serialises every call on this context
+
+  // ---- device ----
+  Driver drv;
+  CUdevice device = 0;
+  int ordinal = 0;
+  CUcontext cu = nullptr;
+  CUstream stream = nullptr;
+  CUmemoryPool pool = nullptr;
+  int cc_major = 0, cc_minor = 0, sm_count = 0;
+  std::string device_name;
+  bool allow_tf32 = false;
+
+  // Makes this context current on the calling thread (cheap when it already is).
+  void bind();
+  // Throws on a failed driver call; faults that poison the context are recorded as sticky.
+  void check(CUresult r, const char* what);
+  // Throws FLAME_ERROR_CONTEXT_FAILED when an earlier fault poisoned the context.
+  void check_alive() const;
+  void synchronize();
+
+  // ---- memory (stream-ordered pool, release threshold at max) ----
+  CUdeviceptr allocate(size_t bytes);
+  void deallocate(CUdeviceptr p, size_t bytes) noexcept;
+  uint64_t bytes_in_use = 0, peak_bytes = 0, memory_limit = 0;
+  uint64_t live_tensors = 0;
+  uint64_t alloc_count = 0, fail_alloc_at = 0;  // fault injection: $FLAME_FAIL_ALLOC_AT=N fails the Nth allocation
+  uint64_t bytes_reserved();
+
+  // ---- kernels ----
+  // The function for one instantiation (name expression) of a cuda/ file, compiled on first use.
+  CUfunction function(const std::string& file, const std::string& name_expr);
+  void launch(CUfunction f, unsigned grid, unsigned block, void** args, unsigned smem = 0);
+  DiskCache disk_cache{""};
+  KernelStats kernel_stats;
+
+  // ---- random numbers (Philox4x32-10, counter = offset + element) ----
+  uint64_t rng_seed = 0, rng_offset = 0;
+  // Reserves n counters and returns the first.
+  uint64_t take_rng(uint64_t n) { uint64_t o = rng_offset; rng_offset += n; return o; }
+
+  // ---- autograd mode ----
+  bool grad_enabled = true;
+  bool inference_mode = false;
+  bool recording() const { return grad_enabled && !inference_mode; }
+
+  // ---- released tensor handles kept readable so that reuse is detected (see api/handles.cpp) ----
+  std::deque<flame_tensor_s*> dead_handles;
+
+ private:
+  Context() = default;
+  std::string sticky_error_;
+  std::unordered_map<std::string, CUfunction> functions_;
+  std::vector<CUmodule> modules_;
+};
+
+// Locks the context and binds it to the thread for the duration of an API call.
+class ContextScope {
+ public:
+  explicit ContextScope(Context& c) : lock_(c.mutex) { c.bind(); }
+
+ private:
+  std::lock_guard<std::recursive_mutex> lock_;
+};
+
+}  // namespace flame

@@ -1,0 +1,45 @@
+#include "tensor/tensor.h"
+#include "autograd/graph.h"
+#include "core/error.h"
+
+namespace flame {
+
+Storage::Storage(std::shared_ptr<Context> c, size_t n) : ctx(std::move(c)), bytes(n) { ptr = ctx->allocate(n); }
+Storage::~Storage() { ctx->deallocate(ptr, bytes); }
+
+TensorImpl::TensorImpl() = default;
+TensorImpl::~TensorImpl() = default;
+
+int64_t TensorImpl::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+Tensor make_tensor(Context& ctx, const Shape& shape, DType dtype) {
+  FLAME_CHECK(dtype_valid(dtype), FLAME_ERROR_INVALID_ARGUMENT, "invalid dtype ", static_cast<int>(dtype));
+  FLAME_CHECK(shape.size() <= FLAME_MAX_DIMS, FLAME_ERROR_INVALID_ARGUMENT, "tensors have at most ", FLAME_MAX_DIMS,
+              " dims, got ", shape.size());
+  int64_t n = checked_numel(shape);
+  size_t bytes = checked_bytes(n, dtype_size(dtype));
+  auto t = std::make_shared<TensorImpl>();
+  t->storage = std::make_shared<Storage>(ctx.shared_from_this(), bytes);  // storages keep the context alive
+  t->shape = shape;
+  t->strides = contiguous_strides(shape);
+  t->dtype = dtype;
+  return t;
+}
+
+Tensor make_view(const Tensor& base, const Shape& shape, const Strides& strides, int64_t offset) {
+  auto t = std::make_shared<TensorImpl>();
+  t->storage = base->storage;
+  t->shape = shape;
+  t->strides = strides;
+  t->offset = offset;
+  t->dtype = base->dtype;
+  return t;
+}
+
+Tensor alias(const Tensor& t) { return make_view(t, t->shape, t->strides, t->offset); }
+
+}  // namespace flame
