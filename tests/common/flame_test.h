@@ -29,28 +29,37 @@ inline bool flame_gpu_required() {
   return v && std::strcmp(v, "1") == 0;
 }
 
-// Creates a context with a fresh kernel cache directory from FLAME_KERNEL_CACHE_DIR (if set).
-// Returns nullptr after GTEST_SKIP / ADD_FAILURE when no GPU is available.
-inline flame_ctx_t flame_test_context(uint64_t seed = 1234) {
+// Creates a context; on failure returns nullptr and sets *skip when the test should be skipped
+// (no GPU and FLAME_REQUIRE_GPU unset) and *why to the reason.
+inline flame_ctx_t flame_test_context(bool* skip, std::string* why, uint64_t seed = 1234) {
   flame_ctx_options_t o;
   flame_ctx_options_init(&o);
   o.seed = seed;
   flame_ctx_t ctx = nullptr;
   flame_status_t st = flame_ctx_create(&o, &ctx);
+  *skip = false;
   if (st == FLAME_OK) return ctx;
-  std::string why = std::string(flame_status_string(st)) + ": " + flame_last_error_message();
-  if ((st == FLAME_ERROR_NO_DRIVER || st == FLAME_ERROR_NO_DEVICE) && !flame_gpu_required()) {
-    GTEST_SKIP_("no GPU: " + why);  // note: returns from this helper only; callers check nullptr
-  }
-  ADD_FAILURE() << "cannot create a context: " << why;
+  *why = std::string(flame_status_string(st)) + ": " + flame_last_error_message();
+  *skip = (st == FLAME_ERROR_NO_DRIVER || st == FLAME_ERROR_NO_DEVICE) && !flame_gpu_required();
   return nullptr;
 }
+
+// Use in a test body: FLAME_GPU_CONTEXT(ctx); declares flame_ctx_t ctx or skips / fails.
+#define FLAME_GPU_CONTEXT(name)                                              \
+  bool name##_skip = false;                                                  \
+  std::string name##_why;                                                    \
+  flame_ctx_t name = flame_test_context(&name##_skip, &name##_why);          \
+  if (!name && name##_skip) GTEST_SKIP() << "no GPU: " << name##_why;        \
+  ASSERT_NE(name, nullptr) << "cannot create a context: " << name##_why
 
 class GpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ctx = flame_test_context();
-    if (!ctx) GTEST_SKIP() << "no GPU context";
+    bool skip = false;
+    std::string why;
+    ctx = flame_test_context(&skip, &why);
+    if (!ctx && skip) GTEST_SKIP() << "no GPU: " << why;
+    ASSERT_NE(ctx, nullptr) << "cannot create a context: " << why;
   }
   void TearDown() override {
     if (ctx) flame_ctx_destroy(ctx);
