@@ -1,0 +1,108 @@
+// THE op list. Each X-macro row names an op once; from these rows come the OpId enum, the op
+// names used in messages, the generated C entry points (src/api/api_ops.cpp), the kernel
+// instantiations checked by the CPU kernel test, and the rows the tests must cover.
+//
+// How to add an elementwise op: one row here, one functor of the same name in
+// cuda/elementwise.cuh, one backward rule in src/autograd/backward_rules.cpp, one test row in
+// tests/gpu (forward reference and gradient), one declaration in include/flame.h.
+//
+// Elementwise row: X(Functor, c_name, Kind)
+//   Kind MATH:  floating math; integer/bool inputs compute in f32
+//   Kind ARITH: keeps the input dtype (integers stay integers); bool input is an error
+//   Kind PRED:  any dtype in, bool out (not differentiable)
+//   Kind ROUND: floating or integer, keeps dtype; gradient is zero
+#pragma once
+
+// flame_<c_name>(t, out)
+#define FLAME_UNARY_OPS(X)         \
+  X(Neg, neg, ARITH)               \
+  X(Abs, abs, ARITH)               \
+  X(Exp, exp, MATH)                \
+  X(Log, log, MATH)                \
+  X(Log1p, log1p, MATH)            \
+  X(Expm1, expm1, MATH)            \
+  X(Sqrt, sqrt, MATH)              \
+  X(Rsqrt, rsqrt, MATH)            \
+  X(Sin, sin, MATH)                \
+  X(Cos, cos, MATH)                \
+  X(Tanh, tanh, MATH)              \
+  X(Sigmoid, sigmoid, MATH)        \
+  X(Relu, relu, ARITH)             \
+  X(Silu, silu, MATH)              \
+  X(Floor, floor, ROUND)           \
+  X(Ceil, ceil, ROUND)             \
+  X(Round, round, ROUND)           \
+  X(Sign, sign, ARITH)             \
+  X(Reciprocal, reciprocal, MATH)  \
+  X(Square, square, ARITH)         \
+  X(IsNan, isnan, PRED)            \
+  X(IsInf, isinf, PRED)            \
+  X(LogicalNot, logical_not, PRED)
+
+// flame_<c_name>(t, double s, out): the scalar is ScalarArgs.s0
+#define FLAME_SCALAR_OPS(X)          \
+  X(AddScalar, add_scalar, ARITH)    \
+  X(MulScalar, mul_scalar, ARITH)    \
+  X(RsubScalar, rsub_scalar, ARITH)  \
+  X(PowScalar, pow_scalar, ARITH)    \
+  X(LeakyRelu, leaky_relu, MATH)     \
+  X(Elu, elu, MATH)
+
+// Elementwise ops with their own C signatures (written by hand in src/api/api_ops.cpp).
+#define FLAME_SPECIAL_UNARY_OPS(X) \
+  X(Gelu, gelu, MATH)              \
+  X(GeluTanh, gelu_tanh, MATH)     \
+  X(Softplus, softplus, MATH)      \
+  X(Clamp, clamp, ARITH)
+
+// flame_<c_name>(a, b, out). Kind ARITH: promoted dtype; MATH: floating; CMP: bool result.
+#define FLAME_BINARY_OPS(X)          \
+  X(Add, add, ARITH)                 \
+  X(Sub, sub, ARITH)                 \
+  X(Mul, mul, ARITH)                 \
+  X(Div, div, MATH)                  \
+  X(Pow, pow, ARITH)                 \
+  X(Maximum, maximum, ARITH)         \
+  X(Minimum, minimum, ARITH)         \
+  X(Eq, eq, CMP)                     \
+  X(Ne, ne, CMP)                     \
+  X(Lt, lt, CMP)                     \
+  X(Le, le, CMP)                     \
+  X(Gt, gt, CMP)                     \
+  X(Ge, ge, CMP)                     \
+  X(LogicalAnd, logical_and, CMP)    \
+  X(LogicalOr, logical_or, CMP)
+
+// Graph nodes that are not plain elementwise functors: X(Id, name)
+#define FLAME_STRUCTURAL_OPS(X) \
+  X(Where, where)               \
+  X(Cast, to_dtype)             \
+  X(Copy, contiguous)           \
+  X(Reshape, reshape)           \
+  X(Permute, permute)           \
+  X(Expand, expand)             \
+  X(ViewSlice, view_slice)      \
+  X(ViewScatter, view_scatter)  \
+  X(Cat, cat)                   \
+  X(Sum, sum)                   \
+  X(Prod, prod)                 \
+  X(Amax, max)                  \
+  X(Amin, min)                  \
+  X(ArgMax, argmax)             \
+  X(ArgMin, argmin)             \
+  X(CumSum, cumsum)
+
+namespace flame {
+
+enum class OpId : int {
+#define FLAME_OP_ENUM(Id, name, ...) Id,
+  FLAME_UNARY_OPS(FLAME_OP_ENUM) FLAME_SCALAR_OPS(FLAME_OP_ENUM) FLAME_SPECIAL_UNARY_OPS(FLAME_OP_ENUM)
+  FLAME_BINARY_OPS(FLAME_OP_ENUM) FLAME_STRUCTURAL_OPS(FLAME_OP_ENUM)
+#undef FLAME_OP_ENUM
+  Count
+};
+
+constexpr int kNumOps = static_cast<int>(OpId::Count);
+const char* op_name(OpId op);
+
+}  // namespace flame
