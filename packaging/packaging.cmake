@@ -1,0 +1,207 @@
+# Installation rules and CPack packages (DEB, RPM, TGZ) for FLAME.
+# Included at the end of the top-level CMakeLists.txt, after the `flame` target exists.
+#
+#   cmake -S . -B build -G Ninja -DCMAKE_INSTALL_PREFIX=/usr   # packages install under /usr
+#   cmake --build build && (cd build && cpack -G "DEB;RPM;TGZ")  # -> build/packages/
+#
+# Components:
+#   runtime  libflame.so.X.Y.Z + the SONAME link, license    -> libflame<ABI> (DEB and RPM)
+#   dev      flame.h, the libflame.so namelink, CMake package, flame.pc, README, example sources
+#                                                             -> libflame-dev (DEB), flame-devel (RPM)
+# The runtime package depends on the CUDA libraries FLAME links (cuBLASLt, NVRTC) by package name,
+# never on the driver package: libcuda.so.1 is dlopen'ed at run time. RPMs built on a Debian host
+# use the Debian libdir; build RPMs for Fedora/RHEL on such a host (or pass -DCMAKE_INSTALL_LIBDIR=lib64).
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(FLAME_PKG_SOURCE_DIR ${CMAKE_CURRENT_LIST_DIR}/..)
+get_filename_component(FLAME_PKG_SOURCE_DIR ${FLAME_PKG_SOURCE_DIR} ABSOLUTE)
+
+# ---------------------------------------------------------------------------------------------
+# Metadata (cache variables so that distributors can override them)
+# ---------------------------------------------------------------------------------------------
+set(FLAME_MAINTAINER "The FLAME authors <flame@example.org>" CACHE STRING "Package maintainer (Name <email>)")
+set(FLAME_HOMEPAGE "https://flame.example.org" CACHE STRING "Project homepage for package metadata")
+set(FLAME_PACKAGE_RELEASE 1 CACHE STRING "Package release number (the -N of 0.1.0-N)")
+
+if(DEFINED CUDAToolkit_VERSION_MAJOR)
+  set(_flame_cuda_major_default ${CUDAToolkit_VERSION_MAJOR})
+  set(_flame_cuda_minor_default ${CUDAToolkit_VERSION_MINOR})
+else()
+  set(_flame_cuda_major_default 13)
+  set(_flame_cuda_minor_default 0)
+endif()
+set(FLAME_CUDA_PACKAGE_MAJOR ${_flame_cuda_major_default} CACHE STRING
+    "CUDA major version whose library packages the runtime package depends on")
+set(FLAME_CUDA_PACKAGE_MINOR ${_flame_cuda_minor_default} CACHE STRING
+    "CUDA minor version used in NVIDIA's package names (cuda-nvrtc-<major>-<minor>)")
+set(_M ${FLAME_CUDA_PACKAGE_MAJOR})
+set(_m ${FLAME_CUDA_PACKAGE_MINOR})
+# Debian's own names (non-free: libcublaslt12, libnvrtc12) or NVIDIA's CUDA repository names
+# (libcublas-13-0 ships libcublasLt.so.13; cuda-nvrtc-13-0 ships libnvrtc.so.13).
+set(FLAME_DEB_CUDA_DEPENDS "libcublaslt${_M} | libcublas-${_M}-${_m}, libnvrtc${_M} | cuda-nvrtc-${_M}-${_m}"
+    CACHE STRING "Debian Depends: for the CUDA libraries libflame links (never the driver)")
+set(FLAME_DEB_SYSTEM_DEPENDS "libc6 (>= 2.34), libgcc-s1 (>= 3.0), libstdc++6 (>= 12)"
+    CACHE STRING "Debian Depends: for the C and C++ runtime")
+set(FLAME_DEB_SUGGESTS "libcudnn9-cuda-${_M}, libnccl2" CACHE STRING "Debian Suggests: of the runtime package")
+set(FLAME_RPM_CUDA_REQUIRES "libcublas-${_M}-${_m}, cuda-nvrtc-${_M}-${_m}"
+    CACHE STRING "RPM Requires: for the CUDA libraries libflame links (never the driver)")
+set(FLAME_RPM_SUGGESTS "libcudnn9-cuda-${_M}, libnccl" CACHE STRING "RPM Suggests: of the runtime package")
+
+set(FLAME_PKG_SUMMARY "GPU tensor library with automatic differentiation (C ABI)")
+set(FLAME_PKG_DESCRIPTION
+    "FLAME is a GPU-only tensor library with reverse-mode automatic differentiation.
+It offers strided tensors, broadcasting elementwise math, reductions and autograd
+behind one stable C ABI (flame.h). Kernels are compiled at run time with NVRTC;
+matrix products use cuBLASLt. An NVIDIA driver is needed at run time.")
+
+set(FLAME_RUNTIME_PACKAGE libflame${FLAME_ABI_VERSION})
+set(FLAME_PKG_FULL_VERSION ${PROJECT_VERSION}-${FLAME_PACKAGE_RELEASE})
+
+# ---------------------------------------------------------------------------------------------
+# Install rules
+# ---------------------------------------------------------------------------------------------
+install(TARGETS flame EXPORT FlameTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime NAMELINK_COMPONENT dev
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES ${FLAME_PKG_SOURCE_DIR}/include/flame.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev)
+
+set(FLAME_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/Flame)
+install(EXPORT FlameTargets NAMESPACE Flame:: DESTINATION ${FLAME_CMAKE_DIR} COMPONENT dev)
+configure_package_config_file(${FLAME_PKG_SOURCE_DIR}/packaging/FlameConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/packaging/FlameConfig.cmake
+  INSTALL_DESTINATION ${FLAME_CMAKE_DIR}
+  PATH_VARS CMAKE_INSTALL_INCLUDEDIR)
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/packaging/FlameConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMajorVersion)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/packaging/FlameConfig.cmake
+              ${CMAKE_CURRENT_BINARY_DIR}/packaging/FlameConfigVersion.cmake
+        DESTINATION ${FLAME_CMAKE_DIR} COMPONENT dev)
+
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "${FLAME_PKG_SUMMARY}")
+configure_file(${FLAME_PKG_SOURCE_DIR}/packaging/flame.pc.in ${CMAKE_CURRENT_BINARY_DIR}/packaging/flame.pc @ONLY)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/packaging/flame.pc
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT dev)
+
+# Documentation: share/doc/flame (CMAKE_INSTALL_DOCDIR); Debian also wants a copyright file in each
+# package's own doc directory.
+install(FILES ${FLAME_PKG_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT runtime)
+install(FILES ${FLAME_PKG_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT dev)
+install(FILES ${FLAME_PKG_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/${FLAME_RUNTIME_PACKAGE}
+        RENAME copyright COMPONENT runtime)
+install(FILES ${FLAME_PKG_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/libflame-dev
+        RENAME copyright COMPONENT dev)
+
+# Example sources plus a CMakeLists.txt that builds them against the installed package.
+file(GLOB FLAME_EXAMPLE_SOURCES ${FLAME_PKG_SOURCE_DIR}/examples/*.c)
+install(FILES ${FLAME_EXAMPLE_SOURCES} DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples COMPONENT dev)
+install(FILES ${FLAME_PKG_SOURCE_DIR}/examples/standalone/CMakeLists.txt
+        DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples COMPONENT dev)
+
+# Debian changelogs (lintian wants /usr/share/doc/<package>/changelog.Debian.gz, gzip -9n).
+find_program(FLAME_GZIP gzip)
+if(FLAME_GZIP)
+  string(TIMESTAMP _flame_date "%a, %d %b %Y %H:%M:%S +0000" UTC)  # honours SOURCE_DATE_EPOCH
+  foreach(_pkg ${FLAME_RUNTIME_PACKAGE} libflame-dev)
+    if(_pkg STREQUAL "libflame-dev")
+      set(_comp dev)
+    else()
+      set(_comp runtime)
+    endif()
+    set(_dir ${CMAKE_CURRENT_BINARY_DIR}/packaging/changelog/${_pkg})
+    file(MAKE_DIRECTORY ${_dir})
+    file(WRITE ${_dir}/changelog.Debian
+      "${_pkg} (${FLAME_PKG_FULL_VERSION}) unstable; urgency=medium\n\n"
+      "  * Release ${PROJECT_VERSION}. See README.md for what is included.\n\n"
+      " -- ${FLAME_MAINTAINER}  ${_flame_date}\n")
+    execute_process(COMMAND ${FLAME_GZIP} -9 -n -f ${_dir}/changelog.Debian)
+    install(FILES ${_dir}/changelog.Debian.gz DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/${_pkg} COMPONENT ${_comp})
+  endforeach()
+endif()
+
+# ---------------------------------------------------------------------------------------------
+# CPack
+# ---------------------------------------------------------------------------------------------
+set(CPACK_PACKAGE_NAME flame)
+set(CPACK_PACKAGE_VENDOR "The FLAME authors")
+set(CPACK_PACKAGE_CONTACT "${FLAME_MAINTAINER}")
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGE_DESCRIPTION "${FLAME_PKG_DESCRIPTION}")
+set(CPACK_PACKAGE_HOMEPAGE_URL "${FLAME_HOMEPAGE}")
+set(CPACK_RESOURCE_FILE_LICENSE ${FLAME_PKG_SOURCE_DIR}/LICENSE)
+set(CPACK_RESOURCE_FILE_README ${FLAME_PKG_SOURCE_DIR}/README.md)
+set(CPACK_PACKAGE_DIRECTORY ${CMAKE_BINARY_DIR}/packages)
+set(CPACK_PACKAGING_INSTALL_PREFIX ${CMAKE_INSTALL_PREFIX})
+set(CPACK_STRIP_FILES ON)
+set(CPACK_VERBATIM_VARIABLES ON)
+set(CPACK_GENERATOR TGZ)
+find_program(FLAME_DPKG_DEB dpkg-deb)
+find_program(FLAME_RPMBUILD rpmbuild)
+if(FLAME_DPKG_DEB)
+  list(APPEND CPACK_GENERATOR DEB)
+endif()
+if(FLAME_RPMBUILD)
+  list(APPEND CPACK_GENERATOR RPM)
+endif()
+
+set(CPACK_COMPONENTS_ALL runtime dev)
+set(CPACK_COMPONENT_RUNTIME_DISPLAY_NAME "FLAME shared library")
+set(CPACK_COMPONENT_DEV_DISPLAY_NAME "FLAME development files")
+set(CPACK_COMPONENT_RUNTIME_DESCRIPTION "${FLAME_PKG_SUMMARY}\n${FLAME_PKG_DESCRIPTION}\n\nThis package contains the shared library.")
+set(CPACK_COMPONENT_DEV_DESCRIPTION "${FLAME_PKG_SUMMARY} - development files\n${FLAME_PKG_DESCRIPTION}\n\nThis package contains the C header, the CMake package (find_package(Flame)),\nthe pkg-config file and example programs.")
+set(CPACK_COMPONENT_DEV_DEPENDS runtime)
+# The TGZ is one archive with everything; DEB and RPM are split by component.
+set(CPACK_ARCHIVE_COMPONENT_INSTALL OFF)
+set(CPACK_DEB_COMPONENT_INSTALL ON)
+set(CPACK_RPM_COMPONENT_INSTALL ON)
+
+# ---- DEB ----
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_DEBIAN_PACKAGE_RELEASE ${FLAME_PACKAGE_RELEASE})
+set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${FLAME_MAINTAINER}")
+set(CPACK_DEBIAN_PACKAGE_HOMEPAGE "${FLAME_HOMEPAGE}")
+set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME ${FLAME_RUNTIME_PACKAGE})
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION libs)
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_DEPENDS "${FLAME_DEB_SYSTEM_DEPENDS}, ${FLAME_DEB_CUDA_DEPENDS}")
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_SUGGESTS "${FLAME_DEB_SUGGESTS}")
+set(CPACK_DEBIAN_DEV_PACKAGE_NAME libflame-dev)
+set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
+set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "${FLAME_RUNTIME_PACKAGE} (= ${FLAME_PKG_FULL_VERSION})")
+set(CPACK_DEBIAN_DEV_PACKAGE_ARCHITECTURE_IS_HOST ON)
+# shlibs control file ("libflame 1 libflame1 (>= 0.1.0)") and the ldconfig trigger.
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS OFF)  # the CUDA libraries are not dpkg-managed on build hosts
+
+# ---- RPM ----
+set(CPACK_RPM_FILE_NAME RPM-DEFAULT)
+set(CPACK_RPM_PACKAGE_RELEASE ${FLAME_PACKAGE_RELEASE})
+set(CPACK_RPM_PACKAGE_LICENSE MIT)
+set(CPACK_RPM_PACKAGE_URL "${FLAME_HOMEPAGE}")
+set(CPACK_RPM_PACKAGE_VENDOR "The FLAME authors")
+set(CPACK_RPM_PACKAGE_GROUP "Development/Libraries")
+set(CPACK_RPM_PACKAGE_DESCRIPTION "${FLAME_PKG_DESCRIPTION}")
+set(CPACK_RPM_RUNTIME_PACKAGE_NAME ${FLAME_RUNTIME_PACKAGE})
+set(CPACK_RPM_RUNTIME_PACKAGE_SUMMARY "${FLAME_PKG_SUMMARY}")
+set(CPACK_RPM_RUNTIME_PACKAGE_REQUIRES "${FLAME_RPM_CUDA_REQUIRES}")
+set(CPACK_RPM_RUNTIME_PACKAGE_SUGGESTS "${FLAME_RPM_SUGGESTS}")
+set(CPACK_RPM_DEV_PACKAGE_NAME flame-devel)
+set(CPACK_RPM_DEV_PACKAGE_SUMMARY "${FLAME_PKG_SUMMARY} - development files")
+set(CPACK_RPM_DEV_PACKAGE_REQUIRES "${FLAME_RUNTIME_PACKAGE} = ${FLAME_PKG_FULL_VERSION}")
+set(CPACK_RPM_DEV_PACKAGE_ARCHITECTURE ${CMAKE_SYSTEM_PROCESSOR})
+# Automatic requirements stay on (libc, libstdc++), but not for the CUDA libraries: they are named
+# by package above, and NVIDIA's packages need not advertise the sonames.
+set(CPACK_RPM_SPEC_MORE_DEFINE "%global __requires_exclude ^lib(nvrtc|cublasLt|cublas|cuda)\\\\.so.*$")
+set(CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION
+  ${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}
+  ${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}/cmake
+  ${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}/pkgconfig
+  ${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_INCLUDEDIR}
+  ${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_DATAROOTDIR}
+  ${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_DATAROOTDIR}/doc)
+
+include(CPack)

@@ -1,0 +1,600 @@
+// The C ABI contract, exercised through the shared library libflame.so exactly as a user links it.
+// These tests need no GPU: the CMake test registration sets FLAME_CUDA_DRIVER_PATH to a missing
+// file, and so does a static initialiser below, so that even on a GPU machine the driver never
+// loads in this process and context creation must fail cleanly.
+//
+// What is checked: version and ABI numbers; enum values (append-only) and struct layouts (frozen
+// for LP64); flame_status_string / flame_dtype_size / flame_dtype_name for every value and for
+// out-of-range ones; flame_ctx_options_init defaults; flame_ctx_create and flame_device_count
+// without a driver; NULL handles and NULL OUT pointers for (nearly) every function, with OUT
+// handles set to NULL and a message that names the function; *_release(NULL) no-ops; the error
+// message is per thread and "" after a success; flame_set_error_message.
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "flame_test.h"
+
+namespace {
+
+const char* const kNoDriver = "/nonexistent/libcuda.so.1";
+
+// Force "no driver" before any test runs, whatever the environment says.
+const bool g_forced_no_driver = [] {
+  setenv("FLAME_CUDA_DRIVER_PATH", kNoDriver, 1);
+  return true;
+}();
+
+// An OUT value that a failing call must overwrite with NULL. Never passed as an input.
+flame_tensor_t sentinel_tensor() { return reinterpret_cast<flame_tensor_t>(static_cast<uintptr_t>(0x40)); }
+flame_ctx_t sentinel_ctx() { return reinterpret_cast<flame_ctx_t>(static_cast<uintptr_t>(0x40)); }
+flame_hook_t sentinel_hook() { return reinterpret_cast<flame_hook_t>(static_cast<uintptr_t>(0x40)); }
+
+bool contains(const char* haystack, const char* needle) {
+  return haystack && needle && std::strstr(haystack, needle) != nullptr;
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+}  // namespace
+
+// ============================== Numbers that are ABI ==============================
+
+// Enum values are explicit and append-only: changing one breaks every compiled caller.
+static_assert(FLAME_OK == 0 && FLAME_ERROR_INVALID_ARGUMENT == 1 && FLAME_ERROR_INVALID_HANDLE == 2 &&
+                  FLAME_ERROR_SHAPE_MISMATCH == 3 && FLAME_ERROR_DTYPE_MISMATCH == 4 &&
+                  FLAME_ERROR_OUT_OF_MEMORY == 5 && FLAME_ERROR_NO_DRIVER == 6 && FLAME_ERROR_NO_DEVICE == 7 &&
+                  FLAME_ERROR_CUDA == 8 && FLAME_ERROR_KERNEL_COMPILE == 9 &&
+                  FLAME_ERROR_NOT_DIFFERENTIABLE == 10 && FLAME_ERROR_IO == 11 && FLAME_ERROR_UNSUPPORTED == 12 &&
+                  FLAME_ERROR_INTERNAL == 13 && FLAME_ERROR_CONTEXT_FAILED == 14 &&
+                  FLAME_ERROR_INVALID_FORMAT == 15 && FLAME_ERROR_GRAPH_FREED == 16 &&
+                  FLAME_ERROR_INPLACE_MODIFIED == 17,
+              "flame_status_t values are frozen");
+static_assert(FLAME_DTYPE_F32 == 0 && FLAME_DTYPE_F16 == 1 && FLAME_DTYPE_BF16 == 2 && FLAME_DTYPE_F64 == 3 &&
+                  FLAME_DTYPE_I32 == 4 && FLAME_DTYPE_I64 == 5 && FLAME_DTYPE_U8 == 6 && FLAME_DTYPE_BOOL == 7,
+              "flame_dtype_t values are frozen");
+static_assert(FLAME_BACKWARD_RETAIN_GRAPH == 1 && FLAME_BACKWARD_CREATE_GRAPH == 2 && FLAME_GRAD_ALLOW_UNUSED == 4,
+              "backward flags are frozen");
+static_assert(FLAME_MAX_DIMS == 8, "FLAME_MAX_DIMS is frozen");
+static_assert(FLAME_DIM_ALL == INT32_MIN, "FLAME_DIM_ALL is INT32_MIN");
+static_assert(sizeof(flame_status_t) == 4 && sizeof(flame_dtype_t) == 4, "enums are 32-bit");
+
+#if defined(__LP64__)
+// Struct layouts on LP64 (x86-64, aarch64). Fields may only be appended.
+static_assert(offsetof(flame_ctx_options_t, struct_size) == 0, "layout");
+static_assert(offsetof(flame_ctx_options_t, device) == 8, "layout");
+static_assert(offsetof(flame_ctx_options_t, seed) == 16, "layout");
+static_assert(offsetof(flame_ctx_options_t, kernel_cache_dir) == 24, "layout");
+static_assert(offsetof(flame_ctx_options_t, memory_limit) == 32, "layout");
+static_assert(offsetof(flame_ctx_options_t, allow_tf32) == 40, "layout");
+static_assert(offsetof(flame_memory_stats_t, struct_size) == 0, "layout");
+static_assert(offsetof(flame_memory_stats_t, bytes_in_use) == 8, "layout");
+static_assert(offsetof(flame_memory_stats_t, bytes_reserved) == 16, "layout");
+static_assert(offsetof(flame_memory_stats_t, peak_bytes_in_use) == 24, "layout");
+static_assert(offsetof(flame_memory_stats_t, live_tensors) == 32, "layout");
+#endif
+
+// ============================== Version ==============================
+
+TEST(Version, StringMatchesMacros) {
+  const char* v = flame_version_string();
+  ASSERT_NE(v, nullptr);
+  std::string expected = std::to_string(FLAME_VERSION_MAJOR) + "." + std::to_string(FLAME_VERSION_MINOR) + "." +
+                         std::to_string(FLAME_VERSION_PATCH);
+  EXPECT_EQ(std::string(v), expected);
+  EXPECT_EQ(flame_version_string(), v) << "a static string: the same pointer every time";
+}
+
+TEST(Version, AbiMatchesMacro) { EXPECT_EQ(flame_abi_version(), FLAME_ABI_VERSION); }
+
+// ============================== Status strings ==============================
+
+#define FLAME_ALL_STATUSES(X)                                                                            \
+  X(FLAME_OK) X(FLAME_ERROR_INVALID_ARGUMENT) X(FLAME_ERROR_INVALID_HANDLE) X(FLAME_ERROR_SHAPE_MISMATCH) \
+  X(FLAME_ERROR_DTYPE_MISMATCH) X(FLAME_ERROR_OUT_OF_MEMORY) X(FLAME_ERROR_NO_DRIVER)                    \
+  X(FLAME_ERROR_NO_DEVICE) X(FLAME_ERROR_CUDA) X(FLAME_ERROR_KERNEL_COMPILE)                            \
+  X(FLAME_ERROR_NOT_DIFFERENTIABLE) X(FLAME_ERROR_IO) X(FLAME_ERROR_UNSUPPORTED) X(FLAME_ERROR_INTERNAL) \
+  X(FLAME_ERROR_CONTEXT_FAILED) X(FLAME_ERROR_INVALID_FORMAT) X(FLAME_ERROR_GRAPH_FREED)                 \
+  X(FLAME_ERROR_INPLACE_MODIFIED)
+
+struct StatusName {
+  flame_status_t status;
+  const char* name;
+};
+#define FLAME_STATUS_ENTRY(s) {s, #s},
+const StatusName kStatuses[] = {FLAME_ALL_STATUSES(FLAME_STATUS_ENTRY)};
+#undef FLAME_STATUS_ENTRY
+
+TEST(StatusString, EveryValueHasItsOwnName) {
+  std::set<std::string> seen;
+  for (const StatusName& s : kStatuses) {
+    const char* str = flame_status_string(s.status);
+    ASSERT_NE(str, nullptr) << s.name;
+    EXPECT_STREQ(str, s.name);
+    EXPECT_NE(lower(str).find("unknown"), 0u) << s.name << " -> " << str;
+    EXPECT_TRUE(seen.insert(str).second) << "duplicate status string " << str;
+  }
+  EXPECT_EQ(seen.size(), sizeof kStatuses / sizeof kStatuses[0]);
+}
+
+TEST(StatusString, OutOfRangeIsSane) {
+  std::set<std::string> names;
+  for (const StatusName& s : kStatuses) names.insert(s.name);
+  for (int v : {-1, 18, 100, 9999, INT32_MAX, INT32_MIN}) {
+    const char* str = flame_status_string(static_cast<flame_status_t>(v));
+    ASSERT_NE(str, nullptr) << v;
+    EXPECT_GT(std::strlen(str), 0u) << v;
+    EXPECT_EQ(names.count(str), 0u) << v << " must not be named like a real status: " << str;
+  }
+}
+
+// ============================== dtypes ==============================
+
+TEST(Dtype, SizesAndNames) {
+  struct D {
+    flame_dtype_t dt;
+    size_t size;
+    const char* name;
+  };
+  const D all[] = {{FLAME_DTYPE_F32, 4, "f32"}, {FLAME_DTYPE_F16, 2, "f16"}, {FLAME_DTYPE_BF16, 2, "bf16"},
+                   {FLAME_DTYPE_F64, 8, "f64"}, {FLAME_DTYPE_I32, 4, "i32"}, {FLAME_DTYPE_I64, 8, "i64"},
+                   {FLAME_DTYPE_U8, 1, "u8"},   {FLAME_DTYPE_BOOL, 1, "bool"}};
+  std::set<std::string> names;
+  for (const D& d : all) {
+    EXPECT_EQ(flame_dtype_size(d.dt), d.size) << d.name;
+    ASSERT_NE(flame_dtype_name(d.dt), nullptr) << d.name;
+    EXPECT_STREQ(flame_dtype_name(d.dt), d.name);
+    names.insert(flame_dtype_name(d.dt));
+  }
+  EXPECT_EQ(names.size(), 8u);
+}
+
+TEST(Dtype, UnknownValues) {
+  for (int v : {-1, 8, 99, INT32_MAX}) {
+    flame_dtype_t dt = static_cast<flame_dtype_t>(v);
+    EXPECT_EQ(flame_dtype_size(dt), 0u) << v;
+    ASSERT_NE(flame_dtype_name(dt), nullptr) << v;
+    EXPECT_STREQ(flame_dtype_name(dt), "unknown") << v;
+  }
+}
+
+// ============================== Context options ==============================
+
+TEST(CtxOptions, InitSetsDefaults) {
+  flame_ctx_options_t o;
+  std::memset(&o, 0xAB, sizeof o);
+  FLAME_ASSERT_OK(flame_ctx_options_init(&o));
+  EXPECT_EQ(o.struct_size, sizeof(flame_ctx_options_t));
+  EXPECT_EQ(o.device, 0);
+  EXPECT_EQ(o.seed, 0u);
+  EXPECT_EQ(o.kernel_cache_dir, nullptr);
+  EXPECT_EQ(o.memory_limit, 0u);
+  EXPECT_EQ(o.allow_tf32, 0);
+}
+
+TEST(CtxOptions, InitNull) {
+  FLAME_EXPECT_STATUS(flame_ctx_options_init(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_ctx_options_init")) << flame_last_error_message();
+}
+
+// ============================== No driver ==============================
+
+TEST(NoDriver, EnvironmentIsForced) {
+  ASSERT_TRUE(g_forced_no_driver);
+  ASSERT_STREQ(std::getenv("FLAME_CUDA_DRIVER_PATH"), kNoDriver);
+}
+
+TEST(NoDriver, CtxCreateFailsCleanly) {
+  for (int attempt = 0; attempt < 2; ++attempt) {  // a second try must fail the same way, not crash
+    flame_ctx_t ctx = sentinel_ctx();
+    flame_status_t st = flame_ctx_create(nullptr, &ctx);
+    EXPECT_TRUE(st == FLAME_ERROR_NO_DRIVER || st == FLAME_ERROR_NO_DEVICE)
+        << "attempt " << attempt << ": " << flame_status_string(st) << ": " << flame_last_error_message();
+    EXPECT_EQ(ctx, nullptr);
+    const std::string msg = flame_last_error_message();
+    EXPECT_NE(msg.find("flame_ctx_create"), std::string::npos) << msg;
+    EXPECT_NE(lower(msg).find("driver"), std::string::npos) << "the message should say what is missing: " << msg;
+  }
+}
+
+TEST(NoDriver, CtxCreateWithOptions) {
+  flame_ctx_options_t o;
+  FLAME_ASSERT_OK(flame_ctx_options_init(&o));
+  o.device = 3;
+  o.kernel_cache_dir = "";
+  flame_ctx_t ctx = sentinel_ctx();
+  flame_status_t st = flame_ctx_create(&o, &ctx);
+  EXPECT_TRUE(st == FLAME_ERROR_NO_DRIVER || st == FLAME_ERROR_NO_DEVICE) << flame_status_string(st);
+  EXPECT_EQ(ctx, nullptr);
+}
+
+TEST(NoDriver, CtxCreateFromSeveralThreads) {
+  std::vector<std::thread> threads;
+  std::vector<int> ok(8, 0);
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([i, &ok] {
+      flame_ctx_t ctx = sentinel_ctx();
+      flame_status_t st = flame_ctx_create(nullptr, &ctx);
+      ok[i] = (st == FLAME_ERROR_NO_DRIVER || st == FLAME_ERROR_NO_DEVICE) && ctx == nullptr &&
+              contains(flame_last_error_message(), "flame_ctx_create");
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE(ok[i]) << "thread " << i;
+}
+
+TEST(NoDriver, DeviceCount) {
+  int32_t n = -1;
+  flame_status_t st = flame_device_count(&n);
+  EXPECT_EQ(st, FLAME_ERROR_NO_DRIVER) << flame_status_string(st) << ": " << flame_last_error_message();
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_device_count")) << flame_last_error_message();
+}
+
+TEST(NoDriver, CtxCreateBadArguments) {
+  FLAME_EXPECT_STATUS(flame_ctx_create(nullptr, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_ctx_create")) << flame_last_error_message();
+  flame_ctx_options_t o;
+  FLAME_ASSERT_OK(flame_ctx_options_init(&o));
+  o.struct_size = 0;  // not filled by flame_ctx_options_init
+  flame_ctx_t ctx = sentinel_ctx();
+  FLAME_EXPECT_STATUS(flame_ctx_create(&o, &ctx), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ctx, nullptr);
+  FLAME_EXPECT_STATUS(flame_device_count(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+}
+
+// ============================== Error messages ==============================
+
+TEST(ErrorMessage, EmptyAfterSuccess) {
+  FLAME_EXPECT_STATUS(flame_tensor_retain(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_STRNE(flame_last_error_message(), "");
+  flame_ctx_options_t o;
+  FLAME_ASSERT_OK(flame_ctx_options_init(&o));
+  ASSERT_NE(flame_last_error_message(), nullptr);
+  EXPECT_STREQ(flame_last_error_message(), "");
+}
+
+TEST(ErrorMessage, SetByCallbacks) {
+  flame_set_error_message("my hook refused: lr too large");
+  EXPECT_STREQ(flame_last_error_message(), "my hook refused: lr too large");
+  flame_set_error_message(nullptr);
+  ASSERT_NE(flame_last_error_message(), nullptr);
+  EXPECT_STREQ(flame_last_error_message(), "");
+  std::string long_text(10000, 'x');
+  flame_set_error_message(long_text.c_str());
+  EXPECT_EQ(std::string(flame_last_error_message()), long_text);
+  flame_set_error_message(nullptr);
+}
+
+TEST(ErrorMessage, PerThread) {
+  FLAME_EXPECT_STATUS(flame_add(nullptr, nullptr, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  const std::string mine = flame_last_error_message();
+  ASSERT_NE(mine.find("flame_add"), std::string::npos) << mine;
+
+  std::string fresh_thread_sees = "not run";
+  std::thread([&] { fresh_thread_sees = flame_last_error_message(); }).join();
+  EXPECT_EQ(fresh_thread_sees, "") << "a new thread starts with no error";
+
+  // Several threads fail in different functions at once; each sees its own message.
+  const char* names[] = {"flame_exp", "flame_log", "flame_sqrt", "flame_relu"};
+  std::vector<int> ok(4, 0);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([i, &names, &ok] {
+      int good = 1;
+      for (int rep = 0; rep < 200; ++rep) {
+        flame_tensor_t out = nullptr;
+        flame_status_t st = FLAME_OK;
+        switch (i) {
+          case 0: st = flame_exp(nullptr, &out); break;
+          case 1: st = flame_log(nullptr, &out); break;
+          case 2: st = flame_sqrt(nullptr, &out); break;
+          default: st = flame_relu(nullptr, &out); break;
+        }
+        const char* msg = flame_last_error_message();
+        bool named = msg && std::strstr(msg, names[i]) != nullptr;
+        good &= st == FLAME_ERROR_INVALID_ARGUMENT && out == nullptr && named;
+      }
+      ok[i] = good;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(ok[i]) << names[i];
+  EXPECT_EQ(std::string(flame_last_error_message()), mine) << "other threads do not touch this thread's message";
+}
+
+// ============================== NULL is a no-op for release ==============================
+
+TEST(NullRelease, AllAreNoOps) {
+  flame_tensor_release(nullptr);
+  flame_ctx_destroy(nullptr);
+  flame_hook_remove(nullptr);
+  SUCCEED();
+}
+
+// ============================== NULL handles and NULL OUT pointers ==============================
+// For each function that returns a tensor: with a NULL input handle it must return
+// FLAME_ERROR_INVALID_ARGUMENT, set *out to NULL and name itself in the message; with a NULL OUT
+// pointer it must return FLAME_ERROR_INVALID_ARGUMENT as well.
+
+struct OutCase {
+  const char* name;
+  std::function<flame_status_t(flame_tensor_t*)> call;
+};
+
+static std::vector<OutCase> tensor_out_cases() {
+  static const int64_t shape[] = {2, 3};
+  static const int32_t dims[] = {0};
+  static const int32_t perm[] = {1, 0};
+  static const float host[6] = {0, 1, 2, 3, 4, 5};
+  flame_ctx_t c = nullptr;
+  flame_tensor_t t = nullptr;
+  std::vector<OutCase> v = {
+      // creation with a NULL context
+      {"flame_empty", [=](flame_tensor_t* o) { return flame_empty(c, shape, 2, FLAME_DTYPE_F32, o); }},
+      {"flame_zeros", [=](flame_tensor_t* o) { return flame_zeros(c, shape, 2, FLAME_DTYPE_F32, o); }},
+      {"flame_ones", [=](flame_tensor_t* o) { return flame_ones(c, shape, 2, FLAME_DTYPE_F32, o); }},
+      {"flame_full", [=](flame_tensor_t* o) { return flame_full(c, shape, 2, FLAME_DTYPE_F32, 1.5, o); }},
+      {"flame_arange", [=](flame_tensor_t* o) { return flame_arange(c, 0, 10, 1, FLAME_DTYPE_F32, o); }},
+      {"flame_linspace", [=](flame_tensor_t* o) { return flame_linspace(c, 0, 1, 5, FLAME_DTYPE_F32, o); }},
+      {"flame_eye", [=](flame_tensor_t* o) { return flame_eye(c, 3, 3, FLAME_DTYPE_F32, o); }},
+      {"flame_rand", [=](flame_tensor_t* o) { return flame_rand(c, shape, 2, FLAME_DTYPE_F32, o); }},
+      {"flame_randn", [=](flame_tensor_t* o) { return flame_randn(c, shape, 2, FLAME_DTYPE_F32, o); }},
+      {"flame_from_host",
+       [=](flame_tensor_t* o) { return flame_from_host(c, host, sizeof host, shape, 2, FLAME_DTYPE_F32, o); }},
+      // views and shape ops
+      {"flame_reshape", [=](flame_tensor_t* o) { return flame_reshape(t, shape, 2, o); }},
+      {"flame_view", [=](flame_tensor_t* o) { return flame_view(t, shape, 2, o); }},
+      {"flame_permute", [=](flame_tensor_t* o) { return flame_permute(t, perm, 2, o); }},
+      {"flame_transpose", [=](flame_tensor_t* o) { return flame_transpose(t, 0, 1, o); }},
+      {"flame_expand", [=](flame_tensor_t* o) { return flame_expand(t, shape, 2, o); }},
+      {"flame_squeeze", [=](flame_tensor_t* o) { return flame_squeeze(t, 0, o); }},
+      {"flame_squeeze_all", [=](flame_tensor_t* o) { return flame_squeeze_all(t, o); }},
+      {"flame_unsqueeze", [=](flame_tensor_t* o) { return flame_unsqueeze(t, 0, o); }},
+      {"flame_narrow", [=](flame_tensor_t* o) { return flame_narrow(t, 0, 0, 1, o); }},
+      {"flame_slice", [=](flame_tensor_t* o) { return flame_slice(t, 0, 0, 2, 1, o); }},
+      {"flame_select", [=](flame_tensor_t* o) { return flame_select(t, 0, 0, o); }},
+      {"flame_flip", [=](flame_tensor_t* o) { return flame_flip(t, dims, 1, o); }},
+      {"flame_diagonal", [=](flame_tensor_t* o) { return flame_diagonal(t, 0, 0, 1, o); }},
+      {"flame_contiguous", [=](flame_tensor_t* o) { return flame_contiguous(t, o); }},
+      {"flame_clone", [=](flame_tensor_t* o) { return flame_clone(t, o); }},
+      {"flame_to_dtype", [=](flame_tensor_t* o) { return flame_to_dtype(t, FLAME_DTYPE_F16, o); }},
+      {"flame_triu", [=](flame_tensor_t* o) { return flame_triu(t, 0, o); }},
+      {"flame_tril", [=](flame_tensor_t* o) { return flame_tril(t, 0, o); }},
+      // elementwise
+      {"flame_add", [=](flame_tensor_t* o) { return flame_add(t, t, o); }},
+      {"flame_sub", [=](flame_tensor_t* o) { return flame_sub(t, t, o); }},
+      {"flame_mul", [=](flame_tensor_t* o) { return flame_mul(t, t, o); }},
+      {"flame_div", [=](flame_tensor_t* o) { return flame_div(t, t, o); }},
+      {"flame_pow", [=](flame_tensor_t* o) { return flame_pow(t, t, o); }},
+      {"flame_maximum", [=](flame_tensor_t* o) { return flame_maximum(t, t, o); }},
+      {"flame_minimum", [=](flame_tensor_t* o) { return flame_minimum(t, t, o); }},
+      {"flame_eq", [=](flame_tensor_t* o) { return flame_eq(t, t, o); }},
+      {"flame_ne", [=](flame_tensor_t* o) { return flame_ne(t, t, o); }},
+      {"flame_lt", [=](flame_tensor_t* o) { return flame_lt(t, t, o); }},
+      {"flame_le", [=](flame_tensor_t* o) { return flame_le(t, t, o); }},
+      {"flame_gt", [=](flame_tensor_t* o) { return flame_gt(t, t, o); }},
+      {"flame_ge", [=](flame_tensor_t* o) { return flame_ge(t, t, o); }},
+      {"flame_logical_and", [=](flame_tensor_t* o) { return flame_logical_and(t, t, o); }},
+      {"flame_logical_or", [=](flame_tensor_t* o) { return flame_logical_or(t, t, o); }},
+      {"flame_logical_not", [=](flame_tensor_t* o) { return flame_logical_not(t, o); }},
+      {"flame_where", [=](flame_tensor_t* o) { return flame_where(t, t, t, o); }},
+      {"flame_clamp", [=](flame_tensor_t* o) { return flame_clamp(t, -1.0, 1.0, o); }},
+      {"flame_add_scalar", [=](flame_tensor_t* o) { return flame_add_scalar(t, 1.0, o); }},
+      {"flame_sub_scalar", [=](flame_tensor_t* o) { return flame_sub_scalar(t, 1.0, o); }},
+      {"flame_rsub_scalar", [=](flame_tensor_t* o) { return flame_rsub_scalar(t, 1.0, o); }},
+      {"flame_mul_scalar", [=](flame_tensor_t* o) { return flame_mul_scalar(t, 2.0, o); }},
+      {"flame_div_scalar", [=](flame_tensor_t* o) { return flame_div_scalar(t, 2.0, o); }},
+      {"flame_pow_scalar", [=](flame_tensor_t* o) { return flame_pow_scalar(t, 2.0, o); }},
+      {"flame_neg", [=](flame_tensor_t* o) { return flame_neg(t, o); }},
+      {"flame_abs", [=](flame_tensor_t* o) { return flame_abs(t, o); }},
+      {"flame_exp", [=](flame_tensor_t* o) { return flame_exp(t, o); }},
+      {"flame_log", [=](flame_tensor_t* o) { return flame_log(t, o); }},
+      {"flame_log1p", [=](flame_tensor_t* o) { return flame_log1p(t, o); }},
+      {"flame_expm1", [=](flame_tensor_t* o) { return flame_expm1(t, o); }},
+      {"flame_sqrt", [=](flame_tensor_t* o) { return flame_sqrt(t, o); }},
+      {"flame_rsqrt", [=](flame_tensor_t* o) { return flame_rsqrt(t, o); }},
+      {"flame_sin", [=](flame_tensor_t* o) { return flame_sin(t, o); }},
+      {"flame_cos", [=](flame_tensor_t* o) { return flame_cos(t, o); }},
+      {"flame_tanh", [=](flame_tensor_t* o) { return flame_tanh(t, o); }},
+      {"flame_sigmoid", [=](flame_tensor_t* o) { return flame_sigmoid(t, o); }},
+      {"flame_relu", [=](flame_tensor_t* o) { return flame_relu(t, o); }},
+      {"flame_silu", [=](flame_tensor_t* o) { return flame_silu(t, o); }},
+      {"flame_leaky_relu", [=](flame_tensor_t* o) { return flame_leaky_relu(t, 0.01, o); }},
+      {"flame_elu", [=](flame_tensor_t* o) { return flame_elu(t, 1.0, o); }},
+      {"flame_gelu", [=](flame_tensor_t* o) { return flame_gelu(t, 0, o); }},
+      {"flame_softplus", [=](flame_tensor_t* o) { return flame_softplus(t, 1.0, 20.0, o); }},
+      {"flame_floor", [=](flame_tensor_t* o) { return flame_floor(t, o); }},
+      {"flame_ceil", [=](flame_tensor_t* o) { return flame_ceil(t, o); }},
+      {"flame_round", [=](flame_tensor_t* o) { return flame_round(t, o); }},
+      {"flame_sign", [=](flame_tensor_t* o) { return flame_sign(t, o); }},
+      {"flame_reciprocal", [=](flame_tensor_t* o) { return flame_reciprocal(t, o); }},
+      {"flame_square", [=](flame_tensor_t* o) { return flame_square(t, o); }},
+      {"flame_isnan", [=](flame_tensor_t* o) { return flame_isnan(t, o); }},
+      {"flame_isinf", [=](flame_tensor_t* o) { return flame_isinf(t, o); }},
+      // reductions
+      {"flame_sum", [=](flame_tensor_t* o) { return flame_sum(t, dims, 1, 0, o); }},
+      {"flame_mean", [=](flame_tensor_t* o) { return flame_mean(t, nullptr, 0, 1, o); }},
+      {"flame_prod", [=](flame_tensor_t* o) { return flame_prod(t, nullptr, 0, 0, o); }},
+      {"flame_max", [=](flame_tensor_t* o) { return flame_max(t, dims, 1, 0, o); }},
+      {"flame_min", [=](flame_tensor_t* o) { return flame_min(t, dims, 1, 0, o); }},
+      {"flame_var", [=](flame_tensor_t* o) { return flame_var(t, dims, 1, 1.0, 0, o); }},
+      {"flame_std", [=](flame_tensor_t* o) { return flame_std(t, dims, 1, 0.0, 0, o); }},
+      {"flame_norm", [=](flame_tensor_t* o) { return flame_norm(t, 2.0, nullptr, 0, 0, o); }},
+      {"flame_logsumexp", [=](flame_tensor_t* o) { return flame_logsumexp(t, dims, 1, 0, o); }},
+      {"flame_argmax", [=](flame_tensor_t* o) { return flame_argmax(t, FLAME_DIM_ALL, 0, o); }},
+      {"flame_argmin", [=](flame_tensor_t* o) { return flame_argmin(t, 0, 1, o); }},
+      {"flame_cumsum", [=](flame_tensor_t* o) { return flame_cumsum(t, 0, o); }},
+      {"flame_sum_all", [=](flame_tensor_t* o) { return flame_sum_all(t, o); }},
+      {"flame_max_all", [=](flame_tensor_t* o) { return flame_max_all(t, o); }},
+      {"flame_min_all", [=](flame_tensor_t* o) { return flame_min_all(t, o); }},
+      // autograd
+      {"flame_tensor_detach", [=](flame_tensor_t* o) { return flame_tensor_detach(t, o); }},
+      {"flame_tensor_grad", [=](flame_tensor_t* o) { return flame_tensor_grad(t, o); }},
+  };
+  return v;
+}
+
+TEST(NullArguments, TensorOutSetToNullAndFunctionNamed) {
+  for (const OutCase& c : tensor_out_cases()) {
+    flame_tensor_t out = sentinel_tensor();
+    flame_status_t st = c.call(&out);
+    EXPECT_EQ(st, FLAME_ERROR_INVALID_ARGUMENT) << c.name << " -> " << flame_status_string(st);
+    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
+    const char* msg = flame_last_error_message();
+    ASSERT_NE(msg, nullptr) << c.name;
+    EXPECT_TRUE(contains(msg, c.name)) << c.name << ": the message must name the function: \"" << msg << "\"";
+  }
+}
+
+TEST(NullArguments, NullOutPointer) {
+  for (const OutCase& c : tensor_out_cases()) {
+    flame_status_t st = c.call(nullptr);
+    EXPECT_EQ(st, FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL -> " << flame_status_string(st);
+  }
+}
+
+TEST(NullArguments, ListFunctions) {
+  flame_tensor_t none[2] = {nullptr, nullptr};
+  flame_tensor_t out = sentinel_tensor();
+  FLAME_EXPECT_STATUS(flame_cat(nullptr, 2, 0, &out), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(out, nullptr);
+  out = sentinel_tensor();
+  FLAME_EXPECT_STATUS(flame_cat(none, 2, 0, &out), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(out, nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_cat")) << flame_last_error_message();
+  out = sentinel_tensor();
+  FLAME_EXPECT_STATUS(flame_stack(none, 2, 0, &out), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(out, nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_stack")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_cat(none, 2, 0, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+
+  flame_tensor_t outs[4];
+  int32_t count = -1;
+  FLAME_EXPECT_STATUS(flame_split(nullptr, 1, 0, outs, 4, &count), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_split")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_chunk(nullptr, 2, 0, outs, 4, &count), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_chunk")) << flame_last_error_message();
+  const int64_t sizes[] = {1, 1};
+  FLAME_EXPECT_STATUS(flame_split_sizes(nullptr, sizes, 2, 0, outs), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_split_sizes")) << flame_last_error_message();
+}
+
+// Functions whose OUT values are not tensors, and functions without OUT values.
+TEST(NullArguments, QueriesAndCommands) {
+  struct Case {
+    const char* name;
+    std::function<flame_status_t()> call;
+  };
+  flame_tensor_t t = nullptr;
+  flame_ctx_t c = nullptr;
+  flame_ctx_t ctx_out = sentinel_ctx();
+  flame_dtype_t dt;
+  int32_t i32 = 0, i32b = 0;
+  int64_t i64[8];
+  uint64_t u64 = 0, u64b = 0;
+  double d = 0;
+  float host[4];
+  char name[64];
+  void* stream = nullptr;
+  flame_memory_stats_t stats;
+  stats.struct_size = sizeof stats;
+  const std::vector<Case> cases = {
+      {"flame_tensor_retain", [&] { return flame_tensor_retain(t); }},
+      {"flame_tensor_context", [&] { return flame_tensor_context(t, &ctx_out); }},
+      {"flame_tensor_dtype", [&] { return flame_tensor_dtype(t, &dt); }},
+      {"flame_tensor_ndim", [&] { return flame_tensor_ndim(t, &i32); }},
+      {"flame_tensor_shape", [&] { return flame_tensor_shape(t, i64, 8); }},
+      {"flame_tensor_strides", [&] { return flame_tensor_strides(t, i64, 8); }},
+      {"flame_tensor_numel", [&] { return flame_tensor_numel(t, i64); }},
+      {"flame_tensor_is_contiguous", [&] { return flame_tensor_is_contiguous(t, &i32); }},
+      {"flame_tensor_data_ptr", [&] { return flame_tensor_data_ptr(t, &stream); }},
+      {"flame_to_host", [&] { return flame_to_host(t, host, sizeof host); }},
+      {"flame_tensor_item", [&] { return flame_tensor_item(t, &d); }},
+      {"flame_ctx_synchronize", [&] { return flame_ctx_synchronize(c); }},
+      {"flame_ctx_device_name", [&] { return flame_ctx_device_name(c, name, sizeof name); }},
+      {"flame_ctx_compute_capability", [&] { return flame_ctx_compute_capability(c, &i32, &i32b); }},
+      {"flame_ctx_stream", [&] { return flame_ctx_stream(c, &stream); }},
+      {"flame_ctx_memory_stats", [&] { return flame_ctx_memory_stats(c, &stats); }},
+      {"flame_ctx_reset_peak_memory", [&] { return flame_ctx_reset_peak_memory(c); }},
+      {"flame_ctx_manual_seed", [&] { return flame_ctx_manual_seed(c, 42); }},
+      {"flame_ctx_get_rng_state", [&] { return flame_ctx_get_rng_state(c, &u64, &u64b); }},
+      {"flame_ctx_set_rng_state", [&] { return flame_ctx_set_rng_state(c, 1, 2); }},
+      {"flame_ctx_set_grad_enabled", [&] { return flame_ctx_set_grad_enabled(c, 0, &i32); }},
+      {"flame_ctx_is_grad_enabled", [&] { return flame_ctx_is_grad_enabled(c, &i32); }},
+      {"flame_ctx_set_inference_mode", [&] { return flame_ctx_set_inference_mode(c, 1, nullptr); }},
+      {"flame_tensor_set_requires_grad", [&] { return flame_tensor_set_requires_grad(t, 1); }},
+      {"flame_tensor_requires_grad", [&] { return flame_tensor_requires_grad(t, &i32); }},
+      {"flame_tensor_is_leaf", [&] { return flame_tensor_is_leaf(t, &i32); }},
+      {"flame_tensor_set_grad", [&] { return flame_tensor_set_grad(t, nullptr); }},
+      {"flame_tensor_zero_grad", [&] { return flame_tensor_zero_grad(t); }},
+      {"flame_tensor_retain_grad", [&] { return flame_tensor_retain_grad(t); }},
+      {"flame_backward", [&] { return flame_backward(c, t, nullptr, 0); }},
+  };
+  for (const Case& cs : cases) {
+    flame_status_t st = cs.call();
+    EXPECT_EQ(st, FLAME_ERROR_INVALID_ARGUMENT) << cs.name << " -> " << flame_status_string(st);
+    EXPECT_TRUE(contains(flame_last_error_message(), cs.name))
+        << cs.name << ": the message must name the function: \"" << flame_last_error_message() << "\"";
+  }
+  EXPECT_EQ(ctx_out, nullptr) << "flame_tensor_context must set *ctx to NULL on failure";
+}
+
+// A valid-looking handle (the context) may be absent; the OUT pointers are NULL: still an error.
+TEST(NullArguments, NullOutPointersOfQueries) {
+  flame_tensor_t t = nullptr;
+  FLAME_EXPECT_STATUS(flame_tensor_dtype(t, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_tensor_ndim(t, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_tensor_shape(t, nullptr, 8), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_tensor_numel(t, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_tensor_item(t, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_to_host(t, nullptr, 0), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_ctx_memory_stats(nullptr, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_ctx_device_name(nullptr, nullptr, 0), FLAME_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(NullArguments, Grad) {
+  flame_tensor_t none[1] = {nullptr};
+  flame_tensor_t results[1] = {sentinel_tensor()};
+  FLAME_EXPECT_STATUS(flame_grad(nullptr, none, nullptr, 1, none, 1, 0, results), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_grad")) << flame_last_error_message();
+  EXPECT_EQ(results[0], nullptr) << "flame_grad must set its results to NULL on failure";
+  FLAME_EXPECT_STATUS(flame_grad(nullptr, nullptr, nullptr, 0, nullptr, 0, 0, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+}
+
+namespace {
+int g_destroy_calls = 0;
+flame_status_t noop_hook(void*, flame_tensor_t, flame_tensor_t* replacement) {
+  *replacement = nullptr;
+  return FLAME_OK;
+}
+flame_status_t noop_post_hook(void*, flame_tensor_t) { return FLAME_OK; }
+void count_destroy(void*) { ++g_destroy_calls; }
+}  // namespace
+
+TEST(NullArguments, Hooks) {
+  flame_hook_t hook = sentinel_hook();
+  FLAME_EXPECT_STATUS(flame_tensor_register_hook(nullptr, noop_hook, nullptr, count_destroy, &hook),
+                      FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(hook, nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_tensor_register_hook")) << flame_last_error_message();
+  hook = sentinel_hook();
+  FLAME_EXPECT_STATUS(
+      flame_tensor_register_post_accumulate_grad_hook(nullptr, noop_post_hook, nullptr, count_destroy, &hook),
+      FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(hook, nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_tensor_register_post_accumulate_grad_hook"))
+      << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_tensor_register_hook(nullptr, noop_hook, nullptr, nullptr, nullptr),
+                      FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_LE(g_destroy_calls, 2) << "destroy is called at most once per failed registration";
+}
