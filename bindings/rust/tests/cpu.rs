@@ -1,0 +1,93 @@
+//! Tests that need the library but no GPU: loading, version, status strings, error paths.
+mod common;
+
+use flame::{sys, Context, ContextOptions, DType, Status, Tensor};
+
+#[test]
+fn loads_and_checks_version() {
+    let v = flame::version().expect("library loads");
+    let want = format!("{}.{}.{}", sys::FLAME_VERSION_MAJOR, sys::FLAME_VERSION_MINOR, sys::FLAME_VERSION_PATCH);
+    assert_eq!(v, want);
+    assert_eq!(flame::abi_version().unwrap(), sys::FLAME_ABI_VERSION);
+    assert!(!flame::library_path().unwrap().is_empty());
+}
+
+#[test]
+fn status_strings_match_header_names() {
+    for (s, name) in Status::ALL {
+        assert_eq!(s.name(), *name, "flame_status_string({})", s.0);
+        assert_eq!(format!("{s:?}"), *name);
+    }
+    assert_eq!(format!("{:?}", Status(9999)), "Status(9999)");
+    assert_eq!(Status::LOAD_FAILED.name(), "LOAD_FAILED");
+}
+
+#[test]
+fn dtype_queries() {
+    assert_eq!(DType::F32.size().unwrap(), 4);
+    assert_eq!(DType::F32.name().unwrap(), "f32");
+    assert_eq!(DType(1234).size().unwrap(), 0);
+    assert_eq!(DType(1234).name().unwrap(), "unknown");
+}
+
+#[test]
+fn error_message_roundtrip() {
+    flame::set_error_message("hello from rust").unwrap();
+    assert_eq!(flame::last_error_message().unwrap(), "hello from rust");
+    flame::set_error_message("").unwrap();
+    assert_eq!(flame::last_error_message().unwrap(), "");
+}
+
+#[test]
+fn context_without_gpu_is_an_error_with_message() {
+    match Context::new() {
+        Ok(ctx) => {
+            // A GPU is present: the context works.
+            assert!(!ctx.device_name().unwrap().is_empty());
+        }
+        Err(e) => {
+            assert!(!common::require_gpu(), "FLAME_REQUIRE_GPU=1 but {e}");
+            assert!(matches!(e.status, Status::ERROR_NO_DRIVER | Status::ERROR_NO_DEVICE), "{e:?}");
+            assert!(!e.message.is_empty(), "error carries the library's message");
+            let shown = e.to_string();
+            assert!(shown.starts_with("FLAME_ERROR_NO_"), "{shown}");
+        }
+    }
+    let opts = ContextOptions { device: 4096, kernel_cache_dir: Some(String::new()), ..Default::default() };
+    let e = Context::with_options(&opts).err().expect("device 4096 does not exist");
+    assert!(matches!(e.status, Status::ERROR_NO_DRIVER | Status::ERROR_NO_DEVICE), "{e:?}");
+}
+
+#[test]
+fn null_handles_are_errors_not_crashes() {
+    let t = unsafe { Tensor::from_raw(std::ptr::null_mut()) };
+    let e = t.add(&t).unwrap_err();
+    assert_eq!(e.status, Status::ERROR_INVALID_ARGUMENT, "{e:?}");
+    assert!(!e.message.is_empty());
+    let e = (&t * 2.0).unwrap_err();
+    assert_eq!(e.status, Status::ERROR_INVALID_ARGUMENT);
+    assert_eq!(t.numel().unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+    assert_eq!(t.sum(&[0], false).unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+    assert_eq!(t.to_vec::<f32>().unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+    assert!(t.backward().is_err());
+    assert!(t.register_hook(|_| Ok(None)).is_err(), "failed registration frees the closure");
+    let c = t.clone(); // retain(NULL) fails: a null tensor again, no panic
+    drop(c);
+    drop(t); // release(NULL) is a no-op
+    assert!(flame::device_count().is_ok() || flame::device_count().unwrap_err().status == Status::ERROR_NO_DRIVER);
+}
+
+#[test]
+fn send_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Context>();
+    assert_send_sync::<Tensor>();
+    assert_send_sync::<flame::Hook>();
+    assert_send_sync::<flame::Error>();
+}
+
+#[test]
+fn unwrapped_functions_listed() {
+    // Every header function is either wrapped (generated or hand-written) or listed here.
+    assert!(flame::UNWRAPPED.iter().all(|n| n.starts_with("flame_")));
+}

@@ -1,0 +1,14 @@
+//! A missing library is an Err, never a panic (own process: the library loads once per process).
+use flame::Status;
+
+#[test]
+fn missing_library_is_an_error() {
+    std::env::set_var("FLAME_LIBRARY", "/nonexistent/libflame.so.1");
+    let e = flame::version().unwrap_err();
+    assert_eq!(e.status, Status::LOAD_FAILED);
+    assert!(e.message.contains("/nonexistent/libflame.so.1"), "{}", e.message);
+    let e = flame::Context::new().err().unwrap();
+    assert_eq!(e.status, Status::LOAD_FAILED);
+    // Later calls report the same failure.
+    assert_eq!(flame::abi_version().unwrap_err().status, Status::LOAD_FAILED);
+}
