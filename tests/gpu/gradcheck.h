@@ -728,7 +728,8 @@ inline void check_second_order(flame_ctx_t ctx, const Row& row, const Case& c, s
   }
   std::vector<flame_tensor_t> gres(gin.size(), nullptr);
   FLAME_ASSERT_OK(flame_grad(ctx, outs_raw.data(), us_raw.data(), static_cast<int32_t>(outs.size()), gin.data(),
-                             static_cast<int32_t>(gin.size()), FLAME_BACKWARD_CREATE_GRAPH, gres.data()));
+                             static_cast<int32_t>(gin.size()),
+                             FLAME_BACKWARD_CREATE_GRAPH | FLAME_BACKWARD_RETAIN_GRAPH, gres.data()));
   for (size_t j = 0; j < gin.size(); ++j) g[j] = T(gres[j]);
 
   T loss2;
