@@ -33,6 +33,8 @@ FLAME_UNARY(LeakyRelu, x > T(0) ? x : T(a.s0) * x)
 FLAME_UNARY(Elu, x > T(0) ? x : T(a.s0) * m_expm1(x))
 FLAME_UNARY(Gelu, T(0.5) * x * (T(1) + m_erf(x * T(0.70710678118654752440))))
 FLAME_UNARY(GeluTanh, T(0.5) * x * (T(1) + m_tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x))))
+// d/dx gelu(x) = Phi(x) + x phi(x), used by gelu's backward.
+FLAME_UNARY(GeluDeriv, T(0.5) * (T(1) + m_erf(x * T(0.70710678118654752440))) + x * m_exp(T(-0.5) * x * x) * T(0.39894228040143267794))
 FLAME_UNARY(Softplus, x * T(a.s0) > T(a.s1) ? x : m_log1p(m_exp(x * T(a.s0))) / T(a.s0))
 FLAME_UNARY(Floor, m_floor(x))
 FLAME_UNARY(Ceil, m_ceil(x))

@@ -55,6 +55,10 @@
   X(Softplus, softplus, MATH)      \
   X(Clamp, clamp, ARITH)
 
+// Elementwise ops used only inside FLAME (backward rules); no C entry point.
+#define FLAME_INTERNAL_UNARY_OPS(X) \
+  X(GeluDeriv, gelu_deriv, MATH)
+
 // flame_<c_name>(a, b, out). Kind ARITH: promoted dtype; MATH: floating; CMP: bool result.
 #define FLAME_BINARY_OPS(X)          \
   X(Add, add, ARITH)                 \
@@ -97,6 +101,7 @@ namespace flame {
 enum class OpId : int {
 #define FLAME_OP_ENUM(Id, name, ...) Id,
   FLAME_UNARY_OPS(FLAME_OP_ENUM) FLAME_SCALAR_OPS(FLAME_OP_ENUM) FLAME_SPECIAL_UNARY_OPS(FLAME_OP_ENUM)
+  FLAME_INTERNAL_UNARY_OPS(FLAME_OP_ENUM)
   FLAME_BINARY_OPS(FLAME_OP_ENUM) FLAME_STRUCTURAL_OPS(FLAME_OP_ENUM)
 #undef FLAME_OP_ENUM
   Count

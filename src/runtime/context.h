@@ -15,6 +15,10 @@
 #include "runtime/disk_cache.h"
 #include "runtime/driver.h"
 
+namespace flame {
+class Context;
+}
+
 struct flame_ctx_s {
   uint64_t magic;
   flame::Context* ctx;

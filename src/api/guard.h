@@ -1,0 +1,50 @@
+// The C ABI boundary. api_call runs an entry point's body, converts every exception into a status
+// and the thread-local message (prefixed with the function's name), and never lets one escape.
+#pragma once
+#include <new>
+#include <string>
+#include "core/error.h"
+#include "tensor/tensor.h"
+
+namespace flame {
+
+template <class F>
+flame_status_t api_call(const char* fn, F&& body) noexcept {
+  try {
+    body();
+    clear_last_error();
+    return FLAME_OK;
+  } catch (const Error& e) {
+    set_last_error(std::string(fn) + ": " + e.what());
+    return e.status();
+  } catch (const std::bad_alloc&) {
+    set_last_error(std::string(fn) + ": out of host memory");
+    return FLAME_ERROR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    set_last_error(std::string(fn) + ": internal error: " + e.what());
+    return FLAME_ERROR_INTERNAL;
+  } catch (...) {
+    set_last_error(std::string(fn) + ": internal error");
+    return FLAME_ERROR_INTERNAL;
+  }
+}
+
+// Clears an OUT pointer up front so that it is NULL on every failure path.
+template <class P>
+P* out_param(P* p, const char* name) {
+  FLAME_CHECK(p, FLAME_ERROR_INVALID_ARGUMENT, name, " is NULL");
+  *p = P{};
+  return p;
+}
+
+Context& context_of(flame_ctx_t ctx);  // validates the handle
+// Locks a tensor's context for the call and checks it has not failed.
+class TensorScope {
+ public:
+  explicit TensorScope(const Tensor& t) : scope_(t->ctx()) { t->ctx().check_alive(); }
+
+ private:
+  ContextScope scope_;
+};
+
+}  // namespace flame

@@ -1,0 +1,55 @@
+// Tensor handles. A handle counts the caller's references to one Tensor. A released handle is
+// marked dead and kept in its context's quarantine (the most recent 4096), so passing it again is
+// reported as FLAME_ERROR_INVALID_HANDLE instead of touching freed memory, as long as the context
+// lives. Handles are freed with the context.
+#include "api/guard.h"
+
+namespace flame {
+
+constexpr size_t kQuarantine = 4096;
+
+flame_tensor_t wrap(Tensor t) {
+  Context& ctx = t->ctx();
+  ++ctx.live_tensors;
+  auto* h = new flame_tensor_s;
+  h->magic = kTensorMagic;
+  h->refs.store(1);
+  h->t = std::move(t);
+  return h;
+}
+
+const Tensor& unwrap(flame_tensor_t h, const char* arg) {
+  FLAME_CHECK(h, FLAME_ERROR_INVALID_ARGUMENT, arg, " is NULL");
+  FLAME_CHECK(h->magic == kTensorMagic && h->t, FLAME_ERROR_INVALID_HANDLE, arg,
+              " is not a live tensor handle (released already?)");
+  return h->t;
+}
+
+void release_handle(flame_tensor_t h) noexcept {
+  if (!h || h->magic != kTensorMagic) return;
+  if (h->refs.fetch_sub(1) != 1) return;
+  std::shared_ptr<Context> keep = h->t->storage->ctx;  // the context outlives this function
+  std::lock_guard<std::recursive_mutex> lock(keep->mutex);
+  keep->bind();
+  h->magic = kDeadMagic;
+  h->t.reset();
+  --keep->live_tensors;
+  keep->dead_handles.push_back(h);
+  if (keep->dead_handles.size() > kQuarantine) {
+    delete keep->dead_handles.front();
+    keep->dead_handles.pop_front();
+  }
+}
+
+void release_dead_handles(Context& ctx) {
+  for (auto* h : ctx.dead_handles) delete h;
+  ctx.dead_handles.clear();
+}
+
+Context& context_of(flame_ctx_t ctx) {
+  FLAME_CHECK(ctx, FLAME_ERROR_INVALID_ARGUMENT, "ctx is NULL");
+  FLAME_CHECK(ctx->magic == kCtxMagic, FLAME_ERROR_INVALID_HANDLE, "ctx is not a live context (destroyed already?)");
+  return *ctx->ctx;
+}
+
+}  // namespace flame

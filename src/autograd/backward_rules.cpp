@@ -1,0 +1,205 @@
+// Every backward rule of FLAME, one per op of src/ops/op_list.h, each written with FLAME ops so
+// that it is itself recorded when create_graph asks for it (higher-order gradients).
+// A rule gets the node (its saved tensors, attributes and input geometry) and the gradient of the
+// node's output, and returns one gradient per input (null where none is needed). Broadcasting and
+// dtype promotion are separate Expand and Cast nodes, so no rule undoes them.
+// Saved tensors per op are listed in ops/elementwise.cpp (saves_input, then saves_output).
+#include <array>
+#include <cmath>
+#include "autograd/graph.h"
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace flame {
+
+using namespace ops;
+using Grads = std::vector<Tensor>;
+using Rule = Grads (*)(Node&, const Tensor&);
+
+namespace {
+
+Tensor saved(Node& n, size_t i) { return n.saved.at(i).unpack(n); }
+Tensor like_scalar(const Tensor& t, double v) { return scalar(t->ctx(), v, t->dtype); }
+Tensor cmp(OpId op, const Tensor& x, double v) { return binary(op, x, like_scalar(x, v)); }
+double s0(const Node& n) { return n.reals.at(0); }
+double s1(const Node& n) { return n.reals.at(1); }
+// The reduced axes and keepdim flag stored by reductions, and g reshaped to keepdim geometry.
+std::vector<int> rdims(const Node& n) { return std::vector<int>(n.ints.begin(), n.ints.end() - 1); }
+Tensor keep(const Node& n, const Tensor& g) {
+  if (n.ints.back()) return g;
+  return reshape(g, reduced_shape(n.inputs[0].shape, rdims(n), true));
+}
+
+#define RULE(Id) Grads bw_##Id(Node& n, const Tensor& g)
+
+RULE(Neg) { return {neg(g)}; }
+RULE(Abs) { return {mul(g, unary(OpId::Sign, saved(n, 0)))}; }
+RULE(Exp) { return {mul(g, saved(n, 0))}; }
+RULE(Log) { return {div(g, saved(n, 0))}; }
+RULE(Log1p) { return {div(g, add_scalar(saved(n, 0), 1))}; }
+RULE(Expm1) { return {mul(g, add_scalar(saved(n, 0), 1))}; }
+RULE(Sqrt) { return {div(g, mul_scalar(saved(n, 0), 2))}; }
+RULE(Rsqrt) { return {mul(g, mul_scalar(unary(OpId::PowScalar, saved(n, 0), 3), -0.5))}; }
+RULE(Sin) { return {mul(g, unary(OpId::Cos, saved(n, 0)))}; }
+RULE(Cos) { return {mul(g, neg(unary(OpId::Sin, saved(n, 0))))}; }
+RULE(Tanh) { return {mul(g, unary(OpId::RsubScalar, square(saved(n, 0)), 1))}; }
+RULE(Sigmoid) {
+  Tensor y = saved(n, 0);
+  return {mul(g, mul(y, unary(OpId::RsubScalar, y, 1)))};
+}
+RULE(Relu) { return {mul(g, mask_as(cmp(OpId::Gt, saved(n, 0), 0), g))}; }
+RULE(Silu) {  // d/dx x s(x) = s (1 + x (1 - s))
+  Tensor x = saved(n, 0), s = unary(OpId::Sigmoid, x);
+  return {mul(g, mul(s, add_scalar(mul(x, unary(OpId::RsubScalar, s, 1)), 1)))};
+}
+RULE(Floor) { return {zeros_like(g)}; }
+RULE(Ceil) { return {zeros_like(g)}; }
+RULE(Round) { return {zeros_like(g)}; }
+RULE(Sign) { return {zeros_like(g)}; }
+RULE(Reciprocal) { return {mul(g, neg(square(saved(n, 0))))}; }
+RULE(Square) { return {mul(g, mul_scalar(saved(n, 0), 2))}; }
+RULE(AddScalar) { return {g}; }
+RULE(MulScalar) { return {mul_scalar(g, s0(n))}; }
+RULE(RsubScalar) { return {neg(g)}; }
+RULE(PowScalar) {
+  double p = s0(n);
+  if (p == 0) return {zeros_like(g)};
+  return {mul(g, mul_scalar(unary(OpId::PowScalar, saved(n, 0), p - 1), p))};
+}
+RULE(LeakyRelu) { return {where(cmp(OpId::Gt, saved(n, 0), 0), g, mul_scalar(g, s0(n)))}; }
+RULE(Elu) { return {where(cmp(OpId::Gt, saved(n, 0), 0), g, mul(g, add_scalar(saved(n, 1), s0(n))))}; }
+RULE(Gelu) { return {mul(g, unary(OpId::GeluDeriv, saved(n, 0)))}; }
+RULE(GeluDeriv) {  // d/dx (Phi + x phi) = phi (2 - x^2)
+  Tensor x = saved(n, 0);
+  Tensor phi = mul_scalar(exp(mul_scalar(square(x), -0.5)), 0.39894228040143267794);
+  return {mul(g, mul(phi, unary(OpId::RsubScalar, square(x), 2)))};
+}
+RULE(GeluTanh) {  // u = k (x + c x^3), t = tanh u: 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2)
+  const double k = 0.79788456080286535588, c = 0.044715;
+  Tensor x = saved(n, 0), x2 = square(x);
+  Tensor t = unary(OpId::Tanh, mul_scalar(mul(x, add_scalar(mul_scalar(x2, c), 1)), k));
+  Tensor left = mul_scalar(add_scalar(t, 1), 0.5);
+  Tensor right = mul(mul_scalar(x, 0.5 * k), mul(unary(OpId::RsubScalar, square(t), 1), add_scalar(mul_scalar(x2, 3 * c), 1)));
+  return {mul(g, add(left, right))};
+}
+RULE(Softplus) {
+  Tensor z = mul_scalar(saved(n, 0), s0(n));
+  return {where(cmp(OpId::Gt, z, s1(n)), g, mul(g, unary(OpId::Sigmoid, z)))};
+}
+RULE(Clamp) {
+  Tensor x = saved(n, 0);
+  Tensor inside = binary(OpId::LogicalAnd, cmp(OpId::Ge, x, s0(n)), cmp(OpId::Le, x, s1(n)));
+  return {where(inside, g, like_scalar(g, 0))};
+}
+
+RULE(Add) { return {g, g}; }
+RULE(Sub) { return {g, neg(g)}; }
+RULE(Mul) {
+  return {n.needs_input_grad(0) ? mul(g, saved(n, 1)) : nullptr, n.needs_input_grad(1) ? mul(g, saved(n, 0)) : nullptr};
+}
+RULE(Div) {  // d(a/b)/db = -a/b^2 = -out/b
+  Tensor b = saved(n, 1);
+  return {n.needs_input_grad(0) ? div(g, b) : nullptr, n.needs_input_grad(1) ? neg(div(mul(g, saved(n, 2)), b)) : nullptr};
+}
+RULE(Pow) {
+  Tensor a = saved(n, 0), b = saved(n, 1);
+  Tensor ga, gb;
+  if (n.needs_input_grad(0)) ga = mul(g, mul(b, binary(OpId::Pow, a, add_scalar(b, -1))));
+  if (n.needs_input_grad(1))  // 0^b has derivative 0 in b (PyTorch masks it the same way)
+    gb = where(cmp(OpId::Eq, a, 0), like_scalar(g, 0), mul(mul(g, saved(n, 2)), log(a)));
+  return {ga, gb};
+}
+Grads max_min(Node& n, const Tensor& g, OpId wins) {  // ties split the gradient evenly, as PyTorch
+  Tensor a = saved(n, 0), b = saved(n, 1);
+  Tensor wa = add(mask_as(binary(wins, a, b), g), mul_scalar(mask_as(binary(OpId::Eq, a, b), g), 0.5));
+  return {mul(g, wa), mul(g, unary(OpId::RsubScalar, wa, 1))};
+}
+RULE(Maximum) { return max_min(n, g, OpId::Gt); }
+RULE(Minimum) { return max_min(n, g, OpId::Lt); }
+
+RULE(Where) {
+  Tensor c = saved(n, 0), z = like_scalar(g, 0);
+  return {n.needs_input_grad(0) ? where(c, g, z) : nullptr, n.needs_input_grad(1) ? where(c, z, g) : nullptr};
+}
+RULE(Cast) { return {to_dtype(g, n.inputs[0].dtype)}; }
+RULE(Copy) { return {g}; }
+RULE(Reshape) { return {reshape(g, n.inputs[0].shape)}; }
+RULE(Permute) {
+  std::vector<int> inv(n.ints.size());
+  for (size_t i = 0; i < n.ints.size(); ++i) inv[static_cast<size_t>(n.ints[i])] = static_cast<int>(i);
+  return {permute(g, inv)};
+}
+RULE(Expand) { return {sum_to(g, n.inputs[0].shape)}; }
+RULE(ViewSlice) { return {view_scatter(g, n.inputs[0].shape, n.view)}; }
+RULE(ViewScatter) { return {view_slice(g, n.view)}; }
+RULE(Cat) {
+  int dim = static_cast<int>(n.ints[0]);
+  Grads out;
+  int64_t off = 0;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    int64_t len = n.inputs[i].shape[dim];
+    if (n.needs_input_grad(i)) out.push_back(to_dtype(narrow(g, dim, off, len), n.inputs[i].dtype));
+    else out.push_back(nullptr);
+    off += len;
+  }
+  return out;
+}
+RULE(Sum) { return {expand(keep(n, g), n.inputs[0].shape)}; }
+RULE(Prod) {  // handles zeros: with one zero in a group its gradient is the product of the rest
+  Tensor x = saved(n, 0), out = keep(n, saved(n, 1)), gk = keep(n, g);
+  std::vector<int> rd = rdims(n);
+  Tensor is_zero = cmp(OpId::Eq, x, 0);
+  Tensor nz_prod = prod(where(is_zero, like_scalar(x, 1), x), rd, true);
+  Tensor zeros_in_group = sum(mask_as(is_zero, x), rd, true);
+  Tensor at_zero = where(cmp(OpId::Eq, zeros_in_group, 1), nz_prod, like_scalar(x, 0));
+  return {mul(gk, where(is_zero, at_zero, div(out, x)))};
+}
+Grads amax_amin(Node& n, const Tensor& g) {  // the gradient is split evenly between ties (torch.amax)
+  Tensor x = saved(n, 0), out = keep(n, saved(n, 1));
+  Tensor hit = mask_as(binary(OpId::Eq, x, out), g);
+  return {div(mul(hit, keep(n, g)), sum(hit, rdims(n), true))};
+}
+RULE(Amax) { return amax_amin(n, g); }
+RULE(Amin) { return amax_amin(n, g); }
+RULE(CumSum) {
+  int dim = static_cast<int>(n.ints[0]);
+  return {flip(cumsum(flip(g, {dim}), dim), {dim})};
+}
+
+constexpr std::array<Rule, kNumOps> make_rules() {
+  std::array<Rule, kNumOps> r{};
+#define DIFF(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;
+  DIFF(Neg) DIFF(Abs) DIFF(Exp) DIFF(Log) DIFF(Log1p) DIFF(Expm1) DIFF(Sqrt) DIFF(Rsqrt) DIFF(Sin) DIFF(Cos)
+  DIFF(Tanh) DIFF(Sigmoid) DIFF(Relu) DIFF(Silu) DIFF(Floor) DIFF(Ceil) DIFF(Round) DIFF(Sign) DIFF(Reciprocal)
+  DIFF(Square) DIFF(AddScalar) DIFF(MulScalar) DIFF(RsubScalar) DIFF(PowScalar) DIFF(LeakyRelu) DIFF(Elu)
+  DIFF(Gelu) DIFF(GeluDeriv) DIFF(GeluTanh) DIFF(Softplus) DIFF(Clamp) DIFF(Add) DIFF(Sub) DIFF(Mul) DIFF(Div)
+  DIFF(Pow) DIFF(Maximum) DIFF(Minimum) DIFF(Where) DIFF(Cast) DIFF(Copy) DIFF(Reshape) DIFF(Permute)
+  DIFF(Expand) DIFF(ViewSlice) DIFF(ViewScatter) DIFF(Cat) DIFF(Sum) DIFF(Prod) DIFF(Amax) DIFF(Amin) DIFF(CumSum)
+#undef DIFF
+  return r;
+}
+constexpr std::array<Rule, kNumOps> kRules = make_rules();
+
+}  // namespace
+
+// Ops whose outputs are never differentiable (bool or index results): marked, not forgotten.
+bool not_differentiable(OpId op) {
+  switch (op) {
+    case OpId::IsNan: case OpId::IsInf: case OpId::LogicalNot: case OpId::Eq: case OpId::Ne: case OpId::Lt:
+    case OpId::Le: case OpId::Gt: case OpId::Ge: case OpId::LogicalAnd: case OpId::LogicalOr: case OpId::ArgMax:
+    case OpId::ArgMin:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool has_backward(OpId op) { return static_cast<int>(op) < kNumOps && kRules[static_cast<int>(op)] != nullptr; }
+
+Grads apply_backward_rule(Node& n, const Tensor& g) {
+  Rule r = has_backward(n.op) ? kRules[static_cast<int>(n.op)] : nullptr;
+  if (!r) fail(FLAME_ERROR_NOT_DIFFERENTIABLE, "op ", op_name(n.op), " has no backward rule");
+  return r(n, g);
+}
+
+}  // namespace flame

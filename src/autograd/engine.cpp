@@ -1,0 +1,223 @@
+// Dependency-counting reverse walk: count, for every node reachable from the roots, how many
+// edges lead into it; run a node once all of them have delivered their gradient (summed in its
+// buffer); pass its rule's results along its edges. Leaf gradients are collected and applied after
+// the walk. Grad mode is set to create_graph for the walk so that rules record themselves only
+// when higher-order gradients were asked for.
+#include "autograd/engine.h"
+#include <algorithm>
+#include <map>
+#include <unordered_map>
+#include "core/error.h"
+#include "ops/launch.h"
+#include "ops/ops.h"
+
+namespace flame {
+
+std::vector<Tensor> apply_backward_rule(Node& n, const Tensor& g);  // backward_rules.cpp
+
+namespace {
+
+class GradModeGuard {
+ public:
+  GradModeGuard(Context& c, bool enabled) : c_(c), prev_(c.grad_enabled), prev_inf_(c.inference_mode) {
+    c.grad_enabled = enabled;
+    c.inference_mode = false;
+  }
+  ~GradModeGuard() {
+    c_.grad_enabled = prev_;
+    c_.inference_mode = prev_inf_;
+  }
+
+ private:
+  Context& c_;
+  bool prev_, prev_inf_;
+};
+
+void check_grad_geometry(const Tensor& g, const TensorInfo& want, const char* what) {
+  FLAME_CHECK(g->shape == want.shape, FLAME_ERROR_SHAPE_MISMATCH, what, " has shape ", shape_str(g->shape),
+              " but the tensor has shape ", shape_str(want.shape));
+  FLAME_CHECK(g->dtype == want.dtype, FLAME_ERROR_DTYPE_MISMATCH, what, " has dtype ", dtype_name(g->dtype),
+              " but the tensor has dtype ", dtype_name(want.dtype));
+}
+
+// Calls the user's tensor hooks in order; each may replace the gradient.
+Tensor run_hooks(const HookList& hooks, Tensor g, const TensorInfo& info) {
+  for (const auto& h : hooks) {
+    if (!h->alive || !h->fn) continue;
+    flame_tensor_t gh = wrap(g);
+    flame_tensor_t replacement = nullptr;
+    clear_last_error();
+    flame_status_t st = h->fn(h->user_data, gh, &replacement);
+    release_handle(gh);
+    if (st != FLAME_OK) {
+      release_handle(replacement);
+      std::string msg = last_error();
+      fail(st, "a gradient hook failed: ", msg.empty() ? "(the hook gave no message)" : msg);
+    }
+    if (replacement) {
+      Tensor r;
+      try {
+        r = unwrap(replacement, "replacement");
+      } catch (...) {
+        fail(FLAME_ERROR_INVALID_HANDLE, "a gradient hook returned an invalid replacement handle");
+      }
+      release_handle(replacement);
+      check_grad_geometry(r, info, "the gradient returned by a hook");
+      g = r;
+    }
+  }
+  return g;
+}
+
+void run_post_hooks(const Tensor& leaf) {
+  if (!leaf->autograd) return;
+  HookList hooks = leaf->autograd->post_hooks;  // a hook may register or remove hooks
+  for (const auto& h : hooks) {
+    if (!h->alive || !h->post_fn) continue;
+    flame_tensor_t lh = wrap(leaf);
+    clear_last_error();
+    flame_status_t st = h->post_fn(h->user_data, lh);
+    release_handle(lh);
+    if (st != FLAME_OK) {
+      std::string msg = last_error();
+      fail(st, "a post-accumulate hook failed: ", msg.empty() ? "(the hook gave no message)" : msg);
+    }
+  }
+}
+
+// .grad += g, in place when no graph is being built (the buffer is private to the leaf).
+void accumulate_grad(const Tensor& t, Tensor g, bool create_graph) {
+  auto& m = autograd_meta(*t);
+  if (!create_graph) g = alias(g);
+  if (!m.grad) {  // a private copy, so that later in-place accumulation touches nothing else
+    m.grad = create_graph ? g : ops::clone(g);
+    return;
+  }
+  if (create_graph) {
+    m.grad = ops::add(m.grad, g);
+    return;
+  }
+  launch_elementwise("Add", {}, m.grad, {m.grad, g});
+  m.grad->storage->version++;
+}
+
+}  // namespace
+
+std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
+  GradModeGuard mode(ctx, req.create_graph);
+  const bool accumulate = req.inputs.empty();
+
+  // Root gradients.
+  std::unordered_map<Node*, Tensor> buffer;
+  std::vector<std::shared_ptr<Node>> root_nodes;
+  auto add_to = [&](Node* n, const Tensor& g) {
+    Tensor& b = buffer[n];
+    b = b ? ops::add(b, g) : g;
+  };
+  for (size_t i = 0; i < req.roots.size(); ++i) {
+    const Tensor& r = req.roots[i];
+    Edge e = gradient_edge(r);
+    FLAME_CHECK(e.fn, FLAME_ERROR_INVALID_ARGUMENT, "output ", i, " does not require grad and has no grad_fn");
+    Tensor g = i < req.root_grads.size() ? req.root_grads[i] : nullptr;
+    if (!g) {
+      FLAME_CHECK(r->numel() == 1, FLAME_ERROR_INVALID_ARGUMENT, "grad can be implicitly created only for outputs "
+                  "with one element; output ", i, " has shape ", shape_str(r->shape));
+      g = ops::full(ctx, r->shape, r->dtype, 1.0);
+    } else {
+      FLAME_CHECK(&g->ctx() == &ctx, FLAME_ERROR_INVALID_ARGUMENT, "gradient ", i, " belongs to another context");
+      check_grad_geometry(g, {r->shape, r->dtype}, "the gradient of the output");
+    }
+    add_to(e.fn.get(), g);
+    root_nodes.push_back(e.fn);
+  }
+
+  // Inputs whose gradients flame_grad returns, keyed by the node their gradient reaches.
+  std::map<Node*, std::vector<size_t>> capture;
+  std::vector<std::shared_ptr<Node>> keep_alive;
+  for (size_t j = 0; j < req.inputs.size(); ++j) {
+    Edge e = gradient_edge(req.inputs[j]);
+    FLAME_CHECK(e.fn, FLAME_ERROR_INVALID_ARGUMENT, "input ", j, " does not require grad");
+    capture[e.fn.get()].push_back(j);
+    keep_alive.push_back(e.fn);
+  }
+
+  // Count incoming edges of every reachable node.
+  std::unordered_map<Node*, int> deps;
+  std::vector<Node*> stack;
+  std::unordered_map<Node*, bool> seen;
+  for (auto& n : root_nodes)
+    if (!seen[n.get()]) { seen[n.get()] = true; stack.push_back(n.get()); }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (auto& e : n->next) {
+      if (!e.fn) continue;
+      deps[e.fn.get()]++;
+      if (!seen[e.fn.get()]) { seen[e.fn.get()] = true; stack.push_back(e.fn.get()); }
+    }
+  }
+
+  std::vector<Tensor> results(req.inputs.size());
+  std::vector<std::pair<Tensor, Tensor>> pending;  // (leaf, gradient)
+  std::vector<Node*> ready;
+  for (auto& n : root_nodes)
+    if (deps[n.get()] == 0 && std::find(ready.begin(), ready.end(), n.get()) == ready.end()) ready.push_back(n.get());
+
+  while (!ready.empty()) {
+    Node* n = ready.back();
+    ready.pop_back();
+    Tensor g = buffer[n];
+    buffer.erase(n);
+    if (g) {
+      if (n->op == OpId::Count) {  // a leaf
+        Tensor leaf = n->leaf.lock();
+        if (leaf && leaf->autograd) g = run_hooks(leaf->autograd->hooks, g, n->inputs[0]);
+        auto it = capture.find(n);
+        if (it != capture.end())
+          for (size_t j : it->second) results[j] = g;
+        if (accumulate && leaf) pending.emplace_back(leaf, g);
+        continue;
+      }
+      HookList hooks;
+      for (auto& h : n->hooks) hooks.push_back(h.second);
+      if (!hooks.empty()) g = run_hooks(hooks, g, {g->shape, g->dtype});
+      for (auto& r : n->retained)
+        if (auto t = r.second.lock()) pending.emplace_back(t, g);
+      auto it = capture.find(n);
+      if (it != capture.end())
+        for (size_t j : it->second) results[j] = g;
+    }
+    std::vector<Tensor> grads;
+    if (g) {
+      grads = apply_backward_rule(*n, g);
+      FLAME_CHECK(grads.size() == n->next.size(), FLAME_ERROR_INTERNAL, "backward of ", op_name(n->op), " returned ",
+                  grads.size(), " gradients for ", n->next.size(), " inputs");
+    }
+    if (!req.keep_graph) n->release_saved();
+    for (size_t i = 0; i < n->next.size(); ++i) {
+      Node* child = n->next[i].fn.get();
+      if (!child) continue;
+      if (i < grads.size() && grads[i]) {
+        FLAME_CHECK(grads[i]->shape == n->inputs[i].shape, FLAME_ERROR_INTERNAL, "backward of ", op_name(n->op),
+                    " gave input ", i, " a gradient of shape ", shape_str(grads[i]->shape), " instead of ",
+                    shape_str(n->inputs[i].shape));
+        add_to(child, grads[i]);
+      }
+      if (--deps[child] == 0) ready.push_back(child);
+    }
+  }
+
+  for (size_t j = 0; j < req.inputs.size(); ++j)
+    FLAME_CHECK(results[j] || req.allow_unused, FLAME_ERROR_INVALID_ARGUMENT, "input ", j,
+                " was not used to compute the outputs (pass FLAME_GRAD_ALLOW_UNUSED to get NULL instead)");
+  // Leaves last: nothing is accumulated if any hook failed during the walk.
+  for (auto& p : pending) accumulate_grad(p.first, p.second, req.create_graph);
+  for (auto& p : pending)
+    if (!p.first->autograd || !p.first->autograd->grad_fn) run_post_hooks(p.first);
+  if (!req.create_graph)
+    for (auto& r : results)
+      if (r) r = alias(r);
+  return results;
+}
+
+}  // namespace flame

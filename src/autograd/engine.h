@@ -1,0 +1,23 @@
+// The reverse-mode engine: the one place where graphs are walked.
+#pragma once
+#include <vector>
+#include "autograd/graph.h"
+
+namespace flame {
+
+struct BackwardRequest {
+  std::vector<Tensor> roots;
+  std::vector<Tensor> root_grads;  // null entries mean ones (root must have one element)
+  bool keep_graph = false;
+  bool create_graph = false;
+  // flame_grad: gradients of these inputs are returned instead of accumulated into .grad.
+  std::vector<Tensor> inputs;
+  bool allow_unused = false;
+};
+
+// Runs backward. With no inputs, accumulates into .grad of the reached leaves (all at the end, so a
+// failing hook leaves .grad untouched) and runs post-accumulate hooks; otherwise returns one
+// gradient per input (null for unused inputs when allowed).
+std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req);
+
+}  // namespace flame

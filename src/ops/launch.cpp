@@ -1,0 +1,305 @@
+#include "ops/launch.h"
+#include <algorithm>
+#include "core/error.h"
+
+namespace flame {
+
+namespace {
+
+constexpr unsigned kBlock = 256;
+constexpr int kMaxDims = 8;
+
+struct StridedLayout {  // mirrors cuda/elementwise.cuh
+  int ndim;
+  int64_t shape[kMaxDims];
+  int64_t stride[4][kMaxDims];
+};
+
+struct ReduceLayout {  // mirrors cuda/reduce.cuh
+  int out_ndim;
+  int64_t out_shape[kMaxDims];
+  int64_t out_stride[kMaxDims];
+  int red_ndim;
+  int64_t red_shape[kMaxDims];
+  int64_t red_stride[kMaxDims];
+};
+
+struct ScanLayout {  // mirrors cuda/scan.cuh
+  int row_ndim;
+  int64_t row_shape[kMaxDims];
+  int64_t row_in_stride[kMaxDims];
+  int64_t row_out_stride[kMaxDims];
+  int64_t len, in_stride, out_stride;
+};
+
+unsigned grid_for(Context& ctx, int64_t work_items, unsigned block) {
+  int64_t blocks = (work_items + block - 1) / block;
+  int64_t cap = static_cast<int64_t>(ctx.sm_count) * 32;  // grid-stride loops cover the rest
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(blocks, cap)));
+}
+
+std::string template_args(const std::vector<std::string>& args) {
+  std::string s = "<";
+  for (size_t i = 0; i < args.size(); ++i) s += (i ? ", " : "") + args[i];
+  return s + ">";
+}
+
+int vector_width(DType out, const std::vector<DType>& ins) {
+  size_t widest = dtype_size(out);
+  for (DType d : ins) widest = std::max(widest, dtype_size(d));
+  return static_cast<int>(16 / widest);
+}
+
+std::string contig_name(int v, const std::string& functor, DType out, const std::vector<DType>& ins) {
+  std::vector<std::string> a = {std::to_string(v), "flame::" + functor, device_type(out)};
+  for (DType d : ins) a.push_back(device_type(d));
+  return "flame::ew_contig" + template_args(a);
+}
+
+std::string strided_name(bool wide, const std::string& functor, DType out, const std::vector<DType>& ins) {
+  std::vector<std::string> a = {wide ? "unsigned long long" : "unsigned int", "flame::" + functor, device_type(out)};
+  for (DType d : ins) a.push_back(device_type(d));
+  return "flame::ew_strided" + template_args(a);
+}
+
+// Collapses kept or reduced axes of x into a (shape, stride) pair list.
+void collapse_axes(const Tensor& x, const std::vector<int>& axes, int* ndim, int64_t* shape, int64_t* stride) {
+  Shape s;
+  Strides st;
+  for (int a : axes) {
+    s.push_back(x->shape[a]);
+    st.push_back(x->strides[a]);
+  }
+  CollapsedLayout c = collapse(s, {st});
+  *ndim = static_cast<int>(c.shape.size());
+  for (int i = 0; i < *ndim; ++i) {
+    shape[i] = c.shape[i];
+    stride[i] = c.strides[0][i];
+  }
+}
+
+const char* reduce_op_name(ReduceKind k) {
+  switch (k) {
+    case ReduceKind::Sum: return "flame::SumOp";
+    case ReduceKind::Prod: return "flame::ProdOp";
+    case ReduceKind::Max: return "flame::MaxOp";
+    case ReduceKind::Min: return "flame::MinOp";
+  }
+  return "";
+}
+
+// The accumulator type: sums/products of floats in f32 (f64 for f64), of integers in i64;
+// max/min in the compute type of the input.
+DType acc_dtype(ReduceKind k, DType in) {
+  bool sumlike = k == ReduceKind::Sum || k == ReduceKind::Prod;
+  if (in == FLAME_DTYPE_F64) return FLAME_DTYPE_F64;
+  if (is_floating(in)) return FLAME_DTYPE_F32;
+  return sumlike ? FLAME_DTYPE_I64 : in;
+}
+
+std::string reduce_name(const char* kernel, ReduceKind k, DType in, DType acc, DType out) {
+  return std::string("flame::") + kernel + template_args({reduce_op_name(k), device_type(in), device_type(acc), device_type(out)});
+}
+
+}  // namespace
+
+std::vector<std::string> elementwise_instantiations(const std::string& functor, DType out, const std::vector<DType>& ins) {
+  return {contig_name(vector_width(out, ins), functor, out, ins), contig_name(1, functor, out, ins),
+          strided_name(false, functor, out, ins), strided_name(true, functor, out, ins)};
+}
+
+void launch_elementwise(const std::string& functor, const ScalarArgs& s, const Tensor& out, const std::vector<Tensor>& ins) {
+  Context& ctx = out->ctx();
+  int64_t n = out->numel();
+  if (n == 0) return;
+  std::vector<DType> in_types;
+  for (const auto& t : ins) in_types.push_back(t->dtype);
+  CUdeviceptr ptr[4] = {out->data(), 0, 0, 0};
+  for (size_t i = 0; i < ins.size(); ++i) ptr[i + 1] = ins[i]->data();
+  ScalarArgs args = s;
+  bool dense = out->contiguous();
+  for (const auto& t : ins) dense = dense && t->contiguous();
+  if (dense) {
+    int v = vector_width(out->dtype, in_types);
+    bool aligned = (ptr[0] % (v * out->elem_size())) == 0;
+    for (size_t i = 0; i < ins.size(); ++i) aligned = aligned && (ptr[i + 1] % (v * ins[i]->elem_size())) == 0;
+    if (!aligned) v = 1;
+    CUfunction f = ctx.function("elementwise.cuh", contig_name(v, functor, out->dtype, in_types));
+    void* kargs[] = {&args, &ptr[0], &n, &ptr[1], &ptr[2], &ptr[3]};
+    ctx.launch(f, grid_for(ctx, (n + v - 1) / v, kBlock), kBlock, kargs);
+    return;
+  }
+  std::vector<Strides> strides = {out->strides};
+  for (const auto& t : ins) strides.push_back(t->strides);
+  CollapsedLayout c = collapse(out->shape, strides);
+  StridedLayout L{};
+  L.ndim = static_cast<int>(c.shape.size());
+  int64_t max_extent = 0;
+  for (int d = 0; d < L.ndim; ++d) {
+    L.shape[d] = c.shape[d];
+    for (size_t k = 0; k < c.strides.size(); ++k) L.stride[k][d] = c.strides[k][d];
+  }
+  max_extent = n;
+  bool wide = max_extent >= (int64_t{1} << 32) - kBlock * static_cast<int64_t>(ctx.sm_count) * 32;
+  CUfunction f = ctx.function("elementwise.cuh", strided_name(wide, functor, out->dtype, in_types));
+  void* kargs[] = {&args, &ptr[0], &n, &ptr[1], &ptr[2], &ptr[3], &L};
+  ctx.launch(f, grid_for(ctx, n, kBlock), kBlock, kargs);
+}
+
+std::vector<std::string> reduce_instantiations(ReduceKind k, DType in, DType out) {
+  DType acc = acc_dtype(k, in);
+  return {reduce_name("reduce_general", k, in, acc, out), reduce_name("reduce_general", k, in, acc, acc),
+          reduce_name("reduce_general", k, acc, acc, out), reduce_name("reduce_cols", k, in, acc, out)};
+}
+
+Tensor launch_reduce(const Tensor& x, const std::vector<int>& rdims, ReduceKind kind, DType out_dtype) {
+  Context& ctx = x->ctx();
+  Shape out_shape = x->shape;
+  std::vector<int> kept;
+  for (int d = 0; d < x->ndim(); ++d) {
+    if (std::find(rdims.begin(), rdims.end(), d) != rdims.end()) out_shape[d] = 1;
+    else kept.push_back(d);
+  }
+  Tensor out = make_tensor(ctx, out_shape, out_dtype);
+  int64_t n_out = out->numel(), n_red = 1;
+  for (int d : rdims) n_red *= x->shape[d];
+  if (n_out == 0) return out;
+  if (n_red == 0) {
+    FLAME_CHECK(kind == ReduceKind::Sum || kind == ReduceKind::Prod, FLAME_ERROR_INVALID_ARGUMENT,
+                "max/min of an empty axis is undefined");
+    launch_elementwise("Fill", {kind == ReduceKind::Sum ? 0.0 : 1.0}, out, {});
+    return out;
+  }
+  ReduceLayout L{};
+  collapse_axes(x, kept, &L.out_ndim, L.out_shape, L.out_stride);
+  collapse_axes(x, rdims, &L.red_ndim, L.red_shape, L.red_stride);
+  DType acc = acc_dtype(kind, x->dtype);
+  CUdeviceptr in_ptr = x->data(), out_ptr = out->data();
+  bool cols = L.out_stride[L.out_ndim - 1] == 1 && L.red_stride[L.red_ndim - 1] != 1 && kept.size() > 0 &&
+              n_out >= 32 * static_cast<int64_t>(ctx.sm_count);
+  if (cols) {
+    CUfunction f = ctx.function("reduce.cuh", reduce_name("reduce_cols", kind, x->dtype, acc, out_dtype));
+    void* kargs[] = {&in_ptr, &out_ptr, &n_out, &n_red, &L};
+    int64_t blocks = std::min<int64_t>((n_out + 31) / 32, static_cast<int64_t>(ctx.sm_count) * 16);
+    ctx.check(ctx.drv.cuLaunchKernel(f, static_cast<unsigned>(blocks), 1, 1, 32, 8, 1, 0, ctx.stream, kargs, nullptr),
+              "cuLaunchKernel");
+    return out;
+  }
+  // Few outputs with long reductions: split each into chunks written as partials, then combine.
+  int64_t chunks = 1, chunk_len = n_red;
+  if (n_out < 2 * static_cast<int64_t>(ctx.sm_count) && n_red > 8192) {
+    chunks = std::min<int64_t>((n_red + 4095) / 4096, std::max<int64_t>(1, 4 * ctx.sm_count / n_out));
+    chunk_len = (n_red + chunks - 1) / chunks;
+    chunks = (n_red + chunk_len - 1) / chunk_len;
+  }
+  unsigned block = n_red >= 1024 ? 512 : (n_red >= 128 ? 128 : 32);
+  unsigned grid = static_cast<unsigned>(std::min<int64_t>(n_out * chunks, static_cast<int64_t>(ctx.sm_count) * 64));
+  if (chunks == 1) {
+    int64_t one = 1;
+    CUfunction f = ctx.function("reduce.cuh", reduce_name("reduce_general", kind, x->dtype, acc, out_dtype));
+    void* kargs[] = {&in_ptr, &out_ptr, &n_out, &n_red, &one, &chunk_len, &L};
+    ctx.launch(f, grid, block, kargs);
+    return out;
+  }
+  Tensor partial = make_tensor(ctx, {n_out, chunks}, acc);
+  CUdeviceptr part_ptr = partial->data();
+  CUfunction f1 = ctx.function("reduce.cuh", reduce_name("reduce_general", kind, x->dtype, acc, acc));
+  void* a1[] = {&in_ptr, &part_ptr, &n_out, &n_red, &chunks, &chunk_len, &L};
+  ctx.launch(f1, grid, block, a1);
+  ReduceLayout L2{};
+  L2.out_ndim = 1; L2.out_shape[0] = n_out; L2.out_stride[0] = chunks;
+  L2.red_ndim = 1; L2.red_shape[0] = chunks; L2.red_stride[0] = 1;
+  int64_t one = 1;
+  CUfunction f2 = ctx.function("reduce.cuh", reduce_name("reduce_general", kind, acc, acc, out_dtype));
+  void* a2[] = {&part_ptr, &out_ptr, &n_out, &chunks, &one, &chunks, &L2};
+  ctx.launch(f2, static_cast<unsigned>(std::min<int64_t>(n_out, ctx.sm_count * 64)), 128, a2);
+  return out;
+}
+
+static std::string arg_name(bool is_max, DType in) {
+  return std::string("flame::arg_reduce") + template_args({is_max ? "true" : "false", device_type(in)});
+}
+static DType compute_dtype(DType d) { return (d == FLAME_DTYPE_F16 || d == FLAME_DTYPE_BF16) ? FLAME_DTYPE_F32 : d; }
+
+std::vector<std::string> arg_reduce_instantiations(DType in) {
+  return {arg_name(true, in), arg_name(false, in), arg_name(true, compute_dtype(in)), arg_name(false, compute_dtype(in))};
+}
+
+Tensor launch_arg_reduce(const Tensor& x, const std::vector<int>& rdims, bool is_max) {
+  Context& ctx = x->ctx();
+  Shape out_shape = x->shape;
+  std::vector<int> kept;
+  for (int d = 0; d < x->ndim(); ++d) {
+    if (std::find(rdims.begin(), rdims.end(), d) != rdims.end()) out_shape[d] = 1;
+    else kept.push_back(d);
+  }
+  Tensor out = make_tensor(ctx, out_shape, FLAME_DTYPE_I64);
+  int64_t n_out = out->numel(), n_red = 1;
+  for (int d : rdims) n_red *= x->shape[d];
+  if (n_out == 0) return out;
+  FLAME_CHECK(n_red > 0, FLAME_ERROR_INVALID_ARGUMENT, "argmax/argmin of an empty axis is undefined");
+  ReduceLayout L{};
+  collapse_axes(x, kept, &L.out_ndim, L.out_shape, L.out_stride);
+  collapse_axes(x, rdims, &L.red_ndim, L.red_shape, L.red_stride);
+  int64_t chunks = 1, chunk_len = n_red;
+  if (n_out < 2 * static_cast<int64_t>(ctx.sm_count) && n_red > 8192) {
+    chunks = std::min<int64_t>((n_red + 4095) / 4096, std::max<int64_t>(1, 4 * ctx.sm_count / n_out));
+    chunk_len = (n_red + chunks - 1) / chunks;
+    chunks = (n_red + chunk_len - 1) / chunk_len;
+  }
+  CUdeviceptr in_ptr = x->data(), null_ptr = 0, out_ptr = out->data();
+  unsigned block = n_red >= 1024 ? 512 : (n_red >= 128 ? 128 : 32);
+  unsigned grid = static_cast<unsigned>(std::min<int64_t>(n_out * chunks, static_cast<int64_t>(ctx.sm_count) * 64));
+  if (chunks == 1) {
+    int64_t one = 1;
+    void* kargs[] = {&in_ptr, &null_ptr, &out_ptr, &null_ptr, &n_out, &n_red, &one, &chunk_len, &L};
+    ctx.launch(ctx.function("reduce.cuh", arg_name(is_max, x->dtype)), grid, block, kargs);
+    return out;
+  }
+  DType cd = compute_dtype(x->dtype);
+  Tensor pidx = make_tensor(ctx, {n_out, chunks}, FLAME_DTYPE_I64);
+  Tensor pval = make_tensor(ctx, {n_out, chunks}, cd);
+  CUdeviceptr pi = pidx->data(), pv = pval->data();
+  void* a1[] = {&in_ptr, &null_ptr, &pi, &pv, &n_out, &n_red, &chunks, &chunk_len, &L};
+  ctx.launch(ctx.function("reduce.cuh", arg_name(is_max, x->dtype)), grid, block, a1);
+  ReduceLayout L2{};
+  L2.out_ndim = 1; L2.out_shape[0] = n_out; L2.out_stride[0] = chunks;
+  L2.red_ndim = 1; L2.red_shape[0] = chunks; L2.red_stride[0] = 1;
+  int64_t one = 1;
+  void* a2[] = {&pv, &pi, &out_ptr, &null_ptr, &n_out, &chunks, &one, &chunks, &L2};
+  ctx.launch(ctx.function("reduce.cuh", arg_name(is_max, cd)), static_cast<unsigned>(std::min<int64_t>(n_out, 4096)), 128, a2);
+  return out;
+}
+
+std::string cumsum_instantiation(DType in, DType out) {
+  DType acc = in == FLAME_DTYPE_F64 ? FLAME_DTYPE_F64 : (is_floating(in) ? FLAME_DTYPE_F32 : FLAME_DTYPE_I64);
+  return std::string("flame::cumsum_kernel") + template_args({device_type(in), device_type(acc), device_type(out)});
+}
+
+Tensor launch_cumsum(const Tensor& x, int dim, DType out_dtype) {
+  Context& ctx = x->ctx();
+  Tensor out = make_tensor(ctx, x->shape, out_dtype);
+  int64_t n = x->numel();
+  if (n == 0) return out;
+  ScanLayout L{};
+  L.len = x->shape[dim];
+  L.in_stride = x->strides[dim];
+  L.out_stride = out->strides[dim];
+  int64_t rows = 1;
+  for (int d = 0; d < x->ndim(); ++d) {
+    if (d == dim) continue;
+    L.row_shape[L.row_ndim] = x->shape[d];
+    L.row_in_stride[L.row_ndim] = x->strides[d];
+    L.row_out_stride[L.row_ndim] = out->strides[d];
+    ++L.row_ndim;
+    rows *= x->shape[d];
+  }
+  CUdeviceptr in_ptr = x->data(), out_ptr = out->data();
+  void* kargs[] = {&in_ptr, &out_ptr, &rows, &L};
+  unsigned block = L.len >= 1024 ? 1024 : (L.len >= 256 ? 256 : 32);
+  ctx.launch(ctx.function("scan.cuh", cumsum_instantiation(x->dtype, out_dtype)),
+             static_cast<unsigned>(std::min<int64_t>(rows, static_cast<int64_t>(ctx.sm_count) * 32)), block, kargs);
+  return out;
+}
+
+}  // namespace flame

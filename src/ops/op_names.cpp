@@ -1,0 +1,16 @@
+#include "ops/op_list.h"
+
+namespace flame {
+
+const char* op_name(OpId op) {
+  switch (op) {
+#define FLAME_OP_NAME(Id, name, ...) case OpId::Id: return #name;
+    FLAME_UNARY_OPS(FLAME_OP_NAME) FLAME_SCALAR_OPS(FLAME_OP_NAME) FLAME_SPECIAL_UNARY_OPS(FLAME_OP_NAME) FLAME_INTERNAL_UNARY_OPS(FLAME_OP_NAME)
+    FLAME_BINARY_OPS(FLAME_OP_NAME) FLAME_STRUCTURAL_OPS(FLAME_OP_NAME)
+#undef FLAME_OP_NAME
+    case OpId::Count: return "accumulate_grad";
+  }
+  return "unknown";
+}
+
+}  // namespace flame

@@ -1,0 +1,124 @@
+// Compiles every kernel instantiation FLAME can launch, through NVRTC, for sm_80 and sm_90, without
+// a GPU. The instantiations come from the same functions the runtime uses to name kernels, driven
+// by the op list, so a new op or dtype rule is covered automatically.
+#include <gtest/gtest.h>
+#include <algorithm>
+#include <set>
+#include "core/error.h"
+#include "ops/launch.h"
+#include "ops/op_list.h"
+#include "runtime/nvrtc_compiler.h"
+
+using namespace flame;
+
+namespace {
+
+const DType kAll[] = {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64,
+                      FLAME_DTYPE_I32, FLAME_DTYPE_I64, FLAME_DTYPE_U8,  FLAME_DTYPE_BOOL};
+const DType kFloat[] = {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64};
+
+std::vector<std::string> elementwise_names() {
+  std::set<std::string> names;
+  auto add = [&](const std::vector<std::string>& v) { names.insert(v.begin(), v.end()); };
+  auto unary_op = [&](OpId op) {
+    for (DType d : kAll) {
+      DType c, o;
+      if (elementwise_signature(op, d, &c, &o)) add(elementwise_instantiations(elementwise_functor(op), o, {c}));
+    }
+  };
+  auto binary_op = [&](OpId op) {
+    for (DType d : kAll) {
+      DType c, o;
+      if (elementwise_signature(op, d, &c, &o)) add(elementwise_instantiations(elementwise_functor(op), o, {c, c}));
+    }
+  };
+#define U(Id, name, Kind) unary_op(OpId::Id);
+#define B(Id, name, Kind) binary_op(OpId::Id);
+  FLAME_UNARY_OPS(U) FLAME_SCALAR_OPS(U) FLAME_SPECIAL_UNARY_OPS(U) FLAME_INTERNAL_UNARY_OPS(U)
+  FLAME_BINARY_OPS(B)
+#undef U
+#undef B
+  for (DType a : kAll) {
+    add(elementwise_instantiations("Fill", a, {}));
+    add(elementwise_instantiations("Where", a, {FLAME_DTYPE_BOOL, a, a}));
+    for (DType b : kAll) add(elementwise_instantiations("Identity", a, {b}));  // casts and copies
+    // Integer inputs of MATH ops (e.g. integer scalar ops with fractional scalars) compute in f32.
+  }
+  return {names.begin(), names.end()};
+}
+
+std::vector<std::string> reduce_names() {
+  std::set<std::string> names;
+  for (DType d : kAll) {
+    for (ReduceKind k : {ReduceKind::Sum, ReduceKind::Prod}) {
+      auto v = reduce_instantiations(k, d, sum_result_dtype(d));
+      names.insert(v.begin(), v.end());
+    }
+    for (ReduceKind k : {ReduceKind::Max, ReduceKind::Min}) {
+      auto v = reduce_instantiations(k, d, d);
+      names.insert(v.begin(), v.end());
+    }
+    auto a = arg_reduce_instantiations(d);
+    names.insert(a.begin(), a.end());
+  }
+  return {names.begin(), names.end()};
+}
+
+std::vector<std::string> random_names() {
+  std::vector<std::string> v;
+  for (DType d : kFloat) {
+    v.push_back(std::string("flame::rand_uniform<") + device_type(d) + ">");
+    v.push_back(std::string("flame::rand_normal<") + device_type(d) + ">");
+  }
+  for (DType d : kAll) {
+    v.push_back(std::string("flame::arange_kernel<") + device_type(d) + ">");
+    v.push_back(std::string("flame::linspace_kernel<") + device_type(d) + ">");
+  }
+  return v;
+}
+
+// Compiles in batches so that one NVRTC program stays a reasonable size.
+void compile_all(const std::string& file, const std::vector<std::string>& names, int arch) {
+  const size_t batch = 256;
+  for (size_t i = 0; i < names.size(); i += batch) {
+    std::vector<std::string> part(names.begin() + i, names.begin() + std::min(names.size(), i + batch));
+    try {
+      CompiledModule m = nvrtc_compile(file, part, arch);
+      EXPECT_FALSE(m.ptx) << "NVRTC should build SASS for sm_" << arch;
+      EXPECT_GT(m.image.size(), 0u);
+      EXPECT_EQ(m.lowered_names.size(), part.size());
+    } catch (const Error& e) {
+      ADD_FAILURE() << e.what();
+    }
+  }
+}
+
+class KernelCompile : public ::testing::TestWithParam<int> {};
+
+TEST_P(KernelCompile, Elementwise) {
+  auto names = elementwise_names();
+  EXPECT_GT(names.size(), 500u);
+  compile_all("elementwise.cuh", names, GetParam());
+}
+TEST_P(KernelCompile, Reductions) { compile_all("reduce.cuh", reduce_names(), GetParam()); }
+TEST_P(KernelCompile, Random) { compile_all("random.cuh", random_names(), GetParam()); }
+TEST_P(KernelCompile, Scan) {
+  std::vector<std::string> v;
+  for (DType d : kAll) v.push_back(cumsum_instantiation(d, sum_result_dtype(d)));
+  compile_all("scan.cuh", v, GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, KernelCompile, ::testing::Values(80, 90),
+                         [](const ::testing::TestParamInfo<int>& i) { return "sm_" + std::to_string(i.param); });
+
+TEST(KernelCompile, ErrorsCarryTheLog) {
+  try {
+    nvrtc_compile("elementwise.cuh", {"flame::ew_contig<4, flame::NoSuchFunctor, float, float>"}, 90);
+    FAIL() << "compiling a missing functor should fail";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), FLAME_ERROR_KERNEL_COMPILE);
+    EXPECT_NE(std::string(e.what()).find("NoSuchFunctor"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
