@@ -636,9 +636,10 @@ def cs_type(t, hdr, ctx):
         return "IntPtr"
     if t.base == "void" and t.depth == 1:
         return "IntPtr"
-    if kind in ("handle", "fnptr") or (t.base == "void"):
-        inner = "IntPtr"
-        return inner + "*" * (t.depth - 1)
+    if kind in ("handle", "fnptr"):
+        return "IntPtr" + "*" * t.depth  # the handle itself is already a pointer
+    if t.base == "void":
+        return "IntPtr" + "*" * (t.depth - 1)
     return CS_PRIM.get(t.base, t.base) + "*" * t.depth
 
 
@@ -962,7 +963,7 @@ def gen_cs_ops(hdr):
                 call.append("Tensor.RawOf(%s)" % pn)
                 keep.append(pn)
             elif arg.kind == "tensors":
-                sig.append("params Tensor[] %s" % pn)
+                sig.append("Tensor[] %s" % pn)
                 pre.append("IntPtr[] %s_raw = Tensor.RawArray(%s);" % (arg.p.name, pn))
                 fixed.append("fixed (IntPtr* %s_p = %s_raw)" % (arg.p.name, arg.p.name))
                 call.append("%s_p" % arg.p.name)

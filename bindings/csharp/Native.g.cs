@@ -63,7 +63,7 @@ namespace Flame.Interop
     }
 
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
-    public unsafe delegate flame_status_t flame_tensor_hook_fn(IntPtr user_data, IntPtr grad, IntPtr replacement);
+    public unsafe delegate flame_status_t flame_tensor_hook_fn(IntPtr user_data, IntPtr grad, IntPtr* replacement);
 
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate flame_status_t flame_post_accumulate_hook_fn(IntPtr user_data, IntPtr leaf);
@@ -261,7 +261,7 @@ namespace Flame.Interop
         public static extern flame_status_t flame_ctx_options_init(flame_ctx_options_t* opts);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_create", ExactSpelling = true)]
-        public static extern flame_status_t flame_ctx_create(flame_ctx_options_t* opts, IntPtr ctx);
+        public static extern flame_status_t flame_ctx_create(flame_ctx_options_t* opts, IntPtr* ctx);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_destroy", ExactSpelling = true)]
         public static extern void flame_ctx_destroy(IntPtr ctx);
@@ -303,7 +303,7 @@ namespace Flame.Interop
         public static extern void flame_tensor_release(IntPtr t);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_context", ExactSpelling = true)]
-        public static extern flame_status_t flame_tensor_context(IntPtr t, IntPtr ctx);
+        public static extern flame_status_t flame_tensor_context(IntPtr t, IntPtr* ctx);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_dtype", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_dtype(IntPtr t, flame_dtype_t* dtype);
@@ -327,34 +327,34 @@ namespace Flame.Interop
         public static extern flame_status_t flame_tensor_data_ptr(IntPtr t, IntPtr* ptr);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_empty", ExactSpelling = true)]
-        public static extern flame_status_t flame_empty(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, IntPtr @out);
+        public static extern flame_status_t flame_empty(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_zeros", ExactSpelling = true)]
-        public static extern flame_status_t flame_zeros(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, IntPtr @out);
+        public static extern flame_status_t flame_zeros(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ones", ExactSpelling = true)]
-        public static extern flame_status_t flame_ones(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, IntPtr @out);
+        public static extern flame_status_t flame_ones(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_full", ExactSpelling = true)]
-        public static extern flame_status_t flame_full(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, double value, IntPtr @out);
+        public static extern flame_status_t flame_full(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, double value, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_arange", ExactSpelling = true)]
-        public static extern flame_status_t flame_arange(IntPtr ctx, double start, double end, double step, flame_dtype_t dtype, IntPtr @out);
+        public static extern flame_status_t flame_arange(IntPtr ctx, double start, double end, double step, flame_dtype_t dtype, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_linspace", ExactSpelling = true)]
-        public static extern flame_status_t flame_linspace(IntPtr ctx, double start, double end, long steps, flame_dtype_t dtype, IntPtr @out);
+        public static extern flame_status_t flame_linspace(IntPtr ctx, double start, double end, long steps, flame_dtype_t dtype, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_eye", ExactSpelling = true)]
-        public static extern flame_status_t flame_eye(IntPtr ctx, long n, long m, flame_dtype_t dtype, IntPtr @out);
+        public static extern flame_status_t flame_eye(IntPtr ctx, long n, long m, flame_dtype_t dtype, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rand", ExactSpelling = true)]
-        public static extern flame_status_t flame_rand(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, IntPtr @out);
+        public static extern flame_status_t flame_rand(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_randn", ExactSpelling = true)]
-        public static extern flame_status_t flame_randn(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, IntPtr @out);
+        public static extern flame_status_t flame_randn(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_from_host", ExactSpelling = true)]
-        public static extern flame_status_t flame_from_host(IntPtr ctx, IntPtr data, UIntPtr nbytes, long* shape, int ndim, flame_dtype_t dtype, IntPtr @out);
+        public static extern flame_status_t flame_from_host(IntPtr ctx, IntPtr data, UIntPtr nbytes, long* shape, int ndim, flame_dtype_t dtype, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_to_host", ExactSpelling = true)]
         public static extern flame_status_t flame_to_host(IntPtr t, IntPtr data, UIntPtr nbytes);
@@ -363,268 +363,268 @@ namespace Flame.Interop
         public static extern flame_status_t flame_tensor_item(IntPtr t, double* value);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_reshape", ExactSpelling = true)]
-        public static extern flame_status_t flame_reshape(IntPtr t, long* shape, int ndim, IntPtr @out);
+        public static extern flame_status_t flame_reshape(IntPtr t, long* shape, int ndim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_view", ExactSpelling = true)]
-        public static extern flame_status_t flame_view(IntPtr t, long* shape, int ndim, IntPtr @out);
+        public static extern flame_status_t flame_view(IntPtr t, long* shape, int ndim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_permute", ExactSpelling = true)]
-        public static extern flame_status_t flame_permute(IntPtr t, int* dims, int ndim, IntPtr @out);
+        public static extern flame_status_t flame_permute(IntPtr t, int* dims, int ndim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_transpose", ExactSpelling = true)]
-        public static extern flame_status_t flame_transpose(IntPtr t, int dim0, int dim1, IntPtr @out);
+        public static extern flame_status_t flame_transpose(IntPtr t, int dim0, int dim1, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_expand", ExactSpelling = true)]
-        public static extern flame_status_t flame_expand(IntPtr t, long* shape, int ndim, IntPtr @out);
+        public static extern flame_status_t flame_expand(IntPtr t, long* shape, int ndim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_squeeze", ExactSpelling = true)]
-        public static extern flame_status_t flame_squeeze(IntPtr t, int dim, IntPtr @out);
+        public static extern flame_status_t flame_squeeze(IntPtr t, int dim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_squeeze_all", ExactSpelling = true)]
-        public static extern flame_status_t flame_squeeze_all(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_squeeze_all(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_unsqueeze", ExactSpelling = true)]
-        public static extern flame_status_t flame_unsqueeze(IntPtr t, int dim, IntPtr @out);
+        public static extern flame_status_t flame_unsqueeze(IntPtr t, int dim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_narrow", ExactSpelling = true)]
-        public static extern flame_status_t flame_narrow(IntPtr t, int dim, long start, long length, IntPtr @out);
+        public static extern flame_status_t flame_narrow(IntPtr t, int dim, long start, long length, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_slice", ExactSpelling = true)]
-        public static extern flame_status_t flame_slice(IntPtr t, int dim, long start, long end, long step, IntPtr @out);
+        public static extern flame_status_t flame_slice(IntPtr t, int dim, long start, long end, long step, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_select", ExactSpelling = true)]
-        public static extern flame_status_t flame_select(IntPtr t, int dim, long index, IntPtr @out);
+        public static extern flame_status_t flame_select(IntPtr t, int dim, long index, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_flip", ExactSpelling = true)]
-        public static extern flame_status_t flame_flip(IntPtr t, int* dims, int ndims, IntPtr @out);
+        public static extern flame_status_t flame_flip(IntPtr t, int* dims, int ndims, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_diagonal", ExactSpelling = true)]
-        public static extern flame_status_t flame_diagonal(IntPtr t, long offset, int dim1, int dim2, IntPtr @out);
+        public static extern flame_status_t flame_diagonal(IntPtr t, long offset, int dim1, int dim2, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_contiguous", ExactSpelling = true)]
-        public static extern flame_status_t flame_contiguous(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_contiguous(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_clone", ExactSpelling = true)]
-        public static extern flame_status_t flame_clone(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_clone(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_to_dtype", ExactSpelling = true)]
-        public static extern flame_status_t flame_to_dtype(IntPtr t, flame_dtype_t dtype, IntPtr @out);
+        public static extern flame_status_t flame_to_dtype(IntPtr t, flame_dtype_t dtype, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_cat", ExactSpelling = true)]
-        public static extern flame_status_t flame_cat(IntPtr tensors, int n, int dim, IntPtr @out);
+        public static extern flame_status_t flame_cat(IntPtr* tensors, int n, int dim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_stack", ExactSpelling = true)]
-        public static extern flame_status_t flame_stack(IntPtr tensors, int n, int dim, IntPtr @out);
+        public static extern flame_status_t flame_stack(IntPtr* tensors, int n, int dim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_split", ExactSpelling = true)]
-        public static extern flame_status_t flame_split(IntPtr t, long split_size, int dim, IntPtr outs, int capacity, int* count);
+        public static extern flame_status_t flame_split(IntPtr t, long split_size, int dim, IntPtr* outs, int capacity, int* count);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_split_sizes", ExactSpelling = true)]
-        public static extern flame_status_t flame_split_sizes(IntPtr t, long* sizes, int n, int dim, IntPtr outs);
+        public static extern flame_status_t flame_split_sizes(IntPtr t, long* sizes, int n, int dim, IntPtr* outs);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_chunk", ExactSpelling = true)]
-        public static extern flame_status_t flame_chunk(IntPtr t, int chunks, int dim, IntPtr outs, int capacity, int* count);
+        public static extern flame_status_t flame_chunk(IntPtr t, int chunks, int dim, IntPtr* outs, int capacity, int* count);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_triu", ExactSpelling = true)]
-        public static extern flame_status_t flame_triu(IntPtr t, long diagonal, IntPtr @out);
+        public static extern flame_status_t flame_triu(IntPtr t, long diagonal, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tril", ExactSpelling = true)]
-        public static extern flame_status_t flame_tril(IntPtr t, long diagonal, IntPtr @out);
+        public static extern flame_status_t flame_tril(IntPtr t, long diagonal, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_add", ExactSpelling = true)]
-        public static extern flame_status_t flame_add(IntPtr a, IntPtr b, IntPtr @out);
+        public static extern flame_status_t flame_add(IntPtr a, IntPtr b, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_sub", ExactSpelling = true)]
-        public static extern flame_status_t flame_sub(IntPtr a, IntPtr b, IntPtr @out);
+        public static extern flame_status_t flame_sub(IntPtr a, IntPtr b, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_mul", ExactSpelling = true)]
-        public static extern flame_status_t flame_mul(IntPtr a, IntPtr b, IntPtr @out);
+        public static extern flame_status_t flame_mul(IntPtr a, IntPtr b, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_div", ExactSpelling = true)]
-        public static extern flame_status_t flame_div(IntPtr a, IntPtr b, IntPtr @out);
+        public static extern flame_status_t flame_div(IntPtr a, IntPtr b, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_pow", ExactSpelling = true)]
-        public static extern flame_status_t flame_pow(IntPtr a, IntPtr b, IntPtr @out);
+        public static extern flame_status_t flame_pow(IntPtr a, IntPtr b, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_maximum", ExactSpelling = true)]
-        public static extern flame_status_t flame_maximum(IntPtr a, IntPtr b, IntPtr @out);
+        public static extern flame_status_t flame_maximum(IntPtr a, IntPtr b, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_minimum", ExactSpelling = true)]
-        public static extern flame_status_t flame_minimum(IntPtr a, IntPtr b, IntPtr @out);
+        public static extern flame_status_t flame_minimum(IntPtr a, IntPtr b, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_eq", ExactSpelling = true)]
-        public static extern flame_status_t flame_eq(IntPtr a, IntPtr b, IntPtr @out);
+        public static extern flame_status_t flame_eq(IntPtr a, IntPtr b, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ne", ExactSpelling = true)]
-        public static extern flame_status_t flame_ne(IntPtr a, IntPtr b, IntPtr @out);
+        public static extern flame_status_t flame_ne(IntPtr a, IntPtr b, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lt", ExactSpelling = true)]
-        public static extern flame_status_t flame_lt(IntPtr a, IntPtr b, IntPtr @out);
+        public static extern flame_status_t flame_lt(IntPtr a, IntPtr b, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_le", ExactSpelling = true)]
-        public static extern flame_status_t flame_le(IntPtr a, IntPtr b, IntPtr @out);
+        public static extern flame_status_t flame_le(IntPtr a, IntPtr b, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_gt", ExactSpelling = true)]
-        public static extern flame_status_t flame_gt(IntPtr a, IntPtr b, IntPtr @out);
+        public static extern flame_status_t flame_gt(IntPtr a, IntPtr b, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ge", ExactSpelling = true)]
-        public static extern flame_status_t flame_ge(IntPtr a, IntPtr b, IntPtr @out);
+        public static extern flame_status_t flame_ge(IntPtr a, IntPtr b, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_logical_and", ExactSpelling = true)]
-        public static extern flame_status_t flame_logical_and(IntPtr a, IntPtr b, IntPtr @out);
+        public static extern flame_status_t flame_logical_and(IntPtr a, IntPtr b, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_logical_or", ExactSpelling = true)]
-        public static extern flame_status_t flame_logical_or(IntPtr a, IntPtr b, IntPtr @out);
+        public static extern flame_status_t flame_logical_or(IntPtr a, IntPtr b, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_logical_not", ExactSpelling = true)]
-        public static extern flame_status_t flame_logical_not(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_logical_not(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_where", ExactSpelling = true)]
-        public static extern flame_status_t flame_where(IntPtr cond, IntPtr a, IntPtr b, IntPtr @out);
+        public static extern flame_status_t flame_where(IntPtr cond, IntPtr a, IntPtr b, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_clamp", ExactSpelling = true)]
-        public static extern flame_status_t flame_clamp(IntPtr t, double lo, double hi, IntPtr @out);
+        public static extern flame_status_t flame_clamp(IntPtr t, double lo, double hi, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_add_scalar", ExactSpelling = true)]
-        public static extern flame_status_t flame_add_scalar(IntPtr t, double s, IntPtr @out);
+        public static extern flame_status_t flame_add_scalar(IntPtr t, double s, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_sub_scalar", ExactSpelling = true)]
-        public static extern flame_status_t flame_sub_scalar(IntPtr t, double s, IntPtr @out);
+        public static extern flame_status_t flame_sub_scalar(IntPtr t, double s, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rsub_scalar", ExactSpelling = true)]
-        public static extern flame_status_t flame_rsub_scalar(IntPtr t, double s, IntPtr @out);
+        public static extern flame_status_t flame_rsub_scalar(IntPtr t, double s, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_mul_scalar", ExactSpelling = true)]
-        public static extern flame_status_t flame_mul_scalar(IntPtr t, double s, IntPtr @out);
+        public static extern flame_status_t flame_mul_scalar(IntPtr t, double s, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_div_scalar", ExactSpelling = true)]
-        public static extern flame_status_t flame_div_scalar(IntPtr t, double s, IntPtr @out);
+        public static extern flame_status_t flame_div_scalar(IntPtr t, double s, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_pow_scalar", ExactSpelling = true)]
-        public static extern flame_status_t flame_pow_scalar(IntPtr t, double s, IntPtr @out);
+        public static extern flame_status_t flame_pow_scalar(IntPtr t, double s, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_neg", ExactSpelling = true)]
-        public static extern flame_status_t flame_neg(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_neg(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_abs", ExactSpelling = true)]
-        public static extern flame_status_t flame_abs(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_abs(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_exp", ExactSpelling = true)]
-        public static extern flame_status_t flame_exp(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_exp(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_log", ExactSpelling = true)]
-        public static extern flame_status_t flame_log(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_log(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_log1p", ExactSpelling = true)]
-        public static extern flame_status_t flame_log1p(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_log1p(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_expm1", ExactSpelling = true)]
-        public static extern flame_status_t flame_expm1(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_expm1(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_sqrt", ExactSpelling = true)]
-        public static extern flame_status_t flame_sqrt(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_sqrt(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rsqrt", ExactSpelling = true)]
-        public static extern flame_status_t flame_rsqrt(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_rsqrt(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_sin", ExactSpelling = true)]
-        public static extern flame_status_t flame_sin(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_sin(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_cos", ExactSpelling = true)]
-        public static extern flame_status_t flame_cos(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_cos(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tanh", ExactSpelling = true)]
-        public static extern flame_status_t flame_tanh(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_tanh(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_sigmoid", ExactSpelling = true)]
-        public static extern flame_status_t flame_sigmoid(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_sigmoid(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_relu", ExactSpelling = true)]
-        public static extern flame_status_t flame_relu(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_relu(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_silu", ExactSpelling = true)]
-        public static extern flame_status_t flame_silu(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_silu(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_leaky_relu", ExactSpelling = true)]
-        public static extern flame_status_t flame_leaky_relu(IntPtr t, double slope, IntPtr @out);
+        public static extern flame_status_t flame_leaky_relu(IntPtr t, double slope, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_elu", ExactSpelling = true)]
-        public static extern flame_status_t flame_elu(IntPtr t, double alpha, IntPtr @out);
+        public static extern flame_status_t flame_elu(IntPtr t, double alpha, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_gelu", ExactSpelling = true)]
-        public static extern flame_status_t flame_gelu(IntPtr t, int approximate, IntPtr @out);
+        public static extern flame_status_t flame_gelu(IntPtr t, int approximate, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_softplus", ExactSpelling = true)]
-        public static extern flame_status_t flame_softplus(IntPtr t, double beta, double threshold, IntPtr @out);
+        public static extern flame_status_t flame_softplus(IntPtr t, double beta, double threshold, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_floor", ExactSpelling = true)]
-        public static extern flame_status_t flame_floor(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_floor(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ceil", ExactSpelling = true)]
-        public static extern flame_status_t flame_ceil(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_ceil(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_round", ExactSpelling = true)]
-        public static extern flame_status_t flame_round(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_round(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_sign", ExactSpelling = true)]
-        public static extern flame_status_t flame_sign(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_sign(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_reciprocal", ExactSpelling = true)]
-        public static extern flame_status_t flame_reciprocal(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_reciprocal(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_square", ExactSpelling = true)]
-        public static extern flame_status_t flame_square(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_square(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_isnan", ExactSpelling = true)]
-        public static extern flame_status_t flame_isnan(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_isnan(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_isinf", ExactSpelling = true)]
-        public static extern flame_status_t flame_isinf(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_isinf(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_sum", ExactSpelling = true)]
-        public static extern flame_status_t flame_sum(IntPtr t, int* dims, int ndims, int keepdim, IntPtr @out);
+        public static extern flame_status_t flame_sum(IntPtr t, int* dims, int ndims, int keepdim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_mean", ExactSpelling = true)]
-        public static extern flame_status_t flame_mean(IntPtr t, int* dims, int ndims, int keepdim, IntPtr @out);
+        public static extern flame_status_t flame_mean(IntPtr t, int* dims, int ndims, int keepdim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_prod", ExactSpelling = true)]
-        public static extern flame_status_t flame_prod(IntPtr t, int* dims, int ndims, int keepdim, IntPtr @out);
+        public static extern flame_status_t flame_prod(IntPtr t, int* dims, int ndims, int keepdim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_max", ExactSpelling = true)]
-        public static extern flame_status_t flame_max(IntPtr t, int* dims, int ndims, int keepdim, IntPtr @out);
+        public static extern flame_status_t flame_max(IntPtr t, int* dims, int ndims, int keepdim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_min", ExactSpelling = true)]
-        public static extern flame_status_t flame_min(IntPtr t, int* dims, int ndims, int keepdim, IntPtr @out);
+        public static extern flame_status_t flame_min(IntPtr t, int* dims, int ndims, int keepdim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_var", ExactSpelling = true)]
-        public static extern flame_status_t flame_var(IntPtr t, int* dims, int ndims, double correction, int keepdim, IntPtr @out);
+        public static extern flame_status_t flame_var(IntPtr t, int* dims, int ndims, double correction, int keepdim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_std", ExactSpelling = true)]
-        public static extern flame_status_t flame_std(IntPtr t, int* dims, int ndims, double correction, int keepdim, IntPtr @out);
+        public static extern flame_status_t flame_std(IntPtr t, int* dims, int ndims, double correction, int keepdim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_norm", ExactSpelling = true)]
-        public static extern flame_status_t flame_norm(IntPtr t, double p, int* dims, int ndims, int keepdim, IntPtr @out);
+        public static extern flame_status_t flame_norm(IntPtr t, double p, int* dims, int ndims, int keepdim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_logsumexp", ExactSpelling = true)]
-        public static extern flame_status_t flame_logsumexp(IntPtr t, int* dims, int ndims, int keepdim, IntPtr @out);
+        public static extern flame_status_t flame_logsumexp(IntPtr t, int* dims, int ndims, int keepdim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_argmax", ExactSpelling = true)]
-        public static extern flame_status_t flame_argmax(IntPtr t, int dim, int keepdim, IntPtr @out);
+        public static extern flame_status_t flame_argmax(IntPtr t, int dim, int keepdim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_argmin", ExactSpelling = true)]
-        public static extern flame_status_t flame_argmin(IntPtr t, int dim, int keepdim, IntPtr @out);
+        public static extern flame_status_t flame_argmin(IntPtr t, int dim, int keepdim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_cumsum", ExactSpelling = true)]
-        public static extern flame_status_t flame_cumsum(IntPtr t, int dim, IntPtr @out);
+        public static extern flame_status_t flame_cumsum(IntPtr t, int dim, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_sum_all", ExactSpelling = true)]
-        public static extern flame_status_t flame_sum_all(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_sum_all(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_max_all", ExactSpelling = true)]
-        public static extern flame_status_t flame_max_all(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_max_all(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_min_all", ExactSpelling = true)]
-        public static extern flame_status_t flame_min_all(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_min_all(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_set_requires_grad", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_set_requires_grad(IntPtr t, int requires_grad);
@@ -636,10 +636,10 @@ namespace Flame.Interop
         public static extern flame_status_t flame_tensor_is_leaf(IntPtr t, int* is_leaf);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_detach", ExactSpelling = true)]
-        public static extern flame_status_t flame_tensor_detach(IntPtr t, IntPtr @out);
+        public static extern flame_status_t flame_tensor_detach(IntPtr t, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_grad", ExactSpelling = true)]
-        public static extern flame_status_t flame_tensor_grad(IntPtr t, IntPtr grad);
+        public static extern flame_status_t flame_tensor_grad(IntPtr t, IntPtr* grad);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_set_grad", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_set_grad(IntPtr t, IntPtr grad);
@@ -654,7 +654,7 @@ namespace Flame.Interop
         public static extern flame_status_t flame_backward(IntPtr ctx, IntPtr root, IntPtr grad, uint flags);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad", ExactSpelling = true)]
-        public static extern flame_status_t flame_grad(IntPtr ctx, IntPtr outputs, IntPtr grad_outputs, int n_outputs, IntPtr inputs, int n_inputs, uint flags, IntPtr results);
+        public static extern flame_status_t flame_grad(IntPtr ctx, IntPtr* outputs, IntPtr* grad_outputs, int n_outputs, IntPtr* inputs, int n_inputs, uint flags, IntPtr* results);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_set_grad_enabled", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_set_grad_enabled(IntPtr ctx, int enabled, int* previous);
@@ -666,10 +666,10 @@ namespace Flame.Interop
         public static extern flame_status_t flame_ctx_set_inference_mode(IntPtr ctx, int enabled, int* previous);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_register_hook", ExactSpelling = true)]
-        public static extern flame_status_t flame_tensor_register_hook(IntPtr t, flame_tensor_hook_fn fn, IntPtr user_data, flame_destroy_fn destroy, IntPtr hook);
+        public static extern flame_status_t flame_tensor_register_hook(IntPtr t, flame_tensor_hook_fn fn, IntPtr user_data, flame_destroy_fn destroy, IntPtr* hook);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_register_post_accumulate_grad_hook", ExactSpelling = true)]
-        public static extern flame_status_t flame_tensor_register_post_accumulate_grad_hook(IntPtr t, flame_post_accumulate_hook_fn fn, IntPtr user_data, flame_destroy_fn destroy, IntPtr hook);
+        public static extern flame_status_t flame_tensor_register_post_accumulate_grad_hook(IntPtr t, flame_post_accumulate_hook_fn fn, IntPtr user_data, flame_destroy_fn destroy, IntPtr* hook);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_hook_remove", ExactSpelling = true)]
         public static extern void flame_hook_remove(IntPtr hook);

@@ -1083,7 +1083,7 @@ namespace Flame
         }
 
         /// <summary><c>flame_status_t flame_cat(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out)</c></summary>
-        public static unsafe Tensor Cat(params Tensor[] tensors, int dim)
+        public static unsafe Tensor Cat(Tensor[] tensors, int dim)
         {
             IntPtr[] tensors_raw = Tensor.RawArray(tensors);
             IntPtr o_out = IntPtr.Zero;
@@ -1096,7 +1096,7 @@ namespace Flame
         }
 
         /// <summary><c>flame_status_t flame_stack(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out)</c></summary>
-        public static unsafe Tensor Stack(params Tensor[] tensors, int dim)
+        public static unsafe Tensor Stack(Tensor[] tensors, int dim)
         {
             IntPtr[] tensors_raw = Tensor.RawArray(tensors);
             IntPtr o_out = IntPtr.Zero;

@@ -1,0 +1,771 @@
+// Safe C# layer over the generated P/Invoke declarations (Native.g.cs, Ops.g.cs).
+//
+// Loading: DllImport("flame") is mapped to libflame.so.1 by Flame.dll.config (Mono dllmap) and
+// found through LD_LIBRARY_PATH / ldconfig. When FLAME_LIBRARY names a file, that file is loaded
+// first (dlopen RTLD_GLOBAL) and the dllmap'd name resolves to it through its SONAME.
+// The ABI version is checked before the first call; failures are FlameLoadException.
+using System;
+using System.Collections.Generic;
+using System.Reflection;
+using System.Runtime.CompilerServices;
+using System.Runtime.InteropServices;
+using System.Text;
+using Flame.Interop;
+
+namespace Flame
+{
+    /// <summary>A failed FLAME call: its status and the library's message.</summary>
+    public class FlameException : Exception
+    {
+        public flame_status_t Status { get; private set; }
+
+        public FlameException(flame_status_t status, string message)
+            : base(message)
+        {
+            Status = status;
+        }
+
+        public override string ToString()
+        {
+            return Library.StatusName(Status) + ": " + Message;
+        }
+    }
+
+    /// <summary>The library could not be loaded, lacks a symbol, or has another ABI version.
+    /// Status is <see cref="LoadFailed"/> (-1), outside the C ABI's range.</summary>
+    public sealed class FlameLoadException : FlameException
+    {
+        public const flame_status_t LoadFailed = (flame_status_t)(-1);
+
+        public FlameLoadException(string message, Exception inner = null)
+            : base(LoadFailed, message + (inner != null ? " (" + inner.Message + ")" : ""))
+        {
+        }
+    }
+
+    /// <summary>Loading, version and library-wide functions.</summary>
+    public static class Library
+    {
+        static readonly object Lock = new object();
+        static bool loaded;
+        static FlameLoadException failure;
+
+        [DllImport("libdl.so.2")]
+        static extern IntPtr dlopen(string file, int mode);
+
+        [DllImport("libdl.so.2")]
+        static extern IntPtr dlerror();
+
+        const int RTLD_NOW = 2, RTLD_GLOBAL = 0x100;
+
+        /// <summary>Loads the library once and checks its ABI version; throws FlameLoadException.</summary>
+        public static void EnsureLoaded()
+        {
+            if (loaded)
+                return;
+            lock (Lock)
+            {
+                if (loaded)
+                    return;
+                if (failure == null)
+                    failure = Load();
+                if (failure != null)
+                    throw failure;
+                loaded = true;
+            }
+        }
+
+        static FlameLoadException Load()
+        {
+            string path = Environment.GetEnvironmentVariable("FLAME_LIBRARY");
+            if (!string.IsNullOrEmpty(path))
+            {
+                IntPtr h;
+                try
+                {
+                    h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+                }
+                catch (Exception e)
+                {
+                    return new FlameLoadException("cannot dlopen " + path, e);
+                }
+                if (h == IntPtr.Zero)
+                    return new FlameLoadException("cannot load " + path + ": " + Marshal.PtrToStringAnsi(dlerror()));
+            }
+            int abi;
+            try
+            {
+                abi = AbiVersionNoInline();
+            }
+            catch (Exception e)
+            {
+                return new FlameLoadException("cannot load libflame.so.1 (set FLAME_LIBRARY or LD_LIBRARY_PATH)", e);
+            }
+            if (abi != Native.FLAME_ABI_VERSION)
+                return new FlameLoadException("library has ABI version " + abi + ", these bindings need " + Native.FLAME_ABI_VERSION);
+            // Resolve every declared symbol now, so that a missing one fails here and not mid-way.
+            foreach (MethodInfo m in typeof(Native).GetMethods(BindingFlags.Public | BindingFlags.Static))
+            {
+                if (m.GetCustomAttributes(typeof(DllImportAttribute), false).Length == 0)
+                    continue;
+                try
+                {
+                    Marshal.Prelink(m);
+                }
+                catch (EntryPointNotFoundException e)
+                {
+                    return new FlameLoadException("library lacks symbol " + m.Name + ": older than these bindings?", e);
+                }
+                catch (NotImplementedException)
+                {
+                    break; // runtime without Prelink: symbols resolve on first call instead
+                }
+            }
+            return null;
+        }
+
+        // Separate, non-inlined: Mono binds a P/Invoke when the calling method is compiled, which
+        // must happen after the dlopen of $FLAME_LIBRARY above.
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static int AbiVersionNoInline()
+        {
+            return Native.flame_abi_version();
+        }
+
+        /// <summary>flame_version_string(): "MAJOR.MINOR.PATCH".</summary>
+        public static string Version
+        {
+            get { EnsureLoaded(); return VersionImpl(); }
+        }
+
+        /// <summary>flame_abi_version() of the loaded library.</summary>
+        public static int AbiVersion
+        {
+            get { EnsureLoaded(); return AbiVersionNoInline(); }
+        }
+
+        /// <summary>flame_status_string(status), e.g. "FLAME_ERROR_SHAPE_MISMATCH".</summary>
+        public static string StatusName(flame_status_t status)
+        {
+            if (status == FlameLoadException.LoadFailed)
+                return "LOAD_FAILED";
+            if (!loaded)
+            {
+                try { EnsureLoaded(); }
+                catch (FlameLoadException) { return status.ToString(); }
+            }
+            return StatusNameImpl(status);
+        }
+
+        /// <summary>This thread's last error message.</summary>
+        public static string LastErrorMessage
+        {
+            get { EnsureLoaded(); return LastErrorImpl(); }
+        }
+
+        /// <summary>flame_set_error_message (hooks call it before returning an error).</summary>
+        public static void SetErrorMessage(string message)
+        {
+            EnsureLoaded();
+            SetErrorImpl(message);
+        }
+
+        public static int DeviceCount()
+        {
+            EnsureLoaded();
+            return DeviceCountImpl();
+        }
+
+        public static long DTypeSize(flame_dtype_t dtype)
+        {
+            EnsureLoaded();
+            return DTypeSizeImpl(dtype);
+        }
+
+        public static string DTypeName(flame_dtype_t dtype)
+        {
+            EnsureLoaded();
+            return DTypeNameImpl(dtype);
+        }
+
+        // The *Impl methods hold the P/Invoke calls, apart from the methods that load: Mono binds
+        // a P/Invoke when its caller is compiled, which must come after the dlopen in Load().
+        const MethodImplOptions NI = MethodImplOptions.NoInlining;
+        [MethodImpl(NI)] static string VersionImpl() { return Marshal.PtrToStringAnsi(Native.flame_version_string()); }
+        [MethodImpl(NI)] static string StatusNameImpl(flame_status_t s) { return Marshal.PtrToStringAnsi(Native.flame_status_string(s)); }
+        [MethodImpl(NI)] static string LastErrorImpl() { return Marshal.PtrToStringAnsi(Native.flame_last_error_message()) ?? ""; }
+        [MethodImpl(NI)] static void SetErrorImpl(string m) { Native.flame_set_error_message(m); }
+        [MethodImpl(NI)] static unsafe int DeviceCountImpl() { int n = 0; Status.Check(Native.flame_device_count(&n)); return n; }
+        [MethodImpl(NI)] static long DTypeSizeImpl(flame_dtype_t d) { return (long)Native.flame_dtype_size(d).ToUInt64(); }
+        [MethodImpl(NI)] static string DTypeNameImpl(flame_dtype_t d) { return Marshal.PtrToStringAnsi(Native.flame_dtype_name(d)); }
+    }
+
+    /// <summary>Status to exception.</summary>
+    public static class Status
+    {
+        public static void Check(flame_status_t s)
+        {
+            if (s != flame_status_t.FLAME_OK)
+                throw new FlameException(s, Marshal.PtrToStringAnsi(Native.flame_last_error_message()) ?? "");
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // SafeHandles
+    // ------------------------------------------------------------------------------------------
+
+    public sealed class ContextHandle : SafeHandle
+    {
+        public ContextHandle(IntPtr h, bool owns) : base(IntPtr.Zero, owns) { SetHandle(h); }
+        public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+        protected override bool ReleaseHandle() { Native.flame_ctx_destroy(handle); return true; }
+    }
+
+    public sealed class TensorHandle : SafeHandle
+    {
+        public TensorHandle(IntPtr h) : base(IntPtr.Zero, true) { SetHandle(h); }
+        public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+        protected override bool ReleaseHandle() { Native.flame_tensor_release(handle); return true; }
+    }
+
+    public sealed class HookHandle : SafeHandle
+    {
+        public HookHandle(IntPtr h) : base(IntPtr.Zero, true) { SetHandle(h); }
+        public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+        protected override bool ReleaseHandle() { Native.flame_hook_remove(handle); return true; }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Context
+    // ------------------------------------------------------------------------------------------
+
+    public sealed class ContextOptions
+    {
+        public int Device;
+        public ulong Seed;
+        /// <summary>null: library default; "": no disk cache.</summary>
+        public string KernelCacheDir;
+        public ulong MemoryLimit;
+        public bool AllowTf32;
+    }
+
+    public struct MemoryStats
+    {
+        public ulong BytesInUse, BytesReserved, PeakBytesInUse, LiveTensors;
+    }
+
+    /// <summary>A FLAME context (one GPU). Dispose drops the reference; tensors keep it alive.</summary>
+    public sealed partial class Context : IDisposable
+    {
+        internal readonly ContextHandle H;
+
+        internal Context(ContextHandle h) { H = h; }
+
+        public Context() : this((ContextOptions)null) { }
+
+        public Context(ContextOptions opts)
+        {
+            Library.EnsureLoaded();
+            H = new ContextHandle(Create(opts), true);
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe IntPtr Create(ContextOptions opts)
+        {
+            IntPtr raw = IntPtr.Zero;
+            if (opts == null)
+            {
+                Status.Check(Native.flame_ctx_create(null, &raw));
+            }
+            else
+            {
+                flame_ctx_options_t o;
+                Status.Check(Native.flame_ctx_options_init(&o));
+                o.device = opts.Device;
+                o.seed = opts.Seed;
+                o.memory_limit = opts.MemoryLimit;
+                o.allow_tf32 = opts.AllowTf32 ? 1 : 0;
+                IntPtr dir = opts.KernelCacheDir == null ? IntPtr.Zero : StringToUtf8(opts.KernelCacheDir);
+                try
+                {
+                    o.kernel_cache_dir = dir;
+                    Status.Check(Native.flame_ctx_create(&o, &raw));
+                }
+                finally
+                {
+                    if (dir != IntPtr.Zero)
+                        Marshal.FreeHGlobal(dir);
+                }
+            }
+            return raw;
+        }
+
+        static IntPtr StringToUtf8(string s)
+        {
+            byte[] b = Encoding.UTF8.GetBytes(s);
+            IntPtr p = Marshal.AllocHGlobal(b.Length + 1);
+            Marshal.Copy(b, 0, p, b.Length);
+            Marshal.WriteByte(p, b.Length, 0);
+            return p;
+        }
+
+        /// <summary>The raw handle (borrowed).</summary>
+        public IntPtr Raw
+        {
+            get
+            {
+                if (H.IsClosed)
+                    throw new ObjectDisposedException("Context");
+                return H.DangerousGetHandle();
+            }
+        }
+
+        public void Dispose() { H.Dispose(); }
+
+        public unsafe string DeviceName()
+        {
+            byte[] buf = new byte[256];
+            fixed (byte* p = buf)
+                Status.Check(Native.flame_ctx_device_name(Raw, p, (UIntPtr)buf.Length));
+            GC.KeepAlive(this);
+            int n = Array.IndexOf(buf, (byte)0);
+            return Encoding.UTF8.GetString(buf, 0, n < 0 ? buf.Length : n);
+        }
+
+        public unsafe MemoryStats GetMemoryStats()
+        {
+            flame_memory_stats_t s = default(flame_memory_stats_t);
+            s.struct_size = (UIntPtr)Marshal.SizeOf(typeof(flame_memory_stats_t));
+            Status.Check(Native.flame_ctx_memory_stats(Raw, &s));
+            GC.KeepAlive(this);
+            return new MemoryStats { BytesInUse = s.bytes_in_use, BytesReserved = s.bytes_reserved, PeakBytesInUse = s.peak_bytes_in_use, LiveTensors = s.live_tensors };
+        }
+
+        public unsafe IntPtr Stream()
+        {
+            IntPtr s = IntPtr.Zero;
+            Status.Check(Native.flame_ctx_stream(Raw, &s));
+            GC.KeepAlive(this);
+            return s;
+        }
+
+        /// <summary>Sets grad mode; returns the previous mode.</summary>
+        public unsafe bool SetGradEnabled(bool enabled)
+        {
+            int prev = 0;
+            Status.Check(Native.flame_ctx_set_grad_enabled(Raw, enabled ? 1 : 0, &prev));
+            GC.KeepAlive(this);
+            return prev != 0;
+        }
+
+        public unsafe bool SetInferenceMode(bool enabled)
+        {
+            int prev = 0;
+            Status.Check(Native.flame_ctx_set_inference_mode(Raw, enabled ? 1 : 0, &prev));
+            GC.KeepAlive(this);
+            return prev != 0;
+        }
+
+        sealed class GradModeGuard : IDisposable
+        {
+            readonly Context ctx;
+            readonly bool prev;
+            bool done;
+            public GradModeGuard(Context c) { ctx = c; prev = c.SetGradEnabled(false); }
+            public void Dispose() { if (!done) { done = true; ctx.SetGradEnabled(prev); } }
+        }
+
+        /// <summary>using (ctx.NoGrad()) { ... }: grad mode off inside, restored after.</summary>
+        public IDisposable NoGrad() { return new GradModeGuard(this); }
+
+        public Tensor FromArray(float[] data, params long[] shape) { return Tensor.FromArray(this, data, shape); }
+        public Tensor FromArray(double[] data, params long[] shape) { return Tensor.FromArray(this, data, shape); }
+        public Tensor FromArray(int[] data, params long[] shape) { return Tensor.FromArray(this, data, shape); }
+        public Tensor FromArray(long[] data, params long[] shape) { return Tensor.FromArray(this, data, shape); }
+
+        /// <summary>A 0-d tensor.</summary>
+        public Tensor Scalar(double value, flame_dtype_t dtype = flame_dtype_t.FLAME_DTYPE_F32)
+        {
+            return Full(new long[0], dtype, value);
+        }
+
+        /// <summary>flame_grad: gradients of outputs w.r.t. inputs (null entries for unused inputs
+        /// with FLAME_GRAD_ALLOW_UNUSED). gradOutputs may be null or hold nulls (ones).</summary>
+        public unsafe Tensor[] Grad(Tensor[] outputs, Tensor[] gradOutputs, Tensor[] inputs, uint flags = 0)
+        {
+            IntPtr[] o = Tensor.RawArray(outputs);
+            IntPtr[] g = gradOutputs == null ? null : Tensor.RawArray(gradOutputs);
+            if (g != null && g.Length != o.Length)
+                throw new FlameException(flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "gradOutputs must match outputs");
+            IntPtr[] i = Tensor.RawArray(inputs);
+            IntPtr[] r = new IntPtr[i.Length];
+            fixed (IntPtr* po = o, pg = g, pi = i, pr = r)
+                Status.Check(Native.flame_grad(Raw, po, g == null ? null : pg, o.Length, pi, i.Length, flags, r.Length == 0 ? null : pr));
+            GC.KeepAlive(outputs); GC.KeepAlive(gradOutputs); GC.KeepAlive(inputs); GC.KeepAlive(this);
+            Tensor[] res = new Tensor[r.Length];
+            for (int k = 0; k < r.Length; k++)
+                res[k] = r[k] == IntPtr.Zero ? null : new Tensor(r[k]);
+            return res;
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Tensor
+    // ------------------------------------------------------------------------------------------
+
+    /// <summary>A reference to a FLAME tensor; Dispose (or the finalizer) releases it.</summary>
+    public sealed partial class Tensor : IDisposable
+    {
+        internal readonly TensorHandle H;
+
+        /// <summary>Takes over a new reference.</summary>
+        public Tensor(IntPtr ownedReference) { H = new TensorHandle(ownedReference); }
+
+        /// <summary>Retains a borrowed handle and wraps the new reference.</summary>
+        public static Tensor FromBorrowed(IntPtr borrowed)
+        {
+            Library.EnsureLoaded();
+            return RetainImpl(borrowed);
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static Tensor RetainImpl(IntPtr borrowed)
+        {
+            Status.Check(Native.flame_tensor_retain(borrowed));
+            return new Tensor(borrowed);
+        }
+
+        public IntPtr Raw
+        {
+            get
+            {
+                if (H.IsClosed)
+                    throw new ObjectDisposedException("Tensor");
+                return H.DangerousGetHandle();
+            }
+        }
+
+        internal static IntPtr RawOf(Tensor t) { return t == null ? IntPtr.Zero : t.Raw; }
+
+        internal static IntPtr[] RawArray(Tensor[] ts)
+        {
+            if (ts == null)
+                return new IntPtr[0];
+            IntPtr[] r = new IntPtr[ts.Length];
+            for (int i = 0; i < ts.Length; i++)
+                r[i] = RawOf(ts[i]);
+            return r;
+        }
+
+        public void Dispose() { H.Dispose(); }
+
+        /// <summary>A new reference to the same tensor (flame_tensor_retain).</summary>
+        public Tensor Retain() { return FromBorrowed(Raw); }
+
+        // ---- host data ----
+
+        static unsafe Tensor FromHost(Context ctx, void* p, long nbytes, long[] shape, flame_dtype_t dt)
+        {
+            IntPtr o = IntPtr.Zero;
+            long[] s = shape ?? new long[0];
+            fixed (long* ps = s)
+                Status.Check(Native.flame_from_host(ctx.Raw, (IntPtr)p, (UIntPtr)(ulong)nbytes, s.Length == 0 ? null : ps, s.Length, dt, &o));
+            GC.KeepAlive(ctx);
+            return new Tensor(o);
+        }
+
+        public static unsafe Tensor FromArray(Context ctx, float[] d, params long[] shape) { fixed (float* p = d) return FromHost(ctx, p, 4L * d.Length, shape, flame_dtype_t.FLAME_DTYPE_F32); }
+        public static unsafe Tensor FromArray(Context ctx, double[] d, params long[] shape) { fixed (double* p = d) return FromHost(ctx, p, 8L * d.Length, shape, flame_dtype_t.FLAME_DTYPE_F64); }
+        public static unsafe Tensor FromArray(Context ctx, int[] d, params long[] shape) { fixed (int* p = d) return FromHost(ctx, p, 4L * d.Length, shape, flame_dtype_t.FLAME_DTYPE_I32); }
+        public static unsafe Tensor FromArray(Context ctx, long[] d, params long[] shape) { fixed (long* p = d) return FromHost(ctx, p, 8L * d.Length, shape, flame_dtype_t.FLAME_DTYPE_I64); }
+
+        void CheckDtype(flame_dtype_t want)
+        {
+            flame_dtype_t dt = Dtype();
+            if (dt != want)
+                throw new FlameException(flame_status_t.FLAME_ERROR_DTYPE_MISMATCH, "tensor is " + Library.DTypeName(dt) + ", requested " + Library.DTypeName(want));
+        }
+
+        unsafe void ToHost(void* p, long nbytes)
+        {
+            Status.Check(Native.flame_to_host(Raw, (IntPtr)p, (UIntPtr)(ulong)nbytes));
+            GC.KeepAlive(this);
+        }
+
+        public unsafe float[] ToFloatArray() { CheckDtype(flame_dtype_t.FLAME_DTYPE_F32); var a = new float[Numel()]; fixed (float* p = a) ToHost(p, 4L * a.Length); return a; }
+        public unsafe double[] ToDoubleArray() { CheckDtype(flame_dtype_t.FLAME_DTYPE_F64); var a = new double[Numel()]; fixed (double* p = a) ToHost(p, 8L * a.Length); return a; }
+        public unsafe int[] ToIntArray() { CheckDtype(flame_dtype_t.FLAME_DTYPE_I32); var a = new int[Numel()]; fixed (int* p = a) ToHost(p, 4L * a.Length); return a; }
+        public unsafe long[] ToLongArray() { CheckDtype(flame_dtype_t.FLAME_DTYPE_I64); var a = new long[Numel()]; fixed (long* p = a) ToHost(p, 8L * a.Length); return a; }
+
+        // ---- queries ----
+
+        public unsafe long[] Shape()
+        {
+            long* d = stackalloc long[Native.FLAME_MAX_DIMS];
+            int n = Ndim();
+            Status.Check(Native.flame_tensor_shape(Raw, d, Native.FLAME_MAX_DIMS));
+            GC.KeepAlive(this);
+            var r = new long[n];
+            for (int i = 0; i < n; i++) r[i] = d[i];
+            return r;
+        }
+
+        public unsafe long[] Strides()
+        {
+            long* d = stackalloc long[Native.FLAME_MAX_DIMS];
+            int n = Ndim();
+            Status.Check(Native.flame_tensor_strides(Raw, d, Native.FLAME_MAX_DIMS));
+            GC.KeepAlive(this);
+            var r = new long[n];
+            for (int i = 0; i < n; i++) r[i] = d[i];
+            return r;
+        }
+
+        public unsafe IntPtr DataPtr()
+        {
+            IntPtr p = IntPtr.Zero;
+            Status.Check(Native.flame_tensor_data_ptr(Raw, &p));
+            GC.KeepAlive(this);
+            return p;
+        }
+
+        /// <summary>The tensor's context, as a non-owning wrapper.</summary>
+        public unsafe Context GetContext()
+        {
+            IntPtr c = IntPtr.Zero;
+            Status.Check(Native.flame_tensor_context(Raw, &c));
+            GC.KeepAlive(this);
+            return new Context(new ContextHandle(c, false));
+        }
+
+        // ---- autograd ----
+
+        /// <summary>The accumulated gradient, or null.</summary>
+        public unsafe Tensor Grad
+        {
+            get
+            {
+                IntPtr g = IntPtr.Zero;
+                Status.Check(Native.flame_tensor_grad(Raw, &g));
+                GC.KeepAlive(this);
+                return g == IntPtr.Zero ? null : new Tensor(g);
+            }
+            set
+            {
+                Status.Check(Native.flame_tensor_set_grad(Raw, RawOf(value)));
+                GC.KeepAlive(this); GC.KeepAlive(value);
+            }
+        }
+
+        public bool RequiresGradFlag
+        {
+            get { return RequiresGrad(); }
+            set { SetRequiresGrad(value); }
+        }
+
+        /// <summary>flame_backward from this tensor; grad null means ones (one-element root).</summary>
+        public void Backward(Tensor grad = null, uint flags = 0)
+        {
+            using (Context ctx = GetContext())
+            {
+                Status.Check(Native.flame_backward(ctx.Raw, Raw, RawOf(grad), flags));
+            }
+            GC.KeepAlive(this); GC.KeepAlive(grad);
+        }
+
+        unsafe Tensor[] Pieces(IntPtr[] outs, int count)
+        {
+            var r = new Tensor[count];
+            for (int i = 0; i < count; i++) r[i] = new Tensor(outs[i]);
+            return r;
+        }
+
+        public unsafe Tensor[] Split(long splitSize, int dim)
+        {
+            long[] shape = Shape();
+            int d = dim < 0 ? dim + shape.Length : dim;
+            long size = d >= 0 && d < shape.Length ? shape[d] : 0;
+            int cap = splitSize > 0 ? (int)Math.Max(1, (size + splitSize - 1) / splitSize) : 1;
+            var outs = new IntPtr[cap];
+            int count = 0;
+            fixed (IntPtr* p = outs)
+                Status.Check(Native.flame_split(Raw, splitSize, dim, p, cap, &count));
+            GC.KeepAlive(this);
+            return Pieces(outs, count);
+        }
+
+        public unsafe Tensor[] SplitSizes(long[] sizes, int dim)
+        {
+            var outs = new IntPtr[Math.Max(1, sizes.Length)];
+            fixed (long* ps = sizes)
+            fixed (IntPtr* p = outs)
+                Status.Check(Native.flame_split_sizes(Raw, sizes.Length == 0 ? null : ps, sizes.Length, dim, p));
+            GC.KeepAlive(this);
+            return Pieces(outs, sizes.Length);
+        }
+
+        public unsafe Tensor[] Chunk(int chunks, int dim)
+        {
+            int cap = Math.Max(1, chunks);
+            var outs = new IntPtr[cap];
+            int count = 0;
+            fixed (IntPtr* p = outs)
+                Status.Check(Native.flame_chunk(Raw, chunks, dim, p, cap, &count));
+            GC.KeepAlive(this);
+            return Pieces(outs, count);
+        }
+
+        // ---- hooks ----
+        // The user's delegate lives in a GCHandle passed as user_data; the native side calls the
+        // static thunks below and the destroy thunk frees the GCHandle exactly once. The Hook
+        // object is kept reachable from that state, so it (and the hook) live until Dispose or
+        // until the tensor goes; only after destroy may its finalizer free the native handle.
+
+        sealed class HookState
+        {
+            public Func<Tensor, Tensor> TensorFn;
+            public Action<Tensor> PostFn;
+            public Hook Owner;
+        }
+
+        static unsafe readonly flame_tensor_hook_fn TensorThunk = TensorHookThunk;
+        static readonly flame_post_accumulate_hook_fn PostThunk = PostHookThunk;
+        static readonly flame_destroy_fn DestroyThunk = DestroyHookThunk;
+
+        static flame_status_t Fail(Exception e)
+        {
+            var fe = e as FlameException;
+            try
+            {
+                Native.flame_set_error_message("C# hook failed: " + (fe != null ? fe.Message : e.GetType().Name + ": " + e.Message));
+            }
+            catch { }
+            if (fe != null && fe.Status > flame_status_t.FLAME_OK)
+                return fe.Status;
+            return flame_status_t.FLAME_ERROR_INTERNAL;
+        }
+
+        static unsafe flame_status_t TensorHookThunk(IntPtr ud, IntPtr grad, IntPtr* replacement)
+        {
+            try
+            {
+                var st = (HookState)GCHandle.FromIntPtr(ud).Target;
+                using (Tensor g = FromBorrowed(grad))
+                {
+                    Tensor r = st.TensorFn(g);
+                    if (r != null)
+                    {
+                        // Hand a new reference to the engine; the caller's object stays usable.
+                        Status.Check(Native.flame_tensor_retain(r.Raw));
+                        *replacement = r.Raw;
+                        GC.KeepAlive(r);
+                    }
+                }
+                return flame_status_t.FLAME_OK;
+            }
+            catch (Exception e)
+            {
+                return Fail(e);
+            }
+        }
+
+        static flame_status_t PostHookThunk(IntPtr ud, IntPtr leaf)
+        {
+            try
+            {
+                var st = (HookState)GCHandle.FromIntPtr(ud).Target;
+                using (Tensor t = FromBorrowed(leaf))
+                    st.PostFn(t);
+                return flame_status_t.FLAME_OK;
+            }
+            catch (Exception e)
+            {
+                return Fail(e);
+            }
+        }
+
+        static void DestroyHookThunk(IntPtr ud)
+        {
+            try
+            {
+                GCHandle h = GCHandle.FromIntPtr(ud);
+                var st = (HookState)h.Target;
+                if (st.Owner != null)
+                    st.Owner.MarkDestroyed();
+                h.Free();
+            }
+            catch { }
+        }
+
+        /// <summary>Registers a gradient hook: fn gets the incoming gradient and returns a
+        /// replacement, or null to keep it. An exception stops backward (its FlameException
+        /// status, else FLAME_ERROR_INTERNAL) with its message.</summary>
+        public unsafe Hook RegisterHook(Func<Tensor, Tensor> fn)
+        {
+            if (fn == null) throw new ArgumentNullException("fn");
+            var st = new HookState { TensorFn = fn };
+            GCHandle gh = GCHandle.Alloc(st);
+            IntPtr h = IntPtr.Zero;
+            flame_status_t s = Native.flame_tensor_register_hook(Raw, TensorThunk, GCHandle.ToIntPtr(gh), DestroyThunk, &h);
+            GC.KeepAlive(this);
+            return Finish(s, h, gh, st);
+        }
+
+        /// <summary>Registers a post-accumulate hook on a leaf: fn gets the leaf after .grad changed.</summary>
+        public unsafe Hook RegisterPostAccumulateGradHook(Action<Tensor> fn)
+        {
+            if (fn == null) throw new ArgumentNullException("fn");
+            var st = new HookState { PostFn = fn };
+            GCHandle gh = GCHandle.Alloc(st);
+            IntPtr h = IntPtr.Zero;
+            flame_status_t s = Native.flame_tensor_register_post_accumulate_grad_hook(Raw, PostThunk, GCHandle.ToIntPtr(gh), DestroyThunk, &h);
+            GC.KeepAlive(this);
+            return Finish(s, h, gh, st);
+        }
+
+        static Hook Finish(flame_status_t s, IntPtr h, GCHandle gh, HookState st)
+        {
+            if (s != flame_status_t.FLAME_OK)
+            {
+                string msg = Marshal.PtrToStringAnsi(Native.flame_last_error_message()) ?? "";
+                gh.Free(); // not registered: destroy will not be called
+                throw new FlameException(s, msg);
+            }
+            var hook = new Hook(new HookHandle(h));
+            st.Owner = hook; // keeps the Hook reachable until destroy fires
+            return hook;
+        }
+
+        // ---- operators ----
+
+        public static Tensor operator +(Tensor a, Tensor b) { return a.Add(b); }
+        public static Tensor operator -(Tensor a, Tensor b) { return a.Sub(b); }
+        public static Tensor operator *(Tensor a, Tensor b) { return a.Mul(b); }
+        public static Tensor operator /(Tensor a, Tensor b) { return a.Div(b); }
+        public static Tensor operator +(Tensor a, double s) { return a.AddScalar(s); }
+        public static Tensor operator -(Tensor a, double s) { return a.SubScalar(s); }
+        public static Tensor operator *(Tensor a, double s) { return a.MulScalar(s); }
+        public static Tensor operator /(Tensor a, double s) { return a.DivScalar(s); }
+        public static Tensor operator +(double s, Tensor a) { return a.AddScalar(s); }
+        public static Tensor operator -(double s, Tensor a) { return a.RsubScalar(s); }
+        public static Tensor operator *(double s, Tensor a) { return a.MulScalar(s); }
+        public static Tensor operator /(double s, Tensor a) { using (Tensor r = a.Reciprocal()) return r.MulScalar(s); }
+        public static Tensor operator -(Tensor a) { return a.Neg(); }
+
+        public override string ToString()
+        {
+            try { return "Tensor([" + string.Join(", ", Shape()) + "], " + Library.DTypeName(Dtype()) + ")"; }
+            catch (Exception) { return "Tensor(?)"; }
+        }
+    }
+
+    /// <summary>A registered hook. Dispose removes it; otherwise it stays until its tensor goes.</summary>
+    public sealed class Hook : IDisposable
+    {
+        readonly HookHandle h;
+        internal Hook(HookHandle handle) { h = handle; }
+        internal void MarkDestroyed() { }
+        /// <summary>Removes the hook now (flame_hook_remove); the delegate is released.</summary>
+        public void Dispose() { h.Dispose(); }
+    }
+}
