@@ -85,7 +85,6 @@ int32_t is_leaf(flame_tensor_t t) {
 
 T mul(flame_tensor_t a, flame_tensor_t b) { T o; CHECK_OK(flame_mul(a, b, o.out())); return o; }
 T add(flame_tensor_t a, flame_tensor_t b) { T o; CHECK_OK(flame_add(a, b, o.out())); return o; }
-T sub(flame_tensor_t a, flame_tensor_t b) { T o; CHECK_OK(flame_sub(a, b, o.out())); return o; }
 T sum(flame_tensor_t a) { T o; CHECK_OK(flame_sum_all(a, o.out())); return o; }
 T mean(flame_tensor_t a) { T o; CHECK_OK(flame_mean(a, nullptr, 0, 0, o.out())); return o; }
 T scale(flame_tensor_t a, double s) { T o; CHECK_OK(flame_mul_scalar(a, s, o.out())); return o; }

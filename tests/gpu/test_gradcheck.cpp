@@ -78,7 +78,7 @@ struct Table {
                  double tol_scale = 1.0) {
     struct V { const char* suffix; In input; Dims dims; int keep; };
     std::vector<V> vs = {{"_dim1", in({3, 4}, d), {1}, 0},
-                         {"_all", nc({3, 4}, d), {}, 0},
+                         {"_alldims", nc({3, 4}, d), {}, 0},
                          {"_keepdim02", in({2, 3, 4}, d), {0, 2}, 1},
                          {"_lastdim", in({2, 3, 4}, d), {-1}, 0}};
     for (auto& v : vs) {
