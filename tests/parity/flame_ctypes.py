@@ -1,0 +1,316 @@
+"""Minimal ctypes binding of libflame's C ABI (include/flame.h) for the PyTorch parity harness.
+
+Every function used is declared with argtypes/restype. Data moves through flame_from_host /
+flame_to_host using raw host pointers (torch CPU tensors or ctypes buffers); numpy is not needed.
+
+The library is found through $FLAME_LIBRARY, else build/libflame.so.1 under the repository root.
+"""
+import ctypes
+import os
+import pathlib
+
+H = ctypes.c_void_p          # every opaque handle (flame_ctx_t, flame_tensor_t, flame_hook_t)
+P = ctypes.POINTER
+c_int = ctypes.c_int         # enums: flame_status_t, flame_dtype_t
+i32, i64, u32, u64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint64
+f64, size_t = ctypes.c_double, ctypes.c_size_t
+
+DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "f64": 3, "i32": 4, "i64": 5, "u8": 6, "bool": 7}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+DTYPE_SIZES = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8, "i32": 4, "i64": 8, "u8": 1, "bool": 1}
+
+FLAME_OK = 0
+FLAME_ERROR_NO_DRIVER = 6
+FLAME_ERROR_NO_DEVICE = 7
+RETAIN_GRAPH = 1
+CREATE_GRAPH = 2
+ALLOW_UNUSED = 4
+DIM_ALL = -2147483648
+
+
+class CtxOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", size_t),
+        ("device", i32),
+        ("seed", u64),
+        ("kernel_cache_dir", ctypes.c_char_p),
+        ("memory_limit", u64),
+        ("allow_tf32", i32),
+    ]
+
+
+class MemoryStats(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", size_t),
+        ("bytes_in_use", u64),
+        ("bytes_reserved", u64),
+        ("peak_bytes_in_use", u64),
+        ("live_tensors", u64),
+    ]
+
+
+_UNARY = ("neg abs exp log log1p expm1 sqrt rsqrt sin cos tanh sigmoid relu silu floor ceil round sign "
+          "reciprocal square isnan isinf logical_not contiguous clone squeeze_all sum_all max_all min_all "
+          "tensor_detach").split()
+_SCALAR = "add_scalar sub_scalar rsub_scalar mul_scalar div_scalar pow_scalar leaky_relu elu".split()
+_BINARY = "add sub mul div pow maximum minimum eq ne lt le gt ge logical_and logical_or".split()
+_REDUCE = "sum mean prod max min logsumexp".split()
+
+_SIGNATURES = {
+    "flame_version_string": (ctypes.c_char_p, []),
+    "flame_abi_version": (i32, []),
+    "flame_status_string": (ctypes.c_char_p, [c_int]),
+    "flame_last_error_message": (ctypes.c_char_p, []),
+    "flame_dtype_size": (size_t, [c_int]),
+    "flame_ctx_options_init": (c_int, [P(CtxOptions)]),
+    "flame_ctx_create": (c_int, [P(CtxOptions), P(H)]),
+    "flame_ctx_destroy": (None, [H]),
+    "flame_ctx_synchronize": (c_int, [H]),
+    "flame_ctx_memory_stats": (c_int, [H, P(MemoryStats)]),
+    "flame_ctx_set_grad_enabled": (c_int, [H, i32, P(i32)]),
+    "flame_tensor_release": (None, [H]),
+    "flame_tensor_dtype": (c_int, [H, P(c_int)]),
+    "flame_tensor_ndim": (c_int, [H, P(i32)]),
+    "flame_tensor_shape": (c_int, [H, P(i64), i32]),
+    "flame_tensor_numel": (c_int, [H, P(i64)]),
+    "flame_tensor_is_contiguous": (c_int, [H, P(i32)]),
+    "flame_from_host": (c_int, [H, ctypes.c_void_p, size_t, P(i64), i32, c_int, P(H)]),
+    "flame_to_host": (c_int, [H, ctypes.c_void_p, size_t]),
+    "flame_tensor_set_requires_grad": (c_int, [H, i32]),
+    "flame_tensor_requires_grad": (c_int, [H, P(i32)]),
+    "flame_tensor_is_leaf": (c_int, [H, P(i32)]),
+    "flame_tensor_grad": (c_int, [H, P(H)]),
+    "flame_tensor_set_grad": (c_int, [H, H]),
+    "flame_backward": (c_int, [H, H, H, u32]),
+    "flame_grad": (c_int, [H, P(H), P(H), i32, P(H), i32, u32, P(H)]),
+    "flame_where": (c_int, [H, H, H, P(H)]),
+    "flame_clamp": (c_int, [H, f64, f64, P(H)]),
+    "flame_gelu": (c_int, [H, i32, P(H)]),
+    "flame_softplus": (c_int, [H, f64, f64, P(H)]),
+    "flame_to_dtype": (c_int, [H, c_int, P(H)]),
+    "flame_reshape": (c_int, [H, P(i64), i32, P(H)]),
+    "flame_view": (c_int, [H, P(i64), i32, P(H)]),
+    "flame_expand": (c_int, [H, P(i64), i32, P(H)]),
+    "flame_permute": (c_int, [H, P(i32), i32, P(H)]),
+    "flame_transpose": (c_int, [H, i32, i32, P(H)]),
+    "flame_squeeze": (c_int, [H, i32, P(H)]),
+    "flame_unsqueeze": (c_int, [H, i32, P(H)]),
+    "flame_narrow": (c_int, [H, i32, i64, i64, P(H)]),
+    "flame_slice": (c_int, [H, i32, i64, i64, i64, P(H)]),
+    "flame_select": (c_int, [H, i32, i64, P(H)]),
+    "flame_flip": (c_int, [H, P(i32), i32, P(H)]),
+    "flame_diagonal": (c_int, [H, i64, i32, i32, P(H)]),
+    "flame_cat": (c_int, [P(H), i32, i32, P(H)]),
+    "flame_stack": (c_int, [P(H), i32, i32, P(H)]),
+    "flame_split": (c_int, [H, i64, i32, P(H), i32, P(i32)]),
+    "flame_split_sizes": (c_int, [H, P(i64), i32, i32, P(H)]),
+    "flame_chunk": (c_int, [H, i32, i32, P(H), i32, P(i32)]),
+    "flame_triu": (c_int, [H, i64, P(H)]),
+    "flame_tril": (c_int, [H, i64, P(H)]),
+    "flame_var": (c_int, [H, P(i32), i32, f64, i32, P(H)]),
+    "flame_std": (c_int, [H, P(i32), i32, f64, i32, P(H)]),
+    "flame_norm": (c_int, [H, f64, P(i32), i32, i32, P(H)]),
+    "flame_argmax": (c_int, [H, i32, i32, P(H)]),
+    "flame_argmin": (c_int, [H, i32, i32, P(H)]),
+    "flame_cumsum": (c_int, [H, i32, P(H)]),
+}
+for _n in _UNARY:
+    _SIGNATURES["flame_" + _n] = (c_int, [H, P(H)])
+for _n in _SCALAR:
+    _SIGNATURES["flame_" + _n] = (c_int, [H, f64, P(H)])
+for _n in _BINARY:
+    _SIGNATURES["flame_" + _n] = (c_int, [H, H, P(H)])
+for _n in _REDUCE:
+    _SIGNATURES["flame_" + _n] = (c_int, [H, P(i32), i32, i32, P(H)])
+
+
+class FlameError(RuntimeError):
+    def __init__(self, status, status_name, what, message):
+        super().__init__(f"{what} -> {status_name}: {message}")
+        self.status = status
+
+
+def default_library_path():
+    env = os.environ.get("FLAME_LIBRARY")
+    if env:
+        return env
+    root = pathlib.Path(__file__).resolve().parents[2]
+    return str(root / "build" / "libflame.so.1")
+
+
+class Tensor:
+    """Owns one reference to a flame_tensor_t."""
+
+    def __init__(self, lib, handle):
+        self._lib = lib
+        self.h = handle if isinstance(handle, H) else H(handle)
+
+    def __del__(self):
+        if self.h and self.h.value:
+            self._lib.raw.flame_tensor_release(self.h)
+            self.h = H()
+
+    @property
+    def shape(self):
+        return self._lib.shape(self)
+
+    @property
+    def dtype(self):
+        return self._lib.dtype(self)
+
+    @property
+    def requires_grad(self):
+        v = i32()
+        self._lib.check(self._lib.raw.flame_tensor_requires_grad(self.h, ctypes.byref(v)), "requires_grad")
+        return bool(v.value)
+
+
+def _arr(ctype, values):
+    values = list(values)
+    return (ctype * max(len(values), 1))(*values), len(values)
+
+
+class Flame:
+    """The loaded library plus helpers. raw: the ctypes CDLL with declared signatures."""
+
+    def __init__(self, path=None):
+        self.path = path or default_library_path()
+        self.raw = ctypes.CDLL(self.path)
+        self.missing = []
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            try:
+                fn = getattr(self.raw, name)
+            except AttributeError:
+                self.missing.append(name)
+                continue
+            fn.restype = restype
+            fn.argtypes = argtypes
+
+    # ---- errors
+    def check(self, status, what):
+        if status != FLAME_OK:
+            name = self.raw.flame_status_string(status).decode()
+            msg = (self.raw.flame_last_error_message() or b"").decode(errors="replace")
+            raise FlameError(status, name, what, msg)
+
+    def fn(self, name):
+        if name in self.missing:
+            raise FlameError(-1, "MISSING_SYMBOL", name, "the library does not export it")
+        return getattr(self.raw, name)
+
+    # ---- context
+    def ctx_create(self, device=0, seed=0):
+        opts = CtxOptions()
+        self.check(self.raw.flame_ctx_options_init(ctypes.byref(opts)), "flame_ctx_options_init")
+        opts.device = device
+        opts.seed = seed
+        ctx = H()
+        self.check(self.raw.flame_ctx_create(ctypes.byref(opts), ctypes.byref(ctx)), "flame_ctx_create")
+        return ctx
+
+    def ctx_destroy(self, ctx):
+        self.raw.flame_ctx_destroy(ctx)
+
+    # ---- tensors
+    def shape(self, t):
+        nd = i32()
+        self.check(self.raw.flame_tensor_ndim(t.h, ctypes.byref(nd)), "flame_tensor_ndim")
+        dims = (i64 * max(nd.value, 1))()
+        if nd.value:
+            self.check(self.raw.flame_tensor_shape(t.h, dims, nd.value), "flame_tensor_shape")
+        return tuple(dims[i] for i in range(nd.value))
+
+    def dtype(self, t):
+        d = c_int()
+        self.check(self.raw.flame_tensor_dtype(t.h, ctypes.byref(d)), "flame_tensor_dtype")
+        return DTYPE_NAMES.get(d.value, "unknown")
+
+    def from_host_ptr(self, ctx, ptr, nbytes, shape, dtype):
+        dims, nd = _arr(i64, shape)
+        out = H()
+        self.check(self.raw.flame_from_host(ctx, ctypes.c_void_p(ptr), nbytes, dims if nd else None, nd,
+                                            DTYPES[dtype], ctypes.byref(out)), "flame_from_host")
+        return Tensor(self, out)
+
+    def to_host_ptr(self, t, ptr, nbytes):
+        self.check(self.raw.flame_to_host(t.h, ctypes.c_void_p(ptr), nbytes), "flame_to_host")
+
+    def set_requires_grad(self, t, flag=True):
+        self.check(self.raw.flame_tensor_set_requires_grad(t.h, 1 if flag else 0), "set_requires_grad")
+
+    # ---- generic calls: the output pointer comes last
+    def call(self, name, *args):
+        out = H()
+        conv = [a.h if isinstance(a, Tensor) else a for a in args]
+        self.check(self.fn("flame_" + name)(*conv, ctypes.byref(out)), "flame_" + name)
+        return Tensor(self, out)
+
+    def unary(self, name, t):
+        return self.call(name, t)
+
+    def dims_call(self, name, t, dims, *rest):
+        """Calls reductions of the form f(t, dims, ndims, ..., out); dims None = all."""
+        dims = [] if dims is None else list(dims)
+        arr, n = _arr(i32, dims)
+        return self.call(name, t, arr if n else None, n, *rest)
+
+    def shape_call(self, name, t, shape):
+        arr, n = _arr(i64, shape)
+        return self.call(name, t, arr if n else None, n)
+
+    def permute(self, t, dims):
+        arr, n = _arr(i32, dims)
+        return self.call("permute", t, arr, n)
+
+    def flip(self, t, dims):
+        arr, n = _arr(i32, dims)
+        return self.call("flip", t, arr, n)
+
+    def join(self, name, tensors, dim):
+        arr = (H * len(tensors))(*[t.h for t in tensors])
+        return self.call(name, arr, len(tensors), dim)
+
+    def norm(self, t, p, dims, keepdim):
+        arr, n = _arr(i32, [] if dims is None else dims)
+        return self.call("norm", t, float(p), arr if n else None, n, keepdim)
+
+    def var(self, name, t, dims, correction, keepdim):
+        arr, n = _arr(i32, [] if dims is None else dims)
+        return self.call(name, t, arr if n else None, n, float(correction), keepdim)
+
+    def split(self, t, size, dim, capacity=16):
+        outs = (H * capacity)()
+        count = i32()
+        self.check(self.fn("flame_split")(t.h, size, dim, outs, capacity, ctypes.byref(count)), "flame_split")
+        return [Tensor(self, H(outs[i])) for i in range(count.value)]
+
+    def chunk(self, t, chunks, dim, capacity=16):
+        outs = (H * capacity)()
+        count = i32()
+        self.check(self.fn("flame_chunk")(t.h, chunks, dim, outs, capacity, ctypes.byref(count)), "flame_chunk")
+        return [Tensor(self, H(outs[i])) for i in range(count.value)]
+
+    def split_sizes(self, t, sizes, dim):
+        arr, n = _arr(i64, sizes)
+        outs = (H * n)()
+        self.check(self.fn("flame_split_sizes")(t.h, arr, n, dim, outs), "flame_split_sizes")
+        return [Tensor(self, H(outs[i])) for i in range(n)]
+
+    def grad(self, ctx, outputs, grad_outputs, inputs, flags):
+        """flame_grad: returns a list with a Tensor or None per input."""
+        no, ni = len(outputs), len(inputs)
+        outs = (H * no)(*[t.h for t in outputs])
+        gos = (H * no)(*[(g.h if g is not None else None) for g in grad_outputs]) if grad_outputs else None
+        ins = (H * ni)(*[t.h for t in inputs])
+        res = (H * ni)()
+        self.check(self.fn("flame_grad")(ctx, outs, gos, no, ins, ni, flags, res), "flame_grad")
+        return [Tensor(self, H(res[i])) if res[i] else None for i in range(ni)]
+
+    def backward(self, ctx, root, grad=None, flags=0):
+        self.check(self.fn("flame_backward")(ctx, root.h, grad.h if grad is not None else None, flags),
+                   "flame_backward")
+
+    def tensor_grad(self, t):
+        out = H()
+        self.check(self.fn("flame_tensor_grad")(t.h, ctypes.byref(out)), "flame_tensor_grad")
+        return Tensor(self, out) if out.value else None

@@ -1,0 +1,537 @@
+#!/usr/bin/env python3
+"""PyTorch parity harness for FLAME: forward values and every input's gradient, op by op.
+
+Each ROW names an op form: how to call it through libflame (ctypes, flame_ctypes.py) and through
+PyTorch, and the input cases (shapes, value domains, non-contiguous leaves). For every row, dtype
+(f32, f64; bf16 for a subset) and case, both libraries get the same input values; forward outputs
+are compared, then flame_grad and torch.autograd.grad with the same random grad_outputs.
+
+Usage: python3 tests/parity/run_parity.py [-k SUBSTRING] [-v] [--seed N]
+Env:   FLAME_LIBRARY (path to libflame.so.1), FLAME_REQUIRE_GPU=1 (a missing GPU/torch fails).
+Prints "SKIPPED: <reason>" and exits 0 without torch or a CUDA GPU (unless FLAME_REQUIRE_GPU=1);
+otherwise ends with "N passed, M failed" and exits non-zero on any failure.
+"""
+import argparse
+import math
+import os
+import random
+import sys
+import traceback
+import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import flame_ctypes as fc  # noqa: E402
+
+torch = None  # imported in main()
+F = None
+
+# ---------------------------------------------------------------------------- tolerances
+
+# (atol relative to max(1, max|ref|), rtol)
+TOL = {"f64": (1e-9, 1e-7), "f32": (2e-5, 1e-4), "bf16": (2e-2, 2e-2), "f16": (2e-3, 4e-3)}
+
+
+def torch_dtype(name):
+    return {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16,
+            "i32": torch.int32, "i64": torch.int64, "u8": torch.uint8, "bool": torch.bool}[name]
+
+
+def flame_dtype_of(tdtype):
+    return {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
+            torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8", torch.bool: "bool"}[tdtype]
+
+
+FLOATING = ("f32", "f64", "f16", "bf16")
+
+# ---------------------------------------------------------------------------- domains
+
+
+class Dom:
+    """Values for one input: uniform in [lo, hi) away from kinks, or special kinds."""
+
+    def __init__(self, lo=-2.0, hi=2.0, kinks=(), min_dist=0.1, kind="uniform", offset=0.0):
+        self.lo, self.hi, self.kinks, self.min_dist, self.kind, self.offset = lo, hi, kinks, min_dist, kind, offset
+
+    def draw(self, gen, shape):
+        n = 1
+        for s in shape:
+            n *= s
+        if self.kind == "bool":
+            return torch.randint(0, 2, tuple(shape), generator=gen).to(torch.bool)
+        if self.kind == "int":  # small integers: ties and exact kinks on purpose
+            return torch.randint(int(self.lo), int(self.hi) + 1, tuple(shape), generator=gen).to(torch.float64)
+        if self.kind == "grid":  # floor(u) + offset +- 0.1: two grids never meet
+            u = torch.rand(tuple(shape), generator=gen, dtype=torch.float64) * (self.hi - self.lo) + self.lo
+            return torch.floor(u) + self.offset + (torch.rand(tuple(shape), generator=gen, dtype=torch.float64) - 0.5) * 0.2
+        out = torch.empty(n, dtype=torch.float64)
+        filled = 0
+        while filled < n:
+            u = torch.rand(max(4 * n, 16), generator=gen, dtype=torch.float64) * (self.hi - self.lo) + self.lo
+            ok = torch.ones_like(u, dtype=torch.bool)
+            for k in self.kinks:
+                ok &= (u - k).abs() >= self.min_dist
+            if self.kind == "halfgrid":
+                ok &= (2 * u - torch.round(2 * u)).abs() >= 2 * self.min_dist
+            u = u[ok][: n - filled]
+            out[filled:filled + u.numel()] = u
+            filled += u.numel()
+        return out.reshape(tuple(shape))
+
+
+def uni(lo=-2.0, hi=2.0):
+    return Dom(lo, hi)
+
+
+def away0(lo=-2.0, hi=2.0, d=0.1):
+    return Dom(lo, hi, (0.0,), d)
+
+
+def away(lo, hi, kinks, d=0.1):
+    return Dom(lo, hi, tuple(kinks), d)
+
+
+def ints(lo=-2, hi=2):
+    return Dom(lo, hi, kind="int")
+
+
+class In:
+    def __init__(self, shape, dom=None, nc=False, grad=True):
+        self.shape, self.dom, self.nc, self.grad = tuple(shape), dom or uni(), nc, grad
+
+
+def I(shape, dom=None):  # noqa: E743
+    return In(shape, dom)
+
+
+def NC(shape, dom=None):
+    return In(shape, dom, nc=True)
+
+
+def COND(shape):
+    return In(shape, Dom(kind="bool"), grad=False)
+
+
+# ---------------------------------------------------------------------------- the table
+
+
+class Row:
+    def __init__(self, name, flame_fn, torch_fn, cases, bf16=False, grad=True, tol=1.0):
+        self.name, self.flame_fn, self.torch_fn, self.cases = name, flame_fn, torch_fn, cases
+        self.dtypes = ("f64", "f32") + (("bf16",) if bf16 else ())
+        self.grad, self.tol = grad, tol
+
+
+ROWS = []
+
+
+def row(*a, **k):
+    ROWS.append(Row(*a, **k))
+    return ROWS[-1]
+
+
+def as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+UNARY_CASES = lambda d: [[I((3, 5), d)], [NC((4, 3), d)], [I((), d)], [NC((7,), d)]]  # noqa: E731
+BINARY_CASES = lambda da, db: [  # noqa: E731
+    [I((3, 4), da), I((3, 4), db)], [I((3, 1), da), I((1, 4), db)], [I((2, 3, 4), da), I((4,), db)],
+    [NC((3, 4), da), NC((3, 4), db)], [I((3, 4), da), I((), db)], [I((1, 4), da), NC((3, 4), db)]]
+
+
+def unary_row(name, flame_name_or_fn, torch_fn, dom=None, **k):
+    if callable(flame_name_or_fn):
+        ffn = lambda fl, x, dt: flame_name_or_fn(fl, x[0])  # noqa: E731
+    else:
+        ffn = lambda fl, x, dt: fl.unary(flame_name_or_fn, x[0])  # noqa: E731
+    return row(name, ffn, lambda x, dt: torch_fn(x[0]), UNARY_CASES(dom or uni()), **k)
+
+
+def binary_row(name, flame_name, torch_fn, da=None, db=None, **k):
+    return row(name, lambda fl, x, dt: fl.call(flame_name, x[0], x[1]), lambda x, dt: torch_fn(x[0], x[1]),
+               BINARY_CASES(da or uni(), db or uni()), **k)
+
+
+def prod_dims(x, dims, keep):
+    if dims is None:
+        return torch.prod(x)
+    y = x
+    for d in sorted([d % x.dim() for d in dims], reverse=True):
+        y = torch.prod(y, dim=d, keepdim=True)
+    if not keep:
+        for d in sorted([d % x.dim() for d in dims], reverse=True):
+            y = y.squeeze(d)
+    return y
+
+
+def all_dims(x, dims):
+    return tuple(range(x.dim())) if dims is None else tuple(dims)
+
+
+REDUCE_VARIANTS = [("dim1", (3, 4), False, [1], 0), ("alldims", (3, 4), True, None, 0),
+                   ("keepdim02", (2, 3, 4), False, [0, 2], 1), ("lastdim", (2, 3, 4), False, [-1], 0)]
+
+
+def reduce_rows(name, flame_fn, torch_fn, dom=None, bf16=False, **k):
+    for sfx, shape, nc, dims, keep in REDUCE_VARIANTS:
+        inp = In(shape, dom, nc=nc)
+        row(f"{name}_{sfx}",
+            (lambda dims, keep: lambda fl, x, dt: flame_fn(fl, x[0], dims, keep))(dims, keep),
+            (lambda dims, keep: lambda x, dt: torch_fn(x[0], dims, bool(keep)))(dims, keep),
+            [[inp]], bf16=bf16 and sfx == "dim1", **k)
+
+
+def build_rows():
+    ROWS.clear()
+    # ---- unary
+    unary_row("neg", "neg", torch.neg)
+    unary_row("abs", "abs", torch.abs, away0())
+    unary_row("exp", "exp", torch.exp, bf16=True)
+    unary_row("log", "log", torch.log, uni(0.5, 3))
+    unary_row("log1p", "log1p", torch.log1p, uni(-0.5, 2))
+    unary_row("expm1", "expm1", torch.expm1)
+    unary_row("sqrt", "sqrt", torch.sqrt, uni(0.5, 3))
+    unary_row("rsqrt", "rsqrt", torch.rsqrt, uni(0.5, 3))
+    unary_row("sin", "sin", torch.sin, uni(-3, 3))
+    unary_row("cos", "cos", torch.cos, uni(-3, 3))
+    unary_row("tanh", "tanh", torch.tanh, bf16=True)
+    unary_row("sigmoid", "sigmoid", torch.sigmoid, uni(-4, 4), bf16=True)
+    unary_row("relu", "relu", torch.relu, away0())
+    unary_row("silu", "silu", F.silu, uni(-4, 4), bf16=True)
+    unary_row("floor", "floor", torch.floor, Dom(-3, 3, kind="halfgrid"))
+    unary_row("ceil", "ceil", torch.ceil, Dom(-3, 3, kind="halfgrid"))
+    unary_row("round", "round", torch.round, Dom(-3, 3, kind="halfgrid"))
+    unary_row("sign", "sign", torch.sign, away0())
+    unary_row("reciprocal", "reciprocal", torch.reciprocal, away0(-2, 2, 0.5))
+    unary_row("square", "square", torch.square)
+    # kinks and ties on purpose (PyTorch's conventions at 0 and at bounds)
+    unary_row("relu_at_zero", "relu", torch.relu, ints())
+    unary_row("abs_at_zero", "abs", torch.abs, ints())
+    unary_row("sign_at_zero", "sign", torch.sign, ints())
+    # ---- scalar forms
+    for nm, s, tf, dom in [("add_scalar", 1.5, lambda x, s: x + s, None), ("sub_scalar", 0.75, lambda x, s: x - s, None),
+                           ("rsub_scalar", 3.0, lambda x, s: s - x, None), ("mul_scalar", -2.5, lambda x, s: x * s, None),
+                           ("div_scalar", 4.0, lambda x, s: x / s, None),
+                           ("pow_scalar", 2.5, lambda x, s: torch.pow(x, s), uni(0.5, 2)),
+                           ("pow_scalar_int", 3.0, lambda x, s: torch.pow(x, s), None),
+                           ("pow_scalar_neg", -1.5, lambda x, s: torch.pow(x, s), uni(0.5, 2)),
+                           ("leaky_relu", 0.1, lambda x, s: F.leaky_relu(x, s), away0()),
+                           ("elu", 1.3, lambda x, s: F.elu(x, alpha=s), away0())]:
+        fname = nm if not nm.startswith("pow_scalar") else "pow_scalar"
+        unary_row(nm, (lambda fname, s: lambda fl, x: fl.call(fname, x, s))(fname, s),
+                  (lambda tf, s: lambda x: tf(x, s))(tf, s), dom)
+    # ---- special unary
+    unary_row("gelu", lambda fl, x: fl.call("gelu", x, 0), lambda x: F.gelu(x), uni(-3, 3), bf16=True)
+    unary_row("gelu_tanh", lambda fl, x: fl.call("gelu", x, 1), lambda x: F.gelu(x, approximate="tanh"), uni(-3, 3))
+    unary_row("softplus", lambda fl, x: fl.call("softplus", x, 2.0, 4.0), lambda x: F.softplus(x, beta=2.0, threshold=4.0),
+              away(-3, 3, [2.0]))
+    unary_row("softplus_default", lambda fl, x: fl.call("softplus", x, 1.0, 20.0), lambda x: F.softplus(x), uni(-4, 4))
+    unary_row("clamp", lambda fl, x: fl.call("clamp", x, -0.5, 0.8), lambda x: torch.clamp(x, -0.5, 0.8),
+              away(-2, 2, [-0.5, 0.8]))
+    unary_row("clamp_min", lambda fl, x: fl.call("clamp", x, 0.25, math.inf), lambda x: torch.clamp(x, min=0.25),
+              away(-2, 2, [0.25]))
+    unary_row("clamp_at_bounds", lambda fl, x: fl.call("clamp", x, -1.0, 1.0), lambda x: torch.clamp(x, -1.0, 1.0), ints())
+    # ---- binary
+    binary_row("add", "add", torch.add, bf16=True)
+    binary_row("sub", "sub", torch.sub)
+    binary_row("mul", "mul", torch.mul, bf16=True)
+    binary_row("div", "div", torch.div, uni(), away0(-2, 2, 0.5), bf16=True)
+    binary_row("pow", "pow", torch.pow, uni(0.5, 2), uni(-2, 2))
+    binary_row("maximum", "maximum", torch.maximum, Dom(kind="grid", offset=0.25), Dom(kind="grid", offset=0.75))
+    binary_row("minimum", "minimum", torch.minimum, Dom(kind="grid", offset=0.25), Dom(kind="grid", offset=0.75))
+    binary_row("maximum_ties", "maximum", torch.maximum, ints(-1, 1), ints(-1, 1))
+    binary_row("minimum_ties", "minimum", torch.minimum, ints(-1, 1), ints(-1, 1))
+    for nm in ("eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"):
+        binary_row(nm, nm, getattr(torch, nm), ints(), ints(), grad=False)
+    for nm in ("isnan", "isinf", "logical_not"):
+        unary_row(nm, nm, getattr(torch, nm), ints(), grad=False)
+    row("argmax", lambda fl, x, dt: fl.call("argmax", x[0], 1, 0), lambda x, dt: torch.argmax(x[0], dim=1),
+        [[I((3, 4))], [NC((3, 4))]], grad=False)
+    row("argmin", lambda fl, x, dt: fl.call("argmin", x[0], 1, 0), lambda x, dt: torch.argmin(x[0], dim=1),
+        [[I((3, 4))]], grad=False)
+    row("argmax_all", lambda fl, x, dt: fl.call("argmax", x[0], fc.DIM_ALL, 0), lambda x, dt: torch.argmax(x[0]),
+        [[I((3, 4))]], grad=False)
+    # ---- where, casts, copies
+    row("where", lambda fl, x, dt: fl.call("where", x[0], x[1], x[2]), lambda x, dt: torch.where(x[0], x[1], x[2]),
+        [[COND((3, 4)), I((3, 4)), I((3, 4))], [COND((3, 1)), I((1, 4)), I((3, 4))],
+         [COND((3, 4)), NC((3, 4)), I(())], [COND((2, 3, 4)), I((4,)), NC((3, 4))]], bf16=True)
+    other = lambda dt: "f32" if dt == "f64" else "f64"  # noqa: E731
+    row("to_dtype", lambda fl, x, dt: fl.call("to_dtype", x[0], fc.DTYPES[other(dt)]),
+        lambda x, dt: x[0].to(torch_dtype(other(dt))), [[I((3, 4))], [NC((3, 4))]], bf16=True)
+    row("contiguous", lambda fl, x, dt: fl.unary("contiguous", x[0]), lambda x, dt: x[0].contiguous(),
+        [[NC((3, 4))], [I((3, 4))], [NC((5,))]])
+    row("clone", lambda fl, x, dt: fl.unary("clone", x[0]), lambda x, dt: x[0].clone(), [[NC((3, 4))]])
+    # ---- views and shape ops
+    for nm, inp, shape, fname in [("reshape", I((3, 4)), (2, 6), "reshape"), ("reshape_copy", NC((3, 4)), (12,), "reshape"),
+                                  ("reshape_infer", I((2, 3, 4)), (4, -1), "reshape"), ("view", I((3, 4)), (2, 2, 3), "view")]:
+        row(nm, (lambda s, f: lambda fl, x, dt: fl.shape_call(f, x[0], s))(shape, fname),
+            (lambda s: lambda x, dt: x[0].reshape(s))(shape), [[inp]])
+    for nm, inp, dims in [("permute", I((2, 3, 4)), (2, 0, 1)), ("permute_nc", NC((3, 4)), (1, 0))]:
+        row(nm, (lambda d: lambda fl, x, dt: fl.permute(x[0], d))(dims), (lambda d: lambda x, dt: x[0].permute(d))(dims), [[inp]])
+    row("transpose", lambda fl, x, dt: fl.call("transpose", x[0], 0, 2), lambda x, dt: x[0].transpose(0, 2),
+        [[I((2, 3, 4))], [NC((2, 3, 4))]])
+    for nm, inp, shape in [("expand", I((3, 1)), (2, 3, 4)), ("expand_rank", I((4,)), (3, 4)),
+                           ("expand_keep", I((1, 4)), (3, -1)), ("expand_nc", NC((1, 4)), (2, 3, 4))]:
+        row(nm, (lambda s: lambda fl, x, dt: fl.shape_call("expand", x[0], s))(shape),
+            (lambda s: lambda x, dt: x[0].expand(s))(shape), [[inp]])
+    row("squeeze", lambda fl, x, dt: fl.call("squeeze", x[0], 1), lambda x, dt: x[0].squeeze(1), [[I((3, 1, 4))]])
+    row("squeeze_all", lambda fl, x, dt: fl.unary("squeeze_all", x[0]), lambda x, dt: x[0].squeeze(), [[I((1, 3, 1, 4))]])
+    row("unsqueeze", lambda fl, x, dt: fl.call("unsqueeze", x[0], 1), lambda x, dt: x[0].unsqueeze(1),
+        [[I((3, 4))], [NC((3, 4))]])
+    row("unsqueeze_last", lambda fl, x, dt: fl.call("unsqueeze", x[0], -1), lambda x, dt: x[0].unsqueeze(-1), [[I((3, 4))]])
+    row("narrow", lambda fl, x, dt: fl.call("narrow", x[0], 0, 1, 3), lambda x, dt: x[0].narrow(0, 1, 3),
+        [[I((5, 4))], [NC((5, 4))]])
+    row("slice_step", lambda fl, x, dt: fl.call("slice", x[0], 0, 1, 7, 2), lambda x, dt: x[0][1:7:2], [[I((7, 3))]])
+    row("slice_negative_clamped", lambda fl, x, dt: fl.call("slice", x[0], -1, -6, 100, 3),
+        lambda x, dt: x[0][:, -6:100:3], [[I((3, 8))], [NC((3, 8))]])
+    row("select", lambda fl, x, dt: fl.call("select", x[0], 1, 2), lambda x, dt: x[0].select(1, 2), [[I((3, 4))], [NC((3, 4))]])
+    row("select_negative", lambda fl, x, dt: fl.call("select", x[0], 0, -1), lambda x, dt: x[0].select(0, -1), [[I((3, 4))]])
+    row("flip", lambda fl, x, dt: fl.flip(x[0], [0, 1]), lambda x, dt: torch.flip(x[0], [0, 1]), [[I((3, 4))], [NC((3, 4))]])
+    row("flip_middle", lambda fl, x, dt: fl.flip(x[0], [1]), lambda x, dt: torch.flip(x[0], [1]), [[I((2, 3, 4))]])
+    row("diagonal", lambda fl, x, dt: fl.call("diagonal", x[0], 1, 0, 1), lambda x, dt: torch.diagonal(x[0], 1, 0, 1),
+        [[I((4, 5))], [NC((5, 4))]])
+    row("diagonal_batched", lambda fl, x, dt: fl.call("diagonal", x[0], -1, 1, 2),
+        lambda x, dt: torch.diagonal(x[0], -1, 1, 2), [[I((2, 3, 4))]])
+    row("cat_dim1", lambda fl, x, dt: fl.join("cat", x, 1), lambda x, dt: torch.cat(x, 1), [[I((2, 3)), I((2, 1)), NC((2, 4))]])
+    row("cat_dim0", lambda fl, x, dt: fl.join("cat", x, 0), lambda x, dt: torch.cat(x, 0),
+        [[I((2, 3)), NC((1, 3))], [I((4,)), I((3,))]])
+    row("stack", lambda fl, x, dt: fl.join("stack", x, 0), lambda x, dt: torch.stack(x, 0), [[I((3, 4)), NC((3, 4)), I((3, 4))]])
+    row("stack_last", lambda fl, x, dt: fl.join("stack", x, -1), lambda x, dt: torch.stack(x, -1), [[I((3, 4)), I((3, 4))]])
+    row("split", lambda fl, x, dt: fl.split(x[0], 3, 0), lambda x, dt: torch.split(x[0], 3, 0), [[I((7, 3))], [NC((7, 3))]])
+    row("split_sizes", lambda fl, x, dt: fl.split_sizes(x[0], [1, 2, 3], 1), lambda x, dt: torch.split(x[0], [1, 2, 3], 1),
+        [[I((3, 6))]])
+    row("chunk", lambda fl, x, dt: fl.chunk(x[0], 3, 1), lambda x, dt: torch.chunk(x[0], 3, 1), [[I((3, 7))]])
+    row("triu", lambda fl, x, dt: fl.call("triu", x[0], 1), lambda x, dt: torch.triu(x[0], 1), [[I((4, 5))], [NC((4, 5))]])
+    row("tril", lambda fl, x, dt: fl.call("tril", x[0], -1), lambda x, dt: torch.tril(x[0], -1), [[I((2, 4, 4))]])
+    # ---- reductions
+    reduce_rows("sum", lambda fl, x, d, k: fl.dims_call("sum", x, d, k),
+                lambda x, d, k: torch.sum(x, dim=all_dims(x, d), keepdim=k), bf16=True)
+    reduce_rows("mean", lambda fl, x, d, k: fl.dims_call("mean", x, d, k),
+                lambda x, d, k: torch.mean(x, dim=all_dims(x, d), keepdim=k), bf16=True)
+    reduce_rows("prod", lambda fl, x, d, k: fl.dims_call("prod", x, d, k), prod_dims, away0(-1.6, 1.6, 0.4))
+    reduce_rows("max", lambda fl, x, d, k: fl.dims_call("max", x, d, k),
+                lambda x, d, k: torch.amax(x, dim=all_dims(x, d), keepdim=k))
+    reduce_rows("min", lambda fl, x, d, k: fl.dims_call("min", x, d, k),
+                lambda x, d, k: torch.amin(x, dim=all_dims(x, d), keepdim=k))
+    reduce_rows("max_ties", lambda fl, x, d, k: fl.dims_call("max", x, d, k),
+                lambda x, d, k: torch.amax(x, dim=all_dims(x, d), keepdim=k), ints(-1, 1))
+    reduce_rows("min_ties", lambda fl, x, d, k: fl.dims_call("min", x, d, k),
+                lambda x, d, k: torch.amin(x, dim=all_dims(x, d), keepdim=k), ints(-1, 1))
+    reduce_rows("prod_zeros", lambda fl, x, d, k: fl.dims_call("prod", x, d, k), prod_dims, ints(-1, 1))
+    reduce_rows("logsumexp", lambda fl, x, d, k: fl.dims_call("logsumexp", x, d, k),
+                lambda x, d, k: torch.logsumexp(x, dim=all_dims(x, d), keepdim=k), bf16=True)
+    for corr in (1.0, 0.0):
+        sfx = "" if corr == 1.0 else "_pop"
+        for nm in ("var", "std"):
+            reduce_rows(nm + sfx, (lambda nm, c: lambda fl, x, d, k: fl.var(nm, x, d, c, k))(nm, corr),
+                        (lambda nm, c: lambda x, d, k: getattr(torch, nm)(x, dim=all_dims(x, d), correction=c, keepdim=k))(nm, corr))
+    for nm, p, dom in (("norm1", 1.0, away0()), ("norm2", 2.0, uni()), ("norm_inf", math.inf, away0())):
+        reduce_rows(nm, (lambda p: lambda fl, x, d, k: fl.norm(x, p, d, k))(p),
+                    (lambda p: lambda x, d, k: torch.linalg.vector_norm(x, ord=p, dim=all_dims(x, d), keepdim=k))(p), dom)
+    for nm, fname, tf in (("sum_all", "sum_all", torch.sum), ("max_all", "max_all", torch.amax),
+                          ("min_all", "min_all", torch.amin)):
+        row(nm, (lambda f: lambda fl, x, dt: fl.unary(f, x[0]))(fname), (lambda tf: lambda x, dt: tf(x[0]))(tf),
+            [[I((3, 4))], [NC((3, 4))], [I(())]])
+        row(nm + "_ties", (lambda f: lambda fl, x, dt: fl.unary(f, x[0]))(fname), (lambda tf: lambda x, dt: tf(x[0]))(tf),
+            [[I((3, 4), ints(-1, 1))]])
+    for d, inp in ((1, I((3, 4))), (0, NC((4, 3))), (-1, I((7,)))):
+        row(f"cumsum_dim{d}".replace("-", "m"), (lambda d: lambda fl, x, dt: fl.call("cumsum", x[0], d))(d),
+            (lambda d: lambda x, dt: torch.cumsum(x[0], d))(d), [[inp]])
+    return ROWS
+
+
+# ---------------------------------------------------------------------------- bridging
+
+
+def to_flame(fl, ctx, t):
+    """Copies a torch tensor (any device) into a new FLAME tensor of the same dtype."""
+    c = t.detach().to("cpu").contiguous()
+    return fl.from_host_ptr(ctx, c.data_ptr(), c.numel() * c.element_size(), list(c.shape), flame_dtype_of(c.dtype))
+
+
+def to_torch(fl, ft):
+    shape, dt = fl.shape(ft), fl.dtype(ft)
+    out = torch.empty(shape, dtype=torch_dtype(dt))
+    fl.to_host_ptr(ft, out.data_ptr(), out.numel() * out.element_size())
+    return out
+
+
+def make_leaves(fl, ctx, x64, spec, dt):
+    """The same values as a FLAME leaf and a torch (CUDA) leaf, non-contiguous when asked."""
+    tdt = torch.bool if spec.dom.kind == "bool" else torch_dtype(dt)
+    x = x64.to(tdt)
+    nd = x.dim()
+    if spec.nc and nd >= 2:
+        base = x.transpose(-1, -2).contiguous()
+        fleaf = fl.call("transpose", to_flame(fl, ctx, base), -1, -2)
+        tleaf = base.cuda().transpose(-1, -2)
+    elif spec.nc and nd == 1:
+        base = torch.zeros(2 * x.shape[0], dtype=tdt)
+        base[::2] = x
+        fleaf = fl.call("slice", to_flame(fl, ctx, base), 0, 0, 2 * x.shape[0], 2)
+        tleaf = base.cuda()[::2]
+    else:
+        fleaf = to_flame(fl, ctx, x)
+        tleaf = x.cuda()
+    wants_grad = spec.grad and tdt.is_floating_point
+    if wants_grad:
+        fl.set_requires_grad(fleaf, True)
+        tleaf.requires_grad_(True)
+    return fleaf, tleaf, wants_grad
+
+
+def compare(got, want, dt, scale, what):
+    """got: CPU tensor from FLAME; want: torch result. Returns an error string or None."""
+    want = want.detach().cpu()
+    if tuple(got.shape) != tuple(want.shape):
+        return f"{what}: shape {tuple(got.shape)} != torch {tuple(want.shape)}"
+    if got.dtype != want.dtype:
+        return f"{what}: dtype {got.dtype} != torch {want.dtype}"
+    if not got.dtype.is_floating_point:
+        if not torch.equal(got, want):
+            return f"{what}: values differ\n  flame: {got.flatten()[:16].tolist()}\n  torch: {want.flatten()[:16].tolist()}"
+        return None
+    g, w = got.double(), want.double()
+    atol, rtol = TOL.get(dt, TOL["f32"])
+    m = max(1.0, w.abs().max().item()) if w.numel() else 1.0
+    lim = atol * scale * m + rtol * scale * w.abs()
+    nan_ok = torch.isnan(g) == torch.isnan(w)
+    bad = ~(((g - w).abs() <= lim) | (torch.isnan(g) & torch.isnan(w))) | ~nan_ok
+    if bad.any():
+        i = int(bad.flatten().nonzero()[0])
+        return (f"{what}: element {i} is {g.flatten()[i].item()!r}, torch {w.flatten()[i].item()!r} "
+                f"({int(bad.sum())} of {bad.numel()} off)\n  flame: {g.flatten()[:12].tolist()}\n  torch: {w.flatten()[:12].tolist()}")
+    return None
+
+
+def run_case(fl, ctx, r, dt, case, gen):
+    xs = [spec.dom.draw(gen, spec.shape) for spec in case]
+    fleaves, tleaves, grads = [], [], []
+    for x, spec in zip(xs, case):
+        f, t, g = make_leaves(fl, ctx, x, spec, dt)
+        fleaves.append(f)
+        tleaves.append(t)
+        grads.append(g)
+    fouts = as_list(r.flame_fn(fl, fleaves, dt))
+    touts = as_list(r.torch_fn(tleaves, dt))
+    errors = []
+    if len(fouts) != len(touts):
+        return [f"{len(fouts)} outputs, torch has {len(touts)}"]
+    for k, (fo, to) in enumerate(zip(fouts, touts)):
+        e = compare(to_torch(fl, fo), to, dt if to.dtype.is_floating_point else "f64", r.tol, f"forward output {k}")
+        if e:
+            errors.append(e)
+        if not r.grad and fo.requires_grad:
+            errors.append(f"output {k} requires grad; the op is not differentiable")
+    if errors or not r.grad:
+        return errors
+    idx = [j for j, g in enumerate(grads) if g]
+    ws = [(torch.rand(to.shape, generator=gen, dtype=torch.float64) + 0.5) *
+          (torch.randint(0, 2, to.shape, generator=gen) * 2 - 1) for to in touts]
+    ws = [w.to(to.dtype) for w, to in zip(ws, touts)]
+    tgrads = torch.autograd.grad(touts, [tleaves[j] for j in idx], grad_outputs=[w.cuda() for w in ws], allow_unused=True)
+    fws = [to_flame(fl, ctx, w) for w in ws]
+    fgrads = fl.grad(ctx, fouts, fws, [fleaves[j] for j in idx], fc.ALLOW_UNUSED)
+    for j, tg, fg in zip(idx, tgrads, fgrads):
+        want = tg if tg is not None else torch.zeros_like(tleaves[j])
+        if fg is None:
+            got = torch.zeros(tuple(tleaves[j].shape), dtype=tleaves[j].dtype)
+        else:
+            got = to_torch(fl, fg)
+        e = compare(got, want, dt, r.tol * 2, f"gradient of input {j}")
+        if e:
+            errors.append(e)
+    return errors
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def skip(reason, require):
+    print(f"SKIPPED: {reason}")
+    if require:
+        print("FLAME_REQUIRE_GPU=1: a skipped parity run is a failure")
+        return 1
+    return 0
+
+
+def main(argv=None):
+    global torch, F
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-k", dest="filter", default="", help="run rows whose name contains this")
+    ap.add_argument("-v", dest="verbose", action="store_true", help="print every case")
+    ap.add_argument("--seed", type=int, default=None, help="seed of the random inputs (default: fresh)")
+    ap.add_argument("--list", action="store_true", help="list the rows and exit")
+    args = ap.parse_args(argv)
+    require = os.environ.get("FLAME_REQUIRE_GPU") == "1"
+
+    try:
+        import torch as _torch
+        import torch.nn.functional as _F
+    except ImportError as e:
+        return skip(f"PyTorch is not installed ({e})", require)
+    torch, F = _torch, _F
+    if args.list:
+        for r in build_rows():
+            print(r.name, ",".join(r.dtypes), f"{len(r.cases)} case(s)", "" if r.grad else "(forward only)")
+        return 0
+    if not torch.cuda.is_available():
+        return skip("no CUDA GPU visible to PyTorch", require)
+
+    try:
+        fl = fc.Flame()
+    except OSError as e:
+        print(f"cannot load libflame from {fc.default_library_path()}: {e} (set FLAME_LIBRARY)")
+        print("0 passed, 1 failed")
+        return 1
+    try:
+        ctx = fl.ctx_create(seed=1)
+    except fc.FlameError as e:
+        if e.status in (fc.FLAME_ERROR_NO_DRIVER, fc.FLAME_ERROR_NO_DEVICE):
+            return skip(f"FLAME sees no GPU: {e}", require)
+        print(f"flame_ctx_create failed: {e}")
+        print("0 passed, 1 failed")
+        return 1
+    if fl.missing:
+        print(f"note: libflame lacks {len(fl.missing)} declared symbol(s): {' '.join(fl.missing)}")
+
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    print(f"FLAME parity vs PyTorch {torch.__version__} on {torch.cuda.get_device_name(0)}; seed {seed} "
+          f"(rerun with --seed {seed}); library {fl.path}")
+    passed = failed = 0
+    failures = []
+    for r in build_rows():
+        if args.filter not in r.name:
+            continue
+        for dt in r.dtypes:
+            for ci, case in enumerate(r.cases):
+                label = f"{r.name}[{dt}] case {ci} " + " ".join(
+                    f"{list(s.shape)}{'nc' if s.nc else ''}" for s in case)
+                gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{r.name}/{dt}/{ci}".encode()))
+                try:
+                    errs = run_case(fl, ctx, r, dt, case, gen)
+                except fc.FlameError as e:
+                    errs = [f"FLAME error: {e}"]
+                except Exception as e:  # a bug in a row or in torch usage
+                    errs = [f"exception: {e!r}\n{traceback.format_exc(limit=3)}"]
+                if errs:
+                    failed += 1
+                    failures.append((label, errs))
+                    print(f"FAIL {label}")
+                    for e in errs:
+                        print("   " + e.replace("\n", "\n   "))
+                else:
+                    passed += 1
+                    if args.verbose:
+                        print(f"ok   {label}")
+    fl.ctx_destroy(ctx)
+    if failures:
+        print(f"\nfailed cases ({len(failures)}):")
+        for label, _ in failures:
+            print("  " + label)
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 and passed > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
