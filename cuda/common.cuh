@@ -104,6 +104,13 @@ __device__ __forceinline__ int m_pow(int x, int y) { return ipow(x, y); }
 __device__ __forceinline__ long long m_pow(long long x, long long y) { return ipow(x, y); }
 __device__ __forceinline__ unsigned char m_pow(unsigned char x, unsigned char y) { return static_cast<unsigned char>(ipow<int>(x, y)); }
 
+// A functor's double scalar as T: through i64 for integer types, so that negative scalars wrap
+// (u8 - 3) instead of converting a negative double to an unsigned type.
+template <class T> __device__ __forceinline__ T sc(double v) {
+  if constexpr (static_cast<T>(0.5) == static_cast<T>(0)) return static_cast<T>(static_cast<long long>(v));
+  else return static_cast<T>(v);
+}
+
 template <class T> __device__ __forceinline__ bool is_nan(T x) { return x != x; }
 
 // Block-wide combine through shared memory (blockDim.x a multiple of 32, at most 1024).

@@ -69,13 +69,15 @@ FLAME_API flame_status_t flame_tensor_set_requires_grad(flame_tensor_t t, int32_
 }
 
 FLAME_API flame_status_t flame_tensor_requires_grad(flame_tensor_t t, int32_t* out) {
-  return api_call("flame_tensor_requires_grad", [&] { *out_param(out, "requires_grad") = requires_grad(*unwrap(t, "t")); });
+  return api_call("flame_tensor_requires_grad", [&] { auto* out_ = out_param(out, "requires_grad");
+    *out_ = requires_grad(*unwrap(t, "t")); });
 }
 
 FLAME_API flame_status_t flame_tensor_is_leaf(flame_tensor_t t, int32_t* out) {
   return api_call("flame_tensor_is_leaf", [&] {
     const Tensor& x = unwrap(t, "t");
-    *out_param(out, "is_leaf") = !(x->autograd && x->autograd->grad_fn);
+    auto* out_ = out_param(out, "is_leaf");
+    *out_ = !(x->autograd && x->autograd->grad_fn);
   });
 }
 

@@ -116,7 +116,8 @@ FLAME_API flame_status_t flame_ctx_compute_capability(flame_ctx_t ctx, int32_t* 
 FLAME_API flame_status_t flame_ctx_stream(flame_ctx_t ctx, void** stream) {
   return api_call("flame_ctx_stream", [&] {
     Context& c = context_of(ctx);
-    *out_param(stream, "stream") = c.stream;
+    auto* out_ = out_param(stream, "stream");
+    *out_ = c.stream;
   });
 }
 
@@ -205,7 +206,8 @@ FLAME_API flame_status_t flame_ctx_set_grad_enabled(flame_ctx_t ctx, int32_t ena
 FLAME_API flame_status_t flame_ctx_is_grad_enabled(flame_ctx_t ctx, int32_t* enabled) {
   return api_call("flame_ctx_is_grad_enabled", [&] {
     Context& c = context_of(ctx);
-    *out_param(enabled, "enabled") = c.grad_enabled ? 1 : 0;
+    auto* out_ = out_param(enabled, "enabled");
+    *out_ = c.grad_enabled ? 1 : 0;
   });
 }
 

@@ -13,7 +13,8 @@ flame_status_t op1(const char* fn, flame_tensor_t t, flame_tensor_t* out, F&& f)
     out_param(out, "out");
     const Tensor& x = unwrap(t, "t");
     TensorScope s(x);
-    *out = wrap(f(x));
+    Tensor r = f(x);
+    *out = same_or_wrap(t, r);
   });
 }
 
@@ -64,9 +65,6 @@ FLAME_SCALAR_OPS(FLAME_SCALAR_ENTRY)
 FLAME_BINARY_OPS(FLAME_BINARY_ENTRY)
 #undef FLAME_BINARY_ENTRY
 
-FLAME_API flame_status_t flame_sub_scalar(flame_tensor_t t, double s, flame_tensor_t* out) {
-  return op1("flame_sub_scalar", t, out, [&](const Tensor& x) { return ops::unary(OpId::AddScalar, x, -s); });
-}
 FLAME_API flame_status_t flame_div_scalar(flame_tensor_t t, double s, flame_tensor_t* out) {
   return op1("flame_div_scalar", t, out, [&](const Tensor& x) {
     Tensor f = is_floating(x->dtype) ? x : ops::to_dtype(x, FLAME_DTYPE_F32);  // true division

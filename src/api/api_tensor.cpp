@@ -46,7 +46,8 @@ flame_status_t unary_call(const char* fn, flame_tensor_t t, flame_tensor_t* out,
     out_param(out, "out");
     const Tensor& x = unwrap(t, "t");
     TensorScope s(x);
-    *out = wrap(f(x));
+    Tensor r = f(x);
+    *out = same_or_wrap(t, r);
   });
 }
 
@@ -75,7 +76,8 @@ FLAME_API flame_status_t flame_tensor_retain(flame_tensor_t t) {
 FLAME_API void flame_tensor_release(flame_tensor_t t) { release_handle(t); }
 
 FLAME_API flame_status_t flame_tensor_context(flame_tensor_t t, flame_ctx_t* ctx) {
-  return api_call("flame_tensor_context", [&] { *out_param(ctx, "ctx") = &unwrap(t, "t")->ctx().handle; });
+  return api_call("flame_tensor_context", [&] { auto* out_ = out_param(ctx, "ctx");
+    *out_ = &unwrap(t, "t")->ctx().handle; });
 }
 FLAME_API flame_status_t flame_tensor_dtype(flame_tensor_t t, flame_dtype_t* dtype) {
   return api_call("flame_tensor_dtype", [&] {
@@ -84,7 +86,8 @@ FLAME_API flame_status_t flame_tensor_dtype(flame_tensor_t t, flame_dtype_t* dty
   });
 }
 FLAME_API flame_status_t flame_tensor_ndim(flame_tensor_t t, int32_t* ndim) {
-  return api_call("flame_tensor_ndim", [&] { *out_param(ndim, "ndim") = unwrap(t, "t")->ndim(); });
+  return api_call("flame_tensor_ndim", [&] { auto* out_ = out_param(ndim, "ndim");
+    *out_ = unwrap(t, "t")->ndim(); });
 }
 FLAME_API flame_status_t flame_tensor_shape(flame_tensor_t t, int64_t* dims, int32_t capacity) {
   return api_call("flame_tensor_shape", [&] {
@@ -103,14 +106,17 @@ FLAME_API flame_status_t flame_tensor_strides(flame_tensor_t t, int64_t* strides
   });
 }
 FLAME_API flame_status_t flame_tensor_numel(flame_tensor_t t, int64_t* numel) {
-  return api_call("flame_tensor_numel", [&] { *out_param(numel, "numel") = unwrap(t, "t")->numel(); });
+  return api_call("flame_tensor_numel", [&] { auto* out_ = out_param(numel, "numel");
+    *out_ = unwrap(t, "t")->numel(); });
 }
 FLAME_API flame_status_t flame_tensor_is_contiguous(flame_tensor_t t, int32_t* contiguous) {
-  return api_call("flame_tensor_is_contiguous", [&] { *out_param(contiguous, "contiguous") = unwrap(t, "t")->contiguous(); });
+  return api_call("flame_tensor_is_contiguous", [&] { auto* out_ = out_param(contiguous, "contiguous");
+    *out_ = unwrap(t, "t")->contiguous(); });
 }
 FLAME_API flame_status_t flame_tensor_data_ptr(flame_tensor_t t, void** ptr) {
   return api_call("flame_tensor_data_ptr", [&] {
-    *out_param(ptr, "ptr") = reinterpret_cast<void*>(static_cast<uintptr_t>(unwrap(t, "t")->data()));
+    auto* out_ = out_param(ptr, "ptr");
+    *out_ = reinterpret_cast<void*>(static_cast<uintptr_t>(unwrap(t, "t")->data()));
   });
 }
 

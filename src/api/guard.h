@@ -38,6 +38,15 @@ P* out_param(P* p, const char* name) {
 }
 
 Context& context_of(flame_ctx_t ctx);  // validates the handle
+// The result handle of an op: the input handle itself (one more reference) when the op returned
+// its input unchanged (contiguous of a contiguous tensor, to_dtype to the same dtype), else new.
+inline flame_tensor_t same_or_wrap(flame_tensor_t in, const Tensor& r) {
+  if (r == in->t) {
+    in->refs.fetch_add(1);
+    return in;
+  }
+  return wrap(r);
+}
 // Locks a tensor's context for the call and checks it has not failed.
 class TensorScope {
  public:

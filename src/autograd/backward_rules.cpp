@@ -59,6 +59,7 @@ RULE(Sign) { return {zeros_like(g)}; }
 RULE(Reciprocal) { return {mul(g, neg(square(saved(n, 0))))}; }
 RULE(Square) { return {mul(g, mul_scalar(saved(n, 0), 2))}; }
 RULE(AddScalar) { return {g}; }
+RULE(SubScalar) { return {g}; }
 RULE(MulScalar) { return {mul_scalar(g, s0(n))}; }
 RULE(RsubScalar) { return {neg(g)}; }
 RULE(PowScalar) {
@@ -144,7 +145,7 @@ RULE(Cat) {
   }
   return out;
 }
-RULE(Sum) { return {expand(keep(n, g), n.inputs[0].shape)}; }
+RULE(Sum) { return {to_dtype(expand(keep(n, g), n.inputs[0].shape), n.inputs[0].dtype)}; }
 RULE(Prod) {  // handles zeros: with one zero in a group its gradient is the product of the rest
   Tensor x = saved(n, 0), out = keep(n, saved(n, 1)), gk = keep(n, g);
   std::vector<int> rd = rdims(n);
@@ -152,7 +153,8 @@ RULE(Prod) {  // handles zeros: with one zero in a group its gradient is the pro
   Tensor nz_prod = prod(where(is_zero, like_scalar(x, 1), x), rd, true);
   Tensor zeros_in_group = sum(mask_as(is_zero, x), rd, true);
   Tensor at_zero = where(cmp(OpId::Eq, zeros_in_group, 1), nz_prod, like_scalar(x, 0));
-  return {mul(gk, where(is_zero, at_zero, div(out, x)))};
+  Tensor safe_x = where(is_zero, like_scalar(x, 1), x);  // no 0/0, whose NaN would leak into double backward
+  return {mul(gk, where(is_zero, at_zero, div(out, safe_x)))};
 }
 Grads amax_amin(Node& n, const Tensor& g) {  // the gradient is split evenly between ties (torch.amax)
   Tensor x = saved(n, 0), out = keep(n, saved(n, 1));
@@ -171,7 +173,7 @@ constexpr std::array<Rule, kNumOps> make_rules() {
 #define DIFF(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;
   DIFF(Neg) DIFF(Abs) DIFF(Exp) DIFF(Log) DIFF(Log1p) DIFF(Expm1) DIFF(Sqrt) DIFF(Rsqrt) DIFF(Sin) DIFF(Cos)
   DIFF(Tanh) DIFF(Sigmoid) DIFF(Relu) DIFF(Silu) DIFF(Floor) DIFF(Ceil) DIFF(Round) DIFF(Sign) DIFF(Reciprocal)
-  DIFF(Square) DIFF(AddScalar) DIFF(MulScalar) DIFF(RsubScalar) DIFF(PowScalar) DIFF(LeakyRelu) DIFF(Elu)
+  DIFF(Square) DIFF(AddScalar) DIFF(SubScalar) DIFF(MulScalar) DIFF(RsubScalar) DIFF(PowScalar) DIFF(LeakyRelu) DIFF(Elu)
   DIFF(Gelu) DIFF(GeluDeriv) DIFF(GeluTanh) DIFF(Softplus) DIFF(Clamp) DIFF(Add) DIFF(Sub) DIFF(Mul) DIFF(Div)
   DIFF(Pow) DIFF(Maximum) DIFF(Minimum) DIFF(Where) DIFF(Cast) DIFF(Copy) DIFF(Reshape) DIFF(Permute)
   DIFF(Expand) DIFF(ViewSlice) DIFF(ViewScatter) DIFF(Cat) DIFF(Sum) DIFF(Prod) DIFF(Amax) DIFF(Amin) DIFF(CumSum)

@@ -49,6 +49,7 @@ Tensor ops::linspace(Context& ctx, double start, double end, int64_t steps, DTyp
   FLAME_CHECK(steps >= 0, FLAME_ERROR_INVALID_ARGUMENT, "linspace: steps must be >= 0, got ", steps);
   Tensor t = make_tensor(ctx, {steps}, dtype);
   if (steps == 0) return t;
+  if (steps == 1) end = start;  // one value: start, as PyTorch
   double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0;
   CUdeviceptr p = t->data();
   void* args[] = {&p, &steps, &start, &end, &step};

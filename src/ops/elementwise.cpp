@@ -88,7 +88,7 @@ Tensor ops::unary(OpId op, const Tensor& x0, double s0, double s1) {
   DType cd = compute_dtype(op, in.kind, x0->dtype);
   // Scalar ops on integer tensors with a fractional scalar compute in f32, as PyTorch.
   if (in.kind == Kind::ARITH && is_integral(cd) && s0 != std::floor(s0) &&
-      (op == OpId::AddScalar || op == OpId::MulScalar || op == OpId::RsubScalar || op == OpId::PowScalar))
+      (op == OpId::AddScalar || op == OpId::SubScalar || op == OpId::MulScalar || op == OpId::RsubScalar || op == OpId::PowScalar))
     cd = FLAME_DTYPE_F32;
   if (op == OpId::PowScalar && is_integral(cd) && s0 < 0) cd = FLAME_DTYPE_F32;
   Context& ctx = x0->ctx();

@@ -42,6 +42,7 @@
 // flame_<c_name>(t, double s, out): the scalar is ScalarArgs.s0
 #define FLAME_SCALAR_OPS(X)          \
   X(AddScalar, add_scalar, ARITH)    \
+  X(SubScalar, sub_scalar, ARITH)    \
   X(MulScalar, mul_scalar, ARITH)    \
   X(RsubScalar, rsub_scalar, ARITH)  \
   X(PowScalar, pow_scalar, ARITH)    \

@@ -78,6 +78,8 @@ Tensor triangle(const Tensor& t, int64_t diagonal, bool upper);
 
 // ---- reductions (dims empty = all) ----
 Tensor sum(const Tensor& t, const std::vector<int>& dims, bool keepdim);
+// Sum with the result in out_dtype (f32 sums of f16/bf16 inputs without an f32 copy of the input).
+Tensor sum_as(const Tensor& t, const std::vector<int>& dims, bool keepdim, DType out_dtype);
 Tensor mean(const Tensor& t, const std::vector<int>& dims, bool keepdim);
 Tensor prod(const Tensor& t, const std::vector<int>& dims, bool keepdim);
 Tensor amax(const Tensor& t, const std::vector<int>& dims, bool keepdim);

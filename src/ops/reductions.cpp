@@ -40,9 +40,9 @@ static Tensor finish(const Tensor& kept, const Tensor& x, const std::vector<int>
   return make_view(kept, s, contiguous_strides(s), kept->offset);  // kept is contiguous
 }
 
-static Tensor reduce_op(OpId op, ReduceKind kind, const Tensor& x, const std::vector<int>& dims, bool keepdim) {
+static Tensor reduce_op(OpId op, ReduceKind kind, const Tensor& x, const std::vector<int>& dims, bool keepdim,
+                        DType out_dtype) {
   std::vector<int> rd = ops::reduction_dims(x, dims);
-  DType out_dtype = (kind == ReduceKind::Sum || kind == ReduceKind::Prod) ? sum_result_dtype(x->dtype) : x->dtype;
   Tensor out = finish(launch_reduce(x, rd, kind, out_dtype), x, rd, keepdim);
   if (auto node = record(op, {x}, {out})) {
     node->ints.assign(rd.begin(), rd.end());
@@ -56,16 +56,19 @@ static Tensor reduce_op(OpId op, ReduceKind kind, const Tensor& x, const std::ve
 }
 
 Tensor ops::sum(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
-  return reduce_op(OpId::Sum, ReduceKind::Sum, x, dims, keepdim);
+  return reduce_op(OpId::Sum, ReduceKind::Sum, x, dims, keepdim, sum_result_dtype(x->dtype));
+}
+Tensor ops::sum_as(const Tensor& x, const std::vector<int>& dims, bool keepdim, DType out_dtype) {
+  return reduce_op(OpId::Sum, ReduceKind::Sum, x, dims, keepdim, out_dtype);
 }
 Tensor ops::prod(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
-  return reduce_op(OpId::Prod, ReduceKind::Prod, x, dims, keepdim);
+  return reduce_op(OpId::Prod, ReduceKind::Prod, x, dims, keepdim, sum_result_dtype(x->dtype));
 }
 Tensor ops::amax(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
-  return reduce_op(OpId::Amax, ReduceKind::Max, x, dims, keepdim);
+  return reduce_op(OpId::Amax, ReduceKind::Max, x, dims, keepdim, x->dtype);
 }
 Tensor ops::amin(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
-  return reduce_op(OpId::Amin, ReduceKind::Min, x, dims, keepdim);
+  return reduce_op(OpId::Amin, ReduceKind::Min, x, dims, keepdim, x->dtype);
 }
 
 static int64_t count(const Tensor& x, const std::vector<int>& rd) {
@@ -75,15 +78,20 @@ static int64_t count(const Tensor& x, const std::vector<int>& rd) {
 }
 
 static Tensor as_float(const Tensor& x) { return is_floating(x->dtype) ? x : ops::to_dtype(x, FLAME_DTYPE_F32); }
+// f16/bf16 statistics are computed in f32 (a sum of squares overflows f16) and rounded once at the end.
+static DType wide(DType d) { return (d == FLAME_DTYPE_F16 || d == FLAME_DTYPE_BF16) ? FLAME_DTYPE_F32 : d; }
 
 Tensor ops::mean(const Tensor& x0, const std::vector<int>& dims, bool keepdim) {
   Tensor x = as_float(x0);
   int64_t n = count(x, reduction_dims(x, dims));
-  return mul_scalar(sum(x, dims, keepdim), n ? 1.0 / static_cast<double>(n) : std::nan(""));
+  Tensor s = sum_as(x, dims, keepdim, wide(x->dtype));  // accumulate and scale in f32, round once
+  return to_dtype(mul_scalar(s, n ? 1.0 / static_cast<double>(n) : std::nan("")), x->dtype);
 }
 
 Tensor ops::var(const Tensor& x0, const std::vector<int>& dims, double correction, bool keepdim) {
-  Tensor x = as_float(x0);
+  Tensor xf = as_float(x0);
+  if (wide(xf->dtype) != xf->dtype) return to_dtype(var(to_dtype(xf, FLAME_DTYPE_F32), dims, correction, keepdim), xf->dtype);
+  Tensor x = xf;
   int64_t n = count(x, reduction_dims(x, dims));
   Tensor centred = sub(x, mean(x, dims, true));
   double denom = static_cast<double>(n) - correction;
@@ -96,6 +104,7 @@ Tensor ops::std(const Tensor& x, const std::vector<int>& dims, double correction
 
 Tensor ops::norm(const Tensor& x0, double p, const std::vector<int>& dims, bool keepdim) {
   Tensor x = as_float(x0);
+  if (p == 2 && wide(x->dtype) != x->dtype) return to_dtype(norm(to_dtype(x, FLAME_DTYPE_F32), p, dims, keepdim), x->dtype);
   if (p == 2) return sqrt(sum(square(x), dims, keepdim));
   if (p == 1) return sum(abs(x), dims, keepdim);
   if (std::isinf(p) && p > 0) return amax(abs(x), dims, keepdim);
@@ -104,6 +113,7 @@ Tensor ops::norm(const Tensor& x0, double p, const std::vector<int>& dims, bool 
 
 Tensor ops::logsumexp(const Tensor& x0, const std::vector<int>& dims, bool keepdim) {
   Tensor x = as_float(x0);
+  if (wide(x->dtype) != x->dtype) return to_dtype(logsumexp(to_dtype(x, FLAME_DTYPE_F32), dims, keepdim), x->dtype);
   // Shift by the (detached) max for stability; the gradient does not depend on the shift.
   Tensor m = alias(amax(x, dims, true));
   Tensor finite = where(unary(OpId::IsInf, m), zeros(x->ctx(), {}, x->dtype), m);  // all -inf rows stay -inf

@@ -57,7 +57,7 @@ std::vector<Tensor> ops::split_sizes(const Tensor& t, const std::vector<int64_t>
     FLAME_CHECK(s >= 0, FLAME_ERROR_INVALID_ARGUMENT, "split: negative size ", s);
     total += s;
   }
-  FLAME_CHECK(total == t->shape[d], FLAME_ERROR_SHAPE_MISMATCH, "split: sizes sum to ", total, " but dim ", dim,
+  FLAME_CHECK(total == t->shape[d], FLAME_ERROR_INVALID_ARGUMENT, "split: sizes sum to ", total, " but dim ", dim,
               " has size ", t->shape[d]);
   std::vector<Tensor> out;
   int64_t off = 0;
