@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Builds FLAME in Release and runs the whole test suite on a GPU machine, where a missing GPU is a
+# failure (FLAME_REQUIRE_GPU=1), not a skip.
+#
+#   scripts/test-gpu.sh                 # build dir: build-gpu/
+#   BUILD_DIR=build-x scripts/test-gpu.sh
+#   OUT=/some/dir scripts/test-gpu.sh   # logs go to $OUT/ (default: the build dir)
+#
+# Steps: configure (Release) + build with all cores; ctest with a fresh, empty kernel cache
+# (FLAME_KERNEL_CACHE_DIR under the build dir: every kernel compiled by NVRTC); ctest again on the
+# now warm cache (the cache-hit path) unless FLAME_SKIP_WARM_RUN=1; then the PyTorch parity suite
+# (tests/parity/run_parity.py) when it exists. Exits non-zero if any step fails; prints a summary.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$(pwd)
+BUILD_DIR=${BUILD_DIR:-build-gpu}
+[[ $BUILD_DIR = /* ]] || BUILD_DIR=$ROOT/$BUILD_DIR
+LOG_DIR=${OUT:-$BUILD_DIR}
+mkdir -p "$LOG_DIR" "$BUILD_DIR"
+JOBS=$(nproc 2>/dev/null || echo 4)
+export PATH="$PATH:/usr/local/cuda/bin"
+
+failures=()
+summary=()
+T0=$SECONDS
+
+# run NAME LOGFILE CMD...: runs CMD, tees its output into LOGFILE, records the result.
+run() {
+  local name=$1 log=$2
+  shift 2
+  local t=$SECONDS
+  echo
+  echo "=== $name  (log: $log)"
+  "$@" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  local line="$name: $( ((rc == 0)) && echo ok || echo "FAILED (exit $rc)") in $((SECONDS - t))s"
+  summary+=("$line")
+  ((rc == 0)) || failures+=("$name")
+  return $rc
+}
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "host: $(uname -a)"
+  echo "git: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (dirty)')"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  command -v nvcc >/dev/null && nvcc --version | tail -2
+} 2>&1 | tee "$LOG_DIR/environment.txt"
+
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+if ! run "configure" "$LOG_DIR/configure.log" cmake -S "$ROOT" -B "$BUILD_DIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release; then
+  echo "configure failed" >&2
+  exit 1
+fi
+if ! run "build" "$LOG_DIR/build.log" cmake --build "$BUILD_DIR" -j "$JOBS"; then
+  echo "build failed" >&2
+  exit 1
+fi
+
+export FLAME_REQUIRE_GPU=1
+export FLAME_KERNEL_CACHE_DIR=$BUILD_DIR/kernel-cache
+rm -rf "$FLAME_KERNEL_CACHE_DIR"
+mkdir -p "$FLAME_KERNEL_CACHE_DIR"
+
+# Tests run one at a time on the GPU (timings and memory statistics are per process anyway);
+# set CTEST_PARALLEL_LEVEL to override.
+run "ctest (cold kernel cache)" "$LOG_DIR/ctest-cold.log" \
+  ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error ${CTEST_ARGS:-}
+entries=$(find "$FLAME_KERNEL_CACHE_DIR" -type f | wc -l)
+summary+=("kernel cache after the cold run: $entries files in $FLAME_KERNEL_CACHE_DIR")
+
+if [[ ${FLAME_SKIP_WARM_RUN:-0} != 1 ]]; then
+  run "ctest (warm kernel cache)" "$LOG_DIR/ctest-warm.log" \
+    ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error ${CTEST_ARGS:-}
+  entries_after=$(find "$FLAME_KERNEL_CACHE_DIR" -type f | wc -l)
+  summary+=("kernel cache after the warm run: $entries_after files")
+fi
+
+if [[ -f $ROOT/tests/parity/run_parity.py ]]; then
+  export FLAME_LIBRARY=$BUILD_DIR/libflame.so FLAME_BUILD_DIR=$BUILD_DIR
+  run "PyTorch parity (tests/parity/run_parity.py)" "$LOG_DIR/parity.log" \
+    python3 "$ROOT/tests/parity/run_parity.py"
+else
+  summary+=("PyTorch parity: tests/parity/run_parity.py not present, skipped")
+fi
+
+# Quote-able summary: the ctest result lines and timings.
+{
+  echo
+  echo "=== summary ($((SECONDS - T0))s, logs in $LOG_DIR)"
+  for s in "${summary[@]}"; do echo "  $s"; done
+  for f in "$LOG_DIR"/ctest-cold.log "$LOG_DIR"/ctest-warm.log; do
+    [[ -f $f ]] || continue
+    echo "  $(basename "$f"): $(grep -E '^[0-9]+% tests passed' "$f" || echo 'no ctest summary line')"
+    grep -E 'Total Test time' "$f" | sed 's/^/    /'
+    grep -E '\(Failed\)|\(SEGFAULT\)|\(Subprocess aborted\)|\(Timeout\)|Not Run' "$f" | sed 's/^/    /'
+  done
+  if ((${#failures[@]})); then
+    echo "  FAILED: ${failures[*]}"
+  else
+    echo "  all steps passed"
+  fi
+} | tee "$LOG_DIR/summary.txt"
+
+((${#failures[@]} == 0))
