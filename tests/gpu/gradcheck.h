@@ -721,7 +721,8 @@ inline void check_second_order(flame_ctx_t ctx, const Row& row, const Case& c, s
   Tensors outs_raw, us_raw;
   for (size_t k = 0; k < outs.size(); ++k) {
     us.push_back(random_weights(y[k].shape, rng));
-    FLAME_ASSERT_OK(upload(ctx, us[k], dt, ut[k].out()));
+    FLAME_ASSERT_OK(upload(ctx, us[k], dtype_of(outs[k]), ut[k].out()));  // e.g. to_dtype gives f32
+    FLAME_ASSERT_OK(download(ut[k], &us[k]));
     FLAME_ASSERT_OK(flame_tensor_set_requires_grad(ut[k], 1));
     outs_raw.push_back(outs[k]);
     us_raw.push_back(ut[k]);

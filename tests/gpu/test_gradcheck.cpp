@@ -36,6 +36,24 @@ RefFn one_ref(std::function<HT(const std::vector<HT>&)> f) {
 const int32_t* dptr(const Dims& d) { return d.empty() ? nullptr : d.data(); }
 std::vector<int> idims(const Dims& d) { return std::vector<int>(d.begin(), d.end()); }
 
+// Makes every input's magnitudes pairwise distinct (gaps of at least ~0.9/numel), with random
+// signs: max/min/norm_inf then have no near-ties that finite differences would straddle.
+void spread(std::vector<HT>& xs) {
+  for (HT& x : xs) {
+    size_t n = x.v.size();
+    if (n < 2) continue;
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return std::fabs(x.v[a]) < std::fabs(x.v[b]); });
+    const double step = 1.8 / static_cast<double>(n);
+    for (size_t k = 0; k < n; ++k) {
+      double frac = std::fabs(x.v[order[k]]) * 0.25 / 2.0;  // in [0, 0.25): keeps the draw's randomness
+      double mag = 0.2 + (static_cast<double>(k) + 0.25 + frac) * step;
+      x.v[order[k]] = x.v[order[k]] < 0 ? -mag : mag;
+    }
+  }
+}
+
 struct Table {
   std::vector<Row> rows;
 
@@ -75,7 +93,7 @@ struct Table {
   void reduction(const std::string& name, std::vector<std::string> covers,
                  std::function<flame_status_t(flame_tensor_t, const int32_t*, int32_t, int32_t, flame_tensor_t*)> fn,
                  std::function<double(const std::vector<double>&)> r, Domain d, bool low_precision = false,
-                 double tol_scale = 1.0) {
+                 double tol_scale = 1.0, bool distinct = false) {
     struct V { const char* suffix; In input; Dims dims; int keep; };
     std::vector<V> vs = {{"_dim1", in({3, 4}, d), {1}, 0},
                          {"_alldims", nc({3, 4}, d), {}, 0},
@@ -84,7 +102,7 @@ struct Table {
     for (auto& v : vs) {
       Dims dims = v.dims;
       int keep = v.keep;
-      Row& row = add(name + v.suffix, covers, {{{v.input}}},
+      Row& row = add(name + v.suffix, covers, {Case({v.input}, distinct ? spread : nullptr)},
                      one([fn, dims, keep](const Tensors& x, flame_dtype_t, flame_tensor_t* o) {
                        return fn(x[0], dptr(dims), static_cast<int32_t>(dims.size()), keep, o);
                      }),
@@ -127,7 +145,7 @@ Table build_table() {
                    [f, s](double x) { return f(x, s); }, d);
   };
   scalar("add_scalar", "add_scalar", flame_add_scalar, 1.5, [](double x, double s) { return x + s; }, uni());
-  scalar("sub_scalar", "add_scalar", flame_sub_scalar, 0.75, [](double x, double s) { return x - s; }, uni());
+  scalar("sub_scalar", "sub_scalar", flame_sub_scalar, 0.75, [](double x, double s) { return x - s; }, uni());
   scalar("mul_scalar", "mul_scalar", flame_mul_scalar, -2.5, [](double x, double s) { return x * s; }, uni());
   scalar("div_scalar", "mul_scalar", flame_div_scalar, 4.0, [](double x, double s) { return x / s; }, uni());
   scalar("rsub_scalar", "rsub_scalar", flame_rsub_scalar, 3.0, [](double x, double s) { return s - x; }, uni());
@@ -343,8 +361,8 @@ Table build_table() {
   t.reduction("sum", {"sum"}, flame_sum, r_sum, uni(), true);
   t.reduction("mean", {"sum"}, flame_mean, r_mean, uni(), true);
   t.reduction("prod", {"prod"}, flame_prod, r_prod, away0(-1.6, 1.6, 0.4));
-  t.reduction("max", {"max"}, flame_max, r_max, uni());
-  t.reduction("min", {"min"}, flame_min, r_min, uni());
+  t.reduction("max", {"max"}, flame_max, r_max, uni(), false, 1.0, true);
+  t.reduction("min", {"min"}, flame_min, r_min, uni(), false, 1.0, true);
   t.reduction("logsumexp", {"max", "sum"}, flame_logsumexp, r_logsumexp, uni(), true);
   for (double corr : {1.0, 0.0}) {
     std::string sfx = corr == 1.0 ? "" : "_pop";
@@ -366,7 +384,7 @@ Table build_table() {
                 [p](flame_tensor_t x, const int32_t* d, int32_t n, int32_t k, flame_tensor_t* o) {
                   return flame_norm(x, p, d, n, k, o);
                 },
-                [p](const std::vector<double>& e) { return r_norm(e, p); }, np.d);
+                [p](const std::vector<double>& e) { return r_norm(e, p); }, np.d, false, 1.0, std::isinf(p));
   }
   // prod with exact zeros (one zero in a row, two in another): the gradient is still defined.
   {
@@ -383,7 +401,7 @@ Table build_table() {
           one_ref([](const std::vector<HT>& x) { return gc::reduce(x[0], {1}, false, r_prod); }));
   }
   auto all_row = [&t](std::string name, std::string covers, UnaryC fn, std::function<double(const std::vector<double>&)> r) {
-    t.add(std::move(name), {std::move(covers)}, {{{in({3, 4})}}, {{nc({3, 4})}}, {{in({})}}},
+    t.add(std::move(name), {std::move(covers)}, {Case({in({3, 4})}, spread), Case({nc({3, 4})}, spread), Case({in({})})},
           one([fn](const Tensors& x, flame_dtype_t, flame_tensor_t* o) { return fn(x[0], o); }),
           one_ref([r](const std::vector<HT>& x) { return gc::reduce(x[0], {}, false, r); }));
   };
