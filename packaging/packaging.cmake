@@ -50,10 +50,11 @@ set(FLAME_RPM_SUGGESTS "libcudnn9-cuda-${_M}, libnccl" CACHE STRING "RPM Suggest
 
 set(FLAME_PKG_SUMMARY "GPU tensor library with automatic differentiation (C ABI)")
 set(FLAME_PKG_DESCRIPTION
-    "FLAME is a GPU-only tensor library with reverse-mode automatic differentiation.
-It offers strided tensors, broadcasting elementwise math, reductions and autograd
-behind one stable C ABI (flame.h). Kernels are compiled at run time with NVRTC;
-matrix products use cuBLASLt. An NVIDIA driver is needed at run time.")
+    "FLAME is a GPU-only tensor library with reverse-mode automatic
+differentiation. It offers strided tensors, broadcasting elementwise math,
+reductions and autograd behind one stable C ABI (flame.h). Kernels are
+compiled at run time with NVRTC; matrix products use cuBLASLt. An NVIDIA
+driver is needed at run time.")
 
 set(FLAME_RUNTIME_PACKAGE libflame${FLAME_ABI_VERSION})
 set(FLAME_PKG_FULL_VERSION ${PROJECT_VERSION}-${FLAME_PACKAGE_RELEASE})
@@ -80,7 +81,6 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/packaging/FlameConfig.cmake
               ${CMAKE_CURRENT_BINARY_DIR}/packaging/FlameConfigVersion.cmake
         DESTINATION ${FLAME_CMAKE_DIR} COMPONENT dev)
 
-set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "${FLAME_PKG_SUMMARY}")
 configure_file(${FLAME_PKG_SOURCE_DIR}/packaging/flame.pc.in ${CMAKE_CURRENT_BINARY_DIR}/packaging/flame.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/packaging/flame.pc
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT dev)
@@ -129,6 +129,8 @@ set(CPACK_PACKAGE_VENDOR "The FLAME authors")
 set(CPACK_PACKAGE_CONTACT "${FLAME_MAINTAINER}")
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGE_DESCRIPTION "${FLAME_PKG_DESCRIPTION}")
+# CPACK_PACKAGE_DESCRIPTION_SUMMARY stays unset on purpose: CPackDeb would prepend it to every
+# component's description, giving both .debs the same synopsis. Each package has its own below.
 set(CPACK_PACKAGE_HOMEPAGE_URL "${FLAME_HOMEPAGE}")
 set(CPACK_RESOURCE_FILE_LICENSE ${FLAME_PKG_SOURCE_DIR}/LICENSE)
 set(CPACK_RESOURCE_FILE_README ${FLAME_PKG_SOURCE_DIR}/README.md)
@@ -164,7 +166,7 @@ set(CPACK_DEBIAN_PACKAGE_RELEASE ${FLAME_PACKAGE_RELEASE})
 set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${FLAME_MAINTAINER}")
 set(CPACK_DEBIAN_PACKAGE_HOMEPAGE "${FLAME_HOMEPAGE}")
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
-# First line: the synopsis; the rest: the extended description.
+# First line: the synopsis (each package its own); the rest: the extended description.
 set(CPACK_DEBIAN_RUNTIME_DESCRIPTION "${FLAME_PKG_SUMMARY}\n${CPACK_COMPONENT_RUNTIME_DESCRIPTION}")
 set(CPACK_DEBIAN_DEV_DESCRIPTION "${FLAME_PKG_SUMMARY} - development files\n${CPACK_COMPONENT_DEV_DESCRIPTION}")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME ${FLAME_RUNTIME_PACKAGE})
@@ -175,10 +177,16 @@ set(CPACK_DEBIAN_DEV_PACKAGE_NAME libflame-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "${FLAME_RUNTIME_PACKAGE} (= ${FLAME_PKG_FULL_VERSION})")
 set(CPACK_DEBIAN_DEV_PACKAGE_ARCHITECTURE_IS_HOST ON)
-# shlibs control file ("libflame 1 libflame1 (>= 0.1.0)") and the ldconfig trigger.
+# shlibs control file ("libflame 1 libflame1 (>= 0.1.0)").
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS OFF)  # the CUDA libraries are not dpkg-managed on build hosts
+# ldconfig through a trigger, not through maintainer scripts (lintian: lacks-ldconfig-trigger).
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA
+  ${FLAME_PKG_SOURCE_DIR}/packaging/debian/triggers
+  ${FLAME_PKG_SOURCE_DIR}/packaging/debian/postinst
+  ${FLAME_PKG_SOURCE_DIR}/packaging/debian/postrm)
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 
 # ---- RPM ----
 set(CPACK_RPM_FILE_NAME RPM-DEFAULT)
