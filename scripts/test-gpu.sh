@@ -6,6 +6,11 @@
 #   BUILD_DIR=build-x scripts/test-gpu.sh
 #   OUT=/some/dir scripts/test-gpu.sh   # logs go to $OUT/ (default: the build dir)
 #
+# GoogleTest: the installed one (libgtest-dev) when present; otherwise a GoogleTest source tree
+# from $FLAME_GTEST_SOURCE, ./.gtest (git-ignored; e.g. a copy of Debian's /usr/src/googletest) or
+# /usr/src/googletest is built and installed under the build dir first. This serves GPU machines
+# that have CMake and the CUDA toolkit but no GoogleTest and no network.
+#
 # Steps: configure (Release) + build with all cores; ctest with a fresh, empty kernel cache
 # (FLAME_KERNEL_CACHE_DIR under the build dir: every kernel compiled by NVRTC); ctest again on the
 # now warm cache (the cache-hit path) unless FLAME_SKIP_WARM_RUN=1; then the PyTorch parity suite
@@ -50,7 +55,33 @@ run() {
 
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
-if ! run "configure" "$LOG_DIR/configure.log" cmake -S "$ROOT" -B "$BUILD_DIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release; then
+
+EXTRA=()
+have_gtest() {
+  compgen -G "/usr/lib/*/cmake/GTest/GTestConfig.cmake" >/dev/null || compgen -G "/usr/lib*/cmake/GTest/GTestConfig.cmake" >/dev/null ||
+    compgen -G "/usr/local/lib*/cmake/GTest/GTestConfig.cmake" >/dev/null || [[ -f /usr/include/gtest/gtest.h ]]
+}
+if ! have_gtest; then
+  gtest_src=""
+  for c in "${FLAME_GTEST_SOURCE:-}" "$ROOT/.gtest" /usr/src/googletest; do
+    if [[ -n $c && -f $c/CMakeLists.txt ]]; then gtest_src=$c; break; fi
+  done
+  if [[ -z $gtest_src ]]; then
+    echo "GoogleTest is not installed and no source tree was found (set FLAME_GTEST_SOURCE or copy /usr/src/googletest to .gtest/)" >&2
+    exit 1
+  fi
+  GTEST_PREFIX=$BUILD_DIR/gtest-prefix
+  if [[ ! -f $GTEST_PREFIX/.built ]]; then
+    run "GoogleTest from $gtest_src" "$LOG_DIR/gtest.log" bash -c "
+      cmake -S '$gtest_src' -B '$BUILD_DIR/gtest-build' ${GEN[*]} -DCMAKE_BUILD_TYPE=Release -DBUILD_GMOCK=OFF \
+            -DINSTALL_GTEST=ON -DCMAKE_INSTALL_PREFIX='$GTEST_PREFIX' -DCMAKE_POSITION_INDEPENDENT_CODE=ON &&
+      cmake --build '$BUILD_DIR/gtest-build' -j $JOBS && cmake --install '$BUILD_DIR/gtest-build' && touch '$GTEST_PREFIX/.built'" ||
+      exit 1
+  fi
+  EXTRA+=(-DCMAKE_PREFIX_PATH="$GTEST_PREFIX")
+fi
+
+if ! run "configure" "$LOG_DIR/configure.log" cmake -S "$ROOT" -B "$BUILD_DIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release "${EXTRA[@]}"; then
   echo "configure failed" >&2
   exit 1
 fi
