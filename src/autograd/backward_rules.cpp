@@ -152,7 +152,13 @@ RULE(Prod) {  // handles zeros: with one zero in a group its gradient is the pro
   Tensor is_zero = cmp(OpId::Eq, x, 0);
   Tensor nz_prod = prod(where(is_zero, like_scalar(x, 1), x), rd, true);
   Tensor zeros_in_group = sum(mask_as(is_zero, x), rd, true);
-  Tensor at_zero = where(cmp(OpId::Eq, zeros_in_group, 1), nz_prod, like_scalar(x, 0));
+  // At a zero x_i the gradient is the product of the others: nz_prod with one zero in the group;
+  // with two, x_k * nz_prod where x_k is the other zero (value 0, but its derivative is what
+  // double backward needs), written as (sum of the zeros - x_i) * nz_prod; with more, 0.
+  Tensor zero_sum = sum(where(is_zero, x, like_scalar(x, 0)), rd, true);
+  Tensor two = mul(sub(zero_sum, x), nz_prod);
+  Tensor at_zero = where(cmp(OpId::Eq, zeros_in_group, 1), nz_prod,
+                         where(cmp(OpId::Eq, zeros_in_group, 2), two, like_scalar(x, 0)));
   Tensor safe_x = where(is_zero, like_scalar(x, 1), x);  // no 0/0, whose NaN would leak into double backward
   return {mul(gk, where(is_zero, at_zero, div(out, safe_x)))};
 }
