@@ -9,7 +9,8 @@
 # GoogleTest: the installed one (libgtest-dev) when present; otherwise a GoogleTest source tree
 # from $FLAME_GTEST_SOURCE, ./.gtest (git-ignored; e.g. a copy of Debian's /usr/src/googletest) or
 # /usr/src/googletest is built and installed under the build dir first. This serves GPU machines
-# that have CMake and the CUDA toolkit but no GoogleTest and no network.
+# that have CMake and the CUDA toolkit but no GoogleTest and no network (FLAME_GTEST_FROM_SOURCE=1
+# forces this path).
 #
 # Steps: configure (Release) + build with all cores; ctest with a fresh, empty kernel cache
 # (FLAME_KERNEL_CACHE_DIR under the build dir: every kernel compiled by NVRTC); ctest again on the
@@ -61,7 +62,7 @@ have_gtest() {
   compgen -G "/usr/lib/*/cmake/GTest/GTestConfig.cmake" >/dev/null || compgen -G "/usr/lib*/cmake/GTest/GTestConfig.cmake" >/dev/null ||
     compgen -G "/usr/local/lib*/cmake/GTest/GTestConfig.cmake" >/dev/null || [[ -f /usr/include/gtest/gtest.h ]]
 }
-if ! have_gtest; then
+if [[ ${FLAME_GTEST_FROM_SOURCE:-0} == 1 ]] || ! have_gtest; then
   gtest_src=""
   for c in "${FLAME_GTEST_SOURCE:-}" "$ROOT/.gtest" /usr/src/googletest; do
     if [[ -n $c && -f $c/CMakeLists.txt ]]; then gtest_src=$c; break; fi
@@ -95,8 +96,9 @@ export FLAME_KERNEL_CACHE_DIR=$BUILD_DIR/kernel-cache
 rm -rf "$FLAME_KERNEL_CACHE_DIR"
 mkdir -p "$FLAME_KERNEL_CACHE_DIR"
 
-# Tests run one at a time on the GPU (timings and memory statistics are per process anyway);
-# set CTEST_PARALLEL_LEVEL to override.
+# ctest runs tests side by side (the CPU tests compile kernels with NVRTC); each GPU suite is one
+# process. Set CTEST_PARALLEL_LEVEL=1 for one at a time.
+export CTEST_PARALLEL_LEVEL=${CTEST_PARALLEL_LEVEL:-$JOBS}
 run "ctest (cold kernel cache)" "$LOG_DIR/ctest-cold.log" \
   ctest --test-dir "$BUILD_DIR" --output-on-failure --no-tests=error ${CTEST_ARGS:-}
 entries=$(find "$FLAME_KERNEL_CACHE_DIR" -type f | wc -l)
