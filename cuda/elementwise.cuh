@@ -27,7 +27,7 @@ FLAME_UNARY(Sin, m_sin(x))
 FLAME_UNARY(Cos, m_cos(x))
 FLAME_UNARY(Tanh, m_tanh(x))
 FLAME_UNARY(Sigmoid, T(1) / (T(1) + m_exp(-x)))
-FLAME_UNARY(Relu, x > T(0) ? x : T(0))
+FLAME_UNARY(Relu, (x > T(0) || is_nan(x)) ? x : T(0))  // NaN propagates, as PyTorch
 FLAME_UNARY(Silu, x / (T(1) + m_exp(-x)))
 FLAME_UNARY(LeakyRelu, x > T(0) ? x : sc<T>(a.s0) * x)
 FLAME_UNARY(Elu, x > T(0) ? x : sc<T>(a.s0) * m_expm1(x))
