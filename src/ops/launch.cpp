@@ -78,6 +78,27 @@ void collapse_axes(const Tensor& x, const std::vector<int>& axes, int* ndim, int
   }
 }
 
+// Few outputs with long reductions: each output is split into chunks reduced by separate blocks
+// into partials, which a second launch combines (so that a full reduction fills the GPU).
+void split_reduction(Context& ctx, int64_t n_out, int64_t n_red, int64_t* chunks, int64_t* chunk_len) {
+  if (n_out >= 2 * static_cast<int64_t>(ctx.sm_count) || n_red <= 8192) return;
+  int64_t c = std::min<int64_t>((n_red + 4095) / 4096, std::max<int64_t>(1, 4 * ctx.sm_count / n_out));
+  *chunk_len = (n_red + c - 1) / c;
+  *chunks = (n_red + *chunk_len - 1) / *chunk_len;
+}
+
+// The [n_out, chunks] partials of split_reduction, reduced along their last axis.
+ReduceLayout partials_layout(int64_t n_out, int64_t chunks) {
+  ReduceLayout L{};
+  L.out_ndim = 1;
+  L.out_shape[0] = n_out;
+  L.out_stride[0] = chunks;
+  L.red_ndim = 1;
+  L.red_shape[0] = chunks;
+  L.red_stride[0] = 1;
+  return L;
+}
+
 const char* reduce_op_name(ReduceKind k) {
   switch (k) {
     case ReduceKind::Sum: return "flame::SumOp";
@@ -185,13 +206,8 @@ Tensor launch_reduce(const Tensor& x, const std::vector<int>& rdims, ReduceKind 
               "cuLaunchKernel");
     return out;
   }
-  // Few outputs with long reductions: split each into chunks written as partials, then combine.
   int64_t chunks = 1, chunk_len = n_red;
-  if (n_out < 2 * static_cast<int64_t>(ctx.sm_count) && n_red > 8192) {
-    chunks = std::min<int64_t>((n_red + 4095) / 4096, std::max<int64_t>(1, 4 * ctx.sm_count / n_out));
-    chunk_len = (n_red + chunks - 1) / chunks;
-    chunks = (n_red + chunk_len - 1) / chunk_len;
-  }
+  split_reduction(ctx, n_out, n_red, &chunks, &chunk_len);
   unsigned block = n_red >= 1024 ? 512 : (n_red >= 128 ? 128 : 32);
   unsigned grid = static_cast<unsigned>(std::min<int64_t>(n_out * chunks, static_cast<int64_t>(ctx.sm_count) * 64));
   if (chunks == 1) {
@@ -206,9 +222,7 @@ Tensor launch_reduce(const Tensor& x, const std::vector<int>& rdims, ReduceKind 
   CUfunction f1 = ctx.function("reduce.cuh", reduce_name("reduce_general", kind, x->dtype, acc, acc));
   void* a1[] = {&in_ptr, &part_ptr, &n_out, &n_red, &chunks, &chunk_len, &L};
   ctx.launch(f1, grid, block, a1);
-  ReduceLayout L2{};
-  L2.out_ndim = 1; L2.out_shape[0] = n_out; L2.out_stride[0] = chunks;
-  L2.red_ndim = 1; L2.red_shape[0] = chunks; L2.red_stride[0] = 1;
+  ReduceLayout L2 = partials_layout(n_out, chunks);
   int64_t one = 1;
   CUfunction f2 = ctx.function("reduce.cuh", reduce_name("reduce_general", kind, acc, acc, out_dtype));
   void* a2[] = {&part_ptr, &out_ptr, &n_out, &chunks, &one, &chunks, &L2};
@@ -242,11 +256,7 @@ Tensor launch_arg_reduce(const Tensor& x, const std::vector<int>& rdims, bool is
   collapse_axes(x, kept, &L.out_ndim, L.out_shape, L.out_stride);
   collapse_axes(x, rdims, &L.red_ndim, L.red_shape, L.red_stride);
   int64_t chunks = 1, chunk_len = n_red;
-  if (n_out < 2 * static_cast<int64_t>(ctx.sm_count) && n_red > 8192) {
-    chunks = std::min<int64_t>((n_red + 4095) / 4096, std::max<int64_t>(1, 4 * ctx.sm_count / n_out));
-    chunk_len = (n_red + chunks - 1) / chunks;
-    chunks = (n_red + chunk_len - 1) / chunk_len;
-  }
+  split_reduction(ctx, n_out, n_red, &chunks, &chunk_len);
   CUdeviceptr in_ptr = x->data(), null_ptr = 0, out_ptr = out->data();
   unsigned block = n_red >= 1024 ? 512 : (n_red >= 128 ? 128 : 32);
   unsigned grid = static_cast<unsigned>(std::min<int64_t>(n_out * chunks, static_cast<int64_t>(ctx.sm_count) * 64));
@@ -262,9 +272,7 @@ Tensor launch_arg_reduce(const Tensor& x, const std::vector<int>& rdims, bool is
   CUdeviceptr pi = pidx->data(), pv = pval->data();
   void* a1[] = {&in_ptr, &null_ptr, &pi, &pv, &n_out, &n_red, &chunks, &chunk_len, &L};
   ctx.launch(ctx.function("reduce.cuh", arg_name(is_max, x->dtype)), grid, block, a1);
-  ReduceLayout L2{};
-  L2.out_ndim = 1; L2.out_shape[0] = n_out; L2.out_stride[0] = chunks;
-  L2.red_ndim = 1; L2.red_shape[0] = chunks; L2.red_stride[0] = 1;
+  ReduceLayout L2 = partials_layout(n_out, chunks);
   int64_t one = 1;
   void* a2[] = {&pv, &pi, &out_ptr, &null_ptr, &n_out, &chunks, &one, &chunks, &L2};
   ctx.launch(ctx.function("reduce.cuh", arg_name(is_max, cd)), static_cast<unsigned>(std::min<int64_t>(n_out, 4096)), 128, a2);
