@@ -38,15 +38,26 @@ set(FLAME_CUDA_PACKAGE_MINOR ${_flame_cuda_minor_default} CACHE STRING
 set(_M ${FLAME_CUDA_PACKAGE_MAJOR})
 set(_m ${FLAME_CUDA_PACKAGE_MINOR})
 # Debian's own names (non-free: libcublaslt12, libnvrtc12) or NVIDIA's CUDA repository names
-# (libcublas-13-0 ships libcublasLt.so.13; cuda-nvrtc-13-0 ships libnvrtc.so.13).
-set(FLAME_DEB_CUDA_DEPENDS "libcublaslt${_M} | libcublas-${_M}-${_m}, libnvrtc${_M} | cuda-nvrtc-${_M}-${_m}"
-    CACHE STRING "Debian Depends: for the CUDA libraries libflame links (never the driver)")
+# (libcublas-13-0 ships libcublasLt.so.13; cuda-nvrtc-13-0 ships libnvrtc.so.13). Each list below
+# is derived from FLAME_CUDA_PACKAGE_MAJOR/MINOR unless its cache variable is set (non-empty).
+set(FLAME_DEB_CUDA_DEPENDS "" CACHE STRING
+    "Debian Depends: for the CUDA libraries libflame links, never the driver (empty: derived)")
 set(FLAME_DEB_SYSTEM_DEPENDS "libc6 (>= 2.34), libgcc-s1 (>= 3.0), libstdc++6 (>= 12)"
     CACHE STRING "Debian Depends: for the C and C++ runtime")
-set(FLAME_DEB_SUGGESTS "libcudnn9-cuda-${_M}, libnccl2" CACHE STRING "Debian Suggests: of the runtime package")
-set(FLAME_RPM_CUDA_REQUIRES "libcublas-${_M}-${_m}, cuda-nvrtc-${_M}-${_m}"
-    CACHE STRING "RPM Requires: for the CUDA libraries libflame links (never the driver)")
-set(FLAME_RPM_SUGGESTS "libcudnn9-cuda-${_M}, libnccl" CACHE STRING "RPM Suggests: of the runtime package")
+set(FLAME_DEB_SUGGESTS "" CACHE STRING "Debian Suggests: of the runtime package (empty: derived)")
+set(FLAME_RPM_CUDA_REQUIRES "" CACHE STRING
+    "RPM Requires: for the CUDA libraries libflame links, never the driver (empty: derived)")
+set(FLAME_RPM_SUGGESTS "" CACHE STRING "RPM Suggests: of the runtime package (empty: derived)")
+set(_flame_deb_cuda_depends "libcublaslt${_M} | libcublas-${_M}-${_m}, libnvrtc${_M} | cuda-nvrtc-${_M}-${_m}")
+set(_flame_deb_suggests "libcudnn9-cuda-${_M}, libnccl2")
+set(_flame_rpm_cuda_requires "libcublas-${_M}-${_m}, cuda-nvrtc-${_M}-${_m}")
+set(_flame_rpm_suggests "libcudnn9-cuda-${_M}, libnccl")
+foreach(v DEB_CUDA_DEPENDS DEB_SUGGESTS RPM_CUDA_REQUIRES RPM_SUGGESTS)
+  string(TOLOWER ${v} _lv)
+  if(FLAME_${v})
+    set(_flame_${_lv} "${FLAME_${v}}")
+  endif()
+endforeach()
 
 set(FLAME_PKG_SUMMARY "GPU tensor library with automatic differentiation (C ABI)")
 set(FLAME_PKG_DESCRIPTION
@@ -171,8 +182,8 @@ set(CPACK_DEBIAN_RUNTIME_DESCRIPTION "${FLAME_PKG_SUMMARY}\n${CPACK_COMPONENT_RU
 set(CPACK_DEBIAN_DEV_DESCRIPTION "${FLAME_PKG_SUMMARY} - development files\n${CPACK_COMPONENT_DEV_DESCRIPTION}")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME ${FLAME_RUNTIME_PACKAGE})
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION libs)
-set(CPACK_DEBIAN_RUNTIME_PACKAGE_DEPENDS "${FLAME_DEB_SYSTEM_DEPENDS}, ${FLAME_DEB_CUDA_DEPENDS}")
-set(CPACK_DEBIAN_RUNTIME_PACKAGE_SUGGESTS "${FLAME_DEB_SUGGESTS}")
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_DEPENDS "${FLAME_DEB_SYSTEM_DEPENDS}, ${_flame_deb_cuda_depends}")
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_SUGGESTS "${_flame_deb_suggests}")
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME libflame-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "${FLAME_RUNTIME_PACKAGE} (= ${FLAME_PKG_FULL_VERSION})")
@@ -198,8 +209,8 @@ set(CPACK_RPM_PACKAGE_GROUP "Development/Libraries")
 set(CPACK_RPM_PACKAGE_DESCRIPTION "${FLAME_PKG_DESCRIPTION}")
 set(CPACK_RPM_RUNTIME_PACKAGE_NAME ${FLAME_RUNTIME_PACKAGE})
 set(CPACK_RPM_RUNTIME_PACKAGE_SUMMARY "${FLAME_PKG_SUMMARY}")
-set(CPACK_RPM_RUNTIME_PACKAGE_REQUIRES "${FLAME_RPM_CUDA_REQUIRES}")
-set(CPACK_RPM_RUNTIME_PACKAGE_SUGGESTS "${FLAME_RPM_SUGGESTS}")
+set(CPACK_RPM_RUNTIME_PACKAGE_REQUIRES "${_flame_rpm_cuda_requires}")
+set(CPACK_RPM_RUNTIME_PACKAGE_SUGGESTS "${_flame_rpm_suggests}")
 set(CPACK_RPM_DEV_PACKAGE_NAME flame-devel)
 set(CPACK_RPM_DEV_PACKAGE_SUMMARY "${FLAME_PKG_SUMMARY} - development files")
 set(CPACK_RPM_DEV_PACKAGE_REQUIRES "${FLAME_RUNTIME_PACKAGE} = ${FLAME_PKG_FULL_VERSION}")
