@@ -6,6 +6,7 @@
 #include <set>
 #include "core/error.h"
 #include "ops/launch.h"
+#include "ops/nn.h"
 #include "ops/op_list.h"
 #include "runtime/nvrtc_compiler.h"
 
@@ -106,6 +107,18 @@ TEST_P(KernelCompile, Scan) {
   std::vector<std::string> v;
   for (DType d : kAll) v.push_back(cumsum_instantiation(d, sum_result_dtype(d)));
   compile_all("scan.cuh", v, GetParam());
+}
+
+// ---- neural-network kernels (ops/nn.h): every softmax / norm instantiation the ops may launch ----
+TEST_P(KernelCompile, Softmax) {
+  auto names = ops::softmax_kernel_instantiations();
+  EXPECT_GT(names.size(), 100u);
+  compile_all("softmax.cuh", names, GetParam());
+}
+TEST_P(KernelCompile, Norm) {
+  auto names = ops::norm_kernel_instantiations();
+  EXPECT_GT(names.size(), 300u);
+  compile_all("norm.cuh", names, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, KernelCompile, ::testing::Values(80, 90),
