@@ -183,14 +183,14 @@ HT running_var0(int64_t C) {
 // ------------------------------------------------------------------ comparison
 
 struct Tol {
-  double rtol, atol;  // |got - want| <= rtol |want| + atol max(1, max |want|)
+  double rtol, atol;  // |got - want| <= rtol |want| + atol max |want|
 };
 Tol fwd_tol(flame_dtype_t d) {
   switch (d) {
     case FLAME_DTYPE_F64: return {1e-9, 1e-11};
     case FLAME_DTYPE_F32: return {1e-4, 1e-6};
-    case FLAME_DTYPE_F16: return {2e-3, 1e-4};
-    default: return {1e-2, 5e-4};
+    case FLAME_DTYPE_F16: return {2e-3, 1e-3};  // small softmax outputs are f16 subnormals (spacing 6e-8)
+    default: return {1e-2, 1e-3};
   }
 }
 Tol bwd_tol(flame_dtype_t d) {
@@ -205,8 +205,9 @@ Tol bwd_tol(flame_dtype_t d) {
 ::testing::AssertionResult near(const HT& got, const HT& want, Tol t, const std::string& what) {
   if (got.shape != want.shape)
     return ::testing::AssertionFailure() << what << ": shape " << shape_str(got.shape) << ", expected " << shape_str(want.shape);
-  double scale = 1;
+  double scale = 0;
   for (double w : want.v) scale = std::max(scale, std::fabs(w));
+  if (scale == 0) scale = 1;
   int64_t bad = 0;
   std::ostringstream os;
   for (size_t i = 0; i < want.v.size(); ++i) {
