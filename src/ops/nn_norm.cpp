@@ -319,6 +319,9 @@ Tensor ops::batch_norm(const Tensor& x0, const Tensor& rm, const Tensor& rv, con
   BnShape s = bn_shape(x);
   const DType acc = acc_of(x->dtype);
   Tensor mean = make_tensor(ctx, {C}, acc), rstd = make_tensor(ctx, {C}, acc);
+  // Everything that can fail comes before the in-place update of the running statistics.
+  Tensor y = make_tensor(ctx, x->shape, x->dtype);
+  CUfunction apply = ctx.function("norm.cuh", bn_name("bn_apply", x->dtype));
   if (training) {
     FLAME_CHECK(s.count > 1, FLAME_ERROR_INVALID_ARGUMENT, op, ": training needs more than one value per channel, got x of shape ",
                 shape_str(x->shape));
@@ -328,13 +331,12 @@ Tensor ops::batch_norm(const Tensor& x0, const Tensor& rm, const Tensor& rv, con
     copy_into(rstd, alias(rv));
     rstd = unary(OpId::Rsqrt, add_scalar(rstd, eps));
   }
-  Tensor y = make_tensor(ctx, x->shape, x->dtype);
   if (x->numel() > 0) {
     CUdeviceptr xp = x->data(), yp = y->data(), mp = mean->data(), rp = rstd->data();
     CUdeviceptr wp = w ? w->data() : 0, bp = b ? b->data() : 0;
     int64_t n = x->numel();
     void* args[] = {&xp, &yp, &mp, &rp, &wp, &bp, &n, &s.C, &s.HW};
-    launch_flat(ctx, ctx.function("norm.cuh", bn_name("bn_apply", x->dtype)), n, args);
+    launch_flat(ctx, apply, n, args);
   }
   if (auto node = record(OpId::BatchNorm, {x, w, b}, {y})) {
     node->ints = {training ? 1 : 0, w ? 1 : 0, b ? 1 : 0};
