@@ -381,6 +381,35 @@ FLAME_API flame_status_t flame_sum_all(flame_tensor_t t, flame_tensor_t* out);
 FLAME_API flame_status_t flame_max_all(flame_tensor_t t, flame_tensor_t* out);
 FLAME_API flame_status_t flame_min_all(flame_tensor_t t, flame_tensor_t* out);
 
+/* ============================== Matrix products ============================== */
+/* On cuBLASLt, with f32 accumulation for f16/bf16. Both operands must have the same dtype (f32,
+ * f64, f16 or bf16; otherwise FLAME_ERROR_DTYPE_MISMATCH) and context. f32 is IEEE unless the
+ * context was created with allow_tf32. Transposed and permuted views are read in place (no copy)
+ * wherever a GEMM layout can express them. OUT *out: a new reference, contiguous; NULL on failure.
+ * Wrong sizes: FLAME_ERROR_SHAPE_MISMATCH. Inputs that require grad give a differentiable result. */
+
+/* NumPy/PyTorch matmul: 1-D x 1-D is a dot product (0-d result); a 1-D left (right) operand is a
+ * row (column) vector whose dim is removed from the result; batch dims (all but the last two)
+ * broadcast. */
+FLAME_API flame_status_t flame_matmul(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+/* Batched product of a [B, M, K] and b [B, K, N] (no broadcasting, as torch.bmm). */
+FLAME_API flame_status_t flame_bmm(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+
+/* Activation applied by flame_linear inside the GEMM's epilogue. */
+typedef enum flame_activation_t {
+  FLAME_ACTIVATION_NONE = 0,
+  FLAME_ACTIVATION_RELU = 1,
+  FLAME_ACTIVATION_GELU_TANH = 2 /* gelu with the tanh approximation (flame_gelu approximate=1) */
+} flame_activation_t;
+
+/* out = activation(x @ weight^T + bias) for x [..., in], weight [out, in], bias [out] (borrowed;
+ * may be NULL), as torch.nn.functional.linear followed by the activation. The bias and activation
+ * are fused into the GEMM where cuBLASLt supports it, else computed by separate kernels with the
+ * same result (to rounding). Backward takes the bias gradient out of the weight-gradient GEMM.
+ * activation not a flame_activation_t value: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_linear(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, int32_t activation,
+                                      flame_tensor_t* out);
+
 /* ============================== Autograd ============================== */
 /* One reverse-mode engine with PyTorch semantics. Only floating tensors can require grad. Ops
  * record a graph while grad mode is on and an input requires grad; an op that has no backward

@@ -75,13 +75,14 @@ RULE(GeluDeriv) {  // d/dx (Phi + x phi) = phi (2 - x^2)
   Tensor phi = mul_scalar(exp(mul_scalar(square(x), -0.5)), 0.39894228040143267794);
   return {mul(g, mul(phi, unary(OpId::RsubScalar, square(x), 2)))};
 }
-RULE(GeluTanh) {  // u = k (x + c x^3), t = tanh u: 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2)
+RULE(GeluTanh) { return {mul(g, unary(OpId::GeluTanhDeriv, saved(n, 0)))}; }
+RULE(GeluTanhDeriv) {  // u = k (x + c x^3), t = tanh u: f'' = (1 - t^2) (u' + 0.5 x (u'' - 2 t u'^2))
   const double k = 0.79788456080286535588, c = 0.044715;
   Tensor x = saved(n, 0), x2 = square(x);
   Tensor t = unary(OpId::Tanh, mul_scalar(mul(x, add_scalar(mul_scalar(x2, c), 1)), k));
-  Tensor left = mul_scalar(add_scalar(t, 1), 0.5);
-  Tensor right = mul(mul_scalar(x, 0.5 * k), mul(unary(OpId::RsubScalar, square(t), 1), add_scalar(mul_scalar(x2, 3 * c), 1)));
-  return {mul(g, add(left, right))};
+  Tensor du = mul_scalar(add_scalar(mul_scalar(x2, 3 * c), 1), k), ddu = mul_scalar(x, 6 * k * c);
+  Tensor inner = add(du, mul(mul_scalar(x, 0.5), sub(ddu, mul(mul_scalar(t, 2), square(du)))));
+  return {mul(g, mul(unary(OpId::RsubScalar, square(t), 1), inner))};
 }
 RULE(Softplus) {
   Tensor z = mul_scalar(saved(n, 0), s0(n));
@@ -169,6 +170,23 @@ Grads amax_amin(Node& n, const Tensor& g) {  // the gradient is split evenly bet
 }
 RULE(Amax) { return amax_amin(n, g); }
 RULE(Amin) { return amax_amin(n, g); }
+RULE(Matmul) {  // a [..., M, K] @ b [..., K, N]: ga = g b^T, gb = a^T g, as products of transposed views
+  Tensor a = saved(n, 0), b = saved(n, 1);
+  const int r = a->ndim() - 2, c = a->ndim() - 1;
+  return {n.needs_input_grad(0) ? mm(g, transpose(b, r, c)) : nullptr,
+          n.needs_input_grad(1) ? mm(transpose(a, r, c), g) : nullptr};
+}
+RULE(Linear) {  // y = act(z), z = x W^T + b: dz = g act'(z); gx = dz W; gW = dz^T x; gb = column sums of dz
+  Tensor x = saved(n, 0), w = saved(n, 1), dz = g;
+  auto act = static_cast<Activation>(n.ints.at(0));
+  if (act == Activation::Relu) dz = mul(g, mask_as(cmp(OpId::Gt, saved(n, 2), 0), g));
+  if (act == Activation::GeluTanh) {  // under create_graph, a pre-activation with history reaches x, W, b
+    Tensor z = g->ctx().recording() ? linear(x, w, n.ints.at(1) ? saved(n, 3) : nullptr, Activation::None) : saved(n, 2);
+    dz = mul(g, unary(OpId::GeluTanhDeriv, z));
+  }
+  auto [gw, gb] = linear_weight_grad(dz, x, n.needs_input_grad(1), n.needs_input_grad(2));
+  return {n.needs_input_grad(0) ? mm(dz, w) : nullptr, gw, gb};
+}
 RULE(CumSum) {
   int dim = static_cast<int>(n.ints[0]);
   return {flip(cumsum(flip(g, {dim}), dim), {dim})};
@@ -180,9 +198,10 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(Neg) DIFF(Abs) DIFF(Exp) DIFF(Log) DIFF(Log1p) DIFF(Expm1) DIFF(Sqrt) DIFF(Rsqrt) DIFF(Sin) DIFF(Cos)
   DIFF(Tanh) DIFF(Sigmoid) DIFF(Relu) DIFF(Silu) DIFF(Floor) DIFF(Ceil) DIFF(Round) DIFF(Sign) DIFF(Reciprocal)
   DIFF(Square) DIFF(AddScalar) DIFF(SubScalar) DIFF(MulScalar) DIFF(RsubScalar) DIFF(PowScalar) DIFF(LeakyRelu) DIFF(Elu)
-  DIFF(Gelu) DIFF(GeluDeriv) DIFF(GeluTanh) DIFF(Softplus) DIFF(Clamp) DIFF(Add) DIFF(Sub) DIFF(Mul) DIFF(Div)
+  DIFF(Gelu) DIFF(GeluDeriv) DIFF(GeluTanh) DIFF(GeluTanhDeriv) DIFF(Softplus) DIFF(Clamp) DIFF(Add) DIFF(Sub) DIFF(Mul) DIFF(Div)
   DIFF(Pow) DIFF(Maximum) DIFF(Minimum) DIFF(Where) DIFF(Cast) DIFF(Copy) DIFF(Reshape) DIFF(Permute)
   DIFF(Expand) DIFF(ViewSlice) DIFF(ViewScatter) DIFF(Cat) DIFF(Sum) DIFF(Prod) DIFF(Amax) DIFF(Amin) DIFF(CumSum)
+  DIFF(Matmul) DIFF(Linear)
 #undef DIFF
   return r;
 }

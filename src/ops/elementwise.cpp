@@ -23,7 +23,7 @@ bool saves_input(OpId op) {
   switch (op) {
     case OpId::Abs: case OpId::Log: case OpId::Log1p: case OpId::Sin: case OpId::Cos: case OpId::Silu:
     case OpId::Square: case OpId::PowScalar: case OpId::LeakyRelu: case OpId::Elu: case OpId::Gelu:
-    case OpId::GeluTanh: case OpId::GeluDeriv: case OpId::Softplus: case OpId::Clamp: case OpId::Mul: case OpId::Div: case OpId::Pow:
+    case OpId::GeluTanh: case OpId::GeluDeriv: case OpId::GeluTanhDeriv: case OpId::Softplus: case OpId::Clamp: case OpId::Mul: case OpId::Div: case OpId::Pow:
     case OpId::Maximum: case OpId::Minimum: case OpId::Relu:
       return true;
     default:

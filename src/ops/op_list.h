@@ -58,7 +58,8 @@
 
 // Elementwise ops used only inside FLAME (backward rules); no C entry point.
 #define FLAME_INTERNAL_UNARY_OPS(X) \
-  X(GeluDeriv, gelu_deriv, MATH)
+  X(GeluDeriv, gelu_deriv, MATH)    \
+  X(GeluTanhDeriv, gelu_tanh_deriv, MATH)
 
 // flame_<c_name>(a, b, out). Kind ARITH: promoted dtype; MATH: floating; CMP: bool result.
 #define FLAME_BINARY_OPS(X)          \
@@ -95,7 +96,9 @@
   X(Amin, min)                  \
   X(ArgMax, argmax)             \
   X(ArgMin, argmin)             \
-  X(CumSum, cumsum)
+  X(CumSum, cumsum)             \
+  X(Matmul, matmul)             \
+  X(Linear, linear)
 
 namespace flame {
 

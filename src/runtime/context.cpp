@@ -1,4 +1,5 @@
 #include "runtime/context.h"
+#include "runtime/blas.h"
 #include <cstdlib>
 #include <cstring>
 #include "core/error.h"
@@ -49,6 +50,7 @@ std::shared_ptr<Context> Context::create(const flame_ctx_options_t& opts) {
 Context::~Context() {
   if (cu) {
     drv.cuCtxSetCurrent(cu);
+    blas.reset();  // frees its workspace into the pool, so before the pool goes
     if (stream) drv.cuStreamSynchronize(stream);
     for (CUmodule m : modules_) drv.cuModuleUnload(m);
     if (pool) drv.cuMemPoolDestroy(pool);

@@ -17,6 +17,7 @@
 
 namespace flame {
 class Context;
+class Blas;
 }
 
 struct flame_ctx_s {
@@ -78,6 +79,9 @@ class Context : public std::enable_shared_from_this<Context> {
   void launch(CUfunction f, unsigned grid, unsigned block, void** args, unsigned smem = 0);
   DiskCache disk_cache{""};
   KernelStats kernel_stats;
+
+  // ---- matrix products (runtime/blas.h): cuBLASLt handle, workspace and plan cache, made on first use ----
+  std::unique_ptr<Blas> blas;
 
   // ---- random numbers (Philox4x32-10, counter = offset + element) ----
   uint64_t rng_seed = 0, rng_offset = 0;
