@@ -41,6 +41,13 @@ namespace Flame.Interop
         FLAME_DTYPE_BOOL = 7,
     }
 
+    public enum flame_activation_t : int
+    {
+        FLAME_ACTIVATION_NONE = 0,
+        FLAME_ACTIVATION_RELU = 1,
+        FLAME_ACTIVATION_GELU_TANH = 2,
+    }
+
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_ctx_options_t
     {
@@ -218,6 +225,9 @@ namespace Flame.Interop
             "flame_sum_all",
             "flame_max_all",
             "flame_min_all",
+            "flame_matmul",
+            "flame_bmm",
+            "flame_linear",
             "flame_tensor_set_requires_grad",
             "flame_tensor_requires_grad",
             "flame_tensor_is_leaf",
@@ -625,6 +635,15 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_min_all", ExactSpelling = true)]
         public static extern flame_status_t flame_min_all(IntPtr t, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_matmul", ExactSpelling = true)]
+        public static extern flame_status_t flame_matmul(IntPtr a, IntPtr b, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_bmm", ExactSpelling = true)]
+        public static extern flame_status_t flame_bmm(IntPtr a, IntPtr b, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_linear", ExactSpelling = true)]
+        public static extern flame_status_t flame_linear(IntPtr x, IntPtr weight, IntPtr bias, int activation, IntPtr* @out);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_set_requires_grad", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_set_requires_grad(IntPtr t, int requires_grad);

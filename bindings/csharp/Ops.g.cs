@@ -1022,6 +1022,43 @@ namespace Flame
             return new Tensor(o_out);
         }
 
+        /// <summary><c>flame_status_t flame_matmul(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Matmul(Tensor b)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_matmul(Raw, Tensor.RawOf(b), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(b);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_bmm(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Bmm(Tensor b)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_bmm(Raw, Tensor.RawOf(b), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(b);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_linear(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, int32_t activation, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Linear(Tensor weight, Tensor bias, int activation)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_linear(Raw, Tensor.RawOf(weight), Tensor.RawOf(bias), activation, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(weight);
+            GC.KeepAlive(bias);
+            return new Tensor(o_out);
+        }
+
         /// <summary><c>flame_status_t flame_tensor_set_requires_grad(flame_tensor_t t, int32_t requires_grad)</c></summary>
         public unsafe void SetRequiresGrad(bool requires_grad)
         {

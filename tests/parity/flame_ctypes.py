@@ -113,6 +113,9 @@ _SIGNATURES = {
     "flame_argmax": (c_int, [H, i32, i32, P(H)]),
     "flame_argmin": (c_int, [H, i32, i32, P(H)]),
     "flame_cumsum": (c_int, [H, i32, P(H)]),
+    "flame_matmul": (c_int, [H, H, P(H)]),
+    "flame_bmm": (c_int, [H, H, P(H)]),
+    "flame_linear": (c_int, [H, H, H, i32, P(H)]),
 }
 for _n in _UNARY:
     _SIGNATURES["flame_" + _n] = (c_int, [H, P(H)])

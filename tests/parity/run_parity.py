@@ -337,6 +337,23 @@ def build_rows():
     for d, inp in ((1, I((3, 4))), (0, NC((4, 3))), (-1, I((7,)))):
         row(f"cumsum_dim{d}".replace("-", "m"), (lambda d: lambda fl, x, dt: fl.call("cumsum", x[0], d))(d),
             (lambda d: lambda x, dt: torch.cumsum(x[0], d))(d), [[inp]])
+    # ---- matrix products: transposed leaves, 1-D operands, broadcast and folded batches
+    row("matmul", lambda fl, x, dt: fl.call("matmul", x[0], x[1]), lambda x, dt: torch.matmul(x[0], x[1]),
+        [[I((3, 4)), I((4, 5))], [NC((3, 4)), NC((4, 5))], [I((4,)), I((4, 5))], [I((3, 4)), NC((4,))], [I((4,)), I((4,))],
+         [I((2, 3, 4)), I((4, 5))], [NC((3, 4)), I((2, 4, 5))], [I((2, 1, 3, 4)), I((3, 4, 2))]], bf16=True)
+    row("bmm", lambda fl, x, dt: fl.call("bmm", x[0], x[1]), lambda x, dt: torch.bmm(x[0], x[1]),
+        [[I((2, 3, 4)), NC((2, 4, 5))], [NC((3, 2, 4)), I((3, 4, 1))]], bf16=True)
+    small, far = uni(-0.3, 0.3), away0(-2.0, 2.0, 1.0)  # relu's pre-activation stays away from 0
+    acts = {0: lambda z: z, 1: torch.relu, 2: lambda z: F.gelu(z, approximate="tanh")}
+    for nm, act, bias in (("linear", 0, False), ("linear_bias", 0, True), ("linear_relu_bias", 1, True),
+                          ("linear_gelu_bias", 2, True), ("linear_gelu", 2, False)):
+        cases = [[I((3, 4), small), I((5, 4), small), I((5,), far)], [I((2, 3, 4), small), NC((5, 4), small), I((5,), far)],
+                 [NC((4, 3), small), I((7, 3), small), I((7,), far)]]
+        if not bias:
+            cases = [c[:2] for c in cases]
+        row(nm, (lambda act, bias: lambda fl, x, dt: fl.call("linear", x[0], x[1], x[2] if bias else None, act))(act, bias),
+            (lambda act, bias: lambda x, dt: acts[act](F.linear(x[0], x[1], x[2] if bias else None)))(act, bias),
+            cases, bf16=True)
     return ROWS
 
 

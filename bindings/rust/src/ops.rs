@@ -5,7 +5,7 @@
 use crate::sys;
 use crate::{api, check, len_as, slice_ptr, Context, Result, Tensor};
 #[allow(unused_imports)]
-use crate::sys::{DType, Status};
+use crate::sys::{Activation, DType, Status};
 
 impl Tensor {
     /// `flame_status_t flame_tensor_dtype(flame_tensor_t t, flame_dtype_t* dtype)`.
@@ -622,6 +622,27 @@ impl Tensor {
         let api = api()?;
         let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
         check(unsafe { (api.flame_min_all)(self.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_matmul(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)`.
+    pub fn matmul(&self, b: &Tensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_matmul)(self.raw, b.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_bmm(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)`.
+    pub fn bmm(&self, b: &Tensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_bmm)(self.raw, b.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_linear(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, int32_t activation, flame_tensor_t* out)`.
+    pub fn linear(&self, weight: &Tensor, bias: &Tensor, activation: i32) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_linear)(self.raw, weight.raw, bias.raw, activation, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
     /// `flame_status_t flame_tensor_set_requires_grad(flame_tensor_t t, int32_t requires_grad)`.

@@ -141,6 +141,39 @@ impl std::fmt::Debug for DType {
     }
 }
 
+pub type flame_activation_t = i32;
+pub const FLAME_ACTIVATION_NONE: flame_activation_t = 0;
+pub const FLAME_ACTIVATION_RELU: flame_activation_t = 1;
+pub const FLAME_ACTIVATION_GELU_TANH: flame_activation_t = 2;
+
+/// `flame_activation_t` as a Rust newtype; unknown values are representable.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Activation(pub flame_activation_t);
+impl Activation {
+    pub const NONE: Activation = Activation(0);
+    pub const RELU: Activation = Activation(1);
+    pub const GELU_TANH: Activation = Activation(2);
+    /// Every value the header defines, with its C name.
+    pub const ALL: &'static [(Activation, &'static str)] = &[
+        (Activation(0), "FLAME_ACTIVATION_NONE"),
+        (Activation(1), "FLAME_ACTIVATION_RELU"),
+        (Activation(2), "FLAME_ACTIVATION_GELU_TANH"),
+    ];
+    /// The C name of the value ("FLAME_ACTIVATION_NONE"), or None for a value this header does not know.
+    pub fn c_name(self) -> Option<&'static str> {
+        Self::ALL.iter().find(|(v, _)| *v == self).map(|(_, n)| *n)
+    }
+}
+impl std::fmt::Debug for Activation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.c_name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "Activation({})", self.0),
+        }
+    }
+}
+
 pub const FLAME_BACKWARD_RETAIN_GRAPH: u32 = 1;
 pub const FLAME_BACKWARD_CREATE_GRAPH: u32 = 2;
 pub const FLAME_GRAD_ALLOW_UNUSED: u32 = 4;
@@ -322,6 +355,9 @@ pub const SYMBOLS: &[&str] = &[
     "flame_sum_all",
     "flame_max_all",
     "flame_min_all",
+    "flame_matmul",
+    "flame_bmm",
+    "flame_linear",
     "flame_tensor_set_requires_grad",
     "flame_tensor_requires_grad",
     "flame_tensor_is_leaf",
@@ -472,6 +508,9 @@ pub struct Api {
     pub flame_sum_all: unsafe extern "C" fn(t: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_max_all: unsafe extern "C" fn(t: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_min_all: unsafe extern "C" fn(t: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_matmul: unsafe extern "C" fn(a: flame_tensor_t, b: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_bmm: unsafe extern "C" fn(a: flame_tensor_t, b: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_linear: unsafe extern "C" fn(x: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, activation: i32, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_tensor_set_requires_grad: unsafe extern "C" fn(t: flame_tensor_t, requires_grad: i32) -> flame_status_t,
     pub flame_tensor_requires_grad: unsafe extern "C" fn(t: flame_tensor_t, requires_grad: *mut i32) -> flame_status_t,
     pub flame_tensor_is_leaf: unsafe extern "C" fn(t: flame_tensor_t, is_leaf: *mut i32) -> flame_status_t,
@@ -630,6 +669,9 @@ impl Api {
             flame_sum_all: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_sum_all\0")?),
             flame_max_all: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_max_all\0")?),
             flame_min_all: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_min_all\0")?),
+            flame_matmul: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_matmul\0")?),
+            flame_bmm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_bmm\0")?),
+            flame_linear: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_linear\0")?),
             flame_tensor_set_requires_grad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32) -> flame_status_t>(resolve(b"flame_tensor_set_requires_grad\0")?),
             flame_tensor_requires_grad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut i32) -> flame_status_t>(resolve(b"flame_tensor_requires_grad\0")?),
             flame_tensor_is_leaf: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut i32) -> flame_status_t>(resolve(b"flame_tensor_is_leaf\0")?),
