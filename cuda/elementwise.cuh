@@ -42,6 +42,8 @@ struct GeluTanhDeriv : Functor {
     return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * k * (T(1) + T(0.134145) * x * x);
   }
 };
+// g * gelu_tanh'(z) in one pass: the backward of gelu_tanh and of linear's GELU epilogue.
+FLAME_BINARY(GeluTanhBackward, x * GeluTanhDeriv{}(y))
 FLAME_UNARY(Softplus, x * sc<T>(a.s0) > sc<T>(a.s1) ? x : m_log1p(m_exp(x * sc<T>(a.s0))) / sc<T>(a.s0))
 FLAME_UNARY(Floor, m_floor(x))
 FLAME_UNARY(Ceil, m_ceil(x))

@@ -75,14 +75,21 @@ RULE(GeluDeriv) {  // d/dx (Phi + x phi) = phi (2 - x^2)
   Tensor phi = mul_scalar(exp(mul_scalar(square(x), -0.5)), 0.39894228040143267794);
   return {mul(g, mul(phi, unary(OpId::RsubScalar, square(x), 2)))};
 }
-RULE(GeluTanh) { return {mul(g, unary(OpId::GeluTanhDeriv, saved(n, 0)))}; }
-RULE(GeluTanhDeriv) {  // u = k (x + c x^3), t = tanh u: f'' = (1 - t^2) (u' + 0.5 x (u'' - 2 t u'^2))
+RULE(GeluTanh) { return {binary(OpId::GeluTanhBackward, g, saved(n, 0))}; }
+// gelu_tanh''(x): u = k (x + c x^3), t = tanh u: (1 - t^2) (u' + 0.5 x (u'' - 2 t u'^2))
+Tensor gelu_tanh_second(const Tensor& x) {
   const double k = 0.79788456080286535588, c = 0.044715;
-  Tensor x = saved(n, 0), x2 = square(x);
+  Tensor x2 = square(x);
   Tensor t = unary(OpId::Tanh, mul_scalar(mul(x, add_scalar(mul_scalar(x2, c), 1)), k));
   Tensor du = mul_scalar(add_scalar(mul_scalar(x2, 3 * c), 1), k), ddu = mul_scalar(x, 6 * k * c);
   Tensor inner = add(du, mul(mul_scalar(x, 0.5), sub(ddu, mul(mul_scalar(t, 2), square(du)))));
-  return {mul(g, mul(unary(OpId::RsubScalar, square(t), 1), inner))};
+  return mul(unary(OpId::RsubScalar, square(t), 1), inner);
+}
+RULE(GeluTanhDeriv) { return {mul(g, gelu_tanh_second(saved(n, 0)))}; }
+RULE(GeluTanhBackward) {  // f(g, z) = g gelu'(z): df/dg = gelu'(z), df/dz = g gelu''(z)
+  Tensor gin = saved(n, 0), z = saved(n, 1);
+  return {n.needs_input_grad(0) ? mul(g, unary(OpId::GeluTanhDeriv, z)) : nullptr,
+          n.needs_input_grad(1) ? mul(mul(g, gin), gelu_tanh_second(z)) : nullptr};
 }
 RULE(Softplus) {
   Tensor z = mul_scalar(saved(n, 0), s0(n));
@@ -179,10 +186,10 @@ RULE(Matmul) {  // a [..., M, K] @ b [..., K, N]: ga = g b^T, gb = a^T g, as pro
 RULE(Linear) {  // y = act(z), z = x W^T + b: dz = g act'(z); gx = dz W; gW = dz^T x; gb = column sums of dz
   Tensor x = saved(n, 0), w = saved(n, 1), dz = g;
   auto act = static_cast<Activation>(n.ints.at(0));
-  if (act == Activation::Relu) dz = mul(g, mask_as(cmp(OpId::Gt, saved(n, 2), 0), g));
+  if (act == Activation::Relu) dz = where(cmp(OpId::Gt, saved(n, 2), 0), g, like_scalar(g, 0));
   if (act == Activation::GeluTanh) {  // under create_graph, a pre-activation with history reaches x, W, b
     Tensor z = g->ctx().recording() ? linear(x, w, n.ints.at(1) ? saved(n, 3) : nullptr, Activation::None) : saved(n, 2);
-    dz = mul(g, unary(OpId::GeluTanhDeriv, z));
+    dz = binary(OpId::GeluTanhBackward, g, z);
   }
   auto [gw, gb] = linear_weight_grad(dz, x, n.needs_input_grad(1), n.needs_input_grad(2));
   return {n.needs_input_grad(0) ? mm(dz, w) : nullptr, gw, gb};
@@ -198,7 +205,7 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(Neg) DIFF(Abs) DIFF(Exp) DIFF(Log) DIFF(Log1p) DIFF(Expm1) DIFF(Sqrt) DIFF(Rsqrt) DIFF(Sin) DIFF(Cos)
   DIFF(Tanh) DIFF(Sigmoid) DIFF(Relu) DIFF(Silu) DIFF(Floor) DIFF(Ceil) DIFF(Round) DIFF(Sign) DIFF(Reciprocal)
   DIFF(Square) DIFF(AddScalar) DIFF(SubScalar) DIFF(MulScalar) DIFF(RsubScalar) DIFF(PowScalar) DIFF(LeakyRelu) DIFF(Elu)
-  DIFF(Gelu) DIFF(GeluDeriv) DIFF(GeluTanh) DIFF(GeluTanhDeriv) DIFF(Softplus) DIFF(Clamp) DIFF(Add) DIFF(Sub) DIFF(Mul) DIFF(Div)
+  DIFF(Gelu) DIFF(GeluDeriv) DIFF(GeluTanh) DIFF(GeluTanhDeriv) DIFF(GeluTanhBackward) DIFF(Softplus) DIFF(Clamp) DIFF(Add) DIFF(Sub) DIFF(Mul) DIFF(Div)
   DIFF(Pow) DIFF(Maximum) DIFF(Minimum) DIFF(Where) DIFF(Cast) DIFF(Copy) DIFF(Reshape) DIFF(Permute)
   DIFF(Expand) DIFF(ViewSlice) DIFF(ViewScatter) DIFF(Cat) DIFF(Sum) DIFF(Prod) DIFF(Amax) DIFF(Amin) DIFF(CumSum)
   DIFF(Matmul) DIFF(Linear)

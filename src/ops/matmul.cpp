@@ -169,11 +169,14 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 
 namespace {
 
-Epilogue forward_epilogue(Activation act, bool has_bias) {
+// The epilogue for act(x W^T + b); gelu keeps its pre-activation (aux) only when backward needs it.
+Epilogue forward_epilogue(Activation act, bool has_bias, bool keep_aux) {
   switch (act) {
     case Activation::None: return has_bias ? Epilogue::Bias : Epilogue::None;
     case Activation::Relu: return has_bias ? Epilogue::ReluBias : Epilogue::Relu;
-    case Activation::GeluTanh: return has_bias ? Epilogue::GeluAuxBias : Epilogue::GeluAux;
+    case Activation::GeluTanh:
+      if (keep_aux) return has_bias ? Epilogue::GeluAuxBias : Epilogue::GeluAux;
+      return has_bias ? Epilogue::GeluBias : Epilogue::Gelu;
   }
   return Epilogue::None;
 }
@@ -185,13 +188,15 @@ Tensor linear2d(const Tensor& x, const Tensor& w, const Tensor& bias, Activation
   Tensor wt = transpose(alias(w), 0, 1);  // [in, out] view: the GEMM reads W as op T
   Tensor out = make_tensor(ctx, {R, O}, x->dtype);
   Tensor aux;  // gelu: the pre-activation, for backward
+  const bool keep_aux = act == Activation::GeluTanh && ctx.recording() &&
+                        (requires_grad(*x) || requires_grad(*w) || (bias && requires_grad(*bias)));
   if (out->numel() > 0) {
     bool fused = false;
     const int64_t K = x->shape[1];
     if (K > 0) {
-      Epilogue epi = forward_epilogue(act, static_cast<bool>(bias));
+      Epilogue epi = forward_epilogue(act, static_cast<bool>(bias), keep_aux);
       int64_t aux_ld = 0;
-      if (act == Activation::GeluTanh) {
+      if (keep_aux) {
         aux_ld = (O + 7) / 8 * 8;  // cuBLASLt wants the aux leading dim a multiple of 8
         aux = make_view(make_tensor(ctx, {R, aux_ld}, x->dtype), {R, O}, {aux_ld, 1}, 0);
       }
@@ -202,11 +207,11 @@ Tensor linear2d(const Tensor& x, const Tensor& w, const Tensor& bias, Activation
       if (K > 0) run_gemm(alias(x), wt, out, Epilogue::None, 0, 0, 0);
       else fill_(out, 0);
       if (bias) pre = add(out, alias(bias));
-      if (act == Activation::GeluTanh) aux = pre;
+      if (keep_aux) aux = pre;
       if (act == Activation::None) out = pre;
       else out = unary(act == Activation::Relu ? OpId::Relu : OpId::GeluTanh, pre);
     }
-  } else if (act == Activation::GeluTanh) {
+  } else if (keep_aux) {
     aux = make_tensor(ctx, {R, O}, x->dtype);
   }
   if (auto node = record(OpId::Linear, {x, w, bias}, {out})) {

@@ -79,6 +79,10 @@
   X(LogicalAnd, logical_and, CMP)    \
   X(LogicalOr, logical_or, CMP)
 
+// Binary elementwise ops used only inside FLAME (fused backward steps); no C entry point.
+#define FLAME_INTERNAL_BINARY_OPS(X) \
+  X(GeluTanhBackward, gelu_tanh_backward, MATH)
+
 // Graph nodes that are not plain elementwise functors: X(Id, name)
 #define FLAME_STRUCTURAL_OPS(X) \
   X(Where, where)               \
@@ -106,7 +110,7 @@ enum class OpId : int {
 #define FLAME_OP_ENUM(Id, name, ...) Id,
   FLAME_UNARY_OPS(FLAME_OP_ENUM) FLAME_SCALAR_OPS(FLAME_OP_ENUM) FLAME_SPECIAL_UNARY_OPS(FLAME_OP_ENUM)
   FLAME_INTERNAL_UNARY_OPS(FLAME_OP_ENUM)
-  FLAME_BINARY_OPS(FLAME_OP_ENUM) FLAME_STRUCTURAL_OPS(FLAME_OP_ENUM)
+  FLAME_BINARY_OPS(FLAME_OP_ENUM) FLAME_INTERNAL_BINARY_OPS(FLAME_OP_ENUM) FLAME_STRUCTURAL_OPS(FLAME_OP_ENUM)
 #undef FLAME_OP_ENUM
   Count
 };

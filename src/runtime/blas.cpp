@@ -40,6 +40,8 @@ cublasLtEpilogue_t lt_epilogue(Epilogue e) {
     case Epilogue::Bias: return CUBLASLT_EPILOGUE_BIAS;
     case Epilogue::Relu: return CUBLASLT_EPILOGUE_RELU;
     case Epilogue::ReluBias: return CUBLASLT_EPILOGUE_RELU_BIAS;
+    case Epilogue::Gelu: return CUBLASLT_EPILOGUE_GELU;
+    case Epilogue::GeluBias: return CUBLASLT_EPILOGUE_GELU_BIAS;
     case Epilogue::GeluAux: return CUBLASLT_EPILOGUE_GELU_AUX;
     case Epilogue::GeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case Epilogue::BgradB: return CUBLASLT_EPILOGUE_BGRADB;
@@ -157,6 +159,12 @@ struct Blas::Impl {
       uint32_t al[4] = {static_cast<uint32_t>(alignment(c.a.ptr)), static_cast<uint32_t>(alignment(c.b.ptr)),
                         static_cast<uint32_t>(alignment(c.d)), static_cast<uint32_t>(alignment(c.d))};
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+      if (c.dtype == FLAME_DTYPE_F16 || c.dtype == FLAME_DTYPE_BF16) {
+        // Split-K partial sums stay in f32: reductions in the output type (in place or in the
+        // workspace) lose ~3 digits of a bf16 dot product of length 1000.
+        uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &scheme, sizeof scheme);
+      }
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof al[0]);
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof al[1]);
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof al[2]);

@@ -18,6 +18,8 @@ enum class Epilogue : int32_t {
   Bias,          // D = A B + bias (bias has D's row count)
   Relu,          // D = relu(A B)
   ReluBias,      // D = relu(A B + bias)
+  Gelu,          // D = gelu_tanh(A B)
+  GeluBias,      // D = gelu_tanh(A B + bias)
   GeluAux,       // aux = A B, D = gelu_tanh(aux)
   GeluAuxBias,   // aux = A B + bias, D = gelu_tanh(aux)
   BgradB,        // D = A B, bias := sum of B over k (one value per column of D)

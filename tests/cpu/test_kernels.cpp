@@ -35,7 +35,7 @@ std::vector<std::string> elementwise_names() {
 #define U(Id, name, Kind) unary_op(OpId::Id);
 #define B(Id, name, Kind) binary_op(OpId::Id);
   FLAME_UNARY_OPS(U) FLAME_SCALAR_OPS(U) FLAME_SPECIAL_UNARY_OPS(U) FLAME_INTERNAL_UNARY_OPS(U)
-  FLAME_BINARY_OPS(B)
+  FLAME_BINARY_OPS(B) FLAME_INTERNAL_BINARY_OPS(B)
 #undef U
 #undef B
   for (DType a : kAll) {
