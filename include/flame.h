@@ -410,6 +410,80 @@ typedef enum flame_activation_t {
 FLAME_API flame_status_t flame_linear(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, int32_t activation,
                                       flame_tensor_t* out);
 
+/* ============================== Optimizers ============================== */
+/* Fused multi-tensor optimizers with the formulas of torch.optim (SGD, Adam, AdamW) and Lion
+ * (Chen et al. 2023). A step updates every parameter that has a .grad, in place, with one kernel
+ * launch per parameter group and dtype; parameters without a .grad are skipped. State (moments)
+ * is kept in f32 for f16/bf16/f32 parameters (f64 for f64) inside the optimizer. */
+
+typedef struct flame_optimizer_s* flame_optimizer_t;
+
+typedef enum flame_optimizer_kind_t {
+  FLAME_OPTIMIZER_SGD = 0,
+  FLAME_OPTIMIZER_ADAM = 1,   /* weight_decay is an L2 term added to the gradient */
+  FLAME_OPTIMIZER_ADAMW = 2,  /* weight_decay is decoupled: p *= 1 - lr * weight_decay */
+  FLAME_OPTIMIZER_LION = 3    /* betas default (0.9, 0.99) */
+} flame_optimizer_kind_t;
+
+/* Hyper-parameters of one parameter group. Set struct_size = sizeof(flame_optimizer_options_t)
+ * (flame_optimizer_options_init does) so that later versions can grow the struct. */
+typedef struct flame_optimizer_options_t {
+  size_t struct_size;
+  int32_t kind;                /* a flame_optimizer_kind_t */
+  double lr;                   /* default 1e-3 */
+  double weight_decay;         /* default 1e-2 for AdamW, 0 otherwise */
+  double beta1;                /* Adam/AdamW (0.9, 0.999); Lion (0.9, 0.99) */
+  double beta2;
+  double eps;                  /* Adam/AdamW denominator term; default 1e-8 */
+  double momentum;             /* SGD; default 0 */
+  double dampening;            /* SGD; default 0 */
+  int32_t nesterov;            /* SGD: Nesterov momentum (needs momentum > 0, dampening 0) */
+  int32_t amsgrad;             /* Adam/AdamW: keep the maximum of the second moment */
+  int32_t maximize;            /* ascend instead of descend */
+  int32_t master_weights;      /* f16/bf16 parameters: keep an f32 master copy and update it */
+  int32_t stochastic_rounding; /* with master_weights: round bf16 parameters stochastically */
+} flame_optimizer_options_t;
+
+/* Fills opts with the defaults of kind. opts NULL or kind unknown: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_optimizer_options_init(flame_optimizer_options_t* opts, int32_t kind);
+/* Creates an optimizer whose first parameter group is params[0..n) (borrowed; the optimizer keeps
+ * its own references) with opts. Parameters must be contiguous floating leaves of ctx, each at most
+ * once in the optimizer. OUT *out: a new optimizer (release with flame_optimizer_release).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, bad options, non-leaf or strided parameters),
+ * FLAME_ERROR_DTYPE_MISMATCH (integer parameters). n may be 0. */
+FLAME_API flame_status_t flame_optimizer_create(flame_ctx_t ctx, const flame_optimizer_options_t* opts, const flame_tensor_t* params,
+                                                int64_t n, flame_optimizer_t* out);
+/* Adds a parameter group with its own options (same kind). OUT *group (may be NULL): its index. */
+FLAME_API flame_status_t flame_optimizer_add_param_group(flame_optimizer_t opt, const flame_optimizer_options_t* opts,
+                                                         const flame_tensor_t* params, int64_t n, int32_t* group);
+/* One update of every parameter with a gradient. A gradient whose shape or dtype differs from its
+ * parameter's: FLAME_ERROR_SHAPE_MISMATCH (nothing is updated in that group). */
+FLAME_API flame_status_t flame_optimizer_step(flame_optimizer_t opt);
+/* Clears the gradients of all parameters: set_to_none != 0 drops them, else fills them with 0. */
+FLAME_API flame_status_t flame_optimizer_zero_grad(flame_optimizer_t opt, int32_t set_to_none);
+/* Learning rate of one group, or of all groups when group is -1 (schedules stay in user code).
+ * lr negative or non-finite, or group out of range: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_optimizer_set_lr(flame_optimizer_t opt, int32_t group, double lr);
+FLAME_API flame_status_t flame_optimizer_get_lr(flame_optimizer_t opt, int32_t group, double* lr);
+/* OUT *steps: number of completed steps. */
+FLAME_API flame_status_t flame_optimizer_step_count(flame_optimizer_t opt, int64_t* steps);
+/* Frees the optimizer and its state (parameters stay). NULL: no-op. */
+FLAME_API void flame_optimizer_release(flame_optimizer_t opt);
+
+/* ============================== Gradient tools ============================== */
+/* These edit the .grad of params[0..n) (borrowed) in place; parameters without a .grad are skipped.
+ * Usable from hooks. */
+
+/* Scales all gradients by min(1, max_norm / (total + 1e-6)), where total is the norm_type norm (2,
+ * 1 or INFINITY) of all gradients together, as torch.nn.utils.clip_grad_norm_. OUT *total_norm
+ * (may be NULL): a new 0-d f32 tensor holding the total norm (no host synchronisation unless
+ * error_if_nonfinite). error_if_nonfinite and a NaN/Inf total: FLAME_ERROR_INVALID_ARGUMENT and no
+ * gradient changes. */
+FLAME_API flame_status_t flame_clip_grad_norm(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double max_norm,
+                                             double norm_type, int32_t error_if_nonfinite, flame_tensor_t* total_norm);
+/* Clamps every gradient element to [-clip, clip] (clip >= 0), as torch.nn.utils.clip_grad_value_. */
+FLAME_API flame_status_t flame_clip_grad_value(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double clip);
+
 /* ============================== Autograd ============================== */
 /* One reverse-mode engine with PyTorch semantics. Only floating tensors can require grad. Ops
  * record a graph while grad mode is on and an input requires grad; an op that has no backward

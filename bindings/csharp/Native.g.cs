@@ -48,6 +48,14 @@ namespace Flame.Interop
         FLAME_ACTIVATION_GELU_TANH = 2,
     }
 
+    public enum flame_optimizer_kind_t : int
+    {
+        FLAME_OPTIMIZER_SGD = 0,
+        FLAME_OPTIMIZER_ADAM = 1,
+        FLAME_OPTIMIZER_ADAMW = 2,
+        FLAME_OPTIMIZER_LION = 3,
+    }
+
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_ctx_options_t
     {
@@ -67,6 +75,25 @@ namespace Flame.Interop
         public ulong bytes_reserved;
         public ulong peak_bytes_in_use;
         public ulong live_tensors;
+    }
+
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct flame_optimizer_options_t
+    {
+        public UIntPtr struct_size;
+        public int kind;
+        public double lr;
+        public double weight_decay;
+        public double beta1;
+        public double beta2;
+        public double eps;
+        public double momentum;
+        public double dampening;
+        public int nesterov;
+        public int amsgrad;
+        public int maximize;
+        public int master_weights;
+        public int stochastic_rounding;
     }
 
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
@@ -228,6 +255,17 @@ namespace Flame.Interop
             "flame_matmul",
             "flame_bmm",
             "flame_linear",
+            "flame_optimizer_options_init",
+            "flame_optimizer_create",
+            "flame_optimizer_add_param_group",
+            "flame_optimizer_step",
+            "flame_optimizer_zero_grad",
+            "flame_optimizer_set_lr",
+            "flame_optimizer_get_lr",
+            "flame_optimizer_step_count",
+            "flame_optimizer_release",
+            "flame_clip_grad_norm",
+            "flame_clip_grad_value",
             "flame_tensor_set_requires_grad",
             "flame_tensor_requires_grad",
             "flame_tensor_is_leaf",
@@ -644,6 +682,39 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_linear", ExactSpelling = true)]
         public static extern flame_status_t flame_linear(IntPtr x, IntPtr weight, IntPtr bias, int activation, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_options_init(flame_optimizer_options_t* opts, int kind);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_create", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_create(IntPtr ctx, flame_optimizer_options_t* opts, IntPtr* @params, long n, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_add_param_group", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_add_param_group(IntPtr opt, flame_optimizer_options_t* opts, IntPtr* @params, long n, int* group);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_step", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_step(IntPtr opt);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_zero_grad", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_zero_grad(IntPtr opt, int set_to_none);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_set_lr", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_set_lr(IntPtr opt, int group, double lr);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_get_lr", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_get_lr(IntPtr opt, int group, double* lr);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_step_count", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_step_count(IntPtr opt, long* steps);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_release", ExactSpelling = true)]
+        public static extern void flame_optimizer_release(IntPtr opt);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_clip_grad_norm", ExactSpelling = true)]
+        public static extern flame_status_t flame_clip_grad_norm(IntPtr ctx, IntPtr* @params, long n, double max_norm, double norm_type, int error_if_nonfinite, IntPtr* total_norm);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_clip_grad_value", ExactSpelling = true)]
+        public static extern flame_status_t flame_clip_grad_value(IntPtr ctx, IntPtr* @params, long n, double clip);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_set_requires_grad", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_set_requires_grad(IntPtr t, int requires_grad);

@@ -1320,6 +1320,32 @@ namespace Flame
             return new Tensor(o_out);
         }
 
+        /// <summary><c>flame_status_t flame_clip_grad_norm(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double max_norm, double norm_type, int32_t error_if_nonfinite, flame_tensor_t* total_norm)</c></summary>
+        public unsafe Tensor ClipGradNorm(Tensor[] @params, double max_norm, double norm_type, int error_if_nonfinite)
+        {
+            IntPtr[] params_raw = Tensor.RawArray(@params);
+            IntPtr o_total_norm = IntPtr.Zero;
+            fixed (IntPtr* params_p = params_raw)
+            {
+                Status.Check(Native.flame_clip_grad_norm(Raw, params_p, (long)params_raw.Length, max_norm, norm_type, error_if_nonfinite, &o_total_norm));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(@params);
+            return new Tensor(o_total_norm);
+        }
+
+        /// <summary><c>flame_status_t flame_clip_grad_value(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double clip)</c></summary>
+        public unsafe void ClipGradValue(Tensor[] @params, double clip)
+        {
+            IntPtr[] params_raw = Tensor.RawArray(@params);
+            fixed (IntPtr* params_p = params_raw)
+            {
+                Status.Check(Native.flame_clip_grad_value(Raw, params_p, (long)params_raw.Length, clip));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(@params);
+        }
+
         /// <summary><c>flame_status_t flame_ctx_is_grad_enabled(flame_ctx_t ctx, int32_t* enabled)</c></summary>
         public unsafe bool IsGradEnabled()
         {

@@ -108,6 +108,13 @@ TEST_P(KernelCompile, Scan) {
   compile_all("scan.cuh", v, GetParam());
 }
 
+TEST_P(KernelCompile, Optimizers) {
+  std::vector<std::string> v;
+  for (DType d : {FLAME_DTYPE_F32, FLAME_DTYPE_F64, FLAME_DTYPE_F16, FLAME_DTYPE_BF16})
+    v.push_back(std::string("flame::optim_step<") + device_type(d) + ">");
+  compile_all("optim.cuh", v, GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, KernelCompile, ::testing::Values(80, 90),
                          [](const ::testing::TestParamInfo<int>& i) { return "sm_" + std::to_string(i.param); });
 

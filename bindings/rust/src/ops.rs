@@ -5,7 +5,7 @@
 use crate::sys;
 use crate::{api, check, len_as, slice_ptr, Context, Result, Tensor};
 #[allow(unused_imports)]
-use crate::sys::{Activation, DType, Status};
+use crate::sys::{Activation, DType, OptimizerKind, Status};
 
 impl Tensor {
     /// `flame_status_t flame_tensor_dtype(flame_tensor_t t, flame_dtype_t* dtype)`.
@@ -809,6 +809,21 @@ impl Context {
         check(unsafe { (api.flame_randn)(self.raw, slice_ptr(shape), len_as::<i32>(shape.len())?, dtype.0, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
+    /// `flame_status_t flame_clip_grad_norm(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double max_norm, double norm_type, int32_t error_if_nonfinite, flame_tensor_t* total_norm)`.
+    pub fn clip_grad_norm(&self, params: &[&Tensor], max_norm: f64, norm_type: f64, error_if_nonfinite: i32) -> Result<Tensor> {
+        let api = api()?;
+        let params_raw: Vec<sys::flame_tensor_t> = params.iter().map(|t| t.raw).collect();
+        let mut o_total_norm: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_clip_grad_norm)(self.raw, slice_ptr(&params_raw), len_as::<i64>(params.len())?, max_norm, norm_type, error_if_nonfinite, &mut o_total_norm) })?;
+        Ok(unsafe { Tensor::from_raw(o_total_norm) })
+    }
+    /// `flame_status_t flame_clip_grad_value(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double clip)`.
+    pub fn clip_grad_value(&self, params: &[&Tensor], clip: f64) -> Result<()> {
+        let api = api()?;
+        let params_raw: Vec<sys::flame_tensor_t> = params.iter().map(|t| t.raw).collect();
+        check(unsafe { (api.flame_clip_grad_value)(self.raw, slice_ptr(&params_raw), len_as::<i64>(params.len())?, clip) })?;
+        Ok(())
+    }
     /// `flame_status_t flame_ctx_is_grad_enabled(flame_ctx_t ctx, int32_t* enabled)`.
     pub fn is_grad_enabled(&self) -> Result<bool> {
         let api = api()?;
@@ -820,4 +835,4 @@ impl Context {
 
 /// Functions without a generated safe method and not wrapped by hand in lib.rs: call them
 /// through `flame::api()` (the raw table).
-pub const UNWRAPPED: &[&str] = &[];
+pub const UNWRAPPED: &[&str] = &["flame_optimizer_options_init", "flame_optimizer_create", "flame_optimizer_add_param_group", "flame_optimizer_step", "flame_optimizer_zero_grad", "flame_optimizer_set_lr", "flame_optimizer_get_lr", "flame_optimizer_step_count", "flame_optimizer_release"];

@@ -174,6 +174,42 @@ impl std::fmt::Debug for Activation {
     }
 }
 
+pub type flame_optimizer_kind_t = i32;
+pub const FLAME_OPTIMIZER_SGD: flame_optimizer_kind_t = 0;
+pub const FLAME_OPTIMIZER_ADAM: flame_optimizer_kind_t = 1;
+pub const FLAME_OPTIMIZER_ADAMW: flame_optimizer_kind_t = 2;
+pub const FLAME_OPTIMIZER_LION: flame_optimizer_kind_t = 3;
+
+/// `flame_optimizer_kind_t` as a Rust newtype; unknown values are representable.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct OptimizerKind(pub flame_optimizer_kind_t);
+impl OptimizerKind {
+    pub const OPTIMIZER_SGD: OptimizerKind = OptimizerKind(0);
+    pub const OPTIMIZER_ADAM: OptimizerKind = OptimizerKind(1);
+    pub const OPTIMIZER_ADAMW: OptimizerKind = OptimizerKind(2);
+    pub const OPTIMIZER_LION: OptimizerKind = OptimizerKind(3);
+    /// Every value the header defines, with its C name.
+    pub const ALL: &'static [(OptimizerKind, &'static str)] = &[
+        (OptimizerKind(0), "FLAME_OPTIMIZER_SGD"),
+        (OptimizerKind(1), "FLAME_OPTIMIZER_ADAM"),
+        (OptimizerKind(2), "FLAME_OPTIMIZER_ADAMW"),
+        (OptimizerKind(3), "FLAME_OPTIMIZER_LION"),
+    ];
+    /// The C name of the value ("FLAME_OPTIMIZER_SGD"), or None for a value this header does not know.
+    pub fn c_name(self) -> Option<&'static str> {
+        Self::ALL.iter().find(|(v, _)| *v == self).map(|(_, n)| *n)
+    }
+}
+impl std::fmt::Debug for OptimizerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.c_name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "OptimizerKind({})", self.0),
+        }
+    }
+}
+
 pub const FLAME_BACKWARD_RETAIN_GRAPH: u32 = 1;
 pub const FLAME_BACKWARD_CREATE_GRAPH: u32 = 2;
 pub const FLAME_GRAD_ALLOW_UNUSED: u32 = 4;
@@ -194,6 +230,11 @@ pub struct flame_hook_s {
     _opaque: [u8; 0],
 }
 pub type flame_hook_t = *mut flame_hook_s;
+#[repr(C)]
+pub struct flame_optimizer_s {
+    _opaque: [u8; 0],
+}
+pub type flame_optimizer_t = *mut flame_optimizer_s;
 
 // ---- callback types ----
 pub type flame_tensor_hook_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, grad: flame_tensor_t, replacement: *mut flame_tensor_t) -> flame_status_t>;
@@ -220,6 +261,25 @@ pub struct flame_memory_stats_t {
     pub bytes_reserved: u64,
     pub peak_bytes_in_use: u64,
     pub live_tensors: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flame_optimizer_options_t {
+    pub struct_size: usize,
+    pub kind: i32,
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub momentum: f64,
+    pub dampening: f64,
+    pub nesterov: i32,
+    pub amsgrad: i32,
+    pub maximize: i32,
+    pub master_weights: i32,
+    pub stochastic_rounding: i32,
 }
 
 // ---- functions ----
@@ -358,6 +418,17 @@ pub const SYMBOLS: &[&str] = &[
     "flame_matmul",
     "flame_bmm",
     "flame_linear",
+    "flame_optimizer_options_init",
+    "flame_optimizer_create",
+    "flame_optimizer_add_param_group",
+    "flame_optimizer_step",
+    "flame_optimizer_zero_grad",
+    "flame_optimizer_set_lr",
+    "flame_optimizer_get_lr",
+    "flame_optimizer_step_count",
+    "flame_optimizer_release",
+    "flame_clip_grad_norm",
+    "flame_clip_grad_value",
     "flame_tensor_set_requires_grad",
     "flame_tensor_requires_grad",
     "flame_tensor_is_leaf",
@@ -511,6 +582,17 @@ pub struct Api {
     pub flame_matmul: unsafe extern "C" fn(a: flame_tensor_t, b: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_bmm: unsafe extern "C" fn(a: flame_tensor_t, b: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_linear: unsafe extern "C" fn(x: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, activation: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_optimizer_options_init: unsafe extern "C" fn(opts: *mut flame_optimizer_options_t, kind: i32) -> flame_status_t,
+    pub flame_optimizer_create: unsafe extern "C" fn(ctx: flame_ctx_t, opts: *const flame_optimizer_options_t, params: *const flame_tensor_t, n: i64, out: *mut flame_optimizer_t) -> flame_status_t,
+    pub flame_optimizer_add_param_group: unsafe extern "C" fn(opt: flame_optimizer_t, opts: *const flame_optimizer_options_t, params: *const flame_tensor_t, n: i64, group: *mut i32) -> flame_status_t,
+    pub flame_optimizer_step: unsafe extern "C" fn(opt: flame_optimizer_t) -> flame_status_t,
+    pub flame_optimizer_zero_grad: unsafe extern "C" fn(opt: flame_optimizer_t, set_to_none: i32) -> flame_status_t,
+    pub flame_optimizer_set_lr: unsafe extern "C" fn(opt: flame_optimizer_t, group: i32, lr: f64) -> flame_status_t,
+    pub flame_optimizer_get_lr: unsafe extern "C" fn(opt: flame_optimizer_t, group: i32, lr: *mut f64) -> flame_status_t,
+    pub flame_optimizer_step_count: unsafe extern "C" fn(opt: flame_optimizer_t, steps: *mut i64) -> flame_status_t,
+    pub flame_optimizer_release: unsafe extern "C" fn(opt: flame_optimizer_t),
+    pub flame_clip_grad_norm: unsafe extern "C" fn(ctx: flame_ctx_t, params: *const flame_tensor_t, n: i64, max_norm: f64, norm_type: f64, error_if_nonfinite: i32, total_norm: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_clip_grad_value: unsafe extern "C" fn(ctx: flame_ctx_t, params: *const flame_tensor_t, n: i64, clip: f64) -> flame_status_t,
     pub flame_tensor_set_requires_grad: unsafe extern "C" fn(t: flame_tensor_t, requires_grad: i32) -> flame_status_t,
     pub flame_tensor_requires_grad: unsafe extern "C" fn(t: flame_tensor_t, requires_grad: *mut i32) -> flame_status_t,
     pub flame_tensor_is_leaf: unsafe extern "C" fn(t: flame_tensor_t, is_leaf: *mut i32) -> flame_status_t,
@@ -672,6 +754,17 @@ impl Api {
             flame_matmul: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_matmul\0")?),
             flame_bmm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_bmm\0")?),
             flame_linear: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_linear\0")?),
+            flame_optimizer_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_optimizer_options_t, i32) -> flame_status_t>(resolve(b"flame_optimizer_options_init\0")?),
+            flame_optimizer_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_optimizer_options_t, *const flame_tensor_t, i64, *mut flame_optimizer_t) -> flame_status_t>(resolve(b"flame_optimizer_create\0")?),
+            flame_optimizer_add_param_group: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *const flame_optimizer_options_t, *const flame_tensor_t, i64, *mut i32) -> flame_status_t>(resolve(b"flame_optimizer_add_param_group\0")?),
+            flame_optimizer_step: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t) -> flame_status_t>(resolve(b"flame_optimizer_step\0")?),
+            flame_optimizer_zero_grad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, i32) -> flame_status_t>(resolve(b"flame_optimizer_zero_grad\0")?),
+            flame_optimizer_set_lr: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, i32, f64) -> flame_status_t>(resolve(b"flame_optimizer_set_lr\0")?),
+            flame_optimizer_get_lr: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, i32, *mut f64) -> flame_status_t>(resolve(b"flame_optimizer_get_lr\0")?),
+            flame_optimizer_step_count: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *mut i64) -> flame_status_t>(resolve(b"flame_optimizer_step_count\0")?),
+            flame_optimizer_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t)>(resolve(b"flame_optimizer_release\0")?),
+            flame_clip_grad_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, f64, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_clip_grad_norm\0")?),
+            flame_clip_grad_value: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, f64) -> flame_status_t>(resolve(b"flame_clip_grad_value\0")?),
             flame_tensor_set_requires_grad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32) -> flame_status_t>(resolve(b"flame_tensor_set_requires_grad\0")?),
             flame_tensor_requires_grad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut i32) -> flame_status_t>(resolve(b"flame_tensor_requires_grad\0")?),
             flame_tensor_is_leaf: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut i32) -> flame_status_t>(resolve(b"flame_tensor_is_leaf\0")?),
