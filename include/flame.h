@@ -551,6 +551,50 @@ FLAME_API flame_status_t flame_tensor_register_post_accumulate_grad_hook(flame_t
 /* Detaches the hook (if its tensor still lives), calls destroy once, frees the handle. NULL: no-op. */
 FLAME_API void flame_hook_remove(flame_hook_t hook);
 
+/* ============================== Neural networks: softmax and normalisation ============================== */
+/* Fused kernels with fused backward (first order) and differentiable backward (create_graph). x must
+ * be floating (otherwise FLAME_ERROR_DTYPE_MISMATCH); any strides are accepted; f16/bf16 compute in
+ * f32. weight, bias and running statistics, when given, must have x's context (otherwise
+ * FLAME_ERROR_INVALID_ARGUMENT), x's dtype (FLAME_ERROR_DTYPE_MISMATCH) and the documented shape
+ * (FLAME_ERROR_SHAPE_MISMATCH). eps must be finite and >= 0. OUT *out: a new reference of x's shape
+ * and dtype. On any error *out is NULL and nothing changes (running statistics included). */
+
+/* exp(x - max) / sum(exp(x - max)) along dim (negative counts from the end; a 0-d x takes dim 0 or
+ * -1). A dim out of range: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out);
+/* x - max - log(sum(exp(x - max))) along dim, as flame_softmax. */
+FLAME_API flame_status_t flame_log_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out);
+
+/* (x - mean) / sqrt(var + eps) * weight + bias over the last ndims dims of x, which must equal
+ * normalized_shape[0..ndims-1] (1 <= ndims <= FLAME_MAX_DIMS, else FLAME_ERROR_INVALID_ARGUMENT; a
+ * mismatch: FLAME_ERROR_SHAPE_MISMATCH). var is the biased variance, as torch.nn.functional.layer_norm.
+ * weight and bias have shape normalized_shape; each may be NULL (no scale / no shift). */
+FLAME_API flame_status_t flame_layer_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims,
+                                          flame_tensor_t weight, flame_tensor_t bias, double eps, flame_tensor_t* out);
+/* x / sqrt(mean(x^2) + eps) * weight over the last ndims dims, as flame_layer_norm (weight may be
+ * NULL). PyTorch's default eps is the dtype's epsilon: pass it explicitly (e.g. 1.1920929e-07 for f32). */
+FLAME_API flame_status_t flame_rms_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims,
+                                        flame_tensor_t weight, double eps, flame_tensor_t* out);
+/* Group normalisation of x [N, C, *] (channels_last 0) or [N, *, C] (channels_last 1; the result is
+ * channels-last too): the C channels form num_groups groups of C / num_groups consecutive channels,
+ * each (sample, group) is normalised over its channels and spatial positions, then scaled and
+ * shifted per channel by weight [C] and bias [C] (each may be NULL). x needs at least 2 dims
+ * (FLAME_ERROR_SHAPE_MISMATCH); num_groups must be positive and divide C, channels_last 0 or 1
+ * (FLAME_ERROR_INVALID_ARGUMENT). */
+FLAME_API flame_status_t flame_group_norm(flame_tensor_t x, int32_t num_groups, flame_tensor_t weight, flame_tensor_t bias,
+                                          double eps, int32_t channels_last, flame_tensor_t* out);
+/* Batch normalisation of x [N, C, *] per channel, as torch.nn.functional.batch_norm.
+ * training != 0: normalises with the batch statistics (biased variance) and, when running_mean and
+ * running_var are given, updates them IN PLACE: r = (1 - momentum) * r + momentum * s, with the
+ * unbiased variance for running_var; needs more than one value per channel (N * spatial > 1, else
+ * FLAME_ERROR_INVALID_ARGUMENT). training == 0: normalises with running_mean and running_var, which
+ * must be given. running_mean and running_var [C] are both given or both NULL, borrowed, and must
+ * not require grad (FLAME_ERROR_INVALID_ARGUMENT). weight [C] and bias [C] may be NULL. The gradient
+ * flows to x, weight and bias (in eval mode the statistics are constants). */
+FLAME_API flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t running_mean, flame_tensor_t running_var,
+                                          flame_tensor_t weight, flame_tensor_t bias, int32_t training, double momentum,
+                                          double eps, flame_tensor_t* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -282,6 +282,12 @@ namespace Flame.Interop
             "flame_tensor_register_hook",
             "flame_tensor_register_post_accumulate_grad_hook",
             "flame_hook_remove",
+            "flame_softmax",
+            "flame_log_softmax",
+            "flame_layer_norm",
+            "flame_rms_norm",
+            "flame_group_norm",
+            "flame_batch_norm",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -763,6 +769,24 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_hook_remove", ExactSpelling = true)]
         public static extern void flame_hook_remove(IntPtr hook);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_softmax", ExactSpelling = true)]
+        public static extern flame_status_t flame_softmax(IntPtr x, int dim, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_log_softmax", ExactSpelling = true)]
+        public static extern flame_status_t flame_log_softmax(IntPtr x, int dim, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_layer_norm", ExactSpelling = true)]
+        public static extern flame_status_t flame_layer_norm(IntPtr x, long* normalized_shape, int ndims, IntPtr weight, IntPtr bias, double eps, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rms_norm", ExactSpelling = true)]
+        public static extern flame_status_t flame_rms_norm(IntPtr x, long* normalized_shape, int ndims, IntPtr weight, double eps, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_group_norm", ExactSpelling = true)]
+        public static extern flame_status_t flame_group_norm(IntPtr x, int num_groups, IntPtr weight, IntPtr bias, double eps, int channels_last, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_batch_norm", ExactSpelling = true)]
+        public static extern flame_status_t flame_batch_norm(IntPtr x, IntPtr running_mean, IntPtr running_var, IntPtr weight, IntPtr bias, int training, double momentum, double eps, IntPtr* @out);
 
     }
 }

@@ -1119,6 +1119,85 @@ namespace Flame
             GC.KeepAlive(this);
         }
 
+        /// <summary><c>flame_status_t flame_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Softmax(int dim)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_softmax(Raw, dim, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_log_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor LogSoftmax(int dim)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_log_softmax(Raw, dim, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_layer_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, flame_tensor_t bias, double eps, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor LayerNorm(long[] normalized_shape, Tensor weight, Tensor bias, double eps)
+        {
+            long[] normalized_shape_a = normalized_shape ?? new long[0];
+            IntPtr o_out = IntPtr.Zero;
+            fixed (long* normalized_shape_p = normalized_shape_a)
+            {
+                Status.Check(Native.flame_layer_norm(Raw, (normalized_shape_a.Length == 0 ? null : normalized_shape_p), (int)normalized_shape_a.Length, Tensor.RawOf(weight), Tensor.RawOf(bias), eps, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(weight);
+            GC.KeepAlive(bias);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_rms_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, double eps, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor RmsNorm(long[] normalized_shape, Tensor weight, double eps)
+        {
+            long[] normalized_shape_a = normalized_shape ?? new long[0];
+            IntPtr o_out = IntPtr.Zero;
+            fixed (long* normalized_shape_p = normalized_shape_a)
+            {
+                Status.Check(Native.flame_rms_norm(Raw, (normalized_shape_a.Length == 0 ? null : normalized_shape_p), (int)normalized_shape_a.Length, Tensor.RawOf(weight), eps, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(weight);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_group_norm(flame_tensor_t x, int32_t num_groups, flame_tensor_t weight, flame_tensor_t bias, double eps, int32_t channels_last, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor GroupNorm(int num_groups, Tensor weight, Tensor bias, double eps, int channels_last)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_group_norm(Raw, num_groups, Tensor.RawOf(weight), Tensor.RawOf(bias), eps, channels_last, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(weight);
+            GC.KeepAlive(bias);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t running_mean, flame_tensor_t running_var, flame_tensor_t weight, flame_tensor_t bias, int32_t training, double momentum, double eps, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor BatchNorm(Tensor running_mean, Tensor running_var, Tensor weight, Tensor bias, int training, double momentum, double eps)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_batch_norm(Raw, Tensor.RawOf(running_mean), Tensor.RawOf(running_var), Tensor.RawOf(weight), Tensor.RawOf(bias), training, momentum, eps, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(running_mean);
+            GC.KeepAlive(running_var);
+            GC.KeepAlive(weight);
+            GC.KeepAlive(bias);
+            return new Tensor(o_out);
+        }
+
         /// <summary><c>flame_status_t flame_cat(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out)</c></summary>
         public static unsafe Tensor Cat(Tensor[] tensors, int dim)
         {

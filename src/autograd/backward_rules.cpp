@@ -4,10 +4,12 @@
 // node's output, and returns one gradient per input (null where none is needed). Broadcasting and
 // dtype promotion are separate Expand and Cast nodes, so no rule undoes them.
 // Saved tensors per op are listed in ops/elementwise.cpp (saves_input, then saves_output).
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include "autograd/graph.h"
 #include "core/error.h"
+#include "ops/nn.h"
 #include "ops/ops.h"
 
 namespace flame {
@@ -199,6 +201,124 @@ RULE(CumSum) {
   return {flip(cumsum(flip(g, {dim}), dim), {dim})};
 }
 
+// ---------------- neural-network ops (ops/nn.h): softmax and normalisation ----------------
+// Without create_graph (the engine is not recording) each rule runs the op's fused backward kernel.
+// With it, the same gradient is composed of FLAME ops, the statistics recomputed from x so that they
+// are differentiated too; f16/bf16 are composed in f32 and the results cast back.
+
+Tensor wide(const Tensor& t) {
+  return t && (t->dtype == FLAME_DTYPE_F16 || t->dtype == FLAME_DTYPE_BF16) ? to_dtype(t, FLAME_DTYPE_F32) : t;
+}
+Tensor narrow_to(const Tensor& t, const TensorInfo& info) { return t ? to_dtype(reshape(t, info.shape), info.dtype) : t; }
+std::vector<int> dims_except(int nd, const std::vector<int>& keep) {
+  std::vector<int> d;
+  for (int i = 0; i < nd; ++i)
+    if (std::find(keep.begin(), keep.end(), i) == keep.end()) d.push_back(i);
+  return d;
+}
+Tensor sum_over(const Tensor& t, const std::vector<int>& dims) { return dims.empty() ? t : sum(t, dims, false); }
+
+// dx of y = xhat * w (+ b), xhat = (x - mean) * rstd over `dims` (centre false: RMS, xhat = x * rstd),
+// given gw = g * w: rstd * (gw - mean(gw) - xhat * mean(gw * xhat)). Returns {dx, xhat}.
+Grads composed_norm(const Tensor& x, const Tensor& gw, const std::vector<int>& dims, bool centre, double eps) {
+  Tensor xc = centre ? sub(x, mean(x, dims, true)) : x;
+  Tensor rstd = unary(OpId::Rsqrt, add_scalar(mean(square(xc), dims, true), eps));
+  Tensor xhat = mul(xc, rstd);
+  Tensor inner = sub(gw, mul(xhat, mean(mul(gw, xhat), dims, true)));
+  if (centre) inner = sub(inner, mean(gw, dims, true));
+  return {mul(rstd, inner), xhat};
+}
+
+// weight [C] as [1, C, 1, ...] for an [N, C, *] tensor of nd dims.
+Tensor per_channel(const Tensor& w, int nd) {
+  Shape s(static_cast<size_t>(nd), 1);
+  s[1] = w->shape[0];
+  return reshape(w, s);
+}
+
+Grads softmax_rule(Node& n, const Tensor& g, bool log) {
+  Tensor y = saved(n, 0);
+  int dim = static_cast<int>(n.ints[0]);
+  if (!g->ctx().recording()) return {softmax_backward(g, y, dim, log)};
+  if (log) return {sub(g, mul(exp(y), sum(g, {dim}, true)))};
+  return {mul(y, sub(g, sum(mul(g, y), {dim}, true)))};
+}
+RULE(Softmax) { return softmax_rule(n, g, false); }
+RULE(LogSoftmax) { return softmax_rule(n, g, true); }
+
+// layer_norm / rms_norm (inputs x, weight[, bias]; ints {k, has weight, has bias}) and group_norm
+// (inputs x, weight, bias; ints {groups, ...}). Saved: x, weight, mean, rstd.
+Grads row_norm_rule(Node& n, const Tensor& g, NormKind kind) {
+  Tensor x = saved(n, 0), w = n.ints[1] ? saved(n, 1) : nullptr;
+  const bool has_b = kind != NormKind::Rms && n.ints[2];
+  const bool nx = n.needs_input_grad(0), nw = w && n.needs_input_grad(1), nb = has_b && n.needs_input_grad(2);
+  Grads out(n.next.size());
+  if (!g->ctx().recording()) {
+    Tensor mu = kind == NormKind::Rms ? nullptr : saved(n, 2), rstd = saved(n, 3);
+    NormGrads r = norm_backward(kind, norm_geometry(kind, x->shape, n.ints[0]), g, x, w, mu, rstd, nx, nw, nb);
+    out[0] = r.dx;
+    if (nw) out[1] = narrow_to(r.dw, n.inputs[1]);
+    if (nb) out[2] = narrow_to(r.db, n.inputs[2]);
+    return out;
+  }
+  const int nd = x->ndim();
+  const double eps = n.reals.at(0);
+  Tensor xf = wide(x), gf = wide(g), wf = wide(w), xhat;
+  std::vector<int> wdims;  // the dims dw and db sum over
+  if (kind == NormKind::Group) {
+    const int64_t N = x->shape[0], G = n.ints[0], D = N > 0 ? x->numel() / (N * G) : 0;
+    Tensor gw = wf ? mul(gf, per_channel(wf, nd)) : gf;
+    Grads r = composed_norm(reshape(xf, {N, G, D}), reshape(gw, {N, G, D}), {2}, true, eps);
+    out[0] = nx ? to_dtype(reshape(r[0], x->shape), x->dtype) : nullptr;
+    xhat = reshape(r[1], x->shape);
+    wdims = dims_except(nd, {1});
+  } else {
+    const int k = static_cast<int>(n.ints[0]);
+    std::vector<int> dims;
+    for (int d = nd - k; d < nd; ++d) dims.push_back(d);
+    Grads r = composed_norm(xf, wf ? mul(gf, wf) : gf, dims, kind == NormKind::Layer, eps);
+    out[0] = nx ? to_dtype(r[0], x->dtype) : nullptr;
+    xhat = r[1];
+    for (int d = 0; d < nd - k; ++d) wdims.push_back(d);
+  }
+  if (nw) out[1] = narrow_to(sum_over(mul(gf, xhat), wdims), n.inputs[1]);
+  if (nb) out[2] = narrow_to(sum_over(gf, wdims), n.inputs[2]);
+  return out;
+}
+RULE(LayerNorm) { return row_norm_rule(n, g, NormKind::Layer); }
+RULE(RmsNorm) { return row_norm_rule(n, g, NormKind::Rms); }
+RULE(GroupNorm) { return row_norm_rule(n, g, NormKind::Group); }
+
+// batch_norm (inputs x, weight, bias; ints {training, has weight, has bias}); saved x, weight, and
+// the statistics used: batch mean/rstd (training, recomputed when composing) or running ones (eval,
+// constants).
+RULE(BatchNorm) {
+  Tensor x = saved(n, 0), w = n.ints[1] ? saved(n, 1) : nullptr;
+  const bool training = n.ints[0] != 0;
+  const bool nx = n.needs_input_grad(0), nw = w && n.needs_input_grad(1), nb = n.ints[2] && n.needs_input_grad(2);
+  Tensor mu = saved(n, 2), rstd = saved(n, 3);
+  if (!g->ctx().recording()) {
+    NormGrads r = batch_norm_backward(g, x, w, mu, rstd, training, nx, nw, nb);
+    return {r.dx, nw ? r.dw : nullptr, nb ? r.db : nullptr};
+  }
+  const int nd = x->ndim();
+  std::vector<int> dims = dims_except(nd, {1});
+  Tensor xf = wide(x), gf = wide(g), wf = wide(w);
+  Tensor gw = wf ? mul(gf, per_channel(wf, nd)) : gf;
+  Tensor dx, xhat;
+  if (training) {
+    Grads r = composed_norm(xf, gw, dims, true, n.reals.at(0));
+    dx = r[0];
+    xhat = r[1];
+  } else {
+    Tensor rs = per_channel(rstd, nd);
+    xhat = mul(sub(xf, per_channel(mu, nd)), rs);
+    dx = mul(gw, rs);
+  }
+  return {nx ? to_dtype(dx, x->dtype) : nullptr, nw ? narrow_to(sum(mul(gf, xhat), dims, false), n.inputs[1]) : nullptr,
+          nb ? narrow_to(sum(gf, dims, false), n.inputs[2]) : nullptr};
+}
+
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
 #define DIFF(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;
@@ -209,6 +329,7 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(Pow) DIFF(Maximum) DIFF(Minimum) DIFF(Where) DIFF(Cast) DIFF(Copy) DIFF(Reshape) DIFF(Permute)
   DIFF(Expand) DIFF(ViewSlice) DIFF(ViewScatter) DIFF(Cat) DIFF(Sum) DIFF(Prod) DIFF(Amax) DIFF(Amin) DIFF(CumSum)
   DIFF(Matmul) DIFF(Linear)
+  DIFF(Softmax) DIFF(LogSoftmax) DIFF(LayerNorm) DIFF(RmsNorm) DIFF(GroupNorm) DIFF(BatchNorm)  // ops/nn.h
 #undef DIFF
   return r;
 }

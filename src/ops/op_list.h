@@ -104,6 +104,23 @@
   X(Matmul, matmul)             \
   X(Linear, linear)
 
+// ---- neural-network ops: softmax and normalisation (src/ops/softmax.cpp, src/ops/nn_norm.cpp) ----
+// Fused forward kernels (cuda/softmax.cuh, cuda/norm.cuh) with C entry points in src/api/api_nn.cpp;
+// each records one node whose rule calls a fused backward (below) or composes ops under create_graph.
+#define FLAME_NN_OPS(X)          \
+  X(Softmax, softmax)            \
+  X(LogSoftmax, log_softmax)     \
+  X(LayerNorm, layer_norm)       \
+  X(RmsNorm, rms_norm)           \
+  X(GroupNorm, group_norm)       \
+  X(BatchNorm, batch_norm)
+// Their fused backward kernels, called by the rules only when no graph is being built. They have no
+// backward of their own: recording one fails (FLAME_ERROR_NOT_DIFFERENTIABLE) instead of dropping it.
+#define FLAME_NN_INTERNAL_OPS(X)                \
+  X(SoftmaxBackward, softmax_backward)         \
+  X(NormBackward, norm_backward)               \
+  X(BatchNormBackward, batch_norm_backward)
+
 namespace flame {
 
 enum class OpId : int {
@@ -111,6 +128,7 @@ enum class OpId : int {
   FLAME_UNARY_OPS(FLAME_OP_ENUM) FLAME_SCALAR_OPS(FLAME_OP_ENUM) FLAME_SPECIAL_UNARY_OPS(FLAME_OP_ENUM)
   FLAME_INTERNAL_UNARY_OPS(FLAME_OP_ENUM)
   FLAME_BINARY_OPS(FLAME_OP_ENUM) FLAME_INTERNAL_BINARY_OPS(FLAME_OP_ENUM) FLAME_STRUCTURAL_OPS(FLAME_OP_ENUM)
+  FLAME_NN_OPS(FLAME_OP_ENUM) FLAME_NN_INTERNAL_OPS(FLAME_OP_ENUM)
 #undef FLAME_OP_ENUM
   Count
 };

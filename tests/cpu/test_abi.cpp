@@ -441,6 +441,18 @@ static std::vector<OutCase> tensor_out_cases() {
       {"flame_tensor_detach", [=](flame_tensor_t* o) { return flame_tensor_detach(t, o); }},
       {"flame_tensor_grad", [=](flame_tensor_t* o) { return flame_tensor_grad(t, o); }},
   };
+  // ---- neural-network ops: softmax and normalisation ----
+  static const int64_t last[] = {3};
+  std::vector<OutCase> nn = {
+      {"flame_softmax", [=](flame_tensor_t* o) { return flame_softmax(t, -1, o); }},
+      {"flame_log_softmax", [=](flame_tensor_t* o) { return flame_log_softmax(t, -1, o); }},
+      {"flame_layer_norm", [=](flame_tensor_t* o) { return flame_layer_norm(t, last, 1, nullptr, nullptr, 1e-5, o); }},
+      {"flame_rms_norm", [=](flame_tensor_t* o) { return flame_rms_norm(t, last, 1, nullptr, 1e-5, o); }},
+      {"flame_group_norm", [=](flame_tensor_t* o) { return flame_group_norm(t, 1, nullptr, nullptr, 1e-5, 0, o); }},
+      {"flame_batch_norm",
+       [=](flame_tensor_t* o) { return flame_batch_norm(t, nullptr, nullptr, nullptr, nullptr, 1, 0.1, 1e-5, o); }},
+  };
+  v.insert(v.end(), nn.begin(), nn.end());
   return v;
 }
 

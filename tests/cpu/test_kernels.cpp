@@ -6,6 +6,7 @@
 #include <set>
 #include "core/error.h"
 #include "ops/launch.h"
+#include "ops/nn.h"
 #include "ops/op_list.h"
 #include "runtime/nvrtc_compiler.h"
 
@@ -113,6 +114,17 @@ TEST_P(KernelCompile, Optimizers) {
   for (DType d : {FLAME_DTYPE_F32, FLAME_DTYPE_F64, FLAME_DTYPE_F16, FLAME_DTYPE_BF16})
     v.push_back(std::string("flame::optim_step<") + device_type(d) + ">");
   compile_all("optim.cuh", v, GetParam());
+}
+// ---- neural-network kernels (ops/nn.h): every softmax / norm instantiation the ops may launch ----
+TEST_P(KernelCompile, Softmax) {
+  auto names = ops::softmax_kernel_instantiations();
+  EXPECT_GT(names.size(), 100u);
+  compile_all("softmax.cuh", names, GetParam());
+}
+TEST_P(KernelCompile, Norm) {
+  auto names = ops::norm_kernel_instantiations();
+  EXPECT_GT(names.size(), 300u);
+  compile_all("norm.cuh", names, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, KernelCompile, ::testing::Values(80, 90),

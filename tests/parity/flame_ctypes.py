@@ -126,6 +126,17 @@ for _n in _BINARY:
 for _n in _REDUCE:
     _SIGNATURES["flame_" + _n] = (c_int, [H, P(i32), i32, i32, P(H)])
 
+# ---- neural-network ops: softmax and normalisation ----
+_SIGNATURES.update({
+    "flame_tensor_context": (c_int, [H, P(H)]),
+    "flame_softmax": (c_int, [H, i32, P(H)]),
+    "flame_log_softmax": (c_int, [H, i32, P(H)]),
+    "flame_layer_norm": (c_int, [H, P(i64), i32, H, H, f64, P(H)]),
+    "flame_rms_norm": (c_int, [H, P(i64), i32, H, f64, P(H)]),
+    "flame_group_norm": (c_int, [H, i32, H, H, f64, i32, P(H)]),
+    "flame_batch_norm": (c_int, [H, H, H, H, H, i32, f64, f64, P(H)]),
+})
+
 
 class FlameError(RuntimeError):
     def __init__(self, status, status_name, what, message):

@@ -354,7 +354,107 @@ def build_rows():
         row(nm, (lambda act, bias: lambda fl, x, dt: fl.call("linear", x[0], x[1], x[2] if bias else None, act))(act, bias),
             (lambda act, bias: lambda x, dt: acts[act](F.linear(x[0], x[1], x[2] if bias else None)))(act, bias),
             cases, bf16=True)
+    nn_rows()
     return ROWS
+
+
+# ---------------------------------------------------------------------------- neural-network ops
+
+
+def flame_ctx_of(fl, t):
+    import ctypes
+    c = fc.H()
+    fl.check(fl.fn("flame_tensor_context")(t.h, ctypes.byref(c)), "flame_tensor_context")
+    return c
+
+
+def running_stats(C, dt):
+    """The initial running statistics of the batch_norm rows (fixed values, same for both libraries)."""
+    c = torch.arange(C, dtype=torch.float64)
+    return (0.3 * torch.sin(1.0 + c)).to(torch_dtype(dt)), (0.6 + 0.5 * torch.cos(c) ** 2).to(torch_dtype(dt))
+
+
+def nn_rows():
+    """softmax, log_softmax, layer_norm, rms_norm, group_norm, batch_norm vs torch.nn.functional."""
+    for nm, tf in (("softmax", F.softmax), ("log_softmax", F.log_softmax)):
+        for d, cases in ((-1, [[I((4, 7), uni(-3, 3))], [NC((5, 6), uni(-3, 3))], [I((3, 1000), uni(-3, 3))],
+                               [I((2, 40000), uni(-3, 3))]]),
+                         (0, [[I((3, 4, 5), uni(-3, 3))]]),
+                         (1, [[NC((2, 6, 5), uni(-3, 3))], [I((2, 3000, 3), uni(-3, 3))]])):
+            row(f"{nm}_dim{d}".replace("-", "m"), (lambda nm, d: lambda fl, x, dt: fl.call(nm, x[0], d))(nm, d),
+                (lambda tf, d: lambda x, dt: tf(x[0], dim=d))(tf, d), cases, bf16=True)
+
+    def ln(ns, w, b, rms=False):
+        def flame_fn(fl, x, dt):
+            arr, n = fc._arr(fc.i64, ns)
+            wt = x[1] if w else None
+            if rms:
+                return fl.call("rms_norm", x[0], arr, n, wt, 1e-5)
+            return fl.call("layer_norm", x[0], arr, n, wt, x[1 + w] if b else None, 1e-5)
+
+        def torch_fn(x, dt):
+            wt = x[1] if w else None
+            if rms:
+                return F.rms_norm(x[0], ns, wt, eps=1e-5)
+            return F.layer_norm(x[0], ns, wt, x[1 + w] if b else None, eps=1e-5)
+        return flame_fn, torch_fn
+
+    for sfx, w, b in (("affine", 1, 1), ("weight", 1, 0), ("plain", 0, 0)):
+        for nm, shape, ns, nc in (("", (4, 32), (32,), False), ("_nc", (6, 5), (5,), True), ("_2d", (2, 3, 16), (3, 16), False),
+                                  ("_wide", (3, 5000), (5000,), False), ("_long", (2, 20000), (20000,), False)):
+            params = ([In(ns, uni(0.5, 1.5))] if w else []) + ([In(ns)] if b else [])
+            f1, t1 = ln(ns, w, b)
+            row(f"layer_norm_{sfx}{nm}", f1, t1, [[In(shape, uni(-1, 3), nc=nc)] + params], bf16=True)
+            if not b:
+                f2, t2 = ln(ns, w, 0, rms=True)
+                row(f"rms_norm_{sfx}{nm}", f2, t2, [[In(shape, uni(-1, 3), nc=nc)] + params], bf16=True)
+
+    def gn(G, affine, channels_last):
+        def flame_fn(fl, x, dt):
+            return fl.call("group_norm", x[0], G, x[1] if affine else None, x[2] if affine else None, 1e-5,
+                           1 if channels_last else 0)
+
+        def torch_fn(x, dt):
+            w, b = (x[1], x[2]) if affine else (None, None)
+            if channels_last and x[0].dim() > 2:
+                perm = [0, x[0].dim() - 1] + list(range(1, x[0].dim() - 1))
+                back = [0] + list(range(2, x[0].dim())) + [1]
+                return F.group_norm(x[0].permute(perm), G, w, b, eps=1e-5).permute(back)
+            return F.group_norm(x[0], G, w, b, eps=1e-5)
+        return flame_fn, torch_fn
+
+    for nm, shape, G, cl in (("", (2, 8, 5, 5), 4, False), ("_1d", (3, 6, 7), 3, False), ("_flat", (4, 6), 2, False),
+                             ("_big", (2, 32, 32, 32), 8, False), ("_nhwc", (2, 5, 5, 8), 4, True), ("_nhwc_1d", (3, 7, 6), 2, True)):
+        C = shape[-1] if cl else shape[1]
+        for affine in (True, False):
+            fn, tn = gn(G, affine, cl)
+            params = [In((C,), uni(0.5, 1.5)), In((C,))] if affine else []
+            row(f"group_norm{nm}{'' if affine else '_plain'}", fn, tn, [[In(shape, uni(-1, 3))] + params,
+                                                                        [In(shape, uni(-1, 3), nc=True)] + params], bf16=True)
+
+    def bn(training, affine):
+        def flame_fn(fl, x, dt):
+            ctx = flame_ctx_of(fl, x[0])
+            rm, rv = (to_flame(fl, ctx, t) for t in running_stats(fl.shape(x[0])[1], dt))
+            fl.call("batch_norm", x[0], rm, rv, x[1] if affine else None, x[2] if affine else None, training, 0.1, 1e-5)
+            y = fl.call("batch_norm", x[0], rm, rv, x[1] if affine else None, x[2] if affine else None, training, 0.1, 1e-5)
+            return [y, rm, rv]  # running statistics after two updates (forward-only outputs)
+
+        def torch_fn(x, dt):
+            rm, rv = (t.cuda() for t in running_stats(x[0].shape[1], dt))
+            w, b = (x[1], x[2]) if affine else (None, None)
+            F.batch_norm(x[0], rm, rv, w, b, bool(training), 0.1, 1e-5)
+            return [F.batch_norm(x[0], rm, rv, w, b, bool(training), 0.1, 1e-5), rm, rv]
+        return flame_fn, torch_fn
+
+    for training in (1, 0):
+        for nm, shape in (("", (4, 3, 5, 5)), ("_1d", (6, 4)), ("_seq", (3, 5, 7)), ("_big", (8, 2, 64, 64))):
+            for affine in (True, False):
+                fn, tn = bn(training, affine)
+                C = shape[1]
+                params = [In((C,), uni(0.5, 1.5)), In((C,))] if affine else []
+                cases = [[In(shape, uni(-1, 3))] + params] + ([[In(shape, uni(-1, 3), nc=True)] + params] if len(shape) > 2 else [])
+                row(f"batch_norm_{'train' if training else 'eval'}{nm}{'' if affine else '_plain'}", fn, tn, cases)
 
 
 # ---------------------------------------------------------------------------- bridging
@@ -443,6 +543,9 @@ def run_case(fl, ctx, r, dt, case, gen):
     if errors or not r.grad:
         return errors
     idx = [j for j, g in enumerate(grads) if g]
+    # Outputs that need no gradient in torch (batch_norm's running statistics) are compared forward only.
+    keep = [k for k, to in enumerate(touts) if to.requires_grad]
+    fouts, touts = [fouts[k] for k in keep], [touts[k] for k in keep]
     ws = [(torch.rand(to.shape, generator=gen, dtype=torch.float64) + 0.5) *
           (torch.randint(0, 2, to.shape, generator=gen) * 2 - 1) for to in touts]
     ws = [w.to(to.dtype) for w, to in zip(ws, touts)]

@@ -684,6 +684,48 @@ impl Tensor {
         check(unsafe { (api.flame_tensor_retain_grad)(self.raw) })?;
         Ok(())
     }
+    /// `flame_status_t flame_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)`.
+    pub fn softmax(&self, dim: i32) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_softmax)(self.raw, dim, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_log_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)`.
+    pub fn log_softmax(&self, dim: i32) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_log_softmax)(self.raw, dim, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_layer_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, flame_tensor_t bias, double eps, flame_tensor_t* out)`.
+    pub fn layer_norm(&self, normalized_shape: &[i64], weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_layer_norm)(self.raw, slice_ptr(normalized_shape), len_as::<i32>(normalized_shape.len())?, weight.raw, bias.raw, eps, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_rms_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, double eps, flame_tensor_t* out)`.
+    pub fn rms_norm(&self, normalized_shape: &[i64], weight: &Tensor, eps: f64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_rms_norm)(self.raw, slice_ptr(normalized_shape), len_as::<i32>(normalized_shape.len())?, weight.raw, eps, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_group_norm(flame_tensor_t x, int32_t num_groups, flame_tensor_t weight, flame_tensor_t bias, double eps, int32_t channels_last, flame_tensor_t* out)`.
+    pub fn group_norm(&self, num_groups: i32, weight: &Tensor, bias: &Tensor, eps: f64, channels_last: i32) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_group_norm)(self.raw, num_groups, weight.raw, bias.raw, eps, channels_last, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t running_mean, flame_tensor_t running_var, flame_tensor_t weight, flame_tensor_t bias, int32_t training, double momentum, double eps, flame_tensor_t* out)`.
+    pub fn batch_norm(&self, running_mean: &Tensor, running_var: &Tensor, weight: &Tensor, bias: &Tensor, training: i32, momentum: f64, eps: f64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_batch_norm)(self.raw, running_mean.raw, running_var.raw, weight.raw, bias.raw, training, momentum, eps, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
 }
 
 impl Tensor {

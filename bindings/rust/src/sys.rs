@@ -445,6 +445,12 @@ pub const SYMBOLS: &[&str] = &[
     "flame_tensor_register_hook",
     "flame_tensor_register_post_accumulate_grad_hook",
     "flame_hook_remove",
+    "flame_softmax",
+    "flame_log_softmax",
+    "flame_layer_norm",
+    "flame_rms_norm",
+    "flame_group_norm",
+    "flame_batch_norm",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -609,6 +615,12 @@ pub struct Api {
     pub flame_tensor_register_hook: unsafe extern "C" fn(t: flame_tensor_t, r#fn: flame_tensor_hook_fn, user_data: *mut c_void, destroy: flame_destroy_fn, hook: *mut flame_hook_t) -> flame_status_t,
     pub flame_tensor_register_post_accumulate_grad_hook: unsafe extern "C" fn(t: flame_tensor_t, r#fn: flame_post_accumulate_hook_fn, user_data: *mut c_void, destroy: flame_destroy_fn, hook: *mut flame_hook_t) -> flame_status_t,
     pub flame_hook_remove: unsafe extern "C" fn(hook: flame_hook_t),
+    pub flame_softmax: unsafe extern "C" fn(x: flame_tensor_t, dim: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_log_softmax: unsafe extern "C" fn(x: flame_tensor_t, dim: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_layer_norm: unsafe extern "C" fn(x: flame_tensor_t, normalized_shape: *const i64, ndims: i32, weight: flame_tensor_t, bias: flame_tensor_t, eps: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_rms_norm: unsafe extern "C" fn(x: flame_tensor_t, normalized_shape: *const i64, ndims: i32, weight: flame_tensor_t, eps: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_group_norm: unsafe extern "C" fn(x: flame_tensor_t, num_groups: i32, weight: flame_tensor_t, bias: flame_tensor_t, eps: f64, channels_last: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_batch_norm: unsafe extern "C" fn(x: flame_tensor_t, running_mean: flame_tensor_t, running_var: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, training: i32, momentum: f64, eps: f64, out: *mut flame_tensor_t) -> flame_status_t,
 }
 
 impl Api {
@@ -781,6 +793,12 @@ impl Api {
             flame_tensor_register_hook: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_hook_fn, *mut c_void, flame_destroy_fn, *mut flame_hook_t) -> flame_status_t>(resolve(b"flame_tensor_register_hook\0")?),
             flame_tensor_register_post_accumulate_grad_hook: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_post_accumulate_hook_fn, *mut c_void, flame_destroy_fn, *mut flame_hook_t) -> flame_status_t>(resolve(b"flame_tensor_register_post_accumulate_grad_hook\0")?),
             flame_hook_remove: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_hook_t)>(resolve(b"flame_hook_remove\0")?),
+            flame_softmax: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_softmax\0")?),
+            flame_log_softmax: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_log_softmax\0")?),
+            flame_layer_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, flame_tensor_t, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_layer_norm\0")?),
+            flame_rms_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_rms_norm\0")?),
+            flame_group_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_group_norm\0")?),
+            flame_batch_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, i32, f64, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_batch_norm\0")?),
         })
     }
 }

@@ -1,0 +1,480 @@
+// Normalisation kernels: layer_norm, rms_norm and group_norm over contiguous rows, batch_norm over
+// the channels of [N, C, HW]. Statistics and arithmetic in the compute type A (f32 for f16, bf16
+// and f32; f64 for f64); mean and rstd = 1/sqrt(var + eps) are written per row (A) for backward.
+//
+// Row modes (MODE): kLayerNorm  y = (x - mean) * rstd * w[c] + b[c]    over the last D elements
+//                   kRmsNorm    y = x * rstd * w[c], rstd = 1/sqrt(mean(x^2) + eps)
+//                   kGroupNorm  rows are (n, group) of an [N, C, HW] tensor, D = (C / G) * HW, and
+//                               the affine index is the channel: group * (C / G) + c / HW.
+// With xhat = (x - mean) * rstd (x * rstd for RMS) and gw = g * w, backward is
+//   dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))     (no mean(gw) term for RMS)
+//   dw = sum over rows of g * xhat,  db = sum over rows of g.
+//
+//  norm_fwd / norm_bwd       a row group (rows.cuh) holds a row in registers: one read of x (and
+//                            of g) and one write per element. Backward keeps dw/db partial sums
+//                            per thread in registers across all rows its row group handles
+//                            (LN/RMS: a thread's columns are the same in every row) and writes
+//                            them to partials [blocks * blockDim.y, D], summed by the host; for
+//                            GN it sums per channel in shared memory and writes [N, C]. CACHE =
+//                            false re-reads g and x for the dx pass instead of caching them (long
+//                            rows: the accumulators take the registers; the re-read hits L2).
+//  norm_fwd_stream / _bwd_stream
+//                            rows too long for registers: one block per row, several passes; the
+//                            host computes dw/db with tensor ops in that case.
+//  bn_*                      batch_norm: per-channel partial sums (split over blocks when few
+//                            channels have many elements), a per-channel finalize (statistics,
+//                            running-stat update), and elementwise apply kernels.
+#pragma once
+#include "rows.cuh"
+
+namespace flame {
+
+constexpr int kLayerNorm = 0, kRmsNorm = 1, kGroupNorm = 2;
+
+// The weight/bias values of V consecutive elements starting at column c of a row.
+template <int MODE, class T, int V>
+__device__ __forceinline__ void load_affine(const T* p, i64 row, i64 c, i64 groups, i64 hw, i64 cg,
+                                            compute_t<T> (&out)[V]) {
+  typedef compute_t<T> A;
+  if (!p) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) out[j] = A(1);
+    return;
+  }
+  if constexpr (MODE == kGroupNorm) {
+    i64 q = c / hw, r = c - q * hw;  // channel within the group and position within the channel
+    const T* pc = p + (row % groups) * cg;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      out[j] = static_cast<A>(to_compute(pc[q]));
+      if (++r == hw) { r = 0; ++q; }
+    }
+  } else {
+    Vec<T, V> v = load_vec<T, V>(p + c);
+#pragma unroll
+    for (int j = 0; j < V; ++j) out[j] = static_cast<A>(to_compute(v.v[j]));
+  }
+}
+
+template <class T, int MODE, int NV, int V>
+__global__ void __launch_bounds__(512) norm_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                                 T* __restrict__ y, compute_t<T>* __restrict__ mean_out,
+                                                 compute_t<T>* __restrict__ rstd_out, i64 rows, i64 D, i64 groups, i64 hw,
+                                                 double eps) {
+  typedef compute_t<T> A;
+  __shared__ A red[256];
+  const i64 cg = D / hw;
+  const i64 iters = row_iterations(rows);
+  i64 row = first_row();
+  for (i64 it = 0; it < iters; ++it, row += row_step()) {
+    const bool live = row < rows;
+    const T* xr = x + (live ? row : 0) * D;
+    Vec<T, V> v[NV];
+    A s = A(0);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      i64 c = (static_cast<i64>(k) * blockDim.x + threadIdx.x) * V;
+      if (live && c < D) {
+        v[k] = load_vec<T, V>(xr + c);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          A a = static_cast<A>(to_compute(v[k].v[j]));
+          s += MODE == kRmsNorm ? a * a : a;
+        }
+      }
+    }
+    s = row_allreduce(s, RowSum(), red);
+    A mean = A(0), var;
+    if constexpr (MODE == kRmsNorm) {
+      var = s / static_cast<A>(D);
+    } else {  // two passes over the registers: sum((x - mean)^2) has no cancellation
+      mean = s / static_cast<A>(D);
+      A q = A(0);
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        i64 c = (static_cast<i64>(k) * blockDim.x + threadIdx.x) * V;
+        if (live && c < D) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            A d = static_cast<A>(to_compute(v[k].v[j])) - mean;
+            q += d * d;
+          }
+        }
+      }
+      var = row_allreduce(q, RowSum(), red) / static_cast<A>(D);
+    }
+    const A rs = m_rsqrt(var + static_cast<A>(eps));
+    if (live && threadIdx.x == 0) {
+      if (mean_out) mean_out[row] = mean;
+      rstd_out[row] = rs;
+    }
+    T* yr = y + (live ? row : 0) * D;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      i64 c = (static_cast<i64>(k) * blockDim.x + threadIdx.x) * V;
+      if (live && c < D) {
+        A wv[V], bv[V];
+        load_affine<MODE, T, V>(w, row, c, groups, hw, cg, wv);
+        Vec<T, V> o;
+        if (b) {
+          load_affine<MODE, T, V>(b, row, c, groups, hw, cg, bv);
+#pragma unroll
+          for (int j = 0; j < V; ++j) o.v[j] = cast<T>((static_cast<A>(to_compute(v[k].v[j])) - mean) * rs * wv[j] + bv[j]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < V; ++j) o.v[j] = cast<T>((static_cast<A>(to_compute(v[k].v[j])) - mean) * rs * wv[j]);
+        }
+        store_vec<T, V>(yr + c, o);
+      }
+    }
+  }
+}
+
+// Adds (vg, vb) to the per-channel sums of channel ch in shared memory (GN weight gradients).
+// Warp-uniform channel (seg_aligned): one atomic per warp after a shuffle reduction.
+template <class A>
+__device__ __forceinline__ void gn_channel_add(A* sm, i64 cg, i64 ch, A vg, A vb, bool valid, bool warp_uniform) {
+  if (warp_uniform) {
+    for (int o = 16; o > 0; o >>= 1) {
+      vg += __shfl_xor_sync(0xffffffffu, vg, o);
+      vb += __shfl_xor_sync(0xffffffffu, vb, o);
+    }
+    if (valid && (threadIdx.x & 31) == 0) {
+      atomicAdd(sm + ch, vg);
+      atomicAdd(sm + cg + ch, vb);
+    }
+  } else if (valid) {
+    atomicAdd(sm + ch, vg);
+    atomicAdd(sm + cg + ch, vb);
+  }
+}
+
+// dx (may be null), and the weight/bias gradient partials (dw_part/db_part may be null):
+//   LN/RMS: [gridDim.x * blockDim.y, D], GN: [rows, C / G] = [N, C] (GN needs blockDim.y == 1 and
+//   2 * (C / G) * sizeof(A) bytes of dynamic shared memory). seg_aligned (GN): HW is a multiple of
+//   32 * V, so that the 32 vectors a warp holds for one k lie in one channel.
+template <class T, int MODE, int NV, int V, bool CACHE>
+__global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+                                                const compute_t<T>* __restrict__ mean, const compute_t<T>* __restrict__ rstd,
+                                                T* __restrict__ dx, compute_t<T>* __restrict__ dw_part,
+                                                compute_t<T>* __restrict__ db_part, i64 rows, i64 D, i64 groups, i64 hw,
+                                                int seg_aligned) {
+  typedef compute_t<T> A;
+  __shared__ A red[256];
+  extern __shared__ unsigned char gn_smem_raw[];
+  A* gsm = reinterpret_cast<A*>(gn_smem_raw);
+  const i64 cg = D / hw;
+  const bool want_wb = dw_part != nullptr || db_part != nullptr;
+  A dwa[NV][V], dba[NV][V];  // LN/RMS partial sums of g * xhat and g for this thread's columns
+#pragma unroll
+  for (int k = 0; k < NV; ++k)
+#pragma unroll
+    for (int j = 0; j < V; ++j) dwa[k][j] = dba[k][j] = A(0);
+  if (MODE == kGroupNorm && want_wb) {
+    for (i64 i = threadIdx.x; i < 2 * cg; i += blockDim.x) gsm[i] = A(0);
+    __syncthreads();
+  }
+  const i64 iters = row_iterations(rows);
+  i64 row = first_row();
+  for (i64 it = 0; it < iters; ++it, row += row_step()) {
+    const bool live = row < rows;
+    const i64 off = (live ? row : 0) * D;
+    const A mu = (MODE == kRmsNorm || !live) ? A(0) : mean[row];
+    const A rs = live ? rstd[row] : A(0);
+    Vec<T, V> gv[CACHE ? NV : 1], xv[CACHE ? NV : 1];
+    A sa = A(0), sb = A(0);  // sum(gw), sum(gw * xhat)
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      i64 c = (static_cast<i64>(k) * blockDim.x + threadIdx.x) * V;
+      const bool valid = live && c < D;
+      A pg = A(0), pb = A(0);  // GN: this vector's contribution to its channel
+      if (valid) {
+        Vec<T, V> gk = load_vec<T, V>(g + off + c), xk = load_vec<T, V>(x + off + c);
+        if constexpr (CACHE) { gv[k] = gk; xv[k] = xk; }
+        A wv[V];
+        load_affine<MODE, T, V>(w, row, c, groups, hw, cg, wv);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          A gj = static_cast<A>(to_compute(gk.v[j]));
+          A xh = (static_cast<A>(to_compute(xk.v[j])) - mu) * rs;
+          A gw = gj * wv[j];
+          sa += gw;
+          sb += gw * xh;
+          if constexpr (MODE != kGroupNorm) {
+            dwa[k][j] += gj * xh;
+            dba[k][j] += gj;
+          } else if (want_wb && !seg_aligned) {
+            gn_channel_add(gsm, cg, (c + j) / hw, gj * xh, gj, true, false);
+          } else {
+            pg += gj * xh;
+            pb += gj;
+          }
+        }
+      }
+      if (MODE == kGroupNorm && want_wb && seg_aligned) gn_channel_add(gsm, cg, valid ? c / hw : 0, pg, pb, valid, true);
+    }
+    if constexpr (MODE != kRmsNorm) sa = row_allreduce(sa, RowSum(), red);
+    sb = row_allreduce(sb, RowSum(), red);
+    const A inv_d = A(1) / static_cast<A>(D);
+    const A ma = MODE == kRmsNorm ? A(0) : sa * inv_d, mb = sb * inv_d;
+    if (dx) {
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        i64 c = (static_cast<i64>(k) * blockDim.x + threadIdx.x) * V;
+        if (live && c < D) {
+          Vec<T, V> gk, xk, o;
+          if constexpr (CACHE) { gk = gv[k]; xk = xv[k]; }
+          else { gk = load_vec<T, V>(g + off + c); xk = load_vec<T, V>(x + off + c); }
+          A wv[V];
+          load_affine<MODE, T, V>(w, row, c, groups, hw, cg, wv);
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            A xh = (static_cast<A>(to_compute(xk.v[j])) - mu) * rs;
+            o.v[j] = cast<T>(rs * (static_cast<A>(to_compute(gk.v[j])) * wv[j] - ma - xh * mb));
+          }
+          store_vec<T, V>(dx + off + c, o);
+        }
+      }
+    }
+    if (MODE == kGroupNorm && want_wb) {  // flush this row's channel sums: [n, group * cg + i] = [row, i]
+      __syncthreads();
+      for (i64 i = threadIdx.x; i < cg; i += blockDim.x) {
+        if (live) {
+          if (dw_part) dw_part[row * cg + i] = gsm[i];
+          if (db_part) db_part[row * cg + i] = gsm[cg + i];
+        }
+        gsm[i] = gsm[cg + i] = A(0);
+      }
+      __syncthreads();
+    }
+  }
+  if constexpr (MODE != kGroupNorm) {
+    const i64 slot = static_cast<i64>(blockIdx.x) * blockDim.y + threadIdx.y;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      i64 c = (static_cast<i64>(k) * blockDim.x + threadIdx.x) * V;
+      if (c < D) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          if (dw_part) dw_part[slot * D + c + j] = dwa[k][j];
+          if (db_part) db_part[slot * D + c + j] = dba[k][j];
+        }
+      }
+    }
+  }
+}
+
+// ---------------- rows too long for registers: blockDim = (threads, 1), one row per block ----------------
+
+template <class T, int MODE, int V>
+__global__ void __launch_bounds__(1024) norm_fwd_stream(const T* __restrict__ x, const T* __restrict__ w,
+                                                        const T* __restrict__ b, T* __restrict__ y,
+                                                        compute_t<T>* __restrict__ mean_out,
+                                                        compute_t<T>* __restrict__ rstd_out, i64 rows, i64 D, i64 groups,
+                                                        i64 hw, double eps) {
+  typedef compute_t<T> A;
+  __shared__ A red[256];
+  const i64 cg = D / hw, step = static_cast<i64>(blockDim.x) * V;
+  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * D;
+    A s = A(0);
+    for (i64 c = static_cast<i64>(threadIdx.x) * V; c < D; c += step) {
+      Vec<T, V> v = load_vec<T, V>(xr + c);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        A a = static_cast<A>(to_compute(v.v[j]));
+        s += MODE == kRmsNorm ? a * a : a;
+      }
+    }
+    s = row_allreduce(s, RowSum(), red);
+    A mean = A(0), var;
+    if constexpr (MODE == kRmsNorm) {
+      var = s / static_cast<A>(D);
+    } else {
+      mean = s / static_cast<A>(D);
+      A q = A(0);
+      for (i64 c = static_cast<i64>(threadIdx.x) * V; c < D; c += step) {
+        Vec<T, V> v = load_vec<T, V>(xr + c);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          A d = static_cast<A>(to_compute(v.v[j])) - mean;
+          q += d * d;
+        }
+      }
+      var = row_allreduce(q, RowSum(), red) / static_cast<A>(D);
+    }
+    const A rs = m_rsqrt(var + static_cast<A>(eps));
+    if (threadIdx.x == 0) {
+      if (mean_out) mean_out[row] = mean;
+      rstd_out[row] = rs;
+    }
+    T* yr = y + row * D;
+    for (i64 c = static_cast<i64>(threadIdx.x) * V; c < D; c += step) {
+      Vec<T, V> v = load_vec<T, V>(xr + c), o;
+      A wv[V], bv[V];
+      load_affine<MODE, T, V>(w, row, c, groups, hw, cg, wv);
+      if (b) load_affine<MODE, T, V>(b, row, c, groups, hw, cg, bv);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        A r = (static_cast<A>(to_compute(v.v[j])) - mean) * rs * wv[j];
+        o.v[j] = cast<T>(b ? r + bv[j] : r);
+      }
+      store_vec<T, V>(yr + c, o);
+    }
+  }
+}
+
+template <class T, int MODE, int V>
+__global__ void __launch_bounds__(1024) norm_bwd_stream(const T* __restrict__ g, const T* __restrict__ x,
+                                                        const T* __restrict__ w, const compute_t<T>* __restrict__ mean,
+                                                        const compute_t<T>* __restrict__ rstd, T* __restrict__ dx, i64 rows,
+                                                        i64 D, i64 groups, i64 hw) {
+  typedef compute_t<T> A;
+  __shared__ A red[256];
+  const i64 cg = D / hw, step = static_cast<i64>(blockDim.x) * V;
+  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const i64 off = row * D;
+    const A mu = MODE == kRmsNorm ? A(0) : mean[row], rs = rstd[row];
+    A sa = A(0), sb = A(0);
+    for (i64 c = static_cast<i64>(threadIdx.x) * V; c < D; c += step) {
+      Vec<T, V> gk = load_vec<T, V>(g + off + c), xk = load_vec<T, V>(x + off + c);
+      A wv[V];
+      load_affine<MODE, T, V>(w, row, c, groups, hw, cg, wv);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        A gw = static_cast<A>(to_compute(gk.v[j])) * wv[j];
+        sa += gw;
+        sb += gw * (static_cast<A>(to_compute(xk.v[j])) - mu) * rs;
+      }
+    }
+    if constexpr (MODE != kRmsNorm) sa = row_allreduce(sa, RowSum(), red);
+    sb = row_allreduce(sb, RowSum(), red);
+    const A inv_d = A(1) / static_cast<A>(D);
+    const A ma = MODE == kRmsNorm ? A(0) : sa * inv_d, mb = sb * inv_d;
+    for (i64 c = static_cast<i64>(threadIdx.x) * V; c < D; c += step) {
+      Vec<T, V> gk = load_vec<T, V>(g + off + c), xk = load_vec<T, V>(x + off + c), o;
+      A wv[V];
+      load_affine<MODE, T, V>(w, row, c, groups, hw, cg, wv);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        A xh = (static_cast<A>(to_compute(xk.v[j])) - mu) * rs;
+        o.v[j] = cast<T>(rs * (static_cast<A>(to_compute(gk.v[j])) * wv[j] - ma - xh * mb));
+      }
+      store_vec<T, V>(dx + off + c, o);
+    }
+  }
+}
+
+// ---------------- batch_norm over [N, C, HW] (contiguous) ----------------
+
+// Partial per-channel sums: block b reduces elements [ch * chunk_len, (ch + 1) * chunk_len) of the
+// N * HW elements of channel c = b / chunks (ch = b % chunks) into part[b] = (s1, s2).
+//   MODE 0 (statistics): s1 = sum(x - K), s2 = sum((x - K)^2), with K = the channel's first element
+//                        (a shift that keeps s2 - s1^2 / n free of cancellation for offset data).
+//   MODE 1 (backward):   s1 = sum(g), s2 = sum(g * (x - mean[c])).
+template <class T, int MODE>
+__global__ void bn_reduce(const T* __restrict__ x, const T* __restrict__ g, const compute_t<T>* __restrict__ mean,
+                          compute_t<T>* __restrict__ part, i64 C, i64 HW, i64 count, i64 chunks, i64 chunk_len) {
+  typedef compute_t<T> A;
+  __shared__ A red[32];
+  for (i64 blk = blockIdx.x; blk < C * chunks; blk += gridDim.x) {
+    const i64 c = blk / chunks, ch = blk % chunks;
+    const i64 e1 = min(count, (ch + 1) * chunk_len);
+    const A shift = MODE == 0 ? static_cast<A>(to_compute(x[c * HW])) : mean[c];
+    A s1 = A(0), s2 = A(0);
+    for (i64 e = ch * chunk_len + threadIdx.x; e < e1; e += blockDim.x) {
+      const i64 n = e / HW, off = (n * C + c) * HW + (e - n * HW);
+      A d = static_cast<A>(to_compute(x[off])) - shift;
+      if (MODE == 0) {
+        s1 += d;
+        s2 += d * d;
+      } else {
+        A gv = static_cast<A>(to_compute(g[off]));
+        s1 += gv;
+        s2 += gv * d;
+      }
+    }
+    s1 = block_reduce(s1, [](A a, A b) { return a + b; }, red);
+    s2 = block_reduce(s2, [](A a, A b) { return a + b; }, red);
+    if (threadIdx.x == 0) {
+      part[2 * blk] = s1;
+      part[2 * blk + 1] = s2;
+    }
+  }
+}
+
+// One thread per channel: sums the chunks' partials. MODE 0: mean, rstd (saved for backward) and
+// the running statistics (unbiased variance, as PyTorch), when given, updated in place.
+// MODE 1: sums[2c] = sum(g), sums[2c + 1] = sum(g * (x - mean)).
+template <class T, int MODE>
+__global__ void bn_finalize(const compute_t<T>* __restrict__ part, const T* __restrict__ x, compute_t<T>* __restrict__ out0,
+                            compute_t<T>* __restrict__ out1, T* running_mean, i64 rm_stride, T* running_var,
+                            i64 rv_stride, i64 C, i64 HW, i64 count, i64 chunks, double momentum, double eps) {
+  typedef compute_t<T> A;
+  for (i64 c = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; c < C; c += static_cast<i64>(gridDim.x) * blockDim.x) {
+    A s1 = A(0), s2 = A(0);
+    for (i64 k = 0; k < chunks; ++k) {
+      s1 += part[2 * (c * chunks + k)];
+      s2 += part[2 * (c * chunks + k) + 1];
+    }
+    if (MODE == 1) {
+      out0[2 * c] = s1;
+      out0[2 * c + 1] = s2;
+      continue;
+    }
+    const A n = static_cast<A>(count);
+    const A d = s1 / n;
+    const A mean = static_cast<A>(to_compute(x[c * HW])) + d;
+    A var = (s2 - s1 * d) / n;
+    var = var > A(0) ? var : A(0);
+    out0[c] = mean;
+    out1[c] = m_rsqrt(var + static_cast<A>(eps));
+    const A mom = static_cast<A>(momentum);
+    if (running_mean) {
+      A r = static_cast<A>(to_compute(running_mean[c * rm_stride]));
+      running_mean[c * rm_stride] = cast<T>((A(1) - mom) * r + mom * mean);
+    }
+    if (running_var) {
+      A r = static_cast<A>(to_compute(running_var[c * rv_stride]));
+      running_var[c * rv_stride] = cast<T>((A(1) - mom) * r + mom * var * n / (n - A(1)));
+    }
+  }
+}
+
+// y = (x - mean[c]) * rstd[c] * w[c] + b[c] elementwise (w, b may be null).
+template <class T>
+__global__ void bn_apply(const T* __restrict__ x, T* __restrict__ y, const compute_t<T>* __restrict__ mean,
+                         const compute_t<T>* __restrict__ rstd, const T* __restrict__ w, const T* __restrict__ b, i64 n,
+                         i64 C, i64 HW) {
+  typedef compute_t<T> A;
+  for (i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 c = (e / HW) % C;
+    A r = (static_cast<A>(to_compute(x[e])) - mean[c]) * rstd[c];
+    if (w) r *= static_cast<A>(to_compute(w[c]));
+    if (b) r += static_cast<A>(to_compute(b[c]));
+    y[e] = cast<T>(r);
+  }
+}
+
+// dx elementwise. TRAIN: dx = w rstd (g - sum_g / count - (x - mean) rstd^2 sum_gxc / count) with
+// sums from bn_finalize<.., 1>; eval (statistics are constants): dx = g w rstd.
+template <class T, bool TRAIN>
+__global__ void bn_bwd_apply(const T* __restrict__ g, const T* __restrict__ x, T* __restrict__ dx,
+                             const compute_t<T>* __restrict__ mean, const compute_t<T>* __restrict__ rstd,
+                             const T* __restrict__ w, const compute_t<T>* __restrict__ sums, i64 n, i64 C, i64 HW, i64 count) {
+  typedef compute_t<T> A;
+  const A inv = A(1) / static_cast<A>(count);
+  for (i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 c = (e / HW) % C;
+    const A rs = rstd[c];
+    A scale = w ? static_cast<A>(to_compute(w[c])) * rs : rs;
+    A gv = static_cast<A>(to_compute(g[e]));
+    if (TRAIN) {
+      A xc = static_cast<A>(to_compute(x[e])) - mean[c];
+      gv = gv - sums[2 * c] * inv - xc * rs * rs * sums[2 * c + 1] * inv;
+    }
+    dx[e] = cast<T>(scale * gv);
+  }
+}
+
+}  // namespace flame

@@ -1,0 +1,68 @@
+// Helpers for row kernels (softmax.cuh, norm.cuh). A row of D elements belongs to the blockDim.x
+// threads with the same threadIdx.y (a "row group": blockDim.x a multiple of 32, blockDim.y <= 8);
+// block-strided loops hand out rows, so that every thread of a block runs the same number of
+// iterations and may take part in __syncthreads even when its row is past the end.
+//
+// Register-cached kernels give thread t of a row group the vectors k * blockDim.x + t (k < NV) of V
+// elements each: the group's loads of one k are adjacent in memory (coalesced), and with V elements
+// of 16 bytes together they are single 128-bit accesses.
+#pragma once
+#include "common.cuh"
+
+namespace flame {
+
+template <class T> __device__ __forceinline__ T neg_infinity();
+template <> __device__ __forceinline__ float neg_infinity<float>() { return -__int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ double neg_infinity<double>() { return -__longlong_as_double(0x7ff0000000000000ll); }
+
+struct RowSum {
+  template <class A> __device__ __forceinline__ A operator()(A a, A b) const { return a + b; }
+};
+struct RowMax {  // NaN is ignored here; it reaches the result through the sum that follows
+  template <class A> __device__ __forceinline__ A operator()(A a, A b) const { return b > a ? b : a; }
+};
+
+// Combines v over the blockDim.x threads of this row group and gives the result to all of them.
+// smem: 32 entries per row group (blockDim.y * 32 in all). Every thread of the block must call it.
+template <class A, class Op>
+__device__ __forceinline__ A row_allreduce(A v, Op op, A* smem) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (blockDim.x == 32) return v;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  A* s = smem + threadIdx.y * 32;
+  __syncthreads();  // the previous call's readers are done with smem
+  if (lane == 0) s[warp] = v;
+  __syncthreads();
+  v = s[0];
+  for (int w = 1; w < nw; ++w) v = op(v, s[w]);
+  return v;
+}
+
+// V elements of T starting at p (aligned to V * sizeof(T) when V > 1).
+template <class T, int V>
+__device__ __forceinline__ Vec<T, V> load_vec(const T* p) {
+  if constexpr (V == 1) {
+    Vec<T, 1> r;
+    r.v[0] = *p;
+    return r;
+  } else {
+    return *reinterpret_cast<const Vec<T, V>*>(p);
+  }
+}
+template <class T, int V>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& v) {
+  if constexpr (V == 1) *p = v.v[0];
+  else *reinterpret_cast<Vec<T, V>*>(p) = v;
+}
+
+// The first row handled by this block's row group in one step of the block-strided row loop.
+__device__ __forceinline__ i64 first_row() { return static_cast<i64>(blockIdx.x) * blockDim.y + threadIdx.y; }
+__device__ __forceinline__ i64 row_step() { return static_cast<i64>(gridDim.x) * blockDim.y; }
+// Number of iterations of the row loop that every thread of the block runs (uniform).
+__device__ __forceinline__ i64 row_iterations(i64 rows) {
+  i64 per = static_cast<i64>(blockIdx.x) * blockDim.y;
+  i64 step = row_step();
+  return per >= rows ? 0 : (rows - per + step - 1) / step;
+}
+
+}  // namespace flame

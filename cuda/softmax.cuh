@@ -1,0 +1,223 @@
+// Softmax and log-softmax, forward and backward, in the compute type A (f32 for f16/bf16/f32, f64
+// for f64). Stable: exp(x - max) with the row maximum subtracted.
+//
+//  softmax_fwd / softmax_bwd   [rows, D] contiguous rows. A row group (rows.cuh) holds the row in
+//                              registers (NV vectors of V per thread): one read and one write of
+//                              global memory per element. Two all-reduces: max then sum (forward),
+//                              sum(g * y) or sum(g) (backward).
+//  softmax_fwd_stream / _bwd_stream
+//                              rows too long for registers: a 1-D block per row, an online
+//                              (max, sum) pass, then a pass that writes (the row is read twice).
+//  softmax_cols_fwd / _bwd     [outer, D, inner] contiguous with inner > 1 (a dim that is not the
+//                              last): one thread per (outer, inner) column walks D; adjacent threads
+//                              read adjacent columns, so every access is coalesced.
+//
+// Backward: softmax dx = y * (g - sum(g * y)); log-softmax dx = g - exp(y) * sum(g).
+#pragma once
+#include "rows.cuh"
+
+namespace flame {
+
+template <bool LOG, class A>
+__device__ __forceinline__ A softmax_value(A x, A m, A inv_sum, A log_sum) {
+  return LOG ? x - m - log_sum : m_exp(x - m) * inv_sum;
+}
+
+template <class T, bool LOG, int NV, int V>
+__global__ void __launch_bounds__(1024) softmax_fwd(const T* __restrict__ x, T* __restrict__ y, i64 rows, i64 D) {
+  typedef compute_t<T> A;
+  __shared__ A red[256];
+  const i64 iters = row_iterations(rows);
+  i64 row = first_row();
+  for (i64 it = 0; it < iters; ++it, row += row_step()) {
+    const bool live = row < rows;
+    const T* xr = x + (live ? row : 0) * D;
+    Vec<T, V> v[NV];
+    A m = neg_infinity<A>();
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      i64 c = (static_cast<i64>(k) * blockDim.x + threadIdx.x) * V;
+      if (live && c < D) {
+        v[k] = load_vec<T, V>(xr + c);
+#pragma unroll
+        for (int j = 0; j < V; ++j) m = RowMax()(m, static_cast<A>(to_compute(v[k].v[j])));
+      }
+    }
+    m = row_allreduce(m, RowMax(), red);
+    A s = A(0);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      i64 c = (static_cast<i64>(k) * blockDim.x + threadIdx.x) * V;
+      if (live && c < D) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) s += m_exp(static_cast<A>(to_compute(v[k].v[j])) - m);
+      }
+    }
+    s = row_allreduce(s, RowSum(), red);
+    const A inv = A(1) / s, ls = m_log(s);
+    T* yr = y + (live ? row : 0) * D;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      i64 c = (static_cast<i64>(k) * blockDim.x + threadIdx.x) * V;
+      if (live && c < D) {
+        Vec<T, V> o;
+#pragma unroll
+        for (int j = 0; j < V; ++j) o.v[j] = cast<T>(softmax_value<LOG>(static_cast<A>(to_compute(v[k].v[j])), m, inv, ls));
+        store_vec<T, V>(yr + c, o);
+      }
+    }
+  }
+}
+
+template <class T, bool LOG, int NV, int V>
+__global__ void __launch_bounds__(512) softmax_bwd(const T* __restrict__ g, const T* __restrict__ y, T* __restrict__ dx,
+                                                   i64 rows, i64 D) {
+  typedef compute_t<T> A;
+  __shared__ A red[256];
+  const i64 iters = row_iterations(rows);
+  i64 row = first_row();
+  for (i64 it = 0; it < iters; ++it, row += row_step()) {
+    const bool live = row < rows;
+    const i64 off = (live ? row : 0) * D;
+    Vec<T, V> gv[NV], yv[NV];
+    A s = A(0);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      i64 c = (static_cast<i64>(k) * blockDim.x + threadIdx.x) * V;
+      if (live && c < D) {
+        gv[k] = load_vec<T, V>(g + off + c);
+        yv[k] = load_vec<T, V>(y + off + c);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          A gj = static_cast<A>(to_compute(gv[k].v[j]));
+          s += LOG ? gj : gj * static_cast<A>(to_compute(yv[k].v[j]));
+        }
+      }
+    }
+    s = row_allreduce(s, RowSum(), red);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      i64 c = (static_cast<i64>(k) * blockDim.x + threadIdx.x) * V;
+      if (live && c < D) {
+        Vec<T, V> o;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          A gj = static_cast<A>(to_compute(gv[k].v[j])), yj = static_cast<A>(to_compute(yv[k].v[j]));
+          o.v[j] = cast<T>(LOG ? gj - m_exp(yj) * s : yj * (gj - s));
+        }
+        store_vec<T, V>(dx + off + c, o);
+      }
+    }
+  }
+}
+
+// ---------------- rows too long for registers: blockDim = (threads, 1), one row per block ----------------
+
+template <class T, bool LOG, int V>
+__global__ void __launch_bounds__(1024) softmax_fwd_stream(const T* __restrict__ x, T* __restrict__ y, i64 rows, i64 D) {
+  typedef compute_t<T> A;
+  __shared__ A red[256];
+  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * D;
+    // Online (max, sum): s is the sum of exp(x - m) over this thread's elements so far.
+    A m = neg_infinity<A>(), s = A(0);
+    for (i64 c = static_cast<i64>(threadIdx.x) * V; c < D; c += static_cast<i64>(blockDim.x) * V) {
+      Vec<T, V> v = load_vec<T, V>(xr + c);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        A a = static_cast<A>(to_compute(v.v[j]));
+        if (a > m) {  // a new maximum rescales the sum; exp(a - a) is NaN for a = +inf, as the max-shift gives
+          s = s * m_exp(m - a) + m_exp(a - a);  // m = -inf at first: exp(-inf) = 0
+          m = a;
+        } else if (a != neg_infinity<A>()) {
+          s += m_exp(a - m);  // NaN inputs make s NaN, as they should
+        }
+      }
+    }
+    A M = row_allreduce(m, RowMax(), red);
+    s = row_allreduce(m == neg_infinity<A>() ? A(0) : s * m_exp(m - M), RowSum(), red);
+    const A inv = A(1) / s, ls = m_log(s);
+    T* yr = y + row * D;
+    for (i64 c = static_cast<i64>(threadIdx.x) * V; c < D; c += static_cast<i64>(blockDim.x) * V) {
+      Vec<T, V> v = load_vec<T, V>(xr + c), o;
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = cast<T>(softmax_value<LOG>(static_cast<A>(to_compute(v.v[j])), M, inv, ls));
+      store_vec<T, V>(yr + c, o);
+    }
+  }
+}
+
+template <class T, bool LOG, int V>
+__global__ void __launch_bounds__(1024) softmax_bwd_stream(const T* __restrict__ g, const T* __restrict__ y,
+                                                           T* __restrict__ dx, i64 rows, i64 D) {
+  typedef compute_t<T> A;
+  __shared__ A red[256];
+  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const i64 off = row * D;
+    A s = A(0);
+    for (i64 c = static_cast<i64>(threadIdx.x) * V; c < D; c += static_cast<i64>(blockDim.x) * V) {
+      Vec<T, V> gv = load_vec<T, V>(g + off + c), yv = load_vec<T, V>(y + off + c);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        A gj = static_cast<A>(to_compute(gv.v[j]));
+        s += LOG ? gj : gj * static_cast<A>(to_compute(yv.v[j]));
+      }
+    }
+    s = row_allreduce(s, RowSum(), red);
+    for (i64 c = static_cast<i64>(threadIdx.x) * V; c < D; c += static_cast<i64>(blockDim.x) * V) {
+      Vec<T, V> gv = load_vec<T, V>(g + off + c), yv = load_vec<T, V>(y + off + c), o;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        A gj = static_cast<A>(to_compute(gv.v[j])), yj = static_cast<A>(to_compute(yv.v[j]));
+        o.v[j] = cast<T>(LOG ? gj - m_exp(yj) * s : yj * (gj - s));
+      }
+      store_vec<T, V>(dx + off + c, o);
+    }
+  }
+}
+
+// ---------------- a dim that is not the last: [outer, D, inner], one thread per column ----------------
+
+template <class T, bool LOG>
+__global__ void softmax_cols_fwd(const T* __restrict__ x, T* __restrict__ y, i64 outer, i64 D, i64 inner) {
+  typedef compute_t<T> A;
+  const i64 n = outer * inner;
+  for (i64 col = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; col < n; col += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 base = (col / inner) * D * inner + col % inner;
+    A m = neg_infinity<A>(), s = A(0);
+    for (i64 d = 0; d < D; ++d) {
+      A a = static_cast<A>(to_compute(x[base + d * inner]));
+      if (a > m) {
+        s = s * m_exp(m - a) + m_exp(a - a);
+        m = a;
+      } else if (a != neg_infinity<A>()) {
+        s += m_exp(a - m);
+      }
+    }
+    const A inv = A(1) / s, ls = m_log(s);
+    for (i64 d = 0; d < D; ++d)
+      y[base + d * inner] = cast<T>(softmax_value<LOG>(static_cast<A>(to_compute(x[base + d * inner])), m, inv, ls));
+  }
+}
+
+template <class T, bool LOG>
+__global__ void softmax_cols_bwd(const T* __restrict__ g, const T* __restrict__ y, T* __restrict__ dx, i64 outer, i64 D,
+                                 i64 inner) {
+  typedef compute_t<T> A;
+  const i64 n = outer * inner;
+  for (i64 col = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; col < n; col += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 base = (col / inner) * D * inner + col % inner;
+    A s = A(0);
+    for (i64 d = 0; d < D; ++d) {
+      A gj = static_cast<A>(to_compute(g[base + d * inner]));
+      s += LOG ? gj : gj * static_cast<A>(to_compute(y[base + d * inner]));
+    }
+    for (i64 d = 0; d < D; ++d) {
+      const i64 o = base + d * inner;
+      A gj = static_cast<A>(to_compute(g[o])), yj = static_cast<A>(to_compute(y[o]));
+      dx[o] = cast<T>(LOG ? gj - m_exp(yj) * s : yj * (gj - s));
+    }
+  }
+}
+
+}  // namespace flame

@@ -1,0 +1,417 @@
+// layer_norm, rms_norm, group_norm and batch_norm: argument checks, the host side of cuda/norm.cuh,
+// and the recorded nodes. Saved per node: x, the weight (or nothing), mean (not for RMS), rstd;
+// ints = {k or groups or training, has weight, has bias}, reals = {eps}.
+//
+// Row norms (layer/rms/group) run one kernel per direction (see cuda/norm.cuh); their weight and
+// bias gradients come back as per-block (LN/RMS) or per-(n, c) (GN) partial sums that one
+// reduction over the partial rows finishes. batch_norm: per-channel partial sums, a per-channel
+// finalize, an elementwise apply; a channel with few values per block is split over blocks.
+#include <algorithm>
+#include <cmath>
+#include "autograd/graph.h"
+#include "core/error.h"
+#include "ops/nn.h"
+#include "ops/nn_rows.h"
+#include "ops/ops.h"
+
+namespace flame {
+
+namespace {
+
+constexpr size_t kMaxGroupSmem = 40 * 1024;  // GN channel sums: dynamic + static (red) shared memory stay below 48 KiB
+
+int mode_of(ops::NormKind k) { return k == ops::NormKind::Layer ? 0 : (k == ops::NormKind::Rms ? 1 : 2); }
+const char* kind_name(ops::NormKind k) {
+  return k == ops::NormKind::Layer ? "layer_norm" : (k == ops::NormKind::Rms ? "rms_norm" : "group_norm");
+}
+
+std::string fwd_name(DType t, int mode, const RowPlan& p) {
+  if (p.stream) return "flame::norm_fwd_stream" + targs({device_type(t), std::to_string(mode), std::to_string(p.v)});
+  return "flame::norm_fwd" + targs({device_type(t), std::to_string(mode), std::to_string(p.nv), std::to_string(p.v)});
+}
+std::string bwd_name(DType t, int mode, const RowPlan& p) {
+  if (p.stream) return "flame::norm_bwd_stream" + targs({device_type(t), std::to_string(mode), std::to_string(p.v)});
+  return "flame::norm_bwd" + targs({device_type(t), std::to_string(mode), std::to_string(p.nv), std::to_string(p.v),
+                                     p.cache ? "true" : "false"});
+}
+std::string bn_name(const char* kernel, DType t, const std::string& extra = "") {
+  std::vector<std::string> a = {device_type(t)};
+  if (!extra.empty()) a.push_back(extra);
+  return std::string("flame::") + kernel + targs(a);
+}
+
+// Forward: the row in registers (launch bounds 512). Backward (launch bounds 512): g and x, plus
+// (LN/RMS) two accumulator arrays; GN keeps its weight sums in shared memory, one row per block.
+RowBudget fwd_budget() { return RowBudget{1, 0, 32, 512, false, false}; }
+RowBudget bwd_budget(int mode) { return RowBudget{2, mode == 2 ? 0 : 2, 64, 512, true, mode == 2}; }
+
+void check_float(const Tensor& x, const char* op) {
+  FLAME_CHECK(is_floating(x->dtype), FLAME_ERROR_DTYPE_MISMATCH, op, ": x must be a floating tensor, got ",
+              dtype_name(x->dtype));
+}
+void check_eps(double eps, const char* op) {
+  FLAME_CHECK(std::isfinite(eps) && eps >= 0, FLAME_ERROR_INVALID_ARGUMENT, op, ": eps must be finite and >= 0, got ", eps);
+}
+// weight / bias / running statistics: same context and dtype as x, the given shape.
+void check_param(const Tensor& x, const Tensor& p, const Shape& want, const char* name, const char* op) {
+  if (!p) return;
+  FLAME_CHECK(&p->ctx() == &x->ctx(), FLAME_ERROR_INVALID_ARGUMENT, op, ": ", name, " belongs to another context");
+  FLAME_CHECK(p->dtype == x->dtype, FLAME_ERROR_DTYPE_MISMATCH, op, ": ", name, " has dtype ", dtype_name(p->dtype),
+              " but x has dtype ", dtype_name(x->dtype));
+  FLAME_CHECK(p->shape == want, FLAME_ERROR_SHAPE_MISMATCH, op, ": ", name, " has shape ", shape_str(p->shape),
+              ", expected ", shape_str(want));
+}
+
+struct FwdOut {
+  Tensor y, mean, rstd;
+};
+
+FwdOut launch_norm_forward(int mode, const Tensor& x, const Tensor& w, const Tensor& b, const ops::NormGeometry& geo,
+                           double eps) {
+  Context& ctx = x->ctx();
+  const DType acc = acc_of(x->dtype);
+  FwdOut o;
+  o.y = make_tensor(ctx, x->shape, x->dtype);
+  if (mode != 1) o.mean = make_tensor(ctx, {geo.rows}, acc);
+  o.rstd = make_tensor(ctx, {geo.rows}, acc);
+  if (x->numel() == 0) return o;
+  CUdeviceptr xp = x->data(), wp = w ? w->data() : 0, bp = b ? b->data() : 0, yp = o.y->data();
+  CUdeviceptr mp = o.mean ? o.mean->data() : 0, rp = o.rstd->data();
+  std::vector<CUdeviceptr> ptrs = {xp, yp};
+  if (mode != 2) ptrs.insert(ptrs.end(), {wp, bp});  // GN reads weight and bias per channel (scalar loads)
+  int v = row_vector_width(x->dtype, geo.D, ptrs);
+  RowPlan p = plan_rows(ctx, geo.rows, geo.D, x->dtype, v, fwd_budget());
+  int64_t rows = geo.rows, D = geo.D, groups = geo.groups, hw = geo.hw;
+  void* args[] = {&xp, &wp, &bp, &yp, &mp, &rp, &rows, &D, &groups, &hw, &eps};
+  launch_rows(ctx, ctx.function("norm.cuh", fwd_name(x->dtype, mode, p)), p, args);
+  return o;
+}
+
+// Weight and bias gradients from tensor ops (the streaming path, and GN with too many channels per
+// group for shared memory): xhat rebuilt from the saved statistics, in the compute type.
+void composed_weight_grads(int mode, const ops::NormGeometry& geo, const Tensor& g, const Tensor& x, const Tensor& mean,
+                           const Tensor& rstd, bool need_dw, bool need_db, ops::NormGrads* r) {
+  using namespace ops;
+  const DType acc = acc_of(x->dtype);
+  Tensor xh, gg;
+  std::vector<int> dims;
+  if (mode == 2) {
+    Shape s3 = {geo.N, geo.groups, geo.D}, st = {geo.N, geo.groups, 1};
+    xh = mul(sub(to_dtype(reshape(x, s3), acc), reshape(mean, st)), reshape(rstd, st));
+    xh = reshape(xh, {geo.N, geo.C, geo.hw});
+    gg = to_dtype(reshape(g, {geo.N, geo.C, geo.hw}), acc);
+    dims = {0, 2};
+  } else {
+    Shape s2 = {geo.rows, geo.D}, st = {geo.rows, 1};
+    xh = to_dtype(reshape(x, s2), acc);
+    if (mode == 0) xh = sub(xh, reshape(mean, st));
+    xh = mul(xh, reshape(rstd, st));
+    gg = to_dtype(reshape(g, s2), acc);
+    dims = {0};
+  }
+  if (need_dw) r->dw = to_dtype(sum(mul(gg, xh), dims, false), x->dtype);
+  if (need_db) r->db = to_dtype(sum(gg, dims, false), x->dtype);
+}
+
+Tensor record_norm(OpId op, const Tensor& x, const Tensor& w, const Tensor& b, bool has_bias_input, const FwdOut& o,
+                   int64_t attr, double eps) {
+  std::vector<Tensor> ins = {x, w};
+  if (has_bias_input) ins.push_back(b);
+  if (auto node = record(op, ins, {o.y})) {
+    node->ints = {attr, w ? 1 : 0, b ? 1 : 0};
+    node->reals = {eps};
+    node->saved.emplace_back(x, false);
+    if (w) node->saved.emplace_back(w, false);
+    else node->saved.emplace_back();
+    if (o.mean) node->saved.emplace_back(o.mean, false);
+    else node->saved.emplace_back();
+    node->saved.emplace_back(o.rstd, false);
+  }
+  return o.y;
+}
+
+}  // namespace
+
+ops::NormGeometry ops::norm_geometry(NormKind kind, const Shape& shape, int64_t k_or_groups) {
+  NormGeometry geo;
+  const int nd = static_cast<int>(shape.size());
+  if (kind == NormKind::Group) {
+    geo.N = shape[0];
+    geo.C = shape[1];
+    for (int d = 2; d < nd; ++d) geo.hw *= shape[d];
+    geo.groups = k_or_groups;
+    geo.rows = geo.N * geo.groups;
+    geo.D = (geo.C / geo.groups) * geo.hw;
+    return geo;
+  }
+  geo.rows = 1;
+  geo.D = 1;
+  for (int d = 0; d < nd; ++d) (d < nd - k_or_groups ? geo.rows : geo.D) *= shape[d];
+  return geo;
+}
+
+static Tensor row_norm(ops::NormKind kind, const Tensor& x0, const Shape& nshape, const Tensor& w0, const Tensor& b0,
+                       double eps) {
+  const char* op = kind_name(kind);
+  check_float(x0, op);
+  const int k = static_cast<int>(nshape.size());
+  FLAME_CHECK(k >= 1, FLAME_ERROR_INVALID_ARGUMENT, op, ": normalized_shape must have at least one dim");
+  FLAME_CHECK(k <= x0->ndim(), FLAME_ERROR_SHAPE_MISMATCH, op, ": normalized_shape ", shape_str(nshape),
+              " has more dims than x ", shape_str(x0->shape));
+  for (int i = 0; i < k; ++i)
+    FLAME_CHECK(x0->shape[x0->ndim() - k + i] == nshape[i], FLAME_ERROR_SHAPE_MISMATCH, op, ": normalized_shape ",
+                shape_str(nshape), " does not match the trailing dims of x ", shape_str(x0->shape));
+  check_param(x0, w0, nshape, "weight", op);
+  check_param(x0, b0, nshape, "bias", op);
+  check_eps(eps, op);
+  Tensor x = ops::contiguous(x0), w = w0 ? ops::contiguous(w0) : nullptr, b = b0 ? ops::contiguous(b0) : nullptr;
+  ops::NormGeometry geo = ops::norm_geometry(kind, x->shape, k);
+  FwdOut o = launch_norm_forward(mode_of(kind), x, w, b, geo, eps);
+  return record_norm(kind == ops::NormKind::Layer ? OpId::LayerNorm : OpId::RmsNorm, x, w, b, kind == ops::NormKind::Layer,
+                     o, k, eps);
+}
+
+Tensor ops::layer_norm(const Tensor& x, const Shape& nshape, const Tensor& w, const Tensor& b, double eps) {
+  return row_norm(NormKind::Layer, x, nshape, w, b, eps);
+}
+
+Tensor ops::rms_norm(const Tensor& x, const Shape& nshape, const Tensor& w, double eps) {
+  return row_norm(NormKind::Rms, x, nshape, w, nullptr, eps);
+}
+
+Tensor ops::group_norm(const Tensor& x0, int64_t groups, const Tensor& w0, const Tensor& b0, double eps, bool channels_last) {
+  const char* op = "group_norm";
+  check_float(x0, op);
+  const int nd = x0->ndim();
+  FLAME_CHECK(nd >= 2, FLAME_ERROR_SHAPE_MISMATCH, op, ": x must have a batch and a channel dim, got shape ",
+              shape_str(x0->shape));
+  const int64_t C = channels_last ? x0->shape[nd - 1] : x0->shape[1];
+  FLAME_CHECK(groups > 0 && C % groups == 0, FLAME_ERROR_INVALID_ARGUMENT, op, ": num_groups ", groups,
+              " must be positive and divide the ", C, " channels");
+  check_param(x0, w0, {C}, "weight", op);
+  check_param(x0, b0, {C}, "bias", op);
+  check_eps(eps, op);
+  if (channels_last && nd > 2) {  // [N, *, C] -> [N, C, *], normalise, and back to channels last
+    std::vector<int> to_first = {0, nd - 1}, back = {0};
+    for (int d = 1; d < nd - 1; ++d) to_first.push_back(d);
+    for (int d = 2; d < nd; ++d) back.push_back(d);
+    back.push_back(1);
+    return contiguous(permute(group_norm(permute(x0, to_first), groups, w0, b0, eps, false), back));
+  }
+  Tensor x = contiguous(x0), w = w0 ? contiguous(w0) : nullptr, b = b0 ? contiguous(b0) : nullptr;
+  NormGeometry geo = norm_geometry(NormKind::Group, x->shape, groups);
+  FwdOut o = launch_norm_forward(2, x, w, b, geo, eps);
+  return record_norm(OpId::GroupNorm, x, w, b, true, o, groups, eps);
+}
+
+ops::NormGrads ops::norm_backward(NormKind kind, const NormGeometry& geo, const Tensor& g0, const Tensor& x,
+                                  const Tensor& w, const Tensor& mean, const Tensor& rstd, bool need_dx, bool need_dw,
+                                  bool need_db) {
+  Context& ctx = x->ctx();
+  const int mode = mode_of(kind);
+  const DType dt = x->dtype, acc = acc_of(dt);
+  const size_t asize = dtype_size(acc);
+  const int64_t wlen = mode == 2 ? geo.C : geo.D;  // dw/db come back flat: [C] or [D]
+  need_dw = need_dw && w;
+  Tensor g = contiguous(g0);
+  NormGrads r;
+  if (need_dx) r.dx = make_tensor(ctx, x->shape, dt);
+  if (x->numel() == 0) {
+    if (need_dw) r.dw = zeros(ctx, {wlen}, dt);
+    if (need_db) r.db = zeros(ctx, {wlen}, dt);
+  } else if (need_dx || need_dw || need_db) {
+    CUdeviceptr gp = g->data(), xp = x->data(), wp = w ? w->data() : 0, dxp = need_dx ? r.dx->data() : 0;
+    CUdeviceptr mp = mean ? mean->data() : 0, rp = rstd->data();
+    std::vector<CUdeviceptr> ptrs = {gp, xp, dxp};
+    if (mode != 2) ptrs.push_back(wp);
+    int v = row_vector_width(dt, geo.D, ptrs);
+    RowPlan p = plan_rows(ctx, geo.rows, geo.D, dt, v, bwd_budget(mode), 1024);
+    const int64_t cg = geo.D / geo.hw;
+    const bool kernel_wb = (need_dw || need_db) && !p.stream && (mode != 2 || 2 * cg * asize <= kMaxGroupSmem);
+    int64_t rows = geo.rows, D = geo.D, groups = geo.groups, hw = geo.hw;
+    if (p.stream) {
+      if (need_dx) {
+        void* args[] = {&gp, &xp, &wp, &mp, &rp, &dxp, &rows, &D, &groups, &hw};
+        launch_rows(ctx, ctx.function("norm.cuh", bwd_name(dt, mode, p)), p, args);
+      }
+    } else if (need_dx || kernel_wb) {
+      Shape pshape = mode == 2 ? Shape{geo.N, geo.C} : Shape{static_cast<int64_t>(p.grid) * p.rpb, geo.D};
+      Tensor dwp = kernel_wb && need_dw ? make_tensor(ctx, pshape, acc) : nullptr;
+      Tensor dbp = kernel_wb && need_db ? make_tensor(ctx, pshape, acc) : nullptr;
+      CUdeviceptr dwpp = dwp ? dwp->data() : 0, dbpp = dbp ? dbp->data() : 0;
+      int seg_aligned = mode == 2 && geo.hw % (32 * v) == 0 ? 1 : 0;
+      unsigned smem = mode == 2 && kernel_wb ? static_cast<unsigned>(2 * cg * asize) : 0;
+      void* args[] = {&gp, &xp, &wp, &mp, &rp, &dxp, &dwpp, &dbpp, &rows, &D, &groups, &hw, &seg_aligned};
+      launch_rows(ctx, ctx.function("norm.cuh", bwd_name(dt, mode, p)), p, args, smem);
+      if (dwp) r.dw = to_dtype(reshape(sum(dwp, {0}, false), {wlen}), dt);
+      if (dbp) r.db = to_dtype(reshape(sum(dbp, {0}, false), {wlen}), dt);
+    }
+    if (!kernel_wb && (need_dw || need_db)) composed_weight_grads(mode, geo, g, x, mean, rstd, need_dw, need_db, &r);
+  }
+  std::vector<Tensor> outs;
+  for (const Tensor& t : {r.dx, r.dw, r.db})
+    if (t) outs.push_back(t);
+  if (!outs.empty()) record(OpId::NormBackward, {g, x, w}, outs);
+  return r;
+}
+
+// ---------------- batch_norm ----------------
+
+namespace {
+
+struct BnShape {
+  int64_t N, C, HW, count;
+};
+BnShape bn_shape(const Tensor& x) {
+  BnShape s{x->shape[0], x->shape[1], 1, 0};
+  for (int d = 2; d < x->ndim(); ++d) s.HW *= x->shape[d];
+  s.count = s.N * s.HW;
+  return s;
+}
+
+// Per-channel sums (bn_reduce + bn_finalize). MODE 0: writes mean and rstd, updates the running
+// statistics; MODE 1: writes sums [C, 2] = (sum g, sum g (x - mean)).
+void bn_channel_pass(int mode, const Tensor& x, const Tensor& g, const Tensor& mean, const Tensor& out0,
+                     const Tensor& out1, const Tensor& rm, const Tensor& rv, double momentum, double eps) {
+  Context& ctx = x->ctx();
+  BnShape s = bn_shape(x);
+  const DType acc = acc_of(x->dtype);
+  int64_t chunks = 1, chunk_len = s.count;
+  if (s.C < 2 * static_cast<int64_t>(ctx.sm_count) && s.count > 8192) {  // few channels: split each over blocks
+    chunks = std::min<int64_t>((s.count + 4095) / 4096, std::max<int64_t>(1, 4 * ctx.sm_count / s.C));
+    chunk_len = (s.count + chunks - 1) / chunks;
+    chunks = (s.count + chunk_len - 1) / chunk_len;
+  }
+  Tensor part = make_tensor(ctx, {s.C * chunks * 2}, acc);
+  CUdeviceptr xp = x->data(), gp = g ? g->data() : 0, mp = mean ? mean->data() : 0, pp = part->data();
+  void* a1[] = {&xp, &gp, &mp, &pp, &s.C, &s.HW, &s.count, &chunks, &chunk_len};
+  unsigned grid = static_cast<unsigned>(std::min<int64_t>(s.C * chunks, static_cast<int64_t>(ctx.sm_count) * 64));
+  ctx.launch(ctx.function("norm.cuh", bn_name("bn_reduce", x->dtype, std::to_string(mode))), grid, 256, a1);
+  CUdeviceptr o0 = out0->data(), o1 = out1 ? out1->data() : 0, rmp = rm ? rm->data() : 0, rvp = rv ? rv->data() : 0;
+  int64_t rms = rm ? rm->strides[0] : 0, rvs = rv ? rv->strides[0] : 0;
+  void* a2[] = {&pp, &xp, &o0, &o1, &rmp, &rms, &rvp, &rvs, &s.C, &s.HW, &s.count, &chunks, &momentum, &eps};
+  launch_flat(ctx, ctx.function("norm.cuh", bn_name("bn_finalize", x->dtype, std::to_string(mode))), s.C, a2);
+  if (rm) rm->storage->version++;  // updated in place
+  if (rv) rv->storage->version++;
+}
+
+}  // namespace
+
+Tensor ops::batch_norm(const Tensor& x0, const Tensor& rm, const Tensor& rv, const Tensor& w0, const Tensor& b0,
+                       bool training, double momentum, double eps) {
+  const char* op = "batch_norm";
+  check_float(x0, op);
+  FLAME_CHECK(x0->ndim() >= 2, FLAME_ERROR_SHAPE_MISMATCH, op, ": x must have a batch and a channel dim, got shape ",
+              shape_str(x0->shape));
+  const int64_t C = x0->shape[1];
+  check_param(x0, w0, {C}, "weight", op);
+  check_param(x0, b0, {C}, "bias", op);
+  check_param(x0, rm, {C}, "running_mean", op);
+  check_param(x0, rv, {C}, "running_var", op);
+  FLAME_CHECK(!rm == !rv, FLAME_ERROR_INVALID_ARGUMENT, op, ": running_mean and running_var must both be given or both be NULL");
+  FLAME_CHECK(training || rm, FLAME_ERROR_INVALID_ARGUMENT, op, ": eval mode (training 0) needs running_mean and running_var");
+  FLAME_CHECK(!rm || (!requires_grad(*rm) && !requires_grad(*rv)), FLAME_ERROR_INVALID_ARGUMENT, op,
+              ": running_mean and running_var are updated in place and must not require grad");
+  check_eps(eps, op);
+  FLAME_CHECK(std::isfinite(momentum), FLAME_ERROR_INVALID_ARGUMENT, op, ": momentum must be finite, got ", momentum);
+  Tensor x = contiguous(x0), w = w0 ? contiguous(w0) : nullptr, b = b0 ? contiguous(b0) : nullptr;
+  Context& ctx = x->ctx();
+  BnShape s = bn_shape(x);
+  const DType acc = acc_of(x->dtype);
+  Tensor mean = make_tensor(ctx, {C}, acc), rstd = make_tensor(ctx, {C}, acc);
+  if (training) {
+    FLAME_CHECK(s.count > 1, FLAME_ERROR_INVALID_ARGUMENT, op, ": training needs more than one value per channel, got x of shape ",
+                shape_str(x->shape));
+    bn_channel_pass(0, x, nullptr, nullptr, mean, rstd, rm, rv, momentum, eps);
+  } else {  // the running statistics, copied: later updates must not change what backward sees
+    copy_into(mean, alias(rm));
+    copy_into(rstd, alias(rv));
+    rstd = unary(OpId::Rsqrt, add_scalar(rstd, eps));
+  }
+  Tensor y = make_tensor(ctx, x->shape, x->dtype);
+  if (x->numel() > 0) {
+    CUdeviceptr xp = x->data(), yp = y->data(), mp = mean->data(), rp = rstd->data();
+    CUdeviceptr wp = w ? w->data() : 0, bp = b ? b->data() : 0;
+    int64_t n = x->numel();
+    void* args[] = {&xp, &yp, &mp, &rp, &wp, &bp, &n, &s.C, &s.HW};
+    launch_flat(ctx, ctx.function("norm.cuh", bn_name("bn_apply", x->dtype)), n, args);
+  }
+  if (auto node = record(OpId::BatchNorm, {x, w, b}, {y})) {
+    node->ints = {training ? 1 : 0, w ? 1 : 0, b ? 1 : 0};
+    node->reals = {eps};
+    node->saved.emplace_back(x, false);
+    if (w) node->saved.emplace_back(w, false);
+    else node->saved.emplace_back();
+    node->saved.emplace_back(mean, false);
+    node->saved.emplace_back(rstd, false);
+  }
+  return y;
+}
+
+ops::NormGrads ops::batch_norm_backward(const Tensor& g0, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                        const Tensor& rstd, bool training, bool need_dx, bool need_dw, bool need_db) {
+  Context& ctx = x->ctx();
+  const DType dt = x->dtype, acc = acc_of(dt);
+  BnShape s = bn_shape(x);
+  need_dw = need_dw && w;
+  Tensor g = contiguous(g0);
+  NormGrads r;
+  if (need_dx) r.dx = make_tensor(ctx, x->shape, dt);
+  if (x->numel() == 0) {
+    if (need_dw) r.dw = zeros(ctx, {s.C}, dt);
+    if (need_db) r.db = zeros(ctx, {s.C}, dt);
+  } else {
+    Tensor sums;
+    if ((need_dx && training) || need_dw || need_db) {
+      sums = make_tensor(ctx, {s.C, 2}, acc);
+      bn_channel_pass(1, x, g, mean, sums, nullptr, nullptr, nullptr, 0, 0);
+    }
+    if (need_dx) {
+      CUdeviceptr gp = g->data(), xp = x->data(), dp = r.dx->data(), mp = mean->data(), rp = rstd->data();
+      CUdeviceptr wp = w ? w->data() : 0, sp = sums ? sums->data() : 0;
+      int64_t n = x->numel();
+      void* args[] = {&gp, &xp, &dp, &mp, &rp, &wp, &sp, &n, &s.C, &s.HW, &s.count};
+      launch_flat(ctx, ctx.function("norm.cuh", bn_name("bn_bwd_apply", dt, training ? "true" : "false")), n, args);
+    }
+    if (need_dw) r.dw = to_dtype(mul(select(sums, 1, 1), rstd), dt);  // sum(g * xhat) = rstd * sum(g (x - mean))
+    if (need_db) r.db = to_dtype(select(sums, 1, 0), dt);
+  }
+  std::vector<Tensor> outs;
+  for (const Tensor& t : {r.dx, r.dw, r.db})
+    if (t) outs.push_back(t);
+  if (!outs.empty()) record(OpId::BatchNormBackward, {g, x, w}, outs);
+  return r;
+}
+
+std::vector<std::string> ops::norm_kernel_instantiations() {
+  std::vector<std::string> v;
+  for (DType t : {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64}) {
+    for (int mode = 0; mode < 3; ++mode) {
+      for (int vw : {1, static_cast<int>(16 / dtype_size(t))}) {
+        RowPlan p;
+        p.v = vw;
+        for (int nv : kRowNvs) {
+          p.nv = nv;
+          v.push_back(fwd_name(t, mode, p));
+          for (bool cache : {true, false}) {
+            p.cache = cache;
+            v.push_back(bwd_name(t, mode, p));
+          }
+        }
+        p.stream = true;
+        v.push_back(fwd_name(t, mode, p));
+        v.push_back(bwd_name(t, mode, p));
+      }
+    }
+    for (const char* m : {"0", "1"}) {
+      v.push_back(bn_name("bn_reduce", t, m));
+      v.push_back(bn_name("bn_finalize", t, m));
+    }
+    v.push_back(bn_name("bn_apply", t));
+    v.push_back(bn_name("bn_bwd_apply", t, "true"));
+    v.push_back(bn_name("bn_bwd_apply", t, "false"));
+  }
+  return v;
+}
+
+}  // namespace flame

@@ -1,0 +1,75 @@
+// Row-kernel launch planning (see ops/nn_rows.h).
+#include "ops/nn_rows.h"
+#include <algorithm>
+#include "core/error.h"
+
+namespace flame {
+
+int row_vector_width(DType dtype, int64_t D, const std::vector<CUdeviceptr>& ptrs) {
+  int v = static_cast<int>(16 / dtype_size(dtype));
+  if (D % v != 0) return 1;
+  for (CUdeviceptr p : ptrs)
+    if (p % 16 != 0) return 1;
+  return v;
+}
+
+RowPlan plan_rows(Context& ctx, int64_t rows, int64_t D, DType dtype, int v, const RowBudget& b, int resident_threads) {
+  RowPlan p;
+  p.v = v;
+  const int64_t chunks = (D + v - 1) / v;
+  const size_t tsize = dtype_size(dtype), asize = dtype_size(acc_of(dtype));
+  bool found = false;
+  // Prefer keeping the row cached, then few threads per row (<= 256, then 512), then few vectors.
+  for (int cache = 1; cache >= (b.allow_no_cache ? 0 : 1) && !found; --cache) {
+    for (int limit : {256, 512, b.max_tpr}) {
+      if (limit > b.max_tpr || found) continue;
+      for (int nv : kRowNvs) {
+        int64_t tpr = ((chunks + nv - 1) / nv + 31) / 32 * 32;
+        size_t bytes = (cache ? static_cast<size_t>(b.arrays) * nv * v * tsize : 0) +
+                       static_cast<size_t>(b.acc_arrays) * nv * v * asize;
+        if (tpr > limit || bytes > static_cast<size_t>(b.budget_words) * 4) continue;
+        p.nv = nv;
+        p.tpr = static_cast<unsigned>(std::max<int64_t>(32, tpr));
+        p.cache = cache != 0;
+        found = true;
+        break;
+      }
+    }
+  }
+  if (!found) return plan_stream(ctx, rows, D, v);
+  p.rpb = b.one_row_per_block ? 1 : std::max(1u, 256 / p.tpr);  // short rows: several per block (<= 8)
+  int64_t groups = (rows + p.rpb - 1) / p.rpb;
+  int64_t per_sm = std::max<int64_t>(1, resident_threads / static_cast<int64_t>(p.tpr * p.rpb));
+  p.grid = static_cast<unsigned>(std::max<int64_t>(1, std::min(groups, static_cast<int64_t>(ctx.sm_count) * per_sm)));
+  return p;
+}
+
+RowPlan plan_stream(Context& ctx, int64_t rows, int64_t D, int v) {
+  RowPlan p;
+  p.stream = true;
+  p.v = v;
+  int64_t chunks = (D + v - 1) / v;
+  p.tpr = chunks >= 1024 * 4 ? 1024 : (chunks >= 256 ? 256 : 32);
+  p.grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(rows, static_cast<int64_t>(ctx.sm_count) * 8)));
+  return p;
+}
+
+void launch_rows(Context& ctx, CUfunction f, const RowPlan& p, void** args, unsigned smem) {
+  ctx.check(ctx.drv.cuLaunchKernel(f, p.grid, 1, 1, p.tpr, p.rpb, 1, smem, ctx.stream, args, nullptr), "cuLaunchKernel");
+}
+
+void launch_flat(Context& ctx, CUfunction f, int64_t work, void** args) {
+  constexpr unsigned block = 256;
+  int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((work + block - 1) / block, static_cast<int64_t>(ctx.sm_count) * 32));
+  ctx.launch(f, static_cast<unsigned>(blocks), block, args);
+}
+
+std::string targs(const std::vector<std::string>& a) {
+  std::string s = "<";
+  for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + a[i];
+  return s + ">";
+}
+
+DType acc_of(DType dtype) { return dtype == FLAME_DTYPE_F64 ? FLAME_DTYPE_F64 : FLAME_DTYPE_F32; }
+
+}  // namespace flame

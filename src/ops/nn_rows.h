@@ -1,0 +1,49 @@
+// Launch planning shared by the row kernels of cuda/softmax.cuh and cuda/norm.cuh (see cuda/rows.cuh):
+// how many threads share a row (tpr), how many V-element vectors each holds in registers (nv), how
+// many rows a block takes at once (rpb), or that the row is too long and the streaming kernel runs.
+#pragma once
+#include <string>
+#include <vector>
+#include "tensor/tensor.h"
+
+namespace flame {
+
+constexpr int kRowNvs[] = {1, 2, 4, 8};  // the register-cached kernels' NV instantiations
+
+// What one thread keeps in registers per cached element: `arrays` tensors of the element type,
+// `acc_arrays` accumulators of the compute type (norm backward), within `budget_words` 32-bit
+// registers; `max_tpr` matches the kernel's __launch_bounds__.
+struct RowBudget {
+  int arrays = 1;
+  int acc_arrays = 0;
+  int budget_words = 32;
+  int max_tpr = 1024;
+  bool allow_no_cache = false;  // may drop the cache (re-read) to fit the accumulators
+  bool one_row_per_block = false;
+};
+
+struct RowPlan {
+  bool stream = false;  // too long: one block per row, several passes
+  bool cache = true;
+  int nv = 1, v = 1;
+  unsigned tpr = 32, rpb = 1, grid = 1;
+};
+
+// The widest vector (16 bytes) when D and every pointer allow it, else 1.
+int row_vector_width(DType dtype, int64_t D, const std::vector<CUdeviceptr>& ptrs);
+// resident_threads: threads per SM assumed for the persistent grid.
+RowPlan plan_rows(Context& ctx, int64_t rows, int64_t D, DType dtype, int v, const RowBudget& b,
+                  int resident_threads = 2048);
+// Streaming kernels: one block of up to 1024 threads per row.
+RowPlan plan_stream(Context& ctx, int64_t rows, int64_t D, int v);
+
+void launch_rows(Context& ctx, CUfunction f, const RowPlan& p, void** args, unsigned smem = 0);
+// A 1-D grid-stride launch (elementwise and per-column kernels).
+void launch_flat(Context& ctx, CUfunction f, int64_t work, void** args);
+
+// "<a, b, c>" for a kernel name.
+std::string targs(const std::vector<std::string>& a);
+// The compute type of dtype (f32 for f16/bf16/f32, f64 for f64).
+DType acc_of(DType dtype);
+
+}  // namespace flame

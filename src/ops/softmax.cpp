@@ -1,0 +1,171 @@
+// softmax / log_softmax along any dim: the host side of cuda/softmax.cuh.
+// The input is made contiguous and seen as [outer, D, inner]. dim last (inner 1): the row kernels
+// (registers when the row fits, else streaming). Another dim with enough columns (outer * inner):
+// one thread per column. Few long columns: the dim is permuted to the end and made contiguous, the
+// row kernel runs, and the result is permuted back (the forward does this with recorded ops).
+#include <algorithm>
+#include "autograd/graph.h"
+#include "core/error.h"
+#include "ops/nn.h"
+#include "ops/nn_rows.h"
+#include "ops/ops.h"
+
+namespace flame {
+
+namespace {
+
+constexpr int64_t kMinColumns = 4096;  // fewer (long) columns parallelise poorly in softmax_cols_*
+
+const char* tf(bool b) { return b ? "true" : "false"; }
+
+std::string fwd_name(DType t, bool log, const RowPlan& p) {
+  if (p.stream) return std::string("flame::softmax_fwd_stream") + targs({device_type(t), tf(log), std::to_string(p.v)});
+  return std::string("flame::softmax_fwd") + targs({device_type(t), tf(log), std::to_string(p.nv), std::to_string(p.v)});
+}
+std::string bwd_name(DType t, bool log, const RowPlan& p) {
+  if (p.stream) return std::string("flame::softmax_bwd_stream") + targs({device_type(t), tf(log), std::to_string(p.v)});
+  return std::string("flame::softmax_bwd") + targs({device_type(t), tf(log), std::to_string(p.nv), std::to_string(p.v)});
+}
+std::string cols_name(bool fwd, DType t, bool log) {
+  return std::string(fwd ? "flame::softmax_cols_fwd" : "flame::softmax_cols_bwd") + targs({device_type(t), tf(log)});
+}
+
+// Forward budget: the row in registers (launch bounds 1024: <= 64 registers, 32 for the row).
+// Backward: g and y (launch bounds 512: <= 128 registers, 64 for the rows).
+RowBudget fwd_budget() { return RowBudget{1, 0, 32, 1024, false, false}; }
+RowBudget bwd_budget() { return RowBudget{2, 0, 64, 512, false, false}; }
+
+void check_float(const Tensor& x, const char* what) {
+  FLAME_CHECK(is_floating(x->dtype), FLAME_ERROR_DTYPE_MISMATCH, what, " needs a floating tensor, got ",
+              dtype_name(x->dtype));
+}
+
+struct Geometry {
+  int64_t outer = 1, D = 1, inner = 1;
+};
+Geometry geometry(const Tensor& x, int dim) {
+  Geometry g;
+  for (int d = 0; d < x->ndim(); ++d) {
+    if (d < dim) g.outer *= x->shape[d];
+    else if (d == dim) g.D = x->shape[d];
+    else g.inner *= x->shape[d];
+  }
+  return g;
+}
+
+// The permutation moving dim to the end, and its inverse.
+std::vector<int> to_last(int nd, int dim) {
+  std::vector<int> p;
+  for (int d = 0; d < nd; ++d)
+    if (d != dim) p.push_back(d);
+  p.push_back(dim);
+  return p;
+}
+std::vector<int> from_last(int nd, int dim) {
+  std::vector<int> p = to_last(nd, dim), inv(static_cast<size_t>(nd));
+  for (int i = 0; i < nd; ++i) inv[static_cast<size_t>(p[static_cast<size_t>(i)])] = i;
+  return inv;
+}
+
+// y = softmax of contiguous x over rows of D (inner == 1) or over columns (inner > 1).
+void launch_forward(const Tensor& x, const Tensor& y, const Geometry& geo, bool log) {
+  Context& ctx = x->ctx();
+  CUdeviceptr xp = x->data(), yp = y->data();
+  if (geo.inner == 1) {
+    int64_t rows = geo.outer;
+    int v = row_vector_width(x->dtype, geo.D, {xp, yp});
+    RowPlan p = plan_rows(ctx, rows, geo.D, x->dtype, v, fwd_budget());
+    void* args[] = {&xp, &yp, &rows, const_cast<int64_t*>(&geo.D)};
+    launch_rows(ctx, ctx.function("softmax.cuh", fwd_name(x->dtype, log, p)), p, args);
+    return;
+  }
+  int64_t outer = geo.outer, D = geo.D, inner = geo.inner;
+  void* args[] = {&xp, &yp, &outer, &D, &inner};
+  launch_flat(ctx, ctx.function("softmax.cuh", cols_name(true, x->dtype, log)), outer * inner, args);
+}
+
+void launch_backward(const Tensor& g, const Tensor& y, const Tensor& dx, const Geometry& geo, bool log) {
+  Context& ctx = y->ctx();
+  CUdeviceptr gp = g->data(), yp = y->data(), dp = dx->data();
+  if (geo.inner == 1) {
+    int64_t rows = geo.outer;
+    int v = row_vector_width(y->dtype, geo.D, {gp, yp, dp});
+    RowPlan p = plan_rows(ctx, rows, geo.D, y->dtype, v, bwd_budget());
+    void* args[] = {&gp, &yp, &dp, &rows, const_cast<int64_t*>(&geo.D)};
+    launch_rows(ctx, ctx.function("softmax.cuh", bwd_name(y->dtype, log, p)), p, args);
+    return;
+  }
+  int64_t outer = geo.outer, D = geo.D, inner = geo.inner;
+  void* args[] = {&gp, &yp, &dp, &outer, &D, &inner};
+  launch_flat(ctx, ctx.function("softmax.cuh", cols_name(false, y->dtype, log)), outer * inner, args);
+}
+
+bool use_permuted(const Geometry& geo) { return geo.inner > 1 && geo.outer * geo.inner < kMinColumns && geo.D > 64; }
+
+}  // namespace
+
+Tensor ops::softmax(const Tensor& x0, int64_t dim0, bool log) {
+  const char* what = log ? "log_softmax" : "softmax";
+  check_float(x0, what);
+  if (x0->ndim() == 0) {  // one element: softmax 1, log_softmax 0 (through the same kernel and graph)
+    normalize_dim(dim0, 1);
+    return reshape(softmax(reshape(x0, {1}), 0, log), {});
+  }
+  const int nd = x0->ndim(), dim = normalize_dim(dim0, nd);
+  Tensor x = contiguous(x0);
+  Geometry geo = geometry(x, dim);
+  if (x->numel() > 0 && use_permuted(geo)) {
+    Tensor yt = softmax(contiguous(permute(x, to_last(nd, dim))), nd - 1, log);
+    return contiguous(permute(yt, from_last(nd, dim)));
+  }
+  Tensor y = make_tensor(x->ctx(), x->shape, x->dtype);
+  if (x->numel() > 0) launch_forward(x, y, geo, log);
+  if (auto node = record(log ? OpId::LogSoftmax : OpId::Softmax, {x}, {y})) {
+    node->ints = {dim};
+    node->saved.emplace_back(y, true);
+  }
+  return y;
+}
+
+Tensor ops::softmax_backward(const Tensor& g0, const Tensor& y0, int dim, bool log) {
+  Tensor y = contiguous(y0), g = contiguous(g0);
+  Tensor dx = make_tensor(y->ctx(), y->shape, y->dtype);
+  if (y->numel() > 0) {
+    const int nd = y->ndim();
+    Geometry geo = geometry(y, dim);
+    if (use_permuted(geo)) {
+      std::vector<int> p = to_last(nd, dim);
+      Tensor dt = softmax_backward(contiguous(permute(g, p)), contiguous(permute(y, p)), nd - 1, log);
+      copy_into(dx, permute(dt, from_last(nd, dim)));
+    } else {
+      launch_backward(g, y, dx, geo, log);
+    }
+  }
+  record(OpId::SoftmaxBackward, {g, y}, {dx});
+  return dx;
+}
+
+std::vector<std::string> ops::softmax_kernel_instantiations() {
+  std::vector<std::string> v;
+  for (DType t : {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64}) {
+    for (bool log : {false, true}) {
+      for (int vw : {1, static_cast<int>(16 / dtype_size(t))}) {
+        RowPlan p;
+        p.v = vw;
+        for (int nv : kRowNvs) {
+          p.nv = nv;
+          v.push_back(fwd_name(t, log, p));
+          v.push_back(bwd_name(t, log, p));
+        }
+        p.stream = true;
+        v.push_back(fwd_name(t, log, p));
+        v.push_back(bwd_name(t, log, p));
+      }
+      v.push_back(cols_name(true, t, log));
+      v.push_back(cols_name(false, t, log));
+    }
+  }
+  return v;
+}
+
+}  // namespace flame
