@@ -196,6 +196,12 @@ Tensor class_mask(const Tensor& target, int64_t classes) {
   return binary(OpId::Eq, unsqueeze(target, 1), cols);
 }
 Tensor log_softmax_rows(const Tensor& x) { return sub(x, logsumexp(x, {1}, true)); }
+// [M, 1] bool: the rows whose target is not ignore_index. Ignored rows get a zero gradient through
+// where() (not a product with a 0/1 mask: an all-ignored mean has an infinite coefficient).
+Tensor valid_rows(const LossSaved& s) {
+  Tensor ignore = scalar(s.target->ctx(), static_cast<double>(s.ignore_index), FLAME_DTYPE_I64);
+  return unsqueeze(binary(OpId::Ne, s.target, ignore), 1);
+}
 
 RULE(CrossEntropy) {  // coef (softmax(x) a - (1 - eps) w_t onehot - eps / C w), a = (1 - eps) w_t + eps W / C
   LossSaved s = unpack_loss(n);
@@ -206,10 +212,8 @@ RULE(CrossEntropy) {  // coef (softmax(x) a - (1 - eps) w_t onehot - eps / C w),
   Tensor W = s.weight ? s.wsum : like_scalar(x, static_cast<double>(s.classes));
   Tensor a = add(mul_scalar(wt, keep), mul_scalar(W, spread));
   Tensor b = add(mul(mask_as(class_mask(s.target, s.classes), x), mul_scalar(wt, keep)), mul_scalar(w, spread));
-  Tensor ignore = scalar(x->ctx(), static_cast<double>(s.ignore_index), FLAME_DTYPE_I64);
-  Tensor valid = unsqueeze(mask_as(binary(OpId::Ne, s.target, ignore), x), 1);
-  Tensor gx = mul(mul(loss_coef(s, g, x->dtype), valid), sub(mul(exp(log_softmax_rows(x)), a), b));
-  return {to_dtype(gx, s.x->dtype)};
+  Tensor gx = mul(loss_coef(s, g, x->dtype), sub(mul(exp(log_softmax_rows(x)), a), b));
+  return {to_dtype(where(valid_rows(s), gx, like_scalar(x, 0)), s.x->dtype)};
 }
 RULE(CrossEntropyProbs) {  // x: coef (softmax(x) T - w t'), t: -(1 - eps) coef w log_softmax(x)
   LossSaved s = unpack_loss(n);
@@ -236,8 +240,9 @@ RULE(NllLoss) {  // -coef w_t at (r, target[r])
   LossSaved s = unpack_loss(n);
   DType dt = n.inputs[0].dtype;
   if (!g->ctx().recording()) return {nll_loss_backward(s, g, dt)};
-  Tensor coef = loss_coef(s, g, s.wrow->dtype);
-  return {to_dtype(mul(mask_as(class_mask(s.target, s.classes), s.wrow), neg(mul(coef, unsqueeze(s.wrow, 1)))), dt)};
+  Tensor hit = binary(OpId::LogicalAnd, class_mask(s.target, s.classes), valid_rows(s));
+  Tensor gx = neg(mul(loss_coef(s, g, s.wrow->dtype), unsqueeze(s.wrow, 1)));
+  return {to_dtype(where(hit, gx, like_scalar(s.wrow, 0)), dt)};
 }
 
 constexpr std::array<Rule, kNumOps> make_rules() {
