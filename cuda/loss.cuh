@@ -197,17 +197,17 @@ __global__ void ce_index_fwd(const T* __restrict__ x, const I* __restrict__ targ
     });
     st = rs_reduce<WarpRow>(st, smem);
     if (grp.lane == 0) {
-      const A l = st.m + m_log(st.s);
+      const A lg = m_log(st.s);  // lse - max: differences to lse are taken as (max - x) + lg, exactly
       const A xt = static_cast<A>(to_compute(xr[t]));
       const A wt = weight ? weight[t] : A(1);
-      A out = static_cast<A>(1.0 - eps) * wt * (l - xt);
+      A out = static_cast<A>(1.0 - eps) * wt * ((st.m - xt) + lg);
       if (smooth) {
         const A W = weight ? *wsum : static_cast<A>(C);
-        out += static_cast<A>(eps / static_cast<double>(C)) * (W * (l - ref) - st.wx);
+        out += static_cast<A>(eps / static_cast<double>(C)) * (W * ((st.m - ref) + lg) - st.wx);
       }
       loss[r] = out;
       wrow[r] = wt;
-      lse[r] = l;
+      lse[r] = st.m + lg;
     }
   }
 }
@@ -246,9 +246,10 @@ __global__ void ce_index_bwd(const T* __restrict__ x, const I* __restrict__ targ
       Vec<T, V> o;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        A gv = l_exp(xs[k] - l) * a;
+        const A p = l_exp(xs[k] - l);
+        // At the target p a - bt = (p - 1) bt + p (a - bt), with p - 1 from expm1: no cancellation when p -> 1.
+        A gv = c + k == t ? m_expm1(xs[k] - l) * bt + p * (a - bt) : p * a;
         if (smooth) gv -= bs * (weight ? weight[c + k] : A(1));
-        if (c + k == t) gv -= bt;
         o.v[k] = cast<T>(gv);
       }
       *reinterpret_cast<Vec<T, V>*>(gr + c) = o;
@@ -286,13 +287,13 @@ __global__ void ce_prob_fwd(const T* __restrict__ x, const T* __restrict__ tgt, 
     });
     st = rs_reduce<WarpRow>(st, smem);
     if (grp.lane == 0) {
-      const A l = st.m + m_log(st.s);
+      const A lg = m_log(st.s);
       const A keep = static_cast<A>(1.0 - eps), spread = static_cast<A>(eps / static_cast<double>(C));
       const A W = weight ? *wsum : static_cast<A>(C);
       const A tsum = keep * st.wt + (smooth ? spread * W : A(0));
-      loss[r] = tsum * (l - ref) - (keep * st.wtx + (smooth ? spread * st.wx : A(0)));
+      loss[r] = tsum * ((st.m - ref) + lg) - (keep * st.wtx + (smooth ? spread * st.wx : A(0)));
       rowt[r] = tsum;
-      lse[r] = l;
+      lse[r] = st.m + lg;
     }
   }
 }
@@ -347,9 +348,9 @@ __global__ void nll_fwd(const T* __restrict__ x, i64 row_stride, i64 col_stride,
   }
 }
 
-// grad[r, c] = -w_t coef at c == t, else 0 (NaN on rows with a bad index); one thread per element.
+// grad[r, c] = -wrow[r] coef at c == t, else 0 (NaN on rows with a bad index); one thread per element.
 template <class T, class I, class A>
-__global__ void nll_bwd(const I* __restrict__ target, const A* __restrict__ weight, const T* __restrict__ g, i64 g_stride,
+__global__ void nll_bwd(const I* __restrict__ target, const A* __restrict__ wrow, const T* __restrict__ g, i64 g_stride,
                         const A* __restrict__ denom, i64 M, i64 C, i64 ignore_index, T* __restrict__ grad) {
   const i64 n = M * C;
   for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<i64>(gridDim.x) * blockDim.x) {
@@ -362,7 +363,7 @@ __global__ void nll_bwd(const I* __restrict__ target, const A* __restrict__ weig
       } else if (c == t) {
         A coef = static_cast<A>(to_compute(g[r * g_stride]));
         if (denom) coef /= *denom;
-        v = -(weight ? weight[t] : A(1)) * coef;
+        v = -wrow[r] * coef;
       }
     }
     grad[i] = cast<T>(v);
