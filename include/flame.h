@@ -594,6 +594,73 @@ FLAME_API flame_status_t flame_group_norm(flame_tensor_t x, int32_t num_groups, 
 FLAME_API flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t running_mean, flame_tensor_t running_var,
                                           flame_tensor_t weight, flame_tensor_t bias, int32_t training, double momentum,
                                           double eps, flame_tensor_t* out);
+/* ============================== Losses ============================== */
+/* Every loss takes a reduction: NONE returns the per-element (per-sample) losses, MEAN their mean
+ * and SUM their sum, as 0-d tensors. Inputs are borrowed; the result is a new reference in the
+ * input's dtype (f16/bf16 are computed and accumulated in f32). Every loss has a backward, also
+ * twice (create_graph). A zero-size batch gives an empty result (NONE), 0 (SUM) or NaN (MEAN).
+ *
+ * Class indices are checked on the device, not copied to the host: an index outside [0, C) that is
+ * not ignore_index makes its sample's loss and gradient NaN, and the next call that synchronises
+ * with the context (flame_ctx_synchronize, flame_to_host, flame_tensor_item) returns
+ * FLAME_ERROR_INVALID_ARGUMENT with a message naming the op, the index and its position. The
+ * context stays usable. */
+
+typedef enum flame_reduction_t {
+  FLAME_REDUCTION_NONE = 0,
+  FLAME_REDUCTION_MEAN = 1,
+  FLAME_REDUCTION_SUM = 2
+} flame_reduction_t;
+
+/* Cross-entropy of logits [C], [N, C] or [N, C, d1, ...] (class dim 1, as PyTorch), fused: the
+ * forward reads the logits once and saves the logsumexp of each row; the backward reads them once
+ * more. target is either:
+ *  - class indices (i64 or i32) of shape [], [N] or [N, d1, ...]: entries equal to ignore_index
+ *    count for nothing; label_smoothing eps in [0, 1] mixes the one-hot target with the uniform
+ *    distribution ((1 - eps) onehot + eps / C). MEAN divides by the sum of weight[target] over the
+ *    samples that are not ignored (their count without weight); all ignored gives NaN, as PyTorch.
+ *  - class probabilities (floating, the logits' shape; converted to the logits' dtype), smoothed the
+ *    same way; ignore_index is not used. MEAN divides by the number of samples. target may require
+ *    grad.
+ * weight (may be NULL): per-class weights [C], floating; it must not require grad (its gradient is
+ * not implemented, as in PyTorch: FLAME_ERROR_NOT_DIFFERENTIABLE). [N, C, d1, ...] logits are
+ * permuted to rows (one copy); [N, C] logits that are not contiguous are copied.
+ * Errors: FLAME_ERROR_SHAPE_MISMATCH (no class dim, C = 0, target or weight shape),
+ * FLAME_ERROR_DTYPE_MISMATCH (non-floating logits, target neither i64/i32 nor floating),
+ * FLAME_ERROR_INVALID_ARGUMENT (label_smoothing outside [0, 1], bad reduction, tensors of different
+ * contexts). */
+FLAME_API flame_status_t flame_cross_entropy(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight,
+                                             int64_t ignore_index, double label_smoothing, flame_reduction_t reduction,
+                                             flame_tensor_t* out);
+/* Negative log-likelihood of log-probabilities [C], [N, C] or [N, C, d1, ...] (any strides) at
+ * class indices target (i64 or i32, shaped as for flame_cross_entropy): -weight[t] * input[n, t].
+ * weight (may be NULL) and ignore_index as for flame_cross_entropy; MEAN divides by the sum of the
+ * weights of the samples that are not ignored. Errors as flame_cross_entropy. */
+FLAME_API flame_status_t flame_nll_loss(flame_tensor_t input, flame_tensor_t target, flame_tensor_t weight,
+                                        int64_t ignore_index, flame_reduction_t reduction, flame_tensor_t* out);
+/* (input - target)^2. input and target: floating, the same shape (no broadcasting: expand the target
+ * yourself). Errors: FLAME_ERROR_SHAPE_MISMATCH, FLAME_ERROR_DTYPE_MISMATCH,
+ * FLAME_ERROR_INVALID_ARGUMENT (bad reduction). For per-sample weights use NONE, multiply, then
+ * reduce. */
+FLAME_API flame_status_t flame_mse_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out);
+/* |input - target|; as flame_mse_loss. */
+FLAME_API flame_status_t flame_l1_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out);
+/* 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta, with d = input - target; beta 0 is
+ * flame_l1_loss. beta must be finite and >= 0 (FLAME_ERROR_INVALID_ARGUMENT). As flame_mse_loss. */
+FLAME_API flame_status_t flame_smooth_l1_loss(flame_tensor_t input, flame_tensor_t target, double beta, flame_reduction_t reduction,
+                                              flame_tensor_t* out);
+/* 0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta). delta must be finite and > 0
+ * (FLAME_ERROR_INVALID_ARGUMENT). As flame_mse_loss. */
+FLAME_API flame_status_t flame_huber_loss(flame_tensor_t input, flame_tensor_t target, double delta, flame_reduction_t reduction,
+                                          flame_tensor_t* out);
+/* Binary cross-entropy of logits x with targets y in [0, 1] (the same shape, floating):
+ * weight * ((1 - y) x + (1 + (pos_weight - 1) y) log(1 + exp(-x))), computed without overflow.
+ * weight and pos_weight may be NULL; each must broadcast to the input's shape (pos_weight is usually
+ * [C], one per class along the last dim). Gradients flow to logits, target, weight and pos_weight.
+ * Errors: FLAME_ERROR_SHAPE_MISMATCH, FLAME_ERROR_DTYPE_MISMATCH, FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight,
+                                                                flame_tensor_t pos_weight, flame_reduction_t reduction,
+                                                                flame_tensor_t* out);
 
 #ifdef __cplusplus
 }

@@ -734,6 +734,12 @@ HAND_WRITTEN = {
     "flame_device_count",
 }
 
+# Tensor parameters that flame.h documents as "may be NULL": Option<&Tensor> in Rust (C# passes null).
+OPTIONAL_TENSORS = {
+    ("flame_cross_entropy", "weight"), ("flame_nll_loss", "weight"),
+    ("flame_binary_cross_entropy_with_logits", "weight"), ("flame_binary_cross_entropy_with_logits", "pos_weight"),
+}
+
 BOOL_NAMES = {"keepdim", "enabled", "requires_grad", "contiguous", "is_leaf", "previous"}
 SCALARS = {"double", "float", "int32_t", "int64_t", "uint32_t", "uint64_t", "size_t", "int"}
 SLICE_ELEMS = {"int64_t", "int32_t", "double", "float"}
@@ -798,7 +804,7 @@ def analyse(f, hdr):
         p, t = ps[i], ps[i].type
         nxt = ps[i + 1] if i + 1 < len(ps) else None
         if t.is_("flame_tensor_t"):
-            ins.append(Arg("tensor", p))
+            ins.append(Arg("opt_tensor" if (f.name, p.name) in OPTIONAL_TENSORS else "tensor", p))
         elif t.depth == 1 and t.base_const and nxt is not None and nxt.type.depth == 0 and nxt.type.base in COUNT_TYPES and \
                 (t.base in SLICE_ELEMS or t.base == "flame_tensor_t"):
             ins.append(Arg("tensors" if t.base == "flame_tensor_t" else "slice", p, nxt))
@@ -855,6 +861,9 @@ def gen_rust_ops(hdr):
             if arg.kind == "tensor":
                 sig.append("%s: &Tensor" % pn)
                 call.append("%s.raw" % pn)
+            elif arg.kind == "opt_tensor":
+                sig.append("%s: Option<&Tensor>" % pn)
+                call.append("%s.map_or(std::ptr::null_mut(), |t| t.raw)" % pn)
             elif arg.kind == "tensors":
                 sig.append("%s: &[&Tensor]" % pn)
                 pre.append("let %s_raw: Vec<sys::flame_tensor_t> = %s.iter().map(|t| t.raw).collect();" % (arg.p.name, pn))
@@ -958,7 +967,7 @@ def gen_cs_ops(hdr):
         for arg in ins:
             pn = cs_ident(arg.p.name)
             t = arg.p.type
-            if arg.kind == "tensor":
+            if arg.kind in ("tensor", "opt_tensor"):  # null passes NULL
                 sig.append("Tensor %s" % pn)
                 call.append("Tensor.RawOf(%s)" % pn)
                 keep.append(pn)

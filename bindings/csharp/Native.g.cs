@@ -56,6 +56,13 @@ namespace Flame.Interop
         FLAME_OPTIMIZER_LION = 3,
     }
 
+    public enum flame_reduction_t : int
+    {
+        FLAME_REDUCTION_NONE = 0,
+        FLAME_REDUCTION_MEAN = 1,
+        FLAME_REDUCTION_SUM = 2,
+    }
+
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_ctx_options_t
     {
@@ -288,6 +295,13 @@ namespace Flame.Interop
             "flame_rms_norm",
             "flame_group_norm",
             "flame_batch_norm",
+            "flame_cross_entropy",
+            "flame_nll_loss",
+            "flame_mse_loss",
+            "flame_l1_loss",
+            "flame_smooth_l1_loss",
+            "flame_huber_loss",
+            "flame_binary_cross_entropy_with_logits",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -787,6 +801,27 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_batch_norm", ExactSpelling = true)]
         public static extern flame_status_t flame_batch_norm(IntPtr x, IntPtr running_mean, IntPtr running_var, IntPtr weight, IntPtr bias, int training, double momentum, double eps, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_cross_entropy", ExactSpelling = true)]
+        public static extern flame_status_t flame_cross_entropy(IntPtr logits, IntPtr target, IntPtr weight, long ignore_index, double label_smoothing, flame_reduction_t reduction, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_nll_loss", ExactSpelling = true)]
+        public static extern flame_status_t flame_nll_loss(IntPtr input, IntPtr target, IntPtr weight, long ignore_index, flame_reduction_t reduction, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_mse_loss", ExactSpelling = true)]
+        public static extern flame_status_t flame_mse_loss(IntPtr input, IntPtr target, flame_reduction_t reduction, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_l1_loss", ExactSpelling = true)]
+        public static extern flame_status_t flame_l1_loss(IntPtr input, IntPtr target, flame_reduction_t reduction, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_smooth_l1_loss", ExactSpelling = true)]
+        public static extern flame_status_t flame_smooth_l1_loss(IntPtr input, IntPtr target, double beta, flame_reduction_t reduction, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_huber_loss", ExactSpelling = true)]
+        public static extern flame_status_t flame_huber_loss(IntPtr input, IntPtr target, double delta, flame_reduction_t reduction, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_binary_cross_entropy_with_logits", ExactSpelling = true)]
+        public static extern flame_status_t flame_binary_cross_entropy_with_logits(IntPtr logits, IntPtr target, IntPtr weight, IntPtr pos_weight, flame_reduction_t reduction, IntPtr* @out);
 
     }
 }

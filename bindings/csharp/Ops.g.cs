@@ -1198,6 +1198,94 @@ namespace Flame
             return new Tensor(o_out);
         }
 
+        /// <summary><c>flame_status_t flame_cross_entropy(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, double label_smoothing, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor CrossEntropy(Tensor target, Tensor weight, long ignore_index, double label_smoothing, flame_reduction_t reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_cross_entropy(Raw, Tensor.RawOf(target), Tensor.RawOf(weight), ignore_index, label_smoothing, reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            GC.KeepAlive(weight);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_nll_loss(flame_tensor_t input, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor NllLoss(Tensor target, Tensor weight, long ignore_index, flame_reduction_t reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_nll_loss(Raw, Tensor.RawOf(target), Tensor.RawOf(weight), ignore_index, reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            GC.KeepAlive(weight);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_mse_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor MseLoss(Tensor target, flame_reduction_t reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_mse_loss(Raw, Tensor.RawOf(target), reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_l1_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor L1Loss(Tensor target, flame_reduction_t reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_l1_loss(Raw, Tensor.RawOf(target), reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_smooth_l1_loss(flame_tensor_t input, flame_tensor_t target, double beta, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor SmoothL1Loss(Tensor target, double beta, flame_reduction_t reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_smooth_l1_loss(Raw, Tensor.RawOf(target), beta, reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_huber_loss(flame_tensor_t input, flame_tensor_t target, double delta, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor HuberLoss(Tensor target, double delta, flame_reduction_t reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_huber_loss(Raw, Tensor.RawOf(target), delta, reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, flame_tensor_t pos_weight, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor BinaryCrossEntropyWithLogits(Tensor target, Tensor weight, Tensor pos_weight, flame_reduction_t reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_binary_cross_entropy_with_logits(Raw, Tensor.RawOf(target), Tensor.RawOf(weight), Tensor.RawOf(pos_weight), reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            GC.KeepAlive(weight);
+            GC.KeepAlive(pos_weight);
+            return new Tensor(o_out);
+        }
+
         /// <summary><c>flame_status_t flame_cat(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out)</c></summary>
         public static unsafe Tensor Cat(Tensor[] tensors, int dim)
         {

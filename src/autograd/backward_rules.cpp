@@ -10,6 +10,7 @@
 #include "autograd/graph.h"
 #include "core/error.h"
 #include "ops/nn.h"
+#include "ops/loss.h"
 #include "ops/ops.h"
 
 namespace flame {
@@ -319,6 +320,76 @@ RULE(BatchNorm) {
           nb ? narrow_to(sum(gf, dims, false), n.inputs[2]) : nullptr};
 }
 
+// ---- losses (ops/loss.h) ----
+// The fused backward kernel when no graph of the backward is being built; otherwise the same
+// formula written with FLAME ops (softmax as exp(x - logsumexp x)), in the accumulation dtype, so
+// that it can be differentiated again.
+
+// The incoming gradient per row, as an [M, 1] column (reduction none) or 0-d, over the divisor of
+// reduction mean (the target weights' sum for class indices, else the number of rows), in dtype a.
+Tensor loss_coef(const LossSaved& s, const Tensor& g, DType a) {
+  Tensor c = to_dtype(g, a);
+  if (c->ndim() == 1) c = unsqueeze(c, 1);
+  if (s.reduction != Reduction::Mean) return c;
+  if (s.denom) return div(c, s.denom);
+  int64_t rows = s.target->shape[0];
+  return mul_scalar(c, rows ? 1.0 / static_cast<double>(rows) : std::nan(""));
+}
+// [M, C] bool: column c == target[r].
+Tensor class_mask(const Tensor& target, int64_t classes) {
+  Tensor cols = arange(target->ctx(), 0, static_cast<double>(classes), 1, FLAME_DTYPE_I64);
+  return binary(OpId::Eq, unsqueeze(target, 1), cols);
+}
+Tensor log_softmax_rows(const Tensor& x) { return sub(x, logsumexp(x, {1}, true)); }
+// [M, 1] bool: the rows whose target is not ignore_index. Ignored rows get a zero gradient through
+// where() (not a product with a 0/1 mask: an all-ignored mean has an infinite coefficient).
+Tensor valid_rows(const LossSaved& s) {
+  Tensor ignore = scalar(s.target->ctx(), static_cast<double>(s.ignore_index), FLAME_DTYPE_I64);
+  return unsqueeze(binary(OpId::Ne, s.target, ignore), 1);
+}
+
+RULE(CrossEntropy) {  // coef (softmax(x) a - (1 - eps) w_t onehot - eps / C w), a = (1 - eps) w_t + eps W / C
+  LossSaved s = unpack_loss(n);
+  if (!g->ctx().recording()) return {cross_entropy_backward(s, g)};
+  Tensor x = to_dtype(s.x, s.lse->dtype);
+  double keep = 1 - s.eps, spread = s.eps / static_cast<double>(s.classes);
+  Tensor wt = unsqueeze(s.wrow, 1), w = s.weight ? s.weight : like_scalar(x, 1);
+  Tensor W = s.weight ? s.wsum : like_scalar(x, static_cast<double>(s.classes));
+  Tensor a = add(mul_scalar(wt, keep), mul_scalar(W, spread));
+  Tensor b = add(mul(mask_as(class_mask(s.target, s.classes), x), mul_scalar(wt, keep)), mul_scalar(w, spread));
+  Tensor gx = mul(loss_coef(s, g, x->dtype), sub(mul(exp(log_softmax_rows(x)), a), b));
+  return {to_dtype(where(valid_rows(s), gx, like_scalar(x, 0)), s.x->dtype)};
+}
+RULE(CrossEntropyProbs) {  // x: coef (softmax(x) T - w t'), t: -(1 - eps) coef w log_softmax(x)
+  LossSaved s = unpack_loss(n);
+  bool graph = g->ctx().recording();
+  DType a = s.lse->dtype;
+  double keep = 1 - s.eps, spread = s.eps / static_cast<double>(s.classes);
+  Tensor x = to_dtype(s.x, a), coef = loss_coef(s, g, a), w = s.weight ? s.weight : like_scalar(x, 1);
+  Tensor gx, gt;
+  if (n.needs_input_grad(0)) {
+    if (!graph) {
+      gx = cross_entropy_probs_backward(s, g);
+    } else {
+      Tensor wtp = mul(add_scalar(mul_scalar(to_dtype(s.target, a), keep), spread), w);
+      gx = to_dtype(mul(coef, sub(mul(exp(log_softmax_rows(x)), sum(wtp, {1}, true)), wtp)), s.x->dtype);
+    }
+  }
+  if (n.needs_input_grad(1)) {
+    Tensor logp = graph ? log_softmax_rows(x) : sub(x, unsqueeze(s.lse, 1));
+    gt = to_dtype(mul(mul_scalar(coef, -keep), mul(w, logp)), n.inputs[1].dtype);
+  }
+  return {gx, gt};
+}
+RULE(NllLoss) {  // -coef w_t at (r, target[r])
+  LossSaved s = unpack_loss(n);
+  DType dt = n.inputs[0].dtype;
+  if (!g->ctx().recording()) return {nll_loss_backward(s, g, dt)};
+  Tensor hit = binary(OpId::LogicalAnd, class_mask(s.target, s.classes), valid_rows(s));
+  Tensor gx = neg(mul(loss_coef(s, g, s.wrow->dtype), unsqueeze(s.wrow, 1)));
+  return {to_dtype(where(hit, gx, like_scalar(s.wrow, 0)), dt)};
+}
+
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
 #define DIFF(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;
@@ -330,6 +401,7 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(Expand) DIFF(ViewSlice) DIFF(ViewScatter) DIFF(Cat) DIFF(Sum) DIFF(Prod) DIFF(Amax) DIFF(Amin) DIFF(CumSum)
   DIFF(Matmul) DIFF(Linear)
   DIFF(Softmax) DIFF(LogSoftmax) DIFF(LayerNorm) DIFF(RmsNorm) DIFF(GroupNorm) DIFF(BatchNorm)  // ops/nn.h
+  DIFF(CrossEntropy) DIFF(CrossEntropyProbs) DIFF(NllLoss)
 #undef DIFF
   return r;
 }

@@ -121,6 +121,14 @@
   X(NormBackward, norm_backward)               \
   X(BatchNormBackward, batch_norm_backward)
 
+// ---- losses (src/ops/loss.cpp, kernels in cuda/loss.cuh) ----
+// Fused loss ops with kernels of their own: X(Id, name). The other losses (mse, l1, smooth_l1,
+// huber, binary_cross_entropy_with_logits) are compositions of the ops above and need no row.
+#define FLAME_LOSS_OPS(X)                      \
+  X(CrossEntropy, cross_entropy)               \
+  X(CrossEntropyProbs, cross_entropy_probs)    \
+  X(NllLoss, nll_loss)
+
 namespace flame {
 
 enum class OpId : int {
@@ -129,6 +137,7 @@ enum class OpId : int {
   FLAME_INTERNAL_UNARY_OPS(FLAME_OP_ENUM)
   FLAME_BINARY_OPS(FLAME_OP_ENUM) FLAME_INTERNAL_BINARY_OPS(FLAME_OP_ENUM) FLAME_STRUCTURAL_OPS(FLAME_OP_ENUM)
   FLAME_NN_OPS(FLAME_OP_ENUM) FLAME_NN_INTERNAL_OPS(FLAME_OP_ENUM)
+  FLAME_LOSS_OPS(FLAME_OP_ENUM)
 #undef FLAME_OP_ENUM
   Count
 };

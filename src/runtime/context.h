@@ -96,11 +96,28 @@ class Context : public std::enable_shared_from_this<Context> {
   // ---- released tensor handles kept readable so that reuse is detected (see api/handles.cpp) ----
   std::deque<flame_tensor_s*> dead_handles;
 
+  // ---- errors found by kernels in the data they read (indices out of range) ----
+  // Kernels that check indices write the first bad one into a small device record
+  // (cuda/device_error.cuh); synchronize() reads it back and throws FLAME_ERROR_INVALID_ARGUMENT
+  // with `what` ("cross_entropy: target"), the index, its position and the valid range, then clears
+  // it, so the context stays usable. The record costs one 32-byte copy per synchronize, and only
+  // after a checking kernel was launched.
+  struct DeviceErrorRecord {  // mirrors cuda/device_error.cuh
+    uint32_t code, source;
+    int64_t value, position, limit;
+  };
+  // The record's device address for a kernel about to be launched; *source identifies `what`.
+  CUdeviceptr device_error_record(const std::string& what, uint32_t* source);
+
  private:
   Context() = default;
   std::string sticky_error_;
   std::unordered_map<std::string, CUfunction> functions_;
   std::vector<CUmodule> modules_;
+  CUdeviceptr device_error_ = 0;                   // the DeviceErrorRecord, allocated on first use
+  bool device_error_armed_ = false;                 // a checking kernel ran since the last read-back
+  std::vector<std::string> device_error_sources_;  // `what` of each source id (id = index + 1)
+  void check_device_error();
 };
 
 // Locks the context and binds it to the thread for the duration of an API call.

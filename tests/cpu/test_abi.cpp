@@ -610,3 +610,31 @@ TEST(NullArguments, Hooks) {
                       FLAME_ERROR_INVALID_ARGUMENT);
   EXPECT_LE(g_destroy_calls, 2) << "destroy is called at most once per failed registration";
 }
+
+// ============================== Losses ==============================
+
+static_assert(FLAME_REDUCTION_NONE == 0 && FLAME_REDUCTION_MEAN == 1 && FLAME_REDUCTION_SUM == 2,
+              "flame_reduction_t values are frozen");
+static_assert(sizeof(flame_reduction_t) == 4, "enums are 32-bit");
+
+TEST(NullArguments, Losses) {
+  flame_tensor_t t = nullptr;
+  const flame_reduction_t mean = FLAME_REDUCTION_MEAN;
+  const std::vector<OutCase> cases = {
+      {"flame_cross_entropy", [=](flame_tensor_t* o) { return flame_cross_entropy(t, t, nullptr, -100, 0.0, mean, o); }},
+      {"flame_nll_loss", [=](flame_tensor_t* o) { return flame_nll_loss(t, t, nullptr, -100, mean, o); }},
+      {"flame_mse_loss", [=](flame_tensor_t* o) { return flame_mse_loss(t, t, mean, o); }},
+      {"flame_l1_loss", [=](flame_tensor_t* o) { return flame_l1_loss(t, t, mean, o); }},
+      {"flame_smooth_l1_loss", [=](flame_tensor_t* o) { return flame_smooth_l1_loss(t, t, 1.0, mean, o); }},
+      {"flame_huber_loss", [=](flame_tensor_t* o) { return flame_huber_loss(t, t, 1.0, mean, o); }},
+      {"flame_binary_cross_entropy_with_logits",
+       [=](flame_tensor_t* o) { return flame_binary_cross_entropy_with_logits(t, t, nullptr, nullptr, mean, o); }},
+  };
+  for (const OutCase& c : cases) {
+    flame_tensor_t out = sentinel_tensor();
+    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
+    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
+    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
+    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
+  }
+}

@@ -141,3 +141,12 @@ TEST(KernelCompile, ErrorsCarryTheLog) {
 }
 
 }  // namespace
+
+// ---- losses (cuda/loss.cuh, src/ops/loss.cpp) ----
+#include "ops/loss.h"
+
+TEST_P(KernelCompile, Losses) {
+  auto names = flame::ops::loss_instantiations();
+  EXPECT_GT(names.size(), 60u);
+  compile_all("loss.cuh", names, GetParam());
+}

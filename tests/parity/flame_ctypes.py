@@ -117,6 +117,17 @@ _SIGNATURES = {
     "flame_bmm": (c_int, [H, H, P(H)]),
     "flame_linear": (c_int, [H, H, H, i32, P(H)]),
 }
+# ---- losses (flame.h "Losses"); the reduction is a flame_reduction_t
+_SIGNATURES.update({
+    "flame_cross_entropy": (c_int, [H, H, H, i64, f64, c_int, P(H)]),
+    "flame_nll_loss": (c_int, [H, H, H, i64, c_int, P(H)]),
+    "flame_mse_loss": (c_int, [H, H, c_int, P(H)]),
+    "flame_l1_loss": (c_int, [H, H, c_int, P(H)]),
+    "flame_smooth_l1_loss": (c_int, [H, H, f64, c_int, P(H)]),
+    "flame_huber_loss": (c_int, [H, H, f64, c_int, P(H)]),
+    "flame_binary_cross_entropy_with_logits": (c_int, [H, H, H, H, c_int, P(H)]),
+})
+
 for _n in _UNARY:
     _SIGNATURES["flame_" + _n] = (c_int, [H, P(H)])
 for _n in _SCALAR:

@@ -355,6 +355,7 @@ def build_rows():
             (lambda act, bias: lambda x, dt: acts[act](F.linear(x[0], x[1], x[2] if bias else None)))(act, bias),
             cases, bf16=True)
     nn_rows()
+    loss_rows()
     return ROWS
 
 
@@ -455,6 +456,98 @@ def nn_rows():
                 params = [In((C,), uni(0.5, 1.5)), In((C,))] if affine else []
                 cases = [[In(shape, uni(-1, 3))] + params] + ([[In(shape, uni(-1, 3), nc=True)] + params] if len(shape) > 2 else [])
                 row(f"batch_norm_{'train' if training else 'eval'}{nm}{'' if affine else '_plain'}", fn, tn, cases)
+
+
+# ---------------------------------------------------------------------------- losses
+
+REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+
+def CONST(shape, dom=None):
+    """An input that does not require grad (class indices, class weights)."""
+    return In(shape, dom, grad=False)
+
+
+def loss_rows():
+    """Rows of flame.h "Losses" against torch.nn.functional. Class indices travel as small integers in
+    the row's dtype and are converted to i64 by both sides (exact in bf16 below 256)."""
+    def index(fl, t):
+        return fl.call("to_dtype", t, fc.DTYPES["i64"])
+
+    def ce(name, cases, red, ignore=-100, eps=0.0, weighted=False, probs=False, **k):
+        def ffn(fl, x, dt):
+            tgt = x[1] if probs else index(fl, x[1])
+            return fl.call("cross_entropy", x[0], tgt, x[2] if weighted else None, ignore, eps, REDUCTIONS[red])
+
+        def tfn(x, dt):
+            tgt = x[1] if probs else x[1].long()
+            return F.cross_entropy(x[0], tgt, weight=x[2] if weighted else None, ignore_index=ignore, reduction=red,
+                                   label_smoothing=eps)
+        row(name, ffn, tfn, cases, **k)
+
+    def nll(name, cases, red, ignore=-100, weighted=False, **k):
+        row(name, lambda fl, x, dt: fl.call("nll_loss", x[0], index(fl, x[1]), x[2] if weighted else None, ignore,
+                                            REDUCTIONS[red]),
+            lambda x, dt: F.nll_loss(x[0], x[1].long(), weight=x[2] if weighted else None, ignore_index=ignore,
+                                     reduction=red), cases, **k)
+
+    ce("ce_mean", [[I((6, 7)), CONST((6,), ints(0, 6))]], "mean", bf16=True)
+    ce("ce_ignore_smooth_weight_none", [[I((5, 9)), CONST((5,), ints(-1, 8)), CONST((9,), uni(0.5, 2))]], "none",
+       ignore=-1, eps=0.2, weighted=True, bf16=True)
+    ce("ce_spatial_sum", [[I((2, 5, 3)), CONST((2, 3), ints(0, 4))]], "sum", eps=0.1)
+    ce("ce_spatial_weight_mean", [[I((2, 4, 3, 2)), CONST((2, 3, 2), ints(-1, 3)), CONST((4,), uni(0.5, 2))]], "mean",
+       ignore=-1, eps=0.1, weighted=True)
+    ce("ce_noncontiguous", [[NC((6, 5)), CONST((6,), ints(0, 4))]], "mean")
+    ce("ce_unbatched", [[I((7,)), CONST((), ints(0, 6))]], "none")
+    ce("ce_one_class", [[I((4, 1)), CONST((4,), ints(0, 0))]], "mean", eps=0.3)
+    ce("ce_all_ignored", [[I((3, 4)), CONST((3,), ints(-1, -1))]], "mean", ignore=-1)
+    ce("ce_1000_classes", [[I((4, 1000), uni(-5, 5)), CONST((4,), ints(-1, 999))]], "mean", ignore=-1, eps=0.1)
+    ce("ce_gpt2_vocab", [[I((2, 50304), uni(-5, 5)), CONST((2,), ints(0, 50303))]], "sum")
+    ce("ce_probs_weight_mean", [[I((4, 6)), I((4, 6), uni(0, 1)), CONST((6,), uni(0.5, 2))]], "mean", eps=0.1,
+       weighted=True, probs=True, bf16=True)
+    ce("ce_probs_spatial_none", [[I((2, 3, 4)), I((2, 3, 4), uni(0, 1))]], "none", probs=True)
+    ce("ce_probs_1000_sum", [[I((3, 1000), uni(-5, 5)), I((3, 1000), uni(0, 1))]], "sum", eps=0.05, probs=True)
+    nll("nll_weight_mean", [[I((6, 5), uni(-4, 0)), CONST((6,), ints(-1, 4)), CONST((5,), uni(0.5, 2))]], "mean",
+        ignore=-1, weighted=True, bf16=True)
+    nll("nll_spatial_none", [[I((2, 4, 3), uni(-4, 0)), CONST((2, 3), ints(0, 3))]], "none")
+    nll("nll_noncontiguous_sum", [[NC((5, 4), uni(-4, 0)), CONST((5,), ints(0, 3))]], "sum")
+    # elementwise losses: grids keep |input - target| away from 0 and from beta / delta
+    ga, gb = Dom(kind="grid", offset=0.25), Dom(kind="grid", offset=0.75)
+    pair = [[I((3, 4), ga), I((3, 4), gb)], [NC((4, 3), ga), I((4, 3), gb)]]
+    for red in ("mean", "none", "sum"):
+        bf = red == "mean"
+        row(f"mse_{red}", (lambda r: lambda fl, x, dt: fl.call("mse_loss", x[0], x[1], REDUCTIONS[r]))(red),
+            (lambda r: lambda x, dt: F.mse_loss(x[0], x[1], reduction=r))(red), pair, bf16=bf)
+        row(f"l1_{red}", (lambda r: lambda fl, x, dt: fl.call("l1_loss", x[0], x[1], REDUCTIONS[r]))(red),
+            (lambda r: lambda x, dt: F.l1_loss(x[0], x[1], reduction=r))(red), pair, bf16=bf)
+    for beta in (1.0, 0.5, 0.0):
+        row(f"smooth_l1_beta{beta}", (lambda b: lambda fl, x, dt: fl.call("smooth_l1_loss", x[0], x[1], b, 1))(beta),
+            (lambda b: lambda x, dt: F.smooth_l1_loss(x[0], x[1], reduction="mean", beta=b))(beta), pair,
+            bf16=beta == 1.0)
+    for delta in (1.0, 2.0):
+        row(f"huber_delta{delta}", (lambda d: lambda fl, x, dt: fl.call("huber_loss", x[0], x[1], d, 0))(delta),
+            (lambda d: lambda x, dt: F.huber_loss(x[0], x[1], reduction="none", delta=d))(delta), pair,
+            bf16=delta == 1.0)
+
+    def bce(name, cases, red, weighted, pos, **k):
+        def ffn(fl, x, dt):
+            w = x[2] if weighted else None
+            pw = x[3 if weighted else 2] if pos else None
+            return fl.call("binary_cross_entropy_with_logits", x[0], x[1], w, pw, REDUCTIONS[red])
+
+        def tfn(x, dt):
+            return F.binary_cross_entropy_with_logits(x[0], x[1], weight=x[2] if weighted else None, reduction=red,
+                                                      pos_weight=x[3 if weighted else 2] if pos else None)
+        row(name, ffn, tfn, cases, **k)
+
+    bce("bce_logits_mean", [[I((3, 4), uni(-4, 4)), I((3, 4), uni(0, 1))]], "mean", False, False, bf16=True)
+    bce("bce_logits_weights_sum", [[I((3, 4), uni(-4, 4)), I((3, 4), uni(0, 1)), I((3, 4), uni(0.5, 2)),
+                                    I((4,), uni(0.5, 3))]], "sum", True, True)
+    bce("bce_logits_pos_weight_none", [[NC((4, 3), uni(-4, 4)), I((4, 3), uni(0, 1)), I((3,), uni(0.5, 3))],
+                                       [I((2, 3), uni(-30, 30)), I((2, 3), uni(0, 1)), I((3,), uni(0.5, 3))]],
+        "none", False, True)
+    bce("bce_logits_row_weight_mean", [[I((3, 4), uni(-4, 4)), I((3, 4), uni(0, 1)), I((3, 1), uni(0.5, 2))]],
+        "mean", True, False)
 
 
 # ---------------------------------------------------------------------------- bridging

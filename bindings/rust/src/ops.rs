@@ -5,7 +5,7 @@
 use crate::sys;
 use crate::{api, check, len_as, slice_ptr, Context, Result, Tensor};
 #[allow(unused_imports)]
-use crate::sys::{Activation, DType, OptimizerKind, Status};
+use crate::sys::{Activation, DType, OptimizerKind, Reduction, Status};
 
 impl Tensor {
     /// `flame_status_t flame_tensor_dtype(flame_tensor_t t, flame_dtype_t* dtype)`.
@@ -724,6 +724,55 @@ impl Tensor {
         let api = api()?;
         let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
         check(unsafe { (api.flame_batch_norm)(self.raw, running_mean.raw, running_var.raw, weight.raw, bias.raw, training, momentum, eps, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_cross_entropy(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, double label_smoothing, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn cross_entropy(&self, target: &Tensor, weight: Option<&Tensor>, ignore_index: i64, label_smoothing: f64, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_cross_entropy)(self.raw, target.raw, weight.map_or(std::ptr::null_mut(), |t| t.raw), ignore_index, label_smoothing, reduction.0, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_nll_loss(flame_tensor_t input, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn nll_loss(&self, target: &Tensor, weight: Option<&Tensor>, ignore_index: i64, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_nll_loss)(self.raw, target.raw, weight.map_or(std::ptr::null_mut(), |t| t.raw), ignore_index, reduction.0, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_mse_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn mse_loss(&self, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_mse_loss)(self.raw, target.raw, reduction.0, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_l1_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn l1_loss(&self, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_l1_loss)(self.raw, target.raw, reduction.0, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_smooth_l1_loss(flame_tensor_t input, flame_tensor_t target, double beta, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn smooth_l1_loss(&self, target: &Tensor, beta: f64, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_smooth_l1_loss)(self.raw, target.raw, beta, reduction.0, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_huber_loss(flame_tensor_t input, flame_tensor_t target, double delta, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn huber_loss(&self, target: &Tensor, delta: f64, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_huber_loss)(self.raw, target.raw, delta, reduction.0, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, flame_tensor_t pos_weight, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn binary_cross_entropy_with_logits(&self, target: &Tensor, weight: Option<&Tensor>, pos_weight: Option<&Tensor>, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_binary_cross_entropy_with_logits)(self.raw, target.raw, weight.map_or(std::ptr::null_mut(), |t| t.raw), pos_weight.map_or(std::ptr::null_mut(), |t| t.raw), reduction.0, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
 }

@@ -214,6 +214,39 @@ pub const FLAME_BACKWARD_RETAIN_GRAPH: u32 = 1;
 pub const FLAME_BACKWARD_CREATE_GRAPH: u32 = 2;
 pub const FLAME_GRAD_ALLOW_UNUSED: u32 = 4;
 
+pub type flame_reduction_t = i32;
+pub const FLAME_REDUCTION_NONE: flame_reduction_t = 0;
+pub const FLAME_REDUCTION_MEAN: flame_reduction_t = 1;
+pub const FLAME_REDUCTION_SUM: flame_reduction_t = 2;
+
+/// `flame_reduction_t` as a Rust newtype; unknown values are representable.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Reduction(pub flame_reduction_t);
+impl Reduction {
+    pub const NONE: Reduction = Reduction(0);
+    pub const MEAN: Reduction = Reduction(1);
+    pub const SUM: Reduction = Reduction(2);
+    /// Every value the header defines, with its C name.
+    pub const ALL: &'static [(Reduction, &'static str)] = &[
+        (Reduction(0), "FLAME_REDUCTION_NONE"),
+        (Reduction(1), "FLAME_REDUCTION_MEAN"),
+        (Reduction(2), "FLAME_REDUCTION_SUM"),
+    ];
+    /// The C name of the value ("FLAME_REDUCTION_NONE"), or None for a value this header does not know.
+    pub fn c_name(self) -> Option<&'static str> {
+        Self::ALL.iter().find(|(v, _)| *v == self).map(|(_, n)| *n)
+    }
+}
+impl std::fmt::Debug for Reduction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.c_name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "Reduction({})", self.0),
+        }
+    }
+}
+
 // ---- opaque handles ----
 #[repr(C)]
 pub struct flame_ctx_s {
@@ -451,6 +484,13 @@ pub const SYMBOLS: &[&str] = &[
     "flame_rms_norm",
     "flame_group_norm",
     "flame_batch_norm",
+    "flame_cross_entropy",
+    "flame_nll_loss",
+    "flame_mse_loss",
+    "flame_l1_loss",
+    "flame_smooth_l1_loss",
+    "flame_huber_loss",
+    "flame_binary_cross_entropy_with_logits",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -621,6 +661,13 @@ pub struct Api {
     pub flame_rms_norm: unsafe extern "C" fn(x: flame_tensor_t, normalized_shape: *const i64, ndims: i32, weight: flame_tensor_t, eps: f64, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_group_norm: unsafe extern "C" fn(x: flame_tensor_t, num_groups: i32, weight: flame_tensor_t, bias: flame_tensor_t, eps: f64, channels_last: i32, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_batch_norm: unsafe extern "C" fn(x: flame_tensor_t, running_mean: flame_tensor_t, running_var: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, training: i32, momentum: f64, eps: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_cross_entropy: unsafe extern "C" fn(logits: flame_tensor_t, target: flame_tensor_t, weight: flame_tensor_t, ignore_index: i64, label_smoothing: f64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_nll_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, weight: flame_tensor_t, ignore_index: i64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_mse_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_l1_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_smooth_l1_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, beta: f64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_huber_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, delta: f64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_binary_cross_entropy_with_logits: unsafe extern "C" fn(logits: flame_tensor_t, target: flame_tensor_t, weight: flame_tensor_t, pos_weight: flame_tensor_t, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
 }
 
 impl Api {
@@ -799,6 +846,13 @@ impl Api {
             flame_rms_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_rms_norm\0")?),
             flame_group_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_group_norm\0")?),
             flame_batch_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, i32, f64, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_batch_norm\0")?),
+            flame_cross_entropy: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, i64, f64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_cross_entropy\0")?),
+            flame_nll_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, i64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_nll_loss\0")?),
+            flame_mse_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_mse_loss\0")?),
+            flame_l1_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_l1_loss\0")?),
+            flame_smooth_l1_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_smooth_l1_loss\0")?),
+            flame_huber_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_huber_loss\0")?),
+            flame_binary_cross_entropy_with_logits: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_binary_cross_entropy_with_logits\0")?),
         })
     }
 }
