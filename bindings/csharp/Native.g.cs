@@ -234,6 +234,10 @@ namespace Flame.Interop
             "flame_tensor_register_hook",
             "flame_tensor_register_post_accumulate_grad_hook",
             "flame_hook_remove",
+            "flame_tensor_to_dlpack",
+            "flame_tensor_from_dlpack",
+            "flame_tensor_to_dlpack_versioned",
+            "flame_tensor_from_dlpack_versioned",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -673,6 +677,18 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_hook_remove", ExactSpelling = true)]
         public static extern void flame_hook_remove(IntPtr hook);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_to_dlpack", ExactSpelling = true)]
+        public static extern flame_status_t flame_tensor_to_dlpack(IntPtr t, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_from_dlpack", ExactSpelling = true)]
+        public static extern flame_status_t flame_tensor_from_dlpack(IntPtr ctx, IntPtr src, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_to_dlpack_versioned", ExactSpelling = true)]
+        public static extern flame_status_t flame_tensor_to_dlpack_versioned(IntPtr t, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_from_dlpack_versioned", ExactSpelling = true)]
+        public static extern flame_status_t flame_tensor_from_dlpack_versioned(IntPtr ctx, IntPtr src, IntPtr* @out);
 
     }
 }

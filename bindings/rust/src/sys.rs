@@ -162,6 +162,16 @@ pub struct flame_hook_s {
 }
 pub type flame_hook_t = *mut flame_hook_s;
 
+// ---- foreign structs, declared only (defined by their own headers, e.g. dlpack.h) ----
+#[repr(C)]
+pub struct DLManagedTensor {
+    _opaque: [u8; 0],
+}
+#[repr(C)]
+pub struct DLManagedTensorVersioned {
+    _opaque: [u8; 0],
+}
+
 // ---- callback types ----
 pub type flame_tensor_hook_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, grad: flame_tensor_t, replacement: *mut flame_tensor_t) -> flame_status_t>;
 pub type flame_post_accumulate_hook_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, leaf: flame_tensor_t) -> flame_status_t>;
@@ -338,6 +348,10 @@ pub const SYMBOLS: &[&str] = &[
     "flame_tensor_register_hook",
     "flame_tensor_register_post_accumulate_grad_hook",
     "flame_hook_remove",
+    "flame_tensor_to_dlpack",
+    "flame_tensor_from_dlpack",
+    "flame_tensor_to_dlpack_versioned",
+    "flame_tensor_from_dlpack_versioned",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -488,6 +502,10 @@ pub struct Api {
     pub flame_tensor_register_hook: unsafe extern "C" fn(t: flame_tensor_t, r#fn: flame_tensor_hook_fn, user_data: *mut c_void, destroy: flame_destroy_fn, hook: *mut flame_hook_t) -> flame_status_t,
     pub flame_tensor_register_post_accumulate_grad_hook: unsafe extern "C" fn(t: flame_tensor_t, r#fn: flame_post_accumulate_hook_fn, user_data: *mut c_void, destroy: flame_destroy_fn, hook: *mut flame_hook_t) -> flame_status_t,
     pub flame_hook_remove: unsafe extern "C" fn(hook: flame_hook_t),
+    pub flame_tensor_to_dlpack: unsafe extern "C" fn(t: flame_tensor_t, out: *mut *mut DLManagedTensor) -> flame_status_t,
+    pub flame_tensor_from_dlpack: unsafe extern "C" fn(ctx: flame_ctx_t, src: *mut DLManagedTensor, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_tensor_to_dlpack_versioned: unsafe extern "C" fn(t: flame_tensor_t, out: *mut *mut DLManagedTensorVersioned) -> flame_status_t,
+    pub flame_tensor_from_dlpack_versioned: unsafe extern "C" fn(ctx: flame_ctx_t, src: *mut DLManagedTensorVersioned, out: *mut flame_tensor_t) -> flame_status_t,
 }
 
 impl Api {
@@ -646,6 +664,10 @@ impl Api {
             flame_tensor_register_hook: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_hook_fn, *mut c_void, flame_destroy_fn, *mut flame_hook_t) -> flame_status_t>(resolve(b"flame_tensor_register_hook\0")?),
             flame_tensor_register_post_accumulate_grad_hook: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_post_accumulate_hook_fn, *mut c_void, flame_destroy_fn, *mut flame_hook_t) -> flame_status_t>(resolve(b"flame_tensor_register_post_accumulate_grad_hook\0")?),
             flame_hook_remove: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_hook_t)>(resolve(b"flame_hook_remove\0")?),
+            flame_tensor_to_dlpack: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut *mut DLManagedTensor) -> flame_status_t>(resolve(b"flame_tensor_to_dlpack\0")?),
+            flame_tensor_from_dlpack: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut DLManagedTensor, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_tensor_from_dlpack\0")?),
+            flame_tensor_to_dlpack_versioned: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut *mut DLManagedTensorVersioned) -> flame_status_t>(resolve(b"flame_tensor_to_dlpack_versioned\0")?),
+            flame_tensor_from_dlpack_versioned: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut DLManagedTensorVersioned, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_tensor_from_dlpack_versioned\0")?),
         })
     }
 }
