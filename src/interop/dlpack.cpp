@@ -1,6 +1,7 @@
 // DLPack dtype mapping and descriptor validation (see dlpack.h). Every size, stride and address
 // computation is overflow-checked: a DLTensor may come from untrusted code paths (a fuzzer feeds it).
 #include "interop/dlpack.h"
+#include <cstring>
 #include "core/error.h"
 
 namespace flame::dlpack {
@@ -65,9 +66,13 @@ const char* device_name(int device_type) {
 }
 
 Layout import_layout(const DLTensor& t, int ordinal, const char* arg) {
-  FLAME_CHECK(t.device.device_type == kDLCUDA, FLAME_ERROR_UNSUPPORTED, arg, " is on DLPack device type ",
-              static_cast<int>(t.device.device_type), " (", device_name(t.device.device_type),
-              "); FLAME imports CUDA device memory only (kDLCUDA)");
+  // A producer may send device types this dlpack.h does not list: read the integer, not the enum
+  // (a value outside DLDeviceType's range is undefined behaviour in C++).
+  static_assert(sizeof(t.device.device_type) == sizeof(int32_t), "DLDeviceType is 32-bit");
+  int32_t device_type = 0;
+  std::memcpy(&device_type, &t.device.device_type, sizeof device_type);
+  FLAME_CHECK(device_type == kDLCUDA, FLAME_ERROR_UNSUPPORTED, arg, " is on DLPack device type ", device_type, " (",
+              device_name(device_type), "); FLAME imports CUDA device memory only (kDLCUDA)");
   FLAME_CHECK(t.device.device_id == ordinal, FLAME_ERROR_INVALID_ARGUMENT, arg, " is on CUDA device ", t.device.device_id,
               ", the context on device ", ordinal, "; create a context on that device");
   Layout l;
