@@ -100,6 +100,7 @@ Layout import_layout(const DLTensor& t, int ordinal, const char* arg) {
               "->dl_tensor.data + byte_offset overflows");
   if (numel == 0) {
     l.base = first;
+    l.strides = contiguous_strides(l.shape);  // no element is addressed: keep the producer's strides out
     return l;
   }
   FLAME_CHECK(first != 0, FLAME_ERROR_INVALID_ARGUMENT, arg, "->dl_tensor.data is NULL for ", numel, " elements");

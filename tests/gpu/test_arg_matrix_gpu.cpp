@@ -193,6 +193,11 @@ TEST_F(ArgMatrixGpu, WrongKindsOfTensorsAndValues) {
          const int64_t s[] = {int64_t{1} << 61};
          return flame_empty(c, s, 1, FLAME_DTYPE_F64, o);
        }},
+      {"empty: 0 x 2^62 x 2^62 (strides past 2^63)", FLAME_ERROR_INVALID_ARGUMENT, "elements",
+       [](flame_ctx_t c, Owned&, flame_tensor_t* o) {
+         const int64_t s[] = {0, int64_t{1} << 62, int64_t{1} << 62};
+         return flame_empty(c, s, 3, FLAME_DTYPE_F32, o);
+       }},
       {"zeros: negative size", FLAME_ERROR_INVALID_ARGUMENT, "negative",
        [](flame_ctx_t c, Owned&, flame_tensor_t* o) {
          const int64_t s[] = {2, -3};
