@@ -662,6 +662,53 @@ FLAME_API flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t l
                                                                 flame_tensor_t pos_weight, flame_reduction_t reduction,
                                                                 flame_tensor_t* out);
 
+/* ============================== DLPack exchange ============================== */
+/* Zero-copy exchange of device tensors with PyTorch, JAX, CuPy and others through DLPack
+ * (https://dmlc.github.io/dlpack). flame.h does not include dlpack.h: include it yourself to read
+ * the structs; the declarations below only name them.
+ *
+ *  - Export: the DLManagedTensor points at t's memory (no copy) with shape and strides in
+ *    elements as t has them (strides may be 0 or negative for views), device (kDLCUDA, the
+ *    context's ordinal), byte_offset 0. Dtypes: f32/f16/f64 as kDLFloat, bf16 as kDLBfloat, i32/i64
+ *    as kDLInt, u8 as kDLUInt 8, bool as kDLBool (code 6) 8 bits; lanes 1. The export waits for the
+ *    context's stream first, so the data is ready for work on any stream. It carries no autograd
+ *    history (as flame_tensor_detach). The consumer calls the deleter exactly once, from any
+ *    thread; until then the memory, and the context, stay alive even if every FLAME handle and the
+ *    context handle are gone. Work the consumer queued on the memory must be finished or ordered
+ *    before its deleter call, as FLAME reuses the memory in the order of its own stream.
+ *  - Import: on success FLAME owns src and calls src->deleter(src) exactly once (when not NULL),
+ *    after the last FLAME tensor using the memory is released and the context's stream has
+ *    finished its work on it; possibly from another thread, inside a later FLAME call on the
+ *    context, with the context's lock held: the deleter must not wait for a lock that a thread
+ *    calling FLAME may hold (Python: release the GIL around FLAME calls, as ctypes does). On
+ *    failure nothing is taken: src stays the caller's, who still has to call its
+ *    deleter. The data must be ready: finish or synchronise the producer's work on it before the
+ *    call (FLAME's stream does not wait on other streams). The result is a new leaf tensor (no
+ *    grad) sharing the memory, on the context's device; writes on either side are seen by the other.
+ *    Accepted: kDLCUDA memory of the context's device, the dtypes listed above, lanes 1, ndim in
+ *    [0, FLAME_MAX_DIMS], strides NULL (compact row-major) or in elements, the first element
+ *    aligned to the element size. Memory imported this way is not counted in the context's memory
+ *    statistics or limit.
+ *  - Errors: FLAME_ERROR_INVALID_ARGUMENT (NULL, bad shape/strides/alignment, another GPU than the
+ *    context's), FLAME_ERROR_UNSUPPORTED (not CUDA device memory, e.g. kDLCPU; a read-only
+ *    versioned tensor; versioned functions in a build whose dlpack.h predates DLPack 1.0),
+ *    FLAME_ERROR_DTYPE_MISMATCH (a dtype FLAME does not have: complex, int8, float8, lanes > 1). */
+struct DLManagedTensor;
+struct DLManagedTensorVersioned;
+
+/* OUT *out: a new DLManagedTensor sharing t's memory; the consumer owns it (call its deleter once). */
+FLAME_API flame_status_t flame_tensor_to_dlpack(flame_tensor_t t, struct DLManagedTensor** out);
+/* OUT *out: a new tensor of ctx wrapping src's memory; takes src over on success only. */
+FLAME_API flame_status_t flame_tensor_from_dlpack(flame_ctx_t ctx, struct DLManagedTensor* src, flame_tensor_t* out);
+/* As flame_tensor_to_dlpack with the versioned struct of DLPack >= 1.0 (version = the dlpack.h
+ * FLAME was built with, flags 0). FLAME_ERROR_UNSUPPORTED when FLAME was built with an older dlpack.h. */
+FLAME_API flame_status_t flame_tensor_to_dlpack_versioned(flame_tensor_t t, struct DLManagedTensorVersioned** out);
+/* As flame_tensor_from_dlpack for the versioned struct. A major version other than FLAME's:
+ * FLAME_ERROR_UNSUPPORTED (nothing else is read; the caller calls the deleter, as DLPack requires);
+ * DLPACK_FLAG_BITMASK_READ_ONLY set: FLAME_ERROR_UNSUPPORTED (FLAME tensors are writable). */
+FLAME_API flame_status_t flame_tensor_from_dlpack_versioned(flame_ctx_t ctx, struct DLManagedTensorVersioned* src,
+                                                            flame_tensor_t* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -529,6 +529,45 @@ namespace Flame
             return p;
         }
 
+        /// <summary>flame_tensor_to_dlpack: a new DLManagedTensor* sharing this tensor's memory (no
+        /// copy). The caller owns it: hand it to a consumer or call its deleter exactly once.</summary>
+        public unsafe IntPtr ToDlpack()
+        {
+            IntPtr p = IntPtr.Zero;
+            Status.Check(Native.flame_tensor_to_dlpack(Raw, &p));
+            GC.KeepAlive(this);
+            return p;
+        }
+
+        /// <summary>flame_tensor_to_dlpack_versioned: as ToDlpack with DLManagedTensorVersioned*.</summary>
+        public unsafe IntPtr ToDlpackVersioned()
+        {
+            IntPtr p = IntPtr.Zero;
+            Status.Check(Native.flame_tensor_to_dlpack_versioned(Raw, &p));
+            GC.KeepAlive(this);
+            return p;
+        }
+
+        /// <summary>flame_tensor_from_dlpack: a tensor of ctx over src's CUDA memory (a
+        /// DLManagedTensor*; no copy). On success FLAME owns src and calls its deleter once; when
+        /// this throws, src is still the caller's.</summary>
+        public static unsafe Tensor FromDlpack(Context ctx, IntPtr src)
+        {
+            IntPtr o = IntPtr.Zero;
+            Status.Check(Native.flame_tensor_from_dlpack(ctx == null ? IntPtr.Zero : ctx.Raw, src, &o));
+            GC.KeepAlive(ctx);
+            return new Tensor(o);
+        }
+
+        /// <summary>flame_tensor_from_dlpack_versioned: as FromDlpack for DLManagedTensorVersioned*.</summary>
+        public static unsafe Tensor FromDlpackVersioned(Context ctx, IntPtr src)
+        {
+            IntPtr o = IntPtr.Zero;
+            Status.Check(Native.flame_tensor_from_dlpack_versioned(ctx == null ? IntPtr.Zero : ctx.Raw, src, &o));
+            GC.KeepAlive(ctx);
+            return new Tensor(o);
+        }
+
         /// <summary>The tensor's context, as a non-owning wrapper.</summary>
         public unsafe Context GetContext()
         {

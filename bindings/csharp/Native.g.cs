@@ -302,6 +302,10 @@ namespace Flame.Interop
             "flame_smooth_l1_loss",
             "flame_huber_loss",
             "flame_binary_cross_entropy_with_logits",
+            "flame_tensor_to_dlpack",
+            "flame_tensor_from_dlpack",
+            "flame_tensor_to_dlpack_versioned",
+            "flame_tensor_from_dlpack_versioned",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -822,6 +826,18 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_binary_cross_entropy_with_logits", ExactSpelling = true)]
         public static extern flame_status_t flame_binary_cross_entropy_with_logits(IntPtr logits, IntPtr target, IntPtr weight, IntPtr pos_weight, flame_reduction_t reduction, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_to_dlpack", ExactSpelling = true)]
+        public static extern flame_status_t flame_tensor_to_dlpack(IntPtr t, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_from_dlpack", ExactSpelling = true)]
+        public static extern flame_status_t flame_tensor_from_dlpack(IntPtr ctx, IntPtr src, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_to_dlpack_versioned", ExactSpelling = true)]
+        public static extern flame_status_t flame_tensor_to_dlpack_versioned(IntPtr t, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_from_dlpack_versioned", ExactSpelling = true)]
+        public static extern flame_status_t flame_tensor_from_dlpack_versioned(IntPtr ctx, IntPtr src, IntPtr* @out);
 
     }
 }

@@ -102,6 +102,19 @@ static class Tests
         t.Dispose(); // release(NULL): no-op
     }
 
+    static void CpuDlpackErrors()
+    {
+        var t = new Tensor(IntPtr.Zero);
+        Eq(Throws(() => t.ToDlpack(), "to_dlpack(NULL)").Status, flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "status");
+        Eq(Throws(() => t.ToDlpackVersioned(), "to_dlpack_versioned(NULL)").Status, flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "status");
+        var e = Throws(() => Tensor.FromDlpack(null, IntPtr.Zero), "from_dlpack(NULL)");
+        Eq(e.Status, flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "status");
+        Assert(e.Message.Contains("flame_tensor_from_dlpack"), "message names the function: " + e.Message);
+        Eq(Throws(() => Tensor.FromDlpackVersioned(null, IntPtr.Zero), "from_dlpack_versioned(NULL)").Status,
+           flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "status");
+        t.Dispose();
+    }
+
     static void CpuDisposed()
     {
         var t = new Tensor(IntPtr.Zero);

@@ -638,3 +638,28 @@ TEST(NullArguments, Losses) {
     EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
   }
 }
+
+// ============================== DLPack exchange (no driver: argument checks only) ==============================
+
+TEST(NullArguments, Dlpack) {
+  struct DLManagedTensor* m = reinterpret_cast<struct DLManagedTensor*>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_tensor_to_dlpack(nullptr, &m), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(m, nullptr) << "*out is NULL on failure";
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_tensor_to_dlpack")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_tensor_to_dlpack(nullptr, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+
+  flame_tensor_t out = sentinel_tensor();
+  FLAME_EXPECT_STATUS(flame_tensor_from_dlpack(nullptr, nullptr, &out), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(out, nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_tensor_from_dlpack")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_tensor_from_dlpack(nullptr, nullptr, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+
+  struct DLManagedTensorVersioned* v = reinterpret_cast<struct DLManagedTensorVersioned*>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_tensor_to_dlpack_versioned(nullptr, &v), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(v, nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_tensor_to_dlpack_versioned")) << flame_last_error_message();
+  out = sentinel_tensor();
+  FLAME_EXPECT_STATUS(flame_tensor_from_dlpack_versioned(nullptr, nullptr, &out), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(out, nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_tensor_from_dlpack_versioned")) << flame_last_error_message();
+}

@@ -128,6 +128,17 @@ _SIGNATURES.update({
     "flame_binary_cross_entropy_with_logits": (c_int, [H, H, H, H, c_int, P(H)]),
 })
 
+
+# ---- DLPack exchange and the queries its tests use (DLManagedTensor pointers as void*)
+_SIGNATURES.update({
+    "flame_tensor_retain": (c_int, [H]),
+    "flame_tensor_strides": (c_int, [H, P(i64), i32]),
+    "flame_tensor_data_ptr": (c_int, [H, P(ctypes.c_void_p)]),
+    "flame_tensor_to_dlpack": (c_int, [H, P(ctypes.c_void_p)]),
+    "flame_tensor_from_dlpack": (c_int, [H, ctypes.c_void_p, P(H)]),
+    "flame_tensor_to_dlpack_versioned": (c_int, [H, P(ctypes.c_void_p)]),
+    "flame_tensor_from_dlpack_versioned": (c_int, [H, ctypes.c_void_p, P(H)]),
+})
 for _n in _UNARY:
     _SIGNATURES["flame_" + _n] = (c_int, [H, P(H)])
 for _n in _SCALAR:

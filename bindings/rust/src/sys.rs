@@ -269,6 +269,16 @@ pub struct flame_optimizer_s {
 }
 pub type flame_optimizer_t = *mut flame_optimizer_s;
 
+// ---- foreign structs, declared only (defined by their own headers, e.g. dlpack.h) ----
+#[repr(C)]
+pub struct DLManagedTensor {
+    _opaque: [u8; 0],
+}
+#[repr(C)]
+pub struct DLManagedTensorVersioned {
+    _opaque: [u8; 0],
+}
+
 // ---- callback types ----
 pub type flame_tensor_hook_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, grad: flame_tensor_t, replacement: *mut flame_tensor_t) -> flame_status_t>;
 pub type flame_post_accumulate_hook_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, leaf: flame_tensor_t) -> flame_status_t>;
@@ -491,6 +501,10 @@ pub const SYMBOLS: &[&str] = &[
     "flame_smooth_l1_loss",
     "flame_huber_loss",
     "flame_binary_cross_entropy_with_logits",
+    "flame_tensor_to_dlpack",
+    "flame_tensor_from_dlpack",
+    "flame_tensor_to_dlpack_versioned",
+    "flame_tensor_from_dlpack_versioned",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -668,6 +682,10 @@ pub struct Api {
     pub flame_smooth_l1_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, beta: f64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_huber_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, delta: f64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_binary_cross_entropy_with_logits: unsafe extern "C" fn(logits: flame_tensor_t, target: flame_tensor_t, weight: flame_tensor_t, pos_weight: flame_tensor_t, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_tensor_to_dlpack: unsafe extern "C" fn(t: flame_tensor_t, out: *mut *mut DLManagedTensor) -> flame_status_t,
+    pub flame_tensor_from_dlpack: unsafe extern "C" fn(ctx: flame_ctx_t, src: *mut DLManagedTensor, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_tensor_to_dlpack_versioned: unsafe extern "C" fn(t: flame_tensor_t, out: *mut *mut DLManagedTensorVersioned) -> flame_status_t,
+    pub flame_tensor_from_dlpack_versioned: unsafe extern "C" fn(ctx: flame_ctx_t, src: *mut DLManagedTensorVersioned, out: *mut flame_tensor_t) -> flame_status_t,
 }
 
 impl Api {
@@ -853,6 +871,10 @@ impl Api {
             flame_smooth_l1_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_smooth_l1_loss\0")?),
             flame_huber_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_huber_loss\0")?),
             flame_binary_cross_entropy_with_logits: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_binary_cross_entropy_with_logits\0")?),
+            flame_tensor_to_dlpack: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut *mut DLManagedTensor) -> flame_status_t>(resolve(b"flame_tensor_to_dlpack\0")?),
+            flame_tensor_from_dlpack: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut DLManagedTensor, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_tensor_from_dlpack\0")?),
+            flame_tensor_to_dlpack_versioned: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut *mut DLManagedTensorVersioned) -> flame_status_t>(resolve(b"flame_tensor_to_dlpack_versioned\0")?),
+            flame_tensor_from_dlpack_versioned: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut DLManagedTensorVersioned, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_tensor_from_dlpack_versioned\0")?),
         })
     }
 }

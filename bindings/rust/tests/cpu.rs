@@ -91,3 +91,18 @@ fn unwrapped_functions_listed() {
     // Every header function is either wrapped (generated or hand-written) or listed here.
     assert!(flame::UNWRAPPED.iter().all(|n| n.starts_with("flame_")));
 }
+
+#[test]
+fn dlpack_error_paths_without_gpu() {
+    let t = unsafe { Tensor::from_raw(std::ptr::null_mut()) };
+    assert_eq!(t.to_dlpack().unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+    assert_eq!(t.to_dlpack_versioned().unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+    let api = flame::api().unwrap();
+    let mut out = std::ptr::null_mut();
+    let st = unsafe { (api.flame_tensor_from_dlpack)(std::ptr::null_mut(), std::ptr::null_mut(), &mut out) };
+    assert_eq!(Status(st), Status::ERROR_INVALID_ARGUMENT);
+    assert!(out.is_null());
+    assert!(flame::last_error_message().unwrap().contains("flame_tensor_from_dlpack"));
+    let st = unsafe { (api.flame_tensor_from_dlpack_versioned)(std::ptr::null_mut(), std::ptr::null_mut(), &mut out) };
+    assert_eq!(Status(st), Status::ERROR_INVALID_ARGUMENT);
+}
