@@ -41,13 +41,27 @@ const FormatDtype* find_dtype(const std::string& name) {
   return nullptr;
 }
 
-// A name for messages: quoted, at most ~80 bytes (cut at a UTF-8 character boundary).
+// A name for messages: quoted, control characters (NUL included) escaped as \xNN, at most ~80
+// bytes of it (cut at a UTF-8 character boundary).
 std::string qname(const std::string& s) {
   constexpr size_t kMax = 80;
-  if (s.size() <= kMax) return "'" + s + "'";
-  size_t cut = kMax;
-  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
-  return "'" + s.substr(0, cut) + "...' (" + std::to_string(s.size()) + " bytes)";
+  size_t cut = std::min(s.size(), kMax);
+  while (cut < s.size() && cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+  std::string out = "'";
+  for (size_t i = 0; i < cut; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7F) {
+      static const char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  out += "'";
+  if (cut < s.size()) out += "... (" + std::to_string(s.size()) + " bytes)";
+  return out;
 }
 
 [[noreturn]] void bad(const std::string& msg) { fail(FLAME_ERROR_INVALID_FORMAT, msg); }
@@ -63,19 +77,21 @@ class Sax {
   std::vector<std::pair<std::string, std::string>> metadata;
   std::string error_;
 
+  explicit Sax(const Limits& limits) : limits_(limits) {}
   bool complete() const { return state_ == State::End; }
 
   bool null() { return scalar("null"); }
   bool boolean(bool) { return scalar("a boolean"); }
   bool binary(json::binary_t&) { return scalar("binary data"); }
-  bool number_float(json::number_float_t, const json::string_t&) { return scalar("a number with a fraction or exponent"); }
+  bool number_float(json::number_float_t, const json::string_t&) { return scalar("a non-integer or out-of-range number"); }
   bool number_integer(json::number_integer_t v) {
     if (v >= 0) return number_unsigned(static_cast<json::number_unsigned_t>(v));  // "-0"
     return scalar("a negative number");
   }
   bool number_unsigned(json::number_unsigned_t v) {
     if (state_ == State::Shape) {
-      if (cur_.shape.size() >= kMaxDims) return err(tensor() + " has more than " + std::to_string(kMaxDims) + " dims");
+      if (cur_.shape.size() >= limits_.max_dims)
+        return err(tensor() + " has more than " + std::to_string(limits_.max_dims) + " dims");
       if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
         return err(tensor() + ": the dim " + std::to_string(v) + " is too large");
       cur_.shape.push_back(static_cast<int64_t>(v));
@@ -180,15 +196,15 @@ class Sax {
     if (std::memchr(k.data(), 0, k.size())) return err("the key " + qname(k) + " contains a NUL character");
     if (state_ == State::Top) {
       if (!top_keys_.insert(k).second) return err("the name " + qname(k) + " appears twice in the header");
-      if (top_keys_.size() > kMaxEntries + 1)
-        return err("the header lists more than " + std::to_string(kMaxEntries) + " tensors");
+      if (top_keys_.size() - meta_seen() > limits_.max_entries)
+        return err("the header lists more than " + std::to_string(limits_.max_entries) + " tensors");
       key_ = std::move(k);
       return true;
     }
     if (state_ == State::Meta) {
       if (!meta_keys_.insert(k).second) return err("the __metadata__ key " + qname(k) + " appears twice");
-      if (meta_keys_.size() > kMaxEntries)
-        return err("__metadata__ has more than " + std::to_string(kMaxEntries) + " entries");
+      if (meta_keys_.size() > limits_.max_entries)
+        return err("__metadata__ has more than " + std::to_string(limits_.max_entries) + " entries");
       key_ = std::move(k);
       return true;
     }
@@ -220,6 +236,7 @@ class Sax {
  private:
   enum class State { Start, Top, Meta, Tensor, Shape, Offsets, Skip, End };
   enum class Field { Dtype, Shape, Offsets, Unknown };
+  const Limits limits_;
   State state_ = State::Start;
   Field field_ = Field::Unknown;
   size_t depth_ = 0, skip_depth_ = 0, n_offsets_ = 0;
@@ -229,6 +246,7 @@ class Sax {
   std::vector<std::string> fields_;  // keys seen in cur_'s object
   std::unordered_set<std::string> top_keys_, meta_keys_;
 
+  size_t meta_seen() const { return top_keys_.count("__metadata__"); }
   bool err(std::string msg) {
     if (error_.empty()) error_ = std::move(msg);
     return false;
@@ -355,18 +373,23 @@ bool valid_utf8(const char* s, size_t n) {
   return true;
 }
 
-Header parse(const unsigned char* data, size_t size) {
+Header parse(const unsigned char* data, size_t size, const Limits& limits) {
   if (size < 8) bad("the file is " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | data[i];  // little-endian u64
-  if (n > kMaxHeaderBytes)
-    bad("the header length " + std::to_string(n) + " is above the limit of " + std::to_string(kMaxHeaderBytes) + " bytes");
+  if (n > limits.max_header_bytes)
+    bad("the header length " + std::to_string(n) + " is above the limit of " + std::to_string(limits.max_header_bytes) +
+        " bytes");
   if (n > size - 8)
     bad("the header length " + std::to_string(n) + " reaches beyond the end of the file (" + std::to_string(size) + " bytes)");
   const char* text = reinterpret_cast<const char*>(data + 8);
   if (!valid_utf8(text, n)) bad("the header is not valid UTF-8");
+  // JSON has no raw NUL (strings escape it as \u0000), and nlohmann's lexer would take one for the
+  // end of the input and ignore what follows.
+  if (const void* nul = std::memchr(text, 0, n))
+    bad("the header contains a NUL byte (at header byte " + std::to_string(static_cast<const char*>(nul) - text) + ")");
 
-  Sax sax;
+  Sax sax(limits);
   const bool ok = nlohmann::json::sax_parse(text, text + n, &sax, nlohmann::json::input_format_t::json, true);
   if (!ok || !sax.complete()) bad(sax.error_.empty() ? std::string("the header is not a complete JSON object") : sax.error_);
 

@@ -55,9 +55,16 @@ struct Header {
   const std::string* find_metadata(const std::string& key) const;
 };
 
+// The limits parse() enforces; tests lower them to reach them cheaply.
+struct Limits {
+  uint64_t max_header_bytes = kMaxHeaderBytes;
+  size_t max_dims = kMaxDims;
+  size_t max_entries = kMaxEntries;
+};
+
 // Parses and validates the safetensors file held in [data, data + size). Throws flame::Error with
 // FLAME_ERROR_INVALID_FORMAT on any of the defects listed above. data may be NULL when size is 0.
-Header parse(const unsigned char* data, size_t size);
+Header parse(const unsigned char* data, size_t size, const Limits& limits = Limits());
 
 // The format's name of a FLAME dtype ("F32", "BF16", "BOOL", ...).
 const char* format_dtype_name(DType d);
