@@ -547,9 +547,10 @@ FLAME_API flame_status_t flame_safetensors_metadata(flame_safetensors_t file, co
  * NUL-terminated UTF-8, not "__metadata__"), with n_metadata entries of "__metadata__" taken from
  * metadata_kv as 2 * n_metadata strings key0, value0, key1, value1, ... (distinct UTF-8 keys;
  * "__metadata__" is written only when n_metadata > 0). The layout is the Python package's: the JSON
- * header padded with spaces to a multiple of 8 bytes, then the tensors sorted by element size
- * (largest first) and then by name, so that every tensor starts at a multiple of its element size;
- * non-contiguous tensors are written in row-major order. The bytes go to a new temporary file next
+ * header padded with spaces to a multiple of 8 bytes, then the tensors sorted by dtype (I64, F64,
+ * F32, I32, BF16, F16, U8, BOOL) and then by name (byte order), so that every tensor starts at a
+ * multiple of its element size; non-contiguous tensors are written in row-major order. Without
+ * metadata the file is byte for byte the one the Python package writes for the same tensors. The bytes go to a new temporary file next
  * to path, which is flushed to disk and renamed over path at the end: path holds either its old
  * content or the complete new file, never a partial one. Data is copied through host memory in
  * pieces of at most 64 MiB, and the call waits for the device. names and tensors may be NULL when n

@@ -19,21 +19,28 @@ namespace flame::st {
 
 namespace {
 
-// Element sizes in bits of every dtype the format defines, and FLAME's dtype where there is one.
+// Every dtype the format defines, in the order of the reference implementation's Dtype enum (the
+// Python package writes tensors sorted by that order, descending, then by name), with its element
+// size in bits and FLAME's dtype where there is one.
 struct FormatDtype {
   const char* name;
   uint32_t bits;
   int flame;  // -1: FLAME lacks it
 };
 constexpr FormatDtype kFormatDtypes[] = {
-    {"BOOL", 8, FLAME_DTYPE_BOOL}, {"U8", 8, FLAME_DTYPE_U8},      {"I8", 8, -1},
-    {"F8_E5M2", 8, -1},            {"F8_E4M3", 8, -1},             {"F8_E8M0", 8, -1},
-    {"I16", 16, -1},               {"U16", 16, -1},                {"F16", 16, FLAME_DTYPE_F16},
-    {"BF16", 16, FLAME_DTYPE_BF16}, {"I32", 32, FLAME_DTYPE_I32},  {"U32", 32, -1},
-    {"F32", 32, FLAME_DTYPE_F32},  {"F64", 64, FLAME_DTYPE_F64},   {"I64", 64, FLAME_DTYPE_I64},
-    {"U64", 64, -1},               {"C64", 64, -1},                {"F4", 4, -1},
-    {"F6_E2M3", 6, -1},            {"F6_E3M2", 6, -1},
+    {"BOOL", 8, FLAME_DTYPE_BOOL}, {"F4", 4, -1},       {"F6_E2M3", 6, -1},           {"F6_E3M2", 6, -1},
+    {"U8", 8, FLAME_DTYPE_U8},     {"I8", 8, -1},       {"F8_E5M2", 8, -1},           {"F8_E4M3", 8, -1},
+    {"F8_E8M0", 8, -1},            {"I16", 16, -1},     {"U16", 16, -1},              {"F16", 16, FLAME_DTYPE_F16},
+    {"BF16", 16, FLAME_DTYPE_BF16}, {"I32", 32, FLAME_DTYPE_I32}, {"U32", 32, -1},    {"F32", 32, FLAME_DTYPE_F32},
+    {"C64", 64, -1},               {"F64", 64, FLAME_DTYPE_F64}, {"I64", 64, FLAME_DTYPE_I64}, {"U64", 64, -1},
 };
+
+// The position of a FLAME dtype in kFormatDtypes.
+size_t format_rank(DType d) {
+  for (size_t i = 0; i < sizeof kFormatDtypes / sizeof kFormatDtypes[0]; ++i)
+    if (kFormatDtypes[i].flame == static_cast<int>(d)) return i;
+  fail(FLAME_ERROR_INVALID_ARGUMENT, "dtype ", static_cast<int>(d), " is not a flame_dtype_t");
+}
 
 const FormatDtype* find_dtype(const std::string& name) {
   for (const FormatDtype& d : kFormatDtypes)
@@ -416,11 +423,7 @@ const std::string* Header::find_metadata(const std::string& key) const {
   return it != metadata.end() && it->first == key ? &it->second : nullptr;
 }
 
-const char* format_dtype_name(DType d) {
-  for (const FormatDtype& f : kFormatDtypes)
-    if (f.flame == static_cast<int>(d)) return f.name;
-  fail(FLAME_ERROR_INVALID_ARGUMENT, "dtype ", static_cast<int>(d), " is not a flame_dtype_t");
-}
+const char* format_dtype_name(DType d) { return kFormatDtypes[format_rank(d)].name; }
 
 std::vector<size_t> layout(std::vector<TensorEntry>& tensors,
                            const std::vector<std::pair<std::string, std::string>>& metadata) {
@@ -432,9 +435,12 @@ std::vector<size_t> layout(std::vector<TensorEntry>& tensors,
   }
   std::vector<size_t> order(tensors.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  auto elem = [&](size_t i) { return dtype_size(tensors[i].dtype); };
+  // The Python package's order: dtype rank descending (I64, F64, F32, I32, BF16, F16, U8, BOOL for
+  // FLAME's dtypes: element sizes never grow, so every tensor starts aligned), then name.
+  std::vector<size_t> rank(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) rank[i] = format_rank(tensors[i].dtype);
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    if (elem(a) != elem(b)) return elem(a) > elem(b);  // larger elements first keeps every tensor aligned
+    if (rank[a] != rank[b]) return rank[a] > rank[b];
     return tensors[a].name < tensors[b].name;
   });
   for (size_t i = 1; i < order.size(); ++i)

@@ -70,7 +70,8 @@ Header parse(const unsigned char* data, size_t size, const Limits& limits = Limi
 const char* format_dtype_name(DType d);
 
 // Assigns begin/end to tensors (whose name, dtype and shape are set) in the order the Python
-// package writes: element size descending, then name, back to back from 0. Returns that order
+// package writes: by dtype (I64, F64, F32, I32, BF16, F16, U8, BOOL), then by name, back to back
+// from 0, so that every tensor starts at a multiple of its element size. Returns that order
 // (indices into tensors). Duplicate or reserved ("__metadata__") names, invalid UTF-8 in names,
 // keys or values, or duplicate metadata keys: FLAME_ERROR_INVALID_ARGUMENT.
 std::vector<size_t> layout(std::vector<TensorEntry>& tensors,
