@@ -126,6 +126,20 @@ for _n in _BINARY:
 for _n in _REDUCE:
     _SIGNATURES["flame_" + _n] = (c_int, [H, P(i32), i32, i32, P(H)])
 
+# ---- safetensors (flame_safetensors_t is an opaque handle too) ----
+_SIGNATURES.update({
+    "flame_safetensors_load": (c_int, [H, ctypes.c_char_p, P(H)]),
+    "flame_safetensors_release": (None, [H]),
+    "flame_safetensors_count": (c_int, [H, P(i64)]),
+    "flame_safetensors_name": (c_int, [H, i64, P(ctypes.c_char_p)]),
+    "flame_safetensors_info": (c_int, [H, ctypes.c_char_p, P(c_int), P(i64), i32, P(i32)]),
+    "flame_safetensors_get": (c_int, [H, ctypes.c_char_p, P(H)]),
+    "flame_safetensors_metadata_count": (c_int, [H, P(i64)]),
+    "flame_safetensors_metadata_key": (c_int, [H, i64, P(ctypes.c_char_p)]),
+    "flame_safetensors_metadata": (c_int, [H, ctypes.c_char_p, P(ctypes.c_char_p)]),
+    "flame_safetensors_save": (c_int, [H, ctypes.c_char_p, P(ctypes.c_char_p), P(H), i64, P(ctypes.c_char_p), i64]),
+})
+
 
 class FlameError(RuntimeError):
     def __init__(self, status, status_name, what, message):
