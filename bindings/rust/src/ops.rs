@@ -820,4 +820,4 @@ impl Context {
 
 /// Functions without a generated safe method and not wrapped by hand in lib.rs: call them
 /// through `flame::api()` (the raw table).
-pub const UNWRAPPED: &[&str] = &["flame_safetensors_load", "flame_safetensors_release", "flame_safetensors_count", "flame_safetensors_name", "flame_safetensors_info", "flame_safetensors_get", "flame_safetensors_metadata_count", "flame_safetensors_metadata_key", "flame_safetensors_metadata", "flame_safetensors_save"];
+pub const UNWRAPPED: &[&str] = &[];
