@@ -172,18 +172,19 @@ def python_writes_flame_reads(fl, ctx, tmp, gen, rep):
         for shape in [(), (0,), (7,), (3, 5), (2, 3, 4), (2, 0, 3)]:
             tensors[f"{dt}.{shape_tag(shape)}"] = random_tensor(dt, shape, gen)
     tensors["big.f32"] = torch.randn(1000, 1000, generator=gen)
-    candidates = {"other.i16": torch.randint(-2**15, 2**15, (5,), generator=gen).to(torch.int16),
-                  "other.i8": torch.randint(-128, 128, (2, 2), generator=gen).to(torch.int8)}
-    if hasattr(torch, "float8_e4m3fn"):
-        candidates["other.f8"] = torch.randn(4, generator=gen).to(torch.float8_e4m3fn)
-    if hasattr(torch, "uint16"):
-        candidates["other.u16"] = torch.randint(0, 2**15, (3,), generator=gen).to(torch.uint16)
+    candidates = {  # dtypes FLAME lacks; makers, since older torch versions lack some of them
+        "other.i16": lambda: torch.randint(-2**15, 2**15, (5,), generator=gen).to(torch.int16),
+        "other.i8": lambda: torch.randint(-128, 128, (2, 2), generator=gen).to(torch.int8),
+        "other.f8": lambda: torch.randn(4, generator=gen).to(torch.float8_e4m3fn),
+        "other.u16": lambda: torch.randint(0, 2**15, (3,), generator=gen).to(torch.uint16),
+    }
     unsupported = []
-    for k, v in candidates.items():
+    for k, make in candidates.items():
         try:
+            v = make()
             save({k: v})  # this torch / safetensors pair can write it
         except Exception as e:  # noqa: BLE001 - older versions lack some dtypes
-            print(f"note: not testing {k}: {e}")
+            print(f"note: not testing {k}: {e!r}")
             continue
         tensors[k] = v
         unsupported.append(k)
