@@ -709,6 +709,92 @@ FLAME_API flame_status_t flame_tensor_to_dlpack_versioned(flame_tensor_t t, stru
 FLAME_API flame_status_t flame_tensor_from_dlpack_versioned(flame_ctx_t ctx, struct DLManagedTensorVersioned* src,
                                                             flame_tensor_t* out);
 
+/* ============================== safetensors ============================== */
+/* Reading and writing the safetensors format (as the Python package `safetensors` does): an 8-byte
+ * little-endian header length N, N bytes of UTF-8 JSON mapping each tensor name to its dtype, shape
+ * and byte range (plus an optional "__metadata__" object of strings), then the tensors' row-major
+ * little-endian bytes. FLAME reads and writes the dtypes F32, F16, BF16, F64, I64, I32, U8 and
+ * BOOL; tensors of the format's other dtypes (F8_E4M3, I16, U32, ...) are listed, but
+ * flame_safetensors_info and flame_safetensors_get return FLAME_ERROR_UNSUPPORTED for them. */
+
+typedef struct flame_safetensors_s* flame_safetensors_t; /* an open safetensors file */
+
+/* Opens the safetensors file at path (NUL-terminated) on ctx: the file is memory-mapped read-only
+ * and its header validated in full before this returns; tensor data is read by
+ * flame_safetensors_get. Nothing in the file is trusted. A file shorter than 8 bytes, a header
+ * length above 100 MB or beyond the file, a header that is not UTF-8 or not JSON, JSON of the wrong
+ * types or nesting, missing fields, an unknown dtype, negative, too large or more than 64 dims, an
+ * element or byte count that overflows, a byte range whose size is not numel * dtype size, ranges
+ * outside the data region, overlapping, with gaps between them or not ending at the end of the file,
+ * a name or metadata key given twice, a NUL character in a name, key or value, more than 1048576
+ * tensors or metadata entries: FLAME_ERROR_INVALID_FORMAT, with a message naming the file, the tensor
+ * and the defect. OUT *file: a new handle; release it with flame_safetensors_release. It keeps ctx
+ * alive (as tensors do) and the file mapped: do not truncate or rewrite the file in place while it
+ * is open (a mapped file that shrinks makes reads fault; flame_safetensors_save replaces files by
+ * renaming, which is safe). The handle may be used from several threads.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx, path or file NULL), FLAME_ERROR_IO (the file cannot be
+ * opened or mapped, or is not a regular file; the message gives the system's reason),
+ * FLAME_ERROR_INVALID_FORMAT. */
+FLAME_API flame_status_t flame_safetensors_load(flame_ctx_t ctx, const char* path, flame_safetensors_t* file);
+
+/* Unmaps the file and frees the handle. NULL is a no-op. Tensors read from it stay valid (they own
+ * their memory). A released handle is detected (FLAME_ERROR_INVALID_HANDLE) while its context lives. */
+FLAME_API void flame_safetensors_release(flame_safetensors_t file);
+
+/* OUT *count: the number of tensors in the file (may be 0). */
+FLAME_API flame_status_t flame_safetensors_count(flame_safetensors_t file, int64_t* count);
+
+/* OUT *name: the name of tensor index, 0 <= index < count, with tensors sorted by name (byte
+ * order). BORROWED: NUL-terminated UTF-8 owned by the handle, valid until it is released.
+ * index out of range: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_safetensors_name(flame_safetensors_t file, int64_t index, const char** name);
+
+/* The dtype and shape of the tensor called name, without reading its data. OUT *dtype, *ndim; the
+ * ndim sizes go into shape, which may be NULL to ask for dtype and ndim only (capacity is then
+ * ignored); otherwise capacity below ndim: FLAME_ERROR_INVALID_ARGUMENT (tensors in files may have
+ * up to 64 dims). No tensor called name: FLAME_ERROR_INVALID_ARGUMENT. A dtype FLAME does not have:
+ * FLAME_ERROR_UNSUPPORTED (the message names it). */
+FLAME_API flame_status_t flame_safetensors_info(flame_safetensors_t file, const char* name, flame_dtype_t* dtype, int64_t* shape,
+                                                int32_t capacity, int32_t* ndim);
+
+/* Reads the tensor called name into a new contiguous tensor on the file's context, copying from
+ * the mapped file straight to the device. OUT *out: a new reference (requires_grad 0).
+ * Errors: no tensor called name: FLAME_ERROR_INVALID_ARGUMENT; a dtype FLAME does not have or more
+ * than FLAME_MAX_DIMS dims: FLAME_ERROR_UNSUPPORTED; FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA,
+ * FLAME_ERROR_CONTEXT_FAILED. */
+FLAME_API flame_status_t flame_safetensors_get(flame_safetensors_t file, const char* name, flame_tensor_t* out);
+
+/* OUT *count: the number of "__metadata__" entries (0 when the file has none). */
+FLAME_API flame_status_t flame_safetensors_metadata_count(flame_safetensors_t file, int64_t* count);
+
+/* OUT *key: metadata key index, 0 <= index < count, with keys sorted in byte order; BORROWED as
+ * for flame_safetensors_name. index out of range: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_safetensors_metadata_key(flame_safetensors_t file, int64_t index, const char** key);
+
+/* OUT *value: the metadata value stored under key, BORROWED as for flame_safetensors_name, or NULL
+ * when the file has no such key (that is not an error: the call returns FLAME_OK). */
+FLAME_API flame_status_t flame_safetensors_metadata(flame_safetensors_t file, const char* key, const char** value);
+
+/* Writes n tensors (BORROWED; any dtype and strides; all on ctx) to path under names[i] (distinct,
+ * NUL-terminated UTF-8, not "__metadata__"), with n_metadata entries of "__metadata__" taken from
+ * metadata_kv as 2 * n_metadata strings key0, value0, key1, value1, ... (distinct UTF-8 keys;
+ * "__metadata__" is written only when n_metadata > 0). The layout is the Python package's: the JSON
+ * header padded with spaces to a multiple of 8 bytes, then the tensors sorted by dtype (I64, F64,
+ * F32, I32, BF16, F16, U8, BOOL) and then by name (byte order), so that every tensor starts at a
+ * multiple of its element size; non-contiguous tensors are written in row-major order. Without
+ * metadata the file is byte for byte the one the Python package writes for the same tensors. The bytes go to a new temporary file next
+ * to path, which is flushed to disk and renamed over path at the end: path holds either its old
+ * content or the complete new file, never a partial one. Data is copied through host memory in
+ * pieces of at most 64 MiB, and the call waits for the device. names and tensors may be NULL when n
+ * is 0, metadata_kv when n_metadata is 0.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx or path NULL, a NULL name, tensor, key or value, n or
+ * n_metadata negative or above 1048576, a tensor of another context, a name or key given twice,
+ * a reserved name, invalid UTF-8), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_IO (the file cannot be
+ * created, written or renamed; no temporary file is left behind), FLAME_ERROR_CUDA. */
+FLAME_API flame_status_t flame_safetensors_save(flame_ctx_t ctx, const char* path, const char* const* names,
+                                                const flame_tensor_t* tensors, int64_t n, const char* const* metadata_kv,
+                                                int64_t n_metadata);
+
 #ifdef __cplusplus
 }
 #endif

@@ -760,6 +760,13 @@ OPTIONAL_TENSORS = {
     ("flame_binary_cross_entropy_with_logits", "weight"), ("flame_binary_cross_entropy_with_logits", "pos_weight"),
 }
 
+# safetensors: bindings/rust/src/safetensors.rs and the "safetensors" section of bindings/csharp/Flame.cs.
+HAND_WRITTEN |= {
+    "flame_safetensors_load", "flame_safetensors_release", "flame_safetensors_count", "flame_safetensors_name",
+    "flame_safetensors_info", "flame_safetensors_get", "flame_safetensors_metadata_count",
+    "flame_safetensors_metadata_key", "flame_safetensors_metadata", "flame_safetensors_save",
+}
+
 BOOL_NAMES = {"keepdim", "enabled", "requires_grad", "contiguous", "is_leaf", "previous"}
 SCALARS = {"double", "float", "int32_t", "int64_t", "uint32_t", "uint64_t", "size_t", "int"}
 SLICE_ELEMS = {"int64_t", "int32_t", "double", "float"}

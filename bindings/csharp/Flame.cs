@@ -807,4 +807,191 @@ namespace Flame
         /// <summary>Removes the hook now (flame_hook_remove); the delegate is released.</summary>
         public void Dispose() { h.Dispose(); }
     }
+
+    // ------------------------------------------------------------------------------------------
+    // safetensors (flame.h "safetensors")
+    // ------------------------------------------------------------------------------------------
+
+    public sealed class SafetensorsHandle : SafeHandle
+    {
+        public SafetensorsHandle(IntPtr h) : base(IntPtr.Zero, true) { SetHandle(h); }
+        public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+        protected override bool ReleaseHandle() { Native.flame_safetensors_release(handle); return true; }
+    }
+
+    /// <summary>An open safetensors file (memory-mapped, header validated). Dispose releases it;
+    /// tensors read from it stay valid. Strings cross as UTF-8.</summary>
+    public sealed class SafetensorsFile : IDisposable
+    {
+        readonly SafetensorsHandle h;
+        SafetensorsFile(IntPtr raw) { h = new SafetensorsHandle(raw); }
+
+        /// <summary>flame_safetensors_load: opens the file at path for reading on ctx.</summary>
+        public static SafetensorsFile Open(Context ctx, string path)
+        {
+            Library.EnsureLoaded();
+            return OpenImpl(ctx, path);
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe SafetensorsFile OpenImpl(Context ctx, string path)
+        {
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_safetensors_load(ctx.Raw, path, &raw));  // string: UTF-8 on Mono/Linux
+            GC.KeepAlive(ctx);
+            return new SafetensorsFile(raw);
+        }
+
+        public IntPtr Raw
+        {
+            get
+            {
+                if (h.IsClosed)
+                    throw new ObjectDisposedException("SafetensorsFile");
+                return h.DangerousGetHandle();
+            }
+        }
+
+        public void Dispose() { h.Dispose(); }
+
+        /// <summary>The tensor names, in byte order.</summary>
+        public unsafe string[] Names()
+        {
+            long n = 0;
+            Status.Check(Native.flame_safetensors_count(Raw, &n));
+            var names = new string[n];
+            for (long i = 0; i < n; ++i)
+            {
+                byte* s = null;
+                Status.Check(Native.flame_safetensors_name(Raw, i, &s));
+                names[i] = Utf8.Read(s);
+            }
+            GC.KeepAlive(this);
+            return names;
+        }
+
+        /// <summary>The dtype and shape of tensor name (FLAME_ERROR_UNSUPPORTED for a dtype FLAME lacks).</summary>
+        public unsafe long[] Info(string name, out flame_dtype_t dtype)
+        {
+            flame_dtype_t dt = 0;
+            int nd = 0;
+            Status.Check(Native.flame_safetensors_info(Raw, name, &dt, null, 0, &nd));
+            var shape = new long[nd];
+            fixed (long* sp = shape)
+                Status.Check(Native.flame_safetensors_info(Raw, name, &dt, nd == 0 ? null : sp, nd, &nd));
+            GC.KeepAlive(this);
+            dtype = dt;
+            return shape;
+        }
+
+        /// <summary>flame_safetensors_get: tensor name as a new device tensor on the file's context.</summary>
+        public unsafe Tensor Get(string name)
+        {
+            IntPtr o = IntPtr.Zero;
+            Status.Check(Native.flame_safetensors_get(Raw, name, &o));
+            GC.KeepAlive(this);
+            return new Tensor(o);
+        }
+
+        /// <summary>Every __metadata__ entry, sorted by key.</summary>
+        public unsafe KeyValuePair<string, string>[] Metadata()
+        {
+            long n = 0;
+            Status.Check(Native.flame_safetensors_metadata_count(Raw, &n));
+            var md = new KeyValuePair<string, string>[n];
+            for (long i = 0; i < n; ++i)
+            {
+                byte* k = null;
+                Status.Check(Native.flame_safetensors_metadata_key(Raw, i, &k));
+                string key = Utf8.Read(k);
+                md[i] = new KeyValuePair<string, string>(key, MetadataValue(key));
+            }
+            GC.KeepAlive(this);
+            return md;
+        }
+
+        /// <summary>The metadata value under key, or null when the file has no such key.</summary>
+        public unsafe string MetadataValue(string key)
+        {
+            byte* v = null;
+            Status.Check(Native.flame_safetensors_metadata(Raw, key, &v));
+            string value = Utf8.Read(v);  // copied before the handle may go
+            GC.KeepAlive(this);
+            return value;
+        }
+
+        /// <summary>flame_safetensors_save: writes tensors under names (any dtype and strides, all on
+        /// ctx) with metadata (may be null) to path, atomically.</summary>
+        public static void Save(Context ctx, string path, string[] names, Tensor[] tensors, IDictionary<string, string> metadata)
+        {
+            Library.EnsureLoaded();
+            SaveImpl(ctx, path, names ?? new string[0], tensors ?? new Tensor[0], metadata);
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe void SaveImpl(Context ctx, string path, string[] names, Tensor[] tensors, IDictionary<string, string> metadata)
+        {
+            if (names.Length != tensors.Length)
+                throw new ArgumentException("names and tensors differ in length");
+            var strings = new List<IntPtr>();
+            try
+            {
+                var np = new IntPtr[Math.Max(names.Length, 1)];
+                for (int i = 0; i < names.Length; ++i) { np[i] = Utf8.Alloc(names[i]); strings.Add(np[i]); }
+                var kv = new IntPtr[Math.Max(2 * (metadata == null ? 0 : metadata.Count), 1)];
+                int nm = 0;
+                if (metadata != null)
+                    foreach (var e in metadata)
+                    {
+                        kv[2 * nm] = Utf8.Alloc(e.Key); strings.Add(kv[2 * nm]);
+                        kv[2 * nm + 1] = Utf8.Alloc(e.Value); strings.Add(kv[2 * nm + 1]);
+                        ++nm;
+                    }
+                IntPtr[] raws = Tensor.RawArray(tensors);
+                if (raws.Length == 0) raws = new IntPtr[1];
+                fixed (IntPtr* n = np)
+                fixed (IntPtr* t = raws)
+                fixed (IntPtr* m = kv)
+                    Status.Check(Native.flame_safetensors_save(ctx.Raw, path, (byte**)n, t, names.Length, (byte**)m, nm));
+                GC.KeepAlive(ctx);
+                GC.KeepAlive(tensors);
+            }
+            finally
+            {
+                foreach (IntPtr q in strings) Utf8.Free(q);
+            }
+        }
+    }
+
+    /// <summary>NUL-terminated UTF-8 strings for the C side (a string holding NUL ends there).</summary>
+    static class Utf8
+    {
+        public static IntPtr Alloc(string s)
+        {
+            if (s == null)
+                return IntPtr.Zero;  // the C side reports the NULL argument
+            byte[] b = Encoding.UTF8.GetBytes(s);
+            IntPtr p = Marshal.AllocHGlobal(b.Length + 1);
+            Marshal.Copy(b, 0, p, b.Length);
+            Marshal.WriteByte(p, b.Length, 0);
+            return p;
+        }
+
+        public static void Free(IntPtr p)
+        {
+            if (p != IntPtr.Zero)
+                Marshal.FreeHGlobal(p);
+        }
+
+        public static unsafe string Read(byte* p)
+        {
+            if (p == null)
+                return null;
+            int n = 0;
+            while (p[n] != 0) ++n;
+            var b = new byte[n];
+            Marshal.Copy((IntPtr)p, b, 0, n);
+            return Encoding.UTF8.GetString(b);
+        }
+    }
 }

@@ -306,6 +306,16 @@ namespace Flame.Interop
             "flame_tensor_from_dlpack",
             "flame_tensor_to_dlpack_versioned",
             "flame_tensor_from_dlpack_versioned",
+            "flame_safetensors_load",
+            "flame_safetensors_release",
+            "flame_safetensors_count",
+            "flame_safetensors_name",
+            "flame_safetensors_info",
+            "flame_safetensors_get",
+            "flame_safetensors_metadata_count",
+            "flame_safetensors_metadata_key",
+            "flame_safetensors_metadata",
+            "flame_safetensors_save",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -838,6 +848,36 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_from_dlpack_versioned", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_from_dlpack_versioned(IntPtr ctx, IntPtr src, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_load", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_load(IntPtr ctx, string path, IntPtr* file);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_release", ExactSpelling = true)]
+        public static extern void flame_safetensors_release(IntPtr file);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_count", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_count(IntPtr file, long* count);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_name", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_name(IntPtr file, long index, byte** name);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_info", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_info(IntPtr file, string name, flame_dtype_t* dtype, long* shape, int capacity, int* ndim);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_get", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_get(IntPtr file, string name, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_metadata_count", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_metadata_count(IntPtr file, long* count);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_metadata_key", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_metadata_key(IntPtr file, long index, byte** key);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_metadata", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_metadata(IntPtr file, string key, byte** value);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_save", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_save(IntPtr ctx, string path, byte** names, IntPtr* tensors, long n, byte** metadata_kv, long n_metadata);
 
     }
 }

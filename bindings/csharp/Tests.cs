@@ -242,6 +242,36 @@ static class Tests
         }
     }
 
+    static void GpuSafetensors()
+    {
+        using (var ctx = Gpu())
+        using (var w = ctx.FromArray(new float[] { 1, -2, 3.5f, 4, 5, -6 }, 2, 3))
+        using (var wt = w.Transpose(0, 1))
+        {
+            string dir = System.IO.Path.Combine(System.IO.Path.GetTempPath(), "flame-cs-st-" + System.Diagnostics.Process.GetCurrentProcess().Id);
+            System.IO.Directory.CreateDirectory(dir);
+            string path = System.IO.Path.Combine(dir, "m.safetensors");
+            SafetensorsFile.Save(ctx, path, new[] { "w", "wt" }, new[] { w, wt },
+                                 new Dictionary<string, string> { { "format", "pt" }, { "\u00e9t\u00e9", "\u2713" } });
+            using (var f = SafetensorsFile.Open(ctx, path))
+            {
+                Eq(string.Join(",", f.Names()), "w,wt", "names");
+                flame_dtype_t dt;
+                Eq(string.Join(",", f.Info("wt", out dt)), "3,2", "info shape");
+                Eq(dt, flame_dtype_t.FLAME_DTYPE_F32, "info dtype");
+                using (var got = f.Get("wt"))
+                    Close(got.ToFloatArray(), new float[] { 1, 4, -2, 5, 3.5f, -6 }, "values");
+                Eq(f.MetadataValue("\u00e9t\u00e9"), "\u2713", "metadata");
+                Eq(f.MetadataValue("absent"), null, "absent metadata");
+                Eq(f.Metadata().Length, 2, "metadata count");
+                Eq(Throws(() => f.Get("absent"), "absent").Status, flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "status");
+            }
+            Eq(Throws(() => SafetensorsFile.Open(ctx, System.IO.Path.Combine(dir, "missing")), "missing").Status,
+               flame_status_t.FLAME_ERROR_IO, "io status");
+            System.IO.Directory.Delete(dir, true);
+        }
+    }
+
     static int Main()
     {
         int failed = 0, passed = 0, skipped = 0;

@@ -95,6 +95,8 @@ class Context : public std::enable_shared_from_this<Context> {
 
   // ---- released tensor handles kept readable so that reuse is detected (see api/handles.cpp) ----
   std::deque<flame_tensor_s*> dead_handles;
+  // ---- released handles of other kinds (safetensors files, ...), kept readable the same way ----
+  std::deque<std::shared_ptr<void>> dead_objects;
 
   // ---- errors found by kernels in the data they read (indices out of range) ----
   // Kernels that check indices write the first bad one into a small device record

@@ -663,3 +663,55 @@ TEST(NullArguments, Dlpack) {
   EXPECT_EQ(out, nullptr);
   EXPECT_TRUE(contains(flame_last_error_message(), "flame_tensor_from_dlpack_versioned")) << flame_last_error_message();
 }
+
+// ============================== safetensors ==============================
+// Without a GPU there is no context, so these check the argument rules that come before any file
+// or device work: NULL handles and OUT pointers, OUT values cleared, the function named.
+
+TEST(NullArguments, Safetensors) {
+  flame_safetensors_release(nullptr);  // a no-op
+  flame_safetensors_t file = reinterpret_cast<flame_safetensors_t>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_safetensors_load(nullptr, "/nonexistent.safetensors", &file), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(file, nullptr) << "flame_safetensors_load must set *file to NULL on failure";
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_safetensors_load")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_safetensors_load(nullptr, nullptr, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+
+  int64_t count = 7;
+  FLAME_EXPECT_STATUS(flame_safetensors_count(nullptr, &count), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(count, 0);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_safetensors_count")) << flame_last_error_message();
+  count = 7;
+  FLAME_EXPECT_STATUS(flame_safetensors_metadata_count(nullptr, &count), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(count, 0);
+  FLAME_EXPECT_STATUS(flame_safetensors_count(nullptr, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+
+  const char* str = "sentinel";
+  FLAME_EXPECT_STATUS(flame_safetensors_name(nullptr, 0, &str), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(str, nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_safetensors_name")) << flame_last_error_message();
+  str = "sentinel";
+  FLAME_EXPECT_STATUS(flame_safetensors_metadata_key(nullptr, 0, &str), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(str, nullptr);
+  str = "sentinel";
+  FLAME_EXPECT_STATUS(flame_safetensors_metadata(nullptr, "k", &str), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(str, nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_safetensors_metadata")) << flame_last_error_message();
+
+  flame_dtype_t dt = FLAME_DTYPE_F32;
+  int64_t shape[FLAME_MAX_DIMS];
+  int32_t nd = 5;
+  FLAME_EXPECT_STATUS(flame_safetensors_info(nullptr, "w", &dt, shape, FLAME_MAX_DIMS, &nd), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(nd, 0);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_safetensors_info")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_safetensors_info(nullptr, "w", nullptr, shape, FLAME_MAX_DIMS, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+
+  flame_tensor_t out = sentinel_tensor();
+  FLAME_EXPECT_STATUS(flame_safetensors_get(nullptr, "w", &out), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(out, nullptr) << "flame_safetensors_get must set *out to NULL on failure";
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_safetensors_get")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_safetensors_get(nullptr, nullptr, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+
+  FLAME_EXPECT_STATUS(flame_safetensors_save(nullptr, "/tmp/x.safetensors", nullptr, nullptr, 0, nullptr, 0),
+                      FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_safetensors_save")) << flame_last_error_message();
+}

@@ -157,6 +157,19 @@ _SIGNATURES.update({
     "flame_rms_norm": (c_int, [H, P(i64), i32, H, f64, P(H)]),
     "flame_group_norm": (c_int, [H, i32, H, H, f64, i32, P(H)]),
     "flame_batch_norm": (c_int, [H, H, H, H, H, i32, f64, f64, P(H)]),
+
+# ---- safetensors (flame_safetensors_t is an opaque handle too) ----
+_SIGNATURES.update({
+    "flame_safetensors_load": (c_int, [H, ctypes.c_char_p, P(H)]),
+    "flame_safetensors_release": (None, [H]),
+    "flame_safetensors_count": (c_int, [H, P(i64)]),
+    "flame_safetensors_name": (c_int, [H, i64, P(ctypes.c_char_p)]),
+    "flame_safetensors_info": (c_int, [H, ctypes.c_char_p, P(c_int), P(i64), i32, P(i32)]),
+    "flame_safetensors_get": (c_int, [H, ctypes.c_char_p, P(H)]),
+    "flame_safetensors_metadata_count": (c_int, [H, P(i64)]),
+    "flame_safetensors_metadata_key": (c_int, [H, i64, P(ctypes.c_char_p)]),
+    "flame_safetensors_metadata": (c_int, [H, ctypes.c_char_p, P(ctypes.c_char_p)]),
+    "flame_safetensors_save": (c_int, [H, ctypes.c_char_p, P(ctypes.c_char_p), P(H), i64, P(ctypes.c_char_p), i64]),
 })
 
 

@@ -27,8 +27,10 @@
 
 pub mod sys;
 mod ops;
+mod safetensors;
 
 pub use ops::UNWRAPPED;
+pub use safetensors::{save_safetensors, SafetensorsFile};
 pub use sys::{DType, Status};
 
 use std::ffi::{CStr, CString};

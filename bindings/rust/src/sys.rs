@@ -268,6 +268,11 @@ pub struct flame_optimizer_s {
     _opaque: [u8; 0],
 }
 pub type flame_optimizer_t = *mut flame_optimizer_s;
+#[repr(C)]
+pub struct flame_safetensors_s {
+    _opaque: [u8; 0],
+}
+pub type flame_safetensors_t = *mut flame_safetensors_s;
 
 // ---- foreign structs, declared only (defined by their own headers, e.g. dlpack.h) ----
 #[repr(C)]
@@ -505,6 +510,16 @@ pub const SYMBOLS: &[&str] = &[
     "flame_tensor_from_dlpack",
     "flame_tensor_to_dlpack_versioned",
     "flame_tensor_from_dlpack_versioned",
+    "flame_safetensors_load",
+    "flame_safetensors_release",
+    "flame_safetensors_count",
+    "flame_safetensors_name",
+    "flame_safetensors_info",
+    "flame_safetensors_get",
+    "flame_safetensors_metadata_count",
+    "flame_safetensors_metadata_key",
+    "flame_safetensors_metadata",
+    "flame_safetensors_save",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -686,6 +701,16 @@ pub struct Api {
     pub flame_tensor_from_dlpack: unsafe extern "C" fn(ctx: flame_ctx_t, src: *mut DLManagedTensor, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_tensor_to_dlpack_versioned: unsafe extern "C" fn(t: flame_tensor_t, out: *mut *mut DLManagedTensorVersioned) -> flame_status_t,
     pub flame_tensor_from_dlpack_versioned: unsafe extern "C" fn(ctx: flame_ctx_t, src: *mut DLManagedTensorVersioned, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_safetensors_load: unsafe extern "C" fn(ctx: flame_ctx_t, path: *const c_char, file: *mut flame_safetensors_t) -> flame_status_t,
+    pub flame_safetensors_release: unsafe extern "C" fn(file: flame_safetensors_t),
+    pub flame_safetensors_count: unsafe extern "C" fn(file: flame_safetensors_t, count: *mut i64) -> flame_status_t,
+    pub flame_safetensors_name: unsafe extern "C" fn(file: flame_safetensors_t, index: i64, name: *mut *const c_char) -> flame_status_t,
+    pub flame_safetensors_info: unsafe extern "C" fn(file: flame_safetensors_t, name: *const c_char, dtype: *mut flame_dtype_t, shape: *mut i64, capacity: i32, ndim: *mut i32) -> flame_status_t,
+    pub flame_safetensors_get: unsafe extern "C" fn(file: flame_safetensors_t, name: *const c_char, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_safetensors_metadata_count: unsafe extern "C" fn(file: flame_safetensors_t, count: *mut i64) -> flame_status_t,
+    pub flame_safetensors_metadata_key: unsafe extern "C" fn(file: flame_safetensors_t, index: i64, key: *mut *const c_char) -> flame_status_t,
+    pub flame_safetensors_metadata: unsafe extern "C" fn(file: flame_safetensors_t, key: *const c_char, value: *mut *const c_char) -> flame_status_t,
+    pub flame_safetensors_save: unsafe extern "C" fn(ctx: flame_ctx_t, path: *const c_char, names: *const *const c_char, tensors: *const flame_tensor_t, n: i64, metadata_kv: *const *const c_char, n_metadata: i64) -> flame_status_t,
 }
 
 impl Api {
@@ -875,6 +900,16 @@ impl Api {
             flame_tensor_from_dlpack: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut DLManagedTensor, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_tensor_from_dlpack\0")?),
             flame_tensor_to_dlpack_versioned: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut *mut DLManagedTensorVersioned) -> flame_status_t>(resolve(b"flame_tensor_to_dlpack_versioned\0")?),
             flame_tensor_from_dlpack_versioned: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut DLManagedTensorVersioned, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_tensor_from_dlpack_versioned\0")?),
+            flame_safetensors_load: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, *mut flame_safetensors_t) -> flame_status_t>(resolve(b"flame_safetensors_load\0")?),
+            flame_safetensors_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t)>(resolve(b"flame_safetensors_release\0")?),
+            flame_safetensors_count: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, *mut i64) -> flame_status_t>(resolve(b"flame_safetensors_count\0")?),
+            flame_safetensors_name: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, i64, *mut *const c_char) -> flame_status_t>(resolve(b"flame_safetensors_name\0")?),
+            flame_safetensors_info: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, *const c_char, *mut flame_dtype_t, *mut i64, i32, *mut i32) -> flame_status_t>(resolve(b"flame_safetensors_info\0")?),
+            flame_safetensors_get: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, *const c_char, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_safetensors_get\0")?),
+            flame_safetensors_metadata_count: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, *mut i64) -> flame_status_t>(resolve(b"flame_safetensors_metadata_count\0")?),
+            flame_safetensors_metadata_key: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, i64, *mut *const c_char) -> flame_status_t>(resolve(b"flame_safetensors_metadata_key\0")?),
+            flame_safetensors_metadata: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, *const c_char, *mut *const c_char) -> flame_status_t>(resolve(b"flame_safetensors_metadata\0")?),
+            flame_safetensors_save: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, *const *const c_char, *const flame_tensor_t, i64, *const *const c_char, i64) -> flame_status_t>(resolve(b"flame_safetensors_save\0")?),
         })
     }
 }

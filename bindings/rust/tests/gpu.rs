@@ -227,3 +227,28 @@ fn training_loop_with_closure_hook() {
     assert!((w.item().unwrap() - 3.0).abs() < 0.05);
     assert!((b.item().unwrap() + 1.0).abs() < 0.05);
 }
+
+#[test]
+fn safetensors_roundtrip() {
+    let ctx = ctx_or_skip!();
+    let dir = std::env::temp_dir().join(format!("flame-rs-st-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("m.safetensors");
+    let w = Tensor::from_slice(&ctx, &[1.0f32, -2.0, 3.5, 4.0, 5.0, -6.0], &[2, 3]).unwrap();
+    let wt = w.transpose(0, 1).unwrap(); // non-contiguous: written row-major
+    let ids = Tensor::from_slice(&ctx, &[7i64, -8], &[2]).unwrap();
+    flame::save_safetensors(&ctx, &path, &[("w", &w), ("wt", &wt), ("ids", &ids)], &[("format", "pt")]).unwrap();
+    let f = flame::SafetensorsFile::open(&ctx, &path).unwrap();
+    assert_eq!(f.names().unwrap(), vec!["ids", "w", "wt"]);
+    assert_eq!(f.info("wt").unwrap(), (DType::F32, vec![3, 2]));
+    assert_eq!(f.get("wt").unwrap().to_vec::<f32>().unwrap(), vec![1.0, 4.0, -2.0, 5.0, 3.5, -6.0]);
+    assert_eq!(f.get("ids").unwrap().to_vec::<i64>().unwrap(), vec![7, -8]);
+    assert_eq!(f.metadata().unwrap(), vec![("format".to_string(), "pt".to_string())]);
+    assert_eq!(f.metadata_value("absent").unwrap(), None);
+    assert_eq!(f.get("absent").unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+    assert_eq!(f.get("a\0b").unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+    drop(f);
+    let e = flame::SafetensorsFile::open(&ctx, dir.join("missing")).err().unwrap();
+    assert_eq!(e.status, Status::ERROR_IO);
+    let _ = std::fs::remove_dir_all(&dir);
+}
