@@ -385,7 +385,7 @@ LinearResult host_linear(const HT& x, const HT& w, const HT* b, const HT& g, int
 Tol chain_tol(flame_dtype_t dt, int64_t K) {
   const double r = std::sqrt(static_cast<double>(std::max<int64_t>(K, 1)));
   switch (dt) {
-    case FLAME_DTYPE_F64: return {1e-9, 1e-10 * r};  // f64 tanh in gelu is not correctly rounded
+    case FLAME_DTYPE_F64: return {1e-7, 1e-9 * r};  // gelu's 1 + tanh(u) cancels for negative inputs
     case FLAME_DTYPE_F32: return {1e-4, 1e-5 * r};
     case FLAME_DTYPE_F16: return {4e-3, 3e-3 * r};
     default: return {2e-2, 2e-2 * r};

@@ -157,6 +157,7 @@ _SIGNATURES.update({
     "flame_rms_norm": (c_int, [H, P(i64), i32, H, f64, P(H)]),
     "flame_group_norm": (c_int, [H, i32, H, H, f64, i32, P(H)]),
     "flame_batch_norm": (c_int, [H, H, H, H, H, i32, f64, f64, P(H)]),
+})
 
 # ---- safetensors (flame_safetensors_t is an opaque handle too) ----
 _SIGNATURES.update({
