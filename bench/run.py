@@ -42,6 +42,15 @@ TDT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64"
 SIZE = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8}
 
 
+class OptimOptions(ctypes.Structure):
+    """flame_optimizer_options_t (include/flame.h)."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("kind", ctypes.c_int32), ("lr", ctypes.c_double),
+                ("weight_decay", ctypes.c_double), ("beta1", ctypes.c_double), ("beta2", ctypes.c_double),
+                ("eps", ctypes.c_double), ("momentum", ctypes.c_double), ("dampening", ctypes.c_double),
+                ("nesterov", ctypes.c_int32), ("amsgrad", ctypes.c_int32), ("maximize", ctypes.c_int32),
+                ("master_weights", ctypes.c_int32), ("stochastic_rounding", ctypes.c_int32)]
+
+
 class Flame:
     """The few FLAME calls the benchmark needs, on top of the parity harness's ctypes layer."""
 
@@ -231,6 +240,103 @@ class Bench:
         pair("transpose().contiguous()", f"{side}x{side}", "f32", lambda: fl.call("contiguous", ft),
              lambda: tm.t().contiguous(), 2 * nn * 4)
 
+    # ---------------------------------------------------------------- T1: fused NN kernels and AdamW
+    def tier1_nn(self):
+        fl, lib = self.fl, self.fl.lib
+        q = self.args.quick
+
+        def pair(op, shape, dt, ffn, tfn, bytes_, note=""):
+            self.add("T1", op, shape, dt, self.time_flame(ffn), self.time_torch(tfn), bytes_=bytes_, note=note)
+
+        R, C = (4096, 4096) if q else (8192, 8192)
+        fx, tx = fl.randn([R, C], "f32"), torch.randn(R, C, device="cuda")
+        pair("softmax(dim=-1)", f"{R}x{C}", "f32", lambda: fl.call("softmax", fx, -1), lambda: torch.softmax(tx, -1), 2 * R * C * 4)
+        for rows, width in ((16384, 768), (16384, 1024), (8192 if q else 16384, 4096), (2048, 16384)):
+            n = rows * width
+            x, w, b = fl.randn([rows, width], "f32"), fl.randn([width], "f32"), fl.randn([width], "f32")
+            g = fl.randn([rows, width], "f32")
+            tx_, tw, tb, tg = (torch.randn(rows, width, device="cuda"), torch.randn(width, device="cuda"),
+                               torch.randn(width, device="cuda"), torch.randn(rows, width, device="cuda"))
+            ns = (ctypes.c_int64 * 1)(width)
+            pair("layer_norm fwd", f"{rows}x{width}", "f32", lambda: fl.call("layer_norm", x, ns, 1, w, b, 1e-5),
+                 lambda: F.layer_norm(tx_, (width,), tw, tb), 2 * n * 4)
+            pair("rms_norm fwd", f"{rows}x{width}", "f32", lambda: fl.call("rms_norm", x, ns, 1, w, 1e-5),
+                 lambda: F.rms_norm(tx_, (width,), tw, eps=1e-5), 2 * n * 4)
+            lib.set_requires_grad(x, True)
+            tx_.requires_grad_(True)
+
+            def f_step():
+                y = fl.call("layer_norm", x, ns, 1, w, b, 1e-5)
+                lib.grad(fl.ctx, [y], [g], [x], 0)
+
+            def t_step():
+                y = F.layer_norm(tx_, (width,), tw, tb)
+                torch.autograd.grad([y], [tx_], [tg])
+
+            pair("layer_norm fwd+bwd(x)", f"{rows}x{width}", "f32", f_step, t_step, 5 * n * 4, "bytes: fwd 2, bwd 3 passes")
+        gx, tgx = fl.randn([32, 128, 64, 64], "f32"), torch.randn(32, 128, 64, 64, device="cuda")
+        gw, gb, tgw, tgb = fl.randn([128], "f32"), fl.randn([128], "f32"), torch.randn(128, device="cuda"), torch.randn(128, device="cuda")
+        n = 32 * 128 * 64 * 64
+        pair("group_norm fwd (32 groups)", "32x128x64x64", "f32", lambda: fl.call("group_norm", gx, 32, gw, gb, 1e-5, 0),
+             lambda: F.group_norm(tgx, 32, tgw, tgb), 2 * n * 4)
+        self.cross_entropy_row()
+        self.adamw_row()
+
+    def cross_entropy_row(self):
+        fl, lib = self.fl, self.fl.lib
+        N, C = (4096, 50304) if self.args.quick else (8192, 50304)
+        fx, tx = fl.randn([N, C], "f32"), torch.randn(N, C, device="cuda", requires_grad=True)
+        tgt_cpu = torch.randint(0, C, (N,), dtype=torch.int64)
+        shape = (ctypes.c_int64 * 1)(N)
+        out = fc.H()
+        lib.check(lib.raw.flame_from_host(fl.ctx, ctypes.c_void_p(tgt_cpu.data_ptr()), N * 8, shape, 1, 5, ctypes.byref(out)),
+                  "flame_from_host")
+        ft, tt = fc.Tensor(lib, out), tgt_cpu.cuda()
+        lib.set_requires_grad(fx, True)
+
+        def f_step():
+            loss = fl.call("cross_entropy", fx, ft, None, -100, 0.0, 1)
+            lib.grad(fl.ctx, [loss], [], [fx], 0)
+
+        def t_step():
+            loss = F.cross_entropy(tx, tt)
+            torch.autograd.grad([loss], [tx])
+
+        self.add("T1", "cross_entropy fwd+bwd", f"{N}x{C}", "f32", self.time_flame(f_step), self.time_torch(t_step),
+                 bytes_=3 * N * C * 4, note="bound: read logits twice, write grad")
+
+    def adamw_row(self):
+        """AdamW over 124M f32 parameters (GPT-2 small's count) vs torch.optim.AdamW(fused=True)."""
+        fl, lib = self.fl, self.fl.lib
+        sizes = [50304 * 768, 1024 * 768] + [768 * 2304, 768 * 768, 768 * 3072, 3072 * 768] * 12
+        total = sum(sizes)
+        fps, tps = [], []
+        for n in sizes:
+            p, g = fl.randn([n], "f32"), fl.randn([n], "f32")
+            lib.set_requires_grad(p, True)
+            lib.check(lib.raw.flame_tensor_set_grad(p.h, g.h), "flame_tensor_set_grad")
+            fps.append(p)
+            tp = torch.randn(n, device="cuda", requires_grad=True)
+            tp.grad = torch.randn(n, device="cuda")
+            tps.append(tp)
+        opts = OptimOptions()
+        raw = lib.raw
+        raw.flame_optimizer_options_init.argtypes = [ctypes.POINTER(OptimOptions), ctypes.c_int32]
+        raw.flame_optimizer_create.argtypes = [H, ctypes.POINTER(OptimOptions), ctypes.POINTER(H), ctypes.c_int64, ctypes.POINTER(H)]
+        raw.flame_optimizer_step.argtypes = [H]
+        raw.flame_optimizer_release.argtypes = [H]
+        raw.flame_optimizer_release.restype = None
+        lib.check(raw.flame_optimizer_options_init(ctypes.byref(opts), 2), "flame_optimizer_options_init")
+        arr = (H * len(fps))(*[p.h for p in fps])
+        opt = H()
+        lib.check(raw.flame_optimizer_create(fl.ctx, ctypes.byref(opts), arr, len(fps), ctypes.byref(opt)), "flame_optimizer_create")
+        topt = torch.optim.AdamW(tps, lr=1e-3, weight_decay=1e-2, fused=True)
+        f_ms = self.time_flame(lambda: lib.check(raw.flame_optimizer_step(opt), "flame_optimizer_step"), reps=10)
+        t_ms = self.time_torch(lambda: topt.step(), reps=10)
+        self.add("T1", "AdamW step (fused)", f"{total / 1e6:.0f}M params", "f32", f_ms, t_ms, bytes_=7 * 4 * total,
+                 note="bound: read p,g,m,v write p,m,v")
+        raw.flame_optimizer_release(opt)
+
     # ---------------------------------------------------------------- T2: matrix products
     def gemm_row(self, name, m, k, n, dt, ta=False, tb=False, fl=None, note=""):
         """C[m,n] = A[m,k] @ B[k,n]; ta/tb: the operand is a transposed view of a stored [k,m] / [n,k]."""
@@ -360,7 +466,7 @@ def main():
     b = Bench(args)
     b.measure_limits()
     tiers = args.tiers.split(",")
-    for t, fn in (("T0", b.tier0), ("T1", b.tier1), ("T2", b.tier2)):
+    for t, fn in (("T0", b.tier0), ("T1", b.tier1), ("T1", b.tier1_nn), ("T2", b.tier2)):
         if t in tiers:
             fn()
     b.finish()
