@@ -8,6 +8,7 @@
 #include <cmath>
 #include "autograd/graph.h"
 #include "core/error.h"
+#include "ops/indexing.h"
 #include "ops/loss.h"
 #include "ops/ops.h"
 
@@ -245,6 +246,21 @@ RULE(NllLoss) {  // -coef w_t at (r, target[r])
   return {to_dtype(where(hit, gx, like_scalar(s.wrow, 0)), dt)};
 }
 
+// ---- indexing (ops/indexing.h): gather and scatter-add are each other's adjoint ----
+RULE(Gather) {  // ints: dim, skip, zero_skip
+  const TensorInfo& in = n.inputs[0];
+  Tensor zero = zeros(g->ctx(), in.shape, in.dtype);
+  return {scatter_add_index(zero, static_cast<int>(n.ints[0]), saved(n, 0), g, n.ints[1], 1.0, "gather (backward): index")};
+}
+RULE(ScatterAdd) {  // ints: dim, skip; reals: alpha. The source's gradient reads 0 where it was skipped.
+  Tensor gs;
+  if (n.needs_input_grad(1)) {
+    gs = gather_index(g, static_cast<int>(n.ints[0]), saved(n, 0), n.ints[1], true, "scatter_add (backward): index");
+    if (s0(n) != 1.0) gs = mul_scalar(gs, s0(n));
+  }
+  return {n.needs_input_grad(0) ? g : nullptr, gs};
+}
+
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
 #define DIFF(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;
@@ -255,6 +271,7 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(Pow) DIFF(Maximum) DIFF(Minimum) DIFF(Where) DIFF(Cast) DIFF(Copy) DIFF(Reshape) DIFF(Permute)
   DIFF(Expand) DIFF(ViewSlice) DIFF(ViewScatter) DIFF(Cat) DIFF(Sum) DIFF(Prod) DIFF(Amax) DIFF(Amin) DIFF(CumSum)
   DIFF(CrossEntropy) DIFF(CrossEntropyProbs) DIFF(NllLoss)
+  DIFF(Gather) DIFF(ScatterAdd)
 #undef DIFF
   return r;
 }
