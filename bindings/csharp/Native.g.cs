@@ -89,6 +89,7 @@ namespace Flame.Interop
         public const int FLAME_ABI_VERSION = 1;
         public const int FLAME_MAX_DIMS = 8;
         public const int FLAME_DIM_ALL = -2147483648;
+        public const long FLAME_NO_PADDING = -9223372036854775808;
         public const uint FLAME_BACKWARD_RETAIN_GRAPH = 1;
         public const uint FLAME_BACKWARD_CREATE_GRAPH = 2;
         public const uint FLAME_GRAD_ALLOW_UNUSED = 4;
@@ -248,6 +249,13 @@ namespace Flame.Interop
             "flame_smooth_l1_loss",
             "flame_huber_loss",
             "flame_binary_cross_entropy_with_logits",
+            "flame_index_select",
+            "flame_gather",
+            "flame_scatter_add",
+            "flame_index_add",
+            "flame_masked_fill",
+            "flame_one_hot",
+            "flame_embedding",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -708,6 +716,27 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_binary_cross_entropy_with_logits", ExactSpelling = true)]
         public static extern flame_status_t flame_binary_cross_entropy_with_logits(IntPtr logits, IntPtr target, IntPtr weight, IntPtr pos_weight, flame_reduction_t reduction, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_index_select", ExactSpelling = true)]
+        public static extern flame_status_t flame_index_select(IntPtr t, int dim, IntPtr index, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_gather", ExactSpelling = true)]
+        public static extern flame_status_t flame_gather(IntPtr t, int dim, IntPtr index, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scatter_add", ExactSpelling = true)]
+        public static extern flame_status_t flame_scatter_add(IntPtr t, int dim, IntPtr index, IntPtr src, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_index_add", ExactSpelling = true)]
+        public static extern flame_status_t flame_index_add(IntPtr t, int dim, IntPtr index, IntPtr source, double alpha, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_masked_fill", ExactSpelling = true)]
+        public static extern flame_status_t flame_masked_fill(IntPtr t, IntPtr mask, double value, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_one_hot", ExactSpelling = true)]
+        public static extern flame_status_t flame_one_hot(IntPtr index, long num_classes, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_embedding", ExactSpelling = true)]
+        public static extern flame_status_t flame_embedding(IntPtr weight, IntPtr indices, long padding_idx, IntPtr* @out);
 
     }
 }

@@ -12,6 +12,7 @@ pub const FLAME_VERSION_PATCH: i32 = 0;
 pub const FLAME_ABI_VERSION: i32 = 1;
 pub const FLAME_MAX_DIMS: i32 = 8;
 pub const FLAME_DIM_ALL: i32 = -2147483648;
+pub const FLAME_NO_PADDING: i64 = -9223372036854775808;
 
 // ---- enums: C integer type, constants, and a newtype with associated constants ----
 // (a Rust enum would be undefined behaviour for values added by a newer library)
@@ -378,6 +379,13 @@ pub const SYMBOLS: &[&str] = &[
     "flame_smooth_l1_loss",
     "flame_huber_loss",
     "flame_binary_cross_entropy_with_logits",
+    "flame_index_select",
+    "flame_gather",
+    "flame_scatter_add",
+    "flame_index_add",
+    "flame_masked_fill",
+    "flame_one_hot",
+    "flame_embedding",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -535,6 +543,13 @@ pub struct Api {
     pub flame_smooth_l1_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, beta: f64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_huber_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, delta: f64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_binary_cross_entropy_with_logits: unsafe extern "C" fn(logits: flame_tensor_t, target: flame_tensor_t, weight: flame_tensor_t, pos_weight: flame_tensor_t, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_index_select: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_gather: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_scatter_add: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, src: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_index_add: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, source: flame_tensor_t, alpha: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_masked_fill: unsafe extern "C" fn(t: flame_tensor_t, mask: flame_tensor_t, value: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_one_hot: unsafe extern "C" fn(index: flame_tensor_t, num_classes: i64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_embedding: unsafe extern "C" fn(weight: flame_tensor_t, indices: flame_tensor_t, padding_idx: i64, out: *mut flame_tensor_t) -> flame_status_t,
 }
 
 impl Api {
@@ -700,6 +715,13 @@ impl Api {
             flame_smooth_l1_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_smooth_l1_loss\0")?),
             flame_huber_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_huber_loss\0")?),
             flame_binary_cross_entropy_with_logits: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_binary_cross_entropy_with_logits\0")?),
+            flame_index_select: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_index_select\0")?),
+            flame_gather: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_gather\0")?),
+            flame_scatter_add: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_scatter_add\0")?),
+            flame_index_add: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_index_add\0")?),
+            flame_masked_fill: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_masked_fill\0")?),
+            flame_one_hot: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_one_hot\0")?),
+            flame_embedding: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_embedding\0")?),
         })
     }
 }
