@@ -549,7 +549,8 @@ FLAME_API flame_status_t flame_scatter_add(flame_tensor_t t, int32_t dim, flame_
  * alpha finite, and whole for integer tensors. Gradients flow to t and source. */
 FLAME_API flame_status_t flame_index_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t source, double alpha,
                                          flame_tensor_t* out);
-/* value where mask (bool, broadcast to t's shape; it may not enlarge it) is true, t elsewhere. */
+/* value where mask (bool, broadcast to t's shape; it may not enlarge it) is true, t elsewhere.
+ * value must be finite for integer t. Differentiable with respect to t. */
 FLAME_API flame_status_t flame_masked_fill(flame_tensor_t t, flame_tensor_t mask, double value, flame_tensor_t* out);
 /* An i64 tensor of shape [index's shape..., num_classes] holding 1 where the last coordinate equals
  * the index value, else 0. num_classes: >= 1, or -1 for max(index) + 1 (this waits for the device).

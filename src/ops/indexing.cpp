@@ -223,8 +223,8 @@ Tensor ops::masked_fill(const Tensor& x, const Tensor& mask, double value) {
   FLAME_CHECK(mask->dtype == FLAME_DTYPE_BOOL, FLAME_ERROR_DTYPE_MISMATCH, op, ": mask must be bool, got ", dtype_name(mask->dtype));
   FLAME_CHECK(mask->ndim() <= x->ndim() && broadcast_shapes(x->shape, mask->shape) == x->shape, FLAME_ERROR_SHAPE_MISMATCH, op,
               ": mask of shape ", shape_str(mask->shape), " does not broadcast to the input's shape ", shape_str(x->shape));
-  FLAME_CHECK(!std::isnan(value) || is_floating(x->dtype), FLAME_ERROR_INVALID_ARGUMENT, op, ": NaN does not fit ",
-              dtype_name(x->dtype));
+  FLAME_CHECK(std::isfinite(value) || is_floating(x->dtype), FLAME_ERROR_INVALID_ARGUMENT, op, ": ", value,
+              " does not fit ", dtype_name(x->dtype));
   return where(mask, scalar(x->ctx(), value, x->dtype), x);
 }
 
