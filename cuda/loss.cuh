@@ -238,18 +238,20 @@ __global__ void ce_index_bwd(const T* __restrict__ x, const I* __restrict__ targ
     if (denom) coef /= *denom;
     const A wt = weight ? weight[t] : A(1);
     const A W = weight ? *wsum : static_cast<A>(C);
-    const A a = (static_cast<A>(1.0 - eps) * wt + static_cast<A>(eps / static_cast<double>(C)) * W) * coef;
-    const A bt = static_cast<A>(1.0 - eps) * wt * coef;
-    const A bs = static_cast<A>(eps / static_cast<double>(C)) * coef;
+    const A bt = static_cast<A>(1.0 - eps) * wt * coef;       // the one-hot part
+    const A bs = static_cast<A>(eps / static_cast<double>(C)) * coef;  // the uniform part, per unit weight
+    const A bW = bs * W;
+    const A a = bt + bW;
     const A l = lse[r];
     for_row<V, T, A>(x + r * C, C, grp, [&](i64 c, const A (&xs)[V]) {
       Vec<T, V> o;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const A p = l_exp(xs[k] - l);
-        // At the target p a - bt = (p - 1) bt + p (a - bt), with p - 1 from expm1: no cancellation when p -> 1.
-        A gv = c + k == t ? m_expm1(xs[k] - l) * bt + p * (a - bt) : p * a;
-        if (smooth) gv -= bs * (weight ? weight[c + k] : A(1));
+        const A w = smooth ? bs * (weight ? weight[c + k] : A(1)) : A(0);
+        // At the target p a - bt - w = (p - 1) bt + (p bW - w), with p - 1 from expm1: no cancellation
+        // when p -> 1 (and exactly 0 for C = 1).
+        const A gv = c + k == t ? m_expm1(xs[k] - l) * bt + (p * bW - w) : p * a - w;
         o.v[k] = cast<T>(gv);
       }
       *reinterpret_cast<Vec<T, V>*>(gr + c) = o;

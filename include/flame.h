@@ -795,6 +795,51 @@ FLAME_API flame_status_t flame_safetensors_save(flame_ctx_t ctx, const char* pat
                                                 const flame_tensor_t* tensors, int64_t n, const char* const* metadata_kv,
                                                 int64_t n_metadata);
 
+/* ============================== Indexing ============================== */
+/* Index tensors hold i64 or i32 values. They are checked on the device like class indices (see
+ * Losses): an index out of range makes its element NaN (0 for integer data) and is reported by the
+ * next call that synchronises, as FLAME_ERROR_INVALID_ARGUMENT naming the op, the index and its
+ * position. Data may have any strides; results are new contiguous tensors. Gradients flow to
+ * floating data, never to indices. Negative dims count from the end.
+ * Accumulation is not deterministic: flame_scatter_add, flame_index_add and the backward of
+ * flame_gather, flame_index_select and flame_embedding add with atomics, so floating results may
+ * differ in their last bits between runs (as PyTorch's CUDA index_add_ and scatter_add_);
+ * f16/bf16 accumulate in f32. */
+
+/* Pass as padding_idx to flame_embedding for no padding row. */
+#define FLAME_NO_PADDING (-9223372036854775807LL - 1)
+
+/* out[..., k, ...] = t[..., index[k], ...] along dim. index: 1-D (or 0-d), values in [0, size of
+ * dim). out has t's shape with size numel(index) along dim; t (any dtype) has at least one dim.
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (index not i64/i32), FLAME_ERROR_SHAPE_MISMATCH (index not
+ * 1-D), FLAME_ERROR_INVALID_ARGUMENT (dim out of range, 0-d t). */
+FLAME_API flame_status_t flame_index_select(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out);
+/* torch.gather: out has index's shape and out[i][j] = t[i][index[i][j]] for dim 1 (likewise for any
+ * dim). index has as many dims as t and no larger size than t on the other dims. Errors as
+ * flame_index_select (SHAPE_MISMATCH when index does not fit t). */
+FLAME_API flame_status_t flame_gather(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out);
+/* torch.scatter_add, out of place: out = t, then out[i][index[i][j]] += src[i][j] for dim 1
+ * (likewise for any dim). src has index's shape and t's dtype (floating, i32 or i64); index fits t
+ * as for flame_gather. Gradients flow to t and src. */
+FLAME_API flame_status_t flame_scatter_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src,
+                                           flame_tensor_t* out);
+/* torch.index_add, out of place: out = t, then out[..., index[k], ...] += alpha * source[..., k, ...].
+ * index: 1-D; source: t's shape with size numel(index) along dim and t's dtype (floating, i32, i64);
+ * alpha finite, and whole for integer tensors. Gradients flow to t and source. */
+FLAME_API flame_status_t flame_index_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t source, double alpha,
+                                         flame_tensor_t* out);
+/* value where mask (bool, broadcast to t's shape; it may not enlarge it) is true, t elsewhere.
+ * value must be finite for integer t. Differentiable with respect to t. */
+FLAME_API flame_status_t flame_masked_fill(flame_tensor_t t, flame_tensor_t mask, double value, flame_tensor_t* out);
+/* An i64 tensor of shape [index's shape..., num_classes] holding 1 where the last coordinate equals
+ * the index value, else 0. num_classes: >= 1, or -1 for max(index) + 1 (this waits for the device).
+ * Not differentiable. */
+FLAME_API flame_status_t flame_one_hot(flame_tensor_t index, int64_t num_classes, flame_tensor_t* out);
+/* Rows of weight [V, D] (any dtype) at indices (any shape, values in [0, V)): out has shape
+ * [indices' shape..., D]. padding_idx (in [-V, V); negative counts from the end) names a row whose
+ * gradient stays zero, as in PyTorch; FLAME_NO_PADDING for none. */
+FLAME_API flame_status_t flame_embedding(flame_tensor_t weight, flame_tensor_t indices, int64_t padding_idx, flame_tensor_t* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -123,6 +123,7 @@ namespace Flame.Interop
         public const int FLAME_ABI_VERSION = 1;
         public const int FLAME_MAX_DIMS = 8;
         public const int FLAME_DIM_ALL = -2147483648;
+        public const long FLAME_NO_PADDING = -9223372036854775808;
         public const uint FLAME_BACKWARD_RETAIN_GRAPH = 1;
         public const uint FLAME_BACKWARD_CREATE_GRAPH = 2;
         public const uint FLAME_GRAD_ALLOW_UNUSED = 4;
@@ -316,6 +317,13 @@ namespace Flame.Interop
             "flame_safetensors_metadata_key",
             "flame_safetensors_metadata",
             "flame_safetensors_save",
+            "flame_index_select",
+            "flame_gather",
+            "flame_scatter_add",
+            "flame_index_add",
+            "flame_masked_fill",
+            "flame_one_hot",
+            "flame_embedding",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -878,6 +886,27 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_save", ExactSpelling = true)]
         public static extern flame_status_t flame_safetensors_save(IntPtr ctx, string path, byte** names, IntPtr* tensors, long n, byte** metadata_kv, long n_metadata);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_index_select", ExactSpelling = true)]
+        public static extern flame_status_t flame_index_select(IntPtr t, int dim, IntPtr index, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_gather", ExactSpelling = true)]
+        public static extern flame_status_t flame_gather(IntPtr t, int dim, IntPtr index, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scatter_add", ExactSpelling = true)]
+        public static extern flame_status_t flame_scatter_add(IntPtr t, int dim, IntPtr index, IntPtr src, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_index_add", ExactSpelling = true)]
+        public static extern flame_status_t flame_index_add(IntPtr t, int dim, IntPtr index, IntPtr source, double alpha, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_masked_fill", ExactSpelling = true)]
+        public static extern flame_status_t flame_masked_fill(IntPtr t, IntPtr mask, double value, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_one_hot", ExactSpelling = true)]
+        public static extern flame_status_t flame_one_hot(IntPtr index, long num_classes, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_embedding", ExactSpelling = true)]
+        public static extern flame_status_t flame_embedding(IntPtr weight, IntPtr indices, long padding_idx, IntPtr* @out);
 
     }
 }

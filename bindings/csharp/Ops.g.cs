@@ -1286,6 +1286,91 @@ namespace Flame
             return new Tensor(o_out);
         }
 
+        /// <summary><c>flame_status_t flame_index_select(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor IndexSelect(int dim, Tensor index)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_index_select(Raw, dim, Tensor.RawOf(index), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(index);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_gather(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Gather(int dim, Tensor index)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_gather(Raw, dim, Tensor.RawOf(index), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(index);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_scatter_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor ScatterAdd(int dim, Tensor index, Tensor src)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_scatter_add(Raw, dim, Tensor.RawOf(index), Tensor.RawOf(src), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(index);
+            GC.KeepAlive(src);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_index_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t source, double alpha, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor IndexAdd(int dim, Tensor index, Tensor source, double alpha)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_index_add(Raw, dim, Tensor.RawOf(index), Tensor.RawOf(source), alpha, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(index);
+            GC.KeepAlive(source);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_masked_fill(flame_tensor_t t, flame_tensor_t mask, double value, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor MaskedFill(Tensor mask, double value)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_masked_fill(Raw, Tensor.RawOf(mask), value, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(mask);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_one_hot(flame_tensor_t index, int64_t num_classes, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor OneHot(long num_classes)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_one_hot(Raw, num_classes, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_embedding(flame_tensor_t weight, flame_tensor_t indices, int64_t padding_idx, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Embedding(Tensor indices, long padding_idx)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_embedding(Raw, Tensor.RawOf(indices), padding_idx, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(indices);
+            return new Tensor(o_out);
+        }
+
         /// <summary><c>flame_status_t flame_cat(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out)</c></summary>
         public static unsafe Tensor Cat(Tensor[] tensors, int dim)
         {

@@ -10,6 +10,7 @@
 #include "autograd/graph.h"
 #include "core/error.h"
 #include "ops/nn.h"
+#include "ops/indexing.h"
 #include "ops/loss.h"
 #include "ops/ops.h"
 
@@ -390,6 +391,21 @@ RULE(NllLoss) {  // -coef w_t at (r, target[r])
   return {to_dtype(where(hit, gx, like_scalar(s.wrow, 0)), dt)};
 }
 
+// ---- indexing (ops/indexing.h): gather and scatter-add are each other's adjoint ----
+RULE(Gather) {  // ints: dim, skip, zero_skip
+  const TensorInfo& in = n.inputs[0];
+  Tensor zero = zeros(g->ctx(), in.shape, in.dtype);
+  return {scatter_add_index(zero, static_cast<int>(n.ints[0]), saved(n, 0), g, n.ints[1], 1.0, "gather (backward): index")};
+}
+RULE(ScatterAdd) {  // ints: dim, skip; reals: alpha. The source's gradient reads 0 where it was skipped.
+  Tensor gs;
+  if (n.needs_input_grad(1)) {
+    gs = gather_index(g, static_cast<int>(n.ints[0]), saved(n, 0), n.ints[1], true, "scatter_add (backward): index");
+    if (s0(n) != 1.0) gs = mul_scalar(gs, s0(n));
+  }
+  return {n.needs_input_grad(0) ? g : nullptr, gs};
+}
+
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
 #define DIFF(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;
@@ -402,6 +418,7 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(Matmul) DIFF(Linear)
   DIFF(Softmax) DIFF(LogSoftmax) DIFF(LayerNorm) DIFF(RmsNorm) DIFF(GroupNorm) DIFF(BatchNorm)  // ops/nn.h
   DIFF(CrossEntropy) DIFF(CrossEntropyProbs) DIFF(NllLoss)
+  DIFF(Gather) DIFF(ScatterAdd)
 #undef DIFF
   return r;
 }

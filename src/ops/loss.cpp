@@ -156,7 +156,7 @@ Tensor ce_index(const Tensor& x, const Tensor& target, const Tensor& weight, int
   if (M > 0) {
     RowLaunch L = row_launch(M, C, T, {x->data()});
     uint32_t src = 0;
-    CUdeviceptr rec = ctx.device_error_record("cross_entropy: target", &src);
+    CUdeviceptr rec = ctx.device_error_record("cross_entropy: target index", &src);
     CUdeviceptr px = x->data(), pt = target->data(), pw = weight ? weight->data() : 0, ps = wsum ? wsum->data() : 0;
     CUdeviceptr pl = loss->data(), pr = wrow->data(), pe = lse->data();
     void* args[] = {&px, &pt, &pw, &ps, &M, &C, &ignore_index, &eps, &pl, &pr, &pe, &rec, &src};
@@ -278,7 +278,7 @@ Tensor ops::nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor
   Tensor loss = make_tensor(ctx, {M}, A), wrow = make_tensor(ctx, {M}, A);
   if (M > 0) {
     uint32_t src = 0;
-    CUdeviceptr rec = ctx.device_error_record("nll_loss: target", &src);
+    CUdeviceptr rec = ctx.device_error_record("nll_loss: target index", &src);
     CUdeviceptr px = x->data(), pt = t->data(), pw = w ? w->data() : 0, pl = loss->data(), pr = wrow->data();
     int64_t rs = x->strides[0], cs = x->strides[1];
     void* args[] = {&px, &rs, &cs, &pt, &pw, &M, &C, &ignore_index, &pl, &pr, &rec, &src};
@@ -336,7 +336,7 @@ Tensor ops::cross_entropy_backward(const LossSaved& s, const Tensor& g0) {
   if (M == 0) return grad;
   RowLaunch L = row_launch(M, C, T, {x->data(), grad->data()});
   uint32_t src = 0;
-  CUdeviceptr rec = ctx.device_error_record("cross_entropy: target", &src);
+  CUdeviceptr rec = ctx.device_error_record("cross_entropy: target index", &src);
   CUdeviceptr px = x->data(), pt = s.target->data(), pw = s.weight ? s.weight->data() : 0, ps = s.wsum ? s.wsum->data() : 0;
   CUdeviceptr pe = s.lse->data(), pg = g->data(), pd = s.denom ? s.denom->data() : 0, po = grad->data();
   double scale = 1.0, eps = s.eps;

@@ -129,6 +129,14 @@
   X(CrossEntropyProbs, cross_entropy_probs)    \
   X(NllLoss, nll_loss)
 
+// ---- indexing (src/ops/indexing.cpp, kernels in cuda/indexing.cuh) ----
+// The two recorded primitives, each the other's backward: X(Id, name). index_select, embedding
+// and index_add are these over a broadcast index; masked_fill is a where(); one_hot is not
+// differentiable and records nothing.
+#define FLAME_INDEXING_OPS(X) \
+  X(Gather, gather)           \
+  X(ScatterAdd, scatter_add)
+
 namespace flame {
 
 enum class OpId : int {
@@ -137,7 +145,7 @@ enum class OpId : int {
   FLAME_INTERNAL_UNARY_OPS(FLAME_OP_ENUM)
   FLAME_BINARY_OPS(FLAME_OP_ENUM) FLAME_INTERNAL_BINARY_OPS(FLAME_OP_ENUM) FLAME_STRUCTURAL_OPS(FLAME_OP_ENUM)
   FLAME_NN_OPS(FLAME_OP_ENUM) FLAME_NN_INTERNAL_OPS(FLAME_OP_ENUM)
-  FLAME_LOSS_OPS(FLAME_OP_ENUM)
+  FLAME_LOSS_OPS(FLAME_OP_ENUM) FLAME_INDEXING_OPS(FLAME_OP_ENUM)
 #undef FLAME_OP_ENUM
   Count
 };

@@ -213,7 +213,7 @@ void Context::check_device_error() {
   check(drv.cuMemsetD8Async(device_error_, 0, sizeof rec, stream), "cuMemsetD8Async");  // reported once
   std::string what = rec.source >= 1 && rec.source <= device_error_sources_.size()
                          ? device_error_sources_[rec.source - 1] : std::string("a kernel");
-  fail(FLAME_ERROR_INVALID_ARGUMENT, what, " index ", rec.value, " at position ", rec.position,
+  fail(FLAME_ERROR_INVALID_ARGUMENT, what, " ", rec.value, " at position ", rec.position,
        " is out of range [0, ", rec.limit, ") (found on the device by an earlier call, reported at this synchronisation; "
        "results computed from it are NaN)");
 }

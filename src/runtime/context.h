@@ -101,7 +101,7 @@ class Context : public std::enable_shared_from_this<Context> {
   // ---- errors found by kernels in the data they read (indices out of range) ----
   // Kernels that check indices write the first bad one into a small device record
   // (cuda/device_error.cuh); synchronize() reads it back and throws FLAME_ERROR_INVALID_ARGUMENT
-  // with `what` ("cross_entropy: target"), the index, its position and the valid range, then clears
+  // with `what` ("cross_entropy: target index"), the index, its position and the valid range, then clears
   // it, so the context stays usable. The record costs one 32-byte copy per synchronize, and only
   // after a checking kernel was launched.
   struct DeviceErrorRecord {  // mirrors cuda/device_error.cuh

@@ -715,3 +715,27 @@ TEST(NullArguments, Safetensors) {
                       FLAME_ERROR_INVALID_ARGUMENT);
   EXPECT_TRUE(contains(flame_last_error_message(), "flame_safetensors_save")) << flame_last_error_message();
 }
+
+// ============================== Indexing ==============================
+
+static_assert(FLAME_NO_PADDING == INT64_MIN, "FLAME_NO_PADDING is INT64_MIN");
+
+TEST(NullArguments, Indexing) {
+  flame_tensor_t t = nullptr;
+  const std::vector<OutCase> cases = {
+      {"flame_index_select", [=](flame_tensor_t* o) { return flame_index_select(t, 0, t, o); }},
+      {"flame_gather", [=](flame_tensor_t* o) { return flame_gather(t, 0, t, o); }},
+      {"flame_scatter_add", [=](flame_tensor_t* o) { return flame_scatter_add(t, 0, t, t, o); }},
+      {"flame_index_add", [=](flame_tensor_t* o) { return flame_index_add(t, 0, t, t, 1.0, o); }},
+      {"flame_masked_fill", [=](flame_tensor_t* o) { return flame_masked_fill(t, t, 0.0, o); }},
+      {"flame_one_hot", [=](flame_tensor_t* o) { return flame_one_hot(t, 3, o); }},
+      {"flame_embedding", [=](flame_tensor_t* o) { return flame_embedding(t, t, FLAME_NO_PADDING, o); }},
+  };
+  for (const OutCase& c : cases) {
+    flame_tensor_t out = sentinel_tensor();
+    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
+    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
+    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
+    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
+  }
+}

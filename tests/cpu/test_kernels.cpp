@@ -150,3 +150,12 @@ TEST_P(KernelCompile, Losses) {
   EXPECT_GT(names.size(), 60u);
   compile_all("loss.cuh", names, GetParam());
 }
+
+// ---- indexing (cuda/indexing.cuh, src/ops/indexing.cpp) ----
+#include "ops/indexing.h"
+
+TEST_P(KernelCompile, Indexing) {
+  auto names = flame::ops::indexing_instantiations();
+  EXPECT_GT(names.size(), 20u);
+  compile_all("indexing.cuh", names, GetParam());
+}

@@ -127,6 +127,17 @@ _SIGNATURES.update({
     "flame_huber_loss": (c_int, [H, H, f64, c_int, P(H)]),
     "flame_binary_cross_entropy_with_logits": (c_int, [H, H, H, H, c_int, P(H)]),
 })
+# ---- indexing (flame.h "Indexing")
+NO_PADDING = -2**63
+_SIGNATURES.update({
+    "flame_index_select": (c_int, [H, i32, H, P(H)]),
+    "flame_gather": (c_int, [H, i32, H, P(H)]),
+    "flame_scatter_add": (c_int, [H, i32, H, H, P(H)]),
+    "flame_index_add": (c_int, [H, i32, H, H, f64, P(H)]),
+    "flame_masked_fill": (c_int, [H, H, f64, P(H)]),
+    "flame_one_hot": (c_int, [H, i64, P(H)]),
+    "flame_embedding": (c_int, [H, H, i64, P(H)]),
+})
 
 
 # ---- DLPack exchange and the queries its tests use (DLManagedTensor pointers as void*)

@@ -356,6 +356,7 @@ def build_rows():
             cases, bf16=True)
     nn_rows()
     loss_rows()
+    indexing_rows()
     return ROWS
 
 
@@ -548,6 +549,47 @@ def loss_rows():
         "none", False, True)
     bce("bce_logits_row_weight_mean", [[I((3, 4), uni(-4, 4)), I((3, 4), uni(0, 1)), I((3, 1), uni(0.5, 2))]],
         "mean", True, False)
+
+
+# ---------------------------------------------------------------------------- indexing
+
+
+def indexing_rows():
+    """Rows of flame.h "Indexing" against torch. Indices travel as small integers in the row's dtype
+    (exact in bf16) and both sides convert them to i64; repeated indices exercise the accumulation."""
+    def index(fl, t):
+        return fl.call("to_dtype", t, fc.DTYPES["i64"])
+
+    row("index_select_dim0", lambda fl, x, dt: fl.call("index_select", x[0], 0, index(fl, x[1])),
+        lambda x, dt: torch.index_select(x[0], 0, x[1].long()), [[I((4, 5)), CONST((6,), ints(0, 3))]], bf16=True)
+    row("index_select_dim1_nc", lambda fl, x, dt: fl.call("index_select", x[0], 1, index(fl, x[1])),
+        lambda x, dt: torch.index_select(x[0], 1, x[1].long()), [[NC((3, 5)), CONST((7,), ints(0, 4))]])
+    row("gather_dim1", lambda fl, x, dt: fl.call("gather", x[0], 1, index(fl, x[1])),
+        lambda x, dt: torch.gather(x[0], 1, x[1].long()), [[I((3, 5)), CONST((3, 4), ints(0, 4))],
+                                                           [NC((4, 5)), CONST((2, 6), ints(0, 4))]], bf16=True)
+    row("gather_dim0_3d", lambda fl, x, dt: fl.call("gather", x[0], 0, index(fl, x[1])),
+        lambda x, dt: torch.gather(x[0], 0, x[1].long()), [[I((3, 2, 4)), CONST((5, 2, 3), ints(0, 2))]])
+    row("scatter_add_dim1", lambda fl, x, dt: fl.call("scatter_add", x[0], 1, index(fl, x[1]), x[2]),
+        lambda x, dt: torch.scatter_add(x[0], 1, x[1].long(), x[2]),
+        [[I((3, 5)), CONST((3, 4), ints(0, 4)), I((3, 4))], [NC((4, 3)), CONST((4, 6), ints(0, 2)), I((4, 6))]], bf16=True)
+    row("index_add_dim0", lambda fl, x, dt: fl.call("index_add", x[0], 0, index(fl, x[1]), x[2], 1.5),
+        lambda x, dt: torch.index_add(x[0], 0, x[1].long(), x[2], alpha=1.5),
+        [[I((5, 3)), CONST((4,), ints(0, 4)), I((4, 3))]], bf16=True)
+    row("index_add_dim1_nc", lambda fl, x, dt: fl.call("index_add", x[0], 1, index(fl, x[1]), x[2], -1.0),
+        lambda x, dt: torch.index_add(x[0], 1, x[1].long(), x[2], alpha=-1.0),
+        [[I((3, 4)), CONST((6,), ints(0, 3)), NC((3, 6))]])
+    row("embedding", lambda fl, x, dt: fl.call("embedding", x[0], index(fl, x[1]), fc.NO_PADDING),
+        lambda x, dt: F.embedding(x[1].long(), x[0]), [[I((7, 4)), CONST((2, 5), ints(0, 6))]], bf16=True)
+    row("embedding_padding_idx", lambda fl, x, dt: fl.call("embedding", x[0], index(fl, x[1]), 2),
+        lambda x, dt: F.embedding(x[1].long(), x[0], padding_idx=2), [[I((7, 4)), CONST((3, 4), ints(0, 3))]])
+    row("embedding_negative_padding_idx", lambda fl, x, dt: fl.call("embedding", x[0], index(fl, x[1]), -1),
+        lambda x, dt: F.embedding(x[1].long(), x[0], padding_idx=-1), [[I((5, 3)), CONST((6,), ints(2, 4))]])
+    row("masked_fill", lambda fl, x, dt: fl.call("masked_fill", x[0], x[1], 2.5),
+        lambda x, dt: x[0].masked_fill(x[1], 2.5), [[I((3, 4)), COND((3, 4))], [NC((3, 4)), COND((4,))]], bf16=True)
+    row("one_hot", lambda fl, x, dt: fl.call("one_hot", index(fl, x[0]), 5), lambda x, dt: F.one_hot(x[0].long(), 5),
+        [[CONST((2, 3), ints(0, 4))]], grad=False)
+    row("one_hot_inferred", lambda fl, x, dt: fl.call("one_hot", index(fl, x[0]), -1), lambda x, dt: F.one_hot(x[0].long()),
+        [[CONST((7,), ints(0, 6))]], grad=False)
 
 
 # ---------------------------------------------------------------------------- bridging

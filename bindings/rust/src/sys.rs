@@ -12,6 +12,7 @@ pub const FLAME_VERSION_PATCH: i32 = 0;
 pub const FLAME_ABI_VERSION: i32 = 1;
 pub const FLAME_MAX_DIMS: i32 = 8;
 pub const FLAME_DIM_ALL: i32 = -2147483648;
+pub const FLAME_NO_PADDING: i64 = -9223372036854775808;
 
 // ---- enums: C integer type, constants, and a newtype with associated constants ----
 // (a Rust enum would be undefined behaviour for values added by a newer library)
@@ -520,6 +521,13 @@ pub const SYMBOLS: &[&str] = &[
     "flame_safetensors_metadata_key",
     "flame_safetensors_metadata",
     "flame_safetensors_save",
+    "flame_index_select",
+    "flame_gather",
+    "flame_scatter_add",
+    "flame_index_add",
+    "flame_masked_fill",
+    "flame_one_hot",
+    "flame_embedding",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -711,6 +719,13 @@ pub struct Api {
     pub flame_safetensors_metadata_key: unsafe extern "C" fn(file: flame_safetensors_t, index: i64, key: *mut *const c_char) -> flame_status_t,
     pub flame_safetensors_metadata: unsafe extern "C" fn(file: flame_safetensors_t, key: *const c_char, value: *mut *const c_char) -> flame_status_t,
     pub flame_safetensors_save: unsafe extern "C" fn(ctx: flame_ctx_t, path: *const c_char, names: *const *const c_char, tensors: *const flame_tensor_t, n: i64, metadata_kv: *const *const c_char, n_metadata: i64) -> flame_status_t,
+    pub flame_index_select: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_gather: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_scatter_add: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, src: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_index_add: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, source: flame_tensor_t, alpha: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_masked_fill: unsafe extern "C" fn(t: flame_tensor_t, mask: flame_tensor_t, value: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_one_hot: unsafe extern "C" fn(index: flame_tensor_t, num_classes: i64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_embedding: unsafe extern "C" fn(weight: flame_tensor_t, indices: flame_tensor_t, padding_idx: i64, out: *mut flame_tensor_t) -> flame_status_t,
 }
 
 impl Api {
@@ -910,6 +925,13 @@ impl Api {
             flame_safetensors_metadata_key: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, i64, *mut *const c_char) -> flame_status_t>(resolve(b"flame_safetensors_metadata_key\0")?),
             flame_safetensors_metadata: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, *const c_char, *mut *const c_char) -> flame_status_t>(resolve(b"flame_safetensors_metadata\0")?),
             flame_safetensors_save: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, *const *const c_char, *const flame_tensor_t, i64, *const *const c_char, i64) -> flame_status_t>(resolve(b"flame_safetensors_save\0")?),
+            flame_index_select: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_index_select\0")?),
+            flame_gather: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_gather\0")?),
+            flame_scatter_add: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_scatter_add\0")?),
+            flame_index_add: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_index_add\0")?),
+            flame_masked_fill: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_masked_fill\0")?),
+            flame_one_hot: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_one_hot\0")?),
+            flame_embedding: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_embedding\0")?),
         })
     }
 }
