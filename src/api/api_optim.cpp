@@ -138,14 +138,20 @@ FLAME_API flame_status_t flame_optimizer_step_count(flame_optimizer_t o, int64_t
   });
 }
 
+// A released optimizer frees its state at once; the emptied handle is parked in the context's
+// dead_objects (as tensors and safetensors files), so passing it again is FLAME_ERROR_INVALID_HANDLE.
 FLAME_API void flame_optimizer_release(flame_optimizer_t o) {
-  if (!o || o->magic != kOptimMagic) return;
+  if (!o || o->magic != kOptimMagic || !o->opt) return;
   std::shared_ptr<Context> keep = o->opt->ctx().shared_from_this();
   std::lock_guard<std::recursive_mutex> lock(keep->mutex);
   keep->bind();
   o->magic = kDeadMagic;
   o->opt.reset();
-  delete o;
+  try {
+    keep->dead_objects.push_back(std::shared_ptr<flame_optimizer_s>(o));
+    if (keep->dead_objects.size() > 4096) keep->dead_objects.pop_front();
+  } catch (...) {  // out of host memory: shared_ptr's constructor deleted the handle
+  }
 }
 
 FLAME_API flame_status_t flame_clip_grad_norm(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double max_norm,

@@ -542,12 +542,13 @@ def loss_rows():
         row(name, ffn, tfn, cases, **k)
 
     bce("bce_logits_mean", [[I((3, 4), uni(-4, 4)), I((3, 4), uni(0, 1))]], "mean", False, False, bf16=True)
-    bce("bce_logits_weights_sum", [[I((3, 4), uni(-4, 4)), I((3, 4), uni(0, 1)), I((3, 4), uni(0.5, 2)),
-                                    I((4,), uni(0.5, 3))]], "sum", True, True)
-    bce("bce_logits_pos_weight_none", [[NC((4, 3), uni(-4, 4)), I((4, 3), uni(0, 1)), I((3,), uni(0.5, 3))],
-                                       [I((2, 3), uni(-30, 30)), I((2, 3), uni(0, 1)), I((3,), uni(0.5, 3))]],
+    # torch refuses gradients for weight and pos_weight: they are constants here (FLAME would differentiate them)
+    bce("bce_logits_weights_sum", [[I((3, 4), uni(-4, 4)), I((3, 4), uni(0, 1)), CONST((3, 4), uni(0.5, 2)),
+                                    CONST((4,), uni(0.5, 3))]], "sum", True, True)
+    bce("bce_logits_pos_weight_none", [[NC((4, 3), uni(-4, 4)), I((4, 3), uni(0, 1)), CONST((3,), uni(0.5, 3))],
+                                       [I((2, 3), uni(-30, 30)), I((2, 3), uni(0, 1)), CONST((3,), uni(0.5, 3))]],
         "none", False, True)
-    bce("bce_logits_row_weight_mean", [[I((3, 4), uni(-4, 4)), I((3, 4), uni(0, 1)), I((3, 1), uni(0.5, 2))]],
+    bce("bce_logits_row_weight_mean", [[I((3, 4), uni(-4, 4)), I((3, 4), uni(0, 1)), CONST((3, 1), uni(0.5, 2))]],
         "mean", True, False)
 
 
