@@ -142,15 +142,18 @@ class Args {
     return live_st(ctx_, true);
   }
   // The path of a valid safetensors file (valid_st_file()) / of a file to write, in Args' own
-  // temporary directory (removed with its contents in finish()).
+  // temporary directory (removed with its contents in finish()). Cpu: a path never opened (the
+  // context is garbage or NULL), so that the CPU test and the fuzzer touch no files.
   const char* st_path(const char* name) {
     nullable(name);
     if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return "/nonexistent/flame_argm/valid.safetensors";
     return keep_string(valid_st_file());
   }
   const char* out_path(const char* name) {
     nullable(name);
     if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return "/nonexistent/flame_argm/out.safetensors";
     return keep_string(tmp_dir() + "/out.safetensors");
   }
   // A tensor the call retains (flame_tensor_retain): the extra reference is dropped after success.
