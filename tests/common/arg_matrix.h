@@ -17,8 +17,18 @@
 // Row kinds: FLAME_ARG_ROW (returns flame_status_t), FLAME_ARG_VOID (void functions that accept
 // NULL: *_release / *_destroy / *_remove / flame_set_error_message), FLAME_ARG_PURE (no pointer
 // arguments; the expression must hold, e.g. a static string for an out-of-range value).
+//
+// Handle kinds: contexts, tensors, optimizers (a.opt: Live, an SGD optimizer over one parameter
+// with a .grad) and safetensors files (a.st: Live, a small valid file that Args writes into its own
+// temporary directory, so no row needs a GPU to make it). A released optimizer is freed at once
+// (flame.h promises no detection, unlike tensors, contexts and safetensors files), so the
+// released sweep skips optimizer handles (ArgInfo::detects_released) rather than pass freed memory.
 #pragma once
+#include <dirent.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -36,7 +46,8 @@ enum class Bad { None, Garbage, Released, Foreign };
 struct Spec {
   std::vector<int64_t> shape{2, 3};
   flame_dtype_t dtype = FLAME_DTYPE_F32;
-  enum Role { Plain, GradLeaf, Loss, LossLeaf } role = Plain;
+  // Param: a leaf that requires grad and has a .grad of ones (optimizers and gradient clipping).
+  enum Role { Plain, GradLeaf, Loss, LossLeaf, Param } role = Plain;
 };
 inline Spec sp(std::vector<int64_t> shape = {2, 3}, flame_dtype_t d = FLAME_DTYPE_F32) {
   Spec s;
@@ -49,6 +60,7 @@ inline Spec grad_leaf() { Spec s; s.role = Spec::GradLeaf; return s; }
 // A 0-d loss sum(leaf * leaf) of a 2x3 leaf that requires grad; loss_leaf() is that leaf.
 inline Spec loss() { Spec s; s.shape = {}; s.role = Spec::Loss; return s; }
 inline Spec loss_leaf() { Spec s; s.role = Spec::LossLeaf; return s; }
+inline Spec param() { Spec s; s.role = Spec::Param; return s; }
 
 // What one argument was, recorded in call order.
 struct ArgInfo {
@@ -56,6 +68,7 @@ struct ArgInfo {
   bool nullable = false;  // a pointer the sweeps set to NULL
   bool handle = false;    // a handle the sweeps make garbage / released / foreign
   bool is_ctx = false;
+  bool detects_released = true;  // a released handle of this kind is reported (not an optimizer)
 };
 
 // Hooks the GPU driver installs so that rows can hand out DLPack tensors without this header
@@ -100,6 +113,49 @@ class Args {
     return ctx_;
   }
   flame_tensor_t t(const char* name, Spec s = Spec()) { return tensor(name, s, true); }
+  // An optimizer (Live: SGD over one param(); Released is never produced, see detects_released).
+  flame_optimizer_t opt(const char* name) {
+    int h = handle_index(name, true, false);
+    args.back().detects_released = false;
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_optimizer_t>(garbage());
+    if (bad_now(h)) {
+      if (bad == Bad::Foreign) return live_optimizer(ctx2_, true);
+      return reinterpret_cast<flame_optimizer_t>(garbage());  // never a freed handle
+    }
+    return live_optimizer(ctx_, true);
+  }
+  // An open safetensors file (Live: valid_st_file() loaded on the context).
+  flame_safetensors_t st(const char* name) {
+    int h = handle_index(name, true, false);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_safetensors_t>(garbage());
+    if (bad_now(h)) {
+      if (bad == Bad::Foreign) return live_st(ctx2_, true);
+      if (bad == Bad::Released) {  // released: parked by its context, detectably dead
+        flame_safetensors_t f = live_st(ctx_, false);
+        flame_safetensors_release(f);
+        return f;
+      }
+      return reinterpret_cast<flame_safetensors_t>(garbage());
+    }
+    return live_st(ctx_, true);
+  }
+  // The path of a valid safetensors file (valid_st_file()) / of a file to write, in Args' own
+  // temporary directory (removed with its contents in finish()). Cpu: a path never opened (the
+  // context is garbage or NULL), so that the CPU test and the fuzzer touch no files.
+  const char* st_path(const char* name) {
+    nullable(name);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return "/nonexistent/flame_argm/valid.safetensors";
+    return keep_string(valid_st_file());
+  }
+  const char* out_path(const char* name) {
+    nullable(name);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return "/nonexistent/flame_argm/out.safetensors";
+    return keep_string(tmp_dir() + "/out.safetensors");
+  }
   // A tensor the call retains (flame_tensor_retain): the extra reference is dropped after success.
   flame_tensor_t t_retained(const char* name) {
     flame_tensor_t x = tensor(name, Spec(), true);
@@ -139,10 +195,20 @@ class Args {
   }
   // An OUT pointer that may be NULL by contract (flame_ctx_set_grad_enabled's previous).
   template <class T>
-  T* opt_out(const char*) {
+  T* opt_out(const char*, size_t n = 1) {
     if (mode_ == Mode::Probe) return nullptr;
-    return static_cast<T*>(scratch(sizeof(T)));
+    return static_cast<T*>(scratch(n * sizeof(T)));
   }
+  // An OUT tensor that may be NULL by contract (flame_clip_grad_norm's total_norm): never NULLed,
+  // but checked for NULL after a failure and released after success.
+  flame_tensor_t* opt_out_t(const char* name) {
+    if (mode_ == Mode::Probe) return nullptr;
+    return slot<flame_tensor_t>(name, OutKind::Tensor);
+  }
+  // A borrowed string OUT (safetensors names, keys, values): NULL after a failure, never freed.
+  const char** out_str(const char* name) { return out_slot<const char*>(name, OutKind::None); }
+  flame_optimizer_t* out_opt(const char* name) { return out_slot<flame_optimizer_t>(name, OutKind::Opt); }
+  flame_safetensors_t* out_st(const char* name) { return out_slot<flame_safetensors_t>(name, OutKind::St); }
 
   // ---- plain inputs ----
   template <class T>
@@ -176,6 +242,12 @@ class Args {
     auto* o = static_cast<flame_ctx_options_t*>(scratch(sizeof(flame_ctx_options_t)));
     flame_ctx_options_init(o);
     o->kernel_cache_dir = "";
+    return o;
+  }
+  // Optimizer options filled with the defaults of kind.
+  const flame_optimizer_options_t* optim_opts(const char* name, int32_t kind = FLAME_OPTIMIZER_SGD) {
+    flame_optimizer_options_t* o = out<flame_optimizer_options_t>(name);
+    if (o) flame_optimizer_options_init(o, kind);
     return o;
   }
   flame_memory_stats_t* stats(const char* name) {
@@ -235,6 +307,21 @@ class Args {
     return c;
   }
   flame_hook_t release_hook(const char* name);  // defined below (needs the hook functions)
+  flame_optimizer_t release_opt(const char* name) {  // no takes_released: a released one is freed
+    nullable(name);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_optimizer_t>(garbage());
+    return live_optimizer(ctx_, false);
+  }
+  flame_safetensors_t release_st(const char* name) {
+    takes_released = true;
+    nullable(name);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_safetensors_t>(garbage());
+    flame_safetensors_t f = live_st(ctx_, false);
+    if (bad == Bad::Released) flame_safetensors_release(f);
+    return f;
+  }
 
   // ---- after the call ----
   // Checks the out slots of a failed call; returns the names of slots not set to NULL.
@@ -265,7 +352,7 @@ class Args {
   Mode mode() const { return mode_; }
 
  private:
-  enum class OutKind { None, Tensor, Ctx, Hook, Dl, Dlv };
+  enum class OutKind { None, Tensor, Ctx, Hook, Dl, Dlv, Opt, St };
   struct OutSlot {
     OutKind kind;
     void** slot;
@@ -301,10 +388,15 @@ class Args {
   P* out_slot(const char* name, OutKind kind) {
     nullable(name);
     if (null_now() || mode_ == Mode::Probe) return nullptr;
+    return slot<P>(name, kind);
+  }
+  template <class P>
+  P* slot(const char* name, OutKind kind) {
     P* p = static_cast<P*>(scratch(sizeof(P)));
     *p = reinterpret_cast<P>(static_cast<uintptr_t>(0x40));  // a failing call must overwrite it
-    out_slots.emplace_back(name, reinterpret_cast<void**>(p));
-    outs_.push_back({kind, reinterpret_cast<void**>(p)});
+    void** as_void = static_cast<void**>(static_cast<void*>(p));  // P is a pointer type
+    out_slots.emplace_back(name, as_void);
+    outs_.push_back({kind, as_void});
     return p;
   }
 
@@ -357,6 +449,66 @@ class Args {
   };
   Graph& graph(flame_ctx_t c);
 
+  // An SGD optimizer on c over one param() (kept: released in finish).
+  flame_optimizer_t live_optimizer(flame_ctx_t c, bool keep) {
+    flame_optimizer_options_t o;
+    if (flame_optimizer_options_init(&o, FLAME_OPTIMIZER_SGD) != FLAME_OK) return nullptr;
+    flame_tensor_t p = live_tensor(c, param());
+    flame_optimizer_t opt = nullptr;
+    if (flame_optimizer_create(c, &o, &p, 1, &opt) != FLAME_OK) return nullptr;
+    if (keep) opts_.push_back(opt);
+    return opt;
+  }
+  flame_safetensors_t live_st(flame_ctx_t c, bool keep) {
+    flame_safetensors_t f = nullptr;
+    if (flame_safetensors_load(c, valid_st_file().c_str(), &f) != FLAME_OK) return nullptr;
+    if (keep) files_.push_back(f);
+    return f;
+  }
+  // A valid safetensors file with tensor "x" (F32 [2, 3], ones) and metadata {"format": "pt"}.
+  std::string valid_st_file() {
+    const std::string path = tmp_dir() + "/valid.safetensors";
+    if (!st_written_) {
+      const std::string json =
+          "{\"__metadata__\":{\"format\":\"pt\"},\"x\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]}}";
+      std::string bytes;
+      for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>(static_cast<uint64_t>(json.size()) >> (8 * i)));
+      bytes += json;
+      const float one = 1.0f;  // little-endian hosts only, as FLAME
+      for (int i = 0; i < 6; ++i) bytes.append(reinterpret_cast<const char*>(&one), sizeof one);
+      if (FILE* f = std::fopen(path.c_str(), "wb")) {
+        st_written_ = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+        st_written_ = std::fclose(f) == 0 && st_written_;
+      }
+    }
+    return path;
+  }
+  std::string tmp_dir() {
+    if (tmp_dir_.empty()) {
+      const char* base = std::getenv("TMPDIR");
+      std::string tmpl = std::string(base && *base ? base : "/tmp") + "/flame_argm_XXXXXX";
+      if (mkdtemp(&tmpl[0])) tmp_dir_ = tmpl;
+    }
+    return tmp_dir_;
+  }
+  void remove_tmp_dir() {  // the files rows wrote (and any a failed save left behind), then the dir
+    if (tmp_dir_.empty()) return;
+    if (DIR* d = opendir(tmp_dir_.c_str())) {
+      while (dirent* e = readdir(d)) {
+        const std::string n = e->d_name;
+        if (n != "." && n != "..") std::remove((tmp_dir_ + "/" + n).c_str());
+      }
+      closedir(d);
+    }
+    rmdir(tmp_dir_.c_str());
+    tmp_dir_.clear();
+  }
+  const char* keep_string(const std::string& s) {
+    char* p = static_cast<char*>(scratch(s.size() + 1));
+    std::memcpy(p, s.c_str(), s.size() + 1);
+    return p;
+  }
+
   Mode mode_;
   flame_ctx_t ctx_, ctx2_;
   const DlpackHooks* dl_;
@@ -367,6 +519,10 @@ class Args {
   std::vector<OutSlot> outs_;
   std::vector<std::pair<flame_ctx_t, Graph>> graphs_;
   std::vector<flame_tensor_t> release_on_ok_;
+  std::vector<flame_optimizer_t> opts_;
+  std::vector<flame_safetensors_t> files_;
+  std::string tmp_dir_;
+  bool st_written_ = false;
   struct DLManagedTensor* dl_in_ = nullptr;
   struct DLManagedTensorVersioned* dlv_in_ = nullptr;
   bool finished_ = false;
@@ -385,7 +541,13 @@ inline flame_tensor_t Args::live_tensor(flame_ctx_t c, const Spec& s) {
   flame_tensor_t t = nullptr;
   if (flame_full(c, s.shape.data(), static_cast<int32_t>(s.shape.size()), s.dtype, 1.0, &t) != FLAME_OK) return nullptr;
   owned_.push_back(t);
-  if (s.role == Spec::GradLeaf) flame_tensor_set_requires_grad(t, 1);
+  if (s.role == Spec::GradLeaf || s.role == Spec::Param) flame_tensor_set_requires_grad(t, 1);
+  if (s.role == Spec::Param) {
+    flame_tensor_t g = nullptr;
+    if (flame_full(c, s.shape.data(), static_cast<int32_t>(s.shape.size()), s.dtype, 1.0, &g) != FLAME_OK) return t;
+    owned_.push_back(g);
+    flame_tensor_set_grad(t, g);
+  }
   return t;
 }
 
@@ -428,6 +590,8 @@ inline void Args::finish(flame_status_t status) {
       case OutKind::Hook: flame_hook_remove(static_cast<flame_hook_t>(v)); break;
       case OutKind::Dl: if (dl_ && dl_->free_dl) dl_->free_dl(static_cast<struct DLManagedTensor*>(v)); break;
       case OutKind::Dlv: if (dl_ && dl_->free_dlv) dl_->free_dlv(static_cast<struct DLManagedTensorVersioned*>(v)); break;
+      case OutKind::Opt: flame_optimizer_release(static_cast<flame_optimizer_t>(v)); break;
+      case OutKind::St: flame_safetensors_release(static_cast<flame_safetensors_t>(v)); break;
       case OutKind::None: break;
     }
   }
@@ -440,8 +604,13 @@ inline void Args::finish(flame_status_t status) {
   }
   if (status == FLAME_OK)
     for (flame_tensor_t t : release_on_ok_) flame_tensor_release(t);
+  for (flame_optimizer_t o : opts_) flame_optimizer_release(o);
+  opts_.clear();
+  for (flame_safetensors_t f : files_) flame_safetensors_release(f);
+  files_.clear();
   for (auto it = owned_.rbegin(); it != owned_.rend(); ++it) flame_tensor_release(*it);
   owned_.clear();
+  remove_tmp_dir();
 }
 
 // ---- the registry ----
