@@ -20,9 +20,8 @@
 //
 // Handle kinds: contexts, tensors, optimizers (a.opt: Live, an SGD optimizer over one parameter
 // with a .grad) and safetensors files (a.st: Live, a small valid file that Args writes into its own
-// temporary directory, so no row needs a GPU to make it). A released optimizer is freed at once
-// (flame.h promises no detection, unlike tensors, contexts and safetensors files), so the
-// released sweep skips optimizer handles (ArgInfo::detects_released) rather than pass freed memory.
+// temporary directory, so no row needs a GPU to make it). Released optimizers and files are parked
+// by their context like tensors, so the released sweep covers every handle kind.
 #pragma once
 #include <dirent.h>
 #include <stdlib.h>
@@ -113,15 +112,19 @@ class Args {
     return ctx_;
   }
   flame_tensor_t t(const char* name, Spec s = Spec()) { return tensor(name, s, true); }
-  // An optimizer (Live: SGD over one param(); Released is never produced, see detects_released).
+  // An optimizer (Live: SGD over one param()).
   flame_optimizer_t opt(const char* name) {
     int h = handle_index(name, true, false);
-    args.back().detects_released = false;
     if (null_now() || mode_ == Mode::Probe) return nullptr;
     if (mode_ == Mode::Cpu) return reinterpret_cast<flame_optimizer_t>(garbage());
     if (bad_now(h)) {
       if (bad == Bad::Foreign) return live_optimizer(ctx2_, true);
-      return reinterpret_cast<flame_optimizer_t>(garbage());  // never a freed handle
+      if (bad == Bad::Released) {  // released: parked by its context, detectably dead
+        flame_optimizer_t o = live_optimizer(ctx_, false);
+        flame_optimizer_release(o);
+        return o;
+      }
+      return reinterpret_cast<flame_optimizer_t>(garbage());
     }
     return live_optimizer(ctx_, true);
   }
