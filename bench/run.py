@@ -427,6 +427,9 @@ class Bench:
 
 
 def git_commit():
+    """FLAME_COMMIT (set it where the tree was copied without its git history, as on the device), else git."""
+    if os.environ.get("FLAME_COMMIT"):
+        return os.environ["FLAME_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip() or "unknown"
     except OSError:
