@@ -44,54 +44,48 @@ __global__ void optim_step(const OptimTensor* tensors, const OptimChunk* chunks,
   const OptimChunk ck = chunks[blockIdx.x];
   const OptimTensor t = tensors[ck.tensor];
   const i64 end = ck.start + chunk < t.numel ? ck.start + chunk : t.numel;
-  P* __restrict__ param = reinterpret_cast<P*>(t.param);
-  const P* __restrict__ grad = reinterpret_cast<const P*>(t.grad);
-  C* __restrict__ m = reinterpret_cast<C*>(t.m);
-  C* __restrict__ v = reinterpret_cast<C*>(t.v);
-  C* __restrict__ vmax = reinterpret_cast<C*>(t.vmax);
-  C* __restrict__ master = reinterpret_cast<C*>(t.master);
+  P* param = reinterpret_cast<P*>(t.param);
+  const P* grad = reinterpret_cast<const P*>(t.grad);
+  C* m = reinterpret_cast<C*>(t.m);
+  C* v = reinterpret_cast<C*>(t.v);
+  C* vmax = reinterpret_cast<C*>(t.vmax);
+  C* master = reinterpret_cast<C*>(t.master);
   const C lr = C(h.lr), b1 = C(h.beta1), b2 = C(h.beta2), eps = C(h.eps), wd = C(h.weight_decay);
   const int kind = static_cast<int>(h.kind), flags = static_cast<int>(h.flags);
-  constexpr int kUnroll = 4;  // four independent elements per thread in flight: memory-level parallelism
-  for (i64 base = ck.start + threadIdx.x; base < end; base += kUnroll * static_cast<i64>(blockDim.x)) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const i64 i = base + u * static_cast<i64>(blockDim.x);
-      if (i >= end) break;
-      C w = master ? master[i] : to_compute(param[i]);
-      C g = to_compute(grad[i]);
-      if (flags & kMaximize) g = -g;
-      if (kind == kSgd) {  // torch.optim.SGD
-        if (wd != C(0)) g += wd * w;
-        if (flags & kHasMomentum) {
-          C buf = t.first ? g : C(h.momentum) * m[i] + (C(1) - C(h.dampening)) * g;
-          m[i] = buf;
-          g = (flags & kNesterov) ? g + C(h.momentum) * buf : buf;
-        }
-        w -= lr * g;
-      } else if (kind == kAdam || kind == kAdamW) {  // torch.optim.Adam / AdamW
-        if (kind == kAdam && wd != C(0)) g += wd * w;
-        if (kind == kAdamW) w *= C(1) - lr * wd;
-        C mi = b1 * m[i] + (C(1) - b1) * g;
-        C vi = b2 * v[i] + (C(1) - b2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        if (flags & kAmsgrad) {
-          vi = vi > vmax[i] ? vi : vmax[i];
-          vmax[i] = vi;
-        }
-        C denom = m_sqrt(vi) / m_sqrt(C(h.bc2)) + eps;
-        w -= (lr / C(h.bc1)) * mi / denom;
-      } else {  // Lion (Chen et al. 2023): sign of an interpolated momentum
-        C c = b1 * m[i] + (C(1) - b1) * g;
-        w *= C(1) - lr * wd;
-        w -= lr * C((c > C(0)) - (c < C(0)));
-        m[i] = b2 * m[i] + (C(1) - b2) * g;
+  for (i64 i = ck.start + threadIdx.x; i < end; i += blockDim.x) {
+    C w = master ? master[i] : to_compute(param[i]);
+    C g = to_compute(grad[i]);
+    if (flags & kMaximize) g = -g;
+    if (kind == kSgd) {  // torch.optim.SGD
+      if (wd != C(0)) g += wd * w;
+      if (flags & kHasMomentum) {
+        C buf = t.first ? g : C(h.momentum) * m[i] + (C(1) - C(h.dampening)) * g;
+        m[i] = buf;
+        g = (flags & kNesterov) ? g + C(h.momentum) * buf : buf;
       }
-      if (master) master[i] = w;
-      param[i] = round_param<P>(w, static_cast<u64>(h.seed), static_cast<u64>(h.offset + t.rng_base + i),
-                                (flags & kStochastic) != 0);
+      w -= lr * g;
+    } else if (kind == kAdam || kind == kAdamW) {  // torch.optim.Adam / AdamW
+      if (kind == kAdam && wd != C(0)) g += wd * w;
+      if (kind == kAdamW) w *= C(1) - lr * wd;
+      C mi = b1 * m[i] + (C(1) - b1) * g;
+      C vi = b2 * v[i] + (C(1) - b2) * g * g;
+      m[i] = mi;
+      v[i] = vi;
+      if (flags & kAmsgrad) {
+        vi = vi > vmax[i] ? vi : vmax[i];
+        vmax[i] = vi;
+      }
+      C denom = m_sqrt(vi) / m_sqrt(C(h.bc2)) + eps;
+      w -= (lr / C(h.bc1)) * mi / denom;
+    } else {  // Lion (Chen et al. 2023): sign of an interpolated momentum
+      C c = b1 * m[i] + (C(1) - b1) * g;
+      w *= C(1) - lr * wd;
+      w -= lr * C((c > C(0)) - (c < C(0)));
+      m[i] = b2 * m[i] + (C(1) - b2) * g;
     }
+    if (master) master[i] = w;
+    param[i] = round_param<P>(w, static_cast<u64>(h.seed), static_cast<u64>(h.offset + t.rng_base + i),
+                              (flags & kStochastic) != 0);
   }
 }
 
