@@ -18,7 +18,7 @@ pack)
   cp -L "$LIB" "$G/libflame.so.1"
   bash "$ROOT/bindings/ci.sh" "$LIB" >/dev/null   # builds bindings/csharp/out
   cp "$ROOT"/bindings/csharp/out/{Flame.dll,Flame.dll.config,Tests.exe,TrainMlp.exe} "$G/"
-  for p in mono-runtime mono-runtime-sgen mono-runtime-common libmono-corlib4.5-dll libmono-corlib4.5-cil libmono-system4.5-cil \
+  for p in mono-runtime mono-runtime-sgen mono-runtime-common libmono-corlib4.5-dll libmono-corlib4.5-cil libmono-system4.0-cil libmono-system4.5-cil \
            libmono-system-core4.5-cil libmono-system-configuration4.5-cil libmono-system-xml4.5-cil libmono-security4.0-cil; do
     dpkg -L "$p" 2>/dev/null || true; done | while read -r f; do [ -f "$f" ] && echo "$f"; done |
     grep -v '/usr/share/\(doc\|man\)' > "$G/mono.files"

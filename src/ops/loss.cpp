@@ -446,6 +446,7 @@ Tensor ops::binary_cross_entropy_with_logits(const Tensor& logits, const Tensor&
   const char* op = "binary_cross_entropy_with_logits";
   DType out = logits->dtype;
   auto [x, y] = loss_operands(op, logits, target, &out);
+  const DType xd = x->dtype;  // C++17 lambdas cannot capture structured bindings (clang rejects it)
   auto operand = [&](const Tensor& w, const char* name) -> Tensor {
     if (!w) return nullptr;
     FLAME_CHECK(&w->ctx() == &logits->ctx(), FLAME_ERROR_INVALID_ARGUMENT, op, ": ", name, " belongs to another context");
@@ -453,7 +454,7 @@ Tensor ops::binary_cross_entropy_with_logits(const Tensor& logits, const Tensor&
     FLAME_CHECK(w->ndim() <= logits->ndim() && broadcast_shapes(logits->shape, w->shape) == logits->shape,
                 FLAME_ERROR_SHAPE_MISMATCH, op, ": ", name, " of shape ", shape_str(w->shape),
                 " does not broadcast to the input's shape ", shape_str(logits->shape));
-    return to_dtype(w, x->dtype);
+    return to_dtype(w, xd);
   };
   Tensor w = operand(weight, "weight"), pw = operand(pos_weight, "pos_weight");
   Tensor sp = unary(OpId::Softplus, neg(x), 1.0, 20.0);
