@@ -767,6 +767,13 @@ HAND_WRITTEN |= {
     "flame_safetensors_metadata_key", "flame_safetensors_metadata", "flame_safetensors_save",
 }
 
+# optimizers: bindings/rust/src/optim.rs and the "optimizers" section of bindings/csharp/Flame.cs.
+HAND_WRITTEN |= {
+    "flame_optimizer_options_init", "flame_optimizer_create", "flame_optimizer_add_param_group",
+    "flame_optimizer_step", "flame_optimizer_zero_grad", "flame_optimizer_set_lr", "flame_optimizer_get_lr",
+    "flame_optimizer_step_count", "flame_optimizer_release",
+}
+
 BOOL_NAMES = {"keepdim", "enabled", "requires_grad", "contiguous", "is_leaf", "previous"}
 SCALARS = {"double", "float", "int32_t", "int64_t", "uint32_t", "uint64_t", "size_t", "int"}
 SLICE_ELEMS = {"int64_t", "int32_t", "double", "float"}

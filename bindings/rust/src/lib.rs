@@ -27,11 +27,13 @@
 
 pub mod sys;
 mod ops;
+mod optim;
 mod safetensors;
 
 pub use ops::UNWRAPPED;
+pub use optim::{Optimizer, OptimizerOptions};
 pub use safetensors::{save_safetensors, SafetensorsFile};
-pub use sys::{DType, Status};
+pub use sys::{DType, OptimizerKind, Status};
 
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int, c_void};

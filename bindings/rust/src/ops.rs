@@ -975,4 +975,4 @@ impl Context {
 
 /// Functions without a generated safe method and not wrapped by hand in lib.rs: call them
 /// through `flame::api()` (the raw table).
-pub const UNWRAPPED: &[&str] = &["flame_optimizer_options_init", "flame_optimizer_create", "flame_optimizer_add_param_group", "flame_optimizer_step", "flame_optimizer_zero_grad", "flame_optimizer_set_lr", "flame_optimizer_get_lr", "flame_optimizer_step_count", "flame_optimizer_release"];
+pub const UNWRAPPED: &[&str] = &[];
