@@ -963,6 +963,151 @@ namespace Flame
         }
     }
 
+    // ------------------------------------------------------------------------------------------
+    // Optimizers (flame.h "Optimizers")
+    // ------------------------------------------------------------------------------------------
+
+    public sealed class OptimizerHandle : SafeHandle
+    {
+        public OptimizerHandle(IntPtr h) : base(IntPtr.Zero, true) { SetHandle(h); }
+        public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+        protected override bool ReleaseHandle() { Native.flame_optimizer_release(handle); return true; }
+    }
+
+    /// <summary>Hyper-parameters of one parameter group (flame_optimizer_options_t), starting from
+    /// the defaults of the kind (flame_optimizer_options_init).</summary>
+    public sealed class OptimizerOptions
+    {
+        internal flame_optimizer_options_t O;
+
+        /// <summary>The defaults of kind; an unknown kind is FLAME_ERROR_INVALID_ARGUMENT.</summary>
+        public OptimizerOptions(flame_optimizer_kind_t kind)
+        {
+            Library.EnsureLoaded();
+            O = Init(kind);
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe flame_optimizer_options_t Init(flame_optimizer_kind_t kind)
+        {
+            flame_optimizer_options_t o;
+            Status.Check(Native.flame_optimizer_options_init(&o, (int)kind));
+            return o;
+        }
+
+        /// <summary>A copy of the C struct (struct_size set by flame_optimizer_options_init).</summary>
+        public flame_optimizer_options_t Raw { get { return O; } }
+
+        public flame_optimizer_kind_t Kind { get { return (flame_optimizer_kind_t)O.kind; } }
+        public double Lr { get { return O.lr; } set { O.lr = value; } }
+        public double WeightDecay { get { return O.weight_decay; } set { O.weight_decay = value; } }
+        public double Beta1 { get { return O.beta1; } set { O.beta1 = value; } }
+        public double Beta2 { get { return O.beta2; } set { O.beta2 = value; } }
+        public double Eps { get { return O.eps; } set { O.eps = value; } }
+        public double Momentum { get { return O.momentum; } set { O.momentum = value; } }
+        public double Dampening { get { return O.dampening; } set { O.dampening = value; } }
+        public bool Nesterov { get { return O.nesterov != 0; } set { O.nesterov = value ? 1 : 0; } }
+        public bool Amsgrad { get { return O.amsgrad != 0; } set { O.amsgrad = value ? 1 : 0; } }
+        public bool Maximize { get { return O.maximize != 0; } set { O.maximize = value ? 1 : 0; } }
+        public bool MasterWeights { get { return O.master_weights != 0; } set { O.master_weights = value ? 1 : 0; } }
+        public bool StochasticRounding { get { return O.stochastic_rounding != 0; } set { O.stochastic_rounding = value ? 1 : 0; } }
+    }
+
+    /// <summary>A FLAME optimizer: updates the parameters that have a .grad, in place. Dispose
+    /// releases it and its state; the parameters stay.</summary>
+    public sealed class Optimizer : IDisposable
+    {
+        readonly OptimizerHandle h;
+
+        /// <summary>flame_optimizer_create: group 0 is parameters (contiguous floating leaves of ctx,
+        /// each at most once in the optimizer).</summary>
+        public Optimizer(Context ctx, OptimizerOptions options, params Tensor[] parameters)
+        {
+            Library.EnsureLoaded();
+            h = new OptimizerHandle(Create(ctx, options, parameters));
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe IntPtr Create(Context ctx, OptimizerOptions options, Tensor[] parameters)
+        {
+            if (options == null)
+                throw new ArgumentNullException("options");
+            flame_optimizer_options_t o = options.O;
+            IntPtr[] p = Tensor.RawArray(parameters);
+            IntPtr raw = IntPtr.Zero;
+            fixed (IntPtr* pp = p)
+                Status.Check(Native.flame_optimizer_create(ctx.Raw, &o, p.Length == 0 ? null : pp, p.Length, &raw));
+            GC.KeepAlive(ctx); GC.KeepAlive(parameters);
+            return raw;
+        }
+
+        public IntPtr Raw
+        {
+            get
+            {
+                if (h.IsClosed)
+                    throw new ObjectDisposedException("Optimizer");
+                return h.DangerousGetHandle();
+            }
+        }
+
+        public void Dispose() { h.Dispose(); }
+
+        /// <summary>flame_optimizer_add_param_group: a new group with its own options (same kind);
+        /// returns its index.</summary>
+        public unsafe int AddParamGroup(OptimizerOptions options, params Tensor[] parameters)
+        {
+            if (options == null)
+                throw new ArgumentNullException("options");
+            flame_optimizer_options_t o = options.O;
+            IntPtr[] p = Tensor.RawArray(parameters);
+            int group = -1;
+            fixed (IntPtr* pp = p)
+                Status.Check(Native.flame_optimizer_add_param_group(Raw, &o, p.Length == 0 ? null : pp, p.Length, &group));
+            GC.KeepAlive(parameters); GC.KeepAlive(this);
+            return group;
+        }
+
+        /// <summary>flame_optimizer_step: one update of every parameter with a gradient.</summary>
+        public void Step()
+        {
+            Status.Check(Native.flame_optimizer_step(Raw));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_optimizer_zero_grad: drops the gradients (setToNone) or fills them with 0.</summary>
+        public void ZeroGrad(bool setToNone = true)
+        {
+            Status.Check(Native.flame_optimizer_zero_grad(Raw, setToNone ? 1 : 0));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_optimizer_set_lr: the learning rate of group, or of every group for -1.</summary>
+        public void SetLr(double lr, int group = -1)
+        {
+            Status.Check(Native.flame_optimizer_set_lr(Raw, group, lr));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_optimizer_get_lr: the learning rate of group.</summary>
+        public unsafe double GetLr(int group = 0)
+        {
+            double lr = 0;
+            Status.Check(Native.flame_optimizer_get_lr(Raw, group, &lr));
+            GC.KeepAlive(this);
+            return lr;
+        }
+
+        /// <summary>flame_optimizer_step_count: the number of completed steps.</summary>
+        public unsafe long StepCount()
+        {
+            long n = 0;
+            Status.Check(Native.flame_optimizer_step_count(Raw, &n));
+            GC.KeepAlive(this);
+            return n;
+        }
+    }
+
     /// <summary>NUL-terminated UTF-8 strings for the C side (a string holding NUL ends there).</summary>
     static class Utf8
     {

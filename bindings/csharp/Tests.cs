@@ -272,6 +272,65 @@ static class Tests
         }
     }
 
+    static void CpuOptimizerOptions()
+    {
+        var sgd = new OptimizerOptions(flame_optimizer_kind_t.FLAME_OPTIMIZER_SGD);
+        Eq(sgd.Kind, flame_optimizer_kind_t.FLAME_OPTIMIZER_SGD, "kind");
+        Eq(sgd.Lr, 1e-3, "sgd lr"); Eq(sgd.WeightDecay, 0.0, "sgd weight_decay");
+        Eq(sgd.Momentum, 0.0, "sgd momentum"); Eq(sgd.Dampening, 0.0, "sgd dampening");
+        Assert(!sgd.Nesterov && !sgd.Amsgrad && !sgd.Maximize && !sgd.MasterWeights && !sgd.StochasticRounding, "sgd flags");
+        Eq((long)sgd.Raw.struct_size, (long)System.Runtime.InteropServices.Marshal.SizeOf(typeof(flame_optimizer_options_t)), "struct_size");
+        var adamw = new OptimizerOptions(flame_optimizer_kind_t.FLAME_OPTIMIZER_ADAMW);
+        Eq(adamw.WeightDecay, 1e-2, "adamw weight_decay"); Eq(adamw.Beta1, 0.9, "adamw beta1");
+        Eq(adamw.Beta2, 0.999, "adamw beta2"); Eq(adamw.Eps, 1e-8, "adamw eps");
+        var lion = new OptimizerOptions(flame_optimizer_kind_t.FLAME_OPTIMIZER_LION);
+        Eq(lion.Beta2, 0.99, "lion beta2");
+        lion.Lr = 0.5; lion.Nesterov = true;
+        Eq(lion.Raw.lr, 0.5, "lr set"); Eq(lion.Raw.nesterov, 1, "nesterov set");
+        var e = Throws(() => new OptimizerOptions((flame_optimizer_kind_t)42), "unknown kind");
+        Eq(e.Status, flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "unknown kind status");
+    }
+
+    static void GpuOptimizerSgd()
+    {
+        using (var ctx = Gpu())
+        using (var p = ctx.FromArray(new float[] { 1, -2, 3, 0.5f }, 4))
+        using (var q = ctx.FromArray(new float[] { 7 }, 1))
+        using (var g = ctx.FromArray(new float[] { 0.5f, -1, 2, 4 }, 4))
+        {
+            p.SetRequiresGrad(true); q.SetRequiresGrad(true);
+            var opts = new OptimizerOptions(flame_optimizer_kind_t.FLAME_OPTIMIZER_SGD) { Lr = 0.1 };
+            using (var opt = new Optimizer(ctx, opts, p))
+            {
+                opts.Lr = 0.25;
+                Eq(opt.AddParamGroup(opts, q), 1, "group index");
+                Eq(opt.GetLr(0), 0.1, "lr 0"); Eq(opt.GetLr(1), 0.25, "lr 1");
+                Eq(opt.StepCount(), 0L, "steps before");
+                var loss = (p * g).SumAll();
+                loss.Backward();  // d/dp sum(p * g) = g; q has no gradient and is skipped
+                opt.Step();
+                Eq(opt.StepCount(), 1L, "steps after");
+                Close(p.ToFloatArray(), new float[] { 1 - 0.05f, -2 + 0.1f, 3 - 0.2f, 0.5f - 0.4f }, "p - lr * g");
+                Close(q.ToFloatArray(), new float[] { 7 }, "q unchanged");
+                opt.ZeroGrad(false);
+                Close(p.Grad.ToFloatArray(), new float[] { 0, 0, 0, 0 }, "zeroed grad");
+                opt.ZeroGrad(true);
+                Assert(p.Grad == null, "grad dropped");
+                opt.SetLr(0.5);
+                Eq(opt.GetLr(0), 0.5, "lr all 0"); Eq(opt.GetLr(1), 0.5, "lr all 1");
+                opt.SetLr(0.05, 1);
+                Eq(opt.GetLr(1), 0.05, "lr group 1");
+                Eq(Throws(() => opt.SetLr(0.1, 2), "bad group").Status, flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "bad group status");
+                Eq(Throws(() => opt.SetLr(-1), "negative lr").Status, flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "negative lr status");
+                Eq(Throws(() => opt.AddParamGroup(opts, p), "duplicate").Status, flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "duplicate status");
+                opt.Dispose();
+                try { opt.Step(); throw new Exception("Step after Dispose did not throw"); }
+                catch (ObjectDisposedException) { }
+            }
+            Close(p.ToFloatArray(), new float[] { 0.95f, -1.9f, 2.8f, 0.1f }, "parameters outlive the optimizer");
+        }
+    }
+
     static int Main()
     {
         int failed = 0, passed = 0, skipped = 0;
