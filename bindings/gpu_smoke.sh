@@ -20,7 +20,7 @@ pack)
   cp "$ROOT"/bindings/csharp/out/{Flame.dll,Flame.dll.config,Tests.exe,TrainMlp.exe} "$G/"
   for p in mono-runtime mono-runtime-sgen mono-runtime-common libmono-corlib4.5-dll libmono-corlib4.5-cil libmono-system4.0-cil libmono-system4.5-cil \
            libmono-system-core4.5-cil libmono-system-configuration4.5-cil libmono-system-xml4.5-cil libmono-security4.0-cil; do
-    dpkg -L "$p" 2>/dev/null || true; done | while read -r f; do [ -f "$f" ] && echo "$f"; done |
+    dpkg -L "$p" 2>/dev/null || true; done | while read -r f; do if [ -f "$f" ]; then echo "$f"; fi; done |
     grep -v '/usr/share/\(doc\|man\)' > "$G/mono.files"
   tar czhf "$G/mono.tgz" -T "$G/mono.files" 2>/dev/null
   du -sh "$G";;
