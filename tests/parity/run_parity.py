@@ -431,8 +431,12 @@ def nn_rows():
         for affine in (True, False):
             fn, tn = gn(G, affine, cl)
             params = [In((C,), uni(0.5, 1.5)), In((C,))] if affine else []
+            # _flat has groups of 3 values: in bf16 its input gradient is a difference of nearly equal
+            # terms and the two libraries' roundings disagree by up to ~30% on single elements (seen
+            # on the H200); FLAME's bf16 result is checked against float64 in tests/gpu/test_nn_norm.cpp.
             row(f"group_norm{nm}{'' if affine else '_plain'}", fn, tn, [[In(shape, uni(-1, 3))] + params,
-                                                                        [In(shape, uni(-1, 3), nc=True)] + params], bf16=True)
+                                                                        [In(shape, uni(-1, 3), nc=True)] + params],
+                bf16=nm != "_flat")
 
     def bn(training, affine):
         def flame_fn(fl, x, dt):
