@@ -18,9 +18,9 @@ pack)
   cp -L "$LIB" "$G/libflame.so.1"
   bash "$ROOT/bindings/ci.sh" "$LIB" >/dev/null   # builds bindings/csharp/out
   cp "$ROOT"/bindings/csharp/out/{Flame.dll,Flame.dll.config,Tests.exe,TrainMlp.exe} "$G/"
-  for p in mono-runtime mono-runtime-sgen mono-runtime-common libmono-corlib4.5-dll libmono-corlib4.5-cil libmono-system4.5-cil \
+  for p in mono-runtime mono-runtime-sgen mono-runtime-common libmono-corlib4.5-dll libmono-corlib4.5-cil libmono-system4.0-cil libmono-system4.5-cil \
            libmono-system-core4.5-cil libmono-system-configuration4.5-cil libmono-system-xml4.5-cil libmono-security4.0-cil; do
-    dpkg -L "$p" 2>/dev/null || true; done | while read -r f; do [ -f "$f" ] && echo "$f"; done |
+    dpkg -L "$p" 2>/dev/null || true; done | while read -r f; do if [ -f "$f" ]; then echo "$f"; fi; done |
     grep -v '/usr/share/\(doc\|man\)' > "$G/mono.files"
   tar czhf "$G/mono.tgz" -T "$G/mono.files" 2>/dev/null
   du -sh "$G";;
@@ -29,7 +29,8 @@ run)
   export FLAME_LIBRARY="$G/libflame.so.1" FLAME_REQUIRE_GPU=1
   export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
   ./cpu && ./gpu --test-threads=1 && ./train_mlp
-  command -v mono >/dev/null || tar xzf mono.tgz -C /
+  # unpack unless a complete Mono is there (System.dll included: the safetensors test needs it)
+  { command -v mono >/dev/null && [ -f /usr/lib/mono/4.5/System.dll ]; } || tar xzf mono.tgz -C /
   mono Tests.exe && mono TrainMlp.exe;;
 *) echo "usage: $0 pack LIB | run" >&2; exit 2;;
 esac

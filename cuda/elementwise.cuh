@@ -35,6 +35,15 @@ FLAME_UNARY(Gelu, T(0.5) * x * (T(1) + m_erf(x * T(0.70710678118654752440))))
 FLAME_UNARY(GeluTanh, T(0.5) * x * (T(1) + m_tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x))))
 // d/dx gelu(x) = Phi(x) + x phi(x), used by gelu's backward.
 FLAME_UNARY(GeluDeriv, T(0.5) * (T(1) + m_erf(x * T(0.70710678118654752440))) + x * m_exp(T(-0.5) * x * x) * T(0.39894228040143267794))
+// d/dx gelu_tanh(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2), t = tanh(k (x + c x^3)).
+struct GeluTanhDeriv : Functor {
+  template <class T> __device__ __forceinline__ auto operator()(T x) const {
+    const T k = T(0.79788456080286535588), t = m_tanh(k * (x + T(0.044715) * x * x * x));
+    return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * k * (T(1) + T(0.134145) * x * x);
+  }
+};
+// g * gelu_tanh'(z) in one pass: the backward of gelu_tanh and of linear's GELU epilogue.
+FLAME_BINARY(GeluTanhBackward, x * GeluTanhDeriv{}(y))
 FLAME_UNARY(Softplus, x * sc<T>(a.s0) > sc<T>(a.s1) ? x : m_log1p(m_exp(x * sc<T>(a.s0))) / sc<T>(a.s0))
 FLAME_UNARY(Floor, m_floor(x))
 FLAME_UNARY(Ceil, m_ceil(x))

@@ -381,6 +381,109 @@ FLAME_API flame_status_t flame_sum_all(flame_tensor_t t, flame_tensor_t* out);
 FLAME_API flame_status_t flame_max_all(flame_tensor_t t, flame_tensor_t* out);
 FLAME_API flame_status_t flame_min_all(flame_tensor_t t, flame_tensor_t* out);
 
+/* ============================== Matrix products ============================== */
+/* On cuBLASLt, with f32 accumulation for f16/bf16. Both operands must have the same dtype (f32,
+ * f64, f16 or bf16; otherwise FLAME_ERROR_DTYPE_MISMATCH) and context. f32 is IEEE unless the
+ * context was created with allow_tf32. Transposed and permuted views are read in place (no copy)
+ * wherever a GEMM layout can express them. OUT *out: a new reference, contiguous; NULL on failure.
+ * Wrong sizes: FLAME_ERROR_SHAPE_MISMATCH. Inputs that require grad give a differentiable result. */
+
+/* NumPy/PyTorch matmul: 1-D x 1-D is a dot product (0-d result); a 1-D left (right) operand is a
+ * row (column) vector whose dim is removed from the result; batch dims (all but the last two)
+ * broadcast. */
+FLAME_API flame_status_t flame_matmul(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+/* Batched product of a [B, M, K] and b [B, K, N] (no broadcasting, as torch.bmm). */
+FLAME_API flame_status_t flame_bmm(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
+
+/* Activation applied by flame_linear inside the GEMM's epilogue. */
+typedef enum flame_activation_t {
+  FLAME_ACTIVATION_NONE = 0,
+  FLAME_ACTIVATION_RELU = 1,
+  FLAME_ACTIVATION_GELU_TANH = 2 /* gelu with the tanh approximation (flame_gelu approximate=1) */
+} flame_activation_t;
+
+/* out = activation(x @ weight^T + bias) for x [..., in], weight [out, in], bias [out] (borrowed;
+ * may be NULL), as torch.nn.functional.linear followed by the activation. The bias and activation
+ * are fused into the GEMM where cuBLASLt supports it, else computed by separate kernels with the
+ * same result (to rounding). Backward takes the bias gradient out of the weight-gradient GEMM.
+ * activation not a flame_activation_t value: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_linear(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, int32_t activation,
+                                      flame_tensor_t* out);
+
+/* ============================== Optimizers ============================== */
+/* Fused multi-tensor optimizers with the formulas of torch.optim (SGD, Adam, AdamW) and Lion
+ * (Chen et al. 2023). A step updates every parameter that has a .grad, in place, with one kernel
+ * launch per parameter group and dtype; parameters without a .grad are skipped. State (moments)
+ * is kept in f32 for f16/bf16/f32 parameters (f64 for f64) inside the optimizer. */
+
+typedef struct flame_optimizer_s* flame_optimizer_t;
+
+typedef enum flame_optimizer_kind_t {
+  FLAME_OPTIMIZER_SGD = 0,
+  FLAME_OPTIMIZER_ADAM = 1,   /* weight_decay is an L2 term added to the gradient */
+  FLAME_OPTIMIZER_ADAMW = 2,  /* weight_decay is decoupled: p *= 1 - lr * weight_decay */
+  FLAME_OPTIMIZER_LION = 3    /* betas default (0.9, 0.99) */
+} flame_optimizer_kind_t;
+
+/* Hyper-parameters of one parameter group. Set struct_size = sizeof(flame_optimizer_options_t)
+ * (flame_optimizer_options_init does) so that later versions can grow the struct. */
+typedef struct flame_optimizer_options_t {
+  size_t struct_size;
+  int32_t kind;                /* a flame_optimizer_kind_t */
+  double lr;                   /* default 1e-3 */
+  double weight_decay;         /* default 1e-2 for AdamW, 0 otherwise */
+  double beta1;                /* Adam/AdamW (0.9, 0.999); Lion (0.9, 0.99) */
+  double beta2;
+  double eps;                  /* Adam/AdamW denominator term; default 1e-8 */
+  double momentum;             /* SGD; default 0 */
+  double dampening;            /* SGD; default 0 */
+  int32_t nesterov;            /* SGD: Nesterov momentum (needs momentum > 0, dampening 0) */
+  int32_t amsgrad;             /* Adam/AdamW: keep the maximum of the second moment */
+  int32_t maximize;            /* ascend instead of descend */
+  int32_t master_weights;      /* f16/bf16 parameters: keep an f32 master copy and update it */
+  int32_t stochastic_rounding; /* with master_weights: round bf16 parameters stochastically */
+} flame_optimizer_options_t;
+
+/* Fills opts with the defaults of kind. opts NULL or kind unknown: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_optimizer_options_init(flame_optimizer_options_t* opts, int32_t kind);
+/* Creates an optimizer whose first parameter group is params[0..n) (borrowed; the optimizer keeps
+ * its own references) with opts. Parameters must be contiguous floating leaves of ctx, each at most
+ * once in the optimizer. OUT *out: a new optimizer (release with flame_optimizer_release).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, bad options, non-leaf or strided parameters),
+ * FLAME_ERROR_DTYPE_MISMATCH (integer parameters). n may be 0. */
+FLAME_API flame_status_t flame_optimizer_create(flame_ctx_t ctx, const flame_optimizer_options_t* opts, const flame_tensor_t* params,
+                                                int64_t n, flame_optimizer_t* out);
+/* Adds a parameter group with its own options (same kind). OUT *group (may be NULL): its index. */
+FLAME_API flame_status_t flame_optimizer_add_param_group(flame_optimizer_t opt, const flame_optimizer_options_t* opts,
+                                                         const flame_tensor_t* params, int64_t n, int32_t* group);
+/* One update of every parameter with a gradient. A gradient whose shape or dtype differs from its
+ * parameter's: FLAME_ERROR_SHAPE_MISMATCH (nothing is updated in that group). */
+FLAME_API flame_status_t flame_optimizer_step(flame_optimizer_t opt);
+/* Clears the gradients of all parameters: set_to_none != 0 drops them, else fills them with 0. */
+FLAME_API flame_status_t flame_optimizer_zero_grad(flame_optimizer_t opt, int32_t set_to_none);
+/* Learning rate of one group, or of all groups when group is -1 (schedules stay in user code).
+ * lr negative or non-finite, or group out of range: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_optimizer_set_lr(flame_optimizer_t opt, int32_t group, double lr);
+FLAME_API flame_status_t flame_optimizer_get_lr(flame_optimizer_t opt, int32_t group, double* lr);
+/* OUT *steps: number of completed steps. */
+FLAME_API flame_status_t flame_optimizer_step_count(flame_optimizer_t opt, int64_t* steps);
+/* Frees the optimizer and its state (parameters stay). NULL: no-op. */
+FLAME_API void flame_optimizer_release(flame_optimizer_t opt);
+
+/* ============================== Gradient tools ============================== */
+/* These edit the .grad of params[0..n) (borrowed) in place; parameters without a .grad are skipped.
+ * Usable from hooks. */
+
+/* Scales all gradients by min(1, max_norm / (total + 1e-6)), where total is the norm_type norm (2,
+ * 1 or INFINITY) of all gradients together, as torch.nn.utils.clip_grad_norm_. OUT *total_norm
+ * (may be NULL): a new 0-d f32 tensor holding the total norm (no host synchronisation unless
+ * error_if_nonfinite). error_if_nonfinite and a NaN/Inf total: FLAME_ERROR_INVALID_ARGUMENT and no
+ * gradient changes. */
+FLAME_API flame_status_t flame_clip_grad_norm(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double max_norm,
+                                             double norm_type, int32_t error_if_nonfinite, flame_tensor_t* total_norm);
+/* Clamps every gradient element to [-clip, clip] (clip >= 0), as torch.nn.utils.clip_grad_value_. */
+FLAME_API flame_status_t flame_clip_grad_value(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double clip);
+
 /* ============================== Autograd ============================== */
 /* One reverse-mode engine with PyTorch semantics. Only floating tensors can require grad. Ops
  * record a graph while grad mode is on and an input requires grad; an op that has no backward
@@ -491,6 +594,251 @@ FLAME_API flame_status_t flame_group_norm(flame_tensor_t x, int32_t num_groups, 
 FLAME_API flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t running_mean, flame_tensor_t running_var,
                                           flame_tensor_t weight, flame_tensor_t bias, int32_t training, double momentum,
                                           double eps, flame_tensor_t* out);
+/* ============================== Losses ============================== */
+/* Every loss takes a reduction: NONE returns the per-element (per-sample) losses, MEAN their mean
+ * and SUM their sum, as 0-d tensors. Inputs are borrowed; the result is a new reference in the
+ * input's dtype (f16/bf16 are computed and accumulated in f32). Every loss has a backward, also
+ * twice (create_graph). A zero-size batch gives an empty result (NONE), 0 (SUM) or NaN (MEAN).
+ *
+ * Class indices are checked on the device, not copied to the host: an index outside [0, C) that is
+ * not ignore_index makes its sample's loss and gradient NaN, and the next call that synchronises
+ * with the context (flame_ctx_synchronize, flame_to_host, flame_tensor_item) returns
+ * FLAME_ERROR_INVALID_ARGUMENT with a message naming the op, the index and its position. The
+ * context stays usable. */
+
+typedef enum flame_reduction_t {
+  FLAME_REDUCTION_NONE = 0,
+  FLAME_REDUCTION_MEAN = 1,
+  FLAME_REDUCTION_SUM = 2
+} flame_reduction_t;
+
+/* Cross-entropy of logits [C], [N, C] or [N, C, d1, ...] (class dim 1, as PyTorch), fused: the
+ * forward reads the logits once and saves the logsumexp of each row; the backward reads them once
+ * more. target is either:
+ *  - class indices (i64 or i32) of shape [], [N] or [N, d1, ...]: entries equal to ignore_index
+ *    count for nothing; label_smoothing eps in [0, 1] mixes the one-hot target with the uniform
+ *    distribution ((1 - eps) onehot + eps / C). MEAN divides by the sum of weight[target] over the
+ *    samples that are not ignored (their count without weight); all ignored gives NaN, as PyTorch.
+ *  - class probabilities (floating, the logits' shape; converted to the logits' dtype), smoothed the
+ *    same way; ignore_index is not used. MEAN divides by the number of samples. target may require
+ *    grad.
+ * weight (may be NULL): per-class weights [C], floating; it must not require grad (its gradient is
+ * not implemented, as in PyTorch: FLAME_ERROR_NOT_DIFFERENTIABLE). [N, C, d1, ...] logits are
+ * permuted to rows (one copy); [N, C] logits that are not contiguous are copied.
+ * Errors: FLAME_ERROR_SHAPE_MISMATCH (no class dim, C = 0, target or weight shape),
+ * FLAME_ERROR_DTYPE_MISMATCH (non-floating logits, target neither i64/i32 nor floating),
+ * FLAME_ERROR_INVALID_ARGUMENT (label_smoothing outside [0, 1], bad reduction, tensors of different
+ * contexts). */
+FLAME_API flame_status_t flame_cross_entropy(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight,
+                                             int64_t ignore_index, double label_smoothing, flame_reduction_t reduction,
+                                             flame_tensor_t* out);
+/* Negative log-likelihood of log-probabilities [C], [N, C] or [N, C, d1, ...] (any strides) at
+ * class indices target (i64 or i32, shaped as for flame_cross_entropy): -weight[t] * input[n, t].
+ * weight (may be NULL) and ignore_index as for flame_cross_entropy; MEAN divides by the sum of the
+ * weights of the samples that are not ignored. Errors as flame_cross_entropy. */
+FLAME_API flame_status_t flame_nll_loss(flame_tensor_t input, flame_tensor_t target, flame_tensor_t weight,
+                                        int64_t ignore_index, flame_reduction_t reduction, flame_tensor_t* out);
+/* (input - target)^2. input and target: floating, the same shape (no broadcasting: expand the target
+ * yourself). Errors: FLAME_ERROR_SHAPE_MISMATCH, FLAME_ERROR_DTYPE_MISMATCH,
+ * FLAME_ERROR_INVALID_ARGUMENT (bad reduction). For per-sample weights use NONE, multiply, then
+ * reduce. */
+FLAME_API flame_status_t flame_mse_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out);
+/* |input - target|; as flame_mse_loss. */
+FLAME_API flame_status_t flame_l1_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out);
+/* 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta, with d = input - target; beta 0 is
+ * flame_l1_loss. beta must be finite and >= 0 (FLAME_ERROR_INVALID_ARGUMENT). As flame_mse_loss. */
+FLAME_API flame_status_t flame_smooth_l1_loss(flame_tensor_t input, flame_tensor_t target, double beta, flame_reduction_t reduction,
+                                              flame_tensor_t* out);
+/* 0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta). delta must be finite and > 0
+ * (FLAME_ERROR_INVALID_ARGUMENT). As flame_mse_loss. */
+FLAME_API flame_status_t flame_huber_loss(flame_tensor_t input, flame_tensor_t target, double delta, flame_reduction_t reduction,
+                                          flame_tensor_t* out);
+/* Binary cross-entropy of logits x with targets y in [0, 1] (the same shape, floating):
+ * weight * ((1 - y) x + (1 + (pos_weight - 1) y) log(1 + exp(-x))), computed without overflow.
+ * weight and pos_weight may be NULL; each must broadcast to the input's shape (pos_weight is usually
+ * [C], one per class along the last dim). Gradients flow to logits, target, weight and pos_weight.
+ * Errors: FLAME_ERROR_SHAPE_MISMATCH, FLAME_ERROR_DTYPE_MISMATCH, FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight,
+                                                                flame_tensor_t pos_weight, flame_reduction_t reduction,
+                                                                flame_tensor_t* out);
+
+/* ============================== DLPack exchange ============================== */
+/* Zero-copy exchange of device tensors with PyTorch, JAX, CuPy and others through DLPack
+ * (https://dmlc.github.io/dlpack). flame.h does not include dlpack.h: include it yourself to read
+ * the structs; the declarations below only name them.
+ *
+ *  - Export: the DLManagedTensor points at t's memory (no copy) with shape and strides in
+ *    elements as t has them (strides may be 0 or negative for views), device (kDLCUDA, the
+ *    context's ordinal), byte_offset 0. Dtypes: f32/f16/f64 as kDLFloat, bf16 as kDLBfloat, i32/i64
+ *    as kDLInt, u8 as kDLUInt 8, bool as kDLBool (code 6) 8 bits; lanes 1. The export waits for the
+ *    context's stream first, so the data is ready for work on any stream. It carries no autograd
+ *    history (as flame_tensor_detach). The consumer calls the deleter exactly once, from any
+ *    thread; until then the memory, and the context, stay alive even if every FLAME handle and the
+ *    context handle are gone. Work the consumer queued on the memory must be finished or ordered
+ *    before its deleter call, as FLAME reuses the memory in the order of its own stream.
+ *  - Import: on success FLAME owns src and calls src->deleter(src) exactly once (when not NULL),
+ *    after the last FLAME tensor using the memory is released and the context's stream has
+ *    finished its work on it; possibly from another thread, inside a later FLAME call on the
+ *    context, with the context's lock held: the deleter must not wait for a lock that a thread
+ *    calling FLAME may hold (Python: release the GIL around FLAME calls, as ctypes does). On
+ *    failure nothing is taken: src stays the caller's, who still has to call its
+ *    deleter. The data must be ready: finish or synchronise the producer's work on it before the
+ *    call (FLAME's stream does not wait on other streams). The result is a new leaf tensor (no
+ *    grad) sharing the memory, on the context's device; writes on either side are seen by the other.
+ *    Accepted: kDLCUDA memory of the context's device, the dtypes listed above, lanes 1, ndim in
+ *    [0, FLAME_MAX_DIMS], strides NULL (compact row-major) or in elements, the first element
+ *    aligned to the element size. Memory imported this way is not counted in the context's memory
+ *    statistics or limit.
+ *  - Errors: FLAME_ERROR_INVALID_ARGUMENT (NULL, bad shape/strides/alignment, another GPU than the
+ *    context's), FLAME_ERROR_UNSUPPORTED (not CUDA device memory, e.g. kDLCPU; a read-only
+ *    versioned tensor; versioned functions in a build whose dlpack.h predates DLPack 1.0),
+ *    FLAME_ERROR_DTYPE_MISMATCH (a dtype FLAME does not have: complex, int8, float8, lanes > 1). */
+struct DLManagedTensor;
+struct DLManagedTensorVersioned;
+
+/* OUT *out: a new DLManagedTensor sharing t's memory; the consumer owns it (call its deleter once). */
+FLAME_API flame_status_t flame_tensor_to_dlpack(flame_tensor_t t, struct DLManagedTensor** out);
+/* OUT *out: a new tensor of ctx wrapping src's memory; takes src over on success only. */
+FLAME_API flame_status_t flame_tensor_from_dlpack(flame_ctx_t ctx, struct DLManagedTensor* src, flame_tensor_t* out);
+/* As flame_tensor_to_dlpack with the versioned struct of DLPack >= 1.0 (version = the dlpack.h
+ * FLAME was built with, flags 0). FLAME_ERROR_UNSUPPORTED when FLAME was built with an older dlpack.h. */
+FLAME_API flame_status_t flame_tensor_to_dlpack_versioned(flame_tensor_t t, struct DLManagedTensorVersioned** out);
+/* As flame_tensor_from_dlpack for the versioned struct. A major version other than FLAME's:
+ * FLAME_ERROR_UNSUPPORTED (nothing else is read; the caller calls the deleter, as DLPack requires);
+ * DLPACK_FLAG_BITMASK_READ_ONLY set: FLAME_ERROR_UNSUPPORTED (FLAME tensors are writable). */
+FLAME_API flame_status_t flame_tensor_from_dlpack_versioned(flame_ctx_t ctx, struct DLManagedTensorVersioned* src,
+                                                            flame_tensor_t* out);
+
+/* ============================== safetensors ============================== */
+/* Reading and writing the safetensors format (as the Python package `safetensors` does): an 8-byte
+ * little-endian header length N, N bytes of UTF-8 JSON mapping each tensor name to its dtype, shape
+ * and byte range (plus an optional "__metadata__" object of strings), then the tensors' row-major
+ * little-endian bytes. FLAME reads and writes the dtypes F32, F16, BF16, F64, I64, I32, U8 and
+ * BOOL; tensors of the format's other dtypes (F8_E4M3, I16, U32, ...) are listed, but
+ * flame_safetensors_info and flame_safetensors_get return FLAME_ERROR_UNSUPPORTED for them. */
+
+typedef struct flame_safetensors_s* flame_safetensors_t; /* an open safetensors file */
+
+/* Opens the safetensors file at path (NUL-terminated) on ctx: the file is memory-mapped read-only
+ * and its header validated in full before this returns; tensor data is read by
+ * flame_safetensors_get. Nothing in the file is trusted. A file shorter than 8 bytes, a header
+ * length above 100 MB or beyond the file, a header that is not UTF-8 or not JSON, JSON of the wrong
+ * types or nesting, missing fields, an unknown dtype, negative, too large or more than 64 dims, an
+ * element or byte count that overflows, a byte range whose size is not numel * dtype size, ranges
+ * outside the data region, overlapping, with gaps between them or not ending at the end of the file,
+ * a name or metadata key given twice, a NUL character in a name, key or value, more than 1048576
+ * tensors or metadata entries: FLAME_ERROR_INVALID_FORMAT, with a message naming the file, the tensor
+ * and the defect. OUT *file: a new handle; release it with flame_safetensors_release. It keeps ctx
+ * alive (as tensors do) and the file mapped: do not truncate or rewrite the file in place while it
+ * is open (a mapped file that shrinks makes reads fault; flame_safetensors_save replaces files by
+ * renaming, which is safe). The handle may be used from several threads.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx, path or file NULL), FLAME_ERROR_IO (the file cannot be
+ * opened or mapped, or is not a regular file; the message gives the system's reason),
+ * FLAME_ERROR_INVALID_FORMAT. */
+FLAME_API flame_status_t flame_safetensors_load(flame_ctx_t ctx, const char* path, flame_safetensors_t* file);
+
+/* Unmaps the file and frees the handle. NULL is a no-op. Tensors read from it stay valid (they own
+ * their memory). A released handle is detected (FLAME_ERROR_INVALID_HANDLE) while its context lives. */
+FLAME_API void flame_safetensors_release(flame_safetensors_t file);
+
+/* OUT *count: the number of tensors in the file (may be 0). */
+FLAME_API flame_status_t flame_safetensors_count(flame_safetensors_t file, int64_t* count);
+
+/* OUT *name: the name of tensor index, 0 <= index < count, with tensors sorted by name (byte
+ * order). BORROWED: NUL-terminated UTF-8 owned by the handle, valid until it is released.
+ * index out of range: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_safetensors_name(flame_safetensors_t file, int64_t index, const char** name);
+
+/* The dtype and shape of the tensor called name, without reading its data. OUT *dtype, *ndim; the
+ * ndim sizes go into shape, which may be NULL to ask for dtype and ndim only (capacity is then
+ * ignored); otherwise capacity below ndim: FLAME_ERROR_INVALID_ARGUMENT (tensors in files may have
+ * up to 64 dims). No tensor called name: FLAME_ERROR_INVALID_ARGUMENT. A dtype FLAME does not have:
+ * FLAME_ERROR_UNSUPPORTED (the message names it). */
+FLAME_API flame_status_t flame_safetensors_info(flame_safetensors_t file, const char* name, flame_dtype_t* dtype, int64_t* shape,
+                                                int32_t capacity, int32_t* ndim);
+
+/* Reads the tensor called name into a new contiguous tensor on the file's context, copying from
+ * the mapped file straight to the device. OUT *out: a new reference (requires_grad 0).
+ * Errors: no tensor called name: FLAME_ERROR_INVALID_ARGUMENT; a dtype FLAME does not have or more
+ * than FLAME_MAX_DIMS dims: FLAME_ERROR_UNSUPPORTED; FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA,
+ * FLAME_ERROR_CONTEXT_FAILED. */
+FLAME_API flame_status_t flame_safetensors_get(flame_safetensors_t file, const char* name, flame_tensor_t* out);
+
+/* OUT *count: the number of "__metadata__" entries (0 when the file has none). */
+FLAME_API flame_status_t flame_safetensors_metadata_count(flame_safetensors_t file, int64_t* count);
+
+/* OUT *key: metadata key index, 0 <= index < count, with keys sorted in byte order; BORROWED as
+ * for flame_safetensors_name. index out of range: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_safetensors_metadata_key(flame_safetensors_t file, int64_t index, const char** key);
+
+/* OUT *value: the metadata value stored under key, BORROWED as for flame_safetensors_name, or NULL
+ * when the file has no such key (that is not an error: the call returns FLAME_OK). */
+FLAME_API flame_status_t flame_safetensors_metadata(flame_safetensors_t file, const char* key, const char** value);
+
+/* Writes n tensors (BORROWED; any dtype and strides; all on ctx) to path under names[i] (distinct,
+ * NUL-terminated UTF-8, not "__metadata__"), with n_metadata entries of "__metadata__" taken from
+ * metadata_kv as 2 * n_metadata strings key0, value0, key1, value1, ... (distinct UTF-8 keys;
+ * "__metadata__" is written only when n_metadata > 0). The layout is the Python package's: the JSON
+ * header padded with spaces to a multiple of 8 bytes, then the tensors sorted by dtype (I64, F64,
+ * F32, I32, BF16, F16, U8, BOOL) and then by name (byte order), so that every tensor starts at a
+ * multiple of its element size; non-contiguous tensors are written in row-major order. Without
+ * metadata the file is byte for byte the one the Python package writes for the same tensors. The bytes go to a new temporary file next
+ * to path, which is flushed to disk and renamed over path at the end: path holds either its old
+ * content or the complete new file, never a partial one. Data is copied through host memory in
+ * pieces of at most 64 MiB, and the call waits for the device. names and tensors may be NULL when n
+ * is 0, metadata_kv when n_metadata is 0.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx or path NULL, a NULL name, tensor, key or value, n or
+ * n_metadata negative or above 1048576, a tensor of another context, a name or key given twice,
+ * a reserved name, invalid UTF-8), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_IO (the file cannot be
+ * created, written or renamed; no temporary file is left behind), FLAME_ERROR_CUDA. */
+FLAME_API flame_status_t flame_safetensors_save(flame_ctx_t ctx, const char* path, const char* const* names,
+                                                const flame_tensor_t* tensors, int64_t n, const char* const* metadata_kv,
+                                                int64_t n_metadata);
+
+/* ============================== Indexing ============================== */
+/* Index tensors hold i64 or i32 values. They are checked on the device like class indices (see
+ * Losses): an index out of range makes its element NaN (0 for integer data) and is reported by the
+ * next call that synchronises, as FLAME_ERROR_INVALID_ARGUMENT naming the op, the index and its
+ * position. Data may have any strides; results are new contiguous tensors. Gradients flow to
+ * floating data, never to indices. Negative dims count from the end.
+ * Accumulation is not deterministic: flame_scatter_add, flame_index_add and the backward of
+ * flame_gather, flame_index_select and flame_embedding add with atomics, so floating results may
+ * differ in their last bits between runs (as PyTorch's CUDA index_add_ and scatter_add_);
+ * f16/bf16 accumulate in f32. */
+
+/* Pass as padding_idx to flame_embedding for no padding row. */
+#define FLAME_NO_PADDING (-9223372036854775807LL - 1)
+
+/* out[..., k, ...] = t[..., index[k], ...] along dim. index: 1-D (or 0-d), values in [0, size of
+ * dim). out has t's shape with size numel(index) along dim; t (any dtype) has at least one dim.
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (index not i64/i32), FLAME_ERROR_SHAPE_MISMATCH (index not
+ * 1-D), FLAME_ERROR_INVALID_ARGUMENT (dim out of range, 0-d t). */
+FLAME_API flame_status_t flame_index_select(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out);
+/* torch.gather: out has index's shape and out[i][j] = t[i][index[i][j]] for dim 1 (likewise for any
+ * dim). index has as many dims as t and no larger size than t on the other dims. Errors as
+ * flame_index_select (SHAPE_MISMATCH when index does not fit t). */
+FLAME_API flame_status_t flame_gather(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out);
+/* torch.scatter_add, out of place: out = t, then out[i][index[i][j]] += src[i][j] for dim 1
+ * (likewise for any dim). src has index's shape and t's dtype (floating, i32 or i64); index fits t
+ * as for flame_gather. Gradients flow to t and src. */
+FLAME_API flame_status_t flame_scatter_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src,
+                                           flame_tensor_t* out);
+/* torch.index_add, out of place: out = t, then out[..., index[k], ...] += alpha * source[..., k, ...].
+ * index: 1-D; source: t's shape with size numel(index) along dim and t's dtype (floating, i32, i64);
+ * alpha finite, and whole for integer tensors. Gradients flow to t and source. */
+FLAME_API flame_status_t flame_index_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t source, double alpha,
+                                         flame_tensor_t* out);
+/* value where mask (bool, broadcast to t's shape; it may not enlarge it) is true, t elsewhere.
+ * value must be finite for integer t. Differentiable with respect to t. */
+FLAME_API flame_status_t flame_masked_fill(flame_tensor_t t, flame_tensor_t mask, double value, flame_tensor_t* out);
+/* An i64 tensor of shape [index's shape..., num_classes] holding 1 where the last coordinate equals
+ * the index value, else 0. num_classes: >= 1, or -1 for max(index) + 1 (this waits for the device).
+ * Not differentiable. */
+FLAME_API flame_status_t flame_one_hot(flame_tensor_t index, int64_t num_classes, flame_tensor_t* out);
+/* Rows of weight [V, D] (any dtype) at indices (any shape, values in [0, V)): out has shape
+ * [indices' shape..., D]. padding_idx (in [-V, V); negative counts from the end) names a row whose
+ * gradient stays zero, as in PyTorch; FLAME_NO_PADDING for none. */
+FLAME_API flame_status_t flame_embedding(flame_tensor_t weight, flame_tensor_t indices, int64_t padding_idx, flame_tensor_t* out);
 
 #ifdef __cplusplus
 }

@@ -13,7 +13,8 @@ Outputs (checked in; CI regenerates them and fails on any difference):
   bindings/csharp/Ops.g.cs      the C# counterpart of ops.rs (partial classes Tensor/Context).
 
 The header is regular: `FLAME_API <ret> <name>(<params>);`, enums with explicit values, typedef'd
-opaque handles, function-pointer typedefs, plain structs and integer #defines. Anything else is an
+opaque handles, forward-declared foreign structs used only through pointers (`struct DLManagedTensor;`),
+function-pointer typedefs, plain structs and integer #defines. Anything else is an
 error: the script stops with the offending declaration rather than silently skipping it.
 
 Usage: gen_bindings.py [--header include/flame.h] [--check]
@@ -96,6 +97,7 @@ class Header:
         self.defines = []   # (name, int value)
         self.enums = []
         self.handles = []   # (typedef name, struct tag)
+        self.opaque = []    # struct tags declared `struct X;` (foreign types, used through pointers)
         self.structs = []
         self.fnptrs = []
         self.funcs = []
@@ -113,6 +115,8 @@ class Header:
         for f in self.fnptrs:
             if f.name == name:
                 return "fnptr"
+        if name in self.opaque:
+            return "opaque"
         return None
 
 
@@ -346,6 +350,10 @@ def parse_statement(s, hdr, names):
     if m:
         hdr.handles.append((m.group(2), m.group(1)))
         return
+    m = re.match(r"^struct\s+(\w+)$", s)
+    if m:
+        hdr.opaque.append(m.group(1))
+        return
     m = re.match(r"^typedef struct\s*(\w+)?\s*\{(.*)\}\s*(\w+)$", s)
     if m:
         fields = []
@@ -373,6 +381,8 @@ def parse_statement(s, hdr, names):
 
 def check_types(hdr):
     def chk(t, where):
+        if hdr.typedef_kind(t.base) == "opaque" and t.depth == 0:
+            raise ParseError("foreign struct %s used by value in %s (only pointers to it are supported)" % (t.base, where))
         if t.base in PRIMITIVES or hdr.typedef_kind(t.base):
             return
         raise ParseError("unknown type %r in %s" % (t.base, where))
@@ -558,6 +568,13 @@ def gen_rust_sys(hdr):
         w("}")
         w("pub type %s = *mut %s;" % (name, tag))
     w("")
+    w("// ---- foreign structs, declared only (defined by their own headers, e.g. dlpack.h) ----")
+    for tag in hdr.opaque:
+        w("#[repr(C)]")
+        w("pub struct %s {" % tag)
+        w("    _opaque: [u8; 0],")
+        w("}")
+    w("")
     w("// ---- callback types ----")
     for fp in hdr.fnptrs:
         w("pub type %s = Option<%s>;" % (fp.name, rs_fn_type(fp.ret, fp.params, hdr)))
@@ -634,6 +651,8 @@ def cs_type(t, hdr, ctx):
         return "IntPtr"  # returned strings are owned by the library: Marshal.PtrToStringAnsi
     if ctx == "field":
         return "IntPtr"
+    if kind == "opaque":
+        return "IntPtr" + "*" * (t.depth - 1)  # a pointer to a foreign struct is an IntPtr
     if t.base == "void" and t.depth == 1:
         return "IntPtr"
     if kind in ("handle", "fnptr"):
@@ -731,7 +750,28 @@ HAND_WRITTEN = {
     "flame_ctx_set_grad_enabled", "flame_ctx_set_inference_mode", "flame_tensor_data_ptr",
     "flame_ctx_stream", "flame_version_string", "flame_abi_version", "flame_status_string",
     "flame_last_error_message", "flame_set_error_message", "flame_dtype_size", "flame_dtype_name",
-    "flame_device_count",
+    "flame_device_count", "flame_tensor_to_dlpack", "flame_tensor_from_dlpack",
+    "flame_tensor_to_dlpack_versioned", "flame_tensor_from_dlpack_versioned",
+}
+
+# Tensor parameters that flame.h documents as "may be NULL": Option<&Tensor> in Rust (C# passes null).
+OPTIONAL_TENSORS = {
+    ("flame_cross_entropy", "weight"), ("flame_nll_loss", "weight"),
+    ("flame_binary_cross_entropy_with_logits", "weight"), ("flame_binary_cross_entropy_with_logits", "pos_weight"),
+}
+
+# safetensors: bindings/rust/src/safetensors.rs and the "safetensors" section of bindings/csharp/Flame.cs.
+HAND_WRITTEN |= {
+    "flame_safetensors_load", "flame_safetensors_release", "flame_safetensors_count", "flame_safetensors_name",
+    "flame_safetensors_info", "flame_safetensors_get", "flame_safetensors_metadata_count",
+    "flame_safetensors_metadata_key", "flame_safetensors_metadata", "flame_safetensors_save",
+}
+
+# optimizers: bindings/rust/src/optim.rs and the "optimizers" section of bindings/csharp/Flame.cs.
+HAND_WRITTEN |= {
+    "flame_optimizer_options_init", "flame_optimizer_create", "flame_optimizer_add_param_group",
+    "flame_optimizer_step", "flame_optimizer_zero_grad", "flame_optimizer_set_lr", "flame_optimizer_get_lr",
+    "flame_optimizer_step_count", "flame_optimizer_release",
 }
 
 BOOL_NAMES = {"keepdim", "enabled", "requires_grad", "contiguous", "is_leaf", "previous"}
@@ -798,7 +838,7 @@ def analyse(f, hdr):
         p, t = ps[i], ps[i].type
         nxt = ps[i + 1] if i + 1 < len(ps) else None
         if t.is_("flame_tensor_t"):
-            ins.append(Arg("tensor", p))
+            ins.append(Arg("opt_tensor" if (f.name, p.name) in OPTIONAL_TENSORS else "tensor", p))
         elif t.depth == 1 and t.base_const and nxt is not None and nxt.type.depth == 0 and nxt.type.base in COUNT_TYPES and \
                 (t.base in SLICE_ELEMS or t.base == "flame_tensor_t"):
             ins.append(Arg("tensors" if t.base == "flame_tensor_t" else "slice", p, nxt))
@@ -855,6 +895,9 @@ def gen_rust_ops(hdr):
             if arg.kind == "tensor":
                 sig.append("%s: &Tensor" % pn)
                 call.append("%s.raw" % pn)
+            elif arg.kind == "opt_tensor":
+                sig.append("%s: Option<&Tensor>" % pn)
+                call.append("%s.map_or(std::ptr::null_mut(), |t| t.raw)" % pn)
             elif arg.kind == "tensors":
                 sig.append("%s: &[&Tensor]" % pn)
                 pre.append("let %s_raw: Vec<sys::flame_tensor_t> = %s.iter().map(|t| t.raw).collect();" % (arg.p.name, pn))
@@ -958,7 +1001,7 @@ def gen_cs_ops(hdr):
         for arg in ins:
             pn = cs_ident(arg.p.name)
             t = arg.p.type
-            if arg.kind == "tensor":
+            if arg.kind in ("tensor", "opt_tensor"):  # null passes NULL
                 sig.append("Tensor %s" % pn)
                 call.append("Tensor.RawOf(%s)" % pn)
                 keep.append(pn)
@@ -1081,9 +1124,9 @@ def main():
     if stale:
         print("gen_bindings.py: stale generated files (run scripts/gen_bindings.py): %s" % ", ".join(stale), file=sys.stderr)
         return 1
-    print("%d functions, %d enums, %d structs, %d callback types, %d handles, %d constants" % (
+    print("%d functions, %d enums, %d structs, %d callback types, %d handles, %d foreign structs, %d constants" % (
         len(hdr.funcs), len([e for e in hdr.enums if e.name]), len(hdr.structs), len(hdr.fnptrs),
-        len(hdr.handles), len(hdr.defines)))
+        len(hdr.handles), len(hdr.opaque), len(hdr.defines)))
     return 0
 
 

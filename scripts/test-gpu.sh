@@ -15,7 +15,9 @@
 # Steps: configure (Release) + build with all cores; ctest with a fresh, empty kernel cache
 # (FLAME_KERNEL_CACHE_DIR under the build dir: every kernel compiled by NVRTC); ctest again on the
 # now warm cache (the cache-hit path) unless FLAME_SKIP_WARM_RUN=1; then the PyTorch parity suite
-# (tests/parity/run_parity.py) when it exists. Exits non-zero if any step fails; prints a summary.
+# (tests/parity/run_parity.py) when it exists, the DLPack exchange with PyTorch
+# (tests/parity/test_dlpack_torch.py) and the safetensors interop check with the Python package
+# (tests/parity/test_safetensors_torch.py). Exits non-zero if any step fails; prints a summary.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -117,6 +119,20 @@ if [[ -f $ROOT/tests/parity/run_parity.py ]]; then
     python3 "$ROOT/tests/parity/run_parity.py"
 else
   summary+=("PyTorch parity: tests/parity/run_parity.py not present, skipped")
+fi
+
+# DLPack exchange with PyTorch (zero copy both ways, deleters, memory freed on both sides).
+if [[ -f $ROOT/tests/parity/test_dlpack_torch.py ]]; then
+  export FLAME_LIBRARY=$BUILD_DIR/libflame.so
+  run "DLPack with PyTorch (tests/parity/test_dlpack_torch.py)" "$LOG_DIR/dlpack-torch.log" \
+    python3 "$ROOT/tests/parity/test_dlpack_torch.py"
+fi
+# safetensors files written by the Python package load in FLAME and FLAME's files load there (prints
+# SKIPPED and passes when the `safetensors` package is not installed).
+if [[ -f $ROOT/tests/parity/test_safetensors_torch.py ]]; then
+  export FLAME_LIBRARY=$BUILD_DIR/libflame.so FLAME_BUILD_DIR=$BUILD_DIR
+  run "safetensors interop (tests/parity/test_safetensors_torch.py)" "$LOG_DIR/safetensors-interop.log" \
+    python3 "$ROOT/tests/parity/test_safetensors_torch.py"
 fi
 
 # Quote-able summary: the ctest result lines and timings.

@@ -529,6 +529,45 @@ namespace Flame
             return p;
         }
 
+        /// <summary>flame_tensor_to_dlpack: a new DLManagedTensor* sharing this tensor's memory (no
+        /// copy). The caller owns it: hand it to a consumer or call its deleter exactly once.</summary>
+        public unsafe IntPtr ToDlpack()
+        {
+            IntPtr p = IntPtr.Zero;
+            Status.Check(Native.flame_tensor_to_dlpack(Raw, &p));
+            GC.KeepAlive(this);
+            return p;
+        }
+
+        /// <summary>flame_tensor_to_dlpack_versioned: as ToDlpack with DLManagedTensorVersioned*.</summary>
+        public unsafe IntPtr ToDlpackVersioned()
+        {
+            IntPtr p = IntPtr.Zero;
+            Status.Check(Native.flame_tensor_to_dlpack_versioned(Raw, &p));
+            GC.KeepAlive(this);
+            return p;
+        }
+
+        /// <summary>flame_tensor_from_dlpack: a tensor of ctx over src's CUDA memory (a
+        /// DLManagedTensor*; no copy). On success FLAME owns src and calls its deleter once; when
+        /// this throws, src is still the caller's.</summary>
+        public static unsafe Tensor FromDlpack(Context ctx, IntPtr src)
+        {
+            IntPtr o = IntPtr.Zero;
+            Status.Check(Native.flame_tensor_from_dlpack(ctx == null ? IntPtr.Zero : ctx.Raw, src, &o));
+            GC.KeepAlive(ctx);
+            return new Tensor(o);
+        }
+
+        /// <summary>flame_tensor_from_dlpack_versioned: as FromDlpack for DLManagedTensorVersioned*.</summary>
+        public static unsafe Tensor FromDlpackVersioned(Context ctx, IntPtr src)
+        {
+            IntPtr o = IntPtr.Zero;
+            Status.Check(Native.flame_tensor_from_dlpack_versioned(ctx == null ? IntPtr.Zero : ctx.Raw, src, &o));
+            GC.KeepAlive(ctx);
+            return new Tensor(o);
+        }
+
         /// <summary>The tensor's context, as a non-owning wrapper.</summary>
         public unsafe Context GetContext()
         {
@@ -767,5 +806,337 @@ namespace Flame
         internal void MarkDestroyed() { }
         /// <summary>Removes the hook now (flame_hook_remove); the delegate is released.</summary>
         public void Dispose() { h.Dispose(); }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // safetensors (flame.h "safetensors")
+    // ------------------------------------------------------------------------------------------
+
+    public sealed class SafetensorsHandle : SafeHandle
+    {
+        public SafetensorsHandle(IntPtr h) : base(IntPtr.Zero, true) { SetHandle(h); }
+        public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+        protected override bool ReleaseHandle() { Native.flame_safetensors_release(handle); return true; }
+    }
+
+    /// <summary>An open safetensors file (memory-mapped, header validated). Dispose releases it;
+    /// tensors read from it stay valid. Strings cross as UTF-8.</summary>
+    public sealed class SafetensorsFile : IDisposable
+    {
+        readonly SafetensorsHandle h;
+        SafetensorsFile(IntPtr raw) { h = new SafetensorsHandle(raw); }
+
+        /// <summary>flame_safetensors_load: opens the file at path for reading on ctx.</summary>
+        public static SafetensorsFile Open(Context ctx, string path)
+        {
+            Library.EnsureLoaded();
+            return OpenImpl(ctx, path);
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe SafetensorsFile OpenImpl(Context ctx, string path)
+        {
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_safetensors_load(ctx.Raw, path, &raw));  // string: UTF-8 on Mono/Linux
+            GC.KeepAlive(ctx);
+            return new SafetensorsFile(raw);
+        }
+
+        public IntPtr Raw
+        {
+            get
+            {
+                if (h.IsClosed)
+                    throw new ObjectDisposedException("SafetensorsFile");
+                return h.DangerousGetHandle();
+            }
+        }
+
+        public void Dispose() { h.Dispose(); }
+
+        /// <summary>The tensor names, in byte order.</summary>
+        public unsafe string[] Names()
+        {
+            long n = 0;
+            Status.Check(Native.flame_safetensors_count(Raw, &n));
+            var names = new string[n];
+            for (long i = 0; i < n; ++i)
+            {
+                byte* s = null;
+                Status.Check(Native.flame_safetensors_name(Raw, i, &s));
+                names[i] = Utf8.Read(s);
+            }
+            GC.KeepAlive(this);
+            return names;
+        }
+
+        /// <summary>The dtype and shape of tensor name (FLAME_ERROR_UNSUPPORTED for a dtype FLAME lacks).</summary>
+        public unsafe long[] Info(string name, out flame_dtype_t dtype)
+        {
+            flame_dtype_t dt = 0;
+            int nd = 0;
+            Status.Check(Native.flame_safetensors_info(Raw, name, &dt, null, 0, &nd));
+            var shape = new long[nd];
+            fixed (long* sp = shape)
+                Status.Check(Native.flame_safetensors_info(Raw, name, &dt, nd == 0 ? null : sp, nd, &nd));
+            GC.KeepAlive(this);
+            dtype = dt;
+            return shape;
+        }
+
+        /// <summary>flame_safetensors_get: tensor name as a new device tensor on the file's context.</summary>
+        public unsafe Tensor Get(string name)
+        {
+            IntPtr o = IntPtr.Zero;
+            Status.Check(Native.flame_safetensors_get(Raw, name, &o));
+            GC.KeepAlive(this);
+            return new Tensor(o);
+        }
+
+        /// <summary>Every __metadata__ entry, sorted by key.</summary>
+        public unsafe KeyValuePair<string, string>[] Metadata()
+        {
+            long n = 0;
+            Status.Check(Native.flame_safetensors_metadata_count(Raw, &n));
+            var md = new KeyValuePair<string, string>[n];
+            for (long i = 0; i < n; ++i)
+            {
+                byte* k = null;
+                Status.Check(Native.flame_safetensors_metadata_key(Raw, i, &k));
+                string key = Utf8.Read(k);
+                md[i] = new KeyValuePair<string, string>(key, MetadataValue(key));
+            }
+            GC.KeepAlive(this);
+            return md;
+        }
+
+        /// <summary>The metadata value under key, or null when the file has no such key.</summary>
+        public unsafe string MetadataValue(string key)
+        {
+            byte* v = null;
+            Status.Check(Native.flame_safetensors_metadata(Raw, key, &v));
+            string value = Utf8.Read(v);  // copied before the handle may go
+            GC.KeepAlive(this);
+            return value;
+        }
+
+        /// <summary>flame_safetensors_save: writes tensors under names (any dtype and strides, all on
+        /// ctx) with metadata (may be null) to path, atomically.</summary>
+        public static void Save(Context ctx, string path, string[] names, Tensor[] tensors, IDictionary<string, string> metadata)
+        {
+            Library.EnsureLoaded();
+            SaveImpl(ctx, path, names ?? new string[0], tensors ?? new Tensor[0], metadata);
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe void SaveImpl(Context ctx, string path, string[] names, Tensor[] tensors, IDictionary<string, string> metadata)
+        {
+            if (names.Length != tensors.Length)
+                throw new ArgumentException("names and tensors differ in length");
+            var strings = new List<IntPtr>();
+            try
+            {
+                var np = new IntPtr[Math.Max(names.Length, 1)];
+                for (int i = 0; i < names.Length; ++i) { np[i] = Utf8.Alloc(names[i]); strings.Add(np[i]); }
+                var kv = new IntPtr[Math.Max(2 * (metadata == null ? 0 : metadata.Count), 1)];
+                int nm = 0;
+                if (metadata != null)
+                    foreach (var e in metadata)
+                    {
+                        kv[2 * nm] = Utf8.Alloc(e.Key); strings.Add(kv[2 * nm]);
+                        kv[2 * nm + 1] = Utf8.Alloc(e.Value); strings.Add(kv[2 * nm + 1]);
+                        ++nm;
+                    }
+                IntPtr[] raws = Tensor.RawArray(tensors);
+                if (raws.Length == 0) raws = new IntPtr[1];
+                fixed (IntPtr* n = np)
+                fixed (IntPtr* t = raws)
+                fixed (IntPtr* m = kv)
+                    Status.Check(Native.flame_safetensors_save(ctx.Raw, path, (byte**)n, t, names.Length, (byte**)m, nm));
+                GC.KeepAlive(ctx);
+                GC.KeepAlive(tensors);
+            }
+            finally
+            {
+                foreach (IntPtr q in strings) Utf8.Free(q);
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Optimizers (flame.h "Optimizers")
+    // ------------------------------------------------------------------------------------------
+
+    public sealed class OptimizerHandle : SafeHandle
+    {
+        public OptimizerHandle(IntPtr h) : base(IntPtr.Zero, true) { SetHandle(h); }
+        public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+        protected override bool ReleaseHandle() { Native.flame_optimizer_release(handle); return true; }
+    }
+
+    /// <summary>Hyper-parameters of one parameter group (flame_optimizer_options_t), starting from
+    /// the defaults of the kind (flame_optimizer_options_init).</summary>
+    public sealed class OptimizerOptions
+    {
+        internal flame_optimizer_options_t O;
+
+        /// <summary>The defaults of kind; an unknown kind is FLAME_ERROR_INVALID_ARGUMENT.</summary>
+        public OptimizerOptions(flame_optimizer_kind_t kind)
+        {
+            Library.EnsureLoaded();
+            O = Init(kind);
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe flame_optimizer_options_t Init(flame_optimizer_kind_t kind)
+        {
+            flame_optimizer_options_t o;
+            Status.Check(Native.flame_optimizer_options_init(&o, (int)kind));
+            return o;
+        }
+
+        /// <summary>A copy of the C struct (struct_size set by flame_optimizer_options_init).</summary>
+        public flame_optimizer_options_t Raw { get { return O; } }
+
+        public flame_optimizer_kind_t Kind { get { return (flame_optimizer_kind_t)O.kind; } }
+        public double Lr { get { return O.lr; } set { O.lr = value; } }
+        public double WeightDecay { get { return O.weight_decay; } set { O.weight_decay = value; } }
+        public double Beta1 { get { return O.beta1; } set { O.beta1 = value; } }
+        public double Beta2 { get { return O.beta2; } set { O.beta2 = value; } }
+        public double Eps { get { return O.eps; } set { O.eps = value; } }
+        public double Momentum { get { return O.momentum; } set { O.momentum = value; } }
+        public double Dampening { get { return O.dampening; } set { O.dampening = value; } }
+        public bool Nesterov { get { return O.nesterov != 0; } set { O.nesterov = value ? 1 : 0; } }
+        public bool Amsgrad { get { return O.amsgrad != 0; } set { O.amsgrad = value ? 1 : 0; } }
+        public bool Maximize { get { return O.maximize != 0; } set { O.maximize = value ? 1 : 0; } }
+        public bool MasterWeights { get { return O.master_weights != 0; } set { O.master_weights = value ? 1 : 0; } }
+        public bool StochasticRounding { get { return O.stochastic_rounding != 0; } set { O.stochastic_rounding = value ? 1 : 0; } }
+    }
+
+    /// <summary>A FLAME optimizer: updates the parameters that have a .grad, in place. Dispose
+    /// releases it and its state; the parameters stay.</summary>
+    public sealed class Optimizer : IDisposable
+    {
+        readonly OptimizerHandle h;
+
+        /// <summary>flame_optimizer_create: group 0 is parameters (contiguous floating leaves of ctx,
+        /// each at most once in the optimizer).</summary>
+        public Optimizer(Context ctx, OptimizerOptions options, params Tensor[] parameters)
+        {
+            Library.EnsureLoaded();
+            h = new OptimizerHandle(Create(ctx, options, parameters));
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe IntPtr Create(Context ctx, OptimizerOptions options, Tensor[] parameters)
+        {
+            if (options == null)
+                throw new ArgumentNullException("options");
+            flame_optimizer_options_t o = options.O;
+            IntPtr[] p = Tensor.RawArray(parameters);
+            IntPtr raw = IntPtr.Zero;
+            fixed (IntPtr* pp = p)
+                Status.Check(Native.flame_optimizer_create(ctx.Raw, &o, p.Length == 0 ? null : pp, p.Length, &raw));
+            GC.KeepAlive(ctx); GC.KeepAlive(parameters);
+            return raw;
+        }
+
+        public IntPtr Raw
+        {
+            get
+            {
+                if (h.IsClosed)
+                    throw new ObjectDisposedException("Optimizer");
+                return h.DangerousGetHandle();
+            }
+        }
+
+        public void Dispose() { h.Dispose(); }
+
+        /// <summary>flame_optimizer_add_param_group: a new group with its own options (same kind);
+        /// returns its index.</summary>
+        public unsafe int AddParamGroup(OptimizerOptions options, params Tensor[] parameters)
+        {
+            if (options == null)
+                throw new ArgumentNullException("options");
+            flame_optimizer_options_t o = options.O;
+            IntPtr[] p = Tensor.RawArray(parameters);
+            int group = -1;
+            fixed (IntPtr* pp = p)
+                Status.Check(Native.flame_optimizer_add_param_group(Raw, &o, p.Length == 0 ? null : pp, p.Length, &group));
+            GC.KeepAlive(parameters); GC.KeepAlive(this);
+            return group;
+        }
+
+        /// <summary>flame_optimizer_step: one update of every parameter with a gradient.</summary>
+        public void Step()
+        {
+            Status.Check(Native.flame_optimizer_step(Raw));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_optimizer_zero_grad: drops the gradients (setToNone) or fills them with 0.</summary>
+        public void ZeroGrad(bool setToNone = true)
+        {
+            Status.Check(Native.flame_optimizer_zero_grad(Raw, setToNone ? 1 : 0));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_optimizer_set_lr: the learning rate of group, or of every group for -1.</summary>
+        public void SetLr(double lr, int group = -1)
+        {
+            Status.Check(Native.flame_optimizer_set_lr(Raw, group, lr));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_optimizer_get_lr: the learning rate of group.</summary>
+        public unsafe double GetLr(int group = 0)
+        {
+            double lr = 0;
+            Status.Check(Native.flame_optimizer_get_lr(Raw, group, &lr));
+            GC.KeepAlive(this);
+            return lr;
+        }
+
+        /// <summary>flame_optimizer_step_count: the number of completed steps.</summary>
+        public unsafe long StepCount()
+        {
+            long n = 0;
+            Status.Check(Native.flame_optimizer_step_count(Raw, &n));
+            GC.KeepAlive(this);
+            return n;
+        }
+    }
+
+    /// <summary>NUL-terminated UTF-8 strings for the C side (a string holding NUL ends there).</summary>
+    static class Utf8
+    {
+        public static IntPtr Alloc(string s)
+        {
+            if (s == null)
+                return IntPtr.Zero;  // the C side reports the NULL argument
+            byte[] b = Encoding.UTF8.GetBytes(s);
+            IntPtr p = Marshal.AllocHGlobal(b.Length + 1);
+            Marshal.Copy(b, 0, p, b.Length);
+            Marshal.WriteByte(p, b.Length, 0);
+            return p;
+        }
+
+        public static void Free(IntPtr p)
+        {
+            if (p != IntPtr.Zero)
+                Marshal.FreeHGlobal(p);
+        }
+
+        public static unsafe string Read(byte* p)
+        {
+            if (p == null)
+                return null;
+            int n = 0;
+            while (p[n] != 0) ++n;
+            var b = new byte[n];
+            Marshal.Copy((IntPtr)p, b, 0, n);
+            return Encoding.UTF8.GetString(b);
+        }
     }
 }

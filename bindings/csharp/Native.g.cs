@@ -41,6 +41,28 @@ namespace Flame.Interop
         FLAME_DTYPE_BOOL = 7,
     }
 
+    public enum flame_activation_t : int
+    {
+        FLAME_ACTIVATION_NONE = 0,
+        FLAME_ACTIVATION_RELU = 1,
+        FLAME_ACTIVATION_GELU_TANH = 2,
+    }
+
+    public enum flame_optimizer_kind_t : int
+    {
+        FLAME_OPTIMIZER_SGD = 0,
+        FLAME_OPTIMIZER_ADAM = 1,
+        FLAME_OPTIMIZER_ADAMW = 2,
+        FLAME_OPTIMIZER_LION = 3,
+    }
+
+    public enum flame_reduction_t : int
+    {
+        FLAME_REDUCTION_NONE = 0,
+        FLAME_REDUCTION_MEAN = 1,
+        FLAME_REDUCTION_SUM = 2,
+    }
+
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_ctx_options_t
     {
@@ -60,6 +82,25 @@ namespace Flame.Interop
         public ulong bytes_reserved;
         public ulong peak_bytes_in_use;
         public ulong live_tensors;
+    }
+
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct flame_optimizer_options_t
+    {
+        public UIntPtr struct_size;
+        public int kind;
+        public double lr;
+        public double weight_decay;
+        public double beta1;
+        public double beta2;
+        public double eps;
+        public double momentum;
+        public double dampening;
+        public int nesterov;
+        public int amsgrad;
+        public int maximize;
+        public int master_weights;
+        public int stochastic_rounding;
     }
 
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
@@ -82,6 +123,7 @@ namespace Flame.Interop
         public const int FLAME_ABI_VERSION = 1;
         public const int FLAME_MAX_DIMS = 8;
         public const int FLAME_DIM_ALL = -2147483648;
+        public const long FLAME_NO_PADDING = -9223372036854775808;
         public const uint FLAME_BACKWARD_RETAIN_GRAPH = 1;
         public const uint FLAME_BACKWARD_CREATE_GRAPH = 2;
         public const uint FLAME_GRAD_ALLOW_UNUSED = 4;
@@ -218,6 +260,20 @@ namespace Flame.Interop
             "flame_sum_all",
             "flame_max_all",
             "flame_min_all",
+            "flame_matmul",
+            "flame_bmm",
+            "flame_linear",
+            "flame_optimizer_options_init",
+            "flame_optimizer_create",
+            "flame_optimizer_add_param_group",
+            "flame_optimizer_step",
+            "flame_optimizer_zero_grad",
+            "flame_optimizer_set_lr",
+            "flame_optimizer_get_lr",
+            "flame_optimizer_step_count",
+            "flame_optimizer_release",
+            "flame_clip_grad_norm",
+            "flame_clip_grad_value",
             "flame_tensor_set_requires_grad",
             "flame_tensor_requires_grad",
             "flame_tensor_is_leaf",
@@ -240,6 +296,34 @@ namespace Flame.Interop
             "flame_rms_norm",
             "flame_group_norm",
             "flame_batch_norm",
+            "flame_cross_entropy",
+            "flame_nll_loss",
+            "flame_mse_loss",
+            "flame_l1_loss",
+            "flame_smooth_l1_loss",
+            "flame_huber_loss",
+            "flame_binary_cross_entropy_with_logits",
+            "flame_tensor_to_dlpack",
+            "flame_tensor_from_dlpack",
+            "flame_tensor_to_dlpack_versioned",
+            "flame_tensor_from_dlpack_versioned",
+            "flame_safetensors_load",
+            "flame_safetensors_release",
+            "flame_safetensors_count",
+            "flame_safetensors_name",
+            "flame_safetensors_info",
+            "flame_safetensors_get",
+            "flame_safetensors_metadata_count",
+            "flame_safetensors_metadata_key",
+            "flame_safetensors_metadata",
+            "flame_safetensors_save",
+            "flame_index_select",
+            "flame_gather",
+            "flame_scatter_add",
+            "flame_index_add",
+            "flame_masked_fill",
+            "flame_one_hot",
+            "flame_embedding",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -632,6 +716,48 @@ namespace Flame.Interop
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_min_all", ExactSpelling = true)]
         public static extern flame_status_t flame_min_all(IntPtr t, IntPtr* @out);
 
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_matmul", ExactSpelling = true)]
+        public static extern flame_status_t flame_matmul(IntPtr a, IntPtr b, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_bmm", ExactSpelling = true)]
+        public static extern flame_status_t flame_bmm(IntPtr a, IntPtr b, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_linear", ExactSpelling = true)]
+        public static extern flame_status_t flame_linear(IntPtr x, IntPtr weight, IntPtr bias, int activation, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_options_init(flame_optimizer_options_t* opts, int kind);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_create", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_create(IntPtr ctx, flame_optimizer_options_t* opts, IntPtr* @params, long n, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_add_param_group", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_add_param_group(IntPtr opt, flame_optimizer_options_t* opts, IntPtr* @params, long n, int* group);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_step", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_step(IntPtr opt);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_zero_grad", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_zero_grad(IntPtr opt, int set_to_none);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_set_lr", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_set_lr(IntPtr opt, int group, double lr);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_get_lr", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_get_lr(IntPtr opt, int group, double* lr);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_step_count", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_step_count(IntPtr opt, long* steps);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_release", ExactSpelling = true)]
+        public static extern void flame_optimizer_release(IntPtr opt);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_clip_grad_norm", ExactSpelling = true)]
+        public static extern flame_status_t flame_clip_grad_norm(IntPtr ctx, IntPtr* @params, long n, double max_norm, double norm_type, int error_if_nonfinite, IntPtr* total_norm);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_clip_grad_value", ExactSpelling = true)]
+        public static extern flame_status_t flame_clip_grad_value(IntPtr ctx, IntPtr* @params, long n, double clip);
+
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_set_requires_grad", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_set_requires_grad(IntPtr t, int requires_grad);
 
@@ -697,6 +823,90 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_batch_norm", ExactSpelling = true)]
         public static extern flame_status_t flame_batch_norm(IntPtr x, IntPtr running_mean, IntPtr running_var, IntPtr weight, IntPtr bias, int training, double momentum, double eps, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_cross_entropy", ExactSpelling = true)]
+        public static extern flame_status_t flame_cross_entropy(IntPtr logits, IntPtr target, IntPtr weight, long ignore_index, double label_smoothing, flame_reduction_t reduction, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_nll_loss", ExactSpelling = true)]
+        public static extern flame_status_t flame_nll_loss(IntPtr input, IntPtr target, IntPtr weight, long ignore_index, flame_reduction_t reduction, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_mse_loss", ExactSpelling = true)]
+        public static extern flame_status_t flame_mse_loss(IntPtr input, IntPtr target, flame_reduction_t reduction, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_l1_loss", ExactSpelling = true)]
+        public static extern flame_status_t flame_l1_loss(IntPtr input, IntPtr target, flame_reduction_t reduction, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_smooth_l1_loss", ExactSpelling = true)]
+        public static extern flame_status_t flame_smooth_l1_loss(IntPtr input, IntPtr target, double beta, flame_reduction_t reduction, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_huber_loss", ExactSpelling = true)]
+        public static extern flame_status_t flame_huber_loss(IntPtr input, IntPtr target, double delta, flame_reduction_t reduction, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_binary_cross_entropy_with_logits", ExactSpelling = true)]
+        public static extern flame_status_t flame_binary_cross_entropy_with_logits(IntPtr logits, IntPtr target, IntPtr weight, IntPtr pos_weight, flame_reduction_t reduction, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_to_dlpack", ExactSpelling = true)]
+        public static extern flame_status_t flame_tensor_to_dlpack(IntPtr t, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_from_dlpack", ExactSpelling = true)]
+        public static extern flame_status_t flame_tensor_from_dlpack(IntPtr ctx, IntPtr src, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_to_dlpack_versioned", ExactSpelling = true)]
+        public static extern flame_status_t flame_tensor_to_dlpack_versioned(IntPtr t, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_from_dlpack_versioned", ExactSpelling = true)]
+        public static extern flame_status_t flame_tensor_from_dlpack_versioned(IntPtr ctx, IntPtr src, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_load", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_load(IntPtr ctx, string path, IntPtr* file);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_release", ExactSpelling = true)]
+        public static extern void flame_safetensors_release(IntPtr file);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_count", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_count(IntPtr file, long* count);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_name", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_name(IntPtr file, long index, byte** name);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_info", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_info(IntPtr file, string name, flame_dtype_t* dtype, long* shape, int capacity, int* ndim);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_get", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_get(IntPtr file, string name, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_metadata_count", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_metadata_count(IntPtr file, long* count);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_metadata_key", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_metadata_key(IntPtr file, long index, byte** key);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_metadata", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_metadata(IntPtr file, string key, byte** value);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_save", ExactSpelling = true)]
+        public static extern flame_status_t flame_safetensors_save(IntPtr ctx, string path, byte** names, IntPtr* tensors, long n, byte** metadata_kv, long n_metadata);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_index_select", ExactSpelling = true)]
+        public static extern flame_status_t flame_index_select(IntPtr t, int dim, IntPtr index, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_gather", ExactSpelling = true)]
+        public static extern flame_status_t flame_gather(IntPtr t, int dim, IntPtr index, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scatter_add", ExactSpelling = true)]
+        public static extern flame_status_t flame_scatter_add(IntPtr t, int dim, IntPtr index, IntPtr src, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_index_add", ExactSpelling = true)]
+        public static extern flame_status_t flame_index_add(IntPtr t, int dim, IntPtr index, IntPtr source, double alpha, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_masked_fill", ExactSpelling = true)]
+        public static extern flame_status_t flame_masked_fill(IntPtr t, IntPtr mask, double value, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_one_hot", ExactSpelling = true)]
+        public static extern flame_status_t flame_one_hot(IntPtr index, long num_classes, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_embedding", ExactSpelling = true)]
+        public static extern flame_status_t flame_embedding(IntPtr weight, IntPtr indices, long padding_idx, IntPtr* @out);
 
     }
 }

@@ -1022,6 +1022,43 @@ namespace Flame
             return new Tensor(o_out);
         }
 
+        /// <summary><c>flame_status_t flame_matmul(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Matmul(Tensor b)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_matmul(Raw, Tensor.RawOf(b), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(b);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_bmm(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Bmm(Tensor b)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_bmm(Raw, Tensor.RawOf(b), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(b);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_linear(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, int32_t activation, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Linear(Tensor weight, Tensor bias, int activation)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_linear(Raw, Tensor.RawOf(weight), Tensor.RawOf(bias), activation, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(weight);
+            GC.KeepAlive(bias);
+            return new Tensor(o_out);
+        }
+
         /// <summary><c>flame_status_t flame_tensor_set_requires_grad(flame_tensor_t t, int32_t requires_grad)</c></summary>
         public unsafe void SetRequiresGrad(bool requires_grad)
         {
@@ -1158,6 +1195,179 @@ namespace Flame
             GC.KeepAlive(running_var);
             GC.KeepAlive(weight);
             GC.KeepAlive(bias);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_cross_entropy(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, double label_smoothing, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor CrossEntropy(Tensor target, Tensor weight, long ignore_index, double label_smoothing, flame_reduction_t reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_cross_entropy(Raw, Tensor.RawOf(target), Tensor.RawOf(weight), ignore_index, label_smoothing, reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            GC.KeepAlive(weight);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_nll_loss(flame_tensor_t input, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor NllLoss(Tensor target, Tensor weight, long ignore_index, flame_reduction_t reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_nll_loss(Raw, Tensor.RawOf(target), Tensor.RawOf(weight), ignore_index, reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            GC.KeepAlive(weight);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_mse_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor MseLoss(Tensor target, flame_reduction_t reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_mse_loss(Raw, Tensor.RawOf(target), reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_l1_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor L1Loss(Tensor target, flame_reduction_t reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_l1_loss(Raw, Tensor.RawOf(target), reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_smooth_l1_loss(flame_tensor_t input, flame_tensor_t target, double beta, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor SmoothL1Loss(Tensor target, double beta, flame_reduction_t reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_smooth_l1_loss(Raw, Tensor.RawOf(target), beta, reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_huber_loss(flame_tensor_t input, flame_tensor_t target, double delta, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor HuberLoss(Tensor target, double delta, flame_reduction_t reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_huber_loss(Raw, Tensor.RawOf(target), delta, reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, flame_tensor_t pos_weight, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor BinaryCrossEntropyWithLogits(Tensor target, Tensor weight, Tensor pos_weight, flame_reduction_t reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_binary_cross_entropy_with_logits(Raw, Tensor.RawOf(target), Tensor.RawOf(weight), Tensor.RawOf(pos_weight), reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            GC.KeepAlive(weight);
+            GC.KeepAlive(pos_weight);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_index_select(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor IndexSelect(int dim, Tensor index)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_index_select(Raw, dim, Tensor.RawOf(index), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(index);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_gather(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Gather(int dim, Tensor index)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_gather(Raw, dim, Tensor.RawOf(index), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(index);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_scatter_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor ScatterAdd(int dim, Tensor index, Tensor src)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_scatter_add(Raw, dim, Tensor.RawOf(index), Tensor.RawOf(src), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(index);
+            GC.KeepAlive(src);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_index_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t source, double alpha, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor IndexAdd(int dim, Tensor index, Tensor source, double alpha)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_index_add(Raw, dim, Tensor.RawOf(index), Tensor.RawOf(source), alpha, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(index);
+            GC.KeepAlive(source);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_masked_fill(flame_tensor_t t, flame_tensor_t mask, double value, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor MaskedFill(Tensor mask, double value)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_masked_fill(Raw, Tensor.RawOf(mask), value, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(mask);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_one_hot(flame_tensor_t index, int64_t num_classes, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor OneHot(long num_classes)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_one_hot(Raw, num_classes, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_embedding(flame_tensor_t weight, flame_tensor_t indices, int64_t padding_idx, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Embedding(Tensor indices, long padding_idx)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_embedding(Raw, Tensor.RawOf(indices), padding_idx, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(indices);
             return new Tensor(o_out);
         }
 
@@ -1360,6 +1570,32 @@ namespace Flame
             }
             GC.KeepAlive(this);
             return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_clip_grad_norm(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double max_norm, double norm_type, int32_t error_if_nonfinite, flame_tensor_t* total_norm)</c></summary>
+        public unsafe Tensor ClipGradNorm(Tensor[] @params, double max_norm, double norm_type, int error_if_nonfinite)
+        {
+            IntPtr[] params_raw = Tensor.RawArray(@params);
+            IntPtr o_total_norm = IntPtr.Zero;
+            fixed (IntPtr* params_p = params_raw)
+            {
+                Status.Check(Native.flame_clip_grad_norm(Raw, params_p, (long)params_raw.Length, max_norm, norm_type, error_if_nonfinite, &o_total_norm));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(@params);
+            return new Tensor(o_total_norm);
+        }
+
+        /// <summary><c>flame_status_t flame_clip_grad_value(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double clip)</c></summary>
+        public unsafe void ClipGradValue(Tensor[] @params, double clip)
+        {
+            IntPtr[] params_raw = Tensor.RawArray(@params);
+            fixed (IntPtr* params_p = params_raw)
+            {
+                Status.Check(Native.flame_clip_grad_value(Raw, params_p, (long)params_raw.Length, clip));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(@params);
         }
 
         /// <summary><c>flame_status_t flame_ctx_is_grad_enabled(flame_ctx_t ctx, int32_t* enabled)</c></summary>

@@ -102,6 +102,19 @@ static class Tests
         t.Dispose(); // release(NULL): no-op
     }
 
+    static void CpuDlpackErrors()
+    {
+        var t = new Tensor(IntPtr.Zero);
+        Eq(Throws(() => t.ToDlpack(), "to_dlpack(NULL)").Status, flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "status");
+        Eq(Throws(() => t.ToDlpackVersioned(), "to_dlpack_versioned(NULL)").Status, flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "status");
+        var e = Throws(() => Tensor.FromDlpack(null, IntPtr.Zero), "from_dlpack(NULL)");
+        Eq(e.Status, flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "status");
+        Assert(e.Message.Contains("flame_tensor_from_dlpack"), "message names the function: " + e.Message);
+        Eq(Throws(() => Tensor.FromDlpackVersioned(null, IntPtr.Zero), "from_dlpack_versioned(NULL)").Status,
+           flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "status");
+        t.Dispose();
+    }
+
     static void CpuDisposed()
     {
         var t = new Tensor(IntPtr.Zero);
@@ -226,6 +239,95 @@ static class Tests
             Eq(hookCalls, 300, "hook calls");
             Assert(loss < 1e-3, "loss " + loss);
             Assert(Math.Abs(w.Item() - 3) < 0.05 && Math.Abs(b.Item() + 1) < 0.05, "fit");
+        }
+    }
+
+    static void GpuSafetensors()
+    {
+        using (var ctx = Gpu())
+        using (var w = ctx.FromArray(new float[] { 1, -2, 3.5f, 4, 5, -6 }, 2, 3))
+        using (var wt = w.Transpose(0, 1))
+        {
+            string dir = System.IO.Path.Combine(System.IO.Path.GetTempPath(), "flame-cs-st-" + System.Diagnostics.Process.GetCurrentProcess().Id);
+            System.IO.Directory.CreateDirectory(dir);
+            string path = System.IO.Path.Combine(dir, "m.safetensors");
+            SafetensorsFile.Save(ctx, path, new[] { "w", "wt" }, new[] { w, wt },
+                                 new Dictionary<string, string> { { "format", "pt" }, { "\u00e9t\u00e9", "\u2713" } });
+            using (var f = SafetensorsFile.Open(ctx, path))
+            {
+                Eq(string.Join(",", f.Names()), "w,wt", "names");
+                flame_dtype_t dt;
+                Eq(string.Join(",", f.Info("wt", out dt)), "3,2", "info shape");
+                Eq(dt, flame_dtype_t.FLAME_DTYPE_F32, "info dtype");
+                using (var got = f.Get("wt"))
+                    Close(got.ToFloatArray(), new float[] { 1, 4, -2, 5, 3.5f, -6 }, "values");
+                Eq(f.MetadataValue("\u00e9t\u00e9"), "\u2713", "metadata");
+                Eq(f.MetadataValue("absent"), null, "absent metadata");
+                Eq(f.Metadata().Length, 2, "metadata count");
+                Eq(Throws(() => f.Get("absent"), "absent").Status, flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "status");
+            }
+            Eq(Throws(() => SafetensorsFile.Open(ctx, System.IO.Path.Combine(dir, "missing")), "missing").Status,
+               flame_status_t.FLAME_ERROR_IO, "io status");
+            System.IO.Directory.Delete(dir, true);
+        }
+    }
+
+    static void CpuOptimizerOptions()
+    {
+        var sgd = new OptimizerOptions(flame_optimizer_kind_t.FLAME_OPTIMIZER_SGD);
+        Eq(sgd.Kind, flame_optimizer_kind_t.FLAME_OPTIMIZER_SGD, "kind");
+        Eq(sgd.Lr, 1e-3, "sgd lr"); Eq(sgd.WeightDecay, 0.0, "sgd weight_decay");
+        Eq(sgd.Momentum, 0.0, "sgd momentum"); Eq(sgd.Dampening, 0.0, "sgd dampening");
+        Assert(!sgd.Nesterov && !sgd.Amsgrad && !sgd.Maximize && !sgd.MasterWeights && !sgd.StochasticRounding, "sgd flags");
+        Eq((long)sgd.Raw.struct_size, (long)System.Runtime.InteropServices.Marshal.SizeOf(typeof(flame_optimizer_options_t)), "struct_size");
+        var adamw = new OptimizerOptions(flame_optimizer_kind_t.FLAME_OPTIMIZER_ADAMW);
+        Eq(adamw.WeightDecay, 1e-2, "adamw weight_decay"); Eq(adamw.Beta1, 0.9, "adamw beta1");
+        Eq(adamw.Beta2, 0.999, "adamw beta2"); Eq(adamw.Eps, 1e-8, "adamw eps");
+        var lion = new OptimizerOptions(flame_optimizer_kind_t.FLAME_OPTIMIZER_LION);
+        Eq(lion.Beta2, 0.99, "lion beta2");
+        lion.Lr = 0.5; lion.Nesterov = true;
+        Eq(lion.Raw.lr, 0.5, "lr set"); Eq(lion.Raw.nesterov, 1, "nesterov set");
+        var e = Throws(() => new OptimizerOptions((flame_optimizer_kind_t)42), "unknown kind");
+        Eq(e.Status, flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "unknown kind status");
+    }
+
+    static void GpuOptimizerSgd()
+    {
+        using (var ctx = Gpu())
+        using (var p = ctx.FromArray(new float[] { 1, -2, 3, 0.5f }, 4))
+        using (var q = ctx.FromArray(new float[] { 7 }, 1))
+        using (var g = ctx.FromArray(new float[] { 0.5f, -1, 2, 4 }, 4))
+        {
+            p.SetRequiresGrad(true); q.SetRequiresGrad(true);
+            var opts = new OptimizerOptions(flame_optimizer_kind_t.FLAME_OPTIMIZER_SGD) { Lr = 0.1 };
+            using (var opt = new Optimizer(ctx, opts, p))
+            {
+                opts.Lr = 0.25;
+                Eq(opt.AddParamGroup(opts, q), 1, "group index");
+                Eq(opt.GetLr(0), 0.1, "lr 0"); Eq(opt.GetLr(1), 0.25, "lr 1");
+                Eq(opt.StepCount(), 0L, "steps before");
+                var loss = (p * g).SumAll();
+                loss.Backward();  // d/dp sum(p * g) = g; q has no gradient and is skipped
+                opt.Step();
+                Eq(opt.StepCount(), 1L, "steps after");
+                Close(p.ToFloatArray(), new float[] { 1 - 0.05f, -2 + 0.1f, 3 - 0.2f, 0.5f - 0.4f }, "p - lr * g");
+                Close(q.ToFloatArray(), new float[] { 7 }, "q unchanged");
+                opt.ZeroGrad(false);
+                Close(p.Grad.ToFloatArray(), new float[] { 0, 0, 0, 0 }, "zeroed grad");
+                opt.ZeroGrad(true);
+                Assert(p.Grad == null, "grad dropped");
+                opt.SetLr(0.5);
+                Eq(opt.GetLr(0), 0.5, "lr all 0"); Eq(opt.GetLr(1), 0.5, "lr all 1");
+                opt.SetLr(0.05, 1);
+                Eq(opt.GetLr(1), 0.05, "lr group 1");
+                Eq(Throws(() => opt.SetLr(0.1, 2), "bad group").Status, flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "bad group status");
+                Eq(Throws(() => opt.SetLr(-1), "negative lr").Status, flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "negative lr status");
+                Eq(Throws(() => opt.AddParamGroup(opts, p), "duplicate").Status, flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "duplicate status");
+                opt.Dispose();
+                try { opt.Step(); throw new Exception("Step after Dispose did not throw"); }
+                catch (ObjectDisposedException) { }
+            }
+            Close(p.ToFloatArray(), new float[] { 0.95f, -1.9f, 2.8f, 0.1f }, "parameters outlive the optimizer");
         }
     }
 

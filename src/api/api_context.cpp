@@ -11,7 +11,7 @@ FLAME_API const char* flame_version_string(void) { return FLAME_VERSION_STRING; 
 FLAME_API int32_t flame_abi_version(void) { return FLAME_ABI_VERSION; }
 
 FLAME_API const char* flame_status_string(flame_status_t s) {
-  switch (s) {
+  switch (enum_arg(s)) {
     case FLAME_OK: return "FLAME_OK";
     case FLAME_ERROR_INVALID_ARGUMENT: return "FLAME_ERROR_INVALID_ARGUMENT";
     case FLAME_ERROR_INVALID_HANDLE: return "FLAME_ERROR_INVALID_HANDLE";
@@ -43,8 +43,14 @@ FLAME_API void flame_set_error_message(const char* msg) {
   }
 }
 
-FLAME_API size_t flame_dtype_size(flame_dtype_t d) { return dtype_valid(d) ? dtype_size(d) : 0; }
-FLAME_API const char* flame_dtype_name(flame_dtype_t d) { return dtype_valid(d) ? dtype_name(d) : "unknown"; }
+FLAME_API size_t flame_dtype_size(flame_dtype_t d) {
+  const int32_t v = enum_arg(d);
+  return dtype_valid(v) ? dtype_size(static_cast<DType>(v)) : 0;
+}
+FLAME_API const char* flame_dtype_name(flame_dtype_t d) {
+  const int32_t v = enum_arg(d);
+  return dtype_valid(v) ? dtype_name(static_cast<DType>(v)) : "unknown";
+}
 
 FLAME_API flame_status_t flame_ctx_options_init(flame_ctx_options_t* opts) {
   return api_call("flame_ctx_options_init", [&] {

@@ -22,9 +22,10 @@ std::vector<int> dims_arg(const int32_t* dims, int32_t n, const char* name = "di
   return std::vector<int>(dims, dims + n);
 }
 
-DType dtype_arg(flame_dtype_t d) {
-  FLAME_CHECK(dtype_valid(d), FLAME_ERROR_INVALID_ARGUMENT, "dtype ", static_cast<int>(d), " is not a flame_dtype_t");
-  return d;
+DType dtype_arg(const flame_dtype_t& d) {  // by reference: see enum_arg
+  const int32_t v = enum_arg(d);
+  FLAME_CHECK(dtype_valid(v), FLAME_ERROR_INVALID_ARGUMENT, "dtype ", v, " is not a flame_dtype_t");
+  return static_cast<DType>(v);
 }
 
 // Runs f(ctx) for creation functions and wraps the result.

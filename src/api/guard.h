@@ -1,6 +1,7 @@
 // The C ABI boundary. api_call runs an entry point's body, converts every exception into a status
 // and the thread-local message (prefixed with the function's name), and never lets one escape.
 #pragma once
+#include <cstring>
 #include <new>
 #include <string>
 #include "core/error.h"
@@ -55,5 +56,18 @@ class TensorScope {
  private:
   ContextScope scope_;
 };
+
+// ---------------- enum parameters ----------------
+// The integer a caller passed for an enum parameter (flame_status_t, flame_dtype_t). C lets callers
+// pass any int there, but in C++ reading a value outside the enum's range as the enum type is
+// undefined behaviour (and lets the compiler drop range checks), so entry points read the bytes
+// and validate the integer.
+template <class E>
+int32_t enum_arg(const E& e) noexcept {
+  static_assert(sizeof(E) == sizeof(int32_t), "flame.h enums are 32-bit");
+  int32_t v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
 
 }  // namespace flame

@@ -10,6 +10,8 @@
 #include "autograd/graph.h"
 #include "core/error.h"
 #include "ops/nn.h"
+#include "ops/indexing.h"
+#include "ops/loss.h"
 #include "ops/ops.h"
 
 namespace flame {
@@ -77,13 +79,21 @@ RULE(GeluDeriv) {  // d/dx (Phi + x phi) = phi (2 - x^2)
   Tensor phi = mul_scalar(exp(mul_scalar(square(x), -0.5)), 0.39894228040143267794);
   return {mul(g, mul(phi, unary(OpId::RsubScalar, square(x), 2)))};
 }
-RULE(GeluTanh) {  // u = k (x + c x^3), t = tanh u: 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2)
+RULE(GeluTanh) { return {binary(OpId::GeluTanhBackward, g, saved(n, 0))}; }
+// gelu_tanh''(x): u = k (x + c x^3), t = tanh u: (1 - t^2) (u' + 0.5 x (u'' - 2 t u'^2))
+Tensor gelu_tanh_second(const Tensor& x) {
   const double k = 0.79788456080286535588, c = 0.044715;
-  Tensor x = saved(n, 0), x2 = square(x);
+  Tensor x2 = square(x);
   Tensor t = unary(OpId::Tanh, mul_scalar(mul(x, add_scalar(mul_scalar(x2, c), 1)), k));
-  Tensor left = mul_scalar(add_scalar(t, 1), 0.5);
-  Tensor right = mul(mul_scalar(x, 0.5 * k), mul(unary(OpId::RsubScalar, square(t), 1), add_scalar(mul_scalar(x2, 3 * c), 1)));
-  return {mul(g, add(left, right))};
+  Tensor du = mul_scalar(add_scalar(mul_scalar(x2, 3 * c), 1), k), ddu = mul_scalar(x, 6 * k * c);
+  Tensor inner = add(du, mul(mul_scalar(x, 0.5), sub(ddu, mul(mul_scalar(t, 2), square(du)))));
+  return mul(unary(OpId::RsubScalar, square(t), 1), inner);
+}
+RULE(GeluTanhDeriv) { return {mul(g, gelu_tanh_second(saved(n, 0)))}; }
+RULE(GeluTanhBackward) {  // f(g, z) = g gelu'(z): df/dg = gelu'(z), df/dz = g gelu''(z)
+  Tensor gin = saved(n, 0), z = saved(n, 1);
+  return {n.needs_input_grad(0) ? mul(g, unary(OpId::GeluTanhDeriv, z)) : nullptr,
+          n.needs_input_grad(1) ? mul(mul(g, gin), gelu_tanh_second(z)) : nullptr};
 }
 RULE(Softplus) {
   Tensor z = mul_scalar(saved(n, 0), s0(n));
@@ -171,6 +181,23 @@ Grads amax_amin(Node& n, const Tensor& g) {  // the gradient is split evenly bet
 }
 RULE(Amax) { return amax_amin(n, g); }
 RULE(Amin) { return amax_amin(n, g); }
+RULE(Matmul) {  // a [..., M, K] @ b [..., K, N]: ga = g b^T, gb = a^T g, as products of transposed views
+  Tensor a = saved(n, 0), b = saved(n, 1);
+  const int r = a->ndim() - 2, c = a->ndim() - 1;
+  return {n.needs_input_grad(0) ? mm(g, transpose(b, r, c)) : nullptr,
+          n.needs_input_grad(1) ? mm(transpose(a, r, c), g) : nullptr};
+}
+RULE(Linear) {  // y = act(z), z = x W^T + b: dz = g act'(z); gx = dz W; gW = dz^T x; gb = column sums of dz
+  Tensor x = saved(n, 0), w = saved(n, 1), dz = g;
+  auto act = static_cast<Activation>(n.ints.at(0));
+  if (act == Activation::Relu) dz = where(cmp(OpId::Gt, saved(n, 2), 0), g, like_scalar(g, 0));
+  if (act == Activation::GeluTanh) {  // under create_graph, a pre-activation with history reaches x, W, b
+    Tensor z = g->ctx().recording() ? linear(x, w, n.ints.at(1) ? saved(n, 3) : nullptr, Activation::None) : saved(n, 2);
+    dz = binary(OpId::GeluTanhBackward, g, z);
+  }
+  auto [gw, gb] = linear_weight_grad(dz, x, n.needs_input_grad(1), n.needs_input_grad(2));
+  return {n.needs_input_grad(0) ? mm(dz, w) : nullptr, gw, gb};
+}
 RULE(CumSum) {
   int dim = static_cast<int>(n.ints[0]);
   return {flip(cumsum(flip(g, {dim}), dim), {dim})};
@@ -294,16 +321,104 @@ RULE(BatchNorm) {
           nb ? narrow_to(sum(gf, dims, false), n.inputs[2]) : nullptr};
 }
 
+// ---- losses (ops/loss.h) ----
+// The fused backward kernel when no graph of the backward is being built; otherwise the same
+// formula written with FLAME ops (softmax as exp(x - logsumexp x)), in the accumulation dtype, so
+// that it can be differentiated again.
+
+// The incoming gradient per row, as an [M, 1] column (reduction none) or 0-d, over the divisor of
+// reduction mean (the target weights' sum for class indices, else the number of rows), in dtype a.
+Tensor loss_coef(const LossSaved& s, const Tensor& g, DType a) {
+  Tensor c = to_dtype(g, a);
+  if (c->ndim() == 1) c = unsqueeze(c, 1);
+  if (s.reduction != Reduction::Mean) return c;
+  if (s.denom) return div(c, s.denom);
+  int64_t rows = s.target->shape[0];
+  return mul_scalar(c, rows ? 1.0 / static_cast<double>(rows) : std::nan(""));
+}
+// [M, C] bool: column c == target[r].
+Tensor class_mask(const Tensor& target, int64_t classes) {
+  Tensor cols = arange(target->ctx(), 0, static_cast<double>(classes), 1, FLAME_DTYPE_I64);
+  return binary(OpId::Eq, unsqueeze(target, 1), cols);
+}
+Tensor log_softmax_rows(const Tensor& x) { return sub(x, logsumexp(x, {1}, true)); }
+// [M, 1] bool: the rows whose target is not ignore_index. Ignored rows get a zero gradient through
+// where() (not a product with a 0/1 mask: an all-ignored mean has an infinite coefficient).
+Tensor valid_rows(const LossSaved& s) {
+  Tensor ignore = scalar(s.target->ctx(), static_cast<double>(s.ignore_index), FLAME_DTYPE_I64);
+  return unsqueeze(binary(OpId::Ne, s.target, ignore), 1);
+}
+
+RULE(CrossEntropy) {  // coef (softmax(x) a - (1 - eps) w_t onehot - eps / C w), a = (1 - eps) w_t + eps W / C
+  LossSaved s = unpack_loss(n);
+  if (!g->ctx().recording()) return {cross_entropy_backward(s, g)};
+  Tensor x = to_dtype(s.x, s.lse->dtype);
+  double keep = 1 - s.eps, spread = s.eps / static_cast<double>(s.classes);
+  Tensor wt = unsqueeze(s.wrow, 1), w = s.weight ? s.weight : like_scalar(x, 1);
+  Tensor W = s.weight ? s.wsum : like_scalar(x, static_cast<double>(s.classes));
+  Tensor a = add(mul_scalar(wt, keep), mul_scalar(W, spread));
+  Tensor b = add(mul(mask_as(class_mask(s.target, s.classes), x), mul_scalar(wt, keep)), mul_scalar(w, spread));
+  Tensor gx = mul(loss_coef(s, g, x->dtype), sub(mul(exp(log_softmax_rows(x)), a), b));
+  return {to_dtype(where(valid_rows(s), gx, like_scalar(x, 0)), s.x->dtype)};
+}
+RULE(CrossEntropyProbs) {  // x: coef (softmax(x) T - w t'), t: -(1 - eps) coef w log_softmax(x)
+  LossSaved s = unpack_loss(n);
+  bool graph = g->ctx().recording();
+  DType a = s.lse->dtype;
+  double keep = 1 - s.eps, spread = s.eps / static_cast<double>(s.classes);
+  Tensor x = to_dtype(s.x, a), coef = loss_coef(s, g, a), w = s.weight ? s.weight : like_scalar(x, 1);
+  Tensor gx, gt;
+  if (n.needs_input_grad(0)) {
+    if (!graph) {
+      gx = cross_entropy_probs_backward(s, g);
+    } else {
+      Tensor wtp = mul(add_scalar(mul_scalar(to_dtype(s.target, a), keep), spread), w);
+      gx = to_dtype(mul(coef, sub(mul(exp(log_softmax_rows(x)), sum(wtp, {1}, true)), wtp)), s.x->dtype);
+    }
+  }
+  if (n.needs_input_grad(1)) {
+    Tensor logp = graph ? log_softmax_rows(x) : sub(x, unsqueeze(s.lse, 1));
+    gt = to_dtype(mul(mul_scalar(coef, -keep), mul(w, logp)), n.inputs[1].dtype);
+  }
+  return {gx, gt};
+}
+RULE(NllLoss) {  // -coef w_t at (r, target[r])
+  LossSaved s = unpack_loss(n);
+  DType dt = n.inputs[0].dtype;
+  if (!g->ctx().recording()) return {nll_loss_backward(s, g, dt)};
+  Tensor hit = binary(OpId::LogicalAnd, class_mask(s.target, s.classes), valid_rows(s));
+  Tensor gx = neg(mul(loss_coef(s, g, s.wrow->dtype), unsqueeze(s.wrow, 1)));
+  return {to_dtype(where(hit, gx, like_scalar(s.wrow, 0)), dt)};
+}
+
+// ---- indexing (ops/indexing.h): gather and scatter-add are each other's adjoint ----
+RULE(Gather) {  // ints: dim, skip, zero_skip
+  const TensorInfo& in = n.inputs[0];
+  Tensor zero = zeros(g->ctx(), in.shape, in.dtype);
+  return {scatter_add_index(zero, static_cast<int>(n.ints[0]), saved(n, 0), g, n.ints[1], 1.0, "gather (backward): index")};
+}
+RULE(ScatterAdd) {  // ints: dim, skip; reals: alpha. The source's gradient reads 0 where it was skipped.
+  Tensor gs;
+  if (n.needs_input_grad(1)) {
+    gs = gather_index(g, static_cast<int>(n.ints[0]), saved(n, 0), n.ints[1], true, "scatter_add (backward): index");
+    if (s0(n) != 1.0) gs = mul_scalar(gs, s0(n));
+  }
+  return {n.needs_input_grad(0) ? g : nullptr, gs};
+}
+
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
 #define DIFF(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;
   DIFF(Neg) DIFF(Abs) DIFF(Exp) DIFF(Log) DIFF(Log1p) DIFF(Expm1) DIFF(Sqrt) DIFF(Rsqrt) DIFF(Sin) DIFF(Cos)
   DIFF(Tanh) DIFF(Sigmoid) DIFF(Relu) DIFF(Silu) DIFF(Floor) DIFF(Ceil) DIFF(Round) DIFF(Sign) DIFF(Reciprocal)
   DIFF(Square) DIFF(AddScalar) DIFF(SubScalar) DIFF(MulScalar) DIFF(RsubScalar) DIFF(PowScalar) DIFF(LeakyRelu) DIFF(Elu)
-  DIFF(Gelu) DIFF(GeluDeriv) DIFF(GeluTanh) DIFF(Softplus) DIFF(Clamp) DIFF(Add) DIFF(Sub) DIFF(Mul) DIFF(Div)
+  DIFF(Gelu) DIFF(GeluDeriv) DIFF(GeluTanh) DIFF(GeluTanhDeriv) DIFF(GeluTanhBackward) DIFF(Softplus) DIFF(Clamp) DIFF(Add) DIFF(Sub) DIFF(Mul) DIFF(Div)
   DIFF(Pow) DIFF(Maximum) DIFF(Minimum) DIFF(Where) DIFF(Cast) DIFF(Copy) DIFF(Reshape) DIFF(Permute)
   DIFF(Expand) DIFF(ViewSlice) DIFF(ViewScatter) DIFF(Cat) DIFF(Sum) DIFF(Prod) DIFF(Amax) DIFF(Amin) DIFF(CumSum)
+  DIFF(Matmul) DIFF(Linear)
   DIFF(Softmax) DIFF(LogSoftmax) DIFF(LayerNorm) DIFF(RmsNorm) DIFF(GroupNorm) DIFF(BatchNorm)  // ops/nn.h
+  DIFF(CrossEntropy) DIFF(CrossEntropyProbs) DIFF(NllLoss)
+  DIFF(Gather) DIFF(ScatterAdd)
 #undef DIFF
   return r;
 }

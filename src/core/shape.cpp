@@ -6,16 +6,21 @@
 namespace flame {
 
 int64_t checked_numel(const Shape& shape) {
-  int64_t n = 1;
+  // The product of the nonzero sizes must fit too, also when a 0 makes the tensor empty: strides
+  // (contiguous_strides) and view offsets are products of those sizes (found by fuzz_core).
+  int64_t nonzero = 1;
+  bool empty = false;
   for (int64_t s : shape) {
     FLAME_CHECK(s >= 0, FLAME_ERROR_INVALID_ARGUMENT, "negative size ", s, " in shape ", shape_str(shape));
-    if (s != 0 && n > std::numeric_limits<int64_t>::max() / s)
+    if (s == 0) {
+      empty = true;
+      continue;
+    }
+    if (nonzero > std::numeric_limits<int64_t>::max() / s)
       fail(FLAME_ERROR_INVALID_ARGUMENT, "shape ", shape_str(shape), " has more elements than fit in int64");
-    n *= s;
+    nonzero *= s;
   }
-  // A later zero makes the product zero even if an earlier prefix overflowed; sizes are checked
-  // one by one above, so an overflow can only be missed when a zero follows, which is harmless.
-  return n;
+  return empty ? 0 : nonzero;
 }
 
 size_t checked_bytes(int64_t numel, size_t elem_size) {

@@ -10,7 +10,8 @@ namespace flame {
 using Shape = std::vector<int64_t>;
 using Strides = std::vector<int64_t>;
 
-// Product of sizes; fails with FLAME_ERROR_INVALID_ARGUMENT on negative sizes or overflow.
+// Product of sizes; fails with FLAME_ERROR_INVALID_ARGUMENT on negative sizes or when the product
+// of the nonzero sizes overflows int64 (also for empty shapes: strides are made of those sizes).
 int64_t checked_numel(const Shape& shape);
 // numel * elem_size as bytes, failing on overflow of size_t / int64.
 size_t checked_bytes(int64_t numel, size_t elem_size);

@@ -23,7 +23,7 @@ bool saves_input(OpId op) {
   switch (op) {
     case OpId::Abs: case OpId::Log: case OpId::Log1p: case OpId::Sin: case OpId::Cos: case OpId::Silu:
     case OpId::Square: case OpId::PowScalar: case OpId::LeakyRelu: case OpId::Elu: case OpId::Gelu:
-    case OpId::GeluTanh: case OpId::GeluDeriv: case OpId::Softplus: case OpId::Clamp: case OpId::Mul: case OpId::Div: case OpId::Pow:
+    case OpId::GeluTanh: case OpId::GeluDeriv: case OpId::GeluTanhDeriv: case OpId::GeluTanhBackward: case OpId::Softplus: case OpId::Clamp: case OpId::Mul: case OpId::Div: case OpId::Pow:
     case OpId::Maximum: case OpId::Minimum: case OpId::Relu:
       return true;
     default:
@@ -44,6 +44,7 @@ OpInfo info(OpId op) {
   switch (op) {
 #define FLAME_INFO(Id, name, K) case OpId::Id: return {#Id, Kind::K, saves_input(op), saves_output(op)};
     FLAME_UNARY_OPS(FLAME_INFO) FLAME_SCALAR_OPS(FLAME_INFO) FLAME_SPECIAL_UNARY_OPS(FLAME_INFO) FLAME_INTERNAL_UNARY_OPS(FLAME_INFO) FLAME_BINARY_OPS(FLAME_INFO)
+    FLAME_INTERNAL_BINARY_OPS(FLAME_INFO)
 #undef FLAME_INFO
     default:
       fail(FLAME_ERROR_INTERNAL, "op ", op_name(op), " is not elementwise");

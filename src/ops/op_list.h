@@ -58,7 +58,8 @@
 
 // Elementwise ops used only inside FLAME (backward rules); no C entry point.
 #define FLAME_INTERNAL_UNARY_OPS(X) \
-  X(GeluDeriv, gelu_deriv, MATH)
+  X(GeluDeriv, gelu_deriv, MATH)    \
+  X(GeluTanhDeriv, gelu_tanh_deriv, MATH)
 
 // flame_<c_name>(a, b, out). Kind ARITH: promoted dtype; MATH: floating; CMP: bool result.
 #define FLAME_BINARY_OPS(X)          \
@@ -78,6 +79,10 @@
   X(LogicalAnd, logical_and, CMP)    \
   X(LogicalOr, logical_or, CMP)
 
+// Binary elementwise ops used only inside FLAME (fused backward steps); no C entry point.
+#define FLAME_INTERNAL_BINARY_OPS(X) \
+  X(GeluTanhBackward, gelu_tanh_backward, MATH)
+
 // Graph nodes that are not plain elementwise functors: X(Id, name)
 #define FLAME_STRUCTURAL_OPS(X) \
   X(Where, where)               \
@@ -95,7 +100,9 @@
   X(Amin, min)                  \
   X(ArgMax, argmax)             \
   X(ArgMin, argmin)             \
-  X(CumSum, cumsum)
+  X(CumSum, cumsum)             \
+  X(Matmul, matmul)             \
+  X(Linear, linear)
 
 // ---- neural-network ops: softmax and normalisation (src/ops/softmax.cpp, src/ops/nn_norm.cpp) ----
 // Fused forward kernels (cuda/softmax.cuh, cuda/norm.cuh) with C entry points in src/api/api_nn.cpp;
@@ -114,14 +121,31 @@
   X(NormBackward, norm_backward)               \
   X(BatchNormBackward, batch_norm_backward)
 
+// ---- losses (src/ops/loss.cpp, kernels in cuda/loss.cuh) ----
+// Fused loss ops with kernels of their own: X(Id, name). The other losses (mse, l1, smooth_l1,
+// huber, binary_cross_entropy_with_logits) are compositions of the ops above and need no row.
+#define FLAME_LOSS_OPS(X)                      \
+  X(CrossEntropy, cross_entropy)               \
+  X(CrossEntropyProbs, cross_entropy_probs)    \
+  X(NllLoss, nll_loss)
+
+// ---- indexing (src/ops/indexing.cpp, kernels in cuda/indexing.cuh) ----
+// The two recorded primitives, each the other's backward: X(Id, name). index_select, embedding
+// and index_add are these over a broadcast index; masked_fill is a where(); one_hot is not
+// differentiable and records nothing.
+#define FLAME_INDEXING_OPS(X) \
+  X(Gather, gather)           \
+  X(ScatterAdd, scatter_add)
+
 namespace flame {
 
 enum class OpId : int {
 #define FLAME_OP_ENUM(Id, name, ...) Id,
   FLAME_UNARY_OPS(FLAME_OP_ENUM) FLAME_SCALAR_OPS(FLAME_OP_ENUM) FLAME_SPECIAL_UNARY_OPS(FLAME_OP_ENUM)
   FLAME_INTERNAL_UNARY_OPS(FLAME_OP_ENUM)
-  FLAME_BINARY_OPS(FLAME_OP_ENUM) FLAME_STRUCTURAL_OPS(FLAME_OP_ENUM)
+  FLAME_BINARY_OPS(FLAME_OP_ENUM) FLAME_INTERNAL_BINARY_OPS(FLAME_OP_ENUM) FLAME_STRUCTURAL_OPS(FLAME_OP_ENUM)
   FLAME_NN_OPS(FLAME_OP_ENUM) FLAME_NN_INTERNAL_OPS(FLAME_OP_ENUM)
+  FLAME_LOSS_OPS(FLAME_OP_ENUM) FLAME_INDEXING_OPS(FLAME_OP_ENUM)
 #undef FLAME_OP_ENUM
   Count
 };

@@ -2,6 +2,7 @@
 // view, or as a composition of other ops) and records its graph node through record(); backward
 // rules are written with these same functions, so gradients are themselves differentiable.
 #pragma once
+#include <utility>
 #include <vector>
 #include "autograd/graph.h"
 #include "ops/op_list.h"
@@ -93,5 +94,17 @@ Tensor cumsum(const Tensor& t, int dim);
 // The normalised, sorted reduction axes (all axes when dims is empty).
 std::vector<int> reduction_dims(const Tensor& t, const std::vector<int>& dims);
 Shape reduced_shape(const Shape& shape, const std::vector<int>& rdims, bool keepdim);
+
+// ---- matrix products (ops/matmul.cpp, on cuBLASLt) ----
+enum class Activation : int { None = 0, Relu = 1, GeluTanh = 2 };  // values of flame_activation_t
+Tensor matmul(const Tensor& a, const Tensor& b);  // NumPy semantics
+Tensor bmm(const Tensor& a, const Tensor& b);
+// The recorded product of a [..., M, K] and b [..., K, N] with equal batch dims.
+Tensor mm(const Tensor& a, const Tensor& b);
+// act(x W^T + bias); bias may be null. Fused into the GEMM's epilogue where cuBLASLt can.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act);
+// Gradients of W (dz^T x) and bias (column sums of dz) for dz [R, out], x [R, in]; one GEMM with a
+// bias-gradient epilogue when both are wanted and no graph is being recorded.
+std::pair<Tensor, Tensor> linear_weight_grad(const Tensor& dz, const Tensor& x, bool want_weight, bool want_bias);
 
 }  // namespace flame::ops

@@ -1,4 +1,5 @@
 #include "runtime/context.h"
+#include "runtime/blas.h"
 #include <cstdlib>
 #include <cstring>
 #include "core/error.h"
@@ -49,6 +50,8 @@ std::shared_ptr<Context> Context::create(const flame_ctx_options_t& opts) {
 Context::~Context() {
   if (cu) {
     drv.cuCtxSetCurrent(cu);
+    blas.reset();  // frees its workspace into the pool, so before the pool goes
+    if (device_error_) drv.cuMemFreeAsync(device_error_, stream);
     if (stream) drv.cuStreamSynchronize(stream);
     for (CUmodule m : modules_) drv.cuModuleUnload(m);
     if (pool) drv.cuMemPoolDestroy(pool);
@@ -91,7 +94,10 @@ void Context::check_alive() const {
     fail(FLAME_ERROR_CONTEXT_FAILED, "an earlier device fault made this context unusable: ", sticky_error_);
 }
 
-void Context::synchronize() { check(drv.cuStreamSynchronize(stream), "cuStreamSynchronize"); }
+void Context::synchronize() {
+  check(drv.cuStreamSynchronize(stream), "cuStreamSynchronize");
+  if (device_error_armed_) check_device_error();
+}
 
 CUdeviceptr Context::allocate(size_t bytes) {
   if (bytes == 0) return 0;
@@ -176,6 +182,40 @@ CUfunction Context::function(const std::string& file, const std::string& name_ex
 
 void Context::launch(CUfunction f, unsigned grid, unsigned block, void** args, unsigned smem) {
   check(drv.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, smem, stream, args, nullptr), "cuLaunchKernel");
+}
+
+}  // namespace flame
+
+// ---- errors found by kernels (cuda/device_error.cuh) ----
+namespace flame {
+
+CUdeviceptr Context::device_error_record(const std::string& what, uint32_t* source) {
+  if (!device_error_) {  // straight from the pool, outside the memory statistics of tensors
+    CUdeviceptr p = 0;
+    check(drv.cuMemAllocFromPoolAsync(&p, sizeof(DeviceErrorRecord), pool, stream), "cuMemAllocFromPoolAsync");
+    device_error_ = p;
+    check(drv.cuMemsetD8Async(device_error_, 0, sizeof(DeviceErrorRecord), stream), "cuMemsetD8Async");
+  }
+  size_t i = 0;
+  while (i < device_error_sources_.size() && device_error_sources_[i] != what) ++i;
+  if (i == device_error_sources_.size()) device_error_sources_.push_back(what);
+  *source = static_cast<uint32_t>(i + 1);
+  device_error_armed_ = true;
+  return device_error_;
+}
+
+void Context::check_device_error() {
+  DeviceErrorRecord rec{};
+  check(drv.cuMemcpyDtoHAsync(&rec, device_error_, sizeof rec, stream), "cuMemcpyDtoHAsync");
+  check(drv.cuStreamSynchronize(stream), "cuStreamSynchronize");
+  device_error_armed_ = false;
+  if (rec.code == 0) return;
+  check(drv.cuMemsetD8Async(device_error_, 0, sizeof rec, stream), "cuMemsetD8Async");  // reported once
+  std::string what = rec.source >= 1 && rec.source <= device_error_sources_.size()
+                         ? device_error_sources_[rec.source - 1] : std::string("a kernel");
+  fail(FLAME_ERROR_INVALID_ARGUMENT, what, " ", rec.value, " at position ", rec.position,
+       " is out of range [0, ", rec.limit, ") (found on the device by an earlier call, reported at this synchronisation; "
+       "results computed from it are NaN)");
 }
 
 }  // namespace flame

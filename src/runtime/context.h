@@ -17,6 +17,7 @@
 
 namespace flame {
 class Context;
+class Blas;
 }
 
 struct flame_ctx_s {
@@ -79,6 +80,9 @@ class Context : public std::enable_shared_from_this<Context> {
   DiskCache disk_cache{""};
   KernelStats kernel_stats;
 
+  // ---- matrix products (runtime/blas.h): cuBLASLt handle, workspace and plan cache, made on first use ----
+  std::unique_ptr<Blas> blas;
+
   // ---- random numbers (Philox4x32-10, counter = offset + element) ----
   uint64_t rng_seed = 0, rng_offset = 0;
   // Reserves n counters and returns the first.
@@ -91,12 +95,31 @@ class Context : public std::enable_shared_from_this<Context> {
 
   // ---- released tensor handles kept readable so that reuse is detected (see api/handles.cpp) ----
   std::deque<flame_tensor_s*> dead_handles;
+  // ---- released handles of other kinds (safetensors files, ...), kept readable the same way ----
+  std::deque<std::shared_ptr<void>> dead_objects;
+
+  // ---- errors found by kernels in the data they read (indices out of range) ----
+  // Kernels that check indices write the first bad one into a small device record
+  // (cuda/device_error.cuh); synchronize() reads it back and throws FLAME_ERROR_INVALID_ARGUMENT
+  // with `what` ("cross_entropy: target index"), the index, its position and the valid range, then clears
+  // it, so the context stays usable. The record costs one 32-byte copy per synchronize, and only
+  // after a checking kernel was launched.
+  struct DeviceErrorRecord {  // mirrors cuda/device_error.cuh
+    uint32_t code, source;
+    int64_t value, position, limit;
+  };
+  // The record's device address for a kernel about to be launched; *source identifies `what`.
+  CUdeviceptr device_error_record(const std::string& what, uint32_t* source);
 
  private:
   Context() = default;
   std::string sticky_error_;
   std::unordered_map<std::string, CUfunction> functions_;
   std::vector<CUmodule> modules_;
+  CUdeviceptr device_error_ = 0;                   // the DeviceErrorRecord, allocated on first use
+  bool device_error_armed_ = false;                 // a checking kernel ran since the last read-back
+  std::vector<std::string> device_error_sources_;  // `what` of each source id (id = index + 1)
+  void check_device_error();
 };
 
 // Locks the context and binds it to the thread for the duration of an API call.

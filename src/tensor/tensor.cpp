@@ -5,7 +5,18 @@
 namespace flame {
 
 Storage::Storage(std::shared_ptr<Context> c, size_t n) : ctx(std::move(c)), bytes(n) { ptr = ctx->allocate(n); }
-Storage::~Storage() { ctx->deallocate(ptr, bytes); }
+Storage::Storage(std::shared_ptr<Context> c, CUdeviceptr p, size_t n, std::function<void()> release)
+    : ctx(std::move(c)), ptr(p), bytes(n), release_external(std::move(release)) {}
+Storage::~Storage() {
+  if (!release_external) {
+    ctx->deallocate(ptr, bytes);
+    return;
+  }
+  try {
+    release_external();
+  } catch (...) {  // a destructor must not throw; the releaser reports nothing
+  }
+}
 
 TensorImpl::TensorImpl() = default;
 TensorImpl::~TensorImpl() = default;

@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda.h>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include "core/dtype.h"
 #include "core/shape.h"
@@ -18,7 +19,11 @@ struct Storage {
   CUdeviceptr ptr = 0;
   size_t bytes = 0;
   std::atomic<uint64_t> version{0};
+  // Memory FLAME did not allocate (a DLPack import): not counted in the pool's statistics; the
+  // destructor calls release_external instead of returning the memory to the pool.
+  std::function<void()> release_external;
   Storage(std::shared_ptr<Context> c, size_t n);
+  Storage(std::shared_ptr<Context> c, CUdeviceptr p, size_t n, std::function<void()> release);
   ~Storage();
 };
 

@@ -36,7 +36,7 @@ std::vector<std::string> elementwise_names() {
 #define U(Id, name, Kind) unary_op(OpId::Id);
 #define B(Id, name, Kind) binary_op(OpId::Id);
   FLAME_UNARY_OPS(U) FLAME_SCALAR_OPS(U) FLAME_SPECIAL_UNARY_OPS(U) FLAME_INTERNAL_UNARY_OPS(U)
-  FLAME_BINARY_OPS(B)
+  FLAME_BINARY_OPS(B) FLAME_INTERNAL_BINARY_OPS(B)
 #undef U
 #undef B
   for (DType a : kAll) {
@@ -109,6 +109,12 @@ TEST_P(KernelCompile, Scan) {
   compile_all("scan.cuh", v, GetParam());
 }
 
+TEST_P(KernelCompile, Optimizers) {
+  std::vector<std::string> v;
+  for (DType d : {FLAME_DTYPE_F32, FLAME_DTYPE_F64, FLAME_DTYPE_F16, FLAME_DTYPE_BF16})
+    v.push_back(std::string("flame::optim_step<") + device_type(d) + ">");
+  compile_all("optim.cuh", v, GetParam());
+}
 // ---- neural-network kernels (ops/nn.h): every softmax / norm instantiation the ops may launch ----
 TEST_P(KernelCompile, Softmax) {
   auto names = ops::softmax_kernel_instantiations();
@@ -135,3 +141,21 @@ TEST(KernelCompile, ErrorsCarryTheLog) {
 }
 
 }  // namespace
+
+// ---- losses (cuda/loss.cuh, src/ops/loss.cpp) ----
+#include "ops/loss.h"
+
+TEST_P(KernelCompile, Losses) {
+  auto names = flame::ops::loss_instantiations();
+  EXPECT_GT(names.size(), 60u);
+  compile_all("loss.cuh", names, GetParam());
+}
+
+// ---- indexing (cuda/indexing.cuh, src/ops/indexing.cpp) ----
+#include "ops/indexing.h"
+
+TEST_P(KernelCompile, Indexing) {
+  auto names = flame::ops::indexing_instantiations();
+  EXPECT_GT(names.size(), 20u);
+  compile_all("indexing.cuh", names, GetParam());
+}

@@ -347,6 +347,32 @@ inline HT cumsum(const HT& x, int dim) {
 
 // ------------------------------------------------------------------ scalar math references
 
+// NumPy matmul: 1-D operands become a row / column vector whose dim is dropped; batch dims broadcast.
+inline HT matmul(const HT& a0, const HT& b0) {
+  HT a = a0.ndim() == 1 ? reshape(a0, {1, a0.shape[0]}) : a0;
+  HT b = b0.ndim() == 1 ? reshape(b0, {b0.shape[0], 1}) : b0;
+  const int64_t M = a.shape[a.ndim() - 2], K = a.shape[a.ndim() - 1], N = b.shape[b.ndim() - 1];
+  Shape ba(a.shape.begin(), a.shape.end() - 2), bb(b.shape.begin(), b.shape.end() - 2);
+  Shape bs = broadcast_shapes({ba, bb});
+  Shape sa = bs, sb = bs, so = bs;
+  sa.insert(sa.end(), {M, K});
+  sb.insert(sb.end(), {K, N});
+  so.insert(so.end(), {M, N});
+  HT ea = expand(a, sa), eb = expand(b, sb), o(so);
+  const int64_t batch = HT::numel_of(bs);
+  for (int64_t q = 0; q < batch; ++q)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; ++k) acc += ea.v[(q * M + i) * K + k] * eb.v[(q * K + k) * N + j];
+        o.v[(q * M + i) * N + j] = acc;
+      }
+  Shape fs = bs;
+  if (a0.ndim() != 1) fs.push_back(M);
+  if (b0.ndim() != 1) fs.push_back(N);
+  return reshape(o, fs);
+}
+
 inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 inline double gelu(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
 inline double gelu_tanh(double x) {

@@ -416,6 +416,54 @@ Table build_table() {
           one([d](const Tensors& x, flame_dtype_t, flame_tensor_t* o) { return flame_cumsum(x[0], d, o); }),
           one_ref([d](const std::vector<HT>& x) { return gc::cumsum(x[0], d); }));
   }
+
+  // ---- matrix products (ops/matmul.cpp): transposed leaves, 1-D operands, broadcast and folded batches
+  t.add("matmul_2d", {"matmul"}, {{{in({3, 4}), in({4, 5})}}, {{nc({3, 4}), nc({4, 5})}}, {{in({1, 4}), nc({4, 1})}}},
+        one([](const Tensors& x, flame_dtype_t, flame_tensor_t* o) { return flame_matmul(x[0], x[1], o); }),
+        one_ref([](const std::vector<HT>& x) { return gc::matmul(x[0], x[1]); }))
+      .low_precision = true;
+  t.add("matmul_vectors", {"matmul"}, {{{in({4}), in({4, 5})}}, {{in({3, 4}), nc({4})}}, {{in({4}), in({4})}}, {{in({4}), in({2, 4, 3})}}},
+        one([](const Tensors& x, flame_dtype_t, flame_tensor_t* o) { return flame_matmul(x[0], x[1], o); }),
+        one_ref([](const std::vector<HT>& x) { return gc::matmul(x[0], x[1]); }));
+  t.add("matmul_batched", {"matmul"},
+        {{{in({2, 3, 4}), nc({2, 4, 5})}}, {{in({2, 3, 4}), in({4, 5})}}, {{nc({3, 4}), in({2, 4, 5})}},
+         {{in({2, 1, 3, 4}), in({3, 4, 2})}}, {{nc({2, 3, 4}), in({4, 2})}}},
+        one([](const Tensors& x, flame_dtype_t, flame_tensor_t* o) { return flame_matmul(x[0], x[1], o); }),
+        one_ref([](const std::vector<HT>& x) { return gc::matmul(x[0], x[1]); }))
+      .low_precision = true;
+  t.add("bmm", {"matmul"}, {{{in({2, 3, 4}), in({2, 4, 5})}}, {{nc({3, 2, 4}), nc({3, 4, 1})}}},
+        one([](const Tensors& x, flame_dtype_t, flame_tensor_t* o) { return flame_bmm(x[0], x[1], o); }),
+        one_ref([](const std::vector<HT>& x) { return gc::matmul(x[0], x[1]); }));
+  // linear: act(x W^T + b). Small x and W with |b| >= 1 keep relu's pre-activation away from its kink.
+  {
+    auto lin_ref = [](int act, bool bias) {
+      return one_ref([act, bias](const std::vector<HT>& x) {
+        HT z = gc::matmul(x[0], gc::transpose(x[1], 0, 1));
+        if (bias) z = gc::binary(z, x[2], [](double u, double v) { return u + v; });
+        if (act == 1) return gc::unary(z, [](double u) { return u > 0 ? u : 0.0; });
+        if (act == 2) return gc::unary(z, gc::gelu_tanh);
+        return z;
+      });
+    };
+    struct L { const char* name; int act; bool bias; };
+    for (const L& l : {L{"linear", 0, false}, L{"linear_bias", 0, true}, L{"linear_relu_bias", 1, true},
+                       L{"linear_gelu_bias", 2, true}, L{"linear_gelu", 2, false}}) {
+      Domain small = uni(-0.3, 0.3), b = away0(-2, 2, 1.0);
+      std::vector<Case> cases = {{{in({3, 4}, small), in({5, 4}, small), in({5}, b)}},
+                                 {{in({2, 3, 4}, small), nc({5, 4}, small), in({5}, b)}},
+                                 {{nc({4, 3}, small), in({7, 3}, small), in({7}, b)}}};
+      if (!l.bias)
+        for (Case& c : cases) c.ins.pop_back();
+      const int act = l.act;
+      const bool bias = l.bias;
+      t.add(l.name, {"linear"}, cases,
+            one([act, bias](const Tensors& x, flame_dtype_t, flame_tensor_t* o) {
+              return flame_linear(x[0], x[1], bias ? x[2] : nullptr, act, o);
+            }),
+            lin_ref(act, bias))
+          .low_precision = true;
+    }
+  }
   return t;
 }
 

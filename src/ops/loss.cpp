@@ -1,0 +1,466 @@
+// Losses. cross_entropy and nll_loss are fused ops (kernels in cuda/loss.cuh): their logits are
+// brought to a contiguous [M, C] row layout (a free view for [N, C] contiguous logits; for
+// [N, C, d1...] the class dim is moved last by a recorded permute + copy), one kernel computes the
+// per-row losses and what backward needs (logsumexp and target weight per row, in the accumulation
+// dtype A = f32, or f64 for f64), and the reduction is a sum of those rows. One graph node is
+// recorded per call; its backward rule (autograd/backward_rules.cpp) runs the fused backward kernel,
+// or the same formula written with FLAME ops when a graph of the backward is being built.
+//
+// Class indices are checked on the device, not on the host (copying them to the host would stall
+// the stream every step): an index out of range that is not ignore_index gives that row a NaN loss
+// and is reported by the context's next synchronisation (Context::device_error_record).
+//
+// mse, l1, smooth_l1, huber and binary_cross_entropy_with_logits are compositions of FLAME ops;
+// f16/bf16 inputs are computed in f32 and the result is rounded once.
+#include "ops/loss.h"
+#include <algorithm>
+#include <cmath>
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace flame {
+
+namespace {
+
+DType acc_of(DType d) { return d == FLAME_DTYPE_F64 ? FLAME_DTYPE_F64 : FLAME_DTYPE_F32; }
+DType wide(DType d) { return (d == FLAME_DTYPE_F16 || d == FLAME_DTYPE_BF16) ? FLAME_DTYPE_F32 : d; }
+int full_width(DType d) { return static_cast<int>(16 / dtype_size(d)); }
+
+std::string targs(const std::vector<std::string>& a) {
+  std::string s = "<";
+  for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + a[i];
+  return s + ">";
+}
+
+// ---- launch geometry of the row kernels ----
+struct RowLaunch {
+  int v = 1;          // elements per access
+  bool warp = false;  // one warp per row (else one block per row)
+  unsigned block = 256, grid = 1;
+};
+
+RowLaunch row_launch(int64_t M, int64_t C, DType dt, std::initializer_list<CUdeviceptr> ptrs) {
+  RowLaunch L;
+  L.v = full_width(dt);
+  bool ok = C % L.v == 0;  // every row then starts 16-byte aligned
+  for (CUdeviceptr p : ptrs) ok = ok && p % 16 == 0;
+  if (!ok) L.v = 1;
+  L.warp = C <= 1024;
+  int64_t groups = L.warp ? (M + 7) / 8 : M;  // warp rows: 8 warps of a 256-thread block
+  L.block = L.warp ? 256 : (C >= 16384 ? 512 : 256);
+  L.grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{1} << 20)));  // grid-stride beyond
+  return L;
+}
+
+std::string row_kernel(const char* name, int v, bool warp, DType t, const DType* idx, DType a) {
+  std::vector<std::string> args = {std::to_string(v), warp ? "true" : "false", device_type(t)};
+  if (idx) args.push_back(device_type(*idx));
+  args.push_back(device_type(a));
+  return std::string("flame::") + name + targs(args);
+}
+std::string row_kernel(const char* name, const RowLaunch& L, DType t, const DType* idx, DType a) {
+  return row_kernel(name, L.v, L.warp, t, idx, a);
+}
+std::string nll_kernel(const char* name, DType t, DType idx) {
+  return std::string("flame::") + name + targs({device_type(t), device_type(idx), device_type(acc_of(t))});
+}
+
+unsigned flat_grid(Context& ctx, int64_t n) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, int64_t{ctx.sm_count} * 32)));
+}
+
+// ---- argument checks and layout shared by cross_entropy and nll_loss ----
+
+// The class count and the expected shape of class-index targets for logits of shape s.
+void class_geometry(const char* op, const Tensor& x, int64_t* C, Shape* index_shape) {
+  FLAME_CHECK(is_floating(x->dtype), FLAME_ERROR_DTYPE_MISMATCH, op, ": input must be floating, got ", dtype_name(x->dtype));
+  FLAME_CHECK(x->ndim() >= 1, FLAME_ERROR_SHAPE_MISMATCH, op, ": input must have a class dim ([C], [N, C] or [N, C, d1, ...]), "
+              "got a 0-d tensor");
+  int cdim = x->ndim() == 1 ? 0 : 1;
+  *C = x->shape[cdim];
+  FLAME_CHECK(*C > 0, FLAME_ERROR_SHAPE_MISMATCH, op, ": input ", shape_str(x->shape), " has no classes (dim ", cdim, " is 0)");
+  *index_shape = x->shape;
+  index_shape->erase(index_shape->begin() + cdim);
+}
+
+// x as contiguous [M, C] rows: the class dim (1, or 0 for unbatched input) moved last. Recorded, so
+// that gradients flow back through the permute and copy.
+Tensor as_rows(const Tensor& x, int64_t C, bool need_contiguous) {
+  Tensor t = x;
+  if (x->ndim() > 2) {
+    std::vector<int> p = {0};
+    for (int d = 2; d < x->ndim(); ++d) p.push_back(d);
+    p.push_back(1);
+    t = ops::permute(x, p);
+  }
+  t = ops::reshape(t, {x->numel() / C, C});
+  return need_contiguous ? ops::contiguous(t) : t;
+}
+
+void check_index_target(const char* op, const Tensor& target, const Shape& want) {
+  FLAME_CHECK(target->dtype == FLAME_DTYPE_I64 || target->dtype == FLAME_DTYPE_I32, FLAME_ERROR_DTYPE_MISMATCH, op,
+              ": class-index targets must be i64 or i32, got ", dtype_name(target->dtype));
+  FLAME_CHECK(target->shape == want, FLAME_ERROR_SHAPE_MISMATCH, op, ": target has shape ", shape_str(target->shape),
+              " but class indices for this input need shape ", shape_str(want));
+}
+
+// weight as a contiguous [C] tensor in the accumulation dtype; its gradient is not implemented
+// (as in PyTorch), so a weight that requires grad is refused rather than silently dropped.
+Tensor weight_acc(const char* op, const Tensor& w, int64_t C, DType a) {
+  if (!w) return nullptr;
+  FLAME_CHECK(is_floating(w->dtype), FLAME_ERROR_DTYPE_MISMATCH, op, ": weight must be floating, got ", dtype_name(w->dtype));
+  FLAME_CHECK(w->ndim() == 1 && w->shape[0] == C, FLAME_ERROR_SHAPE_MISMATCH, op, ": weight has shape ", shape_str(w->shape),
+              " but the input has ", C, " classes (expected [", C, "])");
+  FLAME_CHECK(!(requires_grad(*w) && w->ctx().recording()), FLAME_ERROR_NOT_DIFFERENTIABLE, op,
+              ": the gradient with respect to weight is not implemented (as in PyTorch); detach weight or clear its "
+              "requires_grad");
+  return ops::contiguous(ops::to_dtype(alias(w), a));
+}
+
+// The reduced loss from per-row losses in the accumulation dtype; denom (mean of class indices) is
+// the sum of the rows' target weights, else the mean divides by the number of rows.
+Tensor finish(const Tensor& rows, ops::Reduction red, const Tensor& denom, DType out) {
+  DType a = rows->dtype;
+  switch (red) {
+    case ops::Reduction::None: return ops::to_dtype(rows, out);
+    case ops::Reduction::Sum: return ops::to_dtype(ops::sum_as(rows, {}, false, a), out);
+    case ops::Reduction::Mean: {
+      Tensor s = ops::sum_as(rows, {}, false, a);
+      if (denom) return ops::to_dtype(ops::div(s, denom), out);  // all ignored: 0 / 0 = NaN, as PyTorch
+      int64_t m = rows->numel();
+      return ops::to_dtype(ops::mul_scalar(s, m ? 1.0 / static_cast<double>(m) : std::nan("")), out);
+    }
+  }
+  fail(FLAME_ERROR_INVALID_ARGUMENT, "invalid reduction");
+}
+
+void save_common(Node& node, const Tensor& weight, const Tensor& wsum, int64_t ignore_index, ops::Reduction red, int64_t C,
+                 double eps) {
+  if (weight) {
+    node.saved.emplace_back(weight, false);
+    node.saved.emplace_back(wsum, false);
+  }
+  node.ints = {ignore_index, static_cast<int64_t>(red), weight ? 1 : 0, C};
+  node.reals = {eps};
+}
+
+// ---- the fused cross-entropy ops on [M, C] rows ----
+
+Tensor ce_index(const Tensor& x, const Tensor& target, const Tensor& weight, int64_t ignore_index, double eps,
+                ops::Reduction red) {
+  Context& ctx = x->ctx();
+  int64_t M = x->shape[0], C = x->shape[1];
+  DType T = x->dtype, A = acc_of(T), I = target->dtype;
+  Tensor wsum = weight ? ops::sum_as(weight, {}, false, A) : nullptr;
+  Tensor loss = make_tensor(ctx, {M}, A), wrow = make_tensor(ctx, {M}, A), lse = make_tensor(ctx, {M}, A);
+  if (M > 0) {
+    RowLaunch L = row_launch(M, C, T, {x->data()});
+    uint32_t src = 0;
+    CUdeviceptr rec = ctx.device_error_record("cross_entropy: target index", &src);
+    CUdeviceptr px = x->data(), pt = target->data(), pw = weight ? weight->data() : 0, ps = wsum ? wsum->data() : 0;
+    CUdeviceptr pl = loss->data(), pr = wrow->data(), pe = lse->data();
+    void* args[] = {&px, &pt, &pw, &ps, &M, &C, &ignore_index, &eps, &pl, &pr, &pe, &rec, &src};
+    ctx.launch(ctx.function("loss.cuh", row_kernel("ce_index_fwd", L, T, &I, A)), L.grid, L.block, args);
+  }
+  Tensor denom = red == ops::Reduction::Mean ? ops::sum_as(wrow, {}, false, A) : nullptr;
+  Tensor out = finish(loss, red, denom, T);
+  if (auto node = record(OpId::CrossEntropy, {x}, {out})) {
+    node->saved.emplace_back(x, false);
+    node->saved.emplace_back(target, false);
+    node->saved.emplace_back(lse, false);
+    node->saved.emplace_back(wrow, false);
+    if (denom) node->saved.emplace_back(denom, false);
+    save_common(*node, weight, wsum, ignore_index, red, C, eps);
+  }
+  return out;
+}
+
+Tensor ce_probs(const Tensor& x, const Tensor& target, const Tensor& weight, double eps, ops::Reduction red) {
+  Context& ctx = x->ctx();
+  int64_t M = x->shape[0], C = x->shape[1];
+  DType T = x->dtype, A = acc_of(T);
+  Tensor wsum = weight ? ops::sum_as(weight, {}, false, A) : nullptr;
+  Tensor loss = make_tensor(ctx, {M}, A), rowt = make_tensor(ctx, {M}, A), lse = make_tensor(ctx, {M}, A);
+  if (M > 0) {
+    RowLaunch L = row_launch(M, C, T, {x->data(), target->data()});
+    CUdeviceptr px = x->data(), pt = target->data(), pw = weight ? weight->data() : 0, ps = wsum ? wsum->data() : 0;
+    CUdeviceptr pl = loss->data(), pr = rowt->data(), pe = lse->data();
+    void* args[] = {&px, &pt, &pw, &ps, &M, &C, &eps, &pl, &pr, &pe};
+    ctx.launch(ctx.function("loss.cuh", row_kernel("ce_prob_fwd", L, T, nullptr, A)), L.grid, L.block, args);
+  }
+  Tensor out = finish(loss, red, nullptr, T);
+  if (auto node = record(OpId::CrossEntropyProbs, {x, target}, {out})) {
+    node->saved.emplace_back(x, false);
+    node->saved.emplace_back(target, false);
+    node->saved.emplace_back(lse, false);
+    node->saved.emplace_back(rowt, false);
+    save_common(*node, weight, wsum, 0, red, C, eps);
+  }
+  return out;
+}
+
+// g as the kernels read it: the output dtype, and the element stride between rows (0 for a 0-d g).
+Tensor grad_in(const Tensor& g, DType t, int64_t* stride) {
+  Tensor r = g->dtype == t ? g : ops::to_dtype(g, t);
+  *stride = r->ndim() == 0 ? 0 : r->strides[0];
+  return r;
+}
+
+// ---- the compositions ----
+
+Tensor reduce_loss(const Tensor& l, ops::Reduction r) {
+  switch (r) {
+    case ops::Reduction::None: return l;
+    case ops::Reduction::Sum: return ops::sum(l, {}, false);
+    case ops::Reduction::Mean: return ops::mean(l, {}, false);
+  }
+  fail(FLAME_ERROR_INVALID_ARGUMENT, "invalid reduction");
+}
+
+// input and target of an elementwise loss, checked and brought to the compute dtype; *out_dtype is
+// the dtype of the result.
+std::pair<Tensor, Tensor> loss_operands(const char* op, const Tensor& a, const Tensor& b, DType* out_dtype) {
+  FLAME_CHECK(&a->ctx() == &b->ctx(), FLAME_ERROR_INVALID_ARGUMENT, op, ": input and target belong to different contexts");
+  FLAME_CHECK(is_floating(a->dtype) && is_floating(b->dtype), FLAME_ERROR_DTYPE_MISMATCH, op,
+              ": input and target must be floating, got ", dtype_name(a->dtype), " and ", dtype_name(b->dtype));
+  FLAME_CHECK(a->shape == b->shape, FLAME_ERROR_SHAPE_MISMATCH, op, ": input has shape ", shape_str(a->shape),
+              " but target has shape ", shape_str(b->shape), " (they must match; expand the target explicitly to broadcast)");
+  *out_dtype = promote(a->dtype, b->dtype);
+  DType cd = wide(*out_dtype);
+  return {ops::to_dtype(a, cd), ops::to_dtype(b, cd)};
+}
+
+Tensor like(const Tensor& t, double v) { return ops::scalar(t->ctx(), v, t->dtype); }
+
+}  // namespace
+
+// ---------------------------------------------------------------- cross_entropy and nll_loss
+
+Tensor ops::cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight, int64_t ignore_index,
+                          double label_smoothing, Reduction reduction) {
+  const char* op = "cross_entropy";
+  FLAME_CHECK(&logits->ctx() == &target->ctx() && (!weight || &weight->ctx() == &logits->ctx()), FLAME_ERROR_INVALID_ARGUMENT,
+              op, ": tensors belong to different contexts");
+  FLAME_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, FLAME_ERROR_INVALID_ARGUMENT, op,
+              ": label_smoothing must be in [0, 1], got ", label_smoothing);
+  int64_t C = 0;
+  Shape index_shape;
+  class_geometry(op, logits, &C, &index_shape);
+  Tensor w = weight_acc(op, weight, C, acc_of(logits->dtype));
+  if (is_floating(target->dtype)) {  // class probabilities, shaped like the logits
+    FLAME_CHECK(target->shape == logits->shape, FLAME_ERROR_SHAPE_MISMATCH, op, ": class-probability target has shape ",
+                shape_str(target->shape), " but the input has shape ", shape_str(logits->shape));
+    Tensor out = ce_probs(as_rows(logits, C, true), as_rows(to_dtype(target, logits->dtype), C, true), w, label_smoothing,
+                          reduction);
+    return reduction == Reduction::None ? reshape(out, index_shape) : out;
+  }
+  check_index_target(op, target, index_shape);
+  Tensor t = contiguous(reshape(alias(target), {target->numel()}));
+  Tensor out = ce_index(as_rows(logits, C, true), t, w, ignore_index, label_smoothing, reduction);
+  return reduction == Reduction::None ? reshape(out, index_shape) : out;
+}
+
+Tensor ops::nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& weight, int64_t ignore_index,
+                     Reduction reduction) {
+  const char* op = "nll_loss";
+  FLAME_CHECK(&log_probs->ctx() == &target->ctx() && (!weight || &weight->ctx() == &log_probs->ctx()),
+              FLAME_ERROR_INVALID_ARGUMENT, op, ": tensors belong to different contexts");
+  int64_t C = 0;
+  Shape index_shape;
+  class_geometry(op, log_probs, &C, &index_shape);
+  check_index_target(op, target, index_shape);
+  Context& ctx = log_probs->ctx();
+  DType T = log_probs->dtype, A = acc_of(T), I = target->dtype;
+  Tensor w = weight_acc(op, weight, C, A);
+  Tensor x = as_rows(log_probs, C, false);  // only M elements are read: any strides will do
+  Tensor t = contiguous(reshape(alias(target), {target->numel()}));
+  int64_t M = x->shape[0];
+  Tensor loss = make_tensor(ctx, {M}, A), wrow = make_tensor(ctx, {M}, A);
+  if (M > 0) {
+    uint32_t src = 0;
+    CUdeviceptr rec = ctx.device_error_record("nll_loss: target index", &src);
+    CUdeviceptr px = x->data(), pt = t->data(), pw = w ? w->data() : 0, pl = loss->data(), pr = wrow->data();
+    int64_t rs = x->strides[0], cs = x->strides[1];
+    void* args[] = {&px, &rs, &cs, &pt, &pw, &M, &C, &ignore_index, &pl, &pr, &rec, &src};
+    ctx.launch(ctx.function("loss.cuh", nll_kernel("nll_fwd", T, I)), flat_grid(ctx, M), 256, args);
+  }
+  Tensor denom = reduction == Reduction::Mean ? sum_as(wrow, {}, false, A) : nullptr;
+  Tensor out = finish(loss, reduction, denom, T);
+  if (auto node = record(OpId::NllLoss, {x}, {out})) {
+    node->saved.emplace_back(t, false);
+    node->saved.emplace_back(wrow, false);
+    if (denom) node->saved.emplace_back(denom, false);
+    save_common(*node, nullptr, nullptr, ignore_index, reduction, C, 0.0);
+  }
+  return reduction == Reduction::None ? reshape(out, index_shape) : out;
+}
+
+ops::LossSaved ops::unpack_loss(Node& n) {
+  LossSaved s;
+  auto next = [&n, i = size_t{0}]() mutable { return n.saved.at(i++).unpack(n); };
+  s.ignore_index = n.ints.at(0);
+  s.reduction = static_cast<Reduction>(n.ints.at(1));
+  bool has_weight = n.ints.at(2) != 0;
+  s.classes = n.ints.at(3);
+  s.eps = n.reals.at(0);
+  bool mean = s.reduction == Reduction::Mean;
+  switch (n.op) {
+    case OpId::CrossEntropy:
+      s.x = next(); s.target = next(); s.lse = next(); s.wrow = next();
+      if (mean) s.denom = next();
+      break;
+    case OpId::CrossEntropyProbs:
+      s.x = next(); s.target = next(); s.lse = next(); s.rowt = next();
+      break;
+    case OpId::NllLoss:
+      s.target = next(); s.wrow = next();
+      if (mean) s.denom = next();
+      break;
+    default:
+      fail(FLAME_ERROR_INTERNAL, "unpack_loss: ", op_name(n.op), " is not a loss");
+  }
+  if (has_weight) {
+    s.weight = next();
+    s.wsum = next();
+  }
+  return s;
+}
+
+Tensor ops::cross_entropy_backward(const LossSaved& s, const Tensor& g0) {
+  const Tensor& x = s.x;
+  Context& ctx = x->ctx();
+  int64_t M = x->shape[0], C = x->shape[1], gs = 0;
+  DType T = x->dtype, A = acc_of(T), I = s.target->dtype;
+  Tensor g = grad_in(g0, T, &gs);
+  Tensor grad = make_tensor(ctx, {M, C}, T);
+  if (M == 0) return grad;
+  RowLaunch L = row_launch(M, C, T, {x->data(), grad->data()});
+  uint32_t src = 0;
+  CUdeviceptr rec = ctx.device_error_record("cross_entropy: target index", &src);
+  CUdeviceptr px = x->data(), pt = s.target->data(), pw = s.weight ? s.weight->data() : 0, ps = s.wsum ? s.wsum->data() : 0;
+  CUdeviceptr pe = s.lse->data(), pg = g->data(), pd = s.denom ? s.denom->data() : 0, po = grad->data();
+  double scale = 1.0, eps = s.eps;
+  int64_t ignore = s.ignore_index;
+  void* args[] = {&px, &pt, &pw, &ps, &pe, &pg, &gs, &pd, &scale, &M, &C, &ignore, &eps, &po, &rec, &src};
+  ctx.launch(ctx.function("loss.cuh", row_kernel("ce_index_bwd", L, T, &I, A)), L.grid, L.block, args);
+  return grad;
+}
+
+Tensor ops::cross_entropy_probs_backward(const LossSaved& s, const Tensor& g0) {
+  const Tensor& x = s.x;
+  Context& ctx = x->ctx();
+  int64_t M = x->shape[0], C = x->shape[1], gs = 0;
+  DType T = x->dtype, A = acc_of(T);
+  Tensor g = grad_in(g0, T, &gs);
+  Tensor grad = make_tensor(ctx, {M, C}, T);
+  if (M == 0) return grad;
+  Tensor t = contiguous(alias(s.target));
+  RowLaunch L = row_launch(M, C, T, {x->data(), t->data(), grad->data()});
+  CUdeviceptr px = x->data(), pt = t->data(), pw = s.weight ? s.weight->data() : 0, pe = s.lse->data();
+  CUdeviceptr pr = s.rowt->data(), pg = g->data(), po = grad->data();
+  double scale = s.reduction == Reduction::Mean ? 1.0 / static_cast<double>(M) : 1.0, eps = s.eps;
+  void* args[] = {&px, &pt, &pw, &pe, &pr, &pg, &gs, &scale, &M, &C, &eps, &po};
+  ctx.launch(ctx.function("loss.cuh", row_kernel("ce_prob_bwd", L, T, nullptr, A)), L.grid, L.block, args);
+  return grad;
+}
+
+Tensor ops::nll_loss_backward(const LossSaved& s, const Tensor& g0, DType T) {
+  Context& ctx = s.target->ctx();
+  int64_t M = s.target->shape[0], C = s.classes, gs = 0;
+  DType I = s.target->dtype;
+  Tensor g = grad_in(g0, T, &gs);
+  Tensor grad = make_tensor(ctx, {M, C}, T);
+  if (M == 0) return grad;
+  CUdeviceptr pt = s.target->data(), pr = s.wrow->data(), pg = g->data(), pd = s.denom ? s.denom->data() : 0;
+  CUdeviceptr po = grad->data();
+  int64_t ignore = s.ignore_index;
+  void* args[] = {&pt, &pr, &pg, &gs, &pd, &M, &C, &ignore, &po};
+  ctx.launch(ctx.function("loss.cuh", nll_kernel("nll_bwd", T, I)), flat_grid(ctx, M * C), 256, args);
+  return grad;
+}
+
+std::vector<std::string> ops::loss_instantiations() {
+  std::vector<std::string> v;
+  const DType floats[] = {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64};
+  const DType indices[] = {FLAME_DTYPE_I64, FLAME_DTYPE_I32};
+  for (DType t : floats) {
+    DType a = acc_of(t);
+    for (int width : {full_width(t), 1})
+      for (bool warp : {true, false}) {
+        for (const DType& i : indices) {
+          v.push_back(row_kernel("ce_index_fwd", width, warp, t, &i, a));
+          v.push_back(row_kernel("ce_index_bwd", width, warp, t, &i, a));
+        }
+        v.push_back(row_kernel("ce_prob_fwd", width, warp, t, nullptr, a));
+        v.push_back(row_kernel("ce_prob_bwd", width, warp, t, nullptr, a));
+      }
+    for (DType i : indices) {
+      v.push_back(nll_kernel("nll_fwd", t, i));
+      v.push_back(nll_kernel("nll_bwd", t, i));
+    }
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------- compositions
+
+Tensor ops::mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  DType out = input->dtype;
+  auto [a, b] = loss_operands("mse_loss", input, target, &out);
+  return to_dtype(reduce_loss(square(sub(a, b)), reduction), out);
+}
+
+Tensor ops::l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  DType out = input->dtype;
+  auto [a, b] = loss_operands("l1_loss", input, target, &out);
+  return to_dtype(reduce_loss(abs(sub(a, b)), reduction), out);
+}
+
+// 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (beta 0: l1).
+Tensor ops::smooth_l1_loss(const Tensor& input, const Tensor& target, double beta, Reduction reduction) {
+  FLAME_CHECK(std::isfinite(beta) && beta >= 0, FLAME_ERROR_INVALID_ARGUMENT, "smooth_l1_loss: beta must be finite and >= 0, got ",
+              beta);
+  DType out = input->dtype;
+  auto [a, b] = loss_operands("smooth_l1_loss", input, target, &out);
+  Tensor d = sub(a, b), ad = abs(d);
+  Tensor l = beta == 0 ? ad
+                       : where(binary(OpId::Lt, ad, like(ad, beta)), mul_scalar(square(d), 0.5 / beta), add_scalar(ad, -0.5 * beta));
+  return to_dtype(reduce_loss(l, reduction), out);
+}
+
+// 0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta).
+Tensor ops::huber_loss(const Tensor& input, const Tensor& target, double delta, Reduction reduction) {
+  FLAME_CHECK(std::isfinite(delta) && delta > 0, FLAME_ERROR_INVALID_ARGUMENT, "huber_loss: delta must be finite and > 0, got ",
+              delta);
+  DType out = input->dtype;
+  auto [a, b] = loss_operands("huber_loss", input, target, &out);
+  Tensor d = sub(a, b), ad = abs(d);
+  Tensor l = where(binary(OpId::Lt, ad, like(ad, delta)), mul_scalar(square(d), 0.5), mul_scalar(add_scalar(ad, -0.5 * delta), delta));
+  return to_dtype(reduce_loss(l, reduction), out);
+}
+
+// (1 - y) x + (1 + (pos_weight - 1) y) softplus(-x), times weight. softplus(-x) = -log(sigmoid(x)),
+// computed without overflow, and its derivative -sigmoid(-x) is right at x = 0 too.
+Tensor ops::binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target, const Tensor& weight,
+                                             const Tensor& pos_weight, Reduction reduction) {
+  const char* op = "binary_cross_entropy_with_logits";
+  DType out = logits->dtype;
+  auto [x, y] = loss_operands(op, logits, target, &out);
+  const DType xd = x->dtype;  // C++17 lambdas cannot capture structured bindings (clang rejects it)
+  auto operand = [&](const Tensor& w, const char* name) -> Tensor {
+    if (!w) return nullptr;
+    FLAME_CHECK(&w->ctx() == &logits->ctx(), FLAME_ERROR_INVALID_ARGUMENT, op, ": ", name, " belongs to another context");
+    FLAME_CHECK(is_floating(w->dtype), FLAME_ERROR_DTYPE_MISMATCH, op, ": ", name, " must be floating, got ", dtype_name(w->dtype));
+    FLAME_CHECK(w->ndim() <= logits->ndim() && broadcast_shapes(logits->shape, w->shape) == logits->shape,
+                FLAME_ERROR_SHAPE_MISMATCH, op, ": ", name, " of shape ", shape_str(w->shape),
+                " does not broadcast to the input's shape ", shape_str(logits->shape));
+    return to_dtype(w, xd);
+  };
+  Tensor w = operand(weight, "weight"), pw = operand(pos_weight, "pos_weight");
+  Tensor sp = unary(OpId::Softplus, neg(x), 1.0, 20.0);
+  Tensor l = add(mul(unary(OpId::RsubScalar, y, 1.0), x), pw ? mul(add_scalar(mul(add_scalar(pw, -1.0), y), 1.0), sp) : sp);
+  if (w) l = mul(l, w);
+  return to_dtype(reduce_loss(l, reduction), out);
+}
+
+}  // namespace flame
