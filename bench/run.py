@@ -401,6 +401,27 @@ class Bench:
         self.add("T2", "linear+bias+gelu fwd+bwd", f"{R}x{K}->{N}", "bf16", self.time_flame(flame_step),
                  self.time_torch(torch_step), flops=6.0 * R * K * N)
 
+        # The GPT-2 MLP block: the down-projection's dgrad GEMM applies the up-projection's DGELU and
+        # bias gradient in its epilogue (cross-node fusion in the autograd engine).
+        fw2, fb2, fg2 = fl.randn([K, N], "bf16"), fl.randn([K], "bf16"), fl.randn([R, K], "bf16")
+        tw2 = (torch.randn(K, N, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_(True)
+        tb2 = torch.randn(K, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
+        tg2 = torch.randn(R, K, device="cuda", dtype=torch.bfloat16)
+        for t in (fw2, fb2):
+            raw.set_requires_grad(t, True)
+
+        def flame_mlp():
+            h = fl.call("linear", fx, fw, fb, 2)
+            y = fl.call("linear", h, fw2, fb2, 0)
+            raw.grad(fl.ctx, [y], [fg2], [fx, fw, fb, fw2, fb2], 0)
+
+        def torch_mlp():
+            y = F.linear(F.gelu(F.linear(tx, tw, tb), approximate="tanh"), tw2, tb2)
+            torch.autograd.grad([y], [tx, tw, tb, tw2, tb2], [tg2])
+
+        self.add("T2", "MLP block (linear+gelu, linear) fwd+bwd", f"{R}x{K}->{N}->{K}", "bf16", self.time_flame(flame_mlp),
+                 self.time_torch(torch_mlp), flops=12.0 * R * K * N)
+
     # ---------------------------------------------------------------- output
     def finish(self):
         out_dir = self.args.out or os.environ.get("OUT") or os.path.join(HERE, "out")

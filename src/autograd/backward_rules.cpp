@@ -187,16 +187,26 @@ RULE(Matmul) {  // a [..., M, K] @ b [..., K, N]: ga = g b^T, gb = a^T g, as pro
   return {n.needs_input_grad(0) ? mm(g, transpose(b, r, c)) : nullptr,
           n.needs_input_grad(1) ? mm(transpose(a, r, c), g) : nullptr};
 }
-RULE(Linear) {  // y = act(z), z = x W^T + b: dz = g act'(z); gx = dz W; gW = dz^T x; gb = column sums of dz
-  Tensor x = saved(n, 0), w = saved(n, 1), dz = g;
+// Linear's gradients from dz, the gradient of its pre-activation z = x W^T + b (db: the bias gradient
+// when an epilogue already computed it). gx is null when `input_done` (fused into the next GEMM).
+Grads linear_grads_from_pre(Node& n, const Tensor& dz, const Tensor& db, bool input_done) {
+  Tensor x = saved(n, 0), w = saved(n, 1);
+  auto [gw, gb] = linear_weight_grad(dz, x, n.needs_input_grad(1), n.needs_input_grad(2) && !db);
+  return {n.needs_input_grad(0) && !input_done ? mm(dz, w) : nullptr, gw, db ? db : gb};
+}
+// dz = g act'(z) for y = act(z).
+Tensor linear_pre_grad(Node& n, const Tensor& g) {
   auto act = static_cast<Activation>(n.ints.at(0));
-  if (act == Activation::Relu) dz = where(cmp(OpId::Gt, saved(n, 2), 0), g, like_scalar(g, 0));
+  if (act == Activation::Relu) return where(cmp(OpId::Gt, saved(n, 2), 0), g, like_scalar(g, 0));
   if (act == Activation::GeluTanh) {  // under create_graph, a pre-activation with history reaches x, W, b
+    Tensor x = saved(n, 0), w = saved(n, 1);
     Tensor z = g->ctx().recording() ? linear(x, w, n.ints.at(1) ? saved(n, 3) : nullptr, Activation::None) : saved(n, 2);
-    dz = binary(OpId::GeluTanhBackward, g, z);
+    return binary(OpId::GeluTanhBackward, g, z);
   }
-  auto [gw, gb] = linear_weight_grad(dz, x, n.needs_input_grad(1), n.needs_input_grad(2));
-  return {n.needs_input_grad(0) ? mm(dz, w) : nullptr, gw, gb};
+  return g;
+}
+RULE(Linear) {  // y = act(z), z = x W^T + b: dz = g act'(z); gx = dz W; gW = dz^T x; gb = column sums of dz
+  return linear_grads_from_pre(n, linear_pre_grad(n, g), nullptr, false);
 }
 RULE(CumSum) {
   int dim = static_cast<int>(n.ints[0]);
@@ -439,6 +449,26 @@ bool not_differentiable(OpId op) {
 }
 
 bool has_backward(OpId op) { return static_cast<int>(op) < kNumOps && kRules[static_cast<int>(op)] != nullptr; }
+
+// Linear's backward with cross-node fusion of Linear -> activation -> Linear (engine.cpp decides when
+// the graph allows it). `pre`: g is already n's pre-activation gradient (db its bias gradient or
+// null). p, when not null, is the Linear whose activation produced n's input: n's dgrad GEMM then
+// applies p's activation derivative in its epilogue (DGELU / DRELU, with BGRAD), *p_dz and *p_db
+// receive p's pre-activation and bias gradients, and n's input gradient is returned null. Where no
+// epilogue fits, *p_dz stays null and the gradients are the unfused ones.
+Grads linear_backward(Node& n, const Tensor& g, bool pre, const Tensor& db, Node* p, Tensor* p_dz, Tensor* p_db) {
+  Tensor dz = pre ? g : linear_pre_grad(n, g);
+  if (p && n.needs_input_grad(0) && !g->ctx().recording() && p->op == OpId::Linear && p->ints.size() >= 3) {
+    auto act = static_cast<Activation>(p->ints[0]);
+    Tensor aux;
+    if (act == Activation::GeluTanh) aux = saved(*p, 2);
+    if (act == Activation::Relu && p->ints[2]) aux = saved(*p, p->saved.size() - 1);
+    const bool want_bias = p->ints[1] && p->needs_input_grad(2);
+    if (aux && linear_input_grad_through_activation(dz, saved(n, 1), act, aux, want_bias, p_dz, p_db))
+      return linear_grads_from_pre(n, dz, db, true);
+  }
+  return linear_grads_from_pre(n, dz, db, false);
+}
 
 Grads apply_backward_rule(Node& n, const Tensor& g) {
   Rule r = has_backward(n.op) ? kRules[static_cast<int>(n.op)] : nullptr;

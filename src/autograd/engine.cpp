@@ -3,6 +3,11 @@
 // buffer); pass its rule's results along its edges. Leaf gradients are collected and applied after
 // the walk. Grad mode is set to create_graph for the walk so that rules record themselves only
 // when higher-order gradients were asked for.
+// One cross-node fusion: when a Linear's input was produced by a Linear with an activation (through
+// reshapes only) and nothing else observes the gradient in between (one incoming edge each, no
+// hooks, retain_grad or flame_grad capture), the consumer's dgrad GEMM applies the producer's
+// activation derivative and bias gradient in its epilogue and hands the producer its pre-activation
+// gradient (backward_rules.cpp, linear_backward).
 #include "autograd/engine.h"
 #include <algorithm>
 #include <map>
@@ -14,6 +19,8 @@
 namespace flame {
 
 std::vector<Tensor> apply_backward_rule(Node& n, const Tensor& g);  // backward_rules.cpp
+std::vector<Tensor> linear_backward(Node& n, const Tensor& g, bool pre, const Tensor& db, Node* p, Tensor* p_dz,
+                                    Tensor* p_db);
 
 namespace {
 
@@ -157,6 +164,22 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
     }
   }
 
+  // Linear nodes whose buffered gradient is already their pre-activation gradient (and bias gradient).
+  std::unordered_map<Node*, Tensor> pre_activation;
+  auto unobserved = [&](Node* c) {
+    return deps[c] == 1 && !buffer.count(c) && c->hooks.empty() && c->retained.empty() && !capture.count(c) &&
+           !c->graph_freed;
+  };
+  // The Linear whose activation gradient n's dgrad GEMM may apply, or null.
+  auto fusable_producer = [&](Node* n) -> Node* {
+    if (req.create_graph || n->op != OpId::Linear || !n->needs_input_grad(0)) return nullptr;
+    Node* c = n->next[0].fn.get();
+    while (c && c->op == OpId::Reshape && unobserved(c)) c = c->next[0].fn.get();
+    if (!c || c->op != OpId::Linear || !unobserved(c) || c->ints.at(0) == 0) return nullptr;
+    Shape produced{c->inputs[0].shape[0], c->inputs[1].shape[0]};  // [rows, out_features]
+    return n->inputs[0].shape == produced ? c : nullptr;
+  };
+
   std::vector<Tensor> results(req.inputs.size());
   std::vector<std::pair<Tensor, Tensor>> pending;  // (leaf, gradient)
   std::vector<Node*> ready;
@@ -189,7 +212,19 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
     }
     std::vector<Tensor> grads;
     if (g) {
-      grads = apply_backward_rule(*n, g);
+      auto pre = pre_activation.find(n);
+      Node* producer = fusable_producer(n);
+      if (pre != pre_activation.end() || producer) {
+        Tensor p_dz, p_db;
+        grads = linear_backward(*n, g, pre != pre_activation.end(), pre != pre_activation.end() ? pre->second : nullptr,
+                                producer, &p_dz, &p_db);
+        if (p_dz) {  // the reshapes in between pass no gradient; the producer gets it directly
+          buffer[producer] = p_dz;
+          pre_activation[producer] = p_db;
+        }
+      } else {
+        grads = apply_backward_rule(*n, g);
+      }
       FLAME_CHECK(grads.size() == n->next.size(), FLAME_ERROR_INTERNAL, "backward of ", op_name(n->op), " returned ",
                   grads.size(), " gradients for ", n->next.size(), " inputs");
     }

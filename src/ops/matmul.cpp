@@ -169,11 +169,14 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 
 namespace {
 
-// The epilogue for act(x W^T + b); gelu keeps its pre-activation (aux) only when backward needs it.
+// The epilogue for act(x W^T + b). When backward needs it, gelu keeps its pre-activation and relu a bit
+// mask of its positive outputs (aux), which a later DGELU / DRELU epilogue reads.
 Epilogue forward_epilogue(Activation act, bool has_bias, bool keep_aux) {
   switch (act) {
     case Activation::None: return has_bias ? Epilogue::Bias : Epilogue::None;
-    case Activation::Relu: return has_bias ? Epilogue::ReluBias : Epilogue::Relu;
+    case Activation::Relu:
+      if (keep_aux) return has_bias ? Epilogue::ReluAuxBias : Epilogue::ReluAux;
+      return has_bias ? Epilogue::ReluBias : Epilogue::Relu;
     case Activation::GeluTanh:
       if (keep_aux) return has_bias ? Epilogue::GeluAuxBias : Epilogue::GeluAux;
       return has_bias ? Epilogue::GeluBias : Epilogue::Gelu;
@@ -187,8 +190,8 @@ Tensor linear2d(const Tensor& x, const Tensor& w, const Tensor& bias, Activation
   const int64_t R = x->shape[0], O = w->shape[0];
   Tensor wt = transpose(alias(w), 0, 1);  // [in, out] view: the GEMM reads W as op T
   Tensor out = make_tensor(ctx, {R, O}, x->dtype);
-  Tensor aux;  // gelu: the pre-activation, for backward
-  const bool keep_aux = act == Activation::GeluTanh && ctx.recording() &&
+  Tensor aux;  // gelu: the pre-activation; relu: the fused path's bit mask (see forward_epilogue)
+  const bool keep_aux = act != Activation::None && ctx.recording() &&
                         (requires_grad(*x) || requires_grad(*w) || (bias && requires_grad(*bias)));
   if (out->numel() > 0) {
     bool fused = false;
@@ -196,9 +199,12 @@ Tensor linear2d(const Tensor& x, const Tensor& w, const Tensor& bias, Activation
     if (K > 0) {
       Epilogue epi = forward_epilogue(act, static_cast<bool>(bias), keep_aux);
       int64_t aux_ld = 0;
-      if (keep_aux) {
+      if (keep_aux && act == Activation::GeluTanh) {
         aux_ld = (O + 7) / 8 * 8;  // cuBLASLt wants the aux leading dim a multiple of 8
         aux = make_view(make_tensor(ctx, {R, aux_ld}, x->dtype), {R, O}, {aux_ld, 1}, 0);
+      } else if (keep_aux) {
+        aux_ld = (O + 127) / 128 * 128;  // relu's bit mask: ld in bits, a multiple of 128
+        aux = make_tensor(ctx, {R, aux_ld / 8}, FLAME_DTYPE_U8);
       }
       fused = run_gemm(alias(x), wt, out, epi, bias ? bias->data() : 0, aux ? aux->data() : 0, aux_ld);
     }
@@ -207,22 +213,25 @@ Tensor linear2d(const Tensor& x, const Tensor& w, const Tensor& bias, Activation
       if (K > 0) run_gemm(alias(x), wt, out, Epilogue::None, 0, 0, 0);
       else fill_(out, 0);
       if (bias) pre = add(out, alias(bias));
-      if (keep_aux) aux = pre;
+      aux = keep_aux && act == Activation::GeluTanh ? pre : nullptr;  // relu: no bit mask unfused
       if (act == Activation::None) out = pre;
       else out = unary(act == Activation::Relu ? OpId::Relu : OpId::GeluTanh, pre);
     }
-  } else if (keep_aux) {
+  } else if (keep_aux && act == Activation::GeluTanh) {
     aux = make_tensor(ctx, {R, O}, x->dtype);
   }
   if (auto node = record(OpId::Linear, {x, w, bias}, {out})) {
     // saved: x, W, then relu's output (its mask) or gelu's pre-activation, then gelu's bias (double
-    // backward recomputes the pre-activation from x, W and b, since aux carries no history).
-    node->ints = {static_cast<int64_t>(act), bias ? 1 : 0};
+    // backward recomputes the pre-activation from x, W and b, since aux carries no history), then
+    // relu's bit mask when the fused path made one. ints: activation, has bias, has relu bit mask.
+    const bool relu_mask = act == Activation::Relu && aux;
+    node->ints = {static_cast<int64_t>(act), bias ? 1 : 0, relu_mask ? 1 : 0};
     node->saved.emplace_back(x, false);
     node->saved.emplace_back(w, false);
     if (act == Activation::Relu) node->saved.emplace_back(out, true);
     if (act == Activation::GeluTanh) node->saved.emplace_back(aux, false);
     if (act == Activation::GeluTanh && bias) node->saved.emplace_back(bias, false);
+    if (relu_mask) node->saved.emplace_back(aux, false);
   }
   return out;
 }
@@ -261,6 +270,28 @@ std::pair<Tensor, Tensor> linear_weight_grad(const Tensor& dz, const Tensor& x, 
   if (want_weight) gw = matmul(transpose(dz, 0, 1), x);
   if (want_bias) gb = to_dtype(sum_as(dz, {0}, false, is_floating(dz->dtype) && dtype_size(dz->dtype) < 4 ? FLAME_DTYPE_F32 : dz->dtype), dz->dtype);
   return {gw, gb};
+}
+
+bool linear_input_grad_through_activation(const Tensor& g, const Tensor& w, Activation act, const Tensor& aux,
+                                          bool want_bias, Tensor* dz, Tensor* db) {
+  if (act == Activation::None || !aux || g->numel() == 0 || w->shape[0] == 0) return false;
+  const int64_t R = g->shape[0], in = w->shape[1];
+  int64_t aux_ld = 0;
+  if (act == Activation::GeluTanh) {  // the pre-activation [R, in], rows aux_ld elements apart
+    if (aux->strides[1] != 1 && in > 1) return false;
+    aux_ld = R > 1 ? aux->strides[0] : (in + 7) / 8 * 8;
+    if (aux_ld % 8 != 0 || aux_ld < in) return false;
+  } else {
+    aux_ld = aux->shape[1] * 8;  // the bit mask made by linear2d: [R, ld / 8] bytes
+  }
+  Epilogue epi = act == Activation::GeluTanh ? (want_bias ? Epilogue::DGeluBgrad : Epilogue::DGelu)
+                                             : (want_bias ? Epilogue::DReluBgrad : Epilogue::DRelu);
+  Tensor d = make_tensor(g->ctx(), {R, in}, g->dtype);
+  Tensor b = want_bias ? make_tensor(g->ctx(), {in}, g->dtype) : nullptr;
+  if (!run_gemm(alias(g), alias(w), d, epi, b ? b->data() : 0, aux->data(), aux_ld)) return false;
+  *dz = d;
+  *db = b;
+  return true;
 }
 
 }  // namespace flame::ops

@@ -45,6 +45,12 @@ cublasLtEpilogue_t lt_epilogue(Epilogue e) {
     case Epilogue::GeluAux: return CUBLASLT_EPILOGUE_GELU_AUX;
     case Epilogue::GeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case Epilogue::BgradB: return CUBLASLT_EPILOGUE_BGRADB;
+    case Epilogue::ReluAux: return CUBLASLT_EPILOGUE_RELU_AUX;
+    case Epilogue::ReluAuxBias: return CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
+    case Epilogue::DRelu: return CUBLASLT_EPILOGUE_DRELU;
+    case Epilogue::DReluBgrad: return CUBLASLT_EPILOGUE_DRELU_BGRAD;
+    case Epilogue::DGelu: return CUBLASLT_EPILOGUE_DGELU;
+    case Epilogue::DGeluBgrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -146,7 +152,7 @@ struct Blas::Impl {
                 CUBLAS_STATUS_SUCCESS)
           return p;
         set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, reinterpret_cast<void*>(c.bias), "BIAS_POINTER");
-        if (c.epilogue == Epilogue::GeluAux || c.epilogue == Epilogue::GeluAuxBias) {
+        if (uses_aux(c.epilogue)) {
           set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, reinterpret_cast<void*>(c.aux), "AUX_POINTER");
           set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, c.aux_ld, "AUX_LD");
           int64_t aux_stride = c.aux_ld * c.n;
@@ -219,7 +225,7 @@ bool Blas::gemm(const GemmCall& c) {
   }
   if (c.epilogue != Epilogue::None) {  // pointers change per call; their alignment is part of the key
     set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, reinterpret_cast<void*>(c.bias), "BIAS_POINTER");
-    if (c.epilogue == Epilogue::GeluAux || c.epilogue == Epilogue::GeluAuxBias)
+    if (uses_aux(c.epilogue))
       set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, reinterpret_cast<void*>(c.aux), "AUX_POINTER");
   }
   const float one_f = 1.0f, zero_f = 0.0f;

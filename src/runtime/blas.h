@@ -23,7 +23,19 @@ enum class Epilogue : int32_t {
   GeluAux,       // aux = A B, D = gelu_tanh(aux)
   GeluAuxBias,   // aux = A B + bias, D = gelu_tanh(aux)
   BgradB,        // D = A B, bias := sum of B over k (one value per column of D)
+  ReluAux,       // D = relu(A B), aux := bit mask of D > 0 (aux_ld in bits, a multiple of 128)
+  ReluAuxBias,   // D = relu(A B + bias), aux := bit mask
+  DRelu,         // D = (A B) * mask(aux): relu's backward from the forward's bit mask
+  DReluBgrad,    // DRelu, and bias := row sums of that D (the pre-activation's bias gradient)
+  DGelu,         // D = (A B) * gelu_tanh'(aux): gelu's backward from the forward's pre-activation
+  DGeluBgrad,    // DGelu, and bias := row sums of that D
 };
+
+// Epilogues that read or write the aux buffer (relu: a bit mask; gelu: the pre-activation).
+inline bool uses_aux(Epilogue e) { return e >= Epilogue::GeluAux && e != Epilogue::BgradB; }
+inline bool relu_mask_aux(Epilogue e) {
+  return e == Epilogue::ReluAux || e == Epilogue::ReluAuxBias || e == Epilogue::DRelu || e == Epilogue::DReluBgrad;
+}
 
 // One operand as cuBLASLt stores it: a column-major rows x cols matrix with leading dim ld,
 // used transposed when trans is set, batch_stride elements between batch entries (0 = shared).
@@ -42,8 +54,8 @@ struct GemmCall {
   int64_t ldd = 0, d_batch_stride = 0;
   Epilogue epilogue = Epilogue::None;
   CUdeviceptr bias = 0;  // bias (read) or bias gradient (written), dtype of D
-  CUdeviceptr aux = 0;   // GeluAux*: pre-activation output, dtype of D
-  int64_t aux_ld = 0;
+  CUdeviceptr aux = 0;   // uses_aux(epilogue): gelu pre-activation (dtype of D) or relu bit mask
+  int64_t aux_ld = 0;    // in elements (gelu, a multiple of 8) or bits (relu, a multiple of 128)
 };
 
 class Blas {

@@ -466,6 +466,136 @@ TEST_F(Linear, FusedAndUnfusedPathsMatchTheHostReference) {
   flame_ctx_destroy(plain);
 }
 
+// ---- cross-node fusion: Linear -> activation -> Linear
+// The second layer's dgrad GEMM applies the first layer's DGELU / DRELU (+ BGRAD) in its epilogue
+// (autograd/engine.cpp). Checked against the host chain rule, on both contexts, for a 3-D input
+// (reshapes between the layers), a three-layer chain (a fused pre-activation gradient fused again),
+// and with a hook or retain_grad on the hidden output, where fusing would be wrong.
+
+struct Layer {
+  HT w, b;
+  int act;
+};
+
+// Runs the chain x -> layers, loss = sum(y * G); `observe` 1 puts a hook doubling the first hidden
+// gradient, 2 retains that gradient (returned in `hidden_grad`). Returns grad x, then grad W and b
+// of each layer.
+std::vector<HT> run_chain(flame_ctx_t c, const HT& x, const std::vector<Layer>& layers, const HT& g, int observe,
+                          HT* hidden_grad) {
+  std::vector<HT> out;
+  T X = upload(c, x);
+  EXPECT_EQ(flame_tensor_set_requires_grad(X, 1), FLAME_OK);
+  std::vector<T> W, B, H;
+  flame_tensor_t cur = X;  // borrowed: the input of the next layer
+  for (size_t l = 0; l < layers.size(); ++l) {
+    W.push_back(upload(c, layers[l].w));
+    B.push_back(upload(c, layers[l].b));
+    EXPECT_EQ(flame_tensor_set_requires_grad(W.back(), 1), FLAME_OK);
+    EXPECT_EQ(flame_tensor_set_requires_grad(B.back(), 1), FLAME_OK);
+    T y;
+    EXPECT_EQ(flame_linear(cur, W.back(), B.back(), layers[l].act, y.out()), FLAME_OK) << flame_last_error_message();
+    if (l == 0 && observe == 1) {
+      auto doubler = [](void*, flame_tensor_t gr, flame_tensor_t* rep) { return flame_mul_scalar(gr, 2.0, rep); };
+      EXPECT_EQ(flame_tensor_register_hook(y, doubler, nullptr, nullptr, nullptr), FLAME_OK) << flame_last_error_message();
+    }
+    if (l == 0 && observe == 2) {
+      EXPECT_EQ(flame_tensor_retain_grad(y), FLAME_OK);
+    }
+    H.push_back(std::move(y));
+    cur = H.back();
+  }
+  T G = upload(c, g);
+  EXPECT_EQ(flame_backward(c, cur, G, 0), FLAME_OK) << flame_last_error_message();
+  T gx;
+  EXPECT_EQ(flame_tensor_grad(X, gx.out()), FLAME_OK);
+  out.push_back(download(gx));
+  for (size_t l = 0; l < layers.size(); ++l) {
+    T gw, gb;
+    EXPECT_EQ(flame_tensor_grad(W[l], gw.out()), FLAME_OK);
+    EXPECT_EQ(flame_tensor_grad(B[l], gb.out()), FLAME_OK);
+    out.push_back(download(gw));
+    out.push_back(download(gb));
+  }
+  if (observe == 2) {
+    T hg;
+    EXPECT_EQ(flame_tensor_grad(H[0], hg.out()), FLAME_OK);
+    *hidden_grad = download(hg);
+  }
+  return out;
+}
+
+// The same chain on the host in float64 (the hidden values rounded to dt, as the device stores them).
+std::vector<HT> host_chain(const HT& x, const std::vector<Layer>& layers, const HT& g, flame_dtype_t dt, double hook_scale,
+                           HT* hidden_grad) {
+  std::vector<HT> ins{x};
+  for (size_t l = 0; l + 1 < layers.size(); ++l) {
+    HT y = host_linear(ins.back(), layers[l].w, &layers[l].b, HT::from_values(ins.back().shape, FLAME_DTYPE_F64,
+                       std::vector<double>(static_cast<size_t>(ins.back().numel()), 0.0)), layers[l].act).y;
+    for (double& v : *y.data) v = round_to(v, dt);  // the device stores the hidden output in dt
+    ins.push_back(y);
+  }
+  std::vector<HT> grads(1 + 2 * layers.size());
+  HT up = g;
+  for (size_t l = layers.size(); l-- > 0;) {
+    HT in = ins[l];
+    if (l == 0 && hidden_grad) *hidden_grad = up;
+    if (l == 0 && hook_scale != 1.0)
+      for (double& v : *up.data) v *= hook_scale;
+    LinearResult r = host_linear(in, layers[l].w, &layers[l].b, up, layers[l].act);
+    grads[1 + 2 * l] = r.gw;
+    grads[2 + 2 * l] = r.gb;
+    up = r.gx;
+  }
+  grads[0] = up;
+  return grads;
+}
+
+TEST_F(Linear, ActivationGradientsFuseAcrossLayers) {
+  HREF_RNG(rng);
+  flame_ctx_t plain = unfused_context();
+  ASSERT_NE(plain, nullptr);
+  struct Case { std::vector<int> acts; int observe; };
+  const Case cases[] = {{{2, 0}, 0}, {{2, 2, 0}, 0}, {{1, 0}, 0}, {{1, 2, 1}, 0}, {{2, 0}, 1}, {{2, 0}, 2}, {{1, 0}, 2}};
+  const int64_t dims[] = {40, 72, 56, 24};  // in, then each layer's out (not multiples of 128: a padded relu mask)
+  for (flame_dtype_t dt : kFloatDtypes) {
+    for (const Case& cs : cases) {
+      SCOPED_TRACE(::testing::Message() << dname(dt) << " acts " << cs.acts[0] << cs.acts[1] << " observe " << cs.observe);
+      const Shape xs{3, 11, dims[0]};  // a 3-D input: reshapes sit between the layers
+      // Small inputs and weights, biases of magnitude 1..2 with alternating signs: relu's
+      // pre-activations stay away from 0, where rounding could flip the mask against the host's.
+      HT x = random(rng, xs, dt, -0.1, 0.1);
+      std::vector<Layer> layers;
+      for (size_t l = 0; l < cs.acts.size(); ++l) {
+        const int64_t in = dims[l], out = dims[l + 1];
+        const double ws = 0.3 / std::sqrt(static_cast<double>(in));
+        HT b = random(rng, {out}, dt, 1.0, 2.0);
+        for (double& v : *b.data) v = (&v - b.data->data()) % 2 ? -v : v;
+        layers.push_back({random(rng, {out, in}, dt, -ws, ws), b, cs.acts[l]});
+      }
+      Shape ys = xs;
+      ys.back() = dims[cs.acts.size()];
+      HT g = random(rng, ys, dt, -1, 1);
+      HT want_hidden, got_hidden;
+      std::vector<HT> want = host_chain(x, layers, g, dt, cs.observe == 1 ? 2.0 : 1.0, cs.observe == 2 ? &want_hidden : nullptr);
+      for (flame_ctx_t c : {ctx, plain}) {
+        SCOPED_TRACE(c == ctx ? "fused" : "unfused");
+        std::vector<HT> got = run_chain(c, x, layers, g, cs.observe, &got_hidden);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          // grad x and grad W sum over out features / rows; 3 chained roundings in f16/bf16
+          const int64_t K = i == 0 ? dims[1] : 33 * 4;
+          EXPECT_TRUE(near(got[i], want[i], dt, chain_tol(dt, K), i == 0 ? "grad x" : i % 2 ? "grad weight" : "grad bias"))
+              << "gradient " << i;
+        }
+        if (cs.observe == 2) {
+          EXPECT_TRUE(near(got_hidden, want_hidden, dt, chain_tol(dt, dims[2]), "retained hidden grad"));
+        }
+      }
+    }
+  }
+  flame_ctx_destroy(plain);
+}
+
 TEST_F(Linear, BadInputIsRejectedWithNoOutput) {
   T x = upload(ctx, HT({4, 3}, FLAME_DTYPE_F32, 1.0)), w = upload(ctx, HT({5, 3}, FLAME_DTYPE_F32, 1.0));
   T b = upload(ctx, HT({5}, FLAME_DTYPE_F32, 1.0)), b_bad = upload(ctx, HT({4}, FLAME_DTYPE_F32, 1.0));

@@ -354,6 +354,13 @@ def build_rows():
         row(nm, (lambda act, bias: lambda fl, x, dt: fl.call("linear", x[0], x[1], x[2] if bias else None, act))(act, bias),
             (lambda act, bias: lambda x, dt: acts[act](F.linear(x[0], x[1], x[2] if bias else None)))(act, bias),
             cases, bf16=True)
+    # Linear -> activation -> Linear: the second dgrad GEMM applies the first DGELU / DRELU (+ bias
+    # gradient) in its epilogue; a 3-D input puts reshapes between the layers.
+    for nm, act in (("mlp_gelu", 2), ("mlp_relu", 1)):
+        row(nm, (lambda act: lambda fl, x, dt: fl.call("linear", fl.call("linear", x[0], x[1], x[2], act), x[3], x[4], 0))(act),
+            (lambda act: lambda x, dt: F.linear(acts[act](F.linear(x[0], x[1], x[2])), x[3], x[4]))(act),
+            [[I((2, 3, 8), small), I((24, 8), small), I((24,), far), I((5, 24), small), I((5,), small)],
+             [I((9, 16), small), I((136, 16), small), I((136,), far), I((7, 136), small), I((7,), small)]], bf16=True)
     nn_rows()
     loss_rows()
     indexing_rows()
