@@ -419,8 +419,28 @@ class Bench:
             y = F.linear(F.gelu(F.linear(tx, tw, tb), approximate="tanh"), tw2, tb2)
             torch.autograd.grad([y], [tx, tw, tb, tw2, tb2], [tg2])
 
+        t_mlp = self.time_torch(torch_mlp)
         self.add("T2", "MLP block (linear+gelu, linear) fwd+bwd", f"{R}x{K}->{N}->{K}", "bf16", self.time_flame(flame_mlp),
-                 self.time_torch(torch_mlp), flops=12.0 * R * K * N)
+                 t_mlp, flops=12.0 * R * K * N)
+        # The same block on a context with cuBLASLt epilogues off (separate kernels): what fusion buys.
+        os.environ["FLAME_DISABLE_EPILOGUES"] = "1"
+        try:
+            plain = Flame()
+        finally:
+            del os.environ["FLAME_DISABLE_EPILOGUES"]
+        px, pw, pb, pw2, pb2, pg = (plain.randn(s_, "bf16") for s_ in ([R, K], [N, K], [N], [K, N], [K], [R, K]))
+        for t in (px, pw, pb, pw2, pb2):
+            plain.lib.set_requires_grad(t, True)
+
+        def plain_mlp():
+            h = plain.call("linear", px, pw, pb, 2)
+            y = plain.call("linear", h, pw2, pb2, 0)
+            plain.lib.grad(plain.ctx, [y], [pg], [px, pw, pb, pw2, pb2], 0)
+
+        self.add("T2", "MLP block fwd+bwd, epilogues off", f"{R}x{K}->{N}->{K}", "bf16", self.time_flame(plain_mlp, plain),
+                 t_mlp, flops=12.0 * R * K * N)
+        del px, pw, pb, pw2, pb2, pg
+        plain.close()
 
     # ---------------------------------------------------------------- output
     def finish(self):

@@ -187,12 +187,12 @@ RULE(Matmul) {  // a [..., M, K] @ b [..., K, N]: ga = g b^T, gb = a^T g, as pro
   return {n.needs_input_grad(0) ? mm(g, transpose(b, r, c)) : nullptr,
           n.needs_input_grad(1) ? mm(transpose(a, r, c), g) : nullptr};
 }
-// Linear's gradients from dz, the gradient of its pre-activation z = x W^T + b (db: the bias gradient
-// when an epilogue already computed it). gx is null when `input_done` (fused into the next GEMM).
-Grads linear_grads_from_pre(Node& n, const Tensor& dz, const Tensor& db, bool input_done) {
+// Linear's gradients from dz, the gradient of its pre-activation z = x W^T + b. gx is null when
+// `input_done` (fused into the next GEMM).
+Grads linear_grads_from_pre(Node& n, const Tensor& dz, bool input_done) {
   Tensor x = saved(n, 0), w = saved(n, 1);
-  auto [gw, gb] = linear_weight_grad(dz, x, n.needs_input_grad(1), n.needs_input_grad(2) && !db);
-  return {n.needs_input_grad(0) && !input_done ? mm(dz, w) : nullptr, gw, db ? db : gb};
+  auto [gw, gb] = linear_weight_grad(dz, x, n.needs_input_grad(1), n.needs_input_grad(2));
+  return {n.needs_input_grad(0) && !input_done ? mm(dz, w) : nullptr, gw, gb};
 }
 // dz = g act'(z) for y = act(z).
 Tensor linear_pre_grad(Node& n, const Tensor& g) {
@@ -206,7 +206,7 @@ Tensor linear_pre_grad(Node& n, const Tensor& g) {
   return g;
 }
 RULE(Linear) {  // y = act(z), z = x W^T + b: dz = g act'(z); gx = dz W; gW = dz^T x; gb = column sums of dz
-  return linear_grads_from_pre(n, linear_pre_grad(n, g), nullptr, false);
+  return linear_grads_from_pre(n, linear_pre_grad(n, g), false);
 }
 RULE(CumSum) {
   int dim = static_cast<int>(n.ints[0]);
@@ -451,23 +451,21 @@ bool not_differentiable(OpId op) {
 bool has_backward(OpId op) { return static_cast<int>(op) < kNumOps && kRules[static_cast<int>(op)] != nullptr; }
 
 // Linear's backward with cross-node fusion of Linear -> activation -> Linear (engine.cpp decides when
-// the graph allows it). `pre`: g is already n's pre-activation gradient (db its bias gradient or
-// null). p, when not null, is the Linear whose activation produced n's input: n's dgrad GEMM then
-// applies p's activation derivative in its epilogue (DGELU / DRELU, with BGRAD), *p_dz and *p_db
-// receive p's pre-activation and bias gradients, and n's input gradient is returned null. Where no
-// epilogue fits, *p_dz stays null and the gradients are the unfused ones.
-Grads linear_backward(Node& n, const Tensor& g, bool pre, const Tensor& db, Node* p, Tensor* p_dz, Tensor* p_db) {
+// the graph allows it). `pre`: g is already n's pre-activation gradient. p, when not null, is the
+// Linear whose activation produced n's input: n's dgrad GEMM then applies p's activation derivative
+// in its epilogue (DGELU / DRELU), *p_dz receives p's pre-activation gradient and n's input gradient
+// is returned null. Where no epilogue fits, *p_dz stays null and the gradients are the unfused ones.
+Grads linear_backward(Node& n, const Tensor& g, bool pre, Node* p, Tensor* p_dz) {
   Tensor dz = pre ? g : linear_pre_grad(n, g);
   if (p && n.needs_input_grad(0) && !g->ctx().recording() && p->op == OpId::Linear && p->ints.size() >= 3) {
     auto act = static_cast<Activation>(p->ints[0]);
     Tensor aux;
     if (act == Activation::GeluTanh) aux = saved(*p, 2);
     if (act == Activation::Relu && p->ints[2]) aux = saved(*p, p->saved.size() - 1);
-    const bool want_bias = p->ints[1] && p->needs_input_grad(2);
-    if (aux && linear_input_grad_through_activation(dz, saved(n, 1), act, aux, want_bias, p_dz, p_db))
-      return linear_grads_from_pre(n, dz, db, true);
+    if (aux && linear_input_grad_through_activation(dz, saved(n, 1), act, aux, p_dz))
+      return linear_grads_from_pre(n, dz, true);
   }
-  return linear_grads_from_pre(n, dz, db, false);
+  return linear_grads_from_pre(n, dz, false);
 }
 
 Grads apply_backward_rule(Node& n, const Tensor& g) {

@@ -6,12 +6,13 @@
 // One cross-node fusion: when a Linear's input was produced by a Linear with an activation (through
 // reshapes only) and nothing else observes the gradient in between (one incoming edge each, no
 // hooks, retain_grad or flame_grad capture), the consumer's dgrad GEMM applies the producer's
-// activation derivative and bias gradient in its epilogue and hands the producer its pre-activation
-// gradient (backward_rules.cpp, linear_backward).
+// activation derivative in its epilogue and hands the producer its pre-activation gradient
+// (backward_rules.cpp, linear_backward).
 #include "autograd/engine.h"
 #include <algorithm>
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 #include "core/error.h"
 #include "ops/launch.h"
 #include "ops/ops.h"
@@ -19,8 +20,7 @@
 namespace flame {
 
 std::vector<Tensor> apply_backward_rule(Node& n, const Tensor& g);  // backward_rules.cpp
-std::vector<Tensor> linear_backward(Node& n, const Tensor& g, bool pre, const Tensor& db, Node* p, Tensor* p_dz,
-                                    Tensor* p_db);
+std::vector<Tensor> linear_backward(Node& n, const Tensor& g, bool pre, Node* p, Tensor* p_dz);
 
 namespace {
 
@@ -164,8 +164,8 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
     }
   }
 
-  // Linear nodes whose buffered gradient is already their pre-activation gradient (and bias gradient).
-  std::unordered_map<Node*, Tensor> pre_activation;
+  // Linear nodes whose buffered gradient is already their pre-activation gradient.
+  std::unordered_set<Node*> pre_activation;
   auto unobserved = [&](Node* c) {
     return deps[c] == 1 && !buffer.count(c) && c->hooks.empty() && c->retained.empty() && !capture.count(c) &&
            !c->graph_freed;
@@ -212,15 +212,14 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
     }
     std::vector<Tensor> grads;
     if (g) {
-      auto pre = pre_activation.find(n);
+      const bool pre = pre_activation.count(n) > 0;
       Node* producer = fusable_producer(n);
-      if (pre != pre_activation.end() || producer) {
-        Tensor p_dz, p_db;
-        grads = linear_backward(*n, g, pre != pre_activation.end(), pre != pre_activation.end() ? pre->second : nullptr,
-                                producer, &p_dz, &p_db);
+      if (pre || producer) {
+        Tensor p_dz;
+        grads = linear_backward(*n, g, pre, producer, &p_dz);
         if (p_dz) {  // the reshapes in between pass no gradient; the producer gets it directly
           buffer[producer] = p_dz;
-          pre_activation[producer] = p_db;
+          pre_activation.insert(producer);
         }
       } else {
         grads = apply_backward_rule(*n, g);

@@ -272,8 +272,7 @@ std::pair<Tensor, Tensor> linear_weight_grad(const Tensor& dz, const Tensor& x, 
   return {gw, gb};
 }
 
-bool linear_input_grad_through_activation(const Tensor& g, const Tensor& w, Activation act, const Tensor& aux,
-                                          bool want_bias, Tensor* dz, Tensor* db) {
+bool linear_input_grad_through_activation(const Tensor& g, const Tensor& w, Activation act, const Tensor& aux, Tensor* dz) {
   if (act == Activation::None || !aux || g->numel() == 0 || w->shape[0] == 0) return false;
   const int64_t R = g->shape[0], in = w->shape[1];
   int64_t aux_ld = 0;
@@ -284,13 +283,10 @@ bool linear_input_grad_through_activation(const Tensor& g, const Tensor& w, Acti
   } else {
     aux_ld = aux->shape[1] * 8;  // the bit mask made by linear2d: [R, ld / 8] bytes
   }
-  Epilogue epi = act == Activation::GeluTanh ? (want_bias ? Epilogue::DGeluBgrad : Epilogue::DGelu)
-                                             : (want_bias ? Epilogue::DReluBgrad : Epilogue::DRelu);
+  Epilogue epi = act == Activation::GeluTanh ? Epilogue::DGelu : Epilogue::DRelu;
   Tensor d = make_tensor(g->ctx(), {R, in}, g->dtype);
-  Tensor b = want_bias ? make_tensor(g->ctx(), {in}, g->dtype) : nullptr;
-  if (!run_gemm(alias(g), alias(w), d, epi, b ? b->data() : 0, aux->data(), aux_ld)) return false;
+  if (!run_gemm(alias(g), alias(w), d, epi, 0, aux->data(), aux_ld)) return false;
   *dz = d;
-  *db = b;
   return true;
 }
 

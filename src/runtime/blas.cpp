@@ -48,9 +48,7 @@ cublasLtEpilogue_t lt_epilogue(Epilogue e) {
     case Epilogue::ReluAux: return CUBLASLT_EPILOGUE_RELU_AUX;
     case Epilogue::ReluAuxBias: return CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
     case Epilogue::DRelu: return CUBLASLT_EPILOGUE_DRELU;
-    case Epilogue::DReluBgrad: return CUBLASLT_EPILOGUE_DRELU_BGRAD;
     case Epilogue::DGelu: return CUBLASLT_EPILOGUE_DGELU;
-    case Epilogue::DGeluBgrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }

@@ -26,15 +26,13 @@ enum class Epilogue : int32_t {
   ReluAux,       // D = relu(A B), aux := bit mask of D > 0 (aux_ld in bits, a multiple of 128)
   ReluAuxBias,   // D = relu(A B + bias), aux := bit mask
   DRelu,         // D = (A B) * mask(aux): relu's backward from the forward's bit mask
-  DReluBgrad,    // DRelu, and bias := row sums of that D (the pre-activation's bias gradient)
   DGelu,         // D = (A B) * gelu_tanh'(aux): gelu's backward from the forward's pre-activation
-  DGeluBgrad,    // DGelu, and bias := row sums of that D
 };
 
 // Epilogues that read or write the aux buffer (relu: a bit mask; gelu: the pre-activation).
 inline bool uses_aux(Epilogue e) { return e >= Epilogue::GeluAux && e != Epilogue::BgradB; }
 inline bool relu_mask_aux(Epilogue e) {
-  return e == Epilogue::ReluAux || e == Epilogue::ReluAuxBias || e == Epilogue::DRelu || e == Epilogue::DReluBgrad;
+  return e == Epilogue::ReluAux || e == Epilogue::ReluAuxBias || e == Epilogue::DRelu;
 }
 
 // One operand as cuBLASLt stores it: a column-major rows x cols matrix with leading dim ld,

@@ -486,6 +486,7 @@ std::vector<HT> run_chain(flame_ctx_t c, const HT& x, const std::vector<Layer>& 
   T X = upload(c, x);
   EXPECT_EQ(flame_tensor_set_requires_grad(X, 1), FLAME_OK);
   std::vector<T> W, B, H;
+  std::vector<flame_hook_t> hooks;
   flame_tensor_t cur = X;  // borrowed: the input of the next layer
   for (size_t l = 0; l < layers.size(); ++l) {
     W.push_back(upload(c, layers[l].w));
@@ -496,7 +497,9 @@ std::vector<HT> run_chain(flame_ctx_t c, const HT& x, const std::vector<Layer>& 
     EXPECT_EQ(flame_linear(cur, W.back(), B.back(), layers[l].act, y.out()), FLAME_OK) << flame_last_error_message();
     if (l == 0 && observe == 1) {
       auto doubler = [](void*, flame_tensor_t gr, flame_tensor_t* rep) { return flame_mul_scalar(gr, 2.0, rep); };
-      EXPECT_EQ(flame_tensor_register_hook(y, doubler, nullptr, nullptr, nullptr), FLAME_OK) << flame_last_error_message();
+      flame_hook_t hook = nullptr;
+      EXPECT_EQ(flame_tensor_register_hook(y, doubler, nullptr, nullptr, &hook), FLAME_OK) << flame_last_error_message();
+      hooks.push_back(hook);
     }
     if (l == 0 && observe == 2) {
       EXPECT_EQ(flame_tensor_retain_grad(y), FLAME_OK);
@@ -516,6 +519,7 @@ std::vector<HT> run_chain(flame_ctx_t c, const HT& x, const std::vector<Layer>& 
     out.push_back(download(gw));
     out.push_back(download(gb));
   }
+  for (flame_hook_t h : hooks) flame_hook_remove(h);
   if (observe == 2) {
     T hg;
     EXPECT_EQ(flame_tensor_grad(H[0], hg.out()), FLAME_OK);
