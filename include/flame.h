@@ -133,6 +133,10 @@ typedef struct flame_ctx_options_t {
                                    Copied during flame_ctx_create. */
   uint64_t memory_limit;        /* bytes of tensor memory the context may hold; 0 = no limit */
   int32_t allow_tf32;           /* matrix products in f32 may use TF32 tensor cores; default 0 */
+  int32_t gemm_heuristic_only;  /* 0 (default): the first product of each new shape times cuBLASLt's
+                                   top candidate algorithms (one synchronisation) and keeps the
+                                   fastest, so two contexts may pick different ones; 1: always the
+                                   heuristic's first choice (the same algorithm in every run) */
 } flame_ctx_options_t;
 
 /* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */

@@ -247,6 +247,8 @@ namespace Flame
         public string KernelCacheDir;
         public ulong MemoryLimit;
         public bool AllowTf32;
+        /// <summary>Always cuBLASLt's first heuristic choice instead of timing its top candidates per shape.</summary>
+        public bool GemmHeuristicOnly;
     }
 
     public struct MemoryStats
@@ -285,6 +287,7 @@ namespace Flame
                 o.seed = opts.Seed;
                 o.memory_limit = opts.MemoryLimit;
                 o.allow_tf32 = opts.AllowTf32 ? 1 : 0;
+                o.gemm_heuristic_only = opts.GemmHeuristicOnly ? 1 : 0;
                 IntPtr dir = opts.KernelCacheDir == null ? IntPtr.Zero : StringToUtf8(opts.KernelCacheDir);
                 try
                 {

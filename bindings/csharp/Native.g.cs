@@ -72,6 +72,7 @@ namespace Flame.Interop
         public IntPtr kernel_cache_dir;
         public ulong memory_limit;
         public int allow_tf32;
+        public int gemm_heuristic_only;
     }
 
     [StructLayout(LayoutKind.Sequential)]

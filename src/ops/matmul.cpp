@@ -205,6 +205,7 @@ Tensor linear2d(const Tensor& x, const Tensor& w, const Tensor& bias, Activation
       } else if (keep_aux) {
         aux_ld = (O + 127) / 128 * 128;  // relu's bit mask: ld in bits, a multiple of 128
         aux = make_tensor(ctx, {R, aux_ld / 8}, FLAME_DTYPE_U8);
+        fill_(aux, 0);  // split-K kernels OR their bits into the mask (initcheck saw them read it)
       }
       fused = run_gemm(alias(x), wt, out, epi, bias ? bias->data() : 0, aux ? aux->data() : 0, aux_ld);
     }

@@ -42,6 +42,7 @@ std::shared_ptr<Context> Context::create(const flame_ctx_options_t& opts) {
   c->memory_limit = opts.memory_limit;
   c->rng_seed = opts.seed;
   c->allow_tf32 = opts.allow_tf32 != 0;
+  c->gemm_autotune = opts.gemm_heuristic_only == 0;
   c->disk_cache = DiskCache(DiskCache::resolve_dir(opts.kernel_cache_dir));
   if (const char* n = std::getenv("FLAME_FAIL_ALLOC_AT")) c->fail_alloc_at = std::strtoull(n, nullptr, 10);
   return c;

@@ -56,6 +56,7 @@ class Context : public std::enable_shared_from_this<Context> {
   int cc_major = 0, cc_minor = 0, sm_count = 0;
   std::string device_name;
   bool allow_tf32 = false;
+  bool gemm_autotune = true;  // time cuBLASLt's top candidates once per shape (runtime/blas.cpp)
 
   // Makes this context current on the calling thread (cheap when it already is).
   void bind();

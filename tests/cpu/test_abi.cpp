@@ -77,6 +77,8 @@ static_assert(offsetof(flame_ctx_options_t, seed) == 16, "layout");
 static_assert(offsetof(flame_ctx_options_t, kernel_cache_dir) == 24, "layout");
 static_assert(offsetof(flame_ctx_options_t, memory_limit) == 32, "layout");
 static_assert(offsetof(flame_ctx_options_t, allow_tf32) == 40, "layout");
+static_assert(offsetof(flame_ctx_options_t, gemm_heuristic_only) == 44, "layout");
+static_assert(sizeof(flame_ctx_options_t) == 48, "layout");
 static_assert(offsetof(flame_memory_stats_t, struct_size) == 0, "layout");
 static_assert(offsetof(flame_memory_stats_t, bytes_in_use) == 8, "layout");
 static_assert(offsetof(flame_memory_stats_t, bytes_reserved) == 16, "layout");
@@ -181,6 +183,7 @@ TEST(CtxOptions, InitSetsDefaults) {
   EXPECT_EQ(o.kernel_cache_dir, nullptr);
   EXPECT_EQ(o.memory_limit, 0u);
   EXPECT_EQ(o.allow_tf32, 0);
+  EXPECT_EQ(o.gemm_heuristic_only, 0);
 }
 
 TEST(CtxOptions, InitNull) {

@@ -52,6 +52,7 @@ void call_ctx_create(FuzzedDataProvider& p) {
   o.kernel_cache_dir = p.ConsumeBool() ? nullptr : dir.c_str();
   o.memory_limit = p.ConsumeIntegral<uint64_t>();
   o.allow_tf32 = p.ConsumeIntegral<int32_t>();
+  o.gemm_heuristic_only = p.ConsumeIntegral<int32_t>();
   flame_ctx_t c = reinterpret_cast<flame_ctx_t>(g_garbage);
   flame_status_t st = flame_ctx_create(p.ConsumeBool() ? &o : nullptr, &c);
   REQUIRE(st != FLAME_OK, "a context without a driver");

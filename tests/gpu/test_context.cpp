@@ -104,6 +104,7 @@ TEST_F(Context, CreateOptionsAndErrors) {
   EXPECT_EQ(o.kernel_cache_dir, nullptr);
   EXPECT_EQ(o.memory_limit, 0u);
   EXPECT_EQ(o.allow_tf32, 0);
+  EXPECT_EQ(o.gemm_heuristic_only, 0);
 
   flame_ctx_t c = reinterpret_cast<flame_ctx_t>(static_cast<uintptr_t>(0x10));
   flame_ctx_options_t bad = o;

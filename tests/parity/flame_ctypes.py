@@ -36,6 +36,7 @@ class CtxOptions(ctypes.Structure):
         ("kernel_cache_dir", ctypes.c_char_p),
         ("memory_limit", u64),
         ("allow_tf32", i32),
+        ("gemm_heuristic_only", i32),
     ]
 
 

@@ -320,6 +320,8 @@ pub struct ContextOptions {
     /// Bytes of tensor memory the context may hold; 0 = no limit.
     pub memory_limit: u64,
     pub allow_tf32: bool,
+    /// Always cuBLASLt's first heuristic choice instead of timing its top candidates per shape.
+    pub gemm_heuristic_only: bool,
 }
 
 /// Memory statistics of a context (`flame_memory_stats_t`).
@@ -364,6 +366,7 @@ impl Context {
                 c.seed = o.seed;
                 c.memory_limit = o.memory_limit;
                 c.allow_tf32 = o.allow_tf32 as i32;
+                c.gemm_heuristic_only = o.gemm_heuristic_only as i32;
                 let dir = match &o.kernel_cache_dir {
                     Some(d) => Some(CString::new(d.as_str()).map_err(|_| {
                         Error::new(Status::ERROR_INVALID_ARGUMENT, "kernel_cache_dir contains NUL")

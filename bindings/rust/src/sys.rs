@@ -300,6 +300,7 @@ pub struct flame_ctx_options_t {
     pub kernel_cache_dir: *const c_char,
     pub memory_limit: u64,
     pub allow_tf32: i32,
+    pub gemm_heuristic_only: i32,
 }
 
 #[repr(C)]
