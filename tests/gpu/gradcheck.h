@@ -831,4 +831,83 @@ inline void check_second_order(flame_ctx_t ctx, const Row& row, const Case& c, s
   }
 }
 
+// ---- the parameterised suites over a table of rows (FLAME_GRADCHECK_SUITES below)
+
+struct Param {
+  size_t row;
+  flame_dtype_t dt;
+};
+
+// f64 and f32 for every row, f16 and bf16 too for low_precision rows.
+inline std::vector<Param> first_order_params(const std::vector<Row>& rows) {
+  std::vector<Param> p;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    p.push_back({i, FLAME_DTYPE_F64});
+    p.push_back({i, FLAME_DTYPE_F32});
+    if (rows[i].low_precision) {
+      p.push_back({i, FLAME_DTYPE_F16});
+      p.push_back({i, FLAME_DTYPE_BF16});
+    }
+  }
+  return p;
+}
+
+inline std::vector<size_t> second_order_params(const std::vector<Row>& rows) {
+  std::vector<size_t> p;
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i].second_order) p.push_back(i);
+  return p;
+}
+
+// The seed of one case: the run's seed, a per-table salt, the row name, the dtype and the case.
+inline uint64_t case_seed(uint64_t salt, const std::string& name, int dt, size_t c) {
+  uint64_t h = seed() ^ salt;
+  for (char ch : name) h = (h ^ static_cast<unsigned char>(ch)) * 0x100000001b3ull;
+  return h ^ (static_cast<uint64_t>(dt) << 40) ^ (static_cast<uint64_t>(c) << 48);
+}
+
+inline std::string case_trace(const Row& row, const char* what, size_t c) {
+  std::ostringstream t;
+  t << row.name << " " << what << " case " << c << " (inputs";
+  for (const In& i : row.cases[c].ins) t << " " << shape_str(i.shape) << (i.noncontig ? "nc" : "");
+  t << ") FLAME_GRADCHECK_SEED=" << seed();
+  return t.str();
+}
+
+inline void run_first_order(flame_ctx_t ctx, const Row& row, flame_dtype_t dt, uint64_t salt) {
+  for (size_t c = 0; c < row.cases.size(); ++c) {
+    SCOPED_TRACE(case_trace(row, dtname(dt).c_str(), c));
+    std::mt19937_64 rng(case_seed(salt, row.name, dt, c));
+    check_case(ctx, row, row.cases[c], dt, rng);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+inline void run_second_order(flame_ctx_t ctx, const Row& row, uint64_t salt) {
+  for (size_t c = 0; c < row.cases.size(); ++c) {
+    SCOPED_TRACE(case_trace(row, "f64 second order", c));
+    std::mt19937_64 rng(case_seed(salt, row.name, 99, c));
+    check_second_order(ctx, row, row.cases[c], rng);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
 }  // namespace gc
+
+// Defines the first-order suite `First` (test names <row>_<dtype>) and the second-order suite
+// `Second` (rows with second_order) under the instantiation prefix `Prefix`, over the table
+// returned by rows_fn(); `salt` keeps the tables' random inputs apart.
+#define FLAME_GRADCHECK_SUITES(Prefix, First, Second, rows_fn, salt)                                       \
+  class First : public GpuTest, public ::testing::WithParamInterface<gc::Param> {};                        \
+  TEST_P(First, MatchesHostFiniteDifferences) {                                                            \
+    gc::run_first_order(ctx, rows_fn()[GetParam().row], GetParam().dt, salt);                              \
+  }                                                                                                        \
+  INSTANTIATE_TEST_SUITE_P(Prefix, First, ::testing::ValuesIn(gc::first_order_params(rows_fn())),          \
+                           [](const ::testing::TestParamInfo<gc::Param>& info) {                           \
+                             return rows_fn()[info.param.row].name + "_" + flame_dtype_name(info.param.dt); \
+                           });                                                                             \
+  class Second : public GpuTest, public ::testing::WithParamInterface<size_t> {};                          \
+  TEST_P(Second, CreateGraphMatchesHostFiniteDifferences) { gc::run_second_order(ctx, rows_fn()[GetParam()], salt); } \
+  INSTANTIATE_TEST_SUITE_P(Prefix, Second, ::testing::ValuesIn(gc::second_order_params(rows_fn())),        \
+                           [](const ::testing::TestParamInfo<size_t>& info) { return rows_fn()[info.param].name; })
+

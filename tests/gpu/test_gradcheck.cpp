@@ -542,75 +542,7 @@ TEST(GradCheckTable, RowNamesAreUnique) {
 
 // ------------------------------------------------------------------ parameterised checks
 
-struct Param {
-  size_t row;
-  flame_dtype_t dt;
-};
-
-std::vector<Param> first_order_params() {
-  std::vector<Param> p;
-  for (size_t i = 0; i < rows().size(); ++i) {
-    p.push_back({i, FLAME_DTYPE_F64});
-    p.push_back({i, FLAME_DTYPE_F32});
-    if (rows()[i].low_precision) {
-      p.push_back({i, FLAME_DTYPE_F16});
-      p.push_back({i, FLAME_DTYPE_BF16});
-    }
-  }
-  return p;
-}
-
-std::vector<size_t> second_order_params() {
-  std::vector<size_t> p;
-  for (size_t i = 0; i < rows().size(); ++i)
-    if (rows()[i].second_order) p.push_back(i);
-  return p;
-}
-
-uint64_t case_seed(const std::string& name, int dt, size_t c) {
-  uint64_t h = gc::seed() ^ 0x9e3779b97f4a7c15ull;
-  for (char ch : name) h = (h ^ static_cast<unsigned char>(ch)) * 0x100000001b3ull;
-  return h ^ (static_cast<uint64_t>(dt) << 40) ^ (static_cast<uint64_t>(c) << 48);
-}
-
-class GradCheck : public GpuTest, public ::testing::WithParamInterface<Param> {};
-
-TEST_P(GradCheck, MatchesHostFiniteDifferences) {
-  const Row& row = rows()[GetParam().row];
-  flame_dtype_t dt = GetParam().dt;
-  for (size_t c = 0; c < row.cases.size(); ++c) {
-    std::ostringstream trace;
-    trace << row.name << " " << dtname(dt) << " case " << c << " (inputs";
-    for (const In& i : row.cases[c].ins) trace << " " << shape_str(i.shape) << (i.noncontig ? "nc" : "");
-    trace << ") FLAME_GRADCHECK_SEED=" << gc::seed();
-    SCOPED_TRACE(trace.str());
-    std::mt19937_64 rng(case_seed(row.name, dt, c));
-    check_case(ctx, row, row.cases[c], dt, rng);
-    if (HasFatalFailure()) return;
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(Ops, GradCheck, ::testing::ValuesIn(first_order_params()),
-                         [](const ::testing::TestParamInfo<Param>& info) {
-                           return rows()[info.param.row].name + "_" + flame_dtype_name(info.param.dt);
-                         });
-
-class GradGradCheck : public GpuTest, public ::testing::WithParamInterface<size_t> {};
-
-TEST_P(GradGradCheck, CreateGraphMatchesHostFiniteDifferences) {
-  const Row& row = rows()[GetParam()];
-  for (size_t c = 0; c < row.cases.size(); ++c) {
-    std::ostringstream trace;
-    trace << row.name << " f64 second order, case " << c << " FLAME_GRADCHECK_SEED=" << gc::seed();
-    SCOPED_TRACE(trace.str());
-    std::mt19937_64 rng(case_seed(row.name, 99, c));
-    check_second_order(ctx, row, row.cases[c], rng);
-    if (HasFatalFailure()) return;
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(Ops, GradGradCheck, ::testing::ValuesIn(second_order_params()),
-                         [](const ::testing::TestParamInfo<size_t>& info) { return rows()[info.param].name; });
+FLAME_GRADCHECK_SUITES(Ops, GradCheck, GradGradCheck, rows, 0x9e3779b97f4a7c15ull);
 
 // ------------------------------------------------------------------ not-differentiable ops
 
@@ -618,7 +550,7 @@ class NotDifferentiable : public GpuTest, public ::testing::WithParamInterface<s
 
 TEST_P(NotDifferentiable, WorksOnInputsThatRequireGradAndGivesNoGrad) {
   const NdRow& row = nd_rows()[GetParam()];
-  std::mt19937_64 rng(case_seed(row.name, 0, 0));
+  std::mt19937_64 rng(gc::case_seed(0x9e3779b97f4a7c15ull, row.name, 0, 0));
   for (int grad_mode : {1, 0}) {
     SCOPED_TRACE(row.name + (grad_mode ? " (grad mode on)" : " (grad mode off)"));
     int32_t prev = -1;

@@ -698,50 +698,9 @@ TEST(NnGradCheckTable, EveryNnOpHasARow) {
   for (const Row& r : rows()) EXPECT_TRUE(seen.insert(r.name).second) << "duplicate row " << r.name;
 }
 
-struct Param {
-  size_t row;
-  flame_dtype_t dt;
-};
-std::vector<Param> first_order_params() {
-  std::vector<Param> p;
-  for (size_t i = 0; i < rows().size(); ++i)
-    for (flame_dtype_t dt : kDtypes)
-      if (rows()[i].low_precision || dt == FLAME_DTYPE_F32 || dt == FLAME_DTYPE_F64) p.push_back({i, dt});
-  return p;
-}
-
-class NnGradCheck : public GpuTest, public ::testing::WithParamInterface<Param> {};
-
-TEST_P(NnGradCheck, MatchesHostFiniteDifferences) {
-  const Row& row = rows()[GetParam().row];
-  const flame_dtype_t dt = GetParam().dt;
-  for (size_t c = 0; c < row.cases.size(); ++c) {
-    SCOPED_TRACE(row.name + " " + flame_dtype_name(dt) + " case " + std::to_string(c) +
-                 " FLAME_GRADCHECK_SEED=" + std::to_string(gc::seed()));
-    std::mt19937_64 rng(seed_for(row.name + flame_dtype_name(dt) + std::to_string(c)));
-    check_case(ctx, row, row.cases[c], dt, rng);
-    if (HasFatalFailure()) return;
-  }
-}
-INSTANTIATE_TEST_SUITE_P(Nn, NnGradCheck, ::testing::ValuesIn(first_order_params()),
-                         [](const ::testing::TestParamInfo<Param>& i) {
-                           return rows()[i.param.row].name + "_" + flame_dtype_name(i.param.dt);
-                         });
-
-// create_graph: the composed backward, differentiated again (f64).
-class NnGradGradCheck : public GpuTest, public ::testing::WithParamInterface<size_t> {};
-
-TEST_P(NnGradGradCheck, CreateGraphMatchesHostFiniteDifferences) {
-  const Row& row = rows()[GetParam()];
-  for (size_t c = 0; c < row.cases.size(); ++c) {
-    SCOPED_TRACE(row.name + " second order case " + std::to_string(c) + " FLAME_GRADCHECK_SEED=" + std::to_string(gc::seed()));
-    std::mt19937_64 rng(seed_for(row.name + "gg" + std::to_string(c)));
-    check_second_order(ctx, row, row.cases[c], rng);
-    if (HasFatalFailure()) return;
-  }
-}
-INSTANTIATE_TEST_SUITE_P(Nn, NnGradGradCheck, ::testing::Range<size_t>(0, rows().size()),
-                         [](const ::testing::TestParamInfo<size_t>& i) { return rows()[i.param].name; });
+// Finite differences in every dtype a row claims; create_graph: the composed backward, differentiated
+// again (f64).
+FLAME_GRADCHECK_SUITES(Nn, NnGradCheck, NnGradGradCheck, rows, 0x6a09e667f3bcc909ull);
 
 // ------------------------------------------------------------------ bad arguments
 
