@@ -442,6 +442,72 @@ class Bench:
         del px, pw, pb, pw2, pb2, pg
         plain.close()
 
+    # ---------------------------------------------------------------- T3: end-to-end training steps
+    def tier3(self):
+        """MLP 1024-4096-4096-1024 (GELU), batch 8192, MSE, AdamW: one whole training step (forward,
+        backward, optimizer step, zero_grad) in f32, and in bf16 (FLAME: bf16 parameters with f32
+        master weights; PyTorch: f32 parameters under bf16 autocast, its usual mixed precision)."""
+        fl, lib = self.fl, self.fl.lib
+        raw = lib.raw
+        raw.flame_optimizer_options_init.argtypes = [ctypes.POINTER(OptimOptions), ctypes.c_int32]
+        raw.flame_optimizer_create.argtypes = [H, ctypes.POINTER(OptimOptions), ctypes.POINTER(H), ctypes.c_int64, ctypes.POINTER(H)]
+        for name in ("flame_optimizer_step", "flame_optimizer_release"):
+            getattr(raw, name).argtypes = [H]
+        raw.flame_optimizer_zero_grad.argtypes = [H, ctypes.c_int32]
+        raw.flame_optimizer_release.restype = None
+        B, dims = 8192, [1024, 4096, 4096, 1024]
+        flops = sum(6.0 * B * a * b for a, b in zip(dims[:-1], dims[1:]))
+        for dt in ("f32", "bf16"):
+            ws, bs = [], []
+            for a, b in zip(dims[:-1], dims[1:]):
+                w = fl.call("mul_scalar", fl.randn([b, a], dt), 1.0 / math.sqrt(a))
+                ws.append(w)
+                bs.append(fl.call("mul_scalar", fl.randn([b], dt), 0.0))
+            params = ws + bs
+            for p in params:
+                lib.set_requires_grad(p, True)
+            x, tgt = fl.randn([B, dims[0]], dt), fl.randn([B, dims[-1]], dt)
+            opts = OptimOptions()
+            lib.check(raw.flame_optimizer_options_init(ctypes.byref(opts), 2), "flame_optimizer_options_init")
+            opts.master_weights = 1 if dt == "bf16" else 0
+            arr = (H * len(params))(*[p.h for p in params])
+            opt = H()
+            lib.check(raw.flame_optimizer_create(fl.ctx, ctypes.byref(opts), arr, len(params), ctypes.byref(opt)),
+                      "flame_optimizer_create")
+
+            def flame_step():
+                h = x
+                for i in range(3):
+                    h = fl.call("linear", h, ws[i], bs[i], 2 if i < 2 else 0)
+                loss = fl.call("mse_loss", h, tgt, 1)
+                lib.backward(fl.ctx, loss)
+                lib.check(raw.flame_optimizer_step(opt), "flame_optimizer_step")
+                lib.check(raw.flame_optimizer_zero_grad(opt, 1), "flame_optimizer_zero_grad")
+
+            tl = [torch.nn.Linear(a, b, device="cuda") for a, b in zip(dims[:-1], dims[1:])]
+            tx = torch.randn(B, dims[0], device="cuda")
+            tt = torch.randn(B, dims[-1], device="cuda")
+            tparams = [p for m in tl for p in m.parameters()]
+            topt = torch.optim.AdamW(tparams, lr=1e-3, weight_decay=1e-2, fused=True)
+
+            def torch_step():
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dt == "bf16"):
+                    h = tx
+                    for i, m in enumerate(tl):
+                        h = m(h)
+                        if i < 2:
+                            h = F.gelu(h, approximate="tanh")
+                    loss = F.mse_loss(h.float(), tt)
+                loss.backward()
+                topt.step()
+                topt.zero_grad(set_to_none=True)
+
+            note = "FLAME bf16 params + f32 master; torch f32 params + bf16 autocast" if dt == "bf16" else "IEEE f32"
+            self.add("T3", "MLP train step (AdamW)", f"b{B} " + "-".join(map(str, dims)), dt,
+                     self.time_flame(flame_step, reps=10), self.time_torch(torch_step, reps=10), flops=flops, note=note)
+            raw.flame_optimizer_release(opt)
+            del params, ws, bs, x, tgt, tl, tparams, topt
+
     # ---------------------------------------------------------------- output
     def finish(self):
         out_dir = self.args.out or os.environ.get("OUT") or os.path.join(HERE, "out")
@@ -499,7 +565,7 @@ def append_results(meta, rows, geo, args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tiers", default="T0,T1,T2")
+    ap.add_argument("--tiers", default="T0,T1,T2,T3")
     ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions")
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-results-md", action="store_true")
@@ -510,7 +576,7 @@ def main():
     b = Bench(args)
     b.measure_limits()
     tiers = args.tiers.split(",")
-    for t, fn in (("T0", b.tier0), ("T1", b.tier1), ("T1", b.tier1_nn), ("T2", b.tier2)):
+    for t, fn in (("T0", b.tier0), ("T1", b.tier1), ("T1", b.tier1_nn), ("T2", b.tier2), ("T3", b.tier3)):
         if t in tiers:
             fn()
     b.finish()
