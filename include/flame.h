@@ -531,6 +531,20 @@ FLAME_API flame_status_t flame_grad(flame_ctx_t ctx, const flame_tensor_t* outpu
  * callers nest: prev = set(0); ...; set(prev). */
 FLAME_API flame_status_t flame_ctx_set_grad_enabled(flame_ctx_t ctx, int32_t enabled, int32_t* previous);
 FLAME_API flame_status_t flame_ctx_is_grad_enabled(flame_ctx_t ctx, int32_t* enabled);
+
+/* Autocast (mixed precision), off by default. While a context's autocast dtype is FLAME_DTYPE_BF16
+ * or FLAME_DTYPE_F16, the matrix products (flame_matmul, flame_bmm, flame_linear, the convolutions
+ * and attention) convert f32 inputs to it, and softmax, log_softmax, the normalisations, the losses,
+ * flame_sum, flame_mean and flame_sum_all convert f16/bf16 inputs to f32 (their results are f32).
+ * Conversions are recorded casts whose backward casts the gradient back, so every tensor receives
+ * its gradient in its own dtype (f32 parameters get f32 gradients). f64 and integer tensors are never
+ * converted; batch_norm's running statistics neither (keep them f32). Nests like grad mode: prev =
+ * set(BF16); ...; set(prev). dtype not one of the three values: FLAME_ERROR_INVALID_ARGUMENT.
+ * OUT *previous (may be NULL): the setting before the call. */
+#define FLAME_AUTOCAST_OFF (-1)
+FLAME_API flame_status_t flame_ctx_set_autocast(flame_ctx_t ctx, int32_t dtype, int32_t* previous);
+/* OUT *dtype: FLAME_DTYPE_BF16, FLAME_DTYPE_F16 or FLAME_AUTOCAST_OFF. */
+FLAME_API flame_status_t flame_ctx_get_autocast(flame_ctx_t ctx, int32_t* dtype);
 /* Inference mode records nothing and tensors made in it can never require grad. Nests as above. */
 FLAME_API flame_status_t flame_ctx_set_inference_mode(flame_ctx_t ctx, int32_t enabled, int32_t* previous);
 

@@ -124,6 +124,7 @@ namespace Flame.Interop
         public const int FLAME_ABI_VERSION = 1;
         public const int FLAME_MAX_DIMS = 8;
         public const int FLAME_DIM_ALL = -2147483648;
+        public const int FLAME_AUTOCAST_OFF = -1;
         public const long FLAME_NO_PADDING = -9223372036854775808;
         public const uint FLAME_BACKWARD_RETAIN_GRAPH = 1;
         public const uint FLAME_BACKWARD_CREATE_GRAPH = 2;
@@ -287,6 +288,8 @@ namespace Flame.Interop
             "flame_grad",
             "flame_ctx_set_grad_enabled",
             "flame_ctx_is_grad_enabled",
+            "flame_ctx_set_autocast",
+            "flame_ctx_get_autocast",
             "flame_ctx_set_inference_mode",
             "flame_tensor_register_hook",
             "flame_tensor_register_post_accumulate_grad_hook",
@@ -794,6 +797,12 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_is_grad_enabled", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_is_grad_enabled(IntPtr ctx, int* enabled);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_set_autocast", ExactSpelling = true)]
+        public static extern flame_status_t flame_ctx_set_autocast(IntPtr ctx, int dtype, int* previous);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_get_autocast", ExactSpelling = true)]
+        public static extern flame_status_t flame_ctx_get_autocast(IntPtr ctx, int* dtype);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_set_inference_mode", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_set_inference_mode(IntPtr ctx, int enabled, int* previous);

@@ -1609,6 +1609,28 @@ namespace Flame
             return o_enabled != 0;
         }
 
+        /// <summary><c>flame_status_t flame_ctx_set_autocast(flame_ctx_t ctx, int32_t dtype, int32_t* previous)</c></summary>
+        public unsafe bool SetAutocast(int dtype)
+        {
+            int o_previous = 0;
+            {
+                Status.Check(Native.flame_ctx_set_autocast(Raw, dtype, &o_previous));
+            }
+            GC.KeepAlive(this);
+            return o_previous != 0;
+        }
+
+        /// <summary><c>flame_status_t flame_ctx_get_autocast(flame_ctx_t ctx, int32_t* dtype)</c></summary>
+        public unsafe int GetAutocast()
+        {
+            int o_dtype = default(int);
+            {
+                Status.Check(Native.flame_ctx_get_autocast(Raw, &o_dtype));
+            }
+            GC.KeepAlive(this);
+            return o_dtype;
+        }
+
     }
 
 }

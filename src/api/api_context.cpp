@@ -209,6 +209,25 @@ FLAME_API flame_status_t flame_ctx_set_grad_enabled(flame_ctx_t ctx, int32_t ena
   });
 }
 
+FLAME_API flame_status_t flame_ctx_set_autocast(flame_ctx_t ctx, int32_t dtype, int32_t* previous) {
+  return api_call("flame_ctx_set_autocast", [&] {
+    Context& c = context_of(ctx);
+    ContextScope s(c);
+    FLAME_CHECK(dtype == FLAME_AUTOCAST_OFF || dtype == FLAME_DTYPE_BF16 || dtype == FLAME_DTYPE_F16,
+                FLAME_ERROR_INVALID_ARGUMENT, "dtype ", dtype, " is not FLAME_DTYPE_BF16, FLAME_DTYPE_F16 or FLAME_AUTOCAST_OFF");
+    if (previous) *previous = c.autocast;
+    c.autocast = dtype;
+  });
+}
+
+FLAME_API flame_status_t flame_ctx_get_autocast(flame_ctx_t ctx, int32_t* dtype) {
+  return api_call("flame_ctx_get_autocast", [&] {
+    Context& c = context_of(ctx);
+    auto* out_ = out_param(dtype, "dtype");
+    *out_ = c.autocast;
+  });
+}
+
 FLAME_API flame_status_t flame_ctx_is_grad_enabled(flame_ctx_t ctx, int32_t* enabled) {
   return api_call("flame_ctx_is_grad_enabled", [&] {
     Context& c = context_of(ctx);

@@ -1,5 +1,6 @@
 // C entry points of the losses (ops/loss.h): argument checks, then one call each.
 #include <cmath>
+#include "api/autocast.h"
 #include "api/guard.h"
 #include "ops/loss.h"
 
@@ -13,8 +14,9 @@ ops::Reduction reduction_arg(flame_reduction_t r) {
   return static_cast<ops::Reduction>(r);
 }
 
-// An optional tensor argument: NULL gives a null Tensor, anything else must be a live handle.
-Tensor optional_arg(flame_tensor_t h, const char* name) { return h ? unwrap(h, name) : nullptr; }
+// An optional tensor argument: NULL gives a null Tensor, anything else must be a live handle (in f32
+// under autocast, as the losses compute there).
+Tensor optional_arg(flame_tensor_t h, const char* name) { return h ? autocast_f32(unwrap(h, name)) : nullptr; }
 
 void same_context(const Tensor& a, const Tensor& b, const char* name) {
   FLAME_CHECK(!b || &a->ctx() == &b->ctx(), FLAME_ERROR_INVALID_ARGUMENT, name, " belongs to another context");
@@ -30,7 +32,7 @@ flame_status_t loss_call(const char* fn, flame_tensor_t a, const char* a_name, f
     const Tensor& y = unwrap(b, b_name);
     same_context(x, y, b_name);
     TensorScope s(x);
-    *out = wrap(f(x, y));
+    *out = wrap(f(autocast_f32(x), autocast_f32(y)));
   });
 }
 

@@ -1,4 +1,5 @@
 // C entry points of the matrix products (ops/matmul.cpp).
+#include "api/autocast.h"
 #include "api/guard.h"
 #include "ops/ops.h"
 
@@ -14,7 +15,7 @@ flame_status_t product(const char* fn, flame_tensor_t a, flame_tensor_t b, flame
     const Tensor& y = unwrap(b, "b");
     FLAME_CHECK(&x->ctx() == &y->ctx(), FLAME_ERROR_INVALID_ARGUMENT, "a and b belong to different contexts");
     TensorScope s(x);
-    *out = wrap(f(x, y));
+    *out = wrap(f(autocast_low(x), autocast_low(y)));
   });
 }
 
@@ -42,7 +43,7 @@ FLAME_API flame_status_t flame_linear(flame_tensor_t x, flame_tensor_t weight, f
     FLAME_CHECK(&xt->ctx() == &wt->ctx() && (!bt || &bt->ctx() == &xt->ctx()), FLAME_ERROR_INVALID_ARGUMENT,
                 "x, weight and bias belong to different contexts");
     TensorScope s(xt);
-    *out = wrap(ops::linear(xt, wt, bt, static_cast<ops::Activation>(activation)));
+    *out = wrap(ops::linear(autocast_low(xt), autocast_low(wt), autocast_low(bt), static_cast<ops::Activation>(activation)));
   });
 }
 

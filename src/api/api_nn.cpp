@@ -2,6 +2,7 @@
 // group_norm, batch_norm. Argument checks that need the handles happen here (NULLs, contexts); the
 // ops check shapes, dtypes and values.
 #include <cmath>
+#include "api/autocast.h"
 #include "api/guard.h"
 #include "ops/nn.h"
 
@@ -10,11 +11,13 @@ using namespace flame;
 namespace {
 
 // An optional tensor argument: NULL stays null; otherwise it must be valid and share x's context.
-Tensor optional_arg(flame_tensor_t h, const char* name, const Tensor& x) {
+// Affine parameters follow x to f32 under autocast (`cast`); running statistics never do (they are
+// updated in place).
+Tensor optional_arg(flame_tensor_t h, const char* name, const Tensor& x, bool cast = true) {
   if (!h) return nullptr;
   const Tensor& t = unwrap(h, name);
   FLAME_CHECK(&t->ctx() == &x->ctx(), FLAME_ERROR_INVALID_ARGUMENT, name, " belongs to another context than x");
-  return t;
+  return cast ? autocast_f32(t) : t;
 }
 
 Shape shape_arg(const int64_t* shape, int32_t n, const char* name) {
@@ -30,7 +33,7 @@ flame_status_t nn_call(const char* fn, flame_tensor_t x_handle, flame_tensor_t* 
     out_param(out, "out");
     const Tensor& x = unwrap(x_handle, "x");
     TensorScope s(x);
-    *out = wrap(body(x));
+    *out = wrap(body(autocast_f32(x)));
   });
 }
 
@@ -76,7 +79,8 @@ FLAME_API flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t runni
                                           flame_tensor_t weight, flame_tensor_t bias, int32_t training, double momentum,
                                           double eps, flame_tensor_t* out) {
   return nn_call("flame_batch_norm", x, out, [&](const Tensor& t) {
-    return ops::batch_norm(t, optional_arg(running_mean, "running_mean", t), optional_arg(running_var, "running_var", t),
+    return ops::batch_norm(t, optional_arg(running_mean, "running_mean", t, false),
+                           optional_arg(running_var, "running_var", t, false),
                            optional_arg(weight, "weight", t), optional_arg(bias, "bias", t), training != 0, momentum, eps);
   });
 }

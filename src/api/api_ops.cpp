@@ -1,5 +1,6 @@
 // C entry points of the elementwise ops (generated from the op list) and of the reductions.
 #include <cmath>
+#include "api/autocast.h"
 #include "api/guard.h"
 #include "ops/ops.h"
 
@@ -109,8 +110,9 @@ FLAME_API flame_status_t flame_where(flame_tensor_t cond, flame_tensor_t a, flam
                                         flame_tensor_t* out) {                                                 \
     return op1("flame_" #name, t, out, [&](const Tensor& x) { return call(x, dims_arg(dims, ndims), keepdim != 0); }); \
   }
-FLAME_REDUCE_ENTRY(sum, ops::sum)
-FLAME_REDUCE_ENTRY(mean, ops::mean)
+// sum and mean run in f32 under autocast (api/autocast.h)
+FLAME_REDUCE_ENTRY(sum, [](const Tensor& x, const std::vector<int32_t>& d, bool k) { return ops::sum(autocast_f32(x), d, k); })
+FLAME_REDUCE_ENTRY(mean, [](const Tensor& x, const std::vector<int32_t>& d, bool k) { return ops::mean(autocast_f32(x), d, k); })
 FLAME_REDUCE_ENTRY(prod, ops::prod)
 FLAME_REDUCE_ENTRY(max, ops::amax)
 FLAME_REDUCE_ENTRY(min, ops::amin)
@@ -141,7 +143,7 @@ FLAME_API flame_status_t flame_cumsum(flame_tensor_t t, int32_t dim, flame_tenso
   return op1("flame_cumsum", t, out, [&](const Tensor& x) { return ops::cumsum(x, dim); });
 }
 FLAME_API flame_status_t flame_sum_all(flame_tensor_t t, flame_tensor_t* out) {
-  return op1("flame_sum_all", t, out, [&](const Tensor& x) { return ops::sum(x, {}, false); });
+  return op1("flame_sum_all", t, out, [&](const Tensor& x) { return ops::sum(autocast_f32(x), {}, false); });
 }
 FLAME_API flame_status_t flame_max_all(flame_tensor_t t, flame_tensor_t* out) {
   return op1("flame_max_all", t, out, [&](const Tensor& x) { return ops::amax(x, {}, false); });

@@ -92,6 +92,7 @@ class Context : public std::enable_shared_from_this<Context> {
   // ---- autograd mode ----
   bool grad_enabled = true;
   bool inference_mode = false;
+  int32_t autocast = -1;  // FLAME_DTYPE_BF16 / F16 while autocast is on, else -1 (api/autocast.h)
   bool recording() const { return grad_enabled && !inference_mode; }
 
   // ---- released tensor handles kept readable so that reuse is detected (see api/handles.cpp) ----

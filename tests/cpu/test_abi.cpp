@@ -547,6 +547,8 @@ TEST(NullArguments, QueriesAndCommands) {
       {"flame_ctx_set_rng_state", [&] { return flame_ctx_set_rng_state(c, 1, 2); }},
       {"flame_ctx_set_grad_enabled", [&] { return flame_ctx_set_grad_enabled(c, 0, &i32); }},
       {"flame_ctx_is_grad_enabled", [&] { return flame_ctx_is_grad_enabled(c, &i32); }},
+      {"flame_ctx_set_autocast", [&] { return flame_ctx_set_autocast(c, FLAME_DTYPE_BF16, &i32); }},
+      {"flame_ctx_get_autocast", [&] { return flame_ctx_get_autocast(c, &i32); }},
       {"flame_ctx_set_inference_mode", [&] { return flame_ctx_set_inference_mode(c, 1, nullptr); }},
       {"flame_tensor_set_requires_grad", [&] { return flame_tensor_set_requires_grad(t, 1); }},
       {"flame_tensor_requires_grad", [&] { return flame_tensor_requires_grad(t, &i32); }},

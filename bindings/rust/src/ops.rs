@@ -971,6 +971,20 @@ impl Context {
         check(unsafe { (api.flame_ctx_is_grad_enabled)(self.raw, &mut o_enabled) })?;
         Ok(o_enabled != 0)
     }
+    /// `flame_status_t flame_ctx_set_autocast(flame_ctx_t ctx, int32_t dtype, int32_t* previous)`.
+    pub fn set_autocast(&self, dtype: i32) -> Result<bool> {
+        let api = api()?;
+        let mut o_previous: i32 = 0;
+        check(unsafe { (api.flame_ctx_set_autocast)(self.raw, dtype, &mut o_previous) })?;
+        Ok(o_previous != 0)
+    }
+    /// `flame_status_t flame_ctx_get_autocast(flame_ctx_t ctx, int32_t* dtype)`.
+    pub fn get_autocast(&self) -> Result<i32> {
+        let api = api()?;
+        let mut o_dtype: i32 = Default::default();
+        check(unsafe { (api.flame_ctx_get_autocast)(self.raw, &mut o_dtype) })?;
+        Ok(o_dtype)
+    }
 }
 
 /// Functions without a generated safe method and not wrapped by hand in lib.rs: call them

@@ -12,6 +12,7 @@ pub const FLAME_VERSION_PATCH: i32 = 0;
 pub const FLAME_ABI_VERSION: i32 = 1;
 pub const FLAME_MAX_DIMS: i32 = 8;
 pub const FLAME_DIM_ALL: i32 = -2147483648;
+pub const FLAME_AUTOCAST_OFF: i32 = -1;
 pub const FLAME_NO_PADDING: i64 = -9223372036854775808;
 
 // ---- enums: C integer type, constants, and a newtype with associated constants ----
@@ -491,6 +492,8 @@ pub const SYMBOLS: &[&str] = &[
     "flame_grad",
     "flame_ctx_set_grad_enabled",
     "flame_ctx_is_grad_enabled",
+    "flame_ctx_set_autocast",
+    "flame_ctx_get_autocast",
     "flame_ctx_set_inference_mode",
     "flame_tensor_register_hook",
     "flame_tensor_register_post_accumulate_grad_hook",
@@ -689,6 +692,8 @@ pub struct Api {
     pub flame_grad: unsafe extern "C" fn(ctx: flame_ctx_t, outputs: *const flame_tensor_t, grad_outputs: *const flame_tensor_t, n_outputs: i32, inputs: *const flame_tensor_t, n_inputs: i32, flags: u32, results: *mut flame_tensor_t) -> flame_status_t,
     pub flame_ctx_set_grad_enabled: unsafe extern "C" fn(ctx: flame_ctx_t, enabled: i32, previous: *mut i32) -> flame_status_t,
     pub flame_ctx_is_grad_enabled: unsafe extern "C" fn(ctx: flame_ctx_t, enabled: *mut i32) -> flame_status_t,
+    pub flame_ctx_set_autocast: unsafe extern "C" fn(ctx: flame_ctx_t, dtype: i32, previous: *mut i32) -> flame_status_t,
+    pub flame_ctx_get_autocast: unsafe extern "C" fn(ctx: flame_ctx_t, dtype: *mut i32) -> flame_status_t,
     pub flame_ctx_set_inference_mode: unsafe extern "C" fn(ctx: flame_ctx_t, enabled: i32, previous: *mut i32) -> flame_status_t,
     pub flame_tensor_register_hook: unsafe extern "C" fn(t: flame_tensor_t, r#fn: flame_tensor_hook_fn, user_data: *mut c_void, destroy: flame_destroy_fn, hook: *mut flame_hook_t) -> flame_status_t,
     pub flame_tensor_register_post_accumulate_grad_hook: unsafe extern "C" fn(t: flame_tensor_t, r#fn: flame_post_accumulate_hook_fn, user_data: *mut c_void, destroy: flame_destroy_fn, hook: *mut flame_hook_t) -> flame_status_t,
@@ -895,6 +900,8 @@ impl Api {
             flame_grad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, *const flame_tensor_t, i32, *const flame_tensor_t, i32, u32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_grad\0")?),
             flame_ctx_set_grad_enabled: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, i32, *mut i32) -> flame_status_t>(resolve(b"flame_ctx_set_grad_enabled\0")?),
             flame_ctx_is_grad_enabled: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut i32) -> flame_status_t>(resolve(b"flame_ctx_is_grad_enabled\0")?),
+            flame_ctx_set_autocast: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, i32, *mut i32) -> flame_status_t>(resolve(b"flame_ctx_set_autocast\0")?),
+            flame_ctx_get_autocast: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut i32) -> flame_status_t>(resolve(b"flame_ctx_get_autocast\0")?),
             flame_ctx_set_inference_mode: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, i32, *mut i32) -> flame_status_t>(resolve(b"flame_ctx_set_inference_mode\0")?),
             flame_tensor_register_hook: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_hook_fn, *mut c_void, flame_destroy_fn, *mut flame_hook_t) -> flame_status_t>(resolve(b"flame_tensor_register_hook\0")?),
             flame_tensor_register_post_accumulate_grad_hook: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_post_accumulate_hook_fn, *mut c_void, flame_destroy_fn, *mut flame_hook_t) -> flame_status_t>(resolve(b"flame_tensor_register_post_accumulate_grad_hook\0")?),
