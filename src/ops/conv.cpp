@@ -304,16 +304,16 @@ void check_tensors(const Tensor& x, const Tensor& w, const Tensor& b, int nd, co
 // The checks every option field gets, over the first `dims` elements of each pair.
 void check_args(const ops::ConvArgs& a, int dims, const char* op) {
   for (int i = 0; i < dims; ++i) {
-    FLAME_CHECK(a.stride[i] >= 1 && a.stride[i] <= kMaxArg, FLAME_ERROR_INVALID_ARGUMENT, op, ": stride[", i, "] must be >= 1, got ",
+    FLAME_CHECK(a.stride[i] >= 1 && a.stride[i] <= kMaxArg, FLAME_ERROR_INVALID_ARGUMENT, op, ": stride[", i, "] must be in [1, 2^31 - 1], got ",
                 a.stride[i]);
     FLAME_CHECK(a.dilation[i] >= 1 && a.dilation[i] <= kMaxArg, FLAME_ERROR_INVALID_ARGUMENT, op, ": dilation[", i,
-                "] must be >= 1, got ", a.dilation[i]);
+                "] must be in [1, 2^31 - 1], got ", a.dilation[i]);
     FLAME_CHECK(a.padding[i] >= 0 && a.padding[i] <= kMaxArg, FLAME_ERROR_INVALID_ARGUMENT, op, ": padding[", i,
-                "] must be >= 0, got ", a.padding[i]);
+                "] must be in [0, 2^31 - 1], got ", a.padding[i]);
     FLAME_CHECK(a.output_padding[i] >= 0 && a.output_padding[i] <= kMaxArg, FLAME_ERROR_INVALID_ARGUMENT, op,
-                ": output_padding[", i, "] must be >= 0, got ", a.output_padding[i]);
+                ": output_padding[", i, "] must be in [0, 2^31 - 1], got ", a.output_padding[i]);
   }
-  FLAME_CHECK(a.groups >= 1 && a.groups <= kMaxArg, FLAME_ERROR_INVALID_ARGUMENT, op, ": groups must be >= 1, got ", a.groups);
+  FLAME_CHECK(a.groups >= 1 && a.groups <= kMaxArg, FLAME_ERROR_INVALID_ARGUMENT, op, ": groups must be in [1, 2^31 - 1], got ", a.groups);
 }
 
 // The kernels index pixels and taps with 32-bit integers.
