@@ -144,15 +144,16 @@ Tensor run_wgrad(const ConvLaunch& P0, const Tensor& x, const Tensor& dy) {
   if (P.Nc < kDirectBelow || (is_half(dt) && !tensor_cores(ctx, dt))) path = Direct;
   else if (!tensor_cores(ctx, dt)) path = Simt;
   const int64_t tile = path == Mma ? kMmaTile : kSimtTile;
-  if (path != Direct && ceil_div(P.Nc, tile) > 65535) path = Direct;
-  // Splits: enough blocks (threads for the direct kernel) to fill the GPU about twice, each split
-  // keeping at least 16 slices (64 rows for the direct kernel) of the reduction.
+  if (path != Direct && (ceil_div(P.Nc, tile) > 65535 || P.G > 65535)) path = Direct;
+  // Splits: as many blocks as fit on the GPU at once (two per SM; rounded down, so that the grid is
+  // one full wave rather than one and a sliver), each split keeping at least 16 slices of the
+  // reduction; the direct kernel: about 2048 threads per SM, at least 64 rows per split.
   int64_t want, max_splits;
   if (path == Direct) {
     want = ceil_div(2048LL * ctx.sm_count, O * P.K);
     max_splits = ceil_div(P.M, 64);
   } else {
-    want = ceil_div(2LL * ctx.sm_count, ceil_div(P.K, tile) * ceil_div(P.Nc, tile) * P.G);
+    want = 2LL * ctx.sm_count / (ceil_div(P.K, tile) * ceil_div(P.Nc, tile) * P.G);
     max_splits = ceil_div(P.M, 16 * (path == Mma ? kMmaDepth : 16));
   }
   int64_t splits = std::max<int64_t>(1, std::min(want, max_splits));
