@@ -15,10 +15,11 @@
 // two GEMMs are K-major and one k-tile of a row is contiguous memory whenever Kc % 8 == 0.
 //
 // Kernels: conv_mma / conv_wgrad_mma (f16, bf16; sm_80+): tensor cores through mma.sync m16n8k16
-// with f32 accumulation; 128x128x32 block tiles, 8 warps of 64x32, a 3-stage cp.async pipeline
+// with f32 accumulation; 128x128x32 block tiles, 8 warps of 64x32, a 4-stage cp.async pipeline
 // into padded shared memory read by ldmatrix (.trans for the weight gradient, whose tiles are
 // stored with the reduction dim as rows); VEC = 16-byte cp.async gathers (zero-filled outside the
-// image), else element loads. conv_simt / conv_wgrad_simt (f32, f64): 64x64x16 tiles of FFMA.
+// image), else element loads. conv_simt / conv_wgrad_simt (f32, f64): FFMA over 128x128x8 (f32) or
+// 64x64x16 (f64) tiles.
 // conv_direct / conv_wgrad_direct (any dtype): one thread per output element, for groups with few
 // output channels (depthwise) where a GEMM tile would be mostly empty.
 #pragma once
@@ -37,7 +38,7 @@ struct ConvParams {  // mirrors ConvLaunch in src/ops/conv.cpp
 
 namespace conv {
 
-constexpr int kTile = 128, kBK = 32, kStages = 3, kThreads = 256;
+constexpr int kTile = 128, kBK = 32, kStages = 4, kThreads = 256;
 constexpr int kPitch = kBK + 8;     // K-major tiles: 80-byte rows put 8 ldmatrix rows on distinct banks
 constexpr int kWPitch = kTile + 8;  // reduction-major tiles (weight gradient) and the epilogue tile
 
@@ -168,7 +169,7 @@ struct alignas(16) U4 {
 
 // ============================== tensor cores: forward and input gradient ==============================
 // Grid: x = M tiles, y = groups * Nc tiles; 256 threads; dynamic shared memory
-// kStages * 2 * kTile * kPitch * 2 bytes (61440).
+// kStages * 2 * kTile * kPitch * 2 bytes (81920; two blocks fit an SM of sm_80 / sm_90).
 template <class T, int MODE, bool VEC>
 __global__ void __launch_bounds__(256, 2) conv_mma(ConvParams P, const T* __restrict__ src, const T* __restrict__ wb,
                                                    const T* __restrict__ bias, T* __restrict__ dst) {
@@ -331,7 +332,7 @@ __global__ void __launch_bounds__(256, 2) conv_mma(ConvParams P, const T* __rest
 // ============================== tensor cores: weight gradient ==============================
 // out[split][g * Nc + o][k] (f32) = sum over the split's rows m of dy[m, g * Nc + o] * src[m, k].
 // Grid: x = K tiles, y = Nc tiles, z = groups * splits; dynamic shared memory
-// kStages * 2 * kBK * kWPitch * 2 bytes (52224). Both tiles are stored [m][o or k] (the layout of
+// kStages * 2 * kBK * kWPitch * 2 bytes (69632). Both tiles are stored [m][o or k] (the layout of
 // the tensors), so the fragments come from ldmatrix.trans.
 template <class T, bool VEC>
 __global__ void __launch_bounds__(256, 2) conv_wgrad_mma(ConvParams P, const T* __restrict__ src, const T* __restrict__ dy,
@@ -468,30 +469,50 @@ __global__ void __launch_bounds__(256, 2) conv_wgrad_mma(ConvParams P, const T* 
 }
 
 // ============================== SIMT (f32, f64): forward and input gradient ==============================
-// 64x64 tiles over (m, n), 16-deep k slices; thread (ty, tx) = (tid / 16, tid % 16) accumulates rows
-// ty * 4 + [0, 4) and columns tx * 4 + [0, 4). Grid: x = M tiles, y = groups * Nc tiles.
+// Square tiles of BT = 16 * TM rows and columns, BK = 1024 / BT deep (f32: 128 x 128 x 8 with 8x8
+// per thread; f64: 64 x 64 x 16 with 4x4, to stay within the registers); thread (ty, tx) =
+// (tid / 16, tid % 16) accumulates rows ty * TM + [0, TM) and columns tx * TM + [0, TM), read from
+// shared memory as TM-wide vectors. Grid: x = M tiles, y = groups * Nc tiles.
+namespace conv {
+template <class T> struct Simt {
+  static constexpr int TM = sizeof(T) == 4 ? 8 : 4, BT = 16 * TM, BK = 1024 / BT, TPR = BK / 4;  // TPR: loader threads per row
+};
+// TM consecutive elements of a shared-memory row (16-byte aligned) into registers.
+template <class T, int TM>
+__device__ __forceinline__ void load_row(const T* p, T (&r)[TM]) {
+  constexpr int V = 16 / sizeof(T);
+#pragma unroll
+  for (int i = 0; i < TM; i += V) {
+    const Vec<T, V> v = *reinterpret_cast<const Vec<T, V>*>(p + i);
+#pragma unroll
+    for (int j = 0; j < V; ++j) r[i + j] = v.v[j];
+  }
+}
+}  // namespace conv
+
 template <class T, int MODE>
-__global__ void __launch_bounds__(256) conv_simt(ConvParams P, const T* __restrict__ src, const T* __restrict__ wb,
+__global__ void __launch_bounds__(256, 2) conv_simt(ConvParams P, const T* __restrict__ src, const T* __restrict__ wb,
                                                  const T* __restrict__ bias, T* __restrict__ dst) {
   using namespace conv;
-  constexpr int BT = 64, BK = 16;
-  __shared__ T As[BK][BT + 4], Bs[BK][BT + 4];
+  constexpr int TM = Simt<T>::TM, BT = Simt<T>::BT, BK = Simt<T>::BK, TPR = Simt<T>::TPR;
+  __shared__ __align__(16) T As[BK][BT + 4];
+  __shared__ __align__(16) T Bs[BK][BT + 4];
   const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
   const int n_tiles = (P.Nc + BT - 1) / BT;
   const int g = blockIdx.y / n_tiles, n0 = (blockIdx.y - g * n_tiles) * BT;
   const long long m0 = static_cast<long long>(blockIdx.x) * BT;
   const T* srcg = src + static_cast<long long>(g) * P.Kc;
   // Loader: row lr of both tiles, 4 consecutive k from lk.
-  const int lr = tid >> 2, lk = (tid & 3) * 4;
+  const int lr = tid / TPR, lk = (tid % TPR) * 4;
   const bool mok = m0 + lr < P.M, nok = n0 + lr < P.Nc;
   const Pos pos = decompose(mok ? m0 + lr : 0, P.Hd, P.Wd);
   const T* brow = wb + (static_cast<long long>(g) * P.Nc + n0 + lr) * P.K;
   Tap tp = tap_of(lk, P);
-  T acc[4][4];
+  T acc[TM][TM];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < TM; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = T(0);
+    for (int j = 0; j < TM; ++j) acc[i][j] = T(0);
   for (int k0 = 0; k0 < P.K; k0 += BK) {
     Tap t = tp;
 #pragma unroll
@@ -509,26 +530,23 @@ __global__ void __launch_bounds__(256) conv_simt(ConvParams P, const T* __restri
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < BK; ++kk) {
-      T a[4], b[4];
+      T a[TM], b[TM];
+      load_row<T, TM>(&As[kk][ty * TM], a);
+      load_row<T, TM>(&Bs[kk][tx * TM], b);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        a[i] = As[kk][ty * 4 + i];
-        b[i] = Bs[kk][tx * 4 + i];
-      }
+      for (int i = 0; i < TM; ++i)
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
+        for (int j = 0; j < TM; ++j) acc[i][j] += a[i] * b[j];
     }
     __syncthreads();
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const long long m = m0 + ty * 4 + i;
+  for (int i = 0; i < TM; ++i) {
+    const long long m = m0 + ty * TM + i;
     if (m >= P.M) continue;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int col = n0 + tx * 4 + j;
+    for (int j = 0; j < TM; ++j) {
+      const int col = n0 + tx * TM + j;
       if (col >= P.Nc) continue;
       const long long c = static_cast<long long>(g) * P.Nc + col;
       dst[m * P.Cd + c] = acc[i][j] + (bias ? bias[c] : T(0));
@@ -537,14 +555,15 @@ __global__ void __launch_bounds__(256) conv_simt(ConvParams P, const T* __restri
 }
 
 // ============================== SIMT (f32, f64): weight gradient ==============================
-// out[split][g * Nc + o][k] (T) over 64x64 tiles of (o, k), 16 rows of m per slice. Grid: x = K
-// tiles, y = Nc tiles, z = groups * splits.
+// out[split][g * Nc + o][k] (T) over BT x BT tiles of (o, k), BK rows of m per slice (Simt<T>).
+// Grid: x = K tiles, y = Nc tiles, z = groups * splits.
 template <class T>
-__global__ void __launch_bounds__(256) conv_wgrad_simt(ConvParams P, const T* __restrict__ src, const T* __restrict__ dy,
+__global__ void __launch_bounds__(256, 2) conv_wgrad_simt(ConvParams P, const T* __restrict__ src, const T* __restrict__ dy,
                                                        T* __restrict__ out) {
   using namespace conv;
-  constexpr int BT = 64, BK = 16;
-  __shared__ T As[BK][BT + 4], Bs[BK][BT + 4];
+  constexpr int TM = Simt<T>::TM, BT = Simt<T>::BT, BK = Simt<T>::BK, TPR = BT / 4;
+  __shared__ __align__(16) T As[BK][BT + 4];
+  __shared__ __align__(16) T Bs[BK][BT + 4];
   const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
   const int k0 = blockIdx.x * BT, o0 = blockIdx.y * BT;
   const int g = blockIdx.z / P.splits, split = blockIdx.z - g * P.splits;
@@ -552,16 +571,16 @@ __global__ void __launch_bounds__(256) conv_wgrad_simt(ConvParams P, const T* __
   const T* srcg = src + static_cast<long long>(g) * P.Kc;
   const T* dyg = dy + static_cast<long long>(g) * P.Nc + o0;
   // Loader: row lr (of m) of both tiles, 4 consecutive o (A) and k (B) from lq.
-  const int lr = tid >> 4, lq = (tid & 15) * 4;
+  const int lr = tid / TPR, lq = (tid % TPR) * 4;
   Tap taps[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) taps[j] = tap_of(k0 + lq + j < P.K ? k0 + lq + j : 0, P);
   Pos pos = decompose(mb + lr < P.M ? mb + lr : 0, P.Hd, P.Wd);
-  T acc[4][4];
+  T acc[TM][TM];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < TM; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = T(0);
+    for (int j = 0; j < TM; ++j) acc[i][j] = T(0);
   for (long long ms = mb; ms < me; ms += BK) {
     const long long m = ms + lr;
     const bool mok = m < me;
@@ -578,27 +597,24 @@ __global__ void __launch_bounds__(256) conv_wgrad_simt(ConvParams P, const T* __
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < BK; ++kk) {
-      T a[4], b[4];
+      T a[TM], b[TM];
+      load_row<T, TM>(&As[kk][ty * TM], a);
+      load_row<T, TM>(&Bs[kk][tx * TM], b);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        a[i] = As[kk][ty * 4 + i];
-        b[i] = Bs[kk][tx * 4 + i];
-      }
+      for (int i = 0; i < TM; ++i)
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
+        for (int j = 0; j < TM; ++j) acc[i][j] += a[i] * b[j];
     }
     __syncthreads();
   }
   T* outg = out + (static_cast<long long>(split) * P.G * P.Nc + static_cast<long long>(g) * P.Nc) * P.K;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int o = o0 + ty * 4 + i;
+  for (int i = 0; i < TM; ++i) {
+    const int o = o0 + ty * TM + i;
     if (o >= P.Nc) continue;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int k = k0 + tx * 4 + j;
+    for (int j = 0; j < TM; ++j) {
+      const int k = k0 + tx * TM + j;
       if (k < P.K) outg[static_cast<long long>(o) * P.K + k] = acc[i][j];
     }
   }

@@ -38,10 +38,10 @@ struct ConvLaunch {  // mirrors ConvParams in cuda/conv.cuh
 static_assert(sizeof(ConvLaunch) == 96, "ConvLaunch must match ConvParams in cuda/conv.cuh");
 
 constexpr int kMode_Fwd = 0, kMode_Dgrad = 1;
-constexpr int64_t kMmaTile = 128, kMmaDepth = 32, kSimtTile = 64;
+constexpr int64_t kMmaTile = 128, kMmaDepth = 32;
 constexpr unsigned kThreads = 256;
-constexpr unsigned kMmaSmem = 3 * 2 * 128 * (32 + 8) * 2;    // conv_mma: stages x (A, B) x rows x pitch x 2 bytes
-constexpr unsigned kWgradSmem = 3 * 2 * 32 * (128 + 8) * 2;  // conv_wgrad_mma
+constexpr unsigned kMmaSmem = 4 * 2 * 128 * (32 + 8) * 2;    // conv_mma: stages x (A, B) x rows x pitch x 2 bytes
+constexpr unsigned kWgradSmem = 4 * 2 * 32 * (128 + 8) * 2;  // conv_wgrad_mma
 constexpr int64_t kDirectBelow = 16;                         // fewer output channels per group: direct kernels
 
 std::string bool_arg(bool b) { return b ? "true" : "false"; }
@@ -58,6 +58,8 @@ bool is_half(DType t) { return t == FLAME_DTYPE_F16 || t == FLAME_DTYPE_BF16; }
 bool tensor_cores(const Context& ctx, DType t) { return is_half(t) && ctx.cc_major >= 8; }
 bool aligned16(const Tensor& t) { return t->data() % 16 == 0; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// The SIMT kernels' square tile (conv::Simt in cuda/conv.cuh): 128 for f32, 64 for f64; slices 1024 / tile deep.
+int64_t simt_tile(DType t) { return t == FLAME_DTYPE_F64 ? 64 : 128; }
 
 // The launch geometry of one GEMM: source and destination tensors of the forward conv (MODE 0 and
 // the weight gradient) or of its input gradient (MODE 1).
@@ -119,7 +121,7 @@ void run_conv(int mode, const ConvLaunch& P0, const Tensor& src, const Tensor& w
   ConvLaunch P = P0;
   CUdeviceptr sp = src->data(), wp = wb->data(), bp = bias ? bias->data() : 0, dp = dst->data();
   void* args[] = {&P, &sp, &wp, &bp, &dp};
-  const int64_t mma_y = P.G * ceil_div(P.Nc, kMmaTile), simt_y = P.G * ceil_div(P.Nc, kSimtTile);
+  const int64_t simt = simt_tile(dt), mma_y = P.G * ceil_div(P.Nc, kMmaTile), simt_y = P.G * ceil_div(P.Nc, simt);
   if (P.Nc < kDirectBelow || (is_half(dt) && !tensor_cores(ctx, dt)) || (tensor_cores(ctx, dt) ? mma_y : simt_y) > 65535) {
     launch_flat(ctx, ctx.function("conv.cuh", direct_name(dt, mode)), P.M * P.Cd, args);
     return;
@@ -130,7 +132,7 @@ void run_conv(int mode, const ConvLaunch& P0, const Tensor& src, const Tensor& w
     set_smem(ctx, f, kMmaSmem);
     launch3(ctx, f, ceil_div(P.M, kMmaTile), mma_y, 1, kMmaSmem, args);
   } else {
-    launch3(ctx, ctx.function("conv.cuh", simt_name(dt, mode)), ceil_div(P.M, kSimtTile), simt_y, 1, 0, args);
+    launch3(ctx, ctx.function("conv.cuh", simt_name(dt, mode)), ceil_div(P.M, simt), simt_y, 1, 0, args);
   }
 }
 
@@ -143,7 +145,7 @@ Tensor run_wgrad(const ConvLaunch& P0, const Tensor& x, const Tensor& dy) {
   enum { Direct, Mma, Simt } path = Mma;
   if (P.Nc < kDirectBelow || (is_half(dt) && !tensor_cores(ctx, dt))) path = Direct;
   else if (!tensor_cores(ctx, dt)) path = Simt;
-  const int64_t tile = path == Mma ? kMmaTile : kSimtTile;
+  const int64_t tile = path == Mma ? kMmaTile : simt_tile(dt), depth = path == Mma ? kMmaDepth : 1024 / tile;
   if (path != Direct && (ceil_div(P.Nc, tile) > 65535 || P.G > 65535)) path = Direct;
   // Splits: as many blocks as fit on the GPU at once (two per SM; rounded down, so that the grid is
   // one full wave rather than one and a sliver), each split keeping at least 16 slices of the
@@ -154,7 +156,7 @@ Tensor run_wgrad(const ConvLaunch& P0, const Tensor& x, const Tensor& dy) {
     max_splits = ceil_div(P.M, 64);
   } else {
     want = 2LL * ctx.sm_count / (ceil_div(P.K, tile) * ceil_div(P.Nc, tile) * P.G);
-    max_splits = ceil_div(P.M, 16 * (path == Mma ? kMmaDepth : 16));
+    max_splits = ceil_div(P.M, 16 * depth);
   }
   int64_t splits = std::max<int64_t>(1, std::min(want, max_splits));
   if (path != Direct) splits = std::min<int64_t>(splits, std::max<int64_t>(1, 65535 / P.G));
@@ -172,7 +174,7 @@ Tensor run_wgrad(const ConvLaunch& P0, const Tensor& x, const Tensor& dy) {
     set_smem(ctx, f, kWgradSmem);
     launch3(ctx, f, ceil_div(P.K, kMmaTile), ceil_div(P.Nc, kMmaTile), static_cast<int64_t>(P.G) * P.splits, kWgradSmem, args);
   } else {
-    launch3(ctx, ctx.function("conv.cuh", wgrad_simt_name(dt)), ceil_div(P.K, kSimtTile), ceil_div(P.Nc, kSimtTile),
+    launch3(ctx, ctx.function("conv.cuh", wgrad_simt_name(dt)), ceil_div(P.K, tile), ceil_div(P.Nc, tile),
             static_cast<int64_t>(P.G) * P.splits, 0, args);
   }
   return part;
