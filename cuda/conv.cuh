@@ -15,7 +15,7 @@
 // two GEMMs are K-major and one k-tile of a row is contiguous memory whenever Kc % 8 == 0.
 //
 // Kernels: conv_mma / conv_wgrad_mma (f16, bf16; sm_80+): tensor cores through mma.sync m16n8k16
-// with f32 accumulation; 128x128x32 block tiles, 8 warps of 64x32, a 4-stage cp.async pipeline
+// with f32 accumulation; 128x128x32 block tiles, 4 warps of 64x64, a 4-stage cp.async pipeline
 // into padded shared memory read by ldmatrix (.trans for the weight gradient, whose tiles are
 // stored with the reduction dim as rows); VEC = 16-byte cp.async gathers (zero-filled outside the
 // image), else element loads. conv_simt / conv_wgrad_simt (f32, f64): FFMA over 128x128x8 (f32) or
@@ -38,7 +38,11 @@ struct ConvParams {  // mirrors ConvLaunch in src/ops/conv.cpp
 
 namespace conv {
 
-constexpr int kTile = 128, kBK = 32, kStages = 4, kThreads = 256;
+constexpr int kTile = 128, kBK = 32, kStages = 4;
+// 4 warps of 64x64 (2 x 2) per 128x128 tile: per 16-deep step a warp loads 4 + 4 fragments with
+// ldmatrix for 32 mma, which keeps shared-memory traffic below the tensor cores' pace.
+constexpr int kWarpsM = 2, kWarpsN = 2, kThreads = 32 * kWarpsM * kWarpsN;
+constexpr int kWarpM = kTile / kWarpsM, kWarpN = kTile / kWarpsN, kMI = kWarpM / 16, kNI = kWarpN / 8;
 constexpr int kPitch = kBK + 8;     // K-major tiles: 80-byte rows put 8 ldmatrix rows on distinct banks
 constexpr int kWPitch = kTile + 8;  // reduction-major tiles (weight gradient) and the epilogue tile
 
@@ -168,11 +172,11 @@ struct alignas(16) U4 {
 }  // namespace conv
 
 // ============================== tensor cores: forward and input gradient ==============================
-// Grid: x = M tiles, y = groups * Nc tiles; 256 threads; dynamic shared memory
-// kStages * 2 * kTile * kPitch * 2 bytes (81920; two blocks fit an SM of sm_80 / sm_90).
+// Grid: x = M tiles, y = groups * Nc tiles; kThreads threads; dynamic shared memory
+// kStages * 2 * kTile * kPitch * 2 bytes (81920: two blocks fit an SM of sm_80 / sm_90).
 template <class T, int MODE, bool VEC>
-__global__ void __launch_bounds__(256, 2) conv_mma(ConvParams P, const T* __restrict__ src, const T* __restrict__ wb,
-                                                   const T* __restrict__ bias, T* __restrict__ dst) {
+__global__ void __launch_bounds__(conv::kThreads, 2) conv_mma(ConvParams P, const T* __restrict__ src, const T* __restrict__ wb,
+                                                              const T* __restrict__ bias, T* __restrict__ dst) {
   using namespace conv;
   extern __shared__ __align__(16) unsigned char conv_smem[];
   unsigned short* As = reinterpret_cast<unsigned short*>(conv_smem);  // [kStages][kTile rows m][kPitch]
@@ -185,19 +189,21 @@ __global__ void __launch_bounds__(256, 2) conv_mma(ConvParams P, const T* __rest
   const unsigned short* srcg = reinterpret_cast<const unsigned short*>(src) + static_cast<long long>(g) * P.Kc;
   const unsigned short* wbg = reinterpret_cast<const unsigned short*>(wb) + (static_cast<long long>(g) * P.Nc + n0) * P.K;
 
-  // Loader: VEC threads fill rows lr and lr + 64 of both tiles with 8-element chunk lc of each
-  // 32-wide k slice; element loads fill row lr with 16 elements from lc * 16.
-  constexpr int RPT = VEC ? 2 : 1;
-  const int lr = VEC ? tid >> 2 : tid >> 1, lc = VEC ? tid & 3 : tid & 1;
-  const int kseg = VEC ? 8 : 16;
+  // Loader. VEC: 16-byte chunk lc (of kBK / 8 per row) of rows lr + i * kVecRowStep of both tiles;
+  // element loads: the kBK / kTpr elements from lc * kSeg of row lr.
+  constexpr int kChunksPerRow = kBK / 8, kVecRowStep = kThreads / kChunksPerRow;
+  constexpr int kTpr = kThreads / kTile, kSeg = kBK / kTpr;  // element loads: threads per row, elements each
+  constexpr int RPT = VEC ? kTile / kVecRowStep : 1;
+  const int lr = VEC ? tid / kChunksPerRow : tid / kTpr, lc = VEC ? tid % kChunksPerRow : tid % kTpr;
+  const int kseg = VEC ? 8 : kSeg;
   Pos pos[RPT];
   bool mrow[RPT], nrow[RPT];
 #pragma unroll
   for (int i = 0; i < RPT; ++i) {
-    const long long m = m0 + lr + i * 64;
+    const long long m = m0 + lr + i * kVecRowStep;
     mrow[i] = m < P.M;
     pos[i] = decompose(mrow[i] ? m : 0, P.Hd, P.Wd);
-    nrow[i] = n0 + lr + i * 64 < P.Nc;
+    nrow[i] = n0 + lr + i * kVecRowStep < P.Nc;
   }
   Tap tp = tap_of(lc * kseg, P);  // tap of this thread's first k in the next tile to load
   int kload = lc * kseg;
@@ -207,8 +213,8 @@ __global__ void __launch_bounds__(256, 2) conv_mma(ConvParams P, const T* __rest
     unsigned short* bs = Bs + stage * kTile * kPitch;
     if constexpr (VEC) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int row = lr + i * 64;
+      for (int i = 0; i < RPT; ++i) {
+        const int row = lr + i * kVecRowStep;
         int ps = 0, qs = 0;
         const bool ok = mrow[i] && tp.r < P.kh && tap_source<MODE>(P, pos[i].p, pos[i].q, tp.r, tp.s, &ps, &qs);
         const unsigned short* a = ok ? srcg + pixel(pos[i].n, ps, qs, P.Hs, P.Ws, P.Cs) + tp.c : srcg;
@@ -221,14 +227,14 @@ __global__ void __launch_bounds__(256, 2) conv_mma(ConvParams P, const T* __rest
       Tap t = tp;
       const unsigned short* brow = wbg + static_cast<long long>(lr) * P.K;
 #pragma unroll 4
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < kSeg; ++j) {
         unsigned short av = 0, bv = 0;
         int ps = 0, qs = 0;
         if (mrow[0] && t.r < P.kh && tap_source<MODE>(P, pos[0].p, pos[0].q, t.r, t.s, &ps, &qs))
           av = srcg[pixel(pos[0].n, ps, qs, P.Hs, P.Ws, P.Cs) + t.c];
         if (nrow[0] && kload + j < P.K) bv = brow[kload + j];
-        as[lr * kPitch + lc * 16 + j] = av;
-        bs[lr * kPitch + lc * 16 + j] = bv;
+        as[lr * kPitch + lc * kSeg + j] = av;
+        bs[lr * kPitch + lc * kSeg + j] = bv;
         advance(t, 1, P);
       }
     }
@@ -236,12 +242,12 @@ __global__ void __launch_bounds__(256, 2) conv_mma(ConvParams P, const T* __rest
     kload += kBK;
   };
 
-  const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;  // this warp's 64x32 piece of the tile
-  float acc[4][4][4];
+  const int wm = (warp / kWarpsN) * kWarpM, wn = (warp % kWarpsN) * kWarpN;  // this warp's piece of the tile
+  float acc[kMI][kNI][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < kMI; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < kNI; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
@@ -249,14 +255,14 @@ __global__ void __launch_bounds__(256, 2) conv_mma(ConvParams P, const T* __rest
     const unsigned as = smem_u32(As + stage * kTile * kPitch), bs = smem_u32(Bs + stage * kTile * kPitch);
 #pragma unroll
     for (int kk = 0; kk < kBK; kk += 16) {
-      unsigned af[4][4], bf[4][2];
+      unsigned af[kMI][4], bf[kNI][2];
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi) {  // matrices: rows 0-7 / 8-15 at k 0-7, then at k 8-15
+      for (int mi = 0; mi < kMI; ++mi) {  // matrices: rows 0-7 / 8-15 at k 0-7, then at k 8-15
         const int row = wm + mi * 16 + (lane & 15), col = kk + (lane >> 4) * 8;
         ldsm_x4(as + (row * kPitch + col) * 2, af[mi]);
       }
 #pragma unroll
-      for (int nj = 0; nj < 2; ++nj) {  // matrices: n 0-7 at k 0-7, at k 8-15, then n 8-15 likewise
+      for (int nj = 0; nj < kNI / 2; ++nj) {  // matrices: n 0-7 at k 0-7, at k 8-15, then n 8-15 likewise
         const int row = wn + nj * 16 + (lane & 7) + (lane >> 4) * 8, col = kk + ((lane >> 3) & 1) * 8;
         unsigned r[4];
         ldsm_x4(bs + (row * kPitch + col) * 2, r);
@@ -266,9 +272,9 @@ __global__ void __launch_bounds__(256, 2) conv_mma(ConvParams P, const T* __rest
         bf[2 * nj + 1][1] = r[3];
       }
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
+      for (int mi = 0; mi < kMI; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) mma16816<T>(acc[mi][ni], af[mi], bf[ni]);
+        for (int ni = 0; ni < kNI; ++ni) mma16816<T>(acc[mi][ni], af[mi], bf[ni]);
     }
   };
 
@@ -293,7 +299,7 @@ __global__ void __launch_bounds__(256, 2) conv_mma(ConvParams P, const T* __rest
   unsigned short* Ct = reinterpret_cast<unsigned short*>(conv_smem);
   const int gq = lane >> 2, tq = lane & 3;
 #pragma unroll
-  for (int ni = 0; ni < 4; ++ni) {
+  for (int ni = 0; ni < kNI; ++ni) {
     const int col = wn + ni * 8 + tq * 2;
     float b0 = 0.f, b1 = 0.f;
     if (bias) {
@@ -302,7 +308,7 @@ __global__ void __launch_bounds__(256, 2) conv_mma(ConvParams P, const T* __rest
       if (n0 + col + 1 < P.Nc) b1 = to_compute(bias[bc + 1]);
     }
 #pragma unroll
-    for (int mi = 0; mi < 4; ++mi)
+    for (int mi = 0; mi < kMI; ++mi)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = wm + mi * 16 + gq + h * 8;
@@ -313,9 +319,9 @@ __global__ void __launch_bounds__(256, 2) conv_mma(ConvParams P, const T* __rest
   __syncthreads();
   const bool vec_out = P.Cd % 8 == 0 && P.Nc % 8 == 0 && (reinterpret_cast<unsigned long long>(dst) & 15) == 0;
   unsigned short* dstg = reinterpret_cast<unsigned short*>(dst) + static_cast<long long>(g) * P.Nc;
-#pragma unroll
+#pragma unroll 4
   for (int i = 0; i < (kTile * kTile / 8) / kThreads; ++i) {
-    const int c = tid + i * kThreads, row = c >> 4, ch = (c & 15) * 8;
+    const int c = tid + i * kThreads, row = c / (kTile / 8), ch = (c % (kTile / 8)) * 8;
     const long long m = m0 + row;
     const int col = n0 + ch;
     if (m >= P.M || col >= P.Nc) continue;
@@ -335,8 +341,8 @@ __global__ void __launch_bounds__(256, 2) conv_mma(ConvParams P, const T* __rest
 // kStages * 2 * kBK * kWPitch * 2 bytes (69632). Both tiles are stored [m][o or k] (the layout of
 // the tensors), so the fragments come from ldmatrix.trans.
 template <class T, bool VEC>
-__global__ void __launch_bounds__(256, 2) conv_wgrad_mma(ConvParams P, const T* __restrict__ src, const T* __restrict__ dy,
-                                                         float* __restrict__ out) {
+__global__ void __launch_bounds__(conv::kThreads, 2) conv_wgrad_mma(ConvParams P, const T* __restrict__ src,
+                                                                    const T* __restrict__ dy, float* __restrict__ out) {
   using namespace conv;
   extern __shared__ __align__(16) unsigned char conv_smem[];
   unsigned short* As = reinterpret_cast<unsigned short*>(conv_smem);  // [kStages][kBK rows m][kWPitch] of dy
@@ -349,16 +355,21 @@ __global__ void __launch_bounds__(256, 2) conv_wgrad_mma(ConvParams P, const T* 
   const unsigned short* srcg = reinterpret_cast<const unsigned short*>(src) + static_cast<long long>(g) * P.Kc;
   const unsigned short* dyg = reinterpret_cast<const unsigned short*>(dy) + static_cast<long long>(g) * P.Nc + o0;
 
-  // Loader: VEC threads fill rows lr and lr + 16 with 8-element chunk lc (of 16 per row); element
-  // loads fill row lr with 16 elements from lc * 16.
-  constexpr int RPT = VEC ? 2 : 1;
-  const int lr = VEC ? tid >> 4 : tid >> 3, lc = VEC ? tid & 15 : tid & 7;
-  const int kseg = VEC ? 8 : 16;
+  // Loader. VEC: 16-byte chunk lc (of kTile / 8 per row) of rows lr + i * kVecRowStep; element
+  // loads: kSeg elements from lc * kSeg of row lr.
+  constexpr int kChunksPerRow = kTile / 8, kVecRowStep = kThreads / kChunksPerRow;
+  constexpr int kTpr = kThreads / kBK, kSeg = kTile / kTpr;
+  constexpr int RPT = VEC ? kBK / kVecRowStep : 1;
+  const int lr = VEC ? tid / kChunksPerRow : tid / kTpr, lc = VEC ? tid % kChunksPerRow : tid % kTpr;
+  const int kseg = VEC ? 8 : kSeg;
   const int kfirst = k0 + lc * kseg;  // this thread's first column of k (fixed for the whole loop)
   const Tap tfirst = tap_of(kfirst < P.K ? kfirst : 0, P);
   Pos pos[RPT];
 #pragma unroll
-  for (int i = 0; i < RPT; ++i) pos[i] = decompose(mb + lr + i * 16 < P.M ? mb + lr + i * 16 : 0, P.Hd, P.Wd);
+  for (int i = 0; i < RPT; ++i) {
+    const long long m = mb + lr + i * kVecRowStep;
+    pos[i] = decompose(m < P.M ? m : 0, P.Hd, P.Wd);
+  }
   long long mload = mb + lr;  // row m of this thread's first row in the next tile to load
 
   auto load_tile = [&](int stage) {
@@ -366,9 +377,9 @@ __global__ void __launch_bounds__(256, 2) conv_wgrad_mma(ConvParams P, const T* 
     unsigned short* bs = Bs + stage * kBK * kWPitch;
     if constexpr (VEC) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int row = lr + i * 16;
-        const long long m = mload + i * 16;
+      for (int i = 0; i < RPT; ++i) {
+        const int row = lr + i * kVecRowStep;
+        const long long m = mload + i * kVecRowStep;
         const bool aok = m < me && o0 + lc * 8 < P.Nc;
         cp_async16(smem_u32(as + row * kWPitch + lc * 8), aok ? dyg + m * P.Cd + lc * 8 : dyg, aok);
         int ps = 0, qs = 0;
@@ -383,14 +394,14 @@ __global__ void __launch_bounds__(256, 2) conv_wgrad_mma(ConvParams P, const T* 
       const bool mok = m < me;
       Tap t = tfirst;
 #pragma unroll 4
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < kSeg; ++j) {
         unsigned short av = 0, bv = 0;
-        if (mok && o0 + lc * 16 + j < P.Nc) av = dyg[m * P.Cd + lc * 16 + j];
+        if (mok && o0 + lc * kSeg + j < P.Nc) av = dyg[m * P.Cd + lc * kSeg + j];
         int ps = 0, qs = 0;
         if (mok && kfirst + j < P.K && tap_source<0>(P, pos[0].p, pos[0].q, t.r, t.s, &ps, &qs))
           bv = srcg[pixel(pos[0].n, ps, qs, P.Hs, P.Ws, P.Cs) + t.c];
-        as[lr * kWPitch + lc * 16 + j] = av;
-        bs[lr * kWPitch + lc * 16 + j] = bv;
+        as[lr * kWPitch + lc * kSeg + j] = av;
+        bs[lr * kWPitch + lc * kSeg + j] = bv;
         advance(t, 1, P);
       }
       advance_pos(pos[0], kBK, P);
@@ -398,12 +409,12 @@ __global__ void __launch_bounds__(256, 2) conv_wgrad_mma(ConvParams P, const T* 
     mload += kBK;
   };
 
-  const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;  // rows o, columns k of this warp's piece
-  float acc[4][4][4];
+  const int wm = (warp / kWarpsN) * kWarpM, wn = (warp % kWarpsN) * kWarpN;  // rows o, columns k of this warp
+  float acc[kMI][kNI][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < kMI; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < kNI; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
@@ -411,15 +422,15 @@ __global__ void __launch_bounds__(256, 2) conv_wgrad_mma(ConvParams P, const T* 
     const unsigned as = smem_u32(As + stage * kBK * kWPitch), bs = smem_u32(Bs + stage * kBK * kWPitch);
 #pragma unroll
     for (int kk = 0; kk < kBK; kk += 16) {
-      unsigned af[4][4], bf[4][2];
+      unsigned af[kMI][4], bf[kNI][2];
       const int mat = lane >> 3;
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi) {  // matrices (m rows x o columns): m 0-7 / o 0-7, o 8-15, then m 8-15
+      for (int mi = 0; mi < kMI; ++mi) {  // matrices (m rows x o columns): m 0-7 / o 0-7, o 8-15, then m 8-15
         const int row = kk + (lane & 7) + (mat >> 1) * 8, col = wm + mi * 16 + (mat & 1) * 8;
         ldsm_x4_trans(as + (row * kWPitch + col) * 2, af[mi]);
       }
 #pragma unroll
-      for (int nj = 0; nj < 2; ++nj) {  // matrices: m 0-7 / k 0-7, m 8-15 / k 0-7, then k 8-15 likewise
+      for (int nj = 0; nj < kNI / 2; ++nj) {  // matrices: m 0-7 / k 0-7, m 8-15 / k 0-7, then k 8-15 likewise
         const int row = kk + (lane & 7) + (mat & 1) * 8, col = wn + nj * 16 + (mat >> 1) * 8;
         unsigned r[4];
         ldsm_x4_trans(bs + (row * kWPitch + col) * 2, r);
@@ -429,9 +440,9 @@ __global__ void __launch_bounds__(256, 2) conv_wgrad_mma(ConvParams P, const T* 
         bf[2 * nj + 1][1] = r[3];
       }
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
+      for (int mi = 0; mi < kMI; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) mma16816<T>(acc[mi][ni], af[mi], bf[ni]);
+        for (int ni = 0; ni < kNI; ++ni) mma16816<T>(acc[mi][ni], af[mi], bf[ni]);
     }
   };
 
@@ -453,14 +464,14 @@ __global__ void __launch_bounds__(256, 2) conv_wgrad_mma(ConvParams P, const T* 
   const int gq = lane >> 2, tq = lane & 3;
   float* outg = out + (static_cast<long long>(split) * P.G * P.Nc + static_cast<long long>(g) * P.Nc) * P.K;
 #pragma unroll
-  for (int mi = 0; mi < 4; ++mi)
+  for (int mi = 0; mi < kMI; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int o = o0 + wm + mi * 16 + gq + h * 8;
       if (o >= P.Nc) continue;
       float* orow = outg + static_cast<long long>(o) * P.K;
 #pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
+      for (int ni = 0; ni < kNI; ++ni) {
         const int k = k0 + wn + ni * 8 + tq * 2;
         if (k < P.K) orow[k] = acc[mi][ni][2 * h];
         if (k + 1 < P.K) orow[k + 1] = acc[mi][ni][2 * h + 1];

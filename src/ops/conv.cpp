@@ -39,7 +39,7 @@ static_assert(sizeof(ConvLaunch) == 96, "ConvLaunch must match ConvParams in cud
 
 constexpr int kMode_Fwd = 0, kMode_Dgrad = 1;
 constexpr int64_t kMmaTile = 128, kMmaDepth = 32;
-constexpr unsigned kThreads = 256;
+constexpr unsigned kMmaThreads = 128, kSimtThreads = 256;  // conv::kThreads; the SIMT kernels
 constexpr unsigned kMmaSmem = 4 * 2 * 128 * (32 + 8) * 2;    // conv_mma: stages x (A, B) x rows x pitch x 2 bytes
 constexpr unsigned kWgradSmem = 4 * 2 * 32 * (128 + 8) * 2;  // conv_wgrad_mma
 constexpr int64_t kDirectBelow = 16;                         // fewer output channels per group: direct kernels
@@ -100,10 +100,10 @@ void set_smem(Context& ctx, CUfunction f, unsigned bytes) {
   ctx.check(ctx.drv.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(bytes)),
             "cuFuncSetAttribute");
 }
-void launch3(Context& ctx, CUfunction f, int64_t gx, int64_t gy, int64_t gz, unsigned smem, void** args) {
+void launch3(Context& ctx, CUfunction f, int64_t gx, int64_t gy, int64_t gz, unsigned threads, unsigned smem, void** args) {
   FLAME_CHECK(gx <= INT32_MAX && gy <= 65535 && gz <= 65535, FLAME_ERROR_UNSUPPORTED, "convolution too large for one launch (grid ",
               gx, " x ", gy, " x ", gz, ")");
-  ctx.check(ctx.drv.cuLaunchKernel(f, static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(gz), kThreads,
+  ctx.check(ctx.drv.cuLaunchKernel(f, static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(gz), threads,
                                    1, 1, smem, ctx.stream, args, nullptr),
             "cuLaunchKernel");
 }
@@ -130,9 +130,9 @@ void run_conv(int mode, const ConvLaunch& P0, const Tensor& src, const Tensor& w
     const bool vec = P.Kc % 8 == 0 && P.Cs % 8 == 0 && aligned16(src) && aligned16(wb);
     CUfunction f = ctx.function("conv.cuh", mma_name(dt, mode, vec));
     set_smem(ctx, f, kMmaSmem);
-    launch3(ctx, f, ceil_div(P.M, kMmaTile), mma_y, 1, kMmaSmem, args);
+    launch3(ctx, f, ceil_div(P.M, kMmaTile), mma_y, 1, kMmaThreads, kMmaSmem, args);
   } else {
-    launch3(ctx, ctx.function("conv.cuh", simt_name(dt, mode)), ceil_div(P.M, simt), simt_y, 1, 0, args);
+    launch3(ctx, ctx.function("conv.cuh", simt_name(dt, mode)), ceil_div(P.M, simt), simt_y, 1, kSimtThreads, 0, args);
   }
 }
 
@@ -172,10 +172,11 @@ Tensor run_wgrad(const ConvLaunch& P0, const Tensor& x, const Tensor& dy) {
     const bool vec = P.Kc % 8 == 0 && P.Cs % 8 == 0 && P.Nc % 8 == 0 && P.Cd % 8 == 0 && aligned16(x) && aligned16(dy);
     CUfunction f = ctx.function("conv.cuh", wgrad_mma_name(dt, vec));
     set_smem(ctx, f, kWgradSmem);
-    launch3(ctx, f, ceil_div(P.K, kMmaTile), ceil_div(P.Nc, kMmaTile), static_cast<int64_t>(P.G) * P.splits, kWgradSmem, args);
+    launch3(ctx, f, ceil_div(P.K, kMmaTile), ceil_div(P.Nc, kMmaTile), static_cast<int64_t>(P.G) * P.splits, kMmaThreads,
+            kWgradSmem, args);
   } else {
     launch3(ctx, ctx.function("conv.cuh", wgrad_simt_name(dt)), ceil_div(P.K, tile), ceil_div(P.Nc, tile),
-            static_cast<int64_t>(P.G) * P.splits, 0, args);
+            static_cast<int64_t>(P.G) * P.splits, kSimtThreads, 0, args);
   }
   return part;
 }
