@@ -372,6 +372,7 @@ class Bench:
         self.add("T2", "bmm", "64x512x512x512", "bf16", self.time_flame(lambda: fl.call("bmm", fa, fb)),
                  self.time_torch(lambda: torch.bmm(ta_, tb_)), flops=2.0 * 64 * 512 ** 3)
         self.linear_rows()
+        self.conv_rows()
 
     def linear_rows(self):
         """linear + bias + GELU(tanh), GPT-2 MLP up-projection: FLAME's fused epilogues vs PyTorch unfused."""
@@ -507,6 +508,55 @@ class Bench:
                      self.time_flame(flame_step, reps=10), self.time_torch(torch_step, reps=10), flops=flops, note=note)
             raw.flame_optimizer_release(opt)
             del params, ws, bs, x, tgt, tl, tparams, topt
+    def conv_rows(self):
+        """conv2d 3x3, padding 1, N32 C128 64x64 -> 128 (a UNet-style layer) vs torch.nn.functional.conv2d
+        (cuDNN): bf16 channels-last forward, and forward + backward (x, weight, bias); f32 NCHW forward
+        with TF32 off on both sides (FLAME's f32 convolutions are IEEE). FLOPs: 2 N Ho Wo O C kh kw per
+        forward, twice that for the backward."""
+        fl, lib = self.fl, self.fl.lib
+        N, C, S, O = (8 if self.args.quick else 32), 128, 64, 128
+        flops = 2.0 * N * S * S * O * C * 9
+        shape = f"{N}x{C}x{S}x{S}->{O} 3x3"
+        opts = fc.conv_options(lib, padding=(1, 1))
+        to_nchw = (ctypes.c_int32 * 4)(0, 3, 1, 2)
+
+        def cl(t):  # FLAME's channels-last: an NHWC tensor viewed as [N, C, H, W]
+            return fl.call("permute", t, to_nchw, 4)
+
+        def conv(x, w, b):
+            return fl.call("conv2d", x, w, b, ctypes.byref(opts))
+
+        cl_fmt = torch.channels_last
+        fx, fw, fb, fg = cl(fl.randn([N, S, S, C], "bf16")), cl(fl.randn([O, 3, 3, C], "bf16")), fl.randn([O], "bf16"), \
+            cl(fl.randn([N, S, S, O], "bf16"))
+        tx = torch.randn(N, C, S, S, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=cl_fmt)
+        tw = torch.randn(O, C, 3, 3, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=cl_fmt)
+        tb = torch.randn(O, device="cuda", dtype=torch.bfloat16)
+        tg = torch.randn(N, O, S, S, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=cl_fmt)
+        self.add("T2", "conv2d fwd (channels-last)", shape, "bf16", self.time_flame(lambda: conv(fx, fw, fb)),
+                 self.time_torch(lambda: F.conv2d(tx, tw, tb, 1, 1)), flops=flops)
+        for t in (fx, fw, fb):
+            lib.set_requires_grad(t, True)
+        for t in (tx, tw, tb):
+            t.requires_grad_(True)
+
+        def flame_step():
+            lib.grad(fl.ctx, [conv(fx, fw, fb)], [fg], [fx, fw, fb], 0)
+
+        def torch_step():
+            torch.autograd.grad([F.conv2d(tx, tw, tb, 1, 1)], [tx, tw, tb], [tg])
+
+        self.add("T2", "conv2d fwd+bwd (channels-last)", shape, "bf16", self.time_flame(flame_step), self.time_torch(torch_step),
+                 flops=3 * flops, note="bwd: dx, dW, db")
+        del fx, fw, fb, fg, tx, tw, tb, tg
+        tf32 = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = False
+        fx, fw, fb = fl.randn([N, C, S, S], "f32"), fl.randn([O, C, 3, 3], "f32"), fl.randn([O], "f32")
+        tx, tw, tb = (torch.randn(N, C, S, S, device="cuda"), torch.randn(O, C, 3, 3, device="cuda"),
+                      torch.randn(O, device="cuda"))
+        self.add("T2", "conv2d fwd (NCHW)", shape, "f32", self.time_flame(lambda: conv(fx, fw, fb)),
+                 self.time_torch(lambda: F.conv2d(tx, tw, tb, 1, 1)), flops=flops, note="IEEE f32 (no TF32) both")
+        torch.backends.cudnn.allow_tf32 = tf32
 
     # ---------------------------------------------------------------- output
     def finish(self):

@@ -858,6 +858,66 @@ FLAME_API flame_status_t flame_one_hot(flame_tensor_t index, int64_t num_classes
  * gradient stays zero, as in PyTorch; FLAME_NO_PADDING for none. */
 FLAME_API flame_status_t flame_embedding(flame_tensor_t weight, flame_tensor_t indices, int64_t padding_idx, flame_tensor_t* out);
 
+/* ============================== Convolution ============================== */
+/* torch.nn.functional.conv2d, conv1d and conv_transpose2d. Shapes are logical NCHW as in PyTorch:
+ * x [N, C, H, W] (conv1d: [N, C, L]), weight [O, C / groups, kh, kw] ([O, C / groups, k]), bias [O];
+ * conv_transpose2d: x [N, C_in, H, W], weight [C_in, C_out / groups, kh, kw], bias [C_out].
+ * Channels-last is a memory format, not a shape: an x or weight whose strides are those of a dense
+ * [N, H, W, C] tensor (channel stride 1; e.g. flame_permute by {0, 3, 1, 2} of a contiguous NHWC
+ * tensor) is read in place and the result is channels-last too (as PyTorch does); any other strides
+ * are read through an internal channels-last copy and give a contiguous result. Channels-last is
+ * the fast layout.
+ *
+ * x, weight and bias are BORROWED; bias may be NULL (no bias); opts may be NULL (the defaults of
+ * flame_conv_options_init). All three tensors must share a context (FLAME_ERROR_INVALID_ARGUMENT)
+ * and a floating dtype: f32, f64, f16 or bf16 (FLAME_ERROR_DTYPE_MISMATCH). f16/bf16 run on tensor
+ * cores (sm_80 and newer) with f32 accumulation; f32 is computed in IEEE f32 FMAs (never TF32), f64
+ * in f64. OUT *out: a new reference; NULL on any error, and nothing else changes.
+ * Gradients flow to x, weight and bias, to any order (each convolution's backward is made of
+ * convolutions). Results are deterministic: the weight gradient's sum over N x H_out x W_out is
+ * split over blocks in f32 (f64 for f64) and the parts are added in a fixed order.
+ * Errors: wrong ranks, x without channels, a weight shape that does not fit x and groups, a bias
+ * that is not [O] (conv_transpose2d: [C_out]), an empty output: FLAME_ERROR_SHAPE_MISMATCH;
+ * groups < 1 or not dividing the channels of x, stride or dilation < 1, padding or output_padding
+ * < 0, output_padding not 0 outside conv_transpose2d, padding_same with a stride other than 1 or
+ * with conv_transpose2d, padding_same not 0 or 1, a size above 2^31 - 1, opts->struct_size out of
+ * range: FLAME_ERROR_INVALID_ARGUMENT; the message names the argument. */
+
+/* Options of the convolutions. Fill with flame_conv_options_init, then change fields. The struct
+ * may grow at its end; the library reads only struct_size bytes of it. Pairs are (rows, columns);
+ * conv1d reads element 0 of each pair. */
+typedef struct flame_conv_options_t {
+  size_t struct_size;        /* sizeof(flame_conv_options_t), set by flame_conv_options_init */
+  int64_t stride[2];         /* default {1, 1}; >= 1 */
+  int64_t padding[2];        /* zeros added before and after each spatial dim; default {0, 0}; >= 0 */
+  int64_t dilation[2];       /* spacing of the kernel taps; default {1, 1}; >= 1 */
+  int64_t groups;            /* default 1; divides C (and O); groups == C with weight [C, 1, kh, kw] is depthwise */
+  int64_t output_padding[2]; /* conv_transpose2d only (must be 0 otherwise): extra rows / columns at the
+                                end of the output; default {0, 0}; below max(stride, dilation) per dim */
+  int32_t padding_same;      /* 1: PyTorch's padding='same' (stride 1 only, not for conv_transpose2d):
+                                the output has x's size; each dim is padded by dilation * (k - 1) in
+                                all, half before and the rest (one more when odd) after; padding is
+                                then ignored. Default 0 */
+} flame_conv_options_t;
+
+/* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_conv_options_init(flame_conv_options_t* opts);
+
+/* 2-D convolution (cross-correlation, as PyTorch): out [N, O, H_out, W_out] with
+ * H_out = (H + 2 padding[0] - dilation[0] (kh - 1) - 1) / stride[0] + 1 (rounded down; likewise W_out);
+ * out[n, o] = bias[o] + sum over the C / groups channels of o's group and the kernel taps. */
+FLAME_API flame_status_t flame_conv2d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias,
+                                      const flame_conv_options_t* opts, flame_tensor_t* out);
+/* 2-D transposed convolution (the gradient of flame_conv2d with respect to its input, plus bias):
+ * out [N, C_out, H_out, W_out], C_out = groups * weight's dim 1,
+ * H_out = (H - 1) stride[0] - 2 padding[0] + dilation[0] (kh - 1) + output_padding[0] + 1. */
+FLAME_API flame_status_t flame_conv_transpose2d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias,
+                                                const flame_conv_options_t* opts, flame_tensor_t* out);
+/* 1-D convolution of x [N, C, L] with weight [O, C / groups, k]: out [N, O, L_out], computed as
+ * flame_conv2d of the [N, C, 1, L] view; channels-last means channel stride 1 here. */
+FLAME_API flame_status_t flame_conv1d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias,
+                                      const flame_conv_options_t* opts, flame_tensor_t* out);
+
 #ifdef __cplusplus
 }
 #endif

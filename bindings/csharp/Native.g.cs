@@ -104,6 +104,18 @@ namespace Flame.Interop
         public int stochastic_rounding;
     }
 
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct flame_conv_options_t
+    {
+        public UIntPtr struct_size;
+        public fixed long stride[2];
+        public fixed long padding[2];
+        public fixed long dilation[2];
+        public long groups;
+        public fixed long output_padding[2];
+        public int padding_same;
+    }
+
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate flame_status_t flame_tensor_hook_fn(IntPtr user_data, IntPtr grad, IntPtr* replacement);
 
@@ -328,6 +340,10 @@ namespace Flame.Interop
             "flame_masked_fill",
             "flame_one_hot",
             "flame_embedding",
+            "flame_conv_options_init",
+            "flame_conv2d",
+            "flame_conv_transpose2d",
+            "flame_conv1d",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -917,6 +933,18 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_embedding", ExactSpelling = true)]
         public static extern flame_status_t flame_embedding(IntPtr weight, IntPtr indices, long padding_idx, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_conv_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_conv_options_init(flame_conv_options_t* opts);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_conv2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_conv2d(IntPtr x, IntPtr weight, IntPtr bias, flame_conv_options_t* opts, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_conv_transpose2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_conv_transpose2d(IntPtr x, IntPtr weight, IntPtr bias, flame_conv_options_t* opts, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_conv1d", ExactSpelling = true)]
+        public static extern flame_status_t flame_conv1d(IntPtr x, IntPtr weight, IntPtr bias, flame_conv_options_t* opts, IntPtr* @out);
 
     }
 }

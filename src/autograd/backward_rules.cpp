@@ -12,6 +12,7 @@
 #include "ops/nn.h"
 #include "ops/indexing.h"
 #include "ops/loss.h"
+#include "ops/conv.h"
 #include "ops/ops.h"
 
 namespace flame {
@@ -416,6 +417,32 @@ RULE(ScatterAdd) {  // ints: dim, skip; reals: alpha. The source's gradient read
   return {n.needs_input_grad(0) ? g : nullptr, gs};
 }
 
+// ---- convolution (ops/conv.h): each primitive's backward is made of the other two ----
+// Conv2d (x, w, b; saved x, w):           dx = conv^T(g, w), dw = wgrad(g, x), db = sum g over N, H, W
+// ConvTranspose2d (d, w, b; saved d, w):  z = conv^T(d, w) + b, so dd = conv(g, w), dw = wgrad(d, g), db = sum g
+// ConvWeightGrad (d, x; saved d, x):      v = wgrad(d, x) is linear in each: dd = conv(x, g), dx = conv^T(d, g)
+// The weight gradient keeps the weight's memory format (channels-last or not).
+RULE(Conv2d) {
+  const ConvGeom geo = ConvGeom::from_ints(n.ints);
+  Tensor x = saved(n, 0), w = saved(n, 1);
+  return {n.needs_input_grad(0) ? conv_input_grad(g, w, nullptr, geo) : nullptr,
+          n.needs_input_grad(1) ? conv_weight_grad(g, x, geo, is_channels_last(w)) : nullptr,
+          n.needs_input_grad(2) ? conv_bias_grad(g) : nullptr};
+}
+RULE(ConvTranspose2d) {
+  const ConvGeom geo = ConvGeom::from_ints(n.ints);
+  Tensor d = saved(n, 0), w = saved(n, 1);
+  return {n.needs_input_grad(0) ? conv_forward(g, w, nullptr, geo) : nullptr,
+          n.needs_input_grad(1) ? conv_weight_grad(d, g, geo, is_channels_last(w)) : nullptr,
+          n.needs_input_grad(2) ? conv_bias_grad(g) : nullptr};
+}
+RULE(ConvWeightGrad) {
+  const ConvGeom geo = ConvGeom::from_ints(n.ints);
+  Tensor d = saved(n, 0), x = saved(n, 1);
+  return {n.needs_input_grad(0) ? conv_forward(x, g, nullptr, geo) : nullptr,
+          n.needs_input_grad(1) ? conv_input_grad(d, g, nullptr, geo) : nullptr};
+}
+
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
 #define DIFF(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;
@@ -429,6 +456,7 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(Softmax) DIFF(LogSoftmax) DIFF(LayerNorm) DIFF(RmsNorm) DIFF(GroupNorm) DIFF(BatchNorm)  // ops/nn.h
   DIFF(CrossEntropy) DIFF(CrossEntropyProbs) DIFF(NllLoss)
   DIFF(Gather) DIFF(ScatterAdd)
+  DIFF(Conv2d) DIFF(ConvTranspose2d) DIFF(ConvWeightGrad)  // ops/conv.h
 #undef DIFF
   return r;
 }

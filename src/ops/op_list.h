@@ -137,6 +137,15 @@
   X(Gather, gather)           \
   X(ScatterAdd, scatter_add)
 
+// ---- convolution (src/ops/conv.cpp, kernels in cuda/conv.cuh) ----
+// The three recorded primitives of conv2d / conv1d / conv_transpose2d: X(Id, name). Conv2d is
+// y = conv(x, w) + b; ConvTranspose2d its adjoint in x (the input gradient, and conv_transpose2d);
+// ConvWeightGrad its adjoint in w. Each one's backward is made of the other two (ops/conv.h).
+#define FLAME_CONV_OPS(X)                 \
+  X(Conv2d, conv2d)                       \
+  X(ConvTranspose2d, conv_transpose2d)    \
+  X(ConvWeightGrad, conv_weight_grad)
+
 namespace flame {
 
 enum class OpId : int {
@@ -146,6 +155,7 @@ enum class OpId : int {
   FLAME_BINARY_OPS(FLAME_OP_ENUM) FLAME_INTERNAL_BINARY_OPS(FLAME_OP_ENUM) FLAME_STRUCTURAL_OPS(FLAME_OP_ENUM)
   FLAME_NN_OPS(FLAME_OP_ENUM) FLAME_NN_INTERNAL_OPS(FLAME_OP_ENUM)
   FLAME_LOSS_OPS(FLAME_OP_ENUM) FLAME_INDEXING_OPS(FLAME_OP_ENUM)
+  FLAME_CONV_OPS(FLAME_OP_ENUM)
 #undef FLAME_OP_ENUM
   Count
 };

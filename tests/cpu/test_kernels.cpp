@@ -159,3 +159,12 @@ TEST_P(KernelCompile, Indexing) {
   EXPECT_GT(names.size(), 20u);
   compile_all("indexing.cuh", names, GetParam());
 }
+
+// ---- convolution (cuda/conv.cuh, src/ops/conv.cpp) ----
+#include "ops/conv.h"
+
+TEST_P(KernelCompile, Convolution) {
+  auto names = flame::ops::conv_kernel_instantiations();
+  EXPECT_EQ(names.size(), 30u);
+  compile_all("conv.cuh", names, GetParam());
+}

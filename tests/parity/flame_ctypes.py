@@ -376,3 +376,36 @@ class Flame:
         out = H()
         self.check(self.fn("flame_tensor_grad")(t.h, ctypes.byref(out)), "flame_tensor_grad")
         return Tensor(self, out) if out.value else None
+
+
+# ---- convolution (flame.h "Convolution") ----
+class ConvOptions(ctypes.Structure):
+    """flame_conv_options_t."""
+    _fields_ = [
+        ("struct_size", size_t),
+        ("stride", i64 * 2),
+        ("padding", i64 * 2),
+        ("dilation", i64 * 2),
+        ("groups", i64),
+        ("output_padding", i64 * 2),
+        ("padding_same", i32),
+    ]
+
+
+_SIGNATURES.update({
+    "flame_conv_options_init": (c_int, [P(ConvOptions)]),
+    "flame_conv2d": (c_int, [H, H, H, P(ConvOptions), P(H)]),
+    "flame_conv_transpose2d": (c_int, [H, H, H, P(ConvOptions), P(H)]),
+    "flame_conv1d": (c_int, [H, H, H, P(ConvOptions), P(H)]),
+})
+
+
+def conv_options(lib, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, output_padding=(0, 0), same=False):
+    """A filled flame_conv_options_t (pass ctypes.byref(result) to flame_conv2d and friends); lib: a Flame."""
+    o = ConvOptions()
+    lib.check(lib.fn("flame_conv_options_init")(ctypes.byref(o)), "flame_conv_options_init")
+    for i in range(2):
+        o.stride[i], o.padding[i], o.dilation[i], o.output_padding[i] = stride[i], padding[i], dilation[i], output_padding[i]
+    o.groups = groups
+    o.padding_same = 1 if same else 0
+    return o

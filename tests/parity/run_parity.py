@@ -364,6 +364,7 @@ def build_rows():
     nn_rows()
     loss_rows()
     indexing_rows()
+    conv_rows()
     return ROWS
 
 
@@ -602,6 +603,69 @@ def indexing_rows():
         [[CONST((2, 3), ints(0, 4))]], grad=False)
     row("one_hot_inferred", lambda fl, x, dt: fl.call("one_hot", index(fl, x[0]), -1), lambda x, dt: F.one_hot(x[0].long()),
         [[CONST((7,), ints(0, 6))]], grad=False)
+
+
+# ---------------------------------------------------------------------------- convolution
+
+
+def conv_rows():
+    """flame_conv2d / flame_conv_transpose2d / flame_conv1d against torch.nn.functional (cuDNN), forward
+    and the gradients of x, weight and bias; SDXL UNet shapes in bf16 and f32 with channels-last x and
+    weight. PyTorch's TF32 convolutions are switched off: FLAME's f32 convolutions are IEEE."""
+    import ctypes
+    torch.backends.cudnn.allow_tf32 = False
+    u = uni(-1, 1)
+
+    def cl(fl, t):  # a channels-last copy of a 4-D FLAME tensor, through differentiable ops
+        return fl.permute(fl.call("contiguous", fl.permute(t, [0, 2, 3, 1])), [0, 3, 1, 2])
+
+    def conv(kind, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, output_padding=(0, 0), same=False,
+             bias=True, channels_last=False):
+        def flame_fn(fl, x, dt):
+            o = fc.conv_options(fl, stride, padding, dilation, groups, output_padding, same)
+            xx, ww = (cl(fl, x[0]), cl(fl, x[1])) if channels_last else (x[0], x[1])
+            return fl.call(kind, xx, ww, x[2] if bias else None, ctypes.byref(o))
+
+        def torch_fn(x, dt):
+            xx, ww, b = x[0], x[1], (x[2] if bias else None)
+            if channels_last:
+                xx, ww = xx.contiguous(memory_format=torch.channels_last), ww.contiguous(memory_format=torch.channels_last)
+            if kind == "conv1d":
+                return F.conv1d(xx, ww, b, stride[0], "same" if same else padding[0], dilation[0], groups)
+            if kind == "conv_transpose2d":
+                return F.conv_transpose2d(xx, ww, b, stride, padding, output_padding, groups, dilation)
+            return F.conv2d(xx, ww, b, stride, "same" if same else padding, dilation, groups)
+        return flame_fn, torch_fn
+
+    def add(name, kind, x, w, dtypes=None, tol=1.0, nc=False, **kw):
+        """x, w: shapes; a bias of the output channels unless bias=False."""
+        f, t = conv(kind, **kw)
+        out_ch = w[1] * kw.get("groups", 1) if kind == "conv_transpose2d" else w[0]
+        ins = [In(x, u, nc=nc), I(w, u)] + ([I((out_ch,), u)] if kw.get("bias", True) else [])
+        r = row(name, f, t, [ins], bf16=True, tol=tol)
+        if dtypes:
+            r.dtypes = dtypes
+
+    big = ("bf16", "f32")  # f64 at these sizes is slow on both sides and adds nothing
+    for c, s in ((320, 64), (640, 32), (1280, 16)):
+        add(f"conv2d_sdxl_c{c}_{s}x{s}_3x3_cl", "conv2d", (1, c, s, s), (c, c, 3, 3), padding=(1, 1), channels_last=True,
+            dtypes=big, tol=2.0)
+    add("conv2d_sdxl_downsample_s2_cl", "conv2d", (1, 320, 64, 64), (320, 320, 3, 3), stride=(2, 2), padding=(1, 1),
+        channels_last=True, dtypes=big, tol=2.0)
+    add("conv2d_sdxl_1x1_320_640_cl", "conv2d", (1, 320, 32, 32), (640, 320, 1, 1), channels_last=True, dtypes=big)
+    add("conv2d_3x3_pad1", "conv2d", (2, 8, 9, 7), (16, 8, 3, 3), padding=(1, 1))
+    add("conv2d_3x3_pad1_transposed_x", "conv2d", (2, 8, 9, 7), (16, 8, 3, 3), padding=(1, 1), nc=True)
+    add("conv2d_stride_dilation", "conv2d", (2, 6, 11, 10), (12, 6, 3, 3), stride=(2, 1), padding=(1, 2), dilation=(2, 1))
+    add("conv2d_same_even_dilated", "conv2d", (1, 4, 7, 8), (8, 4, 4, 2), same=True, dilation=(1, 2))
+    add("conv2d_1x1_nobias", "conv2d", (2, 24, 5, 5), (40, 24, 1, 1), bias=False)
+    add("conv2d_grouped_cl", "conv2d", (2, 64, 8, 8), (64, 16, 3, 3), groups=4, padding=(1, 1), channels_last=True)
+    add("conv2d_depthwise_cl", "conv2d", (2, 32, 9, 9), (32, 1, 3, 3), groups=32, padding=(1, 1), channels_last=True)
+    add("conv_transpose2d_up2_cl", "conv_transpose2d", (1, 64, 8, 8), (64, 32, 4, 4), stride=(2, 2), padding=(1, 1),
+        channels_last=True)
+    add("conv_transpose2d_groups_outpad", "conv_transpose2d", (2, 8, 5, 4), (8, 6, 3, 3), groups=2, stride=(2, 2),
+        padding=(1, 0), output_padding=(1, 1))
+    add("conv1d_stride2", "conv1d", (2, 16, 20), (32, 16, 5), stride=(2, 1), padding=(2, 0))
+    add("conv1d_same_groups_dilated", "conv1d", (2, 8, 11), (8, 4, 4), groups=2, same=True, dilation=(2, 1))
 
 
 # ---------------------------------------------------------------------------- bridging

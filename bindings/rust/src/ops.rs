@@ -989,4 +989,4 @@ impl Context {
 
 /// Functions without a generated safe method and not wrapped by hand in lib.rs: call them
 /// through `flame::api()` (the raw table).
-pub const UNWRAPPED: &[&str] = &[];
+pub const UNWRAPPED: &[&str] = &["flame_conv_options_init", "flame_conv2d", "flame_conv_transpose2d", "flame_conv1d"];

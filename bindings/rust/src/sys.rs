@@ -333,6 +333,18 @@ pub struct flame_optimizer_options_t {
     pub stochastic_rounding: i32,
 }
 
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flame_conv_options_t {
+    pub struct_size: usize,
+    pub stride: [i64; 2],
+    pub padding: [i64; 2],
+    pub dilation: [i64; 2],
+    pub groups: i64,
+    pub output_padding: [i64; 2],
+    pub padding_same: i32,
+}
+
 // ---- functions ----
 /// Every exported function, in header order.
 pub const SYMBOLS: &[&str] = &[
@@ -532,6 +544,10 @@ pub const SYMBOLS: &[&str] = &[
     "flame_masked_fill",
     "flame_one_hot",
     "flame_embedding",
+    "flame_conv_options_init",
+    "flame_conv2d",
+    "flame_conv_transpose2d",
+    "flame_conv1d",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -732,6 +748,10 @@ pub struct Api {
     pub flame_masked_fill: unsafe extern "C" fn(t: flame_tensor_t, mask: flame_tensor_t, value: f64, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_one_hot: unsafe extern "C" fn(index: flame_tensor_t, num_classes: i64, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_embedding: unsafe extern "C" fn(weight: flame_tensor_t, indices: flame_tensor_t, padding_idx: i64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_conv_options_init: unsafe extern "C" fn(opts: *mut flame_conv_options_t) -> flame_status_t,
+    pub flame_conv2d: unsafe extern "C" fn(x: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, opts: *const flame_conv_options_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_conv_transpose2d: unsafe extern "C" fn(x: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, opts: *const flame_conv_options_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_conv1d: unsafe extern "C" fn(x: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, opts: *const flame_conv_options_t, out: *mut flame_tensor_t) -> flame_status_t,
 }
 
 impl Api {
@@ -940,6 +960,10 @@ impl Api {
             flame_masked_fill: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_masked_fill\0")?),
             flame_one_hot: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_one_hot\0")?),
             flame_embedding: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_embedding\0")?),
+            flame_conv_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_conv_options_t) -> flame_status_t>(resolve(b"flame_conv_options_init\0")?),
+            flame_conv2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_conv_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_conv2d\0")?),
+            flame_conv_transpose2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_conv_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_conv_transpose2d\0")?),
+            flame_conv1d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_conv_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_conv1d\0")?),
         })
     }
 }
