@@ -9,6 +9,7 @@
 #include <cmath>
 #include "autograd/graph.h"
 #include "core/error.h"
+#include "ops/attention.h"
 #include "ops/nn.h"
 #include "ops/indexing.h"
 #include "ops/loss.h"
@@ -406,6 +407,16 @@ RULE(ScatterAdd) {  // ints: dim, skip; reals: alpha. The source's gradient read
   return {n.needs_input_grad(0) ? g : nullptr, gs};
 }
 
+// ---- attention (ops/attention.h): inputs q, k, v, mask. The fused backward kernels, or the same
+// gradients composed of ops under create_graph.
+RULE(Attention) {
+  AttentionSaved s = unpack_attention(n);
+  const bool nm = n.needs_input_grad(3);
+  AttentionGrads r = g->ctx().recording() ? attention_backward_composed(s, g, nm) : attention_backward(s, g, nm);
+  return {n.needs_input_grad(0) ? r.dq : nullptr, n.needs_input_grad(1) ? r.dk : nullptr,
+          n.needs_input_grad(2) ? r.dv : nullptr, nm ? r.dmask : nullptr};
+}
+
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
 #define DIFF(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;
@@ -419,6 +430,7 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(Softmax) DIFF(LogSoftmax) DIFF(LayerNorm) DIFF(RmsNorm) DIFF(GroupNorm) DIFF(BatchNorm)  // ops/nn.h
   DIFF(CrossEntropy) DIFF(CrossEntropyProbs) DIFF(NllLoss)
   DIFF(Gather) DIFF(ScatterAdd)
+  DIFF(Attention)  // ops/attention.h
 #undef DIFF
   return r;
 }

@@ -137,6 +137,15 @@
   X(Gather, gather)           \
   X(ScatterAdd, scatter_add)
 
+// ---- attention (src/ops/attention.cpp, kernels in cuda/attention.cuh) ----
+// The fused f16/bf16 attention node (f32/f64 attention is composed of the ops above and records
+// their nodes), and its fused backward, which has no backward of its own (create_graph composes
+// the gradient of FLAME ops instead).
+#define FLAME_ATTENTION_OPS(X) \
+  X(Attention, scaled_dot_product_attention)
+#define FLAME_ATTENTION_INTERNAL_OPS(X) \
+  X(AttentionBackward, scaled_dot_product_attention_backward)
+
 namespace flame {
 
 enum class OpId : int {
@@ -146,6 +155,7 @@ enum class OpId : int {
   FLAME_BINARY_OPS(FLAME_OP_ENUM) FLAME_INTERNAL_BINARY_OPS(FLAME_OP_ENUM) FLAME_STRUCTURAL_OPS(FLAME_OP_ENUM)
   FLAME_NN_OPS(FLAME_OP_ENUM) FLAME_NN_INTERNAL_OPS(FLAME_OP_ENUM)
   FLAME_LOSS_OPS(FLAME_OP_ENUM) FLAME_INDEXING_OPS(FLAME_OP_ENUM)
+  FLAME_ATTENTION_OPS(FLAME_OP_ENUM) FLAME_ATTENTION_INTERNAL_OPS(FLAME_OP_ENUM)
 #undef FLAME_OP_ENUM
   Count
 };
