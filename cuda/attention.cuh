@@ -2,7 +2,7 @@
 // the [Lq, Lk] score matrix never leaves the chip.
 //
 // Forward (sdpa_fwd): a block of 4 warps takes 128 query rows of one (batch, head), 32 per warp, and
-// walks the key/value tiles (64 or 128 keys) in order: S = Q K^T with mma.sync m16n8k16 (f32
+// walks the key/value tiles of 64 keys in order: S = Q K^T with mma.sync m16n8k16 (f32
 // accumulators), scale and masks in the log2 domain, online softmax (running max m and sum l per
 // row), P rounded to f16/bf16 straight from the accumulator registers into A fragments, O += P V.
 // It writes O and, per row, lse2 = m + log2(l) (base 2, f32; +inf for a row with no key left,
@@ -19,8 +19,11 @@
 // Head dims: the tile width D is 64, 80, 96 or 128; smaller (and odd) head dims are zero-padded
 // into the tile (zero columns add nothing to Q K^T, and output columns past Dv are not stored).
 // Shared rows are padded by 16 bytes, so the 8 row addresses of an ldmatrix hit distinct banks.
+// Shared memory is addressed as 32-bit offsets from one base (per-lane base plus compile-time
+// offsets), which keeps the unrolled ldmatrix addresses out of registers.
 // Masks: causal (key j > query i masked, top-left aligned), a bool mask (true = attend) or an
-// additive mask of the input dtype, read with any strides (0 for broadcast dims). Dropout keeps
+// additive mask of the input dtype, read with any strides (0 for broadcast dims) into a shared
+// tile of additive terms (0 / -inf for bool) per block step, so that the score loop only adds. Dropout keeps
 // element (b, h, i, j) when Philox word (j % 4) of counter offset + (bh Lq + i) ceil(Lk / 4) + j / 4,
 // shifted right by 8, is >= drop_threshold: the same decision in forward, backward and
 // sdpa_dropout_keep (the composed path's mask), for a given seed and offset.
@@ -62,16 +65,25 @@ __device__ __forceinline__ const unsigned char* mask_base(const Params& p, int b
   return reinterpret_cast<const unsigned char*>(p.mask) + off;
 }
 
-// The log2-domain score x of (i, j) after masking: -inf for keys past Lk, above the causal
-// diagonal or where the bool mask is false; plus the additive mask (times log2 e).
-template <class T>
-__device__ __forceinline__ float apply_mask(const Params& p, const unsigned char* mb, int i, int j, float x) {
-  if (j >= p.Lk || (p.causal && j > i)) return neg_inf();
-  if (p.mask_kind == 0 || i >= p.Lq) return x;
-  const i64 off = i * p.m_si + j * p.m_sj;
-  if (p.mask_kind == 1) return mb[off] ? x : neg_inf();
-  return x + to_float(reinterpret_cast<const T*>(mb)[off]) * kLog2e;
+// The additive terms of the mask for rows [r0, r0 + ROWS) and keys [c0, c0 + COLS) into a shared
+// [ROWS][PITCH] tile of T: the additive mask, or 0 / -inf for a bool mask; 0 outside [Lq, Lk).
+template <class T, int ROWS, int COLS, int PITCH, int THREADS>
+__device__ __forceinline__ void load_mask_tile(T* s, const Params& p, const unsigned char* mb, int r0, int c0) {
+  const T zero = T{}, ninf = cast<T>(neg_inf());
+  for (int e = threadIdx.x; e < ROWS * COLS; e += THREADS) {
+    const int r = e / COLS, c = e % COLS, i = r0 + r, j = c0 + c;
+    T x = zero;
+    if (i < p.Lq && j < p.Lk) {
+      const i64 off = i * p.m_si + j * p.m_sj;
+      if (p.mask_kind == 1) x = mb[off] ? zero : ninf;
+      else x = reinterpret_cast<const T*>(mb)[off];
+    }
+    s[r * PITCH + c] = x;
+  }
 }
+
+// True where (i, j) takes no part whatever the mask says: keys past Lk, above the causal diagonal.
+__device__ __forceinline__ bool out_of_bounds(const Params& p, int i, int j) { return j >= p.Lk || (p.causal && j > i); }
 
 // The four Philox words that decide keys (j & ~3) .. (j & ~3) + 3 of query row i of bh.
 __device__ __forceinline__ u32x4 drop_bits(const Params& p, int bh, int i, int j) {
@@ -93,11 +105,12 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, i64 rs, int r0, int 
   const int tid = threadIdx.x;
   if (vec) {
     constexpr int CH = DP / 8;
+    const unsigned su = smem_u32(s);
 #pragma unroll 4
     for (int c = tid; c < ROWS * CH; c += THREADS) {
       const int r = c / CH, col = (c % CH) * 8, row = r0 + r;
       const bool ok = row < L && col < cols;
-      cp_async16(smem_u32(s + r * PITCH + col), ok ? g + row * rs + col : g, ok ? 16 : 0);
+      cp_async16(su + static_cast<unsigned>((r * PITCH + col) * 2), ok ? g + row * rs + col : g, ok ? 16 : 0);
     }
   } else {
     for (int e = tid; e < ROWS * DP; e += THREADS) {
@@ -125,19 +138,22 @@ template <int D>
 struct FwdTile {
   static constexpr int kThreads = 128;  // 4 warps, 32 query rows each (two m16 tiles)
   static constexpr int kBM = 128;
-  static constexpr int kBN = D <= 64 ? 128 : 64;
+  static constexpr int kBN = 64;
   static constexpr int kPitch = D + 8;
+  static constexpr int kMPitch = kBN + 8;  // rows of the mask tile
   static constexpr int kSmemBytes = (kBM + 2 * kBN) * kPitch * 2;
+  static constexpr int kMaskBytes = kBM * kMPitch * 2;  // after the above, only with a mask
 };
 
 template <class T, int D, bool DROPOUT>
 __global__ void __launch_bounds__(128) sdpa_fwd(const Params p) {
   using Tile = FwdTile<D>;
-  constexpr int BM = Tile::kBM, BN = Tile::kBN, PITCH = Tile::kPitch, THREADS = Tile::kThreads;
+  constexpr int BM = Tile::kBM, BN = Tile::kBN, PITCH = Tile::kPitch, MP = Tile::kMPitch, THREADS = Tile::kThreads;
   constexpr int MT = 2, NT = BN / 8, DT = D / 8, KT = D / 16;
   T* sQ = reinterpret_cast<T*>(attn_smem);
   T* sK = sQ + BM * PITCH;
   T* sV = sK + BN * PITCH;
+  T* sM = sV + BN * PITCH;
 
   const int BH = p.B * p.H;
   const int mblocks = (p.Lq + BM - 1) / BM;
@@ -151,11 +167,12 @@ __global__ void __launch_bounds__(128) sdpa_fwd(const Params p) {
   const T* k = reinterpret_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh;
   const T* v = reinterpret_cast<const T*>(p.v) + b * p.v_sb + h * p.v_sh;
   const unsigned char* mb = mask_base<T>(p, b, h);
-  // ldmatrix row/column offsets of this lane: A from row-major [m][k] (Q); B from row-major [n][k]
-  // (K: two n8 tiles per x4); B from row-major [k][n] with .trans (V: two n8 tiles per x4).
-  const int a_row = lane & 15, a_col = (lane >> 4) * 8;
-  const int b_row = ((lane >> 4) << 3) + (lane & 7), b_col = ((lane >> 3) & 1) * 8;
-  const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_col = (lane >> 4) * 8;
+  // Shared byte addresses of this lane's ldmatrix rows: A from row-major [m][k] (Q); B from
+  // row-major [n][k] (K: two n8 tiles per x4); B from row-major [k][n] with .trans (V: two n8 tiles).
+  const unsigned smem = smem_u32(attn_smem);
+  const unsigned q_lane = smem + 2 * (((wrow + (lane & 15)) * PITCH) + (lane >> 4) * 8);
+  const unsigned k_lane = smem + 2 * (BM * PITCH + ((((lane >> 4) << 3) + (lane & 7)) * PITCH) + ((lane >> 3) & 1) * 8);
+  const unsigned v_lane = smem + 2 * ((BM + BN) * PITCH + (((lane & 7) + (((lane >> 3) & 1) << 3)) * PITCH) + (lane >> 4) * 8);
 
   const int n_end = p.causal ? min(p.Lk, m0 + BM) : p.Lk;  // causal: keys j <= i < m0 + BM
   const int ntiles = (n_end + BN - 1) / BN;
@@ -177,9 +194,10 @@ __global__ void __launch_bounds__(128) sdpa_fwd(const Params p) {
   for (int nb = 0; nb < ntiles; ++nb) {
     const int n0 = nb * BN;
     cp_async_wait<0>();
-    __syncthreads();  // K (and Q) have landed; every warp is done with the previous V
+    __syncthreads();  // K (and Q) have landed; every warp is done with the previous V and mask tile
     load_tile<T, BN, D, PITCH, THREADS>(sV, v, p.v_sl, n0, p.Lk, p.Dv, vec);
     cp_async_commit();
+    if (p.mask_kind != 0) load_mask_tile<T, BM, BN, MP, THREADS>(sM, p, mb, m0, n0);
 
     float s[MT][NT][4];
 #pragma unroll
@@ -192,12 +210,11 @@ __global__ void __launch_bounds__(128) sdpa_fwd(const Params p) {
     for (int ks = 0; ks < KT; ++ks) {
       unsigned a[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-        ldsm_x4(smem_u32(sQ + (wrow + mt * 16 + a_row) * PITCH + ks * 16 + a_col), a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
+      for (int mt = 0; mt < MT; ++mt) ldsm_x4(q_lane + 2 * (mt * 16 * PITCH + ks * 16), a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         unsigned b0, b1, b2, b3;
-        ldsm_x4(smem_u32(sK + (np * 16 + b_row) * PITCH + ks * 16 + b_col), b0, b1, b2, b3);
+        ldsm_x4(k_lane + 2 * (np * 16 * PITCH + ks * 16), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma16816<T>(s[mt][2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
@@ -205,21 +222,24 @@ __global__ void __launch_bounds__(128) sdpa_fwd(const Params p) {
         }
       }
     }
+    if (p.mask_kind != 0) __syncthreads();  // the mask tile is complete
 
     // Online softmax over this tile, row by row (a row's columns live in the 4 lanes of a quad).
-    const bool need_mask = n0 + BN > p.Lk || p.mask_kind != 0 || (p.causal && n0 + BN - 1 > m0);
+    const bool bounds = n0 + BN > p.Lk || (p.causal && n0 + BN - 1 > m0);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int i = m0 + wrow + mt * 16 + g + r * 8;
+        const int il = wrow + mt * 16 + g + r * 8, i = m0 + il;
         float mx = neg_inf();
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
+            const int jl = nt * 8 + 2 * t + c;
             float x = s[mt][nt][2 * r + c] * p.scale_log2;
-            if (need_mask) x = apply_mask<T>(p, mb, i, n0 + nt * 8 + 2 * t + c, x);
+            if (p.mask_kind != 0) x += to_float(sM[il * MP + jl]) * kLog2e;
+            if (bounds && out_of_bounds(p, i, n0 + jl)) x = neg_inf();
             s[mt][nt][2 * r + c] = x;
             mx = fmaxf(mx, x);
           }
@@ -251,15 +271,22 @@ __global__ void __launch_bounds__(128) sdpa_fwd(const Params p) {
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
+          // The keep bits of this lane's 2 NT elements of the row, from a rolled loop (one Philox
+          // call per pair: j even, so j and j + 1 share one), then applied with constant indices.
           const int i = m0 + wrow + mt * 16 + g + r * 8;
-          if (i >= p.Lq) continue;
+          unsigned keep = 0;
+#pragma unroll 1
+          for (int nt = 0; nt < NT; ++nt) {
+            const int j = n0 + nt * 8 + 2 * t;
+            if (i >= p.Lq || j >= p.Lk) continue;  // P is 0 there already
+            const u32x4 bits = drop_bits(p, bh, i, j);
+            keep |= (drop_keep(p, bits, j) ? 1u : 0u) << (2 * nt);
+            keep |= (drop_keep(p, bits, j + 1) ? 1u : 0u) << (2 * nt + 1);
+          }
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
-            const int j = n0 + nt * 8 + 2 * t;  // even: j and j + 1 share one Philox call
-            if (j >= p.Lk) continue;
-            const u32x4 bits = drop_bits(p, bh, i, j);
-            s[mt][nt][2 * r] *= drop_keep(p, bits, j) ? p.drop_scale : 0.f;
-            s[mt][nt][2 * r + 1] *= drop_keep(p, bits, j + 1) ? p.drop_scale : 0.f;
+            s[mt][nt][2 * r] *= (keep >> (2 * nt)) & 1u ? p.drop_scale : 0.f;
+            s[mt][nt][2 * r + 1] *= (keep >> (2 * nt + 1)) & 1u ? p.drop_scale : 0.f;
           }
         }
     }
@@ -281,7 +308,7 @@ __global__ void __launch_bounds__(128) sdpa_fwd(const Params p) {
 #pragma unroll
       for (int dp = 0; dp < DT / 2; ++dp) {
         unsigned b0, b1, b2, b3;
-        ldsm_x4_trans(smem_u32(sV + (kk * 16 + v_row) * PITCH + dp * 16 + v_col), b0, b1, b2, b3);
+        ldsm_x4_trans(v_lane + 2 * (kk * 16 * PITCH + dp * 16), b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma16816<T>(o[mt][2 * dp], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
@@ -339,13 +366,16 @@ struct BwdTile {
   static constexpr int kBM = 64;        // queries per step
   static constexpr int kPitch = D + 8;
   static constexpr int kSPitch = kBM + 8;  // rows of dS^T in shared memory
+  static constexpr int kMPitch = kBN + 8;  // rows (queries) of the mask tile
   static constexpr int kSmemBytes = (2 * kBN + 2 * kBM) * kPitch * 2 + kBN * kSPitch * 2 + 2 * kBM * 4;
+  static constexpr int kMaskBytes = kBM * kMPitch * 2;  // after the above, only with a mask
 };
 
 template <class T, int D, bool DROPOUT>
 __global__ void __launch_bounds__(128) sdpa_bwd(const Params p) {
   using Tile = BwdTile<D>;
-  constexpr int BN = Tile::kBN, BM = Tile::kBM, PITCH = Tile::kPitch, SP = Tile::kSPitch, THREADS = Tile::kThreads;
+  constexpr int BN = Tile::kBN, BM = Tile::kBM, PITCH = Tile::kPitch, SP = Tile::kSPitch, MP = Tile::kMPitch;
+  constexpr int THREADS = Tile::kThreads;
   constexpr int NT = BM / 8, DT = D / 8, KT = D / 16, KQ = BM / 16, KN = BN / 16;
   constexpr int DCH = DT <= 12 ? DT : 8;  // dQ n-tiles per pass (bounds the accumulator registers)
   T* sK = reinterpret_cast<T*>(attn_smem);
@@ -355,6 +385,7 @@ __global__ void __launch_bounds__(128) sdpa_bwd(const Params p) {
   T* sdS = sdO + BM * PITCH;  // [BN keys][SP]: dS^T of the current query tile
   float* sL = reinterpret_cast<float*>(sdS + BN * SP);
   float* sDelta = sL + BM;
+  T* sM = reinterpret_cast<T*>(sDelta + BM);  // [BM queries][MP]: additive mask terms
 
   const int BH = p.B * p.H;
   const int bh = static_cast<int>(blockIdx.x % BH);
@@ -372,14 +403,18 @@ __global__ void __launch_bounds__(128) sdpa_bwd(const Params p) {
   float* dq_acc = reinterpret_cast<float*>(p.dq_acc) + static_cast<i64>(bh) * p.Lq * p.D;
   float* ds_out = p.ds ? reinterpret_cast<float*>(p.ds) + static_cast<i64>(bh) * p.Lq * p.Lk : nullptr;
   const unsigned char* mb = mask_base<T>(p, b, h);
-  const int a_row = lane & 15, a_col = (lane >> 4) * 8;
-  const int b_row = ((lane >> 4) << 3) + (lane & 7), b_col = ((lane >> 3) & 1) * 8;
-  const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_col = (lane >> 4) * 8;
-  // dS as an A operand from its transpose in shared memory (ldmatrix .trans): matrix m holds
-  // queries 8 (m & 1) .. +7 and keys 8 (m >> 1) .. +7.
-  const int s_key = (lane & 7) + ((lane >> 4) << 3), s_query = ((lane >> 3) & 1) * 8;
+  // Shared byte addresses of this lane's ldmatrix rows (see sdpa_fwd): A from K / V rows of this
+  // warp; B from Q / dO rows ([n][k]); B with .trans from dO / Q / K ([k][n]); dS as an A operand
+  // from its transpose with .trans (matrix m: queries 8 (m & 1) .. +7, keys 8 (m >> 1) .. +7).
+  const unsigned smem = smem_u32(attn_smem);
+  const unsigned sK_u = smem, sV_u = sK_u + 2 * BN * PITCH, sQ_u = sV_u + 2 * BN * PITCH, sdO_u = sQ_u + 2 * BM * PITCH;
+  const unsigned sdS_u = sdO_u + 2 * BM * PITCH;
+  const unsigned a_lane = 2 * ((krow + (lane & 15)) * PITCH + (lane >> 4) * 8);
+  const unsigned b_lane = 2 * (((((lane >> 4) << 3) + (lane & 7))) * PITCH + ((lane >> 3) & 1) * 8);
+  const unsigned t_lane = 2 * (((lane & 7) + (((lane >> 3) & 1) << 3)) * PITCH + (lane >> 4) * 8);
+  const unsigned s_lane = sdS_u + 2 * (((lane & 7) + ((lane >> 4) << 3)) * SP + warp * 16 + ((lane >> 3) & 1) * 8);
 
-  auto load_query_tile = [&](int m0) {  // Q, dO and the row statistics of queries m0 .. m0 + BM
+  auto load_query_tile = [&](int m0) {  // Q, dO, the row statistics and the mask of queries m0 .. m0 + BM
     load_tile<T, BM, D, PITCH, THREADS>(sQ, q, p.q_sl, m0, p.Lq, p.D, vec);
     load_tile<T, BM, D, PITCH, THREADS>(sdO, dout, p.do_sl, m0, p.Lq, p.Dv, vec);
     for (int r = threadIdx.x; r < BM; r += THREADS) {
@@ -387,6 +422,7 @@ __global__ void __launch_bounds__(128) sdpa_bwd(const Params p) {
       sL[r] = in ? lse[m0 + r] : pos_inf();  // P = 0 for rows past Lq
       sDelta[r] = in ? delta[m0 + r] : 0.f;
     }
+    if (p.mask_kind != 0) load_mask_tile<T, BM, BN, MP, THREADS>(sM, p, mb, m0, n0);
   };
 
   const int m_begin = p.causal ? (n0 / BM) * BM : 0;  // causal: queries i >= j >= n0
@@ -414,33 +450,42 @@ __global__ void __launch_bounds__(128) sdpa_bwd(const Params p) {
 #pragma unroll
     for (int ks = 0; ks < KT; ++ks) {
       unsigned ka[4], va[4];
-      ldsm_x4(smem_u32(sK + (krow + a_row) * PITCH + ks * 16 + a_col), ka[0], ka[1], ka[2], ka[3]);
-      ldsm_x4(smem_u32(sV + (krow + a_row) * PITCH + ks * 16 + a_col), va[0], va[1], va[2], va[3]);
+      ldsm_x4(sK_u + a_lane + 2 * ks * 16, ka[0], ka[1], ka[2], ka[3]);
+      ldsm_x4(sV_u + a_lane + 2 * ks * 16, va[0], va[1], va[2], va[3]);
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         unsigned b0, b1, b2, b3;
-        ldsm_x4(smem_u32(sQ + (np * 16 + b_row) * PITCH + ks * 16 + b_col), b0, b1, b2, b3);
+        ldsm_x4(sQ_u + b_lane + 2 * (np * 16 * PITCH + ks * 16), b0, b1, b2, b3);
         mma16816<T>(st[2 * np], ka[0], ka[1], ka[2], ka[3], b0, b1);
         mma16816<T>(st[2 * np + 1], ka[0], ka[1], ka[2], ka[3], b2, b3);
-        ldsm_x4(smem_u32(sdO + (np * 16 + b_row) * PITCH + ks * 16 + b_col), b0, b1, b2, b3);
+        ldsm_x4(sdO_u + b_lane + 2 * (np * 16 * PITCH + ks * 16), b0, b1, b2, b3);
         mma16816<T>(dpt[2 * np], va[0], va[1], va[2], va[3], b0, b1);
         mma16816<T>(dpt[2 * np + 1], va[0], va[1], va[2], va[3], b2, b3);
       }
     }
 
     // P^T (dropped: st), dS^T (dpt). Element e of n-tile nt: key j, query i.
-    const bool need_mask = n0 + BN > p.Lk || p.mask_kind != 0 || (p.causal && n0 + BN - 1 > m0);
+    unsigned keep = 0;  // bit 4 nt + e: element e of n-tile nt survives dropout (a rolled loop)
+    if constexpr (DROPOUT) {
+#pragma unroll 1
+      for (int x = 0; x < 4 * NT; ++x) {
+        const int j = n0 + krow + g + ((x & 3) >> 1) * 8, i = m0 + (x >> 2) * 8 + 2 * t + (x & 1);
+        if (i < p.Lq && j < p.Lk && drop_keep(p, drop_bits(p, bh, i, j), j)) keep |= 1u << x;
+      }
+    }
+    const bool bounds = n0 + BN > p.Lk || (p.causal && n0 + BN - 1 > m0);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int j = n0 + krow + g + (e >> 1) * 8, il = nt * 8 + 2 * t + (e & 1), i = m0 + il;
+        const int jl = krow + g + (e >> 1) * 8, j = n0 + jl, il = nt * 8 + 2 * t + (e & 1), i = m0 + il;
         float x = st[nt][e] * p.scale_log2;
-        if (need_mask) x = apply_mask<T>(p, mb, i, j, x);
+        if (p.mask_kind != 0) x += to_float(sM[il * MP + jl]) * kLog2e;
+        if (bounds && out_of_bounds(p, i, j)) x = neg_inf();
         const float pv = fast_exp2(x - sL[il]);
         float dp = dpt[nt][e], pd = pv;
         if constexpr (DROPOUT) {
-          const float z = (i < p.Lq && j < p.Lk && drop_keep(p, drop_bits(p, bh, i, j), j)) ? p.drop_scale : 0.f;
+          const float z = (keep >> (nt * 4 + e)) & 1u ? p.drop_scale : 0.f;
           pd = pv * z;
           dp *= z;
         }
@@ -461,10 +506,10 @@ __global__ void __launch_bounds__(128) sdpa_bwd(const Params p) {
 #pragma unroll
       for (int dp = 0; dp < DT / 2; ++dp) {
         unsigned b0, b1, b2, b3;
-        ldsm_x4_trans(smem_u32(sdO + (kq * 16 + v_row) * PITCH + dp * 16 + v_col), b0, b1, b2, b3);
+        ldsm_x4_trans(sdO_u + t_lane + 2 * (kq * 16 * PITCH + dp * 16), b0, b1, b2, b3);
         mma16816<T>(dv[2 * dp], pa0, pa1, pa2, pa3, b0, b1);
         mma16816<T>(dv[2 * dp + 1], pa0, pa1, pa2, pa3, b2, b3);
-        ldsm_x4_trans(smem_u32(sQ + (kq * 16 + v_row) * PITCH + dp * 16 + v_col), b0, b1, b2, b3);
+        ldsm_x4_trans(sQ_u + t_lane + 2 * (kq * 16 * PITCH + dp * 16), b0, b1, b2, b3);
         mma16816<T>(dk[2 * dp], sa0, sa1, sa2, sa3, b0, b1);
         mma16816<T>(dk[2 * dp + 1], sa0, sa1, sa2, sa3, b2, b3);
       }
@@ -477,12 +522,12 @@ __global__ void __launch_bounds__(128) sdpa_bwd(const Params p) {
       *reinterpret_cast<unsigned*>(sdS + (krow + g) * SP + col) = pack2<T>(dpt[nt][0], dpt[nt][1]);
       *reinterpret_cast<unsigned*>(sdS + (krow + g + 8) * SP + col) = pack2<T>(dpt[nt][2], dpt[nt][3]);
     }
-    __syncthreads();  // dS^T is complete; Q, dO and the statistics are free for the next tile
+    __syncthreads();  // dS^T is complete; Q, dO, the statistics and the mask tile are free for the next tile
     if (m0 + BM < p.Lq) load_query_tile(m0 + BM);
     cp_async_commit();
 
-    // dQ[queries qrow .. qrow + 15] += dS K over this block's keys, into dq_acc with atomics.
-    const int qrow = warp * 16;
+    // dQ[queries 16 warp .. +15] += dS K over this block's keys, into dq_acc with atomics.
+    const int i0 = m0 + warp * 16 + g, i1 = i0 + 8;
 #pragma unroll
     for (int dc = 0; dc < DT; dc += DCH) {
       float acc[DCH][4];
@@ -493,16 +538,15 @@ __global__ void __launch_bounds__(128) sdpa_bwd(const Params p) {
 #pragma unroll
       for (int kk = 0; kk < KN; ++kk) {
         unsigned a0, a1, a2, a3;
-        ldsm_x4_trans(smem_u32(sdS + (kk * 16 + s_key) * SP + qrow + s_query), a0, a1, a2, a3);
+        ldsm_x4_trans(s_lane + 2 * kk * 16 * SP, a0, a1, a2, a3);
 #pragma unroll
         for (int dp = 0; dp < DCH / 2; ++dp) {
           unsigned b0, b1, b2, b3;
-          ldsm_x4_trans(smem_u32(sK + (kk * 16 + v_row) * PITCH + (dc + 2 * dp) * 8 + v_col), b0, b1, b2, b3);
+          ldsm_x4_trans(sK_u + t_lane + 2 * (kk * 16 * PITCH + (dc + 2 * dp) * 8), b0, b1, b2, b3);
           mma16816<T>(acc[2 * dp], a0, a1, a2, a3, b0, b1);
           mma16816<T>(acc[2 * dp + 1], a0, a1, a2, a3, b2, b3);
         }
       }
-      const int i0 = m0 + qrow + g, i1 = i0 + 8;
 #pragma unroll
       for (int d = 0; d < DCH; ++d) {
         const int col = (dc + d) * 8 + 2 * t;

@@ -44,11 +44,16 @@ static_assert(sizeof(AttnParams) == 304, "AttnParams must match flame::attn::Par
 
 // Tile geometry of the kernels (mirrors FwdTile / BwdTile in cuda/attention.cuh).
 constexpr int kThreads = 128;
-constexpr int kFwdBM = 128;
-constexpr int kBwdBN = 64;
-int fwd_bn(int tile_d) { return tile_d <= 64 ? 128 : 64; }
-unsigned fwd_smem(int tile_d) { return static_cast<unsigned>((kFwdBM + 2 * fwd_bn(tile_d)) * (tile_d + 8) * 2); }
-unsigned bwd_smem(int tile_d) { return static_cast<unsigned>(256 * (tile_d + 8) * 2 + 64 * 72 * 2 + 2 * 64 * 4); }
+constexpr int kFwdBM = 128, kFwdBN = 64;
+constexpr int kBwdBN = 64, kBwdBM = 64;
+// Shared memory of one block: tiles of Q, K, V (padded rows of tile_d + 8), plus the mask tile.
+unsigned fwd_smem(int tile_d, bool mask) {
+  return static_cast<unsigned>((kFwdBM + 2 * kFwdBN) * (tile_d + 8) * 2 + (mask ? kFwdBM * (kFwdBN + 8) * 2 : 0));
+}
+unsigned bwd_smem(int tile_d, bool mask) {
+  return static_cast<unsigned>((2 * kBwdBN + 2 * kBwdBM) * (tile_d + 8) * 2 + kBwdBN * (kBwdBM + 8) * 2 + 2 * kBwdBM * 4 +
+                               (mask ? kBwdBM * (kBwdBN + 8) * 2 : 0));
+}
 // The kernels' tile width for head dims D and Dv (the larger is zero-padded up to it); 0: none.
 int tile_dim(int64_t d) {
   for (int t : {64, 80, 96, 128})
@@ -119,7 +124,7 @@ bool use_kernels(Context& ctx, DType dtype, const Geometry& G) {
   int optin = 0;
   ctx.check(ctx.drv.cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, ctx.device),
             "cuDeviceGetAttribute");
-  return std::max(fwd_smem(td), bwd_smem(td)) <= static_cast<unsigned>(optin);
+  return std::max(fwd_smem(td, true), bwd_smem(td, true)) <= static_cast<unsigned>(optin);
 }
 
 // t itself when its last dim is contiguous (or has one element), else a contiguous copy.
@@ -248,7 +253,7 @@ KernelForward kernel_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   P.lse = r.lse->data();
   const int td = tile_dim(std::max(G.D, G.Dv));
   void* args[] = {&P};
-  launch(ctx, kernel_name("sdpa_fwd", q->dtype, td, drop.on), grid, fwd_smem(td), args);
+  launch(ctx, kernel_name("sdpa_fwd", q->dtype, td, drop.on), grid, fwd_smem(td, mask != nullptr), args);
   return r;
 }
 
@@ -350,7 +355,7 @@ AttentionGrads ops::attention_backward(const AttentionSaved& s, const Tensor& g0
     launch(ctx, kernel_name("sdpa_bwd_delta", dt), blocks, 0, args);
   }
   const int64_t grid = (G.Lk + kBwdBN - 1) / kBwdBN * G.B * G.H;
-  if (grid > 0) launch(ctx, kernel_name("sdpa_bwd", dt, td, drop), grid, bwd_smem(td), args);
+  if (grid > 0) launch(ctx, kernel_name("sdpa_bwd", dt, td, drop), grid, bwd_smem(td, s.mask != nullptr), args);
   if (r.dq->numel() > 0) launch(ctx, kernel_name("sdpa_bwd_dq", dt), flat_grid(ctx, r.dq->numel()), 0, args);
   if (ds) r.dmask = to_dtype(sum_to(ds, s.mask->shape), s.mask->dtype);
   record(OpId::AttentionBackward, {g, s.q, s.k, s.v}, {r.dq, r.dk, r.dv});
