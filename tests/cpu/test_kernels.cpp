@@ -159,3 +159,12 @@ TEST_P(KernelCompile, Indexing) {
   EXPECT_GT(names.size(), 20u);
   compile_all("indexing.cuh", names, GetParam());
 }
+
+// ---- attention (cuda/attention.cuh, src/ops/attention.cpp) ----
+#include "ops/attention.h"
+
+TEST_P(KernelCompile, Attention) {
+  auto names = flame::ops::attention_instantiations();
+  EXPECT_EQ(names.size(), 37u);
+  compile_all("attention.cuh", names, GetParam());
+}
