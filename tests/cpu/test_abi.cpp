@@ -744,7 +744,11 @@ TEST(NullArguments, Indexing) {
 // ============================== Attention ==============================
 
 static_assert(FLAME_ATTENTION_CAUSAL == 1, "flag values are frozen");
-static_assert(offsetof(flame_attention_options_t, struct_size) == 0, "struct_size comes first");
+static_assert(offsetof(flame_attention_options_t, struct_size) == 0, "layout");
+static_assert(offsetof(flame_attention_options_t, flags) == 8, "layout");
+static_assert(offsetof(flame_attention_options_t, scale) == 16, "layout");
+static_assert(offsetof(flame_attention_options_t, dropout_p) == 24, "layout");
+static_assert(sizeof(flame_attention_options_t) == 32, "layout");
 
 TEST(Attention, OptionsInitWorksWithoutADevice) {
   flame_attention_options_t o;

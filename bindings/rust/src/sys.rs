@@ -248,6 +248,8 @@ impl std::fmt::Debug for Reduction {
     }
 }
 
+pub const FLAME_ATTENTION_CAUSAL: u32 = 1;
+
 // ---- opaque handles ----
 #[repr(C)]
 pub struct flame_ctx_s {
@@ -329,6 +331,15 @@ pub struct flame_optimizer_options_t {
     pub maximize: i32,
     pub master_weights: i32,
     pub stochastic_rounding: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flame_attention_options_t {
+    pub struct_size: usize,
+    pub flags: u32,
+    pub scale: f64,
+    pub dropout_p: f64,
 }
 
 // ---- functions ----
@@ -528,6 +539,8 @@ pub const SYMBOLS: &[&str] = &[
     "flame_masked_fill",
     "flame_one_hot",
     "flame_embedding",
+    "flame_attention_options_init",
+    "flame_scaled_dot_product_attention",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -726,6 +739,8 @@ pub struct Api {
     pub flame_masked_fill: unsafe extern "C" fn(t: flame_tensor_t, mask: flame_tensor_t, value: f64, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_one_hot: unsafe extern "C" fn(index: flame_tensor_t, num_classes: i64, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_embedding: unsafe extern "C" fn(weight: flame_tensor_t, indices: flame_tensor_t, padding_idx: i64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_attention_options_init: unsafe extern "C" fn(opts: *mut flame_attention_options_t) -> flame_status_t,
+    pub flame_scaled_dot_product_attention: unsafe extern "C" fn(q: flame_tensor_t, k: flame_tensor_t, v: flame_tensor_t, mask: flame_tensor_t, opts: *const flame_attention_options_t, out: *mut flame_tensor_t) -> flame_status_t,
 }
 
 impl Api {
@@ -932,6 +947,8 @@ impl Api {
             flame_masked_fill: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_masked_fill\0")?),
             flame_one_hot: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_one_hot\0")?),
             flame_embedding: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_embedding\0")?),
+            flame_attention_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_attention_options_t) -> flame_status_t>(resolve(b"flame_attention_options_init\0")?),
+            flame_scaled_dot_product_attention: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_attention_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_scaled_dot_product_attention\0")?),
         })
     }
 }
