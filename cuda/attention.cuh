@@ -224,25 +224,41 @@ __global__ void __launch_bounds__(128) sdpa_fwd(const Params p) {
     }
     if (p.mask_kind != 0) __syncthreads();  // the mask tile is complete
 
+    // Scores in the log2 domain; the mask and bounds passes run only when needed (uniform branches
+    // around whole loops, so the common case pays nothing per element).
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] *= p.scale_log2;
+    if (p.mask_kind != 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            s[mt][nt][e] += to_float(sM[(wrow + mt * 16 + g + (e >> 1) * 8) * MP + nt * 8 + 2 * t + (e & 1)]) * kLog2e;
+    }
+    if (n0 + BN > p.Lk || (p.causal && n0 + BN - 1 > m0)) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (out_of_bounds(p, m0 + wrow + mt * 16 + g + (e >> 1) * 8, n0 + nt * 8 + 2 * t + (e & 1))) s[mt][nt][e] = neg_inf();
+    }
+
     // Online softmax over this tile, row by row (a row's columns live in the 4 lanes of a quad).
-    const bool bounds = n0 + BN > p.Lk || (p.causal && n0 + BN - 1 > m0);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int il = wrow + mt * 16 + g + r * 8, i = m0 + il;
         float mx = neg_inf();
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int jl = nt * 8 + 2 * t + c;
-            float x = s[mt][nt][2 * r + c] * p.scale_log2;
-            if (p.mask_kind != 0) x += to_float(sM[il * MP + jl]) * kLog2e;
-            if (bounds && out_of_bounds(p, i, n0 + jl)) x = neg_inf();
-            s[mt][nt][2 * r + c] = x;
-            mx = fmaxf(mx, x);
-          }
+        for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(m_i[mt][r], mx);
@@ -473,15 +489,30 @@ __global__ void __launch_bounds__(128) sdpa_bwd(const Params p) {
         if (i < p.Lq && j < p.Lk && drop_keep(p, drop_bits(p, bh, i, j), j)) keep |= 1u << x;
       }
     }
-    const bool bounds = n0 + BN > p.Lk || (p.causal && n0 + BN - 1 > m0);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[nt][e] *= p.scale_log2;
+    if (p.mask_kind != 0) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          st[nt][e] += to_float(sM[(nt * 8 + 2 * t + (e & 1)) * MP + krow + g + (e >> 1) * 8]) * kLog2e;
+    }
+    if (n0 + BN > p.Lk || (p.causal && n0 + BN - 1 > m0)) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (out_of_bounds(p, m0 + nt * 8 + 2 * t + (e & 1), n0 + krow + g + (e >> 1) * 8)) st[nt][e] = neg_inf();
+    }
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int jl = krow + g + (e >> 1) * 8, j = n0 + jl, il = nt * 8 + 2 * t + (e & 1), i = m0 + il;
-        float x = st[nt][e] * p.scale_log2;
-        if (p.mask_kind != 0) x += to_float(sM[il * MP + jl]) * kLog2e;
-        if (bounds && out_of_bounds(p, i, j)) x = neg_inf();
+        const int il = nt * 8 + 2 * t + (e & 1), i = m0 + il, j = n0 + krow + g + (e >> 1) * 8;
+        const float x = st[nt][e];
         const float pv = fast_exp2(x - sL[il]);
         float dp = dpt[nt][e], pd = pv;
         if constexpr (DROPOUT) {
