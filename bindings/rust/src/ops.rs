@@ -975,4 +975,4 @@ impl Context {
 
 /// Functions without a generated safe method and not wrapped by hand in lib.rs: call them
 /// through `flame::api()` (the raw table).
-pub const UNWRAPPED: &[&str] = &["flame_attention_options_init", "flame_scaled_dot_product_attention"];
+pub const UNWRAPPED: &[&str] = &[];
