@@ -578,16 +578,21 @@ __global__ void __launch_bounds__(128) sdpa_bwd(const Params p) {
           mma16816<T>(acc[2 * dp + 1], a0, a1, a2, a3, b2, b3);
         }
       }
+      const bool pairs = (p.D & 1) == 0;  // (col, col + 1) both in range and 8-byte aligned
 #pragma unroll
       for (int d = 0; d < DCH; ++d) {
         const int col = (dc + d) * 8 + 2 * t;
-        if (i0 < p.Lq) {
-          if (col < p.D) atomicAdd(dq_acc + static_cast<i64>(i0) * p.D + col, acc[d][0]);
-          if (col + 1 < p.D) atomicAdd(dq_acc + static_cast<i64>(i0) * p.D + col + 1, acc[d][1]);
-        }
-        if (i1 < p.Lq) {
-          if (col < p.D) atomicAdd(dq_acc + static_cast<i64>(i1) * p.D + col, acc[d][2]);
-          if (col + 1 < p.D) atomicAdd(dq_acc + static_cast<i64>(i1) * p.D + col + 1, acc[d][3]);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = r ? i1 : i0;
+          if (i >= p.Lq || col >= p.D) continue;
+          float* dst = dq_acc + static_cast<i64>(i) * p.D + col;
+          if (pairs) {
+            atomic_add2(dst, acc[d][2 * r], acc[d][2 * r + 1]);
+          } else {
+            atomicAdd(dst, acc[d][2 * r]);
+            if (col + 1 < p.D) atomicAdd(dst + 1, acc[d][2 * r + 1]);
+          }
         }
       }
     }

@@ -77,6 +77,17 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   return r;
 }
 
+// dst[0] += a, dst[1] += b in global memory, each element atomically (dst 8-byte aligned): one
+// vector reduction on sm_90, two atomics before.
+__device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
+
 // 2^x with the hardware approximation (relative error ~2^-22; -inf gives +0).
 __device__ __forceinline__ float fast_exp2(float x) {
   float r;
