@@ -590,7 +590,7 @@ TEST_F(Attention, CreateGraphComposesTheBackwardAndDifferentiatesIt) {
       FLAME_ASSERT_OK(download(held, &h));
       first_fused = h.v;
     }
-    FLAME_ASSERT_OK(flame_grad(ctx, &l, nullptr, 1, inputs, 1, FLAME_BACKWARD_CREATE_GRAPH, res));
+    FLAME_ASSERT_OK(flame_grad(ctx, &l, nullptr, 1, inputs, 1, FLAME_BACKWARD_CREATE_GRAPH | FLAME_BACKWARD_RETAIN_GRAPH, res));
     dq_h = T(res[0]);
     int32_t rg = 0;
     FLAME_ASSERT_OK(flame_tensor_requires_grad(dq_h, &rg));
