@@ -23,10 +23,11 @@
 // offsets), which keeps the unrolled ldmatrix addresses out of registers.
 // Masks: causal (key j > query i masked, top-left aligned), a bool mask (true = attend) or an
 // additive mask of the input dtype, read with any strides (0 for broadcast dims) into a shared
-// tile of additive terms (0 / -inf for bool) per block step, so that the score loop only adds. Dropout keeps
-// element (b, h, i, j) when Philox word (j % 4) of counter offset + (bh Lq + i) ceil(Lk / 4) + j / 4,
-// shifted right by 8, is >= drop_threshold: the same decision in forward, backward and
-// sdpa_dropout_keep (the composed path's mask), for a given seed and offset.
+// tile of additive terms (0 / -inf for bool) per block step, so that the score loop only adds.
+// Dropout keeps element (b, h, i, j) when Philox word (j % 4) of counter
+// offset + (bh Lq + i) ceil(Lk / 4) + j / 4, shifted right by 8, is >= drop_threshold: the same
+// decision in forward, backward and sdpa_dropout_keep (the composed path's mask), for a given
+// seed and offset.
 #pragma once
 #include "common.cuh"
 #include "mma.cuh"
