@@ -373,6 +373,7 @@ class Bench:
                  self.time_torch(lambda: torch.bmm(ta_, tb_)), flops=2.0 * 64 * 512 ** 3)
         self.linear_rows()
         self.conv_rows()
+        self.attention_rows()
 
     def linear_rows(self):
         """linear + bias + GELU(tanh), GPT-2 MLP up-projection: FLAME's fused epilogues vs PyTorch unfused."""
@@ -557,6 +558,44 @@ class Bench:
         self.add("T2", "conv2d fwd (NCHW)", shape, "f32", self.time_flame(lambda: conv(fx, fw, fb)),
                  self.time_torch(lambda: F.conv2d(tx, tw, tb, 1, 1)), flops=flops, note="IEEE f32 (no TF32) both")
         torch.backends.cudnn.allow_tf32 = tf32
+    def attention_rows(self):
+        """Scaled-dot-product attention, bf16 B8 H16 S2048 D128, causal and not: FLAME's fused kernels vs
+        F.scaled_dot_product_attention with PyTorch's default backend. FLOPs: forward 4 B H S^2 D (half
+        of it causal), backward 2.5 times the forward."""
+        fl, lib = self.fl, self.fl.lib
+        raw = lib.raw
+        B, Hh, S, D = (4, 16, 1024, 128) if self.args.quick else (8, 16, 2048, 128)
+        shape = f"{B}x{Hh}x{S}x{D}"
+        fq, fk, fv, fg = (fl.randn([B, Hh, S, D], "bf16") for _ in range(4))
+        tq, tk, tv, tg = (torch.randn(B, Hh, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        opts = fc.AttentionOptions()
+        lib.check(raw.flame_attention_options_init(ctypes.byref(opts)), "flame_attention_options_init")
+
+        def flame_attend():
+            return fl.call("scaled_dot_product_attention", fq, fk, fv, None, ctypes.byref(opts))
+
+        for causal in (False, True):
+            opts.flags = fc.ATTENTION_CAUSAL if causal else 0
+            fwd = 4.0 * B * Hh * S * S * D / (2 if causal else 1)
+            self.add("T2", "sdpa fwd" + (" causal" if causal else ""), shape, "bf16", self.time_flame(flame_attend),
+                     self.time_torch(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)), flops=fwd)
+        for t in (fq, fk, fv):
+            lib.set_requires_grad(t, True)
+        for t in (tq, tk, tv):
+            t.requires_grad_(True)
+        for causal in (False, True):
+            opts.flags = fc.ATTENTION_CAUSAL if causal else 0
+            fwd = 4.0 * B * Hh * S * S * D / (2 if causal else 1)
+
+            def flame_step():
+                lib.grad(fl.ctx, [flame_attend()], [fg], [fq, fk, fv], 0)
+
+            def torch_step():
+                y = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+                torch.autograd.grad([y], [tq, tk, tv], [tg])
+
+            self.add("T2", "sdpa fwd+bwd" + (" causal" if causal else ""), shape, "bf16", self.time_flame(flame_step),
+                     self.time_torch(torch_step), flops=3.5 * fwd)
 
     # ---------------------------------------------------------------- output
     def finish(self):

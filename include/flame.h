@@ -917,6 +917,57 @@ FLAME_API flame_status_t flame_conv_transpose2d(flame_tensor_t x, flame_tensor_t
  * flame_conv2d of the [N, C, 1, L] view; channels-last means channel stride 1 here. */
 FLAME_API flame_status_t flame_conv1d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias,
                                       const flame_conv_options_t* opts, flame_tensor_t* out);
+/* ============================== Attention ============================== */
+/* Scaled-dot-product attention with the semantics of torch.nn.functional.scaled_dot_product_attention:
+ * per batch and head, out = dropout(softmax(scale * q k^T + mask terms)) v, the softmax over the keys.
+ * f16 and bf16 run FLAME's fused kernels (FlashAttention-2 style: tensor cores, f32 accumulation and
+ * softmax, the [Lq, Lk] scores never stored, so the extra memory grows with Lq alone) on GPUs of
+ * compute capability 8.0 or newer with head dims up to 128; other head dims and older GPUs compute
+ * the same function from matrix products in f32 that store the scores. f32 and f64 are composed of
+ * FLAME ops (matmul, softmax, where, ...), storing the scores, and differentiate through them. */
+
+/* Bits of flame_attention_options_t.flags. */
+enum {
+  FLAME_ATTENTION_CAUSAL = 1 /* query i attends to keys j <= i only (top-left aligned, as PyTorch's is_causal) */
+};
+
+/* Options of flame_scaled_dot_product_attention. Fill with flame_attention_options_init, then change
+ * fields. The struct may grow at its end; the library reads only struct_size bytes of it. */
+typedef struct flame_attention_options_t {
+  size_t struct_size; /* sizeof(flame_attention_options_t), set by flame_attention_options_init */
+  uint32_t flags;     /* FLAME_ATTENTION_* bits; default 0 */
+  double scale;       /* the factor of q k^T; 0 (default): 1 / sqrt(head dim); any other finite value is used as given */
+  double dropout_p;   /* probability of zeroing each attention weight, in [0, 1); default 0 */
+} flame_attention_options_t;
+
+/* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_attention_options_init(flame_attention_options_t* opts);
+
+/* Attention of q [B, H, Lq, D] over keys k [B, H, Lk, D] and values v [B, H, Lk, Dv] (BORROWED; one
+ * floating dtype and one context; Lq and Lk may differ, as in cross-attention). Any strides: views
+ * such as the heads split from one qkv projection and transposed are read in place (a copy is made
+ * only when the last dim is not contiguous). mask (BORROWED, may be NULL): bool (true: the pair takes
+ * part) or additive in q's dtype (added to the scaled scores; -INFINITY excludes a pair), of any shape
+ * that broadcasts to [B, H, Lq, Lk] without enlarging it ([Lq, Lk], [B, 1, 1, Lk], ...). With
+ * FLAME_ATTENTION_CAUSAL the causal mask applies as well. opts may be NULL (the defaults).
+ * OUT *out: a new reference, contiguous [B, H, Lq, Dv] in q's dtype. A query whose keys are all masked
+ * (and every query when Lk is 0) gets zeros and passes no gradient, as PyTorch's math path does.
+ * Dropout (dropout_p > 0) zeroes each attention weight with probability dropout_p and scales the others
+ * by 1 / (1 - dropout_p), from the context's Philox generator, whose offset advances by
+ * B * H * Lq * ceil(Lk / 4); the decision for each (b, h, i, j) depends only on the seed and that offset,
+ * is the same in every dtype and is applied again by the backward.
+ * Gradients flow to q, k, v and to an additive mask that requires grad (summed over its broadcast
+ * dims). The first-order backward of the f16/bf16 kernels is fused too; under
+ * FLAME_BACKWARD_CREATE_GRAPH it is composed of FLAME ops (differentiable again; it stores the scores).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (q, k, v or out NULL; tensors of different contexts;
+ * opts->struct_size below sizeof(flame_attention_options_t) or above 4096; unknown flags; scale not
+ * finite; dropout_p outside [0, 1)), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_SHAPE_MISMATCH (q, k or v
+ * not 4-D; their B or H differ; k's head dim differs from q's or is 0; v's Lk differs from k's; a mask
+ * that does not broadcast), FLAME_ERROR_DTYPE_MISMATCH (q not floating; k or v of another dtype; a mask
+ * neither bool nor q's dtype), FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_KERNEL_COMPILE, FLAME_ERROR_CUDA. */
+FLAME_API flame_status_t flame_scaled_dot_product_attention(flame_tensor_t q, flame_tensor_t k, flame_tensor_t v,
+                                                            flame_tensor_t mask, const flame_attention_options_t* opts,
+                                                            flame_tensor_t* out);
 
 #ifdef __cplusplus
 }

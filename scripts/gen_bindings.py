@@ -774,6 +774,9 @@ HAND_WRITTEN |= {
     "flame_optimizer_step_count", "flame_optimizer_release",
 }
 
+# attention: bindings/rust/src/attention.rs and the "attention" section of bindings/csharp/Flame.cs.
+HAND_WRITTEN |= {"flame_attention_options_init", "flame_scaled_dot_product_attention"}
+
 BOOL_NAMES = {"keepdim", "enabled", "requires_grad", "contiguous", "is_leaf", "previous"}
 SCALARS = {"double", "float", "int32_t", "int64_t", "uint32_t", "uint64_t", "size_t", "int"}
 SLICE_ELEMS = {"int64_t", "int32_t", "double", "float"}

@@ -1111,6 +1111,67 @@ namespace Flame
         }
     }
 
+    // ------------------------------------------------------------------------------------------
+    // Attention (flame.h "Attention")
+    // ------------------------------------------------------------------------------------------
+
+    /// <summary>Options of scaled-dot-product attention (flame_attention_options_t), starting from
+    /// the defaults of flame_attention_options_init: not causal, scale 1 / sqrt(head dim), no dropout.</summary>
+    public sealed class AttentionOptions
+    {
+        internal flame_attention_options_t O;
+
+        public AttentionOptions()
+        {
+            Library.EnsureLoaded();
+            O = Init();
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe flame_attention_options_t Init()
+        {
+            flame_attention_options_t o;
+            Status.Check(Native.flame_attention_options_init(&o));
+            return o;
+        }
+
+        /// <summary>A copy of the C struct (struct_size set by flame_attention_options_init).</summary>
+        public flame_attention_options_t Raw { get { return O; } }
+
+        /// <summary>Query i attends to keys j &lt;= i only (top-left aligned, as PyTorch's is_causal).</summary>
+        public bool Causal
+        {
+            get { return (O.flags & Native.FLAME_ATTENTION_CAUSAL) != 0; }
+            set { O.flags = value ? (O.flags | Native.FLAME_ATTENTION_CAUSAL) : (O.flags & ~Native.FLAME_ATTENTION_CAUSAL); }
+        }
+        /// <summary>The factor of q k^T; 0 means 1 / sqrt(head dim).</summary>
+        public double Scale { get { return O.scale; } set { O.scale = value; } }
+        /// <summary>Probability of zeroing each attention weight, in [0, 1).</summary>
+        public double DropoutP { get { return O.dropout_p; } set { O.dropout_p = value; } }
+    }
+
+    public sealed partial class Tensor
+    {
+        /// <summary>flame_scaled_dot_product_attention: this is q [B, H, Lq, D]; k [B, H, Lk, D], v
+        /// [B, H, Lk, Dv]; mask (may be null: bool, or additive in q's dtype) broadcasts to
+        /// [B, H, Lq, Lk]; options null means the defaults. Returns [B, H, Lq, Dv].</summary>
+        public unsafe Tensor ScaledDotProductAttention(Tensor k, Tensor v, Tensor mask = null, AttentionOptions options = null)
+        {
+            IntPtr o = IntPtr.Zero;
+            if (options == null)
+            {
+                Status.Check(Native.flame_scaled_dot_product_attention(Raw, RawOf(k), RawOf(v), RawOf(mask), null, &o));
+            }
+            else
+            {
+                flame_attention_options_t opts = options.O;
+                Status.Check(Native.flame_scaled_dot_product_attention(Raw, RawOf(k), RawOf(v), RawOf(mask), &opts, &o));
+            }
+            GC.KeepAlive(this); GC.KeepAlive(k); GC.KeepAlive(v); GC.KeepAlive(mask);
+            return new Tensor(o);
+        }
+    }
+
     /// <summary>NUL-terminated UTF-8 strings for the C side (a string holding NUL ends there).</summary>
     static class Utf8
     {

@@ -116,6 +116,15 @@ namespace Flame.Interop
         public int padding_same;
     }
 
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct flame_attention_options_t
+    {
+        public UIntPtr struct_size;
+        public uint flags;
+        public double scale;
+        public double dropout_p;
+    }
+
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate flame_status_t flame_tensor_hook_fn(IntPtr user_data, IntPtr grad, IntPtr* replacement);
 
@@ -141,6 +150,7 @@ namespace Flame.Interop
         public const uint FLAME_BACKWARD_RETAIN_GRAPH = 1;
         public const uint FLAME_BACKWARD_CREATE_GRAPH = 2;
         public const uint FLAME_GRAD_ALLOW_UNUSED = 4;
+        public const uint FLAME_ATTENTION_CAUSAL = 1;
 
         /// <summary>Every exported function, in header order.</summary>
         public static readonly string[] Symbols = {
@@ -344,6 +354,8 @@ namespace Flame.Interop
             "flame_conv2d",
             "flame_conv_transpose2d",
             "flame_conv1d",
+            "flame_attention_options_init",
+            "flame_scaled_dot_product_attention",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -945,6 +957,12 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_conv1d", ExactSpelling = true)]
         public static extern flame_status_t flame_conv1d(IntPtr x, IntPtr weight, IntPtr bias, flame_conv_options_t* opts, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_attention_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_attention_options_init(flame_attention_options_t* opts);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scaled_dot_product_attention", ExactSpelling = true)]
+        public static extern flame_status_t flame_scaled_dot_product_attention(IntPtr q, IntPtr k, IntPtr v, IntPtr mask, flame_attention_options_t* opts, IntPtr* @out);
 
     }
 }

@@ -331,6 +331,38 @@ static class Tests
         }
     }
 
+    static void CpuAttentionOptions()
+    {
+        var o = new AttentionOptions();
+        Assert(!o.Causal, "not causal by default");
+        Eq(o.Scale, 0.0, "default scale"); Eq(o.DropoutP, 0.0, "default dropout");
+        Eq((long)o.Raw.struct_size, (long)System.Runtime.InteropServices.Marshal.SizeOf(typeof(flame_attention_options_t)), "struct_size");
+        o.Causal = true; o.Scale = 0.5;
+        Eq(o.Raw.flags, Native.FLAME_ATTENTION_CAUSAL, "causal flag"); Eq(o.Raw.scale, 0.5, "scale set");
+        o.Causal = false;
+        Eq(o.Raw.flags, 0u, "causal cleared");
+    }
+
+    static void GpuAttention()
+    {
+        // q = k = 0: every score is equal, so each output row is the mean of the visible values.
+        using (var ctx = Gpu())
+        using (var q = ctx.FromArray(new float[8], 1, 1, 2, 4))
+        using (var k = ctx.FromArray(new float[12], 1, 1, 3, 4))
+        using (var v = ctx.FromArray(new float[] { 1, 10, 2, 20, 6, 60 }, 1, 1, 3, 2))
+        using (var mask = ctx.FromArray(new float[] { 0, 0, float.NegativeInfinity }, 3))
+        {
+            using (var o = q.ScaledDotProductAttention(k, v))
+                Close(o.ToFloatArray(), new float[] { 3, 30, 3, 30 }, "uniform attention");
+            using (var o = q.ScaledDotProductAttention(k, v, null, new AttentionOptions { Causal = true }))
+                Close(o.ToFloatArray(), new float[] { 1, 10, 1.5f, 15 }, "causal attention");
+            using (var o = q.ScaledDotProductAttention(k, v, mask))
+                Close(o.ToFloatArray(), new float[] { 1.5f, 15, 1.5f, 15 }, "masked attention");
+            var e = Throws(() => q.ScaledDotProductAttention(k, v, null, new AttentionOptions { DropoutP = 1 }), "dropout 1");
+            Eq(e.Status, flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "dropout 1 status");
+        }
+    }
+
     static int Main()
     {
         int failed = 0, passed = 0, skipped = 0;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include "autograd/graph.h"
 #include "core/error.h"
+#include "ops/attention.h"
 #include "ops/nn.h"
 #include "ops/indexing.h"
 #include "ops/loss.h"
@@ -443,6 +444,16 @@ RULE(ConvWeightGrad) {
           n.needs_input_grad(1) ? conv_input_grad(d, g, nullptr, geo) : nullptr};
 }
 
+// ---- attention (ops/attention.h): inputs q, k, v, mask. The fused backward kernels, or the same
+// gradients composed of ops under create_graph.
+RULE(Attention) {
+  AttentionSaved s = unpack_attention(n);
+  const bool nm = n.needs_input_grad(3);
+  AttentionGrads r = g->ctx().recording() ? attention_backward_composed(s, g, nm) : attention_backward(s, g, nm);
+  return {n.needs_input_grad(0) ? r.dq : nullptr, n.needs_input_grad(1) ? r.dk : nullptr,
+          n.needs_input_grad(2) ? r.dv : nullptr, nm ? r.dmask : nullptr};
+}
+
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
 #define DIFF(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;
@@ -457,6 +468,7 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(CrossEntropy) DIFF(CrossEntropyProbs) DIFF(NllLoss)
   DIFF(Gather) DIFF(ScatterAdd)
   DIFF(Conv2d) DIFF(ConvTranspose2d) DIFF(ConvWeightGrad)  // ops/conv.h
+  DIFF(Attention)  // ops/attention.h
 #undef DIFF
   return r;
 }

@@ -145,6 +145,14 @@
   X(Conv2d, conv2d)                       \
   X(ConvTranspose2d, conv_transpose2d)    \
   X(ConvWeightGrad, conv_weight_grad)
+// ---- attention (src/ops/attention.cpp, kernels in cuda/attention.cuh) ----
+// The fused f16/bf16 attention node (f32/f64 attention is composed of the ops above and records
+// their nodes), and its fused backward, which has no backward of its own (create_graph composes
+// the gradient of FLAME ops instead).
+#define FLAME_ATTENTION_OPS(X) \
+  X(Attention, scaled_dot_product_attention)
+#define FLAME_ATTENTION_INTERNAL_OPS(X) \
+  X(AttentionBackward, scaled_dot_product_attention_backward)
 
 namespace flame {
 
@@ -156,6 +164,7 @@ enum class OpId : int {
   FLAME_NN_OPS(FLAME_OP_ENUM) FLAME_NN_INTERNAL_OPS(FLAME_OP_ENUM)
   FLAME_LOSS_OPS(FLAME_OP_ENUM) FLAME_INDEXING_OPS(FLAME_OP_ENUM)
   FLAME_CONV_OPS(FLAME_OP_ENUM)
+  FLAME_ATTENTION_OPS(FLAME_OP_ENUM) FLAME_ATTENTION_INTERNAL_OPS(FLAME_OP_ENUM)
 #undef FLAME_OP_ENUM
   Count
 };

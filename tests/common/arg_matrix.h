@@ -253,6 +253,14 @@ class Args {
     if (o) flame_optimizer_options_init(o, kind);
     return o;
   }
+  // Attention options with the defaults. NULL is allowed by contract (the defaults), so the sweeps
+  // never NULL it.
+  const flame_attention_options_t* attention_opts(const char*) {
+    if (mode_ == Mode::Probe) return nullptr;
+    auto* o = static_cast<flame_attention_options_t*>(scratch(sizeof(flame_attention_options_t)));
+    flame_attention_options_init(o);
+    return o;
+  }
   flame_memory_stats_t* stats(const char* name) {
     flame_memory_stats_t* s = out<flame_memory_stats_t>(name);
     if (s) s->struct_size = sizeof(flame_memory_stats_t);

@@ -793,3 +793,43 @@ TEST(NullArguments, Convolution) {
     EXPECT_TRUE(contains(flame_last_error_message(), "struct_size")) << f.first << ": " << flame_last_error_message();
   }
 }
+
+// ============================== Attention ==============================
+
+static_assert(FLAME_ATTENTION_CAUSAL == 1, "flag values are frozen");
+static_assert(offsetof(flame_attention_options_t, struct_size) == 0, "layout");
+static_assert(offsetof(flame_attention_options_t, flags) == 8, "layout");
+static_assert(offsetof(flame_attention_options_t, scale) == 16, "layout");
+static_assert(offsetof(flame_attention_options_t, dropout_p) == 24, "layout");
+static_assert(sizeof(flame_attention_options_t) == 32, "layout");
+
+TEST(Attention, OptionsInitWorksWithoutADevice) {
+  flame_attention_options_t o;
+  std::memset(&o, 0x7f, sizeof o);
+  ASSERT_EQ(flame_attention_options_init(&o), FLAME_OK);
+  EXPECT_EQ(o.struct_size, sizeof(flame_attention_options_t));
+  EXPECT_EQ(o.flags, 0u);
+  EXPECT_EQ(o.scale, 0.0);
+  EXPECT_EQ(o.dropout_p, 0.0);
+  EXPECT_EQ(flame_attention_options_init(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_attention_options_init")) << flame_last_error_message();
+}
+
+TEST(NullArguments, Attention) {
+  flame_tensor_t t = nullptr;
+  flame_attention_options_t o;
+  flame_attention_options_init(&o);
+  const std::vector<OutCase> cases = {
+      {"flame_scaled_dot_product_attention",
+       [=](flame_tensor_t* out) { return flame_scaled_dot_product_attention(t, t, t, nullptr, &o, out); }},
+      {"flame_scaled_dot_product_attention",
+       [=](flame_tensor_t* out) { return flame_scaled_dot_product_attention(t, t, t, t, nullptr, out); }},
+  };
+  for (const OutCase& c : cases) {
+    flame_tensor_t out = sentinel_tensor();
+    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
+    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
+    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
+    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
+  }
+}

@@ -168,3 +168,12 @@ TEST_P(KernelCompile, Convolution) {
   EXPECT_EQ(names.size(), 30u);
   compile_all("conv.cuh", names, GetParam());
 }
+
+// ---- attention (cuda/attention.cuh, src/ops/attention.cpp) ----
+#include "ops/attention.h"
+
+TEST_P(KernelCompile, Attention) {
+  auto names = flame::ops::attention_instantiations();
+  EXPECT_EQ(names.size(), 37u);
+  compile_all("attention.cuh", names, GetParam());
+}

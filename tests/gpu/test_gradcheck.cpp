@@ -11,6 +11,7 @@
 
 #include "../../src/ops/op_list.h"
 #include "gradcheck.h"
+#include "attention_ref.h"
 
 using namespace gc;
 
@@ -461,6 +462,55 @@ Table build_table() {
               return flame_linear(x[0], x[1], bias ? x[2] : nullptr, act, o);
             }),
             lin_ref(act, bias))
+          .low_precision = true;
+    }
+  }
+  // ---- scaled-dot-product attention: f16/bf16 run the fused kernels (head dim 6 padded into a
+  // 64-wide tile), f32/f64 the composed path (whose create_graph gives the second-order rows).
+  {
+    struct A { const char* name; bool causal; double scale; int mask; };  // mask 0 none, 1 bool, 2 additive
+    for (const A& a : {A{"attention", false, 0.0, 0}, A{"attention_causal_scale", true, 0.7, 0},
+                       A{"attention_bool_mask", false, 0.0, 1}, A{"attention_additive_mask", true, 0.0, 2}}) {
+      const int64_t lq = a.causal ? 5 : 4, lk = a.causal ? 4 : 5;  // causal with more queries than keys
+      std::vector<In> ins = {in({1, 2, lq, 6}), in({1, 2, lk, 6}), in({1, 2, lk, 4})};
+      std::vector<In> ncs = {nc({1, 2, lq, 6}), in({1, 2, lk, 6}), nc({1, 2, lk, 4})};
+      if (a.mask == 1) {
+        ins.push_back(cond({lq, lk}));
+        ncs.push_back(cond({1, 2, 1, lk}));
+      }
+      if (a.mask == 2) {
+        ins.push_back(in({1, 2, 1, lk}));
+        ncs.push_back(in({lq, lk}));
+      }
+      const A cfg = a;
+      t.add(a.name, {"matmul"}, {Case(ins), Case(ncs)},
+            one([cfg](const Tensors& x, flame_dtype_t, flame_tensor_t* o) {
+              flame_attention_options_t opts;
+              flame_attention_options_init(&opts);
+              opts.flags = cfg.causal ? FLAME_ATTENTION_CAUSAL : 0;
+              opts.scale = cfg.scale;
+              return flame_scaled_dot_product_attention(x[0], x[1], x[2], cfg.mask ? x[3] : nullptr, &opts, o);
+            }),
+            one_ref([cfg](const std::vector<HT>& x) {
+              aref::Problem pr;
+              pr.B = x[0].shape[0], pr.H = x[0].shape[1], pr.Lq = x[0].shape[2], pr.Lk = x[1].shape[2];
+              pr.D = x[0].shape[3], pr.Dv = x[2].shape[3];
+              pr.q = x[0].v, pr.k = x[1].v, pr.v = x[2].v;
+              pr.causal = cfg.causal;
+              pr.scale = cfg.scale;
+              if (cfg.mask) {
+                const HT m = expand(x[3], {pr.B, pr.H, pr.Lq, pr.Lk});
+                const bool is_bool = cfg.mask == 1;
+                const int64_t H = pr.H, Lq = pr.Lq, Lk = pr.Lk;
+                pr.bias = [m, is_bool, H, Lq, Lk](int64_t b, int64_t h, int64_t i, int64_t j) {
+                  const double e = m.v[static_cast<size_t>(((b * H + h) * Lq + i) * Lk + j)];
+                  return is_bool ? (e != 0 ? 0.0 : -INFINITY) : e;
+                };
+              }
+              HT out({pr.B, pr.H, pr.Lq, pr.Dv});
+              out.v = aref::forward(pr).out;
+              return out;
+            }))
           .low_precision = true;
     }
   }

@@ -185,6 +185,24 @@ _SIGNATURES.update({
     "flame_safetensors_save": (c_int, [H, ctypes.c_char_p, P(ctypes.c_char_p), P(H), i64, P(ctypes.c_char_p), i64]),
 })
 
+# ---- attention (flame.h "Attention") ----
+ATTENTION_CAUSAL = 1
+
+
+class AttentionOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", size_t),
+        ("flags", u32),
+        ("scale", f64),
+        ("dropout_p", f64),
+    ]
+
+
+_SIGNATURES.update({
+    "flame_attention_options_init": (c_int, [P(AttentionOptions)]),
+    "flame_scaled_dot_product_attention": (c_int, [H, H, H, H, P(AttentionOptions), P(H)]),
+})
+
 
 class FlameError(RuntimeError):
     def __init__(self, status, status_name, what, message):

@@ -365,6 +365,7 @@ def build_rows():
     loss_rows()
     indexing_rows()
     conv_rows()
+    attention_rows()
     return ROWS
 
 
@@ -666,6 +667,51 @@ def conv_rows():
         padding=(1, 0), output_padding=(1, 1))
     add("conv1d_stride2", "conv1d", (2, 16, 20), (32, 16, 5), stride=(2, 1), padding=(2, 0))
     add("conv1d_same_groups_dilated", "conv1d", (2, 8, 11), (8, 4, 4), groups=2, same=True, dilation=(2, 1))
+# ---------------------------------------------------------------------------- attention
+
+
+def attention_rows():
+    """flame_scaled_dot_product_attention vs F.scaled_dot_product_attention (PyTorch's default backend):
+    DiT/Flux-sized self-attention, cross-attention over 77 text tokens, GPT-2's causal attention, in
+    bf16 and f16 (FLAME's fused kernels; forward and the gradients of q, k, v), and small f64 / f32
+    rows (the composed path) with masks. torch refuses attn_mask together with is_causal."""
+    import ctypes
+
+    def attend(causal=False, scale=0.0, masked=False):
+        def flame_fn(fl, x, dt):
+            o = fc.AttentionOptions()
+            fl.check(fl.fn("flame_attention_options_init")(ctypes.byref(o)), "flame_attention_options_init")
+            o.flags = fc.ATTENTION_CAUSAL if causal else 0
+            o.scale = scale
+            return fl.call("scaled_dot_product_attention", x[0], x[1], x[2], x[3] if masked else None, ctypes.byref(o))
+
+        def torch_fn(x, dt):
+            return F.scaled_dot_product_attention(x[0], x[1], x[2], attn_mask=x[3] if masked else None, is_causal=causal,
+                                                  scale=scale if scale else None)
+        return flame_fn, torch_fn
+
+    def big(name, shapes, causal=False, mask=None, tol=1.0):
+        q, k, v = shapes
+        case = [I(q, uni(-1, 1)), I(k, uni(-1, 1)), I(v, uni(-1, 1))] + ([mask] if mask else [])
+        fn, tn = attend(causal, 0.0, mask is not None)
+        r = row(name, fn, tn, [case], tol=tol)
+        r.dtypes = ("bf16", "f16")
+
+    big("sdpa_dit_flux_24x128", ((1, 24, 1024, 128), (1, 24, 1024, 128), (1, 24, 1024, 128)))
+    big("sdpa_cross_text77", ((2, 10, 1024, 64), (2, 10, 77, 64), (2, 10, 77, 64)))
+    big("sdpa_cross_text77_key_mask", ((2, 10, 256, 64), (2, 10, 77, 64), (2, 10, 77, 64)), mask=COND((2, 1, 1, 77)))
+    big("sdpa_gpt2_causal", ((4, 12, 1024, 64), (4, 12, 1024, 64), (4, 12, 1024, 64)), causal=True)
+    # small rows in every dtype: head dims 80 and 40, a custom scale, causal with more queries than
+    # keys, bool and additive masks (the additive one differentiated in f64 / f32)
+    for nm, causal, scale, d, lq, lk, mask in (
+            ("sdpa_small_d80", False, 0.0, 80, 37, 45, None),
+            ("sdpa_small_causal_d40", True, 0.3, 40, 45, 37, None),
+            ("sdpa_small_bool_mask", False, 0.0, 64, 37, 45, COND((2, 1, 37, 45))),
+            ("sdpa_small_additive_mask", False, 0.0, 64, 37, 45, In((1, 3, 1, 45), uni(-2, 1)))):
+        fn, tn = attend(causal, scale, mask is not None)
+        case = [I((2, 3, lq, d)), I((2, 3, lk, d)), I((2, 3, lk, d))] + ([mask] if mask else [])
+        r = row(nm, fn, tn, [case])
+        r.dtypes = ("f64", "f32", "bf16", "f16") if nm != "sdpa_small_additive_mask" else ("f64", "f32")
 
 
 # ---------------------------------------------------------------------------- bridging

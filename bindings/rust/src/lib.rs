@@ -26,10 +26,12 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod sys;
+mod attention;
 mod ops;
 mod optim;
 mod safetensors;
 
+pub use attention::AttentionOptions;
 pub use ops::UNWRAPPED;
 pub use optim::{Optimizer, OptimizerOptions};
 pub use safetensors::{save_safetensors, SafetensorsFile};

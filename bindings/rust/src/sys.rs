@@ -249,6 +249,8 @@ impl std::fmt::Debug for Reduction {
     }
 }
 
+pub const FLAME_ATTENTION_CAUSAL: u32 = 1;
+
 // ---- opaque handles ----
 #[repr(C)]
 pub struct flame_ctx_s {
@@ -343,6 +345,15 @@ pub struct flame_conv_options_t {
     pub groups: i64,
     pub output_padding: [i64; 2],
     pub padding_same: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flame_attention_options_t {
+    pub struct_size: usize,
+    pub flags: u32,
+    pub scale: f64,
+    pub dropout_p: f64,
 }
 
 // ---- functions ----
@@ -548,6 +559,8 @@ pub const SYMBOLS: &[&str] = &[
     "flame_conv2d",
     "flame_conv_transpose2d",
     "flame_conv1d",
+    "flame_attention_options_init",
+    "flame_scaled_dot_product_attention",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -752,6 +765,8 @@ pub struct Api {
     pub flame_conv2d: unsafe extern "C" fn(x: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, opts: *const flame_conv_options_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_conv_transpose2d: unsafe extern "C" fn(x: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, opts: *const flame_conv_options_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_conv1d: unsafe extern "C" fn(x: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, opts: *const flame_conv_options_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_attention_options_init: unsafe extern "C" fn(opts: *mut flame_attention_options_t) -> flame_status_t,
+    pub flame_scaled_dot_product_attention: unsafe extern "C" fn(q: flame_tensor_t, k: flame_tensor_t, v: flame_tensor_t, mask: flame_tensor_t, opts: *const flame_attention_options_t, out: *mut flame_tensor_t) -> flame_status_t,
 }
 
 impl Api {
@@ -964,6 +979,8 @@ impl Api {
             flame_conv2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_conv_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_conv2d\0")?),
             flame_conv_transpose2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_conv_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_conv_transpose2d\0")?),
             flame_conv1d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_conv_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_conv1d\0")?),
+            flame_attention_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_attention_options_t) -> flame_status_t>(resolve(b"flame_attention_options_init\0")?),
+            flame_scaled_dot_product_attention: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_attention_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_scaled_dot_product_attention\0")?),
         })
     }
 }

@@ -126,3 +126,14 @@ fn optimizer_options_defaults_and_errors() {
     assert_eq!(e.status, Status::ERROR_INVALID_ARGUMENT);
     assert!(e.message.contains("flame_optimizer_options_init"), "{}", e.message);
 }
+
+#[test]
+fn attention_options_defaults() {
+    use flame::AttentionOptions;
+    let d = AttentionOptions::default();
+    let raw = d.to_raw().unwrap();
+    assert_eq!(raw.struct_size, std::mem::size_of::<sys::flame_attention_options_t>());
+    assert_eq!((raw.flags, raw.scale, raw.dropout_p), (0, 0.0, 0.0));
+    let c = AttentionOptions { causal: true, scale: 0.5, dropout_p: 0.1 }.to_raw().unwrap();
+    assert_eq!((c.flags, c.scale, c.dropout_p), (sys::FLAME_ATTENTION_CAUSAL, 0.5, 0.1));
+}

@@ -297,3 +297,28 @@ fn optimizer_sgd_step_and_zero_grad() {
     drop(opt);
     assert!(close(&p.to_vec::<f32>().unwrap(), &want)); // parameters outlive the optimizer
 }
+
+#[test]
+fn scaled_dot_product_attention_uniform_scores() {
+    use flame::AttentionOptions;
+    let ctx = ctx_or_skip!();
+    // q = k = 0: every score is equal, so each output row is the mean of the visible values.
+    let q = ctx.from_slice(&[0.0f32; 8], &[1, 1, 2, 4]).unwrap();
+    let k = ctx.from_slice(&[0.0f32; 12], &[1, 1, 3, 4]).unwrap();
+    let v = ctx.from_slice(&[1.0f32, 10.0, 2.0, 20.0, 6.0, 60.0], &[1, 1, 3, 2]).unwrap();
+    v.set_requires_grad(true).unwrap();
+    let out = q.scaled_dot_product_attention(&k, &v, None, &AttentionOptions::default()).unwrap();
+    assert_eq!(out.shape().unwrap(), vec![1, 1, 2, 2]);
+    assert!(close(&out.to_vec::<f32>().unwrap(), &[3.0, 30.0, 3.0, 30.0]));
+    let causal = AttentionOptions { causal: true, ..Default::default() };
+    let out = q.scaled_dot_product_attention(&k, &v, None, &causal).unwrap();
+    assert!(close(&out.to_vec::<f32>().unwrap(), &[1.0, 10.0, 1.5, 15.0]));
+    out.sum_all().unwrap().backward().unwrap();
+    // d sum(out) / dv: row 0 sees key 0 (weight 1), row 1 keys 0 and 1 (weights 1/2)
+    assert!(close(&v.grad().unwrap().unwrap().to_vec::<f32>().unwrap(), &[1.5, 1.5, 0.5, 0.5, 0.0, 0.0]));
+    let mask = ctx.from_slice(&[0.0f32, 0.0, -f32::INFINITY], &[3]).unwrap();
+    let masked = q.scaled_dot_product_attention(&k, &v, Some(&mask), &AttentionOptions::default()).unwrap();
+    assert!(close(&masked.to_vec::<f32>().unwrap(), &[1.5, 15.0, 1.5, 15.0]));
+    let bad = AttentionOptions { dropout_p: 1.0, ..Default::default() };
+    assert_eq!(q.scaled_dot_product_attention(&k, &v, None, &bad).unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+}
