@@ -840,6 +840,63 @@ FLAME_API flame_status_t flame_one_hot(flame_tensor_t index, int64_t num_classes
  * gradient stays zero, as in PyTorch; FLAME_NO_PADDING for none. */
 FLAME_API flame_status_t flame_embedding(flame_tensor_t weight, flame_tensor_t indices, int64_t padding_idx, flame_tensor_t* out);
 
+
+/* ============================== Indexing: scatter, masked_select, repeat, pad ============================== */
+/* More indexing ops, with the conventions of "Indexing" above: index tensors hold i64 or i32 values
+ * checked on the device (a bad one is reported by the next call that synchronises), data may have any
+ * strides, negative dims count from the end, gradients flow to floating data only. Results are new
+ * contiguous tensors that share no memory with the inputs. */
+
+/* torch.scatter, out of place: out = t, then out[i][index[i][j]] = src[i][j] for dim 1 (likewise for
+ * any dim). t: any dtype, at least one dim; index fits t as for flame_gather; src has t's dtype, as
+ * many dims as index and at least index's size on every dim (only that leading part of src is read).
+ * Where index names one position more than once along dim, which of those src values lands there is
+ * unspecified (as in PyTorch on CUDA). Gradients: t's is the incoming gradient with every scattered
+ * position set to 0; src's is the incoming gradient gathered at index (for repeated positions too).
+ * An out-of-range index is reported at the next synchronisation and its element not written.
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (index not i64/i32, src's dtype), FLAME_ERROR_SHAPE_MISMATCH
+ * (index does not fit t, src smaller than index), FLAME_ERROR_INVALID_ARGUMENT (dim out of range, 0-d
+ * t, tensors of different contexts). */
+FLAME_API flame_status_t flame_scatter(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src,
+                                       flame_tensor_t* out);
+/* torch.masked_select: the elements of t where mask (bool) is true, in row-major order, as a new 1-D
+ * tensor; t and mask broadcast together (NumPy rules). The result's length depends on the mask's
+ * values, so this call WAITS for the device (a device-to-host copy of the count), as PyTorch does.
+ * Differentiable with respect to t: the gradient goes back to the selected positions, 0 elsewhere.
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (mask not bool), FLAME_ERROR_SHAPE_MISMATCH (no broadcast),
+ * FLAME_ERROR_INVALID_ARGUMENT (tensors of different contexts). */
+FLAME_API flame_status_t flame_masked_select(flame_tensor_t t, flame_tensor_t mask, flame_tensor_t* out);
+/* torch.Tensor.repeat: t tiled repeats[d] times along each dim d. repeats holds n counts (>= 0), one
+ * per dim of t or more (n <= FLAME_MAX_DIMS): with n > ndim(t), t is first viewed with n - ndim(t)
+ * leading dims of size 1. The gradient sums the tiles. Errors: FLAME_ERROR_INVALID_ARGUMENT (repeats
+ * NULL, n < ndim(t) or > FLAME_MAX_DIMS, a negative count, a result whose size overflows). */
+FLAME_API flame_status_t flame_repeat(flame_tensor_t t, const int64_t* repeats, int32_t n, flame_tensor_t* out);
+/* torch.repeat_interleave with an integer count: each element of t repeated `repeats` (>= 0) times
+ * in a row along dim; dim FLAME_DIM_ALL flattens t first (PyTorch's dim=None) and the result is 1-D.
+ * The gradient sums the copies. Errors: FLAME_ERROR_INVALID_ARGUMENT (negative repeats, dim out of
+ * range, a result whose size overflows). */
+FLAME_API flame_status_t flame_repeat_interleave(flame_tensor_t t, int64_t repeats, int32_t dim, flame_tensor_t* out);
+
+/* Modes of flame_pad. */
+typedef enum flame_pad_mode_t {
+  FLAME_PAD_CONSTANT = 0,  /* the value: [a b c] padded (2, 1) -> [v v a b c v] */
+  FLAME_PAD_REFLECT = 1,   /* mirrored at the edge, which is not repeated: -> [c b a b c b] */
+  FLAME_PAD_REPLICATE = 2  /* the edge repeated: -> [a a a b c c] */
+} flame_pad_mode_t;
+
+/* torch.nn.functional.pad. pads holds npads amounts (npads even, >= 2): (left, right) of the last dim,
+ * then (left, right) of the dim before it, and so on. A negative amount removes that many elements
+ * (a crop), as in PyTorch. mode is a flame_pad_mode_t: CONSTANT pads any number of trailing dims
+ * (npads <= 2 ndim(t)) with value (finite for integer t; converted to t's dtype); REFLECT and
+ * REPLICATE pad the last 1 to 3 dims (npads 2, 4 or 6, and at most 2 ndim(t); unlike PyTorch no batch
+ * dim is required), REFLECT with amounts smaller than the dim's size, REPLICATE on non-empty dims.
+ * Any dtype. The gradient flows back to t; for REFLECT and REPLICATE it is accumulated with atomics
+ * (the last bits may vary between runs, as in PyTorch). Errors: FLAME_ERROR_INVALID_ARGUMENT (pads
+ * NULL, npads odd, 0 or too large, an unknown mode, a crop larger than its dim, a reflect amount not
+ * below the dim's size, value not finite for integer t). */
+FLAME_API flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_t npads, int32_t mode, double value,
+                                   flame_tensor_t* out);
+
 #ifdef __cplusplus
 }
 #endif

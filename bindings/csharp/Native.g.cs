@@ -63,6 +63,13 @@ namespace Flame.Interop
         FLAME_REDUCTION_SUM = 2,
     }
 
+    public enum flame_pad_mode_t : int
+    {
+        FLAME_PAD_CONSTANT = 0,
+        FLAME_PAD_REFLECT = 1,
+        FLAME_PAD_REPLICATE = 2,
+    }
+
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_ctx_options_t
     {
@@ -324,6 +331,11 @@ namespace Flame.Interop
             "flame_masked_fill",
             "flame_one_hot",
             "flame_embedding",
+            "flame_scatter",
+            "flame_masked_select",
+            "flame_repeat",
+            "flame_repeat_interleave",
+            "flame_pad",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -907,6 +919,21 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_embedding", ExactSpelling = true)]
         public static extern flame_status_t flame_embedding(IntPtr weight, IntPtr indices, long padding_idx, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scatter", ExactSpelling = true)]
+        public static extern flame_status_t flame_scatter(IntPtr t, int dim, IntPtr index, IntPtr src, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_masked_select", ExactSpelling = true)]
+        public static extern flame_status_t flame_masked_select(IntPtr t, IntPtr mask, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_repeat", ExactSpelling = true)]
+        public static extern flame_status_t flame_repeat(IntPtr t, long* repeats, int n, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_repeat_interleave", ExactSpelling = true)]
+        public static extern flame_status_t flame_repeat_interleave(IntPtr t, long repeats, int dim, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_pad", ExactSpelling = true)]
+        public static extern flame_status_t flame_pad(IntPtr t, long* pads, int npads, int mode, double value, IntPtr* @out);
 
     }
 }

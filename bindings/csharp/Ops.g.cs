@@ -1371,6 +1371,68 @@ namespace Flame
             return new Tensor(o_out);
         }
 
+        /// <summary><c>flame_status_t flame_scatter(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Scatter(int dim, Tensor index, Tensor src)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_scatter(Raw, dim, Tensor.RawOf(index), Tensor.RawOf(src), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(index);
+            GC.KeepAlive(src);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_masked_select(flame_tensor_t t, flame_tensor_t mask, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor MaskedSelect(Tensor mask)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_masked_select(Raw, Tensor.RawOf(mask), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(mask);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_repeat(flame_tensor_t t, const int64_t* repeats, int32_t n, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Repeat(long[] repeats)
+        {
+            long[] repeats_a = repeats ?? new long[0];
+            IntPtr o_out = IntPtr.Zero;
+            fixed (long* repeats_p = repeats_a)
+            {
+                Status.Check(Native.flame_repeat(Raw, (repeats_a.Length == 0 ? null : repeats_p), (int)repeats_a.Length, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_repeat_interleave(flame_tensor_t t, int64_t repeats, int32_t dim, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor RepeatInterleave(long repeats, int dim)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_repeat_interleave(Raw, repeats, dim, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_t npads, int32_t mode, double value, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Pad(long[] pads, int mode, double value)
+        {
+            long[] pads_a = pads ?? new long[0];
+            IntPtr o_out = IntPtr.Zero;
+            fixed (long* pads_p = pads_a)
+            {
+                Status.Check(Native.flame_pad(Raw, (pads_a.Length == 0 ? null : pads_p), (int)pads_a.Length, mode, value, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
         /// <summary><c>flame_status_t flame_cat(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out)</c></summary>
         public static unsafe Tensor Cat(Tensor[] tensors, int dim)
         {

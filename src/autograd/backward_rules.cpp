@@ -12,6 +12,7 @@
 #include "ops/nn.h"
 #include "ops/indexing.h"
 #include "ops/loss.h"
+#include "ops/nnops.h"
 #include "ops/ops.h"
 
 namespace flame {
@@ -406,6 +407,22 @@ RULE(ScatterAdd) {  // ints: dim, skip; reals: alpha. The source's gradient read
   return {n.needs_input_grad(0) ? g : nullptr, gs};
 }
 
+// ---- more nn ops (ops/nnops.h) ----
+RULE(Scatter) {  // ints: dim. t: g with the scattered positions zeroed; src: g gathered at index
+  const int dim = static_cast<int>(n.ints[0]);
+  Tensor index = saved(n, 0);
+  Tensor gx, gs;
+  if (n.needs_input_grad(0)) gx = scatter_index(g, dim, index, zeros(g->ctx(), index->shape, g->dtype), "scatter (backward): index");
+  if (n.needs_input_grad(1)) gs = gather_index(g, dim, index, kNoIndex, false, "scatter (backward): index");
+  return {gx, gs};
+}
+RULE(ConstantPad) {  // ints: the left pad of each dim; the gradient is g's interior
+  Tensor r = g;
+  for (int d = 0; d < g->ndim(); ++d)
+    if (r->shape[d] != n.inputs[0].shape[d]) r = narrow(r, d, n.ints[static_cast<size_t>(d)], n.inputs[0].shape[d]);
+  return {r};
+}
+
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
 #define DIFF(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;
@@ -419,6 +436,7 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(Softmax) DIFF(LogSoftmax) DIFF(LayerNorm) DIFF(RmsNorm) DIFF(GroupNorm) DIFF(BatchNorm)  // ops/nn.h
   DIFF(CrossEntropy) DIFF(CrossEntropyProbs) DIFF(NllLoss)
   DIFF(Gather) DIFF(ScatterAdd)
+  DIFF(Scatter) DIFF(ConstantPad)  // ops/nnops.h
 #undef DIFF
   return r;
 }

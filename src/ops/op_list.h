@@ -137,6 +137,14 @@
   X(Gather, gather)           \
   X(ScatterAdd, scatter_add)
 
+// ---- more neural-network ops (issue 5, second part; declared in src/ops/nnops.h) ----
+// Recorded nodes of scatter and pad (src/ops/indexing_extra.cpp, kernel in cuda/scatter.cuh). Each row
+// has a backward rule written with FLAME ops; masked_select, repeat, repeat_interleave and the reflect
+// and replicate pads are compositions (gathers, expands) and need no row.
+#define FLAME_NNOPS_OPS(X)      \
+  X(Scatter, scatter)           \
+  X(ConstantPad, constant_pad)
+
 namespace flame {
 
 enum class OpId : int {
@@ -146,6 +154,7 @@ enum class OpId : int {
   FLAME_BINARY_OPS(FLAME_OP_ENUM) FLAME_INTERNAL_BINARY_OPS(FLAME_OP_ENUM) FLAME_STRUCTURAL_OPS(FLAME_OP_ENUM)
   FLAME_NN_OPS(FLAME_OP_ENUM) FLAME_NN_INTERNAL_OPS(FLAME_OP_ENUM)
   FLAME_LOSS_OPS(FLAME_OP_ENUM) FLAME_INDEXING_OPS(FLAME_OP_ENUM)
+  FLAME_NNOPS_OPS(FLAME_OP_ENUM)
 #undef FLAME_OP_ENUM
   Count
 };

@@ -740,3 +740,27 @@ TEST(NullArguments, Indexing) {
     EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
   }
 }
+
+// ============================== Indexing: scatter, masked_select, repeat, pad ==============================
+
+static_assert(FLAME_PAD_CONSTANT == 0 && FLAME_PAD_REFLECT == 1 && FLAME_PAD_REPLICATE == 2, "flame_pad_mode_t is frozen");
+static_assert(sizeof(flame_pad_mode_t) == 4, "enums are 32-bit");
+
+TEST(NullArguments, NnIndexing) {
+  flame_tensor_t t = nullptr;
+  const int64_t two[2] = {1, 1};
+  const std::vector<OutCase> cases = {
+      {"flame_scatter", [=](flame_tensor_t* o) { return flame_scatter(t, 0, t, t, o); }},
+      {"flame_masked_select", [=](flame_tensor_t* o) { return flame_masked_select(t, t, o); }},
+      {"flame_repeat", [=](flame_tensor_t* o) { return flame_repeat(t, two, 2, o); }},
+      {"flame_repeat_interleave", [=](flame_tensor_t* o) { return flame_repeat_interleave(t, 2, 0, o); }},
+      {"flame_pad", [=](flame_tensor_t* o) { return flame_pad(t, two, 2, FLAME_PAD_CONSTANT, 0.0, o); }},
+  };
+  for (const OutCase& c : cases) {
+    flame_tensor_t out = sentinel_tensor();
+    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
+    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
+    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
+    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
+  }
+}

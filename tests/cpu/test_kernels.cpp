@@ -159,3 +159,12 @@ TEST_P(KernelCompile, Indexing) {
   EXPECT_GT(names.size(), 20u);
   compile_all("indexing.cuh", names, GetParam());
 }
+
+// ---- more nn ops (ops/nnops.h): scatter, dropout, pooling, upsampling, rotary embeddings ----
+#include "ops/nnops.h"
+
+TEST_P(KernelCompile, NnopsScatter) {
+  auto names = flame::ops::scatter_instantiations();
+  EXPECT_EQ(names.size(), 16u);
+  compile_all("scatter.cuh", names, GetParam());
+}

@@ -185,6 +185,15 @@ _SIGNATURES.update({
 })
 
 
+# ---- more nn ops (flame.h "Indexing: scatter, masked_select, repeat, pad" and the sections after it)
+_SIGNATURES.update({
+    "flame_scatter": (c_int, [H, i32, H, H, P(H)]),
+    "flame_masked_select": (c_int, [H, H, P(H)]),
+    "flame_repeat": (c_int, [H, P(i64), i32, P(H)]),
+    "flame_repeat_interleave": (c_int, [H, i64, i32, P(H)]),
+    "flame_pad": (c_int, [H, P(i64), i32, i32, f64, P(H)]),
+})
+
 class FlameError(RuntimeError):
     def __init__(self, status, status_name, what, message):
         super().__init__(f"{what} -> {status_name}: {message}")

@@ -357,6 +357,7 @@ def build_rows():
     nn_rows()
     loss_rows()
     indexing_rows()
+    nnops_rows()
     return ROWS
 
 
@@ -595,6 +596,77 @@ def indexing_rows():
         [[CONST((2, 3), ints(0, 4))]], grad=False)
     row("one_hot_inferred", lambda fl, x, dt: fl.call("one_hot", index(fl, x[0]), -1), lambda x, dt: F.one_hot(x[0].long()),
         [[CONST((7,), ints(0, 6))]], grad=False)
+
+
+# ---------------------------------------------------------------------------- more nn ops (issue 5, part 2)
+# scatter, masked_select, repeat, repeat_interleave, pad (and, below, dropout, pooling, upsampling,
+# rotary / timestep embeddings, composites) against torch.
+
+
+class DistinctIdx(Dom):
+    """Integer indices in [0, size) that are distinct along dim (scatter is defined only for those)."""
+
+    def __init__(self, dim, size):
+        super().__init__(0, size - 1, kind="int")
+        self.dim, self.size = dim, size
+
+    def draw(self, gen, shape):
+        u = torch.rand(tuple(shape), generator=gen, dtype=torch.float64)
+        ranks = u.argsort(dim=self.dim).argsort(dim=self.dim)  # a random permutation of 0..len-1 per line
+        shift = torch.randint(0, self.size, (1,), generator=gen).item()
+        return ((ranks + shift) % self.size).to(torch.float64)
+
+
+def nnops_indexing_rows():
+    def index(fl, t):
+        return fl.call("to_dtype", t, fc.DTYPES["i64"])
+
+    def scatter(name, x, dim, ishape, src, **k):
+        size = x.shape[dim]
+        row(name, lambda fl, a, dt: fl.call("scatter", a[0], dim, index(fl, a[1]), a[2]),
+            lambda a, dt: torch.scatter(a[0], dim, a[1].long(), a[2]), [[x, CONST(ishape, DistinctIdx(dim, size)), src]], **k)
+
+    scatter("scatter_dim1", I((3, 5)), 1, (3, 4), I((3, 4)), bf16=True)
+    scatter("scatter_dim0_nc", NC((4, 3)), 0, (3, 3), NC((3, 3)))
+    # torch cannot differentiate a src larger than index (its gradient has index's shape): a constant here
+    scatter("scatter_src_larger", I((2, 3, 4)), 2, (2, 2, 3), CONST((3, 3, 5)))
+    row("masked_select", lambda fl, a, dt: fl.call("masked_select", a[0], a[1]), lambda a, dt: torch.masked_select(a[0], a[1]),
+        [[I((3, 4)), COND((3, 4))], [NC((1, 4)), COND((3, 4))], [I((2, 3, 4)), COND((3, 1))]], bf16=True)
+
+    def repeat(name, reps, cases, **k):
+        arr = lambda: fc._arr(fc.i64, reps)  # noqa: E731
+        row(name, lambda fl, a, dt: fl.call("repeat", a[0], *arr()), lambda a, dt: a[0].repeat(*reps), cases, **k)
+
+    repeat("repeat_leading", (2, 1, 3), [[I((2, 3))], [NC((2, 3))]], bf16=True)
+    repeat("repeat_0d", (3,), [[I(())]])
+    repeat("repeat_zero", (0, 2), [[I((2, 3))]])
+    for nm, r, dim, cases in (("repeat_interleave_dim1", 2, 1, [[I((2, 3))], [NC((2, 3))]]),
+                              ("repeat_interleave_flat", 3, None, [[NC((3, 2))]]),
+                              ("repeat_interleave_dim0", 2, -3, [[I((2, 3, 2))]])):
+        row(nm, (lambda r, dim: lambda fl, a, dt: fl.call("repeat_interleave", a[0], r, fc.DIM_ALL if dim is None else dim))(r, dim),
+            (lambda r, dim: lambda a, dt: torch.repeat_interleave(a[0], r, dim=dim))(r, dim), cases, bf16=nm.endswith("dim1"))
+
+    modes = {"constant": 0, "reflect": 1, "replicate": 2}
+
+    def pad(name, pads, mode, value, cases, **k):
+        row(name, lambda fl, a, dt: fl.call("pad", a[0], *fc._arr(fc.i64, pads), modes[mode], value),
+            lambda a, dt: F.pad(a[0], pads, mode=mode, value=value) if mode == "constant" else F.pad(a[0], pads, mode=mode),
+            cases, **k)
+
+    pad("pad_constant", (1, 2, 0, 1), "constant", 0.5, [[I((2, 3, 4))], [NC((2, 3, 4))]], bf16=True)
+    pad("pad_constant_crop", (-1, 2, 1, -1), "constant", -1.0, [[NC((3, 5))]])
+    pad("pad_constant_every_dim", (1, 0, 0, 2), "constant", 0.0, [[I((2, 3))]])
+    pad("pad_reflect_1d", (2, 3), "reflect", 0.0, [[I((2, 5))], [NC((3, 5))]], bf16=True)
+    pad("pad_reflect_2d", (1, 1, 2, 0), "reflect", 0.0, [[I((2, 3, 4, 4))], [NC((2, 3, 4, 4))]])
+    pad("pad_reflect_3d", (1, 1, 2, 0, 1, 2), "reflect", 0.0, [[I((1, 2, 3, 4, 4))]])
+    pad("pad_replicate_2d", (2, 1, 1, 3), "replicate", 0.0, [[I((2, 3, 3))], [NC((2, 3, 5))]], bf16=True)
+    pad("pad_replicate_3d", (1, 0, 0, 2, 1, 1), "replicate", 0.0, [[I((1, 2, 2, 3, 3))]])
+    # the realistic downsampling pad of diffusion models (F.pad(x, (0, 1, 0, 1)) before a stride-2 conv)
+    pad("pad_constant_diffusion", (0, 1, 0, 1), "constant", 0.0, [[I((2, 128, 64, 64))]])
+
+
+def nnops_rows():
+    nnops_indexing_rows()
 
 
 # ---------------------------------------------------------------------------- bridging

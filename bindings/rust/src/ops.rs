@@ -5,7 +5,7 @@
 use crate::sys;
 use crate::{api, check, len_as, slice_ptr, Context, Result, Tensor};
 #[allow(unused_imports)]
-use crate::sys::{Activation, DType, OptimizerKind, Reduction, Status};
+use crate::sys::{Activation, DType, OptimizerKind, PadMode, Reduction, Status};
 
 impl Tensor {
     /// `flame_status_t flame_tensor_dtype(flame_tensor_t t, flame_dtype_t* dtype)`.
@@ -822,6 +822,41 @@ impl Tensor {
         let api = api()?;
         let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
         check(unsafe { (api.flame_embedding)(self.raw, indices.raw, padding_idx, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_scatter(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src, flame_tensor_t* out)`.
+    pub fn scatter(&self, dim: i32, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_scatter)(self.raw, dim, index.raw, src.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_masked_select(flame_tensor_t t, flame_tensor_t mask, flame_tensor_t* out)`.
+    pub fn masked_select(&self, mask: &Tensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_masked_select)(self.raw, mask.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_repeat(flame_tensor_t t, const int64_t* repeats, int32_t n, flame_tensor_t* out)`.
+    pub fn repeat(&self, repeats: &[i64]) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_repeat)(self.raw, slice_ptr(repeats), len_as::<i32>(repeats.len())?, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_repeat_interleave(flame_tensor_t t, int64_t repeats, int32_t dim, flame_tensor_t* out)`.
+    pub fn repeat_interleave(&self, repeats: i64, dim: i32) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_repeat_interleave)(self.raw, repeats, dim, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_t npads, int32_t mode, double value, flame_tensor_t* out)`.
+    pub fn pad(&self, pads: &[i64], mode: i32, value: f64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_pad)(self.raw, slice_ptr(pads), len_as::<i32>(pads.len())?, mode, value, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
 }

@@ -248,6 +248,39 @@ impl std::fmt::Debug for Reduction {
     }
 }
 
+pub type flame_pad_mode_t = i32;
+pub const FLAME_PAD_CONSTANT: flame_pad_mode_t = 0;
+pub const FLAME_PAD_REFLECT: flame_pad_mode_t = 1;
+pub const FLAME_PAD_REPLICATE: flame_pad_mode_t = 2;
+
+/// `flame_pad_mode_t` as a Rust newtype; unknown values are representable.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct PadMode(pub flame_pad_mode_t);
+impl PadMode {
+    pub const PAD_CONSTANT: PadMode = PadMode(0);
+    pub const PAD_REFLECT: PadMode = PadMode(1);
+    pub const PAD_REPLICATE: PadMode = PadMode(2);
+    /// Every value the header defines, with its C name.
+    pub const ALL: &'static [(PadMode, &'static str)] = &[
+        (PadMode(0), "FLAME_PAD_CONSTANT"),
+        (PadMode(1), "FLAME_PAD_REFLECT"),
+        (PadMode(2), "FLAME_PAD_REPLICATE"),
+    ];
+    /// The C name of the value ("FLAME_PAD_CONSTANT"), or None for a value this header does not know.
+    pub fn c_name(self) -> Option<&'static str> {
+        Self::ALL.iter().find(|(v, _)| *v == self).map(|(_, n)| *n)
+    }
+}
+impl std::fmt::Debug for PadMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.c_name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "PadMode({})", self.0),
+        }
+    }
+}
+
 // ---- opaque handles ----
 #[repr(C)]
 pub struct flame_ctx_s {
@@ -528,6 +561,11 @@ pub const SYMBOLS: &[&str] = &[
     "flame_masked_fill",
     "flame_one_hot",
     "flame_embedding",
+    "flame_scatter",
+    "flame_masked_select",
+    "flame_repeat",
+    "flame_repeat_interleave",
+    "flame_pad",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -726,6 +764,11 @@ pub struct Api {
     pub flame_masked_fill: unsafe extern "C" fn(t: flame_tensor_t, mask: flame_tensor_t, value: f64, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_one_hot: unsafe extern "C" fn(index: flame_tensor_t, num_classes: i64, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_embedding: unsafe extern "C" fn(weight: flame_tensor_t, indices: flame_tensor_t, padding_idx: i64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_scatter: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, src: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_masked_select: unsafe extern "C" fn(t: flame_tensor_t, mask: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_repeat: unsafe extern "C" fn(t: flame_tensor_t, repeats: *const i64, n: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_repeat_interleave: unsafe extern "C" fn(t: flame_tensor_t, repeats: i64, dim: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_pad: unsafe extern "C" fn(t: flame_tensor_t, pads: *const i64, npads: i32, mode: i32, value: f64, out: *mut flame_tensor_t) -> flame_status_t,
 }
 
 impl Api {
@@ -932,6 +975,11 @@ impl Api {
             flame_masked_fill: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_masked_fill\0")?),
             flame_one_hot: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_one_hot\0")?),
             flame_embedding: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_embedding\0")?),
+            flame_scatter: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_scatter\0")?),
+            flame_masked_select: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_masked_select\0")?),
+            flame_repeat: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_repeat\0")?),
+            flame_repeat_interleave: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_repeat_interleave\0")?),
+            flame_pad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, i32, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_pad\0")?),
         })
     }
 }

@@ -1,0 +1,75 @@
+// C entry points of the ops in ops/nnops.h: scatter, masked_select, repeat, repeat_interleave, pad.
+// Handles, contexts, NULL arrays and enum values are checked here; the ops check shapes, dtypes and
+// values.
+#include <cmath>
+#include "api/guard.h"
+#include "ops/nnops.h"
+
+using namespace flame;
+
+namespace {
+
+// t and the other tensor arguments (named in messages) must be live handles of one context.
+template <class F>
+flame_status_t nn_op(const char* fn, flame_tensor_t t, const char* t_name,
+                     std::initializer_list<std::pair<flame_tensor_t, const char*>> more, flame_tensor_t* out, F&& f) {
+  return api_call(fn, [&] {
+    out_param(out, "out");
+    const Tensor& x = unwrap(t, t_name);
+    std::vector<Tensor> args;
+    for (const auto& m : more) {
+      args.push_back(unwrap(m.first, m.second));
+      FLAME_CHECK(&args.back()->ctx() == &x->ctx(), FLAME_ERROR_INVALID_ARGUMENT, m.second, " belongs to another context");
+    }
+    TensorScope s(x);
+    *out = same_or_wrap(t, f(x, args));
+  });
+}
+
+std::vector<int64_t> array_arg(const int64_t* p, int32_t n, const char* name) {
+  FLAME_CHECK(p, FLAME_ERROR_INVALID_ARGUMENT, name, " is NULL");
+  FLAME_CHECK(n >= 0 && n <= 2 * FLAME_MAX_DIMS, FLAME_ERROR_INVALID_ARGUMENT, name, ": ", n, " values is not in [0, ",
+              2 * FLAME_MAX_DIMS, "]");
+  return std::vector<int64_t>(p, p + n);
+}
+
+}  // namespace
+
+extern "C" {
+
+// ---------------------------------------------------------------- indexing
+
+FLAME_API flame_status_t flame_scatter(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src,
+                                       flame_tensor_t* out) {
+  return nn_op("flame_scatter", t, "t", {{index, "index"}, {src, "src"}}, out,
+               [&](const Tensor& x, const std::vector<Tensor>& a) { return ops::scatter(x, dim, a[0], a[1]); });
+}
+
+FLAME_API flame_status_t flame_masked_select(flame_tensor_t t, flame_tensor_t mask, flame_tensor_t* out) {
+  return nn_op("flame_masked_select", t, "t", {{mask, "mask"}}, out,
+               [&](const Tensor& x, const std::vector<Tensor>& a) { return ops::masked_select(x, a[0]); });
+}
+
+FLAME_API flame_status_t flame_repeat(flame_tensor_t t, const int64_t* repeats, int32_t n, flame_tensor_t* out) {
+  return nn_op("flame_repeat", t, "t", {}, out, [&](const Tensor& x, const std::vector<Tensor>&) {
+    return ops::repeat(x, array_arg(repeats, n, "repeats"));
+  });
+}
+
+FLAME_API flame_status_t flame_repeat_interleave(flame_tensor_t t, int64_t repeats, int32_t dim, flame_tensor_t* out) {
+  return nn_op("flame_repeat_interleave", t, "t", {}, out, [&](const Tensor& x, const std::vector<Tensor>&) {
+    return ops::repeat_interleave(x, repeats, dim, dim == FLAME_DIM_ALL);
+  });
+}
+
+FLAME_API flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_t npads, int32_t mode, double value,
+                                   flame_tensor_t* out) {
+  return nn_op("flame_pad", t, "t", {}, out, [&](const Tensor& x, const std::vector<Tensor>&) {
+    std::vector<int64_t> p = array_arg(pads, npads, "pads");
+    FLAME_CHECK(mode >= FLAME_PAD_CONSTANT && mode <= FLAME_PAD_REPLICATE, FLAME_ERROR_INVALID_ARGUMENT,
+                "mode must be a flame_pad_mode_t (0, 1 or 2), got ", mode);
+    return ops::pad(x, p, static_cast<ops::PadMode>(mode), value);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,16 @@
+// Argument-matrix rows (tests/common/arg_matrix.h) for the ops of the second part of issue 5
+// (flame.h "Indexing: scatter, masked_select, repeat, pad" and the sections after it). Spec tensors
+// hold ones, so i64 index tensors select position 1 and bool masks are all true.
+#include "arg_matrix.h"
+
+namespace {
+using namespace argm;
+
+// ---- indexing: t is f32 [2, 3]
+FLAME_ARG_ROW(flame_scatter, a.t("t"), 1, a.t("index", sp({2, 2}, FLAME_DTYPE_I64)), a.t("src", sp({2, 2})), a.out_t("out"));
+FLAME_ARG_ROW(flame_masked_select, a.t("t"), a.t("mask", sp({3}, FLAME_DTYPE_BOOL)), a.out_t("out"));
+FLAME_ARG_ROW(flame_repeat, a.t("t"), a.in<int64_t>("repeats", {2, 1, 2}), 3, a.out_t("out"));
+FLAME_ARG_ROW(flame_repeat_interleave, a.t("t"), 2, -1, a.out_t("out"));
+FLAME_ARG_ROW(flame_pad, a.t("t"), a.in<int64_t>("pads", {1, 1, 0, 1}), 4, FLAME_PAD_REFLECT, 0.0, a.out_t("out"));
+
+}  // namespace
