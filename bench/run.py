@@ -401,6 +401,22 @@ class Bench:
         self.add("T2", "linear+bias+gelu fwd+bwd", f"{R}x{K}->{N}", "bf16", self.time_flame(flame_step),
                  self.time_torch(torch_step), flops=6.0 * R * K * N)
 
+    # ---------------------------------------------------------------- T1: more nn ops (issue 5, part 2)
+    def tier1_nnops(self):
+        fl = self.fl
+        q = self.args.quick
+
+        def pair(op, shape, dt, ffn, tfn, bytes_, note=""):
+            self.add("T1", op, shape, dt, self.time_flame(ffn), self.time_torch(tfn), bytes_=bytes_, note=note)
+
+        R = 4096 if q else 8192
+        for dt in ("f32", "bf16"):
+            fx, tx = fl.randn([R, R], dt), torch.randn(R, R, device="cuda", dtype=TDT[dt])
+            n = R * R
+            pair("dropout p=0.1 (train)", f"{R}x{R}", dt, lambda: fl.call("dropout", fx, 0.1, 1),
+                 lambda: F.dropout(tx, 0.1, training=True), 2 * n * SIZE[dt], "bytes: read x, write y (torch also writes a mask)")
+            del fx, tx
+
     # ---------------------------------------------------------------- output
     def finish(self):
         out_dir = self.args.out or os.environ.get("OUT") or os.path.join(HERE, "out")
@@ -469,7 +485,7 @@ def main():
     b = Bench(args)
     b.measure_limits()
     tiers = args.tiers.split(",")
-    for t, fn in (("T0", b.tier0), ("T1", b.tier1), ("T1", b.tier1_nn), ("T2", b.tier2)):
+    for t, fn in (("T0", b.tier0), ("T1", b.tier1), ("T1", b.tier1_nn), ("T1", b.tier1_nnops), ("T2", b.tier2)):
         if t in tiers:
             fn()
     b.finish()

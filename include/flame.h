@@ -897,6 +897,22 @@ typedef enum flame_pad_mode_t {
 FLAME_API flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_t npads, int32_t mode, double value,
                                    flame_tensor_t* out);
 
+/* ============================== Dropout ============================== */
+
+/* torch.nn.functional.dropout. With training != 0 and 0 < p < 1, each element of t is kept with
+ * probability 1 - p and multiplied by 1 / (1 - p), or multiplied by 0 (a dropped NaN or infinity gives
+ * NaN, as in PyTorch); f16/bf16 compute in f32. The keep mask comes from the context's Philox
+ * generator: the call reserves ceil(numel / 4) counters (flame_ctx_get_rng_state shows the offset
+ * advance) and element e of t in row-major order (whatever t's strides) is kept when the top 24 bits
+ * of word e % 4 of Philox4x32-10(seed, offset + e / 4), read as a fraction of 2^24, are >= p. So a
+ * given (seed, offset) gives the same mask on any GPU, for any dtype and layout. The backward
+ * regenerates that mask from the (seed, offset) kept in the graph node and applies it to the gradient;
+ * no mask tensor is stored. training == 0 or p == 0: OUT *out is t itself (a new reference, as PyTorch
+ * returns its input) and no counters are reserved. p == 1: t * 0 (zeros, NaN where t is not finite).
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (t not floating), FLAME_ERROR_INVALID_ARGUMENT (p outside [0, 1]
+ * or NaN). */
+FLAME_API flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out);
+
 #ifdef __cplusplus
 }
 #endif

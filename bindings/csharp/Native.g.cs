@@ -336,6 +336,7 @@ namespace Flame.Interop
             "flame_repeat",
             "flame_repeat_interleave",
             "flame_pad",
+            "flame_dropout",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -934,6 +935,9 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_pad", ExactSpelling = true)]
         public static extern flame_status_t flame_pad(IntPtr t, long* pads, int npads, int mode, double value, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dropout", ExactSpelling = true)]
+        public static extern flame_status_t flame_dropout(IntPtr t, double p, int training, IntPtr* @out);
 
     }
 }

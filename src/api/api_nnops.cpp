@@ -1,4 +1,5 @@
-// C entry points of the ops in ops/nnops.h: scatter, masked_select, repeat, repeat_interleave, pad.
+// C entry points of the ops in ops/nnops.h: scatter, masked_select, repeat, repeat_interleave, pad,
+// dropout.
 // Handles, contexts, NULL arrays and enum values are checked here; the ops check shapes, dtypes and
 // values.
 #include <cmath>
@@ -70,6 +71,13 @@ FLAME_API flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_
                 "mode must be a flame_pad_mode_t (0, 1 or 2), got ", mode);
     return ops::pad(x, p, static_cast<ops::PadMode>(mode), value);
   });
+}
+
+// ---------------------------------------------------------------- dropout
+
+FLAME_API flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out) {
+  return nn_op("flame_dropout", t, "t", {}, out,
+               [&](const Tensor& x, const std::vector<Tensor>&) { return ops::dropout(x, p, training != 0); });
 }
 
 }  // extern "C"

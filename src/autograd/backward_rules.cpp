@@ -422,6 +422,9 @@ RULE(ConstantPad) {  // ints: the left pad of each dim; the gradient is g's inte
     if (r->shape[d] != n.inputs[0].shape[d]) r = narrow(r, d, n.ints[static_cast<size_t>(d)], n.inputs[0].shape[d]);
   return {r};
 }
+RULE(Dropout) {  // ints: seed, offset; reals: p. The same mask (regenerated) and scale
+  return {dropout_apply(g, static_cast<uint64_t>(n.ints[0]), static_cast<uint64_t>(n.ints[1]), s0(n))};
+}
 
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
@@ -436,7 +439,7 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(Softmax) DIFF(LogSoftmax) DIFF(LayerNorm) DIFF(RmsNorm) DIFF(GroupNorm) DIFF(BatchNorm)  // ops/nn.h
   DIFF(CrossEntropy) DIFF(CrossEntropyProbs) DIFF(NllLoss)
   DIFF(Gather) DIFF(ScatterAdd)
-  DIFF(Scatter) DIFF(ConstantPad)  // ops/nnops.h
+  DIFF(Scatter) DIFF(ConstantPad) DIFF(Dropout)  // ops/nnops.h
 #undef DIFF
   return r;
 }

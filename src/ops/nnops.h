@@ -1,6 +1,7 @@
 // More neural-network ops (issue 5, second part), one source file per group:
 //  - indexing: scatter, masked_select, repeat, repeat_interleave, pad (ops/indexing_extra.cpp,
-//    kernel cuda/scatter.cuh).
+//    kernel cuda/scatter.cuh);
+//  - dropout (ops/dropout.cpp, kernel cuda/dropout.cuh).
 // Recorded nodes are the FLAME_NNOPS_OPS rows of ops/op_list.h; their backward rules live with all
 // others in autograd/backward_rules.cpp. Everything else here is a composition of recorded ops.
 #pragma once
@@ -28,7 +29,15 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, PadMode mode, doub
 // `shape` filled with value.
 Tensor constant_pad(const Tensor& x, const std::vector<int64_t>& lefts, const Shape& shape, double value);
 
+// ---- dropout (ops/dropout.cpp) ----
+// Identity (x itself) when !training or p == 0; x * 0 when p == 1; else draws from the context's
+// generator and records a Dropout node.
+Tensor dropout(const Tensor& x, double p, bool training);
+// The recorded op: x times the keep mask of (seed, offset, p), scaled by 1 / (1 - p).
+Tensor dropout_apply(const Tensor& x, uint64_t seed, uint64_t offset, double p);
+
 // ---- every kernel instantiation these ops may launch (for the CPU kernel-compile test) ----
 std::vector<std::string> scatter_instantiations();
+std::vector<std::string> dropout_instantiations();
 
 }  // namespace flame::ops

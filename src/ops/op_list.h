@@ -138,12 +138,14 @@
   X(ScatterAdd, scatter_add)
 
 // ---- more neural-network ops (issue 5, second part; declared in src/ops/nnops.h) ----
-// Recorded nodes of scatter and pad (src/ops/indexing_extra.cpp, kernel in cuda/scatter.cuh). Each row
-// has a backward rule written with FLAME ops; masked_select, repeat, repeat_interleave and the reflect
-// and replicate pads are compositions (gathers, expands) and need no row.
+// Recorded nodes, each with a backward rule written with FLAME ops: scatter and the constant pad
+// (src/ops/indexing_extra.cpp, kernel in cuda/scatter.cuh; masked_select, repeat, repeat_interleave
+// and the reflect and replicate pads are compositions and need no row); dropout (src/ops/dropout.cpp,
+// cuda/dropout.cuh: its backward is itself with the same seed and offset).
 #define FLAME_NNOPS_OPS(X)      \
   X(Scatter, scatter)           \
-  X(ConstantPad, constant_pad)
+  X(ConstantPad, constant_pad)  \
+  X(Dropout, dropout)
 
 namespace flame {
 

@@ -755,6 +755,7 @@ TEST(NullArguments, NnIndexing) {
       {"flame_repeat", [=](flame_tensor_t* o) { return flame_repeat(t, two, 2, o); }},
       {"flame_repeat_interleave", [=](flame_tensor_t* o) { return flame_repeat_interleave(t, 2, 0, o); }},
       {"flame_pad", [=](flame_tensor_t* o) { return flame_pad(t, two, 2, FLAME_PAD_CONSTANT, 0.0, o); }},
+      {"flame_dropout", [=](flame_tensor_t* o) { return flame_dropout(t, 0.5, 1, o); }},
   };
   for (const OutCase& c : cases) {
     flame_tensor_t out = sentinel_tensor();

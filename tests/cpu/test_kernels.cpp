@@ -168,3 +168,8 @@ TEST_P(KernelCompile, NnopsScatter) {
   EXPECT_EQ(names.size(), 16u);
   compile_all("scatter.cuh", names, GetParam());
 }
+TEST_P(KernelCompile, NnopsDropout) {
+  auto names = flame::ops::dropout_instantiations();
+  EXPECT_EQ(names.size(), 8u);
+  compile_all("dropout.cuh", names, GetParam());
+}

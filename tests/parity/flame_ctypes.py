@@ -192,6 +192,9 @@ _SIGNATURES.update({
     "flame_repeat": (c_int, [H, P(i64), i32, P(H)]),
     "flame_repeat_interleave": (c_int, [H, i64, i32, P(H)]),
     "flame_pad": (c_int, [H, P(i64), i32, i32, f64, P(H)]),
+    "flame_ctx_set_rng_state": (c_int, [H, u64, u64]),
+    "flame_ctx_get_rng_state": (c_int, [H, P(u64), P(u64)]),
+    "flame_dropout": (c_int, [H, f64, i32, P(H)]),
 })
 
 class FlameError(RuntimeError):

@@ -665,8 +665,50 @@ def nnops_indexing_rows():
     pad("pad_constant_diffusion", (0, 1, 0, 1), "constant", 0.0, [[I((2, 128, 64, 64))]])
 
 
+def philox_keep_mask(seed, offset, n, p):
+    """flame.h "Dropout": element e is kept when word e % 4 of Philox4x32-10(seed, offset + e // 4),
+    shifted right by 8 and over 2^24, is >= p (Python integers; small n only)."""
+    M = 0xFFFFFFFF
+    keep, pf = [], float(torch.tensor(p, dtype=torch.float32))
+    for g in range((n + 3) // 4):
+        ctr = offset + g
+        k0, k1 = seed & M, (seed >> 32) & M
+        x, y, z, w = ctr & M, (ctr >> 32) & M, 0, 0
+        for _ in range(10):
+            p0, p1 = 0xD2511F53 * x, 0xCD9E8D57 * z
+            x, y, z, w = ((p1 >> 32) ^ y ^ k0) & M, p1 & M, ((p0 >> 32) ^ w ^ k1) & M, p0 & M
+            k0, k1 = (k0 + 0x9E3779B9) & M, (k1 + 0xBB67AE85) & M
+        for word in (x, y, z, w):
+            keep.append((word >> 8) * 5.9604644775390625e-8 >= pf)
+    return torch.tensor(keep[:n], dtype=torch.bool)
+
+
+def nnops_dropout_rows():
+    """The mask cannot come from torch's generator: the torch side applies FLAME's documented Philox
+    mask with torch ops (x * mask * scale), so values and gradients are compared exactly as for any op."""
+    seed, offset = 20260101, 5
+
+    def dropout(name, p, cases, **k):
+        def ffn(fl, a, dt):
+            fl.check(fl.fn("flame_ctx_set_rng_state")(flame_ctx_of(fl, a[0]), seed, offset), "flame_ctx_set_rng_state")
+            return fl.call("dropout", a[0], p, 1)
+
+        def tfn(a, dt):
+            mask = philox_keep_mask(seed, offset, a[0].numel(), p).reshape(a[0].shape).cuda()
+            return a[0] * mask.to(a[0].dtype) * (1.0 / (1.0 - p))
+        row(name, ffn, tfn, cases, **k)
+
+    dropout("dropout_p03", 0.3, [[I((3, 5))], [NC((4, 6))], [NC((9,))]], bf16=True)
+    dropout("dropout_p09_3d", 0.9, [[I((2, 3, 8))]])
+    row("dropout_eval", lambda fl, a, dt: fl.call("dropout", a[0], 0.5, 0), lambda a, dt: F.dropout(a[0], 0.5, training=False),
+        [[I((3, 4))]])
+    row("dropout_p1", lambda fl, a, dt: fl.call("dropout", a[0], 1.0, 1), lambda a, dt: F.dropout(a[0], 1.0, training=True),
+        [[I((3, 4))]], bf16=True)
+
+
 def nnops_rows():
     nnops_indexing_rows()
+    nnops_dropout_rows()
 
 
 # ---------------------------------------------------------------------------- bridging

@@ -859,6 +859,13 @@ impl Tensor {
         check(unsafe { (api.flame_pad)(self.raw, slice_ptr(pads), len_as::<i32>(pads.len())?, mode, value, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
+    /// `flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out)`.
+    pub fn dropout(&self, p: f64, training: i32) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_dropout)(self.raw, p, training, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
 }
 
 impl Tensor {

@@ -566,6 +566,7 @@ pub const SYMBOLS: &[&str] = &[
     "flame_repeat",
     "flame_repeat_interleave",
     "flame_pad",
+    "flame_dropout",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -769,6 +770,7 @@ pub struct Api {
     pub flame_repeat: unsafe extern "C" fn(t: flame_tensor_t, repeats: *const i64, n: i32, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_repeat_interleave: unsafe extern "C" fn(t: flame_tensor_t, repeats: i64, dim: i32, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_pad: unsafe extern "C" fn(t: flame_tensor_t, pads: *const i64, npads: i32, mode: i32, value: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_dropout: unsafe extern "C" fn(t: flame_tensor_t, p: f64, training: i32, out: *mut flame_tensor_t) -> flame_status_t,
 }
 
 impl Api {
@@ -980,6 +982,7 @@ impl Api {
             flame_repeat: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_repeat\0")?),
             flame_repeat_interleave: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_repeat_interleave\0")?),
             flame_pad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, i32, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_pad\0")?),
+            flame_dropout: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_dropout\0")?),
         })
     }
 }

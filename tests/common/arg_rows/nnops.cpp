@@ -13,4 +13,7 @@ FLAME_ARG_ROW(flame_repeat, a.t("t"), a.in<int64_t>("repeats", {2, 1, 2}), 3, a.
 FLAME_ARG_ROW(flame_repeat_interleave, a.t("t"), 2, -1, a.out_t("out"));
 FLAME_ARG_ROW(flame_pad, a.t("t"), a.in<int64_t>("pads", {1, 1, 0, 1}), 4, FLAME_PAD_REFLECT, 0.0, a.out_t("out"));
 
+// ---- dropout
+FLAME_ARG_ROW(flame_dropout, a.t("t"), 0.5, 1, a.out_t("out"));
+
 }  // namespace
