@@ -416,6 +416,17 @@ class Bench:
             pair("dropout p=0.1 (train)", f"{R}x{R}", dt, lambda: fl.call("dropout", fx, 0.1, 1),
                  lambda: F.dropout(tx, 0.1, training=True), 2 * n * SIZE[dt], "bytes: read x, write y (torch also writes a mask)")
             del fx, tx
+        # diffusion UNet shapes: [B, 320, 64, 64] activations
+        B = 4 if q else 16
+        shape = [B, 320, 64, 64]
+        n = B * 320 * 64 * 64
+        popts = fc.Pool2dOptions()
+        self.fl.lib.check(self.fl.lib.fn("flame_pool2d_options_init")(ctypes.byref(popts), 2, 2), "flame_pool2d_options_init")
+        for dt in ("f32", "bf16"):
+            fx, tx = fl.randn(shape, dt), torch.randn(*shape, device="cuda", dtype=TDT[dt])
+            pair("avg_pool2d 2x2", "x".join(map(str, shape)), dt, lambda: fl.call("avg_pool2d", fx, ctypes.byref(popts)),
+                 lambda: F.avg_pool2d(tx, 2), (n + n // 4) * SIZE[dt])
+            del fx, tx
 
     # ---------------------------------------------------------------- output
     def finish(self):

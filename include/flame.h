@@ -913,6 +913,56 @@ FLAME_API flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_
  * or NaN). */
 FLAME_API flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out);
 
+/* ============================== Pooling ============================== */
+/* 2-D pooling of x [N, C, H, W] or unbatched [C, H, W] (floating; f16/bf16 compute in f32), with
+ * PyTorch's semantics, argument checks and output sizes. x may have any strides; a channels-last x
+ * (the C stride 1) gives a channels-last result, any other layout a contiguous one. N may be 0 (an
+ * empty result); C, H and W must be >= 1 (FLAME_ERROR_SHAPE_MISMATCH, as for any other rank). Not
+ * floating: FLAME_ERROR_DTYPE_MISMATCH. The result is a new tensor; the gradient flows to x. */
+
+/* Options of flame_max_pool2d and flame_avg_pool2d. Fill with flame_pool2d_options_init, then change
+ * fields. The struct may grow at its end; the library reads only struct_size bytes of it. Pairs are
+ * (height, width). */
+typedef struct flame_pool2d_options_t {
+  size_t struct_size;        /* sizeof(flame_pool2d_options_t), set by flame_pool2d_options_init */
+  int64_t kernel_size[2];    /* >= 1 */
+  int64_t stride[2];         /* >= 1; default: kernel_size (PyTorch's stride=None) */
+  int64_t padding[2];        /* >= 0 and <= kernel_size / 2; default 0. max: -inf; avg: zeros */
+  int64_t dilation[2];       /* >= 1; default 1. flame_avg_pool2d requires 1 */
+  int32_t ceil_mode;         /* 1: the output size rounds up (windows may start in the padding but
+                                never past it); default 0: down */
+  int32_t count_include_pad; /* flame_avg_pool2d: padded zeros count in the divisor; default 1 */
+  int64_t divisor_override;  /* flame_avg_pool2d: > 0 replaces the divisor; default 0 (none) */
+} flame_pool2d_options_t;
+
+/* Sets opts to the defaults above with the given kernel size (not checked here).
+ * opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_pool2d_options_init(flame_pool2d_options_t* opts, int64_t kernel_h, int64_t kernel_w);
+
+/* torch.nn.functional.max_pool2d: each output is the maximum of its window (kernel_size, stride,
+ * padding, dilation, ceil_mode of opts; count_include_pad and divisor_override are ignored). NaN
+ * propagates. The gradient goes to the maximum's position: the first maximum in row-major window
+ * order on ties, the last NaN when the window holds NaNs (as PyTorch); overlapping windows (stride
+ * below kernel_size) add their gradients with atomics, so the last bits may vary between runs.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (opts NULL or its struct_size too small, a size, stride or
+ * dilation < 1, padding < 0 or above half the kernel, ceil_mode or count_include_pad other than 0 or
+ * 1, an output size < 1). */
+FLAME_API flame_status_t flame_max_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out);
+
+/* torch.nn.functional.avg_pool2d: each output is the sum of its window over the divisor: the window's
+ * size including padding (count_include_pad 1, cut at the padded border) or its elements inside x
+ * (count_include_pad 0), or divisor_override when > 0; a window with no element inside x (possible
+ * with ceil_mode) gives 0. The backward is a deterministic gather (no atomics). Errors: as
+ * flame_max_pool2d, plus dilation other than 1 and a negative divisor_override
+ * (FLAME_ERROR_INVALID_ARGUMENT). */
+FLAME_API flame_status_t flame_avg_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out);
+
+/* torch.nn.functional.adaptive_avg_pool2d to an out_h x out_w output (>= 0; 0 gives an empty result):
+ * output (i, j) averages rows [floor(i H / out_h), ceil((i + 1) H / out_h)) and the columns likewise.
+ * The backward is a deterministic gather. Errors: FLAME_ERROR_INVALID_ARGUMENT (a negative or too large
+ * output size). */
+FLAME_API flame_status_t flame_adaptive_avg_pool2d(flame_tensor_t x, int64_t out_h, int64_t out_w, flame_tensor_t* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -110,6 +110,19 @@ namespace Flame.Interop
         public int stochastic_rounding;
     }
 
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct flame_pool2d_options_t
+    {
+        public UIntPtr struct_size;
+        public fixed long kernel_size[2];
+        public fixed long stride[2];
+        public fixed long padding[2];
+        public fixed long dilation[2];
+        public int ceil_mode;
+        public int count_include_pad;
+        public long divisor_override;
+    }
+
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate flame_status_t flame_tensor_hook_fn(IntPtr user_data, IntPtr grad, IntPtr* replacement);
 
@@ -337,6 +350,10 @@ namespace Flame.Interop
             "flame_repeat_interleave",
             "flame_pad",
             "flame_dropout",
+            "flame_pool2d_options_init",
+            "flame_max_pool2d",
+            "flame_avg_pool2d",
+            "flame_adaptive_avg_pool2d",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -938,6 +955,18 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dropout", ExactSpelling = true)]
         public static extern flame_status_t flame_dropout(IntPtr t, double p, int training, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_pool2d_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_pool2d_options_init(flame_pool2d_options_t* opts, long kernel_h, long kernel_w);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_max_pool2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_max_pool2d(IntPtr x, flame_pool2d_options_t* opts, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_avg_pool2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_avg_pool2d(IntPtr x, flame_pool2d_options_t* opts, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_adaptive_avg_pool2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_adaptive_avg_pool2d(IntPtr x, long out_h, long out_w, IntPtr* @out);
 
     }
 }

@@ -1444,6 +1444,17 @@ namespace Flame
             return new Tensor(o_out);
         }
 
+        /// <summary><c>flame_status_t flame_adaptive_avg_pool2d(flame_tensor_t x, int64_t out_h, int64_t out_w, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor AdaptiveAvgPool2d(long out_h, long out_w)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_adaptive_avg_pool2d(Raw, out_h, out_w, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
         /// <summary><c>flame_status_t flame_cat(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out)</c></summary>
         public static unsafe Tensor Cat(Tensor[] tensors, int dim)
         {

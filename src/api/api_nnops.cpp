@@ -1,8 +1,10 @@
 // C entry points of the ops in ops/nnops.h: scatter, masked_select, repeat, repeat_interleave, pad,
-// dropout.
+// dropout, pooling.
 // Handles, contexts, NULL arrays and enum values are checked here; the ops check shapes, dtypes and
 // values.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include "api/guard.h"
 #include "ops/nnops.h"
 
@@ -32,6 +34,35 @@ std::vector<int64_t> array_arg(const int64_t* p, int32_t n, const char* name) {
   FLAME_CHECK(n >= 0 && n <= 2 * FLAME_MAX_DIMS, FLAME_ERROR_INVALID_ARGUMENT, name, ": ", n, " values is not in [0, ",
               2 * FLAME_MAX_DIMS, "]");
   return std::vector<int64_t>(p, p + n);
+}
+
+// The caller's options over the defaults, reading only struct_size bytes (at least the first version's).
+template <class S>
+S read_options(const S* opts, const char* name, size_t first_version_size) {
+  FLAME_CHECK(opts, FLAME_ERROR_INVALID_ARGUMENT, name, " is NULL");
+  FLAME_CHECK(opts->struct_size >= first_version_size && opts->struct_size <= 4096, FLAME_ERROR_INVALID_ARGUMENT, name,
+              "->struct_size is ", opts->struct_size, "; set it with the options' init function");
+  S o{};
+  std::memcpy(&o, opts, std::min(opts->struct_size, sizeof o));
+  return o;
+}
+
+ops::Pool2dOptions pool_options(const flame_pool2d_options_t* opts) {
+  flame_pool2d_options_t o = read_options(opts, "opts", sizeof(flame_pool2d_options_t));
+  ops::Pool2dOptions p;
+  for (int i = 0; i < 2; ++i) {
+    p.kernel[i] = o.kernel_size[i];
+    p.stride[i] = o.stride[i];
+    p.padding[i] = o.padding[i];
+    p.dilation[i] = o.dilation[i];
+  }
+  FLAME_CHECK(o.ceil_mode == 0 || o.ceil_mode == 1, FLAME_ERROR_INVALID_ARGUMENT, "opts->ceil_mode must be 0 or 1, got ", o.ceil_mode);
+  FLAME_CHECK(o.count_include_pad == 0 || o.count_include_pad == 1, FLAME_ERROR_INVALID_ARGUMENT,
+              "opts->count_include_pad must be 0 or 1, got ", o.count_include_pad);
+  p.ceil_mode = o.ceil_mode != 0;
+  p.count_include_pad = o.count_include_pad != 0;
+  p.divisor_override = o.divisor_override;
+  return p;
 }
 
 }  // namespace
@@ -78,6 +109,35 @@ FLAME_API flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_
 FLAME_API flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out) {
   return nn_op("flame_dropout", t, "t", {}, out,
                [&](const Tensor& x, const std::vector<Tensor>&) { return ops::dropout(x, p, training != 0); });
+}
+
+// ---------------------------------------------------------------- pooling
+
+FLAME_API flame_status_t flame_pool2d_options_init(flame_pool2d_options_t* opts, int64_t kernel_h, int64_t kernel_w) {
+  return api_call("flame_pool2d_options_init", [&] {
+    FLAME_CHECK(opts, FLAME_ERROR_INVALID_ARGUMENT, "opts is NULL");
+    std::memset(opts, 0, sizeof *opts);
+    opts->struct_size = sizeof *opts;
+    opts->kernel_size[0] = opts->stride[0] = kernel_h;
+    opts->kernel_size[1] = opts->stride[1] = kernel_w;
+    opts->dilation[0] = opts->dilation[1] = 1;
+    opts->count_include_pad = 1;
+  });
+}
+
+FLAME_API flame_status_t flame_max_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out) {
+  return nn_op("flame_max_pool2d", x, "x", {}, out,
+               [&](const Tensor& t, const std::vector<Tensor>&) { return ops::max_pool2d(t, pool_options(opts)); });
+}
+
+FLAME_API flame_status_t flame_avg_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out) {
+  return nn_op("flame_avg_pool2d", x, "x", {}, out,
+               [&](const Tensor& t, const std::vector<Tensor>&) { return ops::avg_pool2d(t, pool_options(opts)); });
+}
+
+FLAME_API flame_status_t flame_adaptive_avg_pool2d(flame_tensor_t x, int64_t out_h, int64_t out_w, flame_tensor_t* out) {
+  return nn_op("flame_adaptive_avg_pool2d", x, "x", {}, out,
+               [&](const Tensor& t, const std::vector<Tensor>&) { return ops::adaptive_avg_pool2d(t, out_h, out_w); });
 }
 
 }  // extern "C"

@@ -425,6 +425,16 @@ RULE(ConstantPad) {  // ints: the left pad of each dim; the gradient is g's inte
 RULE(Dropout) {  // ints: seed, offset; reals: p. The same mask (regenerated) and scale
   return {dropout_apply(g, static_cast<uint64_t>(n.ints[0]), static_cast<uint64_t>(n.ints[1]), s0(n))};
 }
+RULE(MaxPool2d) {  // saved: the winners' flat indices h * W + w [N, C, OH, OW] (-1: none); g goes there
+  const Shape& xs = n.inputs[0].shape;
+  Tensor idx = saved(n, 0);
+  const int64_t N = xs[0], C = xs[1], L = idx->shape[2] * idx->shape[3];
+  Tensor dx = scatter_add_index(zeros(g->ctx(), {N, C, xs[2] * xs[3]}, g->dtype), 2, reshape(idx, {N, C, L}),
+                                reshape(g, {N, C, L}), -1, 1.0, "max_pool2d (backward): index");
+  return {reshape(dx, xs)};
+}
+RULE(AvgPool2d) { return {avg_pool2d_adjoint(g, PoolParams::from_ints(n.ints))}; }
+RULE(AvgPool2dBackward) { return {avg_pool2d_apply(g, PoolParams::from_ints(n.ints))}; }
 
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
@@ -439,7 +449,7 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(Softmax) DIFF(LogSoftmax) DIFF(LayerNorm) DIFF(RmsNorm) DIFF(GroupNorm) DIFF(BatchNorm)  // ops/nn.h
   DIFF(CrossEntropy) DIFF(CrossEntropyProbs) DIFF(NllLoss)
   DIFF(Gather) DIFF(ScatterAdd)
-  DIFF(Scatter) DIFF(ConstantPad) DIFF(Dropout)  // ops/nnops.h
+  DIFF(Scatter) DIFF(ConstantPad) DIFF(Dropout) DIFF(MaxPool2d) DIFF(AvgPool2d) DIFF(AvgPool2dBackward)  // ops/nnops.h
 #undef DIFF
   return r;
 }

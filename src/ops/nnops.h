@@ -1,7 +1,8 @@
 // More neural-network ops (issue 5, second part), one source file per group:
 //  - indexing: scatter, masked_select, repeat, repeat_interleave, pad (ops/indexing_extra.cpp,
 //    kernel cuda/scatter.cuh);
-//  - dropout (ops/dropout.cpp, kernel cuda/dropout.cuh).
+//  - dropout (ops/dropout.cpp, kernel cuda/dropout.cuh);
+//  - pooling: max_pool2d, avg_pool2d, adaptive_avg_pool2d (ops/pooling.cpp, kernels cuda/pool.cuh).
 // Recorded nodes are the FLAME_NNOPS_OPS rows of ops/op_list.h; their backward rules live with all
 // others in autograd/backward_rules.cpp. Everything else here is a composition of recorded ops.
 #pragma once
@@ -36,8 +37,34 @@ Tensor dropout(const Tensor& x, double p, bool training);
 // The recorded op: x times the keep mask of (seed, offset, p), scaled by 1 / (1 - p).
 Tensor dropout_apply(const Tensor& x, uint64_t seed, uint64_t offset, double p);
 
+// ---- pooling (ops/pooling.cpp) on [N, C, H, W] or [C, H, W] ----
+struct Pool2dOptions {  // flame_pool2d_options_t without its struct_size
+  int64_t kernel[2] = {1, 1}, stride[2] = {1, 1}, padding[2] = {0, 0}, dilation[2] = {1, 1};
+  bool ceil_mode = false;
+  bool count_include_pad = true;
+  int64_t divisor_override = 0;  // 0: none
+};
+// The geometry of a recorded average pooling (fixed or adaptive windows), kept in node->ints.
+struct PoolParams {
+  int64_t N = 0, C = 0, H = 0, W = 0, OH = 0, OW = 0;
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
+  bool count_include_pad = true;
+  int64_t divisor = 0;
+  bool adaptive = false;
+  std::vector<int64_t> to_ints() const;
+  static PoolParams from_ints(const std::vector<int64_t>& v);
+};
+Tensor max_pool2d(const Tensor& x, const Pool2dOptions& o);
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o);
+Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
+// The recorded average pooling of x [N, C, H, W] and its adjoint (g [N, C, OH, OW] to [N, C, H, W]),
+// each the other's backward.
+Tensor avg_pool2d_apply(const Tensor& x, const PoolParams& p);
+Tensor avg_pool2d_adjoint(const Tensor& g, const PoolParams& p);
+
 // ---- every kernel instantiation these ops may launch (for the CPU kernel-compile test) ----
 std::vector<std::string> scatter_instantiations();
 std::vector<std::string> dropout_instantiations();
+std::vector<std::string> pool_instantiations();
 
 }  // namespace flame::ops

@@ -141,11 +141,16 @@
 // Recorded nodes, each with a backward rule written with FLAME ops: scatter and the constant pad
 // (src/ops/indexing_extra.cpp, kernel in cuda/scatter.cuh; masked_select, repeat, repeat_interleave
 // and the reflect and replicate pads are compositions and need no row); dropout (src/ops/dropout.cpp,
-// cuda/dropout.cuh: its backward is itself with the same seed and offset).
-#define FLAME_NNOPS_OPS(X)      \
-  X(Scatter, scatter)           \
-  X(ConstantPad, constant_pad)  \
-  X(Dropout, dropout)
+// cuda/dropout.cuh: its backward is itself with the same seed and offset); pooling
+// (src/ops/pooling.cpp, cuda/pool.cuh: max_pool2d scatters to its argmax; average pooling, fixed or
+// adaptive, and its adjoint are each other's backward).
+#define FLAME_NNOPS_OPS(X)                    \
+  X(Scatter, scatter)                         \
+  X(ConstantPad, constant_pad)                \
+  X(Dropout, dropout)                         \
+  X(MaxPool2d, max_pool2d)                    \
+  X(AvgPool2d, avg_pool2d)                    \
+  X(AvgPool2dBackward, avg_pool2d_backward)
 
 namespace flame {
 

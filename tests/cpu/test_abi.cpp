@@ -765,3 +765,50 @@ TEST(NullArguments, NnIndexing) {
     EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
   }
 }
+
+// ============================== Pooling ==============================
+
+static_assert(offsetof(flame_pool2d_options_t, struct_size) == 0, "layout");
+static_assert(offsetof(flame_pool2d_options_t, kernel_size) == 8, "layout");
+static_assert(offsetof(flame_pool2d_options_t, stride) == 24, "layout");
+static_assert(offsetof(flame_pool2d_options_t, padding) == 40, "layout");
+static_assert(offsetof(flame_pool2d_options_t, dilation) == 56, "layout");
+static_assert(offsetof(flame_pool2d_options_t, ceil_mode) == 72, "layout");
+static_assert(offsetof(flame_pool2d_options_t, count_include_pad) == 76, "layout");
+static_assert(offsetof(flame_pool2d_options_t, divisor_override) == 80, "layout");
+static_assert(sizeof(flame_pool2d_options_t) == 88, "layout");
+
+TEST(Pool2dOptions, InitSetsDefaults) {
+  flame_pool2d_options_t o;
+  std::memset(&o, 0x5a, sizeof o);
+  FLAME_EXPECT_STATUS(flame_pool2d_options_init(&o, 3, 2), FLAME_OK);
+  EXPECT_EQ(o.struct_size, sizeof o);
+  EXPECT_EQ(o.kernel_size[0], 3);
+  EXPECT_EQ(o.stride[1], 2);
+  EXPECT_EQ(o.padding[0], 0);
+  EXPECT_EQ(o.dilation[1], 1);
+  EXPECT_EQ(o.ceil_mode, 0);
+  EXPECT_EQ(o.count_include_pad, 1);
+  EXPECT_EQ(o.divisor_override, 0);
+  FLAME_EXPECT_STATUS(flame_pool2d_options_init(nullptr, 3, 2), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_pool2d_options_init")) << flame_last_error_message();
+}
+
+TEST(NullArguments, Pooling) {
+  flame_tensor_t t = nullptr;
+  flame_pool2d_options_t o;
+  flame_pool2d_options_init(&o, 2, 2);
+  const flame_pool2d_options_t* po = &o;
+  const std::vector<OutCase> cases = {
+      {"flame_max_pool2d", [=](flame_tensor_t* out) { return flame_max_pool2d(t, po, out); }},
+      {"flame_avg_pool2d", [=](flame_tensor_t* out) { return flame_avg_pool2d(t, po, out); }},
+      {"flame_adaptive_avg_pool2d", [=](flame_tensor_t* out) { return flame_adaptive_avg_pool2d(t, 2, 2, out); }},
+  };
+  for (const OutCase& c : cases) {
+    flame_tensor_t out = sentinel_tensor();
+    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
+    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
+    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
+    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
+  }
+}

@@ -173,3 +173,8 @@ TEST_P(KernelCompile, NnopsDropout) {
   EXPECT_EQ(names.size(), 8u);
   compile_all("dropout.cuh", names, GetParam());
 }
+TEST_P(KernelCompile, NnopsPooling) {
+  auto names = flame::ops::pool_instantiations();
+  EXPECT_EQ(names.size(), 12u);
+  compile_all("pool.cuh", names, GetParam());
+}

@@ -197,6 +197,28 @@ _SIGNATURES.update({
     "flame_dropout": (c_int, [H, f64, i32, P(H)]),
 })
 
+
+class Pool2dOptions(ctypes.Structure):
+    """flame_pool2d_options_t."""
+    _fields_ = [
+        ("struct_size", size_t),
+        ("kernel_size", i64 * 2),
+        ("stride", i64 * 2),
+        ("padding", i64 * 2),
+        ("dilation", i64 * 2),
+        ("ceil_mode", i32),
+        ("count_include_pad", i32),
+        ("divisor_override", i64),
+    ]
+
+
+_SIGNATURES.update({
+    "flame_pool2d_options_init": (c_int, [P(Pool2dOptions), i64, i64]),
+    "flame_max_pool2d": (c_int, [H, P(Pool2dOptions), P(H)]),
+    "flame_avg_pool2d": (c_int, [H, P(Pool2dOptions), P(H)]),
+    "flame_adaptive_avg_pool2d": (c_int, [H, i64, i64, P(H)]),
+})
+
 class FlameError(RuntimeError):
     def __init__(self, status, status_name, what, message):
         super().__init__(f"{what} -> {status_name}: {message}")

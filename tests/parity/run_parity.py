@@ -706,9 +706,61 @@ def nnops_dropout_rows():
         [[I((3, 4))]], bf16=True)
 
 
+def to_channels_last_flame(fl, t):
+    """The same values with a channels-last layout (C stride 1), through recorded FLAME ops."""
+    a = fl.permute(fl.call("contiguous", fl.permute(t, [0, 2, 3, 1])), [0, 3, 1, 2])
+    return a
+
+
+def nnops_pool_rows():
+    import ctypes
+
+    def opts(fl, k, s=None, p=0, d=1, ceil=False, cip=True, div=0):
+        o = fc.Pool2dOptions()
+        fl.check(fl.fn("flame_pool2d_options_init")(ctypes.byref(o), k[0], k[1]), "flame_pool2d_options_init")
+        s = s or k
+        o.stride[0], o.stride[1] = s
+        o.padding[0], o.padding[1] = p if isinstance(p, tuple) else (p, p)
+        o.dilation[0], o.dilation[1] = d if isinstance(d, tuple) else (d, d)
+        o.ceil_mode, o.count_include_pad, o.divisor_override = int(ceil), int(cip), div
+        return o
+
+    def pool(name, kind, cases, cl=False, k=(2, 2), s=None, p=0, d=1, ceil=False, cip=True, div=0, size=None, **kw):
+        def ffn(fl, a, dt):
+            x = to_channels_last_flame(fl, a[0]) if cl else a[0]
+            if kind == "adaptive":
+                return fl.call("adaptive_avg_pool2d", x, size[0], size[1])
+            return fl.call(f"{kind}_pool2d", x, ctypes.byref(opts(fl, k, s, p, d, ceil, cip, div)))
+
+        def tfn(a, dt):
+            x = a[0].contiguous(memory_format=torch.channels_last) if cl else a[0]
+            if kind == "adaptive":
+                return F.adaptive_avg_pool2d(x, size)
+            if kind == "max":
+                return F.max_pool2d(x, k, s or k, p, d, ceil_mode=ceil)
+            return F.avg_pool2d(x, k, s or k, p, ceil_mode=ceil, count_include_pad=cip, divisor_override=div or None)
+        row(name, ffn, tfn, cases, **kw)
+
+    pool("max_pool_k3_s2_p1", "max", [[I((2, 3, 7, 6))], [NC((2, 3, 6, 7))], [I((3, 7, 6))]], k=(3, 3), s=(2, 2), p=1, bf16=True)
+    pool("max_pool_k2_channels_last", "max", [[I((2, 4, 6, 6))]], cl=True, bf16=True)
+    pool("max_pool_dilation2_ceil", "max", [[I((1, 2, 9, 8))]], k=(3, 3), s=(2, 2), p=1, d=2, ceil=True)
+    pool("max_pool_rect_pad", "max", [[NC((2, 5, 6))]], k=(2, 3), s=(2, 1), p=(1, 1))
+    pool("avg_pool_k2", "avg", [[I((2, 3, 6, 8))], [NC((2, 3, 8, 6))]], bf16=True)
+    pool("avg_pool_k3_s2_p1_exclude_pad", "avg", [[I((1, 2, 7, 7))]], k=(3, 3), s=(2, 2), p=1, cip=False)
+    pool("avg_pool_k3_s2_p1_ceil", "avg", [[I((1, 2, 6, 5))], [I((2, 6, 5))]], k=(3, 3), s=(2, 2), p=1, ceil=True)
+    pool("avg_pool_divisor_channels_last", "avg", [[I((1, 3, 4, 6))]], cl=True, k=(2, 2), s=(1, 2), div=3, bf16=True)
+    pool("adaptive_avg_7x5_to_3x2", "adaptive", [[I((2, 3, 7, 5))], [NC((2, 3, 7, 5))]], size=(3, 2), bf16=True)
+    pool("adaptive_avg_up_3x3_to_4x5", "adaptive", [[I((1, 2, 3, 3))]], size=(4, 5))
+    pool("adaptive_avg_global_channels_last", "adaptive", [[I((2, 4, 5, 5))]], cl=True, size=(1, 1))
+    # realistic diffusion shapes
+    pool("avg_pool_k2_diffusion", "avg", [[I((2, 320, 64, 64))]], bf16=True)
+    pool("max_pool_k3_s2_p1_diffusion", "max", [[I((2, 320, 64, 64))]], k=(3, 3), s=(2, 2), p=1, bf16=True)
+
+
 def nnops_rows():
     nnops_indexing_rows()
     nnops_dropout_rows()
+    nnops_pool_rows()
 
 
 # ---------------------------------------------------------------------------- bridging

@@ -866,6 +866,13 @@ impl Tensor {
         check(unsafe { (api.flame_dropout)(self.raw, p, training, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
+    /// `flame_status_t flame_adaptive_avg_pool2d(flame_tensor_t x, int64_t out_h, int64_t out_w, flame_tensor_t* out)`.
+    pub fn adaptive_avg_pool2d(&self, out_h: i64, out_w: i64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_adaptive_avg_pool2d)(self.raw, out_h, out_w, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
 }
 
 impl Tensor {
@@ -1017,4 +1024,4 @@ impl Context {
 
 /// Functions without a generated safe method and not wrapped by hand in lib.rs: call them
 /// through `flame::api()` (the raw table).
-pub const UNWRAPPED: &[&str] = &[];
+pub const UNWRAPPED: &[&str] = &["flame_pool2d_options_init", "flame_max_pool2d", "flame_avg_pool2d"];

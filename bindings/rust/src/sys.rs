@@ -364,6 +364,19 @@ pub struct flame_optimizer_options_t {
     pub stochastic_rounding: i32,
 }
 
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flame_pool2d_options_t {
+    pub struct_size: usize,
+    pub kernel_size: [i64; 2],
+    pub stride: [i64; 2],
+    pub padding: [i64; 2],
+    pub dilation: [i64; 2],
+    pub ceil_mode: i32,
+    pub count_include_pad: i32,
+    pub divisor_override: i64,
+}
+
 // ---- functions ----
 /// Every exported function, in header order.
 pub const SYMBOLS: &[&str] = &[
@@ -567,6 +580,10 @@ pub const SYMBOLS: &[&str] = &[
     "flame_repeat_interleave",
     "flame_pad",
     "flame_dropout",
+    "flame_pool2d_options_init",
+    "flame_max_pool2d",
+    "flame_avg_pool2d",
+    "flame_adaptive_avg_pool2d",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -771,6 +788,10 @@ pub struct Api {
     pub flame_repeat_interleave: unsafe extern "C" fn(t: flame_tensor_t, repeats: i64, dim: i32, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_pad: unsafe extern "C" fn(t: flame_tensor_t, pads: *const i64, npads: i32, mode: i32, value: f64, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_dropout: unsafe extern "C" fn(t: flame_tensor_t, p: f64, training: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_pool2d_options_init: unsafe extern "C" fn(opts: *mut flame_pool2d_options_t, kernel_h: i64, kernel_w: i64) -> flame_status_t,
+    pub flame_max_pool2d: unsafe extern "C" fn(x: flame_tensor_t, opts: *const flame_pool2d_options_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_avg_pool2d: unsafe extern "C" fn(x: flame_tensor_t, opts: *const flame_pool2d_options_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_adaptive_avg_pool2d: unsafe extern "C" fn(x: flame_tensor_t, out_h: i64, out_w: i64, out: *mut flame_tensor_t) -> flame_status_t,
 }
 
 impl Api {
@@ -983,6 +1004,10 @@ impl Api {
             flame_repeat_interleave: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_repeat_interleave\0")?),
             flame_pad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, i32, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_pad\0")?),
             flame_dropout: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_dropout\0")?),
+            flame_pool2d_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_pool2d_options_t, i64, i64) -> flame_status_t>(resolve(b"flame_pool2d_options_init\0")?),
+            flame_max_pool2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const flame_pool2d_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_max_pool2d\0")?),
+            flame_avg_pool2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const flame_pool2d_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_avg_pool2d\0")?),
+            flame_adaptive_avg_pool2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_adaptive_avg_pool2d\0")?),
         })
     }
 }

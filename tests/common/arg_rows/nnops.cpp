@@ -6,6 +6,12 @@
 namespace {
 using namespace argm;
 
+flame_pool2d_options_t pool_opts(int64_t k) {
+  flame_pool2d_options_t o;
+  flame_pool2d_options_init(&o, k, k);
+  return o;
+}
+
 // ---- indexing: t is f32 [2, 3]
 FLAME_ARG_ROW(flame_scatter, a.t("t"), 1, a.t("index", sp({2, 2}, FLAME_DTYPE_I64)), a.t("src", sp({2, 2})), a.out_t("out"));
 FLAME_ARG_ROW(flame_masked_select, a.t("t"), a.t("mask", sp({3}, FLAME_DTYPE_BOOL)), a.out_t("out"));
@@ -15,5 +21,11 @@ FLAME_ARG_ROW(flame_pad, a.t("t"), a.in<int64_t>("pads", {1, 1, 0, 1}), 4, FLAME
 
 // ---- dropout
 FLAME_ARG_ROW(flame_dropout, a.t("t"), 0.5, 1, a.out_t("out"));
+
+// ---- pooling: x [N 1, C 2, 4, 4]
+FLAME_ARG_ROW(flame_pool2d_options_init, a.out<flame_pool2d_options_t>("opts"), 2, 2);
+FLAME_ARG_ROW(flame_max_pool2d, a.t("x", sp({1, 2, 4, 4})), a.in<flame_pool2d_options_t>("opts", {pool_opts(2)}), a.out_t("out"));
+FLAME_ARG_ROW(flame_avg_pool2d, a.t("x", sp({1, 2, 4, 4})), a.in<flame_pool2d_options_t>("opts", {pool_opts(2)}), a.out_t("out"));
+FLAME_ARG_ROW(flame_adaptive_avg_pool2d, a.t("x", sp({1, 2, 4, 4})), 3, 2, a.out_t("out"));
 
 }  // namespace
