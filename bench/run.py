@@ -426,7 +426,25 @@ class Bench:
             fx, tx = fl.randn(shape, dt), torch.randn(*shape, device="cuda", dtype=TDT[dt])
             pair("avg_pool2d 2x2", "x".join(map(str, shape)), dt, lambda: fl.call("avg_pool2d", fx, ctypes.byref(popts)),
                  lambda: F.avg_pool2d(tx, 2), (n + n // 4) * SIZE[dt])
-            del fx, tx
+            pair("upsample nearest x2", "x".join(map(str, shape)), dt,
+                 lambda: fl.call("upsample_nearest2d", fx, 0, 0, 2.0, 2.0),
+                 lambda: F.interpolate(tx, scale_factor=2.0, mode="nearest"), 5 * n * SIZE[dt])
+            lib = fl.lib
+            lib.set_requires_grad(fx, True)
+            tx.requires_grad_(True)
+            fg, tg = fl.randn([B, 320, 128, 128], dt), torch.randn(B, 320, 128, 128, device="cuda", dtype=TDT[dt])
+
+            def f_bwd():
+                y = fl.call("upsample_nearest2d", fx, 0, 0, 2.0, 2.0)
+                lib.grad(fl.ctx, [y], [fg], [fx], 0)
+
+            def t_bwd():
+                y = F.interpolate(tx, scale_factor=2.0, mode="nearest")
+                torch.autograd.grad([y], [tx], [tg])
+
+            pair("upsample nearest x2 fwd+bwd", "x".join(map(str, shape)), dt, f_bwd, t_bwd, 10 * n * SIZE[dt],
+                 "bytes: fwd read x write 4x, bwd read 4x write x")
+            del fx, tx, fg, tg
 
     # ---------------------------------------------------------------- output
     def finish(self):

@@ -963,6 +963,31 @@ FLAME_API flame_status_t flame_avg_pool2d(flame_tensor_t x, const flame_pool2d_o
  * output size). */
 FLAME_API flame_status_t flame_adaptive_avg_pool2d(flame_tensor_t x, int64_t out_h, int64_t out_w, flame_tensor_t* out);
 
+/* ============================== Upsampling ============================== */
+/* torch.nn.functional.interpolate of x [N, C, H, W] (floating; f16/bf16 compute in f32) with modes
+ * 'nearest' and 'bilinear', matching PyTorch's CUDA kernels index for index. Sizes, per dim: out_h
+ * > 0 gives the output height, out_h == 0 takes floor(H * scale_h) (interpolate's scale_factor).
+ * scale_h > 0 is the scale factor, which also sets the source index scale to 1 / scale_h, as
+ * interpolate(scale_factor=...) does; scale_h == 0 means none (the index scale is then H / out_h, as
+ * interpolate(size=...)). Likewise for the width. x may have any strides; a channels-last x (the C
+ * stride 1) gives a channels-last result, any other layout a contiguous one. N may be 0 (an empty
+ * result). The backward is the exact adjoint, computed as a deterministic gather (no atomics), and is
+ * differentiable again. Errors: FLAME_ERROR_DTYPE_MISMATCH (x not floating), FLAME_ERROR_SHAPE_MISMATCH
+ * (x not 4-D, or C, H or W of size 0), FLAME_ERROR_INVALID_ARGUMENT (a negative out size, a scale that
+ * is negative or not finite, neither an out size nor a scale for a dim, an output size below 1 or not
+ * below 2^31). */
+
+/* 'nearest': output row i reads input row min(floor(i * s), H - 1), s the index scale in f32
+ * (PyTorch's 'nearest', not 'nearest-exact'); likewise for columns. */
+FLAME_API flame_status_t flame_upsample_nearest2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w,
+                                                  flame_tensor_t* out);
+/* 'bilinear': align_corners 1 maps the corner pixels' centres onto each other (index scale
+ * (H - 1) / (out_h - 1), scale factors only size the output); align_corners 0 samples at
+ * (i + 0.5) * s - 0.5, clamped at 0. The interpolation weights are computed in f32 (f64 for f64).
+ * align_corners other than 0 or 1: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_upsample_bilinear2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h,
+                                                   double scale_w, int32_t align_corners, flame_tensor_t* out);
+
 #ifdef __cplusplus
 }
 #endif

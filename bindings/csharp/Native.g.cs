@@ -354,6 +354,8 @@ namespace Flame.Interop
             "flame_max_pool2d",
             "flame_avg_pool2d",
             "flame_adaptive_avg_pool2d",
+            "flame_upsample_nearest2d",
+            "flame_upsample_bilinear2d",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -967,6 +969,12 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_adaptive_avg_pool2d", ExactSpelling = true)]
         public static extern flame_status_t flame_adaptive_avg_pool2d(IntPtr x, long out_h, long out_w, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_upsample_nearest2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_upsample_nearest2d(IntPtr x, long out_h, long out_w, double scale_h, double scale_w, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_upsample_bilinear2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_upsample_bilinear2d(IntPtr x, long out_h, long out_w, double scale_h, double scale_w, int align_corners, IntPtr* @out);
 
     }
 }

@@ -1455,6 +1455,28 @@ namespace Flame
             return new Tensor(o_out);
         }
 
+        /// <summary><c>flame_status_t flame_upsample_nearest2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor UpsampleNearest2d(long out_h, long out_w, double scale_h, double scale_w)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_upsample_nearest2d(Raw, out_h, out_w, scale_h, scale_w, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_upsample_bilinear2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w, int32_t align_corners, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor UpsampleBilinear2d(long out_h, long out_w, double scale_h, double scale_w, int align_corners)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_upsample_bilinear2d(Raw, out_h, out_w, scale_h, scale_w, align_corners, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
         /// <summary><c>flame_status_t flame_cat(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out)</c></summary>
         public static unsafe Tensor Cat(Tensor[] tensors, int dim)
         {

@@ -1,5 +1,5 @@
 // C entry points of the ops in ops/nnops.h: scatter, masked_select, repeat, repeat_interleave, pad,
-// dropout, pooling.
+// dropout, pooling, upsampling.
 // Handles, contexts, NULL arrays and enum values are checked here; the ops check shapes, dtypes and
 // values.
 #include <algorithm>
@@ -138,6 +138,24 @@ FLAME_API flame_status_t flame_avg_pool2d(flame_tensor_t x, const flame_pool2d_o
 FLAME_API flame_status_t flame_adaptive_avg_pool2d(flame_tensor_t x, int64_t out_h, int64_t out_w, flame_tensor_t* out) {
   return nn_op("flame_adaptive_avg_pool2d", x, "x", {}, out,
                [&](const Tensor& t, const std::vector<Tensor>&) { return ops::adaptive_avg_pool2d(t, out_h, out_w); });
+}
+
+// ---------------------------------------------------------------- upsampling
+
+FLAME_API flame_status_t flame_upsample_nearest2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w,
+                                                  flame_tensor_t* out) {
+  return nn_op("flame_upsample_nearest2d", x, "x", {}, out, [&](const Tensor& t, const std::vector<Tensor>&) {
+    return ops::upsample2d(t, out_h, out_w, scale_h, scale_w, false, false);
+  });
+}
+
+FLAME_API flame_status_t flame_upsample_bilinear2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h,
+                                                   double scale_w, int32_t align_corners, flame_tensor_t* out) {
+  return nn_op("flame_upsample_bilinear2d", x, "x", {}, out, [&](const Tensor& t, const std::vector<Tensor>&) {
+    FLAME_CHECK(align_corners == 0 || align_corners == 1, FLAME_ERROR_INVALID_ARGUMENT, "align_corners must be 0 or 1, got ",
+                align_corners);
+    return ops::upsample2d(t, out_h, out_w, scale_h, scale_w, true, align_corners != 0);
+  });
 }
 
 }  // extern "C"

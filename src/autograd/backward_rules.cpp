@@ -435,6 +435,8 @@ RULE(MaxPool2d) {  // saved: the winners' flat indices h * W + w [N, C, OH, OW] 
 }
 RULE(AvgPool2d) { return {avg_pool2d_adjoint(g, PoolParams::from_ints(n.ints))}; }
 RULE(AvgPool2dBackward) { return {avg_pool2d_apply(g, PoolParams::from_ints(n.ints))}; }
+RULE(Upsample2d) { return {upsample2d_adjoint(g, UpsampleParams::from_node(n.ints, n.reals))}; }
+RULE(Upsample2dBackward) { return {upsample2d_apply(g, UpsampleParams::from_node(n.ints, n.reals))}; }
 
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
@@ -449,7 +451,8 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(Softmax) DIFF(LogSoftmax) DIFF(LayerNorm) DIFF(RmsNorm) DIFF(GroupNorm) DIFF(BatchNorm)  // ops/nn.h
   DIFF(CrossEntropy) DIFF(CrossEntropyProbs) DIFF(NllLoss)
   DIFF(Gather) DIFF(ScatterAdd)
-  DIFF(Scatter) DIFF(ConstantPad) DIFF(Dropout) DIFF(MaxPool2d) DIFF(AvgPool2d) DIFF(AvgPool2dBackward)  // ops/nnops.h
+  DIFF(Scatter) DIFF(ConstantPad) DIFF(Dropout) DIFF(MaxPool2d) DIFF(AvgPool2d) DIFF(AvgPool2dBackward)
+  DIFF(Upsample2d) DIFF(Upsample2dBackward)  // ops/nnops.h
 #undef DIFF
   return r;
 }

@@ -2,7 +2,8 @@
 //  - indexing: scatter, masked_select, repeat, repeat_interleave, pad (ops/indexing_extra.cpp,
 //    kernel cuda/scatter.cuh);
 //  - dropout (ops/dropout.cpp, kernel cuda/dropout.cuh);
-//  - pooling: max_pool2d, avg_pool2d, adaptive_avg_pool2d (ops/pooling.cpp, kernels cuda/pool.cuh).
+//  - pooling: max_pool2d, avg_pool2d, adaptive_avg_pool2d (ops/pooling.cpp, kernels cuda/pool.cuh);
+//  - upsampling: nearest and bilinear (ops/upsample.cpp, kernels cuda/upsample.cuh).
 // Recorded nodes are the FLAME_NNOPS_OPS rows of ops/op_list.h; their backward rules live with all
 // others in autograd/backward_rules.cpp. Everything else here is a composition of recorded ops.
 #pragma once
@@ -62,9 +63,27 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
 Tensor avg_pool2d_apply(const Tensor& x, const PoolParams& p);
 Tensor avg_pool2d_adjoint(const Tensor& g, const PoolParams& p);
 
+// ---- upsampling (ops/upsample.cpp) of [N, C, H, W] ----
+// The geometry of a recorded upsampling: sizes in node->ints, the caller's scale factors (0: none)
+// in node->reals.
+struct UpsampleParams {
+  int64_t N = 0, C = 0, H = 0, W = 0, OH = 0, OW = 0;
+  double scale_h = 0, scale_w = 0;
+  bool bilinear = false, align_corners = false;
+  std::vector<int64_t> to_ints() const;
+  static UpsampleParams from_node(const std::vector<int64_t>& ints, const std::vector<double>& reals);
+};
+// out_h / out_w: > 0, or 0 for floor(in * scale); scale_h / scale_w: > 0, or 0 for none.
+Tensor upsample2d(const Tensor& x, int64_t out_h, int64_t out_w, double scale_h, double scale_w, bool bilinear,
+                  bool align_corners);
+// The recorded upsampling and its adjoint (g [N, C, OH, OW] to [N, C, H, W]), each the other's backward.
+Tensor upsample2d_apply(const Tensor& x, const UpsampleParams& p);
+Tensor upsample2d_adjoint(const Tensor& g, const UpsampleParams& p);
+
 // ---- every kernel instantiation these ops may launch (for the CPU kernel-compile test) ----
 std::vector<std::string> scatter_instantiations();
 std::vector<std::string> dropout_instantiations();
 std::vector<std::string> pool_instantiations();
+std::vector<std::string> upsample_instantiations();
 
 }  // namespace flame::ops

@@ -143,14 +143,17 @@
 // and the reflect and replicate pads are compositions and need no row); dropout (src/ops/dropout.cpp,
 // cuda/dropout.cuh: its backward is itself with the same seed and offset); pooling
 // (src/ops/pooling.cpp, cuda/pool.cuh: max_pool2d scatters to its argmax; average pooling, fixed or
-// adaptive, and its adjoint are each other's backward).
+// adaptive, and its adjoint are each other's backward); upsampling (src/ops/upsample.cpp,
+// cuda/upsample.cuh: nearest or bilinear, and its adjoint, each the other's backward).
 #define FLAME_NNOPS_OPS(X)                    \
   X(Scatter, scatter)                         \
   X(ConstantPad, constant_pad)                \
   X(Dropout, dropout)                         \
   X(MaxPool2d, max_pool2d)                    \
   X(AvgPool2d, avg_pool2d)                    \
-  X(AvgPool2dBackward, avg_pool2d_backward)
+  X(AvgPool2dBackward, avg_pool2d_backward)   \
+  X(Upsample2d, upsample2d)                   \
+  X(Upsample2dBackward, upsample2d_backward)
 
 namespace flame {
 

@@ -812,3 +812,20 @@ TEST(NullArguments, Pooling) {
     EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
   }
 }
+
+// ============================== Upsampling ==============================
+
+TEST(NullArguments, Upsampling) {
+  flame_tensor_t t = nullptr;
+  const std::vector<OutCase> cases = {
+      {"flame_upsample_nearest2d", [=](flame_tensor_t* o) { return flame_upsample_nearest2d(t, 0, 0, 2.0, 2.0, o); }},
+      {"flame_upsample_bilinear2d", [=](flame_tensor_t* o) { return flame_upsample_bilinear2d(t, 4, 4, 0.0, 0.0, 0, o); }},
+  };
+  for (const OutCase& c : cases) {
+    flame_tensor_t out = sentinel_tensor();
+    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
+    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
+    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
+    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
+  }
+}

@@ -178,3 +178,8 @@ TEST_P(KernelCompile, NnopsPooling) {
   EXPECT_EQ(names.size(), 12u);
   compile_all("pool.cuh", names, GetParam());
 }
+TEST_P(KernelCompile, NnopsUpsample) {
+  auto names = flame::ops::upsample_instantiations();
+  EXPECT_EQ(names.size(), 8u);
+  compile_all("upsample.cuh", names, GetParam());
+}

@@ -217,6 +217,8 @@ _SIGNATURES.update({
     "flame_max_pool2d": (c_int, [H, P(Pool2dOptions), P(H)]),
     "flame_avg_pool2d": (c_int, [H, P(Pool2dOptions), P(H)]),
     "flame_adaptive_avg_pool2d": (c_int, [H, i64, i64, P(H)]),
+    "flame_upsample_nearest2d": (c_int, [H, i64, i64, f64, f64, P(H)]),
+    "flame_upsample_bilinear2d": (c_int, [H, i64, i64, f64, f64, i32, P(H)]),
 })
 
 class FlameError(RuntimeError):

@@ -757,10 +757,49 @@ def nnops_pool_rows():
     pool("max_pool_k3_s2_p1_diffusion", "max", [[I((2, 320, 64, 64))]], k=(3, 3), s=(2, 2), p=1, bf16=True)
 
 
+def nnops_upsample_rows():
+    """interpolate(size=...) is FLAME's (out, 0); interpolate(scale_factor=s) is (0, s)."""
+    def up(name, mode, cases, size=None, scale=None, align=None, cl=False, **kw):
+        oh, ow = size or (0, 0)
+        sh, sw = (scale, scale) if isinstance(scale, (int, float)) else (scale or (0.0, 0.0))
+
+        def ffn(fl, a, dt):
+            x = to_channels_last_flame(fl, a[0]) if cl else a[0]
+            if mode == "nearest":
+                return fl.call("upsample_nearest2d", x, oh, ow, float(sh), float(sw))
+            return fl.call("upsample_bilinear2d", x, oh, ow, float(sh), float(sw), int(bool(align)))
+
+        def tfn(a, dt):
+            x = a[0].contiguous(memory_format=torch.channels_last) if cl else a[0]
+            kw2 = {"size": size} if size else {"scale_factor": scale}
+            if mode == "bilinear":
+                kw2["align_corners"] = bool(align)
+            return F.interpolate(x, mode=mode, **kw2)
+        row(name, ffn, tfn, cases, **kw)
+
+    up("nearest_x2", "nearest", [[I((2, 3, 4, 5))], [NC((2, 3, 5, 4))]], scale=2.0, bf16=True)
+    up("nearest_size_5x7", "nearest", [[I((1, 2, 3, 4))]], size=(5, 7))
+    up("nearest_scale_1p7x2p5", "nearest", [[NC((1, 2, 5, 4))]], scale=(1.7, 2.5))
+    up("nearest_down_3x4", "nearest", [[I((1, 2, 7, 6))]], size=(3, 4))
+    up("nearest_scale_0p6", "nearest", [[I((1, 2, 7, 9))]], scale=0.6)
+    up("nearest_x2_channels_last", "nearest", [[I((2, 4, 3, 3))]], scale=2.0, cl=True, bf16=True)
+    up("bilinear_x2", "bilinear", [[I((2, 3, 4, 5))], [NC((2, 3, 5, 4))]], scale=2.0, align=False, bf16=True)
+    up("bilinear_align_size_5x7", "bilinear", [[I((1, 2, 3, 4))]], size=(5, 7), align=True)
+    up("bilinear_size_7x5", "bilinear", [[NC((1, 2, 4, 3))]], size=(7, 5), align=False)
+    up("bilinear_down_3x4", "bilinear", [[I((1, 2, 7, 6))]], size=(3, 4), align=False)
+    up("bilinear_align_down_3x4", "bilinear", [[I((1, 2, 7, 6))]], size=(3, 4), align=True)
+    up("bilinear_scale_1p5_channels_last", "bilinear", [[I((1, 3, 4, 4))]], scale=1.5, align=False, cl=True, bf16=True)
+    up("bilinear_align_scale_2p3", "bilinear", [[I((1, 2, 4, 5))]], scale=2.3, align=True)
+    # the realistic diffusion shape: nearest x2 of [2, 320, 64, 64] (UNet up blocks)
+    up("nearest_x2_diffusion", "nearest", [[I((2, 320, 64, 64))]], scale=2.0, bf16=True)
+    up("bilinear_x2_diffusion", "bilinear", [[I((2, 320, 64, 64))]], scale=2.0, align=False)
+
+
 def nnops_rows():
     nnops_indexing_rows()
     nnops_dropout_rows()
     nnops_pool_rows()
+    nnops_upsample_rows()
 
 
 # ---------------------------------------------------------------------------- bridging

@@ -873,6 +873,20 @@ impl Tensor {
         check(unsafe { (api.flame_adaptive_avg_pool2d)(self.raw, out_h, out_w, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
+    /// `flame_status_t flame_upsample_nearest2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w, flame_tensor_t* out)`.
+    pub fn upsample_nearest2d(&self, out_h: i64, out_w: i64, scale_h: f64, scale_w: f64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_upsample_nearest2d)(self.raw, out_h, out_w, scale_h, scale_w, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_upsample_bilinear2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w, int32_t align_corners, flame_tensor_t* out)`.
+    pub fn upsample_bilinear2d(&self, out_h: i64, out_w: i64, scale_h: f64, scale_w: f64, align_corners: i32) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_upsample_bilinear2d)(self.raw, out_h, out_w, scale_h, scale_w, align_corners, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
 }
 
 impl Tensor {

@@ -584,6 +584,8 @@ pub const SYMBOLS: &[&str] = &[
     "flame_max_pool2d",
     "flame_avg_pool2d",
     "flame_adaptive_avg_pool2d",
+    "flame_upsample_nearest2d",
+    "flame_upsample_bilinear2d",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -792,6 +794,8 @@ pub struct Api {
     pub flame_max_pool2d: unsafe extern "C" fn(x: flame_tensor_t, opts: *const flame_pool2d_options_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_avg_pool2d: unsafe extern "C" fn(x: flame_tensor_t, opts: *const flame_pool2d_options_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_adaptive_avg_pool2d: unsafe extern "C" fn(x: flame_tensor_t, out_h: i64, out_w: i64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_upsample_nearest2d: unsafe extern "C" fn(x: flame_tensor_t, out_h: i64, out_w: i64, scale_h: f64, scale_w: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_upsample_bilinear2d: unsafe extern "C" fn(x: flame_tensor_t, out_h: i64, out_w: i64, scale_h: f64, scale_w: f64, align_corners: i32, out: *mut flame_tensor_t) -> flame_status_t,
 }
 
 impl Api {
@@ -1008,6 +1012,8 @@ impl Api {
             flame_max_pool2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const flame_pool2d_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_max_pool2d\0")?),
             flame_avg_pool2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const flame_pool2d_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_avg_pool2d\0")?),
             flame_adaptive_avg_pool2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_adaptive_avg_pool2d\0")?),
+            flame_upsample_nearest2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i64, f64, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_upsample_nearest2d\0")?),
+            flame_upsample_bilinear2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i64, f64, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_upsample_bilinear2d\0")?),
         })
     }
 }

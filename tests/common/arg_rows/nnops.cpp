@@ -28,4 +28,8 @@ FLAME_ARG_ROW(flame_max_pool2d, a.t("x", sp({1, 2, 4, 4})), a.in<flame_pool2d_op
 FLAME_ARG_ROW(flame_avg_pool2d, a.t("x", sp({1, 2, 4, 4})), a.in<flame_pool2d_options_t>("opts", {pool_opts(2)}), a.out_t("out"));
 FLAME_ARG_ROW(flame_adaptive_avg_pool2d, a.t("x", sp({1, 2, 4, 4})), 3, 2, a.out_t("out"));
 
+// ---- upsampling: x [N 1, C 2, 3, 3]
+FLAME_ARG_ROW(flame_upsample_nearest2d, a.t("x", sp({1, 2, 3, 3})), 0, 0, 2.0, 2.0, a.out_t("out"));
+FLAME_ARG_ROW(flame_upsample_bilinear2d, a.t("x", sp({1, 2, 3, 3})), 5, 7, 0.0, 0.0, 1, a.out_t("out"));
+
 }  // namespace
