@@ -445,6 +445,32 @@ class Bench:
             pair("upsample nearest x2 fwd+bwd", "x".join(map(str, shape)), dt, f_bwd, t_bwd, 10 * n * SIZE[dt],
                  "bytes: fwd read x write 4x, bwd read 4x write x")
             del fx, tx, fg, tg
+        self.rope_rows()
+
+    def rope_rows(self):
+        """RoPE on llama-7B-like q [B, 32, T, 128] against Hugging Face's eager formulation with cached
+        cos / sin tables (x * cos + rotate_half(x) * sin), which is what PyTorch users run."""
+        fl = self.fl
+        B, T = (2, 1024) if self.args.quick else (8, 2048)
+        shape = [B, 32, T, 128]
+        n = B * 32 * T * 128
+        o = fc.RopeOptions()
+        fl.lib.check(fl.lib.fn("flame_rope_options_init")(ctypes.byref(o)), "flame_rope_options_init")
+        inv = 1.0 / (10000.0 ** (torch.arange(0, 128, 2, device="cuda", dtype=torch.float32) / 128))
+        freqs = torch.outer(torch.arange(T, device="cuda", dtype=torch.float32), inv)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        for dt in ("f32", "bf16"):
+            fx, tx = fl.randn(shape, dt), torch.randn(*shape, device="cuda", dtype=TDT[dt])
+            cos, sin = emb.cos().to(TDT[dt]), emb.sin().to(TDT[dt])
+
+            def t_rope():
+                x1, x2 = tx[..., :64], tx[..., 64:]
+                return tx * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+            self.add("T1", "rope (half-split)", "x".join(map(str, shape)), dt,
+                     self.time_flame(lambda: fl.call("rope", fx, None, ctypes.byref(o))), self.time_torch(t_rope),
+                     bytes_=2 * n * SIZE[dt], note="torch: HF apply_rotary_pos_emb, cached tables")
+            del fx, tx
 
     # ---------------------------------------------------------------- output
     def finish(self):

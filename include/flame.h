@@ -988,6 +988,57 @@ FLAME_API flame_status_t flame_upsample_nearest2d(flame_tensor_t x, int64_t out_
 FLAME_API flame_status_t flame_upsample_bilinear2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h,
                                                    double scale_w, int32_t align_corners, flame_tensor_t* out);
 
+/* ============================== Positional embeddings ============================== */
+
+/* Options of flame_rope. Fill with flame_rope_options_init, then change fields. The struct may grow
+ * at its end; the library reads only struct_size bytes of it. */
+typedef struct flame_rope_options_t {
+  size_t struct_size;      /* sizeof(flame_rope_options_t), set by flame_rope_options_init */
+  double theta;            /* base of the frequencies theta^(-2i / rotary_dim); default 10000 */
+  int64_t rotary_dim;      /* leading features of the last dim that rotate (even, <= D); default 0: all D */
+  int64_t position_offset; /* without position ids, position t of x is position_offset + t (a KV cache's
+                              length when decoding); default 0 */
+  int32_t interleaved;     /* 0 (default): pairs (i, i + rotary_dim / 2), GPT-NeoX and Hugging Face's
+                              rotate_half; 1: pairs (2i, 2i + 1), GPT-J and Meta's llama */
+  int32_t seq_dim;         /* the dim of x that holds positions (negative counts from the end); default
+                              -2 for x [B, H, T, D]; -3 for x [B, T, H, D] */
+} flame_rope_options_t;
+
+/* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_rope_options_init(flame_rope_options_t* opts);
+
+/* Rotary position embeddings (Su et al. 2021), fused: x (floating, >= 2 dims, any strides) has head
+ * features D in its last dim and positions along opts->seq_dim. Each pair (i0, i1) of the first
+ * rotary_dim features (see opts->interleaved) at position p rotates by the angle
+ * a = p * theta^(-2i / rotary_dim), i the pair's index: y[i0] = x[i0] cos a - x[i1] sin a,
+ * y[i1] = x[i1] cos a + x[i0] sin a; the other features are copied. p is position_offset + t, or, when
+ * positions (i64 or i32; may be NULL) is given, positions[t] ([T]) or positions[b, t] ([B, T], b the
+ * index along dim 0 of x, which must then not be seq_dim). The angle is formed and reduced in f64
+ * (long positions lose no accuracy to an f32 product; an f32 table as in Hugging Face's code agrees
+ * to about 1e-4 at positions of some thousands) and cos / sin and the rotation are computed in f32
+ * for f32, f16 and bf16 (f64 for f64). OUT *out: a new contiguous tensor of x's shape and dtype. The
+ * backward rotates the gradient back (the same kernel with sin negated), itself differentiable;
+ * positions get no gradient. Errors: FLAME_ERROR_INVALID_ARGUMENT (opts NULL or its struct_size too
+ * small, theta not finite and > 0, rotary_dim odd, < 2 or above D, seq_dim out of range or the last
+ * dim, interleaved other than 0 or 1, tensors of different contexts), FLAME_ERROR_SHAPE_MISMATCH (x
+ * with fewer than 2 dims, positions neither [T] nor [B, T]), FLAME_ERROR_DTYPE_MISMATCH (x not
+ * floating, positions not i64/i32). */
+FLAME_API flame_status_t flame_rope(flame_tensor_t x, flame_tensor_t positions, const flame_rope_options_t* opts,
+                                    flame_tensor_t* out);
+
+/* Sinusoidal timestep embeddings as diffusers' get_timestep_embedding: for timesteps [N] (any
+ * numeric dtype, converted to f32), with half = dim / 2 and f_i = exp(-ln(max_period) * i /
+ * (half - downscale_freq_shift)), out [N, dim] (f32) holds sin(scale * t f_i) in columns [0, half) and
+ * cos(scale * t f_i) in [half, 2 half), swapped when flip_sin_to_cos is 1, and a zero last column
+ * when dim is odd. Computed in f32 in diffusers' order of operations. A composition of FLAME ops:
+ * differentiable in floating timesteps (integer timesteps take no gradient). Errors:
+ * FLAME_ERROR_SHAPE_MISMATCH (timesteps not 1-D), FLAME_ERROR_DTYPE_MISMATCH (bool timesteps),
+ * FLAME_ERROR_INVALID_ARGUMENT (dim < 1 or > 2^30, max_period not finite and > 0,
+ * downscale_freq_shift or scale not finite, flip_sin_to_cos other than 0 or 1). */
+FLAME_API flame_status_t flame_timestep_embedding(flame_tensor_t timesteps, int64_t dim, double max_period,
+                                                  int32_t flip_sin_to_cos, double downscale_freq_shift, double scale,
+                                                  flame_tensor_t* out);
+
 #ifdef __cplusplus
 }
 #endif

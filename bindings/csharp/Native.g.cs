@@ -123,6 +123,17 @@ namespace Flame.Interop
         public long divisor_override;
     }
 
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct flame_rope_options_t
+    {
+        public UIntPtr struct_size;
+        public double theta;
+        public long rotary_dim;
+        public long position_offset;
+        public int interleaved;
+        public int seq_dim;
+    }
+
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate flame_status_t flame_tensor_hook_fn(IntPtr user_data, IntPtr grad, IntPtr* replacement);
 
@@ -356,6 +367,9 @@ namespace Flame.Interop
             "flame_adaptive_avg_pool2d",
             "flame_upsample_nearest2d",
             "flame_upsample_bilinear2d",
+            "flame_rope_options_init",
+            "flame_rope",
+            "flame_timestep_embedding",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -975,6 +989,15 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_upsample_bilinear2d", ExactSpelling = true)]
         public static extern flame_status_t flame_upsample_bilinear2d(IntPtr x, long out_h, long out_w, double scale_h, double scale_w, int align_corners, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rope_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_rope_options_init(flame_rope_options_t* opts);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rope", ExactSpelling = true)]
+        public static extern flame_status_t flame_rope(IntPtr x, IntPtr positions, flame_rope_options_t* opts, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_timestep_embedding", ExactSpelling = true)]
+        public static extern flame_status_t flame_timestep_embedding(IntPtr timesteps, long dim, double max_period, int flip_sin_to_cos, double downscale_freq_shift, double scale, IntPtr* @out);
 
     }
 }

@@ -1477,6 +1477,17 @@ namespace Flame
             return new Tensor(o_out);
         }
 
+        /// <summary><c>flame_status_t flame_timestep_embedding(flame_tensor_t timesteps, int64_t dim, double max_period, int32_t flip_sin_to_cos, double downscale_freq_shift, double scale, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor TimestepEmbedding(long dim, double max_period, int flip_sin_to_cos, double downscale_freq_shift, double scale)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_timestep_embedding(Raw, dim, max_period, flip_sin_to_cos, downscale_freq_shift, scale, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
         /// <summary><c>flame_status_t flame_cat(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out)</c></summary>
         public static unsafe Tensor Cat(Tensor[] tensors, int dim)
         {

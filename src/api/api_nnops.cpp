@@ -1,5 +1,5 @@
 // C entry points of the ops in ops/nnops.h: scatter, masked_select, repeat, repeat_interleave, pad,
-// dropout, pooling, upsampling.
+// dropout, pooling, upsampling, rotary and timestep embeddings.
 // Handles, contexts, NULL arrays and enum values are checked here; the ops check shapes, dtypes and
 // values.
 #include <algorithm>
@@ -63,6 +63,14 @@ ops::Pool2dOptions pool_options(const flame_pool2d_options_t* opts) {
   p.count_include_pad = o.count_include_pad != 0;
   p.divisor_override = o.divisor_override;
   return p;
+}
+
+// An optional tensor argument: NULL stays null; otherwise it must be live and of x's context.
+Tensor optional_arg(flame_tensor_t h, const char* name, const Tensor& x) {
+  if (!h) return nullptr;
+  const Tensor& t = unwrap(h, name);
+  FLAME_CHECK(&t->ctx() == &x->ctx(), FLAME_ERROR_INVALID_ARGUMENT, name, " belongs to another context");
+  return t;
 }
 
 }  // namespace
@@ -155,6 +163,45 @@ FLAME_API flame_status_t flame_upsample_bilinear2d(flame_tensor_t x, int64_t out
     FLAME_CHECK(align_corners == 0 || align_corners == 1, FLAME_ERROR_INVALID_ARGUMENT, "align_corners must be 0 or 1, got ",
                 align_corners);
     return ops::upsample2d(t, out_h, out_w, scale_h, scale_w, true, align_corners != 0);
+  });
+}
+
+// ---------------------------------------------------------------- positional embeddings
+
+FLAME_API flame_status_t flame_rope_options_init(flame_rope_options_t* opts) {
+  return api_call("flame_rope_options_init", [&] {
+    FLAME_CHECK(opts, FLAME_ERROR_INVALID_ARGUMENT, "opts is NULL");
+    std::memset(opts, 0, sizeof *opts);
+    opts->struct_size = sizeof *opts;
+    opts->theta = 10000.0;
+    opts->seq_dim = -2;
+  });
+}
+
+FLAME_API flame_status_t flame_rope(flame_tensor_t x, flame_tensor_t positions, const flame_rope_options_t* opts,
+                                    flame_tensor_t* out) {
+  return nn_op("flame_rope", x, "x", {}, out, [&](const Tensor& t, const std::vector<Tensor>&) {
+    Tensor pos = optional_arg(positions, "positions", t);
+    flame_rope_options_t o = read_options(opts, "opts", sizeof(flame_rope_options_t));
+    FLAME_CHECK(o.interleaved == 0 || o.interleaved == 1, FLAME_ERROR_INVALID_ARGUMENT, "opts->interleaved must be 0 or 1, got ",
+                o.interleaved);
+    ops::RopeParams p;
+    p.theta = o.theta;
+    p.rotary_dim = o.rotary_dim;
+    p.offset = o.position_offset;
+    p.interleaved = o.interleaved != 0;
+    p.seq_dim = o.seq_dim;
+    return ops::rope(t, pos, p);
+  });
+}
+
+FLAME_API flame_status_t flame_timestep_embedding(flame_tensor_t timesteps, int64_t dim, double max_period,
+                                                  int32_t flip_sin_to_cos, double downscale_freq_shift, double scale,
+                                                  flame_tensor_t* out) {
+  return nn_op("flame_timestep_embedding", timesteps, "timesteps", {}, out, [&](const Tensor& t, const std::vector<Tensor>&) {
+    FLAME_CHECK(flip_sin_to_cos == 0 || flip_sin_to_cos == 1, FLAME_ERROR_INVALID_ARGUMENT, "flip_sin_to_cos must be 0 or 1, got ",
+                flip_sin_to_cos);
+    return ops::timestep_embedding(t, dim, max_period, flip_sin_to_cos != 0, downscale_freq_shift, scale);
   });
 }
 

@@ -437,6 +437,11 @@ RULE(AvgPool2d) { return {avg_pool2d_adjoint(g, PoolParams::from_ints(n.ints))};
 RULE(AvgPool2dBackward) { return {avg_pool2d_apply(g, PoolParams::from_ints(n.ints))}; }
 RULE(Upsample2d) { return {upsample2d_adjoint(g, UpsampleParams::from_node(n.ints, n.reals))}; }
 RULE(Upsample2dBackward) { return {upsample2d_apply(g, UpsampleParams::from_node(n.ints, n.reals))}; }
+RULE(Rope) {  // the rotation is orthogonal: its transpose rotates back (saved: the position ids, if given)
+  RopeParams p = RopeParams::from_node(n.ints, n.reals);
+  p.inverse = !p.inverse;
+  return {rope_apply(g, n.saved.empty() ? nullptr : saved(n, 0), p)};
+}
 
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
@@ -452,7 +457,7 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(CrossEntropy) DIFF(CrossEntropyProbs) DIFF(NllLoss)
   DIFF(Gather) DIFF(ScatterAdd)
   DIFF(Scatter) DIFF(ConstantPad) DIFF(Dropout) DIFF(MaxPool2d) DIFF(AvgPool2d) DIFF(AvgPool2dBackward)
-  DIFF(Upsample2d) DIFF(Upsample2dBackward)  // ops/nnops.h
+  DIFF(Upsample2d) DIFF(Upsample2dBackward) DIFF(Rope)  // ops/nnops.h
 #undef DIFF
   return r;
 }

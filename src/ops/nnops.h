@@ -3,7 +3,8 @@
 //    kernel cuda/scatter.cuh);
 //  - dropout (ops/dropout.cpp, kernel cuda/dropout.cuh);
 //  - pooling: max_pool2d, avg_pool2d, adaptive_avg_pool2d (ops/pooling.cpp, kernels cuda/pool.cuh);
-//  - upsampling: nearest and bilinear (ops/upsample.cpp, kernels cuda/upsample.cuh).
+//  - upsampling: nearest and bilinear (ops/upsample.cpp, kernels cuda/upsample.cuh);
+//  - rotary position embeddings (kernel cuda/rope.cuh) and timestep embeddings (ops/rope.cpp).
 // Recorded nodes are the FLAME_NNOPS_OPS rows of ops/op_list.h; their backward rules live with all
 // others in autograd/backward_rules.cpp. Everything else here is a composition of recorded ops.
 #pragma once
@@ -80,10 +81,29 @@ Tensor upsample2d(const Tensor& x, int64_t out_h, int64_t out_w, double scale_h,
 Tensor upsample2d_apply(const Tensor& x, const UpsampleParams& p);
 Tensor upsample2d_adjoint(const Tensor& g, const UpsampleParams& p);
 
+// ---- positional embeddings (ops/rope.cpp) ----
+struct RopeParams {
+  double theta = 10000;
+  int64_t rotary_dim = 0;  // 0: the whole last dim
+  int64_t offset = 0;      // positions offset + t when no ids are given
+  bool interleaved = false;
+  int seq_dim = -2;        // normalised by rope()
+  bool inverse = false;    // rotate backwards (the backward)
+  static RopeParams from_node(const std::vector<int64_t>& ints, const std::vector<double>& reals);
+};
+// positions: null, or i64/i32 ids of shape [T] or [B, T].
+Tensor rope(const Tensor& x, const Tensor& positions, RopeParams p);
+// The recorded rotation (checked parameters, seq_dim normalised); its backward is itself inverted.
+Tensor rope_apply(const Tensor& x, const Tensor& positions, const RopeParams& p);
+// diffusers' get_timestep_embedding (a composition, f32).
+Tensor timestep_embedding(const Tensor& timesteps, int64_t dim, double max_period, bool flip_sin_to_cos, double shift,
+                          double scale);
+
 // ---- every kernel instantiation these ops may launch (for the CPU kernel-compile test) ----
 std::vector<std::string> scatter_instantiations();
 std::vector<std::string> dropout_instantiations();
 std::vector<std::string> pool_instantiations();
 std::vector<std::string> upsample_instantiations();
+std::vector<std::string> rope_instantiations();
 
 }  // namespace flame::ops

@@ -144,7 +144,9 @@
 // cuda/dropout.cuh: its backward is itself with the same seed and offset); pooling
 // (src/ops/pooling.cpp, cuda/pool.cuh: max_pool2d scatters to its argmax; average pooling, fixed or
 // adaptive, and its adjoint are each other's backward); upsampling (src/ops/upsample.cpp,
-// cuda/upsample.cuh: nearest or bilinear, and its adjoint, each the other's backward).
+// cuda/upsample.cuh: nearest or bilinear, and its adjoint, each the other's backward); rotary
+// embeddings (src/ops/rope.cpp, cuda/rope.cuh: the backward rotates back; timestep embeddings are a
+// composition and need no row).
 #define FLAME_NNOPS_OPS(X)                    \
   X(Scatter, scatter)                         \
   X(ConstantPad, constant_pad)                \
@@ -153,7 +155,8 @@
   X(AvgPool2d, avg_pool2d)                    \
   X(AvgPool2dBackward, avg_pool2d_backward)   \
   X(Upsample2d, upsample2d)                   \
-  X(Upsample2dBackward, upsample2d_backward)
+  X(Upsample2dBackward, upsample2d_backward)  \
+  X(Rope, rope)
 
 namespace flame {
 

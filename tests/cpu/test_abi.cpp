@@ -829,3 +829,44 @@ TEST(NullArguments, Upsampling) {
     EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
   }
 }
+
+// ============================== Positional embeddings ==============================
+
+static_assert(offsetof(flame_rope_options_t, struct_size) == 0, "layout");
+static_assert(offsetof(flame_rope_options_t, theta) == 8, "layout");
+static_assert(offsetof(flame_rope_options_t, rotary_dim) == 16, "layout");
+static_assert(offsetof(flame_rope_options_t, position_offset) == 24, "layout");
+static_assert(offsetof(flame_rope_options_t, interleaved) == 32, "layout");
+static_assert(offsetof(flame_rope_options_t, seq_dim) == 36, "layout");
+static_assert(sizeof(flame_rope_options_t) == 40, "layout");
+
+TEST(RopeOptions, InitSetsDefaults) {
+  flame_rope_options_t o;
+  std::memset(&o, 0x5a, sizeof o);
+  FLAME_EXPECT_STATUS(flame_rope_options_init(&o), FLAME_OK);
+  EXPECT_EQ(o.struct_size, sizeof o);
+  EXPECT_EQ(o.theta, 10000.0);
+  EXPECT_EQ(o.rotary_dim, 0);
+  EXPECT_EQ(o.position_offset, 0);
+  EXPECT_EQ(o.interleaved, 0);
+  EXPECT_EQ(o.seq_dim, -2);
+  FLAME_EXPECT_STATUS(flame_rope_options_init(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(NullArguments, PositionalEmbeddings) {
+  flame_tensor_t t = nullptr;
+  flame_rope_options_t o;
+  flame_rope_options_init(&o);
+  const flame_rope_options_t* po = &o;
+  const std::vector<OutCase> cases = {
+      {"flame_rope", [=](flame_tensor_t* out) { return flame_rope(t, nullptr, po, out); }},
+      {"flame_timestep_embedding", [=](flame_tensor_t* out) { return flame_timestep_embedding(t, 8, 1e4, 0, 1.0, 1.0, out); }},
+  };
+  for (const OutCase& c : cases) {
+    flame_tensor_t out = sentinel_tensor();
+    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
+    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
+    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
+    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
+  }
+}

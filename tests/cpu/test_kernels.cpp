@@ -183,3 +183,8 @@ TEST_P(KernelCompile, NnopsUpsample) {
   EXPECT_EQ(names.size(), 8u);
   compile_all("upsample.cuh", names, GetParam());
 }
+TEST_P(KernelCompile, NnopsRope) {
+  auto names = flame::ops::rope_instantiations();
+  EXPECT_EQ(names.size(), 8u);
+  compile_all("rope.cuh", names, GetParam());
+}

@@ -221,6 +221,25 @@ _SIGNATURES.update({
     "flame_upsample_bilinear2d": (c_int, [H, i64, i64, f64, f64, i32, P(H)]),
 })
 
+
+class RopeOptions(ctypes.Structure):
+    """flame_rope_options_t."""
+    _fields_ = [
+        ("struct_size", size_t),
+        ("theta", f64),
+        ("rotary_dim", i64),
+        ("position_offset", i64),
+        ("interleaved", i32),
+        ("seq_dim", i32),
+    ]
+
+
+_SIGNATURES.update({
+    "flame_rope_options_init": (c_int, [P(RopeOptions)]),
+    "flame_rope": (c_int, [H, H, P(RopeOptions), P(H)]),
+    "flame_timestep_embedding": (c_int, [H, i64, f64, i32, f64, f64, P(H)]),
+})
+
 class FlameError(RuntimeError):
     def __init__(self, status, status_name, what, message):
         super().__init__(f"{what} -> {status_name}: {message}")

@@ -795,11 +795,96 @@ def nnops_upsample_rows():
     up("bilinear_x2_diffusion", "bilinear", [[I((2, 320, 64, 64))]], scale=2.0, align=False)
 
 
+def rope_torch(x, pos, theta, rd, interleaved, seq_dim):
+    """A straightforward RoPE in torch: angles and cos / sin in float64 (as FLAME forms its angles),
+    pos a float tensor [T] or [B, T], both layouts, rotary_dim <= D."""
+    nd, D = x.dim(), x.shape[-1]
+    rd, sd = rd or D, seq_dim % x.dim()
+    inv = 1.0 / theta ** (torch.arange(0, rd, 2, dtype=torch.float64, device=x.device) / rd)
+    shape = [1] * nd
+    shape[sd] = pos.shape[-1]
+    if pos.dim() == 2:
+        shape[0] = pos.shape[0]
+    ang = pos.to(torch.float64).reshape(shape) * inv  # broadcasts over the last dim: [..., rd / 2]
+    cos, sin = ang.cos(), ang.sin()
+    xr = x[..., :rd].to(torch.float64)
+    if interleaved:
+        a, b = xr[..., 0::2], xr[..., 1::2]
+        y = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
+    else:
+        a, b = xr[..., :rd // 2], xr[..., rd // 2:]
+        y = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+    return torch.cat([y.to(x.dtype), x[..., rd:]], dim=-1)
+
+
+def get_timestep_embedding(timesteps, embedding_dim, flip_sin_to_cos=False, downscale_freq_shift=1, scale=1,
+                           max_period=10000):
+    """diffusers.models.embeddings.get_timestep_embedding, verbatim."""
+    half_dim = embedding_dim // 2
+    exponent = -math.log(max_period) * torch.arange(start=0, end=half_dim, dtype=torch.float32, device=timesteps.device)
+    exponent = exponent / (half_dim - downscale_freq_shift)
+    emb = torch.exp(exponent)
+    emb = timesteps[:, None].float() * emb[None, :]
+    emb = scale * emb
+    emb = torch.cat([torch.sin(emb), torch.cos(emb)], dim=-1)
+    if flip_sin_to_cos:
+        emb = torch.cat([emb[:, half_dim:], emb[:, :half_dim]], dim=-1)
+    if embedding_dim % 2 == 1:
+        emb = torch.nn.functional.pad(emb, (0, 1, 0, 0))
+    return emb
+
+
+def nnops_positional_rows():
+    import ctypes
+
+    def rope(name, cases, interleaved=False, seq_dim=-2, rd=0, offset=0, theta=10000.0, ids=False, **kw):
+        def ffn(fl, a, dt):
+            o = fc.RopeOptions()
+            fl.check(fl.fn("flame_rope_options_init")(ctypes.byref(o)), "flame_rope_options_init")
+            o.theta, o.rotary_dim, o.position_offset, o.interleaved, o.seq_dim = theta, rd, offset, int(interleaved), seq_dim
+            pos = fl.call("to_dtype", a[1], fc.DTYPES["i64"]) if ids else None
+            return fl.call("rope", a[0], pos, ctypes.byref(o))
+
+        def tfn(a, dt):
+            T = a[0].shape[seq_dim]
+            pos = a[1].long() if ids else torch.arange(offset, offset + T, device=a[0].device)
+            return rope_torch(a[0], pos, theta, rd, interleaved, seq_dim)
+        row(name, ffn, tfn, cases, **kw)
+
+    for inter in (False, True):
+        lay = "interleaved" if inter else "half_split"
+        rope(f"rope_{lay}_bhtd", [[I((2, 3, 5, 8))], [NC((2, 3, 8, 8))]], inter, -2, bf16=True)
+        rope(f"rope_{lay}_bthd", [[I((2, 5, 3, 8))]], inter, -3, bf16=True)
+        rope(f"rope_{lay}_partial", [[NC((2, 4, 6, 10))]], inter, -2, rd=6)
+        xs = (2, 3, 4, 6) if inter else (2, 4, 3, 6)  # T = 4 at seq_dim -2 / -3
+        rope(f"rope_{lay}_ids", [[I(xs), CONST((2, 4), ints(0, 60))], [I(xs), CONST((4,), ints(0, 60))]],
+             inter, -2 if inter else -3, ids=True)
+        rope(f"rope_{lay}_offset_theta", [[I((1, 2, 3, 4))]], inter, -2, offset=100, theta=500.0)
+        # realistic: llama-like heads at long positions
+        rope(f"rope_{lay}_llama", [[I((1, 8, 2048, 64))]], inter, -2, bf16=True)
+
+    def ts(name, dim, flip, shift, scale, cases, integer=False):
+        def ffn(fl, a, dt):
+            t = fl.call("to_dtype", a[0], fc.DTYPES["i64"]) if integer else a[0]
+            return fl.call("timestep_embedding", t, dim, 10000.0, int(flip), float(shift), float(scale))
+
+        def tfn(a, dt):
+            t = a[0].long() if integer else a[0]
+            return get_timestep_embedding(t, dim, flip_sin_to_cos=flip, downscale_freq_shift=shift, scale=scale)
+        r = row(name, ffn, tfn, cases)
+        r.dtypes = ("f32",)  # FLAME and diffusers both compute in f32
+
+    ts("timestep_embedding_unet", 320, True, 0, 1, [[CONST((4,), ints(0, 999))]], integer=True)
+    ts("timestep_embedding_shift1_odd", 257, False, 1, 1, [[CONST((3,), ints(0, 999))]], integer=True)
+    ts("timestep_embedding_float_scale", 64, True, 1, 100, [[I((5,), uni(0, 1))]])
+
+
 def nnops_rows():
     nnops_indexing_rows()
     nnops_dropout_rows()
     nnops_pool_rows()
     nnops_upsample_rows()
+    nnops_positional_rows()
 
 
 # ---------------------------------------------------------------------------- bridging

@@ -887,6 +887,13 @@ impl Tensor {
         check(unsafe { (api.flame_upsample_bilinear2d)(self.raw, out_h, out_w, scale_h, scale_w, align_corners, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
+    /// `flame_status_t flame_timestep_embedding(flame_tensor_t timesteps, int64_t dim, double max_period, int32_t flip_sin_to_cos, double downscale_freq_shift, double scale, flame_tensor_t* out)`.
+    pub fn timestep_embedding(&self, dim: i64, max_period: f64, flip_sin_to_cos: i32, downscale_freq_shift: f64, scale: f64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_timestep_embedding)(self.raw, dim, max_period, flip_sin_to_cos, downscale_freq_shift, scale, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
 }
 
 impl Tensor {
@@ -1038,4 +1045,4 @@ impl Context {
 
 /// Functions without a generated safe method and not wrapped by hand in lib.rs: call them
 /// through `flame::api()` (the raw table).
-pub const UNWRAPPED: &[&str] = &["flame_pool2d_options_init", "flame_max_pool2d", "flame_avg_pool2d"];
+pub const UNWRAPPED: &[&str] = &["flame_pool2d_options_init", "flame_max_pool2d", "flame_avg_pool2d", "flame_rope_options_init", "flame_rope"];

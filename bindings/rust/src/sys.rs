@@ -377,6 +377,17 @@ pub struct flame_pool2d_options_t {
     pub divisor_override: i64,
 }
 
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flame_rope_options_t {
+    pub struct_size: usize,
+    pub theta: f64,
+    pub rotary_dim: i64,
+    pub position_offset: i64,
+    pub interleaved: i32,
+    pub seq_dim: i32,
+}
+
 // ---- functions ----
 /// Every exported function, in header order.
 pub const SYMBOLS: &[&str] = &[
@@ -586,6 +597,9 @@ pub const SYMBOLS: &[&str] = &[
     "flame_adaptive_avg_pool2d",
     "flame_upsample_nearest2d",
     "flame_upsample_bilinear2d",
+    "flame_rope_options_init",
+    "flame_rope",
+    "flame_timestep_embedding",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -796,6 +810,9 @@ pub struct Api {
     pub flame_adaptive_avg_pool2d: unsafe extern "C" fn(x: flame_tensor_t, out_h: i64, out_w: i64, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_upsample_nearest2d: unsafe extern "C" fn(x: flame_tensor_t, out_h: i64, out_w: i64, scale_h: f64, scale_w: f64, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_upsample_bilinear2d: unsafe extern "C" fn(x: flame_tensor_t, out_h: i64, out_w: i64, scale_h: f64, scale_w: f64, align_corners: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_rope_options_init: unsafe extern "C" fn(opts: *mut flame_rope_options_t) -> flame_status_t,
+    pub flame_rope: unsafe extern "C" fn(x: flame_tensor_t, positions: flame_tensor_t, opts: *const flame_rope_options_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_timestep_embedding: unsafe extern "C" fn(timesteps: flame_tensor_t, dim: i64, max_period: f64, flip_sin_to_cos: i32, downscale_freq_shift: f64, scale: f64, out: *mut flame_tensor_t) -> flame_status_t,
 }
 
 impl Api {
@@ -1014,6 +1031,9 @@ impl Api {
             flame_adaptive_avg_pool2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_adaptive_avg_pool2d\0")?),
             flame_upsample_nearest2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i64, f64, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_upsample_nearest2d\0")?),
             flame_upsample_bilinear2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i64, f64, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_upsample_bilinear2d\0")?),
+            flame_rope_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_rope_options_t) -> flame_status_t>(resolve(b"flame_rope_options_init\0")?),
+            flame_rope: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, *const flame_rope_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_rope\0")?),
+            flame_timestep_embedding: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, f64, i32, f64, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_timestep_embedding\0")?),
         })
     }
 }

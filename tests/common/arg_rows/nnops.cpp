@@ -11,6 +11,11 @@ flame_pool2d_options_t pool_opts(int64_t k) {
   flame_pool2d_options_init(&o, k, k);
   return o;
 }
+flame_rope_options_t rope_opts() {
+  flame_rope_options_t o;
+  flame_rope_options_init(&o);
+  return o;
+}
 
 // ---- indexing: t is f32 [2, 3]
 FLAME_ARG_ROW(flame_scatter, a.t("t"), 1, a.t("index", sp({2, 2}, FLAME_DTYPE_I64)), a.t("src", sp({2, 2})), a.out_t("out"));
@@ -31,5 +36,11 @@ FLAME_ARG_ROW(flame_adaptive_avg_pool2d, a.t("x", sp({1, 2, 4, 4})), 3, 2, a.out
 // ---- upsampling: x [N 1, C 2, 3, 3]
 FLAME_ARG_ROW(flame_upsample_nearest2d, a.t("x", sp({1, 2, 3, 3})), 0, 0, 2.0, 2.0, a.out_t("out"));
 FLAME_ARG_ROW(flame_upsample_bilinear2d, a.t("x", sp({1, 2, 3, 3})), 5, 7, 0.0, 0.0, 1, a.out_t("out"));
+
+// ---- positional embeddings: x [B 1, H 2, T 4, D 6] with position ids [T] (ones); timesteps [3]
+FLAME_ARG_ROW(flame_rope_options_init, a.out<flame_rope_options_t>("opts"));
+FLAME_ARG_ROW(flame_rope, a.t("x", sp({1, 2, 4, 6})), a.opt_t("positions", sp({4}, FLAME_DTYPE_I64)),
+              a.in<flame_rope_options_t>("opts", {rope_opts()}), a.out_t("out"));
+FLAME_ARG_ROW(flame_timestep_embedding, a.t("timesteps", sp({3}, FLAME_DTYPE_I64)), 8, 10000.0, 1, 1.0, 1.0, a.out_t("out"));
 
 }  // namespace
