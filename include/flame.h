@@ -1039,6 +1039,33 @@ FLAME_API flame_status_t flame_timestep_embedding(flame_tensor_t timesteps, int6
                                                   int32_t flip_sin_to_cos, double downscale_freq_shift, double scale,
                                                   flame_tensor_t* out);
 
+/* ============================== Composite blocks ============================== */
+/* Building blocks of diffusion and transformer models made of the ops above, with no kernel of their
+ * own: each is differentiable, to any order, through its parts. Inputs are borrowed; OUT *out is a
+ * new tensor. */
+
+/* GEGLU (Shazeer 2020, as diffusers' GEGLU after its projection): x [..., 2 H] (floating) is split
+ * into its halves a = x[..., :H] and gate = x[..., H:]; out [..., H] = a * gelu(gate), gelu exact
+ * (approximate 0) or with the tanh approximation (approximate 1). Errors: FLAME_ERROR_DTYPE_MISMATCH
+ * (x not floating), FLAME_ERROR_SHAPE_MISMATCH (0-d x, odd last dim), FLAME_ERROR_INVALID_ARGUMENT
+ * (approximate other than 0 or 1). */
+FLAME_API flame_status_t flame_geglu(flame_tensor_t x, int32_t approximate, flame_tensor_t* out);
+
+/* adaLN modulation (DiT): out = x * (1 + scale) + shift for x [N, ..., C] (floating, >= 2 dims) and
+ * shift, scale [N, C] of x's dtype, applied per sample (broadcast over the middle dims, as
+ * x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1) for x [N, T, C]). shift and scale may each be NULL
+ * (no shift / no scale). Errors: FLAME_ERROR_DTYPE_MISMATCH (x not floating, another dtype),
+ * FLAME_ERROR_SHAPE_MISMATCH (x with fewer than 2 dims, shift or scale not [N, C]),
+ * FLAME_ERROR_INVALID_ARGUMENT (tensors of different contexts). */
+FLAME_API flame_status_t flame_adaln_modulate(flame_tensor_t x, flame_tensor_t shift, flame_tensor_t scale, flame_tensor_t* out);
+
+/* SiLU-gated MLP (SwiGLU, llama's feed-forward): out = (silu(x w1^T) * (x w3^T)) w2^T for x [..., in],
+ * w1 and w3 [hidden, in], w2 [out, hidden], all of one floating dtype (three flame_linear products
+ * without bias). Errors: FLAME_ERROR_DTYPE_MISMATCH, FLAME_ERROR_SHAPE_MISMATCH (0-d x, weights of
+ * other shapes), FLAME_ERROR_INVALID_ARGUMENT (tensors of different contexts). */
+FLAME_API flame_status_t flame_swiglu_mlp(flame_tensor_t x, flame_tensor_t w1, flame_tensor_t w3, flame_tensor_t w2,
+                                          flame_tensor_t* out);
+
 #ifdef __cplusplus
 }
 #endif

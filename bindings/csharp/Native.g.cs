@@ -370,6 +370,9 @@ namespace Flame.Interop
             "flame_rope_options_init",
             "flame_rope",
             "flame_timestep_embedding",
+            "flame_geglu",
+            "flame_adaln_modulate",
+            "flame_swiglu_mlp",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -998,6 +1001,15 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_timestep_embedding", ExactSpelling = true)]
         public static extern flame_status_t flame_timestep_embedding(IntPtr timesteps, long dim, double max_period, int flip_sin_to_cos, double downscale_freq_shift, double scale, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_geglu", ExactSpelling = true)]
+        public static extern flame_status_t flame_geglu(IntPtr x, int approximate, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_adaln_modulate", ExactSpelling = true)]
+        public static extern flame_status_t flame_adaln_modulate(IntPtr x, IntPtr shift, IntPtr scale, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_swiglu_mlp", ExactSpelling = true)]
+        public static extern flame_status_t flame_swiglu_mlp(IntPtr x, IntPtr w1, IntPtr w3, IntPtr w2, IntPtr* @out);
 
     }
 }

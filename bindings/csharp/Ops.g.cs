@@ -1488,6 +1488,44 @@ namespace Flame
             return new Tensor(o_out);
         }
 
+        /// <summary><c>flame_status_t flame_geglu(flame_tensor_t x, int32_t approximate, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Geglu(int approximate)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_geglu(Raw, approximate, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_adaln_modulate(flame_tensor_t x, flame_tensor_t shift, flame_tensor_t scale, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor AdalnModulate(Tensor shift, Tensor scale)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_adaln_modulate(Raw, Tensor.RawOf(shift), Tensor.RawOf(scale), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(shift);
+            GC.KeepAlive(scale);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_swiglu_mlp(flame_tensor_t x, flame_tensor_t w1, flame_tensor_t w3, flame_tensor_t w2, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor SwigluMlp(Tensor w1, Tensor w3, Tensor w2)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_swiglu_mlp(Raw, Tensor.RawOf(w1), Tensor.RawOf(w3), Tensor.RawOf(w2), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(w1);
+            GC.KeepAlive(w3);
+            GC.KeepAlive(w2);
+            return new Tensor(o_out);
+        }
+
         /// <summary><c>flame_status_t flame_cat(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out)</c></summary>
         public static unsafe Tensor Cat(Tensor[] tensors, int dim)
         {

@@ -1,5 +1,5 @@
 // C entry points of the ops in ops/nnops.h: scatter, masked_select, repeat, repeat_interleave, pad,
-// dropout, pooling, upsampling, rotary and timestep embeddings.
+// dropout, pooling, upsampling, rotary and timestep embeddings, composite blocks.
 // Handles, contexts, NULL arrays and enum values are checked here; the ops check shapes, dtypes and
 // values.
 #include <algorithm>
@@ -203,6 +203,27 @@ FLAME_API flame_status_t flame_timestep_embedding(flame_tensor_t timesteps, int6
                 flip_sin_to_cos);
     return ops::timestep_embedding(t, dim, max_period, flip_sin_to_cos != 0, downscale_freq_shift, scale);
   });
+}
+
+// ---------------------------------------------------------------- composite blocks
+
+FLAME_API flame_status_t flame_geglu(flame_tensor_t x, int32_t approximate, flame_tensor_t* out) {
+  return nn_op("flame_geglu", x, "x", {}, out, [&](const Tensor& t, const std::vector<Tensor>&) {
+    FLAME_CHECK(approximate == 0 || approximate == 1, FLAME_ERROR_INVALID_ARGUMENT, "approximate must be 0 or 1, got ", approximate);
+    return ops::geglu(t, approximate == 1);
+  });
+}
+
+FLAME_API flame_status_t flame_adaln_modulate(flame_tensor_t x, flame_tensor_t shift, flame_tensor_t scale, flame_tensor_t* out) {
+  return nn_op("flame_adaln_modulate", x, "x", {}, out, [&](const Tensor& t, const std::vector<Tensor>&) {
+    return ops::adaln_modulate(t, optional_arg(shift, "shift", t), optional_arg(scale, "scale", t));
+  });
+}
+
+FLAME_API flame_status_t flame_swiglu_mlp(flame_tensor_t x, flame_tensor_t w1, flame_tensor_t w3, flame_tensor_t w2,
+                                          flame_tensor_t* out) {
+  return nn_op("flame_swiglu_mlp", x, "x", {{w1, "w1"}, {w3, "w3"}, {w2, "w2"}}, out,
+               [&](const Tensor& t, const std::vector<Tensor>& a) { return ops::swiglu_mlp(t, a[0], a[1], a[2]); });
 }
 
 }  // extern "C"

@@ -4,7 +4,8 @@
 //  - dropout (ops/dropout.cpp, kernel cuda/dropout.cuh);
 //  - pooling: max_pool2d, avg_pool2d, adaptive_avg_pool2d (ops/pooling.cpp, kernels cuda/pool.cuh);
 //  - upsampling: nearest and bilinear (ops/upsample.cpp, kernels cuda/upsample.cuh);
-//  - rotary position embeddings (kernel cuda/rope.cuh) and timestep embeddings (ops/rope.cpp).
+//  - rotary position embeddings (kernel cuda/rope.cuh) and timestep embeddings (ops/rope.cpp);
+//  - composite blocks: GEGLU, adaLN modulation, SiLU-gated MLP (ops/nn_composites.cpp).
 // Recorded nodes are the FLAME_NNOPS_OPS rows of ops/op_list.h; their backward rules live with all
 // others in autograd/backward_rules.cpp. Everything else here is a composition of recorded ops.
 #pragma once
@@ -98,6 +99,14 @@ Tensor rope_apply(const Tensor& x, const Tensor& positions, const RopeParams& p)
 // diffusers' get_timestep_embedding (a composition, f32).
 Tensor timestep_embedding(const Tensor& timesteps, int64_t dim, double max_period, bool flip_sin_to_cos, double shift,
                           double scale);
+
+// ---- composite blocks (ops/nn_composites.cpp): compositions, no nodes of their own ----
+// x [..., 2 H] -> x[..., :H] * gelu(x[..., H:]) (tanh approximation when tanh_approx).
+Tensor geglu(const Tensor& x, bool tanh_approx);
+// x [N, ..., C] * (1 + scale) + shift with scale, shift [N, C] (either may be null).
+Tensor adaln_modulate(const Tensor& x, const Tensor& shift, const Tensor& scale);
+// (silu(x w1^T) * (x w3^T)) w2^T.
+Tensor swiglu_mlp(const Tensor& x, const Tensor& w1, const Tensor& w3, const Tensor& w2);
 
 // ---- every kernel instantiation these ops may launch (for the CPU kernel-compile test) ----
 std::vector<std::string> scatter_instantiations();

@@ -870,3 +870,21 @@ TEST(NullArguments, PositionalEmbeddings) {
     EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
   }
 }
+
+// ============================== Composite blocks ==============================
+
+TEST(NullArguments, CompositeBlocks) {
+  flame_tensor_t t = nullptr;
+  const std::vector<OutCase> cases = {
+      {"flame_geglu", [=](flame_tensor_t* o) { return flame_geglu(t, 0, o); }},
+      {"flame_adaln_modulate", [=](flame_tensor_t* o) { return flame_adaln_modulate(t, t, t, o); }},
+      {"flame_swiglu_mlp", [=](flame_tensor_t* o) { return flame_swiglu_mlp(t, t, t, t, o); }},
+  };
+  for (const OutCase& c : cases) {
+    flame_tensor_t out = sentinel_tensor();
+    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
+    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
+    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
+    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
+  }
+}

@@ -238,6 +238,9 @@ _SIGNATURES.update({
     "flame_rope_options_init": (c_int, [P(RopeOptions)]),
     "flame_rope": (c_int, [H, H, P(RopeOptions), P(H)]),
     "flame_timestep_embedding": (c_int, [H, i64, f64, i32, f64, f64, P(H)]),
+    "flame_geglu": (c_int, [H, i32, P(H)]),
+    "flame_adaln_modulate": (c_int, [H, H, H, P(H)]),
+    "flame_swiglu_mlp": (c_int, [H, H, H, H, P(H)]),
 })
 
 class FlameError(RuntimeError):

@@ -879,12 +879,36 @@ def nnops_positional_rows():
     ts("timestep_embedding_float_scale", 64, True, 1, 100, [[I((5,), uni(0, 1))]])
 
 
+def nnops_composite_rows():
+    """GEGLU (diffusers' GEGLU after its projection), adaLN modulation (DiT's modulate) and the
+    SiLU-gated MLP (llama's feed-forward), written as their models write them."""
+    for approx, name in ((0, "none"), (1, "tanh")):
+        def tfn(a, dt, name=name):
+            h, gate = a[0].chunk(2, dim=-1)
+            return h * F.gelu(gate, approximate=name)
+        row(f"geglu_{name}", (lambda approx: lambda fl, a, dt: fl.call("geglu", a[0], approx))(approx), tfn,
+            [[I((3, 8))], [NC((4, 6))], [I((2, 3, 4))]], bf16=True)
+    row("adaln_modulate", lambda fl, a, dt: fl.call("adaln_modulate", a[0], a[1], a[2]),
+        lambda a, dt: a[0] * (1 + a[2].unsqueeze(1)) + a[1].unsqueeze(1),
+        [[I((2, 3, 4)), I((2, 4)), I((2, 4))], [NC((2, 5, 4)), NC((2, 4)), I((2, 4))]], bf16=True)
+    row("adaln_modulate_scale_only", lambda fl, a, dt: fl.call("adaln_modulate", a[0], None, a[1]),
+        lambda a, dt: a[0] * (1 + a[1].unsqueeze(1)), [[I((3, 2, 5)), I((3, 5))]])
+    # a DiT block's shapes: x [N, T, C] with per-sample shift / scale [N, C]
+    row("adaln_modulate_dit", lambda fl, a, dt: fl.call("adaln_modulate", a[0], a[1], a[2]),
+        lambda a, dt: a[0] * (1 + a[2].unsqueeze(1)) + a[1].unsqueeze(1), [[I((4, 256, 1152)), I((4, 1152)), I((4, 1152))]],
+        bf16=True)
+    row("swiglu_mlp", lambda fl, a, dt: fl.call("swiglu_mlp", a[0], a[1], a[2], a[3]),
+        lambda a, dt: F.linear(F.silu(F.linear(a[0], a[1])) * F.linear(a[0], a[2]), a[3]),
+        [[I((3, 4)), I((5, 4)), I((5, 4)), I((6, 5))], [I((2, 3, 4)), NC((5, 4)), I((5, 4)), NC((3, 5))]], bf16=True)
+
+
 def nnops_rows():
     nnops_indexing_rows()
     nnops_dropout_rows()
     nnops_pool_rows()
     nnops_upsample_rows()
     nnops_positional_rows()
+    nnops_composite_rows()
 
 
 # ---------------------------------------------------------------------------- bridging

@@ -894,6 +894,27 @@ impl Tensor {
         check(unsafe { (api.flame_timestep_embedding)(self.raw, dim, max_period, flip_sin_to_cos, downscale_freq_shift, scale, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
+    /// `flame_status_t flame_geglu(flame_tensor_t x, int32_t approximate, flame_tensor_t* out)`.
+    pub fn geglu(&self, approximate: i32) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_geglu)(self.raw, approximate, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_adaln_modulate(flame_tensor_t x, flame_tensor_t shift, flame_tensor_t scale, flame_tensor_t* out)`.
+    pub fn adaln_modulate(&self, shift: &Tensor, scale: &Tensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_adaln_modulate)(self.raw, shift.raw, scale.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_swiglu_mlp(flame_tensor_t x, flame_tensor_t w1, flame_tensor_t w3, flame_tensor_t w2, flame_tensor_t* out)`.
+    pub fn swiglu_mlp(&self, w1: &Tensor, w3: &Tensor, w2: &Tensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_swiglu_mlp)(self.raw, w1.raw, w3.raw, w2.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
 }
 
 impl Tensor {

@@ -600,6 +600,9 @@ pub const SYMBOLS: &[&str] = &[
     "flame_rope_options_init",
     "flame_rope",
     "flame_timestep_embedding",
+    "flame_geglu",
+    "flame_adaln_modulate",
+    "flame_swiglu_mlp",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -813,6 +816,9 @@ pub struct Api {
     pub flame_rope_options_init: unsafe extern "C" fn(opts: *mut flame_rope_options_t) -> flame_status_t,
     pub flame_rope: unsafe extern "C" fn(x: flame_tensor_t, positions: flame_tensor_t, opts: *const flame_rope_options_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_timestep_embedding: unsafe extern "C" fn(timesteps: flame_tensor_t, dim: i64, max_period: f64, flip_sin_to_cos: i32, downscale_freq_shift: f64, scale: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_geglu: unsafe extern "C" fn(x: flame_tensor_t, approximate: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_adaln_modulate: unsafe extern "C" fn(x: flame_tensor_t, shift: flame_tensor_t, scale: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_swiglu_mlp: unsafe extern "C" fn(x: flame_tensor_t, w1: flame_tensor_t, w3: flame_tensor_t, w2: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
 }
 
 impl Api {
@@ -1034,6 +1040,9 @@ impl Api {
             flame_rope_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_rope_options_t) -> flame_status_t>(resolve(b"flame_rope_options_init\0")?),
             flame_rope: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, *const flame_rope_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_rope\0")?),
             flame_timestep_embedding: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, f64, i32, f64, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_timestep_embedding\0")?),
+            flame_geglu: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_geglu\0")?),
+            flame_adaln_modulate: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_adaln_modulate\0")?),
+            flame_swiglu_mlp: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_swiglu_mlp\0")?),
         })
     }
 }

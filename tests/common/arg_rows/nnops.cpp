@@ -43,4 +43,11 @@ FLAME_ARG_ROW(flame_rope, a.t("x", sp({1, 2, 4, 6})), a.opt_t("positions", sp({4
               a.in<flame_rope_options_t>("opts", {rope_opts()}), a.out_t("out"));
 FLAME_ARG_ROW(flame_timestep_embedding, a.t("timesteps", sp({3}, FLAME_DTYPE_I64)), 8, 10000.0, 1, 1.0, 1.0, a.out_t("out"));
 
+// ---- composite blocks: x [2, 3, 4]; shift / scale [N 2, C 4]; MLP 4 -> 5 -> 6
+FLAME_ARG_ROW(flame_geglu, a.t("x", sp({2, 3, 4})), 1, a.out_t("out"));
+FLAME_ARG_ROW(flame_adaln_modulate, a.t("x", sp({2, 3, 4})), a.opt_t("shift", sp({2, 4})), a.opt_t("scale", sp({2, 4})),
+              a.out_t("out"));
+FLAME_ARG_ROW(flame_swiglu_mlp, a.t("x", sp({2, 3, 4})), a.t("w1", sp({5, 4})), a.t("w3", sp({5, 4})), a.t("w2", sp({6, 5})),
+              a.out_t("out"));
+
 }  // namespace
