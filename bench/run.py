@@ -596,6 +596,76 @@ class Bench:
 
             self.add("T2", "sdpa fwd+bwd" + (" causal" if causal else ""), shape, "bf16", self.time_flame(flame_step),
                      self.time_torch(torch_step), flops=3.5 * fwd)
+    # ---------------------------------------------------------------- T1: more nn ops (issue 5, part 2)
+    def tier1_nnops(self):
+        fl = self.fl
+        q = self.args.quick
+
+        def pair(op, shape, dt, ffn, tfn, bytes_, note=""):
+            self.add("T1", op, shape, dt, self.time_flame(ffn), self.time_torch(tfn), bytes_=bytes_, note=note)
+
+        R = 4096 if q else 8192
+        for dt in ("f32", "bf16"):
+            fx, tx = fl.randn([R, R], dt), torch.randn(R, R, device="cuda", dtype=TDT[dt])
+            n = R * R
+            pair("dropout p=0.1 (train)", f"{R}x{R}", dt, lambda: fl.call("dropout", fx, 0.1, 1),
+                 lambda: F.dropout(tx, 0.1, training=True), 2 * n * SIZE[dt], "bytes: read x, write y (torch also writes a mask)")
+            del fx, tx
+        # diffusion UNet shapes: [B, 320, 64, 64] activations
+        B = 4 if q else 16
+        shape = [B, 320, 64, 64]
+        n = B * 320 * 64 * 64
+        popts = fc.Pool2dOptions()
+        self.fl.lib.check(self.fl.lib.fn("flame_pool2d_options_init")(ctypes.byref(popts), 2, 2), "flame_pool2d_options_init")
+        for dt in ("f32", "bf16"):
+            fx, tx = fl.randn(shape, dt), torch.randn(*shape, device="cuda", dtype=TDT[dt])
+            pair("avg_pool2d 2x2", "x".join(map(str, shape)), dt, lambda: fl.call("avg_pool2d", fx, ctypes.byref(popts)),
+                 lambda: F.avg_pool2d(tx, 2), (n + n // 4) * SIZE[dt])
+            pair("upsample nearest x2", "x".join(map(str, shape)), dt,
+                 lambda: fl.call("upsample_nearest2d", fx, 0, 0, 2.0, 2.0),
+                 lambda: F.interpolate(tx, scale_factor=2.0, mode="nearest"), 5 * n * SIZE[dt])
+            lib = fl.lib
+            lib.set_requires_grad(fx, True)
+            tx.requires_grad_(True)
+            fg, tg = fl.randn([B, 320, 128, 128], dt), torch.randn(B, 320, 128, 128, device="cuda", dtype=TDT[dt])
+
+            def f_bwd():
+                y = fl.call("upsample_nearest2d", fx, 0, 0, 2.0, 2.0)
+                lib.grad(fl.ctx, [y], [fg], [fx], 0)
+
+            def t_bwd():
+                y = F.interpolate(tx, scale_factor=2.0, mode="nearest")
+                torch.autograd.grad([y], [tx], [tg])
+
+            pair("upsample nearest x2 fwd+bwd", "x".join(map(str, shape)), dt, f_bwd, t_bwd, 10 * n * SIZE[dt],
+                 "bytes: fwd read x write 4x, bwd read 4x write x")
+            del fx, tx, fg, tg
+        self.rope_rows()
+
+    def rope_rows(self):
+        """RoPE on llama-7B-like q [B, 32, T, 128] against Hugging Face's eager formulation with cached
+        cos / sin tables (x * cos + rotate_half(x) * sin), which is what PyTorch users run."""
+        fl = self.fl
+        B, T = (2, 1024) if self.args.quick else (8, 2048)
+        shape = [B, 32, T, 128]
+        n = B * 32 * T * 128
+        o = fc.RopeOptions()
+        fl.lib.check(fl.lib.fn("flame_rope_options_init")(ctypes.byref(o)), "flame_rope_options_init")
+        inv = 1.0 / (10000.0 ** (torch.arange(0, 128, 2, device="cuda", dtype=torch.float32) / 128))
+        freqs = torch.outer(torch.arange(T, device="cuda", dtype=torch.float32), inv)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        for dt in ("f32", "bf16"):
+            fx, tx = fl.randn(shape, dt), torch.randn(*shape, device="cuda", dtype=TDT[dt])
+            cos, sin = emb.cos().to(TDT[dt]), emb.sin().to(TDT[dt])
+
+            def t_rope():
+                x1, x2 = tx[..., :64], tx[..., 64:]
+                return tx * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+            self.add("T1", "rope (half-split)", "x".join(map(str, shape)), dt,
+                     self.time_flame(lambda: fl.call("rope", fx, None, ctypes.byref(o))), self.time_torch(t_rope),
+                     bytes_=2 * n * SIZE[dt], note="torch: HF apply_rotary_pos_emb, cached tables")
+            del fx, tx
 
     # ---------------------------------------------------------------- output
     def finish(self):
@@ -665,7 +735,8 @@ def main():
     b = Bench(args)
     b.measure_limits()
     tiers = args.tiers.split(",")
-    for t, fn in (("T0", b.tier0), ("T1", b.tier1), ("T1", b.tier1_nn), ("T2", b.tier2), ("T3", b.tier3)):
+    for t, fn in (("T0", b.tier0), ("T1", b.tier1), ("T1", b.tier1_nn), ("T1", b.tier1_nnops), ("T2", b.tier2),
+                  ("T3", b.tier3)):
         if t in tiers:
             fn()
     b.finish()

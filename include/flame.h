@@ -969,6 +969,231 @@ FLAME_API flame_status_t flame_scaled_dot_product_attention(flame_tensor_t q, fl
                                                             flame_tensor_t mask, const flame_attention_options_t* opts,
                                                             flame_tensor_t* out);
 
+/* ============================== Indexing: scatter, masked_select, repeat, pad ============================== */
+/* More indexing ops, with the conventions of "Indexing" above: index tensors hold i64 or i32 values
+ * checked on the device (a bad one is reported by the next call that synchronises), data may have any
+ * strides, negative dims count from the end, gradients flow to floating data only. Results are new
+ * contiguous tensors that share no memory with the inputs. */
+
+/* torch.scatter, out of place: out = t, then out[i][index[i][j]] = src[i][j] for dim 1 (likewise for
+ * any dim). t: any dtype, at least one dim; index fits t as for flame_gather; src has t's dtype, as
+ * many dims as index and at least index's size on every dim (only that leading part of src is read).
+ * Where index names one position more than once along dim, which of those src values lands there is
+ * unspecified (as in PyTorch on CUDA). Gradients: t's is the incoming gradient with every scattered
+ * position set to 0; src's is the incoming gradient gathered at index (for repeated positions too).
+ * An out-of-range index is reported at the next synchronisation and its element not written.
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (index not i64/i32, src's dtype), FLAME_ERROR_SHAPE_MISMATCH
+ * (index does not fit t, src smaller than index), FLAME_ERROR_INVALID_ARGUMENT (dim out of range, 0-d
+ * t, tensors of different contexts). */
+FLAME_API flame_status_t flame_scatter(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src,
+                                       flame_tensor_t* out);
+/* torch.masked_select: the elements of t where mask (bool) is true, in row-major order, as a new 1-D
+ * tensor; t and mask broadcast together (NumPy rules). The result's length depends on the mask's
+ * values, so this call WAITS for the device (a device-to-host copy of the count), as PyTorch does.
+ * Differentiable with respect to t: the gradient goes back to the selected positions, 0 elsewhere.
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (mask not bool), FLAME_ERROR_SHAPE_MISMATCH (no broadcast),
+ * FLAME_ERROR_INVALID_ARGUMENT (tensors of different contexts). */
+FLAME_API flame_status_t flame_masked_select(flame_tensor_t t, flame_tensor_t mask, flame_tensor_t* out);
+/* torch.Tensor.repeat: t tiled repeats[d] times along each dim d. repeats holds n counts (>= 0), one
+ * per dim of t or more (n <= FLAME_MAX_DIMS): with n > ndim(t), t is first viewed with n - ndim(t)
+ * leading dims of size 1. The gradient sums the tiles. Errors: FLAME_ERROR_INVALID_ARGUMENT (repeats
+ * NULL, n < ndim(t) or > FLAME_MAX_DIMS, a negative count, a result whose size overflows). */
+FLAME_API flame_status_t flame_repeat(flame_tensor_t t, const int64_t* repeats, int32_t n, flame_tensor_t* out);
+/* torch.repeat_interleave with an integer count: each element of t repeated `repeats` (>= 0) times
+ * in a row along dim; dim FLAME_DIM_ALL flattens t first (PyTorch's dim=None) and the result is 1-D.
+ * The gradient sums the copies. Errors: FLAME_ERROR_INVALID_ARGUMENT (negative repeats, dim out of
+ * range, a result whose size overflows). */
+FLAME_API flame_status_t flame_repeat_interleave(flame_tensor_t t, int64_t repeats, int32_t dim, flame_tensor_t* out);
+
+/* Modes of flame_pad. */
+typedef enum flame_pad_mode_t {
+  FLAME_PAD_CONSTANT = 0,  /* the value: [a b c] padded (2, 1) -> [v v a b c v] */
+  FLAME_PAD_REFLECT = 1,   /* mirrored at the edge, which is not repeated: -> [c b a b c b] */
+  FLAME_PAD_REPLICATE = 2  /* the edge repeated: -> [a a a b c c] */
+} flame_pad_mode_t;
+
+/* torch.nn.functional.pad. pads holds npads amounts (npads even, >= 2): (left, right) of the last dim,
+ * then (left, right) of the dim before it, and so on. A negative amount removes that many elements
+ * (a crop), as in PyTorch. mode is a flame_pad_mode_t: CONSTANT pads any number of trailing dims
+ * (npads <= 2 ndim(t)) with value (finite for integer t; converted to t's dtype); REFLECT and
+ * REPLICATE pad the last 1 to 3 dims (npads 2, 4 or 6, and at most 2 ndim(t); unlike PyTorch no batch
+ * dim is required), REFLECT with amounts smaller than the dim's size, REPLICATE on non-empty dims.
+ * Any dtype. The gradient flows back to t; for REFLECT and REPLICATE it is accumulated with atomics
+ * (the last bits may vary between runs, as in PyTorch). Errors: FLAME_ERROR_INVALID_ARGUMENT (pads
+ * NULL, npads odd, 0 or too large, an unknown mode, a crop larger than its dim, a reflect amount not
+ * below the dim's size, value not finite for integer t). */
+FLAME_API flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_t npads, int32_t mode, double value,
+                                   flame_tensor_t* out);
+
+/* ============================== Dropout ============================== */
+
+/* torch.nn.functional.dropout. With training != 0 and 0 < p < 1, each element of t is kept with
+ * probability 1 - p and multiplied by 1 / (1 - p), or multiplied by 0 (a dropped NaN or infinity gives
+ * NaN, as in PyTorch); f16/bf16 compute in f32. The keep mask comes from the context's Philox
+ * generator: the call reserves ceil(numel / 4) counters (flame_ctx_get_rng_state shows the offset
+ * advance) and element e of t in row-major order (whatever t's strides) is kept when the top 24 bits
+ * of word e % 4 of Philox4x32-10(seed, offset + e / 4), read as a fraction of 2^24, are >= p. So a
+ * given (seed, offset) gives the same mask on any GPU, for any dtype and layout. The backward
+ * regenerates that mask from the (seed, offset) kept in the graph node and applies it to the gradient;
+ * no mask tensor is stored. training == 0 or p == 0: OUT *out is t itself (a new reference, as PyTorch
+ * returns its input) and no counters are reserved. p == 1: t * 0 (zeros, NaN where t is not finite).
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (t not floating), FLAME_ERROR_INVALID_ARGUMENT (p outside [0, 1]
+ * or NaN). */
+FLAME_API flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out);
+
+/* ============================== Pooling ============================== */
+/* 2-D pooling of x [N, C, H, W] or unbatched [C, H, W] (floating; f16/bf16 compute in f32), with
+ * PyTorch's semantics, argument checks and output sizes. x may have any strides; a channels-last x
+ * (the C stride 1) gives a channels-last result, any other layout a contiguous one. N may be 0 (an
+ * empty result); C, H and W must be >= 1 (FLAME_ERROR_SHAPE_MISMATCH, as for any other rank). Not
+ * floating: FLAME_ERROR_DTYPE_MISMATCH. The result is a new tensor; the gradient flows to x. */
+
+/* Options of flame_max_pool2d and flame_avg_pool2d. Fill with flame_pool2d_options_init, then change
+ * fields. The struct may grow at its end; the library reads only struct_size bytes of it. Pairs are
+ * (height, width). */
+typedef struct flame_pool2d_options_t {
+  size_t struct_size;        /* sizeof(flame_pool2d_options_t), set by flame_pool2d_options_init */
+  int64_t kernel_size[2];    /* >= 1 */
+  int64_t stride[2];         /* >= 1; default: kernel_size (PyTorch's stride=None) */
+  int64_t padding[2];        /* >= 0 and <= kernel_size / 2; default 0. max: -inf; avg: zeros */
+  int64_t dilation[2];       /* >= 1; default 1. flame_avg_pool2d requires 1 */
+  int32_t ceil_mode;         /* 1: the output size rounds up (windows may start in the padding but
+                                never past it); default 0: down */
+  int32_t count_include_pad; /* flame_avg_pool2d: padded zeros count in the divisor; default 1 */
+  int64_t divisor_override;  /* flame_avg_pool2d: > 0 replaces the divisor; default 0 (none) */
+} flame_pool2d_options_t;
+
+/* Sets opts to the defaults above with the given kernel size (not checked here).
+ * opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_pool2d_options_init(flame_pool2d_options_t* opts, int64_t kernel_h, int64_t kernel_w);
+
+/* torch.nn.functional.max_pool2d: each output is the maximum of its window (kernel_size, stride,
+ * padding, dilation, ceil_mode of opts; count_include_pad and divisor_override are ignored). NaN
+ * propagates. The gradient goes to the maximum's position: the first maximum in row-major window
+ * order on ties, the last NaN when the window holds NaNs (as PyTorch); overlapping windows (stride
+ * below kernel_size) add their gradients with atomics, so the last bits may vary between runs.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (opts NULL or its struct_size too small, a size, stride or
+ * dilation < 1, padding < 0 or above half the kernel, ceil_mode or count_include_pad other than 0 or
+ * 1, an output size < 1). */
+FLAME_API flame_status_t flame_max_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out);
+
+/* torch.nn.functional.avg_pool2d: each output is the sum of its window over the divisor: the window's
+ * size including padding (count_include_pad 1, cut at the padded border) or its elements inside x
+ * (count_include_pad 0), or divisor_override when > 0; a window with no element inside x (possible
+ * with ceil_mode) gives 0. The backward is a deterministic gather (no atomics). Errors: as
+ * flame_max_pool2d, plus dilation other than 1 and a negative divisor_override
+ * (FLAME_ERROR_INVALID_ARGUMENT). */
+FLAME_API flame_status_t flame_avg_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out);
+
+/* torch.nn.functional.adaptive_avg_pool2d to an out_h x out_w output (>= 0; 0 gives an empty result):
+ * output (i, j) averages rows [floor(i H / out_h), ceil((i + 1) H / out_h)) and the columns likewise.
+ * The backward is a deterministic gather. Errors: FLAME_ERROR_INVALID_ARGUMENT (a negative or too large
+ * output size). */
+FLAME_API flame_status_t flame_adaptive_avg_pool2d(flame_tensor_t x, int64_t out_h, int64_t out_w, flame_tensor_t* out);
+
+/* ============================== Upsampling ============================== */
+/* torch.nn.functional.interpolate of x [N, C, H, W] (floating; f16/bf16 compute in f32) with modes
+ * 'nearest' and 'bilinear', matching PyTorch's CUDA kernels index for index. Sizes, per dim: out_h
+ * > 0 gives the output height, out_h == 0 takes floor(H * scale_h) (interpolate's scale_factor).
+ * scale_h > 0 is the scale factor, which also sets the source index scale to 1 / scale_h, as
+ * interpolate(scale_factor=...) does; scale_h == 0 means none (the index scale is then H / out_h, as
+ * interpolate(size=...)). Likewise for the width. x may have any strides; a channels-last x (the C
+ * stride 1) gives a channels-last result, any other layout a contiguous one. N may be 0 (an empty
+ * result). The backward is the exact adjoint, computed as a deterministic gather (no atomics), and is
+ * differentiable again. Errors: FLAME_ERROR_DTYPE_MISMATCH (x not floating), FLAME_ERROR_SHAPE_MISMATCH
+ * (x not 4-D, or C, H or W of size 0), FLAME_ERROR_INVALID_ARGUMENT (a negative out size, a scale that
+ * is negative or not finite, neither an out size nor a scale for a dim, an output size below 1 or not
+ * below 2^31). */
+
+/* 'nearest': output row i reads input row min(floor(i * s), H - 1), s the index scale in f32
+ * (PyTorch's 'nearest', not 'nearest-exact'); likewise for columns. */
+FLAME_API flame_status_t flame_upsample_nearest2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w,
+                                                  flame_tensor_t* out);
+/* 'bilinear': align_corners 1 maps the corner pixels' centres onto each other (index scale
+ * (H - 1) / (out_h - 1), scale factors only size the output); align_corners 0 samples at
+ * (i + 0.5) * s - 0.5, clamped at 0. The interpolation weights are computed in f32 (f64 for f64).
+ * align_corners other than 0 or 1: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_upsample_bilinear2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h,
+                                                   double scale_w, int32_t align_corners, flame_tensor_t* out);
+
+/* ============================== Positional embeddings ============================== */
+
+/* Options of flame_rope. Fill with flame_rope_options_init, then change fields. The struct may grow
+ * at its end; the library reads only struct_size bytes of it. */
+typedef struct flame_rope_options_t {
+  size_t struct_size;      /* sizeof(flame_rope_options_t), set by flame_rope_options_init */
+  double theta;            /* base of the frequencies theta^(-2i / rotary_dim); default 10000 */
+  int64_t rotary_dim;      /* leading features of the last dim that rotate (even, <= D); default 0: all D */
+  int64_t position_offset; /* without position ids, position t of x is position_offset + t (a KV cache's
+                              length when decoding); default 0 */
+  int32_t interleaved;     /* 0 (default): pairs (i, i + rotary_dim / 2), GPT-NeoX and Hugging Face's
+                              rotate_half; 1: pairs (2i, 2i + 1), GPT-J and Meta's llama */
+  int32_t seq_dim;         /* the dim of x that holds positions (negative counts from the end); default
+                              -2 for x [B, H, T, D]; -3 for x [B, T, H, D] */
+} flame_rope_options_t;
+
+/* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_rope_options_init(flame_rope_options_t* opts);
+
+/* Rotary position embeddings (Su et al. 2021), fused: x (floating, >= 2 dims, any strides) has head
+ * features D in its last dim and positions along opts->seq_dim. Each pair (i0, i1) of the first
+ * rotary_dim features (see opts->interleaved) at position p rotates by the angle
+ * a = p * theta^(-2i / rotary_dim), i the pair's index: y[i0] = x[i0] cos a - x[i1] sin a,
+ * y[i1] = x[i1] cos a + x[i0] sin a; the other features are copied. p is position_offset + t, or, when
+ * positions (i64 or i32; may be NULL) is given, positions[t] ([T]) or positions[b, t] ([B, T], b the
+ * index along dim 0 of x, which must then not be seq_dim). The angle is formed and reduced in f64
+ * (long positions lose no accuracy to an f32 product; an f32 table as in Hugging Face's code agrees
+ * to about 1e-4 at positions of some thousands) and cos / sin and the rotation are computed in f32
+ * for f32, f16 and bf16 (f64 for f64). OUT *out: a new contiguous tensor of x's shape and dtype. The
+ * backward rotates the gradient back (the same kernel with sin negated), itself differentiable;
+ * positions get no gradient. Errors: FLAME_ERROR_INVALID_ARGUMENT (opts NULL or its struct_size too
+ * small, theta not finite and > 0, rotary_dim odd, < 2 or above D, seq_dim out of range or the last
+ * dim, interleaved other than 0 or 1, tensors of different contexts), FLAME_ERROR_SHAPE_MISMATCH (x
+ * with fewer than 2 dims, positions neither [T] nor [B, T]), FLAME_ERROR_DTYPE_MISMATCH (x not
+ * floating, positions not i64/i32). */
+FLAME_API flame_status_t flame_rope(flame_tensor_t x, flame_tensor_t positions, const flame_rope_options_t* opts,
+                                    flame_tensor_t* out);
+
+/* Sinusoidal timestep embeddings as diffusers' get_timestep_embedding: for timesteps [N] (any
+ * numeric dtype, converted to f32), with half = dim / 2 and f_i = exp(-ln(max_period) * i /
+ * (half - downscale_freq_shift)), out [N, dim] (f32) holds sin(scale * t f_i) in columns [0, half) and
+ * cos(scale * t f_i) in [half, 2 half), swapped when flip_sin_to_cos is 1, and a zero last column
+ * when dim is odd. Computed in f32 in diffusers' order of operations. A composition of FLAME ops:
+ * differentiable in floating timesteps (integer timesteps take no gradient). Errors:
+ * FLAME_ERROR_SHAPE_MISMATCH (timesteps not 1-D), FLAME_ERROR_DTYPE_MISMATCH (bool timesteps),
+ * FLAME_ERROR_INVALID_ARGUMENT (dim < 1 or > 2^30, max_period not finite and > 0,
+ * downscale_freq_shift or scale not finite, flip_sin_to_cos other than 0 or 1). */
+FLAME_API flame_status_t flame_timestep_embedding(flame_tensor_t timesteps, int64_t dim, double max_period,
+                                                  int32_t flip_sin_to_cos, double downscale_freq_shift, double scale,
+                                                  flame_tensor_t* out);
+
+/* ============================== Composite blocks ============================== */
+/* Building blocks of diffusion and transformer models made of the ops above, with no kernel of their
+ * own: each is differentiable, to any order, through its parts. Inputs are borrowed; OUT *out is a
+ * new tensor. */
+
+/* GEGLU (Shazeer 2020, as diffusers' GEGLU after its projection): x [..., 2 H] (floating) is split
+ * into its halves a = x[..., :H] and gate = x[..., H:]; out [..., H] = a * gelu(gate), gelu exact
+ * (approximate 0) or with the tanh approximation (approximate 1). Errors: FLAME_ERROR_DTYPE_MISMATCH
+ * (x not floating), FLAME_ERROR_SHAPE_MISMATCH (0-d x, odd last dim), FLAME_ERROR_INVALID_ARGUMENT
+ * (approximate other than 0 or 1). */
+FLAME_API flame_status_t flame_geglu(flame_tensor_t x, int32_t approximate, flame_tensor_t* out);
+
+/* adaLN modulation (DiT): out = x * (1 + scale) + shift for x [N, ..., C] (floating, >= 2 dims) and
+ * shift, scale [N, C] of x's dtype, applied per sample (broadcast over the middle dims, as
+ * x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1) for x [N, T, C]). shift and scale may each be NULL
+ * (no shift / no scale). Errors: FLAME_ERROR_DTYPE_MISMATCH (x not floating, another dtype),
+ * FLAME_ERROR_SHAPE_MISMATCH (x with fewer than 2 dims, shift or scale not [N, C]),
+ * FLAME_ERROR_INVALID_ARGUMENT (tensors of different contexts). */
+FLAME_API flame_status_t flame_adaln_modulate(flame_tensor_t x, flame_tensor_t shift, flame_tensor_t scale, flame_tensor_t* out);
+
+/* SiLU-gated MLP (SwiGLU, llama's feed-forward): out = (silu(x w1^T) * (x w3^T)) w2^T for x [..., in],
+ * w1 and w3 [hidden, in], w2 [out, hidden], all of one floating dtype (three flame_linear products
+ * without bias). Errors: FLAME_ERROR_DTYPE_MISMATCH, FLAME_ERROR_SHAPE_MISMATCH (0-d x, weights of
+ * other shapes), FLAME_ERROR_INVALID_ARGUMENT (tensors of different contexts). */
+FLAME_API flame_status_t flame_swiglu_mlp(flame_tensor_t x, flame_tensor_t w1, flame_tensor_t w3, flame_tensor_t w2,
+                                          flame_tensor_t* out);
+
 #ifdef __cplusplus
 }
 #endif

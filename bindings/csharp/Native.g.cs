@@ -63,6 +63,13 @@ namespace Flame.Interop
         FLAME_REDUCTION_SUM = 2,
     }
 
+    public enum flame_pad_mode_t : int
+    {
+        FLAME_PAD_CONSTANT = 0,
+        FLAME_PAD_REFLECT = 1,
+        FLAME_PAD_REPLICATE = 2,
+    }
+
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_ctx_options_t
     {
@@ -123,6 +130,30 @@ namespace Flame.Interop
         public uint flags;
         public double scale;
         public double dropout_p;
+    }
+
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct flame_pool2d_options_t
+    {
+        public UIntPtr struct_size;
+        public fixed long kernel_size[2];
+        public fixed long stride[2];
+        public fixed long padding[2];
+        public fixed long dilation[2];
+        public int ceil_mode;
+        public int count_include_pad;
+        public long divisor_override;
+    }
+
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct flame_rope_options_t
+    {
+        public UIntPtr struct_size;
+        public double theta;
+        public long rotary_dim;
+        public long position_offset;
+        public int interleaved;
+        public int seq_dim;
     }
 
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
@@ -356,6 +387,24 @@ namespace Flame.Interop
             "flame_conv1d",
             "flame_attention_options_init",
             "flame_scaled_dot_product_attention",
+            "flame_scatter",
+            "flame_masked_select",
+            "flame_repeat",
+            "flame_repeat_interleave",
+            "flame_pad",
+            "flame_dropout",
+            "flame_pool2d_options_init",
+            "flame_max_pool2d",
+            "flame_avg_pool2d",
+            "flame_adaptive_avg_pool2d",
+            "flame_upsample_nearest2d",
+            "flame_upsample_bilinear2d",
+            "flame_rope_options_init",
+            "flame_rope",
+            "flame_timestep_embedding",
+            "flame_geglu",
+            "flame_adaln_modulate",
+            "flame_swiglu_mlp",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -963,6 +1012,60 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scaled_dot_product_attention", ExactSpelling = true)]
         public static extern flame_status_t flame_scaled_dot_product_attention(IntPtr q, IntPtr k, IntPtr v, IntPtr mask, flame_attention_options_t* opts, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scatter", ExactSpelling = true)]
+        public static extern flame_status_t flame_scatter(IntPtr t, int dim, IntPtr index, IntPtr src, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_masked_select", ExactSpelling = true)]
+        public static extern flame_status_t flame_masked_select(IntPtr t, IntPtr mask, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_repeat", ExactSpelling = true)]
+        public static extern flame_status_t flame_repeat(IntPtr t, long* repeats, int n, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_repeat_interleave", ExactSpelling = true)]
+        public static extern flame_status_t flame_repeat_interleave(IntPtr t, long repeats, int dim, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_pad", ExactSpelling = true)]
+        public static extern flame_status_t flame_pad(IntPtr t, long* pads, int npads, int mode, double value, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dropout", ExactSpelling = true)]
+        public static extern flame_status_t flame_dropout(IntPtr t, double p, int training, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_pool2d_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_pool2d_options_init(flame_pool2d_options_t* opts, long kernel_h, long kernel_w);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_max_pool2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_max_pool2d(IntPtr x, flame_pool2d_options_t* opts, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_avg_pool2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_avg_pool2d(IntPtr x, flame_pool2d_options_t* opts, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_adaptive_avg_pool2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_adaptive_avg_pool2d(IntPtr x, long out_h, long out_w, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_upsample_nearest2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_upsample_nearest2d(IntPtr x, long out_h, long out_w, double scale_h, double scale_w, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_upsample_bilinear2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_upsample_bilinear2d(IntPtr x, long out_h, long out_w, double scale_h, double scale_w, int align_corners, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rope_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_rope_options_init(flame_rope_options_t* opts);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rope", ExactSpelling = true)]
+        public static extern flame_status_t flame_rope(IntPtr x, IntPtr positions, flame_rope_options_t* opts, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_timestep_embedding", ExactSpelling = true)]
+        public static extern flame_status_t flame_timestep_embedding(IntPtr timesteps, long dim, double max_period, int flip_sin_to_cos, double downscale_freq_shift, double scale, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_geglu", ExactSpelling = true)]
+        public static extern flame_status_t flame_geglu(IntPtr x, int approximate, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_adaln_modulate", ExactSpelling = true)]
+        public static extern flame_status_t flame_adaln_modulate(IntPtr x, IntPtr shift, IntPtr scale, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_swiglu_mlp", ExactSpelling = true)]
+        public static extern flame_status_t flame_swiglu_mlp(IntPtr x, IntPtr w1, IntPtr w3, IntPtr w2, IntPtr* @out);
 
     }
 }

@@ -1371,6 +1371,161 @@ namespace Flame
             return new Tensor(o_out);
         }
 
+        /// <summary><c>flame_status_t flame_scatter(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Scatter(int dim, Tensor index, Tensor src)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_scatter(Raw, dim, Tensor.RawOf(index), Tensor.RawOf(src), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(index);
+            GC.KeepAlive(src);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_masked_select(flame_tensor_t t, flame_tensor_t mask, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor MaskedSelect(Tensor mask)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_masked_select(Raw, Tensor.RawOf(mask), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(mask);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_repeat(flame_tensor_t t, const int64_t* repeats, int32_t n, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Repeat(long[] repeats)
+        {
+            long[] repeats_a = repeats ?? new long[0];
+            IntPtr o_out = IntPtr.Zero;
+            fixed (long* repeats_p = repeats_a)
+            {
+                Status.Check(Native.flame_repeat(Raw, (repeats_a.Length == 0 ? null : repeats_p), (int)repeats_a.Length, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_repeat_interleave(flame_tensor_t t, int64_t repeats, int32_t dim, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor RepeatInterleave(long repeats, int dim)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_repeat_interleave(Raw, repeats, dim, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_t npads, int32_t mode, double value, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Pad(long[] pads, int mode, double value)
+        {
+            long[] pads_a = pads ?? new long[0];
+            IntPtr o_out = IntPtr.Zero;
+            fixed (long* pads_p = pads_a)
+            {
+                Status.Check(Native.flame_pad(Raw, (pads_a.Length == 0 ? null : pads_p), (int)pads_a.Length, mode, value, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Dropout(double p, int training)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_dropout(Raw, p, training, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_adaptive_avg_pool2d(flame_tensor_t x, int64_t out_h, int64_t out_w, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor AdaptiveAvgPool2d(long out_h, long out_w)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_adaptive_avg_pool2d(Raw, out_h, out_w, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_upsample_nearest2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor UpsampleNearest2d(long out_h, long out_w, double scale_h, double scale_w)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_upsample_nearest2d(Raw, out_h, out_w, scale_h, scale_w, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_upsample_bilinear2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w, int32_t align_corners, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor UpsampleBilinear2d(long out_h, long out_w, double scale_h, double scale_w, int align_corners)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_upsample_bilinear2d(Raw, out_h, out_w, scale_h, scale_w, align_corners, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_timestep_embedding(flame_tensor_t timesteps, int64_t dim, double max_period, int32_t flip_sin_to_cos, double downscale_freq_shift, double scale, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor TimestepEmbedding(long dim, double max_period, int flip_sin_to_cos, double downscale_freq_shift, double scale)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_timestep_embedding(Raw, dim, max_period, flip_sin_to_cos, downscale_freq_shift, scale, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_geglu(flame_tensor_t x, int32_t approximate, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor Geglu(int approximate)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_geglu(Raw, approximate, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_adaln_modulate(flame_tensor_t x, flame_tensor_t shift, flame_tensor_t scale, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor AdalnModulate(Tensor shift, Tensor scale)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_adaln_modulate(Raw, Tensor.RawOf(shift), Tensor.RawOf(scale), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(shift);
+            GC.KeepAlive(scale);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_swiglu_mlp(flame_tensor_t x, flame_tensor_t w1, flame_tensor_t w3, flame_tensor_t w2, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor SwigluMlp(Tensor w1, Tensor w3, Tensor w2)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_swiglu_mlp(Raw, Tensor.RawOf(w1), Tensor.RawOf(w3), Tensor.RawOf(w2), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(w1);
+            GC.KeepAlive(w3);
+            GC.KeepAlive(w2);
+            return new Tensor(o_out);
+        }
+
         /// <summary><c>flame_status_t flame_cat(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out)</c></summary>
         public static unsafe Tensor Cat(Tensor[] tensors, int dim)
         {

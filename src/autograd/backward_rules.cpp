@@ -14,6 +14,7 @@
 #include "ops/indexing.h"
 #include "ops/loss.h"
 #include "ops/conv.h"
+#include "ops/nnops.h"
 #include "ops/ops.h"
 
 namespace flame {
@@ -454,6 +455,42 @@ RULE(Attention) {
           n.needs_input_grad(2) ? r.dv : nullptr, nm ? r.dmask : nullptr};
 }
 
+// ---- more nn ops (ops/nnops.h) ----
+RULE(Scatter) {  // ints: dim. t: g with the scattered positions zeroed; src: g gathered at index
+  const int dim = static_cast<int>(n.ints[0]);
+  Tensor index = saved(n, 0);
+  Tensor gx, gs;
+  if (n.needs_input_grad(0)) gx = scatter_index(g, dim, index, zeros(g->ctx(), index->shape, g->dtype), "scatter (backward): index");
+  if (n.needs_input_grad(1)) gs = gather_index(g, dim, index, kNoIndex, false, "scatter (backward): index");
+  return {gx, gs};
+}
+RULE(ConstantPad) {  // ints: the left pad of each dim; the gradient is g's interior
+  Tensor r = g;
+  for (int d = 0; d < g->ndim(); ++d)
+    if (r->shape[d] != n.inputs[0].shape[d]) r = narrow(r, d, n.ints[static_cast<size_t>(d)], n.inputs[0].shape[d]);
+  return {r};
+}
+RULE(Dropout) {  // ints: seed, offset; reals: p. The same mask (regenerated) and scale
+  return {dropout_apply(g, static_cast<uint64_t>(n.ints[0]), static_cast<uint64_t>(n.ints[1]), s0(n))};
+}
+RULE(MaxPool2d) {  // saved: the winners' flat indices h * W + w [N, C, OH, OW] (-1: none); g goes there
+  const Shape& xs = n.inputs[0].shape;
+  Tensor idx = saved(n, 0);
+  const int64_t N = xs[0], C = xs[1], L = idx->shape[2] * idx->shape[3];
+  Tensor dx = scatter_add_index(zeros(g->ctx(), {N, C, xs[2] * xs[3]}, g->dtype), 2, reshape(idx, {N, C, L}),
+                                reshape(g, {N, C, L}), -1, 1.0, "max_pool2d (backward): index");
+  return {reshape(dx, xs)};
+}
+RULE(AvgPool2d) { return {avg_pool2d_adjoint(g, PoolParams::from_ints(n.ints))}; }
+RULE(AvgPool2dBackward) { return {avg_pool2d_apply(g, PoolParams::from_ints(n.ints))}; }
+RULE(Upsample2d) { return {upsample2d_adjoint(g, UpsampleParams::from_node(n.ints, n.reals))}; }
+RULE(Upsample2dBackward) { return {upsample2d_apply(g, UpsampleParams::from_node(n.ints, n.reals))}; }
+RULE(Rope) {  // the rotation is orthogonal: its transpose rotates back (saved: the position ids, if given)
+  RopeParams p = RopeParams::from_node(n.ints, n.reals);
+  p.inverse = !p.inverse;
+  return {rope_apply(g, n.saved.empty() ? nullptr : saved(n, 0), p)};
+}
+
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
 #define DIFF(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;
@@ -469,6 +506,8 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(Gather) DIFF(ScatterAdd)
   DIFF(Conv2d) DIFF(ConvTranspose2d) DIFF(ConvWeightGrad)  // ops/conv.h
   DIFF(Attention)  // ops/attention.h
+  DIFF(Scatter) DIFF(ConstantPad) DIFF(Dropout) DIFF(MaxPool2d) DIFF(AvgPool2d) DIFF(AvgPool2dBackward)
+  DIFF(Upsample2d) DIFF(Upsample2dBackward) DIFF(Rope)  // ops/nnops.h
 #undef DIFF
   return r;
 }

@@ -153,6 +153,26 @@
   X(Attention, scaled_dot_product_attention)
 #define FLAME_ATTENTION_INTERNAL_OPS(X) \
   X(AttentionBackward, scaled_dot_product_attention_backward)
+// ---- more neural-network ops (issue 5, second part; declared in src/ops/nnops.h) ----
+// Recorded nodes, each with a backward rule written with FLAME ops: scatter and the constant pad
+// (src/ops/indexing_extra.cpp, kernel in cuda/scatter.cuh; masked_select, repeat, repeat_interleave
+// and the reflect and replicate pads are compositions and need no row); dropout (src/ops/dropout.cpp,
+// cuda/dropout.cuh: its backward is itself with the same seed and offset); pooling
+// (src/ops/pooling.cpp, cuda/pool.cuh: max_pool2d scatters to its argmax; average pooling, fixed or
+// adaptive, and its adjoint are each other's backward); upsampling (src/ops/upsample.cpp,
+// cuda/upsample.cuh: nearest or bilinear, and its adjoint, each the other's backward); rotary
+// embeddings (src/ops/rope.cpp, cuda/rope.cuh: the backward rotates back; timestep embeddings are a
+// composition and need no row).
+#define FLAME_NNOPS_OPS(X)                    \
+  X(Scatter, scatter)                         \
+  X(ConstantPad, constant_pad)                \
+  X(Dropout, dropout)                         \
+  X(MaxPool2d, max_pool2d)                    \
+  X(AvgPool2d, avg_pool2d)                    \
+  X(AvgPool2dBackward, avg_pool2d_backward)   \
+  X(Upsample2d, upsample2d)                   \
+  X(Upsample2dBackward, upsample2d_backward)  \
+  X(Rope, rope)
 
 namespace flame {
 
@@ -165,6 +185,7 @@ enum class OpId : int {
   FLAME_LOSS_OPS(FLAME_OP_ENUM) FLAME_INDEXING_OPS(FLAME_OP_ENUM)
   FLAME_CONV_OPS(FLAME_OP_ENUM)
   FLAME_ATTENTION_OPS(FLAME_OP_ENUM) FLAME_ATTENTION_INTERNAL_OPS(FLAME_OP_ENUM)
+  FLAME_NNOPS_OPS(FLAME_OP_ENUM)
 #undef FLAME_OP_ENUM
   Count
 };

@@ -833,3 +833,151 @@ TEST(NullArguments, Attention) {
     EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
   }
 }
+
+// ============================== Indexing: scatter, masked_select, repeat, pad ==============================
+
+static_assert(FLAME_PAD_CONSTANT == 0 && FLAME_PAD_REFLECT == 1 && FLAME_PAD_REPLICATE == 2, "flame_pad_mode_t is frozen");
+static_assert(sizeof(flame_pad_mode_t) == 4, "enums are 32-bit");
+
+TEST(NullArguments, NnIndexing) {
+  flame_tensor_t t = nullptr;
+  const int64_t two[2] = {1, 1};
+  const std::vector<OutCase> cases = {
+      {"flame_scatter", [=](flame_tensor_t* o) { return flame_scatter(t, 0, t, t, o); }},
+      {"flame_masked_select", [=](flame_tensor_t* o) { return flame_masked_select(t, t, o); }},
+      {"flame_repeat", [=](flame_tensor_t* o) { return flame_repeat(t, two, 2, o); }},
+      {"flame_repeat_interleave", [=](flame_tensor_t* o) { return flame_repeat_interleave(t, 2, 0, o); }},
+      {"flame_pad", [=](flame_tensor_t* o) { return flame_pad(t, two, 2, FLAME_PAD_CONSTANT, 0.0, o); }},
+      {"flame_dropout", [=](flame_tensor_t* o) { return flame_dropout(t, 0.5, 1, o); }},
+  };
+  for (const OutCase& c : cases) {
+    flame_tensor_t out = sentinel_tensor();
+    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
+    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
+    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
+    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
+  }
+}
+
+// ============================== Pooling ==============================
+
+static_assert(offsetof(flame_pool2d_options_t, struct_size) == 0, "layout");
+static_assert(offsetof(flame_pool2d_options_t, kernel_size) == 8, "layout");
+static_assert(offsetof(flame_pool2d_options_t, stride) == 24, "layout");
+static_assert(offsetof(flame_pool2d_options_t, padding) == 40, "layout");
+static_assert(offsetof(flame_pool2d_options_t, dilation) == 56, "layout");
+static_assert(offsetof(flame_pool2d_options_t, ceil_mode) == 72, "layout");
+static_assert(offsetof(flame_pool2d_options_t, count_include_pad) == 76, "layout");
+static_assert(offsetof(flame_pool2d_options_t, divisor_override) == 80, "layout");
+static_assert(sizeof(flame_pool2d_options_t) == 88, "layout");
+
+TEST(Pool2dOptions, InitSetsDefaults) {
+  flame_pool2d_options_t o;
+  std::memset(&o, 0x5a, sizeof o);
+  FLAME_EXPECT_STATUS(flame_pool2d_options_init(&o, 3, 2), FLAME_OK);
+  EXPECT_EQ(o.struct_size, sizeof o);
+  EXPECT_EQ(o.kernel_size[0], 3);
+  EXPECT_EQ(o.stride[1], 2);
+  EXPECT_EQ(o.padding[0], 0);
+  EXPECT_EQ(o.dilation[1], 1);
+  EXPECT_EQ(o.ceil_mode, 0);
+  EXPECT_EQ(o.count_include_pad, 1);
+  EXPECT_EQ(o.divisor_override, 0);
+  FLAME_EXPECT_STATUS(flame_pool2d_options_init(nullptr, 3, 2), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_pool2d_options_init")) << flame_last_error_message();
+}
+
+TEST(NullArguments, Pooling) {
+  flame_tensor_t t = nullptr;
+  flame_pool2d_options_t o;
+  flame_pool2d_options_init(&o, 2, 2);
+  const flame_pool2d_options_t* po = &o;
+  const std::vector<OutCase> cases = {
+      {"flame_max_pool2d", [=](flame_tensor_t* out) { return flame_max_pool2d(t, po, out); }},
+      {"flame_avg_pool2d", [=](flame_tensor_t* out) { return flame_avg_pool2d(t, po, out); }},
+      {"flame_adaptive_avg_pool2d", [=](flame_tensor_t* out) { return flame_adaptive_avg_pool2d(t, 2, 2, out); }},
+  };
+  for (const OutCase& c : cases) {
+    flame_tensor_t out = sentinel_tensor();
+    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
+    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
+    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
+    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
+  }
+}
+
+// ============================== Upsampling ==============================
+
+TEST(NullArguments, Upsampling) {
+  flame_tensor_t t = nullptr;
+  const std::vector<OutCase> cases = {
+      {"flame_upsample_nearest2d", [=](flame_tensor_t* o) { return flame_upsample_nearest2d(t, 0, 0, 2.0, 2.0, o); }},
+      {"flame_upsample_bilinear2d", [=](flame_tensor_t* o) { return flame_upsample_bilinear2d(t, 4, 4, 0.0, 0.0, 0, o); }},
+  };
+  for (const OutCase& c : cases) {
+    flame_tensor_t out = sentinel_tensor();
+    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
+    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
+    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
+    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
+  }
+}
+
+// ============================== Positional embeddings ==============================
+
+static_assert(offsetof(flame_rope_options_t, struct_size) == 0, "layout");
+static_assert(offsetof(flame_rope_options_t, theta) == 8, "layout");
+static_assert(offsetof(flame_rope_options_t, rotary_dim) == 16, "layout");
+static_assert(offsetof(flame_rope_options_t, position_offset) == 24, "layout");
+static_assert(offsetof(flame_rope_options_t, interleaved) == 32, "layout");
+static_assert(offsetof(flame_rope_options_t, seq_dim) == 36, "layout");
+static_assert(sizeof(flame_rope_options_t) == 40, "layout");
+
+TEST(RopeOptions, InitSetsDefaults) {
+  flame_rope_options_t o;
+  std::memset(&o, 0x5a, sizeof o);
+  FLAME_EXPECT_STATUS(flame_rope_options_init(&o), FLAME_OK);
+  EXPECT_EQ(o.struct_size, sizeof o);
+  EXPECT_EQ(o.theta, 10000.0);
+  EXPECT_EQ(o.rotary_dim, 0);
+  EXPECT_EQ(o.position_offset, 0);
+  EXPECT_EQ(o.interleaved, 0);
+  EXPECT_EQ(o.seq_dim, -2);
+  FLAME_EXPECT_STATUS(flame_rope_options_init(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(NullArguments, PositionalEmbeddings) {
+  flame_tensor_t t = nullptr;
+  flame_rope_options_t o;
+  flame_rope_options_init(&o);
+  const flame_rope_options_t* po = &o;
+  const std::vector<OutCase> cases = {
+      {"flame_rope", [=](flame_tensor_t* out) { return flame_rope(t, nullptr, po, out); }},
+      {"flame_timestep_embedding", [=](flame_tensor_t* out) { return flame_timestep_embedding(t, 8, 1e4, 0, 1.0, 1.0, out); }},
+  };
+  for (const OutCase& c : cases) {
+    flame_tensor_t out = sentinel_tensor();
+    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
+    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
+    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
+    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
+  }
+}
+
+// ============================== Composite blocks ==============================
+
+TEST(NullArguments, CompositeBlocks) {
+  flame_tensor_t t = nullptr;
+  const std::vector<OutCase> cases = {
+      {"flame_geglu", [=](flame_tensor_t* o) { return flame_geglu(t, 0, o); }},
+      {"flame_adaln_modulate", [=](flame_tensor_t* o) { return flame_adaln_modulate(t, t, t, o); }},
+      {"flame_swiglu_mlp", [=](flame_tensor_t* o) { return flame_swiglu_mlp(t, t, t, t, o); }},
+  };
+  for (const OutCase& c : cases) {
+    flame_tensor_t out = sentinel_tensor();
+    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
+    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
+    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
+    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
+  }
+}

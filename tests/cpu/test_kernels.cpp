@@ -177,3 +177,32 @@ TEST_P(KernelCompile, Attention) {
   EXPECT_EQ(names.size(), 37u);
   compile_all("attention.cuh", names, GetParam());
 }
+
+// ---- more nn ops (ops/nnops.h): scatter, dropout, pooling, upsampling, rotary embeddings ----
+#include "ops/nnops.h"
+
+TEST_P(KernelCompile, NnopsScatter) {
+  auto names = flame::ops::scatter_instantiations();
+  EXPECT_EQ(names.size(), 16u);
+  compile_all("scatter.cuh", names, GetParam());
+}
+TEST_P(KernelCompile, NnopsDropout) {
+  auto names = flame::ops::dropout_instantiations();
+  EXPECT_EQ(names.size(), 8u);
+  compile_all("dropout.cuh", names, GetParam());
+}
+TEST_P(KernelCompile, NnopsPooling) {
+  auto names = flame::ops::pool_instantiations();
+  EXPECT_EQ(names.size(), 12u);
+  compile_all("pool.cuh", names, GetParam());
+}
+TEST_P(KernelCompile, NnopsUpsample) {
+  auto names = flame::ops::upsample_instantiations();
+  EXPECT_EQ(names.size(), 8u);
+  compile_all("upsample.cuh", names, GetParam());
+}
+TEST_P(KernelCompile, NnopsRope) {
+  auto names = flame::ops::rope_instantiations();
+  EXPECT_EQ(names.size(), 8u);
+  compile_all("rope.cuh", names, GetParam());
+}

@@ -204,6 +204,64 @@ _SIGNATURES.update({
 })
 
 
+# ---- more nn ops (flame.h "Indexing: scatter, masked_select, repeat, pad" and the sections after it)
+_SIGNATURES.update({
+    "flame_scatter": (c_int, [H, i32, H, H, P(H)]),
+    "flame_masked_select": (c_int, [H, H, P(H)]),
+    "flame_repeat": (c_int, [H, P(i64), i32, P(H)]),
+    "flame_repeat_interleave": (c_int, [H, i64, i32, P(H)]),
+    "flame_pad": (c_int, [H, P(i64), i32, i32, f64, P(H)]),
+    "flame_ctx_set_rng_state": (c_int, [H, u64, u64]),
+    "flame_ctx_get_rng_state": (c_int, [H, P(u64), P(u64)]),
+    "flame_dropout": (c_int, [H, f64, i32, P(H)]),
+})
+
+
+class Pool2dOptions(ctypes.Structure):
+    """flame_pool2d_options_t."""
+    _fields_ = [
+        ("struct_size", size_t),
+        ("kernel_size", i64 * 2),
+        ("stride", i64 * 2),
+        ("padding", i64 * 2),
+        ("dilation", i64 * 2),
+        ("ceil_mode", i32),
+        ("count_include_pad", i32),
+        ("divisor_override", i64),
+    ]
+
+
+_SIGNATURES.update({
+    "flame_pool2d_options_init": (c_int, [P(Pool2dOptions), i64, i64]),
+    "flame_max_pool2d": (c_int, [H, P(Pool2dOptions), P(H)]),
+    "flame_avg_pool2d": (c_int, [H, P(Pool2dOptions), P(H)]),
+    "flame_adaptive_avg_pool2d": (c_int, [H, i64, i64, P(H)]),
+    "flame_upsample_nearest2d": (c_int, [H, i64, i64, f64, f64, P(H)]),
+    "flame_upsample_bilinear2d": (c_int, [H, i64, i64, f64, f64, i32, P(H)]),
+})
+
+
+class RopeOptions(ctypes.Structure):
+    """flame_rope_options_t."""
+    _fields_ = [
+        ("struct_size", size_t),
+        ("theta", f64),
+        ("rotary_dim", i64),
+        ("position_offset", i64),
+        ("interleaved", i32),
+        ("seq_dim", i32),
+    ]
+
+
+_SIGNATURES.update({
+    "flame_rope_options_init": (c_int, [P(RopeOptions)]),
+    "flame_rope": (c_int, [H, H, P(RopeOptions), P(H)]),
+    "flame_timestep_embedding": (c_int, [H, i64, f64, i32, f64, f64, P(H)]),
+    "flame_geglu": (c_int, [H, i32, P(H)]),
+    "flame_adaln_modulate": (c_int, [H, H, H, P(H)]),
+    "flame_swiglu_mlp": (c_int, [H, H, H, H, P(H)]),
+})
+
 class FlameError(RuntimeError):
     def __init__(self, status, status_name, what, message):
         super().__init__(f"{what} -> {status_name}: {message}")

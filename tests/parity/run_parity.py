@@ -366,6 +366,7 @@ def build_rows():
     indexing_rows()
     conv_rows()
     attention_rows()
+    nnops_rows()
     return ROWS
 
 
@@ -712,6 +713,317 @@ def attention_rows():
         case = [I((2, 3, lq, d)), I((2, 3, lk, d)), I((2, 3, lk, d))] + ([mask] if mask else [])
         r = row(nm, fn, tn, [case])
         r.dtypes = ("f64", "f32", "bf16", "f16") if nm != "sdpa_small_additive_mask" else ("f64", "f32")
+# ---------------------------------------------------------------------------- more nn ops (issue 5, part 2)
+# scatter, masked_select, repeat, repeat_interleave, pad (and, below, dropout, pooling, upsampling,
+# rotary / timestep embeddings, composites) against torch.
+
+
+class DistinctIdx(Dom):
+    """Integer indices in [0, size) that are distinct along dim (scatter is defined only for those)."""
+
+    def __init__(self, dim, size):
+        super().__init__(0, size - 1, kind="int")
+        self.dim, self.size = dim, size
+
+    def draw(self, gen, shape):
+        u = torch.rand(tuple(shape), generator=gen, dtype=torch.float64)
+        ranks = u.argsort(dim=self.dim).argsort(dim=self.dim)  # a random permutation of 0..len-1 per line
+        shift = torch.randint(0, self.size, (1,), generator=gen).item()
+        return ((ranks + shift) % self.size).to(torch.float64)
+
+
+def nnops_indexing_rows():
+    def index(fl, t):
+        return fl.call("to_dtype", t, fc.DTYPES["i64"])
+
+    def scatter(name, x, dim, ishape, src, **k):
+        size = x.shape[dim]
+        row(name, lambda fl, a, dt: fl.call("scatter", a[0], dim, index(fl, a[1]), a[2]),
+            lambda a, dt: torch.scatter(a[0], dim, a[1].long(), a[2]), [[x, CONST(ishape, DistinctIdx(dim, size)), src]], **k)
+
+    scatter("scatter_dim1", I((3, 5)), 1, (3, 4), I((3, 4)), bf16=True)
+    scatter("scatter_dim0_nc", NC((4, 3)), 0, (3, 3), NC((3, 3)))
+    # torch cannot differentiate a src larger than index (its gradient has index's shape): a constant here
+    scatter("scatter_src_larger", I((2, 3, 4)), 2, (2, 2, 3), CONST((3, 3, 5)))
+    row("masked_select", lambda fl, a, dt: fl.call("masked_select", a[0], a[1]), lambda a, dt: torch.masked_select(a[0], a[1]),
+        [[I((3, 4)), COND((3, 4))], [NC((1, 4)), COND((3, 4))], [I((2, 3, 4)), COND((3, 1))]], bf16=True)
+
+    def repeat(name, reps, cases, **k):
+        arr = lambda: fc._arr(fc.i64, reps)  # noqa: E731
+        row(name, lambda fl, a, dt: fl.call("repeat", a[0], *arr()), lambda a, dt: a[0].repeat(*reps), cases, **k)
+
+    repeat("repeat_leading", (2, 1, 3), [[I((2, 3))], [NC((2, 3))]], bf16=True)
+    repeat("repeat_0d", (3,), [[I(())]])
+    repeat("repeat_zero", (0, 2), [[I((2, 3))]])
+    for nm, r, dim, cases in (("repeat_interleave_dim1", 2, 1, [[I((2, 3))], [NC((2, 3))]]),
+                              ("repeat_interleave_flat", 3, None, [[NC((3, 2))]]),
+                              ("repeat_interleave_dim0", 2, -3, [[I((2, 3, 2))]])):
+        row(nm, (lambda r, dim: lambda fl, a, dt: fl.call("repeat_interleave", a[0], r, fc.DIM_ALL if dim is None else dim))(r, dim),
+            (lambda r, dim: lambda a, dt: torch.repeat_interleave(a[0], r, dim=dim))(r, dim), cases, bf16=nm.endswith("dim1"))
+
+    modes = {"constant": 0, "reflect": 1, "replicate": 2}
+
+    def pad(name, pads, mode, value, cases, **k):
+        row(name, lambda fl, a, dt: fl.call("pad", a[0], *fc._arr(fc.i64, pads), modes[mode], value),
+            lambda a, dt: F.pad(a[0], pads, mode=mode, value=value) if mode == "constant" else F.pad(a[0], pads, mode=mode),
+            cases, **k)
+
+    pad("pad_constant", (1, 2, 0, 1), "constant", 0.5, [[I((2, 3, 4))], [NC((2, 3, 4))]], bf16=True)
+    pad("pad_constant_crop", (-1, 2, 1, -1), "constant", -1.0, [[NC((3, 5))]])
+    pad("pad_constant_every_dim", (1, 0, 0, 2), "constant", 0.0, [[I((2, 3))]])
+    pad("pad_reflect_1d", (2, 3), "reflect", 0.0, [[I((2, 5))], [NC((3, 5))]], bf16=True)
+    pad("pad_reflect_2d", (1, 1, 2, 0), "reflect", 0.0, [[I((2, 3, 4, 4))], [NC((2, 3, 4, 4))]])
+    pad("pad_reflect_3d", (1, 1, 2, 0, 1, 2), "reflect", 0.0, [[I((1, 2, 3, 4, 4))]])
+    pad("pad_replicate_2d", (2, 1, 1, 3), "replicate", 0.0, [[I((2, 3, 3))], [NC((2, 3, 5))]], bf16=True)
+    pad("pad_replicate_3d", (1, 0, 0, 2, 1, 1), "replicate", 0.0, [[I((1, 2, 2, 3, 3))]])
+    # the realistic downsampling pad of diffusion models (F.pad(x, (0, 1, 0, 1)) before a stride-2 conv)
+    pad("pad_constant_diffusion", (0, 1, 0, 1), "constant", 0.0, [[I((2, 128, 64, 64))]])
+
+
+def philox_keep_mask(seed, offset, n, p):
+    """flame.h "Dropout": element e is kept when word e % 4 of Philox4x32-10(seed, offset + e // 4),
+    shifted right by 8 and over 2^24, is >= p (Python integers; small n only)."""
+    M = 0xFFFFFFFF
+    keep, pf = [], float(torch.tensor(p, dtype=torch.float32))
+    for g in range((n + 3) // 4):
+        ctr = offset + g
+        k0, k1 = seed & M, (seed >> 32) & M
+        x, y, z, w = ctr & M, (ctr >> 32) & M, 0, 0
+        for _ in range(10):
+            p0, p1 = 0xD2511F53 * x, 0xCD9E8D57 * z
+            x, y, z, w = ((p1 >> 32) ^ y ^ k0) & M, p1 & M, ((p0 >> 32) ^ w ^ k1) & M, p0 & M
+            k0, k1 = (k0 + 0x9E3779B9) & M, (k1 + 0xBB67AE85) & M
+        for word in (x, y, z, w):
+            keep.append((word >> 8) * 5.9604644775390625e-8 >= pf)
+    return torch.tensor(keep[:n], dtype=torch.bool)
+
+
+def nnops_dropout_rows():
+    """The mask cannot come from torch's generator: the torch side applies FLAME's documented Philox
+    mask with torch ops (x * mask * scale), so values and gradients are compared exactly as for any op."""
+    seed, offset = 20260101, 5
+
+    def dropout(name, p, cases, **k):
+        def ffn(fl, a, dt):
+            fl.check(fl.fn("flame_ctx_set_rng_state")(flame_ctx_of(fl, a[0]), seed, offset), "flame_ctx_set_rng_state")
+            return fl.call("dropout", a[0], p, 1)
+
+        def tfn(a, dt):
+            mask = philox_keep_mask(seed, offset, a[0].numel(), p).reshape(a[0].shape).cuda()
+            return a[0] * mask.to(a[0].dtype) * (1.0 / (1.0 - p))
+        row(name, ffn, tfn, cases, **k)
+
+    dropout("dropout_p03", 0.3, [[I((3, 5))], [NC((4, 6))], [NC((9,))]], bf16=True)
+    dropout("dropout_p09_3d", 0.9, [[I((2, 3, 8))]])
+    row("dropout_eval", lambda fl, a, dt: fl.call("dropout", a[0], 0.5, 0), lambda a, dt: F.dropout(a[0], 0.5, training=False),
+        [[I((3, 4))]])
+    row("dropout_p1", lambda fl, a, dt: fl.call("dropout", a[0], 1.0, 1), lambda a, dt: F.dropout(a[0], 1.0, training=True),
+        [[I((3, 4))]], bf16=True)
+
+
+def to_channels_last_flame(fl, t):
+    """The same values with a channels-last layout (C stride 1), through recorded FLAME ops."""
+    a = fl.permute(fl.call("contiguous", fl.permute(t, [0, 2, 3, 1])), [0, 3, 1, 2])
+    return a
+
+
+def nnops_pool_rows():
+    import ctypes
+
+    def opts(fl, k, s=None, p=0, d=1, ceil=False, cip=True, div=0):
+        o = fc.Pool2dOptions()
+        fl.check(fl.fn("flame_pool2d_options_init")(ctypes.byref(o), k[0], k[1]), "flame_pool2d_options_init")
+        s = s or k
+        o.stride[0], o.stride[1] = s
+        o.padding[0], o.padding[1] = p if isinstance(p, tuple) else (p, p)
+        o.dilation[0], o.dilation[1] = d if isinstance(d, tuple) else (d, d)
+        o.ceil_mode, o.count_include_pad, o.divisor_override = int(ceil), int(cip), div
+        return o
+
+    def pool(name, kind, cases, cl=False, k=(2, 2), s=None, p=0, d=1, ceil=False, cip=True, div=0, size=None, **kw):
+        def ffn(fl, a, dt):
+            x = to_channels_last_flame(fl, a[0]) if cl else a[0]
+            if kind == "adaptive":
+                return fl.call("adaptive_avg_pool2d", x, size[0], size[1])
+            return fl.call(f"{kind}_pool2d", x, ctypes.byref(opts(fl, k, s, p, d, ceil, cip, div)))
+
+        def tfn(a, dt):
+            x = a[0].contiguous(memory_format=torch.channels_last) if cl else a[0]
+            if kind == "adaptive":
+                return F.adaptive_avg_pool2d(x, size)
+            if kind == "max":
+                return F.max_pool2d(x, k, s or k, p, d, ceil_mode=ceil)
+            return F.avg_pool2d(x, k, s or k, p, ceil_mode=ceil, count_include_pad=cip, divisor_override=div or None)
+        row(name, ffn, tfn, cases, **kw)
+
+    pool("max_pool_k3_s2_p1", "max", [[I((2, 3, 7, 6))], [NC((2, 3, 6, 7))], [I((3, 7, 6))]], k=(3, 3), s=(2, 2), p=1, bf16=True)
+    pool("max_pool_k2_channels_last", "max", [[I((2, 4, 6, 6))]], cl=True, bf16=True)
+    pool("max_pool_dilation2_ceil", "max", [[I((1, 2, 9, 8))]], k=(3, 3), s=(2, 2), p=1, d=2, ceil=True)
+    pool("max_pool_rect_pad", "max", [[NC((2, 5, 6))]], k=(2, 3), s=(2, 1), p=(1, 1))
+    pool("avg_pool_k2", "avg", [[I((2, 3, 6, 8))], [NC((2, 3, 8, 6))]], bf16=True)
+    pool("avg_pool_k3_s2_p1_exclude_pad", "avg", [[I((1, 2, 7, 7))]], k=(3, 3), s=(2, 2), p=1, cip=False)
+    pool("avg_pool_k3_s2_p1_ceil", "avg", [[I((1, 2, 6, 5))], [I((2, 6, 5))]], k=(3, 3), s=(2, 2), p=1, ceil=True)
+    pool("avg_pool_divisor_channels_last", "avg", [[I((1, 3, 4, 6))]], cl=True, k=(2, 2), s=(1, 2), div=3, bf16=True)
+    pool("adaptive_avg_7x5_to_3x2", "adaptive", [[I((2, 3, 7, 5))], [NC((2, 3, 7, 5))]], size=(3, 2), bf16=True)
+    pool("adaptive_avg_up_3x3_to_4x5", "adaptive", [[I((1, 2, 3, 3))]], size=(4, 5))
+    pool("adaptive_avg_global_channels_last", "adaptive", [[I((2, 4, 5, 5))]], cl=True, size=(1, 1))
+    # realistic diffusion shapes
+    pool("avg_pool_k2_diffusion", "avg", [[I((2, 320, 64, 64))]], bf16=True)
+    pool("max_pool_k3_s2_p1_diffusion", "max", [[I((2, 320, 64, 64))]], k=(3, 3), s=(2, 2), p=1, bf16=True)
+
+
+def nnops_upsample_rows():
+    """interpolate(size=...) is FLAME's (out, 0); interpolate(scale_factor=s) is (0, s)."""
+    def up(name, mode, cases, size=None, scale=None, align=None, cl=False, **kw):
+        oh, ow = size or (0, 0)
+        sh, sw = (scale, scale) if isinstance(scale, (int, float)) else (scale or (0.0, 0.0))
+
+        def ffn(fl, a, dt):
+            x = to_channels_last_flame(fl, a[0]) if cl else a[0]
+            if mode == "nearest":
+                return fl.call("upsample_nearest2d", x, oh, ow, float(sh), float(sw))
+            return fl.call("upsample_bilinear2d", x, oh, ow, float(sh), float(sw), int(bool(align)))
+
+        def tfn(a, dt):
+            x = a[0].contiguous(memory_format=torch.channels_last) if cl else a[0]
+            kw2 = {"size": size} if size else {"scale_factor": scale}
+            if mode == "bilinear":
+                kw2["align_corners"] = bool(align)
+            return F.interpolate(x, mode=mode, **kw2)
+        row(name, ffn, tfn, cases, **kw)
+
+    up("nearest_x2", "nearest", [[I((2, 3, 4, 5))], [NC((2, 3, 5, 4))]], scale=2.0, bf16=True)
+    up("nearest_size_5x7", "nearest", [[I((1, 2, 3, 4))]], size=(5, 7))
+    up("nearest_scale_1p7x2p5", "nearest", [[NC((1, 2, 5, 4))]], scale=(1.7, 2.5))
+    up("nearest_down_3x4", "nearest", [[I((1, 2, 7, 6))]], size=(3, 4))
+    up("nearest_scale_0p6", "nearest", [[I((1, 2, 7, 9))]], scale=0.6)
+    up("nearest_x2_channels_last", "nearest", [[I((2, 4, 3, 3))]], scale=2.0, cl=True, bf16=True)
+    up("bilinear_x2", "bilinear", [[I((2, 3, 4, 5))], [NC((2, 3, 5, 4))]], scale=2.0, align=False, bf16=True)
+    up("bilinear_align_size_5x7", "bilinear", [[I((1, 2, 3, 4))]], size=(5, 7), align=True)
+    up("bilinear_size_7x5", "bilinear", [[NC((1, 2, 4, 3))]], size=(7, 5), align=False)
+    up("bilinear_down_3x4", "bilinear", [[I((1, 2, 7, 6))]], size=(3, 4), align=False)
+    up("bilinear_align_down_3x4", "bilinear", [[I((1, 2, 7, 6))]], size=(3, 4), align=True)
+    up("bilinear_scale_1p5_channels_last", "bilinear", [[I((1, 3, 4, 4))]], scale=1.5, align=False, cl=True, bf16=True)
+    up("bilinear_align_scale_2p3", "bilinear", [[I((1, 2, 4, 5))]], scale=2.3, align=True)
+    # the realistic diffusion shape: nearest x2 of [2, 320, 64, 64] (UNet up blocks)
+    up("nearest_x2_diffusion", "nearest", [[I((2, 320, 64, 64))]], scale=2.0, bf16=True)
+    up("bilinear_x2_diffusion", "bilinear", [[I((2, 320, 64, 64))]], scale=2.0, align=False)
+
+
+def rope_torch(x, pos, theta, rd, interleaved, seq_dim):
+    """A straightforward RoPE in torch: angles and cos / sin in float64 (as FLAME forms its angles),
+    pos a float tensor [T] or [B, T], both layouts, rotary_dim <= D."""
+    nd, D = x.dim(), x.shape[-1]
+    rd, sd = rd or D, seq_dim % x.dim()
+    inv = 1.0 / theta ** (torch.arange(0, rd, 2, dtype=torch.float64, device=x.device) / rd)
+    shape = [1] * nd
+    shape[sd] = pos.shape[-1]
+    if pos.dim() == 2:
+        shape[0] = pos.shape[0]
+    ang = pos.to(torch.float64).reshape(shape) * inv  # broadcasts over the last dim: [..., rd / 2]
+    cos, sin = ang.cos(), ang.sin()
+    xr = x[..., :rd].to(torch.float64)
+    if interleaved:
+        a, b = xr[..., 0::2], xr[..., 1::2]
+        y = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
+    else:
+        a, b = xr[..., :rd // 2], xr[..., rd // 2:]
+        y = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+    return torch.cat([y.to(x.dtype), x[..., rd:]], dim=-1)
+
+
+def get_timestep_embedding(timesteps, embedding_dim, flip_sin_to_cos=False, downscale_freq_shift=1, scale=1,
+                           max_period=10000):
+    """diffusers.models.embeddings.get_timestep_embedding, verbatim."""
+    half_dim = embedding_dim // 2
+    exponent = -math.log(max_period) * torch.arange(start=0, end=half_dim, dtype=torch.float32, device=timesteps.device)
+    exponent = exponent / (half_dim - downscale_freq_shift)
+    emb = torch.exp(exponent)
+    emb = timesteps[:, None].float() * emb[None, :]
+    emb = scale * emb
+    emb = torch.cat([torch.sin(emb), torch.cos(emb)], dim=-1)
+    if flip_sin_to_cos:
+        emb = torch.cat([emb[:, half_dim:], emb[:, :half_dim]], dim=-1)
+    if embedding_dim % 2 == 1:
+        emb = torch.nn.functional.pad(emb, (0, 1, 0, 0))
+    return emb
+
+
+def nnops_positional_rows():
+    import ctypes
+
+    def rope(name, cases, interleaved=False, seq_dim=-2, rd=0, offset=0, theta=10000.0, ids=False, **kw):
+        def ffn(fl, a, dt):
+            o = fc.RopeOptions()
+            fl.check(fl.fn("flame_rope_options_init")(ctypes.byref(o)), "flame_rope_options_init")
+            o.theta, o.rotary_dim, o.position_offset, o.interleaved, o.seq_dim = theta, rd, offset, int(interleaved), seq_dim
+            pos = fl.call("to_dtype", a[1], fc.DTYPES["i64"]) if ids else None
+            return fl.call("rope", a[0], pos, ctypes.byref(o))
+
+        def tfn(a, dt):
+            T = a[0].shape[seq_dim]
+            pos = a[1].long() if ids else torch.arange(offset, offset + T, device=a[0].device)
+            return rope_torch(a[0], pos, theta, rd, interleaved, seq_dim)
+        row(name, ffn, tfn, cases, **kw)
+
+    for inter in (False, True):
+        lay = "interleaved" if inter else "half_split"
+        rope(f"rope_{lay}_bhtd", [[I((2, 3, 5, 8))], [NC((2, 3, 8, 8))]], inter, -2, bf16=True)
+        rope(f"rope_{lay}_bthd", [[I((2, 5, 3, 8))]], inter, -3, bf16=True)
+        rope(f"rope_{lay}_partial", [[NC((2, 4, 6, 10))]], inter, -2, rd=6)
+        xs = (2, 3, 4, 6) if inter else (2, 4, 3, 6)  # T = 4 at seq_dim -2 / -3
+        rope(f"rope_{lay}_ids", [[I(xs), CONST((2, 4), ints(0, 60))], [I(xs), CONST((4,), ints(0, 60))]],
+             inter, -2 if inter else -3, ids=True)
+        rope(f"rope_{lay}_offset_theta", [[I((1, 2, 3, 4))]], inter, -2, offset=100, theta=500.0)
+        # realistic: llama-like heads at long positions
+        rope(f"rope_{lay}_llama", [[I((1, 8, 2048, 64))]], inter, -2, bf16=True)
+
+    def ts(name, dim, flip, shift, scale, cases, integer=False):
+        def ffn(fl, a, dt):
+            t = fl.call("to_dtype", a[0], fc.DTYPES["i64"]) if integer else a[0]
+            return fl.call("timestep_embedding", t, dim, 10000.0, int(flip), float(shift), float(scale))
+
+        def tfn(a, dt):
+            t = a[0].long() if integer else a[0]
+            return get_timestep_embedding(t, dim, flip_sin_to_cos=flip, downscale_freq_shift=shift, scale=scale)
+        r = row(name, ffn, tfn, cases)
+        r.dtypes = ("f32",)  # FLAME and diffusers both compute in f32
+
+    ts("timestep_embedding_unet", 320, True, 0, 1, [[CONST((4,), ints(0, 999))]], integer=True)
+    ts("timestep_embedding_shift1_odd", 257, False, 1, 1, [[CONST((3,), ints(0, 999))]], integer=True)
+    ts("timestep_embedding_float_scale", 64, True, 1, 100, [[I((5,), uni(0, 1))]])
+
+
+def nnops_composite_rows():
+    """GEGLU (diffusers' GEGLU after its projection), adaLN modulation (DiT's modulate) and the
+    SiLU-gated MLP (llama's feed-forward), written as their models write them."""
+    for approx, name in ((0, "none"), (1, "tanh")):
+        def tfn(a, dt, name=name):
+            h, gate = a[0].chunk(2, dim=-1)
+            return h * F.gelu(gate, approximate=name)
+        row(f"geglu_{name}", (lambda approx: lambda fl, a, dt: fl.call("geglu", a[0], approx))(approx), tfn,
+            [[I((3, 8))], [NC((4, 6))], [I((2, 3, 4))]], bf16=True)
+    row("adaln_modulate", lambda fl, a, dt: fl.call("adaln_modulate", a[0], a[1], a[2]),
+        lambda a, dt: a[0] * (1 + a[2].unsqueeze(1)) + a[1].unsqueeze(1),
+        [[I((2, 3, 4)), I((2, 4)), I((2, 4))], [NC((2, 5, 4)), NC((2, 4)), I((2, 4))]], bf16=True)
+    row("adaln_modulate_scale_only", lambda fl, a, dt: fl.call("adaln_modulate", a[0], None, a[1]),
+        lambda a, dt: a[0] * (1 + a[1].unsqueeze(1)), [[I((3, 2, 5)), I((3, 5))]])
+    # a DiT block's shapes: x [N, T, C] with per-sample shift / scale [N, C]
+    row("adaln_modulate_dit", lambda fl, a, dt: fl.call("adaln_modulate", a[0], a[1], a[2]),
+        lambda a, dt: a[0] * (1 + a[2].unsqueeze(1)) + a[1].unsqueeze(1), [[I((4, 256, 1152)), I((4, 1152)), I((4, 1152))]],
+        bf16=True)
+    row("swiglu_mlp", lambda fl, a, dt: fl.call("swiglu_mlp", a[0], a[1], a[2], a[3]),
+        lambda a, dt: F.linear(F.silu(F.linear(a[0], a[1])) * F.linear(a[0], a[2]), a[3]),
+        [[I((3, 4)), I((5, 4)), I((5, 4)), I((6, 5))], [I((2, 3, 4)), NC((5, 4)), I((5, 4)), NC((3, 5))]], bf16=True)
+
+
+def nnops_rows():
+    nnops_indexing_rows()
+    nnops_dropout_rows()
+    nnops_pool_rows()
+    nnops_upsample_rows()
+    nnops_positional_rows()
+    nnops_composite_rows()
 
 
 # ---------------------------------------------------------------------------- bridging

@@ -5,7 +5,7 @@
 use crate::sys;
 use crate::{api, check, len_as, slice_ptr, Context, Result, Tensor};
 #[allow(unused_imports)]
-use crate::sys::{Activation, DType, OptimizerKind, Reduction, Status};
+use crate::sys::{Activation, DType, OptimizerKind, PadMode, Reduction, Status};
 
 impl Tensor {
     /// `flame_status_t flame_tensor_dtype(flame_tensor_t t, flame_dtype_t* dtype)`.
@@ -824,6 +824,97 @@ impl Tensor {
         check(unsafe { (api.flame_embedding)(self.raw, indices.raw, padding_idx, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
+    /// `flame_status_t flame_scatter(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src, flame_tensor_t* out)`.
+    pub fn scatter(&self, dim: i32, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_scatter)(self.raw, dim, index.raw, src.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_masked_select(flame_tensor_t t, flame_tensor_t mask, flame_tensor_t* out)`.
+    pub fn masked_select(&self, mask: &Tensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_masked_select)(self.raw, mask.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_repeat(flame_tensor_t t, const int64_t* repeats, int32_t n, flame_tensor_t* out)`.
+    pub fn repeat(&self, repeats: &[i64]) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_repeat)(self.raw, slice_ptr(repeats), len_as::<i32>(repeats.len())?, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_repeat_interleave(flame_tensor_t t, int64_t repeats, int32_t dim, flame_tensor_t* out)`.
+    pub fn repeat_interleave(&self, repeats: i64, dim: i32) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_repeat_interleave)(self.raw, repeats, dim, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_t npads, int32_t mode, double value, flame_tensor_t* out)`.
+    pub fn pad(&self, pads: &[i64], mode: i32, value: f64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_pad)(self.raw, slice_ptr(pads), len_as::<i32>(pads.len())?, mode, value, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out)`.
+    pub fn dropout(&self, p: f64, training: i32) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_dropout)(self.raw, p, training, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_adaptive_avg_pool2d(flame_tensor_t x, int64_t out_h, int64_t out_w, flame_tensor_t* out)`.
+    pub fn adaptive_avg_pool2d(&self, out_h: i64, out_w: i64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_adaptive_avg_pool2d)(self.raw, out_h, out_w, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_upsample_nearest2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w, flame_tensor_t* out)`.
+    pub fn upsample_nearest2d(&self, out_h: i64, out_w: i64, scale_h: f64, scale_w: f64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_upsample_nearest2d)(self.raw, out_h, out_w, scale_h, scale_w, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_upsample_bilinear2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w, int32_t align_corners, flame_tensor_t* out)`.
+    pub fn upsample_bilinear2d(&self, out_h: i64, out_w: i64, scale_h: f64, scale_w: f64, align_corners: i32) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_upsample_bilinear2d)(self.raw, out_h, out_w, scale_h, scale_w, align_corners, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_timestep_embedding(flame_tensor_t timesteps, int64_t dim, double max_period, int32_t flip_sin_to_cos, double downscale_freq_shift, double scale, flame_tensor_t* out)`.
+    pub fn timestep_embedding(&self, dim: i64, max_period: f64, flip_sin_to_cos: i32, downscale_freq_shift: f64, scale: f64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_timestep_embedding)(self.raw, dim, max_period, flip_sin_to_cos, downscale_freq_shift, scale, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_geglu(flame_tensor_t x, int32_t approximate, flame_tensor_t* out)`.
+    pub fn geglu(&self, approximate: i32) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_geglu)(self.raw, approximate, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_adaln_modulate(flame_tensor_t x, flame_tensor_t shift, flame_tensor_t scale, flame_tensor_t* out)`.
+    pub fn adaln_modulate(&self, shift: &Tensor, scale: &Tensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_adaln_modulate)(self.raw, shift.raw, scale.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_swiglu_mlp(flame_tensor_t x, flame_tensor_t w1, flame_tensor_t w3, flame_tensor_t w2, flame_tensor_t* out)`.
+    pub fn swiglu_mlp(&self, w1: &Tensor, w3: &Tensor, w2: &Tensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_swiglu_mlp)(self.raw, w1.raw, w3.raw, w2.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
 }
 
 impl Tensor {
@@ -989,4 +1080,4 @@ impl Context {
 
 /// Functions without a generated safe method and not wrapped by hand in lib.rs: call them
 /// through `flame::api()` (the raw table).
-pub const UNWRAPPED: &[&str] = &["flame_conv_options_init", "flame_conv2d", "flame_conv_transpose2d", "flame_conv1d"];
+pub const UNWRAPPED: &[&str] = &["flame_conv_options_init", "flame_conv2d", "flame_conv_transpose2d", "flame_conv1d", "flame_pool2d_options_init", "flame_max_pool2d", "flame_avg_pool2d", "flame_rope_options_init", "flame_rope"];

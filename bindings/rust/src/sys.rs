@@ -251,6 +251,39 @@ impl std::fmt::Debug for Reduction {
 
 pub const FLAME_ATTENTION_CAUSAL: u32 = 1;
 
+pub type flame_pad_mode_t = i32;
+pub const FLAME_PAD_CONSTANT: flame_pad_mode_t = 0;
+pub const FLAME_PAD_REFLECT: flame_pad_mode_t = 1;
+pub const FLAME_PAD_REPLICATE: flame_pad_mode_t = 2;
+
+/// `flame_pad_mode_t` as a Rust newtype; unknown values are representable.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct PadMode(pub flame_pad_mode_t);
+impl PadMode {
+    pub const PAD_CONSTANT: PadMode = PadMode(0);
+    pub const PAD_REFLECT: PadMode = PadMode(1);
+    pub const PAD_REPLICATE: PadMode = PadMode(2);
+    /// Every value the header defines, with its C name.
+    pub const ALL: &'static [(PadMode, &'static str)] = &[
+        (PadMode(0), "FLAME_PAD_CONSTANT"),
+        (PadMode(1), "FLAME_PAD_REFLECT"),
+        (PadMode(2), "FLAME_PAD_REPLICATE"),
+    ];
+    /// The C name of the value ("FLAME_PAD_CONSTANT"), or None for a value this header does not know.
+    pub fn c_name(self) -> Option<&'static str> {
+        Self::ALL.iter().find(|(v, _)| *v == self).map(|(_, n)| *n)
+    }
+}
+impl std::fmt::Debug for PadMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.c_name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "PadMode({})", self.0),
+        }
+    }
+}
+
 // ---- opaque handles ----
 #[repr(C)]
 pub struct flame_ctx_s {
@@ -354,6 +387,30 @@ pub struct flame_attention_options_t {
     pub flags: u32,
     pub scale: f64,
     pub dropout_p: f64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flame_pool2d_options_t {
+    pub struct_size: usize,
+    pub kernel_size: [i64; 2],
+    pub stride: [i64; 2],
+    pub padding: [i64; 2],
+    pub dilation: [i64; 2],
+    pub ceil_mode: i32,
+    pub count_include_pad: i32,
+    pub divisor_override: i64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flame_rope_options_t {
+    pub struct_size: usize,
+    pub theta: f64,
+    pub rotary_dim: i64,
+    pub position_offset: i64,
+    pub interleaved: i32,
+    pub seq_dim: i32,
 }
 
 // ---- functions ----
@@ -561,6 +618,24 @@ pub const SYMBOLS: &[&str] = &[
     "flame_conv1d",
     "flame_attention_options_init",
     "flame_scaled_dot_product_attention",
+    "flame_scatter",
+    "flame_masked_select",
+    "flame_repeat",
+    "flame_repeat_interleave",
+    "flame_pad",
+    "flame_dropout",
+    "flame_pool2d_options_init",
+    "flame_max_pool2d",
+    "flame_avg_pool2d",
+    "flame_adaptive_avg_pool2d",
+    "flame_upsample_nearest2d",
+    "flame_upsample_bilinear2d",
+    "flame_rope_options_init",
+    "flame_rope",
+    "flame_timestep_embedding",
+    "flame_geglu",
+    "flame_adaln_modulate",
+    "flame_swiglu_mlp",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -767,6 +842,24 @@ pub struct Api {
     pub flame_conv1d: unsafe extern "C" fn(x: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, opts: *const flame_conv_options_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_attention_options_init: unsafe extern "C" fn(opts: *mut flame_attention_options_t) -> flame_status_t,
     pub flame_scaled_dot_product_attention: unsafe extern "C" fn(q: flame_tensor_t, k: flame_tensor_t, v: flame_tensor_t, mask: flame_tensor_t, opts: *const flame_attention_options_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_scatter: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, src: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_masked_select: unsafe extern "C" fn(t: flame_tensor_t, mask: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_repeat: unsafe extern "C" fn(t: flame_tensor_t, repeats: *const i64, n: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_repeat_interleave: unsafe extern "C" fn(t: flame_tensor_t, repeats: i64, dim: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_pad: unsafe extern "C" fn(t: flame_tensor_t, pads: *const i64, npads: i32, mode: i32, value: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_dropout: unsafe extern "C" fn(t: flame_tensor_t, p: f64, training: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_pool2d_options_init: unsafe extern "C" fn(opts: *mut flame_pool2d_options_t, kernel_h: i64, kernel_w: i64) -> flame_status_t,
+    pub flame_max_pool2d: unsafe extern "C" fn(x: flame_tensor_t, opts: *const flame_pool2d_options_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_avg_pool2d: unsafe extern "C" fn(x: flame_tensor_t, opts: *const flame_pool2d_options_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_adaptive_avg_pool2d: unsafe extern "C" fn(x: flame_tensor_t, out_h: i64, out_w: i64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_upsample_nearest2d: unsafe extern "C" fn(x: flame_tensor_t, out_h: i64, out_w: i64, scale_h: f64, scale_w: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_upsample_bilinear2d: unsafe extern "C" fn(x: flame_tensor_t, out_h: i64, out_w: i64, scale_h: f64, scale_w: f64, align_corners: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_rope_options_init: unsafe extern "C" fn(opts: *mut flame_rope_options_t) -> flame_status_t,
+    pub flame_rope: unsafe extern "C" fn(x: flame_tensor_t, positions: flame_tensor_t, opts: *const flame_rope_options_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_timestep_embedding: unsafe extern "C" fn(timesteps: flame_tensor_t, dim: i64, max_period: f64, flip_sin_to_cos: i32, downscale_freq_shift: f64, scale: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_geglu: unsafe extern "C" fn(x: flame_tensor_t, approximate: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_adaln_modulate: unsafe extern "C" fn(x: flame_tensor_t, shift: flame_tensor_t, scale: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_swiglu_mlp: unsafe extern "C" fn(x: flame_tensor_t, w1: flame_tensor_t, w3: flame_tensor_t, w2: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
 }
 
 impl Api {
@@ -981,6 +1074,24 @@ impl Api {
             flame_conv1d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_conv_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_conv1d\0")?),
             flame_attention_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_attention_options_t) -> flame_status_t>(resolve(b"flame_attention_options_init\0")?),
             flame_scaled_dot_product_attention: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_attention_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_scaled_dot_product_attention\0")?),
+            flame_scatter: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_scatter\0")?),
+            flame_masked_select: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_masked_select\0")?),
+            flame_repeat: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_repeat\0")?),
+            flame_repeat_interleave: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_repeat_interleave\0")?),
+            flame_pad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, i32, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_pad\0")?),
+            flame_dropout: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_dropout\0")?),
+            flame_pool2d_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_pool2d_options_t, i64, i64) -> flame_status_t>(resolve(b"flame_pool2d_options_init\0")?),
+            flame_max_pool2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const flame_pool2d_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_max_pool2d\0")?),
+            flame_avg_pool2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const flame_pool2d_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_avg_pool2d\0")?),
+            flame_adaptive_avg_pool2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_adaptive_avg_pool2d\0")?),
+            flame_upsample_nearest2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i64, f64, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_upsample_nearest2d\0")?),
+            flame_upsample_bilinear2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i64, f64, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_upsample_bilinear2d\0")?),
+            flame_rope_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_rope_options_t) -> flame_status_t>(resolve(b"flame_rope_options_init\0")?),
+            flame_rope: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, *const flame_rope_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_rope\0")?),
+            flame_timestep_embedding: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, f64, i32, f64, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_timestep_embedding\0")?),
+            flame_geglu: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_geglu\0")?),
+            flame_adaln_modulate: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_adaln_modulate\0")?),
+            flame_swiglu_mlp: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_swiglu_mlp\0")?),
         })
     }
 }
