@@ -441,7 +441,9 @@ typedef struct flame_optimizer_options_t {
   int32_t amsgrad;             /* Adam/AdamW: keep the maximum of the second moment */
   int32_t maximize;            /* ascend instead of descend */
   int32_t master_weights;      /* f16/bf16 parameters: keep an f32 master copy and update it */
-  int32_t stochastic_rounding; /* with master_weights: round bf16 parameters stochastically */
+  int32_t stochastic_rounding; /* with master_weights: round bf16 parameters stochastically (bits from
+                                  the optimizer's own Philox stream, keyed from the context's generator
+                                  at the first rounding step; saved by flame_optimizer_save_state) */
 } flame_optimizer_options_t;
 
 /* Fills opts with the defaults of kind. opts NULL or kind unknown: FLAME_ERROR_INVALID_ARGUMENT. */
@@ -839,6 +841,39 @@ FLAME_API flame_status_t flame_one_hot(flame_tensor_t index, int64_t num_classes
  * [indices' shape..., D]. padding_idx (in [-V, V); negative counts from the end) names a row whose
  * gradient stays zero, as in PyTorch; FLAME_NO_PADDING for none. */
 FLAME_API flame_status_t flame_embedding(flame_tensor_t weight, flame_tensor_t indices, int64_t padding_idx, flame_tensor_t* out);
+
+/* ============================== Training toolkit ============================== */
+/* Optimizer state files, gradient tools, dynamic loss scaling (flame_grad_scaler_t), LoRA adapters
+ * (flame_lora_t) and gradient checkpointing. The general conventions at the top of this file hold. */
+
+/* ---- optimizer state files ---- */
+
+/* Writes the complete state of opt to a safetensors file at path (NUL-terminated; replaced
+ * atomically, as flame_safetensors_save does): the step count, every group's hyper-parameters
+ * (learning rates included), the moments as f32 (f64 for f64 parameters) tensors
+ * "state.<i>.momentum_buffer" (SGD), "state.<i>.exp_avg", "state.<i>.exp_avg_sq",
+ * "state.<i>.max_exp_avg_sq" (Adam, AdamW; Lion has exp_avg only), the f32 master weights
+ * "master.<i>" and the stochastic-rounding generator, with the parameters numbered 0, 1, ... across
+ * the groups in order (as torch's state_dict); the rest is JSON in the metadata entry
+ * "flame.optimizer_state". A parameter never stepped has no tensors. The parameters themselves are
+ * not written: save them with flame_safetensors_save. Waits for the device.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (opt or path NULL), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_IO
+ * (the file cannot be written; no temporary file is left behind), FLAME_ERROR_CUDA. */
+FLAME_API flame_status_t flame_optimizer_save_state(flame_optimizer_t opt, const char* path);
+
+/* Replaces the state of opt with the one flame_optimizer_save_state wrote to path, so that training
+ * continues exactly as the saved optimizer would have (bit for bit, stochastic rounding included):
+ * create opt of the same kind over parameters of the same shapes and dtypes in the same groups and
+ * order, give the parameters their saved values, then load. Hyper-parameters and learning rates come
+ * from the file. The file is read and checked in full before opt changes: after any error opt is as
+ * it was. Waits for nothing (the copies to the device are queued on the context's stream).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (opt or path NULL; the file holds the state of another kind
+ * of optimizer or of other group or parameter counts), FLAME_ERROR_SHAPE_MISMATCH /
+ * FLAME_ERROR_DTYPE_MISMATCH (a parameter's shape / dtype differs from the one saved),
+ * FLAME_ERROR_INVALID_FORMAT (not an optimizer state file, or a state tensor of an unknown name, the
+ * wrong dtype or shape, an incomplete Adam state, invalid hyper-parameters), FLAME_ERROR_IO (the file
+ * cannot be read), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA. */
+FLAME_API flame_status_t flame_optimizer_load_state(flame_optimizer_t opt, const char* path);
 
 #ifdef __cplusplus
 }

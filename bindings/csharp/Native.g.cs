@@ -324,6 +324,8 @@ namespace Flame.Interop
             "flame_masked_fill",
             "flame_one_hot",
             "flame_embedding",
+            "flame_optimizer_save_state",
+            "flame_optimizer_load_state",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -907,6 +909,12 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_embedding", ExactSpelling = true)]
         public static extern flame_status_t flame_embedding(IntPtr weight, IntPtr indices, long padding_idx, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_save_state", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_save_state(IntPtr opt, string path);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_load_state", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_load_state(IntPtr opt, string path);
 
     }
 }

@@ -975,4 +975,4 @@ impl Context {
 
 /// Functions without a generated safe method and not wrapped by hand in lib.rs: call them
 /// through `flame::api()` (the raw table).
-pub const UNWRAPPED: &[&str] = &[];
+pub const UNWRAPPED: &[&str] = &["flame_optimizer_save_state", "flame_optimizer_load_state"];

@@ -528,6 +528,8 @@ pub const SYMBOLS: &[&str] = &[
     "flame_masked_fill",
     "flame_one_hot",
     "flame_embedding",
+    "flame_optimizer_save_state",
+    "flame_optimizer_load_state",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -726,6 +728,8 @@ pub struct Api {
     pub flame_masked_fill: unsafe extern "C" fn(t: flame_tensor_t, mask: flame_tensor_t, value: f64, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_one_hot: unsafe extern "C" fn(index: flame_tensor_t, num_classes: i64, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_embedding: unsafe extern "C" fn(weight: flame_tensor_t, indices: flame_tensor_t, padding_idx: i64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_optimizer_save_state: unsafe extern "C" fn(opt: flame_optimizer_t, path: *const c_char) -> flame_status_t,
+    pub flame_optimizer_load_state: unsafe extern "C" fn(opt: flame_optimizer_t, path: *const c_char) -> flame_status_t,
 }
 
 impl Api {
@@ -932,6 +936,8 @@ impl Api {
             flame_masked_fill: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_masked_fill\0")?),
             flame_one_hot: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_one_hot\0")?),
             flame_embedding: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_embedding\0")?),
+            flame_optimizer_save_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *const c_char) -> flame_status_t>(resolve(b"flame_optimizer_save_state\0")?),
+            flame_optimizer_load_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *const c_char) -> flame_status_t>(resolve(b"flame_optimizer_load_state\0")?),
         })
     }
 }
