@@ -875,6 +875,51 @@ FLAME_API flame_status_t flame_optimizer_save_state(flame_optimizer_t opt, const
  * cannot be read), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA. */
 FLAME_API flame_status_t flame_optimizer_load_state(flame_optimizer_t opt, const char* path);
 
+/* ---- gradient tools on tensor lists ---- */
+/* Fused over a whole list: a few kernel launches for all of tensors[0..n) (borrowed; floating, of
+ * ctx, any strides; n may be 0, tensors NULL when n is 0), whatever their sizes and dtypes
+ * (f16/bf16 compute in f32). Unlike flame_clip_grad_norm they take the tensors themselves, so that
+ * a hook can pass a gradient, or a loop the .grad of its parameters. In a tensor hook, edit a copy
+ * (flame_clone) and return it as the replacement: the gradient a hook receives may be shared with
+ * other parts of the graph. In a post-accumulate hook .grad belongs to the leaf: edit it in place.
+ * The in-place tools (normalize, add_noise) record nothing in the graph: a tensor that requires
+ * grad while grad mode is on, two tensors that overlap in memory, or a broadcast view (stride 0):
+ * FLAME_ERROR_INVALID_ARGUMENT, and nothing changes. They bump the version of every tensor they write
+ * (a tensor saved for backward then reports FLAME_ERROR_INPLACE_MODIFIED, as after any in-place write).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx NULL, tensors NULL with n > 0, n negative, a tensor of
+ * another context, bad scalars), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_DTYPE_MISMATCH (a
+ * non-floating tensor). None of them waits for the device except flame_grad_stats_host. */
+
+/* Per tensor: g = g * target_norm / (||g||_2 + eps). target_norm and eps finite and >= 0 (1 and 1e-6
+ * are usual); an all-zero g stays 0 for eps > 0. */
+FLAME_API flame_status_t flame_grad_normalize(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double target_norm,
+                                             double eps);
+/* g = g + std_dev * N(0, 1), in place, from the context's Philox generator: element e of the list
+ * (counting through the tensors in order, each in row-major order) uses counter offset + e, where
+ * offset is the generator's offset before the call, which then advances by the total element count;
+ * so flame_ctx_set_rng_state replays the same noise. std_dev finite and >= 0. */
+FLAME_API flame_status_t flame_grad_add_noise(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double std_dev);
+
+/* Columns of a statistics row (flame_grad_stats). */
+#define FLAME_STAT_NORM 0      /* L2 norm (NaN / Inf propagate) */
+#define FLAME_STAT_MIN 1       /* minimum of the non-NaN values; NaN when there is none */
+#define FLAME_STAT_MAX 2       /* maximum of the non-NaN values; NaN when there is none */
+#define FLAME_STAT_MEAN 3      /* mean (NaN / Inf propagate; NaN for no elements) */
+#define FLAME_STAT_NAN_COUNT 4 /* number of NaN values */
+#define FLAME_STAT_INF_COUNT 5 /* number of +Inf and -Inf values */
+#define FLAME_STAT_COLUMNS 6
+
+/* Statistics of each tensor and of the list as a whole, computed in f64 without waiting for the
+ * device: OUT *out, a new f64 tensor [n + 1, FLAME_STAT_COLUMNS] whose row i < n describes
+ * tensors[i] and whose row n describes all elements together (with n = 0 it is the row of an empty
+ * list: norm 0, counts 0, min, max and mean NaN). Read it when you need it (flame_to_host waits). */
+FLAME_API flame_status_t flame_grad_stats(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, flame_tensor_t* out);
+/* As flame_grad_stats, written to host memory: values[i * FLAME_STAT_COLUMNS + column] for rows
+ * i = 0 .. n. WAITS for the device (one synchronisation). capacity (in doubles) below
+ * (n + 1) * FLAME_STAT_COLUMNS, or values NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_grad_stats_host(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double* values,
+                                              int64_t capacity);
+
 #ifdef __cplusplus
 }
 #endif

@@ -124,6 +124,13 @@ namespace Flame.Interop
         public const int FLAME_MAX_DIMS = 8;
         public const int FLAME_DIM_ALL = -2147483648;
         public const long FLAME_NO_PADDING = -9223372036854775808;
+        public const int FLAME_STAT_NORM = 0;
+        public const int FLAME_STAT_MIN = 1;
+        public const int FLAME_STAT_MAX = 2;
+        public const int FLAME_STAT_MEAN = 3;
+        public const int FLAME_STAT_NAN_COUNT = 4;
+        public const int FLAME_STAT_INF_COUNT = 5;
+        public const int FLAME_STAT_COLUMNS = 6;
         public const uint FLAME_BACKWARD_RETAIN_GRAPH = 1;
         public const uint FLAME_BACKWARD_CREATE_GRAPH = 2;
         public const uint FLAME_GRAD_ALLOW_UNUSED = 4;
@@ -326,6 +333,10 @@ namespace Flame.Interop
             "flame_embedding",
             "flame_optimizer_save_state",
             "flame_optimizer_load_state",
+            "flame_grad_normalize",
+            "flame_grad_add_noise",
+            "flame_grad_stats",
+            "flame_grad_stats_host",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -915,6 +926,18 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_load_state", ExactSpelling = true)]
         public static extern flame_status_t flame_optimizer_load_state(IntPtr opt, string path);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_normalize", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_normalize(IntPtr ctx, IntPtr* tensors, long n, double target_norm, double eps);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_add_noise", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_add_noise(IntPtr ctx, IntPtr* tensors, long n, double std_dev);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_stats", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_stats(IntPtr ctx, IntPtr* tensors, long n, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_stats_host", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_stats_host(IntPtr ctx, IntPtr* tensors, long n, double* values, long capacity);
 
     }
 }

@@ -13,6 +13,13 @@ pub const FLAME_ABI_VERSION: i32 = 1;
 pub const FLAME_MAX_DIMS: i32 = 8;
 pub const FLAME_DIM_ALL: i32 = -2147483648;
 pub const FLAME_NO_PADDING: i64 = -9223372036854775808;
+pub const FLAME_STAT_NORM: i32 = 0;
+pub const FLAME_STAT_MIN: i32 = 1;
+pub const FLAME_STAT_MAX: i32 = 2;
+pub const FLAME_STAT_MEAN: i32 = 3;
+pub const FLAME_STAT_NAN_COUNT: i32 = 4;
+pub const FLAME_STAT_INF_COUNT: i32 = 5;
+pub const FLAME_STAT_COLUMNS: i32 = 6;
 
 // ---- enums: C integer type, constants, and a newtype with associated constants ----
 // (a Rust enum would be undefined behaviour for values added by a newer library)
@@ -530,6 +537,10 @@ pub const SYMBOLS: &[&str] = &[
     "flame_embedding",
     "flame_optimizer_save_state",
     "flame_optimizer_load_state",
+    "flame_grad_normalize",
+    "flame_grad_add_noise",
+    "flame_grad_stats",
+    "flame_grad_stats_host",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -730,6 +741,10 @@ pub struct Api {
     pub flame_embedding: unsafe extern "C" fn(weight: flame_tensor_t, indices: flame_tensor_t, padding_idx: i64, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_optimizer_save_state: unsafe extern "C" fn(opt: flame_optimizer_t, path: *const c_char) -> flame_status_t,
     pub flame_optimizer_load_state: unsafe extern "C" fn(opt: flame_optimizer_t, path: *const c_char) -> flame_status_t,
+    pub flame_grad_normalize: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, target_norm: f64, eps: f64) -> flame_status_t,
+    pub flame_grad_add_noise: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, std_dev: f64) -> flame_status_t,
+    pub flame_grad_stats: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_grad_stats_host: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, values: *mut f64, capacity: i64) -> flame_status_t,
 }
 
 impl Api {
@@ -938,6 +953,10 @@ impl Api {
             flame_embedding: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_embedding\0")?),
             flame_optimizer_save_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *const c_char) -> flame_status_t>(resolve(b"flame_optimizer_save_state\0")?),
             flame_optimizer_load_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *const c_char) -> flame_status_t>(resolve(b"flame_optimizer_load_state\0")?),
+            flame_grad_normalize: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, f64, f64) -> flame_status_t>(resolve(b"flame_grad_normalize\0")?),
+            flame_grad_add_noise: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, f64) -> flame_status_t>(resolve(b"flame_grad_add_noise\0")?),
+            flame_grad_stats: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_grad_stats\0")?),
+            flame_grad_stats_host: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, *mut f64, i64) -> flame_status_t>(resolve(b"flame_grad_stats_host\0")?),
         })
     }
 }

@@ -33,4 +33,12 @@ const char* optim_state_path(Args& a, const char* name) {
 FLAME_ARG_ROW(flame_optimizer_save_state, a.opt("opt"), a.out_path("path"));
 FLAME_ARG_ROW(flame_optimizer_load_state, a.opt("opt"), optim_state_path(a, "path"));
 
+
+// ---- gradient tools: two f32 tensors (one [4] f64) of ctx; stats_host gets room for 3 rows ----
+FLAME_ARG_ROW(flame_grad_normalize, a.ctx("ctx"), a.ts("tensors", {sp(), sp({4}, FLAME_DTYPE_F64)}), 2, 1.0, 1e-6);
+FLAME_ARG_ROW(flame_grad_add_noise, a.ctx("ctx"), a.ts("tensors", {sp(), sp({4}, FLAME_DTYPE_F64)}), 2, 0.1);
+FLAME_ARG_ROW(flame_grad_stats, a.ctx("ctx"), a.ts("tensors", {sp(), sp({4}, FLAME_DTYPE_F64)}), 2, a.out_t("out"));
+FLAME_ARG_ROW(flame_grad_stats_host, a.ctx("ctx"), a.ts("tensors", {sp(), sp({4}, FLAME_DTYPE_F64)}), 2,
+              a.out<double>("values", 3 * FLAME_STAT_COLUMNS), 3 * FLAME_STAT_COLUMNS);
+
 }  // namespace
