@@ -920,6 +920,77 @@ FLAME_API flame_status_t flame_grad_stats(flame_ctx_t ctx, const flame_tensor_t*
 FLAME_API flame_status_t flame_grad_stats_host(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double* values,
                                               int64_t capacity);
 
+/* ---- dynamic loss scaling (as torch.cuda.amp.GradScaler) ---- */
+/* A loop with f16 gradients: scaled = scale(loss); backward(scaled); [unscale(opt); clip...];
+ * step(opt); update(). The scale multiplies the loss so that small gradients survive f16; unscale
+ * divides the optimizer's gradients by it again in place, with a fused Inf/NaN check; step skips
+ * the optimizer step when the check found one; update backs the scale off (times backoff_factor)
+ * after a skipped step, or grows it (times growth_factor, unless that overflows f32) after
+ * growth_interval clean steps in a row. The scale, the growth tracker and the Inf flags live on the
+ * device: scale, unscale, unscale_tensors and update never wait for the GPU; step waits once, to read
+ * its optimizer's Inf flag (as torch's GradScaler.step does: a skipped step must not advance the
+ * optimizer's step count, which is kept on the host). */
+
+typedef struct flame_grad_scaler_s* flame_grad_scaler_t;
+
+/* Options of flame_grad_scaler_create. Set struct_size = sizeof(flame_grad_scaler_options_t)
+ * (flame_grad_scaler_options_init does) so that later versions can grow the struct. */
+typedef struct flame_grad_scaler_options_t {
+  size_t struct_size;
+  double init_scale;       /* default 65536 (2^16); positive, finite in f32 */
+  double growth_factor;    /* default 2; finite, > 1 */
+  double backoff_factor;   /* default 0.5; in (0, 1) */
+  int64_t growth_interval; /* default 2000 clean steps; in [1, 2^31 - 1] */
+  int32_t enabled;         /* default 1; 0 makes every call a pass-through (scale returns the loss,
+                              step steps, unscale and update do nothing, get_scale gives 1) */
+} flame_grad_scaler_options_t;
+
+/* Fills opts with the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_grad_scaler_options_init(flame_grad_scaler_options_t* opts);
+/* Creates a scaler on ctx; opts NULL means the defaults. OUT *out: a new scaler (release with
+ * flame_grad_scaler_release); it keeps ctx alive. Bad options: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_grad_scaler_create(flame_ctx_t ctx, const flame_grad_scaler_options_t* opts, flame_grad_scaler_t* out);
+/* Frees the scaler. NULL is a no-op; a released handle is detected (FLAME_ERROR_INVALID_HANDLE)
+ * while its context lives. */
+FLAME_API void flame_grad_scaler_release(flame_grad_scaler_t scaler);
+/* OUT *out: loss * scale, a new reference recorded in the graph (its backward multiplies the incoming
+ * gradient by the scale). loss (borrowed, floating, any shape) is multiplied in f32 (f64 for an f64
+ * loss), so *out is f32 for f32/f16/bf16 losses. Disabled: *out is loss itself (a new reference).
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (integer loss), FLAME_ERROR_INVALID_ARGUMENT (another context). */
+FLAME_API flame_status_t flame_grad_scaler_scale(flame_grad_scaler_t scaler, flame_tensor_t loss, flame_tensor_t* out);
+/* Divides the .grad of every parameter of opt (borrowed) by the scale, in place (the reciprocal is
+ * taken in f64 and rounded to f32, as torch), and records whether any gradient held an Inf or NaN.
+ * Call it before editing gradients (clipping) and before step; step calls it when you did not.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (called twice for opt, or after flame_grad_scaler_step for
+ * opt, without flame_grad_scaler_update in between; opt of another context; a gradient that requires
+ * grad while grad mode is on), FLAME_ERROR_INVALID_HANDLE. */
+FLAME_API flame_status_t flame_grad_scaler_unscale(flame_grad_scaler_t scaler, flame_optimizer_t opt);
+/* As flame_grad_scaler_unscale for tensors[0..n) (borrowed; floating, of the scaler's context; edited
+ * in place), for training loops with their own optimizer: their Inf/NaN check counts for update and
+ * for flame_grad_scaler_found_inf, not for flame_grad_scaler_step. Errors as flame_grad_normalize. */
+FLAME_API flame_status_t flame_grad_scaler_unscale_tensors(flame_grad_scaler_t scaler, const flame_tensor_t* tensors, int64_t n);
+/* Unscales opt's gradients unless flame_grad_scaler_unscale already did since the last update, then
+ * runs flame_optimizer_step(opt) unless an Inf or NaN was found in them. WAITS for the device once
+ * (to read that flag). OUT *stepped (may be NULL): 1 when the optimizer stepped, 0 when the step was
+ * skipped. Errors: FLAME_ERROR_INVALID_ARGUMENT (step called twice for opt without an update in
+ * between; opt of another context), the errors of flame_optimizer_step. */
+FLAME_API flame_status_t flame_grad_scaler_step(flame_grad_scaler_t scaler, flame_optimizer_t opt, int32_t* stepped);
+/* Updates the scale on the device from the Inf checks since the last update (as torch's
+ * GradScaler.update, without an explicit new scale: use flame_grad_scaler_set_state for that) and
+ * forgets them. No check since the last update: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_grad_scaler_update(flame_grad_scaler_t scaler);
+/* OUT *scale: the current scale (1 when disabled). WAITS for the device. */
+FLAME_API flame_status_t flame_grad_scaler_get_scale(flame_grad_scaler_t scaler, double* scale);
+/* OUT *out: a new 0-d f32 tensor, 1 when a gradient unscaled since the last update held an Inf or
+ * NaN, else 0 (a copy made on the device: no waiting). */
+FLAME_API flame_status_t flame_grad_scaler_found_inf(flame_grad_scaler_t scaler, flame_tensor_t* out);
+/* The state to checkpoint with the model (torch's "scale" and "_growth_tracker"): OUT *scale and
+ * *growth_tracker (clean steps since the scale last changed). WAITS for the device. */
+FLAME_API flame_status_t flame_grad_scaler_get_state(flame_grad_scaler_t scaler, double* scale, int64_t* growth_tracker);
+/* Restores a state saved with flame_grad_scaler_get_state (or sets a new scale). scale positive and
+ * finite in f32, growth_tracker in [0, growth_interval): otherwise FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_grad_scaler_set_state(flame_grad_scaler_t scaler, double scale, int64_t growth_tracker);
+
 #ifdef __cplusplus
 }
 #endif

@@ -103,6 +103,17 @@ namespace Flame.Interop
         public int stochastic_rounding;
     }
 
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct flame_grad_scaler_options_t
+    {
+        public UIntPtr struct_size;
+        public double init_scale;
+        public double growth_factor;
+        public double backoff_factor;
+        public long growth_interval;
+        public int enabled;
+    }
+
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate flame_status_t flame_tensor_hook_fn(IntPtr user_data, IntPtr grad, IntPtr* replacement);
 
@@ -337,6 +348,18 @@ namespace Flame.Interop
             "flame_grad_add_noise",
             "flame_grad_stats",
             "flame_grad_stats_host",
+            "flame_grad_scaler_options_init",
+            "flame_grad_scaler_create",
+            "flame_grad_scaler_release",
+            "flame_grad_scaler_scale",
+            "flame_grad_scaler_unscale",
+            "flame_grad_scaler_unscale_tensors",
+            "flame_grad_scaler_step",
+            "flame_grad_scaler_update",
+            "flame_grad_scaler_get_scale",
+            "flame_grad_scaler_found_inf",
+            "flame_grad_scaler_get_state",
+            "flame_grad_scaler_set_state",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -938,6 +961,42 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_stats_host", ExactSpelling = true)]
         public static extern flame_status_t flame_grad_stats_host(IntPtr ctx, IntPtr* tensors, long n, double* values, long capacity);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_options_init(flame_grad_scaler_options_t* opts);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_create", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_create(IntPtr ctx, flame_grad_scaler_options_t* opts, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_release", ExactSpelling = true)]
+        public static extern void flame_grad_scaler_release(IntPtr scaler);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_scale", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_scale(IntPtr scaler, IntPtr loss, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_unscale", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_unscale(IntPtr scaler, IntPtr opt);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_unscale_tensors", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_unscale_tensors(IntPtr scaler, IntPtr* tensors, long n);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_step", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_step(IntPtr scaler, IntPtr opt, int* stepped);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_update", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_update(IntPtr scaler);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_get_scale", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_get_scale(IntPtr scaler, double* scale);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_found_inf", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_found_inf(IntPtr scaler, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_get_state", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_get_state(IntPtr scaler, double* scale, long* growth_tracker);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_set_state", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_set_state(IntPtr scaler, double scale, long growth_tracker);
 
     }
 }

@@ -24,6 +24,11 @@ Optimizer& unwrap_opt(flame_optimizer_t o) {
   return *o->opt;
 }
 
+std::shared_ptr<Optimizer> optimizer_ref(flame_optimizer_t o) {
+  unwrap_opt(o);
+  return o->opt;
+}
+
 std::vector<Tensor> tensor_list(const flame_tensor_t* ts, int64_t n, const char* name) {
   FLAME_CHECK(n >= 0, FLAME_ERROR_INVALID_ARGUMENT, name, " count ", n, " is negative");
   FLAME_CHECK(ts || n == 0, FLAME_ERROR_INVALID_ARGUMENT, name, " is NULL");

@@ -997,4 +997,4 @@ impl Context {
 
 /// Functions without a generated safe method and not wrapped by hand in lib.rs: call them
 /// through `flame::api()` (the raw table).
-pub const UNWRAPPED: &[&str] = &["flame_optimizer_save_state", "flame_optimizer_load_state", "flame_grad_stats_host"];
+pub const UNWRAPPED: &[&str] = &["flame_optimizer_save_state", "flame_optimizer_load_state", "flame_grad_stats_host", "flame_grad_scaler_options_init", "flame_grad_scaler_create", "flame_grad_scaler_release", "flame_grad_scaler_scale", "flame_grad_scaler_unscale", "flame_grad_scaler_unscale_tensors", "flame_grad_scaler_step", "flame_grad_scaler_update", "flame_grad_scaler_get_scale", "flame_grad_scaler_found_inf", "flame_grad_scaler_get_state", "flame_grad_scaler_set_state"];

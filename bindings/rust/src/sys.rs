@@ -281,6 +281,11 @@ pub struct flame_safetensors_s {
     _opaque: [u8; 0],
 }
 pub type flame_safetensors_t = *mut flame_safetensors_s;
+#[repr(C)]
+pub struct flame_grad_scaler_s {
+    _opaque: [u8; 0],
+}
+pub type flame_grad_scaler_t = *mut flame_grad_scaler_s;
 
 // ---- foreign structs, declared only (defined by their own headers, e.g. dlpack.h) ----
 #[repr(C)]
@@ -336,6 +341,17 @@ pub struct flame_optimizer_options_t {
     pub maximize: i32,
     pub master_weights: i32,
     pub stochastic_rounding: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flame_grad_scaler_options_t {
+    pub struct_size: usize,
+    pub init_scale: f64,
+    pub growth_factor: f64,
+    pub backoff_factor: f64,
+    pub growth_interval: i64,
+    pub enabled: i32,
 }
 
 // ---- functions ----
@@ -541,6 +557,18 @@ pub const SYMBOLS: &[&str] = &[
     "flame_grad_add_noise",
     "flame_grad_stats",
     "flame_grad_stats_host",
+    "flame_grad_scaler_options_init",
+    "flame_grad_scaler_create",
+    "flame_grad_scaler_release",
+    "flame_grad_scaler_scale",
+    "flame_grad_scaler_unscale",
+    "flame_grad_scaler_unscale_tensors",
+    "flame_grad_scaler_step",
+    "flame_grad_scaler_update",
+    "flame_grad_scaler_get_scale",
+    "flame_grad_scaler_found_inf",
+    "flame_grad_scaler_get_state",
+    "flame_grad_scaler_set_state",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -745,6 +773,18 @@ pub struct Api {
     pub flame_grad_add_noise: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, std_dev: f64) -> flame_status_t,
     pub flame_grad_stats: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_grad_stats_host: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, values: *mut f64, capacity: i64) -> flame_status_t,
+    pub flame_grad_scaler_options_init: unsafe extern "C" fn(opts: *mut flame_grad_scaler_options_t) -> flame_status_t,
+    pub flame_grad_scaler_create: unsafe extern "C" fn(ctx: flame_ctx_t, opts: *const flame_grad_scaler_options_t, out: *mut flame_grad_scaler_t) -> flame_status_t,
+    pub flame_grad_scaler_release: unsafe extern "C" fn(scaler: flame_grad_scaler_t),
+    pub flame_grad_scaler_scale: unsafe extern "C" fn(scaler: flame_grad_scaler_t, loss: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_grad_scaler_unscale: unsafe extern "C" fn(scaler: flame_grad_scaler_t, opt: flame_optimizer_t) -> flame_status_t,
+    pub flame_grad_scaler_unscale_tensors: unsafe extern "C" fn(scaler: flame_grad_scaler_t, tensors: *const flame_tensor_t, n: i64) -> flame_status_t,
+    pub flame_grad_scaler_step: unsafe extern "C" fn(scaler: flame_grad_scaler_t, opt: flame_optimizer_t, stepped: *mut i32) -> flame_status_t,
+    pub flame_grad_scaler_update: unsafe extern "C" fn(scaler: flame_grad_scaler_t) -> flame_status_t,
+    pub flame_grad_scaler_get_scale: unsafe extern "C" fn(scaler: flame_grad_scaler_t, scale: *mut f64) -> flame_status_t,
+    pub flame_grad_scaler_found_inf: unsafe extern "C" fn(scaler: flame_grad_scaler_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_grad_scaler_get_state: unsafe extern "C" fn(scaler: flame_grad_scaler_t, scale: *mut f64, growth_tracker: *mut i64) -> flame_status_t,
+    pub flame_grad_scaler_set_state: unsafe extern "C" fn(scaler: flame_grad_scaler_t, scale: f64, growth_tracker: i64) -> flame_status_t,
 }
 
 impl Api {
@@ -957,6 +997,18 @@ impl Api {
             flame_grad_add_noise: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, f64) -> flame_status_t>(resolve(b"flame_grad_add_noise\0")?),
             flame_grad_stats: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_grad_stats\0")?),
             flame_grad_stats_host: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, *mut f64, i64) -> flame_status_t>(resolve(b"flame_grad_stats_host\0")?),
+            flame_grad_scaler_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_grad_scaler_options_t) -> flame_status_t>(resolve(b"flame_grad_scaler_options_init\0")?),
+            flame_grad_scaler_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_grad_scaler_options_t, *mut flame_grad_scaler_t) -> flame_status_t>(resolve(b"flame_grad_scaler_create\0")?),
+            flame_grad_scaler_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t)>(resolve(b"flame_grad_scaler_release\0")?),
+            flame_grad_scaler_scale: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_grad_scaler_scale\0")?),
+            flame_grad_scaler_unscale: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, flame_optimizer_t) -> flame_status_t>(resolve(b"flame_grad_scaler_unscale\0")?),
+            flame_grad_scaler_unscale_tensors: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *const flame_tensor_t, i64) -> flame_status_t>(resolve(b"flame_grad_scaler_unscale_tensors\0")?),
+            flame_grad_scaler_step: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, flame_optimizer_t, *mut i32) -> flame_status_t>(resolve(b"flame_grad_scaler_step\0")?),
+            flame_grad_scaler_update: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t) -> flame_status_t>(resolve(b"flame_grad_scaler_update\0")?),
+            flame_grad_scaler_get_scale: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *mut f64) -> flame_status_t>(resolve(b"flame_grad_scaler_get_scale\0")?),
+            flame_grad_scaler_found_inf: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_grad_scaler_found_inf\0")?),
+            flame_grad_scaler_get_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *mut f64, *mut i64) -> flame_status_t>(resolve(b"flame_grad_scaler_get_state\0")?),
+            flame_grad_scaler_set_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, f64, i64) -> flame_status_t>(resolve(b"flame_grad_scaler_set_state\0")?),
         })
     }
 }

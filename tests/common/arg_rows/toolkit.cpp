@@ -41,4 +41,30 @@ FLAME_ARG_ROW(flame_grad_stats, a.ctx("ctx"), a.ts("tensors", {sp(), sp({4}, FLA
 FLAME_ARG_ROW(flame_grad_stats_host, a.ctx("ctx"), a.ts("tensors", {sp(), sp({4}, FLAME_DTYPE_F64)}), 2,
               a.out<double>("values", 3 * FLAME_STAT_COLUMNS), 3 * FLAME_STAT_COLUMNS);
 
+
+// ---- loss scaler: a.scaler has default options; a.opt is an SGD optimizer with a .grad of ones ----
+const flame_grad_scaler_options_t* scaler_opts(Args& a) {  // may be NULL by contract: never NULLed
+  auto* o = a.opt_out<flame_grad_scaler_options_t>("opts");
+  if (o) flame_grad_scaler_options_init(o);
+  return o;
+}
+// A scaler that has recorded an Inf check (of an empty list), so that update is valid.
+flame_grad_scaler_t checked_scaler(Args& a) {
+  flame_grad_scaler_t s = a.scaler("scaler");
+  if (s && a.mode() == Mode::Live) flame_grad_scaler_unscale_tensors(s, nullptr, 0);
+  return s;
+}
+FLAME_ARG_ROW(flame_grad_scaler_options_init, a.out<flame_grad_scaler_options_t>("opts"));
+FLAME_ARG_ROW(flame_grad_scaler_create, a.ctx("ctx"), scaler_opts(a), a.out_scaler("out"));
+FLAME_ARG_VOID(flame_grad_scaler_release, a.release_scaler("scaler"));
+FLAME_ARG_ROW(flame_grad_scaler_scale, a.scaler("scaler"), a.t("loss", loss()), a.out_t("out"));
+FLAME_ARG_ROW(flame_grad_scaler_unscale, a.scaler("scaler"), a.opt("opt"));
+FLAME_ARG_ROW(flame_grad_scaler_unscale_tensors, a.scaler("scaler"), a.ts("tensors", {sp(), sp({4}, FLAME_DTYPE_F64)}), 2);
+FLAME_ARG_ROW(flame_grad_scaler_step, a.scaler("scaler"), a.opt("opt"), a.opt_out<int32_t>("stepped"));
+FLAME_ARG_ROW(flame_grad_scaler_update, checked_scaler(a));
+FLAME_ARG_ROW(flame_grad_scaler_get_scale, a.scaler("scaler"), a.out<double>("scale"));
+FLAME_ARG_ROW(flame_grad_scaler_found_inf, a.scaler("scaler"), a.out_t("out"));
+FLAME_ARG_ROW(flame_grad_scaler_get_state, a.scaler("scaler"), a.out<double>("scale"), a.out<int64_t>("growth_tracker"));
+FLAME_ARG_ROW(flame_grad_scaler_set_state, a.scaler("scaler"), 1024.0, 0);
+
 }  // namespace
