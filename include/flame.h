@@ -991,6 +991,47 @@ FLAME_API flame_status_t flame_grad_scaler_get_state(flame_grad_scaler_t scaler,
  * finite in f32, growth_tracker in [0, growth_interval): otherwise FLAME_ERROR_INVALID_ARGUMENT. */
 FLAME_API flame_status_t flame_grad_scaler_set_state(flame_grad_scaler_t scaler, double scale, int64_t growth_tracker);
 
+/* ---- LoRA adapters over linear layers ---- */
+/* A low-rank adapter (Hu et al. 2021, as peft's LoRA) on a frozen linear layer weight [out, in]
+ * (f32, f16, bf16 or f64) with optional bias [out]: trainable A [rank, in] and B [out, rank] in f32
+ * (f64 for an f64 weight), A drawn from U(-1/sqrt(in), 1/sqrt(in)) (Kaiming-uniform with a = sqrt(5),
+ * as torch.nn.Linear) with the context's generator and B zero, so that a new adapter changes nothing;
+ * scale = alpha / rank. Train A and B (flame_lora_adapters gives them to an optimizer); merge folds
+ * the adapter into the weight for inference. */
+
+typedef struct flame_lora_s* flame_lora_t;
+
+/* Creates an adapter over weight and bias (borrowed; the adapter keeps references; bias may be NULL;
+ * weight must not require grad: it is the frozen base; bias may, to train it too). rank in
+ * [1, 65536], alpha finite. OUT *out: a new adapter (release with flame_lora_release).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, weight requires grad, rank, alpha, bias of another
+ * context), FLAME_ERROR_SHAPE_MISMATCH (weight not 2-D or empty, bias not [out]),
+ * FLAME_ERROR_DTYPE_MISMATCH (weight not floating, bias of another dtype). */
+FLAME_API flame_status_t flame_lora_create(flame_tensor_t weight, flame_tensor_t bias, int64_t rank, double alpha, flame_lora_t* out);
+/* Frees the adapter (its A and B stay alive as long as you hold them). NULL is a no-op; a released
+ * handle is detected (FLAME_ERROR_INVALID_HANDLE) while its context lives. */
+FLAME_API void flame_lora_release(flame_lora_t lora);
+/* OUT *out: linear(x, weight, bias) + scale * linear(linear(x, A), B), a new reference of x's
+ * leading dims and [out] last, in the weight's dtype; x [..., in] (borrowed) must have the weight's
+ * dtype. The adapter path runs in A's dtype (x cast to it, the result cast back), all recorded:
+ * gradients reach A, B and, when they require grad, x and bias; never the weight. While merged, out
+ * is linear(x, merged weight, bias) and nothing reaches A or B.
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (x of another dtype), FLAME_ERROR_SHAPE_MISMATCH (last dim of x
+ * not in), FLAME_ERROR_INVALID_ARGUMENT (x of another context). */
+FLAME_API flame_status_t flame_lora_forward(flame_lora_t lora, flame_tensor_t x, flame_tensor_t* out);
+/* OUT *a, *b: new references to the adapter's A [rank, in] and B [out, rank] themselves (leaves that
+ * require grad; pass them to flame_optimizer_create). Both NULL on failure. */
+FLAME_API flame_status_t flame_lora_adapters(flame_lora_t lora, flame_tensor_t* a, flame_tensor_t* b);
+/* Adds scale * B A to the weight in place (computed in A's dtype, rounded once to the weight's), after
+ * keeping a copy of the weight (memory of one weight while merged). The weight's version moves: a
+ * graph that saved it cannot be walked any more. Merged already: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_lora_merge(flame_lora_t lora);
+/* Writes the copy kept by flame_lora_merge back, so that the weight is bit for bit what it was.
+ * Not merged: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_lora_unmerge(flame_lora_t lora);
+/* OUT *merged: 1 while merged, else 0. */
+FLAME_API flame_status_t flame_lora_is_merged(flame_lora_t lora, int32_t* merged);
+
 #ifdef __cplusplus
 }
 #endif

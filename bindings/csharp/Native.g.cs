@@ -360,6 +360,13 @@ namespace Flame.Interop
             "flame_grad_scaler_found_inf",
             "flame_grad_scaler_get_state",
             "flame_grad_scaler_set_state",
+            "flame_lora_create",
+            "flame_lora_release",
+            "flame_lora_forward",
+            "flame_lora_adapters",
+            "flame_lora_merge",
+            "flame_lora_unmerge",
+            "flame_lora_is_merged",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -997,6 +1004,27 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_set_state", ExactSpelling = true)]
         public static extern flame_status_t flame_grad_scaler_set_state(IntPtr scaler, double scale, long growth_tracker);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_create", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_create(IntPtr weight, IntPtr bias, long rank, double alpha, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_release", ExactSpelling = true)]
+        public static extern void flame_lora_release(IntPtr lora);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_forward", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_forward(IntPtr lora, IntPtr x, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_adapters", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_adapters(IntPtr lora, IntPtr* a, IntPtr* b);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_merge", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_merge(IntPtr lora);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_unmerge", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_unmerge(IntPtr lora);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_is_merged", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_is_merged(IntPtr lora, int* merged);
 
     }
 }

@@ -769,3 +769,12 @@ TEST(Toolkit, ScalerOptionsDefaultsWithoutADriver) {
   EXPECT_TRUE(contains(flame_last_error_message(), "flame_grad_scaler_create")) << flame_last_error_message();
   flame_grad_scaler_release(nullptr);
 }
+
+TEST(Toolkit, LoraWithoutADriver) {
+  flame_lora_t l = reinterpret_cast<flame_lora_t>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_lora_create(nullptr, nullptr, 2, 1.0, &l), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(l, nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_lora_create")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_lora_merge(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  flame_lora_release(nullptr);
+}

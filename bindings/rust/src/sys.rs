@@ -286,6 +286,11 @@ pub struct flame_grad_scaler_s {
     _opaque: [u8; 0],
 }
 pub type flame_grad_scaler_t = *mut flame_grad_scaler_s;
+#[repr(C)]
+pub struct flame_lora_s {
+    _opaque: [u8; 0],
+}
+pub type flame_lora_t = *mut flame_lora_s;
 
 // ---- foreign structs, declared only (defined by their own headers, e.g. dlpack.h) ----
 #[repr(C)]
@@ -569,6 +574,13 @@ pub const SYMBOLS: &[&str] = &[
     "flame_grad_scaler_found_inf",
     "flame_grad_scaler_get_state",
     "flame_grad_scaler_set_state",
+    "flame_lora_create",
+    "flame_lora_release",
+    "flame_lora_forward",
+    "flame_lora_adapters",
+    "flame_lora_merge",
+    "flame_lora_unmerge",
+    "flame_lora_is_merged",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -785,6 +797,13 @@ pub struct Api {
     pub flame_grad_scaler_found_inf: unsafe extern "C" fn(scaler: flame_grad_scaler_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_grad_scaler_get_state: unsafe extern "C" fn(scaler: flame_grad_scaler_t, scale: *mut f64, growth_tracker: *mut i64) -> flame_status_t,
     pub flame_grad_scaler_set_state: unsafe extern "C" fn(scaler: flame_grad_scaler_t, scale: f64, growth_tracker: i64) -> flame_status_t,
+    pub flame_lora_create: unsafe extern "C" fn(weight: flame_tensor_t, bias: flame_tensor_t, rank: i64, alpha: f64, out: *mut flame_lora_t) -> flame_status_t,
+    pub flame_lora_release: unsafe extern "C" fn(lora: flame_lora_t),
+    pub flame_lora_forward: unsafe extern "C" fn(lora: flame_lora_t, x: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_lora_adapters: unsafe extern "C" fn(lora: flame_lora_t, a: *mut flame_tensor_t, b: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_lora_merge: unsafe extern "C" fn(lora: flame_lora_t) -> flame_status_t,
+    pub flame_lora_unmerge: unsafe extern "C" fn(lora: flame_lora_t) -> flame_status_t,
+    pub flame_lora_is_merged: unsafe extern "C" fn(lora: flame_lora_t, merged: *mut i32) -> flame_status_t,
 }
 
 impl Api {
@@ -1009,6 +1028,13 @@ impl Api {
             flame_grad_scaler_found_inf: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_grad_scaler_found_inf\0")?),
             flame_grad_scaler_get_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *mut f64, *mut i64) -> flame_status_t>(resolve(b"flame_grad_scaler_get_state\0")?),
             flame_grad_scaler_set_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, f64, i64) -> flame_status_t>(resolve(b"flame_grad_scaler_set_state\0")?),
+            flame_lora_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, i64, f64, *mut flame_lora_t) -> flame_status_t>(resolve(b"flame_lora_create\0")?),
+            flame_lora_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t)>(resolve(b"flame_lora_release\0")?),
+            flame_lora_forward: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_lora_forward\0")?),
+            flame_lora_adapters: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t, *mut flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_lora_adapters\0")?),
+            flame_lora_merge: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t) -> flame_status_t>(resolve(b"flame_lora_merge\0")?),
+            flame_lora_unmerge: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t) -> flame_status_t>(resolve(b"flame_lora_unmerge\0")?),
+            flame_lora_is_merged: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t, *mut i32) -> flame_status_t>(resolve(b"flame_lora_is_merged\0")?),
         })
     }
 }

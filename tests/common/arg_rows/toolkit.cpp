@@ -54,6 +54,12 @@ flame_grad_scaler_t checked_scaler(Args& a) {
   if (s && a.mode() == Mode::Live) flame_grad_scaler_unscale_tensors(s, nullptr, 0);
   return s;
 }
+// A merged adapter, so that unmerge is valid.
+flame_lora_t merged_lora(Args& a) {
+  flame_lora_t l = a.lora("lora");
+  if (l && a.mode() == Mode::Live) flame_lora_merge(l);
+  return l;
+}
 FLAME_ARG_ROW(flame_grad_scaler_options_init, a.out<flame_grad_scaler_options_t>("opts"));
 FLAME_ARG_ROW(flame_grad_scaler_create, a.ctx("ctx"), scaler_opts(a), a.out_scaler("out"));
 FLAME_ARG_VOID(flame_grad_scaler_release, a.release_scaler("scaler"));
@@ -66,5 +72,15 @@ FLAME_ARG_ROW(flame_grad_scaler_get_scale, a.scaler("scaler"), a.out<double>("sc
 FLAME_ARG_ROW(flame_grad_scaler_found_inf, a.scaler("scaler"), a.out_t("out"));
 FLAME_ARG_ROW(flame_grad_scaler_get_state, a.scaler("scaler"), a.out<double>("scale"), a.out<int64_t>("growth_tracker"));
 FLAME_ARG_ROW(flame_grad_scaler_set_state, a.scaler("scaler"), 1024.0, 0);
+
+
+// ---- LoRA: a.lora is a rank-2 adapter over an f32 [4, 3] weight with a [4] bias ----
+FLAME_ARG_ROW(flame_lora_create, a.t("weight", sp({4, 3})), a.opt_t("bias", sp({4})), 2, 4.0, a.out_lora("out"));
+FLAME_ARG_VOID(flame_lora_release, a.release_lora("lora"));
+FLAME_ARG_ROW(flame_lora_forward, a.lora("lora"), a.t("x"), a.out_t("out"));
+FLAME_ARG_ROW(flame_lora_adapters, a.lora("lora"), a.out_t("a"), a.out_t("b"));
+FLAME_ARG_ROW(flame_lora_merge, a.lora("lora"));
+FLAME_ARG_ROW(flame_lora_unmerge, merged_lora(a));
+FLAME_ARG_ROW(flame_lora_is_merged, a.lora("lora"), a.out<int32_t>("merged"));
 
 }  // namespace
