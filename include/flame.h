@@ -1032,6 +1032,46 @@ FLAME_API flame_status_t flame_lora_unmerge(flame_lora_t lora);
 /* OUT *merged: 1 while merged, else 0. */
 FLAME_API flame_status_t flame_lora_is_merged(flame_lora_t lora, int32_t* merged);
 
+/* ---- gradient checkpointing ---- */
+/* Trades compute for memory, as torch.utils.checkpoint: a block of the model runs without keeping
+ * its intermediate tensors, and runs again during backward to rebuild them. */
+
+/* The block: reads inputs[0..n_inputs) (borrowed) and writes n_outputs new references into
+ * outputs[0..n_outputs) (each NULL on entry), built with any FLAME ops on the same context, from the
+ * calling thread only. It runs twice: once in flame_checkpoint (grad mode off) and once during
+ * backward (grad mode on, inputs then detached copies of the originals), and must compute the same
+ * outputs (shapes and dtypes) from the same inputs both times; draws from the context's generator
+ * (dropout masks) repeat exactly, since the generator's state is replayed. Parameters may come as
+ * inputs or through user_data. A non-OK return stops the call with that status (set the text with
+ * flame_set_error_message); handles it wrote are released. It must not throw. */
+typedef flame_status_t (*flame_checkpoint_fn)(void* user_data, const flame_tensor_t* inputs, int32_t n_inputs,
+                                              flame_tensor_t* outputs, int32_t n_outputs);
+
+/* Runs fn(user_data, inputs, n_inputs, outputs, n_outputs) without recording its operations, and
+ * writes its results into outputs[0..n_outputs) (new references; all NULL on failure). When grad
+ * mode is on, one graph node records the call: it keeps the inputs (not fn's intermediates) and the
+ * generator's state, and the floating outputs require grad (also when no input does, so that
+ * parameters fn reaches through user_data get gradients). Its backward runs fn again with grad mode
+ * on, on detached copies of the inputs and with the generator's state replayed, then back-propagates
+ * the outputs' gradients through the rebuilt operations: with flame_backward, gradients accumulate
+ * into .grad of every leaf fn used (inputs, and parameters through user_data) as with any other
+ * operation, except that leaves inside a checkpoint receive their gradient when the walk reaches the
+ * checkpoint rather than at the end of the walk; with flame_grad, the inputs' gradients are returned,
+ * and a tensor used inside fn that requires grad without being one of its inputs gives
+ * FLAME_ERROR_UNSUPPORTED. Higher-order gradients through a checkpoint (FLAME_BACKWARD_CREATE_GRAPH):
+ * FLAME_ERROR_UNSUPPORTED. An error fn returns during backward stops the backward with fn's status
+ * and message. n_inputs may be 0 (inputs NULL); n_outputs in [1, 65536].
+ * destroy (may be NULL) is called exactly once with user_data when FLAME no longer needs fn: when the
+ * recorded node is freed (its outputs and the graph built on them released, or a backward without
+ * FLAME_BACKWARD_RETAIN_GRAPH done and the outputs released), or before flame_checkpoint returns when
+ * nothing was recorded (grad mode off) or the call failed, NULL arguments included.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx, fn or outputs NULL, inputs NULL with n_inputs > 0,
+ * counts out of range, an input of another context; fn left an output NULL or returned one of
+ * another context), FLAME_ERROR_INVALID_HANDLE, and any status fn returns. */
+FLAME_API flame_status_t flame_checkpoint(flame_ctx_t ctx, flame_checkpoint_fn fn, void* user_data, flame_destroy_fn destroy,
+                                          const flame_tensor_t* inputs, int32_t n_inputs, flame_tensor_t* outputs,
+                                          int32_t n_outputs);
+
 #ifdef __cplusplus
 }
 #endif

@@ -123,6 +123,9 @@ namespace Flame.Interop
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate void flame_destroy_fn(IntPtr user_data);
 
+    [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
+    public unsafe delegate flame_status_t flame_checkpoint_fn(IntPtr user_data, IntPtr* inputs, int n_inputs, IntPtr* outputs, int n_outputs);
+
     public static unsafe partial class Native
     {
         /// <summary>Library name for DllImport; Mono maps it with Flame.dll.config (dllmap to libflame.so.1).</summary>
@@ -367,6 +370,7 @@ namespace Flame.Interop
             "flame_lora_merge",
             "flame_lora_unmerge",
             "flame_lora_is_merged",
+            "flame_checkpoint",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -1025,6 +1029,9 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_is_merged", ExactSpelling = true)]
         public static extern flame_status_t flame_lora_is_merged(IntPtr lora, int* merged);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_checkpoint", ExactSpelling = true)]
+        public static extern flame_status_t flame_checkpoint(IntPtr ctx, flame_checkpoint_fn fn, IntPtr user_data, flame_destroy_fn destroy, IntPtr* inputs, int n_inputs, IntPtr* outputs, int n_outputs);
 
     }
 }

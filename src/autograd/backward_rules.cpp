@@ -13,6 +13,7 @@
 #include "ops/indexing.h"
 #include "ops/loss.h"
 #include "ops/ops.h"
+#include "toolkit/checkpoint.h"
 
 namespace flame {
 
@@ -406,6 +407,9 @@ RULE(ScatterAdd) {  // ints: dim, skip; reals: alpha. The source's gradient read
   return {n.needs_input_grad(0) ? g : nullptr, gs};
 }
 
+// ---- gradient checkpointing (toolkit/checkpoint.h): re-run the function, walk the rebuilt graph ----
+RULE(Checkpoint) { return checkpoint_backward(n, {g}); }
+
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
 #define DIFF(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;
@@ -419,6 +423,7 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(Softmax) DIFF(LogSoftmax) DIFF(LayerNorm) DIFF(RmsNorm) DIFF(GroupNorm) DIFF(BatchNorm)  // ops/nn.h
   DIFF(CrossEntropy) DIFF(CrossEntropyProbs) DIFF(NllLoss)
   DIFF(Gather) DIFF(ScatterAdd)
+  DIFF(Checkpoint)  // toolkit/checkpoint.h
 #undef DIFF
   return r;
 }
@@ -439,6 +444,12 @@ bool not_differentiable(OpId op) {
 }
 
 bool has_backward(OpId op) { return static_cast<int>(op) < kNumOps && kRules[static_cast<int>(op)] != nullptr; }
+
+// Nodes with several outputs get one gradient per output (null where none arrived).
+Grads apply_backward_rule_multi(Node& n, const std::vector<Tensor>& gs) {
+  if (n.op == OpId::Checkpoint) return checkpoint_backward(n, gs);
+  fail(FLAME_ERROR_INTERNAL, "op ", op_name(n.op), " has ", n.num_outputs, " outputs but no backward for several");
+}
 
 Grads apply_backward_rule(Node& n, const Tensor& g) {
   Rule r = has_backward(n.op) ? kRules[static_cast<int>(n.op)] : nullptr;

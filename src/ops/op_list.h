@@ -137,6 +137,13 @@
   X(Gather, gather)           \
   X(ScatterAdd, scatter_add)
 
+// ---- training toolkit (src/toolkit/checkpoint.cpp) ----
+// Gradient checkpointing: one node per flame_checkpoint call, with one output per tensor the user's
+// function returned; its backward re-runs the function and walks the rebuilt graph (the engine's
+// multi-output path).
+#define FLAME_TOOLKIT_OPS(X) \
+  X(Checkpoint, checkpoint)
+
 namespace flame {
 
 enum class OpId : int {
@@ -146,6 +153,7 @@ enum class OpId : int {
   FLAME_BINARY_OPS(FLAME_OP_ENUM) FLAME_INTERNAL_BINARY_OPS(FLAME_OP_ENUM) FLAME_STRUCTURAL_OPS(FLAME_OP_ENUM)
   FLAME_NN_OPS(FLAME_OP_ENUM) FLAME_NN_INTERNAL_OPS(FLAME_OP_ENUM)
   FLAME_LOSS_OPS(FLAME_OP_ENUM) FLAME_INDEXING_OPS(FLAME_OP_ENUM)
+  FLAME_TOOLKIT_OPS(FLAME_OP_ENUM)
 #undef FLAME_OP_ENUM
   Count
 };

@@ -306,6 +306,7 @@ pub struct DLManagedTensorVersioned {
 pub type flame_tensor_hook_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, grad: flame_tensor_t, replacement: *mut flame_tensor_t) -> flame_status_t>;
 pub type flame_post_accumulate_hook_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, leaf: flame_tensor_t) -> flame_status_t>;
 pub type flame_destroy_fn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
+pub type flame_checkpoint_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, inputs: *const flame_tensor_t, n_inputs: i32, outputs: *mut flame_tensor_t, n_outputs: i32) -> flame_status_t>;
 
 // ---- structs ----
 #[repr(C)]
@@ -581,6 +582,7 @@ pub const SYMBOLS: &[&str] = &[
     "flame_lora_merge",
     "flame_lora_unmerge",
     "flame_lora_is_merged",
+    "flame_checkpoint",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -804,6 +806,7 @@ pub struct Api {
     pub flame_lora_merge: unsafe extern "C" fn(lora: flame_lora_t) -> flame_status_t,
     pub flame_lora_unmerge: unsafe extern "C" fn(lora: flame_lora_t) -> flame_status_t,
     pub flame_lora_is_merged: unsafe extern "C" fn(lora: flame_lora_t, merged: *mut i32) -> flame_status_t,
+    pub flame_checkpoint: unsafe extern "C" fn(ctx: flame_ctx_t, r#fn: flame_checkpoint_fn, user_data: *mut c_void, destroy: flame_destroy_fn, inputs: *const flame_tensor_t, n_inputs: i32, outputs: *mut flame_tensor_t, n_outputs: i32) -> flame_status_t,
 }
 
 impl Api {
@@ -1035,6 +1038,7 @@ impl Api {
             flame_lora_merge: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t) -> flame_status_t>(resolve(b"flame_lora_merge\0")?),
             flame_lora_unmerge: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t) -> flame_status_t>(resolve(b"flame_lora_unmerge\0")?),
             flame_lora_is_merged: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t, *mut i32) -> flame_status_t>(resolve(b"flame_lora_is_merged\0")?),
+            flame_checkpoint: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, flame_checkpoint_fn, *mut c_void, flame_destroy_fn, *const flame_tensor_t, i32, *mut flame_tensor_t, i32) -> flame_status_t>(resolve(b"flame_checkpoint\0")?),
         })
     }
 }

@@ -83,4 +83,12 @@ FLAME_ARG_ROW(flame_lora_merge, a.lora("lora"));
 FLAME_ARG_ROW(flame_lora_unmerge, merged_lora(a));
 FLAME_ARG_ROW(flame_lora_is_merged, a.lora("lora"), a.out<int32_t>("merged"));
 
+
+// ---- gradient checkpointing: a block squaring its one input ----
+flame_status_t square_block(void*, const flame_tensor_t* inputs, int32_t, flame_tensor_t* outputs, int32_t) {
+  return flame_mul(inputs[0], inputs[0], &outputs[0]);
+}
+FLAME_ARG_ROW(flame_checkpoint, a.ctx("ctx"), a.fn("fn", &square_block), nullptr, nullptr, a.ts("inputs", {grad_leaf()}), 1,
+              a.outs("outputs", 1), 1);
+
 }  // namespace
