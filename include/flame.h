@@ -445,7 +445,9 @@ typedef struct flame_optimizer_options_t {
   int32_t amsgrad;             /* Adam/AdamW: keep the maximum of the second moment */
   int32_t maximize;            /* ascend instead of descend */
   int32_t master_weights;      /* f16/bf16 parameters: keep an f32 master copy and update it */
-  int32_t stochastic_rounding; /* with master_weights: round bf16 parameters stochastically */
+  int32_t stochastic_rounding; /* with master_weights: round bf16 parameters stochastically (bits from
+                                  the optimizer's own Philox stream, keyed from the context's generator
+                                  at the first rounding step; saved by flame_optimizer_save_state) */
 } flame_optimizer_options_t;
 
 /* Fills opts with the defaults of kind. opts NULL or kind unknown: FLAME_ERROR_INVALID_ARGUMENT. */
@@ -1193,6 +1195,235 @@ FLAME_API flame_status_t flame_adaln_modulate(flame_tensor_t x, flame_tensor_t s
  * other shapes), FLAME_ERROR_INVALID_ARGUMENT (tensors of different contexts). */
 FLAME_API flame_status_t flame_swiglu_mlp(flame_tensor_t x, flame_tensor_t w1, flame_tensor_t w3, flame_tensor_t w2,
                                           flame_tensor_t* out);
+/* ============================== Training toolkit ============================== */
+/* Optimizer state files, gradient tools, dynamic loss scaling (flame_grad_scaler_t), LoRA adapters
+ * (flame_lora_t) and gradient checkpointing. The general conventions at the top of this file hold. */
+
+/* ---- optimizer state files ---- */
+
+/* Writes the complete state of opt to a safetensors file at path (NUL-terminated; replaced
+ * atomically, as flame_safetensors_save does): the step count, every group's hyper-parameters
+ * (learning rates included), the moments as f32 (f64 for f64 parameters) tensors
+ * "state.<i>.momentum_buffer" (SGD), "state.<i>.exp_avg", "state.<i>.exp_avg_sq",
+ * "state.<i>.max_exp_avg_sq" (Adam, AdamW; Lion has exp_avg only), the f32 master weights
+ * "master.<i>" and the stochastic-rounding generator, with the parameters numbered 0, 1, ... across
+ * the groups in order (as torch's state_dict); the rest is JSON in the metadata entry
+ * "flame.optimizer_state". A parameter never stepped has no tensors. The parameters themselves are
+ * not written: save them with flame_safetensors_save. Waits for the device.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (opt or path NULL), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_IO
+ * (the file cannot be written; no temporary file is left behind), FLAME_ERROR_CUDA. */
+FLAME_API flame_status_t flame_optimizer_save_state(flame_optimizer_t opt, const char* path);
+
+/* Replaces the state of opt with the one flame_optimizer_save_state wrote to path, so that training
+ * continues exactly as the saved optimizer would have (bit for bit, stochastic rounding included):
+ * create opt of the same kind over parameters of the same shapes and dtypes in the same groups and
+ * order, give the parameters their saved values, then load. Hyper-parameters and learning rates come
+ * from the file. The file is read and checked in full before opt changes: after any error opt is as
+ * it was. Waits for nothing (the copies to the device are queued on the context's stream).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (opt or path NULL; the file holds the state of another kind
+ * of optimizer or of other group or parameter counts), FLAME_ERROR_SHAPE_MISMATCH /
+ * FLAME_ERROR_DTYPE_MISMATCH (a parameter's shape / dtype differs from the one saved),
+ * FLAME_ERROR_INVALID_FORMAT (not an optimizer state file, or a state tensor of an unknown name, the
+ * wrong dtype or shape, an incomplete Adam state, invalid hyper-parameters), FLAME_ERROR_IO (the file
+ * cannot be read), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA. */
+FLAME_API flame_status_t flame_optimizer_load_state(flame_optimizer_t opt, const char* path);
+
+/* ---- gradient tools on tensor lists ---- */
+/* Fused over a whole list: a few kernel launches for all of tensors[0..n) (borrowed; floating, of
+ * ctx, any strides; n may be 0, tensors NULL when n is 0), whatever their sizes and dtypes
+ * (f16/bf16 compute in f32). Unlike flame_clip_grad_norm they take the tensors themselves, so that
+ * a hook can pass a gradient, or a loop the .grad of its parameters. In a tensor hook, edit a copy
+ * (flame_clone) and return it as the replacement: the gradient a hook receives may be shared with
+ * other parts of the graph. In a post-accumulate hook .grad belongs to the leaf: edit it in place.
+ * The in-place tools (normalize, add_noise) record nothing in the graph: a tensor that requires
+ * grad while grad mode is on, two tensors that overlap in memory, or a broadcast view (stride 0):
+ * FLAME_ERROR_INVALID_ARGUMENT, and nothing changes. They bump the version of every tensor they write
+ * (a tensor saved for backward then reports FLAME_ERROR_INPLACE_MODIFIED, as after any in-place write).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx NULL, tensors NULL with n > 0, n negative, a tensor of
+ * another context, bad scalars), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_DTYPE_MISMATCH (a
+ * non-floating tensor). None of them waits for the device except flame_grad_stats_host. */
+
+/* Per tensor: g = g * target_norm / (||g||_2 + eps). target_norm and eps finite and >= 0 (1 and 1e-6
+ * are usual); an all-zero g stays 0 for eps > 0. */
+FLAME_API flame_status_t flame_grad_normalize(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double target_norm,
+                                             double eps);
+/* g = g + std_dev * N(0, 1), in place, from the context's Philox generator: element e of the list
+ * (counting through the tensors in order, each in row-major order) uses counter offset + e, where
+ * offset is the generator's offset before the call, which then advances by the total element count;
+ * so flame_ctx_set_rng_state replays the same noise. std_dev finite and >= 0. */
+FLAME_API flame_status_t flame_grad_add_noise(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double std_dev);
+
+/* Columns of a statistics row (flame_grad_stats). */
+#define FLAME_STAT_NORM 0      /* L2 norm (NaN / Inf propagate) */
+#define FLAME_STAT_MIN 1       /* minimum of the non-NaN values; NaN when there is none */
+#define FLAME_STAT_MAX 2       /* maximum of the non-NaN values; NaN when there is none */
+#define FLAME_STAT_MEAN 3      /* mean (NaN / Inf propagate; NaN for no elements) */
+#define FLAME_STAT_NAN_COUNT 4 /* number of NaN values */
+#define FLAME_STAT_INF_COUNT 5 /* number of +Inf and -Inf values */
+#define FLAME_STAT_COLUMNS 6
+
+/* Statistics of each tensor and of the list as a whole, computed in f64 without waiting for the
+ * device: OUT *out, a new f64 tensor [n + 1, FLAME_STAT_COLUMNS] whose row i < n describes
+ * tensors[i] and whose row n describes all elements together (with n = 0 it is the row of an empty
+ * list: norm 0, counts 0, min, max and mean NaN). Read it when you need it (flame_to_host waits). */
+FLAME_API flame_status_t flame_grad_stats(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, flame_tensor_t* out);
+/* As flame_grad_stats, written to host memory: values[i * FLAME_STAT_COLUMNS + column] for rows
+ * i = 0 .. n. WAITS for the device (one synchronisation). capacity (in doubles) below
+ * (n + 1) * FLAME_STAT_COLUMNS, or values NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_grad_stats_host(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double* values,
+                                              int64_t capacity);
+
+/* ---- dynamic loss scaling (as torch.cuda.amp.GradScaler) ---- */
+/* A loop with f16 gradients: scaled = scale(loss); backward(scaled); [unscale(opt); clip...];
+ * step(opt); update(). The scale multiplies the loss so that small gradients survive f16; unscale
+ * divides the optimizer's gradients by it again in place, with a fused Inf/NaN check; step skips
+ * the optimizer step when the check found one; update backs the scale off (times backoff_factor)
+ * after a skipped step, or grows it (times growth_factor, unless that overflows f32) after
+ * growth_interval clean steps in a row. The scale, the growth tracker and the Inf flags live on the
+ * device: scale, unscale, unscale_tensors and update never wait for the GPU; step waits once, to read
+ * its optimizer's Inf flag (as torch's GradScaler.step does: a skipped step must not advance the
+ * optimizer's step count, which is kept on the host). */
+
+typedef struct flame_grad_scaler_s* flame_grad_scaler_t;
+
+/* Options of flame_grad_scaler_create. Set struct_size = sizeof(flame_grad_scaler_options_t)
+ * (flame_grad_scaler_options_init does) so that later versions can grow the struct. */
+typedef struct flame_grad_scaler_options_t {
+  size_t struct_size;
+  double init_scale;       /* default 65536 (2^16); positive, finite in f32 */
+  double growth_factor;    /* default 2; finite, > 1 */
+  double backoff_factor;   /* default 0.5; in (0, 1) */
+  int64_t growth_interval; /* default 2000 clean steps; in [1, 2^31 - 1] */
+  int32_t enabled;         /* default 1; 0 makes every call a pass-through (scale returns the loss,
+                              step steps, unscale and update do nothing, get_scale gives 1) */
+} flame_grad_scaler_options_t;
+
+/* Fills opts with the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_grad_scaler_options_init(flame_grad_scaler_options_t* opts);
+/* Creates a scaler on ctx; opts NULL means the defaults. OUT *out: a new scaler (release with
+ * flame_grad_scaler_release); it keeps ctx alive. Bad options: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_grad_scaler_create(flame_ctx_t ctx, const flame_grad_scaler_options_t* opts, flame_grad_scaler_t* out);
+/* Frees the scaler. NULL is a no-op; a released handle is detected (FLAME_ERROR_INVALID_HANDLE)
+ * while its context lives. */
+FLAME_API void flame_grad_scaler_release(flame_grad_scaler_t scaler);
+/* OUT *out: loss * scale, a new reference recorded in the graph (its backward multiplies the incoming
+ * gradient by the scale). loss (borrowed, floating, any shape) is multiplied in f32 (f64 for an f64
+ * loss), so *out is f32 for f32/f16/bf16 losses. Disabled: *out is loss itself (a new reference).
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (integer loss), FLAME_ERROR_INVALID_ARGUMENT (another context). */
+FLAME_API flame_status_t flame_grad_scaler_scale(flame_grad_scaler_t scaler, flame_tensor_t loss, flame_tensor_t* out);
+/* Divides the .grad of every parameter of opt (borrowed) by the scale, in place (the reciprocal is
+ * taken in f64 and rounded to f32, as torch), and records whether any gradient held an Inf or NaN.
+ * Call it before editing gradients (clipping) and before step; step calls it when you did not.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (called twice for opt, or after flame_grad_scaler_step for
+ * opt, without flame_grad_scaler_update in between; opt of another context; a gradient that requires
+ * grad while grad mode is on), FLAME_ERROR_INVALID_HANDLE. */
+FLAME_API flame_status_t flame_grad_scaler_unscale(flame_grad_scaler_t scaler, flame_optimizer_t opt);
+/* As flame_grad_scaler_unscale for tensors[0..n) (borrowed; floating, of the scaler's context; edited
+ * in place), for training loops with their own optimizer: their Inf/NaN check counts for update and
+ * for flame_grad_scaler_found_inf, not for flame_grad_scaler_step. Errors as flame_grad_normalize. */
+FLAME_API flame_status_t flame_grad_scaler_unscale_tensors(flame_grad_scaler_t scaler, const flame_tensor_t* tensors, int64_t n);
+/* Unscales opt's gradients unless flame_grad_scaler_unscale already did since the last update, then
+ * runs flame_optimizer_step(opt) unless an Inf or NaN was found in them. WAITS for the device once
+ * (to read that flag). OUT *stepped (may be NULL): 1 when the optimizer stepped, 0 when the step was
+ * skipped. Errors: FLAME_ERROR_INVALID_ARGUMENT (step called twice for opt without an update in
+ * between; opt of another context), the errors of flame_optimizer_step. */
+FLAME_API flame_status_t flame_grad_scaler_step(flame_grad_scaler_t scaler, flame_optimizer_t opt, int32_t* stepped);
+/* Updates the scale on the device from the Inf checks since the last update (as torch's
+ * GradScaler.update, without an explicit new scale: use flame_grad_scaler_set_state for that) and
+ * forgets them. No check since the last update: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_grad_scaler_update(flame_grad_scaler_t scaler);
+/* OUT *scale: the current scale (1 when disabled). WAITS for the device. */
+FLAME_API flame_status_t flame_grad_scaler_get_scale(flame_grad_scaler_t scaler, double* scale);
+/* OUT *out: a new 0-d f32 tensor, 1 when a gradient unscaled since the last update held an Inf or
+ * NaN, else 0 (a copy made on the device: no waiting). */
+FLAME_API flame_status_t flame_grad_scaler_found_inf(flame_grad_scaler_t scaler, flame_tensor_t* out);
+/* The state to checkpoint with the model (torch's "scale" and "_growth_tracker"): OUT *scale and
+ * *growth_tracker (clean steps since the scale last changed). WAITS for the device. */
+FLAME_API flame_status_t flame_grad_scaler_get_state(flame_grad_scaler_t scaler, double* scale, int64_t* growth_tracker);
+/* Restores a state saved with flame_grad_scaler_get_state (or sets a new scale). scale positive and
+ * finite in f32, growth_tracker in [0, growth_interval): otherwise FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_grad_scaler_set_state(flame_grad_scaler_t scaler, double scale, int64_t growth_tracker);
+
+/* ---- LoRA adapters over linear layers ---- */
+/* A low-rank adapter (Hu et al. 2021, as peft's LoRA) on a frozen linear layer weight [out, in]
+ * (f32, f16, bf16 or f64) with optional bias [out]: trainable A [rank, in] and B [out, rank] in f32
+ * (f64 for an f64 weight), A drawn from U(-1/sqrt(in), 1/sqrt(in)) (Kaiming-uniform with a = sqrt(5),
+ * as torch.nn.Linear) with the context's generator and B zero, so that a new adapter changes nothing;
+ * scale = alpha / rank. Train A and B (flame_lora_adapters gives them to an optimizer); merge folds
+ * the adapter into the weight for inference. */
+
+typedef struct flame_lora_s* flame_lora_t;
+
+/* Creates an adapter over weight and bias (borrowed; the adapter keeps references; bias may be NULL;
+ * weight must not require grad: it is the frozen base; bias may, to train it too). rank in
+ * [1, 65536], alpha finite. OUT *out: a new adapter (release with flame_lora_release).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, weight requires grad, rank, alpha, bias of another
+ * context), FLAME_ERROR_SHAPE_MISMATCH (weight not 2-D or empty, bias not [out]),
+ * FLAME_ERROR_DTYPE_MISMATCH (weight not floating, bias of another dtype). */
+FLAME_API flame_status_t flame_lora_create(flame_tensor_t weight, flame_tensor_t bias, int64_t rank, double alpha, flame_lora_t* out);
+/* Frees the adapter (its A and B stay alive as long as you hold them). NULL is a no-op; a released
+ * handle is detected (FLAME_ERROR_INVALID_HANDLE) while its context lives. */
+FLAME_API void flame_lora_release(flame_lora_t lora);
+/* OUT *out: linear(x, weight, bias) + scale * linear(linear(x, A), B), a new reference of x's
+ * leading dims and [out] last, in the weight's dtype; x [..., in] (borrowed) must have the weight's
+ * dtype. The adapter path runs in A's dtype (x cast to it, the result cast back), all recorded:
+ * gradients reach A, B and, when they require grad, x and bias; never the weight. While merged, out
+ * is linear(x, merged weight, bias) and nothing reaches A or B.
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (x of another dtype), FLAME_ERROR_SHAPE_MISMATCH (last dim of x
+ * not in), FLAME_ERROR_INVALID_ARGUMENT (x of another context). */
+FLAME_API flame_status_t flame_lora_forward(flame_lora_t lora, flame_tensor_t x, flame_tensor_t* out);
+/* OUT *a, *b: new references to the adapter's A [rank, in] and B [out, rank] themselves (leaves that
+ * require grad; pass them to flame_optimizer_create). Both NULL on failure. */
+FLAME_API flame_status_t flame_lora_adapters(flame_lora_t lora, flame_tensor_t* a, flame_tensor_t* b);
+/* Adds scale * B A to the weight in place (computed in A's dtype, rounded once to the weight's), after
+ * keeping a copy of the weight (memory of one weight while merged). The weight's version moves: a
+ * graph that saved it cannot be walked any more. Merged already: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_lora_merge(flame_lora_t lora);
+/* Writes the copy kept by flame_lora_merge back, so that the weight is bit for bit what it was.
+ * Not merged: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_lora_unmerge(flame_lora_t lora);
+/* OUT *merged: 1 while merged, else 0. */
+FLAME_API flame_status_t flame_lora_is_merged(flame_lora_t lora, int32_t* merged);
+
+/* ---- gradient checkpointing ---- */
+/* Trades compute for memory, as torch.utils.checkpoint: a block of the model runs without keeping
+ * its intermediate tensors, and runs again during backward to rebuild them. */
+
+/* The block: reads inputs[0..n_inputs) (borrowed) and writes n_outputs new references into
+ * outputs[0..n_outputs) (each NULL on entry), built with any FLAME ops on the same context, from the
+ * calling thread only. It runs twice: once in flame_checkpoint (grad mode off) and once during
+ * backward (grad mode on, inputs then detached copies of the originals), and must compute the same
+ * outputs (shapes and dtypes) from the same inputs both times; draws from the context's generator
+ * (dropout masks) repeat exactly, since the generator's state is replayed. Parameters may come as
+ * inputs or through user_data. A non-OK return stops the call with that status (set the text with
+ * flame_set_error_message); handles it wrote are released. It must not throw. */
+typedef flame_status_t (*flame_checkpoint_fn)(void* user_data, const flame_tensor_t* inputs, int32_t n_inputs,
+                                              flame_tensor_t* outputs, int32_t n_outputs);
+
+/* Runs fn(user_data, inputs, n_inputs, outputs, n_outputs) without recording its operations, and
+ * writes its results into outputs[0..n_outputs) (new references; all NULL on failure). When grad
+ * mode is on, one graph node records the call: it keeps the inputs (not fn's intermediates) and the
+ * generator's state, and the floating outputs require grad (also when no input does, so that
+ * parameters fn reaches through user_data get gradients). Its backward runs fn again with grad mode
+ * on, on detached copies of the inputs and with the generator's state replayed, then back-propagates
+ * the outputs' gradients through the rebuilt operations: with flame_backward, gradients accumulate
+ * into .grad of every leaf fn used (inputs, and parameters through user_data) as with any other
+ * operation, except that leaves inside a checkpoint receive their gradient when the walk reaches the
+ * checkpoint rather than at the end of the walk; with flame_grad, the inputs' gradients are returned,
+ * and a tensor used inside fn that requires grad without being one of its inputs gives
+ * FLAME_ERROR_UNSUPPORTED. Higher-order gradients through a checkpoint (FLAME_BACKWARD_CREATE_GRAPH):
+ * FLAME_ERROR_UNSUPPORTED. An error fn returns during backward stops the backward with fn's status
+ * and message. n_inputs may be 0 (inputs NULL); n_outputs in [1, 65536].
+ * destroy (may be NULL) is called exactly once with user_data when FLAME no longer needs fn: when the
+ * recorded node is freed (its outputs and the graph built on them released, or a backward without
+ * FLAME_BACKWARD_RETAIN_GRAPH done and the outputs released), or before flame_checkpoint returns when
+ * nothing was recorded (grad mode off) or the call failed, NULL arguments included.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx, fn or outputs NULL, inputs NULL with n_inputs > 0,
+ * counts out of range, an input of another context; fn left an output NULL or returned one of
+ * another context), FLAME_ERROR_INVALID_HANDLE, and any status fn returns. */
+FLAME_API flame_status_t flame_checkpoint(flame_ctx_t ctx, flame_checkpoint_fn fn, void* user_data, flame_destroy_fn destroy,
+                                          const flame_tensor_t* inputs, int32_t n_inputs, flame_tensor_t* outputs,
+                                          int32_t n_outputs);
 
 #ifdef __cplusplus
 }

@@ -17,7 +17,8 @@
 # now warm cache (the cache-hit path) unless FLAME_SKIP_WARM_RUN=1; then the PyTorch parity suite
 # (tests/parity/run_parity.py) when it exists, the DLPack exchange with PyTorch
 # (tests/parity/test_dlpack_torch.py) and the safetensors interop check with the Python package
-# (tests/parity/test_safetensors_torch.py). Exits non-zero if any step fails; prints a summary.
+# (tests/parity/test_safetensors_torch.py), and optimizer parity (tests/parity/test_optim_torch.py).
+# Exits non-zero if any step fails; prints a summary.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -133,6 +134,12 @@ if [[ -f $ROOT/tests/parity/test_safetensors_torch.py ]]; then
   export FLAME_LIBRARY=$BUILD_DIR/libflame.so FLAME_BUILD_DIR=$BUILD_DIR
   run "safetensors interop (tests/parity/test_safetensors_torch.py)" "$LOG_DIR/safetensors-interop.log" \
     python3 "$ROOT/tests/parity/test_safetensors_torch.py"
+fi
+# Optimizers (10 steps) and clip_grad_norm against torch.optim / torch.nn.utils.
+if [[ -f $ROOT/tests/parity/test_optim_torch.py ]]; then
+  export FLAME_LIBRARY=$BUILD_DIR/libflame.so
+  run "optimizer parity (tests/parity/test_optim_torch.py)" "$LOG_DIR/optim-torch.log" \
+    python3 "$ROOT/tests/parity/test_optim_torch.py"
 fi
 
 # Quote-able summary: the ctest result lines and timings.

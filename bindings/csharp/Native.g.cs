@@ -156,6 +156,17 @@ namespace Flame.Interop
         public int seq_dim;
     }
 
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct flame_grad_scaler_options_t
+    {
+        public UIntPtr struct_size;
+        public double init_scale;
+        public double growth_factor;
+        public double backoff_factor;
+        public long growth_interval;
+        public int enabled;
+    }
+
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate flame_status_t flame_tensor_hook_fn(IntPtr user_data, IntPtr grad, IntPtr* replacement);
 
@@ -164,6 +175,9 @@ namespace Flame.Interop
 
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate void flame_destroy_fn(IntPtr user_data);
+
+    [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
+    public unsafe delegate flame_status_t flame_checkpoint_fn(IntPtr user_data, IntPtr* inputs, int n_inputs, IntPtr* outputs, int n_outputs);
 
     public static unsafe partial class Native
     {
@@ -178,6 +192,13 @@ namespace Flame.Interop
         public const int FLAME_DIM_ALL = -2147483648;
         public const int FLAME_AUTOCAST_OFF = -1;
         public const long FLAME_NO_PADDING = -9223372036854775808;
+        public const int FLAME_STAT_NORM = 0;
+        public const int FLAME_STAT_MIN = 1;
+        public const int FLAME_STAT_MAX = 2;
+        public const int FLAME_STAT_MEAN = 3;
+        public const int FLAME_STAT_NAN_COUNT = 4;
+        public const int FLAME_STAT_INF_COUNT = 5;
+        public const int FLAME_STAT_COLUMNS = 6;
         public const uint FLAME_BACKWARD_RETAIN_GRAPH = 1;
         public const uint FLAME_BACKWARD_CREATE_GRAPH = 2;
         public const uint FLAME_GRAD_ALLOW_UNUSED = 4;
@@ -405,6 +426,32 @@ namespace Flame.Interop
             "flame_geglu",
             "flame_adaln_modulate",
             "flame_swiglu_mlp",
+            "flame_optimizer_save_state",
+            "flame_optimizer_load_state",
+            "flame_grad_normalize",
+            "flame_grad_add_noise",
+            "flame_grad_stats",
+            "flame_grad_stats_host",
+            "flame_grad_scaler_options_init",
+            "flame_grad_scaler_create",
+            "flame_grad_scaler_release",
+            "flame_grad_scaler_scale",
+            "flame_grad_scaler_unscale",
+            "flame_grad_scaler_unscale_tensors",
+            "flame_grad_scaler_step",
+            "flame_grad_scaler_update",
+            "flame_grad_scaler_get_scale",
+            "flame_grad_scaler_found_inf",
+            "flame_grad_scaler_get_state",
+            "flame_grad_scaler_set_state",
+            "flame_lora_create",
+            "flame_lora_release",
+            "flame_lora_forward",
+            "flame_lora_adapters",
+            "flame_lora_merge",
+            "flame_lora_unmerge",
+            "flame_lora_is_merged",
+            "flame_checkpoint",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -1066,6 +1113,84 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_swiglu_mlp", ExactSpelling = true)]
         public static extern flame_status_t flame_swiglu_mlp(IntPtr x, IntPtr w1, IntPtr w3, IntPtr w2, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_save_state", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_save_state(IntPtr opt, string path);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_load_state", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_load_state(IntPtr opt, string path);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_normalize", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_normalize(IntPtr ctx, IntPtr* tensors, long n, double target_norm, double eps);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_add_noise", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_add_noise(IntPtr ctx, IntPtr* tensors, long n, double std_dev);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_stats", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_stats(IntPtr ctx, IntPtr* tensors, long n, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_stats_host", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_stats_host(IntPtr ctx, IntPtr* tensors, long n, double* values, long capacity);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_options_init(flame_grad_scaler_options_t* opts);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_create", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_create(IntPtr ctx, flame_grad_scaler_options_t* opts, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_release", ExactSpelling = true)]
+        public static extern void flame_grad_scaler_release(IntPtr scaler);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_scale", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_scale(IntPtr scaler, IntPtr loss, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_unscale", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_unscale(IntPtr scaler, IntPtr opt);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_unscale_tensors", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_unscale_tensors(IntPtr scaler, IntPtr* tensors, long n);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_step", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_step(IntPtr scaler, IntPtr opt, int* stepped);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_update", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_update(IntPtr scaler);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_get_scale", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_get_scale(IntPtr scaler, double* scale);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_found_inf", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_found_inf(IntPtr scaler, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_get_state", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_get_state(IntPtr scaler, double* scale, long* growth_tracker);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_set_state", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_set_state(IntPtr scaler, double scale, long growth_tracker);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_create", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_create(IntPtr weight, IntPtr bias, long rank, double alpha, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_release", ExactSpelling = true)]
+        public static extern void flame_lora_release(IntPtr lora);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_forward", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_forward(IntPtr lora, IntPtr x, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_adapters", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_adapters(IntPtr lora, IntPtr* a, IntPtr* b);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_merge", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_merge(IntPtr lora);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_unmerge", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_unmerge(IntPtr lora);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_is_merged", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_is_merged(IntPtr lora, int* merged);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_checkpoint", ExactSpelling = true)]
+        public static extern flame_status_t flame_checkpoint(IntPtr ctx, flame_checkpoint_fn fn, IntPtr user_data, flame_destroy_fn destroy, IntPtr* inputs, int n_inputs, IntPtr* outputs, int n_outputs);
 
     }
 }

@@ -1786,6 +1786,44 @@ namespace Flame
             return o_dtype;
         }
 
+        /// <summary><c>flame_status_t flame_grad_normalize(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double target_norm, double eps)</c></summary>
+        public unsafe void GradNormalize(Tensor[] tensors, double target_norm, double eps)
+        {
+            IntPtr[] tensors_raw = Tensor.RawArray(tensors);
+            fixed (IntPtr* tensors_p = tensors_raw)
+            {
+                Status.Check(Native.flame_grad_normalize(Raw, tensors_p, (long)tensors_raw.Length, target_norm, eps));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(tensors);
+        }
+
+        /// <summary><c>flame_status_t flame_grad_add_noise(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double std_dev)</c></summary>
+        public unsafe void GradAddNoise(Tensor[] tensors, double std_dev)
+        {
+            IntPtr[] tensors_raw = Tensor.RawArray(tensors);
+            fixed (IntPtr* tensors_p = tensors_raw)
+            {
+                Status.Check(Native.flame_grad_add_noise(Raw, tensors_p, (long)tensors_raw.Length, std_dev));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(tensors);
+        }
+
+        /// <summary><c>flame_status_t flame_grad_stats(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, flame_tensor_t* out)</c></summary>
+        public unsafe Tensor GradStats(Tensor[] tensors)
+        {
+            IntPtr[] tensors_raw = Tensor.RawArray(tensors);
+            IntPtr o_out = IntPtr.Zero;
+            fixed (IntPtr* tensors_p = tensors_raw)
+            {
+                Status.Check(Native.flame_grad_stats(Raw, tensors_p, (long)tensors_raw.Length, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(tensors);
+            return new Tensor(o_out);
+        }
+
     }
 
 }

@@ -5,6 +5,7 @@
 #include "autograd/graph.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"
+#include "api/toolkit_args.h"
 
 using namespace flame;
 
@@ -15,12 +16,17 @@ struct flame_optimizer_s {
   std::shared_ptr<Optimizer> opt;
 };
 
-namespace {
+namespace flame {
 
 Optimizer& unwrap_opt(flame_optimizer_t o) {
   FLAME_CHECK(o, FLAME_ERROR_INVALID_ARGUMENT, "opt is NULL");
   FLAME_CHECK(o->magic == kOptimMagic && o->opt, FLAME_ERROR_INVALID_HANDLE, "opt is not a live optimizer");
   return *o->opt;
+}
+
+std::shared_ptr<Optimizer> optimizer_ref(flame_optimizer_t o) {
+  unwrap_opt(o);
+  return o->opt;
 }
 
 std::vector<Tensor> tensor_list(const flame_tensor_t* ts, int64_t n, const char* name) {
@@ -34,6 +40,10 @@ std::vector<Tensor> tensor_list(const flame_tensor_t* ts, int64_t n, const char*
   }
   return v;
 }
+
+}  // namespace flame
+
+namespace {
 
 // The gradients of params that have one (detached, so edits record nothing).
 std::vector<Tensor> grads_of(Context& ctx, const std::vector<Tensor>& params) {
@@ -196,6 +206,31 @@ FLAME_API flame_status_t flame_clip_grad_value(flame_ctx_t ctx, const flame_tens
     c.check_alive();
     for (const Tensor& g : grads_of(c, tensor_list(params, n, "params")))
       ops::copy_into(g, ops::unary(OpId::Clamp, alias(g), -clip, clip));
+  });
+}
+
+}  // extern "C"
+
+// ---------------- optimizer state files (optim/optim_state.cpp) ----------------
+extern "C" {
+
+FLAME_API flame_status_t flame_optimizer_save_state(flame_optimizer_t o, const char* path) {
+  return api_call("flame_optimizer_save_state", [&] {
+    Optimizer& opt = unwrap_opt(o);
+    FLAME_CHECK(path, FLAME_ERROR_INVALID_ARGUMENT, "path is NULL");
+    ContextScope scope(opt.ctx());
+    opt.ctx().check_alive();
+    save_optimizer_state(opt, path);
+  });
+}
+
+FLAME_API flame_status_t flame_optimizer_load_state(flame_optimizer_t o, const char* path) {
+  return api_call("flame_optimizer_load_state", [&] {
+    Optimizer& opt = unwrap_opt(o);
+    FLAME_CHECK(path, FLAME_ERROR_INVALID_ARGUMENT, "path is NULL");
+    ContextScope scope(opt.ctx());
+    opt.ctx().check_alive();
+    load_optimizer_state(opt, path);
   });
 }
 

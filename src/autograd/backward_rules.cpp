@@ -16,6 +16,7 @@
 #include "ops/conv.h"
 #include "ops/nnops.h"
 #include "ops/ops.h"
+#include "toolkit/checkpoint.h"
 
 namespace flame {
 
@@ -490,6 +491,8 @@ RULE(Rope) {  // the rotation is orthogonal: its transpose rotates back (saved: 
   p.inverse = !p.inverse;
   return {rope_apply(g, n.saved.empty() ? nullptr : saved(n, 0), p)};
 }
+// ---- gradient checkpointing (toolkit/checkpoint.h): re-run the function, walk the rebuilt graph ----
+RULE(Checkpoint) { return checkpoint_backward(n, {g}); }
 
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
@@ -508,6 +511,7 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(Attention)  // ops/attention.h
   DIFF(Scatter) DIFF(ConstantPad) DIFF(Dropout) DIFF(MaxPool2d) DIFF(AvgPool2d) DIFF(AvgPool2dBackward)
   DIFF(Upsample2d) DIFF(Upsample2dBackward) DIFF(Rope)  // ops/nnops.h
+  DIFF(Checkpoint)  // toolkit/checkpoint.h
 #undef DIFF
   return r;
 }
@@ -545,6 +549,12 @@ Grads linear_backward(Node& n, const Tensor& g, bool pre, Node* p, Tensor* p_dz)
       return linear_grads_from_pre(n, dz, true);
   }
   return linear_grads_from_pre(n, dz, false);
+}
+
+// Nodes with several outputs get one gradient per output (null where none arrived).
+Grads apply_backward_rule_multi(Node& n, const std::vector<Tensor>& gs) {
+  if (n.op == OpId::Checkpoint) return checkpoint_backward(n, gs);
+  fail(FLAME_ERROR_INTERNAL, "op ", op_name(n.op), " has ", n.num_outputs, " outputs but no backward for several");
 }
 
 Grads apply_backward_rule(Node& n, const Tensor& g) {

@@ -1,8 +1,9 @@
 // Dependency-counting reverse walk: count, for every node reachable from the roots, how many
 // edges lead into it; run a node once all of them have delivered their gradient (summed in its
-// buffer); pass its rule's results along its edges. Leaf gradients are collected and applied after
-// the walk. Grad mode is set to create_graph for the walk so that rules record themselves only
-// when higher-order gradients were asked for.
+// buffer, one per output of the node: Edge::input_nr); pass its rule's results along its edges.
+// Leaf gradients are collected and applied after the walk. Grad mode is set to create_graph for the
+// walk so that rules record themselves only when higher-order gradients were asked for. Nodes with
+// several outputs (checkpointing) get all their outputs' gradients at once (apply_backward_rule_multi).
 // One cross-node fusion: when a Linear's input was produced by a Linear with an activation (through
 // reshapes only) and nothing else observes the gradient in between (one incoming edge each, no
 // hooks, retain_grad or flame_grad capture), the consumer's dgrad GEMM applies the producer's
@@ -20,6 +21,7 @@
 namespace flame {
 
 std::vector<Tensor> apply_backward_rule(Node& n, const Tensor& g);  // backward_rules.cpp
+std::vector<Tensor> apply_backward_rule_multi(Node& n, const std::vector<Tensor>& gs);  // backward_rules.cpp
 std::vector<Tensor> linear_backward(Node& n, const Tensor& g, bool pre, Node* p, Tensor* p_dz);
 
 namespace {
@@ -38,6 +40,17 @@ class GradModeGuard {
  private:
   Context& c_;
   bool prev_, prev_inf_;
+};
+
+// Context::backward_accumulates for the duration of one walk (walks nest inside checkpoint rules).
+class AccumulateModeGuard {
+ public:
+  AccumulateModeGuard(Context& c, bool accumulates) : c_(c), prev_(c.backward_accumulates) { c.backward_accumulates = accumulates; }
+  ~AccumulateModeGuard() { c_.backward_accumulates = prev_; }
+
+ private:
+  Context& c_;
+  bool prev_;
 };
 
 void check_grad_geometry(const Tensor& g, const TensorInfo& want, const char* what) {
@@ -113,13 +126,15 @@ void accumulate_grad(const Tensor& t, Tensor g, bool create_graph) {
 std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
   GradModeGuard mode(ctx, req.create_graph);
   const bool accumulate = req.inputs.empty();
+  AccumulateModeGuard acc_mode(ctx, accumulate);
 
   // Root gradients.
-  std::unordered_map<Node*, Tensor> buffer;
+  std::unordered_map<Node*, std::vector<Tensor>> buffer;  // per node, one gradient per output
   std::vector<std::shared_ptr<Node>> root_nodes;
-  auto add_to = [&](Node* n, const Tensor& g) {
-    Tensor& b = buffer[n];
-    b = b ? ops::add(b, g) : g;
+  auto add_to = [&](Node* n, uint32_t nr, const Tensor& g) {
+    std::vector<Tensor>& v = buffer[n];
+    if (v.size() <= nr) v.resize(nr + 1);
+    v[nr] = v[nr] ? ops::add(v[nr], g) : g;
   };
   for (size_t i = 0; i < req.roots.size(); ++i) {
     const Tensor& r = req.roots[i];
@@ -134,17 +149,17 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
       FLAME_CHECK(&g->ctx() == &ctx, FLAME_ERROR_INVALID_ARGUMENT, "gradient ", i, " belongs to another context");
       check_grad_geometry(g, {r->shape, r->dtype}, "the gradient of the output");
     }
-    add_to(e.fn.get(), g);
+    add_to(e.fn.get(), e.input_nr, g);
     root_nodes.push_back(e.fn);
   }
 
-  // Inputs whose gradients flame_grad returns, keyed by the node their gradient reaches.
-  std::map<Node*, std::vector<size_t>> capture;
+  // Inputs whose gradients flame_grad returns, keyed by the node (and output) their gradient reaches.
+  std::map<std::pair<Node*, uint32_t>, std::vector<size_t>> capture;
   std::vector<std::shared_ptr<Node>> keep_alive;
   for (size_t j = 0; j < req.inputs.size(); ++j) {
     Edge e = gradient_edge(req.inputs[j]);
     FLAME_CHECK(e.fn, FLAME_ERROR_INVALID_ARGUMENT, "input ", j, " does not require grad");
-    capture[e.fn.get()].push_back(j);
+    capture[{e.fn.get(), e.input_nr}].push_back(j);
     keep_alive.push_back(e.fn);
   }
 
@@ -167,8 +182,8 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
   // Linear nodes whose buffered gradient is already their pre-activation gradient.
   std::unordered_set<Node*> pre_activation;
   auto unobserved = [&](Node* c) {
-    return deps[c] == 1 && !buffer.count(c) && c->hooks.empty() && c->retained.empty() && !capture.count(c) &&
-           !c->graph_freed;
+    return deps[c] == 1 && !buffer.count(c) && c->hooks.empty() && c->retained.empty() && !capture.count({c, 0}) &&
+           !c->graph_freed && c->num_outputs == 1;
   };
   // The Linear whose activation gradient n's dgrad GEMM may apply, or null.
   auto fusable_producer = [&](Node* n) -> Node* {
@@ -189,40 +204,50 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
   while (!ready.empty()) {
     Node* n = ready.back();
     ready.pop_back();
-    Tensor g = buffer[n];
+    std::vector<Tensor> gs = std::move(buffer[n]);
     buffer.erase(n);
-    if (g) {
+    bool any = false;
+    for (const Tensor& t : gs) any = any || t;
+    if (any) {
       if (n->op == OpId::Count) {  // a leaf
+        Tensor g = gs[0];
         Tensor leaf = n->leaf.lock();
         if (leaf && leaf->autograd) g = run_hooks(leaf->autograd->hooks, g, n->inputs[0]);
-        auto it = capture.find(n);
+        auto it = capture.find({n, 0});
         if (it != capture.end())
           for (size_t j : it->second) results[j] = g;
+        else if (!accumulate && req.other_leaves_error)
+          fail(FLAME_ERROR_UNSUPPORTED, req.other_leaves_error);
         if (accumulate && leaf) pending.emplace_back(leaf, g);
         continue;
       }
-      HookList hooks;
-      for (auto& h : n->hooks) hooks.push_back(h.second);
-      if (!hooks.empty()) g = run_hooks(hooks, g, {g->shape, g->dtype});
-      for (auto& r : n->retained)
-        if (auto t = r.second.lock()) pending.emplace_back(t, g);
-      auto it = capture.find(n);
-      if (it != capture.end())
-        for (size_t j : it->second) results[j] = g;
+      for (uint32_t nr = 0; nr < gs.size(); ++nr) {  // each output's hooks, retained grad, capture
+        if (!gs[nr]) continue;
+        HookList hooks;
+        for (auto& h : n->hooks)
+          if (h.first == nr) hooks.push_back(h.second);
+        if (!hooks.empty()) gs[nr] = run_hooks(hooks, gs[nr], {gs[nr]->shape, gs[nr]->dtype});
+        for (auto& r : n->retained)
+          if (r.first == nr)
+            if (auto t = r.second.lock()) pending.emplace_back(t, gs[nr]);
+        auto it = capture.find({n, nr});
+        if (it != capture.end())
+          for (size_t j : it->second) results[j] = gs[nr];
+      }
     }
     std::vector<Tensor> grads;
-    if (g) {
+    if (any) {
       const bool pre = pre_activation.count(n) > 0;
-      Node* producer = fusable_producer(n);
+      Node* producer = n->num_outputs == 1 ? fusable_producer(n) : nullptr;
       if (pre || producer) {
         Tensor p_dz;
-        grads = linear_backward(*n, g, pre, producer, &p_dz);
+        grads = linear_backward(*n, gs[0], pre, producer, &p_dz);
         if (p_dz) {  // the reshapes in between pass no gradient; the producer gets it directly
-          buffer[producer] = p_dz;
+          buffer[producer] = {p_dz};
           pre_activation.insert(producer);
         }
       } else {
-        grads = apply_backward_rule(*n, g);
+        grads = n->num_outputs > 1 ? apply_backward_rule_multi(*n, gs) : apply_backward_rule(*n, gs[0]);
       }
       FLAME_CHECK(grads.size() == n->next.size(), FLAME_ERROR_INTERNAL, "backward of ", op_name(n->op), " returned ",
                   grads.size(), " gradients for ", n->next.size(), " inputs");
@@ -235,7 +260,7 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
         FLAME_CHECK(grads[i]->shape == n->inputs[i].shape, FLAME_ERROR_INTERNAL, "backward of ", op_name(n->op),
                     " gave input ", i, " a gradient of shape ", shape_str(grads[i]->shape), " instead of ",
                     shape_str(n->inputs[i].shape));
-        add_to(child, grads[i]);
+        add_to(child, n->next[i].input_nr, grads[i]);
       }
       if (--deps[child] == 0) ready.push_back(child);
     }

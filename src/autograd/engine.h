@@ -13,6 +13,9 @@ struct BackwardRequest {
   // flame_grad: gradients of these inputs are returned instead of accumulated into .grad.
   std::vector<Tensor> inputs;
   bool allow_unused = false;
+  // With inputs: a leaf reached that is not one of them fails with FLAME_ERROR_UNSUPPORTED and this
+  // text instead of being ignored (checkpointing cannot return such a gradient to flame_grad).
+  const char* other_leaves_error = nullptr;
 };
 
 // Runs backward. With no inputs, accumulates into .grad of the reached leaves (all at the end, so a

@@ -92,6 +92,12 @@ struct Node : std::enable_shared_from_this<Node> {
   std::vector<std::pair<uint32_t, std::shared_ptr<HookRecord>>> hooks;
   std::vector<std::pair<uint32_t, std::weak_ptr<TensorImpl>>> retained;
   std::weak_ptr<TensorImpl> leaf;  // accumulator nodes only
+  // ---- nodes with several outputs (gradient checkpointing) ----
+  // The engine keeps one gradient per output (Edge::input_nr) and, for num_outputs > 1, calls
+  // apply_backward_rule_multi; payload holds op-specific state that is neither tensor nor number
+  // (checkpoint: the user's function), freed with the node.
+  uint32_t num_outputs = 1;
+  std::shared_ptr<void> payload;
 
   bool needs_input_grad(size_t i) const { return i < next.size() && next[i].fn != nullptr; }
   void release_saved() {

@@ -173,6 +173,12 @@
   X(Upsample2d, upsample2d)                   \
   X(Upsample2dBackward, upsample2d_backward)  \
   X(Rope, rope)
+// ---- training toolkit (src/toolkit/checkpoint.cpp) ----
+// Gradient checkpointing: one node per flame_checkpoint call, with one output per tensor the user's
+// function returned; its backward re-runs the function and walks the rebuilt graph (the engine's
+// multi-output path).
+#define FLAME_TOOLKIT_OPS(X) \
+  X(Checkpoint, checkpoint)
 
 namespace flame {
 
@@ -186,6 +192,7 @@ enum class OpId : int {
   FLAME_CONV_OPS(FLAME_OP_ENUM)
   FLAME_ATTENTION_OPS(FLAME_OP_ENUM) FLAME_ATTENTION_INTERNAL_OPS(FLAME_OP_ENUM)
   FLAME_NNOPS_OPS(FLAME_OP_ENUM)
+  FLAME_TOOLKIT_OPS(FLAME_OP_ENUM)
 #undef FLAME_OP_ENUM
   Count
 };

@@ -12,6 +12,7 @@ const char* op_name(OpId op) {
     FLAME_CONV_OPS(FLAME_OP_NAME)
     FLAME_ATTENTION_OPS(FLAME_OP_NAME) FLAME_ATTENTION_INTERNAL_OPS(FLAME_OP_NAME)
     FLAME_NNOPS_OPS(FLAME_OP_NAME)
+    FLAME_TOOLKIT_OPS(FLAME_OP_NAME)
 #undef FLAME_OP_NAME
     case OpId::Count: return "accumulate_grad";
   }

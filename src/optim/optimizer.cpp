@@ -84,6 +84,26 @@ void Optimizer::zero_grad(bool set_to_none) {
     }
 }
 
+// splitmix64's finaliser: spreads a counter into an unrelated 64-bit Philox key.
+static uint64_t mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// The first use keys the stream from the context's generator (one counter taken from it).
+uint64_t Optimizer::take_rounding_rng(uint64_t n) {
+  if (!rng_.ready) {
+    rng_.seed = mix64(ctx_->rng_seed ^ mix64(ctx_->take_rng(1)));
+    rng_.offset = 0;
+    rng_.ready = true;
+  }
+  const uint64_t first = rng_.offset;
+  rng_.offset += n;
+  return first;
+}
+
 void Optimizer::step() {
   Context& ctx = *ctx_;
   const int64_t t = steps_ + 1;
@@ -123,11 +143,11 @@ void Optimizer::step() {
     const double bc1 = 1 - std::pow(o.beta1, static_cast<double>(t)), bc2 = 1 - std::pow(o.beta2, static_cast<double>(t));
     int64_t flags = (o.nesterov ? kNesterov : 0) | (o.amsgrad ? kAmsgrad : 0) | (o.maximize ? kMaximize : 0) |
                     (o.momentum > 0 ? kHasMomentum : 0) | (o.stochastic_rounding ? kStochastic : 0);
-    const uint64_t rng_offset = o.stochastic_rounding ? ctx.take_rng(static_cast<uint64_t>(rng_total)) : 0;
+    const uint64_t rng_offset = o.stochastic_rounding ? take_rounding_rng(static_cast<uint64_t>(rng_total)) : 0;
     for (auto& [dtype, tab] : tables) {
       if (tab.second.empty()) continue;
       OptimHyper h{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.momentum, o.dampening, bc1, bc2,
-                   o.kind, flags, static_cast<int64_t>(ctx.rng_seed),
+                   o.kind, flags, static_cast<int64_t>(rng_.seed),
                    static_cast<int64_t>(rng_offset)};
       const size_t tb = tab.first.size() * sizeof(OptimTensor), cb = tab.second.size() * sizeof(OptimChunk);
       Tensor meta = make_tensor(ctx, {static_cast<int64_t>(tb + cb)}, FLAME_DTYPE_U8);

@@ -2,9 +2,13 @@
 // kernel launch per group and parameter dtype (cuda/optim.cuh). State lives in the optimizer:
 // moments in the compute type (f32 for f16/bf16/f32 parameters) and, on request, f32 master
 // weights for f16/bf16 parameters. Parameters are updated in place (their version counters move,
-// as after any in-place write).
+// as after any in-place write). Stochastic rounding draws from the optimizer's own Philox stream
+// (keyed once from the context's generator at the first rounding step), so that the optimizer's
+// state, saved and loaded by optim_state.cpp, replays a run bit for bit whatever else uses the
+// context's generator.
 #pragma once
 #include <memory>
+#include <string>
 #include <vector>
 #include "flame.h"
 #include "tensor/tensor.h"
@@ -21,6 +25,12 @@ struct OptimGroup {
   std::vector<OptimParam> params;
 };
 
+// The stochastic-rounding generator: Philox key and next counter; ready once keyed.
+struct RoundingRng {
+  bool ready = false;
+  uint64_t seed = 0, offset = 0;
+};
+
 class Optimizer {
  public:
   Optimizer(Context& ctx, int32_t kind) : ctx_(ctx.shared_from_this()), kind_(kind) {}
@@ -31,15 +41,25 @@ class Optimizer {
   void zero_grad(bool set_to_none);
   std::vector<OptimGroup>& groups() { return groups_; }
   int64_t step_count() const { return steps_; }
+  int32_t kind() const { return kind_; }
   Context& ctx() { return *ctx_; }
+  // Saved and restored with the rest of the state (optim_state.cpp).
+  RoundingRng& rounding_rng() { return rng_; }
+  void set_step_count(int64_t steps) { steps_ = steps; }
 
  private:
   std::shared_ptr<Context> ctx_;
   int32_t kind_;
   int64_t steps_ = 0;
+  RoundingRng rng_;
   std::vector<OptimGroup> groups_;
+  uint64_t take_rounding_rng(uint64_t n);
 };
 
 void validate_optimizer_options(const flame_optimizer_options_t& o, int32_t kind);
+
+// The optimizer's state as a safetensors file (optim_state.cpp): see flame_optimizer_save_state.
+void save_optimizer_state(Optimizer& opt, const std::string& path);
+void load_optimizer_state(Optimizer& opt, const std::string& path);
 
 }  // namespace flame

@@ -94,6 +94,9 @@ class Context : public std::enable_shared_from_this<Context> {
   bool inference_mode = false;
   int32_t autocast = -1;  // FLAME_DTYPE_BF16 / F16 while autocast is on, else -1 (api/autocast.h)
   bool recording() const { return grad_enabled && !inference_mode; }
+  // Whether the backward walk in progress accumulates into .grad (flame_backward) or returns the
+  // gradients of given inputs (flame_grad): rules that walk a graph of their own (checkpointing) follow it.
+  bool backward_accumulates = true;
 
   // ---- released tensor handles kept readable so that reuse is detected (see api/handles.cpp) ----
   std::deque<flame_tensor_s*> dead_handles;

@@ -21,7 +21,8 @@
 // Handle kinds: contexts, tensors, optimizers (a.opt: Live, an SGD optimizer over one parameter
 // with a .grad) and safetensors files (a.st: Live, a small valid file that Args writes into its own
 // temporary directory, so no row needs a GPU to make it). Released optimizers and files are parked
-// by their context like tensors, so the released sweep covers every handle kind.
+// by their context like tensors, so the released sweep covers every handle kind. Loss scalers
+// (a.scaler) and LoRA adapters (a.lora) are made and parked the same way.
 #pragma once
 #include <dirent.h>
 #include <stdlib.h>
@@ -334,6 +335,59 @@ class Args {
     return f;
   }
 
+  // ---- training toolkit handles (Live: a.scaler is a loss scaler with default options; a.lora a
+  // rank-2 LoRA adapter, alpha 4, over an f32 [4, 3] weight and a [4] bias, so x is sp()) ----
+  flame_grad_scaler_t scaler(const char* name) {
+    int h = handle_index(name, true, false);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_grad_scaler_t>(garbage());
+    if (bad_now(h)) {
+      if (bad == Bad::Foreign) return live_scaler(ctx2_, true);
+      if (bad == Bad::Released) {  // released: parked by its context, detectably dead
+        flame_grad_scaler_t g = live_scaler(ctx_, false);
+        flame_grad_scaler_release(g);
+        return g;
+      }
+      return reinterpret_cast<flame_grad_scaler_t>(garbage());
+    }
+    return live_scaler(ctx_, true);
+  }
+  flame_grad_scaler_t release_scaler(const char* name) {
+    takes_released = true;
+    nullable(name);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_grad_scaler_t>(garbage());
+    flame_grad_scaler_t g = live_scaler(ctx_, false);
+    if (bad == Bad::Released) flame_grad_scaler_release(g);
+    return g;
+  }
+  flame_grad_scaler_t* out_scaler(const char* name) { return out_slot<flame_grad_scaler_t>(name, OutKind::Scaler); }
+  flame_lora_t lora(const char* name) {
+    int h = handle_index(name, true, false);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_lora_t>(garbage());
+    if (bad_now(h)) {
+      if (bad == Bad::Foreign) return live_lora(ctx2_, true);
+      if (bad == Bad::Released) {
+        flame_lora_t l = live_lora(ctx_, false);
+        flame_lora_release(l);
+        return l;
+      }
+      return reinterpret_cast<flame_lora_t>(garbage());
+    }
+    return live_lora(ctx_, true);
+  }
+  flame_lora_t release_lora(const char* name) {
+    takes_released = true;
+    nullable(name);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_lora_t>(garbage());
+    flame_lora_t l = live_lora(ctx_, false);
+    if (bad == Bad::Released) flame_lora_release(l);
+    return l;
+  }
+  flame_lora_t* out_lora(const char* name) { return out_slot<flame_lora_t>(name, OutKind::Lora); }
+
   // ---- after the call ----
   // Checks the out slots of a failed call; returns the names of slots not set to NULL.
   std::vector<std::string> uncleared_outs() const {
@@ -363,7 +417,7 @@ class Args {
   Mode mode() const { return mode_; }
 
  private:
-  enum class OutKind { None, Tensor, Ctx, Hook, Dl, Dlv, Opt, St };
+  enum class OutKind { None, Tensor, Ctx, Hook, Dl, Dlv, Opt, St, Scaler, Lora };
   struct OutSlot {
     OutKind kind;
     void** slot;
@@ -476,6 +530,19 @@ class Args {
     if (keep) files_.push_back(f);
     return f;
   }
+  flame_grad_scaler_t live_scaler(flame_ctx_t c, bool keep) {
+    flame_grad_scaler_t g = nullptr;
+    if (flame_grad_scaler_create(c, nullptr, &g) != FLAME_OK) return nullptr;
+    if (keep) scalers_.push_back(g);
+    return g;
+  }
+  flame_lora_t live_lora(flame_ctx_t c, bool keep) {
+    flame_tensor_t w = live_tensor(c, sp({4, 3})), b = live_tensor(c, sp({4}));
+    flame_lora_t l = nullptr;
+    if (flame_lora_create(w, b, 2, 4.0, &l) != FLAME_OK) return nullptr;
+    if (keep) loras_.push_back(l);
+    return l;
+  }
   // A valid safetensors file with tensor "x" (F32 [2, 3], ones) and metadata {"format": "pt"}.
   std::string valid_st_file() {
     const std::string path = tmp_dir() + "/valid.safetensors";
@@ -532,6 +599,8 @@ class Args {
   std::vector<flame_tensor_t> release_on_ok_;
   std::vector<flame_optimizer_t> opts_;
   std::vector<flame_safetensors_t> files_;
+  std::vector<flame_grad_scaler_t> scalers_;
+  std::vector<flame_lora_t> loras_;
   std::string tmp_dir_;
   bool st_written_ = false;
   struct DLManagedTensor* dl_in_ = nullptr;
@@ -603,6 +672,8 @@ inline void Args::finish(flame_status_t status) {
       case OutKind::Dlv: if (dl_ && dl_->free_dlv) dl_->free_dlv(static_cast<struct DLManagedTensorVersioned*>(v)); break;
       case OutKind::Opt: flame_optimizer_release(static_cast<flame_optimizer_t>(v)); break;
       case OutKind::St: flame_safetensors_release(static_cast<flame_safetensors_t>(v)); break;
+      case OutKind::Scaler: flame_grad_scaler_release(static_cast<flame_grad_scaler_t>(v)); break;
+      case OutKind::Lora: flame_lora_release(static_cast<flame_lora_t>(v)); break;
       case OutKind::None: break;
     }
   }
@@ -619,6 +690,10 @@ inline void Args::finish(flame_status_t status) {
   opts_.clear();
   for (flame_safetensors_t f : files_) flame_safetensors_release(f);
   files_.clear();
+  for (flame_grad_scaler_t g : scalers_) flame_grad_scaler_release(g);
+  scalers_.clear();
+  for (flame_lora_t l : loras_) flame_lora_release(l);
+  loras_.clear();
   for (auto it = owned_.rbegin(); it != owned_.rend(); ++it) flame_tensor_release(*it);
   owned_.clear();
   remove_tmp_dir();

@@ -981,3 +981,41 @@ TEST(NullArguments, CompositeBlocks) {
     EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
   }
 }
+
+// ============================== Training toolkit ==============================
+
+#if defined(__LP64__)
+static_assert(offsetof(flame_grad_scaler_options_t, struct_size) == 0 && offsetof(flame_grad_scaler_options_t, init_scale) == 8 &&
+                  offsetof(flame_grad_scaler_options_t, growth_factor) == 16 &&
+                  offsetof(flame_grad_scaler_options_t, backoff_factor) == 24 &&
+                  offsetof(flame_grad_scaler_options_t, growth_interval) == 32 &&
+                  offsetof(flame_grad_scaler_options_t, enabled) == 40 && sizeof(flame_grad_scaler_options_t) == 48,
+              "flame_grad_scaler_options_t layout");
+#endif
+static_assert(FLAME_STAT_NORM == 0 && FLAME_STAT_MIN == 1 && FLAME_STAT_MAX == 2 && FLAME_STAT_MEAN == 3 &&
+                  FLAME_STAT_NAN_COUNT == 4 && FLAME_STAT_INF_COUNT == 5 && FLAME_STAT_COLUMNS == 6,
+              "statistics columns are frozen");
+
+TEST(Toolkit, ScalerOptionsDefaultsWithoutADriver) {
+  flame_grad_scaler_options_t o;
+  std::memset(&o, 0xab, sizeof o);
+  FLAME_EXPECT_STATUS(flame_grad_scaler_options_init(&o), FLAME_OK);
+  EXPECT_EQ(o.struct_size, sizeof o);
+  EXPECT_EQ(o.init_scale, 65536.0);
+  EXPECT_EQ(o.growth_interval, 2000);
+  FLAME_EXPECT_STATUS(flame_grad_scaler_options_init(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  flame_grad_scaler_t s = reinterpret_cast<flame_grad_scaler_t>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_grad_scaler_create(nullptr, &o, &s), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(s, nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_grad_scaler_create")) << flame_last_error_message();
+  flame_grad_scaler_release(nullptr);
+}
+
+TEST(Toolkit, LoraWithoutADriver) {
+  flame_lora_t l = reinterpret_cast<flame_lora_t>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_lora_create(nullptr, nullptr, 2, 1.0, &l), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(l, nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_lora_create")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_lora_merge(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  flame_lora_release(nullptr);
+}

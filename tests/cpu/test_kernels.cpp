@@ -206,3 +206,12 @@ TEST_P(KernelCompile, NnopsRope) {
   EXPECT_EQ(names.size(), 8u);
   compile_all("rope.cuh", names, GetParam());
 }
+
+// ---- training toolkit: fused gradient tools and loss scaling (cuda/grad_tools.cuh) ----
+#include "toolkit/grad_tools.h"
+
+TEST_P(KernelCompile, GradTools) {
+  auto names = flame::toolkit::grad_tools_instantiations();
+  EXPECT_EQ(names.size(), 23u);
+  compile_all("grad_tools.cuh", names, GetParam());
+}

@@ -485,3 +485,33 @@ def conv_options(lib, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, 
     o.groups = groups
     o.padding_same = 1 if same else 0
     return o
+# ---- training toolkit: optimizers and gradient clipping (flame.h "Optimizers", "Gradient tools") ----
+class OptimizerOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", size_t),
+        ("kind", i32),
+        ("lr", f64),
+        ("weight_decay", f64),
+        ("beta1", f64),
+        ("beta2", f64),
+        ("eps", f64),
+        ("momentum", f64),
+        ("dampening", f64),
+        ("nesterov", i32),
+        ("amsgrad", i32),
+        ("maximize", i32),
+        ("master_weights", i32),
+        ("stochastic_rounding", i32),
+    ]
+
+
+OPTIMIZER_KINDS = {"sgd": 0, "adam": 1, "adamw": 2, "lion": 3}
+_SIGNATURES.update({
+    "flame_optimizer_options_init": (c_int, [P(OptimizerOptions), i32]),
+    "flame_optimizer_create": (c_int, [H, P(OptimizerOptions), P(H), i64, P(H)]),
+    "flame_optimizer_step": (c_int, [H]),
+    "flame_optimizer_zero_grad": (c_int, [H, i32]),
+    "flame_optimizer_release": (None, [H]),
+    "flame_clip_grad_norm": (c_int, [H, P(H), i64, f64, f64, i32, P(H)]),
+    "flame_tensor_item": (c_int, [H, P(f64)]),
+})

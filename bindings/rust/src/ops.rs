@@ -1076,8 +1076,30 @@ impl Context {
         check(unsafe { (api.flame_ctx_get_autocast)(self.raw, &mut o_dtype) })?;
         Ok(o_dtype)
     }
+    /// `flame_status_t flame_grad_normalize(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double target_norm, double eps)`.
+    pub fn grad_normalize(&self, tensors: &[&Tensor], target_norm: f64, eps: f64) -> Result<()> {
+        let api = api()?;
+        let tensors_raw: Vec<sys::flame_tensor_t> = tensors.iter().map(|t| t.raw).collect();
+        check(unsafe { (api.flame_grad_normalize)(self.raw, slice_ptr(&tensors_raw), len_as::<i64>(tensors.len())?, target_norm, eps) })?;
+        Ok(())
+    }
+    /// `flame_status_t flame_grad_add_noise(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double std_dev)`.
+    pub fn grad_add_noise(&self, tensors: &[&Tensor], std_dev: f64) -> Result<()> {
+        let api = api()?;
+        let tensors_raw: Vec<sys::flame_tensor_t> = tensors.iter().map(|t| t.raw).collect();
+        check(unsafe { (api.flame_grad_add_noise)(self.raw, slice_ptr(&tensors_raw), len_as::<i64>(tensors.len())?, std_dev) })?;
+        Ok(())
+    }
+    /// `flame_status_t flame_grad_stats(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, flame_tensor_t* out)`.
+    pub fn grad_stats(&self, tensors: &[&Tensor]) -> Result<Tensor> {
+        let api = api()?;
+        let tensors_raw: Vec<sys::flame_tensor_t> = tensors.iter().map(|t| t.raw).collect();
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_grad_stats)(self.raw, slice_ptr(&tensors_raw), len_as::<i64>(tensors.len())?, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
 }
 
 /// Functions without a generated safe method and not wrapped by hand in lib.rs: call them
 /// through `flame::api()` (the raw table).
-pub const UNWRAPPED: &[&str] = &["flame_conv_options_init", "flame_conv2d", "flame_conv_transpose2d", "flame_conv1d", "flame_pool2d_options_init", "flame_max_pool2d", "flame_avg_pool2d", "flame_rope_options_init", "flame_rope"];
+pub const UNWRAPPED: &[&str] = &["flame_conv_options_init", "flame_conv2d", "flame_conv_transpose2d", "flame_conv1d", "flame_pool2d_options_init", "flame_max_pool2d", "flame_avg_pool2d", "flame_rope_options_init", "flame_rope", "flame_optimizer_save_state", "flame_optimizer_load_state", "flame_grad_stats_host", "flame_grad_scaler_options_init", "flame_grad_scaler_create", "flame_grad_scaler_release", "flame_grad_scaler_scale", "flame_grad_scaler_unscale", "flame_grad_scaler_unscale_tensors", "flame_grad_scaler_step", "flame_grad_scaler_update", "flame_grad_scaler_get_scale", "flame_grad_scaler_found_inf", "flame_grad_scaler_get_state", "flame_grad_scaler_set_state", "flame_lora_create", "flame_lora_release", "flame_lora_forward", "flame_lora_adapters", "flame_lora_merge", "flame_lora_unmerge", "flame_lora_is_merged", "flame_checkpoint"];

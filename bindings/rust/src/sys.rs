@@ -14,6 +14,13 @@ pub const FLAME_MAX_DIMS: i32 = 8;
 pub const FLAME_DIM_ALL: i32 = -2147483648;
 pub const FLAME_AUTOCAST_OFF: i32 = -1;
 pub const FLAME_NO_PADDING: i64 = -9223372036854775808;
+pub const FLAME_STAT_NORM: i32 = 0;
+pub const FLAME_STAT_MIN: i32 = 1;
+pub const FLAME_STAT_MAX: i32 = 2;
+pub const FLAME_STAT_MEAN: i32 = 3;
+pub const FLAME_STAT_NAN_COUNT: i32 = 4;
+pub const FLAME_STAT_INF_COUNT: i32 = 5;
+pub const FLAME_STAT_COLUMNS: i32 = 6;
 
 // ---- enums: C integer type, constants, and a newtype with associated constants ----
 // (a Rust enum would be undefined behaviour for values added by a newer library)
@@ -310,6 +317,16 @@ pub struct flame_safetensors_s {
     _opaque: [u8; 0],
 }
 pub type flame_safetensors_t = *mut flame_safetensors_s;
+#[repr(C)]
+pub struct flame_grad_scaler_s {
+    _opaque: [u8; 0],
+}
+pub type flame_grad_scaler_t = *mut flame_grad_scaler_s;
+#[repr(C)]
+pub struct flame_lora_s {
+    _opaque: [u8; 0],
+}
+pub type flame_lora_t = *mut flame_lora_s;
 
 // ---- foreign structs, declared only (defined by their own headers, e.g. dlpack.h) ----
 #[repr(C)]
@@ -325,6 +342,7 @@ pub struct DLManagedTensorVersioned {
 pub type flame_tensor_hook_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, grad: flame_tensor_t, replacement: *mut flame_tensor_t) -> flame_status_t>;
 pub type flame_post_accumulate_hook_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, leaf: flame_tensor_t) -> flame_status_t>;
 pub type flame_destroy_fn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
+pub type flame_checkpoint_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, inputs: *const flame_tensor_t, n_inputs: i32, outputs: *mut flame_tensor_t, n_outputs: i32) -> flame_status_t>;
 
 // ---- structs ----
 #[repr(C)]
@@ -411,6 +429,17 @@ pub struct flame_rope_options_t {
     pub position_offset: i64,
     pub interleaved: i32,
     pub seq_dim: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flame_grad_scaler_options_t {
+    pub struct_size: usize,
+    pub init_scale: f64,
+    pub growth_factor: f64,
+    pub backoff_factor: f64,
+    pub growth_interval: i64,
+    pub enabled: i32,
 }
 
 // ---- functions ----
@@ -636,6 +665,32 @@ pub const SYMBOLS: &[&str] = &[
     "flame_geglu",
     "flame_adaln_modulate",
     "flame_swiglu_mlp",
+    "flame_optimizer_save_state",
+    "flame_optimizer_load_state",
+    "flame_grad_normalize",
+    "flame_grad_add_noise",
+    "flame_grad_stats",
+    "flame_grad_stats_host",
+    "flame_grad_scaler_options_init",
+    "flame_grad_scaler_create",
+    "flame_grad_scaler_release",
+    "flame_grad_scaler_scale",
+    "flame_grad_scaler_unscale",
+    "flame_grad_scaler_unscale_tensors",
+    "flame_grad_scaler_step",
+    "flame_grad_scaler_update",
+    "flame_grad_scaler_get_scale",
+    "flame_grad_scaler_found_inf",
+    "flame_grad_scaler_get_state",
+    "flame_grad_scaler_set_state",
+    "flame_lora_create",
+    "flame_lora_release",
+    "flame_lora_forward",
+    "flame_lora_adapters",
+    "flame_lora_merge",
+    "flame_lora_unmerge",
+    "flame_lora_is_merged",
+    "flame_checkpoint",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -860,6 +915,32 @@ pub struct Api {
     pub flame_geglu: unsafe extern "C" fn(x: flame_tensor_t, approximate: i32, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_adaln_modulate: unsafe extern "C" fn(x: flame_tensor_t, shift: flame_tensor_t, scale: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_swiglu_mlp: unsafe extern "C" fn(x: flame_tensor_t, w1: flame_tensor_t, w3: flame_tensor_t, w2: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_optimizer_save_state: unsafe extern "C" fn(opt: flame_optimizer_t, path: *const c_char) -> flame_status_t,
+    pub flame_optimizer_load_state: unsafe extern "C" fn(opt: flame_optimizer_t, path: *const c_char) -> flame_status_t,
+    pub flame_grad_normalize: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, target_norm: f64, eps: f64) -> flame_status_t,
+    pub flame_grad_add_noise: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, std_dev: f64) -> flame_status_t,
+    pub flame_grad_stats: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_grad_stats_host: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, values: *mut f64, capacity: i64) -> flame_status_t,
+    pub flame_grad_scaler_options_init: unsafe extern "C" fn(opts: *mut flame_grad_scaler_options_t) -> flame_status_t,
+    pub flame_grad_scaler_create: unsafe extern "C" fn(ctx: flame_ctx_t, opts: *const flame_grad_scaler_options_t, out: *mut flame_grad_scaler_t) -> flame_status_t,
+    pub flame_grad_scaler_release: unsafe extern "C" fn(scaler: flame_grad_scaler_t),
+    pub flame_grad_scaler_scale: unsafe extern "C" fn(scaler: flame_grad_scaler_t, loss: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_grad_scaler_unscale: unsafe extern "C" fn(scaler: flame_grad_scaler_t, opt: flame_optimizer_t) -> flame_status_t,
+    pub flame_grad_scaler_unscale_tensors: unsafe extern "C" fn(scaler: flame_grad_scaler_t, tensors: *const flame_tensor_t, n: i64) -> flame_status_t,
+    pub flame_grad_scaler_step: unsafe extern "C" fn(scaler: flame_grad_scaler_t, opt: flame_optimizer_t, stepped: *mut i32) -> flame_status_t,
+    pub flame_grad_scaler_update: unsafe extern "C" fn(scaler: flame_grad_scaler_t) -> flame_status_t,
+    pub flame_grad_scaler_get_scale: unsafe extern "C" fn(scaler: flame_grad_scaler_t, scale: *mut f64) -> flame_status_t,
+    pub flame_grad_scaler_found_inf: unsafe extern "C" fn(scaler: flame_grad_scaler_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_grad_scaler_get_state: unsafe extern "C" fn(scaler: flame_grad_scaler_t, scale: *mut f64, growth_tracker: *mut i64) -> flame_status_t,
+    pub flame_grad_scaler_set_state: unsafe extern "C" fn(scaler: flame_grad_scaler_t, scale: f64, growth_tracker: i64) -> flame_status_t,
+    pub flame_lora_create: unsafe extern "C" fn(weight: flame_tensor_t, bias: flame_tensor_t, rank: i64, alpha: f64, out: *mut flame_lora_t) -> flame_status_t,
+    pub flame_lora_release: unsafe extern "C" fn(lora: flame_lora_t),
+    pub flame_lora_forward: unsafe extern "C" fn(lora: flame_lora_t, x: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_lora_adapters: unsafe extern "C" fn(lora: flame_lora_t, a: *mut flame_tensor_t, b: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_lora_merge: unsafe extern "C" fn(lora: flame_lora_t) -> flame_status_t,
+    pub flame_lora_unmerge: unsafe extern "C" fn(lora: flame_lora_t) -> flame_status_t,
+    pub flame_lora_is_merged: unsafe extern "C" fn(lora: flame_lora_t, merged: *mut i32) -> flame_status_t,
+    pub flame_checkpoint: unsafe extern "C" fn(ctx: flame_ctx_t, r#fn: flame_checkpoint_fn, user_data: *mut c_void, destroy: flame_destroy_fn, inputs: *const flame_tensor_t, n_inputs: i32, outputs: *mut flame_tensor_t, n_outputs: i32) -> flame_status_t,
 }
 
 impl Api {
@@ -1092,6 +1173,32 @@ impl Api {
             flame_geglu: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_geglu\0")?),
             flame_adaln_modulate: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_adaln_modulate\0")?),
             flame_swiglu_mlp: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_swiglu_mlp\0")?),
+            flame_optimizer_save_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *const c_char) -> flame_status_t>(resolve(b"flame_optimizer_save_state\0")?),
+            flame_optimizer_load_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *const c_char) -> flame_status_t>(resolve(b"flame_optimizer_load_state\0")?),
+            flame_grad_normalize: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, f64, f64) -> flame_status_t>(resolve(b"flame_grad_normalize\0")?),
+            flame_grad_add_noise: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, f64) -> flame_status_t>(resolve(b"flame_grad_add_noise\0")?),
+            flame_grad_stats: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_grad_stats\0")?),
+            flame_grad_stats_host: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, *mut f64, i64) -> flame_status_t>(resolve(b"flame_grad_stats_host\0")?),
+            flame_grad_scaler_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_grad_scaler_options_t) -> flame_status_t>(resolve(b"flame_grad_scaler_options_init\0")?),
+            flame_grad_scaler_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_grad_scaler_options_t, *mut flame_grad_scaler_t) -> flame_status_t>(resolve(b"flame_grad_scaler_create\0")?),
+            flame_grad_scaler_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t)>(resolve(b"flame_grad_scaler_release\0")?),
+            flame_grad_scaler_scale: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_grad_scaler_scale\0")?),
+            flame_grad_scaler_unscale: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, flame_optimizer_t) -> flame_status_t>(resolve(b"flame_grad_scaler_unscale\0")?),
+            flame_grad_scaler_unscale_tensors: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *const flame_tensor_t, i64) -> flame_status_t>(resolve(b"flame_grad_scaler_unscale_tensors\0")?),
+            flame_grad_scaler_step: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, flame_optimizer_t, *mut i32) -> flame_status_t>(resolve(b"flame_grad_scaler_step\0")?),
+            flame_grad_scaler_update: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t) -> flame_status_t>(resolve(b"flame_grad_scaler_update\0")?),
+            flame_grad_scaler_get_scale: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *mut f64) -> flame_status_t>(resolve(b"flame_grad_scaler_get_scale\0")?),
+            flame_grad_scaler_found_inf: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_grad_scaler_found_inf\0")?),
+            flame_grad_scaler_get_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *mut f64, *mut i64) -> flame_status_t>(resolve(b"flame_grad_scaler_get_state\0")?),
+            flame_grad_scaler_set_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, f64, i64) -> flame_status_t>(resolve(b"flame_grad_scaler_set_state\0")?),
+            flame_lora_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, i64, f64, *mut flame_lora_t) -> flame_status_t>(resolve(b"flame_lora_create\0")?),
+            flame_lora_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t)>(resolve(b"flame_lora_release\0")?),
+            flame_lora_forward: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_lora_forward\0")?),
+            flame_lora_adapters: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t, *mut flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_lora_adapters\0")?),
+            flame_lora_merge: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t) -> flame_status_t>(resolve(b"flame_lora_merge\0")?),
+            flame_lora_unmerge: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t) -> flame_status_t>(resolve(b"flame_lora_unmerge\0")?),
+            flame_lora_is_merged: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t, *mut i32) -> flame_status_t>(resolve(b"flame_lora_is_merged\0")?),
+            flame_checkpoint: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, flame_checkpoint_fn, *mut c_void, flame_destroy_fn, *const flame_tensor_t, i32, *mut flame_tensor_t, i32) -> flame_status_t>(resolve(b"flame_checkpoint\0")?),
         })
     }
 }

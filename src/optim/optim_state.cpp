@@ -1,0 +1,290 @@
+// Optimizer state as a safetensors file, so that training resumes bit for bit.
+//
+// Tensors (parameters numbered 0, 1, ... across the groups in order, as torch's state_dict):
+//   state.<i>.momentum_buffer                         SGD with momentum
+//   state.<i>.exp_avg, state.<i>.exp_avg_sq           Adam / AdamW (exp_avg only: Lion)
+//   state.<i>.max_exp_avg_sq                          amsgrad
+//   master.<i>                                        f32 master weights of f16/bf16 parameters
+// each in the state's dtype (f32; f64 for f64 parameters) and the parameter's shape. A parameter
+// that has no state yet (never stepped with a gradient) has no tensors.
+// Metadata "flame.optimizer_state": JSON {"version": 1, "kind": "adamw", "step": n,
+// "rounding_rng": {"seed": s, "offset": o} or null, "groups": [{hyper-parameters..., "params":
+// [{"shape": [...], "dtype": "bf16"}, ...]}, ...]}. Doubles are written by nlohmann-json with
+// round-trip precision, so learning rates come back exactly.
+//
+// Loading reads and checks everything (kind, group and parameter counts, shapes, dtypes, names,
+// hyper-parameters) into new device tensors before it touches the optimizer, so that a failure
+// leaves it as it was.
+#include <algorithm>
+#include <array>
+#include <map>
+#include <nlohmann/json.hpp>
+#include "autograd/graph.h"
+#include "core/error.h"
+#include "io/file.h"
+#include "io/safetensors.h"
+#include "ops/ops.h"
+#include "optim/optimizer.h"
+
+namespace flame {
+
+namespace {
+
+using json = nlohmann::json;
+constexpr const char* kKey = "flame.optimizer_state";
+constexpr size_t kChunkBytes = size_t(64) << 20;
+
+const char* kind_name(int32_t k) {
+  switch (k) {
+    case FLAME_OPTIMIZER_SGD: return "sgd";
+    case FLAME_OPTIMIZER_ADAM: return "adam";
+    case FLAME_OPTIMIZER_ADAMW: return "adamw";
+    case FLAME_OPTIMIZER_LION: return "lion";
+  }
+  return "unknown";
+}
+
+DType state_dtype(DType param) { return param == FLAME_DTYPE_F64 ? FLAME_DTYPE_F64 : FLAME_DTYPE_F32; }
+bool is_half(DType d) { return d == FLAME_DTYPE_F16 || d == FLAME_DTYPE_BF16; }
+
+// The state slot names of a kind, in OptimParam order m, v, vmax.
+std::vector<std::string> slot_names(int32_t kind) {
+  switch (kind) {
+    case FLAME_OPTIMIZER_SGD: return {"momentum_buffer"};
+    case FLAME_OPTIMIZER_LION: return {"exp_avg"};
+    default: return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  }
+}
+Tensor* slot(OptimParam& p, size_t k) { return k == 0 ? &p.m : (k == 1 ? &p.v : &p.vmax); }
+
+json group_json(const OptimGroup& g) {
+  const flame_optimizer_options_t& o = g.opts;
+  json params = json::array();
+  for (const OptimParam& p : g.params)
+    params.push_back({{"shape", p.param->shape}, {"dtype", dtype_name(p.param->dtype)}});
+  return {{"lr", o.lr}, {"weight_decay", o.weight_decay}, {"beta1", o.beta1}, {"beta2", o.beta2},
+          {"eps", o.eps}, {"momentum", o.momentum}, {"dampening", o.dampening}, {"nesterov", o.nesterov},
+          {"amsgrad", o.amsgrad}, {"maximize", o.maximize}, {"master_weights", o.master_weights},
+          {"stochastic_rounding", o.stochastic_rounding}, {"params", params}};
+}
+
+// A JSON field of the expected type, else FLAME_ERROR_INVALID_FORMAT naming it.
+const json& field(const json& obj, const char* name, json::value_t type, const std::string& where) {
+  FLAME_CHECK(obj.is_object() && obj.contains(name), FLAME_ERROR_INVALID_FORMAT, where, " has no \"", name, "\"");
+  const json& v = obj.at(name);
+  bool ok = v.type() == type;
+  if (type == json::value_t::number_float) ok = v.is_number();
+  if (type == json::value_t::number_integer) ok = v.is_number_integer();
+  FLAME_CHECK(ok, FLAME_ERROR_INVALID_FORMAT, where, ": \"", name, "\" has the wrong JSON type");
+  return v;
+}
+double real(const json& o, const char* n, const std::string& w) { return field(o, n, json::value_t::number_float, w).get<double>(); }
+int32_t flag(const json& o, const char* n, const std::string& w) {
+  const json& v = field(o, n, json::value_t::number_integer, w);
+  FLAME_CHECK(v.get<int64_t>() == 0 || v.get<int64_t>() == 1, FLAME_ERROR_INVALID_FORMAT, w, ": \"", n, "\" is not 0 or 1");
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
+// "state.<i>.<slot>" or "master.<i>" -> (i, slot index; -1 for master); false for other names.
+bool parse_name(const std::string& name, const std::vector<std::string>& slots, size_t n_params, size_t* index, int* s) {
+  std::string rest;
+  if (name.compare(0, 7, "master.") == 0) {
+    rest = name.substr(7);
+    *s = -1;
+  } else if (name.compare(0, 6, "state.") == 0) {
+    const size_t dot = name.find('.', 6);
+    if (dot == std::string::npos) return false;
+    auto it = std::find(slots.begin(), slots.end(), name.substr(dot + 1));
+    if (it == slots.end()) return false;
+    *s = static_cast<int>(it - slots.begin());
+    rest = name.substr(6, dot - 6);
+  } else {
+    return false;
+  }
+  if (rest.empty() || rest.size() > 12 || (rest.size() > 1 && rest[0] == '0')) return false;
+  if (!std::all_of(rest.begin(), rest.end(), [](char c) { return c >= '0' && c <= '9'; })) return false;
+  *index = static_cast<size_t>(std::stoull(rest));
+  return *index < n_params;
+}
+
+}  // namespace
+
+void save_optimizer_state(Optimizer& opt, const std::string& path) {
+  Context& c = opt.ctx();
+  const std::vector<std::string> slots = slot_names(opt.kind());
+  std::vector<st::TensorEntry> entries;
+  std::vector<Tensor> tensors;
+  json groups = json::array();
+  size_t index = 0;
+  for (OptimGroup& g : opt.groups()) {
+    groups.push_back(group_json(g));
+    for (OptimParam& p : g.params) {
+      auto add = [&](const std::string& name, const Tensor& t) {
+        if (!t) return;
+        st::TensorEntry e;
+        e.name = name;
+        e.dtype = t->dtype;
+        e.shape = t->shape;
+        entries.push_back(e);
+        tensors.push_back(t);
+      };
+      for (size_t k = 0; k < slots.size(); ++k) add("state." + std::to_string(index) + "." + slots[k], *slot(p, k));
+      add("master." + std::to_string(index), p.master);
+      ++index;
+    }
+  }
+  const RoundingRng& rng = opt.rounding_rng();
+  json meta = {{"version", 1}, {"kind", kind_name(opt.kind())}, {"step", opt.step_count()},
+               {"rounding_rng", rng.ready ? json{{"seed", rng.seed}, {"offset", rng.offset}} : json(nullptr)},
+               {"groups", groups}};
+  const std::vector<std::pair<std::string, std::string>> metadata = {{kKey, meta.dump()}};
+  const std::vector<size_t> order = st::layout(entries, metadata);
+  const std::string header = st::serialize_header(entries, order, metadata);
+  // As flame_safetensors_save: every state tensor is contiguous, copied through a bounded buffer.
+  size_t largest = 0;
+  for (const st::TensorEntry& e : entries) largest = std::max<size_t>(largest, e.bytes());
+  std::vector<unsigned char> buf(std::min(largest, kChunkBytes));
+  io::AtomicFileWriter out(path);
+  out.write(header.data(), header.size());
+  for (size_t i : order) {
+    const size_t bytes = entries[i].bytes();
+    for (size_t off = 0; off < bytes; off += buf.size()) {
+      const size_t len = std::min(buf.size(), bytes - off);
+      c.check(c.drv.cuMemcpyDtoHAsync(buf.data(), tensors[i]->data() + off, len, c.stream), "cuMemcpyDtoHAsync");
+      c.synchronize();
+      out.write(buf.data(), len);
+    }
+  }
+  out.commit();
+}
+
+void load_optimizer_state(Optimizer& opt, const std::string& path) {
+  Context& c = opt.ctx();
+  io::MappedFile file(path);
+  st::Header h;
+  try {
+    h = st::parse(file.data(), file.size());
+  } catch (const Error& e) {
+    fail(e.status(), path, ": ", e.what());
+  }
+  const std::string* text = h.find_metadata(kKey);
+  FLAME_CHECK(text, FLAME_ERROR_INVALID_FORMAT, path, " is not a FLAME optimizer state (no \"", kKey, "\" metadata)");
+  json meta = json::parse(*text, nullptr, false);
+  FLAME_CHECK(!meta.is_discarded() && meta.is_object(), FLAME_ERROR_INVALID_FORMAT, path, ": \"", kKey,
+              "\" is not a JSON object");
+  const std::string where = path + " (" + kKey + ")";
+  FLAME_CHECK(field(meta, "version", json::value_t::number_integer, where).get<int64_t>() == 1,
+              FLAME_ERROR_INVALID_FORMAT, where, ": unknown version ", meta.at("version").dump());
+  const std::string kind = field(meta, "kind", json::value_t::string, where).get<std::string>();
+  FLAME_CHECK(kind == kind_name(opt.kind()), FLAME_ERROR_INVALID_ARGUMENT, path, " holds the state of a ", kind,
+              " optimizer; this optimizer is ", kind_name(opt.kind()));
+  const json& step = field(meta, "step", json::value_t::number_integer, where);
+  FLAME_CHECK(step.get<int64_t>() >= 0, FLAME_ERROR_INVALID_FORMAT, where, ": step is negative");
+  RoundingRng rng;
+  FLAME_CHECK(meta.contains("rounding_rng"), FLAME_ERROR_INVALID_FORMAT, where, " has no \"rounding_rng\"");
+  if (!meta.at("rounding_rng").is_null()) {
+    const json& r = meta.at("rounding_rng");
+    const std::string rw = where + " rounding_rng";
+    rng.ready = true;
+    rng.seed = field(r, "seed", json::value_t::number_unsigned, rw).get<uint64_t>();
+    rng.offset = field(r, "offset", json::value_t::number_unsigned, rw).get<uint64_t>();
+  }
+
+  // Groups: counts, hyper-parameters, the parameters' shapes and dtypes.
+  std::vector<OptimGroup>& groups = opt.groups();
+  const json& gs = field(meta, "groups", json::value_t::array, where);
+  FLAME_CHECK(gs.size() == groups.size(), FLAME_ERROR_INVALID_ARGUMENT, path, " holds ", gs.size(),
+              " parameter groups; the optimizer has ", groups.size());
+  std::vector<flame_optimizer_options_t> opts;
+  std::vector<Tensor> params;
+  std::vector<size_t> group_of;  // the group of each parameter
+  for (size_t gi = 0; gi < gs.size(); ++gi) {
+    const std::string gw = where + " group " + std::to_string(gi);
+    const json& g = gs[gi];
+    flame_optimizer_options_t o = groups[gi].opts;
+    o.lr = real(g, "lr", gw);
+    o.weight_decay = real(g, "weight_decay", gw);
+    o.beta1 = real(g, "beta1", gw);
+    o.beta2 = real(g, "beta2", gw);
+    o.eps = real(g, "eps", gw);
+    o.momentum = real(g, "momentum", gw);
+    o.dampening = real(g, "dampening", gw);
+    o.nesterov = flag(g, "nesterov", gw);
+    o.amsgrad = flag(g, "amsgrad", gw);
+    o.maximize = flag(g, "maximize", gw);
+    o.master_weights = flag(g, "master_weights", gw);
+    o.stochastic_rounding = flag(g, "stochastic_rounding", gw);
+    try {
+      validate_optimizer_options(o, opt.kind());
+    } catch (const Error& e) {
+      fail(FLAME_ERROR_INVALID_FORMAT, gw, ": ", e.what());
+    }
+    opts.push_back(o);
+    const json& ps = field(g, "params", json::value_t::array, gw);
+    FLAME_CHECK(ps.size() == groups[gi].params.size(), FLAME_ERROR_INVALID_ARGUMENT, path, " group ", gi, " holds ",
+                ps.size(), " parameters; the optimizer's group has ", groups[gi].params.size());
+    for (size_t k = 0; k < ps.size(); ++k) {
+      const Tensor& w = groups[gi].params[k].param;
+      const std::string pw = gw + " parameter " + std::to_string(params.size());
+      const json& shape = field(ps[k], "shape", json::value_t::array, pw);
+      const std::string dt = field(ps[k], "dtype", json::value_t::string, pw).get<std::string>();
+      Shape s;
+      for (const json& d : shape) {
+        FLAME_CHECK(d.is_number_integer(), FLAME_ERROR_INVALID_FORMAT, pw, ": the shape holds a non-integer");
+        s.push_back(d.get<int64_t>());
+      }
+      FLAME_CHECK(s == w->shape, FLAME_ERROR_SHAPE_MISMATCH, path, ": parameter ", params.size(), " was saved with shape ",
+                  shape_str(s), "; the optimizer's has shape ", shape_str(w->shape));
+      FLAME_CHECK(dt == dtype_name(w->dtype), FLAME_ERROR_DTYPE_MISMATCH, path, ": parameter ", params.size(),
+                  " was saved as ", dt, "; the optimizer's is ", dtype_name(w->dtype));
+      params.push_back(w);
+      group_of.push_back(gi);
+    }
+  }
+
+  // Tensors: known names only, each once (parse() rejected duplicates), with the right geometry.
+  const std::vector<std::string> slots = slot_names(opt.kind());
+  std::vector<std::array<Tensor, 4>> loaded(params.size());  // m, v, vmax, master
+  c.check_alive();
+  for (const st::TensorEntry& e : h.tensors) {
+    size_t i = 0;
+    int s = 0;
+    FLAME_CHECK(parse_name(e.name, slots, params.size(), &i, &s), FLAME_ERROR_INVALID_FORMAT, path, ": tensor '", e.name,
+                "' is not state of this ", kind_name(opt.kind()), " optimizer with ", params.size(), " parameters");
+    const Tensor& w = params[i];
+    FLAME_CHECK(s >= 0 || (is_half(w->dtype) && opts[group_of[i]].master_weights), FLAME_ERROR_INVALID_FORMAT, path,
+                ": tensor '", e.name, "' is a master copy, but parameter ", i, " is ", dtype_name(w->dtype),
+                " in a group ", opts[group_of[i]].master_weights ? "with" : "without",
+                " master_weights (only f16/bf16 parameters of such groups have one)");
+    FLAME_CHECK(e.supported && e.dtype == state_dtype(w->dtype) && e.shape == w->shape, FLAME_ERROR_INVALID_FORMAT, path,
+                ": tensor '", e.name, "' is ", e.dtype_name, " ", shape_str(e.shape), "; expected ",
+                st::format_dtype_name(state_dtype(w->dtype)), " ", shape_str(w->shape));
+    Tensor t = make_tensor(c, e.shape, e.dtype);
+    if (e.bytes())
+      c.check(c.drv.cuMemcpyHtoDAsync(t->data(), file.data() + h.data_start + e.begin, e.bytes(), c.stream),
+              "cuMemcpyHtoDAsync");
+    loaded[i][s < 0 ? 3 : static_cast<size_t>(s)] = std::move(t);
+  }
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    const bool m = static_cast<bool>(loaded[i][0]), v = static_cast<bool>(loaded[i][1]);
+    FLAME_CHECK(slots.size() == 1 || (m == v && (m || !loaded[i][2])), FLAME_ERROR_INVALID_FORMAT, path,
+                ": parameter ", i, " has an incomplete Adam state (exp_avg, exp_avg_sq and max_exp_avg_sq go together)");
+  }
+
+  // Commit: nothing below throws.
+  size_t i = 0;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    groups[gi].opts = opts[gi];
+    for (OptimParam& p : groups[gi].params) {
+      p.m = loaded[i][0];
+      p.v = loaded[i][1];
+      p.vmax = loaded[i][2];
+      p.master = loaded[i][3];
+      ++i;
+    }
+  }
+  opt.set_step_count(step.get<int64_t>());
+  opt.rounding_rng() = rng;
+}
+
+}  // namespace flame
