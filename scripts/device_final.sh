@@ -21,7 +21,7 @@ timeout 280 python3 tests/parity/test_optim_torch.py > "$OUT/optim_torch.log" 2>
  timeout 100 ./train_gpt --steps 900 --resume "$OUT/gpt.safetensors" > "$OUT/ex_gpt_b.log" 2>&1; echo "rc=$?" >> "$OUT/ex_gpt_b.log"; rm -f "$OUT"/gpt.safetensors*) &
 wait
 echo "tests done at $((SECONDS - T0)) s"
-for i in 0 1 2; do grep -E "^\[  (PASSED|FAILED) \]|tests from .* ran" "$OUT/gtest$i.log"; done
+for i in 0 1 2; do grep -E "^\[  (PASSED|FAILED)  \]|tests from .* ran" "$OUT/gtest$i.log"; done
 for i in 0 1 2; do grep -B3 -A14 "Failure$" "$OUT/gtest$i.log"; done | head -120 > "$OUT/gtest_failures.txt"
 grep -E "passed|FAIL" "$OUT/parity.log" | tail -8; tail -3 "$OUT/optim_torch.log"
 for f in "$OUT"/ex_*.log; do echo "== $f"; tail -3 "$f"; done
@@ -30,3 +30,6 @@ if (( SECONDS - T0 < ${BENCH_IF_BELOW:-250} )); then
   grep "^T\|geometric" "$OUT/bench.log" | tail -14
 fi
 echo "total $((SECONDS - T0)) s"
+# The device tool returns a limited number of files: fold the logs into one.
+for f in "$OUT"/*.log "$OUT"/gtest_failures.txt; do echo "=================== $f"; cat "$f"; done > "$OUT/all_logs.txt" 2>/dev/null
+rm -f "$OUT"/*.log "$OUT"/gtest_failures.txt

@@ -10,7 +10,7 @@ export FLAME_REQUIRE_GPU=1
   cmake --build build -j16 > "$OUT/build.log" 2>&1) || { tail -30 "$OUT/build.log"; exit 1; }
 export FLAME_LIBRARY=$PWD/build/libflame.so.1
 timeout 420 ./build/tests/gpu/flame_gpu_tests --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/gtest.log" 2>&1
-echo "gtest rc=$?"; grep -E "^\[  (PASSED|FAILED) \]|tests from .* ran" "$OUT/gtest.log" | head -40
+echo "gtest rc=$?"; grep -E "^\[  (PASSED|FAILED)  \]|tests from .* ran" "$OUT/gtest.log" | head -40
 grep -B2 -A12 "Failure$" "$OUT/gtest.log" | head -150 > "$OUT/gtest_failures.txt"
 timeout 300 python3 tests/parity/run_parity.py ${PARITY_FILTER:+-k $PARITY_FILTER} > "$OUT/parity.log" 2>&1
 echo "parity rc=$?"; grep -E "FAIL|passed" "$OUT/parity.log" | head -30
