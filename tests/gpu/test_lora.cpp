@@ -69,8 +69,8 @@ TEST_F(Lora, ForwardGradientsMergeAndUnmerge) {
     const double bound = 1.0 / std::sqrt(static_cast<double>(in));
     double lo = 1, hi = -1;
     for (double v : av) lo = std::min(lo, v), hi = std::max(hi, v);
-    EXPECT_GE(lo, -bound);
-    EXPECT_LT(hi, bound);
+    EXPECT_GE(lo, -bound * (1 + 1e-6));  // f32 rounding of the bound
+    EXPECT_LE(hi, bound * (1 + 1e-6));
     EXPECT_GT(hi - lo, bound);  // spread over the interval, not constant
     EXPECT_TRUE(matches(bm, HT({out, rank}, FLAME_DTYPE_F32, 0.0), Tol{0, 0}));
     int32_t rg = 0;
