@@ -152,65 +152,7 @@ const std::vector<Row>& rows() {
 
 const bool kCovered = nnops::cover(rows());
 
-struct Param {
-  size_t row;
-  flame_dtype_t dt;
-};
-
-std::vector<Param> first_order_params() {
-  std::vector<Param> p;
-  for (size_t i = 0; i < rows().size(); ++i) {
-    p.push_back({i, FLAME_DTYPE_F64});
-    p.push_back({i, FLAME_DTYPE_F32});
-    if (rows()[i].low_precision) {
-      p.push_back({i, FLAME_DTYPE_F16});
-      p.push_back({i, FLAME_DTYPE_BF16});
-    }
-  }
-  return p;
-}
-
-uint64_t case_seed(const std::string& name, int dt, size_t c) {
-  uint64_t h = gc::seed() ^ 0xbf58476d1ce4e5b9ull;
-  for (char ch : name) h = (h ^ static_cast<unsigned char>(ch)) * 0x100000001b3ull;
-  return h ^ (static_cast<uint64_t>(dt) << 40) ^ (static_cast<uint64_t>(c) << 48);
-}
-
-class UpsampleGradCheck : public GpuTest, public ::testing::WithParamInterface<Param> {};
-
-TEST_P(UpsampleGradCheck, MatchesHostFiniteDifferences) {
-  EXPECT_TRUE(kCovered);
-  const Row& row = rows()[GetParam().row];
-  const flame_dtype_t dt = GetParam().dt;
-  for (size_t c = 0; c < row.cases.size(); ++c) {
-    SCOPED_TRACE(row.name + " " + dtname(dt) + " case " + std::to_string(c) + " FLAME_GRADCHECK_SEED=" +
-                 std::to_string(gc::seed()));
-    std::mt19937_64 rng(case_seed(row.name, dt, c));
-    check_case(ctx, row, row.cases[c], dt, rng);
-    if (HasFatalFailure()) return;
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(Upsample, UpsampleGradCheck, ::testing::ValuesIn(first_order_params()),
-                         [](const ::testing::TestParamInfo<Param>& info) {
-                           return rows()[info.param.row].name + "_" + flame_dtype_name(info.param.dt);
-                         });
-
-class UpsampleGradGradCheck : public GpuTest, public ::testing::WithParamInterface<size_t> {};
-
-TEST_P(UpsampleGradGradCheck, CreateGraphMatchesHostFiniteDifferences) {
-  const Row& row = rows()[GetParam()];
-  for (size_t c = 0; c < row.cases.size(); ++c) {
-    SCOPED_TRACE(row.name + " f64 second order, case " + std::to_string(c) + " FLAME_GRADCHECK_SEED=" +
-                 std::to_string(gc::seed()));
-    std::mt19937_64 rng(case_seed(row.name, 99, c));
-    check_second_order(ctx, row, row.cases[c], rng);
-    if (HasFatalFailure()) return;
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(Upsample, UpsampleGradGradCheck, ::testing::Range<size_t>(0, rows().size()),
-                         [](const ::testing::TestParamInfo<size_t>& info) { return rows()[info.param].name; });
+FLAME_GRADCHECK_SUITES(Upsample, UpsampleGradCheck, UpsampleGradGradCheck, rows, 0xbf58476d1ce4e5b9ull);
 
 // ------------------------------------------------------------------ direct tests
 
