@@ -1,9 +1,8 @@
 //! Trains a small MLP (2 -> 16 -> 1, ReLU, logistic loss) on a synthetic XOR-quadrant data set.
 //!
-//! FLAME has no matmul yet, so the layers are written with broadcasting and reductions:
-//!   hidden[n, h] = sum_d x[n, d, 1] * w1[1, d, h]     (x.unsqueeze(2) * w1, summed over dim 1)
-//! When flame_matmul lands in flame.h (and so in the generated bindings) the two
-//! `dense` bodies become `x.matmul(&w)`; the rest of the loop stays as it is.
+//! The hidden layer is `x @ w1 + b1` (flame_matmul on cuBLASLt), the output a dot product with w2;
+//! the update is plain SGD written with tensor ops, and a closure hook clips the first layer's
+//! gradient. (examples/train_mlp.c shows the fused flame_linear with AdamW from C.)
 //!
 //! Run: FLAME_LIBRARY=/path/to/libflame.so.1 cargo run --release --example train_mlp
 use flame::{Context, DType, Result, Tensor};
@@ -13,10 +12,9 @@ use std::sync::Arc;
 const N: usize = 512;
 const H: i64 = 16;
 
-/// x: [N, D], w: [D, H] -> [N, H] without matmul.
+/// x: [N, D], w: [D, H] -> [N, H].
 fn dense(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let prod = (&x.unsqueeze(2)? * &w.unsqueeze(0)?)?; // [N, D, H]
-    &prod.sum(&[1], false)? + b
+    &x.matmul(w)? + b
 }
 
 fn data() -> (Vec<f32>, Vec<f32>) {
