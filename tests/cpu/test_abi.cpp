@@ -335,6 +335,18 @@ struct OutCase {
   std::function<flame_status_t(flame_tensor_t*)> call;
 };
 
+// Each case (called with NULL or released handles) must fail with FLAME_ERROR_INVALID_ARGUMENT, set
+// *out to NULL, name the function in the message, and reject out == NULL as well.
+static void expect_null_rejections(const std::vector<OutCase>& cases) {
+  for (const OutCase& c : cases) {
+    flame_tensor_t out = sentinel_tensor();
+    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
+    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
+    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
+    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
+  }
+}
+
 static std::vector<OutCase> tensor_out_cases() {
   static const int64_t shape[] = {2, 3};
   static const int32_t dims[] = {0};
@@ -636,13 +648,7 @@ TEST(NullArguments, Losses) {
       {"flame_binary_cross_entropy_with_logits",
        [=](flame_tensor_t* o) { return flame_binary_cross_entropy_with_logits(t, t, nullptr, nullptr, mean, o); }},
   };
-  for (const OutCase& c : cases) {
-    flame_tensor_t out = sentinel_tensor();
-    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
-    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
-    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
-    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
-  }
+  expect_null_rejections(cases);
 }
 
 // ============================== DLPack exchange (no driver: argument checks only) ==============================
@@ -737,13 +743,7 @@ TEST(NullArguments, Indexing) {
       {"flame_one_hot", [=](flame_tensor_t* o) { return flame_one_hot(t, 3, o); }},
       {"flame_embedding", [=](flame_tensor_t* o) { return flame_embedding(t, t, FLAME_NO_PADDING, o); }},
   };
-  for (const OutCase& c : cases) {
-    flame_tensor_t out = sentinel_tensor();
-    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
-    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
-    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
-    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
-  }
+  expect_null_rejections(cases);
 }
 
 // ============================== Convolution ==============================
@@ -825,13 +825,7 @@ TEST(NullArguments, Attention) {
       {"flame_scaled_dot_product_attention",
        [=](flame_tensor_t* out) { return flame_scaled_dot_product_attention(t, t, t, t, nullptr, out); }},
   };
-  for (const OutCase& c : cases) {
-    flame_tensor_t out = sentinel_tensor();
-    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
-    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
-    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
-    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
-  }
+  expect_null_rejections(cases);
 }
 
 // ============================== Indexing: scatter, masked_select, repeat, pad ==============================
@@ -850,13 +844,7 @@ TEST(NullArguments, NnIndexing) {
       {"flame_pad", [=](flame_tensor_t* o) { return flame_pad(t, two, 2, FLAME_PAD_CONSTANT, 0.0, o); }},
       {"flame_dropout", [=](flame_tensor_t* o) { return flame_dropout(t, 0.5, 1, o); }},
   };
-  for (const OutCase& c : cases) {
-    flame_tensor_t out = sentinel_tensor();
-    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
-    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
-    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
-    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
-  }
+  expect_null_rejections(cases);
 }
 
 // ============================== Pooling ==============================
@@ -897,13 +885,7 @@ TEST(NullArguments, Pooling) {
       {"flame_avg_pool2d", [=](flame_tensor_t* out) { return flame_avg_pool2d(t, po, out); }},
       {"flame_adaptive_avg_pool2d", [=](flame_tensor_t* out) { return flame_adaptive_avg_pool2d(t, 2, 2, out); }},
   };
-  for (const OutCase& c : cases) {
-    flame_tensor_t out = sentinel_tensor();
-    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
-    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
-    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
-    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
-  }
+  expect_null_rejections(cases);
 }
 
 // ============================== Upsampling ==============================
@@ -914,13 +896,7 @@ TEST(NullArguments, Upsampling) {
       {"flame_upsample_nearest2d", [=](flame_tensor_t* o) { return flame_upsample_nearest2d(t, 0, 0, 2.0, 2.0, o); }},
       {"flame_upsample_bilinear2d", [=](flame_tensor_t* o) { return flame_upsample_bilinear2d(t, 4, 4, 0.0, 0.0, 0, o); }},
   };
-  for (const OutCase& c : cases) {
-    flame_tensor_t out = sentinel_tensor();
-    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
-    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
-    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
-    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
-  }
+  expect_null_rejections(cases);
 }
 
 // ============================== Positional embeddings ==============================
@@ -955,13 +931,7 @@ TEST(NullArguments, PositionalEmbeddings) {
       {"flame_rope", [=](flame_tensor_t* out) { return flame_rope(t, nullptr, po, out); }},
       {"flame_timestep_embedding", [=](flame_tensor_t* out) { return flame_timestep_embedding(t, 8, 1e4, 0, 1.0, 1.0, out); }},
   };
-  for (const OutCase& c : cases) {
-    flame_tensor_t out = sentinel_tensor();
-    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
-    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
-    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
-    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
-  }
+  expect_null_rejections(cases);
 }
 
 // ============================== Composite blocks ==============================
@@ -973,13 +943,7 @@ TEST(NullArguments, CompositeBlocks) {
       {"flame_adaln_modulate", [=](flame_tensor_t* o) { return flame_adaln_modulate(t, t, t, o); }},
       {"flame_swiglu_mlp", [=](flame_tensor_t* o) { return flame_swiglu_mlp(t, t, t, t, o); }},
   };
-  for (const OutCase& c : cases) {
-    flame_tensor_t out = sentinel_tensor();
-    EXPECT_EQ(c.call(&out), FLAME_ERROR_INVALID_ARGUMENT) << c.name;
-    EXPECT_EQ(out, nullptr) << c.name << " must set *out to NULL on failure";
-    EXPECT_TRUE(contains(flame_last_error_message(), c.name)) << c.name << ": " << flame_last_error_message();
-    EXPECT_EQ(c.call(nullptr), FLAME_ERROR_INVALID_ARGUMENT) << c.name << " with out == NULL";
-  }
+  expect_null_rejections(cases);
 }
 
 // ============================== Training toolkit ==============================
