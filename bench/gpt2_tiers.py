@@ -179,6 +179,8 @@ def train_torch(b, c, init, batches, reps, compile_=False, bf16=True, timed=True
         torch.cuda.synchronize()
         mem = (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
     del sm, m, opt
+    if compile_ and hasattr(torch, "_dynamo"):
+        torch._dynamo.reset()  # drop the compiled graphs (and the memory they keep) before the next run
     torch.cuda.empty_cache()
     return losses, ms, mem, first_s
 
