@@ -760,7 +760,8 @@ def append_results(meta, rows, geo, args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tiers", default="T0,T1,T2,T3,T4,T5")
+    ap.add_argument("--tiers", default="T0,T1,T2,T3,T4,T5",
+                    help="tiers (T0..T5) or parts of one (T1core, T1nn, T1nnops, T3mlp, T3gpt2), comma-separated")
     ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions")
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-results-md", action="store_true")
@@ -774,13 +775,14 @@ def main():
     b = Bench(args)
     b.measure_limits()
     tiers = args.tiers.split(",")
-    for t, fn in (("T0", b.tier0), ("T1", b.tier1), ("T1", b.tier1_nn), ("T1", b.tier1_nnops), ("T2", b.tier2),
-                  ("T3", b.tier3)):
-        if t in tiers:
+    # A tier name runs all its parts; a part name (T1core, T1nn, T1nnops, T3mlp) runs that part alone.
+    for t, part, fn in (("T0", "T0", b.tier0), ("T1", "T1core", b.tier1), ("T1", "T1nn", b.tier1_nn),
+                        ("T1", "T1nnops", b.tier1_nnops), ("T2", "T2", b.tier2), ("T3", "T3mlp", b.tier3)):
+        if t in tiers or part in tiers:
             fn()
     # a failure in the GPT-2 tiers is reported and fails the run, but keeps the rows measured so far
     for t, fn in (("T3", lambda: gpt2_tiers.tier3(b, median_ms)), ("T4", lambda: gpt2_tiers.tier4(b))):
-        if t in tiers or (t == "T3" and "T5" in tiers):
+        if t in tiers or (t == "T3" and ("T5" in tiers or "T3gpt2" in tiers)):
             try:
                 fn()
             except Exception as e:  # noqa: BLE001
