@@ -48,6 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "parity"))
 import flame_ctypes as fc  # noqa: E402
+import results_md  # noqa: E402
 import gpt2_tiers  # noqa: E402  (bench/, next to this file)
 
 import torch  # noqa: E402
@@ -710,15 +711,11 @@ class Bench:
             w = csv.DictWriter(f, fieldnames=keys)
             w.writeheader()
             w.writerows(self.rows)
-        tiers = {}
-        for r in self.rows:
-            if not r.get("info") and r["ratio"] > 0 and math.isfinite(r["ratio"]):
-                tiers.setdefault(r["tier"], []).append(r["ratio"])
-        geo = {t: math.exp(sum(math.log(x) for x in v) / len(v)) for t, v in tiers.items()}
+        geo = results_md.geomeans(self.rows)
         for t, g in sorted(geo.items()):
-            print(f"geometric-mean ratio {t}: {g:.3f} over {len(tiers[t])} rows")
+            print(f"geometric-mean ratio {t}: {g:.3f} over {sum(1 for r in self.rows if r['tier'] == t and not r.get('info'))} rows")
         if not self.args.no_results_md:
-            append_results(meta, self.rows, geo, self.args)
+            results_md.append(meta, self.rows, geo, quick=self.args.quick)
         print(f"wrote {out_dir}/bench.json and bench.csv")
 
 
@@ -730,32 +727,6 @@ def git_commit():
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip() or "unknown"
     except OSError:
         return "unknown"
-
-
-def append_results(meta, rows, geo, args):
-    path = os.path.join(HERE, "RESULTS.md")
-    lines = [f"\n## {meta['date']} · {meta['device']} · commit {meta['commit']} · torch {meta['torch']}"
-             f"{' · quick' if args.quick else ''}\n",
-             f"Limits measured in this run: copy {meta['copy_TBps']:.3f} TB/s; bf16 GEMM (PyTorch, 8192^3) "
-             f"{meta['bf16_gemm_TFLOPs']:.1f} TFLOP/s. Ratio = FLAME time / PyTorch time (< 1: FLAME faster).\n",
-             "| tier | op | shape | dtype | FLAME ms | PyTorch ms | ratio | FLAME rate | FLAME frac of limit | note |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if r.get("info"):
-            other = f"{r['torch']:.4f} {r['unit']}" if r["torch"] is not None else "-"
-            ratio = f"{r['ratio']:.3f}" if math.isfinite(r["ratio"]) else "-"
-            lines.append(f"| {r['tier']} | {r['op']} | {r['shape']} | {r['dtype']} | {r['flame']:.4f} {r['unit']} | {other} | "
-                         f"{ratio} |  |  | {r['note'].replace('|', '/')} |")
-            continue
-        rate = (f"{r['flame_GBps']:.0f} GB/s" if "flame_GBps" in r else
-                f"{r['flame_TFLOPs']:.1f} TFLOP/s" if "flame_TFLOPs" in r else "")
-        frac = f"{r['flame_frac']:.2f}" if "flame_frac" in r else ""
-        lines.append(f"| {r['tier']} | {r['op']} | {r['shape']} | {r['dtype']} | {r['flame_ms']:.4f} | {r['torch_ms']:.4f} | "
-                     f"{r['ratio']:.3f} | {rate} | {frac} | {r['note']} |")
-    lines.append("")
-    lines.append("Geometric-mean ratio per tier: " + ", ".join(f"{t} {g:.3f}" for t, g in sorted(geo.items())) + "\n")
-    with open(path, "a") as f:
-        f.write("\n".join(lines))
 
 
 def main():
