@@ -83,7 +83,8 @@ static flame_status_t load_base(flame_ctx_t ctx, const char* path, model* m) {
     if (!cfg || sscanf(cfg, "{\"dim\": %d, \"heads\": %d, \"layers\": %d, \"block\": %d}", &m->dim, &m->heads, &m->layers,
                        &m->block_size) != 4 ||
         m->layers < 1 || m->layers > MAX_LAYERS || m->heads < 1 || m->dim % m->heads || m->block_size < 2) {
-      flame_set_error_message("lora_finetune: the base file has no valid \"train_gpt.config\" metadata (write it with train_gpt --save)");
+      flame_set_error_message("lora_finetune: the base file has no valid \"train_gpt.config\" metadata "
+                              "(write it with train_gpt --save)");
       st = FLAME_ERROR_INVALID_FORMAT;
     }
   }
@@ -286,7 +287,8 @@ int main(int argc, char** argv) {
   flame_status_t ast;
   na = adapter_tensors(&m, adapters, anames, &ast);
   CHECK(ast);
-  int64_t n_lora = 0, n_base = (int64_t)VOCAB * m.dim + (int64_t)T * m.dim + 2 * m.dim + (int64_t)m.layers * (12LL * m.dim * m.dim + 13LL * m.dim);
+  /* Base parameters: wte, wpe, ln_f, and per block 12 d^2 weights and 13 d biases and norms. */
+  int64_t n_lora = 0, n_base = (int64_t)(VOCAB + T + 2) * m.dim + (int64_t)m.layers * (12LL * m.dim * m.dim + 13LL * m.dim);
   for (int i = 0; i < na; ++i) {
     int64_t k = 0;
     CHECK(flame_tensor_numel(adapters[i], &k));
