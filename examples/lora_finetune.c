@@ -236,7 +236,7 @@ static long file_size(const char* path) {
 }
 
 int main(int argc, char** argv) {
-  config cfg = {NULL, FLAME_EXAMPLE_LORA_TEXT, "lora_adapters.safetensors", 400, 16, 8, 50, 16.0, 2e-3, 0.9, 1};
+  config cfg = {NULL, FLAME_EXAMPLE_LORA_TEXT, "lora_adapters.safetensors", 600, 16, 8, 100, 16.0, 2e-3, 0.9, 1};
   int status = 1;
   flame_ctx_t ctx = NULL;
   model m, fresh;
