@@ -112,8 +112,9 @@ install(FILES ${FLAME_PKG_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DATARO
 install(FILES ${FLAME_PKG_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/libflame-dev
         RENAME copyright COMPONENT dev)
 
-# Example sources plus a CMakeLists.txt that builds them against the installed package.
-file(GLOB FLAME_EXAMPLE_SOURCES ${FLAME_PKG_SOURCE_DIR}/examples/*.c)
+# Example sources (and the headers they share) plus a CMakeLists.txt that builds them against the
+# installed package.
+file(GLOB FLAME_EXAMPLE_SOURCES ${FLAME_PKG_SOURCE_DIR}/examples/*.c ${FLAME_PKG_SOURCE_DIR}/examples/*.h)
 install(FILES ${FLAME_EXAMPLE_SOURCES} DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples COMPONENT dev)
 install(FILES ${FLAME_PKG_SOURCE_DIR}/examples/standalone/CMakeLists.txt
         DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples COMPONENT dev)
