@@ -1,7 +1,8 @@
 // Elementwise kernels: one functor per op (the name in src/ops/op_list.h), applied by generic
 // kernels over 0 to 3 operands of any element types. ew_contig moves V elements per thread with
 // aligned vector accesses (16 bytes for the widest operand) when every operand is dense; ew_rows
-// does the same for a dense output whose operands broadcast along rows or columns; ew_tile
+// does the same for a dense output whose operands are dense or broadcast along the last axis (any
+// strides on the others: broadcasts, permuted outer axes); ew_tile
 // transposes through shared memory when one operand's unit stride is not the output's; ew_strided
 // handles any strides (broadcast 0, negative for flips) with 32- or 64-bit indexing.
 // Functors compute in compute_t (f32 for f16/bf16) and the result is converted to the output type.
@@ -170,21 +171,25 @@ __global__ void ew_strided(Op op, R* out, i64 n, const A* a, const B* b, const C
   }
 }
 
-// ---------------- a dense output over rows, operands broadcast along either axis ----------------
-// After collapsing, out is [rows, cols] dense and each operand k reads element (r, c) at
-// r * outer_k + c * inner_k with inner_k 0 (broadcast along the row) or 1 (dense along it): the
-// bias-add and row-scale pattern. V elements per thread along c; no per-dimension div/mod chain.
+// ---------------- a dense output over rows: last axis dense or broadcast in every operand ----------------
+// After collapsing, out is dense [..., cols] and operand k reads element (row, c) at
+// offset_k(row) + c * inner_k, inner_k 0 (broadcast along the row) or 1, where offset_k walks the
+// outer axes with any strides: bias adds, row scales, and copies or casts of views that permute
+// the outer axes (a [B, H, T, D] attention output read as [B, T, H, D]). V elements per thread
+// along c; the outer index is decomposed once per vector.
 struct RowsLayout {
+  int nd;              // outer axes, 0 to 7
+  i64 shape[7];
+  i64 outer[3][7];     // operand strides along the outer axes
   i64 rows, cols;
-  i64 outer[3];
-  int inner[3];  // 0 or 1
+  int inner[3];        // 0 or 1
 };
 
 template <int V, class T>
-__device__ __forceinline__ Vec<T, V> load_row_vec(const T* p, i64 r, i64 c, int k, const RowsLayout& L) {
+__device__ __forceinline__ Vec<T, V> load_row_vec(const T* p, i64 off, i64 c, int k, const RowsLayout& L) {
   Vec<T, V> v;
   if constexpr (!is_none<T>::value) {
-    const T* q = p + r * L.outer[k];
+    const T* q = p + off;
     if (L.inner[k]) {
       v = *reinterpret_cast<const Vec<T, V>*>(q + c);
     } else {
@@ -201,10 +206,18 @@ __global__ void ew_rows(Op op, R* __restrict__ out, const A* __restrict__ a, con
                         const C* __restrict__ c, RowsLayout L) {
   const i64 vpr = L.cols / V, n = L.rows * vpr;  // host guarantees cols % V == 0 and aligned rows
   for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<i64>(gridDim.x) * blockDim.x) {
-    i64 r = i / vpr, col = (i - r * vpr) * V;
-    Vec<A, V> va = load_row_vec<V>(a, r, col, 0, L);
-    Vec<B, V> vb = load_row_vec<V>(b, r, col, 1, L);
-    Vec<C, V> vc = load_row_vec<V>(c, r, col, 2, L);
+    const i64 r = i / vpr, col = (i - r * vpr) * V;
+    i64 rem = r, oa = 0, ob = 0, oc = 0;
+    for (int d = L.nd - 1; d >= 0; --d) {
+      const i64 idx = rem % L.shape[d];
+      rem /= L.shape[d];
+      if constexpr (!is_none<A>::value) oa += idx * L.outer[0][d];
+      if constexpr (!is_none<B>::value) ob += idx * L.outer[1][d];
+      if constexpr (!is_none<C>::value) oc += idx * L.outer[2][d];
+    }
+    Vec<A, V> va = load_row_vec<V>(a, oa, col, 0, L);
+    Vec<B, V> vb = load_row_vec<V>(b, ob, col, 1, L);
+    Vec<C, V> vc = load_row_vec<V>(c, oc, col, 2, L);
     Vec<R, V> vo;
 #pragma unroll
     for (int k = 0; k < V; ++k) vo.v[k] = cast<R>(apply(op, va.v[k], vb.v[k], vc.v[k]));

@@ -108,9 +108,18 @@ void run_post_hooks(const Tensor& leaf) {
 // .grad += g, in place when no graph is being built (the buffer is private to the leaf).
 void accumulate_grad(const Tensor& t, Tensor g, bool create_graph) {
   auto& m = autograd_meta(*t);
+  if (!m.grad && !create_graph) {
+    // The engine's buffer becomes .grad when nothing else can reach it, as PyTorch steals it: a dense
+    // tensor whose handle and storage only this call holds (a gradient shared by two leaves, kept by
+    // a hook's caller or exported is still referenced). Otherwise a private copy, so that later
+    // in-place accumulation touches nothing else. Saves one copy per parameter and step.
+    const bool sole = g.use_count() == 1 && g->storage.use_count() == 1 && g->contiguous() && !g->autograd;
+    m.grad = sole ? alias(g) : ops::clone(alias(g));
+    return;
+  }
   if (!create_graph) g = alias(g);
-  if (!m.grad) {  // a private copy, so that later in-place accumulation touches nothing else
-    m.grad = create_graph ? g : ops::clone(g);
+  if (!m.grad) {
+    m.grad = g;
     return;
   }
   if (create_graph) {
@@ -270,7 +279,7 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
     FLAME_CHECK(results[j] || req.allow_unused, FLAME_ERROR_INVALID_ARGUMENT, "input ", j,
                 " was not used to compute the outputs (pass FLAME_GRAD_ALLOW_UNUSED to get NULL instead)");
   // Leaves last: nothing is accumulated if any hook failed during the walk.
-  for (auto& p : pending) accumulate_grad(p.first, p.second, req.create_graph);
+  for (auto& p : pending) accumulate_grad(p.first, std::move(p.second), req.create_graph);  // moved: see accumulate_grad
   for (auto& p : pending)
     if (!p.first->autograd || !p.first->autograd->grad_fn) run_post_hooks(p.first);
   if (!req.create_graph)

@@ -16,8 +16,10 @@ struct StridedLayout {  // mirrors cuda/elementwise.cuh
 };
 
 struct RowsLayout {  // mirrors cuda/elementwise.cuh
+  int nd;
+  int64_t shape[7];
+  int64_t outer[3][7];
   int64_t rows, cols;
-  int64_t outer[3];
   int inner[3];
 };
 
@@ -160,26 +162,35 @@ std::vector<std::string> elementwise_instantiations(const std::string& functor, 
 
 namespace {
 
-// Dense output of at most two collapsed axes whose operands are dense or broadcast along the last
-// one (x + bias, x * row_scale): ew_rows, V elements per thread. False when the layout or the
-// alignment does not fit; the caller then uses ew_strided.
+// Dense output whose operands are dense or broadcast along the last collapsed axis (x + bias,
+// x * row_scale, a copy or cast of a view with permuted outer axes): ew_rows, V elements per thread.
+// False when the layout or the alignment does not fit; the caller then uses ew_tile or ew_strided.
 bool launch_rows(Context& ctx, const std::string& functor, ScalarArgs& args, const Tensor& out,
                  const std::vector<Tensor>& ins, const std::vector<DType>& in_types, const CollapsedLayout& c,
                  CUdeviceptr* ptr) {
   const int nd = static_cast<int>(c.shape.size());
-  if (ins.empty() || nd > 2 || !out->contiguous()) return false;
+  if (ins.empty() || nd > 8 || !out->contiguous()) return false;
   RowsLayout L{};
-  L.rows = nd == 2 ? c.shape[0] : 1;
+  L.nd = nd - 1;
   L.cols = c.shape[nd - 1];
+  L.rows = 1;
+  for (int d = 0; d < nd - 1; ++d) {
+    L.shape[d] = c.shape[d];
+    L.rows *= c.shape[d];
+  }
   const int v = vector_width(out->dtype, in_types);
-  if (L.cols % v != 0 || ptr[0] % (v * out->elem_size()) != 0) return false;
+  if (L.cols % v != 0 || L.cols / v < 4 || ptr[0] % (v * out->elem_size()) != 0) return false;  // short rows: ew_strided
   for (size_t k = 0; k < ins.size(); ++k) {
     const Strides& st = c.strides[k + 1];
-    int64_t inner = st[nd - 1];
+    const int64_t inner = st[nd - 1];
     if (inner != 0 && inner != 1) return false;
     L.inner[k] = static_cast<int>(inner);
-    L.outer[k] = nd == 2 ? st[0] : 0;
-    if (inner == 1 && (ptr[k + 1] % (v * ins[k]->elem_size()) != 0 || L.outer[k] % v != 0)) return false;
+    bool aligned = inner == 0 || ptr[k + 1] % (v * ins[k]->elem_size()) == 0;
+    for (int d = 0; d < nd - 1; ++d) {
+      L.outer[k][d] = st[d];
+      aligned = aligned && (inner == 0 || st[d] % v == 0);
+    }
+    if (!aligned) return false;
   }
   CUfunction f = ctx.function("elementwise.cuh", rows_name(v, functor, out->dtype, in_types));
   void* kargs[] = {&args, &ptr[0], &ptr[1], &ptr[2], &ptr[3], &L};

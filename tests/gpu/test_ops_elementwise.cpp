@@ -706,13 +706,26 @@ TEST_F(ElementwiseSpecial, RowBroadcastAndTransposeLaunches) {
     for (const std::vector<int>& perm : {std::vector<int>{1, 0, 2}, std::vector<int>{0, 2, 1}, std::vector<int>{2, 0, 1},
                                          std::vector<int>{2, 1, 0}}) {
       SCOPED_TRACE("permute " + std::to_string(perm[0]) + std::to_string(perm[1]) + std::to_string(perm[2]));
-      HT h = random(rng, {6, 40, 50}, d, d0);
-      T x = upload(ctx, h), v, o;
-      FLAME_ASSERT_OK(flame_permute(x, perm.data(), 3, v.out()));
+      for (const Shape& shape : {Shape{6, 40, 50}, Shape{6, 40, 64}}) {  // rows of 64: ew_rows for {1, 0, 2}
+        HT h = random(rng, shape, d, d0);
+        T x = upload(ctx, h), v, o;
+        FLAME_ASSERT_OK(flame_permute(x, perm.data(), 3, v.out()));
+        FLAME_ASSERT_OK(flame_contiguous(v, o.out()));
+        EXPECT_TRUE(matches(o, h.permute(perm).contiguous()));
+        FLAME_ASSERT_OK(flame_to_dtype(v, FLAME_DTYPE_F32, o.out()));
+        EXPECT_TRUE(matches(o, h.permute(perm).as(FLAME_DTYPE_F32)));
+      }
+    }
+    {  // the attention layout: [B, H, T, D] read as [B, T, H, D], and a slice of it (an offset row start)
+      const std::vector<int> perm = {0, 2, 1, 3};
+      HT h = random(rng, {2, 3, 5, 64}, d, d0);
+      T x = upload(ctx, h), v, o, s;
+      FLAME_ASSERT_OK(flame_permute(x, perm.data(), 4, v.out()));
       FLAME_ASSERT_OK(flame_contiguous(v, o.out()));
       EXPECT_TRUE(matches(o, h.permute(perm).contiguous()));
-      FLAME_ASSERT_OK(flame_to_dtype(v, FLAME_DTYPE_F32, o.out()));
-      EXPECT_TRUE(matches(o, h.permute(perm).as(FLAME_DTYPE_F32)));
+      FLAME_ASSERT_OK(flame_narrow(v, 3, 8, 48, s.out()));
+      FLAME_ASSERT_OK(flame_contiguous(s, o.out()));
+      EXPECT_TRUE(matches(o, h.permute(perm).narrow(3, 8, 48).contiguous()));
     }
     HT h = random(rng, {37, 45}, d, d0);  // tile edges in both directions
     T x = upload(ctx, h), v, o;
