@@ -188,6 +188,23 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
     }
   }
 
+  // A slice's gradient added in place into that slice of its input's pending gradient, when the
+  // engine alone holds that buffer: q, k and v split from one qkv tensor then cost one zero-filled
+  // buffer instead of three, and no full-size additions. False: the rule runs (zeros + copy).
+  auto scatter_into_pending = [&](Node& n, const Tensor& g) {
+    Node* child = n.next[0].fn.get();
+    auto it = child ? buffer.find(child) : buffer.end();
+    if (req.create_graph || it == buffer.end() || it->second.size() <= n.next[0].input_nr) return false;
+    const Tensor& acc = it->second[n.next[0].input_nr];
+    if (!acc || acc.use_count() != 1 || acc->storage.use_count() != 1 || !acc->contiguous() || acc->dtype != g->dtype ||
+        acc->shape != n.inputs[0].shape)
+      return false;
+    Tensor slice = ops::view_slice(acc, n.view);  // grad mode is off: no node recorded
+    launch_elementwise("Add", {}, slice, {slice, g});
+    acc->storage->version++;
+    return true;
+  };
+
   // Linear nodes whose buffered gradient is already their pre-activation gradient.
   std::unordered_set<Node*> pre_activation;
   auto unobserved = [&](Node* c) {
@@ -255,6 +272,8 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
           buffer[producer] = {p_dz};
           pre_activation.insert(producer);
         }
+      } else if (n->op == OpId::ViewSlice && scatter_into_pending(*n, gs[0])) {
+        grads.assign(n->next.size(), nullptr);  // already in the input's buffer
       } else {
         grads = n->num_outputs > 1 ? apply_backward_rule_multi(*n, gs) : apply_backward_rule(*n, gs[0]);
       }

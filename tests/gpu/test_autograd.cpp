@@ -160,6 +160,26 @@ TEST_F(Autograd, GradBuffersStayPrivateToTheirLeaf) {
   expect_vals(grad_of(x), {3, 3, 3});
 }
 
+// Slices of one tensor (split, narrow, select, overlapping or not) send their gradients into one
+// buffer of the sliced tensor; mixed with a gradient that reaches it directly.
+TEST_F(Autograd, GradientsOfSlicesOfOneTensorSum) {
+  Vals xv(24);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = 0.25 * double(i) - 2;
+  T x = make(ctx, xv, {6, 4}, true);
+  T y = scale(x, 1.0);  // a non-leaf: its gradient buffer is the engine's
+  T a, b, c, r;
+  FLAME_ASSERT_OK(flame_narrow(y, 0, 0, 4, a.out()));     // rows 0-3
+  FLAME_ASSERT_OK(flame_narrow(y, 0, 2, 4, b.out()));     // rows 2-5: overlaps a
+  FLAME_ASSERT_OK(flame_select(y, 1, 3, c.out()));        // column 3
+  T loss = sum(add(add(sum(scale(a, 2)), sum(scale(b, 3))), add(sum(scale(c, 5)), sum(mul(y, y)))));
+  FLAME_ASSERT_OK(flame_backward(ctx, loss, nullptr, 0));
+  Vals want(24);
+  for (int i = 0; i < 6; ++i)
+    for (int j = 0; j < 4; ++j)
+      want[size_t(i * 4 + j)] = (i < 4 ? 2 : 0) + (i >= 2 ? 3 : 0) + (j == 3 ? 5 : 0) + 2 * xv[size_t(i * 4 + j)];
+  expect_vals(grad_of(x), want);
+}
+
 TEST_F(Autograd, GradGetSetZeroClear) {
   T x = make(ctx, {1, 2, 3}, {3}, true);
   EXPECT_EQ(grad_of(x).h, nullptr) << "no .grad before any backward";
