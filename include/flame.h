@@ -310,7 +310,8 @@ FLAME_API flame_status_t flame_tril(flame_tensor_t t, int64_t diagonal, flame_te
 FLAME_API flame_status_t flame_add(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
 FLAME_API flame_status_t flame_sub(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
 FLAME_API flame_status_t flame_mul(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
-/* True division: integer inputs give f32. */
+/* True division: integer inputs give f32, so an integer divided by 0 gives +-inf or NaN as in
+ * torch.div (FLAME has no integer-result division that could produce a garbage value). */
 FLAME_API flame_status_t flame_div(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
 FLAME_API flame_status_t flame_pow(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
 /* Elementwise max / min; NaN propagates. */
