@@ -16,8 +16,9 @@
 #     child process) and Threads.* (host threads; ThreadSanitizer covers the host side in CI).
 #  3. host-side leaks of a short GPU test run ($LEAK_FILTER): valgrind --leak-check=full when
 #     valgrind is installed, else a LeakSanitizer (ASan) build of libflame and flame_gpu_tests in
-#     $BUILD_DIR-asan. Leak records whose stack has a FLAME frame (libflame.so, flame::) count as
-#     errors; leaks inside the CUDA driver, NVRTC or cuBLASLt are listed but not counted.
+#     $BUILD_DIR-asan. Leak (and valgrind memory-error) records whose stack has a FLAME frame
+#     (libflame.so, flame::) count as errors; those inside the CUDA driver, NVRTC or cuBLASLt are
+#     listed but not counted.
 # Prints one summary line per tool and exits non-zero when a tool found an error or timed out.
 # The kernel cache ($FLAME_KERNEL_CACHE_DIR, default $BUILD_DIR/kernel-cache) should be warm
 # (scripts/test-gpu.sh fills it) so that the time goes to the sanitizers, not to NVRTC.
@@ -106,12 +107,13 @@ run_cs memcheck "$MEMCHECK_TIMEOUT" "$MEMCHECK_FILTER"
 run_cs racecheck "$RACECHECK_TIMEOUT" "$RACECHECK_FILTER"
 
 # ---- 3: host-side leaks ----
-# Counts leak records (valgrind "definitely lost" blocks / LSan "Direct leak" blocks) in LOG and
-# those with a FLAME frame; prints "TOTAL FLAME".
+# Counts the records in LOG (valgrind: "definitely lost" blocks and invalid reads, writes and frees;
+# LSan: leak blocks) and those with a FLAME frame; prints "TOTAL FLAME". Valgrind's invalid reads
+# inside glibc's dlopen of the CUDA libraries (strncmp over-reads) have no FLAME frame.
 count_leaks() {  # LOG KIND(valgrind|lsan)
   awk -v kind="$2" '
     function flush() { if (inrec) { total++; if (ours) flame++ } inrec = 0; ours = 0 }
-    kind == "valgrind" && /definitely lost in loss record/ { flush(); inrec = 1; next }
+    kind == "valgrind" && /definitely lost in loss record|Invalid (read|write|free)|Mismatched free/ { flush(); inrec = 1; next }
     kind == "lsan" && /^(Direct|Indirect) leak of/ { flush(); inrec = 1; next }
     inrec && kind == "valgrind" && /^==[0-9]+== *$/ { flush(); next }
     inrec && kind == "lsan" && /^$/ { flush(); next }
@@ -143,7 +145,7 @@ else
   fi
   tool="LeakSanitizer (ASan build $ASAN_DIR)"
 fi
-what="$(gtest_counts "$leak_log"); leak records: ${total:-0}, with a FLAME frame: ${ours:-0}"
+what="$(gtest_counts "$leak_log"); leak/error records: ${total:-0}, with a FLAME frame: ${ours:-0}"
 if ((rc == 124 || rc == 137)); then
   line "host leaks, $tool: TIMEOUT after ${LEAK_TIMEOUT}s ($what; log $leak_log)"
   failed=1
