@@ -29,6 +29,24 @@ bool cudnn_loadable() {
   return dlopen(p && *p ? p : "libcudnn.so.9", RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE) != nullptr;
 }
 
+// Why cudnnCreate fails in this process (called on this thread, where a FLAME context is current),
+// for the message of a test that finds the library loadable but unused.
+std::string cudnn_create_status() {
+  const char* p = std::getenv("FLAME_CUDNN_PATH");
+  void* lib = dlopen(p && *p ? p : "libcudnn.so.9", RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (!lib) return "dlopen failed";
+  using Create = int (*)(void**);
+  using Describe = const char* (*)(int);
+  using Version = size_t (*)();
+  auto create = reinterpret_cast<Create>(dlsym(lib, "cudnnCreate"));
+  auto describe = reinterpret_cast<Describe>(dlsym(lib, "cudnnGetErrorString"));
+  auto version = reinterpret_cast<Version>(dlsym(lib, "cudnnGetVersion"));
+  if (!create || !describe || !version) return "cudnnCreate, cudnnGetErrorString or cudnnGetVersion missing";
+  void* handle = nullptr;
+  const int st = create(&handle);  // the handle is left to the process (a diagnostic path only)
+  return "cuDNN " + std::to_string(version()) + ", cudnnCreate: " + describe(st);
+}
+
 flame_ctx_t cudnn_off_context() {
   setenv("FLAME_DISABLE_CUDNN", "1", 1);
   flame_ctx_options_t o;
@@ -57,7 +75,8 @@ class CudnnConv : public GpuTest {
     uint64_t n = 1;
     ASSERT_EQ(flame_ctx_cudnn_info(ctx, &version, &n), FLAME_OK) << flame_last_error_message();
     if (version == 0) {
-      ASSERT_FALSE(cudnn_loadable()) << "libcudnn.so.9 loads in this process, but the context does not use it";
+      ASSERT_FALSE(cudnn_loadable()) << "libcudnn.so.9 loads in this process, but the context does not use it ("
+                                      << cudnn_create_status() << ")";
       GTEST_SKIP() << "libcudnn.so.9 is not installed: the convolutions run FLAME's kernels only";
     }
     EXPECT_GE(version, 90000);
