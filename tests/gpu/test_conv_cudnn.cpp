@@ -327,8 +327,17 @@ TEST_F(CudnnConv, IsUsedAndCountsEveryConvolution) {
   EXPECT_EQ(cudnn_count(ctx) - before, 3u);
 }
 
+uint64_t bytes_in_use(flame_ctx_t ctx) {
+  flame_memory_stats_t m;
+  m.struct_size = sizeof m;
+  EXPECT_EQ(flame_ctx_memory_stats(ctx, &m), FLAME_OK);
+  return m.bytes_in_use;
+}
+
+// Also: cuDNN's workspaces go back to the pool (bytes in use return to where they were).
 TEST_F(CudnnConv, RepeatedRunsGiveIdenticalBits) {
   const Case c = c2("det", {4, 64, 12, 12}, {64, 64, 3, 3}, 64, {1, 1}, {1, 1}, {1, 1});
+  const uint64_t held = bytes_in_use(ctx);
   for (flame_dtype_t dt : {FLAME_DTYPE_BF16, FLAME_DTYPE_F32}) {
     SCOPED_TRACE(flame_dtype_name(dt));
     std::mt19937_64 rng(seed_for(std::string("det") + flame_dtype_name(dt)));
@@ -343,6 +352,7 @@ TEST_F(CudnnConv, RepeatedRunsGiveIdenticalBits) {
     EXPECT_EQ(a.dw.v, b.dw.v);
     EXPECT_EQ(a.db.v, b.db.v);
   }
+  EXPECT_EQ(bytes_in_use(ctx), held);
 }
 
 // d/dw and d/dgy of sum(dx * v), dx = d sum(conv(x, w) * gy) / dx built with create_graph: the
