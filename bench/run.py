@@ -564,8 +564,9 @@ class Bench:
         tw = torch.randn(O, C, 3, 3, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=cl_fmt)
         tb = torch.randn(O, device="cuda", dtype=torch.bfloat16)
         tg = torch.randn(N, O, S, S, device="cuda", dtype=torch.bfloat16).contiguous(memory_format=cl_fmt)
-        self.add("T2", "conv2d fwd (channels-last)", shape, "bf16", self.time_flame(lambda: conv(fx, fw, fb)),
-                 self.time_torch(lambda: F.conv2d(tx, tw, tb, 1, 1)), flops=flops)
+        t_fwd = self.time_torch(lambda: F.conv2d(tx, tw, tb, 1, 1))
+        self.add("T2", "conv2d fwd (channels-last)", shape, "bf16", self.time_flame(lambda: conv(fx, fw, fb)), t_fwd,
+                 flops=flops)
         for t in (fx, fw, fb):
             lib.set_requires_grad(t, True)
         for t in (tx, tw, tb):
@@ -577,9 +578,35 @@ class Bench:
         def torch_step():
             torch.autograd.grad([F.conv2d(tx, tw, tb, 1, 1)], [tx, tw, tb], [tg])
 
-        self.add("T2", "conv2d fwd+bwd (channels-last)", shape, "bf16", self.time_flame(flame_step), self.time_torch(torch_step),
+        t_step = self.time_torch(torch_step)
+        self.add("T2", "conv2d fwd+bwd (channels-last)", shape, "bf16", self.time_flame(flame_step), t_step,
                  flops=3 * flops, note="bwd: dx, dW, db")
         del fx, fw, fb, fg, tx, tw, tb, tg
+        # The same layer on a context created with FLAME_DISABLE_CUDNN=1: FLAME's own kernels (the rows
+        # above use cuDNN when the context found libcudnn.so.9).
+        os.environ["FLAME_DISABLE_CUDNN"] = "1"
+        try:
+            plain = Flame()
+        finally:
+            del os.environ["FLAME_DISABLE_CUDNN"]
+        px, pw, pg = (plain.call("permute", plain.randn(s_, "bf16"), to_nchw, 4) for s_ in ([N, S, S, C], [O, 3, 3, C], [N, S, S, O]))
+        pb = plain.randn([O], "bf16")
+
+        def plain_conv():
+            return plain.call("conv2d", px, pw, pb, ctypes.byref(opts))
+
+        self.add("T2", "conv2d fwd (channels-last), FLAME kernels", shape, "bf16", self.time_flame(plain_conv, plain), t_fwd,
+                 flops=flops, note="FLAME_DISABLE_CUDNN=1")
+        for t in (px, pw, pb):
+            plain.lib.set_requires_grad(t, True)
+
+        def plain_step():
+            plain.lib.grad(plain.ctx, [plain_conv()], [pg], [px, pw, pb], 0)
+
+        self.add("T2", "conv2d fwd+bwd (channels-last), FLAME kernels", shape, "bf16", self.time_flame(plain_step, plain),
+                 t_step, flops=3 * flops, note="FLAME_DISABLE_CUDNN=1")
+        del px, pw, pb, pg
+        plain.close()
         tf32 = torch.backends.cudnn.allow_tf32
         torch.backends.cudnn.allow_tf32 = False
         fx, fw, fb = fl.randn([N, C, S, S], "f32"), fl.randn([O, C, 3, 3], "f32"), fl.randn([O], "f32")

@@ -890,11 +890,14 @@ FLAME_API flame_status_t flame_embedding(flame_tensor_t weight, flame_tensor_t i
  * x, weight and bias are BORROWED; bias may be NULL (no bias); opts may be NULL (the defaults of
  * flame_conv_options_init). All three tensors must share a context (FLAME_ERROR_INVALID_ARGUMENT)
  * and a floating dtype: f32, f64, f16 or bf16 (FLAME_ERROR_DTYPE_MISMATCH). f16/bf16 run on tensor
- * cores (sm_80 and newer) with f32 accumulation; f32 is computed in IEEE f32 FMAs (never TF32), f64
- * in f64. OUT *out: a new reference; NULL on any error, and nothing else changes.
+ * cores (sm_80 and newer) with f32 accumulation; f32 is computed in IEEE f32 FMAs (TF32 only through
+ * cuDNN in a context with allow_tf32), f64 in f64. OUT *out: a new reference; NULL on any error, and
+ * nothing else changes. When libcudnn.so.9 is installed, f32/f16/bf16 convolutions (and their
+ * gradients) run through cuDNN, else through FLAME's own kernels; see "cuDNN" at the end of this file.
  * Gradients flow to x, weight and bias, to any order (each convolution's backward is made of
- * convolutions). Results are deterministic: the weight gradient's sum over N x H_out x W_out is
- * split over blocks in f32 (f64 for f64) and the parts are added in a fixed order.
+ * convolutions). Results are deterministic: FLAME's kernels split the weight gradient's sum over
+ * N x H_out x W_out over blocks in f32 (f64 for f64) and add the parts in a fixed order, and only
+ * cuDNN's deterministic algorithms are used.
  * Errors: wrong ranks, x without channels, a weight shape that does not fit x and groups, a bias
  * that is not [O] (conv_transpose2d: [C_out]), an empty output: FLAME_ERROR_SHAPE_MISMATCH;
  * groups < 1 or not dividing the channels of x, stride or dilation < 1, padding or output_padding
@@ -1441,6 +1444,25 @@ typedef flame_status_t (*flame_checkpoint_fn)(void* user_data, const flame_tenso
 FLAME_API flame_status_t flame_checkpoint(flame_ctx_t ctx, flame_checkpoint_fn fn, void* user_data, flame_destroy_fn destroy,
                                           const flame_tensor_t* inputs, int32_t n_inputs, flame_tensor_t* outputs,
                                           int32_t n_outputs);
+
+/* ============================== cuDNN ============================== */
+/* The convolutions (flame_conv2d, flame_conv_transpose2d, flame_conv1d and their gradients) run
+ * through NVIDIA cuDNN 9 when a context finds libcudnn.so.9 (the dynamic loader's search path, or
+ * the file named by $FLAME_CUDNN_PATH), loaded at run time on the context's first convolution; FLAME
+ * never links it. cuDNN takes f32, f16 and bf16 convolutions whose padding it can express (not
+ * padding_same with an even dilated kernel extent, not an output_padding of at least the stride), with
+ * only its deterministic algorithms, never FFT ones, f32 in IEEE FMAs unless the context allows TF32,
+ * and the memory-format rules of "Convolution"; everything else, f64, and every convolution of a
+ * context without cuDNN runs FLAME's own kernels, with the same results up to rounding. Set
+ * FLAME_DISABLE_CUDNN=1 in the environment before flame_ctx_create to keep a context off cuDNN. */
+
+/* OUT *version: the version of the cuDNN the context uses (cudnnGetVersion(), e.g. 91900 for 9.19.0),
+ * loading it now if no convolution did yet; 0 when the context does not use cuDNN (not installed,
+ * not loadable, or FLAME_DISABLE_CUDNN=1 at creation). OUT *convolutions: the convolutions (forward,
+ * input gradient or weight gradient) the context ran through cuDNN so far.
+ * Errors: ctx, version or convolutions NULL: FLAME_ERROR_INVALID_ARGUMENT; a failed context:
+ * FLAME_ERROR_CONTEXT_FAILED. */
+FLAME_API flame_status_t flame_ctx_cudnn_info(flame_ctx_t ctx, int32_t* version, uint64_t* convolutions);
 
 #ifdef __cplusplus
 }

@@ -452,6 +452,7 @@ namespace Flame.Interop
             "flame_lora_unmerge",
             "flame_lora_is_merged",
             "flame_checkpoint",
+            "flame_ctx_cudnn_info",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -1191,6 +1192,9 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_checkpoint", ExactSpelling = true)]
         public static extern flame_status_t flame_checkpoint(IntPtr ctx, flame_checkpoint_fn fn, IntPtr user_data, flame_destroy_fn destroy, IntPtr* inputs, int n_inputs, IntPtr* outputs, int n_outputs);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_cudnn_info", ExactSpelling = true)]
+        public static extern flame_status_t flame_ctx_cudnn_info(IntPtr ctx, int* version, ulong* convolutions);
 
     }
 }

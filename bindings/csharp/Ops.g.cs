@@ -1824,6 +1824,18 @@ namespace Flame
             return new Tensor(o_out);
         }
 
+        /// <summary><c>flame_status_t flame_ctx_cudnn_info(flame_ctx_t ctx, int32_t* version, uint64_t* convolutions)</c></summary>
+        public unsafe Tuple<int, ulong> CudnnInfo()
+        {
+            int o_version = default(int);
+            ulong o_convolutions = default(ulong);
+            {
+                Status.Check(Native.flame_ctx_cudnn_info(Raw, &o_version, &o_convolutions));
+            }
+            GC.KeepAlive(this);
+            return Tuple.Create(o_version, o_convolutions);
+        }
+
     }
 
 }

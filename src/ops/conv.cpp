@@ -14,6 +14,13 @@
 // The weight gradient splits its reduction over N * Ho * Wo across blocks (enough to fill the GPU
 // twice) into partial sums [splits, O, K] in the compute type, added up by one reduction.
 //
+// cuDNN: when the context has it (runtime/cudnn.h), f32 (IEEE unless the context allows TF32),
+// f16 and bf16 convolutions whose padding cuDNN can express (symmetric) run there instead, with
+// the same memory-format rules: x / dy and w dense in the result's format (NHWC or NCHW; copied
+// when they are not), the result computed in that format. A bias is written into the result first
+// and cuDNN adds the convolution to it (beta = 1), one rounding as in FLAME's kernels. Only the
+// kernel behind the recorded primitive changes; what is recorded and saved is the same.
+//
 // Autograd: Conv2d saves x and w; ConvTranspose2d saves dy and w; ConvWeightGrad saves dy and x;
 // the geometry is the node's ints. The rules (autograd/backward_rules.cpp) only call these
 // primitives and conv_bias_grad, so every order of derivative is available.
@@ -24,6 +31,7 @@
 #include "core/error.h"
 #include "ops/nn_rows.h"
 #include "ops/ops.h"
+#include "runtime/cudnn.h"
 
 namespace flame {
 
@@ -187,6 +195,85 @@ Tensor finish_layout(const Tensor& y_nhwc, bool channels_last) {
   return channels_last ? out : ops::contiguous(out);
 }
 
+// ---- the cuDNN path (see the top of the file); each returns null when cuDNN does not take the call
+
+// Output size of one dim with `pad` rows before and after.
+int64_t sym_out(int64_t in, int64_t k, int64_t s, int64_t pad, int64_t d) {
+  const int64_t span = in + 2 * pad - d * (k - 1) - 1;
+  return span < 0 ? 0 : span / s + 1;
+}
+
+// Whether cuDNN's legacy API can express the convolution: its dtype, symmetric padding that gives
+// the geometry's output size ('same' with an even dilated kernel and conv_transpose2d's
+// output_padding >= stride do not), and element counts within its int strides.
+bool cudnn_fits(const ops::ConvGeom& g, DType dt) {
+  if (dt != FLAME_DTYPE_F32 && dt != FLAME_DTYPE_F16 && dt != FLAME_DTYPE_BF16) return false;
+  if (sym_out(g.H, g.kh, g.sh, g.ph, g.dh) != g.Ho || sym_out(g.W, g.kw, g.sw, g.pw, g.dw) != g.Wo) return false;
+  const double most = std::max({static_cast<double>(g.N) * g.C * g.H * g.W, static_cast<double>(g.N) * g.O * g.Ho * g.Wo,
+                                static_cast<double>(g.O) * (g.C / g.G) * g.kh * g.kw});
+  return most <= INT32_MAX;
+}
+
+CudnnConv cudnn_call(CudnnDir dir, const ops::ConvGeom& g, bool nhwc_format, DType dt) {
+  CudnnConv c;
+  c.dir = dir;
+  c.dtype = dt;
+  c.channels_last = nhwc_format;
+  c.N = g.N, c.C = g.C, c.H = g.H, c.W = g.W, c.O = g.O, c.kh = g.kh, c.kw = g.kw, c.G = g.G;
+  c.sh = g.sh, c.sw = g.sw, c.ph = g.ph, c.pw = g.pw, c.dh = g.dh, c.dw = g.dw, c.Ho = g.Ho, c.Wo = g.Wo;
+  return c;
+}
+
+// t ([N, C, H, W] or a weight) dense in the format: its own memory when its strides allow, else a copy.
+Tensor dense_in(const Tensor& t, bool nhwc_format) { return nhwc_format ? nhwc(t) : ops::contiguous(alias(t)); }
+
+// Forward: y from x = src; BackwardData: dx from dy = src. In format cl, plus bias b.
+Tensor cudnn_data(CudnnDir dir, const ops::ConvGeom& g, bool cl, const Tensor& src, const Tensor& w, const Tensor& b) {
+  Context& ctx = src->ctx();
+  const DType dt = src->dtype;
+  const bool fwd = dir == CudnnDir::Forward;
+  const int64_t Cd = fwd ? g.O : g.C, Hd = fwd ? g.Ho : g.H, Wd = fwd ? g.Wo : g.W;
+  if (g.N * Cd * Hd * Wd == 0 || !cudnn_fits(g, dt)) return nullptr;
+  Cudnn* dnn = cudnn(ctx);
+  if (!dnn) return nullptr;
+  Tensor s = dense_in(src, cl), wt = dense_in(w, cl);
+  if (!aligned16(s) || !aligned16(wt)) return nullptr;
+  Tensor dst = make_tensor(ctx, cl ? Shape{g.N, Hd, Wd, Cd} : Shape{g.N, Cd, Hd, Wd}, dt);
+  CudnnConv c = cudnn_call(dir, g, cl, dt);
+  if (b) {  // cuDNN adds the convolution to it (beta = 1)
+    ops::copy_into(dst, ops::expand(ops::reshape(alias(b), cl ? Shape{1, 1, 1, Cd} : Shape{1, Cd, 1, 1}), dst->shape));
+    c.beta_one = true;
+  }
+  (fwd ? c.x : c.y) = s->data();
+  (fwd ? c.y : c.x) = dst->data();
+  c.w = wt->data();
+  if (!dnn->run(c)) return nullptr;
+  return cl ? ops::permute(dst, {0, 3, 1, 2}) : dst;
+}
+
+// The weight gradient from dy and x, channels-last when channels_last (else contiguous).
+Tensor cudnn_wgrad(const ops::ConvGeom& g, bool channels_last, const Tensor& dy, const Tensor& x) {
+  Context& ctx = dy->ctx();
+  const DType dt = dy->dtype;
+  const int64_t Cg = g.C / g.G;
+  if (g.O * Cg * g.kh * g.kw == 0 || g.N * g.Ho * g.Wo == 0 || !cudnn_fits(g, dt)) return nullptr;
+  Cudnn* dnn = cudnn(ctx);
+  if (!dnn) return nullptr;
+  // One format for all three tensors: NHWC when any of them is channels-last.
+  const bool cl = channels_last || ops::is_channels_last(x) || ops::is_channels_last(dy);
+  Tensor xs = dense_in(x, cl), ds = dense_in(dy, cl);
+  if (!aligned16(xs) || !aligned16(ds)) return nullptr;
+  Tensor dw = make_tensor(ctx, cl ? Shape{g.O, g.kh, g.kw, Cg} : Shape{g.O, Cg, g.kh, g.kw}, dt);
+  CudnnConv c = cudnn_call(CudnnDir::BackwardFilter, g, cl, dt);
+  c.x = xs->data();
+  c.y = ds->data();
+  c.w = dw->data();
+  if (!dnn->run(c)) return nullptr;
+  if (!cl) return dw;
+  Tensor gw = ops::permute(dw, {0, 3, 1, 2});
+  return channels_last ? gw : ops::contiguous(gw);
+}
+
 void record_conv(OpId op, const std::vector<Tensor>& ins, const Tensor& out, const ops::ConvGeom& g, const Tensor& s0,
                  const Tensor& s1) {
   if (auto node = record(op, ins, {out})) {
@@ -227,45 +314,56 @@ bool ops::is_channels_last(const Tensor& t) {
 
 Tensor ops::conv_forward(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g) {
   Context& ctx = x->ctx();
-  Tensor y = make_tensor(ctx, {g.N, g.Ho, g.Wo, g.O}, x->dtype);
-  if (y->numel() > 0) {
-    Tensor wb = contiguous(permute(alias(w), {0, 2, 3, 1}));  // [O][kh][kw][C / G] = [G][Og][kh][kw][Cg]
-    run_conv(kMode_Fwd, launch_geometry(g, kMode_Fwd), nhwc(x), wb, b ? contiguous(alias(b)) : nullptr, y);
+  const bool cl = is_channels_last(x) || is_channels_last(w);
+  Tensor out = cudnn_data(CudnnDir::Forward, g, cl, x, w, b);
+  if (!out) {
+    Tensor y = make_tensor(ctx, {g.N, g.Ho, g.Wo, g.O}, x->dtype);
+    if (y->numel() > 0) {
+      Tensor wb = contiguous(permute(alias(w), {0, 2, 3, 1}));  // [O][kh][kw][C / G] = [G][Og][kh][kw][Cg]
+      run_conv(kMode_Fwd, launch_geometry(g, kMode_Fwd), nhwc(x), wb, b ? contiguous(alias(b)) : nullptr, y);
+    }
+    out = finish_layout(y, cl);
   }
-  Tensor out = finish_layout(y, is_channels_last(x) || is_channels_last(w));
   record_conv(OpId::Conv2d, {x, w, b}, out, g, x, w);
   return out;
 }
 
 Tensor ops::conv_input_grad(const Tensor& dy, const Tensor& w, const Tensor& b, const ConvGeom& g) {
   Context& ctx = dy->ctx();
-  Tensor dx = make_tensor(ctx, {g.N, g.H, g.W, g.C}, dy->dtype);
-  if (dx->numel() > 0) {
-    const int64_t Og = g.O / g.G, Cg = g.C / g.G;
-    // [G][Og][Cg][kh][kw] -> [G][Cg][kh][kw][Og]: the input gradient reduces over the output channels
-    Tensor wb = contiguous(permute(reshape(alias(w), {g.G, Og, Cg, g.kh, g.kw}), {0, 2, 3, 4, 1}));
-    run_conv(kMode_Dgrad, launch_geometry(g, kMode_Dgrad), nhwc(dy), wb, b ? contiguous(alias(b)) : nullptr, dx);
+  const bool cl = is_channels_last(dy) || is_channels_last(w);
+  Tensor out = cudnn_data(CudnnDir::BackwardData, g, cl, dy, w, b);
+  if (!out) {
+    Tensor dx = make_tensor(ctx, {g.N, g.H, g.W, g.C}, dy->dtype);
+    if (dx->numel() > 0) {
+      const int64_t Og = g.O / g.G, Cg = g.C / g.G;
+      // [G][Og][Cg][kh][kw] -> [G][Cg][kh][kw][Og]: the input gradient reduces over the output channels
+      Tensor wb = contiguous(permute(reshape(alias(w), {g.G, Og, Cg, g.kh, g.kw}), {0, 2, 3, 4, 1}));
+      run_conv(kMode_Dgrad, launch_geometry(g, kMode_Dgrad), nhwc(dy), wb, b ? contiguous(alias(b)) : nullptr, dx);
+    }
+    out = finish_layout(dx, cl);
   }
-  Tensor out = finish_layout(dx, is_channels_last(dy) || is_channels_last(w));
   record_conv(OpId::ConvTranspose2d, {dy, w, b}, out, g, dy, w);
   return out;
 }
 
 Tensor ops::conv_weight_grad(const Tensor& dy, const Tensor& x, const ConvGeom& g, bool channels_last) {
   Context& ctx = dy->ctx();
-  const DType dt = dy->dtype, acc = acc_of(dt);
-  const int64_t Cg = g.C / g.G, K = g.kh * g.kw * Cg;
-  Tensor flat;  // [O, K] in the compute type, K = (r, s, c)
-  if (g.O * K == 0) {
-    flat = make_tensor(ctx, {g.O, K}, acc);
-  } else if (g.N * g.Ho * g.Wo == 0) {
-    flat = zeros(ctx, {g.O, K}, acc);
-  } else {
-    Tensor part = run_wgrad(launch_geometry(g, kMode_Fwd), nhwc(x), nhwc(dy));
-    flat = part->shape[0] == 1 ? reshape(part, {g.O, K}) : sum_as(part, {0}, false, acc);
+  Tensor gw = cudnn_wgrad(g, channels_last, dy, x);
+  if (!gw) {
+    const DType dt = dy->dtype, acc = acc_of(dt);
+    const int64_t Cg = g.C / g.G, K = g.kh * g.kw * Cg;
+    Tensor flat;  // [O, K] in the compute type, K = (r, s, c)
+    if (g.O * K == 0) {
+      flat = make_tensor(ctx, {g.O, K}, acc);
+    } else if (g.N * g.Ho * g.Wo == 0) {
+      flat = zeros(ctx, {g.O, K}, acc);
+    } else {
+      Tensor part = run_wgrad(launch_geometry(g, kMode_Fwd), nhwc(x), nhwc(dy));
+      flat = part->shape[0] == 1 ? reshape(part, {g.O, K}) : sum_as(part, {0}, false, acc);
+    }
+    gw = permute(reshape(to_dtype(flat, dt), {g.O, g.kh, g.kw, Cg}), {0, 3, 1, 2});
+    if (!channels_last) gw = contiguous(gw);
   }
-  Tensor gw = permute(reshape(to_dtype(flat, dt), {g.O, g.kh, g.kw, Cg}), {0, 3, 1, 2});
-  if (!channels_last) gw = contiguous(gw);
   record_conv(OpId::ConvWeightGrad, {dy, x}, gw, g, dy, x);
   return gw;
 }

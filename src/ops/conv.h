@@ -7,7 +7,8 @@
 // conv2d, conv_transpose2d and conv1d check PyTorch-style arguments and call them; conv1d is
 // conv2d over a view with H = 1. Tensors are logical NCHW; channels-last inputs (dense NHWC
 // strides) are read in place and give channels-last results, others go through an internal
-// channels-last copy and give contiguous results (see conv.cpp).
+// channels-last copy and give contiguous results (see conv.cpp). The kernels behind the primitives
+// are cuDNN's when the context uses it (runtime/cudnn.h), else FLAME's (cuda/conv.cuh).
 #pragma once
 #include <string>
 #include <vector>

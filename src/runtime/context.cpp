@@ -1,5 +1,6 @@
 #include "runtime/context.h"
 #include "runtime/blas.h"
+#include "runtime/cudnn.h"
 #include <cstdlib>
 #include <cstring>
 #include "core/error.h"
@@ -45,6 +46,8 @@ std::shared_ptr<Context> Context::create(const flame_ctx_options_t& opts) {
   c->gemm_autotune = opts.gemm_heuristic_only == 0;
   c->disk_cache = DiskCache(DiskCache::resolve_dir(opts.kernel_cache_dir));
   if (const char* n = std::getenv("FLAME_FAIL_ALLOC_AT")) c->fail_alloc_at = std::strtoull(n, nullptr, 10);
+  const char* no_cudnn = std::getenv("FLAME_DISABLE_CUDNN");
+  c->cudnn_enabled = !(no_cudnn && std::strcmp(no_cudnn, "1") == 0);
   return c;
 }
 
@@ -52,6 +55,7 @@ Context::~Context() {
   if (cu) {
     drv.cuCtxSetCurrent(cu);
     blas.reset();  // frees its workspace into the pool, so before the pool goes
+    cudnn.reset();  // its handle and descriptors, while the CUDA context is current
     if (device_error_) drv.cuMemFreeAsync(device_error_, stream);
     if (stream) drv.cuStreamSynchronize(stream);
     for (CUmodule m : modules_) drv.cuModuleUnload(m);

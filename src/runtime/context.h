@@ -18,6 +18,7 @@
 namespace flame {
 class Context;
 class Blas;
+class Cudnn;
 }
 
 struct flame_ctx_s {
@@ -83,6 +84,11 @@ class Context : public std::enable_shared_from_this<Context> {
 
   // ---- matrix products (runtime/blas.h): cuBLASLt handle, workspace and plan cache, made on first use ----
   std::unique_ptr<Blas> blas;
+
+  // ---- convolutions through cuDNN (runtime/cudnn.h): libcudnn.so.9 loaded on first use ----
+  std::unique_ptr<Cudnn> cudnn;
+  bool cudnn_enabled = true;      // false: FLAME_DISABLE_CUDNN=1 at creation (FLAME's kernels only)
+  std::string cudnn_unavailable;  // why loading failed (then it is not tried again)
 
   // ---- random numbers (Philox4x32-10, counter = offset + element) ----
   uint64_t rng_seed = 0, rng_offset = 0;

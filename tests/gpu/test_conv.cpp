@@ -6,6 +6,8 @@
 //    (strided) inputs, channels-last weights, and shapes large enough for several tiles, a
 //    software-pipelined reduction and a split weight-gradient reduction;
 //  - the memory format of results (channels-last in, channels-last out) and of weight gradients;
+//  - conv2d also on a context created with FLAME_DISABLE_CUDNN=1 (FLAME's kernels where cuDNN is
+//    installed; test_conv_cudnn.cpp compares the two paths);
 //  - finite differences (gradcheck.h): first order in f64 and f32, second order (create_graph) in f64;
 //  - bad arguments: the documented status, a NULL result and a message naming the argument.
 // Reproduce a failure with FLAME_GRADCHECK_SEED=<seed printed in the failure>.
@@ -351,6 +353,32 @@ TEST_F(ConvTest, Conv2dForwardAndGradientsMatchHost) {
       conv2d_test(this, c, dt, rng);
       if (HasFatalFailure()) return;
     }
+}
+
+// The same cases on a context created with FLAME_DISABLE_CUDNN=1, so that FLAME's own kernels meet
+// the host reference also where cuDNN is installed (the test above then runs through cuDNN).
+TEST_F(ConvTest, Conv2dFlameKernelsMatchHostWithCudnnOff) {
+  setenv("FLAME_DISABLE_CUDNN", "1", 1);
+  flame_ctx_options_t o;
+  flame_ctx_options_init(&o);
+  flame_ctx_t off = nullptr;
+  const flame_status_t st = flame_ctx_create(&o, &off);
+  unsetenv("FLAME_DISABLE_CUDNN");
+  ASSERT_EQ(st, FLAME_OK) << flame_last_error_message();
+  std::swap(ctx, off);  // leaf() and grads() use ctx
+  for (flame_dtype_t dt : {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16})
+    for (const Conv2dCase& c : conv2d_cases()) {
+      std::mt19937_64 rng(seed_for("off" + c.name + flame_dtype_name(dt)));
+      conv2d_test(this, c, dt, rng);
+      if (HasFatalFailure()) break;
+    }
+  std::swap(ctx, off);
+  int32_t version = -1;
+  uint64_t n = 1;
+  EXPECT_EQ(flame_ctx_cudnn_info(off, &version, &n), FLAME_OK);
+  EXPECT_EQ(version, 0);
+  EXPECT_EQ(n, 0u);
+  flame_ctx_destroy(off);
 }
 
 TEST_F(ConvTest, UnetLikeBf16ChannelsLastConv) {

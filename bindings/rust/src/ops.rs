@@ -1098,6 +1098,14 @@ impl Context {
         check(unsafe { (api.flame_grad_stats)(self.raw, slice_ptr(&tensors_raw), len_as::<i64>(tensors.len())?, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
+    /// `flame_status_t flame_ctx_cudnn_info(flame_ctx_t ctx, int32_t* version, uint64_t* convolutions)`.
+    pub fn cudnn_info(&self) -> Result<(i32, u64)> {
+        let api = api()?;
+        let mut o_version: i32 = Default::default();
+        let mut o_convolutions: u64 = Default::default();
+        check(unsafe { (api.flame_ctx_cudnn_info)(self.raw, &mut o_version, &mut o_convolutions) })?;
+        Ok((o_version, o_convolutions))
+    }
 }
 
 /// Functions without a generated safe method and not wrapped by hand in lib.rs: call them

@@ -691,6 +691,7 @@ pub const SYMBOLS: &[&str] = &[
     "flame_lora_unmerge",
     "flame_lora_is_merged",
     "flame_checkpoint",
+    "flame_ctx_cudnn_info",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -941,6 +942,7 @@ pub struct Api {
     pub flame_lora_unmerge: unsafe extern "C" fn(lora: flame_lora_t) -> flame_status_t,
     pub flame_lora_is_merged: unsafe extern "C" fn(lora: flame_lora_t, merged: *mut i32) -> flame_status_t,
     pub flame_checkpoint: unsafe extern "C" fn(ctx: flame_ctx_t, r#fn: flame_checkpoint_fn, user_data: *mut c_void, destroy: flame_destroy_fn, inputs: *const flame_tensor_t, n_inputs: i32, outputs: *mut flame_tensor_t, n_outputs: i32) -> flame_status_t,
+    pub flame_ctx_cudnn_info: unsafe extern "C" fn(ctx: flame_ctx_t, version: *mut i32, convolutions: *mut u64) -> flame_status_t,
 }
 
 impl Api {
@@ -1199,6 +1201,7 @@ impl Api {
             flame_lora_unmerge: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t) -> flame_status_t>(resolve(b"flame_lora_unmerge\0")?),
             flame_lora_is_merged: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t, *mut i32) -> flame_status_t>(resolve(b"flame_lora_is_merged\0")?),
             flame_checkpoint: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, flame_checkpoint_fn, *mut c_void, flame_destroy_fn, *const flame_tensor_t, i32, *mut flame_tensor_t, i32) -> flame_status_t>(resolve(b"flame_checkpoint\0")?),
+            flame_ctx_cudnn_info: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut i32, *mut u64) -> flame_status_t>(resolve(b"flame_ctx_cudnn_info\0")?),
         })
     }
 }

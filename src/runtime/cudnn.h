@@ -1,0 +1,71 @@
+// cuDNN for FLAME's convolutions: libcudnn.so.9 loaded at run time with dlopen (never a link-time
+// dependency), per context, on the first convolution. When it is missing, fails to load, or the
+// context was created with FLAME_DISABLE_CUDNN=1, the convolutions run FLAME's own kernels
+// (cuda/conv.cuh), which always exist; ops/conv.cpp decides per call.
+//
+// The legacy convolution API (cudnnConvolutionForward / BackwardData / BackwardFilter) with
+// explicit-stride tensor descriptors, one memory format per call (NCHW or NHWC for all three
+// tensors), f32 compute. A per-context plan cache keyed by every geometry, dtype and option field
+// holds the descriptors and the deterministic algorithms of cuDNN's heuristic (in its order), so a
+// repeated call builds nothing and queries nothing. Only deterministic algorithms are used (FLAME
+// documents deterministic convolutions), never FFT ones, and f32 stays IEEE (CUDNN_FMA_MATH)
+// unless the context allows TF32.
+#pragma once
+#include <cuda.h>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "core/dtype.h"
+
+namespace flame {
+
+class Context;
+
+enum class CudnnDir : int32_t {
+  Forward,         // y = conv(x, w) + beta y
+  BackwardData,    // x = conv^T(y, w) + beta x   (the input gradient; conv_transpose2d)
+  BackwardFilter,  // w = wgrad(y, x)             (the weight gradient)
+};
+
+// One convolution in cuDNN's terms: x [N, C, H, W], w [O, C / G, kh, kw], y [N, O, Ho, Wo], each
+// dense in one memory format: NCHW, or NHWC (w as [O][kh][kw][C / G]) when channels_last. The
+// padding is symmetric (ph rows before and after); Ho and Wo must be what that padding gives.
+// Pointers must be 16-byte aligned. beta_one: the result is added to what the output holds (a
+// bias written there first); otherwise it is overwritten.
+struct CudnnConv {
+  CudnnDir dir = CudnnDir::Forward;
+  DType dtype = FLAME_DTYPE_F32;
+  bool channels_last = false;
+  bool beta_one = false;
+  int64_t N = 0, C = 0, H = 0, W = 0, O = 0, kh = 0, kw = 0, G = 1;
+  int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, Ho = 0, Wo = 0;
+  CUdeviceptr x = 0, w = 0, y = 0;
+};
+
+class Cudnn {
+ public:
+  // Loads libcudnn.so.9 (or $FLAME_CUDNN_PATH), creates a handle on the context's stream. Throws
+  // (FLAME_ERROR_UNSUPPORTED with the reason) when that fails; cudnn(ctx) below catches it.
+  explicit Cudnn(Context& ctx);
+  ~Cudnn();
+  Cudnn(const Cudnn&) = delete;
+  Cudnn& operator=(const Cudnn&) = delete;
+
+  // Runs c on the context's stream. Returns false (having written nothing) when cuDNN has no
+  // deterministic algorithm for it: the caller then runs FLAME's kernels. Throws on other failures.
+  bool run(const CudnnConv& c);
+
+  int32_t version = 0;          // cudnnGetVersion(), e.g. 91900
+  uint64_t convolutions = 0;    // successful run() calls (flame_ctx_cudnn_info)
+  uint64_t plans_built = 0;     // plan cache misses
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The context's cuDNN, loaded on the first call; nullptr when the context does not use it
+// (FLAME_DISABLE_CUDNN=1 at creation, or loading failed: ctx.cudnn_unavailable says why).
+Cudnn* cudnn(Context& ctx);
+
+}  // namespace flame
