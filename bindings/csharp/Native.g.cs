@@ -452,6 +452,11 @@ namespace Flame.Interop
             "flame_lora_unmerge",
             "flame_lora_is_merged",
             "flame_checkpoint",
+            "flame_graph_capture_begin",
+            "flame_graph_capture_end",
+            "flame_graph_replay",
+            "flame_graph_release",
+            "flame_copy_from_host",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -1191,6 +1196,21 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_checkpoint", ExactSpelling = true)]
         public static extern flame_status_t flame_checkpoint(IntPtr ctx, flame_checkpoint_fn fn, IntPtr user_data, flame_destroy_fn destroy, IntPtr* inputs, int n_inputs, IntPtr* outputs, int n_outputs);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_graph_capture_begin", ExactSpelling = true)]
+        public static extern flame_status_t flame_graph_capture_begin(IntPtr ctx);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_graph_capture_end", ExactSpelling = true)]
+        public static extern flame_status_t flame_graph_capture_end(IntPtr ctx, IntPtr* graph);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_graph_replay", ExactSpelling = true)]
+        public static extern flame_status_t flame_graph_replay(IntPtr graph);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_graph_release", ExactSpelling = true)]
+        public static extern void flame_graph_release(IntPtr graph);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_copy_from_host", ExactSpelling = true)]
+        public static extern flame_status_t flame_copy_from_host(IntPtr dst, IntPtr data, UIntPtr nbytes);
 
     }
 }

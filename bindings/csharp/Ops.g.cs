@@ -1824,6 +1824,15 @@ namespace Flame
             return new Tensor(o_out);
         }
 
+        /// <summary><c>flame_status_t flame_graph_capture_begin(flame_ctx_t ctx)</c></summary>
+        public unsafe void GraphCaptureBegin()
+        {
+            {
+                Status.Check(Native.flame_graph_capture_begin(Raw));
+            }
+            GC.KeepAlive(this);
+        }
+
     }
 
 }

@@ -282,6 +282,7 @@ void load_optimizer_state(Optimizer& opt, const std::string& path) {
       p.v = loaded[i][1];
       p.vmax = loaded[i][2];
       p.master = loaded[i][3];
+      p.first_step = 0;  // loaded state is not fresh (SGD's buffer continues)
       ++i;
     }
   }

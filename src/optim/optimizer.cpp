@@ -74,9 +74,10 @@ void Optimizer::add_group(const flame_optimizer_options_t& opts, const std::vect
                 "] is not a leaf tensor");
     FLAME_CHECK(seen.insert(p.get()).second, FLAME_ERROR_INVALID_ARGUMENT, "params[", i,
                 "] appears twice in the optimizer");
-    g.params.push_back({p, nullptr, nullptr, nullptr, nullptr});
+    g.params.push_back({p, nullptr, nullptr, nullptr, nullptr, 0});
   }
   groups_.push_back(std::move(g));
+  record_stale_ = true;  // one more learning rate in the device record
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
@@ -127,7 +128,7 @@ void Optimizer::sync_record() {
 void Optimizer::set_lr(int32_t group, double lr) {
   Context& ctx = *ctx_;
   const int32_t n = static_cast<int32_t>(groups_.size());
-  const bool write = record_ && !record_stale_;
+  const bool write = record_ && !record_stale_ && record_->numel() == static_cast<int64_t>(8 * (n + 1));
   for (int32_t g = 0; g < n; ++g) {
     if (group != -1 && g != group) continue;
     groups_[static_cast<size_t>(g)].opts.lr = lr;
