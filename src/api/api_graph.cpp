@@ -32,18 +32,18 @@ FLAME_API flame_status_t flame_graph_capture_begin(flame_ctx_t ctx) {
   });
 }
 
-FLAME_API flame_status_t flame_graph_capture_end(flame_ctx_t ctx, flame_graph_t* out) {
+FLAME_API flame_status_t flame_graph_capture_end(flame_ctx_t ctx, flame_graph_t* graph) {
   return api_call("flame_graph_capture_end", [&] {
-    if (out) *out = nullptr;
+    if (graph) *graph = nullptr;
     Context& c = context_of(ctx);
     ContextScope scope(c);
-    // out NULL still ends (and discards) the capture, so that the context is usable afterwards.
+    // graph NULL still ends (and discards) the capture, so that the context is usable afterwards.
     std::unique_ptr<Graph> g = capture_end(c);
-    FLAME_CHECK(out, FLAME_ERROR_INVALID_ARGUMENT, "out is NULL (the captured graph is discarded)");
+    FLAME_CHECK(graph, FLAME_ERROR_INVALID_ARGUMENT, "graph is NULL (the captured graph is discarded)");
     auto h = std::make_unique<flame_graph_s>();
     h->magic = kGraphMagic;
     h->graph = std::move(g);
-    *out = h.release();
+    *graph = h.release();
   });
 }
 
