@@ -6,7 +6,9 @@ Python API. Device times come from CUDA events recorded on each library's own st
 stream is wrapped with torch.cuda.ExternalStream), after warm-up, as the median of many
 repetitions, on fresh random inputs (never zeros) larger than L2 for bandwidth rows. Host
 overhead (T0) is measured by the C program bench/overhead.c for FLAME (no ctypes in the loop) and
-in Python for PyTorch (what a PyTorch user pays).
+in Python for PyTorch (what a PyTorch user pays). The T0 row add_1elem_graph is the wall time per
+kernel of a replayed 100-op CUDA graph (flame_graph_* vs torch.cuda.CUDAGraph); the T3 MLP step
+also runs as a captured graph ('graph': FLAME graph vs PyTorch eager; 'graphs': both captured).
 
 Each row reports FLAME and PyTorch time, the ratio FLAME/PyTorch (below 1: FLAME is faster), and
 the fraction of the physical limit measured in the same run: copy bandwidth for memory-bound rows,
