@@ -388,34 +388,34 @@ class Args {
   }
   flame_lora_t* out_lora(const char* name) { return out_slot<flame_lora_t>(name, OutKind::Lora); }
 
-  // ---- CUDA graphs (Live: a.graph is a graph captured on the context, one small op; a.capture_ctx
+  // ---- CUDA graphs (Live: a.cuda_graph is a graph captured on the context, one small op; a.capture_ctx
   // is the context, capturing when the call gets the live one; a.begin_ctx is the context for
   // flame_graph_capture_begin. finish() ends a capture either left open, so rows never leak one) ----
-  flame_graph_t graph(const char* name) {
+  flame_graph_t cuda_graph(const char* name) {
     int h = handle_index(name, true, false);
     if (null_now() || mode_ == Mode::Probe) return nullptr;
     if (mode_ == Mode::Cpu) return reinterpret_cast<flame_graph_t>(garbage());
     if (bad_now(h)) {
-      if (bad == Bad::Foreign) return live_graph(ctx2_, true);
+      if (bad == Bad::Foreign) return live_cuda_graph(ctx2_, true);
       if (bad == Bad::Released) {  // released: parked by its context, detectably dead
-        flame_graph_t g = live_graph(ctx_, false);
+        flame_graph_t g = live_cuda_graph(ctx_, false);
         flame_graph_release(g);
         return g;
       }
       return reinterpret_cast<flame_graph_t>(garbage());
     }
-    return live_graph(ctx_, true);
+    return live_cuda_graph(ctx_, true);
   }
-  flame_graph_t release_graph(const char* name) {
+  flame_graph_t release_cuda_graph(const char* name) {
     takes_released = true;
     nullable(name);
     if (null_now() || mode_ == Mode::Probe) return nullptr;
     if (mode_ == Mode::Cpu) return reinterpret_cast<flame_graph_t>(garbage());
-    flame_graph_t g = live_graph(ctx_, false);
+    flame_graph_t g = live_cuda_graph(ctx_, false);
     if (bad == Bad::Released) flame_graph_release(g);
     return g;
   }
-  flame_graph_t* out_graph(const char* name) { return out_slot<flame_graph_t>(name, OutKind::Graph); }
+  flame_graph_t* out_cuda_graph(const char* name) { return out_slot<flame_graph_t>(name, OutKind::Graph); }
   flame_ctx_t capture_ctx(const char* name) {
     flame_ctx_t c = ctx(name);
     if (mode_ == Mode::Live && c && c == ctx_ && flame_graph_capture_begin(c) == FLAME_OK) end_capture_ = true;
@@ -575,14 +575,14 @@ class Args {
     if (keep) scalers_.push_back(g);
     return g;
   }
-  flame_graph_t live_graph(flame_ctx_t c, bool keep) {
+  flame_graph_t live_cuda_graph(flame_ctx_t c, bool keep) {
     flame_tensor_t x = live_tensor(c, sp()), y = nullptr;
     flame_graph_t g = nullptr;
     if (flame_graph_capture_begin(c) != FLAME_OK) return nullptr;
     flame_status_t st = flame_mul_scalar(x, 2.0, &y);
     flame_tensor_release(y);
     if (flame_graph_capture_end(c, &g) != FLAME_OK || st != FLAME_OK) return nullptr;
-    if (keep) graphs_.push_back(g);
+    if (keep) cuda_graphs_.push_back(g);
     return g;
   }
   flame_lora_t live_lora(flame_ctx_t c, bool keep) {
@@ -650,7 +650,7 @@ class Args {
   std::vector<flame_safetensors_t> files_;
   std::vector<flame_grad_scaler_t> scalers_;
   std::vector<flame_lora_t> loras_;
-  std::vector<flame_graph_t> graphs_;
+  std::vector<flame_graph_t> cuda_graphs_;
   bool end_capture_ = false;
   std::string tmp_dir_;
   bool st_written_ = false;
@@ -746,8 +746,8 @@ inline void Args::finish(flame_status_t status) {
   scalers_.clear();
   for (flame_lora_t l : loras_) flame_lora_release(l);
   loras_.clear();
-  for (flame_graph_t g : graphs_) flame_graph_release(g);
-  graphs_.clear();
+  for (flame_graph_t g : cuda_graphs_) flame_graph_release(g);
+  cuda_graphs_.clear();
   if (end_capture_) {  // a capture a row began or left open: end it and drop the graph
     for (flame_ctx_t c : {ctx_, ctx2_}) {
       flame_graph_t g = nullptr;

@@ -7,9 +7,9 @@ namespace {
 using namespace argm;
 
 FLAME_ARG_ROW(flame_graph_capture_begin, a.begin_ctx("ctx"));
-FLAME_ARG_ROW(flame_graph_capture_end, a.capture_ctx("ctx"), a.out_graph("graph"));
-FLAME_ARG_ROW(flame_graph_replay, a.graph("graph"));
-FLAME_ARG_VOID(flame_graph_release, a.release_graph("graph"));
+FLAME_ARG_ROW(flame_graph_capture_end, a.capture_ctx("ctx"), a.out_cuda_graph("graph"));
+FLAME_ARG_ROW(flame_graph_replay, a.cuda_graph("graph"));
+FLAME_ARG_VOID(flame_graph_release, a.release_cuda_graph("graph"));
 FLAME_ARG_ROW(flame_copy_from_host, a.t("dst"), a.buf("data", 24), 24);
 
 }  // namespace
