@@ -164,7 +164,16 @@ void capture_begin(Context& c) {
   FLAME_CHECK(!c.capture, FLAME_ERROR_INVALID_ARGUMENT, "the context is capturing a graph already (captures do not nest)");
   c.check_alive();
   blas(c);  // the cuBLASLt handle and its workspace: cublasLtCreate is no graph work
-  if (!c.side_stream) c.check(c.drv.cuStreamCreate(&c.side_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  if (!c.side_stream) {
+    // The side stream may reuse pool blocks freed on the stream before a capture (it waits for them
+    // by event, below), but the pool must never order it after the stream by itself: that would
+    // make it wait on the capturing stream. Eager work allocates on one stream only, so this
+    // changes nothing outside captures.
+    int no = 0;
+    c.check(c.drv.cuMemPoolSetAttribute(c.pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &no),
+            "cuMemPoolSetAttribute");
+    c.check(c.drv.cuStreamCreate(&c.side_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  }
   for (CUevent& e : c.side_events)
     if (!e) c.check(c.drv.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
   // Set-up work on the side stream comes after everything queued so far.
