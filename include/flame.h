@@ -1463,7 +1463,7 @@ FLAME_API flame_status_t flame_checkpoint(flame_ctx_t ctx, flame_checkpoint_fn f
  *    replaying a graph, and a nested capture_begin.
  *  - A call that fails during the capture (for any reason) aborts it: flame_graph_capture_end then
  *    returns that call's status with its message, discards the graph, and the context works as
- *    before. flame_ctx_destroy during a capture discards it.
+ *    before. flame_ctx_destroy during a capture discards it (call it on the capturing thread).
  * Between begin and end the context belongs to the capture: calls from other threads on it are
  * captured too. capture_end must come from the thread that called capture_begin (the capture uses
  * CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: other threads and contexts keep working, while a CUDA call on
