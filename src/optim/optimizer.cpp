@@ -216,37 +216,46 @@ void Optimizer::step() {
       for (auto& kv : index) launches[kv.second].rng_offset = off;
     }
   }
+  // Everything that may fail (allocation, upload, kernel compilation) before optim_tick, so that a
+  // failed step leaves the device's step count equal to the host's.
   sync_record();
   CUdeviceptr record = record_->data();
+  std::vector<Tensor> metas(launches.size());
+  std::vector<CUfunction> fns(launches.size(), nullptr);
+  for (size_t i = 0; i < launches.size(); ++i) {
+    Launch& l = launches[i];
+    if (l.chunks.empty()) continue;
+    const size_t tb = l.tensors.size() * sizeof(OptimTensor), cb = l.chunks.size() * sizeof(OptimChunk);
+    // The tables: set-up memory while capturing (the graph reads them at every replay), written
+    // once from the host; eagerly an ordinary tensor freed in stream order after the launch.
+    {
+      SetupScope setup(ctx);
+      metas[i] = make_tensor(ctx, {static_cast<int64_t>(tb + cb)}, FLAME_DTYPE_U8);
+    }
+    {
+      RelaxedCaptureMode relaxed(ctx);
+      // The pageable host tables are staged by cuMemcpyHtoDAsync before it returns.
+      ctx.check(ctx.drv.cuMemcpyHtoDAsync(metas[i]->data(), l.tensors.data(), tb, ctx.init_stream()), "cuMemcpyHtoDAsync");
+      ctx.check(ctx.drv.cuMemcpyHtoDAsync(metas[i]->data() + tb, l.chunks.data(), cb, ctx.init_stream()), "cuMemcpyHtoDAsync");
+    }
+    fns[i] = ctx.function("optim.cuh", std::string("flame::optim_step<") + device_type(l.dtype) + ">");
+  }
+  CUfunction tick = ctx.function("optim.cuh", "flame::optim_tick");
   {  // step += 1 on the device, before the updates read it
     void* args[] = {&record};
-    ctx.launch(ctx.function("optim.cuh", "flame::optim_tick"), 1, 1, args);
+    ctx.launch(tick, 1, 1, args);
   }
-  for (Launch& l : launches) {
+  for (size_t i = 0; i < launches.size(); ++i) {
+    Launch& l = launches[i];
     if (l.chunks.empty()) continue;
     const flame_optimizer_options_t& o = groups_[l.group].opts;
     OptimHyper h{o.beta1, o.beta2, o.eps, o.weight_decay, o.momentum, o.dampening, static_cast<uint64_t>(record),
                  static_cast<int64_t>(l.group), o.kind, l.flags, static_cast<int64_t>(rng_.seed),
                  static_cast<int64_t>(l.rng_offset)};
-    const size_t tb = l.tensors.size() * sizeof(OptimTensor), cb = l.chunks.size() * sizeof(OptimChunk);
-    // The tables: set-up memory while capturing (the graph reads them at every replay), written
-    // once from the host; eagerly an ordinary tensor freed in stream order after the launch.
-    Tensor meta;
-    {
-      SetupScope setup(ctx);
-      meta = make_tensor(ctx, {static_cast<int64_t>(tb + cb)}, FLAME_DTYPE_U8);
-    }
-    {
-      RelaxedCaptureMode relaxed(ctx);
-      // The pageable host tables are staged by cuMemcpyHtoDAsync before it returns.
-      ctx.check(ctx.drv.cuMemcpyHtoDAsync(meta->data(), l.tensors.data(), tb, ctx.init_stream()), "cuMemcpyHtoDAsync");
-      ctx.check(ctx.drv.cuMemcpyHtoDAsync(meta->data() + tb, l.chunks.data(), cb, ctx.init_stream()), "cuMemcpyHtoDAsync");
-    }
-    CUdeviceptr tensors = meta->data(), chunks = meta->data() + tb;
+    CUdeviceptr tensors = metas[i]->data(), chunks = metas[i]->data() + l.tensors.size() * sizeof(OptimTensor);
     int64_t chunk = kChunk;
     void* args[] = {&tensors, &chunks, &chunk, &h};
-    CUfunction f = ctx.function("optim.cuh", std::string("flame::optim_step<") + device_type(l.dtype) + ">");
-    ctx.launch(f, static_cast<unsigned>(l.chunks.size()), 256, args);
+    ctx.launch(fns[i], static_cast<unsigned>(l.chunks.size()), 256, args);
   }
   for (auto& grp : groups_)
     for (auto& p : grp.params)
