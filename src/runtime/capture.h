@@ -31,6 +31,12 @@
 //   allocated the same way but initialised on the side stream at capture time, once, and are never
 //   handed to another allocation of the capture.
 //
+// Kernels. A kernel first used during a capture is compiled (NVRTC, host only) and its module loaded
+// with the thread in relaxed mode. Drivers of CUDA 12.3 and newer load modules while a stream
+// captures (NVIDIA Warp's capture_begin documents this; it preloads modules only on older drivers);
+// on an older driver the load may invalidate the capture, which capture_end then reports. A warm-up
+// step before capturing avoids the question, and it also lets cuBLASLt time its candidates.
+//
 // Errors. Host copies, synchronisation, random numbers and anything else the graph could not
 // replay faithfully throw FLAME_ERROR_UNSUPPORTED; any failed call aborts the capture, so that
 // flame_graph_capture_end returns that call's status and message and discards the graph, leaving
