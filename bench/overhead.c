@@ -42,6 +42,31 @@ static void run(flame_ctx_t ctx, const char* name, binary_fn fn, flame_tensor_t 
   fflush(stdout);
 }
 
+/* A captured graph of `chain` 1-element adds (each result released inside the capture, so its
+ * block is reused), replayed `reps` times: wall time per replayed kernel, launch and GPU execution
+ * included (the T0 graph row; target <= 1 us per kernel). */
+static void run_graph(flame_ctx_t ctx, const char* name, flame_tensor_t a, flame_tensor_t b, int chain, int reps) {
+  flame_tensor_t keep = NULL;
+  CHECK(flame_graph_capture_begin(ctx));
+  for (int i = 0; i < chain; ++i) {
+    flame_tensor_t c = NULL;
+    CHECK(flame_add(i == 0 ? a : keep, b, &c));
+    flame_tensor_release(keep);
+    keep = c;
+  }
+  flame_graph_t g = NULL;
+  CHECK(flame_graph_capture_end(ctx, &g));
+  for (int i = 0; i < 50; ++i) CHECK(flame_graph_replay(g));
+  CHECK(flame_ctx_synchronize(ctx));
+  double t0 = now_us();
+  for (int i = 0; i < reps; ++i) CHECK(flame_graph_replay(g));
+  CHECK(flame_ctx_synchronize(ctx));
+  printf("{\"name\": \"%s\", \"us_per_op\": %.4f}\n", name, (now_us() - t0) / ((double)reps * chain));
+  fflush(stdout);
+  flame_graph_release(g);
+  flame_tensor_release(keep);
+}
+
 int main(int argc, char** argv) {
   int n = argc > 1 ? atoi(argv[1]) : 20000;
   flame_ctx_options_t o;
@@ -63,6 +88,7 @@ int main(int argc, char** argv) {
   run(ctx, "add_1elem", flame_add, a, b, n);
   run(ctx, "add_1elem_autograd", flame_add, ag, b, n);
   run(ctx, "matmul_64x64_f32", flame_matmul, m1, m2, n);
+  run_graph(ctx, "add_1elem_graph", a, b, 100, n / 100 > 10 ? n / 100 : 10);
   flame_tensor_release(a);
   flame_tensor_release(b);
   flame_tensor_release(ag);

@@ -6,7 +6,9 @@ Python API. Device times come from CUDA events recorded on each library's own st
 stream is wrapped with torch.cuda.ExternalStream), after warm-up, as the median of many
 repetitions, on fresh random inputs (never zeros) larger than L2 for bandwidth rows. Host
 overhead (T0) is measured by the C program bench/overhead.c for FLAME (no ctypes in the loop) and
-in Python for PyTorch (what a PyTorch user pays).
+in Python for PyTorch (what a PyTorch user pays). The T0 row add_1elem_graph is the wall time per
+kernel of a replayed 100-op CUDA graph (flame_graph_* vs torch.cuda.CUDAGraph); the T3 MLP step
+also runs as a captured graph ('graph': FLAME graph vs PyTorch eager; 'graphs': both captured).
 
 Each row reports FLAME and PyTorch time, the ratio FLAME/PyTorch (below 1: FLAME is faster), and
 the fraction of the physical limit measured in the same run: copy bandwidth for memory-bound rows,
@@ -228,14 +230,41 @@ class Bench:
             torch.cuda.synchronize()
             return (time.perf_counter() - t) / n * 1e6
 
+        def graph_per_kernel(chain=100, reps=max(10, n // 100)):
+            # torch.cuda.CUDAGraph of `chain` 1-element adds (as overhead.c's add_1elem_graph): wall
+            # time per replayed kernel, launch and GPU execution included.
+            import time
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up off the default stream, as torch's docs advise
+                c = a
+                for _ in range(chain):
+                    c = c + b
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                c = a
+                for _ in range(chain):
+                    c = c + b
+            for _ in range(50):
+                g.replay()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(reps):
+                g.replay()
+            torch.cuda.synchronize()
+            return (time.perf_counter() - t) / (reps * chain) * 1e6
+
         torch_us = {"add_1elem": per_op(lambda: a + b), "add_1elem_autograd": per_op(lambda: ag + b),
-                    "matmul_64x64_f32": per_op(lambda: torch.matmul(m1, m2))}
+                    "matmul_64x64_f32": per_op(lambda: torch.matmul(m1, m2)),
+                    "add_1elem_graph": graph_per_kernel()}
         for k, t in torch_us.items():
             f = flame.get(k)
             if f is None:
                 continue
             # overhead rows: times in us, ratio as usual
-            self.add("T0", k, "1" if "1elem" in k else "64x64", "f32", f / 1e3, t / 1e3, note="host us/op")
+            note = "us/kernel of a replayed 100-op graph (both CUDA graphs)" if k.endswith("_graph") else "host us/op"
+            self.add("T0", k, "1" if "1elem" in k else "64x64", "f32", f / 1e3, t / 1e3, note=note)
 
     # ---------------------------------------------------------------- T1: bandwidth
     def tier1(self):
@@ -535,10 +564,85 @@ class Bench:
                 topt.zero_grad(set_to_none=True)
 
             note = "FLAME bf16 params + f32 master; torch f32 params + bf16 autocast" if dt == "bf16" else "IEEE f32"
-            self.add("T3", "MLP train step (AdamW)", f"b{B} " + "-".join(map(str, dims)), dt,
-                     self.time_flame(flame_step, reps=10), self.time_torch(torch_step, reps=10), flops=flops, note=note)
+            shape = f"b{B} " + "-".join(map(str, dims))
+            t_eager = self.time_torch(torch_step, reps=10)
+            self.add("T3", "MLP train step (AdamW)", shape, dt, self.time_flame(flame_step, reps=10), t_eager, flops=flops,
+                     note=note)
+
+            # 'graph' variant: the same step captured once (flame_graph_*) and replayed; x and tgt are
+            # static inputs, and the eager steps above made the optimizer state and master weights.
+            f_graph = self.flame_graph_ms(flame_step)
+            if f_graph is not None:
+                self.add("T3", "MLP train step (AdamW) graph", shape, dt, f_graph, t_eager, flops=flops,
+                         note=note + "; FLAME CUDA graph vs torch eager")
+                t_graph = self.torch_graph_ms(tl, tparams, tx, tt, dt)
+                if t_graph is not None:
+                    self.add("T3", "MLP train step (AdamW) graphs", shape, dt, f_graph, t_graph, flops=flops,
+                             note=note + "; both CUDA graphs (torch: capturable fused AdamW)")
             raw.flame_optimizer_release(opt)
             del params, ws, bs, x, tgt, tl, tparams, topt
+
+    def flame_graph_ms(self, step):
+        """Captures step() (FLAME calls on self.fl's context) into a graph and times its replays; None
+        (with the reason printed) when the capture fails."""
+        fl, lib = self.fl, self.fl.lib
+        raw = lib.raw
+        raw.flame_graph_capture_begin.argtypes = [H]
+        raw.flame_graph_capture_end.argtypes = [H, ctypes.POINTER(H)]
+        raw.flame_graph_replay.argtypes = [H]
+        raw.flame_graph_release.argtypes = [H]
+        raw.flame_graph_release.restype = None
+        lib.check(raw.flame_graph_capture_begin(fl.ctx), "flame_graph_capture_begin")
+        g = H()
+        try:
+            step()
+        except Exception as e:  # the capture is aborted; end it so that the context is usable
+            print(f"T3 graph: capture failed: {e}")
+        st = raw.flame_graph_capture_end(fl.ctx, ctypes.byref(g))
+        if st != 0:
+            print(f"T3 graph: flame_graph_capture_end failed: {(raw.flame_last_error_message() or b'').decode()}")
+            return None
+
+        def replay():
+            lib.check(raw.flame_graph_replay(g), "flame_graph_replay")
+
+        try:
+            return self.time_flame(replay, reps=10)
+        finally:
+            raw.flame_graph_release(g)
+
+    def torch_graph_ms(self, layers, tparams, tx, tt, dt):
+        """PyTorch's whole-step CUDA graph (torch.cuda.graphs, as its docs' whole-network example):
+        warm-up on a side stream, grads set to None before the capture, capturable fused AdamW."""
+        try:
+            opt = torch.optim.AdamW(tparams, lr=1e-3, weight_decay=1e-2, fused=True, capturable=True)
+
+            def step():
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dt == "bf16"):
+                    h = tx
+                    for i, m in enumerate(layers):
+                        h = m(h)
+                        if i < len(layers) - 1:
+                            h = F.gelu(h, approximate="tanh")
+                    loss = F.mse_loss(h.float(), tt)
+                loss.backward()
+                opt.step()
+
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    opt.zero_grad(set_to_none=True)
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            opt.zero_grad(set_to_none=True)
+            with torch.cuda.graph(graph):
+                step()
+            return self.time_torch(graph.replay, reps=10)
+        except Exception as e:
+            print(f"T3 graph: PyTorch CUDA graph capture failed: {e}")
+            return None
     def conv_rows(self):
         """conv2d 3x3, padding 1, N32 C128 64x64 -> 128 (a UNet-style layer) vs torch.nn.functional.conv2d
         (cuDNN): bf16 channels-last forward, and forward + backward (x, weight, bias); f32 NCHW forward

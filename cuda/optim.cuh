@@ -3,6 +3,8 @@
 // and a table of chunks (one block each), so that one kernel covers a whole parameter list. State
 // and arithmetic are in the compute type (f32 for f16/bf16/f32, f64 for f64); bf16 parameters kept
 // through a master copy may be written with stochastic rounding (Philox bits below the bf16 mantissa).
+// The step count and learning rates are read from a device record that optim_tick advances, so that
+// a step captured in a CUDA graph does on every replay what the next eager step would do.
 #pragma once
 #include "common.cuh"
 #include "random.cuh"
@@ -12,15 +14,19 @@ namespace flame {
 // Must match src/optim/optimizer.cpp.
 struct OptimTensor {
   u64 param, grad, m, v, vmax, master;
-  i64 numel, rng_base, first;  // first: the state was just created (SGD's buffer starts as the gradient)
+  i64 numel, rng_base, first;  // first: the step that created the state (SGD's buffer starts as its gradient)
 };
 struct OptimChunk {
   i64 tensor, start;
 };
 struct OptimHyper {
-  double lr, beta1, beta2, eps, weight_decay, momentum, dampening, bc1, bc2;
-  i64 kind, flags, seed, offset;
+  double beta1, beta2, eps, weight_decay, momentum, dampening;
+  u64 record;  // [i64 step, f64 lr of group 0, 1, ...]
+  i64 group, kind, flags, seed, offset;
 };
+
+// One step more on the device (one thread), launched before the step's updates.
+__global__ void optim_tick(i64* record) { record[0] += 1; }
 
 enum : int { kSgd = 0, kAdam = 1, kAdamW = 2, kLion = 3 };
 enum : int { kNesterov = 1, kAmsgrad = 2, kMaximize = 4, kStochastic = 16, kHasMomentum = 32 };
@@ -50,7 +56,12 @@ __global__ void optim_step(const OptimTensor* tensors, const OptimChunk* chunks,
   C* v = reinterpret_cast<C*>(t.v);
   C* vmax = reinterpret_cast<C*>(t.vmax);
   C* master = reinterpret_cast<C*>(t.master);
-  const C lr = C(h.lr), b1 = C(h.beta1), b2 = C(h.beta2), eps = C(h.eps), wd = C(h.weight_decay);
+  const i64 step = reinterpret_cast<const i64*>(h.record)[0];
+  const double lr_d = reinterpret_cast<const double*>(h.record)[1 + h.group];
+  // Bias corrections in f64, as torch computes them on the host.
+  const double bc1 = 1.0 - pow(h.beta1, static_cast<double>(step)), bc2 = 1.0 - pow(h.beta2, static_cast<double>(step));
+  const bool first = t.first == step;
+  const C lr = C(lr_d), b1 = C(h.beta1), b2 = C(h.beta2), eps = C(h.eps), wd = C(h.weight_decay);
   const int kind = static_cast<int>(h.kind), flags = static_cast<int>(h.flags);
   for (i64 i = ck.start + threadIdx.x; i < end; i += blockDim.x) {
     C w = master ? master[i] : to_compute(param[i]);
@@ -59,7 +70,7 @@ __global__ void optim_step(const OptimTensor* tensors, const OptimChunk* chunks,
     if (kind == kSgd) {  // torch.optim.SGD
       if (wd != C(0)) g += wd * w;
       if (flags & kHasMomentum) {
-        C buf = t.first ? g : C(h.momentum) * m[i] + (C(1) - C(h.dampening)) * g;
+        C buf = first ? g : C(h.momentum) * m[i] + (C(1) - C(h.dampening)) * g;
         m[i] = buf;
         g = (flags & kNesterov) ? g + C(h.momentum) * buf : buf;
       }
@@ -75,8 +86,8 @@ __global__ void optim_step(const OptimTensor* tensors, const OptimChunk* chunks,
         vi = vi > vmax[i] ? vi : vmax[i];
         vmax[i] = vi;
       }
-      C denom = m_sqrt(vi) / m_sqrt(C(h.bc2)) + eps;
-      w -= (lr / C(h.bc1)) * mi / denom;
+      C denom = m_sqrt(vi) / m_sqrt(C(bc2)) + eps;
+      w -= (lr / C(bc1)) * mi / denom;
     } else {  // Lion (Chen et al. 2023): sign of an interpolated momentum
       C c = b1 * m[i] + (C(1) - b1) * g;
       w *= C(1) - lr * wd;

@@ -1464,6 +1464,78 @@ FLAME_API flame_status_t flame_checkpoint(flame_ctx_t ctx, flame_checkpoint_fn f
  * FLAME_ERROR_CONTEXT_FAILED. */
 FLAME_API flame_status_t flame_ctx_cudnn_info(flame_ctx_t ctx, int32_t* version, uint64_t* convolutions);
 
+/* ============================== CUDA graphs ============================== */
+/* Records the work of FLAME calls on a context into a CUDA graph once, then replays it with one
+ * launch: a whole training step (forward, backward, optimizer step, zero_grad) costs one call.
+ *
+ * Between flame_graph_capture_begin and flame_graph_capture_end, calls on the context do not run:
+ * their kernels, memsets and device copies are recorded, with the tensors' device addresses and
+ * every host-side value (shapes, scalars, which kernel) fixed at that moment. Each replay then runs
+ * exactly that work on the same memory, asynchronously on the context's stream. So:
+ *  - Inputs: create static input tensors before the capture and write each new batch into them
+ *    between replays with flame_copy_from_host (or any FLAME op writing them in place); the graph
+ *    reads whatever they hold when it runs. Tensors created before the capture that the graph reads
+ *    or writes (static inputs, parameters, their .grad, the optimizer) must stay alive while the
+ *    graph may be replayed; FLAME keeps alive those released during the capture itself.
+ *  - Outputs: tensors created during the capture (the loss, new .grad tensors) come from the
+ *    capture's private memory; those you keep stay valid after capture_end and each replay rewrites
+ *    them (their content is unspecified until the first replay). Intermediate tensors freed during
+ *    the capture give their memory back to that private pool for later allocations of the same
+ *    capture. The graph owns the pool until it is released; memory a kept tensor still uses is freed
+ *    when both are released.
+ *  - Optimizers: flame_optimizer_step reads the step count and the learning rate from device memory
+ *    and advances the count on the device, so replaying a captured step N times equals N eager steps,
+ *    and flame_optimizer_set_lr between replays takes effect at the next replay (a set_lr captured
+ *    inside the graph sets that rate at every replay). Each replay adds one to
+ *    flame_optimizer_step_count per captured step. The optimizer's state (moments) is created at
+ *    capture time if needed; f16/bf16 master copies must already exist (run one eager step first).
+ *  - Matrix products use the cuBLASLt algorithm already chosen for their shape; shapes first seen
+ *    during the capture keep the heuristic's choice (timing candidates would need synchronisation).
+ *    Kernels not compiled yet are compiled during the capture (a warm-up step before it avoids that).
+ *  - flame_from_host during a capture makes a constant of the graph: the data is copied once, at
+ *    capture time, and every replay reads that copy.
+ *  - Not allowed during a capture (FLAME_ERROR_UNSUPPORTED): copies to the host (flame_to_host,
+ *    flame_tensor_item), flame_copy_from_host, safetensors and optimizer-state files, DLPack
+ *    export, flame_ctx_synchronize and anything else that waits for the
+ *    device (flame_clip_grad_norm with error_if_nonfinite, the grad scaler's step), random numbers
+ *    (flame_rand, dropout and stochastic rounding would repeat the same numbers at every replay),
+ *    replaying a graph, and a nested capture_begin.
+ *  - A call that fails during the capture (for any reason) aborts it: flame_graph_capture_end then
+ *    returns that call's status with its message, discards the graph, and the context works as
+ *    before. flame_ctx_destroy during a capture discards it (call it on the capturing thread).
+ * Between begin and end the context belongs to the capture: calls from other threads on it are
+ * captured too. capture_end must come from the thread that called capture_begin (the capture uses
+ * CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: other threads and contexts keep working, while a CUDA call on
+ * the capturing thread that a graph cannot represent fails instead of being recorded wrongly). */
+
+typedef struct flame_graph_s* flame_graph_t;
+
+/* Starts capturing the work of ctx's calls into a graph (nothing runs until a replay).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx NULL, or ctx is capturing already),
+ * FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_CONTEXT_FAILED, FLAME_ERROR_CUDA. */
+FLAME_API flame_status_t flame_graph_capture_begin(flame_ctx_t ctx);
+/* Ends the capture begun on ctx. OUT *graph: a new graph (release with flame_graph_release); NULL on
+ * failure, in which case the capture is discarded and ctx is usable again. out NULL: the capture is
+ * ended and discarded, FLAME_ERROR_INVALID_ARGUMENT.
+ * Errors: the status of a call that failed during the capture (its message follows this function's
+ * name), FLAME_ERROR_INVALID_ARGUMENT (ctx not capturing, or called from another thread than
+ * capture_begin: the capture is then aborted and must still be ended on its own thread),
+ * FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_CUDA (the driver could not capture or instantiate). */
+FLAME_API flame_status_t flame_graph_capture_end(flame_ctx_t ctx, flame_graph_t* graph);
+/* Runs the captured work once more, asynchronously on the context's stream (ordered after the calls
+ * made before it and before those made after it; flame_to_host or flame_ctx_synchronize wait for it).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (graph NULL), FLAME_ERROR_INVALID_HANDLE (released graph),
+ * FLAME_ERROR_UNSUPPORTED (the context is capturing), FLAME_ERROR_CONTEXT_FAILED, FLAME_ERROR_CUDA. */
+FLAME_API flame_status_t flame_graph_replay(flame_graph_t graph);
+/* Releases the graph and the private memory only it uses (in stream order: replays already queued
+ * still run). Tensors created during its capture stay valid. NULL: no-op. */
+FLAME_API void flame_graph_release(flame_graph_t graph);
+/* Writes nbytes of host data (row-major, dst's dtype) into the existing contiguous tensor dst (borrowed),
+ * in stream order: the static-input pattern of graphs. data may be reused when the call returns.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (dst or data NULL, dst not contiguous, nbytes not numel * dtype
+ * size), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_UNSUPPORTED (during a capture). */
+FLAME_API flame_status_t flame_copy_from_host(flame_tensor_t dst, const void* data, size_t nbytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -453,6 +453,11 @@ namespace Flame.Interop
             "flame_lora_is_merged",
             "flame_checkpoint",
             "flame_ctx_cudnn_info",
+            "flame_graph_capture_begin",
+            "flame_graph_capture_end",
+            "flame_graph_replay",
+            "flame_graph_release",
+            "flame_copy_from_host",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -1195,6 +1200,21 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_cudnn_info", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_cudnn_info(IntPtr ctx, int* version, ulong* convolutions);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_graph_capture_begin", ExactSpelling = true)]
+        public static extern flame_status_t flame_graph_capture_begin(IntPtr ctx);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_graph_capture_end", ExactSpelling = true)]
+        public static extern flame_status_t flame_graph_capture_end(IntPtr ctx, IntPtr* graph);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_graph_replay", ExactSpelling = true)]
+        public static extern flame_status_t flame_graph_replay(IntPtr graph);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_graph_release", ExactSpelling = true)]
+        public static extern void flame_graph_release(IntPtr graph);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_copy_from_host", ExactSpelling = true)]
+        public static extern flame_status_t flame_copy_from_host(IntPtr dst, IntPtr data, UIntPtr nbytes);
 
     }
 }

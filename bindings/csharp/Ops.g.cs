@@ -1836,6 +1836,15 @@ namespace Flame
             return Tuple.Create(o_version, o_convolutions);
         }
 
+        /// <summary><c>flame_status_t flame_graph_capture_begin(flame_ctx_t ctx)</c></summary>
+        public unsafe void GraphCaptureBegin()
+        {
+            {
+                Status.Check(Native.flame_graph_capture_begin(Raw));
+            }
+            GC.KeepAlive(this);
+        }
+
     }
 
 }

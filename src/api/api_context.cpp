@@ -84,6 +84,8 @@ FLAME_API void flame_ctx_destroy(flame_ctx_t ctx) {
   std::shared_ptr<Context> keep;
   {
     std::lock_guard<std::recursive_mutex> lock(ctx->ctx->mutex);
+    ctx->ctx->bind();
+    ctx->ctx->abort_capture();  // a capture in progress is discarded (its end needs the handle)
     ctx->magic = kDeadMagic;
     keep = std::move(ctx->ctx->user_ref);
   }

@@ -126,8 +126,9 @@ FLAME_API flame_status_t flame_optimizer_set_lr(flame_optimizer_t o, int32_t gro
     FLAME_CHECK(std::isfinite(lr) && lr >= 0, FLAME_ERROR_INVALID_ARGUMENT, "lr must be finite and non-negative, got ", lr);
     const int32_t n = static_cast<int32_t>(opt.groups().size());
     FLAME_CHECK(group >= -1 && group < n, FLAME_ERROR_INVALID_ARGUMENT, "group ", group, " is not -1 or in [0, ", n, ")");
-    for (int32_t g = 0; g < n; ++g)
-      if (group == -1 || g == group) opt.groups()[static_cast<size_t>(g)].opts.lr = lr;
+    ContextScope scope(opt.ctx());
+    opt.ctx().check_alive();
+    opt.set_lr(group, lr);  // host value and device record (stream-ordered; captured inside a graph)
   });
 }
 

@@ -145,6 +145,7 @@ FLAME_API flame_status_t flame_safetensors_get(flame_safetensors_t file, const c
     Context& c = *f.ctx;
     ContextScope scope(c);
     c.check_alive();
+    c.forbid_in_capture("reading a safetensors file");
     Tensor t = make_tensor(c, e.shape, e.dtype);
     const size_t bytes = static_cast<size_t>(t->numel()) * t->elem_size();
     FLAME_CHECK(bytes == e.bytes(), FLAME_ERROR_INTERNAL, "tensor '", name, "': ", bytes, " bytes expected, the file has ",
@@ -215,6 +216,7 @@ FLAME_API flame_status_t flame_safetensors_save(flame_ctx_t ctx, const char* pat
 
     ContextScope scope(c);
     c.check_alive();
+    c.forbid_in_capture("writing a safetensors file");
     size_t largest = 0;
     for (const st::TensorEntry& e : entries) largest = std::max<size_t>(largest, e.bytes());
     std::vector<unsigned char> buf(std::min(largest, kSaveChunkBytes));

@@ -17,15 +17,19 @@ flame_status_t api_call(const char* fn, F&& body) noexcept {
     return FLAME_OK;
   } catch (const Error& e) {
     set_last_error(std::string(fn) + ": " + e.what());
+    record_capture_error(e.status(), flame_last_error_message());
     return e.status();
   } catch (const std::bad_alloc&) {
     set_last_error(std::string(fn) + ": out of host memory");
+    record_capture_error(FLAME_ERROR_OUT_OF_MEMORY, flame_last_error_message());
     return FLAME_ERROR_OUT_OF_MEMORY;
   } catch (const std::exception& e) {
     set_last_error(std::string(fn) + ": internal error: " + e.what());
+    record_capture_error(FLAME_ERROR_INTERNAL, flame_last_error_message());
     return FLAME_ERROR_INTERNAL;
   } catch (...) {
     set_last_error(std::string(fn) + ": internal error");
+    record_capture_error(FLAME_ERROR_INTERNAL, flame_last_error_message());
     return FLAME_ERROR_INTERNAL;
   }
 }

@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "ops/launch.h"
 #include "ops/ops.h"
+#include "runtime/capture.h"
 
 namespace flame {
 
@@ -83,18 +84,26 @@ static Tensor random_tensor(Context& ctx, const Shape& shape, DType dtype, const
 Tensor ops::rand(Context& ctx, const Shape& shape, DType dtype) { return random_tensor(ctx, shape, dtype, "rand_uniform"); }
 Tensor ops::randn(Context& ctx, const Shape& shape, DType dtype) { return random_tensor(ctx, shape, dtype, "rand_normal"); }
 
+// During a graph capture the result is a constant of the graph: set-up memory written once, at
+// capture time, on the side stream (runtime/capture.h); internal index tables rely on this.
 Tensor ops::from_host(Context& ctx, const void* data, size_t nbytes, const Shape& shape, DType dtype) {
-  Tensor t = make_tensor(ctx, shape, dtype);
+  Tensor t;
+  {
+    SetupScope setup(ctx);
+    t = make_tensor(ctx, shape, dtype);
+  }
   size_t need = static_cast<size_t>(t->numel()) * t->elem_size();
   FLAME_CHECK(nbytes == need, FLAME_ERROR_INVALID_ARGUMENT, "nbytes is ", nbytes, " but shape ", shape_str(shape), " of ",
               dtype_name(dtype), " needs ", need);
   FLAME_CHECK(data || need == 0, FLAME_ERROR_INVALID_ARGUMENT, "data is NULL");
   // From pageable memory the copy is staged before the call returns, so `data` may be reused at once.
-  if (need) ctx.check(ctx.drv.cuMemcpyHtoDAsync(t->data(), data, need, ctx.stream), "cuMemcpyHtoDAsync");
+  RelaxedCaptureMode relaxed(ctx);
+  if (need) ctx.check(ctx.drv.cuMemcpyHtoDAsync(t->data(), data, need, ctx.init_stream()), "cuMemcpyHtoDAsync");
   return t;
 }
 
 void ops::to_host(const Tensor& t0, void* data, size_t nbytes) {
+  t0->ctx().forbid_in_capture("a copy to the host");
   size_t need = static_cast<size_t>(t0->numel()) * t0->elem_size();
   FLAME_CHECK(nbytes == need, FLAME_ERROR_INVALID_ARGUMENT, "nbytes is ", nbytes, " but the tensor holds ", need, " bytes");
   FLAME_CHECK(data || need == 0, FLAME_ERROR_INVALID_ARGUMENT, "data is NULL");

@@ -111,6 +111,7 @@ bool parse_name(const std::string& name, const std::vector<std::string>& slots, 
 
 void save_optimizer_state(Optimizer& opt, const std::string& path) {
   Context& c = opt.ctx();
+  c.forbid_in_capture("writing an optimizer state file");
   const std::vector<std::string> slots = slot_names(opt.kind());
   std::vector<st::TensorEntry> entries;
   std::vector<Tensor> tensors;
@@ -160,6 +161,7 @@ void save_optimizer_state(Optimizer& opt, const std::string& path) {
 
 void load_optimizer_state(Optimizer& opt, const std::string& path) {
   Context& c = opt.ctx();
+  c.forbid_in_capture("reading an optimizer state file");
   io::MappedFile file(path);
   st::Header h;
   try {
@@ -280,6 +282,7 @@ void load_optimizer_state(Optimizer& opt, const std::string& path) {
       p.v = loaded[i][1];
       p.vmax = loaded[i][2];
       p.master = loaded[i][3];
+      p.first_step = 0;  // loaded state is not fresh (SGD's buffer continues)
       ++i;
     }
   }

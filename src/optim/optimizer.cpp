@@ -1,12 +1,15 @@
 // Host side of the fused optimizer steps: per group and parameter dtype, a table of tensors and a
-// table of chunks (65536 elements per block) is uploaded and one kernel updates them all.
+// table of chunks (65536 elements per block) is uploaded and one kernel updates them all; the step
+// count and learning rates come from the device record (optimizer.h).
 #include "optim/optimizer.h"
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <set>
 #include "autograd/graph.h"
 #include "core/error.h"
 #include "ops/ops.h"
+#include "runtime/capture.h"
 
 namespace flame {
 
@@ -21,8 +24,9 @@ struct OptimChunk {
   int64_t tensor, start;
 };
 struct OptimHyper {
-  double lr, beta1, beta2, eps, weight_decay, momentum, dampening, bc1, bc2;
-  int64_t kind, flags, seed, offset;
+  double beta1, beta2, eps, weight_decay, momentum, dampening;
+  uint64_t record;  // [int64 step, f64 lr per group]
+  int64_t group, kind, flags, seed, offset;
 };
 enum : int { kNesterov = 1, kAmsgrad = 2, kMaximize = 4, kStochastic = 16, kHasMomentum = 32 };
 constexpr int64_t kChunk = 65536;
@@ -70,9 +74,10 @@ void Optimizer::add_group(const flame_optimizer_options_t& opts, const std::vect
                 "] is not a leaf tensor");
     FLAME_CHECK(seen.insert(p.get()).second, FLAME_ERROR_INVALID_ARGUMENT, "params[", i,
                 "] appears twice in the optimizer");
-    g.params.push_back({p, nullptr, nullptr, nullptr, nullptr});
+    g.params.push_back({p, nullptr, nullptr, nullptr, nullptr, 0});
   }
   groups_.push_back(std::move(g));
+  record_stale_ = true;  // one more learning rate in the device record
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
@@ -104,15 +109,71 @@ uint64_t Optimizer::take_rounding_rng(uint64_t n) {
   return first;
 }
 
+void Optimizer::sync_record() {
+  Context& ctx = *ctx_;
+  const size_t n = groups_.size();
+  if (record_ && !record_stale_ && record_->numel() == static_cast<int64_t>(8 * (n + 1))) return;
+  std::vector<int64_t> host(n + 1);
+  host[0] = steps_;
+  for (size_t g = 0; g < n; ++g) std::memcpy(&host[g + 1], &groups_[g].opts.lr, sizeof(double));
+  if (!record_ || record_->numel() != static_cast<int64_t>(8 * (n + 1))) {
+    SetupScope setup(ctx);  // persists across replays; written below, outside any graph
+    record_ = make_tensor(ctx, {static_cast<int64_t>(8 * (n + 1))}, FLAME_DTYPE_U8);
+  }
+  RelaxedCaptureMode relaxed(ctx);  // while capturing: a set-up copy on the side stream
+  ctx.check(ctx.drv.cuMemcpyHtoDAsync(record_->data(), host.data(), 8 * (n + 1), ctx.init_stream()), "cuMemcpyHtoDAsync");
+  record_stale_ = false;
+}
+
+void Optimizer::set_lr(int32_t group, double lr) {
+  Context& ctx = *ctx_;
+  const int32_t n = static_cast<int32_t>(groups_.size());
+  const bool write = record_ && !record_stale_ && record_->numel() == static_cast<int64_t>(8 * (n + 1));
+  for (int32_t g = 0; g < n; ++g) {
+    if (group != -1 && g != group) continue;
+    groups_[static_cast<size_t>(g)].opts.lr = lr;
+    if (!write) continue;
+    // The double's two 32-bit halves (little-endian): memsets are stream-ordered and capturable.
+    uint32_t w[2];
+    std::memcpy(w, &lr, sizeof lr);
+    const CUdeviceptr at = record_->data() + 8 * static_cast<CUdeviceptr>(g + 1);
+    ctx.check(ctx.drv.cuMemsetD32Async(at, w[0], 1, ctx.stream), "cuMemsetD32Async");
+    ctx.check(ctx.drv.cuMemsetD32Async(at + 4, w[1], 1, ctx.stream), "cuMemsetD32Async");
+  }
+}
+
+// A zeroed state tensor: set-up memory, zeroed once (on the side stream while capturing).
+static Tensor zero_state(Context& ctx, const Shape& shape, DType dtype) {
+  SetupScope setup(ctx);
+  Tensor t = make_tensor(ctx, shape, dtype);
+  const size_t bytes = static_cast<size_t>(t->numel()) * t->elem_size();
+  RelaxedCaptureMode relaxed(ctx);
+  if (bytes) ctx.check(ctx.drv.cuMemsetD8Async(t->data(), 0, bytes, ctx.init_stream()), "cuMemsetD8Async");
+  return t;
+}
+
 void Optimizer::step() {
   Context& ctx = *ctx_;
-  const int64_t t = steps_ + 1;
-  for (auto& grp : groups_) {
+  const bool capturing = ctx.capture != nullptr;
+  const int64_t t = steps_ + 1;  // the step the device record will hold after optim_tick
+  struct Launch {
+    DType dtype;
+    size_t group;
+    std::vector<OptimTensor> tensors;
+    std::vector<OptimChunk> chunks;
+    int64_t flags;
+    uint64_t rng_offset;
+  };
+  std::vector<Launch> launches;
+  std::vector<Tensor> keep;  // contiguous copies of strided gradients, alive until the launches
+  // First every group's tables (and checks), so that a failure leaves the step count alone.
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    auto& grp = groups_[gi];
     const flame_optimizer_options_t& o = grp.opts;
-    // The tables for each parameter dtype present in the group.
-    std::map<DType, std::pair<std::vector<OptimTensor>, std::vector<OptimChunk>>> tables;
-    std::vector<Tensor> keep;  // contiguous copies of strided gradients, alive until the launch
+    std::map<DType, size_t> index;  // launches of this group by parameter dtype
     int64_t rng_total = 0;
+    const int64_t flags = (o.nesterov ? kNesterov : 0) | (o.amsgrad ? kAmsgrad : 0) | (o.maximize ? kMaximize : 0) |
+                          (o.momentum > 0 ? kHasMomentum : 0) | (o.stochastic_rounding ? kStochastic : 0);
     for (auto& p : grp.params) {
       const Tensor& w = p.param;
       if (!w->autograd || !w->autograd->grad) continue;  // no gradient: skipped, as torch.optim
@@ -126,42 +187,88 @@ void Optimizer::step() {
       const DType cd = compute_dtype(w->dtype);
       const bool adam = o.kind == FLAME_OPTIMIZER_ADAM || o.kind == FLAME_OPTIMIZER_ADAMW;
       const bool needs_m = adam || o.kind == FLAME_OPTIMIZER_LION || (o.kind == FLAME_OPTIMIZER_SGD && o.momentum > 0);
-      const bool fresh = needs_m && !p.m;
-      if (fresh) p.m = ops::zeros(ctx, w->shape, cd);
-      if (adam && !p.v) p.v = ops::zeros(ctx, w->shape, cd);
-      if (adam && o.amsgrad && !p.vmax) p.vmax = ops::zeros(ctx, w->shape, cd);
-      if (o.master_weights && w->dtype != cd && !p.master) p.master = ops::to_dtype(alias(w), cd);
-      auto& tab = tables[w->dtype];
+      if (needs_m && !p.m) {
+        p.m = zero_state(ctx, w->shape, cd);
+        p.first_step = t;
+      }
+      if (adam && !p.v) p.v = zero_state(ctx, w->shape, cd);
+      if (adam && o.amsgrad && !p.vmax) p.vmax = zero_state(ctx, w->shape, cd);
+      if (o.master_weights && w->dtype != cd && !p.master) {
+        ctx.forbid_in_capture("creating f32 master weights (run one eager step before capturing)");
+        p.master = ops::to_dtype(alias(w), cd);
+      }
+      auto at = index.find(w->dtype);
+      if (at == index.end()) {
+        at = index.emplace(w->dtype, launches.size()).first;
+        launches.push_back({w->dtype, gi, {}, {}, flags, 0});
+      }
+      Launch& l = launches[at->second];
       OptimTensor ot{w->data(), g->data(), p.m ? p.m->data() : 0, p.v ? p.v->data() : 0, p.vmax ? p.vmax->data() : 0,
-                     p.master ? p.master->data() : 0, w->numel(), rng_total, fresh ? 1 : 0};
+                     p.master ? p.master->data() : 0, w->numel(), rng_total, p.first_step};
       rng_total += w->numel();
-      const int64_t idx = static_cast<int64_t>(tab.first.size());
-      tab.first.push_back(ot);
-      for (int64_t s = 0; s < w->numel(); s += kChunk) tab.second.push_back({idx, s});
-      w->storage->version.fetch_add(1);
+      const int64_t idx = static_cast<int64_t>(l.tensors.size());
+      l.tensors.push_back(ot);
+      for (int64_t s = 0; s < w->numel(); s += kChunk) l.chunks.push_back({idx, s});
     }
-    const double bc1 = 1 - std::pow(o.beta1, static_cast<double>(t)), bc2 = 1 - std::pow(o.beta2, static_cast<double>(t));
-    int64_t flags = (o.nesterov ? kNesterov : 0) | (o.amsgrad ? kAmsgrad : 0) | (o.maximize ? kMaximize : 0) |
-                    (o.momentum > 0 ? kHasMomentum : 0) | (o.stochastic_rounding ? kStochastic : 0);
-    const uint64_t rng_offset = o.stochastic_rounding ? take_rounding_rng(static_cast<uint64_t>(rng_total)) : 0;
-    for (auto& [dtype, tab] : tables) {
-      if (tab.second.empty()) continue;
-      OptimHyper h{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.momentum, o.dampening, bc1, bc2,
-                   o.kind, flags, static_cast<int64_t>(rng_.seed),
-                   static_cast<int64_t>(rng_offset)};
-      const size_t tb = tab.first.size() * sizeof(OptimTensor), cb = tab.second.size() * sizeof(OptimChunk);
-      Tensor meta = make_tensor(ctx, {static_cast<int64_t>(tb + cb)}, FLAME_DTYPE_U8);
-      ctx.check(ctx.drv.cuMemcpyHtoDAsync(meta->data(), tab.first.data(), tb, ctx.stream), "cuMemcpyHtoDAsync");
-      ctx.check(ctx.drv.cuMemcpyHtoDAsync(meta->data() + tb, tab.second.data(), cb, ctx.stream), "cuMemcpyHtoDAsync");
-      CUdeviceptr tensors = meta->data(), chunks = meta->data() + tb;
-      int64_t chunk = kChunk;
-      void* args[] = {&tensors, &chunks, &chunk, &h};
-      CUfunction f = ctx.function("optim.cuh", std::string("flame::optim_step<") + device_type(dtype) + ">");
-      ctx.launch(f, static_cast<unsigned>(tab.second.size()), 256, args);
-      // The pageable host tables were staged by cuMemcpyHtoDAsync before it returned.
+    if (o.stochastic_rounding && rng_total > 0) {
+      ctx.forbid_in_capture("stochastic rounding (each replay would draw the same bits)");
+      const uint64_t off = take_rounding_rng(static_cast<uint64_t>(rng_total));
+      for (auto& kv : index) launches[kv.second].rng_offset = off;
     }
   }
-  steps_ = t;
+  // Everything that may fail (allocation, upload, kernel compilation) before optim_tick, so that a
+  // failed step leaves the device's step count equal to the host's.
+  sync_record();
+  CUdeviceptr record = record_->data();
+  std::vector<Tensor> metas(launches.size());
+  std::vector<CUfunction> fns(launches.size(), nullptr);
+  for (size_t i = 0; i < launches.size(); ++i) {
+    Launch& l = launches[i];
+    if (l.chunks.empty()) continue;
+    const size_t tb = l.tensors.size() * sizeof(OptimTensor), cb = l.chunks.size() * sizeof(OptimChunk);
+    // The tables: set-up memory while capturing (the graph reads them at every replay), written
+    // once from the host; eagerly an ordinary tensor freed in stream order after the launch.
+    {
+      SetupScope setup(ctx);
+      metas[i] = make_tensor(ctx, {static_cast<int64_t>(tb + cb)}, FLAME_DTYPE_U8);
+    }
+    {
+      RelaxedCaptureMode relaxed(ctx);
+      // The pageable host tables are staged by cuMemcpyHtoDAsync before it returns.
+      ctx.check(ctx.drv.cuMemcpyHtoDAsync(metas[i]->data(), l.tensors.data(), tb, ctx.init_stream()), "cuMemcpyHtoDAsync");
+      ctx.check(ctx.drv.cuMemcpyHtoDAsync(metas[i]->data() + tb, l.chunks.data(), cb, ctx.init_stream()), "cuMemcpyHtoDAsync");
+    }
+    fns[i] = ctx.function("optim.cuh", std::string("flame::optim_step<") + device_type(l.dtype) + ">");
+  }
+  CUfunction tick = ctx.function("optim.cuh", "flame::optim_tick");
+  {  // step += 1 on the device, before the updates read it
+    void* args[] = {&record};
+    ctx.launch(tick, 1, 1, args);
+  }
+  for (size_t i = 0; i < launches.size(); ++i) {
+    Launch& l = launches[i];
+    if (l.chunks.empty()) continue;
+    const flame_optimizer_options_t& o = groups_[l.group].opts;
+    OptimHyper h{o.beta1, o.beta2, o.eps, o.weight_decay, o.momentum, o.dampening, static_cast<uint64_t>(record),
+                 static_cast<int64_t>(l.group), o.kind, l.flags, static_cast<int64_t>(rng_.seed),
+                 static_cast<int64_t>(l.rng_offset)};
+    CUdeviceptr tensors = metas[i]->data(), chunks = metas[i]->data() + l.tensors.size() * sizeof(OptimTensor);
+    int64_t chunk = kChunk;
+    void* args[] = {&tensors, &chunks, &chunk, &h};
+    ctx.launch(fns[i], static_cast<unsigned>(l.chunks.size()), 256, args);
+  }
+  for (auto& grp : groups_)
+    for (auto& p : grp.params)
+      if (p.param->autograd && p.param->autograd->grad) p.param->storage->version.fetch_add(1);
+  if (!capturing) {
+    steps_ = t;
+    return;
+  }
+  // Captured: nothing ran yet. Each replay is one more step for the host's count.
+  std::weak_ptr<Optimizer> self = weak_from_this();
+  ctx.capture->on_replay.push_back([self] {
+    if (auto o = self.lock()) ++o->steps_;
+  });
 }
 
 }  // namespace flame

@@ -6,6 +6,14 @@
 // (keyed once from the context's generator at the first rounding step), so that the optimizer's
 // state, saved and loaded by optim_state.cpp, replays a run bit for bit whatever else uses the
 // context's generator.
+//
+// Graph capture (runtime/capture.h): the step count and each group's learning rate live in a small
+// device record, [int64 step, f64 lr of group 0, 1, ...]. Every step launches optim_tick (step += 1
+// on the device) and the update kernels read the step (bias corrections, SGD's first step) and the
+// rate from it, eagerly as in a captured graph, so that replaying a captured step N times equals N
+// eager steps bit for bit and set_lr between replays takes effect. The host keeps its own copies for
+// get_lr, step_count and the state file; a replay adds to the host count. State created during a
+// capture is set-up memory, zeroed once at capture time rather than inside the graph.
 #pragma once
 #include <memory>
 #include <string>
@@ -18,6 +26,7 @@ namespace flame {
 struct OptimParam {
   Tensor param;
   Tensor m, v, vmax, master;  // created at the first step that sees a gradient
+  int64_t first_step = 0;      // the step that created m (SGD's buffer starts as that step's gradient)
 };
 
 struct OptimGroup {
@@ -31,7 +40,7 @@ struct RoundingRng {
   uint64_t seed = 0, offset = 0;
 };
 
-class Optimizer {
+class Optimizer : public std::enable_shared_from_this<Optimizer> {
  public:
   Optimizer(Context& ctx, int32_t kind) : ctx_(ctx.shared_from_this()), kind_(kind) {}
   // Validates opts (same kind as the optimizer, finite non-negative values) and params (floating,
@@ -39,13 +48,18 @@ class Optimizer {
   void add_group(const flame_optimizer_options_t& opts, const std::vector<Tensor>& params);
   void step();
   void zero_grad(bool set_to_none);
+  // Sets the host value and, in stream order, the device record's (a memset, capturable).
+  void set_lr(int32_t group, double lr);
   std::vector<OptimGroup>& groups() { return groups_; }
   int64_t step_count() const { return steps_; }
   int32_t kind() const { return kind_; }
   Context& ctx() { return *ctx_; }
   // Saved and restored with the rest of the state (optim_state.cpp).
   RoundingRng& rounding_rng() { return rng_; }
-  void set_step_count(int64_t steps) { steps_ = steps; }
+  void set_step_count(int64_t steps) {
+    steps_ = steps;
+    record_stale_ = true;  // with the learning rates load_state set
+  }
 
  private:
   std::shared_ptr<Context> ctx_;
@@ -53,7 +67,10 @@ class Optimizer {
   int64_t steps_ = 0;
   RoundingRng rng_;
   std::vector<OptimGroup> groups_;
+  Tensor record_;              // [int64 step, f64 lr per group] on the device
+  bool record_stale_ = true;   // host step count or groups changed: upload before the next step
   uint64_t take_rounding_rng(uint64_t n);
+  void sync_record();
 };
 
 void validate_optimizer_options(const flame_optimizer_options_t& o, int32_t kind);

@@ -1,6 +1,7 @@
 #include "runtime/context.h"
 #include "runtime/blas.h"
 #include "runtime/cudnn.h"
+#include "runtime/capture.h"
 #include <cstdlib>
 #include <cstring>
 #include "core/error.h"
@@ -10,6 +11,8 @@
 namespace flame {
 
 void release_dead_handles(Context& ctx);  // api/handles.cpp
+CUdeviceptr capture_allocate(Context& ctx, size_t bytes);  // runtime/capture.cpp
+void capture_deallocate(Context& ctx, CUdeviceptr p) noexcept;
 
 std::shared_ptr<Context> Context::create(const flame_ctx_options_t& opts) {
   std::shared_ptr<Context> c(new Context());
@@ -54,6 +57,7 @@ std::shared_ptr<Context> Context::create(const flame_ctx_options_t& opts) {
 Context::~Context() {
   if (cu) {
     drv.cuCtxSetCurrent(cu);
+    abort_capture();
     blas.reset();  // frees its workspace into the pool, so before the pool goes
     cudnn.reset();  // its handle and descriptors, while the CUDA context is current
     if (device_error_) drv.cuMemFreeAsync(device_error_, stream);
@@ -61,6 +65,9 @@ Context::~Context() {
     for (CUmodule m : modules_) drv.cuModuleUnload(m);
     if (pool) drv.cuMemPoolDestroy(pool);
     if (stream) drv.cuStreamDestroy(stream);
+    if (side_stream) drv.cuStreamDestroy(side_stream);
+    for (CUevent e : side_events)
+      if (e) drv.cuEventDestroy(e);
     drv.cuDevicePrimaryCtxRelease(device);
   }
   release_dead_handles(*this);
@@ -100,6 +107,7 @@ void Context::check_alive() const {
 }
 
 void Context::synchronize() {
+  forbid_in_capture("waiting for the device (a copy to the host, flame_ctx_synchronize)");
   check(drv.cuStreamSynchronize(stream), "cuStreamSynchronize");
   if (device_error_armed_) check_device_error();
 }
@@ -113,6 +121,12 @@ CUdeviceptr Context::allocate(size_t bytes) {
     fail(FLAME_ERROR_OUT_OF_MEMORY, "allocating ", bytes, " bytes would exceed the context's memory limit of ",
          memory_limit, " bytes (", bytes_in_use, " in use)");
   CUdeviceptr p = 0;
+  if (capture) {  // from the capture's private pool (runtime/capture.cpp)
+    p = capture_allocate(*this, bytes);
+    bytes_in_use += bytes;
+    if (bytes_in_use > peak_bytes) peak_bytes = bytes_in_use;
+    return p;
+  }
   CUresult r = drv.cuMemAllocFromPoolAsync(&p, bytes, pool, stream);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {  // give cached blocks back to the device and try once more
     drv.cuStreamSynchronize(stream);
@@ -131,8 +145,9 @@ void Context::deallocate(CUdeviceptr p, size_t bytes) noexcept {
   if (!p) return;
   std::lock_guard<std::recursive_mutex> lock(mutex);
   bind();
-  drv.cuMemFreeAsync(p, stream);
   bytes_in_use -= bytes;
+  if (capture || !graph_held.empty()) return capture_deallocate(*this, p);  // runtime/capture.cpp
+  drv.cuMemFreeAsync(p, stream);
 }
 
 uint64_t Context::bytes_reserved() {
@@ -166,6 +181,7 @@ CUfunction Context::function(const std::string& file, const std::string& name_ex
     ++kernel_stats.compiled;
   }
   CUmodule mod = nullptr;
+  RelaxedCaptureMode relaxed(*this);  // loading a module during a capture is set-up, not graph work
   CUresult r = drv.cuModuleLoadData(&mod, entry.image.data());
   if (r != CUDA_SUCCESS && from_disk) {  // a stale entry the driver rejects: rebuild it
     CompiledModule m = nvrtc_compile(file, {name_expr}, arch);
@@ -197,10 +213,12 @@ namespace flame {
 CUdeviceptr Context::device_error_record(const std::string& what, uint32_t* source) {
   if (!device_error_) {  // straight from the pool, outside the memory statistics of tensors
     CUdeviceptr p = 0;
-    check(drv.cuMemAllocFromPoolAsync(&p, sizeof(DeviceErrorRecord), pool, stream), "cuMemAllocFromPoolAsync");
+    RelaxedCaptureMode relaxed(*this);  // while capturing: set-up on the side stream, not a graph node
+    check(drv.cuMemAllocFromPoolAsync(&p, sizeof(DeviceErrorRecord), pool, init_stream()), "cuMemAllocFromPoolAsync");
     device_error_ = p;
-    check(drv.cuMemsetD8Async(device_error_, 0, sizeof(DeviceErrorRecord), stream), "cuMemsetD8Async");
+    check(drv.cuMemsetD8Async(device_error_, 0, sizeof(DeviceErrorRecord), init_stream()), "cuMemsetD8Async");
   }
+  if (capture) capture->arms_device_error = true;
   size_t i = 0;
   while (i < device_error_sources_.size() && device_error_sources_[i] != what) ++i;
   if (i == device_error_sources_.size()) device_error_sources_.push_back(what);

@@ -6,6 +6,7 @@
 #include <cuda.h>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,6 +20,8 @@ namespace flame {
 class Context;
 class Blas;
 class Cudnn;
+struct Capture;
+struct GraphPool;
 }
 
 struct flame_ctx_s {
@@ -92,8 +95,13 @@ class Context : public std::enable_shared_from_this<Context> {
 
   // ---- random numbers (Philox4x32-10, counter = offset + element) ----
   uint64_t rng_seed = 0, rng_offset = 0;
-  // Reserves n counters and returns the first.
-  uint64_t take_rng(uint64_t n) { uint64_t o = rng_offset; rng_offset += n; return o; }
+  // Reserves n counters and returns the first. Not during a graph capture (runtime/capture.cpp).
+  uint64_t take_rng(uint64_t n) {
+    if (capture) forbid_in_capture("drawing random numbers (each replay would repeat the same numbers)");
+    uint64_t o = rng_offset;
+    rng_offset += n;
+    return o;
+  }
 
   // ---- autograd mode ----
   bool grad_enabled = true;
@@ -122,6 +130,31 @@ class Context : public std::enable_shared_from_this<Context> {
   // The record's device address for a kernel about to be launched; *source identifies `what`.
   CUdeviceptr device_error_record(const std::string& what, uint32_t* source);
 
+  // ---- CUDA graph capture (runtime/capture.h, runtime/capture.cpp) ----
+  // Between flame_graph_capture_begin and _end: the capture's state and private memory pool.
+  std::unique_ptr<Capture> capture;
+  // A second stream that is never captured: one-time set-up made during a capture (persistent
+  // state, constant tables) is allocated and written there, ordered after the work queued before
+  // the capture and before anything queued after it (capture.cpp).
+  CUstream side_stream = nullptr;
+  CUevent side_events[2] = {nullptr, nullptr};
+  // > 0 while a SetupScope is open: allocations are set-up memory (see capture.h), not capture memory.
+  int setup_depth = 0;
+  // Blocks allocated during a finished capture that a tensor still holds, with the pool of their
+  // graph: freed when both the holder and the graph have let go.
+  std::unordered_map<CUdeviceptr, std::shared_ptr<GraphPool>> graph_held;
+  // Throws FLAME_ERROR_UNSUPPORTED "<what> is not allowed during a CUDA graph capture" while capturing.
+  void forbid_in_capture(const char* what) const;
+  // The stream for one-time initialisation of set-up memory: side_stream while capturing, else stream.
+  CUstream init_stream() const { return capture ? side_stream : stream; }
+  // Gives a block back: to the pool in stream order, or, during a capture, to the capture's keep
+  // list (the graph may read it; freed when the graph is released).
+  void release_block(CUdeviceptr p) noexcept;
+  // Ends a capture in progress and discards it (flame_ctx_destroy, ~Context). Never throws.
+  void abort_capture() noexcept;
+  // A replayed graph ran kernels that check indices: the next synchronize reads the record.
+  void arm_device_error() { device_error_armed_ = true; }
+
  private:
   Context() = default;
   std::string sticky_error_;
@@ -134,12 +167,26 @@ class Context : public std::enable_shared_from_this<Context> {
 };
 
 // Locks the context and binds it to the thread for the duration of an API call.
+// A call that fails while the context is capturing a graph aborts the capture (capture.cpp): the
+// capture's end then returns that call's status and message and discards the graph.
 class ContextScope {
  public:
-  explicit ContextScope(Context& c) : lock_(c.mutex) { c.bind(); }
+  explicit ContextScope(Context& c) : lock_(c.mutex), ctx_(c), uncaught_(std::uncaught_exceptions()) { c.bind(); }
+  ~ContextScope() {
+    if (ctx_.capture && std::uncaught_exceptions() > uncaught_) note_capture_failure(ctx_);
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
 
  private:
   std::lock_guard<std::recursive_mutex> lock_;
+  Context& ctx_;
+  int uncaught_;
+  static void note_capture_failure(Context& c) noexcept;  // capture.cpp
 };
+
+// Called by api_call with the status and message of a failed entry point: when that call aborted
+// a capture (ContextScope above), the capture keeps them for flame_graph_capture_end.
+void record_capture_error(flame_status_t status, const std::string& message) noexcept;
 
 }  // namespace flame

@@ -18,7 +18,10 @@ namespace flame {
   X(cuMemPoolTrimTo) X(cuMemAllocFromPoolAsync) X(cuMemFreeAsync) X(cuMemGetInfo) \
   X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async) \
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuLaunchKernel) \
-  X(cuFuncSetAttribute) X(cuPointerGetAttribute)
+  X(cuFuncSetAttribute) X(cuPointerGetAttribute) \
+  X(cuMemsetD32Async) X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing) \
+  X(cuThreadExchangeStreamCaptureMode) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) \
+  X(cuGraphExecDestroy) X(cuGraphDestroy)
 
 struct Driver {
 #define FLAME_DECLARE_FN(name) decltype(&::name) name = nullptr;

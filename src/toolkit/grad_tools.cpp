@@ -1,5 +1,6 @@
 // Host side of the fused gradient tools: a Plan holds the tensor and chunk tables of one list (as
 // the optimizer's step does), uploaded once, and the kernels of cuda/grad_tools.cuh run over them.
+#include "runtime/capture.h"
 #include "toolkit/grad_tools.h"
 #include <algorithm>
 #include <cstring>
@@ -53,9 +54,13 @@ Plan make_plan(Context& ctx, const std::vector<Tensor>& ts, bool write) {
     host.resize(host.size() + cs.size() * sizeof(GtChunk));
     if (!cs.empty()) std::memcpy(host.data() + at[dt], cs.data(), cs.size() * sizeof(GtChunk));
   }
-  p.meta = make_tensor(ctx, {static_cast<int64_t>(std::max<size_t>(host.size(), 8))}, FLAME_DTYPE_U8);
+  {  // during a graph capture: set-up memory the graph reads, written once (runtime/capture.h)
+    SetupScope setup(ctx);
+    p.meta = make_tensor(ctx, {static_cast<int64_t>(std::max<size_t>(host.size(), 8))}, FLAME_DTYPE_U8);
+  }
+  RelaxedCaptureMode relaxed(ctx);
   if (!host.empty())  // pageable source: staged by the driver before the call returns
-    ctx.check(ctx.drv.cuMemcpyHtoDAsync(p.meta->data(), host.data(), host.size(), ctx.stream), "cuMemcpyHtoDAsync");
+    ctx.check(ctx.drv.cuMemcpyHtoDAsync(p.meta->data(), host.data(), host.size(), ctx.init_stream()), "cuMemcpyHtoDAsync");
   p.tensors_dev = p.meta->data();
   for (auto& [dt, off] : at) p.chunks_dev[dt] = p.meta->data() + off;
   return p;

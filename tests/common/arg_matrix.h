@@ -388,6 +388,45 @@ class Args {
   }
   flame_lora_t* out_lora(const char* name) { return out_slot<flame_lora_t>(name, OutKind::Lora); }
 
+  // ---- CUDA graphs (Live: a.cuda_graph is a graph captured on the context, one small op; a.capture_ctx
+  // is the context, capturing when the call gets the live one; a.begin_ctx is the context for
+  // flame_graph_capture_begin. finish() ends a capture either left open, so rows never leak one) ----
+  flame_graph_t cuda_graph(const char* name) {
+    int h = handle_index(name, true, false);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_graph_t>(garbage());
+    if (bad_now(h)) {
+      if (bad == Bad::Foreign) return live_cuda_graph(ctx2_, true);
+      if (bad == Bad::Released) {  // released: parked by its context, detectably dead
+        flame_graph_t g = live_cuda_graph(ctx_, false);
+        flame_graph_release(g);
+        return g;
+      }
+      return reinterpret_cast<flame_graph_t>(garbage());
+    }
+    return live_cuda_graph(ctx_, true);
+  }
+  flame_graph_t release_cuda_graph(const char* name) {
+    takes_released = true;
+    nullable(name);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_graph_t>(garbage());
+    flame_graph_t g = live_cuda_graph(ctx_, false);
+    if (bad == Bad::Released) flame_graph_release(g);
+    return g;
+  }
+  flame_graph_t* out_cuda_graph(const char* name) { return out_slot<flame_graph_t>(name, OutKind::Graph); }
+  flame_ctx_t capture_ctx(const char* name) {
+    flame_ctx_t c = ctx(name);
+    if (mode_ == Mode::Live && c && c == ctx_ && flame_graph_capture_begin(c) == FLAME_OK) end_capture_ = true;
+    return c;
+  }
+  flame_ctx_t begin_ctx(const char* name) {
+    flame_ctx_t c = ctx(name);
+    if (mode_ == Mode::Live && c && (c == ctx_ || c == ctx2_)) end_capture_ = true;
+    return c;
+  }
+
   // ---- after the call ----
   // Checks the out slots of a failed call; returns the names of slots not set to NULL.
   std::vector<std::string> uncleared_outs() const {
@@ -417,7 +456,7 @@ class Args {
   Mode mode() const { return mode_; }
 
  private:
-  enum class OutKind { None, Tensor, Ctx, Hook, Dl, Dlv, Opt, St, Scaler, Lora };
+  enum class OutKind { None, Tensor, Ctx, Hook, Dl, Dlv, Opt, St, Scaler, Lora, Graph };
   struct OutSlot {
     OutKind kind;
     void** slot;
@@ -536,6 +575,16 @@ class Args {
     if (keep) scalers_.push_back(g);
     return g;
   }
+  flame_graph_t live_cuda_graph(flame_ctx_t c, bool keep) {
+    flame_tensor_t x = live_tensor(c, sp()), y = nullptr;
+    flame_graph_t g = nullptr;
+    if (flame_graph_capture_begin(c) != FLAME_OK) return nullptr;
+    flame_status_t st = flame_mul_scalar(x, 2.0, &y);
+    flame_tensor_release(y);
+    if (flame_graph_capture_end(c, &g) != FLAME_OK || st != FLAME_OK) return nullptr;
+    if (keep) cuda_graphs_.push_back(g);
+    return g;
+  }
   flame_lora_t live_lora(flame_ctx_t c, bool keep) {
     flame_tensor_t w = live_tensor(c, sp({4, 3})), b = live_tensor(c, sp({4}));
     flame_lora_t l = nullptr;
@@ -601,6 +650,8 @@ class Args {
   std::vector<flame_safetensors_t> files_;
   std::vector<flame_grad_scaler_t> scalers_;
   std::vector<flame_lora_t> loras_;
+  std::vector<flame_graph_t> cuda_graphs_;
+  bool end_capture_ = false;
   std::string tmp_dir_;
   bool st_written_ = false;
   struct DLManagedTensor* dl_in_ = nullptr;
@@ -674,6 +725,7 @@ inline void Args::finish(flame_status_t status) {
       case OutKind::St: flame_safetensors_release(static_cast<flame_safetensors_t>(v)); break;
       case OutKind::Scaler: flame_grad_scaler_release(static_cast<flame_grad_scaler_t>(v)); break;
       case OutKind::Lora: flame_lora_release(static_cast<flame_lora_t>(v)); break;
+      case OutKind::Graph: flame_graph_release(static_cast<flame_graph_t>(v)); break;
       case OutKind::None: break;
     }
   }
@@ -694,6 +746,15 @@ inline void Args::finish(flame_status_t status) {
   scalers_.clear();
   for (flame_lora_t l : loras_) flame_lora_release(l);
   loras_.clear();
+  for (flame_graph_t g : cuda_graphs_) flame_graph_release(g);
+  cuda_graphs_.clear();
+  if (end_capture_) {  // a capture a row began or left open: end it and drop the graph
+    for (flame_ctx_t c : {ctx_, ctx2_}) {
+      flame_graph_t g = nullptr;
+      if (c && flame_graph_capture_end(c, &g) == FLAME_OK) flame_graph_release(g);
+    }
+    end_capture_ = false;
+  }
   for (auto it = owned_.rbegin(); it != owned_.rend(); ++it) flame_tensor_release(*it);
   owned_.clear();
   remove_tmp_dir();

@@ -984,3 +984,21 @@ TEST(Toolkit, LoraWithoutADriver) {
   FLAME_EXPECT_STATUS(flame_lora_merge(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
   flame_lora_release(nullptr);
 }
+
+// ============================== CUDA graphs ==============================
+
+TEST(NullArguments, Graphs) {
+  FLAME_EXPECT_STATUS(flame_graph_capture_begin(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_graph_capture_begin")) << flame_last_error_message();
+  flame_graph_t g = reinterpret_cast<flame_graph_t>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_graph_capture_end(nullptr, &g), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(g, nullptr) << "flame_graph_capture_end must set *graph to NULL on failure";
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_graph_capture_end")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_graph_capture_end(nullptr, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_graph_replay(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_graph_replay")) << flame_last_error_message();
+  const float host[2] = {1, 2};
+  FLAME_EXPECT_STATUS(flame_copy_from_host(nullptr, host, sizeof host), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_copy_from_host")) << flame_last_error_message();
+  flame_graph_release(nullptr);
+}

@@ -215,3 +215,6 @@ TEST_P(KernelCompile, GradTools) {
   EXPECT_EQ(names.size(), 23u);
   compile_all("grad_tools.cuh", names, GetParam());
 }
+
+// ---- CUDA graphs (runtime/capture.h): the optimizer's device step counter (cuda/optim.cuh) ----
+TEST_P(KernelCompile, OptimizerTick) { compile_all("optim.cuh", {"flame::optim_tick"}, GetParam()); }

@@ -1106,8 +1106,14 @@ impl Context {
         check(unsafe { (api.flame_ctx_cudnn_info)(self.raw, &mut o_version, &mut o_convolutions) })?;
         Ok((o_version, o_convolutions))
     }
+    /// `flame_status_t flame_graph_capture_begin(flame_ctx_t ctx)`.
+    pub fn graph_capture_begin(&self) -> Result<()> {
+        let api = api()?;
+        check(unsafe { (api.flame_graph_capture_begin)(self.raw) })?;
+        Ok(())
+    }
 }
 
 /// Functions without a generated safe method and not wrapped by hand in lib.rs: call them
 /// through `flame::api()` (the raw table).
-pub const UNWRAPPED: &[&str] = &["flame_conv_options_init", "flame_conv2d", "flame_conv_transpose2d", "flame_conv1d", "flame_pool2d_options_init", "flame_max_pool2d", "flame_avg_pool2d", "flame_rope_options_init", "flame_rope", "flame_optimizer_save_state", "flame_optimizer_load_state", "flame_grad_stats_host", "flame_grad_scaler_options_init", "flame_grad_scaler_create", "flame_grad_scaler_release", "flame_grad_scaler_scale", "flame_grad_scaler_unscale", "flame_grad_scaler_unscale_tensors", "flame_grad_scaler_step", "flame_grad_scaler_update", "flame_grad_scaler_get_scale", "flame_grad_scaler_found_inf", "flame_grad_scaler_get_state", "flame_grad_scaler_set_state", "flame_lora_create", "flame_lora_release", "flame_lora_forward", "flame_lora_adapters", "flame_lora_merge", "flame_lora_unmerge", "flame_lora_is_merged", "flame_checkpoint"];
+pub const UNWRAPPED: &[&str] = &["flame_conv_options_init", "flame_conv2d", "flame_conv_transpose2d", "flame_conv1d", "flame_pool2d_options_init", "flame_max_pool2d", "flame_avg_pool2d", "flame_rope_options_init", "flame_rope", "flame_optimizer_save_state", "flame_optimizer_load_state", "flame_grad_stats_host", "flame_grad_scaler_options_init", "flame_grad_scaler_create", "flame_grad_scaler_release", "flame_grad_scaler_scale", "flame_grad_scaler_unscale", "flame_grad_scaler_unscale_tensors", "flame_grad_scaler_step", "flame_grad_scaler_update", "flame_grad_scaler_get_scale", "flame_grad_scaler_found_inf", "flame_grad_scaler_get_state", "flame_grad_scaler_set_state", "flame_lora_create", "flame_lora_release", "flame_lora_forward", "flame_lora_adapters", "flame_lora_merge", "flame_lora_unmerge", "flame_lora_is_merged", "flame_checkpoint", "flame_graph_capture_end", "flame_graph_replay", "flame_graph_release", "flame_copy_from_host"];

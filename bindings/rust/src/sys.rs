@@ -327,6 +327,11 @@ pub struct flame_lora_s {
     _opaque: [u8; 0],
 }
 pub type flame_lora_t = *mut flame_lora_s;
+#[repr(C)]
+pub struct flame_graph_s {
+    _opaque: [u8; 0],
+}
+pub type flame_graph_t = *mut flame_graph_s;
 
 // ---- foreign structs, declared only (defined by their own headers, e.g. dlpack.h) ----
 #[repr(C)]
@@ -692,6 +697,11 @@ pub const SYMBOLS: &[&str] = &[
     "flame_lora_is_merged",
     "flame_checkpoint",
     "flame_ctx_cudnn_info",
+    "flame_graph_capture_begin",
+    "flame_graph_capture_end",
+    "flame_graph_replay",
+    "flame_graph_release",
+    "flame_copy_from_host",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -943,6 +953,11 @@ pub struct Api {
     pub flame_lora_is_merged: unsafe extern "C" fn(lora: flame_lora_t, merged: *mut i32) -> flame_status_t,
     pub flame_checkpoint: unsafe extern "C" fn(ctx: flame_ctx_t, r#fn: flame_checkpoint_fn, user_data: *mut c_void, destroy: flame_destroy_fn, inputs: *const flame_tensor_t, n_inputs: i32, outputs: *mut flame_tensor_t, n_outputs: i32) -> flame_status_t,
     pub flame_ctx_cudnn_info: unsafe extern "C" fn(ctx: flame_ctx_t, version: *mut i32, convolutions: *mut u64) -> flame_status_t,
+    pub flame_graph_capture_begin: unsafe extern "C" fn(ctx: flame_ctx_t) -> flame_status_t,
+    pub flame_graph_capture_end: unsafe extern "C" fn(ctx: flame_ctx_t, graph: *mut flame_graph_t) -> flame_status_t,
+    pub flame_graph_replay: unsafe extern "C" fn(graph: flame_graph_t) -> flame_status_t,
+    pub flame_graph_release: unsafe extern "C" fn(graph: flame_graph_t),
+    pub flame_copy_from_host: unsafe extern "C" fn(dst: flame_tensor_t, data: *const c_void, nbytes: usize) -> flame_status_t,
 }
 
 impl Api {
@@ -1202,6 +1217,11 @@ impl Api {
             flame_lora_is_merged: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t, *mut i32) -> flame_status_t>(resolve(b"flame_lora_is_merged\0")?),
             flame_checkpoint: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, flame_checkpoint_fn, *mut c_void, flame_destroy_fn, *const flame_tensor_t, i32, *mut flame_tensor_t, i32) -> flame_status_t>(resolve(b"flame_checkpoint\0")?),
             flame_ctx_cudnn_info: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut i32, *mut u64) -> flame_status_t>(resolve(b"flame_ctx_cudnn_info\0")?),
+            flame_graph_capture_begin: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t) -> flame_status_t>(resolve(b"flame_graph_capture_begin\0")?),
+            flame_graph_capture_end: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut flame_graph_t) -> flame_status_t>(resolve(b"flame_graph_capture_end\0")?),
+            flame_graph_replay: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_graph_t) -> flame_status_t>(resolve(b"flame_graph_replay\0")?),
+            flame_graph_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_graph_t)>(resolve(b"flame_graph_release\0")?),
+            flame_copy_from_host: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const c_void, usize) -> flame_status_t>(resolve(b"flame_copy_from_host\0")?),
         })
     }
 }
