@@ -1490,10 +1490,12 @@ FLAME_API flame_status_t flame_comm_create(flame_ctx_t ctx, const flame_comm_id_
  * opts as flame_comm_create. Errors as flame_comm_create. */
 FLAME_API flame_status_t flame_comm_create_group(const flame_ctx_t* ctxs, int32_t n, const flame_comm_options_t* opts,
                                                  flame_comm_t* comms);
-/* Frees the communicator: waits (up to the timeout) for its queued collectives, then destroys it,
- * or aborts it when that fails; a peer still using it then gets an error. A data-parallel helper
- * made over it keeps it alive until the helper goes. NULL is a no-op; a released handle is
- * detected (nothing happens) while its context lives. */
+/* Frees the communicator: waits (up to the timeout) for its queued collectives, then finalizes and
+ * destroys it, or aborts it when that fails or times out. Finalizing waits until every rank has
+ * released its communicator, so release it on every rank concurrently (each from the thread driving
+ * that rank), as creation; a rank releasing alone waits for the timeout and then aborts. A
+ * data-parallel helper made over it keeps it alive until the helper goes. NULL is a no-op; a
+ * released handle is detected (nothing happens) while its context lives. */
 FLAME_API void flame_comm_release(flame_comm_t comm);
 /* OUT *rank: this communicator's rank; OUT *size: its world size. */
 FLAME_API flame_status_t flame_comm_rank(flame_comm_t comm, int32_t* rank);

@@ -127,7 +127,10 @@ FLAME_API flame_status_t flame_comm_create_group(const flame_ctx_t* ctxs, int32_
     FLAME_CHECK(n >= 1 && n <= 4096, FLAME_ERROR_INVALID_ARGUMENT, "n ", n, " is not in [1, 4096]");
     std::vector<Context*> cs;
     for (int32_t i = 0; i < n; ++i) {
-      Context& c = context_of(ctxs[i]);
+      FLAME_CHECK(ctxs[i], FLAME_ERROR_INVALID_ARGUMENT, "ctxs[", i, "] is NULL");
+      FLAME_CHECK(ctxs[i]->magic == kCtxMagic, FLAME_ERROR_INVALID_HANDLE, "ctxs[", i,
+                  "] is not a live context (destroyed already?)");
+      Context& c = *ctxs[i]->ctx;
       c.check_alive();
       FLAME_CHECK(std::find(cs.begin(), cs.end(), &c) == cs.end(), FLAME_ERROR_INVALID_ARGUMENT, "ctxs[", i,
                   "] is listed twice (one context per rank)");
