@@ -1451,7 +1451,7 @@ typedef struct flame_dp_s* flame_dp_t;     /* a data-parallel gradient synchroni
 /* The identity of a communicator to create (ncclUniqueId): 128 opaque bytes, copied as a value. */
 #define FLAME_COMM_ID_BYTES 128
 typedef struct flame_comm_id_t {
-  unsigned char internal[FLAME_COMM_ID_BYTES];
+  uint8_t internal[FLAME_COMM_ID_BYTES];
 } flame_comm_id_t;
 
 /* Options of flame_comm_create. Fill with flame_comm_options_init; the struct may grow at its end. */
