@@ -170,6 +170,7 @@ void Comm::check_usable() const {
 }
 
 void Comm::abort_and_fail(const std::string& why) {
+  for (; group_depth_ > 0; --group_depth_) nccl_->ncclGroupEnd();  // NCCL's group depth is per thread: close ours
   if (comm_) nccl_->ncclCommAbort(comm_);  // makes kernels waiting for peers return
   comm_ = nullptr;
   failed_ = why;
@@ -230,6 +231,7 @@ void Comm::group_start() {
 }
 
 void Comm::group_end() {
+  if (group_depth_ == 0) return;  // an abort inside the group closed it already
   --group_depth_;
   after(nccl_->ncclGroupEnd(), "ncclGroupEnd");
 }
