@@ -12,8 +12,23 @@ Each row reports FLAME and PyTorch time, the ratio FLAME/PyTorch (below 1: FLAME
 the fraction of the physical limit measured in the same run: copy bandwidth for memory-bound rows,
 PyTorch's bf16 GEMM rate at 8192^3 for matrix rows.
 
-Usage: python3 bench/run.py [--tiers T0,T1,T2] [--quick] [--out DIR] [--no-results-md]
-Env:   FLAME_LIBRARY (libflame.so.1), FLAME_BENCH_OVERHEAD (path of the flame_bench_overhead binary).
+GPT-2 tiers (bench/gpt2_tiers.py; FLAME side bench/gpt2.c, PyTorch side bench/gpt2_torch.py):
+  T3  GPT-2 124M training step (B8 T1024, bf16 autocast, f32 parameters, AdamW): FLAME vs PyTorch
+      eager and vs torch.compile (median of CUDA-event-timed steps after the parity steps and warm-up),
+      tokens/s, torch.compile's first-step (compilation) time; loss-curve parity over --gpt2-steps
+      steps from the same initial weights (safetensors) and batches, which fails the run (exit 1)
+      beyond bf16 tolerance (the rule is in gpt2_tiers.py's docstring). Also the MLP step rows.
+  T4  start of a fresh process's GPT-2 training to the end of its first step (from just before
+      flame_ctx_create), with an empty and with a filled kernel cache directory (target: warm <= 1 s).
+  T5  memory of the T3 runs: FLAME pool peak in use and reserved vs torch.cuda.max_memory_allocated /
+      max_memory_reserved (rows come from the T3 GPT-2 run: --tiers T3 or T5 runs it).
+  T4 and T5 rows carry their own unit and are left out of the geometric means.
+
+Usage: python3 bench/run.py [--tiers T0,T1,T2,T3,T4,T5] [--quick] [--out DIR] [--no-results-md]
+                            [--no-compile] [--gpt2-steps N] [--gpt2-tiny]
+Env:   FLAME_LIBRARY (libflame.so.1), FLAME_BENCH_OVERHEAD (path of the flame_bench_overhead binary),
+       FLAME_GPT2_LIBRARY (libflame_gpt2_bench.so), FLAME_BENCH_GPT2 (the flame_bench_gpt2 program);
+       both default to build/bench/.
 Writes DIR/bench.json and DIR/bench.csv (DIR: $OUT or bench/out) and appends a summary to
 bench/RESULTS.md with device, date and commit.
 """
@@ -27,11 +42,14 @@ import os
 import statistics
 import subprocess
 import sys
+import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "parity"))
 import flame_ctypes as fc  # noqa: E402
+import results_md  # noqa: E402
+import gpt2_tiers  # noqa: E402  (bench/, next to this file)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -124,6 +142,18 @@ class Bench:
         self.fl32 = None
         self.copy_bw = None  # bytes/s
         self.gemm_peak = None  # flop/s
+        self.failures = []  # checks that failed (GPT-2 loss parity): run.py exits 1
+
+    def info(self, tier, op, shape, dtype, flame, torch_, unit, note, ratio=None, extra=None):
+        """A row of values in `unit` (T3 parity, T4 start times, T5 memory), left out of the geometric means.
+        torch_ may be None (no PyTorch counterpart; for parity and start rows it holds the tolerance/target)."""
+        r = {"tier": tier, "op": op, "shape": shape, "dtype": dtype, "flame": flame, "torch": torch_, "unit": unit,
+             "ratio": ratio if ratio is not None else float("nan"), "note": note, "info": True}
+        r.update(extra or {})
+        self.rows.append(r)
+        t = f"{torch_:9.4f}" if torch_ is not None else "        -"
+        print(f"{tier:3} {op:28} {shape:26} {dtype:5} flame {flame:9.4f} {unit:4} other {t} {unit:4} "
+              f"ratio {r['ratio']:5.2f}  {note}", flush=True)
 
     def time_flame(self, fn, fl=None, reps=None):
         fl = fl or self.fl
@@ -681,14 +711,11 @@ class Bench:
             w = csv.DictWriter(f, fieldnames=keys)
             w.writeheader()
             w.writerows(self.rows)
-        tiers = {}
-        for r in self.rows:
-            tiers.setdefault(r["tier"], []).append(r["ratio"])
-        geo = {t: math.exp(sum(math.log(x) for x in v) / len(v)) for t, v in tiers.items()}
+        geo = results_md.geomeans(self.rows)
         for t, g in sorted(geo.items()):
-            print(f"geometric-mean ratio {t}: {g:.3f} over {len(tiers[t])} rows")
+            print(f"geometric-mean ratio {t}: {g:.3f} over {sum(1 for r in self.rows if r['tier'] == t and not r.get('info'))} rows")
         if not self.args.no_results_md:
-            append_results(meta, self.rows, geo, self.args)
+            results_md.append(meta, self.rows, geo, quick=self.args.quick)
         print(f"wrote {out_dir}/bench.json and bench.csv")
 
 
@@ -702,32 +729,16 @@ def git_commit():
         return "unknown"
 
 
-def append_results(meta, rows, geo, args):
-    path = os.path.join(HERE, "RESULTS.md")
-    lines = [f"\n## {meta['date']} · {meta['device']} · commit {meta['commit']} · torch {meta['torch']}"
-             f"{' · quick' if args.quick else ''}\n",
-             f"Limits measured in this run: copy {meta['copy_TBps']:.3f} TB/s; bf16 GEMM (PyTorch, 8192^3) "
-             f"{meta['bf16_gemm_TFLOPs']:.1f} TFLOP/s. Ratio = FLAME time / PyTorch time (< 1: FLAME faster).\n",
-             "| tier | op | shape | dtype | FLAME ms | PyTorch ms | ratio | FLAME rate | FLAME frac of limit | note |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        rate = (f"{r['flame_GBps']:.0f} GB/s" if "flame_GBps" in r else
-                f"{r['flame_TFLOPs']:.1f} TFLOP/s" if "flame_TFLOPs" in r else "")
-        frac = f"{r['flame_frac']:.2f}" if "flame_frac" in r else ""
-        lines.append(f"| {r['tier']} | {r['op']} | {r['shape']} | {r['dtype']} | {r['flame_ms']:.4f} | {r['torch_ms']:.4f} | "
-                     f"{r['ratio']:.3f} | {rate} | {frac} | {r['note']} |")
-    lines.append("")
-    lines.append("Geometric-mean ratio per tier: " + ", ".join(f"{t} {g:.3f}" for t, g in sorted(geo.items())) + "\n")
-    with open(path, "a") as f:
-        f.write("\n".join(lines))
-
-
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tiers", default="T0,T1,T2,T3")
+    ap.add_argument("--tiers", default="T0,T1,T2,T3,T4,T5",
+                    help="tiers (T0..T5) or parts of one (T1core, T1nn, T1nnops, T3mlp, T3gpt2), comma-separated")
     ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions")
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-results-md", action="store_true")
+    ap.add_argument("--no-compile", action="store_true", help="T3: skip the torch.compile GPT-2 variant")
+    ap.add_argument("--gpt2-steps", type=int, default=gpt2_tiers.PARITY_STEPS, help="T3: GPT-2 parity steps")
+    ap.add_argument("--gpt2-tiny", action="store_true", help="T3/T4/T5: a tiny GPT-2 (checks the harness quickly)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench: no CUDA GPU visible to PyTorch")
@@ -735,13 +746,24 @@ def main():
     b = Bench(args)
     b.measure_limits()
     tiers = args.tiers.split(",")
-    for t, fn in (("T0", b.tier0), ("T1", b.tier1), ("T1", b.tier1_nn), ("T1", b.tier1_nnops), ("T2", b.tier2),
-                  ("T3", b.tier3)):
-        if t in tiers:
+    # A tier name runs all its parts; a part name (T1core, T1nn, T1nnops, T3mlp) runs that part alone.
+    for t, part, fn in (("T0", "T0", b.tier0), ("T1", "T1core", b.tier1), ("T1", "T1nn", b.tier1_nn),
+                        ("T1", "T1nnops", b.tier1_nnops), ("T2", "T2", b.tier2), ("T3", "T3mlp", b.tier3)):
+        if t in tiers or part in tiers:
             fn()
+    # a failure in the GPT-2 tiers is reported and fails the run, but keeps the rows measured so far
+    for t, fn in (("T3", lambda: gpt2_tiers.tier3(b, median_ms)), ("T4", lambda: gpt2_tiers.tier4(b))):
+        if t in tiers or (t == "T3" and ("T5" in tiers or "T3gpt2" in tiers)):
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                b.failures.append(f"{t} GPT-2: {e}")
     b.finish()
     b.fl.close()
-    return 0
+    for f in b.failures:
+        print("FAILED: " + f)
+    return 1 if b.failures else 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
-// Elementwise kernels: one functor per op (the name in src/ops/op_list.h), applied by two generic
+// Elementwise kernels: one functor per op (the name in src/ops/op_list.h), applied by generic
 // kernels over 0 to 3 operands of any element types. ew_contig moves V elements per thread with
-// aligned vector accesses (16 bytes for the widest operand) when every operand is dense;
-// ew_strided handles any strides (broadcast 0, negative for flips) with 32- or 64-bit indexing.
+// aligned vector accesses (16 bytes for the widest operand) when every operand is dense; ew_rows
+// does the same for a dense output whose operands are dense or broadcast along the last axis (any
+// strides on the others: broadcasts, permuted outer axes); ew_tile
+// transposes through shared memory when one operand's unit stride is not the output's; ew_strided
+// handles any strides (broadcast 0, negative for flips) with 32- or 64-bit indexing.
 // Functors compute in compute_t (f32 for f16/bf16) and the result is converted to the output type.
 #pragma once
 #include "common.cuh"
@@ -94,28 +97,46 @@ __device__ __forceinline__ auto apply(const Op& op, const A& a, const B& b, cons
 }
 
 // ---------------- dense operands ----------------
+template <int V, class T> __device__ __forceinline__ Vec<T, V> load_vec(const T* p, i64 i) {
+  Vec<T, V> v;
+  if constexpr (!is_none<T>::value) v = *reinterpret_cast<const Vec<T, V>*>(p + i);
+  return v;
+}
+
+template <int V, class Op, class R, class A, class B, class C>
+__device__ __forceinline__ Vec<R, V> apply_vec(const Op& op, const Vec<A, V>& a, const Vec<B, V>& b, const Vec<C, V>& c) {
+  Vec<R, V> o;
+#pragma unroll
+  for (int k = 0; k < V; ++k) o.v[k] = cast<R>(apply(op, a.v[k], b.v[k], c.v[k]));
+  return o;
+}
+
+// Two vectors per thread per iteration, both loaded before either is used: one load in flight per
+// thread leaves about 6% of the bandwidth unused.
 template <int V, class Op, class R, class A = None, class B = None, class C = None>
 __global__ void ew_contig(Op op, R* __restrict__ out, i64 n, const A* __restrict__ a, const B* __restrict__ b,
                           const C* __restrict__ c) {
-  i64 step = static_cast<i64>(gridDim.x) * blockDim.x * V;
-  for (i64 i = (static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < n; i += step) {
-    if (i + V <= n) {
-      Vec<A, V> va; Vec<B, V> vb; Vec<C, V> vc; Vec<R, V> vo;
-      if constexpr (!is_none<A>::value) va = *reinterpret_cast<const Vec<A, V>*>(a + i);
-      if constexpr (!is_none<B>::value) vb = *reinterpret_cast<const Vec<B, V>*>(b + i);
-      if constexpr (!is_none<C>::value) vc = *reinterpret_cast<const Vec<C, V>*>(c + i);
-#pragma unroll
-      for (int k = 0; k < V; ++k) vo.v[k] = cast<R>(apply(op, va.v[k], vb.v[k], vc.v[k]));
-      *reinterpret_cast<Vec<R, V>*>(out + i) = vo;
-    } else {
-      for (i64 j = i; j < n; ++j) {
-        A xa; B xb; C xc;
-        if constexpr (!is_none<A>::value) xa = a[j];
-        if constexpr (!is_none<B>::value) xb = b[j];
-        if constexpr (!is_none<C>::value) xc = c[j];
-        out[j] = cast<R>(apply(op, xa, xb, xc));
-      }
-    }
+  const i64 nthreads = static_cast<i64>(gridDim.x) * blockDim.x, nvec = n / V;
+  i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; j + nthreads < nvec; j += 2 * nthreads) {
+    const i64 i0 = j * V, i1 = (j + nthreads) * V;
+    Vec<A, V> a0 = load_vec<V>(a, i0), a1 = load_vec<V>(a, i1);
+    Vec<B, V> b0 = load_vec<V>(b, i0), b1 = load_vec<V>(b, i1);
+    Vec<C, V> c0 = load_vec<V>(c, i0), c1 = load_vec<V>(c, i1);
+    *reinterpret_cast<Vec<R, V>*>(out + i0) = apply_vec<V, Op, R>(op, a0, b0, c0);
+    *reinterpret_cast<Vec<R, V>*>(out + i1) = apply_vec<V, Op, R>(op, a1, b1, c1);
+  }
+  if (j < nvec) {
+    const i64 i0 = j * V;
+    *reinterpret_cast<Vec<R, V>*>(out + i0) =
+        apply_vec<V, Op, R>(op, load_vec<V>(a, i0), load_vec<V>(b, i0), load_vec<V>(c, i0));
+  }
+  for (i64 e = nvec * V + static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += nthreads) {
+    A xa; B xb; C xc;
+    if constexpr (!is_none<A>::value) xa = a[e];
+    if constexpr (!is_none<B>::value) xb = b[e];
+    if constexpr (!is_none<C>::value) xc = c[e];
+    out[e] = cast<R>(apply(op, xa, xb, xc));
   }
 }
 
@@ -147,6 +168,104 @@ __global__ void ew_strided(Op op, R* out, i64 n, const A* a, const B* b, const C
     if constexpr (!is_none<B>::value) xb = b[o2];
     if constexpr (!is_none<C>::value) xc = c[o3];
     out[o0] = cast<R>(apply(op, xa, xb, xc));
+  }
+}
+
+// ---------------- a dense output over rows: last axis dense or broadcast in every operand ----------------
+// After collapsing, out is dense [..., cols] and operand k reads element (row, c) at
+// offset_k(row) + c * inner_k, inner_k 0 (broadcast along the row) or 1, where offset_k walks the
+// outer axes with any strides: bias adds, row scales, and copies or casts of views that permute
+// the outer axes (a [B, H, T, D] attention output read as [B, T, H, D]). V elements per thread
+// along c; the outer index is decomposed once per vector.
+struct RowsLayout {
+  int nd;              // outer axes, 0 to 7
+  i64 shape[7];
+  i64 outer[3][7];     // operand strides along the outer axes
+  i64 rows, cols;
+  int inner[3];        // 0 or 1
+};
+
+template <int V, class T>
+__device__ __forceinline__ Vec<T, V> load_row_vec(const T* p, i64 off, i64 c, int k, const RowsLayout& L) {
+  Vec<T, V> v;
+  if constexpr (!is_none<T>::value) {
+    const T* q = p + off;
+    if (L.inner[k]) {
+      v = *reinterpret_cast<const Vec<T, V>*>(q + c);
+    } else {
+      T x = *q;
+#pragma unroll
+      for (int j = 0; j < V; ++j) v.v[j] = x;
+    }
+  }
+  return v;
+}
+
+template <int V, class Op, class R, class A = None, class B = None, class C = None>
+__global__ void ew_rows(Op op, R* __restrict__ out, const A* __restrict__ a, const B* __restrict__ b,
+                        const C* __restrict__ c, RowsLayout L) {
+  const i64 vpr = L.cols / V, n = L.rows * vpr;  // host guarantees cols % V == 0 and aligned rows
+  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 r = i / vpr, col = (i - r * vpr) * V;
+    i64 rem = r, oa = 0, ob = 0, oc = 0;
+    for (int d = L.nd - 1; d >= 0; --d) {
+      const i64 idx = rem % L.shape[d];
+      rem /= L.shape[d];
+      if constexpr (!is_none<A>::value) oa += idx * L.outer[0][d];
+      if constexpr (!is_none<B>::value) ob += idx * L.outer[1][d];
+      if constexpr (!is_none<C>::value) oc += idx * L.outer[2][d];
+    }
+    Vec<A, V> va = load_row_vec<V>(a, oa, col, 0, L);
+    Vec<B, V> vb = load_row_vec<V>(b, ob, col, 1, L);
+    Vec<C, V> vc = load_row_vec<V>(c, oc, col, 2, L);
+    Vec<R, V> vo;
+#pragma unroll
+    for (int k = 0; k < V; ++k) vo.v[k] = cast<R>(apply(op, va.v[k], vb.v[k], vc.v[k]));
+    *reinterpret_cast<Vec<R, V>*>(out + r * L.cols + col) = vo;
+  }
+}
+
+// ---------------- one operand read across its unit stride (transpose-contiguous) ----------------
+// out is dense; the operand's unit-stride axis is not the output's last axis, so a direct copy
+// reads or writes 32 bytes per element. A 32x32 tile goes through shared memory: read along the
+// operand's unit axis (`rows` here), written along the output's last axis (`cols`).
+struct TileLayout {
+  int nb;              // batch axes: every collapsed axis but the two tile axes
+  i64 bshape[6];
+  i64 bstride_out[6];
+  i64 bstride_in[6];
+  i64 rows, cols;
+  i64 in_col_stride;   // the operand's stride along cols (along rows it is 1)
+  i64 out_row_stride;  // the output's stride along rows (along cols it is 1)
+};
+
+template <class Op, class R, class A>
+__global__ void ew_tile(Op op, R* __restrict__ out, const A* __restrict__ a, TileLayout L) {
+  __shared__ R tile[32][33];  // +1 column: the transposed read hits 32 different banks
+  const i64 tr = (L.rows + 31) / 32, tc = (L.cols + 31) / 32, per_batch = tr * tc;
+  i64 nbatch = 1;
+  for (int d = 0; d < L.nb; ++d) nbatch *= L.bshape[d];
+  None none{};
+  for (i64 t = blockIdx.x; t < nbatch * per_batch; t += gridDim.x) {
+    i64 bi = t / per_batch, rem = t - bi * per_batch;
+    const i64 r0 = (rem / tc) * 32, c0 = (rem % tc) * 32;
+    i64 ob = 0, ib = 0;
+    for (int d = L.nb - 1; d >= 0; --d) {
+      i64 idx = bi % L.bshape[d];
+      bi /= L.bshape[d];
+      ob += idx * L.bstride_out[d];
+      ib += idx * L.bstride_in[d];
+    }
+    for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+      i64 r = r0 + threadIdx.x, col = c0 + k;
+      if (r < L.rows && col < L.cols) tile[k][threadIdx.x] = cast<R>(apply(op, a[ib + r + col * L.in_col_stride], none, none));
+    }
+    __syncthreads();
+    for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+      i64 r = r0 + k, col = c0 + threadIdx.x;
+      if (r < L.rows && col < L.cols) out[ob + r * L.out_row_stride + col] = tile[threadIdx.x][k];
+    }
+    __syncthreads();
   }
 }
 

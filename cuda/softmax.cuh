@@ -135,7 +135,9 @@ __global__ void __launch_bounds__(1024) softmax_fwd_stream(const T* __restrict__
       }
     }
     A M = row_allreduce(m, RowMax(), red);
-    s = row_allreduce(m == neg_infinity<A>() ? A(0) : s * m_exp(m - M), RowSum(), red);
+    // A thread that saw only -inf adds nothing; one whose s is NaN (it saw a NaN but no finite
+    // value, so m stayed -inf) must still make the row NaN, as PyTorch's max-shift does.
+    s = row_allreduce(m == neg_infinity<A>() && !is_nan(s) ? A(0) : s * m_exp(m - M), RowSum(), red);
     const A inv = A(1) / s, ls = m_log(s);
     T* yr = y + row * D;
     for (i64 c = static_cast<i64>(threadIdx.x) * V; c < D; c += static_cast<i64>(blockDim.x) * V) {

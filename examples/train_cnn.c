@@ -2,8 +2,8 @@
  * train_cnn.c - a small convolutional classifier trained from C on procedurally drawn shapes.
  *
  *   data   32x32 RGB images of a filled circle, square or triangle at a random position, size and
- *          colour on a noisy background, drawn here on the host; every training step draws a fresh
- *          batch, and a fixed held-out set is drawn from another part of the random stream
+ *          colour on a noisy background, drawn on the host (shapes_data.h); every training step draws
+ *          a fresh batch, and a fixed held-out set is drawn from another part of the random stream
  *   model  three blocks of conv 3x3 (padding 'same') -> group norm -> SiLU, the first two followed by
  *          2x2 max pooling, then adaptive average pooling to 1x1 and a linear head (3 classes)
  *   train  cross-entropy, AdamW (no weight decay on biases and norm parameters), warm-up + cosine,
@@ -24,11 +24,10 @@
 #include <time.h>
 
 #include "flame.h"
+#include "shapes_data.h" /* the data set: draw_batch, IMG, CLASSES */
 
 #define EXIT_NO_GPU 2
 #define PI 3.14159265358979323846
-#define IMG 32
-#define CLASSES 3
 #define BLOCKS 3
 
 #define CHECK(call)                                                                              \
@@ -53,50 +52,6 @@ typedef struct config {
   double lr, target;
   uint64_t seed;
 } config;
-
-static uint64_t rng_next(uint64_t* s) {
-  *s ^= *s >> 12;
-  *s ^= *s << 25;
-  *s ^= *s >> 27;
-  return *s * 2685821657736338717ull;
-}
-static double rng_uniform(uint64_t* s) { return (double)(rng_next(s) >> 11) / 9007199254740992.0; }
-
-/* Draws one image (planar CHW floats in about [-1, 1]) of class c into img. */
-static void draw_shape(uint64_t* s, int c, float* img) {
-  double cx = 8 + 16 * rng_uniform(s), cy = 8 + 16 * rng_uniform(s), r = 4 + 4 * rng_uniform(s);
-  double col[3];
-  for (int k = 0; k < 3; ++k) col[k] = 0.3 + 0.7 * rng_uniform(s);
-  double ang = 2 * PI * rng_uniform(s); /* triangles point anywhere */
-  for (int y = 0; y < IMG; ++y)
-    for (int x = 0; x < IMG; ++x) {
-      double dx = x + 0.5 - cx, dy = y + 0.5 - cy;
-      int inside = 0;
-      if (c == 0) {
-        inside = dx * dx + dy * dy <= r * r;
-      } else if (c == 1) {
-        inside = fabs(dx) <= r * 0.85 && fabs(dy) <= r * 0.85;
-      } else { /* equilateral triangle of circumradius r: inside all three half-planes */
-        inside = 1;
-        for (int e = 0; e < 3; ++e) {
-          double a = ang + e * 2 * PI / 3;
-          if (dx * cos(a) + dy * sin(a) > r * 0.5) inside = 0;
-        }
-      }
-      for (int k = 0; k < 3; ++k) {
-        double bg = 0.15 * rng_uniform(s);
-        img[(k * IMG + y) * IMG + x] = (float)((inside ? col[k] : bg) * 2.0 - 1.0);
-      }
-    }
-}
-
-static void draw_batch(uint64_t* s, int n, float* imgs, int64_t* labels) {
-  for (int i = 0; i < n; ++i) {
-    int c = (int)(rng_next(s) % CLASSES);
-    labels[i] = c;
-    draw_shape(s, c, imgs + (size_t)i * 3 * IMG * IMG);
-  }
-}
 
 typedef struct model {
   int64_t channels; /* of the last block, the head's input */

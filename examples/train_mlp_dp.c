@@ -222,7 +222,11 @@ int main(int argc, char** argv) {
   s.batch = 64;
   s.hidden = 64;
   s.log_every = 50;
-  for (i = 1; i + 1 < argc; i += 2) {
+  for (i = 1; i < argc; i += 2) {
+    if (!strcmp(argv[i], "--help") || i + 1 >= argc) {
+      fprintf(stderr, "usage: %s [--gpus N] [--steps S] [--batch B] [--hidden H] [--log K]\n", argv[0]);
+      return strcmp(argv[i], "--help") ? 1 : 0;
+    }
     if (!strcmp(argv[i], "--gpus")) s.world = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--steps")) s.steps = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--batch")) s.batch = atoi(argv[i + 1]);

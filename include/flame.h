@@ -24,7 +24,23 @@
  *
  * Work is asynchronous on one stream per context. Copies to the host synchronise. A device fault
  * found asynchronously is kept in the context and reported by the next call that can see it
- * (FLAME_ERROR_CONTEXT_FAILED); such a context stays failed, other contexts keep working.
+ * (FLAME_ERROR_CONTEXT_FAILED); such a context stays failed; contexts on other GPUs keep working.
+ *
+ * Device faults (an illegal address or instruction in a kernel, e.g. through a DLPack import whose
+ * memory is not what it claims): the call that launched the kernel usually succeeds; the fault is
+ * reported by the next call that synchronises or queues work, as FLAME_ERROR_CONTEXT_FAILED with
+ * "device fault" and the CUDA error in the message. From then on every call on that context that
+ * needs the device returns FLAME_ERROR_CONTEXT_FAILED; results computed since the last successful
+ * synchronisation are lost. What survives: the process; queries that do not touch the device
+ * (shapes, dtypes, status strings); releasing its tensors (DLPack deleters still run once) and
+ * flame_ctx_destroy; contexts on other GPUs. What does not: CUDA poisons a whole CUDA context, and
+ * all FLAME contexts on one GPU share that GPU's primary CUDA context, so every context on the
+ * faulting GPU fails too (each reports FLAME_ERROR_CONTEXT_FAILED at its next device call). Once
+ * all contexts of that GPU are destroyed and their tensors released, a new context on it starts
+ * with a fresh CUDA context, unless something else in the process still holds the primary context
+ * (the application, or the CUDA runtime once cuBLASLt has run a matrix product in the process):
+ * then only a new process can use that GPU again. tests/gpu/test_device_fault.cpp checks this in a
+ * child process.
  */
 #ifndef FLAME_H
 #define FLAME_H
@@ -294,7 +310,8 @@ FLAME_API flame_status_t flame_tril(flame_tensor_t t, int64_t diagonal, flame_te
 FLAME_API flame_status_t flame_add(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
 FLAME_API flame_status_t flame_sub(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
 FLAME_API flame_status_t flame_mul(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
-/* True division: integer inputs give f32. */
+/* True division: integer inputs give f32, so an integer divided by 0 gives +-inf or NaN as in
+ * torch.div (FLAME has no integer-result division that could produce a garbage value). */
 FLAME_API flame_status_t flame_div(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
 FLAME_API flame_status_t flame_pow(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out);
 /* Elementwise max / min; NaN propagates. */

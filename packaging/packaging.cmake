@@ -23,6 +23,13 @@ get_filename_component(FLAME_PKG_SOURCE_DIR ${FLAME_PKG_SOURCE_DIR} ABSOLUTE)
 set(FLAME_MAINTAINER "The FLAME authors <flame@example.org>" CACHE STRING "Package maintainer (Name <email>)")
 set(FLAME_HOMEPAGE "https://flame.example.org" CACHE STRING "Project homepage for package metadata")
 set(FLAME_PACKAGE_RELEASE 1 CACHE STRING "Package release number (the -N of 0.1.0-N)")
+# The defaults use the reserved example.org domain (RFC 2606): fine for CI and local packages, but a
+# published package must name its real maintainer and homepage. -DFLAME_RELEASE=ON enforces that.
+option(FLAME_RELEASE "Build packages for publication (refuses placeholder maintainer/homepage)" OFF)
+if(FLAME_RELEASE AND (FLAME_MAINTAINER MATCHES "example\\.org" OR FLAME_HOMEPAGE MATCHES "example\\.org"))
+  message(FATAL_ERROR "FLAME_RELEASE=ON: set -DFLAME_MAINTAINER=\"Name <email>\" and -DFLAME_HOMEPAGE=<url> "
+                      "(now \"${FLAME_MAINTAINER}\", \"${FLAME_HOMEPAGE}\")")
+endif()
 
 if(DEFINED CUDAToolkit_VERSION_MAJOR)
   set(_flame_cuda_major_default ${CUDAToolkit_VERSION_MAJOR})
@@ -105,8 +112,9 @@ install(FILES ${FLAME_PKG_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DATARO
 install(FILES ${FLAME_PKG_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/libflame-dev
         RENAME copyright COMPONENT dev)
 
-# Example sources plus a CMakeLists.txt that builds them against the installed package.
-file(GLOB FLAME_EXAMPLE_SOURCES ${FLAME_PKG_SOURCE_DIR}/examples/*.c)
+# Example sources (and the headers they share) plus a CMakeLists.txt that builds them against the
+# installed package.
+file(GLOB FLAME_EXAMPLE_SOURCES ${FLAME_PKG_SOURCE_DIR}/examples/*.c ${FLAME_PKG_SOURCE_DIR}/examples/*.h)
 install(FILES ${FLAME_EXAMPLE_SOURCES} DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples COMPONENT dev)
 install(FILES ${FLAME_PKG_SOURCE_DIR}/examples/standalone/CMakeLists.txt
         DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples COMPONENT dev)

@@ -12,7 +12,8 @@
 # that have CMake and the CUDA toolkit but no GoogleTest and no network (FLAME_GTEST_FROM_SOURCE=1
 # forces this path).
 #
-# Steps: configure (Release) + build with all cores; ctest with a fresh, empty kernel cache
+# Steps: configure (Release) + build with all cores; ctest (every label, the `examples` rows that
+# train the example programs and check their claims included) with a fresh, empty kernel cache
 # (FLAME_KERNEL_CACHE_DIR under the build dir: every kernel compiled by NVRTC); ctest again on the
 # now warm cache (the cache-hit path) unless FLAME_SKIP_WARM_RUN=1; then the PyTorch parity suite
 # (tests/parity/run_parity.py) when it exists, the DLPack exchange with PyTorch

@@ -108,9 +108,18 @@ void run_post_hooks(const Tensor& leaf) {
 // .grad += g, in place when no graph is being built (the buffer is private to the leaf).
 void accumulate_grad(const Tensor& t, Tensor g, bool create_graph) {
   auto& m = autograd_meta(*t);
+  if (!m.grad && !create_graph) {
+    // The engine's buffer becomes .grad when nothing else can reach it, as PyTorch steals it: a dense
+    // tensor whose handle and storage only this call holds (a gradient shared by two leaves, kept by
+    // a hook's caller or exported is still referenced). Otherwise a private copy, so that later
+    // in-place accumulation touches nothing else. Saves one copy per parameter and step.
+    const bool sole = g.use_count() == 1 && g->storage.use_count() == 1 && g->contiguous() && !g->autograd;
+    m.grad = sole ? alias(g) : ops::clone(alias(g));
+    return;
+  }
   if (!create_graph) g = alias(g);
-  if (!m.grad) {  // a private copy, so that later in-place accumulation touches nothing else
-    m.grad = create_graph ? g : ops::clone(g);
+  if (!m.grad) {
+    m.grad = g;
     return;
   }
   if (create_graph) {
@@ -179,6 +188,23 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
     }
   }
 
+  // A slice's gradient added in place into that slice of its input's pending gradient, when the
+  // engine alone holds that buffer: q, k and v split from one qkv tensor then cost one zero-filled
+  // buffer instead of three, and no full-size additions. False: the rule runs (zeros + copy).
+  auto scatter_into_pending = [&](Node& n, const Tensor& g) {
+    Node* child = n.next[0].fn.get();
+    auto it = child ? buffer.find(child) : buffer.end();
+    if (req.create_graph || it == buffer.end() || it->second.size() <= n.next[0].input_nr) return false;
+    const Tensor& acc = it->second[n.next[0].input_nr];
+    if (!acc || acc.use_count() != 1 || acc->storage.use_count() != 1 || !acc->contiguous() || acc->dtype != g->dtype ||
+        acc->shape != n.inputs[0].shape)
+      return false;
+    Tensor slice = ops::view_slice(acc, n.view);  // grad mode is off: no node recorded
+    launch_elementwise("Add", {}, slice, {slice, g});
+    acc->storage->version++;
+    return true;
+  };
+
   // Linear nodes whose buffered gradient is already their pre-activation gradient.
   std::unordered_set<Node*> pre_activation;
   auto unobserved = [&](Node* c) {
@@ -246,6 +272,8 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
           buffer[producer] = {p_dz};
           pre_activation.insert(producer);
         }
+      } else if (n->op == OpId::ViewSlice && scatter_into_pending(*n, gs[0])) {
+        grads.assign(n->next.size(), nullptr);  // already in the input's buffer
       } else {
         grads = n->num_outputs > 1 ? apply_backward_rule_multi(*n, gs) : apply_backward_rule(*n, gs[0]);
       }
@@ -270,7 +298,7 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
     FLAME_CHECK(results[j] || req.allow_unused, FLAME_ERROR_INVALID_ARGUMENT, "input ", j,
                 " was not used to compute the outputs (pass FLAME_GRAD_ALLOW_UNUSED to get NULL instead)");
   // Leaves last: nothing is accumulated if any hook failed during the walk.
-  for (auto& p : pending) accumulate_grad(p.first, p.second, req.create_graph);
+  for (auto& p : pending) accumulate_grad(p.first, std::move(p.second), req.create_graph);  // moved: see accumulate_grad
   for (auto& p : pending)
     if (!p.first->autograd || !p.first->autograd->grad_fn) run_post_hooks(p.first);
   if (!req.create_graph)

@@ -15,6 +15,24 @@ struct StridedLayout {  // mirrors cuda/elementwise.cuh
   int64_t stride[4][kMaxDims];
 };
 
+struct RowsLayout {  // mirrors cuda/elementwise.cuh
+  int nd;
+  int64_t shape[7];
+  int64_t outer[3][7];
+  int64_t rows, cols;
+  int inner[3];
+};
+
+struct TileLayout {  // mirrors cuda/elementwise.cuh
+  int nb;
+  int64_t bshape[6];
+  int64_t bstride_out[6];
+  int64_t bstride_in[6];
+  int64_t rows, cols;
+  int64_t in_col_stride;
+  int64_t out_row_stride;
+};
+
 struct ReduceLayout {  // mirrors cuda/reduce.cuh
   int out_ndim;
   int64_t out_shape[kMaxDims];
@@ -124,10 +142,96 @@ std::string reduce_name(const char* kernel, ReduceKind k, DType in, DType acc, D
 
 }  // namespace
 
-std::vector<std::string> elementwise_instantiations(const std::string& functor, DType out, const std::vector<DType>& ins) {
-  return {contig_name(vector_width(out, ins), functor, out, ins), contig_name(1, functor, out, ins),
-          strided_name(false, functor, out, ins), strided_name(true, functor, out, ins)};
+static std::string rows_name(int v, const std::string& functor, DType out, const std::vector<DType>& ins) {
+  std::vector<std::string> a = {std::to_string(v), "flame::" + functor, device_type(out)};
+  for (DType d : ins) a.push_back(device_type(d));
+  return "flame::ew_rows" + template_args(a);
 }
+
+static std::string tile_name(const std::string& functor, DType out, DType in) {
+  return "flame::ew_tile" + template_args({"flame::" + functor, device_type(out), device_type(in)});
+}
+
+std::vector<std::string> elementwise_instantiations(const std::string& functor, DType out, const std::vector<DType>& ins) {
+  std::vector<std::string> r = {contig_name(vector_width(out, ins), functor, out, ins), contig_name(1, functor, out, ins),
+                                strided_name(false, functor, out, ins), strided_name(true, functor, out, ins)};
+  if (!ins.empty()) r.push_back(rows_name(vector_width(out, ins), functor, out, ins));
+  if (ins.size() == 1) r.push_back(tile_name(functor, out, ins[0]));
+  return r;
+}
+
+namespace {
+
+// Dense output whose operands are dense or broadcast along the last collapsed axis (x + bias,
+// x * row_scale, a copy or cast of a view with permuted outer axes): ew_rows, V elements per thread.
+// False when the layout or the alignment does not fit; the caller then uses ew_tile or ew_strided.
+bool launch_rows(Context& ctx, const std::string& functor, ScalarArgs& args, const Tensor& out,
+                 const std::vector<Tensor>& ins, const std::vector<DType>& in_types, const CollapsedLayout& c,
+                 CUdeviceptr* ptr) {
+  const int nd = static_cast<int>(c.shape.size());
+  if (ins.empty() || nd > 8 || !out->contiguous()) return false;
+  RowsLayout L{};
+  L.nd = nd - 1;
+  L.cols = c.shape[nd - 1];
+  L.rows = 1;
+  for (int d = 0; d < nd - 1; ++d) {
+    L.shape[d] = c.shape[d];
+    L.rows *= c.shape[d];
+  }
+  const int v = vector_width(out->dtype, in_types);
+  if (L.cols % v != 0 || L.cols / v < 4 || ptr[0] % (v * out->elem_size()) != 0) return false;  // short rows: ew_strided
+  for (size_t k = 0; k < ins.size(); ++k) {
+    const Strides& st = c.strides[k + 1];
+    const int64_t inner = st[nd - 1];
+    if (inner != 0 && inner != 1) return false;
+    L.inner[k] = static_cast<int>(inner);
+    bool aligned = inner == 0 || ptr[k + 1] % (v * ins[k]->elem_size()) == 0;
+    for (int d = 0; d < nd - 1; ++d) {
+      L.outer[k][d] = st[d];
+      aligned = aligned && (inner == 0 || st[d] % v == 0);
+    }
+    if (!aligned) return false;
+  }
+  CUfunction f = ctx.function("elementwise.cuh", rows_name(v, functor, out->dtype, in_types));
+  void* kargs[] = {&args, &ptr[0], &ptr[1], &ptr[2], &ptr[3], &L};
+  ctx.launch(f, grid_for(ctx, L.rows * (L.cols / v), kBlock), kBlock, kargs);
+  return true;
+}
+
+// Dense output from one operand whose unit-stride axis is not the output's last axis (a transposed
+// or channels-last copy or cast): ew_tile through shared memory. False when the layout does not fit.
+bool launch_tile(Context& ctx, const std::string& functor, ScalarArgs& args, const Tensor& out, const Tensor& in,
+                 const CollapsedLayout& c, CUdeviceptr* ptr) {
+  const int nd = static_cast<int>(c.shape.size());
+  if (nd < 2 || nd > 8 || !out->contiguous()) return false;
+  const Strides& si = c.strides[1];
+  const Strides& so = c.strides[0];
+  int p = -1;
+  for (int d = 0; d < nd - 1; ++d)
+    if (si[d] == 1) p = d;
+  if (p < 0 || si[nd - 1] == 1 || c.shape[p] < 16 || c.shape[nd - 1] < 16) return false;
+  TileLayout L{};
+  L.rows = c.shape[p];
+  L.cols = c.shape[nd - 1];
+  L.in_col_stride = si[nd - 1];
+  L.out_row_stride = so[p];
+  int64_t tiles = ((L.rows + 31) / 32) * ((L.cols + 31) / 32);
+  for (int d = 0; d < nd - 1; ++d) {
+    if (d == p) continue;
+    L.bshape[L.nb] = c.shape[d];
+    L.bstride_out[L.nb] = so[d];
+    L.bstride_in[L.nb] = si[d];
+    tiles *= c.shape[d];
+    ++L.nb;
+  }
+  CUfunction f = ctx.function("elementwise.cuh", tile_name(functor, out->dtype, in->dtype));
+  void* kargs[] = {&args, &ptr[0], &ptr[1], &L};
+  unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, static_cast<int64_t>(ctx.sm_count) * 32)));
+  ctx.check(ctx.drv.cuLaunchKernel(f, grid, 1, 1, 32, 8, 1, 0, ctx.stream, kargs, nullptr), "cuLaunchKernel");
+  return true;
+}
+
+}  // namespace
 
 void launch_elementwise(const std::string& functor, const ScalarArgs& s, const Tensor& out, const std::vector<Tensor>& ins) {
   Context& ctx = out->ctx();
@@ -153,6 +257,8 @@ void launch_elementwise(const std::string& functor, const ScalarArgs& s, const T
   std::vector<Strides> strides = {out->strides};
   for (const auto& t : ins) strides.push_back(t->strides);
   CollapsedLayout c = collapse(out->shape, strides);
+  if (launch_rows(ctx, functor, args, out, ins, in_types, c, ptr)) return;
+  if (ins.size() == 1 && launch_tile(ctx, functor, args, out, ins[0], c, ptr)) return;
   StridedLayout L{};
   L.ndim = static_cast<int>(c.shape.size());
   int64_t max_extent = 0;

@@ -14,6 +14,7 @@
 #include "ops/nn_rows.h"
 #include "ops/nnops.h"
 #include "ops/ops.h"
+#include "ops/spatial.h"
 
 namespace flame {
 
@@ -29,18 +30,6 @@ struct PoolGeom {  // mirrors cuda/pool.cuh
   int64_t divisor;
   int32_t adaptive;
 };
-
-std::string kernel_name(const char* k, DType t) { return std::string("flame::") + k + targs({device_type(t)}); }
-
-// 4-D tensors with the c stride 1 (and more than one channel) are channels-last.
-bool channels_last(const Tensor& t) { return t->ndim() == 4 && t->shape[1] > 1 && t->strides[1] == 1 && !t->contiguous(); }
-
-// A new [N, C, A, B] tensor, channels-last in memory when cl.
-Tensor make_nchw(Context& ctx, const Shape& s, DType dt, bool cl) {
-  if (!cl) return make_tensor(ctx, s, dt);
-  Tensor base = make_tensor(ctx, {s[0], s[2], s[3], s[1]}, dt);
-  return make_view(base, s, {s[2] * s[3] * s[1], 1, s[3] * s[1], s[1]}, 0);
-}
 
 PoolGeom geometry(const ops::PoolParams& p, const Tensor& xlike, const Tensor& ylike, bool cl) {
   PoolGeom g{};
@@ -166,7 +155,7 @@ Tensor ops::max_pool2d(const Tensor& x, const Pool2dOptions& o) {
   Tensor x4 = batched(op, x);
   PoolParams p = fixed_params(op, x4, o, true);
   Context& ctx = x4->ctx();
-  const bool cl = channels_last(x4);
+  const bool cl = spatial_channels_last(x4);
   Tensor y = make_nchw(ctx, {p.N, p.C, p.OH, p.OW}, x4->dtype, cl);
   Tensor idx = make_nchw(ctx, {p.N, p.C, p.OH, p.OW}, FLAME_DTYPE_I64, cl);
   int64_t total = y->numel();
@@ -174,7 +163,7 @@ Tensor ops::max_pool2d(const Tensor& x, const Pool2dOptions& o) {
     PoolGeom g = geometry(p, x4, y, cl);
     CUdeviceptr px = x4->data(), py = y->data(), pi = idx->data();
     void* args[] = {&px, &py, &pi, &total, &g};
-    launch_flat(ctx, ctx.function("pool.cuh", kernel_name("max_pool2d_kernel", x4->dtype)), total, args);
+    launch_flat(ctx, ctx.function("pool.cuh", spatial_kernel_name("max_pool2d_kernel", x4->dtype)), total, args);
   }
   if (auto node = record(OpId::MaxPool2d, {x4}, {y})) node->saved.emplace_back(idx, false);
   return unbatched(y, x);
@@ -184,14 +173,14 @@ Tensor ops::max_pool2d(const Tensor& x, const Pool2dOptions& o) {
 
 Tensor ops::avg_pool2d_apply(const Tensor& x4, const PoolParams& p) {
   Context& ctx = x4->ctx();
-  const bool cl = channels_last(x4);
+  const bool cl = spatial_channels_last(x4);
   Tensor y = make_nchw(ctx, {p.N, p.C, p.OH, p.OW}, x4->dtype, cl);
   int64_t total = y->numel();
   if (total > 0) {
     PoolGeom g = geometry(p, x4, y, cl);
     CUdeviceptr px = x4->data(), py = y->data();
     void* args[] = {&px, &py, &total, &g};
-    launch_flat(ctx, ctx.function("pool.cuh", kernel_name("avg_pool2d_kernel", x4->dtype)), total, args);
+    launch_flat(ctx, ctx.function("pool.cuh", spatial_kernel_name("avg_pool2d_kernel", x4->dtype)), total, args);
   }
   if (auto node = record(OpId::AvgPool2d, {x4}, {y})) node->ints = p.to_ints();
   return y;
@@ -199,14 +188,14 @@ Tensor ops::avg_pool2d_apply(const Tensor& x4, const PoolParams& p) {
 
 Tensor ops::avg_pool2d_adjoint(const Tensor& g4, const PoolParams& p) {
   Context& ctx = g4->ctx();
-  const bool cl = channels_last(g4);
+  const bool cl = spatial_channels_last(g4);
   Tensor gx = make_nchw(ctx, {p.N, p.C, p.H, p.W}, g4->dtype, cl);
   int64_t total = gx->numel();
   if (total > 0) {
     PoolGeom g = geometry(p, gx, g4, cl);
     CUdeviceptr pg = g4->data(), px = gx->data();
     void* args[] = {&pg, &px, &total, &g};
-    launch_flat(ctx, ctx.function("pool.cuh", kernel_name("avg_pool2d_backward_kernel", g4->dtype)), total, args);
+    launch_flat(ctx, ctx.function("pool.cuh", spatial_kernel_name("avg_pool2d_backward_kernel", g4->dtype)), total, args);
   }
   if (auto node = record(OpId::AvgPool2dBackward, {g4}, {gx})) node->ints = p.to_ints();
   return gx;
@@ -237,7 +226,7 @@ Tensor ops::adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
 std::vector<std::string> ops::pool_instantiations() {
   std::vector<std::string> v;
   for (DType t : {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64})
-    for (const char* k : {"max_pool2d_kernel", "avg_pool2d_kernel", "avg_pool2d_backward_kernel"}) v.push_back(kernel_name(k, t));
+    for (const char* k : {"max_pool2d_kernel", "avg_pool2d_kernel", "avg_pool2d_backward_kernel"}) v.push_back(spatial_kernel_name(k, t));
   return v;
 }
 

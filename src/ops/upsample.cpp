@@ -11,6 +11,7 @@
 #include "ops/nn_rows.h"
 #include "ops/nnops.h"
 #include "ops/ops.h"
+#include "ops/spatial.h"
 
 namespace flame {
 
@@ -25,16 +26,6 @@ struct UpGeom {  // mirrors cuda/upsample.cuh
   int32_t mode;
   int32_t align_corners;
 };
-
-std::string kernel_name(const char* k, DType t) { return std::string("flame::") + k + targs({device_type(t)}); }
-
-bool channels_last(const Tensor& t) { return t->ndim() == 4 && t->shape[1] > 1 && t->strides[1] == 1 && !t->contiguous(); }
-
-Tensor make_nchw(Context& ctx, const Shape& s, DType dt, bool cl) {
-  if (!cl) return make_tensor(ctx, s, dt);
-  Tensor base = make_tensor(ctx, {s[0], s[2], s[3], s[1]}, dt);
-  return make_view(base, s, {s[2] * s[3] * s[1], 1, s[3] * s[1], s[1]}, 0);
-}
 
 UpGeom geometry(const ops::UpsampleParams& p, const Tensor& xlike, const Tensor& ylike, bool cl) {
   UpGeom g{};
@@ -89,14 +80,14 @@ ops::UpsampleParams ops::UpsampleParams::from_node(const std::vector<int64_t>& v
 
 Tensor ops::upsample2d_apply(const Tensor& x, const UpsampleParams& p) {
   Context& ctx = x->ctx();
-  const bool cl = channels_last(x);
+  const bool cl = spatial_channels_last(x);
   Tensor y = make_nchw(ctx, {p.N, p.C, p.OH, p.OW}, x->dtype, cl);
   int64_t total = y->numel();
   if (total > 0) {
     UpGeom g = geometry(p, x, y, cl);
     CUdeviceptr px = x->data(), py = y->data();
     void* args[] = {&px, &py, &total, &g};
-    launch_flat(ctx, ctx.function("upsample.cuh", kernel_name("upsample2d_kernel", x->dtype)), total, args);
+    launch_flat(ctx, ctx.function("upsample.cuh", spatial_kernel_name("upsample2d_kernel", x->dtype)), total, args);
   }
   if (auto node = record(OpId::Upsample2d, {x}, {y})) {
     node->ints = p.to_ints();
@@ -107,14 +98,14 @@ Tensor ops::upsample2d_apply(const Tensor& x, const UpsampleParams& p) {
 
 Tensor ops::upsample2d_adjoint(const Tensor& g4, const UpsampleParams& p) {
   Context& ctx = g4->ctx();
-  const bool cl = channels_last(g4);
+  const bool cl = spatial_channels_last(g4);
   Tensor gx = make_nchw(ctx, {p.N, p.C, p.H, p.W}, g4->dtype, cl);
   int64_t total = gx->numel();
   if (total > 0) {
     UpGeom g = geometry(p, gx, g4, cl);
     CUdeviceptr pg = g4->data(), px = gx->data();
     void* args[] = {&pg, &px, &total, &g};
-    launch_flat(ctx, ctx.function("upsample.cuh", kernel_name("upsample2d_backward_kernel", g4->dtype)), total, args);
+    launch_flat(ctx, ctx.function("upsample.cuh", spatial_kernel_name("upsample2d_backward_kernel", g4->dtype)), total, args);
   }
   if (auto node = record(OpId::Upsample2dBackward, {g4}, {gx})) {
     node->ints = p.to_ints();
@@ -147,7 +138,7 @@ Tensor ops::upsample2d(const Tensor& x, int64_t out_h, int64_t out_w, double sca
 std::vector<std::string> ops::upsample_instantiations() {
   std::vector<std::string> v;
   for (DType t : {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64})
-    for (const char* k : {"upsample2d_kernel", "upsample2d_backward_kernel"}) v.push_back(kernel_name(k, t));
+    for (const char* k : {"upsample2d_kernel", "upsample2d_backward_kernel"}) v.push_back(spatial_kernel_name(k, t));
   return v;
 }
 

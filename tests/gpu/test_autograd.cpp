@@ -138,6 +138,48 @@ TEST_F(Autograd, GradAccumulatesOverBackwardCalls) {
   expect_vals(grad_of(x), {4, 6});
 }
 
+// The engine hands its gradient buffer to .grad when nothing else holds it, and copies it otherwise:
+// a gradient shared by two leaves (z = a + b gives both the same buffer), a broadcast gradient
+// (sum's backward expands a scalar), and one a hook's caller still holds must each stay private.
+TEST_F(Autograd, GradBuffersStayPrivateToTheirLeaf) {
+  T a = make(ctx, {1, 2, 3, 4}, {4}, true), b = make(ctx, {5, 6, 7, 8}, {4}, true);
+  T loss = sum(mul(add(a, b), make(ctx, {1, 1, 1, 1}, {4}, false)));
+  FLAME_ASSERT_OK(flame_backward(ctx, loss, nullptr, 0));
+  expect_vals(grad_of(a), {1, 1, 1, 1});
+  expect_vals(grad_of(b), {1, 1, 1, 1});
+  T loss2 = sum(scale(a, 2));  // sum's gradient is a stride-0 expand of one element
+  FLAME_ASSERT_OK(flame_backward(ctx, loss2, nullptr, 0));
+  expect_vals(grad_of(a), {3, 3, 3, 3}, 1e-5, "a after the second backward");
+  expect_vals(grad_of(b), {1, 1, 1, 1}, 1e-5, "b must not see a's accumulation");
+  T x = make(ctx, {1, 2, 3}, {3}, true);
+  T loss3 = sum(add(x, x));  // both of Add's gradients are the same buffer, for the same leaf
+  FLAME_ASSERT_OK(flame_backward(ctx, loss3, nullptr, 0));
+  expect_vals(grad_of(x), {2, 2, 2});
+  T loss4 = sum(x);
+  FLAME_ASSERT_OK(flame_backward(ctx, loss4, nullptr, 0));
+  expect_vals(grad_of(x), {3, 3, 3});
+}
+
+// Slices of one tensor (split, narrow, select, overlapping or not) send their gradients into one
+// buffer of the sliced tensor; mixed with a gradient that reaches it directly.
+TEST_F(Autograd, GradientsOfSlicesOfOneTensorSum) {
+  Vals xv(24);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = 0.25 * double(i) - 2;
+  T x = make(ctx, xv, {6, 4}, true);
+  T y = scale(x, 1.0);  // a non-leaf: its gradient buffer is the engine's
+  T a, b, c, r;
+  FLAME_ASSERT_OK(flame_narrow(y, 0, 0, 4, a.out()));     // rows 0-3
+  FLAME_ASSERT_OK(flame_narrow(y, 0, 2, 4, b.out()));     // rows 2-5: overlaps a
+  FLAME_ASSERT_OK(flame_select(y, 1, 3, c.out()));        // column 3
+  T loss = sum(add(add(sum(scale(a, 2)), sum(scale(b, 3))), add(sum(scale(c, 5)), sum(mul(y, y)))));
+  FLAME_ASSERT_OK(flame_backward(ctx, loss, nullptr, 0));
+  Vals want(24);
+  for (int i = 0; i < 6; ++i)
+    for (int j = 0; j < 4; ++j)
+      want[size_t(i * 4 + j)] = (i < 4 ? 2 : 0) + (i >= 2 ? 3 : 0) + (j == 3 ? 5 : 0) + 2 * xv[size_t(i * 4 + j)];
+  expect_vals(grad_of(x), want);
+}
+
 TEST_F(Autograd, GradGetSetZeroClear) {
   T x = make(ctx, {1, 2, 3}, {3}, true);
   EXPECT_EQ(grad_of(x).h, nullptr) << "no .grad before any backward";

@@ -681,6 +681,60 @@ TEST_F(ElementwiseSpecial, GridStrideLoop) {
   }
 }
 
+// The specialised launches: ew_rows (dense output, operands dense or broadcast along one of two
+// collapsed axes, vector width dividing the row) and ew_tile (one operand whose unit stride is not
+// the output's last axis), next to shapes that must fall back to ew_strided.
+TEST_F(ElementwiseSpecial, RowBroadcastAndTransposeLaunches) {
+  HREF_RNG(rng);
+  const Domain d0 = dom(-3, 3, 0, 100);
+  for (flame_dtype_t d : {FLAME_DTYPE_F32, FLAME_DTYPE_BF16, FLAME_DTYPE_F16, FLAME_DTYPE_F64, FLAME_DTYPE_I32, FLAME_DTYPE_U8}) {
+    SCOPED_TRACE(dname(d));
+    const auto add = [](double x, double y) { return x + y; };
+    struct Pair { Shape a, b; };
+    for (const Pair& p : {Pair{{64, 96}, {96}}, Pair{{64, 96}, {64, 1}}, Pair{{5, 7, 96}, {7, 96}}, Pair{{1, 96}, {96}},
+                          Pair{{64, 30}, {30}}, Pair{{33, 17}, {33, 1}}, Pair{{96}, {}}}) {
+      SCOPED_TRACE(to_string(p.a) + " + " + to_string(p.b));
+      Input a = make_input(ctx, rng, Layout::CONTIG, p.a, d, d0);
+      Input b = make_input(ctx, rng, Layout::CONTIG, p.b, d, d0);
+      T o, o2;
+      FLAME_ASSERT_OK(flame_add(a.dev, b.dev, o.out()));
+      EXPECT_TRUE(matches(o, map2(a.host, b.host, d, add)));
+      FLAME_ASSERT_OK(flame_add(b.dev, a.dev, o2.out()));  // the broadcast operand first
+      EXPECT_TRUE(matches(o2, map2(b.host, a.host, d, add)));
+    }
+    // Transposed and permuted copies, and a cast of a transposed view.
+    for (const std::vector<int>& perm : {std::vector<int>{1, 0, 2}, std::vector<int>{0, 2, 1}, std::vector<int>{2, 0, 1},
+                                         std::vector<int>{2, 1, 0}}) {
+      SCOPED_TRACE("permute " + std::to_string(perm[0]) + std::to_string(perm[1]) + std::to_string(perm[2]));
+      for (const Shape& shape : {Shape{6, 40, 50}, Shape{6, 40, 64}}) {  // rows of 64: ew_rows for {1, 0, 2}
+        HT h = random(rng, shape, d, d0);
+        T x = upload(ctx, h), v, o;
+        FLAME_ASSERT_OK(flame_permute(x, perm.data(), 3, v.out()));
+        FLAME_ASSERT_OK(flame_contiguous(v, o.out()));
+        EXPECT_TRUE(matches(o, h.permute(perm).contiguous()));
+        FLAME_ASSERT_OK(flame_to_dtype(v, FLAME_DTYPE_F32, o.out()));
+        EXPECT_TRUE(matches(o, h.permute(perm).as(FLAME_DTYPE_F32)));
+      }
+    }
+    {  // the attention layout: [B, H, T, D] read as [B, T, H, D], and a slice of it (an offset row start)
+      const std::vector<int> perm = {0, 2, 1, 3};
+      HT h = random(rng, {2, 3, 5, 64}, d, d0);
+      T x = upload(ctx, h), v, o, s;
+      FLAME_ASSERT_OK(flame_permute(x, perm.data(), 4, v.out()));
+      FLAME_ASSERT_OK(flame_contiguous(v, o.out()));
+      EXPECT_TRUE(matches(o, h.permute(perm).contiguous()));
+      FLAME_ASSERT_OK(flame_narrow(v, 3, 8, 48, s.out()));
+      FLAME_ASSERT_OK(flame_contiguous(s, o.out()));
+      EXPECT_TRUE(matches(o, h.permute(perm).narrow(3, 8, 48).contiguous()));
+    }
+    HT h = random(rng, {37, 45}, d, d0);  // tile edges in both directions
+    T x = upload(ctx, h), v, o;
+    FLAME_ASSERT_OK(flame_transpose(x, 0, 1, v.out()));
+    FLAME_ASSERT_OK(flame_neg(v, o.out()));
+    EXPECT_TRUE(matches(o, map1(h.transpose(0, 1), d, [](double y) { return -y; })));
+  }
+}
+
 TEST_F(ElementwiseSpecial, InputsAreNotModified) {
   HREF_RNG(rng);
   Input a = make_input(ctx, rng, Layout::CONTIG, {100}, FLAME_DTYPE_F32, Domain());

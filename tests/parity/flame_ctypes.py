@@ -276,6 +276,63 @@ def default_library_path():
     return str(root / "build" / "libflame.so.1")
 
 
+# ---- shared by the parity scripts: skipping, start-up, pass/fail reporting ----
+class Report:
+    """Counts passed checks and prints each failure as it happens."""
+
+    def __init__(self):
+        self.passed, self.failed = 0, []
+
+    def check(self, ok, label, detail=""):
+        if ok:
+            self.passed += 1
+        else:
+            self.failed.append(label)
+            print(f"FAIL {label}" + (f": {detail}" if detail else ""))
+
+    def finish(self):
+        """Prints the summary line; the exit status: 0 only when something passed and nothing failed."""
+        print(f"{self.passed} passed, {len(self.failed)} failed")
+        return 0 if not self.failed and self.passed > 0 else 1
+
+
+def skip(reason):
+    """Prints why a run is skipped; the exit status, 1 under FLAME_REQUIRE_GPU=1 (a skip is a failure)."""
+    print(f"SKIPPED: {reason}")
+    if os.environ.get("FLAME_REQUIRE_GPU") == "1":
+        print("FLAME_REQUIRE_GPU=1: a skipped run is a failure")
+        return 1
+    return 0
+
+
+def setup_failure(message):
+    print(message)
+    print("0 passed, 1 failed")
+    return 1
+
+
+def open_on_gpu(torch, need=(), seed=1):
+    """Loads libflame and creates a context next to PyTorch's GPU. Returns (fl, ctx, None), or
+    (None, None, exit status) after printing why not: no GPU (a skip), no library, a library that
+    lacks a function whose name starts with one of `need`, or a failed context creation."""
+    if not torch.cuda.is_available():
+        return None, None, skip("no CUDA GPU visible to PyTorch")
+    try:
+        fl = Flame()
+    except OSError as e:
+        return None, None, setup_failure(f"cannot load libflame from {default_library_path()}: {e} (set FLAME_LIBRARY)")
+    missing = [n for n in fl.missing if need and n.startswith(tuple(need))]
+    if missing:
+        return None, None, setup_failure(f"libflame lacks {' '.join(missing)}")
+    try:
+        ctx = fl.ctx_create(seed=seed)
+    except FlameError as e:
+        if e.status in (FLAME_ERROR_NO_DRIVER, FLAME_ERROR_NO_DEVICE):
+            return None, None, skip(f"FLAME sees no GPU: {e}")
+        return None, None, setup_failure(f"flame_ctx_create failed: {e}")
+    return fl, ctx, None
+
+
 class Tensor:
     """Owns one reference to a flame_tensor_t."""
 

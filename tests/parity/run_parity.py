@@ -1142,14 +1142,6 @@ def run_case(fl, ctx, r, dt, case, gen):
 # ---------------------------------------------------------------------------- main
 
 
-def skip(reason, require):
-    print(f"SKIPPED: {reason}")
-    if require:
-        print("FLAME_REQUIRE_GPU=1: a skipped parity run is a failure")
-        return 1
-    return 0
-
-
 def main(argv=None):
     global torch, F
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1158,35 +1150,19 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=None, help="seed of the random inputs (default: fresh)")
     ap.add_argument("--list", action="store_true", help="list the rows and exit")
     args = ap.parse_args(argv)
-    require = os.environ.get("FLAME_REQUIRE_GPU") == "1"
-
     try:
         import torch as _torch
         import torch.nn.functional as _F
     except ImportError as e:
-        return skip(f"PyTorch is not installed ({e})", require)
+        return fc.skip(f"PyTorch is not installed ({e})")
     torch, F = _torch, _F
     if args.list:
         for r in build_rows():
             print(r.name, ",".join(r.dtypes), f"{len(r.cases)} case(s)", "" if r.grad else "(forward only)")
         return 0
-    if not torch.cuda.is_available():
-        return skip("no CUDA GPU visible to PyTorch", require)
-
-    try:
-        fl = fc.Flame()
-    except OSError as e:
-        print(f"cannot load libflame from {fc.default_library_path()}: {e} (set FLAME_LIBRARY)")
-        print("0 passed, 1 failed")
-        return 1
-    try:
-        ctx = fl.ctx_create(seed=1)
-    except fc.FlameError as e:
-        if e.status in (fc.FLAME_ERROR_NO_DRIVER, fc.FLAME_ERROR_NO_DEVICE):
-            return skip(f"FLAME sees no GPU: {e}", require)
-        print(f"flame_ctx_create failed: {e}")
-        print("0 passed, 1 failed")
-        return 1
+    fl, ctx, status = fc.open_on_gpu(torch)
+    if status is not None:
+        return status
     if fl.missing:
         print(f"note: libflame lacks {len(fl.missing)} declared symbol(s): {' '.join(fl.missing)}")
 

@@ -335,42 +335,20 @@ TESTS = [t_flame_to_torch_every_dtype, t_flame_to_torch_write_back, t_flame_to_t
          t_bad_input_is_an_error]
 
 
-def skip(reason, require):
-    print(f"SKIPPED: {reason}")
-    if require:
-        print("FLAME_REQUIRE_GPU=1: a skipped DLPack run is a failure")
-        return 1
-    return 0
-
-
 def main(argv=None):
     global torch
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-v", dest="verbose", action="store_true")
     args = ap.parse_args(argv)
-    require = os.environ.get("FLAME_REQUIRE_GPU") == "1"
     try:
         import torch as _torch
         import torch.utils.dlpack  # noqa: F401
     except ImportError as e:
-        return skip(f"PyTorch is not installed ({e})", require)
+        return fc.skip(f"PyTorch is not installed ({e})")
     torch = _torch
-    if not torch.cuda.is_available():
-        return skip("no CUDA GPU visible to PyTorch", require)
-    try:
-        fl = fc.Flame()
-    except OSError as e:
-        print(f"cannot load libflame from {fc.default_library_path()}: {e} (set FLAME_LIBRARY)")
-        print("0 passed, 1 failed")
-        return 1
-    try:
-        ctx = fl.ctx_create(seed=1)
-    except fc.FlameError as e:
-        if e.status in (fc.FLAME_ERROR_NO_DRIVER, fc.FLAME_ERROR_NO_DEVICE):
-            return skip(f"FLAME sees no GPU: {e}", require)
-        print(f"flame_ctx_create failed: {e}")
-        print("0 passed, 1 failed")
-        return 1
+    fl, ctx, status = fc.open_on_gpu(torch)
+    if status is not None:
+        return status
     torch.cuda.init()
     env = Env(fl, ctx)
     print(f"FLAME <-> PyTorch {torch.__version__} DLPack on {torch.cuda.get_device_name(0)}; FLAME versioned "

@@ -40,18 +40,6 @@ TOL = {"f32": (2e-5, 2e-6), "f64": (1e-11, 1e-12)}
 CLIP_TOL = {"f32": (1e-5, 1e-7), "f64": (1e-6, 1e-9)}
 
 
-class Report:
-    def __init__(self):
-        self.passed, self.failed = 0, []
-
-    def check(self, ok, label, detail=""):
-        if ok:
-            self.passed += 1
-        else:
-            self.failed.append(label)
-            print(f"FAIL {label}" + (f": {detail}" if detail else ""))
-
-
 def tdtype(name):
     return {"f32": torch.float32, "f64": torch.float64}[name]
 
@@ -191,49 +179,22 @@ def clip_parity(fl, ctx, gen, rep):
               "clip_grad_norm error_if_nonfinite", f"torch raised {torch_raised}, FLAME status {st}, grad {after.tolist()}")
 
 
-def skip(reason, require):
-    print(f"SKIPPED: {reason}")
-    if require:
-        print("FLAME_REQUIRE_GPU=1: a skipped run is a failure")
-        return 1
-    return 0
-
-
 def main(argv=None):
     global torch
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=None, help="seed of the random values (default: fresh)")
     args = ap.parse_args(argv)
-    require = os.environ.get("FLAME_REQUIRE_GPU") == "1"
     try:
         import torch as _torch
     except ImportError as e:
-        return skip(f"PyTorch is not installed ({e})", require)
+        return fc.skip(f"PyTorch is not installed ({e})")
     torch = _torch
-    if not torch.cuda.is_available():
-        return skip("PyTorch sees no CUDA GPU", require)
-    try:
-        fl = fc.Flame()
-    except OSError as e:
-        print(f"cannot load libflame from {fc.default_library_path()}: {e} (set FLAME_LIBRARY)")
-        print("0 passed, 1 failed")
-        return 1
-    missing = [n for n in fl.missing if n.startswith(("flame_optimizer_", "flame_clip_"))]
-    if missing:
-        print(f"libflame lacks {' '.join(missing)}")
-        print("0 passed, 1 failed")
-        return 1
-    try:
-        ctx = fl.ctx_create(seed=1)
-    except fc.FlameError as e:
-        if e.status in (fc.FLAME_ERROR_NO_DRIVER, fc.FLAME_ERROR_NO_DEVICE):
-            return skip(f"FLAME sees no GPU: {e}", require)
-        print(f"flame_ctx_create failed: {e}")
-        print("0 passed, 1 failed")
-        return 1
+    fl, ctx, status = fc.open_on_gpu(torch, need=("flame_optimizer_", "flame_clip_"))
+    if status is not None:
+        return status
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     print(f"optimizer parity: FLAME {fl.path} vs PyTorch {torch.__version__}; seed {seed} (rerun with --seed {seed})")
-    rep = Report()
+    rep = fc.Report()
     for part in (optimizer_parity, clip_parity):
         gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{part.__name__}".encode()))
         try:
@@ -241,8 +202,7 @@ def main(argv=None):
         except Exception as e:  # noqa: BLE001 - report and go on with the next part
             rep.check(False, part.__name__, f"{e!r}\n{traceback.format_exc(limit=4)}")
     fl.ctx_destroy(ctx)
-    print(f"{rep.passed} passed, {len(rep.failed)} failed")
-    return 0 if not rep.failed and rep.passed > 0 else 1
+    return rep.finish()
 
 
 if __name__ == "__main__":

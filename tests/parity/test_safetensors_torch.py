@@ -153,18 +153,6 @@ def flame_save(fl, ctx, path, named, metadata=None):
 
 # ---------------------------------------------------------------------------- checks
 
-class Report:
-    def __init__(self):
-        self.passed, self.failed = 0, []
-
-    def check(self, ok, label, detail=""):
-        if ok:
-            self.passed += 1
-        else:
-            self.failed.append(label)
-            print(f"FAIL {label}" + (f": {detail}" if detail else ""))
-
-
 def python_writes_flame_reads(fl, ctx, tmp, gen, rep):
     from safetensors.torch import save, save_file
     tensors = {}
@@ -285,24 +273,15 @@ def same_bytes_as_python(fl, ctx, tmp, gen, rep):
 
 # ---------------------------------------------------------------------------- main
 
-def skip(reason, require):
-    print(f"SKIPPED: {reason}")
-    if require:
-        print("FLAME_REQUIRE_GPU=1: a skipped run is a failure")
-        return 1
-    return 0
-
-
 def main(argv=None):
     global torch
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=None, help="seed of the random tensors (default: fresh)")
     args = ap.parse_args(argv)
-    require = os.environ.get("FLAME_REQUIRE_GPU") == "1"
     try:
         import torch as _torch
     except ImportError as e:
-        return skip(f"PyTorch is not installed ({e})", require)
+        return fc.skip(f"PyTorch is not installed ({e})")
     torch = _torch
     try:
         import safetensors
@@ -311,30 +290,14 @@ def main(argv=None):
         print(f"SKIPPED: the Python package safetensors is not installed ({e})")
         return 0
 
-    try:
-        fl = fc.Flame()
-    except OSError as e:
-        print(f"cannot load libflame from {fc.default_library_path()}: {e} (set FLAME_LIBRARY)")
-        print("0 passed, 1 failed")
-        return 1
-    missing = [n for n in fl.missing if n.startswith("flame_safetensors_")]
-    if missing:
-        print(f"libflame lacks {' '.join(missing)}")
-        print("0 passed, 1 failed")
-        return 1
-    try:
-        ctx = fl.ctx_create(seed=1)
-    except fc.FlameError as e:
-        if e.status in (fc.FLAME_ERROR_NO_DRIVER, fc.FLAME_ERROR_NO_DEVICE):
-            return skip(f"FLAME sees no GPU: {e}", require)
-        print(f"flame_ctx_create failed: {e}")
-        print("0 passed, 1 failed")
-        return 1
+    fl, ctx, status = fc.open_on_gpu(torch, need=("flame_safetensors_",))
+    if status is not None:
+        return status
 
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     print(f"safetensors interop: FLAME {fl.path} vs safetensors {safetensors.__version__}, "
           f"PyTorch {torch.__version__}; seed {seed} (rerun with --seed {seed})")
-    rep = Report()
+    rep = fc.Report()
     with tempfile.TemporaryDirectory(prefix="flame-st-interop-") as tmp:
         for part in (python_writes_flame_reads, flame_writes_python_reads, same_bytes_as_python):
             gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{part.__name__}".encode()))
@@ -343,8 +306,7 @@ def main(argv=None):
             except Exception as e:  # noqa: BLE001 - report and go on with the next part
                 rep.check(False, part.__name__, f"{e!r}\n{traceback.format_exc(limit=4)}")
     fl.ctx_destroy(ctx)
-    print(f"{rep.passed} passed, {len(rep.failed)} failed")
-    return 0 if not rep.failed and rep.passed > 0 else 1
+    return rep.finish()
 
 
 if __name__ == "__main__":
