@@ -1536,6 +1536,165 @@ FLAME_API void flame_graph_release(flame_graph_t graph);
  * size), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_UNSUPPORTED (during a capture). */
 FLAME_API flame_status_t flame_copy_from_host(flame_tensor_t dst, const void* data, size_t nbytes);
 
+/* ============================== Distributed: NCCL communicators and data parallelism ============================== */
+/* Multi-GPU training over NCCL (libnccl.so.2, 2.14 or newer, loaded at run time: set
+ * $FLAME_NCCL_PATH to load another file). Without it every function of this section that needs it
+ * returns FLAME_ERROR_UNSUPPORTED with the loader's reason; libflame itself never needs NCCL.
+ *
+ * A communicator is one rank of a group of world_size ranks, bound to one context (one GPU): one
+ * process per GPU (ranks exchange a flame_comm_id_t by their own means: MPI, a file, a socket), or
+ * one process driving several GPUs (one context each) with one thread per rank, or from one thread
+ * with flame_comm_create_group. Every rank must issue the same collectives in the same order, each
+ * from the thread driving it (NCCL needs the ranks to run concurrently: one thread cannot call a
+ * collective on two of its communicators in turn).
+ *
+ * Ordering: the collectives run on the context's stream, in order with every other operation of
+ * the context (like a kernel; the call returns once the work is queued). Failures: NCCL runs
+ * non-blocking; every wait in this section polls with the communicator's timeout, and past it (or
+ * when NCCL reports an error, such as a peer that went away) aborts the communicator and returns
+ * FLAME_ERROR_CUDA; an aborted communicator stays unusable (every later call on it returns
+ * FLAME_ERROR_CUDA with the reason). Wait with flame_comm_synchronize (or flame_dp_wait) rather than
+ * flame_ctx_synchronize / flame_to_host, which wait without a timeout when a peer never comes. */
+
+typedef struct flame_comm_s* flame_comm_t; /* one rank of an NCCL communicator */
+typedef struct flame_dp_s* flame_dp_t;     /* a data-parallel gradient synchroniser */
+
+/* The identity of a communicator to create (ncclUniqueId): 128 opaque bytes, copied as a value. */
+#define FLAME_COMM_ID_BYTES 128
+typedef struct flame_comm_id_t {
+  uint8_t internal[FLAME_COMM_ID_BYTES];
+} flame_comm_id_t;
+
+/* Options of flame_comm_create. Fill with flame_comm_options_init; the struct may grow at its end. */
+typedef struct flame_comm_options_t {
+  size_t struct_size; /* sizeof(flame_comm_options_t), set by flame_comm_options_init */
+  int64_t timeout_ms; /* how long any wait of this communicator may take before it aborts (creation
+                         included); default 600000 (10 minutes); in [1, 2^40] */
+} flame_comm_options_t;
+
+/* Reductions of flame_comm_all_reduce and flame_comm_reduce_scatter. */
+typedef enum flame_reduce_op_t {
+  FLAME_REDUCE_SUM = 0,
+  FLAME_REDUCE_AVG = 1, /* sum / world_size; floating dtypes only */
+  FLAME_REDUCE_MAX = 2,
+  FLAME_REDUCE_MIN = 3
+} flame_reduce_op_t;
+
+/* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_comm_options_init(flame_comm_options_t* opts);
+/* OUT *id: a new communicator identity (ncclGetUniqueId). Make it on one rank and give the same
+ * bytes to every rank's flame_comm_create. ctx: any live context (NCCL is loaded for it).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs), FLAME_ERROR_UNSUPPORTED (no NCCL),
+ * FLAME_ERROR_CUDA (NCCL failed: no network interface for its bootstrap, ...). */
+FLAME_API flame_status_t flame_comm_unique_id(flame_ctx_t ctx, flame_comm_id_t* id);
+/* Creates rank `rank` of world_size ranks on ctx's GPU, waiting (up to the timeout) until every rank
+ * has joined. id (borrowed bytes) must be the same on every rank; opts may be NULL (defaults). OUT
+ * *out: a new communicator (release with flame_comm_release); it keeps ctx alive. Two ranks of one
+ * communicator must be on different GPUs.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, world_size < 1, rank outside [0, world_size), bad
+ * options), FLAME_ERROR_UNSUPPORTED (no NCCL), FLAME_ERROR_CUDA (NCCL failed, or the timeout passed
+ * before every rank joined). */
+FLAME_API flame_status_t flame_comm_create(flame_ctx_t ctx, const flame_comm_id_t* id, int32_t rank, int32_t world_size,
+                                           const flame_comm_options_t* opts, flame_comm_t* out);
+/* Creates the n ranks of one communicator from one thread: rank i on ctxs[i] (borrowed; n distinct
+ * contexts on distinct GPUs), written into comms[i] (new references; all NULL on failure). n >= 1;
+ * opts as flame_comm_create. Errors as flame_comm_create. */
+FLAME_API flame_status_t flame_comm_create_group(const flame_ctx_t* ctxs, int32_t n, const flame_comm_options_t* opts,
+                                                 flame_comm_t* comms);
+/* Frees the communicator: waits (up to the timeout) for its queued collectives, then finalizes and
+ * destroys it, or aborts it when that fails or times out. Finalizing waits until every rank has
+ * released its communicator, so release it on every rank concurrently (each from the thread driving
+ * that rank), as creation; a rank releasing alone waits for the timeout and then aborts. A
+ * data-parallel helper made over it keeps it alive until the helper goes. NULL is a no-op; a
+ * released handle is detected (nothing happens) while its context lives. */
+FLAME_API void flame_comm_release(flame_comm_t comm);
+/* OUT *rank: this communicator's rank; OUT *size: its world size. */
+FLAME_API flame_status_t flame_comm_rank(flame_comm_t comm, int32_t* rank);
+FLAME_API flame_status_t flame_comm_size(flame_comm_t comm, int32_t* size);
+/* Waits, up to the timeout, until the context's stream (collectives included) is idle, then reports
+ * asynchronous faults as flame_ctx_synchronize. Timeout or NCCL error: FLAME_ERROR_CUDA, and the
+ * communicator is aborted. */
+FLAME_API flame_status_t flame_comm_synchronize(flame_comm_t comm);
+
+/* The collectives: every rank calls the same one with tensors of the same shape and dtype (NCCL
+ * does not check; a mismatch corrupts results or hangs until the timeout). Tensors (borrowed)
+ * must belong to the communicator's context. Dtypes: f32, f16, bf16, f64, i32, i64, u8 (reductions
+ * of f16/bf16 accumulate in their own precision, as NCCL does); bool for broadcast and all_gather.
+ * Autograd: collectives have no backward. The in-place ones (all_reduce, broadcast) refuse a tensor
+ * that requires grad while grad mode is on (FLAME_ERROR_INVALID_ARGUMENT, as any in-place write
+ * to it would) and move its version (a graph that saved it cannot be walked any more); the others
+ * refuse such an input with FLAME_ERROR_NOT_DIFFERENTIABLE. Use them on detached tensors, or on
+ * gradients with grad mode off. Common errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, tensor of
+ * another context, non-contiguous in-place tensor), FLAME_ERROR_DTYPE_MISMATCH (dtype NCCL lacks,
+ * bool in a reduction, AVG of an integer dtype), FLAME_ERROR_CUDA (NCCL failed; aborted). */
+
+/* Replaces t, in place, with the reduction (op, a flame_reduce_op_t) of t over all ranks. t must be
+ * contiguous. */
+FLAME_API flame_status_t flame_comm_all_reduce(flame_comm_t comm, flame_tensor_t t, int32_t op);
+/* Replaces t, in place, with rank root's t. root in [0, world_size). t must be contiguous. */
+FLAME_API flame_status_t flame_comm_broadcast(flame_comm_t comm, flame_tensor_t t, int32_t root);
+/* OUT *out: a new tensor, the inputs of ranks 0..world-1 concatenated along dim 0 (shape
+ * [world * d0, ...] for in [d0, ...]; [world] for a 0-d in). in may be strided. */
+FLAME_API flame_status_t flame_comm_all_gather(flame_comm_t comm, flame_tensor_t in, flame_tensor_t* out);
+/* OUT *out: a new tensor [d0 / world, ...], this rank's block (rank r: rows r*d0/world ...) of the
+ * reduction (op) of in [d0, ...] over all ranks. d0 not a multiple of world_size, or in 0-d:
+ * FLAME_ERROR_SHAPE_MISMATCH. in may be strided. */
+FLAME_API flame_status_t flame_comm_reduce_scatter(flame_comm_t comm, flame_tensor_t in, int32_t op, flame_tensor_t* out);
+
+/* ---- data parallelism (as torch DistributedDataParallel) ---- */
+/* Each rank runs the same model on its part of the batch: flame_dp_create broadcasts the parameters
+ * from rank 0 and registers post-accumulate hooks on them; during backward the hooks copy each
+ * gradient into a bucket (buckets fill in reverse parameter order, which is backward order when the
+ * parameters are listed in forward order) and all-reduce (average) each bucket on a communication
+ * stream as soon as it is full, ordered with events against the context's stream; flame_dp_wait
+ * finishes the round and writes the averages into .grad; then step the optimizer. With gradient
+ * accumulation, turn sync off for the micro-steps that only accumulate (no communication) and on for
+ * the last one. FLAME's engine applies leaf gradients (and runs these hooks) after its reverse walk,
+ * so communication overlaps the packing of later buckets and the work queued before flame_dp_wait,
+ * not the backward of earlier layers. */
+
+/* Options of flame_dp_create. Fill with flame_dp_options_init; the struct may grow at its end. */
+typedef struct flame_dp_options_t {
+  size_t struct_size;            /* sizeof(flame_dp_options_t), set by flame_dp_options_init */
+  uint64_t bucket_bytes;         /* a bucket is all-reduced once this many bytes of gradients are in it
+                                    (a larger parameter gets a bucket of its own); default 64 MiB;
+                                    in [1, 2^40]. The helper holds one bucket buffer per bucket. */
+  int32_t broadcast_parameters;  /* 1 (default): copy rank 0's parameter values to every rank at
+                                    creation; 0: leave them (the caller made them equal) */
+} flame_dp_options_t;
+
+/* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_dp_options_init(flame_dp_options_t* opts);
+/* Collective: every rank calls it with the same parameter list params[0..n) (borrowed; the helper
+ * keeps references): contiguous floating leaves that require grad, of comm's context, each once.
+ * It first compares every rank's list (count, dtypes and shapes in order, plus whether the rank's
+ * own checks passed), so that a rank with a different model makes every rank fail (not hang):
+ * FLAME_ERROR_SHAPE_MISMATCH on the ranks whose own list was fine. Then broadcasts the parameters
+ * from rank 0 (opts), and registers its hooks. opts may be NULL (defaults). OUT *out: a new helper
+ * (release with flame_dp_release); it keeps comm alive. Sync starts on. n may be 0.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, bad options, a parameter that is not a contiguous leaf
+ * requiring grad, of comm's context, listed once; another rank failed its checks),
+ * FLAME_ERROR_SHAPE_MISMATCH, FLAME_ERROR_DTYPE_MISMATCH, FLAME_ERROR_CUDA (NCCL failed or timed
+ * out: the communicator is aborted). */
+FLAME_API flame_status_t flame_dp_create(flame_comm_t comm, const flame_tensor_t* params, int64_t n, const flame_dp_options_t* opts,
+                                         flame_dp_t* out);
+/* sync != 0 (the default): backward all-reduces the gradients (call flame_dp_wait after it);
+ * sync == 0: backward only accumulates into .grad, and flame_dp_wait does nothing. Every rank must
+ * use the same setting for each backward. */
+FLAME_API flame_status_t flame_dp_set_sync(flame_dp_t dp, int32_t sync);
+/* With sync on: finishes the round (packs every parameter whose hook did not run in this round from
+ * its .grad, or zeros without one; all-reduces the buckets still pending), waits for the
+ * communication (up to the communicator's timeout) and writes the averaged gradients into .grad of
+ * every parameter (creating .grad where there was none). Call it on every rank after each backward
+ * with sync on, before the optimizer step. A backward that delivers a parameter's gradient twice
+ * before flame_dp_wait fails in that parameter's hook (FLAME_ERROR_INVALID_ARGUMENT).
+ * Errors: FLAME_ERROR_CUDA (NCCL failed or timed out: aborted). With sync off: does nothing. */
+FLAME_API flame_status_t flame_dp_wait(flame_dp_t dp);
+/* Removes the hooks, waits for communication in flight (up to the timeout) and frees the buckets;
+ * the parameters and their .grad stay. NULL is a no-op; a released handle is detected (nothing
+ * happens) while its context lives. */
+FLAME_API void flame_dp_release(flame_dp_t dp);
+
 #ifdef __cplusplus
 }
 #endif

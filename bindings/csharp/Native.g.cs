@@ -70,6 +70,14 @@ namespace Flame.Interop
         FLAME_PAD_REPLICATE = 2,
     }
 
+    public enum flame_reduce_op_t : int
+    {
+        FLAME_REDUCE_SUM = 0,
+        FLAME_REDUCE_AVG = 1,
+        FLAME_REDUCE_MAX = 2,
+        FLAME_REDUCE_MIN = 3,
+    }
+
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_ctx_options_t
     {
@@ -167,6 +175,27 @@ namespace Flame.Interop
         public int enabled;
     }
 
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct flame_comm_id_t
+    {
+        public fixed byte @internal[128];
+    }
+
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct flame_comm_options_t
+    {
+        public UIntPtr struct_size;
+        public long timeout_ms;
+    }
+
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct flame_dp_options_t
+    {
+        public UIntPtr struct_size;
+        public ulong bucket_bytes;
+        public int broadcast_parameters;
+    }
+
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate flame_status_t flame_tensor_hook_fn(IntPtr user_data, IntPtr grad, IntPtr* replacement);
 
@@ -199,6 +228,7 @@ namespace Flame.Interop
         public const int FLAME_STAT_NAN_COUNT = 4;
         public const int FLAME_STAT_INF_COUNT = 5;
         public const int FLAME_STAT_COLUMNS = 6;
+        public const int FLAME_COMM_ID_BYTES = 128;
         public const uint FLAME_BACKWARD_RETAIN_GRAPH = 1;
         public const uint FLAME_BACKWARD_CREATE_GRAPH = 2;
         public const uint FLAME_GRAD_ALLOW_UNUSED = 4;
@@ -458,6 +488,23 @@ namespace Flame.Interop
             "flame_graph_replay",
             "flame_graph_release",
             "flame_copy_from_host",
+            "flame_comm_options_init",
+            "flame_comm_unique_id",
+            "flame_comm_create",
+            "flame_comm_create_group",
+            "flame_comm_release",
+            "flame_comm_rank",
+            "flame_comm_size",
+            "flame_comm_synchronize",
+            "flame_comm_all_reduce",
+            "flame_comm_broadcast",
+            "flame_comm_all_gather",
+            "flame_comm_reduce_scatter",
+            "flame_dp_options_init",
+            "flame_dp_create",
+            "flame_dp_set_sync",
+            "flame_dp_wait",
+            "flame_dp_release",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -1215,6 +1262,57 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_copy_from_host", ExactSpelling = true)]
         public static extern flame_status_t flame_copy_from_host(IntPtr dst, IntPtr data, UIntPtr nbytes);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_comm_options_init(flame_comm_options_t* opts);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_unique_id", ExactSpelling = true)]
+        public static extern flame_status_t flame_comm_unique_id(IntPtr ctx, flame_comm_id_t* id);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_create", ExactSpelling = true)]
+        public static extern flame_status_t flame_comm_create(IntPtr ctx, flame_comm_id_t* id, int rank, int world_size, flame_comm_options_t* opts, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_create_group", ExactSpelling = true)]
+        public static extern flame_status_t flame_comm_create_group(IntPtr* ctxs, int n, flame_comm_options_t* opts, IntPtr* comms);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_release", ExactSpelling = true)]
+        public static extern void flame_comm_release(IntPtr comm);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_rank", ExactSpelling = true)]
+        public static extern flame_status_t flame_comm_rank(IntPtr comm, int* rank);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_size", ExactSpelling = true)]
+        public static extern flame_status_t flame_comm_size(IntPtr comm, int* size);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_synchronize", ExactSpelling = true)]
+        public static extern flame_status_t flame_comm_synchronize(IntPtr comm);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_all_reduce", ExactSpelling = true)]
+        public static extern flame_status_t flame_comm_all_reduce(IntPtr comm, IntPtr t, int op);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_broadcast", ExactSpelling = true)]
+        public static extern flame_status_t flame_comm_broadcast(IntPtr comm, IntPtr t, int root);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_all_gather", ExactSpelling = true)]
+        public static extern flame_status_t flame_comm_all_gather(IntPtr comm, IntPtr @in, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_reduce_scatter", ExactSpelling = true)]
+        public static extern flame_status_t flame_comm_reduce_scatter(IntPtr comm, IntPtr @in, int op, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dp_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_dp_options_init(flame_dp_options_t* opts);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dp_create", ExactSpelling = true)]
+        public static extern flame_status_t flame_dp_create(IntPtr comm, IntPtr* @params, long n, flame_dp_options_t* opts, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dp_set_sync", ExactSpelling = true)]
+        public static extern flame_status_t flame_dp_set_sync(IntPtr dp, int sync);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dp_wait", ExactSpelling = true)]
+        public static extern flame_status_t flame_dp_wait(IntPtr dp);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dp_release", ExactSpelling = true)]
+        public static extern void flame_dp_release(IntPtr dp);
 
     }
 }

@@ -427,6 +427,85 @@ class Args {
     return c;
   }
 
+  // ---- distributed handles (Live: a.comm is a world-size-1 communicator on the context, made from a
+  // fresh id; a.dp a data-parallel helper over such a communicator and one param(); a.comm_id a
+  // fresh id; Cpu: zeroed bytes, never used since the context is garbage) ----
+  flame_comm_t comm(const char* name) {
+    int h = handle_index(name, true, false);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_comm_t>(garbage());
+    if (bad_now(h)) {
+      if (bad == Bad::Foreign) return live_comm(ctx2_, true);
+      if (bad == Bad::Released) {  // released: parked by its context, detectably dead
+        flame_comm_t c = live_comm(ctx_, false);
+        flame_comm_release(c);
+        return c;
+      }
+      return reinterpret_cast<flame_comm_t>(garbage());
+    }
+    return live_comm(ctx_, true);
+  }
+  flame_comm_t release_comm(const char* name) {
+    takes_released = true;
+    nullable(name);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_comm_t>(garbage());
+    flame_comm_t c = live_comm(ctx_, false);
+    if (bad == Bad::Released) flame_comm_release(c);
+    return c;
+  }
+  flame_comm_t* out_comm(const char* name) { return out_slot<flame_comm_t>(name, OutKind::Comm); }
+  flame_dp_t dp(const char* name) {
+    int h = handle_index(name, true, false);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_dp_t>(garbage());
+    if (bad_now(h)) {
+      if (bad == Bad::Foreign) return live_dp(ctx2_, true);
+      if (bad == Bad::Released) {
+        flame_dp_t d = live_dp(ctx_, false);
+        flame_dp_release(d);
+        return d;
+      }
+      return reinterpret_cast<flame_dp_t>(garbage());
+    }
+    return live_dp(ctx_, true);
+  }
+  flame_dp_t release_dp(const char* name) {
+    takes_released = true;
+    nullable(name);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_dp_t>(garbage());
+    flame_dp_t d = live_dp(ctx_, false);
+    if (bad == Bad::Released) flame_dp_release(d);
+    return d;
+  }
+  flame_dp_t* out_dp(const char* name) { return out_slot<flame_dp_t>(name, OutKind::Dp); }
+  const flame_comm_id_t* comm_id(const char* name) {
+    nullable(name);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    auto* id = static_cast<flame_comm_id_t*>(scratch(sizeof(flame_comm_id_t)));
+    if (mode_ == Mode::Live) flame_comm_unique_id(ctx_, id);
+    return id;
+  }
+  // An array of one context (the handle inside may be made bad like any context handle).
+  const flame_ctx_t* ctx_array(const char* name) {
+    nullable(name);
+    const bool null_array = null_now();
+    int h = handle_index(name, false, true);
+    flame_ctx_t c = nullptr;
+    if (mode_ == Mode::Cpu) {
+      c = reinterpret_cast<flame_ctx_t>(garbage());
+    } else if (mode_ == Mode::Live) {
+      c = ctx_;
+      if (bad_now(h))
+        c = bad == Bad::Foreign ? ctx2_ : bad == Bad::Released ? released_ctx() : reinterpret_cast<flame_ctx_t>(garbage());
+    }
+    if (null_array || mode_ == Mode::Probe) return nullptr;
+    auto* arr = static_cast<flame_ctx_t*>(scratch(sizeof(flame_ctx_t)));
+    arr[0] = c;
+    return arr;
+  }
+
   // ---- after the call ----
   // Checks the out slots of a failed call; returns the names of slots not set to NULL.
   std::vector<std::string> uncleared_outs() const {
@@ -456,7 +535,7 @@ class Args {
   Mode mode() const { return mode_; }
 
  private:
-  enum class OutKind { None, Tensor, Ctx, Hook, Dl, Dlv, Opt, St, Scaler, Lora, Graph };
+  enum class OutKind { None, Tensor, Ctx, Hook, Dl, Dlv, Opt, St, Scaler, Lora, Graph, Comm, Dp };
   struct OutSlot {
     OutKind kind;
     void** slot;
@@ -585,6 +664,22 @@ class Args {
     if (keep) cuda_graphs_.push_back(g);
     return g;
   }
+
+  flame_comm_t live_comm(flame_ctx_t c, bool keep) {  // world size 1: needs NCCL
+    flame_comm_id_t id;
+    flame_comm_t comm = nullptr;
+    if (flame_comm_unique_id(c, &id) != FLAME_OK || flame_comm_create(c, &id, 0, 1, nullptr, &comm) != FLAME_OK) return nullptr;
+    if (keep) comms_.push_back(comm);
+    return comm;
+  }
+  flame_dp_t live_dp(flame_ctx_t c, bool keep) {
+    flame_comm_t comm = live_comm(c, true);
+    flame_tensor_t p = live_tensor(c, param());
+    flame_dp_t d = nullptr;
+    if (!comm || flame_dp_create(comm, &p, 1, nullptr, &d) != FLAME_OK) return nullptr;
+    if (keep) dps_.push_back(d);
+    return d;
+  }
   flame_lora_t live_lora(flame_ctx_t c, bool keep) {
     flame_tensor_t w = live_tensor(c, sp({4, 3})), b = live_tensor(c, sp({4}));
     flame_lora_t l = nullptr;
@@ -652,6 +747,8 @@ class Args {
   std::vector<flame_lora_t> loras_;
   std::vector<flame_graph_t> cuda_graphs_;
   bool end_capture_ = false;
+  std::vector<flame_comm_t> comms_;
+  std::vector<flame_dp_t> dps_;
   std::string tmp_dir_;
   bool st_written_ = false;
   struct DLManagedTensor* dl_in_ = nullptr;
@@ -726,6 +823,8 @@ inline void Args::finish(flame_status_t status) {
       case OutKind::Scaler: flame_grad_scaler_release(static_cast<flame_grad_scaler_t>(v)); break;
       case OutKind::Lora: flame_lora_release(static_cast<flame_lora_t>(v)); break;
       case OutKind::Graph: flame_graph_release(static_cast<flame_graph_t>(v)); break;
+      case OutKind::Comm: flame_comm_release(static_cast<flame_comm_t>(v)); break;
+      case OutKind::Dp: flame_dp_release(static_cast<flame_dp_t>(v)); break;
       case OutKind::None: break;
     }
   }
@@ -755,6 +854,10 @@ inline void Args::finish(flame_status_t status) {
     }
     end_capture_ = false;
   }
+  for (flame_dp_t d : dps_) flame_dp_release(d);  // before the communicators they hold
+  dps_.clear();
+  for (flame_comm_t c : comms_) flame_comm_release(c);
+  comms_.clear();
   for (auto it = owned_.rbegin(); it != owned_.rend(); ++it) flame_tensor_release(*it);
   owned_.clear();
   remove_tmp_dir();

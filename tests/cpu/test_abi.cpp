@@ -1002,3 +1002,80 @@ TEST(NullArguments, Graphs) {
   EXPECT_TRUE(contains(flame_last_error_message(), "flame_copy_from_host")) << flame_last_error_message();
   flame_graph_release(nullptr);
 }
+
+// ============================== Distributed (NCCL) ==============================
+
+static_assert(sizeof(flame_comm_id_t) == FLAME_COMM_ID_BYTES && FLAME_COMM_ID_BYTES == 128, "flame_comm_id_t is 128 bytes");
+static_assert(FLAME_REDUCE_SUM == 0 && FLAME_REDUCE_AVG == 1 && FLAME_REDUCE_MAX == 2 && FLAME_REDUCE_MIN == 3,
+              "reduction values are frozen");
+#if defined(__LP64__)
+static_assert(offsetof(flame_comm_options_t, timeout_ms) == 8 && sizeof(flame_comm_options_t) == 16,
+              "flame_comm_options_t layout");
+static_assert(offsetof(flame_dp_options_t, bucket_bytes) == 8 && offsetof(flame_dp_options_t, broadcast_parameters) == 16 &&
+                  sizeof(flame_dp_options_t) == 24,
+              "flame_dp_options_t layout");
+#endif
+
+TEST(Distributed, OptionsDefaultsWithoutADriver) {
+  flame_comm_options_t co;
+  std::memset(&co, 0xab, sizeof co);
+  FLAME_EXPECT_STATUS(flame_comm_options_init(&co), FLAME_OK);
+  EXPECT_EQ(co.struct_size, sizeof co);
+  EXPECT_EQ(co.timeout_ms, 600000);
+  flame_dp_options_t dpo;
+  std::memset(&dpo, 0xab, sizeof dpo);
+  FLAME_EXPECT_STATUS(flame_dp_options_init(&dpo), FLAME_OK);
+  EXPECT_EQ(dpo.struct_size, sizeof dpo);
+  EXPECT_EQ(dpo.bucket_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(dpo.broadcast_parameters, 1);
+  FLAME_EXPECT_STATUS(flame_comm_options_init(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_dp_options_init(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(Distributed, NullArgumentsWithoutADriver) {
+  flame_comm_id_t id;
+  std::memset(&id, 0x5a, sizeof id);
+  FLAME_EXPECT_STATUS(flame_comm_unique_id(nullptr, &id), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(id.internal[0], 0) << "the id is cleared on failure";
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_comm_unique_id")) << flame_last_error_message();
+
+  flame_comm_t c = reinterpret_cast<flame_comm_t>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_comm_create(nullptr, &id, 0, 1, nullptr, &c), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(c, nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "ctx")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_comm_create(nullptr, &id, 0, 1, nullptr, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+
+  flame_comm_t comms[2] = {c, c};
+  comms[0] = comms[1] = reinterpret_cast<flame_comm_t>(static_cast<uintptr_t>(0x40));
+  flame_ctx_t ctxs[2] = {nullptr, nullptr};
+  FLAME_EXPECT_STATUS(flame_comm_create_group(ctxs, 2, nullptr, comms), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(comms[0], nullptr);
+  EXPECT_EQ(comms[1], nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "ctxs[0]")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_comm_create_group(nullptr, 2, nullptr, comms), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_comm_create_group(ctxs, 0, nullptr, comms), FLAME_ERROR_INVALID_ARGUMENT);
+
+  int32_t v = 7;
+  FLAME_EXPECT_STATUS(flame_comm_rank(nullptr, &v), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(v, 0);
+  FLAME_EXPECT_STATUS(flame_comm_size(nullptr, &v), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_comm_synchronize(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_comm_all_reduce(nullptr, nullptr, FLAME_REDUCE_SUM), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_comm_broadcast(nullptr, nullptr, 0), FLAME_ERROR_INVALID_ARGUMENT);
+  flame_tensor_t out = reinterpret_cast<flame_tensor_t>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_comm_all_gather(nullptr, nullptr, &out), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(out, nullptr);
+  out = reinterpret_cast<flame_tensor_t>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_comm_reduce_scatter(nullptr, nullptr, FLAME_REDUCE_SUM, &out), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(out, nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_comm_reduce_scatter")) << flame_last_error_message();
+
+  flame_dp_t dp = reinterpret_cast<flame_dp_t>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_dp_create(nullptr, nullptr, 0, nullptr, &dp), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(dp, nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "comm")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_dp_set_sync(nullptr, 1), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_dp_wait(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  flame_comm_release(nullptr);
+  flame_dp_release(nullptr);
+}

@@ -5,7 +5,7 @@
 use crate::sys;
 use crate::{api, check, len_as, slice_ptr, Context, Result, Tensor};
 #[allow(unused_imports)]
-use crate::sys::{Activation, DType, OptimizerKind, PadMode, Reduction, Status};
+use crate::sys::{Activation, DType, OptimizerKind, PadMode, ReduceOp, Reduction, Status};
 
 impl Tensor {
     /// `flame_status_t flame_tensor_dtype(flame_tensor_t t, flame_dtype_t* dtype)`.
@@ -1116,4 +1116,4 @@ impl Context {
 
 /// Functions without a generated safe method and not wrapped by hand in lib.rs: call them
 /// through `flame::api()` (the raw table).
-pub const UNWRAPPED: &[&str] = &["flame_conv_options_init", "flame_conv2d", "flame_conv_transpose2d", "flame_conv1d", "flame_pool2d_options_init", "flame_max_pool2d", "flame_avg_pool2d", "flame_rope_options_init", "flame_rope", "flame_optimizer_save_state", "flame_optimizer_load_state", "flame_grad_stats_host", "flame_grad_scaler_options_init", "flame_grad_scaler_create", "flame_grad_scaler_release", "flame_grad_scaler_scale", "flame_grad_scaler_unscale", "flame_grad_scaler_unscale_tensors", "flame_grad_scaler_step", "flame_grad_scaler_update", "flame_grad_scaler_get_scale", "flame_grad_scaler_found_inf", "flame_grad_scaler_get_state", "flame_grad_scaler_set_state", "flame_lora_create", "flame_lora_release", "flame_lora_forward", "flame_lora_adapters", "flame_lora_merge", "flame_lora_unmerge", "flame_lora_is_merged", "flame_checkpoint", "flame_graph_capture_end", "flame_graph_replay", "flame_graph_release", "flame_copy_from_host"];
+pub const UNWRAPPED: &[&str] = &["flame_conv_options_init", "flame_conv2d", "flame_conv_transpose2d", "flame_conv1d", "flame_pool2d_options_init", "flame_max_pool2d", "flame_avg_pool2d", "flame_rope_options_init", "flame_rope", "flame_optimizer_save_state", "flame_optimizer_load_state", "flame_grad_stats_host", "flame_grad_scaler_options_init", "flame_grad_scaler_create", "flame_grad_scaler_release", "flame_grad_scaler_scale", "flame_grad_scaler_unscale", "flame_grad_scaler_unscale_tensors", "flame_grad_scaler_step", "flame_grad_scaler_update", "flame_grad_scaler_get_scale", "flame_grad_scaler_found_inf", "flame_grad_scaler_get_state", "flame_grad_scaler_set_state", "flame_lora_create", "flame_lora_release", "flame_lora_forward", "flame_lora_adapters", "flame_lora_merge", "flame_lora_unmerge", "flame_lora_is_merged", "flame_checkpoint", "flame_graph_capture_end", "flame_graph_replay", "flame_graph_release", "flame_copy_from_host", "flame_comm_options_init", "flame_comm_unique_id", "flame_comm_create", "flame_comm_create_group", "flame_comm_release", "flame_comm_rank", "flame_comm_size", "flame_comm_synchronize", "flame_comm_all_reduce", "flame_comm_broadcast", "flame_comm_all_gather", "flame_comm_reduce_scatter", "flame_dp_options_init", "flame_dp_create", "flame_dp_set_sync", "flame_dp_wait", "flame_dp_release"];

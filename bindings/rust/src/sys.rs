@@ -21,6 +21,7 @@ pub const FLAME_STAT_MEAN: i32 = 3;
 pub const FLAME_STAT_NAN_COUNT: i32 = 4;
 pub const FLAME_STAT_INF_COUNT: i32 = 5;
 pub const FLAME_STAT_COLUMNS: i32 = 6;
+pub const FLAME_COMM_ID_BYTES: i32 = 128;
 
 // ---- enums: C integer type, constants, and a newtype with associated constants ----
 // (a Rust enum would be undefined behaviour for values added by a newer library)
@@ -291,6 +292,42 @@ impl std::fmt::Debug for PadMode {
     }
 }
 
+pub type flame_reduce_op_t = i32;
+pub const FLAME_REDUCE_SUM: flame_reduce_op_t = 0;
+pub const FLAME_REDUCE_AVG: flame_reduce_op_t = 1;
+pub const FLAME_REDUCE_MAX: flame_reduce_op_t = 2;
+pub const FLAME_REDUCE_MIN: flame_reduce_op_t = 3;
+
+/// `flame_reduce_op_t` as a Rust newtype; unknown values are representable.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct ReduceOp(pub flame_reduce_op_t);
+impl ReduceOp {
+    pub const REDUCE_SUM: ReduceOp = ReduceOp(0);
+    pub const REDUCE_AVG: ReduceOp = ReduceOp(1);
+    pub const REDUCE_MAX: ReduceOp = ReduceOp(2);
+    pub const REDUCE_MIN: ReduceOp = ReduceOp(3);
+    /// Every value the header defines, with its C name.
+    pub const ALL: &'static [(ReduceOp, &'static str)] = &[
+        (ReduceOp(0), "FLAME_REDUCE_SUM"),
+        (ReduceOp(1), "FLAME_REDUCE_AVG"),
+        (ReduceOp(2), "FLAME_REDUCE_MAX"),
+        (ReduceOp(3), "FLAME_REDUCE_MIN"),
+    ];
+    /// The C name of the value ("FLAME_REDUCE_SUM"), or None for a value this header does not know.
+    pub fn c_name(self) -> Option<&'static str> {
+        Self::ALL.iter().find(|(v, _)| *v == self).map(|(_, n)| *n)
+    }
+}
+impl std::fmt::Debug for ReduceOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.c_name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "ReduceOp({})", self.0),
+        }
+    }
+}
+
 // ---- opaque handles ----
 #[repr(C)]
 pub struct flame_ctx_s {
@@ -332,6 +369,16 @@ pub struct flame_graph_s {
     _opaque: [u8; 0],
 }
 pub type flame_graph_t = *mut flame_graph_s;
+#[repr(C)]
+pub struct flame_comm_s {
+    _opaque: [u8; 0],
+}
+pub type flame_comm_t = *mut flame_comm_s;
+#[repr(C)]
+pub struct flame_dp_s {
+    _opaque: [u8; 0],
+}
+pub type flame_dp_t = *mut flame_dp_s;
 
 // ---- foreign structs, declared only (defined by their own headers, e.g. dlpack.h) ----
 #[repr(C)]
@@ -445,6 +492,27 @@ pub struct flame_grad_scaler_options_t {
     pub backoff_factor: f64,
     pub growth_interval: i64,
     pub enabled: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flame_comm_id_t {
+    pub internal: [u8; 128],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flame_comm_options_t {
+    pub struct_size: usize,
+    pub timeout_ms: i64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flame_dp_options_t {
+    pub struct_size: usize,
+    pub bucket_bytes: u64,
+    pub broadcast_parameters: i32,
 }
 
 // ---- functions ----
@@ -702,6 +770,23 @@ pub const SYMBOLS: &[&str] = &[
     "flame_graph_replay",
     "flame_graph_release",
     "flame_copy_from_host",
+    "flame_comm_options_init",
+    "flame_comm_unique_id",
+    "flame_comm_create",
+    "flame_comm_create_group",
+    "flame_comm_release",
+    "flame_comm_rank",
+    "flame_comm_size",
+    "flame_comm_synchronize",
+    "flame_comm_all_reduce",
+    "flame_comm_broadcast",
+    "flame_comm_all_gather",
+    "flame_comm_reduce_scatter",
+    "flame_dp_options_init",
+    "flame_dp_create",
+    "flame_dp_set_sync",
+    "flame_dp_wait",
+    "flame_dp_release",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -958,6 +1043,23 @@ pub struct Api {
     pub flame_graph_replay: unsafe extern "C" fn(graph: flame_graph_t) -> flame_status_t,
     pub flame_graph_release: unsafe extern "C" fn(graph: flame_graph_t),
     pub flame_copy_from_host: unsafe extern "C" fn(dst: flame_tensor_t, data: *const c_void, nbytes: usize) -> flame_status_t,
+    pub flame_comm_options_init: unsafe extern "C" fn(opts: *mut flame_comm_options_t) -> flame_status_t,
+    pub flame_comm_unique_id: unsafe extern "C" fn(ctx: flame_ctx_t, id: *mut flame_comm_id_t) -> flame_status_t,
+    pub flame_comm_create: unsafe extern "C" fn(ctx: flame_ctx_t, id: *const flame_comm_id_t, rank: i32, world_size: i32, opts: *const flame_comm_options_t, out: *mut flame_comm_t) -> flame_status_t,
+    pub flame_comm_create_group: unsafe extern "C" fn(ctxs: *const flame_ctx_t, n: i32, opts: *const flame_comm_options_t, comms: *mut flame_comm_t) -> flame_status_t,
+    pub flame_comm_release: unsafe extern "C" fn(comm: flame_comm_t),
+    pub flame_comm_rank: unsafe extern "C" fn(comm: flame_comm_t, rank: *mut i32) -> flame_status_t,
+    pub flame_comm_size: unsafe extern "C" fn(comm: flame_comm_t, size: *mut i32) -> flame_status_t,
+    pub flame_comm_synchronize: unsafe extern "C" fn(comm: flame_comm_t) -> flame_status_t,
+    pub flame_comm_all_reduce: unsafe extern "C" fn(comm: flame_comm_t, t: flame_tensor_t, op: i32) -> flame_status_t,
+    pub flame_comm_broadcast: unsafe extern "C" fn(comm: flame_comm_t, t: flame_tensor_t, root: i32) -> flame_status_t,
+    pub flame_comm_all_gather: unsafe extern "C" fn(comm: flame_comm_t, r#in: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_comm_reduce_scatter: unsafe extern "C" fn(comm: flame_comm_t, r#in: flame_tensor_t, op: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_dp_options_init: unsafe extern "C" fn(opts: *mut flame_dp_options_t) -> flame_status_t,
+    pub flame_dp_create: unsafe extern "C" fn(comm: flame_comm_t, params: *const flame_tensor_t, n: i64, opts: *const flame_dp_options_t, out: *mut flame_dp_t) -> flame_status_t,
+    pub flame_dp_set_sync: unsafe extern "C" fn(dp: flame_dp_t, sync: i32) -> flame_status_t,
+    pub flame_dp_wait: unsafe extern "C" fn(dp: flame_dp_t) -> flame_status_t,
+    pub flame_dp_release: unsafe extern "C" fn(dp: flame_dp_t),
 }
 
 impl Api {
@@ -1222,6 +1324,23 @@ impl Api {
             flame_graph_replay: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_graph_t) -> flame_status_t>(resolve(b"flame_graph_replay\0")?),
             flame_graph_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_graph_t)>(resolve(b"flame_graph_release\0")?),
             flame_copy_from_host: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const c_void, usize) -> flame_status_t>(resolve(b"flame_copy_from_host\0")?),
+            flame_comm_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_comm_options_t) -> flame_status_t>(resolve(b"flame_comm_options_init\0")?),
+            flame_comm_unique_id: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut flame_comm_id_t) -> flame_status_t>(resolve(b"flame_comm_unique_id\0")?),
+            flame_comm_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_comm_id_t, i32, i32, *const flame_comm_options_t, *mut flame_comm_t) -> flame_status_t>(resolve(b"flame_comm_create\0")?),
+            flame_comm_create_group: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const flame_ctx_t, i32, *const flame_comm_options_t, *mut flame_comm_t) -> flame_status_t>(resolve(b"flame_comm_create_group\0")?),
+            flame_comm_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_comm_t)>(resolve(b"flame_comm_release\0")?),
+            flame_comm_rank: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_comm_t, *mut i32) -> flame_status_t>(resolve(b"flame_comm_rank\0")?),
+            flame_comm_size: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_comm_t, *mut i32) -> flame_status_t>(resolve(b"flame_comm_size\0")?),
+            flame_comm_synchronize: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_comm_t) -> flame_status_t>(resolve(b"flame_comm_synchronize\0")?),
+            flame_comm_all_reduce: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_comm_t, flame_tensor_t, i32) -> flame_status_t>(resolve(b"flame_comm_all_reduce\0")?),
+            flame_comm_broadcast: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_comm_t, flame_tensor_t, i32) -> flame_status_t>(resolve(b"flame_comm_broadcast\0")?),
+            flame_comm_all_gather: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_comm_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_comm_all_gather\0")?),
+            flame_comm_reduce_scatter: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_comm_t, flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_comm_reduce_scatter\0")?),
+            flame_dp_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_dp_options_t) -> flame_status_t>(resolve(b"flame_dp_options_init\0")?),
+            flame_dp_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_comm_t, *const flame_tensor_t, i64, *const flame_dp_options_t, *mut flame_dp_t) -> flame_status_t>(resolve(b"flame_dp_create\0")?),
+            flame_dp_set_sync: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_dp_t, i32) -> flame_status_t>(resolve(b"flame_dp_set_sync\0")?),
+            flame_dp_wait: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_dp_t) -> flame_status_t>(resolve(b"flame_dp_wait\0")?),
+            flame_dp_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_dp_t)>(resolve(b"flame_dp_release\0")?),
         })
     }
 }

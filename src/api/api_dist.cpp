@@ -1,0 +1,264 @@
+// C entry points of the distributed section (dist/comm.h, dist/data_parallel.h). Handles own a
+// shared Comm / DataParallel; a released handle is emptied and parked in its context's
+// dead_objects (as loss scalers), so that passing it again reports FLAME_ERROR_INVALID_HANDLE
+// while the context lives. Every call locks the communicator's context; waits inside hold that
+// lock (a context serves one rank).
+#include <algorithm>
+#include <cstring>
+#include "api/guard.h"
+#include "api/toolkit_args.h"
+#include "dist/data_parallel.h"
+
+using namespace flame;
+
+constexpr uint64_t kCommMagic = 0xF1A3EC0330000001ull;
+constexpr uint64_t kDpMagic = 0xF1A3ED9A00000001ull;
+
+struct flame_comm_s {
+  uint64_t magic;
+  std::shared_ptr<Comm> c;
+};
+
+struct flame_dp_s {
+  uint64_t magic;
+  std::shared_ptr<DataParallel> d;
+};
+
+namespace {
+
+static_assert(sizeof(flame_comm_id_t) == sizeof(ncclUniqueId), "flame_comm_id_t holds an ncclUniqueId");
+
+Comm& unwrap_comm(flame_comm_t c) {
+  FLAME_CHECK(c, FLAME_ERROR_INVALID_ARGUMENT, "comm is NULL");
+  FLAME_CHECK(c->magic == kCommMagic && c->c, FLAME_ERROR_INVALID_HANDLE, "comm is not a live communicator (released already?)");
+  return *c->c;
+}
+
+DataParallel& unwrap_dp(flame_dp_t d) {
+  FLAME_CHECK(d, FLAME_ERROR_INVALID_ARGUMENT, "dp is NULL");
+  FLAME_CHECK(d->magic == kDpMagic && d->d, FLAME_ERROR_INVALID_HANDLE, "dp is not a live data-parallel helper (released already?)");
+  return *d->d;
+}
+
+// Runs body(comm) with the communicator's context locked, bound and checked.
+template <class F>
+flame_status_t comm_call(const char* fn, flame_comm_t c, F&& body) {
+  return api_call(fn, [&] {
+    Comm& comm = unwrap_comm(c);
+    ContextScope scope(comm.ctx());
+    comm.ctx().check_alive();
+    body(comm);
+  });
+}
+
+// Parks an emptied handle in its context, as flame_grad_scaler_release does.
+template <class H>
+void park(Context& ctx, H* h) {
+  try {
+    ctx.dead_objects.push_back(std::shared_ptr<H>(h));
+    if (ctx.dead_objects.size() > 4096) ctx.dead_objects.pop_front();
+  } catch (...) {  // out of host memory: shared_ptr's constructor deleted the handle
+  }
+}
+
+flame_comm_options_t comm_options(const flame_comm_options_t* opts) {
+  flame_comm_options_t o;
+  flame_comm_options_init(&o);
+  if (opts) {  // read only what the caller's (possibly older, smaller) struct holds
+    FLAME_CHECK(opts->struct_size >= sizeof(size_t) && opts->struct_size <= 4096, FLAME_ERROR_INVALID_ARGUMENT,
+                "opts->struct_size is ", opts->struct_size, "; set it with flame_comm_options_init");
+    std::memcpy(&o, opts, std::min(opts->struct_size, sizeof o));
+    o.struct_size = sizeof o;
+  }
+  FLAME_CHECK(o.timeout_ms >= 1 && o.timeout_ms <= (int64_t{1} << 40), FLAME_ERROR_INVALID_ARGUMENT, "opts->timeout_ms ",
+              o.timeout_ms, " is not in [1, 2^40]");
+  return o;
+}
+
+}  // namespace
+
+extern "C" {
+
+FLAME_API flame_status_t flame_comm_options_init(flame_comm_options_t* opts) {
+  return api_call("flame_comm_options_init", [&] {
+    FLAME_CHECK(opts, FLAME_ERROR_INVALID_ARGUMENT, "opts is NULL");
+    *opts = flame_comm_options_t{};
+    opts->struct_size = sizeof *opts;
+    opts->timeout_ms = 600000;
+  });
+}
+
+FLAME_API flame_status_t flame_comm_unique_id(flame_ctx_t ctx, flame_comm_id_t* id) {
+  if (id) std::memset(id, 0, sizeof *id);
+  return api_call("flame_comm_unique_id", [&] {
+    Context& c = context_of(ctx);
+    FLAME_CHECK(id, FLAME_ERROR_INVALID_ARGUMENT, "id is NULL");
+    ContextScope scope(c);
+    c.check_alive();
+    ncclUniqueId u = Comm::unique_id();
+    std::memcpy(id->internal, &u, sizeof u);
+  });
+}
+
+FLAME_API flame_status_t flame_comm_create(flame_ctx_t ctx, const flame_comm_id_t* id, int32_t rank, int32_t world_size,
+                                           const flame_comm_options_t* opts, flame_comm_t* out) {
+  return api_call("flame_comm_create", [&] {
+    out_param(out, "out");
+    Context& c = context_of(ctx);
+    FLAME_CHECK(id, FLAME_ERROR_INVALID_ARGUMENT, "id is NULL");
+    FLAME_CHECK(world_size >= 1, FLAME_ERROR_INVALID_ARGUMENT, "world_size ", world_size, " is below 1");
+    FLAME_CHECK(rank >= 0 && rank < world_size, FLAME_ERROR_INVALID_ARGUMENT, "rank ", rank, " is not in [0, ", world_size, ")");
+    flame_comm_options_t o = comm_options(opts);
+    ContextScope scope(c);
+    c.check_alive();
+    ncclUniqueId u;
+    std::memcpy(&u, id->internal, sizeof u);
+    *out = new flame_comm_s{kCommMagic, Comm::create(c, u, rank, world_size, o.timeout_ms)};
+  });
+}
+
+FLAME_API flame_status_t flame_comm_create_group(const flame_ctx_t* ctxs, int32_t n, const flame_comm_options_t* opts,
+                                                 flame_comm_t* comms) {
+  if (comms && n > 0)
+    for (int32_t i = 0; i < n; ++i) comms[i] = nullptr;
+  return api_call("flame_comm_create_group", [&] {
+    FLAME_CHECK(ctxs, FLAME_ERROR_INVALID_ARGUMENT, "ctxs is NULL");
+    FLAME_CHECK(comms, FLAME_ERROR_INVALID_ARGUMENT, "comms is NULL");
+    FLAME_CHECK(n >= 1 && n <= 4096, FLAME_ERROR_INVALID_ARGUMENT, "n ", n, " is not in [1, 4096]");
+    std::vector<Context*> cs;
+    for (int32_t i = 0; i < n; ++i) {
+      FLAME_CHECK(ctxs[i], FLAME_ERROR_INVALID_ARGUMENT, "ctxs[", i, "] is NULL");
+      FLAME_CHECK(ctxs[i]->magic == kCtxMagic, FLAME_ERROR_INVALID_HANDLE, "ctxs[", i,
+                  "] is not a live context (destroyed already?)");
+      Context& c = *ctxs[i]->ctx;
+      c.check_alive();
+      FLAME_CHECK(std::find(cs.begin(), cs.end(), &c) == cs.end(), FLAME_ERROR_INVALID_ARGUMENT, "ctxs[", i,
+                  "] is listed twice (one context per rank)");
+      cs.push_back(&c);
+    }
+    flame_comm_options_t o = comm_options(opts);
+    std::vector<std::shared_ptr<Comm>> made = Comm::create_group(cs, o.timeout_ms);
+    std::vector<flame_comm_s*> handles;
+    for (auto& m : made) handles.push_back(new flame_comm_s{kCommMagic, m});
+    for (int32_t i = 0; i < n; ++i) comms[i] = handles[static_cast<size_t>(i)];
+  });
+}
+
+FLAME_API void flame_comm_release(flame_comm_t comm) {
+  if (!comm || comm->magic != kCommMagic || !comm->c) return;
+  std::shared_ptr<Context> keep = comm->c->ctx().shared_from_this();
+  std::lock_guard<std::recursive_mutex> lock(keep->mutex);
+  keep->bind();
+  comm->magic = kDeadMagic;
+  comm->c.reset();  // the communicator goes here unless a data-parallel helper still holds it
+  park(*keep, comm);
+}
+
+FLAME_API flame_status_t flame_comm_rank(flame_comm_t comm, int32_t* rank) {
+  if (rank) *rank = 0;
+  return comm_call("flame_comm_rank", comm, [&](Comm& c) {
+    FLAME_CHECK(rank, FLAME_ERROR_INVALID_ARGUMENT, "rank is NULL");
+    *rank = c.rank();
+  });
+}
+
+FLAME_API flame_status_t flame_comm_size(flame_comm_t comm, int32_t* size) {
+  if (size) *size = 0;
+  return comm_call("flame_comm_size", comm, [&](Comm& c) {
+    FLAME_CHECK(size, FLAME_ERROR_INVALID_ARGUMENT, "size is NULL");
+    *size = c.world();
+  });
+}
+
+FLAME_API flame_status_t flame_comm_synchronize(flame_comm_t comm) {
+  return comm_call("flame_comm_synchronize", comm, [&](Comm& c) { c.synchronize(); });
+}
+
+FLAME_API flame_status_t flame_comm_all_reduce(flame_comm_t comm, flame_tensor_t t, int32_t op) {
+  return comm_call("flame_comm_all_reduce", comm, [&](Comm& c) { c.all_reduce(unwrap(t, "t"), op); });
+}
+
+FLAME_API flame_status_t flame_comm_broadcast(flame_comm_t comm, flame_tensor_t t, int32_t root) {
+  return comm_call("flame_comm_broadcast", comm, [&](Comm& c) { c.broadcast(unwrap(t, "t"), root); });
+}
+
+FLAME_API flame_status_t flame_comm_all_gather(flame_comm_t comm, flame_tensor_t in, flame_tensor_t* out) {
+  if (out) *out = nullptr;
+  return comm_call("flame_comm_all_gather", comm, [&](Comm& c) {
+    out_param(out, "out");
+    *out = wrap(c.all_gather(unwrap(in, "in")));
+  });
+}
+
+FLAME_API flame_status_t flame_comm_reduce_scatter(flame_comm_t comm, flame_tensor_t in, int32_t op, flame_tensor_t* out) {
+  if (out) *out = nullptr;
+  return comm_call("flame_comm_reduce_scatter", comm, [&](Comm& c) {
+    out_param(out, "out");
+    *out = wrap(c.reduce_scatter(unwrap(in, "in"), op));
+  });
+}
+
+// ---------------- data parallelism ----------------
+
+FLAME_API flame_status_t flame_dp_options_init(flame_dp_options_t* opts) {
+  return api_call("flame_dp_options_init", [&] {
+    FLAME_CHECK(opts, FLAME_ERROR_INVALID_ARGUMENT, "opts is NULL");
+    *opts = flame_dp_options_t{};
+    opts->struct_size = sizeof *opts;
+    opts->bucket_bytes = uint64_t{64} << 20;
+    opts->broadcast_parameters = 1;
+  });
+}
+
+FLAME_API flame_status_t flame_dp_create(flame_comm_t comm, const flame_tensor_t* params, int64_t n, const flame_dp_options_t* opts,
+                                         flame_dp_t* out) {
+  if (out) *out = nullptr;
+  return api_call("flame_dp_create", [&] {
+    Comm& c = unwrap_comm(comm);
+    out_param(out, "out");
+    FLAME_CHECK(params || n == 0, FLAME_ERROR_INVALID_ARGUMENT, "params is NULL");
+    FLAME_CHECK(n >= 0, FLAME_ERROR_INVALID_ARGUMENT, "n ", n, " is negative");
+    std::vector<Tensor> ps = tensor_list(params, n, "params");
+    flame_dp_options_t o;
+    flame_dp_options_init(&o);
+    if (opts) {
+      FLAME_CHECK(opts->struct_size >= sizeof(size_t) && opts->struct_size <= 4096, FLAME_ERROR_INVALID_ARGUMENT,
+                  "opts->struct_size is ", opts->struct_size, "; set it with flame_dp_options_init");
+      std::memcpy(&o, opts, std::min(opts->struct_size, sizeof o));
+      o.struct_size = sizeof o;
+    }
+    validate_dp_options(o);
+    ContextScope scope(c.ctx());
+    c.ctx().check_alive();
+    *out = new flame_dp_s{kDpMagic, std::make_shared<DataParallel>(comm->c, std::move(ps), o)};
+  });
+}
+
+FLAME_API flame_status_t flame_dp_set_sync(flame_dp_t dp, int32_t sync) {
+  return api_call("flame_dp_set_sync", [&] {
+    DataParallel& d = unwrap_dp(dp);
+    ContextScope scope(d.ctx());
+    d.set_sync(sync != 0);
+  });
+}
+
+FLAME_API flame_status_t flame_dp_wait(flame_dp_t dp) {
+  return api_call("flame_dp_wait", [&] {
+    DataParallel& d = unwrap_dp(dp);
+    ContextScope scope(d.ctx());
+    d.ctx().check_alive();
+    d.wait();
+  });
+}
+
+FLAME_API void flame_dp_release(flame_dp_t dp) {
+  if (!dp || dp->magic != kDpMagic || !dp->d) return;
+  std::shared_ptr<Context> keep = dp->d->ctx().shared_from_this();
+  std::lock_guard<std::recursive_mutex> lock(keep->mutex);
+  keep->bind();
+  dp->magic = kDeadMagic;
+  dp->d.reset();
+  park(*keep, dp);
+}
+
+}  // extern "C"

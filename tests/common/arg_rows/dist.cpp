@@ -1,0 +1,39 @@
+// Argument-matrix rows (tests/common/arg_matrix.h) for the distributed section: communicators,
+// collectives and the data-parallel helper. Live handles are world-size-1 communicators (NCCL must
+// be present where the GPU matrix runs).
+#include "arg_matrix.h"
+
+namespace {
+using namespace argm;
+
+const flame_comm_options_t* comm_opts(Args& a) {  // may be NULL by contract: never NULLed
+  auto* o = a.opt_out<flame_comm_options_t>("opts");
+  if (o) flame_comm_options_init(o);
+  return o;
+}
+const flame_dp_options_t* dp_opts(Args& a) {
+  auto* o = a.opt_out<flame_dp_options_t>("opts");
+  if (o) flame_dp_options_init(o);
+  return o;
+}
+
+FLAME_ARG_ROW(flame_comm_options_init, a.out<flame_comm_options_t>("opts"));
+FLAME_ARG_ROW(flame_comm_unique_id, a.ctx("ctx"), a.out<flame_comm_id_t>("id"));
+FLAME_ARG_ROW(flame_comm_create, a.ctx("ctx"), a.comm_id("id"), 0, 1, comm_opts(a), a.out_comm("out"));
+FLAME_ARG_ROW(flame_comm_create_group, a.ctx_array("ctxs"), 1, comm_opts(a), a.out_comm("comms"));
+FLAME_ARG_VOID(flame_comm_release, a.release_comm("comm"));
+FLAME_ARG_ROW(flame_comm_rank, a.comm("comm"), a.out<int32_t>("rank"));
+FLAME_ARG_ROW(flame_comm_size, a.comm("comm"), a.out<int32_t>("size"));
+FLAME_ARG_ROW(flame_comm_synchronize, a.comm("comm"));
+FLAME_ARG_ROW(flame_comm_all_reduce, a.comm("comm"), a.t("t"), FLAME_REDUCE_SUM);
+FLAME_ARG_ROW(flame_comm_broadcast, a.comm("comm"), a.t("t"), 0);
+FLAME_ARG_ROW(flame_comm_all_gather, a.comm("comm"), a.t("in"), a.out_t("out"));
+FLAME_ARG_ROW(flame_comm_reduce_scatter, a.comm("comm"), a.t("in"), FLAME_REDUCE_AVG, a.out_t("out"));
+
+FLAME_ARG_ROW(flame_dp_options_init, a.out<flame_dp_options_t>("opts"));
+FLAME_ARG_ROW(flame_dp_create, a.comm("comm"), a.ts("params", {param()}), 1, dp_opts(a), a.out_dp("out"));
+FLAME_ARG_ROW(flame_dp_set_sync, a.dp("dp"), 0);
+FLAME_ARG_ROW(flame_dp_wait, a.dp("dp"));
+FLAME_ARG_VOID(flame_dp_release, a.release_dp("dp"));
+
+}  // namespace
