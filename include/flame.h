@@ -33,14 +33,15 @@
  * needs the device returns FLAME_ERROR_CONTEXT_FAILED; results computed since the last successful
  * synchronisation are lost. What survives: the process; queries that do not touch the device
  * (shapes, dtypes, status strings); releasing its tensors (DLPack deleters still run once) and
- * flame_ctx_destroy; contexts on other GPUs. What does not: CUDA poisons a whole CUDA context, and
- * all FLAME contexts on one GPU share that GPU's primary CUDA context, so every context on the
- * faulting GPU fails too (each reports FLAME_ERROR_CONTEXT_FAILED at its next device call). Once
- * all contexts of that GPU are destroyed and their tensors released, a new context on it starts
- * with a fresh CUDA context, unless something else in the process still holds the primary context
- * (the application, or the CUDA runtime once cuBLASLt has run a matrix product in the process):
- * then only a new process can use that GPU again. tests/gpu/test_device_fault.cpp checks this in a
- * child process.
+ * flame_ctx_destroy. What does not: CUDA poisons a whole CUDA context, and all FLAME contexts on one
+ * GPU share that GPU's primary CUDA context, so every context on the faulting GPU fails too (each
+ * reports FLAME_ERROR_CONTEXT_FAILED at its next device call). Contexts on other GPUs, and a new
+ * context on the faulting GPU once all of its contexts are destroyed, work where the driver allows:
+ * with one GPU a new context starts afresh (unless something else, e.g. the CUDA runtime under
+ * cuBLASLt, still holds the primary context); on a two-GPU H200 host (CUDA 13.0 driver) the fault
+ * also failed the other GPU's context and a new one, each cleanly with FLAME_ERROR_CONTEXT_FAILED.
+ * Treat a device fault as the end of the process's GPU work: save what is on the host, restart.
+ * tests/gpu/test_device_fault.cpp checks this in a child process.
  */
 #ifndef FLAME_H
 #define FLAME_H

@@ -12,7 +12,10 @@ Nccl::~Nccl() {
 void Nccl::load() {
   const char* override_path = std::getenv("FLAME_NCCL_PATH");
   const char* path = override_path && *override_path ? override_path : "libnccl.so.2";
-  handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  // RTLD_NODELETE: NCCL keeps threads of its own past the calls that start them (ncclGetUniqueId
+  // starts the bootstrap root, which waits for the ranks to join), so the library must never be
+  // unmapped while the process lives; dlclose then only drops the reference.
+  handle = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   if (!handle) {
     const char* why = dlerror();
     fail(FLAME_ERROR_UNSUPPORTED, "NCCL is not available: cannot load ", path, ": ", why ? why : "unknown reason",

@@ -1,7 +1,8 @@
 // NCCL, loaded at run time with dlopen("libnccl.so.2") (or $FLAME_NCCL_PATH) so that libflame has no
 // link-time dependency on it and loads on machines without it. nccl.h is used for types and
 // prototypes only (decltype). One table per communicator: no process-wide state; dlopen
-// reference-counts the library itself. Without the library (or with one older than 2.14, which
+// reference-counts the library and RTLD_NODELETE keeps it mapped, because NCCL's threads outlive
+// the calls that start them. Without the library (or with one older than 2.14, which
 // lacks non-blocking communicators) load() throws FLAME_ERROR_UNSUPPORTED.
 #pragma once
 #include <nccl.h>
