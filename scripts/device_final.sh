@@ -5,7 +5,7 @@
 #     suites excluded), the PyTorch parity suite and the optimizer parity (GPU 0), the examples and
 #     the GPT-2 smoke test through CTest (GPU 1);
 #  3. the multi-GPU suites (Dist*, Threads.*, DeviceFault.*) with both GPUs, FLAME_REQUIRE_GPUS=2;
-#  4. side by side: bench/run.py $BENCH_TIERS on GPU 0 and scripts/sanitize-gpu.sh on GPU 1, and the
+#  4. side by side: bench/run.py $BENCH_TIERS alone on GPU 0 and scripts/sanitize-gpu.sh on GPU 1, and the
 #     NCCL bandwidth bench (both GPUs) after them.
 # Every log is folded into $OUT/all_logs.txt (the device returns a limited number of files).
 set -uo pipefail
@@ -37,7 +37,7 @@ if (( SECONDS - T0 < ${BENCH_IF_BELOW:-400} )); then
   left=$(( ${TOTAL_BUDGET:-570} - (SECONDS - T0) ))
   (CUDA_VISIBLE_DEVICES=0 timeout $((left - 40)) python3 bench/run.py --tiers ${BENCH_TIERS:-T0,T1core,T1nn,T2,T3gpt2} --no-compile \
      --no-results-md --out "$OUT/bench" > "$OUT/bench.log" 2>&1; echo "bench rc=$?" >> "$OUT/bench.log") &
-  (CUDA_VISIBLE_DEVICES=0 BUILD_DIR=build MEMCHECK_TIMEOUT=${MEMCHECK_TIMEOUT:-90} RACECHECK_TIMEOUT=${RACECHECK_TIMEOUT:-70} \
+  (CUDA_VISIBLE_DEVICES=1 BUILD_DIR=build MEMCHECK_TIMEOUT=${MEMCHECK_TIMEOUT:-90} RACECHECK_TIMEOUT=${RACECHECK_TIMEOUT:-70} \
      LEAK_TIMEOUT=${LEAK_TIMEOUT:-60} OUT="$OUT/san" timeout $((left - 40)) bash scripts/sanitize-gpu.sh > "$OUT/sanitize.log" 2>&1) &
   wait
   grep -E "^T[0-5]|geometric|rc=" "$OUT/bench.log" | cut -c1-200 | tail -60

@@ -59,13 +59,6 @@ flame_ctx_t child_context(int device, bool may_be_failed = false) {
   return c;
 }
 
-// After a fault elsewhere: a context works with the right values or reports the fault cleanly.
-void works_or_fails_cleanly(flame_ctx_t c, const std::string& what) {
-  bool vals = false;
-  flame_status_t st = neg_round_trip(c, &vals);
-  child_check((st == FLAME_OK && vals) || st == FLAME_ERROR_CONTEXT_FAILED, what + ": " + status_and_message(st));
-}
-
 // neg of a fresh [1000] tensor of 1.5, read back: FLAME_OK and the right values, or the failing status.
 flame_status_t neg_round_trip(flame_ctx_t c, bool* values_ok) {
   *values_ok = false;
@@ -82,6 +75,13 @@ flame_status_t neg_round_trip(flame_ctx_t c, bool* values_ok) {
   flame_tensor_release(y);
   flame_tensor_release(x);
   return st;
+}
+
+// After a fault elsewhere: a context works with the right values or reports the fault cleanly.
+void works_or_fails_cleanly(flame_ctx_t c, const std::string& what) {
+  bool vals = false;
+  flame_status_t st = neg_round_trip(c, &vals);
+  child_check((st == FLAME_OK && vals) || st == FLAME_ERROR_CONTEXT_FAILED, what + ": " + status_and_message(st));
 }
 
 void counting_deleter(DLManagedTensor* self) {
