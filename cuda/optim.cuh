@@ -44,6 +44,63 @@ template <> __device__ __forceinline__ bf16_t round_param<bf16_t>(float x, u64 s
   return h;
 }
 
+// The per-step constants of one launch, in the compute type.
+template <class C> struct OptimScalars {
+  C lr, b1, b2, eps, wd, momentum, dampening, bc1, bc2;
+  int kind, flags;
+  bool first;  // this step created the state (SGD's buffer starts as the gradient)
+};
+
+// One element's update on registers: w (weight, from the master copy when there is one), g
+// (gradient), and the state slots the kind uses (m, v, vmax); the caller loads and stores them.
+template <class C>
+__device__ __forceinline__ void update_one(const OptimScalars<C>& s, C& w, C g, C& m, C& v, C& vmax) {
+  if (s.flags & kMaximize) g = -g;
+  if (s.kind == kSgd) {  // torch.optim.SGD
+    if (s.wd != C(0)) g += s.wd * w;
+    if (s.flags & kHasMomentum) {
+      m = s.first ? g : s.momentum * m + (C(1) - s.dampening) * g;
+      g = (s.flags & kNesterov) ? g + s.momentum * m : m;
+    }
+    w -= s.lr * g;
+  } else if (s.kind == kAdam || s.kind == kAdamW) {  // torch.optim.Adam / AdamW
+    if (s.kind == kAdam && s.wd != C(0)) g += s.wd * w;
+    if (s.kind == kAdamW) w *= C(1) - s.lr * s.wd;
+    m = s.b1 * m + (C(1) - s.b1) * g;
+    v = s.b2 * v + (C(1) - s.b2) * g * g;
+    C vi = v;
+    if (s.flags & kAmsgrad) {
+      vi = vi > vmax ? vi : vmax;
+      vmax = vi;
+    }
+    C denom = m_sqrt(vi) / m_sqrt(s.bc2) + s.eps;
+    w -= (s.lr / s.bc1) * m / denom;
+  } else {  // Lion (Chen et al. 2023): sign of an interpolated momentum
+    C c = s.b1 * m + (C(1) - s.b1) * g;
+    w *= C(1) - s.lr * s.wd;
+    w -= s.lr * C((c > C(0)) - (c < C(0)));
+    m = s.b2 * m + (C(1) - s.b2) * g;
+  }
+}
+
+// Four consecutive elements in one load or store (16 bytes for f32, 8 for f16/bf16).
+template <class T> struct alignas(4 * sizeof(T)) Pack4 { T x[4]; };
+template <class T> __device__ __forceinline__ bool aligned4(const void* p) {
+  return p == nullptr || (reinterpret_cast<u64>(p) % (4 * sizeof(T))) == 0;
+}
+// Through a Pack4 value (registers), never by casting the register arrays themselves.
+template <class T> __device__ __forceinline__ void load4(const T* p, T (&r)[4]) {
+  const Pack4<T> a = *reinterpret_cast<const Pack4<T>*>(p);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) r[k] = a.x[k];
+}
+template <class T> __device__ __forceinline__ void store4(T* p, const T (&r)[4]) {
+  Pack4<T> a;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) a.x[k] = r[k];
+  *reinterpret_cast<Pack4<T>*>(p) = a;
+}
+
 template <class P>
 __global__ void optim_step(const OptimTensor* tensors, const OptimChunk* chunks, i64 chunk, OptimHyper h) {
   using C = compute_t<P>;
@@ -58,45 +115,60 @@ __global__ void optim_step(const OptimTensor* tensors, const OptimChunk* chunks,
   C* master = reinterpret_cast<C*>(t.master);
   const i64 step = reinterpret_cast<const i64*>(h.record)[0];
   const double lr_d = reinterpret_cast<const double*>(h.record)[1 + h.group];
-  // Bias corrections in f64, as torch computes them on the host.
-  const double bc1 = 1.0 - pow(h.beta1, static_cast<double>(step)), bc2 = 1.0 - pow(h.beta2, static_cast<double>(step));
-  const bool first = t.first == step;
-  const C lr = C(lr_d), b1 = C(h.beta1), b2 = C(h.beta2), eps = C(h.eps), wd = C(h.weight_decay);
-  const int kind = static_cast<int>(h.kind), flags = static_cast<int>(h.flags);
-  for (i64 i = ck.start + threadIdx.x; i < end; i += blockDim.x) {
-    C w = master ? master[i] : to_compute(param[i]);
-    C g = to_compute(grad[i]);
-    if (flags & kMaximize) g = -g;
-    if (kind == kSgd) {  // torch.optim.SGD
-      if (wd != C(0)) g += wd * w;
-      if (flags & kHasMomentum) {
-        C buf = first ? g : C(h.momentum) * m[i] + (C(1) - C(h.dampening)) * g;
-        m[i] = buf;
-        g = (flags & kNesterov) ? g + C(h.momentum) * buf : buf;
+  // Bias corrections in f64, as torch computes them on the host; once per block, not per thread.
+  __shared__ double bias_corr[2];
+  if (threadIdx.x == 0) {
+    bias_corr[0] = 1.0 - pow(h.beta1, static_cast<double>(step));
+    bias_corr[1] = 1.0 - pow(h.beta2, static_cast<double>(step));
+  }
+  __syncthreads();
+  const OptimScalars<C> s{C(lr_d), C(h.beta1), C(h.beta2), C(h.eps), C(h.weight_decay), C(h.momentum),
+                          C(h.dampening), C(bias_corr[0]), C(bias_corr[1]), static_cast<int>(h.kind),
+                          static_cast<int>(h.flags), t.first == step};
+  const bool stochastic = (s.flags & kStochastic) != 0;
+  const u64 seed = static_cast<u64>(h.seed), rng0 = static_cast<u64>(h.offset + t.rng_base);
+  // Memory-bound: 4 consecutive elements per thread and iteration, each array read with one vector
+  // load (chunk starts are multiples of 4, so aligned base pointers keep every pack aligned).
+  i64 vec_end = ck.start;
+  if (aligned4<P>(param) && aligned4<P>(grad) && aligned4<C>(m) && aligned4<C>(v) && aligned4<C>(vmax) &&
+      aligned4<C>(master)) {
+    vec_end = ck.start + ((end - ck.start) & ~i64(3));
+    for (i64 i = ck.start + 4 * i64(threadIdx.x); i < vec_end; i += 4 * i64(blockDim.x)) {
+      C w[4], g[4], mv[4] = {}, vv[4] = {}, vx[4] = {};
+      if (master) {
+        load4(master + i, w);
+      } else {
+        const Pack4<P> a = *reinterpret_cast<const Pack4<P>*>(param + i);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) w[k] = to_compute(a.x[k]);
       }
-      w -= lr * g;
-    } else if (kind == kAdam || kind == kAdamW) {  // torch.optim.Adam / AdamW
-      if (kind == kAdam && wd != C(0)) g += wd * w;
-      if (kind == kAdamW) w *= C(1) - lr * wd;
-      C mi = b1 * m[i] + (C(1) - b1) * g;
-      C vi = b2 * v[i] + (C(1) - b2) * g * g;
-      m[i] = mi;
-      v[i] = vi;
-      if (flags & kAmsgrad) {
-        vi = vi > vmax[i] ? vi : vmax[i];
-        vmax[i] = vi;
-      }
-      C denom = m_sqrt(vi) / m_sqrt(C(bc2)) + eps;
-      w -= (lr / C(bc1)) * mi / denom;
-    } else {  // Lion (Chen et al. 2023): sign of an interpolated momentum
-      C c = b1 * m[i] + (C(1) - b1) * g;
-      w *= C(1) - lr * wd;
-      w -= lr * C((c > C(0)) - (c < C(0)));
-      m[i] = b2 * m[i] + (C(1) - b2) * g;
+      const Pack4<P> ga = *reinterpret_cast<const Pack4<P>*>(grad + i);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) g[k] = to_compute(ga.x[k]);
+      if (m) load4(m + i, mv);
+      if (v) load4(v + i, vv);
+      if (vmax) load4(vmax + i, vx);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) update_one(s, w[k], g[k], mv[k], vv[k], vx[k]);
+      if (m) store4(m + i, mv);
+      if (v) store4(v + i, vv);
+      if (vmax) store4(vmax + i, vx);
+      if (master) store4(master + i, w);
+      Pack4<P> out;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) out.x[k] = round_param<P>(w[k], seed, rng0 + static_cast<u64>(i + k), stochastic);
+      *reinterpret_cast<Pack4<P>*>(param + i) = out;
     }
+  }
+  for (i64 i = vec_end + threadIdx.x; i < end; i += blockDim.x) {  // misaligned tensors and the tail
+    C w = master ? master[i] : to_compute(param[i]);
+    C mv = m ? m[i] : C(0), vv = v ? v[i] : C(0), vx = vmax ? vmax[i] : C(0);
+    update_one(s, w, to_compute(grad[i]), mv, vv, vx);
+    if (m) m[i] = mv;
+    if (v) v[i] = vv;
+    if (vmax) vmax[i] = vx;
     if (master) master[i] = w;
-    param[i] = round_param<P>(w, static_cast<u64>(h.seed), static_cast<u64>(h.offset + t.rng_base + i),
-                              (flags & kStochastic) != 0);
+    param[i] = round_param<P>(w, seed, rng0 + static_cast<u64>(i), stochastic);
   }
 }
 
