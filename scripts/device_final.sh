@@ -8,15 +8,7 @@
 #  4. side by side: bench/run.py $BENCH_TIERS alone on GPU 0 and scripts/sanitize-gpu.sh on GPU 1, and the
 #     NCCL bandwidth bench (both GPUs) after them.
 # Every log is folded into $OUT/all_logs.txt (the device returns a limited number of files).
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export FLAME_REQUIRE_GPU=1
-T0=$SECONDS
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLAME_BUILD_TESTS=ON > "$OUT/configure.log" 2>&1
-cmake --build build -j32 > "$OUT/build.log" 2>&1 || { grep -B5 -A20 "FAILED\|error:" "$OUT/build.log" | head -60; exit 1; }
-echo "built in $((SECONDS - T0)) s"
-export FLAME_LIBRARY=$PWD/build/libflame.so.1 FLAME_KERNEL_CACHE_DIR=$PWD/build/kernel-cache
-MULTI='Dist*:Threads.*:DeviceFault.*'
+source "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
 for i in 0 1 2 3; do
   CUDA_VISIBLE_DEVICES=$((i % 2)) GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i timeout ${GTEST_TIMEOUT:-300} \
     ./build/tests/gpu/flame_gpu_tests --gtest_brief=1 --gtest_filter="-$MULTI" > "$OUT/gtest$i.log" 2>&1 &
@@ -48,5 +40,5 @@ if (( SECONDS - T0 < ${BENCH_IF_BELOW:-400} )); then
   fi
 fi
 echo "total $((SECONDS - T0)) s"
-for f in "$OUT"/*.log "$OUT"/gtest_failures.txt; do echo "=================== $f"; cat "$f"; done > "$OUT/all_logs.txt" 2>/dev/null
+fold_logs "$OUT/gtest_failures.txt"
 rm -rf "$OUT"/*.log "$OUT"/gtest_failures.txt "$OUT"/san

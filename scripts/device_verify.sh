@@ -8,15 +8,7 @@
 #  4. side by side: bench/run.py $BENCH_TIERS alone on GPU 0, compute-sanitizer memcheck on GPU 1;
 #  5. the NCCL all_reduce bench on both GPUs.
 # Every log is folded into $OUT/all_logs.txt (the device returns a limited number of files).
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export FLAME_REQUIRE_GPU=1
-T0=$SECONDS
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLAME_BUILD_TESTS=ON > "$OUT/configure.log" 2>&1
-cmake --build build -j32 > "$OUT/build.log" 2>&1 || { grep -B5 -A20 "FAILED\|error:" "$OUT/build.log" | head -60; exit 1; }
-echo "built in $((SECONDS - T0)) s"
-export FLAME_LIBRARY=$PWD/build/libflame.so.1 FLAME_KERNEL_CACHE_DIR=$PWD/build/kernel-cache
-MULTI='Dist*:Threads.*:DeviceFault.*'
+source "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
 (export CUDA_VISIBLE_DEVICES=0
  GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=${SHARD:-0} timeout 200 ./build/tests/gpu/flame_gpu_tests --gtest_brief=1 \
    --gtest_filter="-$MULTI" > "$OUT/gtest_shard.log" 2>&1; echo "shard rc=$?" >> "$OUT/gtest_shard.log"
@@ -46,5 +38,5 @@ if (( SECONDS - T0 < ${TOTAL_BUDGET:-560} - 45 )); then
   timeout 40 python3 bench/dist_bench.py --max-mib ${DIST_MAX_MIB:-1024} > "$OUT/dist_bench.log" 2>&1; echo "dist bench rc=$?"; tail -12 "$OUT/dist_bench.log"
 fi
 echo "total $((SECONDS - T0)) s"
-for f in "$OUT"/*.log; do echo "=================== $f"; cat "$f"; done > "$OUT/all_logs.txt" 2>/dev/null
+fold_logs
 rm -rf "$OUT"/*.log "$OUT"/san
