@@ -538,7 +538,10 @@ enum {
 /* Accumulates d(root)/d(leaf) into .grad of every leaf that requires grad. grad: the gradient of
  * root (same shape and dtype); NULL means 1 and then root must have one element. flags: the
  * FLAME_BACKWARD_* bits. Without RETAIN_GRAPH the graph's saved tensors are freed; walking it again
- * gives FLAME_ERROR_GRAPH_FREED. An error from a hook stops backward and is returned. */
+ * gives FLAME_ERROR_GRAPH_FREED. An error from a hook stops backward and is returned. A leaf with
+ * post-accumulate hooks gets its .grad, and runs those hooks, as soon as its gradient is complete
+ * during the walk (as PyTorch; their work overlaps the rest of backward); the other leaves after the
+ * walk, so that a hook's error leaves their .grad unchanged. */
 FLAME_API flame_status_t flame_backward(flame_ctx_t ctx, flame_tensor_t root, flame_tensor_t grad, uint32_t flags);
 
 /* Gradients of n_outputs outputs (weighted by grad_outputs, which may be NULL or hold NULLs for
@@ -1650,9 +1653,9 @@ FLAME_API flame_status_t flame_comm_reduce_scatter(flame_comm_t comm, flame_tens
  * stream as soon as it is full, ordered with events against the context's stream; flame_dp_wait
  * finishes the round and writes the averages into .grad; then step the optimizer. With gradient
  * accumulation, turn sync off for the micro-steps that only accumulate (no communication) and on for
- * the last one. FLAME's engine applies leaf gradients (and runs these hooks) after its reverse walk,
- * so communication overlaps the packing of later buckets and the work queued before flame_dp_wait,
- * not the backward of earlier layers. */
+ * the last one. The engine runs these hooks as soon as each parameter's gradient is complete during
+ * its reverse walk (see flame_backward), so a full bucket's all-reduce overlaps the backward of the
+ * layers before it. */
 
 /* Options of flame_dp_create. Fill with flame_dp_options_init; the struct may grow at its end. */
 typedef struct flame_dp_options_t {

@@ -236,7 +236,7 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
     for (const Tensor& t : gs) any = any || t;
     if (any) {
       if (n->op == OpId::Count) {  // a leaf
-        Tensor g = gs[0];
+        Tensor g = std::move(gs[0]);
         Tensor leaf = n->leaf.lock();
         if (leaf && leaf->autograd) g = run_hooks(leaf->autograd->hooks, g, n->inputs[0]);
         auto it = capture.find({n, 0});
@@ -244,7 +244,14 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
           for (size_t j : it->second) results[j] = g;
         else if (!accumulate && req.other_leaves_error)
           fail(FLAME_ERROR_UNSUPPORTED, req.other_leaves_error);
-        if (accumulate && leaf) pending.emplace_back(leaf, g);
+        if (accumulate && leaf) {
+          if (leaf->autograd && !leaf->autograd->post_hooks.empty()) {  // now, as PyTorch: the hooks' work overlaps the walk
+            accumulate_grad(leaf, std::move(g), req.create_graph);
+            run_post_hooks(leaf);
+          } else {
+            pending.emplace_back(leaf, std::move(g));
+          }
+        }
         continue;
       }
       for (uint32_t nr = 0; nr < gs.size(); ++nr) {  // each output's hooks, retained grad, capture
@@ -297,7 +304,7 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
   for (size_t j = 0; j < req.inputs.size(); ++j)
     FLAME_CHECK(results[j] || req.allow_unused, FLAME_ERROR_INVALID_ARGUMENT, "input ", j,
                 " was not used to compute the outputs (pass FLAME_GRAD_ALLOW_UNUSED to get NULL instead)");
-  // Leaves last: nothing is accumulated if any hook failed during the walk.
+  // The other leaves last: none of them is accumulated if any hook failed during the walk.
   for (auto& p : pending) accumulate_grad(p.first, std::move(p.second), req.create_graph);  // moved: see accumulate_grad
   for (auto& p : pending)
     if (!p.first->autograd || !p.first->autograd->grad_fn) run_post_hooks(p.first);

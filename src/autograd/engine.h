@@ -18,8 +18,10 @@ struct BackwardRequest {
   const char* other_leaves_error = nullptr;
 };
 
-// Runs backward. With no inputs, accumulates into .grad of the reached leaves (all at the end, so a
-// failing hook leaves .grad untouched) and runs post-accumulate hooks; otherwise returns one
+// Runs backward. With no inputs, accumulates into .grad of the reached leaves and runs their
+// post-accumulate hooks: a leaf with such hooks as soon as its gradient is complete during the walk
+// (so that their work, e.g. data-parallel communication, overlaps the rest of backward), the others
+// after the walk (a failing hook then leaves their .grad untouched). With inputs, returns one
 // gradient per input (null for unused inputs when allowed).
 std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req);
 

@@ -800,6 +800,51 @@ TEST_F(Hooks, PostAccumulateHooksEditGradInPlace) {
   EXPECT_EQ(half.destroyed, 1);
 }
 
+// A leaf with a post-accumulate hook gets .grad and runs the hook as soon as its gradient is complete
+// during the walk, before the walk reaches leaves deeper in the graph (what lets data-parallel
+// all-reduces overlap the rest of backward); leaves without such hooks are updated after the walk.
+struct WalkOrder {
+  flame_tensor_t deep = nullptr, plain = nullptr;  // a (hooked, deeper) and c (no hook) below
+  int calls = 0;
+  bool deep_had_grad = true, plain_had_grad = true;
+};
+flame_status_t record_walk_order(void* user_data, flame_tensor_t) {
+  auto* w = static_cast<WalkOrder*>(user_data);
+  ++w->calls;
+  flame_tensor_t g = nullptr;
+  flame_tensor_grad(w->deep, &g);
+  w->deep_had_grad = g != nullptr;
+  flame_tensor_release(g);
+  g = nullptr;
+  flame_tensor_grad(w->plain, &g);
+  w->plain_had_grad = g != nullptr;
+  flame_tensor_release(g);
+  return FLAME_OK;
+}
+flame_status_t no_op_post_hook(void*, flame_tensor_t) { return FLAME_OK; }
+
+TEST_F(Hooks, PostAccumulateHooksRunDuringTheWalk) {
+  T a = make(ctx, {0.5, -1}, {2}, true), b = make(ctx, {2, 3}, {2}, true), c = make(ctx, {1.5, 0.25}, {2}, true);
+  WalkOrder w;
+  w.deep = a;
+  w.plain = c;
+  flame_hook_t hb = nullptr, ha = nullptr;
+  FLAME_ASSERT_OK(flame_tensor_register_post_accumulate_grad_hook(b, record_walk_order, &w, nullptr, &hb));
+  FLAME_ASSERT_OK(flame_tensor_register_post_accumulate_grad_hook(a, no_op_post_hook, nullptr, nullptr, &ha));
+  // loss = sum(((a * c) * a) * b): b's gradient is complete after the first backward node, a's and
+  // c's only further down.
+  T loss = sum(mul(mul(mul(a, c), a), b));
+  FLAME_ASSERT_OK(flame_backward(ctx, loss, nullptr, 0));
+  EXPECT_EQ(w.calls, 1);
+  EXPECT_FALSE(w.deep_had_grad) << "b's hook ran after the walk reached a";
+  EXPECT_FALSE(w.plain_had_grad) << "c (no post hook) was updated before the walk ended";
+  expect_vals(grad_of(b), {0.5 * 1.5 * 0.5, 1 * 0.25 * 1});  // a*c*a
+  expect_vals(grad_of(a), {2 * 0.5 * 1.5 * 2, 2 * -1 * 0.25 * 3});  // 2 a c b
+  expect_vals(grad_of(c), {0.25 * 2, 1 * 3});  // a^2 b
+  flame_hook_remove(hb);
+  flame_hook_remove(ha);
+}
+
 TEST_F(Hooks, PostAccumulateHookOnNonLeafIsAnError) {
   T x = make(ctx, {1, 2}, {2}, true);
   T y = mul(x, x);
