@@ -217,7 +217,8 @@ static flame_status_t save(flame_ctx_t ctx, model* m, flame_optimizer_t opt, con
 }
 
 /* The loss averaged over the ranks (comm not NULL: every rank calls it at the same step), else
- * this rank's own. A detached copy is reduced: collectives have no backward. */
+ * this rank's own. Collectives have no backward: a detached view of the loss is reduced in place
+ * (backward has run, nothing reads the loss's memory any more). */
 static flame_status_t mean_loss(flame_comm_t comm, flame_tensor_t loss, double* out) {
   if (!comm) return flame_tensor_item(loss, out);
   flame_tensor_t d = NULL;
