@@ -667,12 +667,11 @@ int32_t gpt2_dp_run(const gpt2_config* cfg, int64_t world, int64_t warmup, int64
   }
   if (st == FLAME_OK && world > 1) {
     flame_comm_options_t co;
-    flame_comm_options_init(&co);
+    if ((fst = flame_comm_options_init(&co)) != FLAME_OK) set_error("flame_comm_options_init", fst);
     co.timeout_ms = 300000; /* covers the first step's kernel compilation on every rank */
-    if ((fst = flame_comm_create_group(ctxs, (int32_t)world, &co, comms)) != FLAME_OK) {
+    if (fst == FLAME_OK && (fst = flame_comm_create_group(ctxs, (int32_t)world, &co, comms)) != FLAME_OK)
       set_error("flame_comm_create_group", fst);
-      st = (int32_t)fst;
-    }
+    st = (int32_t)fst;
     for (int r = 0; st == FLAME_OK && r < world; ++r) ranks[r].comm = comms[r];
   }
   for (; st == FLAME_OK && started < world; ++started)
@@ -683,12 +682,13 @@ int32_t gpt2_dp_run(const gpt2_config* cfg, int64_t world, int64_t warmup, int64
   for (int r = 0; r < started; ++r) pthread_join(threads[r], NULL);
   for (int r = started; r < world; ++r) flame_comm_release(ranks[r].comm); /* not started: none when all were */
 
-  if (st == FLAME_OK) {
+  if (st == FLAME_OK) { /* every failing rank's message (one rank's failure times the others out) */
+    size_t len = 0;
     for (int r = 0; r < world; ++r)
-      if (ranks[r].status != FLAME_OK) { /* the first failing rank's message */
-        st = ranks[r].status;
-        snprintf(g_error, sizeof g_error, "rank %d: %s", r, ranks[r].error);
-        break;
+      if (ranks[r].status != FLAME_OK) {
+        if (st == FLAME_OK) st = ranks[r].status;
+        if (len < sizeof g_error)
+          len += (size_t)snprintf(g_error + len, sizeof g_error - len, "%srank %d: %s", len ? "; " : "", r, ranks[r].error);
       }
   }
   if (st == FLAME_OK) {
