@@ -15,14 +15,22 @@
  *
  * Intermediates of a step live in a scope released after the optimizer step; the first failing
  * FLAME call is recorded with its message and makes the rest of the step a no-op.
+ *
+ *   data parallel  gpt2_dp_run: one model (context) per GPU of this process, one thread per rank,
+ *           an NCCL communicator over them (flame_comm_create_group) and flame_dp over the
+ *           parameter list (default bucket size): gpt2_step then waits for the averaged gradients
+ *           (flame_dp_wait) before the optimizer step. World 1 is the plain step, timed the same way.
  */
+#define _POSIX_C_SOURCE 200112L /* pthreads and clock_gettime under strict C11 */
 #include "gpt2.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "flame.h"
 
@@ -91,6 +99,7 @@ struct gpt2_model_s {
   flame_optimizer_t opt;
   flame_tensor_t tokens, targets;   /* [B, T] and [B * T] (i64) */
   flame_tensor_t loss;              /* the last step's loss (0-d f32) */
+  flame_dp_t dp;                    /* gpt2_dp_run with several GPUs: the gradient synchroniser */
   scope s;
 };
 
@@ -224,7 +233,8 @@ static flame_status_t load_param(gpt2_t g, flame_safetensors_t f, int i, const c
   return FLAME_OK;
 }
 
-int32_t gpt2_create(const gpt2_config* cfg, const char* weights, const char* kernel_cache_dir, gpt2_t* out) {
+/* gpt2_create on CUDA device `device`. */
+static int32_t create_on(const gpt2_config* cfg, int32_t device, const char* weights, const char* kernel_cache_dir, gpt2_t* out) {
   g_error[0] = 0;
   if (!out) return fail(FLAME_ERROR_INVALID_ARGUMENT, "gpt2_create: out is NULL");
   *out = NULL;
@@ -250,6 +260,7 @@ int32_t gpt2_create(const gpt2_config* cfg, const char* weights, const char* ker
 
   flame_ctx_options_t o;
   flame_ctx_options_init(&o);
+  o.device = device;
   o.seed = (uint64_t)cfg->seed;
   o.kernel_cache_dir = kernel_cache_dir;
   o.gemm_heuristic_only = (int32_t)cfg->gemm_heuristic_only;
@@ -310,8 +321,13 @@ done:
   return FLAME_OK;
 }
 
+int32_t gpt2_create(const gpt2_config* cfg, const char* weights, const char* kernel_cache_dir, gpt2_t* out) {
+  return create_on(cfg, 0, weights, kernel_cache_dir, out);
+}
+
 void gpt2_destroy(gpt2_t g) {
   if (!g) return;
+  flame_dp_release(g->dp);
   if (g->s.t) scope_release(&g->s);
   flame_tensor_release(g->loss);
   flame_tensor_release(g->tokens);
@@ -406,6 +422,7 @@ int32_t gpt2_step(gpt2_t g, float* loss_out) {
   if (g->cfg.bf16) flame_ctx_set_autocast(g->ctx, prev, NULL); /* backward and the optimizer run outside autocast */
   flame_status_t st = s->st;
   if (st == FLAME_OK && (st = flame_backward(g->ctx, loss, NULL, 0)) != FLAME_OK) set_error("flame_backward", st);
+  if (st == FLAME_OK && g->dp && (st = flame_dp_wait(g->dp)) != FLAME_OK) set_error("flame_dp_wait", st); /* averaged .grad */
   if (st == FLAME_OK && (st = flame_optimizer_step(g->opt)) != FLAME_OK) set_error("flame_optimizer_step", st);
   if (st == FLAME_OK && (st = flame_optimizer_zero_grad(g->opt, 1)) != FLAME_OK) set_error("flame_optimizer_zero_grad", st);
   if (st == FLAME_OK && (st = flame_tensor_retain(loss)) != FLAME_OK) set_error("flame_tensor_retain(loss)", st);
@@ -502,4 +519,193 @@ int32_t gpt2_save(gpt2_t g, const char* path) {
   free(names);
   if (st != FLAME_OK) set_error("flame_safetensors_save", st);
   return (int32_t)st;
+}
+
+/* ---------------------------------------------------------------- data parallelism */
+#define DP_MAX_WORLD 16
+
+typedef struct dp_rank {
+  const gpt2_config* cfg;
+  gpt2_t g;
+  flame_comm_t comm; /* NULL with world 1 */
+  int rank, world;
+  int64_t warmup, steps;
+  double ms_per_step;
+  float first_loss, last_loss;
+  float* params; /* world > 1: the final parameters, for the comparison between ranks */
+  size_t n_elements;
+  int32_t status;
+  char error[2048];
+} dp_rank;
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static uint64_t rng_next(uint64_t* s) { /* xorshift64* */
+  *s ^= *s >> 12;
+  *s ^= *s << 25;
+  *s ^= *s >> 27;
+  return *s * 2685821657736338717ull;
+}
+
+/* The rank's batch: sequences of a fixed random successor table (the same table on every rank, the
+ * sequences drawn per rank): token t is followed by succ[t] with probability 3/4, else by a uniform
+ * token; targets are the tokens shifted by one (as gpt2_main.c). */
+static int32_t dp_set_batch(dp_rank* r) {
+  const int64_t V = r->cfg->vocab, B = r->cfg->batch, T = r->cfg->seq;
+  int64_t* succ = malloc((size_t)V * sizeof *succ);
+  int64_t* tok = malloc((size_t)(B * T) * sizeof *tok);
+  int64_t* tgt = malloc((size_t)(B * T) * sizeof *tgt);
+  int32_t st = FLAME_OK;
+  if (!succ || !tok || !tgt) {
+    st = fail(FLAME_ERROR_OUT_OF_MEMORY, "gpt2_dp_run: out of host memory");
+  } else {
+    uint64_t rng = 0x9E3779B97F4A7C15ull ^ (uint64_t)r->cfg->seed;
+    for (int64_t t = 0; t < V; ++t) succ[t] = (int64_t)(rng_next(&rng) % (uint64_t)V);
+    rng ^= 0xD1B54A32D192ED03ull * (uint64_t)(r->rank + 1);
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t cur = (int64_t)(rng_next(&rng) % (uint64_t)V);
+      for (int64_t t = 0; t <= T; ++t) {
+        if (t < T) tok[b * T + t] = cur;
+        if (t > 0) tgt[b * T + t - 1] = cur;
+        cur = (rng_next(&rng) % 4 != 0) ? succ[cur] : (int64_t)(rng_next(&rng) % (uint64_t)V);
+      }
+    }
+    st = gpt2_set_batch(r->g, tok, tgt);
+  }
+  free(succ);
+  free(tok);
+  free(tgt);
+  return st;
+}
+
+/* Waits for the rank's queued work: through the communicator (with its timeout) when there is one. */
+static int32_t dp_sync(dp_rank* r) {
+  if (!r->comm) return gpt2_sync(r->g);
+  flame_status_t st = flame_comm_synchronize(r->comm);
+  if (st != FLAME_OK) set_error("flame_comm_synchronize", st);
+  return (int32_t)st;
+}
+
+/* One rank's thread: the helper over its parameters, warm-up, the timed steps, its parameters. */
+static void* dp_rank_main(void* arg) {
+  dp_rank* r = arg;
+  gpt2_t g = r->g;
+  int32_t st = FLAME_OK;
+  g_error[0] = 0;
+  if (r->comm && (st = flame_dp_create(r->comm, g->p, g->n_params, NULL, &g->dp)) != FLAME_OK)
+    set_error("flame_dp_create", (flame_status_t)st);
+  if (st == FLAME_OK) st = dp_set_batch(r);
+  if (st == FLAME_OK) st = gpt2_step(g, &r->first_loss); /* the first step compiles the kernels */
+  for (int64_t i = 1; st == FLAME_OK && i < r->warmup; ++i) st = gpt2_step(g, NULL);
+  if (st == FLAME_OK) st = dp_sync(r);
+  double t0 = now_ms();
+  for (int64_t i = 0; st == FLAME_OK && i < r->steps; ++i) st = gpt2_step(g, NULL);
+  if (st == FLAME_OK) st = dp_sync(r);
+  r->ms_per_step = (now_ms() - t0) / (double)r->steps;
+  if (st == FLAME_OK) st = gpt2_last_loss(g, &r->last_loss);
+  if (st == FLAME_OK && r->world > 1) {
+    int64_t count = 0, elements = 0;
+    st = gpt2_num_params(g, &count, &elements);
+    r->params = st == FLAME_OK ? malloc((size_t)elements * sizeof(float)) : NULL;
+    if (st == FLAME_OK && !r->params) st = fail(FLAME_ERROR_OUT_OF_MEMORY, "gpt2_dp_run: out of host memory");
+    for (int i = 0; st == FLAME_OK && i < g->n_params; ++i) {
+      int64_t n = 0;
+      flame_status_t e = flame_tensor_numel(g->p[i], &n);
+      if (e == FLAME_OK) e = flame_to_host(g->p[i], r->params + r->n_elements, (size_t)n * sizeof(float));
+      if (e != FLAME_OK) {
+        set_error(g->names[i], e);
+        st = (int32_t)e;
+      }
+      r->n_elements += (size_t)n;
+    }
+  }
+  if (st != FLAME_OK) snprintf(r->error, sizeof r->error, "%s", g_error);
+  r->status = st;
+  flame_dp_release(g->dp); /* every rank releases its helper and communicator concurrently */
+  g->dp = NULL;
+  flame_comm_release(r->comm);
+  r->comm = NULL;
+  return NULL;
+}
+
+int32_t gpt2_dp_run(const gpt2_config* cfg, int64_t world, int64_t warmup, int64_t steps, const char* kernel_cache_dir,
+                    gpt2_dp_result* out) {
+  g_error[0] = 0;
+  if (!cfg || !out) return fail(FLAME_ERROR_INVALID_ARGUMENT, "gpt2_dp_run: NULL argument");
+  memset(out, 0, sizeof *out);
+  if (world < 1 || world > DP_MAX_WORLD || warmup < 1 || steps < 1)
+    return fail(FLAME_ERROR_INVALID_ARGUMENT, "gpt2_dp_run: world %lld (need 1..%d), warmup %lld and steps %lld (need >= 1)",
+                (long long)world, DP_MAX_WORLD, (long long)warmup, (long long)steps);
+  int32_t count = 0;
+  flame_status_t fst = flame_device_count(&count);
+  if (fst != FLAME_OK) {
+    set_error("flame_device_count", fst);
+    return (int32_t)fst;
+  }
+  if (count < world)
+    return fail(FLAME_ERROR_NO_DEVICE, "gpt2_dp_run: %lld GPUs asked for, %d visible", (long long)world, (int)count);
+
+  dp_rank ranks[DP_MAX_WORLD];
+  pthread_t threads[DP_MAX_WORLD];
+  flame_comm_t comms[DP_MAX_WORLD];
+  flame_ctx_t ctxs[DP_MAX_WORLD];
+  memset(ranks, 0, sizeof ranks);
+  int32_t st = FLAME_OK;
+  int started = 0;
+  for (int r = 0; r < world && st == FLAME_OK; ++r) {
+    ranks[r].cfg = cfg;
+    ranks[r].rank = r;
+    ranks[r].world = (int)world;
+    ranks[r].warmup = warmup;
+    ranks[r].steps = steps;
+    st = create_on(cfg, r, NULL, kernel_cache_dir, &ranks[r].g); /* rank 0's weights reach the others in flame_dp_create */
+    if (st == FLAME_OK) ctxs[r] = ranks[r].g->ctx;
+  }
+  if (st == FLAME_OK && world > 1) {
+    flame_comm_options_t co;
+    if ((fst = flame_comm_options_init(&co)) != FLAME_OK) set_error("flame_comm_options_init", fst);
+    co.timeout_ms = 300000; /* covers the first step's kernel compilation on every rank */
+    if (fst == FLAME_OK && (fst = flame_comm_create_group(ctxs, (int32_t)world, &co, comms)) != FLAME_OK)
+      set_error("flame_comm_create_group", fst);
+    st = (int32_t)fst;
+    for (int r = 0; st == FLAME_OK && r < world; ++r) ranks[r].comm = comms[r];
+  }
+  for (; st == FLAME_OK && started < world; ++started)
+    if (pthread_create(&threads[started], NULL, dp_rank_main, &ranks[started]) != 0) {
+      st = fail(FLAME_ERROR_INTERNAL, "gpt2_dp_run: could not start the thread of rank %d", started);
+      break;
+    }
+  for (int r = 0; r < started; ++r) pthread_join(threads[r], NULL);
+  for (int r = started; r < world; ++r) flame_comm_release(ranks[r].comm); /* not started: none when all were */
+
+  if (st == FLAME_OK) { /* every failing rank's message (one rank's failure times the others out) */
+    size_t len = 0;
+    for (int r = 0; r < world; ++r)
+      if (ranks[r].status != FLAME_OK) {
+        if (st == FLAME_OK) st = ranks[r].status;
+        if (len < sizeof g_error)
+          len += (size_t)snprintf(g_error + len, sizeof g_error - len, "%srank %d: %s", len ? "; " : "", r, ranks[r].error);
+      }
+  }
+  if (st == FLAME_OK) {
+    out->params_identical = 1;
+    for (int r = 0; r < world; ++r) {
+      out->ms_per_step = ranks[r].ms_per_step > out->ms_per_step ? ranks[r].ms_per_step : out->ms_per_step;
+      out->first_loss += ranks[r].first_loss / (double)world;
+      out->last_loss += ranks[r].last_loss / (double)world;
+      if (r > 0 && (ranks[r].n_elements != ranks[0].n_elements ||
+                    memcmp(ranks[r].params, ranks[0].params, ranks[0].n_elements * sizeof(float)) != 0))
+        out->params_identical = 0;
+    }
+    out->tokens_per_s = (double)(world * cfg->batch * cfg->seq) / (out->ms_per_step * 1e-3);
+  }
+  for (int r = 0; r < world; ++r) {
+    free(ranks[r].params);
+    gpt2_destroy(ranks[r].g);
+  }
+  return st;
 }

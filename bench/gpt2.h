@@ -78,6 +78,28 @@ GPT2_API int32_t gpt2_reset_peak(gpt2_t g);
 GPT2_API int32_t gpt2_num_params(gpt2_t g, int64_t* count, int64_t* elements);
 /* Writes the parameters (f32) to a safetensors file under their names. */
 GPT2_API int32_t gpt2_save(gpt2_t g, const char* path);
+/* ---- data parallelism: GPT-2 on several GPUs of this process ---- */
+/* Every field 8 bytes wide (the ctypes mirror in bench/gpt2_tiers.py). */
+typedef struct gpt2_dp_result {
+  double ms_per_step;       /* wall clock per timed step, from a synchronisation after the warm-up to
+                               one after the last step; the slowest rank's */
+  double tokens_per_s;      /* world * batch * seq / ms_per_step */
+  double first_loss;        /* the first step's loss, averaged over the ranks */
+  double last_loss;         /* the last step's loss, averaged over the ranks */
+  int64_t params_identical; /* 1: every rank ended with bit-identical parameters (always 1 for world 1) */
+} gpt2_dp_result;
+
+/* Trains cfg's model on GPUs 0..world-1 (world in [1, 16]): one model and context per GPU, one
+ * thread per rank, each rank on its own batch of cfg->batch sequences (synthetic, as gpt2_main.c's,
+ * drawn per rank; every step trains on it again). world > 1: an NCCL communicator over the contexts
+ * (flame_comm_create_group, a 5-minute timeout) and flame_dp over the parameters (default bucket
+ * size; it broadcasts rank 0's initial weights), the gradients averaged before each AdamW step.
+ * world 1: the plain step of gpt2_step. Runs `warmup` steps (the first compiles the kernels), then
+ * times `steps` steps. OUT *out (zeroed first). Errors: FLAME_ERROR_NO_DEVICE with fewer than world
+ * GPUs, FLAME_ERROR_UNSUPPORTED without NCCL, else FLAME's (gpt2_last_error names the rank). */
+GPT2_API int32_t gpt2_dp_run(const gpt2_config* cfg, int64_t world, int64_t warmup, int64_t steps,
+                             const char* kernel_cache_dir, gpt2_dp_result* out);
+
 /* The calling thread's message for the last failure of a gpt2_* call ("" if none); static storage. */
 GPT2_API const char* gpt2_last_error(void);
 

@@ -12,12 +12,21 @@
  * (context + parameters + optimizer), first_step_ms, median_step_ms over the later steps, tokens per
  * second, the losses, and FLAME's pool memory (in use, reserved, peak in use).
  *
- * Exit status: 0 success (with --check-falls: every loss finite and the last below the first),
- * 1 a FLAME error (message printed) or a failed check, 2 no GPU or driver.
+ * --gpus N: data-parallel training on GPUs 0..N-1 instead (gpt2_dp_run: a thread and a model per
+ * GPU, flame_dp over NCCL; --batch is per GPU, each rank trains on its own batch every step); after
+ * --warmup steps (default 3) times --steps steps and prints "RESULT {"gpus": N, "ms_per_step": ...,
+ * "tokens_per_s": ... (all GPUs), "first_loss", "last_loss" (averaged over the ranks),
+ * "params_identical": 1}". --gpus 1 is the plain step timed the same way (the scaling baseline):
+ *   flame_bench_gpt2 --gpus 1 --steps 30 && flame_bench_gpt2 --gpus 2 --steps 30
+ *
+ * Exit status: 0 success (with --check-falls: every loss finite and the last below the first; with
+ * --gpus also identical parameters on every rank), 1 a FLAME error (message printed) or a failed
+ * check, 2 no GPU or driver (with --gpus N: fewer than N GPUs, or no NCCL).
  *
  *   flame_bench_gpt2 [--steps N] [--layers L] [--heads H] [--dim D] [--vocab V] [--block N]
  *                    [--batch B] [--seq T] [--lr X] [--seed S] [--f32] [--weights FILE.safetensors]
  *                    [--cache-dir DIR] [--heuristic-gemm] [--same-batch] [--check-falls] [--save FILE]
+ *                    [--gpus N [--warmup W]]
  */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime */
 #include <math.h>
@@ -67,14 +76,43 @@ static int usage(void) {
   fprintf(stderr,
           "usage: flame_bench_gpt2 [--steps N] [--layers L] [--heads H] [--dim D] [--vocab V] [--block N]\n"
           "                        [--batch B] [--seq T] [--lr X] [--seed S] [--f32] [--weights FILE]\n"
-          "                        [--cache-dir DIR] [--heuristic-gemm] [--same-batch] [--check-falls] [--save FILE]\n");
+          "                        [--cache-dir DIR] [--heuristic-gemm] [--same-batch] [--check-falls] [--save FILE]\n"
+          "                        [--gpus N [--warmup W]]\n");
   return 1;
+}
+
+/* --gpus N: data-parallel training through gpt2_dp_run (its RESULT line differs from the one-GPU one). */
+static int run_dp(const gpt2_config* cfg, int gpus, int warmup, int steps, const char* cache_dir, int check_falls) {
+  gpt2_dp_result r;
+  int32_t st = gpt2_dp_run(cfg, gpus, warmup, steps, cache_dir, &r);
+  if (st != FLAME_OK) {
+    fprintf(stderr, "flame_bench_gpt2: gpt2_dp_run on %d GPU(s) failed: %s\n", gpus, gpt2_last_error());
+    return st == FLAME_ERROR_NO_DRIVER || st == FLAME_ERROR_NO_DEVICE || st == FLAME_ERROR_UNSUPPORTED ? EXIT_NO_GPU : 1;
+  }
+  printf("%d GPU(s), B%lld T%lld per GPU: %.3f ms/step, %.0f tokens/s, loss %.6f -> %.6f, parameters %s\n", gpus,
+         (long long)cfg->batch, (long long)cfg->seq, r.ms_per_step, r.tokens_per_s, r.first_loss, r.last_loss,
+         r.params_identical ? "identical on every rank" : "DIFFER between ranks");
+  printf("RESULT {\"gpus\": %d, \"batch_per_gpu\": %lld, \"seq\": %lld, \"warmup\": %d, \"steps\": %d, "
+         "\"ms_per_step\": %.4f, \"tokens_per_s\": %.1f, \"first_loss\": %.6f, \"last_loss\": %.6f, "
+         "\"params_identical\": %lld}\n",
+         gpus, (long long)cfg->batch, (long long)cfg->seq, warmup, steps, r.ms_per_step, r.tokens_per_s,
+         isfinite(r.first_loss) ? r.first_loss : -1.0, isfinite(r.last_loss) ? r.last_loss : -1.0,
+         (long long)r.params_identical);
+  if (!r.params_identical) {
+    fprintf(stderr, "flame_bench_gpt2: the ranks' parameters differ after training\n");
+    return 1;
+  }
+  if (check_falls && !(isfinite(r.first_loss) && isfinite(r.last_loss) && r.last_loss < r.first_loss)) {
+    fprintf(stderr, "flame_bench_gpt2: the loss did not fall (first %.6f, last %.6f)\n", r.first_loss, r.last_loss);
+    return 1;
+  }
+  return 0;
 }
 
 int main(int argc, char** argv) {
   gpt2_config cfg;
   gpt2_config_default(&cfg);
-  int steps = 10, same_batch = 0, check_falls = 0;
+  int steps = 10, same_batch = 0, check_falls = 0, gpus = 0, warmup = 3;
   const char *weights = NULL, *cache_dir = NULL, *save = NULL;
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
@@ -94,6 +132,8 @@ int main(int argc, char** argv) {
     INT_ARG("--batch", cfg.batch)
     INT_ARG("--seq", cfg.seq)
     INT_ARG("--seed", cfg.seed)
+    INT_ARG("--gpus", gpus)
+    INT_ARG("--warmup", warmup)
 #undef INT_ARG
     if (strcmp(a, "--lr") == 0 && v) { cfg.lr = strtod(v, NULL); ++i; continue; }
     if (strcmp(a, "--weights") == 0 && v) { weights = v; ++i; continue; }
@@ -111,6 +151,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (cfg.vocab < 2 || cfg.batch < 1 || cfg.seq < 1) return usage(); /* gpt2_create checks the rest */
+  if (gpus != 0) {
+    if (gpus < 1 || warmup < 1 || weights || save || same_batch) {
+      fprintf(stderr, "flame_bench_gpt2: --gpus N needs N >= 1 and --warmup >= 1, and trains on one batch per rank "
+                      "from generated weights (no --weights, --save or --same-batch)\n");
+      return 1;
+    }
+    return run_dp(&cfg, gpus, warmup, steps, cache_dir, check_falls);
+  }
 
   const size_t n = (size_t)(cfg.batch * cfg.seq);
   int64_t* tok = malloc(n * sizeof *tok);

@@ -1,5 +1,6 @@
 """The GPT-2 rows of bench/run.py: T3 (training step time, FLAME vs PyTorch eager and torch.compile,
-and loss-curve parity), T4 (cold and warm start to the first step) and T5 (peak memory).
+and loss-curve parity), T4 (cold and warm start to the first step), T5 (peak memory) and T3dp
+(data-parallel scaling on 2 GPUs, tier3_dp's docstring).
 
 FLAME's side is bench/gpt2.c, built as libflame_gpt2_bench.so (driven here through ctypes, in this
 process, on its own FLAME context and stream) and as the program flame_bench_gpt2 (run by T4 in
@@ -322,3 +323,150 @@ def tier4(b):
            cold["ctx_to_first_step_ms"] - warm["ctx_to_first_step_ms"], None, "ms",
            "NVRTC compilation and cache writes of every kernel the program uses, as the difference of the two starts "
            "(FLAME has no public counter of compile time)")
+
+
+# ---------------------------------------------------------------- T3dp: data parallelism on 2 GPUs
+DP_WORLD = 2
+DP_TARGET = 0.90  # throughput on 2 GPUs >= 0.9 * 2 * throughput on 1 GPU
+
+
+class Gpt2DpResult(ctypes.Structure):
+    """gpt2_dp_result of bench/gpt2.h (every field 8 bytes)."""
+    _fields_ = [("ms_per_step", f64), ("tokens_per_s", f64), ("first_loss", f64), ("last_loss", f64),
+                ("params_identical", i64)]
+
+
+def flame_dp_run(c, world, warmup, steps):
+    """gpt2_dp_run of libflame_gpt2_bench.so: the C library starts one thread per GPU itself (ctypes releases
+    the GIL for the call). Returns the Gpt2DpResult."""
+    lib = ctypes.CDLL(library_path())
+    lib.gpt2_config_default.restype, lib.gpt2_config_default.argtypes = None, [P(Gpt2Config)]
+    lib.gpt2_dp_run.restype = ctypes.c_int32
+    lib.gpt2_dp_run.argtypes = [P(Gpt2Config), i64, i64, i64, ctypes.c_char_p, P(Gpt2DpResult)]
+    lib.gpt2_last_error.restype, lib.gpt2_last_error.argtypes = ctypes.c_char_p, []
+    cfg = Gpt2Config()
+    lib.gpt2_config_default(ctypes.byref(cfg))
+    for k in ("vocab", "block", "layers", "heads", "dim", "batch", "seq", "lr", "weight_decay", "beta1", "beta2", "eps"):
+        setattr(cfg, k, getattr(c, k))
+    r = Gpt2DpResult()
+    st = lib.gpt2_dp_run(ctypes.byref(cfg), world, warmup, steps, None, ctypes.byref(r))
+    if st != 0:
+        raise RuntimeError(f"FLAME gpt2_dp_run on {world} GPU(s) failed (status {st}): "
+                           f"{lib.gpt2_last_error().decode(errors='replace')}")
+    return r
+
+
+def ddp_worker(rank, world, init_file, cfg, warmup, steps, queue):
+    """One PyTorch rank (a process of torch.multiprocessing.spawn): the model of gpt2_torch.py, wrapped in
+    DistributedDataParallel when world > 1 (NCCL, init_method file://, default 25 MiB buckets), trained on
+    its own batch; times `steps` steps after `warmup` by wall clock between two synchronisations, as
+    gpt2_dp_run does. Puts (rank, ms per step, first loss, last loss) on the queue."""
+    import torch.distributed as dist
+    torch.cuda.set_device(rank)
+    c = gt.Config(**cfg)
+    if world > 1:
+        dist.init_process_group("nccl", init_method="file://" + init_file, rank=rank, world_size=world)
+    model = gt.build(c)
+    step_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank]) if world > 1 else model
+    opt = gt.optimizer(model, c)
+    x, y = gt.synthetic_batches(c, 1, seed=1234 + rank)[0]
+    x, y = x.cuda(), y.cuda()
+    first = gt.train_step(step_model, opt, x, y).item()
+    for _ in range(warmup - 1):
+        gt.train_step(step_model, opt, x, y)
+    torch.cuda.synchronize()
+    if world > 1:
+        dist.barrier()
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        loss = gt.train_step(step_model, opt, x, y)
+    torch.cuda.synchronize()
+    ms = (time.perf_counter() - t0) * 1e3 / steps
+    queue.put((rank, ms, first, loss.item()))
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def torch_dp_run(c, world, warmup, steps):
+    """PyTorch on `world` GPUs in `world` fresh processes (1: the plain step, no DDP). Returns (ms per step of the
+    slowest rank, mean first loss, mean last loss)."""
+    import dataclasses
+    import torch.multiprocessing as mp
+    queue = mp.get_context("spawn").SimpleQueue()
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(ddp_worker, args=(world, os.path.join(d, "init"), dataclasses.asdict(c), warmup, steps, queue),
+                 nprocs=world, join=True)
+    res = [queue.get() for _ in range(world)]
+    return max(r[1] for r in res), statistics.mean(r[2] for r in res), statistics.mean(r[3] for r in res)
+
+
+def tier3_dp(b):
+    """T3dp: the GPT-2 training step data-parallel on 2 GPUs against the same step on 1 GPU, the same
+    per-GPU batch (B8 T1024 by default), FLAME (gpt2_dp_run: one process, a thread and a context per
+    GPU, flame_dp with its default 64 MiB buckets) and PyTorch (DistributedDataParallel in 2 processes;
+    1 GPU: the plain step in 1 process). Each rank trains on its own synthetic batch; wall clock per step
+    over the timed steps between two synchronisations after warm-up (the slowest rank), the same method
+    for 1 and 2 GPUs and for both libraries. Scaling efficiency = throughput on 2 GPUs / (2 x throughput
+    on 1 GPU) = ms per step on 1 GPU / ms per step on 2 GPUs; target >= 0.90. Fails the run when FLAME's
+    ranks end with different parameters or a loss is not finite; skipped with fewer than 2 GPUs
+    (a failure when FLAME_REQUIRE_GPUS >= 2)."""
+    c = config(b.args)
+    shape = shape_of(c)
+    have = torch.cuda.device_count()
+    if have < DP_WORLD:
+        msg = f"T3dp: needs {DP_WORLD} GPUs, {have} visible"
+        print(msg + "; skipped", flush=True)
+        if int(os.environ.get("FLAME_REQUIRE_GPUS", "0") or 0) >= DP_WORLD:
+            b.failures.append(msg + " (FLAME_REQUIRE_GPUS is set)")
+        return
+    warmup, steps = (3, 10) if b.args.quick else (5, 30)
+    tokens = c.batch * c.seq  # per GPU and step
+    n_params = c.vocab * c.dim + c.block * c.dim + c.layers * (12 * c.dim * c.dim + 13 * c.dim) + 2 * c.dim
+    flops = (6.0 * n_params + 12.0 * c.layers * c.dim * c.seq) * tokens  # per GPU and step, as T3
+    print(f"GPT-2 data parallel, {shape} per GPU: {warmup} warm-up + {steps} timed steps on 1 and {DP_WORLD} GPUs", flush=True)
+
+    f1 = flame_dp_run(c, 1, warmup, steps)
+    print(f"  FLAME 1 GPU   {f1.ms_per_step:8.3f} ms/step {f1.tokens_per_s:9.0f} tokens/s  loss {f1.first_loss:.4f} -> "
+          f"{f1.last_loss:.4f}", flush=True)
+    f2 = flame_dp_run(c, DP_WORLD, warmup, steps)
+    print(f"  FLAME {DP_WORLD} GPUs  {f2.ms_per_step:8.3f} ms/step {f2.tokens_per_s:9.0f} tokens/s  loss {f2.first_loss:.4f} -> "
+          f"{f2.last_loss:.4f}  parameters {'identical' if f2.params_identical else 'DIFFER'}", flush=True)
+    t1 = t2 = None
+    try:
+        t1 = torch_dp_run(c, 1, warmup, steps)
+        print(f"  torch 1 GPU   {t1[0]:8.3f} ms/step {tokens / (t1[0] * 1e-3):9.0f} tokens/s", flush=True)
+        t2 = torch_dp_run(c, DP_WORLD, warmup, steps)
+        print(f"  torch DDP {DP_WORLD}   {t2[0]:8.3f} ms/step {DP_WORLD * tokens / (t2[0] * 1e-3):9.0f} tokens/s", flush=True)
+    except Exception as e:  # noqa: BLE001  (a PyTorch failure must not lose FLAME's rows)
+        print(f"  PyTorch DDP failed: {type(e).__name__}: {e}", flush=True)
+        b.failures.append(f"T3dp PyTorch DDP: {type(e).__name__}: {e}")
+        t1 = t2 = None
+
+    eff = f1.ms_per_step / f2.ms_per_step
+    tps = lambda ms, n: n * tokens / (ms * 1e-3)  # noqa: E731
+    if t1 and t2:
+        b.add("T3dp", "GPT-2 step, 1 GPU (DP baseline)", shape, "bf16", f1.ms_per_step, t1[0], flops=flops,
+              note=f"tokens/s FLAME {tps(f1.ms_per_step, 1):.0f}, torch {tps(t1[0], 1):.0f}; wall clock per step")
+        b.add("T3dp", f"GPT-2 step, {DP_WORLD} GPUs vs DDP", f"{shape} x{DP_WORLD} GPUs", "bf16", f2.ms_per_step, t2[0],
+              flops=flops, note=f"tokens/s (all GPUs) FLAME {f2.tokens_per_s:.0f}, DDP {tps(t2[0], DP_WORLD):.0f}; "
+                                f"TFLOP/s per GPU; flame_dp default 64 MiB buckets, DDP default 25 MiB")
+    else:
+        b.info("T3dp", "GPT-2 step, 1 GPU (DP baseline)", shape, "bf16", f1.ms_per_step, None, "ms",
+               f"tokens/s {f1.tokens_per_s:.0f}; wall clock per step")
+        b.info("T3dp", f"GPT-2 step, {DP_WORLD} GPUs", f"{shape} x{DP_WORLD} GPUs", "bf16", f2.ms_per_step, None, "ms",
+               f"tokens/s (all GPUs) {f2.tokens_per_s:.0f}")
+    note = (f"{'meets' if eff >= DP_TARGET else 'misses'} the {DP_TARGET:.2f} target (ratio = target / efficiency, "
+            f"<= 1 meets it): {DP_WORLD}-GPU throughput "
+            f"{f2.tokens_per_s:.0f} tokens/s / ({DP_WORLD} x 1-GPU {f1.tokens_per_s:.0f}) = 1-GPU ms {f1.ms_per_step:.3f} / "
+            f"{DP_WORLD}-GPU ms {f2.ms_per_step:.3f}")
+    if t1 and t2:
+        note += f"; PyTorch DDP efficiency {t1[0] / t2[0]:.3f} ({t1[0]:.3f} / {t2[0]:.3f} ms)"
+    b.info("T3dp", f"GPT-2 DP scaling efficiency, {DP_WORLD} GPUs", shape, "bf16", eff, DP_TARGET, "eff", note,
+           ratio=DP_TARGET / eff, extra={"flame_ms_1gpu": f1.ms_per_step, "flame_ms_2gpu": f2.ms_per_step,
+                                        "torch_ms_1gpu": t1[0] if t1 else None, "torch_ms_2gpu": t2[0] if t2 else None})
+    losses = (f1.first_loss, f1.last_loss, f2.first_loss, f2.last_loss)
+    if not f2.params_identical:
+        b.failures.append(f"T3dp: FLAME's {DP_WORLD} ranks ended with different parameters")
+    if not all(math.isfinite(x) for x in losses):
+        b.failures.append(f"T3dp: a FLAME loss is not finite: {losses}")

@@ -25,6 +25,9 @@ GPT-2 tiers (bench/gpt2_tiers.py; FLAME side bench/gpt2.c, PyTorch side bench/gp
   T5  memory of the T3 runs: FLAME pool peak in use and reserved vs torch.cuda.max_memory_allocated /
       max_memory_reserved (rows come from the T3 GPT-2 run: --tiers T3 or T5 runs it).
   T4 and T5 rows carry their own unit and are left out of the geometric means.
+  T3dp (only when named) the GPT-2 step data-parallel on 2 GPUs vs 1 GPU, same per-GPU batch: FLAME
+      (gpt2_dp_run: flame_dp over NCCL, one thread per GPU) and PyTorch DDP (2 processes), ms/step,
+      tokens/s and the scaling efficiency (target >= 0.90). Needs 2 visible GPUs (skipped otherwise).
 
 Usage: python3 bench/run.py [--tiers T0,T1,T2,T3,T4,T5] [--quick] [--out DIR] [--no-results-md]
                             [--no-compile] [--gpt2-steps N] [--gpt2-tiny]
@@ -863,7 +866,8 @@ def git_commit():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiers", default="T0,T1,T2,T3,T4,T5",
-                    help="tiers (T0..T5) or parts of one (T1core, T1nn, T1nnops, T3mlp, T3gpt2), comma-separated")
+                    help="tiers (T0..T5) or parts of one (T1core, T1nn, T1nnops, T3mlp, T3gpt2, T3dp: 2 GPUs, "
+                         "only when named), comma-separated")
     ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions")
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-results-md", action="store_true")
@@ -883,7 +887,8 @@ def main():
         if t in tiers or part in tiers:
             fn()
     # a failure in the GPT-2 tiers is reported and fails the run, but keeps the rows measured so far
-    for t, fn in (("T3", lambda: gpt2_tiers.tier3(b, median_ms)), ("T4", lambda: gpt2_tiers.tier4(b))):
+    for t, fn in (("T3", lambda: gpt2_tiers.tier3(b, median_ms)), ("T4", lambda: gpt2_tiers.tier4(b)),
+                  ("T3dp", lambda: gpt2_tiers.tier3_dp(b))):
         if t in tiers or (t == "T3" and ("T5" in tiers or "T3gpt2" in tiers)):
             try:
                 fn()

@@ -14,17 +14,29 @@
  *          generated text every --sample steps; --save writes the parameters (safetensors) and the
  *          optimizer state (<path>.opt); --resume continues from such a pair bit for bit
  *
+ *   gpus   --gpus N (default 1) trains data-parallel on N GPUs of this machine: one thread and one
+ *          context per GPU, an NCCL communicator between them (flame_comm_create with a shared id)
+ *          and flame_dp_* for the gradients (averaged over the ranks during backward; flame_dp_wait
+ *          before clipping and the optimizer step). --batch is per GPU (N x B sequences a step in
+ *          all) and every rank draws its own windows; the learning-rate schedule is unchanged. Rank 0
+ *          prints the loss averaged over the ranks (tokens/s counts every GPU), validates, samples
+ *          and saves; at the end every rank must hold bit-identical parameters.
+ *
  * Exit status: 0 when the training loss of the final step is below
  * --target-loss (default 2.0 nats; a uniform guess over bytes is 5.5), 1 on a FLAME error (the
- * library's message is printed) or a missed target, 2 without a GPU or driver. The validation loss
+ * library's message is printed), a missed target or (--gpus N) ranks whose parameters differ, 2
+ * without a GPU or driver, or with --gpus N without N GPUs or without NCCL. The validation loss
  * is printed next to it: on a small text it rises again once the model memorises (overfitting).
  *
  *   train_gpt [--text PATH] [--steps N] [--batch B] [--block T] [--dim D] [--heads H] [--layers L]
  *             [--lr LR] [--seed S] [--log K] [--sample K] [--bf16] [--save PATH] [--resume PATH]
- *             [--target-loss X]
+ *             [--target-loss X] [--gpus N]
+ *
+ *   train_gpt --gpus 2          the default model on 2 GPUs (global batch 64)
  */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime under strict C99 */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +50,8 @@
 
 #define EXIT_NO_GPU 2
 #define PI 3.14159265358979323846
+#define MAX_GPUS 8
+#define MAX_PARAMS (2 + PARAMS_PER_BLOCK * MAX_LAYERS + 2)
 
 #ifndef FLAME_EXAMPLE_TEXT
 #define FLAME_EXAMPLE_TEXT "README.md"
@@ -51,7 +65,25 @@ typedef struct config {
   int steps, batch, block, dim, heads, layers, log_every, sample_every, bf16;
   double lr, target_loss;
   uint64_t seed;
+  int gpus;
 } config;
+
+/* --gpus N: what the N ranks share (read-only while they train) and what each reports back. */
+typedef struct shared {
+  config cfg;
+  const unsigned char* text;
+  long size;
+  flame_ctx_t ctx[MAX_GPUS]; /* rank r trains on GPU r */
+  flame_comm_id_t id;        /* N > 1: the communicator every rank joins */
+} shared;
+
+typedef struct rank_state {
+  const shared* sh;
+  int rank;
+  int status;              /* the exit status this rank reached (rank 0's carries the target check) */
+  unsigned char* params;   /* N > 1: the final parameters, copied to the host for the check */
+  size_t param_bytes;
+} rank_state;
 
 /* Prints `n` bytes sampled (temperature 0.8) after a prompt taken from the text. */
 static flame_status_t sample(flame_ctx_t ctx, const model* m, const unsigned char* text, long size, int n, uint64_t* rng) {
@@ -145,18 +177,20 @@ static int parse_args(int argc, char** argv, config* c) {
     else if (!strcmp(a, "--save")) c->save = v;
     else if (!strcmp(a, "--resume")) c->resume = v;
     else if (!strcmp(a, "--target-loss")) c->target_loss = atof(v);
+    else if (!strcmp(a, "--gpus")) c->gpus = atoi(v);
     else goto usage;
     ++i;
   }
   if (c->steps > 0 && c->batch > 0 && c->block > 1 && c->heads > 0 && c->dim % c->heads == 0 && c->layers > 0 &&
-      c->layers <= MAX_LAYERS && c->log_every > 0 && c->sample_every > 0 && c->lr > 0)
+      c->layers <= MAX_LAYERS && c->log_every > 0 && c->sample_every > 0 && c->lr > 0 && c->gpus >= 1 &&
+      c->gpus <= MAX_GPUS)
     return 1;
 usage:
   fprintf(stderr,
           "usage: train_gpt [--text PATH] [--steps N] [--batch B] [--block T] [--dim D] [--heads H (dividing D)]\n"
           "                 [--layers L (<= %d)] [--lr LR] [--seed S] [--log K] [--sample K] [--bf16]\n"
-          "                 [--save PATH] [--resume PATH] [--target-loss X]\n",
-          MAX_LAYERS);
+          "                 [--save PATH] [--resume PATH] [--target-loss X] [--gpus N (<= %d)]\n",
+          MAX_LAYERS, MAX_GPUS);
   return 0;
 }
 
@@ -182,55 +216,100 @@ static flame_status_t save(flame_ctx_t ctx, model* m, flame_optimizer_t opt, con
   return st;
 }
 
-int main(int argc, char** argv) {
-  config cfg = {FLAME_EXAMPLE_TEXT, NULL, NULL, 1500, 32, 128, 256, 4, 4, 100, 500, 0, 2e-3, 2.0, 1};
-  int status = 1;
-  flame_ctx_t ctx = NULL;
+/* The loss averaged over the ranks (comm not NULL: every rank calls it at the same step), else
+ * this rank's own. Collectives have no backward: a detached view of the loss is reduced in place
+ * (backward has run, nothing reads the loss's memory any more). */
+static flame_status_t mean_loss(flame_comm_t comm, flame_tensor_t loss, double* out) {
+  if (!comm) return flame_tensor_item(loss, out);
+  flame_tensor_t d = NULL;
+  flame_status_t st = flame_tensor_detach(loss, &d);
+  if (st == FLAME_OK) st = flame_comm_all_reduce(comm, d, FLAME_REDUCE_AVG);
+  if (st == FLAME_OK) st = flame_comm_synchronize(comm); /* waits with the communicator's timeout */
+  if (st == FLAME_OK) st = flame_tensor_item(d, out);
+  flame_tensor_release(d);
+  return st;
+}
+
+/* Copies every parameter's bytes to r->params (malloc'ed), for the comparison between ranks. */
+static flame_status_t copy_params(flame_tensor_t* const* slots, int np, rank_state* r) {
+  size_t sizes[MAX_PARAMS], total = 0, off = 0;
+  for (int i = 0; i < np; ++i) {
+    int64_t n = 0;
+    flame_dtype_t dt = FLAME_DTYPE_F32;
+    flame_status_t st = flame_tensor_numel(*slots[i], &n);
+    if (st == FLAME_OK) st = flame_tensor_dtype(*slots[i], &dt);
+    if (st != FLAME_OK) return st;
+    sizes[i] = (size_t)n * flame_dtype_size(dt);
+    total += sizes[i];
+  }
+  r->params = malloc(total);
+  if (!r->params) {
+    flame_set_error_message("train_gpt: out of host memory");
+    return FLAME_ERROR_OUT_OF_MEMORY;
+  }
+  r->param_bytes = total;
+  for (int i = 0; i < np; ++i) {
+    flame_status_t st = flame_to_host(*slots[i], r->params + off, sizes[i]);
+    if (st != FLAME_OK) return st;
+    off += sizes[i];
+  }
+  return FLAME_OK;
+}
+
+/* Prints the scope's failure (example_scope.h's report), naming the rank when there are several. */
+static void report_rank(const scope* s, int world, int rank) {
+  if (world == 1) report(s);
+  else fprintf(stderr, "train_gpt rank %d: %s failed: %s: %s\n", rank, s->where ? s->where : "?", flame_status_string(s->st), s->msg);
+}
+
+/* One rank: builds the model on its GPU and trains it. With one GPU it runs on the main thread and
+ * has no communicator; with N it runs on its own thread, and only rank 0 prints. */
+static void* train(void* arg) {
+  rank_state* r = arg;
+  const config cfg = r->sh->cfg;
+  const int world = cfg.gpus, rank = r->rank, lead = rank == 0;
+  const unsigned char* text = r->sh->text;
+  const long size = r->sh->size, split = size - size / 10;
+  flame_ctx_t ctx = r->sh->ctx[rank];
+  flame_comm_t comm = NULL;
+  flame_dp_t dp = NULL;
   model m;
   flame_optimizer_t opt = NULL;
   flame_safetensors_t resume_file = NULL;
-  unsigned char* text = NULL;
   int64_t *idx = NULL, *tgt = NULL;
-  long size = 0;
-  flame_tensor_t* slots[2 + PARAMS_PER_BLOCK * MAX_LAYERS + 2];
-  char names[2 + PARAMS_PER_BLOCK * MAX_LAYERS + 2][48];
-  int decay[2 + PARAMS_PER_BLOCK * MAX_LAYERS + 2];
+  flame_tensor_t* slots[MAX_PARAMS];
+  char names[MAX_PARAMS][48];
+  int decay[MAX_PARAMS];
   int np = 0;
   memset(&m, 0, sizeof m);
-  if (!parse_args(argc, argv, &cfg)) return 1;
-
-  flame_ctx_options_t o;
-  flame_ctx_options_init(&o);
-  o.seed = cfg.seed;
-  flame_status_t st = flame_ctx_create(&o, &ctx);
-  if (st == FLAME_ERROR_NO_DRIVER || st == FLAME_ERROR_NO_DEVICE) {
-    fprintf(stderr, "train_gpt: no GPU available (%s): %s\n", flame_status_string(st), flame_last_error_message());
-    return EXIT_NO_GPU;
-  }
+  r->status = 1;
   scope s;
   memset(&s, 0, sizeof s);
-#define CHECK(call)                                                     \
-  do {                                                                  \
-    flame_status_t e_ = (call);                                         \
-    if (e_ != FLAME_OK) {                                               \
-      scope_fail(&s, e_, #call);                                        \
-      report(&s);                                                       \
-      goto cleanup;                                                     \
-    }                                                                   \
+#define CHECK(call)                                                    \
+  do {                                                                 \
+    flame_status_t e_ = (call);                                        \
+    if (e_ != FLAME_OK) {                                              \
+      scope_fail(&s, e_, #call);                                       \
+      report_rank(&s, world, rank);                                    \
+      goto cleanup;                                                    \
+    }                                                                  \
   } while (0)
-  CHECK(st);
 
-  text = read_text(cfg.text, &size);
-  if (!text || size < 10L * cfg.block + 100) {
-    fprintf(stderr, "train_gpt: cannot read enough text from %s (pass --text PATH; need %ld bytes)\n", cfg.text,
-            10L * cfg.block + 100);
-    goto cleanup;
-  }
-  const long split = size - size / 10;
   char device[128];
   CHECK(flame_ctx_device_name(ctx, device, sizeof device));
-  printf("train_gpt on %s: %s (%ld bytes), GPT %d layers x %d dims x %d heads, block %d, batch %d, %s\n", device,
-         cfg.text, size, cfg.layers, cfg.dim, cfg.heads, cfg.block, cfg.batch, cfg.bf16 ? "bf16" : "f32");
+  if (world == 1)
+    printf("train_gpt on %s: %s (%ld bytes), GPT %d layers x %d dims x %d heads, block %d, batch %d, %s\n", device,
+           cfg.text, size, cfg.layers, cfg.dim, cfg.heads, cfg.block, cfg.batch, cfg.bf16 ? "bf16" : "f32");
+  else if (lead)
+    printf("train_gpt on %d GPUs (%s, ...): %s (%ld bytes), GPT %d layers x %d dims x %d heads, block %d, batch %d per "
+           "GPU (%d in all), %s\n", world, device, cfg.text, size, cfg.layers, cfg.dim, cfg.heads, cfg.block, cfg.batch,
+           cfg.batch * world, cfg.bf16 ? "bf16" : "f32");
+  if (world > 1) { /* every rank joins concurrently; a rank that fails makes the others stop after the timeout */
+    flame_comm_options_t co;
+    CHECK(flame_comm_options_init(&co));
+    co.timeout_ms = 300000; /* longer than rank 0's validation and sampling, and a cold kernel cache */
+    CHECK(flame_comm_create(ctx, &r->sh->id, rank, world, &co, &comm));
+  }
 
   m.dim = cfg.dim;
   m.heads = cfg.heads;
@@ -244,8 +323,7 @@ int main(int argc, char** argv) {
   } else {
     CHECK(model_init(ctx, &m));
   }
-  flame_tensor_t with_decay[2 + PARAMS_PER_BLOCK * MAX_LAYERS + 2], without[2 + PARAMS_PER_BLOCK * MAX_LAYERS + 2],
-      all[2 + PARAMS_PER_BLOCK * MAX_LAYERS + 2];
+  flame_tensor_t with_decay[MAX_PARAMS], without[MAX_PARAMS], all[MAX_PARAMS];
   int nw = 0, nn = 0;
   for (int i = 0; i < np; ++i) {
     CHECK(flame_tensor_set_requires_grad(*slots[i], 1));
@@ -253,6 +331,8 @@ int main(int argc, char** argv) {
     if (decay[i]) with_decay[nw++] = *slots[i];
     else without[nn++] = *slots[i];
   }
+  /* N > 1: rank 0's parameters everywhere from here on; backward averages the gradients */
+  if (world > 1) CHECK(flame_dp_create(comm, all, np, NULL, &dp));
   flame_optimizer_options_t oo;
   CHECK(flame_optimizer_options_init(&oo, FLAME_OPTIMIZER_ADAMW));
   oo.lr = cfg.lr;
@@ -268,7 +348,7 @@ int main(int argc, char** argv) {
     snprintf(optpath, sizeof optpath, "%s.opt", cfg.resume);
     CHECK(flame_optimizer_load_state(opt, optpath));
     CHECK(flame_optimizer_step_count(opt, &first_step));
-    printf("resumed from %s at step %lld\n", cfg.resume, (long long)first_step);
+    if (lead) printf("resumed from %s at step %lld\n", cfg.resume, (long long)first_step);
   }
 
   idx = malloc(sizeof(int64_t) * (size_t)cfg.batch * (size_t)cfg.block);
@@ -277,11 +357,15 @@ int main(int argc, char** argv) {
     fprintf(stderr, "train_gpt: out of host memory\n");
     goto cleanup;
   }
-  uint64_t data_rng = 0x243F6A8885A308D3ull ^ (cfg.seed + (uint64_t)first_step * 0x9E3779B97F4A7C15ull);
+  /* each rank its own windows of the text (rank 0's are those of a one-GPU run) */
+  uint64_t data_rng = 0x243F6A8885A308D3ull ^
+                      (cfg.seed + (uint64_t)first_step * 0x9E3779B97F4A7C15ull + (uint64_t)rank * 0xD1B54A32D192ED03ull);
   uint64_t sample_rng = 0x13198A2E03707344ull ^ cfg.seed;
   double val = 0, last_loss = INFINITY;
-  CHECK(validate(ctx, &m, text, split, size, cfg.batch, cfg.block, idx, tgt, &val));
-  printf("step %5lld  validation loss %.4f\n", (long long)first_step, val);
+  if (lead) {
+    CHECK(validate(ctx, &m, text, split, size, cfg.batch, cfg.block, idx, tgt, &val));
+    printf("step %5lld  validation loss %.4f\n", (long long)first_step, val);
+  }
 
   const int64_t bt[2] = {cfg.batch, cfg.block};
   struct timespec t0, t1;
@@ -296,11 +380,12 @@ int main(int argc, char** argv) {
     logits = forward(&s, &m, ti, cfg.batch, cfg.block);
     loss = loss_of(&s, logits, tt, cfg.batch * cfg.block);
     if (s.st == FLAME_OK) CHECK(flame_backward(ctx, loss, NULL, 0));
+    if (s.st == FLAME_OK && dp) CHECK(flame_dp_wait(dp)); /* .grad now holds the average over the ranks */
     DO(&s, norm, flame_clip_grad_norm(ctx, all, np, 1.0, 2.0, 0, &norm));
     if (s.st == FLAME_OK) CHECK(flame_optimizer_step(opt));
     if (s.st == FLAME_OK) CHECK(flame_optimizer_zero_grad(opt, 1));
     if (s.st != FLAME_OK) {
-      report(&s);
+      report_rank(&s, world, rank);
       scope_release(&s);
       goto cleanup;
     }
@@ -309,18 +394,19 @@ int main(int argc, char** argv) {
       double lv = 0, nv = 0;
       flame_memory_stats_t ms;
       ms.struct_size = sizeof ms;
-      CHECK(flame_tensor_item(loss, &lv));
+      CHECK(mean_loss(comm, loss, &lv));
       last_loss = lv;
       CHECK(flame_tensor_item(norm, &nv));
       CHECK(flame_ctx_memory_stats(ctx, &ms));
       clock_gettime(CLOCK_MONOTONIC, &t1);
       double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-      printf("step %5d  loss %.4f  grad-norm %6.3f  %8.0f tokens/s  %.2f ms/step  memory %.1f MiB (peak %.1f)\n", step + 1,
-             lv, nv, since * (double)cfg.batch * cfg.block / sec, 1e3 * sec / since, ms.bytes_in_use / 1048576.0,
-             ms.peak_bytes_in_use / 1048576.0);
+      if (lead)
+        printf("step %5d  loss %.4f  grad-norm %6.3f  %8.0f tokens/s  %.2f ms/step  memory %.1f MiB (peak %.1f)\n",
+               step + 1, lv, nv, since * (double)cfg.batch * cfg.block * world / sec, 1e3 * sec / since,
+               ms.bytes_in_use / 1048576.0, ms.peak_bytes_in_use / 1048576.0);
       since = 0;
       scope_release(&s);
-      if ((step + 1) % cfg.sample_every == 0 || step + 1 == cfg.steps) {
+      if (lead && ((step + 1) % cfg.sample_every == 0 || step + 1 == cfg.steps)) {
         CHECK(validate(ctx, &m, text, split, size, cfg.batch, cfg.block, idx, tgt, &val));
         printf("step %5d  validation loss %.4f\n", step + 1, val);
         CHECK(sample(ctx, &m, text, split, 120, &sample_rng));
@@ -329,23 +415,118 @@ int main(int argc, char** argv) {
     }
     scope_release(&s);
   }
-  if (cfg.save) {
+  if (cfg.save && lead) {
     CHECK(save(ctx, &m, opt, cfg.save));
     printf("saved %s and %s.opt\n", cfg.save, cfg.save);
   }
-  status = last_loss < cfg.target_loss ? 0 : 1;
-  if (status) fprintf(stderr, "train_gpt: training loss %.4f is not below the target %.4f\n", last_loss, cfg.target_loss);
-  else printf("training loss %.4f is below the target %.4f (validation %.4f)\n", last_loss, cfg.target_loss, val);
+  if (world > 1) CHECK(copy_params(slots, np, r));
+  r->status = last_loss < cfg.target_loss ? 0 : 1;
+  if (lead && r->status)
+    fprintf(stderr, "train_gpt: training loss %.4f is not below the target %.4f\n", last_loss, cfg.target_loss);
+  else if (lead)
+    printf("training loss %.4f is below the target %.4f (validation %.4f)\n", last_loss, cfg.target_loss, val);
 
 cleanup:
   scope_release(&s);
+  flame_dp_release(dp);
   flame_optimizer_release(opt);
   for (int i = 0; i < np; ++i) flame_tensor_release(*slots[i]);
   flame_safetensors_release(resume_file);
-  flame_ctx_destroy(ctx);
-  free(text);
+  flame_comm_release(comm); /* every rank releases concurrently, as it joined */
   free(idx);
   free(tgt);
-  return status;
+  return NULL;
 #undef CHECK
+}
+
+int main(int argc, char** argv) {
+  config cfg = {FLAME_EXAMPLE_TEXT, NULL, NULL, 1500, 32, 128, 256, 4, 4, 100, 500, 0, 2e-3, 2.0, 1, 1};
+  shared sh;
+  rank_state ranks[MAX_GPUS];
+  pthread_t threads[MAX_GPUS];
+  unsigned char* text = NULL;
+  int status = 1, started = 0;
+  memset(&sh, 0, sizeof sh);
+  memset(ranks, 0, sizeof ranks);
+  if (!parse_args(argc, argv, &cfg)) return 1;
+  const int world = cfg.gpus;
+
+  if (world > 1) {
+    int32_t count = 0;
+    flame_status_t st = flame_device_count(&count);
+    if (st != FLAME_OK || count < world) {
+      if (st != FLAME_OK) fprintf(stderr, "train_gpt: no GPU available (%s): %s\n", flame_status_string(st), flame_last_error_message());
+      else fprintf(stderr, "train_gpt: --gpus %d, but %d GPU(s) are visible\n", world, (int)count);
+      return EXIT_NO_GPU;
+    }
+  }
+  for (int i = 0; i < world; ++i) {
+    flame_ctx_options_t o;
+    flame_ctx_options_init(&o);
+    o.device = i;
+    o.seed = cfg.seed;
+    flame_status_t st = flame_ctx_create(&o, &sh.ctx[i]);
+    if (st == FLAME_ERROR_NO_DRIVER || st == FLAME_ERROR_NO_DEVICE) {
+      fprintf(stderr, "train_gpt: no GPU available (%s): %s\n", flame_status_string(st), flame_last_error_message());
+      status = EXIT_NO_GPU;
+      goto cleanup;
+    }
+    if (st != FLAME_OK) {
+      fprintf(stderr, "train_gpt: flame_ctx_create (GPU %d) failed: %s: %s\n", i, flame_status_string(st),
+              flame_last_error_message());
+      goto cleanup;
+    }
+  }
+
+  long size = 0;
+  text = read_text(cfg.text, &size);
+  if (!text || size < 10L * cfg.block + 100) {
+    fprintf(stderr, "train_gpt: cannot read enough text from %s (pass --text PATH; need %ld bytes)\n", cfg.text,
+            10L * cfg.block + 100);
+    goto cleanup;
+  }
+  sh.cfg = cfg;
+  sh.text = text;
+  sh.size = size;
+  for (int i = 0; i < world; ++i) {
+    ranks[i].sh = &sh;
+    ranks[i].rank = i;
+  }
+  if (world == 1) { /* one GPU: no communicator, no thread */
+    train(&ranks[0]);
+    status = ranks[0].status;
+    goto cleanup;
+  }
+
+  flame_status_t st = flame_comm_unique_id(sh.ctx[0], &sh.id);
+  if (st != FLAME_OK) {
+    fprintf(stderr, "train_gpt: flame_comm_unique_id failed: %s: %s\n", flame_status_string(st), flame_last_error_message());
+    status = st == FLAME_ERROR_UNSUPPORTED ? EXIT_NO_GPU : 1; /* UNSUPPORTED: no NCCL */
+    goto cleanup;
+  }
+  for (; started < world; ++started)
+    if (pthread_create(&threads[started], NULL, train, &ranks[started]) != 0) break;
+  for (int i = 0; i < started; ++i) pthread_join(threads[i], NULL);
+  if (started < world) {
+    fprintf(stderr, "train_gpt: could not start the thread of rank %d\n", started);
+    goto cleanup; /* the started ranks stopped at their communicator's timeout */
+  }
+  status = ranks[0].status; /* every rank saw the same (mean) loss: rank 0 reported the target check */
+  for (int i = 1; i < world; ++i) {
+    if (ranks[i].status != 0) status = 1;
+    if (!ranks[0].params || !ranks[i].params) continue; /* a rank that stopped on an error printed it */
+    if (ranks[i].param_bytes != ranks[0].param_bytes || memcmp(ranks[i].params, ranks[0].params, ranks[0].param_bytes)) {
+      fprintf(stderr, "train_gpt: rank %d's parameters differ from rank 0's\n", i);
+      status = 1;
+    }
+  }
+  if (status == 0) printf("all %d ranks hold identical parameters (%zu bytes)\n", world, ranks[0].param_bytes);
+
+cleanup:
+  for (int i = 0; i < MAX_GPUS; ++i) {
+    free(ranks[i].params);
+    flame_ctx_destroy(sh.ctx[i]);
+  }
+  free(text);
+  return status;
 }
