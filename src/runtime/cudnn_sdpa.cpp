@@ -21,6 +21,7 @@
 // runs FLAME's kernels; a failure while executing is an error.
 #include "runtime/cudnn.h"
 #include "core/error.h"
+#include "runtime/capture.h"
 #include "runtime/context.h"
 
 #if FLAME_WITH_CUDNN
@@ -436,6 +437,7 @@ struct CudnnSdpaCache {
     auto it = plans.find(key);
     if (it == plans.end()) {
       if (plans.size() >= kMaxPlans) clear();
+      RelaxedCaptureMode relaxed(ctx);  // during a capture, cuDNN's plan set-up is not graph work
       it = plans.emplace(key, build(a)).first;
       ++dnn.plans_built;
     }
