@@ -388,7 +388,7 @@ AttentionGrads ops::attention_backward(const AttentionSaved& s, const Tensor& g0
   r.dv = make_tensor(ctx, {G.B, G.H, G.Lk, G.Dv}, dt);
   if (s.cudnn_stats) {  // the forward ran through cuDNN (no mask, no dropout): its backward too
     if (!cudnn_layout(g)) g = contiguous(g);  // e.g. the broadcast gradient of a sum
-    Cudnn* dnn = cudnn(ctx);
+    Cudnn* dnn = cudnn_layout(g) ? cudnn(ctx) : nullptr;  // (a contiguous view may still be misaligned)
     CudnnSdpa a = sdpa_args(s.q, s.k, s.v, G, s.causal, s.scale);
     a.backward = true;
     sdpa_strides(g, a.do_st);
