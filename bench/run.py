@@ -723,43 +723,75 @@ class Bench:
                  self.time_torch(lambda: F.conv2d(tx, tw, tb, 1, 1)), flops=flops, note="IEEE f32 (no TF32) both")
         torch.backends.cudnn.allow_tf32 = tf32
     def attention_rows(self):
-        """Scaled-dot-product attention, bf16 B8 H16 S2048 D128, causal and not: FLAME's fused kernels vs
-        F.scaled_dot_product_attention with PyTorch's default backend. FLOPs: forward 4 B H S^2 D (half
-        of it causal), backward 2.5 times the forward."""
+        """Scaled-dot-product attention, bf16 B8 H16 S2048 D128, causal and not: FLAME (cuDNN's fused
+        flash attention when the context uses cuDNN, else FLAME's fused kernels) vs
+        F.scaled_dot_product_attention with PyTorch's default backend; then the same shapes on a context
+        created with FLAME_DISABLE_CUDNN=1 (FLAME's kernels), against the same PyTorch times. FLOPs:
+        forward 4 B H S^2 D (half of it causal), backward 2.5 times the forward."""
         fl, lib = self.fl, self.fl.lib
-        raw = lib.raw
         B, Hh, S, D = (4, 16, 1024, 128) if self.args.quick else (8, 16, 2048, 128)
         shape = f"{B}x{Hh}x{S}x{D}"
-        fq, fk, fv, fg = (fl.randn([B, Hh, S, D], "bf16") for _ in range(4))
         tq, tk, tv, tg = (torch.randn(B, Hh, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-        opts = fc.AttentionOptions()
-        lib.check(raw.flame_attention_options_init(ctypes.byref(opts)), "flame_attention_options_init")
-
-        def flame_attend():
-            return fl.call("scaled_dot_product_attention", fq, fk, fv, None, ctypes.byref(opts))
-
-        for causal in (False, True):
-            opts.flags = fc.ATTENTION_CAUSAL if causal else 0
-            fwd = 4.0 * B * Hh * S * S * D / (2 if causal else 1)
-            self.add("T2", "sdpa fwd" + (" causal" if causal else ""), shape, "bf16", self.time_flame(flame_attend),
-                     self.time_torch(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)), flops=fwd)
-        for t in (fq, fk, fv):
-            lib.set_requires_grad(t, True)
+        t_fwd = {c: self.time_torch(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=c)) for c in (False, True)}
         for t in (tq, tk, tv):
             t.requires_grad_(True)
-        for causal in (False, True):
-            opts.flags = fc.ATTENTION_CAUSAL if causal else 0
-            fwd = 4.0 * B * Hh * S * S * D / (2 if causal else 1)
 
-            def flame_step():
-                lib.grad(fl.ctx, [flame_attend()], [fg], [fq, fk, fv], 0)
+        def torch_step(causal):
+            y = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+            torch.autograd.grad([y], [tq, tk, tv], [tg])
 
-            def torch_step():
-                y = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
-                torch.autograd.grad([y], [tq, tk, tv], [tg])
+        t_step = {c: self.time_torch(lambda: torch_step(c)) for c in (False, True)}
+        del tq, tk, tv, tg
 
-            self.add("T2", "sdpa fwd+bwd" + (" causal" if causal else ""), shape, "bf16", self.time_flame(flame_step),
-                     self.time_torch(torch_step), flops=3.5 * fwd)
+        def cudnn_counts(f):  # (forward, backward) attentions the context ran through cuDNN so far
+            fn = f.lib.raw.flame_ctx_cudnn_attention_info
+            fn.argtypes = [H, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]
+            fn.restype = ctypes.c_int
+            fwd, bwd = ctypes.c_uint64(0), ctypes.c_uint64(0)
+            f.lib.check(fn(f.ctx, ctypes.byref(fwd), ctypes.byref(bwd)),
+                        "flame_ctx_cudnn_attention_info")
+            return fwd.value, bwd.value
+
+        def rows(f, suffix, note):
+            fq, fk, fv, fg = (f.randn([B, Hh, S, D], "bf16") for _ in range(4))
+            opts = fc.AttentionOptions()
+            f.lib.check(f.lib.raw.flame_attention_options_init(ctypes.byref(opts)), "flame_attention_options_init")
+
+            def flame_attend():
+                return f.call("scaled_dot_product_attention", fq, fk, fv, None, ctypes.byref(opts))
+
+            for causal in (False, True):
+                opts.flags = fc.ATTENTION_CAUSAL if causal else 0
+                fwd = 4.0 * B * Hh * S * S * D / (2 if causal else 1)
+                before = cudnn_counts(f)
+                ms = self.time_flame(flame_attend, f)
+                path = "cuDNN" if cudnn_counts(f)[0] > before[0] else "FLAME kernels"
+                self.add("T2", "sdpa fwd" + (" causal" if causal else "") + suffix, shape, "bf16", ms, t_fwd[causal],
+                         flops=fwd, note=note or path)
+            for t in (fq, fk, fv):
+                f.lib.set_requires_grad(t, True)
+            for causal in (False, True):
+                opts.flags = fc.ATTENTION_CAUSAL if causal else 0
+                fwd = 4.0 * B * Hh * S * S * D / (2 if causal else 1)
+
+                def flame_step():
+                    f.lib.grad(f.ctx, [flame_attend()], [fg], [fq, fk, fv], 0)
+
+                before = cudnn_counts(f)
+                ms = self.time_flame(flame_step, f)
+                path = "cuDNN" if cudnn_counts(f)[1] > before[1] else "FLAME kernels"
+                self.add("T2", "sdpa fwd+bwd" + (" causal" if causal else "") + suffix, shape, "bf16", ms, t_step[causal],
+                         flops=3.5 * fwd, note=note or "bwd: " + path)
+            del fq, fk, fv, fg
+
+        rows(fl, "", "")
+        os.environ["FLAME_DISABLE_CUDNN"] = "1"
+        try:
+            plain = Flame()
+        finally:
+            del os.environ["FLAME_DISABLE_CUDNN"]
+        rows(plain, ", FLAME kernels", "FLAME_DISABLE_CUDNN=1")
+        plain.close()
     # ---------------------------------------------------------------- T1: more nn ops (issue 5, part 2)
     def tier1_nnops(self):
         fl = self.fl

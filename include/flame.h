@@ -1468,6 +1468,21 @@ FLAME_API flame_status_t flame_checkpoint(flame_ctx_t ctx, flame_checkpoint_fn f
  * FLAME_ERROR_CONTEXT_FAILED. */
 FLAME_API flame_status_t flame_ctx_cudnn_info(flame_ctx_t ctx, int32_t* version, uint64_t* convolutions);
 
+/* ---- cuDNN attention ----
+ * flame_scaled_dot_product_attention runs through cuDNN's fused flash attention, in a context that
+ * uses cuDNN (as above), for f16/bf16 q, k, v without mask and without dropout, with one head dim
+ * D == Dv that is a multiple of 8 and at most 128, causal (top-left, as documented there) or not, any
+ * scale, Lq and Lk as given (cross-attention included), views with 16-byte aligned data and strides of
+ * multiples of 8 elements read in place, when cuDNN builds a plan for those shapes on this GPU; its
+ * first-order gradient then runs through cuDNN too. Everything else, and every shape cuDNN refuses
+ * (tried once per shape), runs FLAME's own kernels with the same results up to rounding. With
+ * FLAME_CUDNN_LOG=1 in the environment when cuDNN loads, each refusal is reported on stderr.
+ * OUT *forward, *backward: the attentions and attention gradients the context ran through cuDNN so
+ * far (0 and 0 for a context that does not use cuDNN).
+ * Errors: ctx, forward or backward NULL: FLAME_ERROR_INVALID_ARGUMENT; a failed context:
+ * FLAME_ERROR_CONTEXT_FAILED. */
+FLAME_API flame_status_t flame_ctx_cudnn_attention_info(flame_ctx_t ctx, uint64_t* forward, uint64_t* backward);
+
 /* ============================== CUDA graphs ============================== */
 /* Records the work of FLAME calls on a context into a CUDA graph once, then replays it with one
  * launch: a whole training step (forward, backward, optimizer step, zero_grad) costs one call.

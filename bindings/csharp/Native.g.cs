@@ -483,6 +483,7 @@ namespace Flame.Interop
             "flame_lora_is_merged",
             "flame_checkpoint",
             "flame_ctx_cudnn_info",
+            "flame_ctx_cudnn_attention_info",
             "flame_graph_capture_begin",
             "flame_graph_capture_end",
             "flame_graph_replay",
@@ -1247,6 +1248,9 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_cudnn_info", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_cudnn_info(IntPtr ctx, int* version, ulong* convolutions);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_cudnn_attention_info", ExactSpelling = true)]
+        public static extern flame_status_t flame_ctx_cudnn_attention_info(IntPtr ctx, ulong* forward, ulong* backward);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_graph_capture_begin", ExactSpelling = true)]
         public static extern flame_status_t flame_graph_capture_begin(IntPtr ctx);

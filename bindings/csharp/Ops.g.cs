@@ -1836,6 +1836,18 @@ namespace Flame
             return Tuple.Create(o_version, o_convolutions);
         }
 
+        /// <summary><c>flame_status_t flame_ctx_cudnn_attention_info(flame_ctx_t ctx, uint64_t* forward, uint64_t* backward)</c></summary>
+        public unsafe Tuple<ulong, ulong> CudnnAttentionInfo()
+        {
+            ulong o_forward = default(ulong);
+            ulong o_backward = default(ulong);
+            {
+                Status.Check(Native.flame_ctx_cudnn_attention_info(Raw, &o_forward, &o_backward));
+            }
+            GC.KeepAlive(this);
+            return Tuple.Create(o_forward, o_backward);
+        }
+
         /// <summary><c>flame_status_t flame_graph_capture_begin(flame_ctx_t ctx)</c></summary>
         public unsafe void GraphCaptureBegin()
         {

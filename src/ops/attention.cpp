@@ -10,6 +10,12 @@
 // mask, softmax over the keys, rows with no key left set to 0 (PyTorch's _safe_softmax), times the
 // dropout mask, times v: ordinary recorded ops, so autograd (and create_graph) come from them.
 //
+// cuDNN path (runtime/cudnn_sdpa.cpp): f16/bf16 without mask or dropout, D == Dv, D % 8 == 0,
+// D <= 128, 16-byte aligned views with strides in multiples of 8 elements, in a context that uses
+// cuDNN, run cuDNN's fused flash attention when it has a plan for the shapes (else the kernels
+// above). Its node saves cuDNN's Stats (natural-log log-sum-exp, ints[4] = 1); the backward runs
+// through cuDNN too, or FLAME's kernels with lse = Stats log2(e) should cuDNN refuse that plan.
+//
 // Dropout draws B H Lq ceil(Lk / 4) Philox counters from the context (one per four keys of a row);
 // the decision for (b, h, i, j) is the same function in both paths (see cuda/attention.cuh).
 #include "ops/attention.h"
@@ -19,6 +25,7 @@
 #include "core/error.h"
 #include "ops/nn.h"
 #include "ops/ops.h"
+#include "runtime/cudnn.h"
 
 namespace flame {
 
@@ -257,6 +264,44 @@ KernelForward kernel_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   return r;
 }
 
+// The strides of dims 0..2 of t for cuDNN (a size-1 dim gets the extent of the dims after it).
+void sdpa_strides(const Tensor& t, int64_t out[3]) {
+  int64_t inner = t->shape[3];
+  for (int d = 2; d >= 0; --d) {
+    const size_t ud = static_cast<size_t>(d);
+    out[d] = t->shape[ud] == 1 ? inner : t->strides[ud];
+    inner = out[d] * t->shape[ud];
+  }
+}
+// 16-byte aligned, strides of dims that matter in multiples of 8 elements and none 0 (a broadcast
+// view runs FLAME's kernels or is copied), last dim contiguous.
+bool cudnn_layout(const Tensor& t) {
+  for (int d = 0; d < 3; ++d)
+    if (t->shape[static_cast<size_t>(d)] > 1 && t->strides[static_cast<size_t>(d)] == 0) return false;
+  return aligned16(t) && (t->shape[3] == 1 || t->strides[3] == 1);
+}
+
+// The context's cuDNN when it may run this attention (what CudnnSdpa covers), else nullptr.
+Cudnn* cudnn_for(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                 const Geometry& G, const Dropout& drop) {
+  if (mask || drop.on || !is_half(q->dtype) || G.D != G.Dv || G.D % 8 != 0 || G.D > 128) return nullptr;
+  if (G.B * G.H * G.Lq * G.Lk == 0 || !cudnn_layout(q) || !cudnn_layout(k) || !cudnn_layout(v)) return nullptr;
+  return cudnn(ctx);
+}
+
+CudnnSdpa sdpa_args(const Tensor& q, const Tensor& k, const Tensor& v, const Geometry& G, bool causal, double scale) {
+  CudnnSdpa a;
+  a.dtype = q->dtype;
+  a.causal = causal;
+  a.B = G.B, a.H = G.H, a.Sq = G.Lq, a.Sk = G.Lk, a.D = G.D;
+  sdpa_strides(q, a.q_st);
+  sdpa_strides(k, a.k_st);
+  sdpa_strides(v, a.v_st);
+  a.scale = static_cast<float>(scale);
+  a.q = q->data(), a.k = k->data(), a.v = v->data();
+  return a;
+}
+
 Geometry geometry_of(const AttentionSaved& s) {
   return {s.q->shape[0], s.q->shape[1], s.q->shape[2], s.k->shape[2], s.q->shape[3], s.v->shape[3]};
 }
@@ -287,7 +332,16 @@ Tensor ops::scaled_dot_product_attention(const Tensor& q0, const Tensor& k0, con
     }
     if (!use_kernels(ctx, q0->dtype, G)) return composed_forward(q0, k0, v0, mask, G, opts.causal, scale, drop);
     Tensor q = unit_last(q0), k = unit_last(k0), v = unit_last(v0);
-    KernelForward f = kernel_forward(q, k, v, mask, G, opts.causal, scale, drop);
+    KernelForward f;
+    bool via_cudnn = false;
+    if (Cudnn* dnn = cudnn_for(ctx, q, k, v, mask, G, drop)) {
+      f = {make_tensor(ctx, {G.B, G.H, G.Lq, G.Dv}, q->dtype), make_tensor(ctx, {G.B, G.H, G.Lq}, FLAME_DTYPE_F32)};
+      CudnnSdpa a = sdpa_args(q, k, v, G, opts.causal, scale);
+      a.o = f.out->data();
+      a.stats = f.lse->data();
+      via_cudnn = dnn->attention(a);  // false: no plan for these shapes, FLAME's kernels below
+    }
+    if (!via_cudnn) f = kernel_forward(q, k, v, mask, G, opts.causal, scale, drop);
     if (auto node = record(OpId::Attention, {q, k, v, mask}, {f.out})) {
       node->saved.emplace_back(q, false);
       node->saved.emplace_back(k, false);
@@ -295,7 +349,8 @@ Tensor ops::scaled_dot_product_attention(const Tensor& q0, const Tensor& k0, con
       node->saved.emplace_back(f.out, true);
       node->saved.emplace_back(f.lse, false);
       if (mask) node->saved.emplace_back(mask, false);
-      node->ints = {opts.causal ? 1 : 0, mask ? 1 : 0, static_cast<int64_t>(drop.seed), static_cast<int64_t>(drop.offset)};
+      node->ints = {opts.causal ? 1 : 0, mask ? 1 : 0, static_cast<int64_t>(drop.seed), static_cast<int64_t>(drop.offset),
+                    via_cudnn ? 1 : 0};
       node->reals = {scale, drop.on ? drop.p : 0.0};
     }
     return f.out;
@@ -314,6 +369,7 @@ AttentionSaved ops::unpack_attention(Node& n) {
   s.lse = n.saved.at(4).unpack(n);
   if (n.ints.at(1)) s.mask = n.saved.at(5).unpack(n);
   s.causal = n.ints.at(0) != 0;
+  s.cudnn_stats = n.ints.at(4) != 0;
   s.seed = static_cast<uint64_t>(n.ints.at(2));
   s.offset = static_cast<uint64_t>(n.ints.at(3));
   s.scale = n.reals.at(0);
@@ -330,6 +386,24 @@ AttentionGrads ops::attention_backward(const AttentionSaved& s, const Tensor& g0
   r.dq = make_tensor(ctx, {G.B, G.H, G.Lq, G.D}, dt);
   r.dk = make_tensor(ctx, {G.B, G.H, G.Lk, G.D}, dt);
   r.dv = make_tensor(ctx, {G.B, G.H, G.Lk, G.Dv}, dt);
+  if (s.cudnn_stats) {  // the forward ran through cuDNN (no mask, no dropout): its backward too
+    if (!cudnn_layout(g)) g = contiguous(g);  // e.g. the broadcast gradient of a sum
+    Cudnn* dnn = cudnn_layout(g) ? cudnn(ctx) : nullptr;  // (a contiguous view may still be misaligned)
+    CudnnSdpa a = sdpa_args(s.q, s.k, s.v, G, s.causal, s.scale);
+    a.backward = true;
+    sdpa_strides(g, a.do_st);
+    a.o = s.out->data(), a.stats = s.lse->data(), a.dout = g->data();
+    a.dq = r.dq->data(), a.dk = r.dk->data(), a.dv = r.dv->data();
+    if (dnn && dnn->attention(a)) {
+      record(OpId::AttentionBackward, {g, s.q, s.k, s.v}, {r.dq, r.dk, r.dv});
+      return r;
+    }
+    // cuDNN has no backward plan: FLAME's kernels read the base-2 log-sum-exp, Stats log2(e)
+    AttentionSaved s2 = s;
+    s2.lse = mul_scalar(s.lse, 1.4426950408889634);
+    s2.cudnn_stats = false;
+    return attention_backward(s2, g, need_dmask);
+  }
   Tensor dq_acc = zeros(ctx, {G.B, G.H, G.Lq, G.D}, FLAME_DTYPE_F32);
   Tensor delta = make_tensor(ctx, {G.B, G.H, G.Lq}, FLAME_DTYPE_F32);
   Tensor ds = need_dmask && s.mask ? zeros(ctx, {G.B, G.H, G.Lq, G.Lk}, FLAME_DTYPE_F32) : nullptr;

@@ -2,7 +2,10 @@
 // semantics of torch.nn.functional.scaled_dot_product_attention.
 //
 // f16/bf16 with head dims up to 128 on sm_80+ run the fused kernels and record one Attention node
-// saving q, k, v, the output and the per-row log-sum-exp; its rule (autograd/backward_rules.cpp)
+// saving q, k, v, the output and the per-row log-sum-exp (base 2); where the context uses cuDNN and
+// there is no mask, no dropout, D == Dv, D % 8 == 0 and D <= 128, cuDNN's fused flash attention
+// (runtime/cudnn_sdpa.cpp) runs instead when it has a plan, saving its natural-log Stats, and the
+// backward then runs through cuDNN as well (or FLAME's kernels on lse = Stats log2(e)); its rule (autograd/backward_rules.cpp)
 // runs the fused backward, or under create_graph attention_backward_composed. Everything else (f32,
 // f64, larger head dims, older GPUs) is composed of FLAME ops (matmul, softmax, where; f16/bf16 in
 // f32) and differentiates through them. Both paths draw dropout from the same Philox counters.
@@ -29,6 +32,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // ---- what the rule of an Attention node reads back ----
 struct AttentionSaved {
   Tensor q, k, v, mask, out, lse;  // lse: f32 [B, H, Lq], base-2 log-sum-exp of the scaled scores
+  bool cudnn_stats = false;        // lse holds cuDNN's Stats instead: the natural-log log-sum-exp
   bool causal = false;
   double scale = 1, dropout_p = 0;
   uint64_t seed = 0, offset = 0;  // the Philox key and first counter of the dropout mask

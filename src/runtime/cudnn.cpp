@@ -334,9 +334,14 @@ struct Cudnn::Impl {
 Cudnn::Cudnn(Context& ctx) : impl_(std::make_unique<Impl>(ctx)) {
   impl_->load();
   version = static_cast<int32_t>(impl_->cudnnGetVersion());
+  const char* log = std::getenv("FLAME_CUDNN_LOG");
+  log_refusals = log && log[0] == '1';
 }
 
 Cudnn::~Cudnn() = default;
+void* Cudnn::library() const { return impl_->lib; }
+void* Cudnn::raw_handle() const { return impl_->handle; }
+Context& Cudnn::context() const { return impl_->ctx; }
 
 bool Cudnn::run(const CudnnConv& c) {
   Impl& I = *impl_;
@@ -377,6 +382,9 @@ struct Cudnn::Impl {};
 Cudnn::Cudnn(Context&) { fail(FLAME_ERROR_UNSUPPORTED, "FLAME was built without cuDNN's headers"); }
 Cudnn::~Cudnn() = default;
 bool Cudnn::run(const CudnnConv&) { return false; }
+void* Cudnn::library() const { return nullptr; }
+void* Cudnn::raw_handle() const { return nullptr; }
+Context& Cudnn::context() const { fail(FLAME_ERROR_INTERNAL, "cuDNN is not built in"); }
 
 }  // namespace flame
 

@@ -1,7 +1,8 @@
-// cuDNN for FLAME's convolutions: libcudnn.so.9 loaded at run time with dlopen (never a link-time
-// dependency), per context, on the first convolution. When it is missing, fails to load, or the
-// context was created with FLAME_DISABLE_CUDNN=1, the convolutions run FLAME's own kernels
-// (cuda/conv.cuh), which always exist; ops/conv.cpp decides per call.
+// cuDNN for FLAME's convolutions and attention: libcudnn.so.9 loaded at run time with dlopen (never
+// a link-time dependency), per context, on the first convolution or attention. When it is missing,
+// fails to load, or the context was created with FLAME_DISABLE_CUDNN=1, the convolutions and the
+// attention run FLAME's own kernels (cuda/conv.cuh, cuda/attention.cuh), which always exist;
+// ops/conv.cpp and ops/attention.cpp decide per call. The attention graphs are in cudnn_sdpa.cpp.
 //
 // The legacy convolution API (cudnnConvolutionForward / BackwardData / BackwardFilter) with
 // explicit-stride tensor descriptors, one memory format per call (NCHW or NHWC for all three
@@ -42,6 +43,28 @@ struct CudnnConv {
   CUdeviceptr x = 0, w = 0, y = 0;
 };
 
+// One scaled-dot-product attention in cuDNN's fused flash-attention graph (runtime/cudnn_sdpa.cpp):
+// q [B, H, Sq, D], k and v [B, H, Sk, D] of one dtype (f16/bf16), last dim contiguous, the strides
+// of the first three dims as given (elements, each a multiple of 8), 16-byte aligned addresses,
+// D % 8 == 0 and D <= 128; causal: top-left (query i sees keys j <= i). o [B, H, Sq, D] and the
+// gradients dq, dk, dv are contiguous; stats f32 [B, H, Sq] holds the natural-log log-sum-exp of the
+// scaled scores of each row (cuDNN's "Stats": max + log(sum exp(s - max))). backward reads q, k, v,
+// o, stats and dout (strides do_st) and writes dq, dk, dv; the forward writes o and stats.
+struct CudnnSdpa {
+  bool backward = false;
+  DType dtype = FLAME_DTYPE_F16;
+  bool causal = false;
+  int64_t B = 0, H = 0, Sq = 0, Sk = 0, D = 0;
+  int64_t q_st[3] = {0, 0, 0}, k_st[3] = {0, 0, 0}, v_st[3] = {0, 0, 0}, do_st[3] = {0, 0, 0};
+  float scale = 1.0f;  // passed by value: one plan serves every scale
+  CUdeviceptr q = 0, k = 0, v = 0, o = 0, stats = 0, dout = 0, dq = 0, dk = 0, dv = 0;
+};
+
+struct CudnnSdpaCache;  // plans of runtime/cudnn_sdpa.cpp
+struct CudnnSdpaCacheDeleter {
+  void operator()(CudnnSdpaCache* c) const noexcept;
+};
+
 class Cudnn {
  public:
   // Loads libcudnn.so.9 (or $FLAME_CUDNN_PATH), creates a handle on the context's stream. Throws
@@ -55,13 +78,28 @@ class Cudnn {
   // deterministic algorithm for it: the caller then runs FLAME's kernels. Throws on other failures.
   bool run(const CudnnConv& c);
 
+  // Runs a through cuDNN's fused attention on the context's stream (runtime/cudnn_sdpa.cpp).
+  // Returns false, having written nothing, when cuDNN cannot build a plan for a's shapes, strides,
+  // dtype and mask on this GPU (remembered per key: never retried): the caller runs FLAME's
+  // kernels. Throws (FLAME_ERROR_CUDA naming the call, or OUT_OF_MEMORY) when executing fails.
+  bool attention(const CudnnSdpa& a);
+
   int32_t version = 0;          // cudnnGetVersion(), e.g. 91900
   uint64_t convolutions = 0;    // successful run() calls (flame_ctx_cudnn_info)
   uint64_t plans_built = 0;     // plan cache misses
+  uint64_t attentions = 0;      // forward attentions run by attention() (flame_ctx_cudnn_attention_info)
+  uint64_t attention_grads = 0; // backward attentions run by attention()
+  bool log_refusals = false;    // $FLAME_CUDNN_LOG=1 at load: say on stderr why a plan was refused
+
+  // For runtime/cudnn_sdpa.cpp: the dlopen handle of the library and the cudnnHandle_t.
+  void* library() const;
+  void* raw_handle() const;
+  Context& context() const;
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<CudnnSdpaCache, CudnnSdpaCacheDeleter> sdpa_;  // destroyed before impl_ (the handle)
 };
 
 // The context's cuDNN, loaded on the first call; nullptr when the context does not use it

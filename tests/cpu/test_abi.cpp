@@ -553,6 +553,7 @@ TEST(NullArguments, QueriesAndCommands) {
       {"flame_ctx_compute_capability", [&] { return flame_ctx_compute_capability(c, &i32, &i32b); }},
       {"flame_ctx_stream", [&] { return flame_ctx_stream(c, &stream); }},
       {"flame_ctx_cudnn_info", [&] { return flame_ctx_cudnn_info(c, &i32, &u64); }},
+      {"flame_ctx_cudnn_attention_info", [&] { return flame_ctx_cudnn_attention_info(c, &u64, &u64b); }},
       {"flame_ctx_memory_stats", [&] { return flame_ctx_memory_stats(c, &stats); }},
       {"flame_ctx_reset_peak_memory", [&] { return flame_ctx_reset_peak_memory(c); }},
       {"flame_ctx_manual_seed", [&] { return flame_ctx_manual_seed(c, 42); }},

@@ -1106,6 +1106,14 @@ impl Context {
         check(unsafe { (api.flame_ctx_cudnn_info)(self.raw, &mut o_version, &mut o_convolutions) })?;
         Ok((o_version, o_convolutions))
     }
+    /// `flame_status_t flame_ctx_cudnn_attention_info(flame_ctx_t ctx, uint64_t* forward, uint64_t* backward)`.
+    pub fn cudnn_attention_info(&self) -> Result<(u64, u64)> {
+        let api = api()?;
+        let mut o_forward: u64 = Default::default();
+        let mut o_backward: u64 = Default::default();
+        check(unsafe { (api.flame_ctx_cudnn_attention_info)(self.raw, &mut o_forward, &mut o_backward) })?;
+        Ok((o_forward, o_backward))
+    }
     /// `flame_status_t flame_graph_capture_begin(flame_ctx_t ctx)`.
     pub fn graph_capture_begin(&self) -> Result<()> {
         let api = api()?;

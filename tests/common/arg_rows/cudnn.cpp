@@ -5,5 +5,6 @@ namespace {
 using namespace argm;
 
 FLAME_ARG_ROW(flame_ctx_cudnn_info, a.ctx("ctx"), a.out<int32_t>("version"), a.out<uint64_t>("convolutions"));
+FLAME_ARG_ROW(flame_ctx_cudnn_attention_info, a.ctx("ctx"), a.out<uint64_t>("forward"), a.out<uint64_t>("backward"));
 
 }  // namespace
