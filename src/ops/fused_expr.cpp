@@ -77,6 +77,10 @@ double apply2(Op op, double a, double b) {
 // The shortest decimal that reads back as v.
 std::string num_str(double v) {
   char buf[40];
+  if (v == std::floor(v) && std::fabs(v) < 1e15) {  // integers in full: 150, not 1.5e+02
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    return buf;
+  }
   for (int prec = 1; prec <= 17; ++prec) {
     std::snprintf(buf, sizeof buf, "%.*g", prec, v);
     if (std::strtod(buf, nullptr) == v) break;
