@@ -214,9 +214,10 @@ TEST_F(FusedTest, ForwardMatchesFloat64InEveryDtypeAndLayout) {
 }
 
 TEST_F(FusedTest, LargeDenseAndMisalignedInputs) {
-  // 2^22 + 3 elements: the two-vectors-per-thread loop, its single-vector remainder and the scalar
-  // tail; then the same data through a view one element in (misaligned: scalar accesses).
-  const int64_t n = (int64_t{1} << 22) + 3;
+  // 2^23 + 3 elements (more vectors than the capped grid has threads, 32 per SM x 256): the
+  // two-vectors-per-thread loop, its single-vector remainder and the scalar tail; then the same data
+  // through a view one element in (misaligned: scalar accesses).
+  const int64_t n = (int64_t{1} << 23) + 3;
   HT x = random({n + 1}, -4, 4, 31);
   T base, view, out, out2;
   make(&x, FLAME_DTYPE_F32, &base);
