@@ -344,6 +344,97 @@ class Bench:
         self.cross_entropy_row()
         self.adamw_row()
 
+    # ---------------------------------------------------------------- T1: fused elementwise expressions
+    def tier1_fused(self):
+        """flame_fused_compile / flame_fused_call against the same math as separate FLAME ops and as PyTorch
+        eager ops (and torch's own fused gelu as a reference): gelu-tanh on 2^28 elements and DiT's adaLN
+        modulation x * (1 + scale) + shift, forward and forward+backward. Bytes are the one-pass minimum."""
+        fl, lib = self.fl, self.fl.lib
+        q = self.args.quick
+
+        def pair(op, shape, dt, ffn, tfn, bytes_, note=""):
+            self.add("T1", op, shape, dt, self.time_flame(ffn), self.time_torch(tfn), bytes_=bytes_, note=note)
+
+        def compile_fused(expr, n):
+            f = H()
+            lib.check(lib.fn("flame_fused_compile")(fl.ctx, expr.encode(), n, ctypes.byref(f)), "flame_fused_compile")
+            return f
+
+        def caller(f, xs):
+            arr = (H * len(xs))(*[x.h for x in xs])
+
+            def call():
+                out = H()
+                lib.check(lib.fn("flame_fused_call")(f, arr, len(xs), ctypes.byref(out)), "flame_fused_call")
+                return fc.Tensor(lib, out)
+            return call
+
+        k, c = 0.7978845608028654, 0.044715
+        gelu = compile_fused(f"0.5 * x0 * (1 + tanh({k!r} * (x0 + {c!r} * x0 * x0 * x0)))", 1)
+        adaln = compile_fused("x0 * (1 + x1) + x2", 3)
+
+        def gelu_ops(x):  # the same math as separate FLAME ops
+            x3 = fl.call("mul", fl.call("mul", x, x), x)
+            u = fl.call("mul_scalar", fl.call("add", x, fl.call("mul_scalar", x3, c)), k)
+            return fl.call("mul_scalar", fl.call("mul", x, fl.call("add_scalar", fl.call("tanh", u), 1.0)), 0.5)
+
+        def gelu_torch(x):
+            return 0.5 * x * (1 + torch.tanh(k * (x + c * x * x * x)))
+
+        n = 1 << 26 if q else 1 << 28
+        for dt in ("f32", "bf16"):
+            s = SIZE[dt]
+            fx, tx = fl.randn([n], dt), torch.randn(n, device="cuda", dtype=TDT[dt])
+            fg, tg = fl.randn([n], dt), torch.randn(n, device="cuda", dtype=TDT[dt])
+            fused_gelu = caller(gelu, [fx])
+            pair("gelu_tanh as FLAME ops fwd", f"{n}", dt, lambda: gelu_ops(fx), lambda: gelu_torch(tx), 2 * n * s,
+                 "torch: the same ops, eager")
+            pair("gelu_tanh fused fwd", f"{n}", dt, fused_gelu, lambda: gelu_torch(tx), 2 * n * s, "torch: the same ops, eager")
+            pair("gelu_tanh fused fwd vs F.gelu", f"{n}", dt, fused_gelu, lambda: F.gelu(tx, approximate="tanh"), 2 * n * s,
+                 "torch: F.gelu(approximate='tanh')")
+            lib.set_requires_grad(fx, True)
+            tx.requires_grad_(True)
+            fused_gelu = caller(gelu, [fx])
+            pair("gelu_tanh as FLAME ops fwd+bwd", f"{n}", dt, lambda: lib.grad(fl.ctx, [gelu_ops(fx)], [fg], [fx], 0),
+                 lambda: torch.autograd.grad([gelu_torch(tx)], [tx], [tg]), 5 * n * s, "torch: the same ops, eager")
+            pair("gelu_tanh fused fwd+bwd", f"{n}", dt, lambda: lib.grad(fl.ctx, [fused_gelu()], [fg], [fx], 0),
+                 lambda: torch.autograd.grad([gelu_torch(tx)], [tx], [tg]), 5 * n * s, "torch: the same ops, eager")
+            pair("gelu_tanh fused fwd+bwd vs F.gelu", f"{n}", dt, lambda: lib.grad(fl.ctx, [fused_gelu()], [fg], [fx], 0),
+                 lambda: torch.autograd.grad([F.gelu(tx, approximate="tanh")], [tx], [tg]), 5 * n * s,
+                 "torch: F.gelu(approximate='tanh')")
+            del fx, tx, fg, tg, fused_gelu
+
+        N, T, C = 8, 1024, 1152
+        m = N * T * C
+        shape = f"{N}x{T}x{C}+[{N},1,{C}]"
+        for dt in ("f32", "bf16"):
+            s = SIZE[dt]
+            fx, fsc, fsh = fl.randn([N, T, C], dt), fl.randn([N, 1, C], dt), fl.randn([N, 1, C], dt)
+            tx, tsc, tsh = (torch.randn(N, T, C, device="cuda", dtype=TDT[dt]), torch.randn(N, 1, C, device="cuda", dtype=TDT[dt]),
+                            torch.randn(N, 1, C, device="cuda", dtype=TDT[dt]))
+            fg, tg = fl.randn([N, T, C], dt), torch.randn(N, T, C, device="cuda", dtype=TDT[dt])
+
+            def ada_ops():
+                return fl.call("add", fl.call("mul", fx, fl.call("add_scalar", fsc, 1.0)), fsh)
+
+            fused_ada = caller(adaln, [fx, fsc, fsh])
+            pair("adaLN as FLAME ops fwd", shape, dt, ada_ops, lambda: tx * (1 + tsc) + tsh, 2 * m * s, "torch: the same ops, eager")
+            pair("adaLN fused fwd", shape, dt, fused_ada, lambda: tx * (1 + tsc) + tsh, 2 * m * s, "torch: the same ops, eager")
+            for f_t in (fx, fsc, fsh):
+                lib.set_requires_grad(f_t, True)
+            for t_t in (tx, tsc, tsh):
+                t_t.requires_grad_(True)
+            fused_ada = caller(adaln, [fx, fsc, fsh])
+            pair("adaLN as FLAME ops fwd+bwd", shape, dt, lambda: lib.grad(fl.ctx, [ada_ops()], [fg], [fx, fsc, fsh], 0),
+                 lambda: torch.autograd.grad([tx * (1 + tsc) + tsh], [tx, tsc, tsh], [tg]), 5 * m * s,
+                 "bytes: fwd 2, bwd 3 passes; torch: the same ops, eager")
+            pair("adaLN fused fwd+bwd", shape, dt, lambda: lib.grad(fl.ctx, [fused_ada()], [fg], [fx, fsc, fsh], 0),
+                 lambda: torch.autograd.grad([tx * (1 + tsc) + tsh], [tx, tsc, tsh], [tg]), 5 * m * s,
+                 "bytes: fwd 2, bwd 3 passes; torch: the same ops, eager")
+            del fx, fsc, fsh, tx, tsc, tsh, fg, tg, fused_ada
+        lib.fn("flame_fused_release")(gelu)
+        lib.fn("flame_fused_release")(adaln)
+
     def cross_entropy_row(self):
         fl, lib = self.fl, self.fl.lib
         N, C = (4096, 50304) if self.args.quick else (8192, 50304)
@@ -898,8 +989,8 @@ def git_commit():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiers", default="T0,T1,T2,T3,T4,T5",
-                    help="tiers (T0..T5) or parts of one (T1core, T1nn, T1nnops, T3mlp, T3gpt2, T3dp: 2 GPUs, "
-                         "only when named), comma-separated")
+                    help="tiers (T0..T5) or parts of one (T1core, T1nn, T1nnops, T1fused, T3mlp, T3gpt2, T3dp: "
+                         "2 GPUs, only when named), comma-separated")
     ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions")
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-results-md", action="store_true")
@@ -913,9 +1004,10 @@ def main():
     b = Bench(args)
     b.measure_limits()
     tiers = args.tiers.split(",")
-    # A tier name runs all its parts; a part name (T1core, T1nn, T1nnops, T3mlp) runs that part alone.
+    # A tier name runs all its parts; a part name (T1core, T1nn, T1nnops, T1fused, T3mlp) runs that part alone.
     for t, part, fn in (("T0", "T0", b.tier0), ("T1", "T1core", b.tier1), ("T1", "T1nn", b.tier1_nn),
-                        ("T1", "T1nnops", b.tier1_nnops), ("T2", "T2", b.tier2), ("T3", "T3mlp", b.tier3)):
+                        ("T1", "T1nnops", b.tier1_nnops), ("T1", "T1fused", b.tier1_fused), ("T2", "T2", b.tier2),
+                        ("T3", "T3mlp", b.tier3)):
         if t in tiers or part in tiers:
             fn()
     # a failure in the GPT-2 tiers is reported and fails the run, but keeps the rows measured so far

@@ -1714,6 +1714,54 @@ FLAME_API flame_status_t flame_dp_wait(flame_dp_t dp);
  * happens) while its context lives. */
 FLAME_API void flame_dp_release(flame_dp_t dp);
 
+/* ============================== Fused elementwise expressions ============================== */
+/* A chain of elementwise math written as one expression and run as one kernel (compiled at run time
+ * by NVRTC through the context's kernel cache), forward and backward: gelu-tanh or adaLN modulation
+ * read their inputs and write their result once instead of once per op. The gradient of each input
+ * is another fused kernel made from the expression's symbolic derivative, itself differentiable, so
+ * FLAME_BACKWARD_CREATE_GRAPH works to any order.
+ *
+ * Expressions over the inputs x0 .. x{n_inputs-1}: decimal numbers (1, 0.5, 4.4715e-2), + - * /,
+ * unary minus, parentheses, and the functions exp log sqrt rsqrt tanh sigmoid sin cos abs sign erf,
+ * pow(e, number) (the exponent a literal), min(a, b) and max(a, b) (NaN propagates; at a tie each
+ * side gets half of the gradient, as torch.maximum). Whitespace is ignored. Examples:
+ *   "0.5 * x0 * (1 + tanh(0.7978845608028654 * (x0 + 0.044715 * x0 * x0 * x0)))"   (gelu, tanh form)
+ *   "x0 * (1 + x1) + x2"                                                              (adaLN modulation)
+ * The expression is simplified once (constants folded; x * 1, x + 0, x * 0 -> 0), so that results may
+ * differ from the same ops run one by one in the last bits (one rounding for the whole expression in
+ * the compute type instead of one per op). */
+
+typedef struct flame_fused_s* flame_fused_t; /* a compiled expression, bound to one context */
+
+/* The most inputs an expression may have. */
+#define FLAME_FUSED_MAX_INPUTS 8
+
+/* Parses expr (borrowed; NUL-terminated, at most 4096 characters, nesting at most 64 deep) over
+ * n_inputs in [1, FLAME_FUSED_MAX_INPUTS] inputs. Kernels are compiled at the first call for each
+ * dtype and memory layout. OUT *out: a new function of ctx; release it with flame_fused_release (it
+ * keeps the context alive, as tensors do).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx, expr or out NULL; n_inputs out of range; a syntax error,
+ * an unknown name, an input x<k> with k >= n_inputs, a non-literal pow exponent: the message gives the
+ * 1-based column and what was expected there), FLAME_ERROR_INVALID_HANDLE (ctx destroyed). */
+FLAME_API flame_status_t flame_fused_compile(flame_ctx_t ctx, const char* expr, int32_t n_inputs, flame_fused_t* out);
+
+/* Applies fn to inputs[0..n) (borrowed), n equal to fn's n_inputs. Inputs broadcast together (NumPy
+ * rules) and promote as the binary ops (bool < u8 < i32 < i64 < f16,bf16 < f32 < f64); integer and
+ * bool inputs compute in f32; f16 and bf16 compute in f32 and round once, f64 computes in f64. Any
+ * strides. OUT *out: a new tensor of the broadcast shape and the promoted dtype. With grad mode on and
+ * an input that requires grad, one node records the call (plus the casts and broadcasts, whose
+ * gradients are summed back as for every op).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (fn, inputs or out NULL, an element of inputs NULL, n not
+ * fn's n_inputs, an input of another context than fn), FLAME_ERROR_INVALID_HANDLE (fn or an input
+ * released), FLAME_ERROR_SHAPE_MISMATCH (shapes that do not broadcast), FLAME_ERROR_UNSUPPORTED (a
+ * derivative of very high order that would need more than 16 operands), FLAME_ERROR_KERNEL_COMPILE. */
+FLAME_API flame_status_t flame_fused_call(flame_fused_t fn, const flame_tensor_t* inputs, int32_t n, flame_tensor_t* out);
+
+/* Releases fn. Nodes recorded by its calls keep what their backward needs, so graphs built with fn
+ * stay differentiable. NULL is a no-op; a released handle is detected (nothing happens) while its
+ * context lives. */
+FLAME_API void flame_fused_release(flame_fused_t fn);
+
 #ifdef __cplusplus
 }
 #endif

@@ -229,6 +229,7 @@ namespace Flame.Interop
         public const int FLAME_STAT_INF_COUNT = 5;
         public const int FLAME_STAT_COLUMNS = 6;
         public const int FLAME_COMM_ID_BYTES = 128;
+        public const int FLAME_FUSED_MAX_INPUTS = 8;
         public const uint FLAME_BACKWARD_RETAIN_GRAPH = 1;
         public const uint FLAME_BACKWARD_CREATE_GRAPH = 2;
         public const uint FLAME_GRAD_ALLOW_UNUSED = 4;
@@ -506,6 +507,9 @@ namespace Flame.Interop
             "flame_dp_set_sync",
             "flame_dp_wait",
             "flame_dp_release",
+            "flame_fused_compile",
+            "flame_fused_call",
+            "flame_fused_release",
         };
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
@@ -1317,6 +1321,15 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dp_release", ExactSpelling = true)]
         public static extern void flame_dp_release(IntPtr dp);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_fused_compile", ExactSpelling = true)]
+        public static extern flame_status_t flame_fused_compile(IntPtr ctx, string expr, int n_inputs, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_fused_call", ExactSpelling = true)]
+        public static extern flame_status_t flame_fused_call(IntPtr fn, IntPtr* inputs, int n, IntPtr* @out);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_fused_release", ExactSpelling = true)]
+        public static extern void flame_fused_release(IntPtr fn);
 
     }
 }

@@ -17,6 +17,7 @@
 #include "ops/nnops.h"
 #include "ops/ops.h"
 #include "toolkit/checkpoint.h"
+#include "ops/fused.h"
 
 namespace flame {
 
@@ -493,6 +494,16 @@ RULE(Rope) {  // the rotation is orthogonal: its transpose rotates back (saved: 
 }
 // ---- gradient checkpointing (toolkit/checkpoint.h): re-run the function, walk the rebuilt graph ----
 RULE(Checkpoint) { return checkpoint_backward(n, {g}); }
+// ---- fused expressions (ops/fused.h): per input, the fused function g * d expr / d x_i of the
+// saved inputs it reads (ints: which inputs were saved); itself a fused call, so differentiable ----
+RULE(Fused) {
+  std::vector<Tensor> xs(n.next.size());
+  for (size_t k = 0; k < n.saved.size(); ++k) xs[static_cast<size_t>(n.ints.at(k))] = saved(n, k);
+  Grads out(n.next.size());
+  for (size_t i = 0; i < out.size(); ++i)
+    if (n.needs_input_grad(i)) out[i] = fused_of(n).input_grad(static_cast<int>(i), g, xs);
+  return out;
+}
 
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
@@ -512,6 +523,7 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(Scatter) DIFF(ConstantPad) DIFF(Dropout) DIFF(MaxPool2d) DIFF(AvgPool2d) DIFF(AvgPool2dBackward)
   DIFF(Upsample2d) DIFF(Upsample2dBackward) DIFF(Rope)  // ops/nnops.h
   DIFF(Checkpoint)  // toolkit/checkpoint.h
+  DIFF(Fused)  // ops/fused.h
 #undef DIFF
   return r;
 }

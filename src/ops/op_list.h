@@ -179,6 +179,11 @@
 // multi-output path).
 #define FLAME_TOOLKIT_OPS(X) \
   X(Checkpoint, checkpoint)
+// ---- fused elementwise expressions (src/ops/fused.cpp, kernels in cuda/fused.cuh) ----
+// One node per flame_fused_call; its payload is the compiled function, whose backward is one fused
+// call per input (g * d expr / d x_i), so it is differentiable to any order.
+#define FLAME_FUSED_OPS(X) \
+  X(Fused, fused)
 
 namespace flame {
 
@@ -193,6 +198,7 @@ enum class OpId : int {
   FLAME_ATTENTION_OPS(FLAME_OP_ENUM) FLAME_ATTENTION_INTERNAL_OPS(FLAME_OP_ENUM)
   FLAME_NNOPS_OPS(FLAME_OP_ENUM)
   FLAME_TOOLKIT_OPS(FLAME_OP_ENUM)
+  FLAME_FUSED_OPS(FLAME_OP_ENUM)
 #undef FLAME_OP_ENUM
   Count
 };

@@ -156,8 +156,8 @@ uint64_t Context::bytes_reserved() {
   return v;
 }
 
-CUfunction Context::function(const std::string& file, const std::string& name_expr) {
-  std::string mem_key = file + '\n' + name_expr;
+CUfunction Context::function(const std::string& file, const std::string& name_expr, const std::string& prelude) {
+  std::string mem_key = prelude + file + '\n' + name_expr;
   auto it = functions_.find(mem_key);
   if (it != functions_.end()) {
     ++kernel_stats.memory_hits;
@@ -165,15 +165,15 @@ CUfunction Context::function(const std::string& file, const std::string& name_ex
   }
   int arch = cc_major * 10 + cc_minor;
   bool ptx = false;
-  std::string key = kernel_sources_digest() + '\n' + file + '\n' + name_expr + '\n' + nvrtc_version_string() + '\n' +
-                    std::to_string(arch);
+  std::string key = kernel_sources_digest() + '\n' + prelude + file + '\n' + name_expr + '\n' + nvrtc_version_string() +
+                    '\n' + std::to_string(arch);
   for (const auto& o : nvrtc_options(arch, &ptx)) key += '\n' + o;
   CacheEntry entry;
   bool from_disk = disk_cache.load(key, &entry);
   if (from_disk) {
     ++kernel_stats.disk_hits;
   } else {
-    CompiledModule m = nvrtc_compile(file, {name_expr}, arch);
+    CompiledModule m = nvrtc_compile(file, {name_expr}, arch, prelude);
     entry.image = std::move(m.image);
     entry.ptx = m.ptx;
     entry.lowered_name = m.lowered_names.at(0);
@@ -184,7 +184,7 @@ CUfunction Context::function(const std::string& file, const std::string& name_ex
   RelaxedCaptureMode relaxed(*this);  // loading a module during a capture is set-up, not graph work
   CUresult r = drv.cuModuleLoadData(&mod, entry.image.data());
   if (r != CUDA_SUCCESS && from_disk) {  // a stale entry the driver rejects: rebuild it
-    CompiledModule m = nvrtc_compile(file, {name_expr}, arch);
+    CompiledModule m = nvrtc_compile(file, {name_expr}, arch, prelude);
     entry.image = std::move(m.image);
     entry.ptx = m.ptx;
     entry.lowered_name = m.lowered_names.at(0);

@@ -80,7 +80,8 @@ class Context : public std::enable_shared_from_this<Context> {
 
   // ---- kernels ----
   // The function for one instantiation (name expression) of a cuda/ file, compiled on first use.
-  CUfunction function(const std::string& file, const std::string& name_expr);
+  // `prelude`: generated source compiled in front of the file (cuda/fused.cuh), part of both keys.
+  CUfunction function(const std::string& file, const std::string& name_expr, const std::string& prelude = std::string());
   void launch(CUfunction f, unsigned grid, unsigned block, void** args, unsigned smem = 0);
   DiskCache disk_cache{""};
   KernelStats kernel_stats;

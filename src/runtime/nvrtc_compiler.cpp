@@ -48,14 +48,15 @@ const std::string& kernel_sources_digest() {
   return digest;
 }
 
-CompiledModule nvrtc_compile(const std::string& file, const std::vector<std::string>& name_exprs, int arch) {
+CompiledModule nvrtc_compile(const std::string& file, const std::vector<std::string>& name_exprs, int arch,
+                             const std::string& prelude) {
   const auto& files = embedded_kernel_files();
   std::vector<const char*> header_src, header_names;
   for (const auto& f : files) {
     header_src.push_back(f.content.c_str());
     header_names.push_back(f.name);
   }
-  std::string src = "#include \"" + file + "\"\n";
+  std::string src = prelude + "#include \"" + file + "\"\n";
   nvrtcProgram prog = nullptr;
   check_nvrtc(nvrtcCreateProgram(&prog, src.c_str(), "flame_kernel.cu", static_cast<int>(files.size()),
                                  header_src.data(), header_names.data()),

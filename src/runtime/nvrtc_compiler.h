@@ -15,8 +15,10 @@ struct CompiledModule {
 
 // arch is the compute capability as 80, 90, ... Builds SASS when NVRTC knows the architecture and
 // PTX for the newest one it knows otherwise (the driver then JIT-compiles it). Throws
-// FLAME_ERROR_KERNEL_COMPILE with NVRTC's log on failure.
-CompiledModule nvrtc_compile(const std::string& file, const std::vector<std::string>& name_exprs, int arch);
+// FLAME_ERROR_KERNEL_COMPILE with NVRTC's log on failure. `prelude` is source placed before the
+// file's #include (generated code the file needs, e.g. the expression of cuda/fused.cuh).
+CompiledModule nvrtc_compile(const std::string& file, const std::vector<std::string>& name_exprs, int arch,
+                             const std::string& prelude = std::string());
 
 // "NVRTC 13.0" style version, part of every cache key.
 std::string nvrtc_version_string();

@@ -506,6 +506,33 @@ class Args {
     return arr;
   }
 
+  // ---- fused expressions (Live: a.fused is "x0 * x1 + 1" over 2 inputs, so inputs are two sp()) ----
+  flame_fused_t fused(const char* name) {
+    int h = handle_index(name, true, false);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_fused_t>(garbage());
+    if (bad_now(h)) {
+      if (bad == Bad::Foreign) return live_fused(ctx2_, true);
+      if (bad == Bad::Released) {  // released: parked by its context, detectably dead
+        flame_fused_t f = live_fused(ctx_, false);
+        flame_fused_release(f);
+        return f;
+      }
+      return reinterpret_cast<flame_fused_t>(garbage());
+    }
+    return live_fused(ctx_, true);
+  }
+  flame_fused_t release_fused(const char* name) {
+    takes_released = true;
+    nullable(name);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_fused_t>(garbage());
+    flame_fused_t f = live_fused(ctx_, false);
+    if (bad == Bad::Released) flame_fused_release(f);
+    return f;
+  }
+  flame_fused_t* out_fused(const char* name) { return out_slot<flame_fused_t>(name, OutKind::Fused); }
+
   // ---- after the call ----
   // Checks the out slots of a failed call; returns the names of slots not set to NULL.
   std::vector<std::string> uncleared_outs() const {
@@ -535,7 +562,7 @@ class Args {
   Mode mode() const { return mode_; }
 
  private:
-  enum class OutKind { None, Tensor, Ctx, Hook, Dl, Dlv, Opt, St, Scaler, Lora, Graph, Comm, Dp };
+  enum class OutKind { None, Tensor, Ctx, Hook, Dl, Dlv, Opt, St, Scaler, Lora, Graph, Comm, Dp, Fused };
   struct OutSlot {
     OutKind kind;
     void** slot;
@@ -687,6 +714,12 @@ class Args {
     if (keep) loras_.push_back(l);
     return l;
   }
+  flame_fused_t live_fused(flame_ctx_t c, bool keep) {
+    flame_fused_t f = nullptr;
+    if (flame_fused_compile(c, "x0 * x1 + 1", 2, &f) != FLAME_OK) return nullptr;
+    if (keep) fused_.push_back(f);
+    return f;
+  }
   // A valid safetensors file with tensor "x" (F32 [2, 3], ones) and metadata {"format": "pt"}.
   std::string valid_st_file() {
     const std::string path = tmp_dir() + "/valid.safetensors";
@@ -749,6 +782,7 @@ class Args {
   bool end_capture_ = false;
   std::vector<flame_comm_t> comms_;
   std::vector<flame_dp_t> dps_;
+  std::vector<flame_fused_t> fused_;
   std::string tmp_dir_;
   bool st_written_ = false;
   struct DLManagedTensor* dl_in_ = nullptr;
@@ -825,6 +859,7 @@ inline void Args::finish(flame_status_t status) {
       case OutKind::Graph: flame_graph_release(static_cast<flame_graph_t>(v)); break;
       case OutKind::Comm: flame_comm_release(static_cast<flame_comm_t>(v)); break;
       case OutKind::Dp: flame_dp_release(static_cast<flame_dp_t>(v)); break;
+      case OutKind::Fused: flame_fused_release(static_cast<flame_fused_t>(v)); break;
       case OutKind::None: break;
     }
   }
@@ -858,6 +893,8 @@ inline void Args::finish(flame_status_t status) {
   dps_.clear();
   for (flame_comm_t c : comms_) flame_comm_release(c);
   comms_.clear();
+  for (flame_fused_t f : fused_) flame_fused_release(f);
+  fused_.clear();
   for (auto it = owned_.rbegin(); it != owned_.rend(); ++it) flame_tensor_release(*it);
   owned_.clear();
   remove_tmp_dir();

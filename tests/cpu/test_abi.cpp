@@ -1080,3 +1080,20 @@ TEST(Distributed, NullArgumentsWithoutADriver) {
   flame_comm_release(nullptr);
   flame_dp_release(nullptr);
 }
+
+// ============================== Fused elementwise expressions ==============================
+
+static_assert(FLAME_FUSED_MAX_INPUTS == 8, "FLAME_FUSED_MAX_INPUTS is frozen");
+
+TEST(NullArguments, Fused) {
+  flame_fused_t f = reinterpret_cast<flame_fused_t>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_fused_compile(nullptr, "x0", 1, &f), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(f, nullptr) << "flame_fused_compile must set *out to NULL on failure";
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_fused_compile")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_fused_compile(nullptr, "x0", 1, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  flame_tensor_t out = reinterpret_cast<flame_tensor_t>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_fused_call(nullptr, nullptr, 0, &out), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(out, nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "fn")) << flame_last_error_message();
+  flame_fused_release(nullptr);
+}

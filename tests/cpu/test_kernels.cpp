@@ -218,3 +218,46 @@ TEST_P(KernelCompile, GradTools) {
 
 // ---- CUDA graphs (runtime/capture.h): the optimizer's device step counter (cuda/optim.cuh) ----
 TEST_P(KernelCompile, OptimizerTick) { compile_all("optim.cuh", {"flame::optim_tick"}, GetParam()); }
+
+// ---- fused elementwise expressions (cuda/fused.cuh behind a generated prelude, src/ops/fused.cpp) ----
+#include "ops/fused.h"
+
+TEST_P(KernelCompile, Fused) {
+  // gelu-tanh, adaLN modulation, every function of the grammar, and a derivative (g * d/dx0, as the
+  // backward builds it) over the four element types and every layout a call may launch.
+  const std::pair<const char*, int> exprs[] = {
+      {"0.5 * x0 * (1 + tanh(0.7978845608028654 * (x0 + 0.044715 * x0 * x0 * x0)))", 1},
+      {"x0 * (1 + x1) + x2", 3},
+      {"exp(x0) + log(x1) + sqrt(x0) * rsqrt(x1) - sigmoid(x0) / sin(x1) + cos(x0) * abs(x1) + sign(x0) * erf(x1) "
+       "+ pow(x0, 2.5) + pow(x1, 3) + pow(x0, -1) + pow(x1, 0.5) + min(x0, x1) * max(x0, -x1) + log(0)",
+       2}};
+  std::vector<std::string> names;
+  for (DType d : kFloat) {
+    auto v = ops::fused_instantiations(d);
+    names.insert(names.end(), v.begin(), v.end());
+  }
+  EXPECT_EQ(names.size(), 16u);
+  auto compile = [&](const fused::Expr& e, int n) {
+    try {
+      CompiledModule m = nvrtc_compile("fused.cuh", names, GetParam(), fused::device_source(e, n));
+      EXPECT_FALSE(m.ptx);
+      EXPECT_EQ(m.lowered_names.size(), names.size());
+    } catch (const Error& err) {
+      ADD_FAILURE() << err.what();
+    }
+  };
+  for (const auto& [text, n] : exprs) {
+    SCOPED_TRACE(text);
+    fused::Expr e = fused::simplify(fused::parse(text, n));
+    compile(e, n);
+    std::vector<int> shift;
+    for (int k = 0; k < n; ++k) shift.push_back(k + 1);
+    fused::Expr g = fused::simplify(fused::binary(fused::Op::Mul, fused::input(0),
+                                                  fused::remap_inputs(fused::derivative(e, 0), shift)));
+    compile(g, n + 1);
+  }
+  // 16 operands, the most a kernel takes.
+  std::string sum = "x0";
+  for (int k = 1; k < ops::kFusedMaxOperands; ++k) sum += " + x" + std::to_string(k);
+  compile(fused::parse(sum, ops::kFusedMaxOperands), ops::kFusedMaxOperands);
+}

@@ -572,3 +572,11 @@ _SIGNATURES.update({
     "flame_clip_grad_norm": (c_int, [H, P(H), i64, f64, f64, i32, P(H)]),
     "flame_tensor_item": (c_int, [H, P(f64)]),
 })
+
+
+# ---- fused elementwise expressions (flame.h "Fused elementwise expressions")
+_SIGNATURES.update({
+    "flame_fused_compile": (c_int, [H, ctypes.c_char_p, i32, P(H)]),
+    "flame_fused_call": (c_int, [H, P(H), i32, P(H)]),
+    "flame_fused_release": (None, [H]),
+})

@@ -367,6 +367,7 @@ def build_rows():
     conv_rows()
     attention_rows()
     nnops_rows()
+    fused_rows()
     return ROWS
 
 
@@ -1028,6 +1029,52 @@ def nnops_rows():
     nnops_upsample_rows()
     nnops_positional_rows()
     nnops_composite_rows()
+
+
+# ---------------------------------------------------------------------------- fused expressions
+
+
+def fused_call(fl, expr, xs):
+    """flame_fused_compile(expr) on the inputs' context, called once on xs, then released."""
+    import ctypes
+    ctx, f, out = fc.H(), fc.H(), fc.H()
+    fl.check(fl.fn("flame_tensor_context")(xs[0].h, ctypes.byref(ctx)), "flame_tensor_context")
+    fl.check(fl.fn("flame_fused_compile")(ctx, expr.encode(), len(xs), ctypes.byref(f)), "flame_fused_compile")
+    try:
+        arr = (fc.H * len(xs))(*[x.h for x in xs])
+        fl.check(fl.fn("flame_fused_call")(f, arr, len(xs), ctypes.byref(out)), "flame_fused_call")
+    finally:
+        fl.fn("flame_fused_release")(f)
+    return fc.Tensor(fl, out)
+
+
+def fused_rows():
+    """flame_fused_call against the same math in torch eager: forward values and every input's gradient
+    (the gradient kernels come from FLAME's symbolic derivative)."""
+    def fr(name, expr, tfn, cases, **kw):
+        row(name, lambda fl, a, dt: fused_call(fl, expr, a), lambda a, dt: tfn(*a), cases, **kw)
+
+    gelu = "0.5 * x0 * (1 + tanh(0.7978845608028654 * (x0 + 0.044715 * x0 * x0 * x0)))"
+    fr("fused_gelu_tanh", gelu, lambda x: F.gelu(x, approximate="tanh"),
+       [[I((3, 5), uni(-3, 3))], [NC((4, 6), uni(-3, 3))], [I((64, 1024), uni(-4, 4))]], bf16=True)
+    fr("fused_adaln", "x0 * (1 + x1) + x2", lambda x, s, sh: x * (1 + s) + sh,
+       [[I((2, 3, 4)), I((2, 1, 4)), I((4,))], [NC((3, 4)), I((3, 4)), I(())],
+        [I((4, 256, 1152)), I((4, 1, 1152)), I((4, 1, 1152))]], bf16=True)
+    fr("fused_math_mix",
+       "sigmoid(x0) * x1 - log(1 + x1 * x1) + sqrt(2 + sin(x0)) / (3 + cos(x0 * x1)) + rsqrt(1.5 + x0 * x0) * erf(x1) "
+       "+ pow(2 + x1, -1.5) + exp(-x0 * x0)",
+       lambda a, b: (torch.sigmoid(a) * b - torch.log(1 + b * b) + torch.sqrt(2 + torch.sin(a)) / (3 + torch.cos(a * b))
+                     + torch.rsqrt(1.5 + a * a) * torch.erf(b) + torch.pow(2 + b, -1.5) + torch.exp(-a * a)),
+       [[I((3, 4)), NC((3, 4))], [I((2, 3)), I((3,))]])
+    fr("fused_kinks", "abs(x0) * max(x0, x1) - min(x0, x1) * sign(x1) + pow(x0, 3)",
+       lambda a, b: torch.abs(a) * torch.maximum(a, b) - torch.minimum(a, b) * torch.sign(b) + torch.pow(a, 3),
+       [[I((3, 4), Dom(kind="grid", offset=0.25)), I((3, 4), Dom(kind="grid", offset=0.75))]])
+    # ties and zeros on purpose: max/min split the gradient evenly, abs and sign have gradient 0 at 0
+    fr("fused_ties", "max(x0, x1) + min(x0, x1) * 2 + abs(x0) * 3 + sign(x1)",
+       lambda a, b: torch.maximum(a, b) + torch.minimum(a, b) * 2 + torch.abs(a) * 3 + torch.sign(b),
+       [[I((4, 5), ints(-1, 1)), I((4, 5), ints(-1, 1))]])
+    fr("fused_div_broadcast", "x0 / x1 + x0 * x2", lambda a, b, c: a / b + a * c,
+       [[I((2, 3)), NC((3,), uni(0.5, 2)), I(())]], bf16=True)
 
 
 # ---------------------------------------------------------------------------- bridging

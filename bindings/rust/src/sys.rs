@@ -22,6 +22,7 @@ pub const FLAME_STAT_NAN_COUNT: i32 = 4;
 pub const FLAME_STAT_INF_COUNT: i32 = 5;
 pub const FLAME_STAT_COLUMNS: i32 = 6;
 pub const FLAME_COMM_ID_BYTES: i32 = 128;
+pub const FLAME_FUSED_MAX_INPUTS: i32 = 8;
 
 // ---- enums: C integer type, constants, and a newtype with associated constants ----
 // (a Rust enum would be undefined behaviour for values added by a newer library)
@@ -379,6 +380,11 @@ pub struct flame_dp_s {
     _opaque: [u8; 0],
 }
 pub type flame_dp_t = *mut flame_dp_s;
+#[repr(C)]
+pub struct flame_fused_s {
+    _opaque: [u8; 0],
+}
+pub type flame_fused_t = *mut flame_fused_s;
 
 // ---- foreign structs, declared only (defined by their own headers, e.g. dlpack.h) ----
 #[repr(C)]
@@ -788,6 +794,9 @@ pub const SYMBOLS: &[&str] = &[
     "flame_dp_set_sync",
     "flame_dp_wait",
     "flame_dp_release",
+    "flame_fused_compile",
+    "flame_fused_call",
+    "flame_fused_release",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -1062,6 +1071,9 @@ pub struct Api {
     pub flame_dp_set_sync: unsafe extern "C" fn(dp: flame_dp_t, sync: i32) -> flame_status_t,
     pub flame_dp_wait: unsafe extern "C" fn(dp: flame_dp_t) -> flame_status_t,
     pub flame_dp_release: unsafe extern "C" fn(dp: flame_dp_t),
+    pub flame_fused_compile: unsafe extern "C" fn(ctx: flame_ctx_t, expr: *const c_char, n_inputs: i32, out: *mut flame_fused_t) -> flame_status_t,
+    pub flame_fused_call: unsafe extern "C" fn(r#fn: flame_fused_t, inputs: *const flame_tensor_t, n: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_fused_release: unsafe extern "C" fn(r#fn: flame_fused_t),
 }
 
 impl Api {
@@ -1344,6 +1356,9 @@ impl Api {
             flame_dp_set_sync: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_dp_t, i32) -> flame_status_t>(resolve(b"flame_dp_set_sync\0")?),
             flame_dp_wait: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_dp_t) -> flame_status_t>(resolve(b"flame_dp_wait\0")?),
             flame_dp_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_dp_t)>(resolve(b"flame_dp_release\0")?),
+            flame_fused_compile: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, i32, *mut flame_fused_t) -> flame_status_t>(resolve(b"flame_fused_compile\0")?),
+            flame_fused_call: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_fused_t, *const flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_fused_call\0")?),
+            flame_fused_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_fused_t)>(resolve(b"flame_fused_release\0")?),
         })
     }
 }

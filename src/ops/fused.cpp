@@ -1,0 +1,200 @@
+// Fused elementwise functions: the call (promotion, broadcasting, one kernel, one node), the kernel
+// choice (dense, rows, strided; as launch_elementwise) and the derivative functions kept per input.
+#include "ops/fused.h"
+#include <algorithm>
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace flame::ops {
+
+namespace {
+
+constexpr unsigned kBlock = 256;
+constexpr int kMaxDims = 8;
+
+struct FusedPtrs {  // mirrors cuda/fused.cuh
+  CUdeviceptr in[kFusedMaxOperands];
+};
+struct FusedRowsLayout {  // mirrors cuda/fused.cuh
+  int nd;
+  int64_t shape[kMaxDims - 1];
+  int64_t outer[kFusedMaxOperands][kMaxDims - 1];
+  int64_t rows, cols;
+  int inner[kFusedMaxOperands];
+};
+struct FusedStridedLayout {  // mirrors cuda/fused.cuh
+  int ndim;
+  int64_t shape[kMaxDims];
+  int64_t stride[kFusedMaxOperands + 1][kMaxDims];
+};
+
+unsigned grid_for(Context& ctx, int64_t work) {
+  int64_t blocks = (work + kBlock - 1) / kBlock;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, static_cast<int64_t>(ctx.sm_count) * 32)));
+}
+int vector_width(DType d) { return static_cast<int>(16 / dtype_size(d)); }
+std::string contig_name(int v, DType d) { return "flame::fused_contig<" + std::to_string(v) + ", " + device_type(d) + ">"; }
+std::string rows_name(int v, DType d) { return "flame::fused_rows<" + std::to_string(v) + ", " + device_type(d) + ">"; }
+std::string strided_name(DType d) { return std::string("flame::fused_strided<") + device_type(d) + ">"; }
+
+}  // namespace
+
+std::vector<std::string> fused_instantiations(DType d) {
+  return {contig_name(vector_width(d), d), contig_name(1, d), rows_name(vector_width(d), d), strided_name(d)};
+}
+
+std::shared_ptr<FusedFn> FusedFn::compile(Context& ctx, const std::string& text, int n_inputs) {
+  FLAME_CHECK(n_inputs >= 1 && n_inputs <= kFusedMaxInputs, FLAME_ERROR_INVALID_ARGUMENT, "n_inputs ", n_inputs,
+              " is not in [1, ", kFusedMaxInputs, "]");
+  return std::make_shared<FusedFn>(ctx, fused::simplify(fused::parse(text, n_inputs)), n_inputs);
+}
+
+FusedFn::FusedFn(Context& ctx, fused::Expr e, int n_inputs)
+    : ctx_(ctx.shared_from_this()), expr_(std::move(e)), n_(n_inputs), grads_(static_cast<size_t>(n_inputs)) {
+  FLAME_CHECK(n_ >= 1 && n_ <= kFusedMaxOperands, FLAME_ERROR_UNSUPPORTED, "a fused kernel takes at most ",
+              kFusedMaxOperands, " operands (this derivative needs ", n_, ")");
+  source_ = fused::device_source(expr_, n_);
+}
+
+FusedFn& fused_of(Node& n) {
+  FLAME_CHECK(n.op == OpId::Fused && n.payload, FLAME_ERROR_INTERNAL, "node is not a fused call");
+  return *static_cast<FusedFn*>(n.payload.get());
+}
+
+const FusedFn::Grad& FusedFn::grad(int i) {
+  auto& slot = grads_.at(static_cast<size_t>(i));
+  if (slot) return *slot;
+  auto d = std::make_unique<Grad>();
+  std::vector<int> shift(static_cast<size_t>(n_));
+  for (int k = 0; k < n_; ++k) shift[static_cast<size_t>(k)] = k + 1;
+  // g * d expr / d x_i over (g, x0, ...): simplify folds the 1s and 0s of the chain rule away.
+  d->expr = fused::simplify(fused::binary(fused::Op::Mul, fused::input(0), fused::remap_inputs(fused::derivative(expr_, i), shift)));
+  d->uses = fused::inputs_used(d->expr);
+  for (int u : d->uses)
+    if (u > 0) d->reads.push_back(u - 1);
+  if (!d->uses.empty() && !fused::is_input(d->expr, 0)) {
+    std::vector<int> compact(static_cast<size_t>(n_ + 1), -1);
+    for (size_t k = 0; k < d->uses.size(); ++k) compact[static_cast<size_t>(d->uses[k])] = static_cast<int>(k);
+    d->fn = std::make_shared<FusedFn>(*ctx_, fused::remap_inputs(d->expr, compact), static_cast<int>(d->uses.size()));
+  }
+  slot = std::move(d);
+  return *slot;
+}
+
+const std::vector<int>& FusedFn::grad_reads(int i) { return grad(i).reads; }
+
+Tensor FusedFn::input_grad(int i, const Tensor& g, const std::vector<Tensor>& xs) {
+  const Grad& d = grad(i);
+  if (d.uses.empty()) return zeros(g->ctx(), g->shape, g->dtype);  // expr does not depend on x_i
+  if (!d.fn) return g;                                               // d expr / d x_i = 1
+  std::vector<Tensor> operands;
+  for (int u : d.uses) {
+    const Tensor& t = u == 0 ? g : xs.at(static_cast<size_t>(u - 1));
+    FLAME_CHECK(t, FLAME_ERROR_INTERNAL, "fused backward: operand ", u, " was not saved");
+    operands.push_back(t);
+  }
+  return d.fn->call(operands);
+}
+
+Tensor FusedFn::call(const std::vector<Tensor>& in) {
+  FLAME_CHECK(static_cast<int>(in.size()) == n_, FLAME_ERROR_INVALID_ARGUMENT, "the function takes ", n_,
+              " inputs, got ", in.size());
+  DType common = in[0]->dtype;
+  Shape shape = in[0]->shape;
+  for (size_t k = 0; k < in.size(); ++k) {
+    FLAME_CHECK(&in[k]->ctx() == ctx_.get(), FLAME_ERROR_INVALID_ARGUMENT, "inputs[", k,
+                "] belongs to a different context than the function");
+    if (k) {
+      common = promote(common, in[k]->dtype);
+      shape = broadcast_shapes(shape, in[k]->shape);
+    }
+  }
+  const DType cd = is_floating(common) ? common : FLAME_DTYPE_F32;  // integers and bool compute in f32
+  std::vector<Tensor> ins;
+  for (const Tensor& t0 : in) {
+    Tensor t = t0->dtype == cd ? t0 : to_dtype(t0, cd);
+    if (t->shape != shape) t = expand(t, shape);
+    ins.push_back(t);
+  }
+  Tensor out = make_tensor(*ctx_, shape, cd);
+  launch(out, ins);
+  if (auto node = record(OpId::Fused, ins, {out})) {
+    node->payload = shared_from_this();
+    std::vector<bool> keep(ins.size(), false);  // only what the needed derivatives read
+    for (int i = 0; i < n_; ++i)
+      if (node->needs_input_grad(static_cast<size_t>(i)))
+        for (int r : grad(i).reads) keep[static_cast<size_t>(r)] = true;
+    for (size_t k = 0; k < ins.size(); ++k)
+      if (keep[k]) {
+        node->saved.emplace_back(ins[k], false);
+        node->ints.push_back(static_cast<int64_t>(k));
+      }
+  }
+  return out;
+}
+
+CUfunction FusedFn::function(const std::string& name) {
+  auto it = functions_.find(name);
+  if (it != functions_.end()) return it->second;
+  CUfunction f = ctx_->function("fused.cuh", name, source_);
+  functions_.emplace(name, f);
+  return f;
+}
+
+void FusedFn::launch(const Tensor& out, const std::vector<Tensor>& ins) {
+  Context& ctx = *ctx_;
+  int64_t n = out->numel();
+  if (n == 0) return;
+  const DType dt = out->dtype;
+  FusedPtrs p{};
+  for (size_t k = 0; k < ins.size(); ++k) p.in[k] = ins[k]->data();
+  CUdeviceptr o = out->data();
+  const int v = vector_width(dt);
+  const CUdeviceptr align = static_cast<CUdeviceptr>(v) * dtype_size(dt);
+  bool dense = out->contiguous();
+  for (const Tensor& t : ins) dense = dense && t->contiguous();
+  if (dense) {
+    bool aligned = o % align == 0;
+    for (size_t k = 0; k < ins.size(); ++k) aligned = aligned && p.in[k] % align == 0;
+    const int w = aligned ? v : 1;
+    void* args[] = {&o, &n, &p};
+    ctx.launch(function(contig_name(w, dt)), grid_for(ctx, (n + w - 1) / w), kBlock, args);
+    return;
+  }
+  std::vector<Strides> strides = {out->strides};
+  for (const Tensor& t : ins) strides.push_back(t->strides);
+  CollapsedLayout c = collapse(out->shape, strides);
+  const int nd = static_cast<int>(c.shape.size());
+  // A dense output whose operands are dense or broadcast along the last axis (x + bias, adaLN).
+  bool rows = out->contiguous() && nd <= kMaxDims && c.shape[nd - 1] % v == 0 && c.shape[nd - 1] / v >= 4 && o % align == 0;
+  for (size_t k = 0; rows && k < ins.size(); ++k) {
+    const int64_t inner = c.strides[k + 1][nd - 1];
+    rows = inner == 0 || (inner == 1 && p.in[k] % align == 0);
+    for (int d = 0; rows && inner == 1 && d < nd - 1; ++d) rows = c.strides[k + 1][d] % v == 0;
+  }
+  if (rows) {
+    FusedRowsLayout L{};
+    L.nd = nd - 1;
+    L.cols = c.shape[nd - 1];
+    L.rows = 1;
+    for (int d = 0; d < nd - 1; ++d) {
+      L.shape[d] = c.shape[d];
+      L.rows *= c.shape[d];
+      for (size_t k = 0; k < ins.size(); ++k) L.outer[k][d] = c.strides[k + 1][d];
+    }
+    for (size_t k = 0; k < ins.size(); ++k) L.inner[k] = static_cast<int>(c.strides[k + 1][nd - 1]);
+    void* args[] = {&o, &p, &L};
+    ctx.launch(function(rows_name(v, dt)), grid_for(ctx, L.rows * (L.cols / v)), kBlock, args);
+    return;
+  }
+  FusedStridedLayout L{};
+  L.ndim = nd;
+  for (int d = 0; d < nd; ++d) {
+    L.shape[d] = c.shape[d];
+    for (size_t k = 0; k < c.strides.size(); ++k) L.stride[k][d] = c.strides[k][d];
+  }
+  void* args[] = {&o, &n, &p, &L};
+  ctx.launch(function(strided_name(dt)), grid_for(ctx, n), kBlock, args);
+}
+
+}  // namespace flame::ops
