@@ -6,9 +6,9 @@
 //    FLAME_DISABLE_CUDNN=1 agree within the dtype's tolerance: f16 and bf16, causal and not, head
 //    dims 64 and 128, batch and heads > 1, a custom scale, cross-attention with Lq below and above Lk,
 //    GPT-2-style q / k / v viewed from one [B, S, 3 H D] projection and transposed (their gradient is
-//    that projection's), and head dim 80 (not cuDNN's: FLAME's kernels in both contexts);
+//    that projection's), head dim 80, and head dim 100 (not cuDNN's: FLAME's kernels in both contexts);
 //  - flame_ctx_cudnn_attention_info: each supported forward and its backward are counted once (so
-//    the fast path cannot silently be off), masks, dropout, f32 and head dim 80 are not, the disabled
+//    the fast path cannot silently be off), masks, dropout, f32 and head dim 100 are not, the disabled
 //    context counts nothing, and cuDNN's workspaces go back to the pool.
 // Reproduce a failure with FLAME_GRADCHECK_SEED=<seed printed in the failure>; FLAME_CUDNN_LOG=1
 // prints why cuDNN refused a shape.
@@ -87,7 +87,7 @@ struct Case {
   bool causal;
   bool packed;         // q, k, v: heads of one [B, S, 3 H D] projection, viewed and transposed
   double scale;        // 0: 1 / sqrt(D)
-  bool cudnn;          // cuDNN takes it (head dim 80 does not)
+  bool cudnn;          // cuDNN takes it (D % 8 == 0 and D <= 128; head dim 100 is not)
 };
 
 std::vector<Case> cases() {
@@ -101,7 +101,8 @@ std::vector<Case> cases() {
       {"cross_lq_above_lk_causal", 2, 2, 80, 48, 64, true, false, 0, true},
       {"gpt2_qkv_views_causal", 2, 4, 64, 64, 64, true, true, 0, true},
       {"gpt2_qkv_views_d128", 1, 2, 100, 100, 128, false, true, 0, true},
-      {"d80_fallback", 2, 2, 64, 64, 80, true, false, 0, false},
+      {"d80_causal", 2, 2, 64, 64, 80, true, false, 0, true},
+      {"d100_fallback", 2, 2, 64, 64, 100, true, false, 0, false},  // D % 8 != 0: FLAME's kernels
   };
 }
 
