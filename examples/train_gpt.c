@@ -8,8 +8,10 @@
  *          activation fused into the GEMM), final layer norm, head tied to the embedding; defined in
  *          gpt_model.h, which lora_finetune.c shares
  *   train  cross-entropy, AdamW (no decay on biases, norms and positions), warm-up + cosine,
- *          gradient clipping at 1.0; --bf16 keeps bf16 parameters with f32 master weights in the
- *          optimizer (FLAME has no autocast yet: everything runs in bf16 with f32 accumulation)
+ *          gradient clipping at 1.0. Precision: f32 by default; --autocast keeps f32 parameters and
+ *          runs the matrix products and attention in bf16 (flame_ctx_set_autocast, as torch.autocast:
+ *          norms, softmax and the loss stay f32); --bf16 keeps bf16 parameters with f32 master
+ *          weights in the optimizer (everything in bf16 with f32 accumulation)
  *   output progress every --log steps (loss, validation loss, tokens/s, memory) and a sample of
  *          generated text every --sample steps; --save writes the parameters (safetensors) and the
  *          optimizer state (<path>.opt); --resume continues from such a pair bit for bit
@@ -29,8 +31,8 @@
  * is printed next to it: on a small text it rises again once the model memorises (overfitting).
  *
  *   train_gpt [--text PATH] [--steps N] [--batch B] [--block T] [--dim D] [--heads H] [--layers L]
- *             [--lr LR] [--seed S] [--log K] [--sample K] [--bf16] [--save PATH] [--resume PATH]
- *             [--target-loss X] [--gpus N]
+ *             [--lr LR] [--seed S] [--log K] [--sample K] [--bf16 | --autocast] [--save PATH]
+ *             [--resume PATH] [--target-loss X] [--gpus N]
  *
  *   train_gpt --gpus 2          the default model on 2 GPUs (global batch 64)
  */
@@ -62,7 +64,7 @@ typedef struct config {
   const char* text;
   const char* save;
   const char* resume;
-  int steps, batch, block, dim, heads, layers, log_every, sample_every, bf16;
+  int steps, batch, block, dim, heads, layers, log_every, sample_every, bf16, autocast;
   double lr, target_loss;
   uint64_t seed;
   int gpus;
@@ -161,6 +163,10 @@ static int parse_args(int argc, char** argv, config* c) {
       c->bf16 = 1;
       continue;
     }
+    if (!strcmp(a, "--autocast")) {
+      c->autocast = 1;
+      continue;
+    }
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!v) goto usage;
     if (!strcmp(a, "--text")) c->text = v;
@@ -183,12 +189,12 @@ static int parse_args(int argc, char** argv, config* c) {
   }
   if (c->steps > 0 && c->batch > 0 && c->block > 1 && c->heads > 0 && c->dim % c->heads == 0 && c->layers > 0 &&
       c->layers <= MAX_LAYERS && c->log_every > 0 && c->sample_every > 0 && c->lr > 0 && c->gpus >= 1 &&
-      c->gpus <= MAX_GPUS)
+      c->gpus <= MAX_GPUS && !(c->bf16 && c->autocast))
     return 1;
 usage:
   fprintf(stderr,
           "usage: train_gpt [--text PATH] [--steps N] [--batch B] [--block T] [--dim D] [--heads H (dividing D)]\n"
-          "                 [--layers L (<= %d)] [--lr LR] [--seed S] [--log K] [--sample K] [--bf16]\n"
+          "                 [--layers L (<= %d)] [--lr LR] [--seed S] [--log K] [--sample K] [--bf16 | --autocast]\n"
           "                 [--save PATH] [--resume PATH] [--target-loss X] [--gpus N (<= %d)]\n",
           MAX_LAYERS, MAX_GPUS);
   return 0;
@@ -295,15 +301,18 @@ static void* train(void* arg) {
     }                                                                  \
   } while (0)
 
+  const char* precision = cfg.bf16 ? "bf16" : cfg.autocast ? "f32 parameters, bf16 autocast" : "f32";
   char device[128];
   CHECK(flame_ctx_device_name(ctx, device, sizeof device));
+  /* Context-wide: training, validation and sampling all run their products in bf16. */
+  if (cfg.autocast) CHECK(flame_ctx_set_autocast(ctx, FLAME_DTYPE_BF16, NULL));
   if (world == 1)
     printf("train_gpt on %s: %s (%ld bytes), GPT %d layers x %d dims x %d heads, block %d, batch %d, %s\n", device,
-           cfg.text, size, cfg.layers, cfg.dim, cfg.heads, cfg.block, cfg.batch, cfg.bf16 ? "bf16" : "f32");
+           cfg.text, size, cfg.layers, cfg.dim, cfg.heads, cfg.block, cfg.batch, precision);
   else if (lead)
     printf("train_gpt on %d GPUs (%s, ...): %s (%ld bytes), GPT %d layers x %d dims x %d heads, block %d, batch %d per "
            "GPU (%d in all), %s\n", world, device, cfg.text, size, cfg.layers, cfg.dim, cfg.heads, cfg.block, cfg.batch,
-           cfg.batch * world, cfg.bf16 ? "bf16" : "f32");
+           cfg.batch * world, precision);
   if (world > 1) { /* every rank joins concurrently; a rank that fails makes the others stop after the timeout */
     flame_comm_options_t co;
     CHECK(flame_comm_options_init(&co));
@@ -440,7 +449,7 @@ cleanup:
 }
 
 int main(int argc, char** argv) {
-  config cfg = {FLAME_EXAMPLE_TEXT, NULL, NULL, 1500, 32, 128, 256, 4, 4, 100, 500, 0, 2e-3, 2.0, 1, 1};
+  config cfg = {FLAME_EXAMPLE_TEXT, NULL, NULL, 1500, 32, 128, 256, 4, 4, 100, 500, 0, 0, 2e-3, 2.0, 1, 1};
   shared sh;
   rank_state ranks[MAX_GPUS];
   pthread_t threads[MAX_GPUS];

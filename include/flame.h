@@ -1703,8 +1703,10 @@ FLAME_API flame_status_t flame_dp_create(flame_comm_t comm, const flame_tensor_t
 FLAME_API flame_status_t flame_dp_set_sync(flame_dp_t dp, int32_t sync);
 /* With sync on: finishes the round (packs every parameter whose hook did not run in this round from
  * its .grad, or zeros without one; all-reduces the buckets still pending), waits for the
- * communication (up to the communicator's timeout) and writes the averaged gradients into .grad of
- * every parameter (creating .grad where there was none). Call it on every rank after each backward
+ * communication (up to the communicator's timeout) and makes .grad of every parameter the averaged
+ * gradient: a view into the helper's bucket buffer, as torch DDP's gradient_as_bucket_view (no copy
+ * back; the next backward accumulates into it in place unless .grad was set to none, and the next
+ * round overwrites it: clone a .grad to keep it). Call it on every rank after each backward
  * with sync on, before the optimizer step. A backward that delivers a parameter's gradient twice
  * before flame_dp_wait fails in that parameter's hook (FLAME_ERROR_INVALID_ARGUMENT).
  * Errors: FLAME_ERROR_CUDA (NCCL failed or timed out: aborted). With sync off: does nothing. */

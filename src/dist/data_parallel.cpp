@@ -26,6 +26,8 @@ flame_status_t dp_post_hook(void* user_data, flame_tensor_t) noexcept {
   }
 }
 
+int64_t round_up(int64_t n) { return (n + 63) / 64 * 64; }
+
 uint64_t fnv1a(uint64_t h, uint64_t v) {
   for (int i = 0; i < 8; ++i) {
     h ^= (v >> (8 * i)) & 0xFF;
@@ -98,8 +100,9 @@ DataParallel::DataParallel(std::shared_ptr<Comm> comm, std::vector<Tensor> param
       buckets_.back().dtype = p->dtype;
     }
     Bucket& b = buckets_.back();
-    int64_t offset = 0;
-    for (size_t j : b.params) offset += params_[j]->numel();
+    // Each gradient starts on a 64-element boundary: .grad is a view into the bucket after the
+    // round (flame_dp_wait), and aligned views keep the optimizer's vector loads.
+    const int64_t offset = b.params.empty() ? 0 : round_up(slots_[b.params.back()].offset + params_[b.params.back()]->numel());
     slots_[k] = Slot{k, buckets_.size() - 1, offset, false};
     b.params.push_back(k);
   }
@@ -107,9 +110,8 @@ DataParallel::DataParallel(std::shared_ptr<Comm> comm, std::vector<Tensor> param
   c.check(drv.cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   c.check(drv.cuEventCreate(&done_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
   for (Bucket& b : buckets_) {
-    int64_t n = 0;
-    for (size_t j : b.params) n += params_[j]->numel();
-    b.buf = make_tensor(c, {n}, b.dtype);
+    const int64_t n = slots_[b.params.back()].offset + params_[b.params.back()]->numel();
+    b.buf = ops::zeros(c, {n}, b.dtype);  // the padding between gradients is all-reduced too: keep it 0
     b.pending = b.params.size();
     c.check(drv.cuEventCreate(&b.ready, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
   }
@@ -188,7 +190,9 @@ void DataParallel::pack(Slot& s) {
   Bucket& b = buckets_[s.bucket];
   Tensor view = make_view(b.buf, p->shape, contiguous_strides(p->shape), s.offset);
   const Tensor& g = p->autograd ? p->autograd->grad : Tensor();
-  if (g) {
+  if (g && g->data() == view->data()) {
+    // .grad is still this slot's view from the last round and backward accumulated into it in place
+  } else if (g) {
     ops::copy_into(view, g);
   } else {
     ops::fill_(view, 0.0);  // no gradient on this rank: contributes zeros to the average
@@ -229,15 +233,11 @@ void DataParallel::wait() {
   c.check(c.drv.cuEventRecord(done_, stream_), "cuEventRecord");
   c.check(c.drv.cuStreamWaitEvent(c.stream, done_, 0), "cuStreamWaitEvent");
   comm_->wait_stream(stream_, "flame_dp_wait (gradient all_reduce)");
-  for (Slot& s : slots_) {
+  for (Slot& s : slots_) {  // .grad becomes the averaged gradient in place: a view, no copy back
     const Tensor& p = params_[s.index];
-    Tensor view = make_view(buckets_[s.bucket].buf, p->shape, contiguous_strides(p->shape), s.offset);
     AutogradMeta& m = autograd_meta(*p);
-    if (m.grad) {
-      ops::copy_into(m.grad, view);
-    } else {
-      m.grad = ops::clone(view);
-    }
+    if (!m.grad || m.grad->data() != buckets_[s.bucket].buf->data() + static_cast<CUdeviceptr>(s.offset) * p->elem_size())
+      m.grad = make_view(buckets_[s.bucket].buf, p->shape, contiguous_strides(p->shape), s.offset);
     s.packed = false;
   }
   for (Bucket& b : buckets_) {
