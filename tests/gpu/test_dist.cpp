@@ -3,13 +3,19 @@
 // reach every rank instead of hanging.
 //
 // Ranks run in one process: one context per GPU, one thread per rank (NCCL needs the ranks driven
-// concurrently). World-size-1 tests run on any GPU. Two-GPU tests skip on a machine with fewer GPUs,
+// concurrently); Dist2.OneProcessPerGpu runs them as two processes (this binary re-executed). World-size-1 tests run on any GPU. Two-GPU tests skip on a machine with fewer GPUs,
 // unless FLAME_REQUIRE_GPUS=2 (or more) is set: then the missing GPU is a failure. Without NCCL the
 // tests skip, unless FLAME_REQUIRE_GPU=1 or FLAME_REQUIRE_GPUS is set.
 //
 // On a 2-GPU machine: FLAME_REQUIRE_GPUS=2 ./build/tests/gpu/flame_gpu_tests --gtest_filter='Dist*'
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <cstdlib>
 #include <functional>
 #include <random>
@@ -17,6 +23,8 @@
 #include <thread>
 #include <vector>
 #include "flame_test.h"
+
+extern char** environ;
 
 namespace {
 
@@ -665,3 +673,113 @@ TEST(Dist2, PeerFailureTimesOutAndAborts) {
 }
 
 }  // namespace
+
+// ---- one process per GPU: the test re-executes this binary as rank 0 and rank 1 ----
+// The parent makes the id and writes its bytes to a file (an application would use MPI, a socket or
+// a shared file system); each child creates a context on the GPU of its rank, joins with
+// flame_comm_create, all-reduces [rank + 1] * 1000 and checks the sum 3, then exits 0.
+namespace {
+
+constexpr const char* kRankEnv = "FLAME_TEST_DIST_RANK";
+constexpr const char* kIdEnv = "FLAME_TEST_DIST_ID_FILE";
+
+int dist_child_main(int rank, const char* id_file) {
+  auto fail = [&](const char* what, flame_status_t st) {
+    std::fprintf(stderr, "[dist child %d] %s: %s: %s\n", rank, what, flame_status_string(st), flame_last_error_message());
+    return 1;
+  };
+  flame_comm_id_t id;
+  std::ifstream in(id_file, std::ios::binary);
+  if (!in.read(reinterpret_cast<char*>(&id), sizeof id)) {
+    std::fprintf(stderr, "[dist child %d] cannot read %s\n", rank, id_file);
+    return 1;
+  }
+  flame_ctx_t ctx = make_ctx(rank);
+  if (!ctx) return fail("flame_ctx_create", FLAME_ERROR_NO_DEVICE);
+  flame_comm_t comm = nullptr;
+  flame_comm_options_t o;
+  flame_comm_options_init(&o);
+  o.timeout_ms = 60000;
+  flame_status_t st = flame_comm_create(ctx, &id, rank, 2, &o, &comm);
+  if (st != FLAME_OK) return fail("flame_comm_create", st);
+  const int64_t shape[] = {1000};
+  flame_tensor_t t = nullptr;
+  if ((st = flame_full(ctx, shape, 1, FLAME_DTYPE_F32, rank + 1.0, &t)) != FLAME_OK) return fail("flame_full", st);
+  if ((st = flame_comm_all_reduce(comm, t, FLAME_REDUCE_SUM)) != FLAME_OK) return fail("flame_comm_all_reduce", st);
+  if ((st = flame_comm_synchronize(comm)) != FLAME_OK) return fail("flame_comm_synchronize", st);
+  std::vector<float> v(1000);
+  if ((st = flame_to_host(t, v.data(), v.size() * sizeof(float))) != FLAME_OK) return fail("flame_to_host", st);
+  int wrong = 0;
+  for (float x : v) wrong += x != 3.0f;
+  flame_tensor_release(t);
+  flame_comm_release(comm);
+  flame_ctx_destroy(ctx);
+  if (wrong) std::fprintf(stderr, "[dist child %d] %d of 1000 sums are not 3\n", rank, wrong);
+  return wrong ? 1 : 0;
+}
+
+// The child's work instead of the test program when the parent test started this process.
+const bool g_dist_child_ran = [] {
+  const char* r = std::getenv(kRankEnv);
+  const char* f = std::getenv(kIdEnv);
+  if (r && f) {
+    std::fflush(stdout);
+    int rc = dist_child_main(std::atoi(r), f);
+    std::fflush(stderr);
+    std::_Exit(rc);
+  }
+  return false;
+}();
+
+pid_t spawn_rank(int rank, const std::string& id_file, std::string* why) {
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) { *why = "readlink /proc/self/exe failed"; return -1; }
+  exe[n] = '\0';
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e)
+    if (std::strncmp(*e, "FLAME_TEST_DIST_", 16) != 0) env.emplace_back(*e);
+  env.push_back(std::string(kRankEnv) + "=" + std::to_string(rank));
+  env.push_back(std::string(kIdEnv) + "=" + id_file);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(&e[0]);
+  envp.push_back(nullptr);
+  char* argv[] = {exe, nullptr};
+  pid_t pid = 0;
+  int err = posix_spawn(&pid, exe, nullptr, nullptr, argv, envp.data());
+  if (err != 0) { *why = std::string("posix_spawn: ") + std::strerror(err); return -1; }
+  return pid;
+}
+
+}  // namespace
+
+TEST(Dist2, OneProcessPerGpu) {
+  ASSERT_FALSE(g_dist_child_ran);
+  DIST_NEED_GPUS(2);
+  flame_ctx_t ctx = make_ctx(0);
+  ASSERT_NE(ctx, nullptr) << flame_last_error_message();
+  flame_comm_id_t id;
+  ASSERT_EQ(flame_comm_unique_id(ctx, &id), FLAME_OK) << flame_last_error_message();
+  const std::string id_file = "/tmp/flame_test_dist_id_" + std::to_string(getpid());
+  {
+    std::ofstream out(id_file, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&id), sizeof id);
+    ASSERT_TRUE(out.good()) << "cannot write " << id_file;
+  }
+  std::string why;
+  pid_t pids[2];
+  for (int r = 0; r < 2; ++r) {
+    pids[r] = spawn_rank(r, id_file, &why);
+    ASSERT_GT(pids[r], 0) << why;
+  }
+  for (int r = 0; r < 2; ++r) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pids[r], &status, 0), pids[r]);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "rank " << r << (WIFEXITED(status) ? " exited " + std::to_string(WEXITSTATUS(status)) : " died of a signal")
+        << " (its [dist child] lines above say why)";
+  }
+  std::remove(id_file.c_str());
+  flame_ctx_destroy(ctx);
+}
+
