@@ -100,6 +100,7 @@ struct gpt2_model_s {
   flame_tensor_t tokens, targets;   /* [B, T] and [B * T] (i64) */
   flame_tensor_t loss;              /* the last step's loss (0-d f32) */
   flame_dp_t dp;                    /* gpt2_dp_run with several GPUs: the gradient synchroniser */
+  flame_graph_t graph;              /* gpt2_graph_capture: one captured step */
   scope s;
 };
 
@@ -327,6 +328,7 @@ int32_t gpt2_create(const gpt2_config* cfg, const char* weights, const char* ker
 
 void gpt2_destroy(gpt2_t g) {
   if (!g) return;
+  flame_graph_release(g->graph);
   flame_dp_release(g->dp);
   if (g->s.t) scope_release(&g->s);
   flame_tensor_release(g->loss);
@@ -433,6 +435,43 @@ int32_t gpt2_step(gpt2_t g, float* loss_out) {
   scope_release(s);
   if (st != FLAME_OK) return (int32_t)st;
   return loss_out ? gpt2_last_loss(g, loss_out) : FLAME_OK;
+}
+
+int32_t gpt2_graph_capture(gpt2_t g) {
+  g_error[0] = 0;
+  if (!g) return fail(FLAME_ERROR_INVALID_ARGUMENT, "gpt2_graph_capture: g is NULL");
+  if (!g->loss) return fail(FLAME_ERROR_INVALID_ARGUMENT, "gpt2_graph_capture: run gpt2_step once first");
+  flame_graph_release(g->graph);
+  g->graph = NULL;
+  flame_status_t st = flame_graph_capture_begin(g->ctx);
+  if (st != FLAME_OK) {
+    set_error("flame_graph_capture_begin", st);
+    return (int32_t)st;
+  }
+  const int32_t step = gpt2_step(g, NULL); /* recorded, not run: the loss it keeps is the graph's */
+  char step_error[sizeof g_error];
+  snprintf(step_error, sizeof step_error, "%s", g_error);
+  flame_graph_t graph = NULL;
+  st = flame_graph_capture_end(g->ctx, &graph);
+  if (step != FLAME_OK) { /* the capture was aborted; the step's message says why */
+    flame_graph_release(graph);
+    snprintf(g_error, sizeof g_error, "%s", step_error);
+    return step;
+  }
+  if (st != FLAME_OK) {
+    set_error("flame_graph_capture_end", st);
+    return (int32_t)st;
+  }
+  g->graph = graph;
+  return FLAME_OK;
+}
+
+int32_t gpt2_graph_replay(gpt2_t g) {
+  g_error[0] = 0;
+  if (!g || !g->graph) return fail(FLAME_ERROR_INVALID_ARGUMENT, "gpt2_graph_replay: no captured step");
+  flame_status_t st = flame_graph_replay(g->graph);
+  if (st != FLAME_OK) set_error("flame_graph_replay", st);
+  return (int32_t)st;
 }
 
 int32_t gpt2_last_loss(gpt2_t g, float* loss) {

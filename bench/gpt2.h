@@ -100,6 +100,14 @@ typedef struct gpt2_dp_result {
 GPT2_API int32_t gpt2_dp_run(const gpt2_config* cfg, int64_t world, int64_t warmup, int64_t steps,
                              const char* kernel_cache_dir, gpt2_dp_result* out);
 
+/* Captures one training step on the current batch (gpt2_step: forward, backward, AdamW, zero_grad)
+ * into a CUDA graph (flame_graph_capture_begin/end); gpt2_graph_replay then runs that step again,
+ * with no host work per kernel. Run gpt2_step at least once first (the optimizer creates its state
+ * in an eager step), and keep the batch (its device memory is what the graph reads). After a replay,
+ * gpt2_last_loss reads that step's loss. A new capture replaces the previous graph. */
+GPT2_API int32_t gpt2_graph_capture(gpt2_t g);
+GPT2_API int32_t gpt2_graph_replay(gpt2_t g);
+
 /* The calling thread's message for the last failure of a gpt2_* call ("" if none); static storage. */
 GPT2_API const char* gpt2_last_error(void);
 

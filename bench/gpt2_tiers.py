@@ -72,6 +72,9 @@ class FlameGpt2:
                                 ("gpt2_destroy", None, [H]),
                                 ("gpt2_set_batch", ctypes.c_int32, [H, H, H]),
                                 ("gpt2_step", ctypes.c_int32, [H, P(ctypes.c_float)]),
+                                ("gpt2_last_loss", ctypes.c_int32, [H, P(ctypes.c_float)]),
+                                ("gpt2_graph_capture", ctypes.c_int32, [H]),
+                                ("gpt2_graph_replay", ctypes.c_int32, [H]),
                                 ("gpt2_sync", ctypes.c_int32, [H]),
                                 ("gpt2_stream", ctypes.c_int32, [H, P(H)]),
                                 ("gpt2_memory", ctypes.c_int32, [H, P(ctypes.c_uint64)]),
@@ -113,6 +116,17 @@ class FlameGpt2:
     def sync(self):
         self.check(self.lib.gpt2_sync(self.g), "gpt2_sync")
 
+    def capture(self):
+        self.check(self.lib.gpt2_graph_capture(self.g), "gpt2_graph_capture")
+
+    def replay(self, read_loss=False):
+        self.check(self.lib.gpt2_graph_replay(self.g), "gpt2_graph_replay")
+        if not read_loss:
+            return None
+        v = ctypes.c_float()
+        self.check(self.lib.gpt2_last_loss(self.g, ctypes.byref(v)), "gpt2_last_loss")
+        return v.value
+
     def reset_peak(self):
         self.check(self.lib.gpt2_reset_peak(self.g), "gpt2_reset_peak")
 
@@ -150,6 +164,34 @@ def train_flame(b, c, weights, batches, reps, median_ms):
         ms = median_ms(lambda: fl.step(), fl.stream, reps, 3, fl.sync)
         fl.sync()
         return losses, ms, fl.memory()
+    finally:
+        fl.close()
+
+
+def train_flame_graph(c, weights, batch, steps, reps, median_ms):
+    """FLAME with the training step captured once as a CUDA graph (flame_graph_*): `steps` steps on one
+    batch two ways from the same weights, eager gpt2_step and (after one eager step) the replayed
+    graph, losses read after each; then the median replay time. Returns (eager losses, graph
+    losses, median ms)."""
+    eager = []
+    fl = FlameGpt2(c, weights)
+    try:
+        fl.set_batch(*batch)
+        for _ in range(steps):
+            eager.append(fl.step(read_loss=True))
+    finally:
+        fl.close()
+    fl = FlameGpt2(c, weights)
+    try:
+        fl.set_batch(*batch)
+        graph = [fl.step(read_loss=True)]
+        fl.capture()
+        for _ in range(steps - 1):
+            graph.append(fl.replay(read_loss=True))
+        fl.sync()
+        ms = median_ms(lambda: fl.replay(), fl.stream, reps, 3, fl.sync)
+        fl.sync()
+        return eager, graph, ms
     finally:
         fl.close()
 
@@ -215,6 +257,14 @@ def tier3(b, median_ms):
 
         f_losses, f_ms, f_mem = train_flame(b, c, weights, batches, reps, median_ms)
         print(f"  FLAME   {f_ms:8.3f} ms/step  losses {fmt_losses(f_losses)}", flush=True)
+        graph = None
+        try:
+            graph = train_flame_graph(c, weights, batches[0], 8, reps, median_ms)
+            print(f"  FLAME graph {graph[2]:8.3f} ms/step  losses eager {fmt_losses(graph[0])}, graph "
+                  f"{fmt_losses(graph[1])}", flush=True)
+        except Exception as e:  # noqa: BLE001  (a capture failure must not lose the other rows)
+            print(f"  FLAME graph failed: {type(e).__name__}: {e}", flush=True)
+            b.failures.append(f"T3 GPT-2 FLAME graph: {type(e).__name__}: {e}")
         e_losses, e_ms, e_mem, _ = train_torch(b, c, init, batches, reps)
         print(f"  eager   {e_ms:8.3f} ms/step  losses {fmt_losses(e_losses)}", flush=True)
         y_losses, _, _, _ = train_torch(b, c, init, batches, reps, bf16=False, timed=False)
@@ -234,6 +284,15 @@ def tier3(b, median_ms):
     tps = lambda ms: tokens / (ms * 1e-3)  # noqa: E731
     b.add("T3", "GPT-2 train step vs eager", shape, "bf16", f_ms, e_ms, flops=flops,
           note=f"tokens/s FLAME {tps(f_ms):.0f}, eager {tps(e_ms):.0f}; target ratio <= 0.87")
+    if graph:
+        gd = max_abs_diff(graph[0], graph[1])
+        g_ok = gd <= 1e-3 and all(math.isfinite(x) for x in graph[1])
+        b.add("T3", "GPT-2 train step, FLAME CUDA graph vs eager", shape, "bf16", graph[2], e_ms, flops=flops,
+              note=f"the whole step (forward, backward, AdamW) captured once (flame_graph_*) and replayed, vs torch "
+                   f"eager; {'PASS' if g_ok else 'FAIL'}: losses of 8 steps replayed vs eager FLAME differ by at most "
+                   f"{gd:.2e} (tolerance 1e-3); target ratio <= 0.87")
+        if not g_ok:
+            b.failures.append(f"GPT-2 graph replay losses differ from eager by {gd}")
     if comp:
         b.add("T3", "GPT-2 train step vs torch.compile", shape, "bf16", f_ms, comp[1], flops=flops,
               note=f"tokens/s torch.compile {tps(comp[1]):.0f}; its first step (compilation) took {comp[3]:.1f} s; "
