@@ -17,30 +17,16 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "gradcheck.h"
+#include "cudnn_pair.h"
 
 using namespace gc;
+using cudnn_pair::agree;
+using cudnn_pair::Tol;
+using cudnn_pair::cudnn_off_context;
 
 namespace {
 
 // ------------------------------------------------------------------ contexts
-
-// Whether this process can load cuDNN the way FLAME does (kept loaded: FLAME may use it too).
-bool cudnn_loadable() {
-  const char* p = std::getenv("FLAME_CUDNN_PATH");
-  return dlopen(p && *p ? p : "libcudnn.so.9", RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE) != nullptr;
-}
-
-flame_ctx_t cudnn_off_context() {
-  setenv("FLAME_DISABLE_CUDNN", "1", 1);
-  flame_ctx_options_t o;
-  flame_ctx_options_init(&o);
-  flame_ctx_t c = nullptr;
-  const flame_status_t st = flame_ctx_create(&o, &c);
-  unsetenv("FLAME_DISABLE_CUDNN");
-  EXPECT_EQ(st, FLAME_OK) << flame_last_error_message();
-  return c;
-}
 
 struct Counts {
   uint64_t fwd = 0, bwd = 0;
@@ -52,31 +38,18 @@ Counts counts(flame_ctx_t ctx) {
 }
 
 // ctx (uses cuDNN) and plain (FLAME_DISABLE_CUDNN=1). Skips when cuDNN is not installed.
-class CudnnAttention : public GpuTest {
+class CudnnAttention : public cudnn_pair::CudnnPair {
  protected:
+  CudnnAttention() : CudnnPair("attention calls") {}
   void SetUp() override {
-    GpuTest::SetUp();
+    CudnnPair::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
-    int32_t version = -1;
-    uint64_t n = 1;
-    ASSERT_EQ(flame_ctx_cudnn_info(ctx, &version, &n), FLAME_OK) << flame_last_error_message();  // loads cuDNN
-    if (version == 0) {
-      ASSERT_FALSE(cudnn_loadable()) << "libcudnn.so.9 loads in this process, but the context does not use it";
-      GTEST_SKIP() << "libcudnn.so.9 is not installed: attention runs FLAME's kernels only";
-    }
     int32_t major = 0, minor = 0;
     ASSERT_EQ(flame_ctx_compute_capability(ctx, &major, &minor), FLAME_OK);
     if (major < 8) GTEST_SKIP() << "cuDNN's fused attention needs sm_80+";
-    plain = cudnn_off_context();
-    ASSERT_NE(plain, nullptr);
     const Counts off = counts(plain);
     EXPECT_EQ(off.fwd + off.bwd, 0u);
   }
-  void TearDown() override {
-    if (plain) flame_ctx_destroy(plain);
-    GpuTest::TearDown();
-  }
-  flame_ctx_t plain = nullptr;
 };
 
 // ------------------------------------------------------------------ cases
@@ -107,30 +80,10 @@ std::vector<Case> cases() {
 }
 
 // Two roundings of the dtype plus f32 sums apart (the gradients: twice that, longer sums).
-struct Tol {
-  double rtol, atol;  // |a - b| <= rtol |b| + atol max(1, max |b|)
-};
 Tol tol(flame_dtype_t d, bool grad) {
   const double k = grad ? 2.0 : 1.0;
   if (d == FLAME_DTYPE_F16) return {8e-3 * k, 4e-3 * k};
   return {3.2e-2 * k, 1.6e-2 * k};  // bf16
-}
-
-::testing::AssertionResult agree(const HT& got, const HT& want, Tol t, const std::string& what) {
-  if (got.shape != want.shape)
-    return ::testing::AssertionFailure() << what << ": shape " << shape_str(got.shape) << " vs " << shape_str(want.shape);
-  double scale = 1;
-  for (double w : want.v) scale = std::max(scale, std::fabs(w));
-  int64_t bad = 0;
-  std::ostringstream os;
-  for (size_t i = 0; i < want.v.size(); ++i) {
-    const double err = std::fabs(got.v[i] - want.v[i]);
-    if (err <= t.rtol * std::fabs(want.v[i]) + t.atol * scale) continue;  // NaN fails too
-    if (bad++ < 6) os << "\n  [" << i << "] cuDNN " << got.v[i] << ", FLAME's kernels " << want.v[i];
-  }
-  if (!bad) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": " << bad << " of " << want.v.size() << " elements differ (shape "
-                                       << shape_str(want.shape) << ", scale " << scale << ")" << os.str();
 }
 
 HT random_ht(const Shape& s, std::mt19937_64& rng, double amp) {

@@ -15,48 +15,16 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "gradcheck.h"
+#include "cudnn_pair.h"
 
 using namespace gc;
+using cudnn_pair::agree;
+using cudnn_pair::Tol;
+using cudnn_pair::cudnn_off_context;
 
 namespace {
 
 // ------------------------------------------------------------------ contexts
-
-// Whether this process can load cuDNN the way FLAME does (kept loaded: FLAME may use it too).
-bool cudnn_loadable() {
-  const char* p = std::getenv("FLAME_CUDNN_PATH");
-  return dlopen(p && *p ? p : "libcudnn.so.9", RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE) != nullptr;
-}
-
-// Why cudnnCreate fails in this process (called on this thread, where a FLAME context is current),
-// for the message of a test that finds the library loadable but unused.
-std::string cudnn_create_status() {
-  const char* p = std::getenv("FLAME_CUDNN_PATH");
-  void* lib = dlopen(p && *p ? p : "libcudnn.so.9", RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-  if (!lib) return "dlopen failed";
-  using Create = int (*)(void**);
-  using Describe = const char* (*)(int);
-  using Version = size_t (*)();
-  auto create = reinterpret_cast<Create>(dlsym(lib, "cudnnCreate"));
-  auto describe = reinterpret_cast<Describe>(dlsym(lib, "cudnnGetErrorString"));
-  auto version = reinterpret_cast<Version>(dlsym(lib, "cudnnGetVersion"));
-  if (!create || !describe || !version) return "cudnnCreate, cudnnGetErrorString or cudnnGetVersion missing";
-  void* handle = nullptr;
-  const int st = create(&handle);  // the handle is left to the process (a diagnostic path only)
-  return "cuDNN " + std::to_string(version()) + ", cudnnCreate: " + describe(st);
-}
-
-flame_ctx_t cudnn_off_context() {
-  setenv("FLAME_DISABLE_CUDNN", "1", 1);
-  flame_ctx_options_t o;
-  flame_ctx_options_init(&o);
-  flame_ctx_t c = nullptr;
-  const flame_status_t st = flame_ctx_create(&o, &c);
-  unsetenv("FLAME_DISABLE_CUDNN");
-  EXPECT_EQ(st, FLAME_OK) << flame_last_error_message();
-  return c;
-}
 
 uint64_t cudnn_count(flame_ctx_t ctx) {
   int32_t version = 0;
@@ -66,33 +34,9 @@ uint64_t cudnn_count(flame_ctx_t ctx) {
 }
 
 // ctx (uses cuDNN) and plain (FLAME_DISABLE_CUDNN=1). Skips when cuDNN is not installed.
-class CudnnConv : public GpuTest {
+class CudnnConv : public cudnn_pair::CudnnPair {
  protected:
-  void SetUp() override {
-    GpuTest::SetUp();
-    if (IsSkipped() || HasFatalFailure()) return;
-    int32_t version = -1;
-    uint64_t n = 1;
-    ASSERT_EQ(flame_ctx_cudnn_info(ctx, &version, &n), FLAME_OK) << flame_last_error_message();
-    if (version == 0) {
-      ASSERT_FALSE(cudnn_loadable()) << "libcudnn.so.9 loads in this process, but the context does not use it ("
-                                      << cudnn_create_status() << ")";
-      GTEST_SKIP() << "libcudnn.so.9 is not installed: the convolutions run FLAME's kernels only";
-    }
-    EXPECT_GE(version, 90000);
-    EXPECT_LT(version, 100000);
-    plain = cudnn_off_context();
-    ASSERT_NE(plain, nullptr);
-    int32_t off_version = -1;
-    ASSERT_EQ(flame_ctx_cudnn_info(plain, &off_version, &n), FLAME_OK) << flame_last_error_message();
-    EXPECT_EQ(off_version, 0) << "FLAME_DISABLE_CUDNN=1 at creation must keep the context off cuDNN";
-    EXPECT_EQ(n, 0u);
-  }
-  void TearDown() override {
-    if (plain) flame_ctx_destroy(plain);
-    GpuTest::TearDown();
-  }
-  flame_ctx_t plain = nullptr;
+  CudnnConv() : CudnnPair("the convolutions") {}
 };
 
 // ------------------------------------------------------------------ cases
@@ -147,32 +91,12 @@ std::vector<Case> cases() {
 }
 
 // Two approximations of the same values, each within one rounding of the dtype plus f32 sums.
-struct Tol {
-  double rtol, atol;  // |a - b| <= rtol |b| + atol max(1, max |b|)
-};
 Tol tol(flame_dtype_t d) {
   switch (d) {
     case FLAME_DTYPE_F32: return {2e-4, 4e-5};
     case FLAME_DTYPE_F16: return {8e-3, 4e-3};
     default: return {3.2e-2, 1.6e-2};  // bf16
   }
-}
-
-::testing::AssertionResult agree(const HT& got, const HT& want, Tol t, const std::string& what) {
-  if (got.shape != want.shape)
-    return ::testing::AssertionFailure() << what << ": shape " << shape_str(got.shape) << " vs " << shape_str(want.shape);
-  double scale = 1;
-  for (double w : want.v) scale = std::max(scale, std::fabs(w));
-  int64_t bad = 0;
-  std::ostringstream os;
-  for (size_t i = 0; i < want.v.size(); ++i) {
-    const double err = std::fabs(got.v[i] - want.v[i]);
-    if (err <= t.rtol * std::fabs(want.v[i]) + t.atol * scale) continue;  // NaN fails too
-    if (bad++ < 6) os << "\n  [" << i << "] cuDNN " << got.v[i] << ", FLAME's kernels " << want.v[i];
-  }
-  if (!bad) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": " << bad << " of " << want.v.size() << " elements differ (shape "
-                                       << shape_str(want.shape) << ", scale " << scale << ")" << os.str();
 }
 
 // The memory layout: strides, with 0 for axes of size 1 (their stride never addresses memory, so
