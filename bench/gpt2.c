@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "flame.h"
+#include "bench_util.h"
 
 #define PER_LAYER 12 /* parameter tensors per block */
 #define NAME_LEN 64
@@ -576,19 +577,6 @@ typedef struct dp_rank {
   int32_t status;
   char error[2048];
 } dp_rank;
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static uint64_t rng_next(uint64_t* s) { /* xorshift64* */
-  *s ^= *s >> 12;
-  *s ^= *s << 25;
-  *s ^= *s >> 27;
-  return *s * 2685821657736338717ull;
-}
 
 /* The rank's batch: sequences of a fixed random successor table (the same table on every rank, the
  * sequences drawn per rank): token t is followed by succ[t] with probability 3/4, else by a uniform

@@ -38,22 +38,10 @@
 
 #include "flame.h"
 #include "gpt2.h"
+#include "bench_util.h"
 
 #define EXIT_NO_GPU 2
 #define MAX_STEPS 100000
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static uint64_t rng_next(uint64_t* s) { /* xorshift64* */
-  *s ^= *s >> 12;
-  *s ^= *s << 25;
-  *s ^= *s >> 27;
-  return *s * 2685821657736338717ull;
-}
 
 /* One batch of B sequences of T + 1 tokens: tokens = [:, :T], targets = [:, 1:]. */
 static void make_batch(uint64_t* rng, const int64_t* succ, int64_t V, int64_t B, int64_t T, int64_t* tok, int64_t* tgt) {
