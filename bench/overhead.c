@@ -4,6 +4,7 @@
  * Prints one JSON object per line: {"name": ..., "us_per_op": ...}. Exit 2 without a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include "flame.h"
 
@@ -24,6 +25,14 @@ static double now_us(void) {
 
 typedef flame_status_t (*binary_fn)(flame_tensor_t, flame_tensor_t, flame_tensor_t*);
 
+/* us_per_op: wall time per call including the final synchronisation; issue_us_per_op: the host's
+ * time to issue the calls (before the synchronisation): when the two agree the loop is host-bound. */
+static void report(const char* name, double t0, double t_issued, int n) {
+  printf("{\"name\": \"%s\", \"us_per_op\": %.4f, \"issue_us_per_op\": %.4f}\n", name, (now_us() - t0) / n,
+         (t_issued - t0) / n);
+  fflush(stdout);
+}
+
 static void run(flame_ctx_t ctx, const char* name, binary_fn fn, flame_tensor_t a, flame_tensor_t b, int n) {
   for (int i = 0; i < 2000; ++i) {
     flame_tensor_t c = NULL;
@@ -37,9 +46,52 @@ static void run(flame_ctx_t ctx, const char* name, binary_fn fn, flame_tensor_t 
     CHECK(fn(a, b, &c));
     flame_tensor_release(c);
   }
+  double t1 = now_us();
   CHECK(flame_ctx_synchronize(ctx));
-  printf("{\"name\": \"%s\", \"us_per_op\": %.4f}\n", name, (now_us() - t0) / n);
-  fflush(stdout);
+  report(name, t0, t1, n);
+}
+
+/* The parts of an eager op's host cost, each timed alone (breakdown rows, not compared with torch):
+ * a handle retain + release; a view (entry point, handle and tensor bookkeeping, no allocation, no
+ * kernel); an allocation + free of a 1-element tensor (no kernel); zeros (allocation + one kernel). */
+static void run_parts(flame_ctx_t ctx, flame_tensor_t a, int n, int view_only) {
+  const int64_t one[1] = {1};
+  double t0, t1;
+  if (view_only) goto view;
+  t0 = now_us();
+  for (int i = 0; i < n; ++i) {
+    CHECK(flame_tensor_retain(a));
+    flame_tensor_release(a);
+  }
+  report("part_retain_release", t0, now_us(), n);
+view:
+  t0 = now_us();
+  for (int i = 0; i < n; ++i) {
+    flame_tensor_t v = NULL;
+    CHECK(flame_reshape(a, one, 1, &v));
+    flame_tensor_release(v);
+  }
+  report("part_view", t0, now_us(), n);
+  if (view_only) return;
+  CHECK(flame_ctx_synchronize(ctx));
+  t0 = now_us();
+  for (int i = 0; i < n; ++i) {
+    flame_tensor_t v = NULL;
+    CHECK(flame_empty(ctx, one, 1, FLAME_DTYPE_F32, &v));
+    flame_tensor_release(v);
+  }
+  t1 = now_us();
+  CHECK(flame_ctx_synchronize(ctx));
+  report("part_empty", t0, t1, n);
+  t0 = now_us();
+  for (int i = 0; i < n; ++i) {
+    flame_tensor_t v = NULL;
+    CHECK(flame_zeros(ctx, one, 1, FLAME_DTYPE_F32, &v));
+    flame_tensor_release(v);
+  }
+  t1 = now_us();
+  CHECK(flame_ctx_synchronize(ctx));
+  report("part_zeros", t0, t1, n);
 }
 
 /* A captured graph of `chain` 1-element adds (each result released inside the capture, so its
@@ -69,6 +121,7 @@ static void run_graph(flame_ctx_t ctx, const char* name, flame_tensor_t a, flame
 
 int main(int argc, char** argv) {
   int n = argc > 1 ? atoi(argv[1]) : 20000;
+  const char* only = argc > 2 ? argv[2] : NULL; /* one case (for a host profiler): add_1elem, ... */
   flame_ctx_options_t o;
   flame_ctx_options_init(&o);
   flame_ctx_t ctx = NULL;
@@ -85,10 +138,12 @@ int main(int argc, char** argv) {
   CHECK(flame_tensor_set_requires_grad(ag, 1));
   CHECK(flame_randn(ctx, sq, 2, FLAME_DTYPE_F32, &m1));
   CHECK(flame_randn(ctx, sq, 2, FLAME_DTYPE_F32, &m2));
-  run(ctx, "add_1elem", flame_add, a, b, n);
-  run(ctx, "add_1elem_autograd", flame_add, ag, b, n);
-  run(ctx, "matmul_64x64_f32", flame_matmul, m1, m2, n);
-  run_graph(ctx, "add_1elem_graph", a, b, 100, n / 100 > 10 ? n / 100 : 10);
+#define WANT(name) (!only || strcmp(only, name) == 0)
+  if (WANT("add_1elem")) run(ctx, "add_1elem", flame_add, a, b, n);
+  if (WANT("add_1elem_autograd")) run(ctx, "add_1elem_autograd", flame_add, ag, b, n);
+  if (WANT("matmul_64x64_f32")) run(ctx, "matmul_64x64_f32", flame_matmul, m1, m2, n);
+  if (WANT("parts") || WANT("part_view")) run_parts(ctx, a, n, WANT("part_view"));
+  if (WANT("add_1elem_graph")) run_graph(ctx, "add_1elem_graph", a, b, 100, n / 100 > 10 ? n / 100 : 10);
   flame_tensor_release(a);
   flame_tensor_release(b);
   flame_tensor_release(ag);

@@ -20,6 +20,10 @@ struct RowBudget {
   int max_tpr = 1024;
   bool allow_no_cache = false;  // may drop the cache (re-read) to fit the accumulators
   bool one_row_per_block = false;
+  // Forward kernels: rows of 4-32 KiB get one block per row group instead of a persistent grid
+  // (measured on an H200: 0.86 -> 0.93 of copy for layer_norm at 16384x4096; shorter rows and the
+  // backward kernels do better persistent).
+  bool spread_mid_rows = false;
 };
 
 struct RowPlan {

@@ -32,7 +32,7 @@ std::string cols_name(bool fwd, DType t, bool log) {
 
 // Forward budget: the row in registers (launch bounds 1024: <= 64 registers, 32 for the row).
 // Backward: g and y (launch bounds 512: <= 128 registers, 64 for the rows).
-RowBudget fwd_budget() { return RowBudget{1, 0, 32, 1024, false, false}; }
+RowBudget fwd_budget() { return RowBudget{1, 0, 32, 1024, false, false, true}; }
 RowBudget bwd_budget() { return RowBudget{2, 0, 64, 512, false, false}; }
 
 void check_float(const Tensor& x, const char* what) {

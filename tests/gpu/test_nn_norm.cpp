@@ -2,7 +2,8 @@
 // src/ops/op_list.h) through the C ABI:
 //  - forward and first-order backward against float64 host references on fresh random inputs, for
 //    f32, f64, f16 and bf16, contiguous and transposed inputs, and row lengths that exercise every
-//    kernel path (1, 7, 33, 1000, 4097, 5000, 16384, 40000; many short rows; columns of a middle dim);
+//    kernel path (1, 7, 33, 1000, 4097, 5000, 9000, 16384, 24576, 40000; many short rows; columns of a
+//    middle dim);
 //  - gradients against finite differences (gradcheck.h), first order in every dtype and second
 //    order (create_graph, composed backward) in f64;
 //  - batch_norm's running statistics, and bad arguments (status, NULL result, nothing changed).
@@ -364,7 +365,7 @@ const std::vector<RowNormCase>& row_norm_cases() {
       {{3, 1}, 1, false},     {{5, 7}, 1, false},     {{4, 33}, 1, true},       {{3, 1000}, 1, false},
       {{2, 5000}, 1, true},   {{2, 4097}, 1, false},  {{2, 16384}, 1, false},   {{1, 40000}, 1, false},
       {{3000, 64}, 1, false}, {{20000, 8}, 1, false}, {{3, 4, 50}, 2, false},   {{3, 4, 50}, 2, true},
-      {{0, 16}, 1, false}};
+      {{0, 16}, 1, false},    {{3, 9000}, 1, false},  {{3, 24576}, 1, false}};  // shared-memory rows (f32, f16/bf16)
   return c;
 }
 
@@ -438,7 +439,8 @@ TEST_F(NnTest, GroupNormForwardAndBackwardMatchHost) {
       {{2, 6}, 2, false, false},          {{3, 6, 7}, 3, false, false},      {{2, 8, 5, 5}, 4, false, true},
       {{2, 32, 8, 8}, 8, false, false},   {{2, 16, 64, 64}, 4, false, false}, {{1, 4, 100, 100}, 1, false, false},
       {{2, 64, 7, 7}, 32, false, false},  {{2, 5, 5, 8}, 4, true, false},    {{3, 7, 6}, 2, true, true},
-      {{2, 3, 4, 6}, 6, true, false},     {{0, 4, 3}, 2, false, false},      {{2, 12}, 3, true, false}};
+      {{2, 3, 4, 6}, 6, true, false},     {{0, 4, 3}, 2, false, false},      {{2, 12}, 3, true, false},
+      {{2, 16, 48, 48}, 2, false, false}};  // rows of 18432: shared memory in f16/bf16
   std::mt19937_64 rng(seed_for("group"));
   for (flame_dtype_t dt : kDtypes) {
     for (const auto& c : cases) {

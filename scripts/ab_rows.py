@@ -1,0 +1,53 @@
+"""A/B of row-kernel launch plans (FLAME_ROW_EXP, read by plan_rows on every call): FLAME times of
+the norm and softmax rows of bench/run.py's T1nn tier per variant, as a fraction of the copy
+bandwidth (1 GiB clone in the same run). Usage: python3 scripts/ab_rows.py 0 1 3 5 7"""
+import ctypes, os, sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
+from run import Flame, median_ms  # noqa: E402
+import torch  # noqa: E402
+
+fl = Flame()
+lib = fl.lib
+t = lambda fn: median_ms(fn, fl.stream, 20, 3, fl.sync)
+n = 1 << 28
+xt = torch.randn(n, device="cuda"); yt = torch.empty_like(xt)
+copy_bw = 2 * n * 4 / (median_ms(lambda: yt.copy_(xt), torch.cuda.current_stream(), 20, 3, torch.cuda.synchronize) * 1e-3)
+del xt, yt
+print(f"copy {copy_bw/1e12:.3f} TB/s")
+cases = []
+for rows, width in ((16384, 768), (16384, 1024), (16384, 4096), (2048, 16384)):
+    xx, w, b, g = fl.randn([rows, width], "f32"), fl.randn([width], "f32"), fl.randn([width], "f32"), fl.randn([rows, width], "f32")
+    xg = fl.randn([rows, width], "f32"); lib.set_requires_grad(xg, True)
+    ns = (ctypes.c_int64 * 1)(width)
+    nb = rows * width * 4
+    cases.append((f"ln fwd {rows}x{width}", lambda xx=xx, ns=ns, w=w, b=b: fl.call("layer_norm", xx, ns, 1, w, b, 1e-5), 2 * nb))
+    cases.append((f"rms fwd {rows}x{width}", lambda xx=xx, ns=ns, w=w: fl.call("rms_norm", xx, ns, 1, w, 1e-5), 2 * nb))
+    def step(xg=xg, ns=ns, w=w, b=b, g=g):
+        y = fl.call("layer_norm", xg, ns, 1, w, b, 1e-5)
+        lib.grad(fl.ctx, [y], [g], [xg], 0)
+    cases.append((f"ln f+b {rows}x{width}", step, 5 * nb))
+    cases.append((f"softmax {rows}x{width}", lambda xx=xx: fl.call("softmax", xx, -1), 2 * nb))
+sx = fl.randn([8192, 8192], "f32"); sxg = fl.randn([8192, 8192], "f32"); lib.set_requires_grad(sxg, True); sg = fl.randn([8192, 8192], "f32")
+cases.append(("softmax 8192x8192", lambda: fl.call("softmax", sx, -1), 2 * 8192 * 8192 * 4))
+def sstep():
+    y = fl.call("softmax", sxg, -1)
+    lib.grad(fl.ctx, [y], [sg], [sxg], 0)
+cases.append(("softmax f+b 8192x8192", sstep, 5 * 8192 * 8192 * 4))
+gx, gw, gb = fl.randn([32, 128, 64, 64], "f32"), fl.randn([128], "f32"), fl.randn([128], "f32")
+cases.append(("gn fwd 32x128x64x64", lambda: fl.call("group_norm", gx, 32, gw, gb, 1e-5, 0), 2 * 32 * 128 * 4096 * 4))
+for rows, width in ((16384, 768), (16384, 1024), (16384, 4096), (2048, 16384), (8192, 8192), (32 * 32, 4 * 4096)):
+    a = torch.randn(rows, width, device="cuda"); c = torch.empty_like(a)
+    ms = median_ms(lambda: c.copy_(a), torch.cuda.current_stream(), 20, 3, torch.cuda.synchronize)
+    print(f"torch copy of {rows}x{width} f32: {2 * rows * width * 4 / (ms * 1e-3) / copy_bw:.3f} of the 1 GiB copy")
+    del a, c
+variants = sys.argv[1:] or ["0"]
+res = {}
+for v in variants:
+    os.environ["FLAME_ROW_EXP"] = v
+    for name, fn, by in cases:
+        ms = t(fn)
+        res.setdefault(name, []).append(by / (ms * 1e-3) / copy_bw)
+print(f"{'case':28}" + "".join(f"{'exp' + v:>8}" for v in variants))
+for name, fr in res.items():
+    print(f"{name:28}" + "".join(f"{f:8.3f}" for f in fr))

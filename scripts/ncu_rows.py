@@ -1,0 +1,39 @@
+"""Runs each memory-bound row kernel of the bench once (after a warm-up) so that ncu can profile it:
+   ncu --clock-control none --metrics ... python3 scripts/ncu_rows.py
+Shapes as in bench/run.py's T1 tiers."""
+import ctypes, os, sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
+from run import Flame  # noqa: E402
+
+fl = Flame()
+lib = fl.lib
+which = sys.argv[1:] or ["ln", "rms", "softmax", "gn", "sum1", "bcast"]
+for _ in range(2):  # warm-up (kernel compile) then the profiled pass
+    if "ln" in which or "rms" in which:
+        for rows, width in ((16384, 768), (16384, 1024), (16384, 4096), (2048, 16384)):
+            x, w, b, g = (fl.randn([rows, width], "f32"), fl.randn([width], "f32"), fl.randn([width], "f32"),
+                          fl.randn([rows, width], "f32"))
+            ns = (ctypes.c_int64 * 1)(width)
+            if "ln" in which:
+                lib.set_requires_grad(x, True)
+                y = fl.call("layer_norm", x, ns, 1, w, b, 1e-5)
+                lib.grad(fl.ctx, [y], [g], [x], 0)
+                lib.set_requires_grad(x, False)
+            if "rms" in which:
+                fl.call("rms_norm", x, ns, 1, w, 1e-5)
+    if "softmax" in which:
+        x = fl.randn([8192, 8192], "f32")
+        fl.call("softmax", x, -1)
+    if "gn" in which:
+        x, w, b = fl.randn([32, 128, 64, 64], "f32"), fl.randn([128], "f32"), fl.randn([128], "f32")
+        fl.call("group_norm", x, 32, w, b, 1e-5, 0)
+    if "sum1" in which or "bcast" in which:
+        m, v = fl.randn([16384, 16384], "f32"), fl.randn([16384], "f32")
+        dims = (ctypes.c_int32 * 1)(1)
+        if "sum1" in which:
+            fl.call("sum", m, dims, 1, 0)
+        if "bcast" in which:
+            fl.call("add", m, v)
+    fl.sync()
+print("done")
