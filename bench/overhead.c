@@ -2,6 +2,7 @@
  * bench/run.py. Each case runs warm-up iterations, then N calls (each result released), then one
  * synchronisation; the wall time divided by N is the cost a C, Rust or C# caller pays per op.
  * Prints one JSON object per line: {"name": ..., "us_per_op": ...}. Exit 2 without a GPU. */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +95,38 @@ view:
   report("part_zeros", t0, t1, n);
 }
 
+/* The floor under every eager op: cuLaunchKernel of an empty kernel (6 parameters, as flame_add
+ * passes) on FLAME's stream, with the driver opened by dlopen as FLAME does. Wall time per launch
+ * (the empty kernel's GPU time is below the launch cost, so the loop is host-bound). */
+typedef int (*mod_load_t)(void**, const void*);
+typedef int (*get_fn_t)(void**, void*, const char*);
+typedef int (*launch_t)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**, void**);
+static void run_raw_launch(flame_ctx_t ctx, int n) {
+  static const char ptx[] =
+      ".version 7.0\n.target sm_80\n.address_size 64\n"
+      ".visible .entry noop(.param .align 8 .b8 a[24], .param .u64 p0, .param .u64 n, .param .u64 p1, .param .u64 p2,"
+      " .param .u64 p3)\n{\n ret;\n}\n";
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  mod_load_t load = lib ? (mod_load_t)dlsym(lib, "cuModuleLoadData") : NULL;
+  get_fn_t get = lib ? (get_fn_t)dlsym(lib, "cuModuleGetFunction") : NULL;
+  launch_t launch = lib ? (launch_t)dlsym(lib, "cuLaunchKernel") : NULL;
+  void *mod = NULL, *fn = NULL, *stream = NULL;
+  if (!launch || !load || !get || load(&mod, ptx) != 0 || get(&fn, mod, "noop") != 0 || flame_ctx_stream(ctx, &stream) != FLAME_OK) {
+    fprintf(stderr, "raw launch: driver setup failed\n");
+    return;
+  }
+  double a[3] = {0, 0, 0};
+  unsigned long long p = 0, len = 1;
+  void* args[] = {a, &p, &len, &p, &p, &p};
+  for (int i = 0; i < 2000; ++i) launch(fn, 1, 1, 1, 256, 1, 1, 0, stream, args, NULL);
+  CHECK(flame_ctx_synchronize(ctx));
+  double t0 = now_us();
+  for (int i = 0; i < n; ++i) launch(fn, 1, 1, 1, 256, 1, 1, 0, stream, args, NULL);
+  double t1 = now_us();
+  CHECK(flame_ctx_synchronize(ctx));
+  report("part_raw_cuLaunchKernel", t0, t1, n);
+}
+
 /* A captured graph of `chain` 1-element adds (each result released inside the capture, so its
  * block is reused), replayed `reps` times: wall time per replayed kernel, launch and GPU execution
  * included (the T0 graph row; target <= 1 us per kernel). */
@@ -143,6 +176,7 @@ int main(int argc, char** argv) {
   if (WANT("add_1elem_autograd")) run(ctx, "add_1elem_autograd", flame_add, ag, b, n);
   if (WANT("matmul_64x64_f32")) run(ctx, "matmul_64x64_f32", flame_matmul, m1, m2, n);
   if (WANT("parts") || WANT("part_view")) run_parts(ctx, a, n, WANT("part_view"));
+  if (WANT("parts") || WANT("part_raw_cuLaunchKernel")) run_raw_launch(ctx, n);
   if (WANT("add_1elem_graph")) run_graph(ctx, "add_1elem_graph", a, b, 100, n / 100 > 10 ? n / 100 : 10);
   flame_tensor_release(a);
   flame_tensor_release(b);

@@ -268,6 +268,13 @@ class Bench:
             # overhead rows: times in us, ratio as usual
             note = "us/kernel of a replayed 100-op graph (both CUDA graphs)" if k.endswith("_graph") else "host us/op"
             self.add("T0", k, "1" if "1elem" in k else "64x64", "f32", f / 1e3, t / 1e3, note=note)
+        parts = {"part_raw_cuLaunchKernel": "the driver's launch of an empty kernel alone (no FLAME code): the floor",
+                 "part_view": "a view (entry point, handles, tensor bookkeeping; no allocation, no kernel)",
+                 "part_empty": "allocation + free of a 1-element tensor (no kernel)",
+                 "part_zeros": "allocation + one kernel", "part_retain_release": "handle retain + release"}
+        for k, what in parts.items():
+            if k in flame:
+                self.info("T0", k, "1", "f32", flame[k], None, "us", f"FLAME host breakdown: {what}")
 
     # ---------------------------------------------------------------- T1: bandwidth
     def tier1(self):
