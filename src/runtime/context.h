@@ -4,6 +4,7 @@
 // so it outlives flame_ctx_destroy until the last tensor goes.
 #pragma once
 #include <cuda.h>
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -83,6 +84,21 @@ class Context : public std::enable_shared_from_this<Context> {
   // `prelude`: generated source compiled in front of the file (cuda/fused.cuh), part of both keys.
   CUfunction function(const std::string& file, const std::string& name_expr, const std::string& prelude = std::string());
   void launch(CUfunction f, unsigned grid, unsigned block, void** args, unsigned smem = 0);
+  // Hot paths (every eager elementwise op) look their kernel up by a small key instead of building
+  // the name expression: a name and up to 6 integers (vector width, dtypes...) chosen by the caller.
+  struct KernelKey {
+    std::string name;
+    std::array<int32_t, 6> ints{};
+    bool operator==(const KernelKey& o) const { return ints == o.ints && name == o.name; }
+  };
+  struct KernelKeyHash {
+    size_t operator()(const KernelKey& k) const {
+      size_t h = std::hash<std::string>()(k.name);
+      for (int32_t i : k.ints) h = h * 1000003u ^ static_cast<size_t>(static_cast<uint32_t>(i));
+      return h;
+    }
+  };
+  std::unordered_map<KernelKey, CUfunction, KernelKeyHash> keyed_functions;
   DiskCache disk_cache{""};
   KernelStats kernel_stats;
 
