@@ -5,6 +5,8 @@
 //                              registers (NV vectors of V per thread): one read and one write of
 //                              global memory per element. Two all-reduces: max then sum (forward),
 //                              sum(g * y) or sum(g) (backward).
+//  softmax_fwd_smem            long rows (16-byte vectors): one row per block staged in shared memory
+//                              by cp.async (see norm_fwd_smem in norm.cuh): one read, one write.
 //  softmax_fwd_stream / _bwd_stream
 //                              rows too long for registers: a 1-D block per row, an online
 //                              (max, sum) pass, then a pass that writes (the row is read twice).
@@ -14,6 +16,7 @@
 //
 // Backward: softmax dx = y * (g - sum(g * y)); log-softmax dx = g - exp(y) * sum(g).
 #pragma once
+#include "mma.cuh"
 #include "rows.cuh"
 
 namespace flame {
@@ -108,6 +111,50 @@ __global__ void __launch_bounds__(512) softmax_bwd(const T* __restrict__ g, cons
         store_vec<T, V>(dx + off + c, o);
       }
     }
+  }
+}
+
+// ---------------- long rows staged in shared memory: blockDim = (threads, 1), one row per block ----------------
+
+// D / V vectors of 16 bytes in dynamic shared memory (D * sizeof(T) bytes); V * sizeof(T) == 16.
+template <class T, bool LOG, int V>
+__global__ void __launch_bounds__(512) softmax_fwd_smem(const T* __restrict__ x, T* __restrict__ y, i64 rows, i64 D) {
+  typedef compute_t<T> A;
+  __shared__ A red[32];
+  extern __shared__ __align__(16) unsigned char row_smem[];
+  const Vec<T, V>* srow = reinterpret_cast<const Vec<T, V>*>(row_smem);
+  const unsigned sbase = smem_u32(row_smem);
+  const i64 nvec = D / V;
+  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * D;
+    for (i64 i = threadIdx.x; i < nvec; i += blockDim.x)
+      cp_async16(sbase + static_cast<unsigned>(i * 16), xr + i * V, 16);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    A m = neg_infinity<A>();
+    for (i64 i = threadIdx.x; i < nvec; i += blockDim.x) {
+      Vec<T, V> v = srow[i];
+#pragma unroll
+      for (int j = 0; j < V; ++j) m = RowMax()(m, static_cast<A>(to_compute(v.v[j])));
+    }
+    m = row_allreduce(m, RowMax(), red);
+    A s = A(0);
+    for (i64 i = threadIdx.x; i < nvec; i += blockDim.x) {
+      Vec<T, V> v = srow[i];
+#pragma unroll
+      for (int j = 0; j < V; ++j) s += m_exp(static_cast<A>(to_compute(v.v[j])) - m);
+    }
+    s = row_allreduce(s, RowSum(), red);
+    const A inv = A(1) / s, ls = m_log(s);
+    T* yr = y + row * D;
+    for (i64 i = threadIdx.x; i < nvec; i += blockDim.x) {
+      Vec<T, V> v = srow[i], o;
+#pragma unroll
+      for (int j = 0; j < V; ++j) o.v[j] = cast<T>(softmax_value<LOG>(static_cast<A>(to_compute(v.v[j])), m, inv, ls));
+      store_vec<T, V>(yr + i * V, o);
+    }
+    __syncthreads();  // every thread is done with this row before the next one's copies land
   }
 }
 

@@ -61,6 +61,7 @@ Context::~Context() {
     blas.reset();  // frees its workspace into the pool, so before the pool goes
     cudnn.reset();  // its handle and descriptors, while the CUDA context is current
     if (device_error_) drv.cuMemFreeAsync(device_error_, stream);
+    release_small_blocks();
     if (stream) drv.cuStreamSynchronize(stream);
     for (CUmodule m : modules_) drv.cuModuleUnload(m);
     if (pool) drv.cuMemPoolDestroy(pool);
@@ -112,6 +113,17 @@ void Context::synchronize() {
   if (device_error_armed_) check_device_error();
 }
 
+namespace {
+constexpr size_t kSmallMin = 512;
+// The power-of-two class of a small block (512 B .. 1 MiB), or -1.
+int small_class(size_t bytes) {
+  if (bytes > kSmallMin << (Context::kSmallClasses - 1)) return -1;
+  int c = 0;
+  while ((kSmallMin << c) < bytes) ++c;
+  return c;
+}
+}  // namespace
+
 CUdeviceptr Context::allocate(size_t bytes) {
   if (bytes == 0) return 0;
   ++alloc_count;
@@ -127,15 +139,32 @@ CUdeviceptr Context::allocate(size_t bytes) {
     if (bytes_in_use > peak_bytes) peak_bytes = bytes_in_use;
     return p;
   }
-  CUresult r = drv.cuMemAllocFromPoolAsync(&p, bytes, pool, stream);
+  const int cls = small_class(bytes);
+  if (cls >= 0 && !small_free_[cls].empty()) {
+    p = small_free_[cls].back();
+    small_live_.emplace(p, cls);  // first: if it throws, the block stays on the list
+    small_free_[cls].pop_back();
+    bytes_in_use += bytes;
+    if (bytes_in_use > peak_bytes) peak_bytes = bytes_in_use;
+    return p;
+  }
+  const size_t size = cls >= 0 ? kSmallMin << cls : bytes;
+  CUresult r = drv.cuMemAllocFromPoolAsync(&p, size, pool, stream);
   if (r == CUDA_ERROR_OUT_OF_MEMORY) {  // give cached blocks back to the device and try once more
+    release_small_blocks();
     drv.cuStreamSynchronize(stream);
     drv.cuMemPoolTrimTo(pool, 0);
-    r = drv.cuMemAllocFromPoolAsync(&p, bytes, pool, stream);
+    r = drv.cuMemAllocFromPoolAsync(&p, size, pool, stream);
   }
   if (r == CUDA_ERROR_OUT_OF_MEMORY)
     fail(FLAME_ERROR_OUT_OF_MEMORY, "out of device memory allocating ", bytes, " bytes (", bytes_in_use, " in use)");
   check(r, "cuMemAllocFromPoolAsync");
+  if (cls >= 0) {
+    try {
+      small_live_.emplace(p, cls);
+    } catch (...) {  // unrecorded, the block is freed to the pool later instead of reused
+    }
+  }
   bytes_in_use += bytes;
   if (bytes_in_use > peak_bytes) peak_bytes = bytes_in_use;
   return p;
@@ -146,8 +175,28 @@ void Context::deallocate(CUdeviceptr p, size_t bytes) noexcept {
   std::lock_guard<std::recursive_mutex> lock(mutex);
   bind();
   bytes_in_use -= bytes;
+  auto live = small_live_.find(p);
+  int cls = -1;
+  if (live != small_live_.end()) {
+    cls = live->second;
+    small_live_.erase(live);
+  }
   if (capture || !graph_held.empty()) return capture_deallocate(*this, p);  // runtime/capture.cpp
+  if (cls >= 0 && small_free_[cls].size() < kSmallFreeMax) {
+    try {
+      small_free_[cls].push_back(p);
+      return;
+    } catch (...) {  // no host memory for the list: free it instead
+    }
+  }
   drv.cuMemFreeAsync(p, stream);
+}
+
+void Context::release_small_blocks() noexcept {
+  for (auto& list : small_free_) {
+    for (CUdeviceptr p : list) drv.cuMemFreeAsync(p, stream);
+    list.clear();
+  }
 }
 
 uint64_t Context::bytes_reserved() {

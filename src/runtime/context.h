@@ -78,6 +78,10 @@ class Context : public std::enable_shared_from_this<Context> {
   uint64_t live_tensors = 0;
   uint64_t alloc_count = 0, fail_alloc_at = 0;  // fault injection: $FLAME_FAIL_ALLOC_AT=N fails the Nth allocation
   uint64_t bytes_reserved();
+  // Gives the blocks on the small-block free lists back to the pool (out of memory, destruction).
+  void release_small_blocks() noexcept;
+  static constexpr int kSmallClasses = 12;      // see small_free_
+  static constexpr size_t kSmallFreeMax = 64;  // blocks kept per class
 
   // ---- kernels ----
   // The function for one instantiation (name expression) of a cuda/ file, compiled on first use.
@@ -176,6 +180,12 @@ class Context : public std::enable_shared_from_this<Context> {
   Context() = default;
   std::string sticky_error_;
   std::unordered_map<std::string, CUfunction> functions_;
+  // Small blocks (<= 1 MiB, power-of-two classes from 512 B) freed outside captures wait on host
+  // free lists and are handed out again without a driver call: cuMemAllocFromPoolAsync plus
+  // cuMemFreeAsync cost ~0.6 us of an eager op's ~4.6 us on an H200. All eager work runs on
+  // `stream`, whose order makes the reuse safe, as it does for the pool's own reuse.
+  std::vector<CUdeviceptr> small_free_[kSmallClasses];
+  std::unordered_map<CUdeviceptr, int> small_live_;  // live blocks of the class path -> class
   std::vector<CUmodule> modules_;
   CUdeviceptr device_error_ = 0;                   // the DeviceErrorRecord, allocated on first use
   bool device_error_armed_ = false;                 // a checking kernel ran since the last read-back
