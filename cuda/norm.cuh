@@ -158,7 +158,9 @@ __device__ __forceinline__ void gn_channel_add(A* sm, i64 cg, i64 ch, A vg, A vb
 //   LN/RMS: [gridDim.x * blockDim.y, D], GN: [rows, C / G] = [N, C] (GN needs blockDim.y == 1 and
 //   2 * (C / G) * sizeof(A) bytes of dynamic shared memory). seg_aligned (GN): HW is a multiple of
 //   32 * V, so that the 32 vectors a warp holds for one k lie in one channel.
-template <class T, int MODE, int NV, int V, bool CACHE>
+// WB = false (LN/RMS): no weight or bias gradient wanted, so no accumulators (fewer registers: a
+// warp per row of 768-1024 floats instead of 192-256 threads).
+template <class T, int MODE, int NV, int V, bool CACHE, bool WB>
 __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
                                                 const compute_t<T>* __restrict__ mean, const compute_t<T>* __restrict__ rstd,
                                                 T* __restrict__ dx, compute_t<T>* __restrict__ dw_part,
@@ -206,8 +208,10 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
           sa += gw;
           sb += gw * xh;
           if constexpr (MODE != kGroupNorm) {
-            dwa[k][j] += gj * xh;
-            dba[k][j] += gj;
+            if constexpr (WB) {
+              dwa[k][j] += gj * xh;
+              dba[k][j] += gj;
+            }
           } else if (want_wb && !seg_aligned) {
             gn_channel_add(gsm, cg, (c + j) / hw, gj * xh, gj, true, false);
           } else {
@@ -253,7 +257,7 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
       __syncthreads();
     }
   }
-  if constexpr (MODE != kGroupNorm) {
+  if constexpr (MODE != kGroupNorm && WB) {
     const i64 slot = static_cast<i64>(blockIdx.x) * blockDim.y + threadIdx.y;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {

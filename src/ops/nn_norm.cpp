@@ -37,10 +37,10 @@ std::string fwd_name(DType t, int mode, const RowPlan& p) {
 std::string smem_fwd_name(DType t, int mode, int v) {
   return "flame::norm_fwd_smem" + targs({device_type(t), std::to_string(mode), std::to_string(v)});
 }
-std::string bwd_name(DType t, int mode, const RowPlan& p) {
+std::string bwd_name(DType t, int mode, const RowPlan& p, bool wb) {
   if (p.stream) return "flame::norm_bwd_stream" + targs({device_type(t), std::to_string(mode), std::to_string(p.v)});
   return "flame::norm_bwd" + targs({device_type(t), std::to_string(mode), std::to_string(p.nv), std::to_string(p.v),
-                                     p.cache ? "true" : "false"});
+                                     p.cache ? "true" : "false", wb ? "true" : "false"});
 }
 std::string bn_name(const char* kernel, DType t, const std::string& extra = "") {
   std::vector<std::string> a = {device_type(t)};
@@ -49,9 +49,9 @@ std::string bn_name(const char* kernel, DType t, const std::string& extra = "") 
 }
 
 // Forward: the row in registers (launch bounds 512). Backward (launch bounds 512): g and x, plus
-// (LN/RMS) two accumulator arrays; GN keeps its weight sums in shared memory, one row per block.
+// (LN/RMS, when dw or db is wanted) two accumulator arrays; GN keeps its weight sums in shared memory, one row per block.
 RowBudget fwd_budget() { return RowBudget{1, 0, 32, 512, false, false, true}; }
-RowBudget bwd_budget(int mode) { return RowBudget{2, mode == 2 ? 0 : 2, 64, 512, true, mode == 2}; }
+RowBudget bwd_budget(int mode, bool wb) { return RowBudget{2, mode == 2 || !wb ? 0 : 2, 64, 512, true, mode == 2}; }
 
 void check_float(const Tensor& x, const char* op) {
   FLAME_CHECK(is_floating(x->dtype), FLAME_ERROR_DTYPE_MISMATCH, op, ": x must be a floating tensor, got ",
@@ -246,14 +246,15 @@ ops::NormGrads ops::norm_backward(NormKind kind, const NormGeometry& geo, const 
     std::vector<CUdeviceptr> ptrs = {gp, xp, dxp};
     if (mode != 2) ptrs.push_back(wp);
     int v = row_vector_width(dt, geo.D, ptrs);
-    RowPlan p = plan_rows(ctx, geo.rows, geo.D, dt, v, bwd_budget(mode), 1024);
+    RowPlan p = plan_rows(ctx, geo.rows, geo.D, dt, v, bwd_budget(mode, need_dw || need_db), 1024);
     const int64_t cg = geo.D / geo.hw;
     const bool kernel_wb = (need_dw || need_db) && !p.stream && (mode != 2 || 2 * cg * asize <= kMaxGroupSmem);
+    const bool wb_template = mode == 2 || kernel_wb;  // GN decides at run time (shared-memory sums)
     int64_t rows = geo.rows, D = geo.D, groups = geo.groups, hw = geo.hw;
     if (p.stream) {
       if (need_dx) {
         void* args[] = {&gp, &xp, &wp, &mp, &rp, &dxp, &rows, &D, &groups, &hw};
-        launch_rows(ctx, ctx.function("norm.cuh", bwd_name(dt, mode, p)), p, args);
+        launch_rows(ctx, ctx.function("norm.cuh", bwd_name(dt, mode, p, false)), p, args);
       }
     } else if (need_dx || kernel_wb) {
       Shape pshape = mode == 2 ? Shape{geo.N, geo.C} : Shape{static_cast<int64_t>(p.grid) * p.rpb, geo.D};
@@ -263,7 +264,7 @@ ops::NormGrads ops::norm_backward(NormKind kind, const NormGeometry& geo, const 
       int seg_aligned = mode == 2 && geo.hw % (32 * v) == 0 ? 1 : 0;
       unsigned smem = mode == 2 && kernel_wb ? static_cast<unsigned>(2 * cg * asize) : 0;
       void* args[] = {&gp, &xp, &wp, &mp, &rp, &dxp, &dwpp, &dbpp, &rows, &D, &groups, &hw, &seg_aligned};
-      launch_rows(ctx, ctx.function("norm.cuh", bwd_name(dt, mode, p)), p, args, smem);
+      launch_rows(ctx, ctx.function("norm.cuh", bwd_name(dt, mode, p, wb_template)), p, args, smem);
       if (dwp) r.dw = to_dtype(reshape(sum(dwp, {0}, false), {wlen}), dt);
       if (dbp) r.db = to_dtype(reshape(sum(dbp, {0}, false), {wlen}), dt);
     }
@@ -418,12 +419,13 @@ std::vector<std::string> ops::norm_kernel_instantiations() {
           v.push_back(fwd_name(t, mode, p));
           for (bool cache : {true, false}) {
             p.cache = cache;
-            v.push_back(bwd_name(t, mode, p));
+            v.push_back(bwd_name(t, mode, p, true));
+            if (mode != 2) v.push_back(bwd_name(t, mode, p, false));
           }
         }
         p.stream = true;
         v.push_back(fwd_name(t, mode, p));
-        v.push_back(bwd_name(t, mode, p));
+        v.push_back(bwd_name(t, mode, p, false));
       }
       v.push_back(smem_fwd_name(t, mode, static_cast<int>(16 / dtype_size(t))));
     }
