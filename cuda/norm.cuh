@@ -18,18 +18,18 @@
 //                            GN it sums per channel in shared memory and writes [N, C]. CACHE =
 //                            false re-reads g and x for the dx pass instead of caching them (long
 //                            rows: the accumulators take the registers; the re-read hits L2).
-//  norm_fwd_smem            long rows (16-byte vectors): one row per block, staged in shared memory
-//                            by cp.async, so that the loads in flight hold no registers and
-//                            several rows stay resident per SM (a register-cached row of 16384
-//                            floats allows one). One DRAM read and one write per element.
-//  norm_fwd_stream / _bwd_stream
+//  norm_fwd_block<SMEM>      long rows, one per block. SMEM (16-byte vectors, rows up to 64 KiB):
+//                            staged in shared memory by cp.async, so that the loads in flight hold
+//                            no registers and several rows stay resident per SM (a register-cached
+//                            row of 16384 floats allows one): one DRAM read and one write per
+//                            element. Else (longer rows) every pass reads global memory.
+//  norm_bwd_stream
 //                            rows too long for registers: one block per row, several passes; the
 //                            host computes dw/db with tensor ops in that case.
 //  bn_*                      batch_norm: per-channel partial sums (split over blocks when few
 //                            channels have many elements), a per-channel finalize (statistics,
 //                            running-stat update), and elementwise apply kernels.
 #pragma once
-#include "mma.cuh"
 #include "rows.cuh"
 
 namespace flame {
@@ -273,31 +273,29 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
   }
 }
 
-// ---------------- long rows staged in shared memory: blockDim = (threads, 1), one row per block ----------------
+// ---------------- long rows, one per block: blockDim = (threads, 1) ----------------
 
-// D / V vectors of 16 bytes in dynamic shared memory (D * sizeof(T) bytes); V * sizeof(T) == 16.
-template <class T, int MODE, int V>
-__global__ void __launch_bounds__(512) norm_fwd_smem(const T* __restrict__ x, const T* __restrict__ w,
-                                                     const T* __restrict__ b, T* __restrict__ y,
-                                                     compute_t<T>* __restrict__ mean_out,
-                                                     compute_t<T>* __restrict__ rstd_out, i64 rows, i64 D, i64 groups,
-                                                     i64 hw, double eps) {
+// SMEM: the row is staged in dynamic shared memory (D * sizeof(T) bytes, V * sizeof(T) == 16) and
+// read from there by the three passes; else each pass reads global memory (the later ones mostly
+// hit L2).
+template <class T, int MODE, int V, bool SMEM>
+__global__ void __launch_bounds__(1024) norm_fwd_block(const T* __restrict__ x, const T* __restrict__ w,
+                                                       const T* __restrict__ b, T* __restrict__ y,
+                                                       compute_t<T>* __restrict__ mean_out,
+                                                       compute_t<T>* __restrict__ rstd_out, i64 rows, i64 D, i64 groups,
+                                                       i64 hw, double eps) {
   typedef compute_t<T> A;
   __shared__ A red[32];
   extern __shared__ __align__(16) unsigned char row_smem[];
   const Vec<T, V>* srow = reinterpret_cast<const Vec<T, V>*>(row_smem);
-  const unsigned sbase = smem_u32(row_smem);
-  const i64 cg = D / hw, nvec = D / V;
+  const i64 cg = D / hw, nvec = D / V;  // V == 1 unless D is a multiple of V
   for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * D;
-    for (i64 i = threadIdx.x; i < nvec; i += blockDim.x)
-      cp_async16(sbase + static_cast<unsigned>(i * 16), xr + i * V, 16);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
+    if constexpr (SMEM) stage_row<T, V>(row_smem, xr, nvec);
+    auto vec = [&](i64 i) { return SMEM ? srow[i] : load_vec<T, V>(xr + i * V); };
     A s = A(0);
     for (i64 i = threadIdx.x; i < nvec; i += blockDim.x) {
-      Vec<T, V> v = srow[i];
+      Vec<T, V> v = vec(i);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         A a = static_cast<A>(to_compute(v.v[j]));
@@ -308,11 +306,11 @@ __global__ void __launch_bounds__(512) norm_fwd_smem(const T* __restrict__ x, co
     A mean = A(0), var;
     if constexpr (MODE == kRmsNorm) {
       var = s / static_cast<A>(D);
-    } else {  // the second pass reads shared memory: sum((x - mean)^2) has no cancellation
+    } else {  // a second pass: sum((x - mean)^2) has no cancellation
       mean = s / static_cast<A>(D);
       A q = A(0);
       for (i64 i = threadIdx.x; i < nvec; i += blockDim.x) {
-        Vec<T, V> v = srow[i];
+        Vec<T, V> v = vec(i);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           A d = static_cast<A>(to_compute(v.v[j])) - mean;
@@ -328,7 +326,7 @@ __global__ void __launch_bounds__(512) norm_fwd_smem(const T* __restrict__ x, co
     }
     T* yr = y + row * D;
     for (i64 i = threadIdx.x; i < nvec; i += blockDim.x) {
-      Vec<T, V> v = srow[i], o;
+      Vec<T, V> v = vec(i), o;
       A wv[V], bv[V];
       load_affine<MODE, T, V>(w, row, i * V, groups, hw, cg, wv);
       if (b) load_affine<MODE, T, V>(b, row, i * V, groups, hw, cg, bv);
@@ -339,67 +337,7 @@ __global__ void __launch_bounds__(512) norm_fwd_smem(const T* __restrict__ x, co
       }
       store_vec<T, V>(yr + i * V, o);
     }
-    __syncthreads();  // every thread is done with this row before the next one's copies land
-  }
-}
-
-// ---------------- rows too long for registers: blockDim = (threads, 1), one row per block ----------------
-
-template <class T, int MODE, int V>
-__global__ void __launch_bounds__(1024) norm_fwd_stream(const T* __restrict__ x, const T* __restrict__ w,
-                                                        const T* __restrict__ b, T* __restrict__ y,
-                                                        compute_t<T>* __restrict__ mean_out,
-                                                        compute_t<T>* __restrict__ rstd_out, i64 rows, i64 D, i64 groups,
-                                                        i64 hw, double eps) {
-  typedef compute_t<T> A;
-  __shared__ A red[256];
-  const i64 cg = D / hw, step = static_cast<i64>(blockDim.x) * V;
-  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* xr = x + row * D;
-    A s = A(0);
-    for (i64 c = static_cast<i64>(threadIdx.x) * V; c < D; c += step) {
-      Vec<T, V> v = load_vec<T, V>(xr + c);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        A a = static_cast<A>(to_compute(v.v[j]));
-        s += MODE == kRmsNorm ? a * a : a;
-      }
-    }
-    s = row_allreduce(s, RowSum(), red);
-    A mean = A(0), var;
-    if constexpr (MODE == kRmsNorm) {
-      var = s / static_cast<A>(D);
-    } else {
-      mean = s / static_cast<A>(D);
-      A q = A(0);
-      for (i64 c = static_cast<i64>(threadIdx.x) * V; c < D; c += step) {
-        Vec<T, V> v = load_vec<T, V>(xr + c);
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          A d = static_cast<A>(to_compute(v.v[j])) - mean;
-          q += d * d;
-        }
-      }
-      var = row_allreduce(q, RowSum(), red) / static_cast<A>(D);
-    }
-    const A rs = m_rsqrt(var + static_cast<A>(eps));
-    if (threadIdx.x == 0) {
-      if (mean_out) mean_out[row] = mean;
-      rstd_out[row] = rs;
-    }
-    T* yr = y + row * D;
-    for (i64 c = static_cast<i64>(threadIdx.x) * V; c < D; c += step) {
-      Vec<T, V> v = load_vec<T, V>(xr + c), o;
-      A wv[V], bv[V];
-      load_affine<MODE, T, V>(w, row, c, groups, hw, cg, wv);
-      if (b) load_affine<MODE, T, V>(b, row, c, groups, hw, cg, bv);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        A r = (static_cast<A>(to_compute(v.v[j])) - mean) * rs * wv[j];
-        o.v[j] = cast<T>(b ? r + bv[j] : r);
-      }
-      store_vec<T, V>(yr + c, o);
-    }
+    if constexpr (SMEM) __syncthreads();  // every thread is done with this row before the next one's copies land
   }
 }
 

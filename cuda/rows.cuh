@@ -8,6 +8,7 @@
 // of 16 bytes together they are single 128-bit accesses.
 #pragma once
 #include "common.cuh"
+#include "mma.cuh"
 
 namespace flame {
 
@@ -53,6 +54,17 @@ template <class T, int V>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, V>& v) {
   if constexpr (V == 1) *p = v.v[0];
   else *reinterpret_cast<Vec<T, V>*>(p) = v;
+}
+
+// Copies a row of nvec 16-byte vectors (V elements each) from global memory to shared memory by
+// cp.async (the loads in flight hold no registers) and waits until the whole block's copies landed.
+template <class T, int V>
+__device__ __forceinline__ void stage_row(void* smem, const T* row, i64 nvec) {
+  const unsigned base = smem_u32(smem);
+  for (i64 i = threadIdx.x; i < nvec; i += blockDim.x) cp_async16(base + static_cast<unsigned>(i * 16), row + i * V, 16);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
 }
 
 // The first row handled by this block's row group in one step of the block-strided row loop.

@@ -6,7 +6,7 @@
 //                              global memory per element. Two all-reduces: max then sum (forward),
 //                              sum(g * y) or sum(g) (backward).
 //  softmax_fwd_smem            long rows (16-byte vectors): one row per block staged in shared memory
-//                              by cp.async (see norm_fwd_smem in norm.cuh): one read, one write.
+//                              by cp.async (stage_row in rows.cuh): one read, one write.
 //  softmax_fwd_stream / _bwd_stream
 //                              rows too long for registers: a 1-D block per row, an online
 //                              (max, sum) pass, then a pass that writes (the row is read twice).
@@ -16,7 +16,6 @@
 //
 // Backward: softmax dx = y * (g - sum(g * y)); log-softmax dx = g - exp(y) * sum(g).
 #pragma once
-#include "mma.cuh"
 #include "rows.cuh"
 
 namespace flame {
@@ -123,15 +122,9 @@ __global__ void __launch_bounds__(512) softmax_fwd_smem(const T* __restrict__ x,
   __shared__ A red[32];
   extern __shared__ __align__(16) unsigned char row_smem[];
   const Vec<T, V>* srow = reinterpret_cast<const Vec<T, V>*>(row_smem);
-  const unsigned sbase = smem_u32(row_smem);
   const i64 nvec = D / V;
   for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* xr = x + row * D;
-    for (i64 i = threadIdx.x; i < nvec; i += blockDim.x)
-      cp_async16(sbase + static_cast<unsigned>(i * 16), xr + i * V, 16);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
+    stage_row<T, V>(row_smem, x + row * D, nvec);
     A m = neg_infinity<A>();
     for (i64 i = threadIdx.x; i < nvec; i += blockDim.x) {
       Vec<T, V> v = srow[i];

@@ -19,23 +19,19 @@ namespace flame {
 namespace {
 
 constexpr size_t kMaxGroupSmem = 40 * 1024;  // GN channel sums: dynamic + static (red) shared memory stay below 48 KiB
-// Forward rows of more than kMinSmemRow bytes, up to kMaxSmemRow, are staged in shared memory
-// (norm_fwd_smem): 64 KiB keeps 3 rows resident per SM on sm_90 (227 KiB) and 2 on sm_80. On an
-// H200: layer_norm 2048x16384 0.69 -> 0.81 of copy, group_norm 32x128x64x64 0.49 -> 0.70. Shorter
-// rows stay register-cached (a 16 KiB threshold measured the same).
-constexpr size_t kMinSmemRow = 32 * 1024, kMaxSmemRow = 64 * 1024;
 
 int mode_of(ops::NormKind k) { return k == ops::NormKind::Layer ? 0 : (k == ops::NormKind::Rms ? 1 : 2); }
 const char* kind_name(ops::NormKind k) {
   return k == ops::NormKind::Layer ? "layer_norm" : (k == ops::NormKind::Rms ? "rms_norm" : "group_norm");
 }
 
-std::string fwd_name(DType t, int mode, const RowPlan& p) {
-  if (p.stream) return "flame::norm_fwd_stream" + targs({device_type(t), std::to_string(mode), std::to_string(p.v)});
-  return "flame::norm_fwd" + targs({device_type(t), std::to_string(mode), std::to_string(p.nv), std::to_string(p.v)});
+// One block per row (norm_fwd_block): in shared memory, or streamed from global memory.
+std::string block_fwd_name(DType t, int mode, int v, bool smem) {
+  return "flame::norm_fwd_block" + targs({device_type(t), std::to_string(mode), std::to_string(v), smem ? "true" : "false"});
 }
-std::string smem_fwd_name(DType t, int mode, int v) {
-  return "flame::norm_fwd_smem" + targs({device_type(t), std::to_string(mode), std::to_string(v)});
+std::string fwd_name(DType t, int mode, const RowPlan& p) {
+  if (p.stream) return block_fwd_name(t, mode, p.v, false);
+  return "flame::norm_fwd" + targs({device_type(t), std::to_string(mode), std::to_string(p.nv), std::to_string(p.v)});
 }
 std::string bwd_name(DType t, int mode, const RowPlan& p, bool wb) {
   if (p.stream) return "flame::norm_bwd_stream" + targs({device_type(t), std::to_string(mode), std::to_string(p.v)});
@@ -90,17 +86,8 @@ FwdOut launch_norm_forward(int mode, const Tensor& x, const Tensor& w, const Ten
   int v = row_vector_width(x->dtype, geo.D, ptrs);
   int64_t rows = geo.rows, D = geo.D, groups = geo.groups, hw = geo.hw;
   void* args[] = {&xp, &wp, &bp, &yp, &mp, &rp, &rows, &D, &groups, &hw, &eps};
-  const size_t row_bytes = static_cast<size_t>(geo.D) * dtype_size(x->dtype);
-  if (v * dtype_size(x->dtype) == 16 && row_bytes > kMinSmemRow && row_bytes <= kMaxSmemRow) {
-    // Long rows: staged in shared memory, one row per block; the grid covers every row (the
-    // hardware keeps as many blocks per SM as shared memory allows).
-    CUfunction f = ctx.function("norm.cuh", smem_fwd_name(x->dtype, mode, v));
-    ctx.check(ctx.drv.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(row_bytes)),
-              "cuFuncSetAttribute");
-    RowPlan p;
-    p.tpr = 512;
-    p.grid = static_cast<unsigned>(std::min<int64_t>(geo.rows, INT32_MAX));
-    launch_rows(ctx, f, p, args, static_cast<unsigned>(row_bytes));
+  if (smem_rows(x->dtype, geo.D, v)) {
+    launch_smem_rows(ctx, ctx.function("norm.cuh", block_fwd_name(x->dtype, mode, v, true)), rows, D, x->dtype, args);
     return o;
   }
   RowPlan p = plan_rows(ctx, geo.rows, geo.D, x->dtype, v, fwd_budget());
@@ -427,7 +414,7 @@ std::vector<std::string> ops::norm_kernel_instantiations() {
         v.push_back(fwd_name(t, mode, p));
         v.push_back(bwd_name(t, mode, p, false));
       }
-      v.push_back(smem_fwd_name(t, mode, static_cast<int>(16 / dtype_size(t))));
+      v.push_back(block_fwd_name(t, mode, static_cast<int>(16 / dtype_size(t)), true));
     }
     for (const char* m : {"0", "1"}) {
       v.push_back(bn_name("bn_reduce", t, m));

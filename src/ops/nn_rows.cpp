@@ -64,6 +64,21 @@ void launch_rows(Context& ctx, CUfunction f, const RowPlan& p, void** args, unsi
   ctx.check(ctx.drv.cuLaunchKernel(f, p.grid, 1, 1, p.tpr, p.rpb, 1, smem, ctx.stream, args, nullptr), "cuLaunchKernel");
 }
 
+bool smem_rows(DType dtype, int64_t D, int v) {
+  const size_t row_bytes = static_cast<size_t>(D) * dtype_size(dtype);
+  return v * dtype_size(dtype) == 16 && row_bytes > 32 * 1024 && row_bytes <= 64 * 1024;
+}
+
+void launch_smem_rows(Context& ctx, CUfunction f, int64_t rows, int64_t D, DType dtype, void** args) {
+  const unsigned bytes = static_cast<unsigned>(static_cast<size_t>(D) * dtype_size(dtype));
+  ctx.check(ctx.drv.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(bytes)),
+            "cuFuncSetAttribute");
+  RowPlan p;
+  p.tpr = 512;
+  p.grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));  // as many resident as shared memory allows
+  launch_rows(ctx, f, p, args, bytes);
+}
+
 void launch_flat(Context& ctx, CUfunction f, int64_t work, void** args) {
   constexpr unsigned block = 256;
   int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((work + block - 1) / block, static_cast<int64_t>(ctx.sm_count) * 32));

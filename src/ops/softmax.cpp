@@ -4,7 +4,6 @@
 // one thread per column. Few long columns: the dim is permuted to the end and made contiguous, the
 // row kernel runs, and the result is permuted back (the forward does this with recorded ops).
 #include <algorithm>
-#include <climits>
 #include "autograd/graph.h"
 #include "core/error.h"
 #include "ops/nn.h"
@@ -30,8 +29,6 @@ std::string bwd_name(DType t, bool log, const RowPlan& p) {
 std::string smem_fwd_name(DType t, bool log, int v) {
   return std::string("flame::softmax_fwd_smem") + targs({device_type(t), tf(log), std::to_string(v)});
 }
-// Forward rows of 32-64 KiB are staged in shared memory (as norm_fwd_smem in ops/nn_norm.cpp).
-constexpr size_t kMinSmemRow = 32 * 1024, kMaxSmemRow = 64 * 1024;
 std::string cols_name(bool fwd, DType t, bool log) {
   return std::string(fwd ? "flame::softmax_cols_fwd" : "flame::softmax_cols_bwd") + targs({device_type(t), tf(log)});
 }
@@ -81,15 +78,8 @@ void launch_forward(const Tensor& x, const Tensor& y, const Geometry& geo, bool 
     int64_t rows = geo.outer;
     int v = row_vector_width(x->dtype, geo.D, {xp, yp});
     void* args[] = {&xp, &yp, &rows, const_cast<int64_t*>(&geo.D)};
-    const size_t row_bytes = static_cast<size_t>(geo.D) * dtype_size(x->dtype);
-    if (v * dtype_size(x->dtype) == 16 && row_bytes > kMinSmemRow && row_bytes <= kMaxSmemRow) {
-      CUfunction f = ctx.function("softmax.cuh", smem_fwd_name(x->dtype, log, v));
-      ctx.check(ctx.drv.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(row_bytes)),
-                "cuFuncSetAttribute");
-      RowPlan p;
-      p.tpr = 512;
-      p.grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));
-      launch_rows(ctx, f, p, args, static_cast<unsigned>(row_bytes));
+    if (smem_rows(x->dtype, geo.D, v)) {
+      launch_smem_rows(ctx, ctx.function("softmax.cuh", smem_fwd_name(x->dtype, log, v)), rows, geo.D, x->dtype, args);
       return;
     }
     RowPlan p = plan_rows(ctx, rows, geo.D, x->dtype, v, fwd_budget());
