@@ -15,7 +15,7 @@
 // in place, a hook on the output sees it), and is never made for a gradient the caller passed or
 // when the graph is kept or recorded. The node's rule is then told that g is exactly 1, seen by no
 // user code, and that its saved tensors are freed after it: cross_entropy hands out the gradient its
-// forward already computed (backward_rules.cpp, kSeedRules).
+// forward already computed (backward_rules.cpp, seed_rule).
 #include "autograd/engine.h"
 #include <algorithm>
 #include <map>

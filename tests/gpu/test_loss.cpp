@@ -1150,6 +1150,7 @@ TEST_F(CeSeed, OnlyARecordedForwardComputesTheGradient) {
       EXPECT_EQ(flame_ctx_set_inference_mode(ctx, 1, &prev), FLAME_OK);
     }
     flame_memory_stats_t before{}, after{};
+    before.struct_size = after.struct_size = sizeof before;
     EXPECT_EQ(flame_ctx_synchronize(ctx), FLAME_OK);
     EXPECT_EQ(flame_ctx_memory_stats(ctx, &before), FLAME_OK);
     T loss;
