@@ -9,7 +9,10 @@
 //    per row, 16-byte and scalar accesses: C = 1, 7, 1000, 1024, 1025, 4099, 50257, 50304) in every
 //    dtype, against the analytic host gradient; all-ignored and empty batches; out-of-range class
 //    indices (reported at the next synchronisation, context still usable); bad arguments; the fused
-//    and the composed backward agree; deterministic results.
+//    and the composed backward agree; deterministic results;
+//  - CeSeed: the gradient the forward writes for loss.backward() (class indices, mean/sum) at every
+//    size and dtype, other upstream gradients, hooks and retain_grad on the loss, double backward,
+//    no gradient work without a recorded forward, bad indices.
 #include <cmath>
 #include <set>
 #include <string>
