@@ -8,6 +8,10 @@
 // reads the row once more and writes the gradient
 //     coef * (softmax(x) * a - target_distribution)
 // so forward + backward move 3 x M x C elements: the logits twice, the gradient once.
+// When the forward is recorded with class indices and a scalar reduction, ce_index_fwd_grad also
+// writes the gradient for an upstream gradient of 1 (what loss.backward() seeds): each row is read
+// from DRAM once, backwards, and again forwards for the gradient, from L2 (the host caps the rows
+// in flight so that they fit), so forward + backward move 2 x M x C elements.
 //
 // Rows are handled by one warp (C <= 1024: several rows per block) or by one block (larger C).
 // V elements move per access (16 bytes when the row length and pointers allow, else 1), and U such
@@ -137,25 +141,50 @@ template <class T, int V> __device__ __forceinline__ Vec<T, V> load_vec(const T*
 
 template <class A> __device__ __forceinline__ A finite_or_zero(A x) { return x - x == A(0) ? x : A(0); }
 
+// Calls f(c, xs) for the accesses c0 + u * stride (u < kLossUnroll) of a row of C elements, all
+// loads issued first (c: first column of V elements).
+template <int V, class T, class A, class F>
+__device__ __forceinline__ void row_chunk(const T* __restrict__ row, i64 C, i64 c0, i64 stride, F& f) {
+  Vec<T, V> v[kLossUnroll];
+#pragma unroll
+  for (int u = 0; u < kLossUnroll; ++u)
+    if (c0 + u * stride < C) v[u] = load_vec<T, V>(row + c0 + u * stride);
+#pragma unroll
+  for (int u = 0; u < kLossUnroll; ++u) {
+    i64 c = c0 + u * stride;
+    if (c < C) {
+      A xs[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) xs[k] = static_cast<A>(to_compute(v[u].v[k]));
+      f(c, xs);
+    }
+  }
+}
+
 // Calls f(c, xs) for the group's share of a row of C elements, V at a time (c: first column).
 template <int V, class T, class A, class F>
 __device__ __forceinline__ void for_row(const T* __restrict__ row, i64 C, const RowGroup& grp, F&& f) {
   const i64 stride = static_cast<i64>(grp.size) * V;
-  for (i64 c0 = static_cast<i64>(grp.lane) * V; c0 < C; c0 += stride * kLossUnroll) {
-    Vec<T, V> v[kLossUnroll];
-#pragma unroll
-    for (int u = 0; u < kLossUnroll; ++u)
-      if (c0 + u * stride < C) v[u] = load_vec<T, V>(row + c0 + u * stride);
-#pragma unroll
-    for (int u = 0; u < kLossUnroll; ++u) {
-      i64 c = c0 + u * stride;
-      if (c < C) {
-        A xs[V];
-#pragma unroll
-        for (int k = 0; k < V; ++k) xs[k] = static_cast<A>(to_compute(v[u].v[k]));
-        f(c, xs);
-      }
-    }
+  for (i64 c0 = static_cast<i64>(grp.lane) * V; c0 < C; c0 += stride * kLossUnroll) row_chunk<V, T, A>(row, C, c0, stride, f);
+}
+
+// for_row with the chunks in reverse order: the row's start is then read last, and it is where the
+// following forward pass over the same row begins, so that pass finds it in L2 (as llm.c does).
+template <int V, class T, class A, class F>
+__device__ __forceinline__ void for_row_reversed(const T* __restrict__ row, i64 C, const RowGroup& grp, F&& f) {
+  const i64 stride = static_cast<i64>(grp.size) * V, chunk = stride * kLossUnroll, first = static_cast<i64>(grp.lane) * V;
+  if (first >= C) return;
+  for (i64 k = (C - 1 - first) / chunk; k >= 0; --k) row_chunk<V, T, A>(row, C, first + k * chunk, stride, f);
+}
+
+// A 16-byte store marked evict-first (st.global.cs): the gradient streams out without evicting the
+// logits rows that wait in L2 for their second read. Other widths: a plain store.
+template <class T, int V> __device__ __forceinline__ void store_streaming(T* p, const Vec<T, V>& v) {
+  if constexpr (sizeof(Vec<T, V>) == 16) {
+    const unsigned* u = reinterpret_cast<const unsigned*>(&v);
+    asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(u[0]), "r"(u[1]), "r"(u[2]), "r"(u[3]) : "memory");
+  } else {
+    *reinterpret_cast<Vec<T, V>*>(p) = v;
   }
 }
 
@@ -212,8 +241,25 @@ __global__ void ce_index_fwd(const T* __restrict__ x, const I* __restrict__ targ
   }
 }
 
-// grad[r, c] = coef (p_c a - (1 - eps) w_t [c == t] - eps / C w_c), p = softmax of the row,
-// a = (1 - eps) w_t + eps W / C, coef = g[r * g_stride] * scale / (*denom when given).
+// One row's gradient coef (p_c a - (1 - eps) w_t [c == t] - eps / C w_c), p = softmax of the row,
+// a = (1 - eps) w_t + eps W / C; coef: the row's upstream gradient over the reduction's divisor.
+template <class A> struct CeRowGrad {
+  A bt, bs, bW, a, l;  // the one-hot part, the uniform part per unit weight, bs W, bt + bW, logsumexp
+  i64 t;
+  __device__ __forceinline__ CeRowGrad(A coef, A wt, A W, double eps, i64 C, A lse, i64 target)
+      : bt(static_cast<A>(1.0 - eps) * wt * coef), bs(static_cast<A>(eps / static_cast<double>(C)) * coef), bW(bs * W),
+        a(bt + bW), l(lse), t(target) {}
+  // The gradient at column c of logit x; wc: the weight of class c (read only with smoothing).
+  __device__ __forceinline__ A operator()(i64 c, A x, A wc, bool smooth) const {
+    const A p = l_exp(x - l);
+    const A w = smooth ? bs * wc : A(0);
+    // At the target p a - bt - w = (p - 1) bt + (p bW - w), with p - 1 from expm1: no cancellation
+    // when p -> 1 (and exactly 0 for C = 1).
+    return c == t ? m_expm1(x - l) * bt + (p * bW - w) : p * a - w;
+  }
+};
+
+// grad[r, c] = CeRowGrad with coef = g[r * g_stride] * scale / (*denom when given).
 template <int V, bool WarpRow, class T, class I, class A>
 __global__ void ce_index_bwd(const T* __restrict__ x, const I* __restrict__ target, const A* __restrict__ weight,
                              const A* __restrict__ wsum, const A* __restrict__ lse, const T* __restrict__ g, i64 g_stride,
@@ -236,25 +282,105 @@ __global__ void ce_index_bwd(const T* __restrict__ x, const I* __restrict__ targ
     }
     A coef = static_cast<A>(to_compute(g[r * g_stride])) * static_cast<A>(scale);
     if (denom) coef /= *denom;
-    const A wt = weight ? weight[t] : A(1);
-    const A W = weight ? *wsum : static_cast<A>(C);
-    const A bt = static_cast<A>(1.0 - eps) * wt * coef;       // the one-hot part
-    const A bs = static_cast<A>(eps / static_cast<double>(C)) * coef;  // the uniform part, per unit weight
-    const A bW = bs * W;
-    const A a = bt + bW;
-    const A l = lse[r];
+    const CeRowGrad<A> rg(coef, weight ? weight[t] : A(1), weight ? *wsum : static_cast<A>(C), eps, C, lse[r], t);
     for_row<V, T, A>(x + r * C, C, grp, [&](i64 c, const A (&xs)[V]) {
       Vec<T, V> o;
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const A p = l_exp(xs[k] - l);
-        const A w = smooth ? bs * (weight ? weight[c + k] : A(1)) : A(0);
-        // At the target p a - bt - w = (p - 1) bt + (p bW - w), with p - 1 from expm1: no cancellation
-        // when p -> 1 (and exactly 0 for C = 1).
-        const A gv = c + k == t ? m_expm1(xs[k] - l) * bt + (p * bW - w) : p * a - w;
-        o.v[k] = cast<T>(gv);
-      }
+      for (int k = 0; k < V; ++k) o.v[k] = cast<T>(rg(c + k, xs[k], smooth && weight ? weight[c + k] : A(1), smooth));
       *reinterpret_cast<Vec<T, V>*>(gr + c) = o;
+    });
+  }
+}
+
+// ---------------------------------------------------------------- cross-entropy, class indices, with the gradient
+
+// The weight of each row's target (0 when ignored, NaN for a bad index: reported by the main
+// kernel), summed on the host side into the divisor of reduction mean before the main kernel runs.
+template <class I, class A>
+__global__ void ce_target_weight(const I* __restrict__ target, const A* __restrict__ weight, i64 M, i64 C, i64 ignore_index,
+                                 A* __restrict__ wrow) {
+  for (i64 r = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; r < M; r += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 t = static_cast<i64>(target[r]);
+    wrow[r] = t == ignore_index ? A(0) : (t < 0 || t >= C) ? l_nan<A>() : weight ? weight[t] : A(1);
+  }
+}
+
+// The group's combined statistics in every thread of the group.
+template <bool WarpRow, class A> __device__ __forceinline__ RowStats<A> rs_reduce_all(const RowStats<A>& v, RowStats<A>* smem,
+                                                                                   RowStats<A>* total) {
+  RowStats<A> r = rs_reduce<WarpRow>(v, smem);
+  if constexpr (WarpRow) {
+    r.m = __shfl_sync(0xffffffffu, r.m, 0);
+    r.s = __shfl_sync(0xffffffffu, r.s, 0);
+    r.wx = __shfl_sync(0xffffffffu, r.wx, 0);
+  } else {
+    if (threadIdx.x == 0) *total = r;
+    __syncthreads();  // the next row's writes to *total come after two more barriers (rs_block_reduce)
+    r = *total;
+  }
+  return r;
+}
+
+// ce_index_fwd, and in the same pass over each row the gradient for an upstream gradient of 1:
+// grad[r] = CeRowGrad with coef = 1 / *denom (reduction mean; the denominator was summed before
+// this kernel) or 1 (sum). The first read of a row (for the statistics) runs backwards, the second
+// (for the gradient) forwards from where the first ended; the gradient is stored evict-first.
+template <int V, bool WarpRow, class T, class I, class A>
+__global__ void __launch_bounds__(1024)
+    ce_index_fwd_grad(const T* __restrict__ x, const I* __restrict__ target, const A* __restrict__ weight,
+                      const A* __restrict__ wsum, const A* __restrict__ denom, i64 M, i64 C, i64 ignore_index, double eps,
+                      A* __restrict__ loss, A* __restrict__ wrow, A* __restrict__ lse, T* __restrict__ grad,
+                      DeviceErrorRecord* err, unsigned int err_source) {
+  __shared__ RowStats<A> smem[32];
+  __shared__ RowStats<A> total;
+  const RowGroup grp = row_group<WarpRow>();
+  const bool smooth = eps != 0.0;
+  const i64 stride = static_cast<i64>(grp.size) * V;
+  for (i64 r = grp.first; r < M; r += grp.step) {
+    const i64 t = static_cast<i64>(target[r]);
+    T* gr = grad + r * C;
+    if (t == ignore_index || t < 0 || t >= C) {  // uniform over the group: no reduction below
+      const bool bad = t != ignore_index;
+      if (grp.lane == 0) {
+        if (bad) report_bad_index(err, err_source, t, r, C);
+        loss[r] = bad ? l_nan<A>() : A(0);
+        wrow[r] = bad ? l_nan<A>() : A(0);
+        lse[r] = A(0);
+      }
+      Vec<T, V> fill;
+#pragma unroll
+      for (int k = 0; k < V; ++k) fill.v[k] = cast<T>(bad ? l_nan<A>() : A(0));
+      for (i64 c = static_cast<i64>(grp.lane) * V; c < C; c += stride) store_streaming(gr + c, fill);
+      continue;
+    }
+    const T* xr = x + r * C;
+    const A ref = smooth ? finite_or_zero(static_cast<A>(to_compute(xr[0]))) : A(0);
+    RowStats<A> st = rs_init<A>();
+    for_row_reversed<V, T, A>(xr, C, grp, [&](i64 c, const A (&xs)[V]) {
+      rs_add(st, xs);
+      if (smooth) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) st.wx += (weight ? weight[c + k] : A(1)) * (xs[k] - ref);
+      }
+    });
+    st = rs_reduce_all<WarpRow>(st, smem, &total);
+    const A lg = m_log(st.s);  // lse - max: differences to lse are taken as (max - x) + lg, exactly
+    const A wt = weight ? weight[t] : A(1);
+    const A W = weight ? *wsum : static_cast<A>(C);
+    if (grp.lane == 0) {
+      const A xt = static_cast<A>(to_compute(xr[t]));
+      A out = static_cast<A>(1.0 - eps) * wt * ((st.m - xt) + lg);
+      if (smooth) out += static_cast<A>(eps / static_cast<double>(C)) * (W * ((st.m - ref) + lg) - st.wx);
+      loss[r] = out;
+      wrow[r] = wt;
+      lse[r] = st.m + lg;
+    }
+    const CeRowGrad<A> rg(denom ? A(1) / *denom : A(1), wt, W, eps, C, st.m + lg, t);
+    for_row<V, T, A>(xr, C, grp, [&](i64 c, const A (&xs)[V]) {
+      Vec<T, V> o;
+#pragma unroll
+      for (int k = 0; k < V; ++k) o.v[k] = cast<T>(rg(c + k, xs[k], smooth && weight ? weight[c + k] : A(1), smooth));
+      store_streaming(gr + c, o);
     });
   }
 }

@@ -529,6 +529,17 @@ constexpr std::array<Rule, kNumOps> make_rules() {
 }
 constexpr std::array<Rule, kNumOps> kRules = make_rules();
 
+// ---- the engine's unit seed (engine.cpp): g is exactly 1, no hook saw it, no graph is recorded and
+// the node's saved tensors are freed after the call. An op listed here may then hand out a gradient
+// its forward computed; otherwise its rule runs. ----
+// cross_entropy with class indices and a scalar reduction saved that gradient (ops/loss.cpp).
+Grads seed_CrossEntropy(Node& n, const Tensor& g) {
+  LossSaved s = unpack_loss(n);
+  if (s.grad && !g->ctx().recording()) return {s.grad};
+  return bw_CrossEntropy(n, g);
+}
+Rule seed_rule(OpId op) { return op == OpId::CrossEntropy ? seed_CrossEntropy : nullptr; }
+
 }  // namespace
 
 // Ops whose outputs are never differentiable (bool or index results): marked, not forgotten.
@@ -569,9 +580,12 @@ Grads apply_backward_rule_multi(Node& n, const std::vector<Tensor>& gs) {
   fail(FLAME_ERROR_INTERNAL, "op ", op_name(n.op), " has ", n.num_outputs, " outputs but no backward for several");
 }
 
-Grads apply_backward_rule(Node& n, const Tensor& g) {
+// unit_seed: g is the engine's seed of ones, on the terms above seed_CrossEntropy.
+Grads apply_backward_rule(Node& n, const Tensor& g, bool unit_seed) {
   Rule r = has_backward(n.op) ? kRules[static_cast<int>(n.op)] : nullptr;
   if (!r) fail(FLAME_ERROR_NOT_DIFFERENTIABLE, "op ", op_name(n.op), " has no backward rule");
+  if (unit_seed)
+    if (Rule sr = seed_rule(n.op)) return sr(n, g);
   return r(n, g);
 }
 

@@ -9,9 +9,17 @@
 // hooks, retain_grad or flame_grad capture), the consumer's dgrad GEMM applies the producer's
 // activation derivative in its epilogue and hands the producer its pre-activation gradient
 // (backward_rules.cpp, linear_backward).
+// The unit seed: the ones tensor the engine makes for a one-element root whose gradient the caller
+// left NULL is remembered (by the buffer slot it fills) until that slot's node runs. The mark goes as
+// soon as anything else reaches the slot (another root or edge adds to it, a slice is added into it
+// in place, a hook on the output sees it), and is never made for a gradient the caller passed or
+// when the graph is kept or recorded. The node's rule is then told that g is exactly 1, seen by no
+// user code, and that its saved tensors are freed after it: cross_entropy hands out the gradient its
+// forward already computed (backward_rules.cpp, seed_rule).
 #include "autograd/engine.h"
 #include <algorithm>
 #include <map>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 #include "core/error.h"
@@ -20,7 +28,7 @@
 
 namespace flame {
 
-std::vector<Tensor> apply_backward_rule(Node& n, const Tensor& g);  // backward_rules.cpp
+std::vector<Tensor> apply_backward_rule(Node& n, const Tensor& g, bool unit_seed);  // backward_rules.cpp
 std::vector<Tensor> apply_backward_rule_multi(Node& n, const std::vector<Tensor>& gs);  // backward_rules.cpp
 std::vector<Tensor> linear_backward(Node& n, const Tensor& g, bool pre, Node* p, Tensor* p_dz);
 
@@ -139,18 +147,21 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
 
   // Root gradients.
   std::unordered_map<Node*, std::vector<Tensor>> buffer;  // per node, one gradient per output
+  std::set<std::pair<Node*, uint32_t>> unit_seed;          // buffer slots holding the untouched seed (see the top)
   std::vector<std::shared_ptr<Node>> root_nodes;
   auto add_to = [&](Node* n, uint32_t nr, const Tensor& g) {
     std::vector<Tensor>& v = buffer[n];
     if (v.size() <= nr) v.resize(nr + 1);
     v[nr] = v[nr] ? ops::add(v[nr], g) : g;
+    unit_seed.erase({n, nr});
   };
   for (size_t i = 0; i < req.roots.size(); ++i) {
     const Tensor& r = req.roots[i];
     Edge e = gradient_edge(r);
     FLAME_CHECK(e.fn, FLAME_ERROR_INVALID_ARGUMENT, "output ", i, " does not require grad and has no grad_fn");
     Tensor g = i < req.root_grads.size() ? req.root_grads[i] : nullptr;
-    if (!g) {
+    const bool implicit = !g;
+    if (implicit) {
       FLAME_CHECK(r->numel() == 1, FLAME_ERROR_INVALID_ARGUMENT, "grad can be implicitly created only for outputs "
                   "with one element; output ", i, " has shape ", shape_str(r->shape));
       g = ops::full(ctx, r->shape, r->dtype, 1.0);
@@ -158,7 +169,10 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
       FLAME_CHECK(&g->ctx() == &ctx, FLAME_ERROR_INVALID_ARGUMENT, "gradient ", i, " belongs to another context");
       check_grad_geometry(g, {r->shape, r->dtype}, "the gradient of the output");
     }
+    auto slot = buffer.find(e.fn.get());
+    const bool first = slot == buffer.end() || slot->second.size() <= e.input_nr || !slot->second[e.input_nr];
     add_to(e.fn.get(), e.input_nr, g);
+    if (implicit && first && !req.keep_graph && !req.create_graph) unit_seed.insert({e.fn.get(), e.input_nr});
     root_nodes.push_back(e.fn);
   }
 
@@ -202,6 +216,7 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
     Tensor slice = ops::view_slice(acc, n.view);  // grad mode is off: no node recorded
     launch_elementwise("Add", {}, slice, {slice, g});
     acc->storage->version++;
+    unit_seed.erase({child, n.next[0].input_nr});
     return true;
   };
 
@@ -259,7 +274,10 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
         HookList hooks;
         for (auto& h : n->hooks)
           if (h.first == nr) hooks.push_back(h.second);
-        if (!hooks.empty()) gs[nr] = run_hooks(hooks, gs[nr], {gs[nr]->shape, gs[nr]->dtype});
+        if (!hooks.empty()) {
+          unit_seed.erase({n, nr});  // a hook may replace the gradient or edit it in place
+          gs[nr] = run_hooks(hooks, gs[nr], {gs[nr]->shape, gs[nr]->dtype});
+        }
         for (auto& r : n->retained)
           if (r.first == nr)
             if (auto t = r.second.lock()) pending.emplace_back(t, gs[nr]);
@@ -277,12 +295,14 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
         grads = linear_backward(*n, gs[0], pre, producer, &p_dz);
         if (p_dz) {  // the reshapes in between pass no gradient; the producer gets it directly
           buffer[producer] = {p_dz};
+          unit_seed.erase({producer, 0});
           pre_activation.insert(producer);
         }
       } else if (n->op == OpId::ViewSlice && scatter_into_pending(*n, gs[0])) {
         grads.assign(n->next.size(), nullptr);  // already in the input's buffer
       } else {
-        grads = n->num_outputs > 1 ? apply_backward_rule_multi(*n, gs) : apply_backward_rule(*n, gs[0]);
+        grads = n->num_outputs > 1 ? apply_backward_rule_multi(*n, gs)
+                                   : apply_backward_rule(*n, gs[0], unit_seed.count({n, 0}) > 0);
       }
       FLAME_CHECK(grads.size() == n->next.size(), FLAME_ERROR_INTERNAL, "backward of ", op_name(n->op), " returned ",
                   grads.size(), " gradients for ", n->next.size(), " inputs");

@@ -6,6 +6,13 @@
 // recorded per call; its backward rule (autograd/backward_rules.cpp) runs the fused backward kernel,
 // or the same formula written with FLAME ops when a graph of the backward is being built.
 //
+// With class indices and reduction mean or sum, a forward that records a node also writes the
+// gradient for an upstream gradient of 1 (ce_index_fwd_grad: each row read from DRAM once; for mean
+// the divisor is summed from the targets first). It is saved in the node, and the backward hands it
+// out as it is when its gradient is the engine's own seed of ones (loss.backward()); any other
+// upstream gradient runs the backward kernel as before (one rounding; the same traffic as scaling
+// the saved gradient). Reduction none keeps the two-kernel path: its upstream is never the seed.
+//
 // Class indices are checked on the device, not on the host (copying them to the host would stall
 // the stream every step): an index out of range that is not ignore_index gives that row a NaN loss
 // and is reported by the context's next synchronisation (Context::device_error_record).
@@ -49,6 +56,27 @@ RowLaunch row_launch(int64_t M, int64_t C, DType dt, std::initializer_list<CUdev
   int64_t groups = L.warp ? (M + 7) / 8 : M;  // warp rows: 8 warps of a 256-thread block
   L.block = L.warp ? 256 : (C >= 16384 ? 512 : 256);
   L.grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{1} << 20)));  // grid-stride beyond
+  return L;
+}
+
+// row_launch for ce_index_fwd_grad, which reads each row twice: when L2 cannot hold every row the
+// GPU can have in flight, the grid is capped (whole waves of SMs, the blocks stride over the rows)
+// so that the rows in flight fit in half of L2 between the two reads (the other half for the
+// gradient stream and everything else). One block row per SM gets 1024 threads, to keep enough
+// loads in flight (the kernel's launch bounds allow it).
+RowLaunch fused_row_launch(Context& ctx, int64_t M, int64_t C, DType dt, std::initializer_list<CUdeviceptr> ptrs) {
+  RowLaunch L = row_launch(M, C, dt, ptrs);
+  int l2 = 0, threads = 0;
+  ctx.check(ctx.drv.cuDeviceGetAttribute(&l2, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, ctx.device), "cuDeviceGetAttribute");
+  ctx.check(ctx.drv.cuDeviceGetAttribute(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, ctx.device),
+            "cuDeviceGetAttribute");
+  const int64_t sms = std::max(1, ctx.sm_count), rows_per_block = L.warp ? L.block / 32 : 1;
+  const int64_t fit = int64_t{l2} / 2 / (C * static_cast<int64_t>(dtype_size(dt)));  // rows
+  const int64_t resident = sms * std::max<int64_t>(1, threads / L.block) * rows_per_block;  // at full occupancy
+  if (fit >= resident) return L;
+  const int64_t per_sm = std::max<int64_t>(1, fit / (sms * rows_per_block));  // blocks
+  if (!L.warp && per_sm == 1) L.block = 1024;
+  L.grid = static_cast<unsigned>(std::min<int64_t>(L.grid, sms * per_sm));
   return L;
 }
 
@@ -140,14 +168,58 @@ void save_common(Node& node, const Tensor& weight, const Tensor& wsum, int64_t i
     node.saved.emplace_back(weight, false);
     node.saved.emplace_back(wsum, false);
   }
-  node.ints = {ignore_index, static_cast<int64_t>(red), weight ? 1 : 0, C};
+  node.ints = {ignore_index, static_cast<int64_t>(red), weight ? 1 : 0, C, 0};  // ints[4]: a saved gradient follows
   node.reals = {eps};
 }
 
 // ---- the fused cross-entropy ops on [M, C] rows ----
 
+// Forward and gradient in one kernel (see the top of this file); the node saves the gradient last.
+Tensor ce_index_with_grad(const Tensor& x, const Tensor& target, const Tensor& weight, int64_t ignore_index, double eps,
+                          ops::Reduction red) {
+  Context& ctx = x->ctx();
+  int64_t M = x->shape[0], C = x->shape[1];
+  DType T = x->dtype, A = acc_of(T), I = target->dtype;
+  Tensor wsum = weight ? ops::sum_as(weight, {}, false, A) : nullptr;
+  Tensor loss = make_tensor(ctx, {M}, A), wrow = make_tensor(ctx, {M}, A), lse = make_tensor(ctx, {M}, A);
+  Tensor grad = make_tensor(ctx, {M, C}, T);
+  CUdeviceptr pt = target->data(), pw = weight ? weight->data() : 0, pr = wrow->data();
+  Tensor denom;
+  if (red == ops::Reduction::Mean) {  // the divisor first: the kernel scales the gradient by it
+    if (M > 0) {
+      void* args[] = {&pt, &pw, &M, &C, &ignore_index, &pr};
+      ctx.launch(ctx.function("loss.cuh", std::string("flame::ce_target_weight") + targs({device_type(I), device_type(A)})),
+                 flat_grid(ctx, M), 256, args);
+    }
+    denom = ops::sum_as(wrow, {}, false, A);
+  }
+  if (M > 0) {
+    RowLaunch L = fused_row_launch(ctx, M, C, T, {x->data(), grad->data()});
+    uint32_t src = 0;
+    CUdeviceptr rec = ctx.device_error_record("cross_entropy: target index", &src);
+    CUdeviceptr px = x->data(), ps = wsum ? wsum->data() : 0, pd = denom ? denom->data() : 0;
+    CUdeviceptr pl = loss->data(), pe = lse->data(), pg = grad->data();
+    void* args[] = {&px, &pt, &pw, &ps, &pd, &M, &C, &ignore_index, &eps, &pl, &pr, &pe, &pg, &rec, &src};
+    ctx.launch(ctx.function("loss.cuh", row_kernel("ce_index_fwd_grad", L, T, &I, A)), L.grid, L.block, args);
+  }
+  Tensor out = finish(loss, red, denom, T);
+  if (auto node = record(OpId::CrossEntropy, {x}, {out})) {
+    node->saved.emplace_back(x, false);  // the backward kernel (other upstream gradients) and create_graph read it
+    node->saved.emplace_back(target, false);
+    node->saved.emplace_back(lse, false);
+    node->saved.emplace_back(wrow, false);
+    if (denom) node->saved.emplace_back(denom, false);
+    save_common(*node, weight, wsum, ignore_index, red, C, eps);
+    node->saved.emplace_back(grad, false);
+    node->ints[4] = 1;
+  }
+  return out;
+}
+
 Tensor ce_index(const Tensor& x, const Tensor& target, const Tensor& weight, int64_t ignore_index, double eps,
                 ops::Reduction red) {
+  if (red != ops::Reduction::None && x->ctx().recording() && requires_grad(*x))  // record() below will make a node
+    return ce_index_with_grad(x, target, weight, ignore_index, eps, red);
   Context& ctx = x->ctx();
   int64_t M = x->shape[0], C = x->shape[1];
   DType T = x->dtype, A = acc_of(T), I = target->dtype;
@@ -323,6 +395,7 @@ ops::LossSaved ops::unpack_loss(Node& n) {
     s.weight = next();
     s.wsum = next();
   }
+  if (n.ints.at(4) != 0) s.grad = next();
   return s;
 }
 
@@ -390,6 +463,7 @@ std::vector<std::string> ops::loss_instantiations() {
         for (const DType& i : indices) {
           v.push_back(row_kernel("ce_index_fwd", width, warp, t, &i, a));
           v.push_back(row_kernel("ce_index_bwd", width, warp, t, &i, a));
+          v.push_back(row_kernel("ce_index_fwd_grad", width, warp, t, &i, a));
         }
         v.push_back(row_kernel("ce_prob_fwd", width, warp, t, nullptr, a));
         v.push_back(row_kernel("ce_prob_bwd", width, warp, t, nullptr, a));
@@ -398,6 +472,8 @@ std::vector<std::string> ops::loss_instantiations() {
       v.push_back(nll_kernel("nll_fwd", t, i));
       v.push_back(nll_kernel("nll_bwd", t, i));
     }
+    if (t == acc_of(t))  // once per accumulation dtype: its types are (index, accumulation)
+      for (DType i : indices) v.push_back(std::string("flame::ce_target_weight") + targs({device_type(i), device_type(t)}));
   }
   return v;
 }

@@ -35,6 +35,7 @@ struct LossSaved {
   Tensor wrow;        // [M] in A: the weight of each row's target, 0 when ignored (class indices)
   Tensor rowt;        // [M] in A: sum_c w_c t'_c (probabilities)
   Tensor denom;       // 0-d in A: the divisor of reduction mean (class indices), else null
+  Tensor grad;        // [M, C] in x's dtype: the gradient for an upstream gradient of 1, when the forward wrote it
   int64_t ignore_index = -100;
   int64_t classes = 0;
   double eps = 0;     // label smoothing

@@ -9,7 +9,10 @@
 //    per row, 16-byte and scalar accesses: C = 1, 7, 1000, 1024, 1025, 4099, 50257, 50304) in every
 //    dtype, against the analytic host gradient; all-ignored and empty batches; out-of-range class
 //    indices (reported at the next synchronisation, context still usable); bad arguments; the fused
-//    and the composed backward agree; deterministic results.
+//    and the composed backward agree; deterministic results;
+//  - CeSeed: the gradient the forward writes for loss.backward() (class indices, mean/sum) at every
+//    size and dtype, other upstream gradients, hooks and retain_grad on the loss, double backward,
+//    no gradient work without a recorded forward, bad indices.
 #include <cmath>
 #include <set>
 #include <string>
@@ -863,6 +866,355 @@ TEST_F(LossKernels, Deterministic) {
   }
   EXPECT_EQ(vals[0], vals[1]);
   EXPECT_TRUE(bits[0] == bits[1]);
+}
+
+// ------------------------------------------------------------------ the gradient written by the forward
+
+// With class indices and reduction mean or sum, a recorded forward also writes the gradient for an
+// upstream gradient of 1 (cuda/loss.cuh, ce_index_fwd_grad); a backward from that loss with the
+// engine's implicit seed returns it, every other upstream gradient runs the backward kernel.
+class CeSeed : public LossKernels {
+ protected:
+  struct Case {
+    HT x, target;
+    CeSpec s;
+    flame_dtype_t dt = FLAME_DTYPE_F32;
+    T xt, tt, wt, loss;
+  };
+  // Uploads x, target and weight (x and weight become the values the device holds) and runs the
+  // recorded forward.
+  void forward(Case& k, flame_dtype_t tdt = FLAME_DTYPE_I64) {
+    FLAME_ASSERT_OK(upload(ctx, k.x, k.dt, k.xt.out()));
+    FLAME_ASSERT_OK(download(k.xt, &k.x));
+    FLAME_ASSERT_OK(flame_tensor_set_requires_grad(k.xt, 1));
+    FLAME_ASSERT_OK(upload(ctx, k.target, tdt, k.tt.out()));
+    if (!k.s.weight.empty()) {
+      HT w(Shape{static_cast<int64_t>(k.s.weight.size())});
+      w.v = k.s.weight;
+      FLAME_ASSERT_OK(upload(ctx, w, k.dt, k.wt.out()));
+      FLAME_ASSERT_OK(download(k.wt, &w));
+      k.s.weight = w.v;
+    }
+    FLAME_ASSERT_OK(flame_cross_entropy(k.xt, k.tt, k.wt.h, k.s.ignore, k.s.eps, static_cast<flame_reduction_t>(k.s.red),
+                                        k.loss.out()));
+  }
+  // The host gradient for upstream gradient g, and the loss.
+  static HT want(const Case& k, double g, HT* loss = nullptr) {
+    HT gout(Shape{}, g), grad;
+    HT l = ce_index_ref(k.x, k.target, k.s, &gout, &grad);
+    if (loss) *loss = l;
+    return grad;
+  }
+  // flame_grad of outputs (grads may be NULL) with respect to the logits.
+  ::testing::AssertionResult grad_is(const Case& k, std::vector<flame_tensor_t> outs, std::vector<flame_tensor_t> grads,
+                                     uint32_t flags, const HT& expect, const std::string& what) {
+    flame_tensor_t in = k.xt.h, res = nullptr;
+    flame_status_t st = flame_grad(ctx, outs.data(), grads.empty() ? nullptr : grads.data(), static_cast<int32_t>(outs.size()),
+                                   &in, 1, flags, &res);
+    if (st != FLAME_OK) return ::testing::AssertionFailure() << what << ": flame_grad: " << flame_last_error_message();
+    T r(res);
+    HT got;
+    if (download(r, &got) != FLAME_OK) return ::testing::AssertionFailure() << what << ": " << flame_last_error_message();
+    if (dtype_of(r) != k.dt) return ::testing::AssertionFailure() << what << ": gradient dtype " << dtname(dtype_of(r));
+    return near(got, expect, k.dt, what);
+  }
+  static Case make(std::mt19937_64& rng, const Shape& shape, flame_dtype_t dt, CeSpec s, double ignore_frac) {
+    Case k;
+    const int64_t C = shape.size() == 1 ? shape[0] : shape[1];
+    k.x = random_ht(shape, rng, -5, 5);
+    k.target = random_targets(index_shape(shape), C, rng, s.ignore, ignore_frac);
+    if (!k.target.v.empty() && s.ignore != C - 1) k.target.v[0] = static_cast<double>(C - 1);  // one row counts
+    k.s = s;
+    k.dt = dt;
+    return k;
+  }
+};
+
+TEST_F(CeSeed, GradientFromTheForwardAtEverySizeAndDtype) {
+  struct Size { int64_t N, C; };
+  const Size sizes[] = {{3, 1}, {5, 7}, {37, 1000}, {4, 1024}, {3, 1025}, {5, 4099}, {3, 50257}, {6, 50304}, {300, 2000}};
+  const flame_dtype_t dts[] = {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64};
+  std::mt19937_64 rng(gc::seed() ^ 53);
+  for (const Size& z : sizes)
+    for (flame_dtype_t dt : dts)
+      for (int variant = 0; variant < 3; ++variant) {
+        SCOPED_TRACE("N " + std::to_string(z.N) + " C " + std::to_string(z.C) + " " + dtname(dt) + " variant " +
+                     std::to_string(variant) + " FLAME_GRADCHECK_SEED=" + std::to_string(gc::seed()));
+        CeSpec s;
+        double ignore_frac = 0;
+        flame_dtype_t tdt = FLAME_DTYPE_I64;
+        if (variant == 1) {  // mean with weights, smoothing and ignored rows
+          s.eps = 0.1;
+          s.weight = random_ht({z.C}, rng, 0.5, 2).v;
+          ignore_frac = 0.3;
+        } else if (variant == 2) {  // sum, i32 indices, ignore_index inside the class range, smoothing
+          s.red = SUM;
+          s.ignore = 0;
+          s.eps = 0.05;
+          ignore_frac = 0.2;
+          tdt = FLAME_DTYPE_I32;
+        }
+        Case k = make(rng, {z.N, z.C}, dt, s, ignore_frac);
+        forward(k, tdt);
+        if (HasFatalFailure()) return;
+        HT loss, got_loss;
+        HT g = want(k, 1.0, &loss);
+        FLAME_ASSERT_OK(download(k.loss, &got_loss));
+        EXPECT_TRUE(near(got_loss, loss, dt, "loss"));
+        if (variant == 0) {  // flame_backward: the gradient becomes .grad
+          FLAME_ASSERT_OK(flame_backward(ctx, k.loss, nullptr, 0));
+          T gx;
+          FLAME_ASSERT_OK(flame_tensor_grad(k.xt, gx.out()));
+          ASSERT_NE(gx.h, nullptr);
+          HT got;
+          FLAME_ASSERT_OK(download(gx, &got));
+          EXPECT_EQ(dtype_of(gx), dt);
+          EXPECT_TRUE(near(got, g, dt, ".grad"));
+        } else {
+          EXPECT_TRUE(grad_is(k, {k.loss}, {}, 0, g, "flame_grad"));
+        }
+      }
+  // More rows than the grid has blocks (it is capped so that the rows in flight fit in L2).
+  struct Big { int64_t N, C; flame_dtype_t dt; };
+  for (const Big& z : {Big{300, 50304, FLAME_DTYPE_F32}, Big{300, 50304, FLAME_DTYPE_BF16}, Big{4000, 1024, FLAME_DTYPE_F64}}) {
+    SCOPED_TRACE("N " + std::to_string(z.N) + " C " + std::to_string(z.C) + " " + dtname(z.dt));
+    CeSpec s{random_ht({z.C}, rng, 0.5, 2).v, -100, 0.1, MEAN};
+    Case k = make(rng, {z.N, z.C}, z.dt, s, 0.1);
+    forward(k);
+    if (HasFatalFailure()) return;
+    EXPECT_TRUE(grad_is(k, {k.loss}, {}, 0, want(k, 1.0), "flame_grad"));
+  }
+  // [N, C, d1, d2] logits (permuted to rows inside) and unbatched [C] logits.
+  for (const Shape& shape : {Shape{3, 1000, 2, 3}, Shape{1000}}) {
+    SCOPED_TRACE("shape " + shape_str(shape));
+    CeSpec s{{}, -100, 0.05, MEAN};
+    Case k = make(rng, shape, FLAME_DTYPE_F32, s, shape.size() > 1 ? 0.25 : 0.0);
+    forward(k);
+    if (HasFatalFailure()) return;
+    EXPECT_TRUE(grad_is(k, {k.loss}, {}, 0, want(k, 1.0), "flame_grad"));
+  }
+}
+
+// Upstream gradients other than the seed: a scaled loss, explicit gradients (1 included), the same
+// loss twice, a kept graph walked again; the gradient is right each time.
+TEST_F(CeSeed, OtherUpstreamGradients) {
+  std::mt19937_64 rng(gc::seed() ^ 59);
+  for (flame_dtype_t dt : {FLAME_DTYPE_F32, FLAME_DTYPE_BF16, FLAME_DTYPE_F64})
+    for (int red : {MEAN, SUM}) {
+      SCOPED_TRACE(dtname(dt) + (red == MEAN ? " mean" : " sum") + " FLAME_GRADCHECK_SEED=" + std::to_string(gc::seed()));
+      CeSpec s{random_ht({2000}, rng, 0.5, 2).v, -100, 0.1, red};
+      Case k = make(rng, {9, 2000}, dt, s, 0.3);
+      forward(k);
+      if (HasFatalFailure()) return;
+      const HT g1 = want(k, 1.0), g3 = want(k, 3.0), g25 = want(k, 2.5), g2 = want(k, 2.0);
+      // A kept graph: the backward kernel; then the seed, freeing the graph; then nothing is left.
+      EXPECT_TRUE(grad_is(k, {k.loss}, {}, FLAME_BACKWARD_RETAIN_GRAPH, g1, "retained graph"));
+      EXPECT_TRUE(grad_is(k, {k.loss}, {nullptr}, FLAME_BACKWARD_RETAIN_GRAPH, g1, "retained graph, NULL entry"));
+      EXPECT_TRUE(grad_is(k, {k.loss, k.loss}, {}, FLAME_BACKWARD_RETAIN_GRAPH, g2, "the loss twice"));
+      T one, two5;
+      FLAME_ASSERT_OK(upload(ctx, HT(Shape{}, 1.0), dt, one.out()));
+      FLAME_ASSERT_OK(upload(ctx, HT(Shape{}, 2.5), dt, two5.out()));
+      EXPECT_TRUE(grad_is(k, {k.loss}, {one.h}, FLAME_BACKWARD_RETAIN_GRAPH, g1, "explicit 1"));
+      EXPECT_TRUE(grad_is(k, {k.loss}, {two5.h}, FLAME_BACKWARD_RETAIN_GRAPH, g25, "explicit 2.5"));
+      T scaled;
+      FLAME_ASSERT_OK(flame_mul_scalar(k.loss, 3.0, scaled.out()));
+      EXPECT_TRUE(grad_is(k, {scaled.h}, {}, FLAME_BACKWARD_RETAIN_GRAPH, g3, "loss * 3"));
+      EXPECT_TRUE(grad_is(k, {k.loss}, {}, 0, g1, "seed after retained walks"));
+      flame_tensor_t o = k.loss.h, in = k.xt.h, res = nullptr;
+      FLAME_EXPECT_STATUS(flame_grad(ctx, &o, nullptr, 1, &in, 1, 0, &res), FLAME_ERROR_GRAPH_FREED);
+      EXPECT_EQ(res, nullptr);
+      // A fresh forward whose only backward is loss * 3 (no kept graph), and one through flame_backward.
+      Case k2 = make(rng, {9, 2000}, dt, s, 0.3);
+      forward(k2);
+      if (HasFatalFailure()) return;
+      T scaled2;
+      FLAME_ASSERT_OK(flame_mul_scalar(k2.loss, 3.0, scaled2.out()));
+      FLAME_ASSERT_OK(flame_backward(ctx, scaled2, nullptr, 0));
+      T gx;
+      FLAME_ASSERT_OK(flame_tensor_grad(k2.xt, gx.out()));
+      HT got;
+      FLAME_ASSERT_OK(download(gx, &got));
+      EXPECT_TRUE(near(got, want(k2, 3.0), dt, "loss * 3 through flame_backward"));
+    }
+}
+
+// Hooks on the loss see the seed and may replace or edit it; retain_grad and flame_grad of the loss
+// itself see 1.
+TEST_F(CeSeed, HooksAndRetainedGradientsOfTheLoss) {
+  std::mt19937_64 rng(gc::seed() ^ 61);
+  CeSpec s{{}, -100, 0.0, MEAN};
+  auto doubling = +[](void*, flame_tensor_t g, flame_tensor_t* rep) { return flame_mul_scalar(g, 2.0, rep); };
+  auto halve_in_place = +[](void*, flame_tensor_t g, flame_tensor_t*) {
+    const float half = 0.5f;  // f32 loss
+    return flame_copy_from_host(g, &half, sizeof half);
+  };
+  for (int kind = 0; kind < 2; ++kind) {
+    SCOPED_TRACE(kind == 0 ? "replacing hook" : "in-place hook");
+    Case k = make(rng, {7, 3000}, FLAME_DTYPE_F32, s, 0.2);
+    forward(k);
+    if (HasFatalFailure()) return;
+    flame_hook_t hook = nullptr;
+    FLAME_ASSERT_OK(flame_tensor_register_hook(k.loss, kind == 0 ? doubling : halve_in_place, nullptr, nullptr, &hook));
+    EXPECT_TRUE(grad_is(k, {k.loss}, {}, 0, want(k, kind == 0 ? 2.0 : 0.5), "gradient after the hook"));
+    flame_hook_remove(hook);
+  }
+  {  // retain_grad: .grad of the loss is 1
+    Case k = make(rng, {7, 3000}, FLAME_DTYPE_F32, s, 0.2);
+    forward(k);
+    if (HasFatalFailure()) return;
+    FLAME_ASSERT_OK(flame_tensor_retain_grad(k.loss));
+    FLAME_ASSERT_OK(flame_backward(ctx, k.loss, nullptr, 0));
+    T gl, gx;
+    FLAME_ASSERT_OK(flame_tensor_grad(k.loss, gl.out()));
+    FLAME_ASSERT_OK(flame_tensor_grad(k.xt, gx.out()));
+    double one = 0;
+    FLAME_ASSERT_OK(flame_tensor_item(gl, &one));
+    EXPECT_EQ(one, 1.0);
+    HT got;
+    FLAME_ASSERT_OK(download(gx, &got));
+    EXPECT_TRUE(near(got, want(k, 1.0), FLAME_DTYPE_F32, "logits .grad with retain_grad on the loss"));
+  }
+  {  // flame_grad with respect to the logits and the loss itself
+    Case k = make(rng, {7, 3000}, FLAME_DTYPE_F32, s, 0.2);
+    forward(k);
+    if (HasFatalFailure()) return;
+    flame_tensor_t o = k.loss.h, ins[2] = {k.xt.h, k.loss.h}, res[2] = {nullptr, nullptr};
+    FLAME_ASSERT_OK(flame_grad(ctx, &o, nullptr, 1, ins, 2, 0, res));
+    T gx(res[0]), gl(res[1]);
+    double one = 0;
+    FLAME_ASSERT_OK(flame_tensor_item(gl, &one));
+    EXPECT_EQ(one, 1.0);
+    HT got;
+    FLAME_ASSERT_OK(download(gx, &got));
+    EXPECT_TRUE(near(got, want(k, 1.0), FLAME_DTYPE_F32, "logits gradient next to the loss's own"));
+  }
+}
+
+// create_graph with the implicit seed records the composed backward: its gradient is H v (the
+// Hessian of the loss along v), checked against central differences of the host gradient.
+TEST_F(CeSeed, DoubleBackwardFromTheSeed) {
+  std::mt19937_64 rng(gc::seed() ^ 67);
+  for (int red : {MEAN, SUM}) {
+    SCOPED_TRACE(red == MEAN ? "mean" : "sum");
+    CeSpec s{random_ht({9}, rng, 0.5, 2).v, -100, 0.1, red};
+    Case k = make(rng, {5, 9}, FLAME_DTYPE_F64, s, 0.2);
+    k.target.v[0] = 3;  // at least one row counts
+    forward(k);
+    if (HasFatalFailure()) return;
+    flame_tensor_t o = k.loss.h, in = k.xt.h, res = nullptr;
+    FLAME_ASSERT_OK(flame_grad(ctx, &o, nullptr, 1, &in, 1, FLAME_BACKWARD_CREATE_GRAPH, &res));
+    T g(res);
+    HT got_g;
+    FLAME_ASSERT_OK(download(g, &got_g));
+    EXPECT_TRUE(near(got_g, want(k, 1.0), FLAME_DTYPE_F64, "first order"));
+    HT v = random_ht({5, 9}, rng, -1, 1);
+    T vt, prod, loss2;
+    FLAME_ASSERT_OK(upload(ctx, v, FLAME_DTYPE_F64, vt.out()));
+    FLAME_ASSERT_OK(flame_mul(g, vt, prod.out()));
+    FLAME_ASSERT_OK(flame_sum_all(prod, loss2.out()));
+    flame_tensor_t o2 = loss2.h, res2 = nullptr;
+    FLAME_ASSERT_OK(flame_grad(ctx, &o2, nullptr, 1, &in, 1, 0, &res2));
+    T hv(res2);
+    HT got_hv, want_hv(Shape{5, 9});
+    FLAME_ASSERT_OK(download(hv, &got_hv));
+    const double h = 1e-5;
+    Case kp, km;
+    kp.x = k.x, km.x = k.x, kp.target = km.target = k.target, kp.s = km.s = k.s;
+    for (size_t i = 0; i < v.v.size(); ++i) {
+      kp.x.v[i] += h * v.v[i];
+      km.x.v[i] -= h * v.v[i];
+    }
+    HT gp = want(kp, 1.0), gm = want(km, 1.0);
+    for (size_t i = 0; i < v.v.size(); ++i) want_hv.v[i] = (gp.v[i] - gm.v[i]) / (2 * h);
+    EXPECT_TRUE(close(got_hv, want_hv, 1e-5, "H v", 1e-3));
+  }
+}
+
+// The gradient is computed only when the forward is recorded for backward: grad mode off, inference
+// mode, logits that do not require grad and reduction none allocate no logits-sized buffer.
+TEST_F(CeSeed, OnlyARecordedForwardComputesTheGradient) {
+  std::mt19937_64 rng(gc::seed() ^ 71);
+  const int64_t N = 64, C = 5000;
+  const uint64_t grad_bytes = static_cast<uint64_t>(N * C) * 4;
+  HT x = random_ht({N, C}, rng, -5, 5), target = random_targets({N}, C, rng, -100, 0.1);
+  T xt, xg, tt;
+  FLAME_ASSERT_OK(upload(ctx, x, FLAME_DTYPE_F32, xt.out()));
+  FLAME_ASSERT_OK(upload(ctx, x, FLAME_DTYPE_F32, xg.out()));
+  FLAME_ASSERT_OK(flame_tensor_set_requires_grad(xg, 1));
+  FLAME_ASSERT_OK(upload(ctx, target, FLAME_DTYPE_I64, tt.out()));
+  CeSpec s;
+  const double want_loss = ce_index_ref(x, target, s).v[0];
+  // mode: 0 recorded, 1 grad mode off, 2 inference mode, 3 logits without requires_grad, 4 reduction none
+  auto held_bytes = [&](int mode, double* loss_value) -> uint64_t {
+    int32_t prev = 0;
+    if (mode == 1) {
+      EXPECT_EQ(flame_ctx_set_grad_enabled(ctx, 0, &prev), FLAME_OK);
+    } else if (mode == 2) {
+      EXPECT_EQ(flame_ctx_set_inference_mode(ctx, 1, &prev), FLAME_OK);
+    }
+    flame_memory_stats_t before{}, after{};
+    before.struct_size = after.struct_size = sizeof before;
+    EXPECT_EQ(flame_ctx_synchronize(ctx), FLAME_OK);
+    EXPECT_EQ(flame_ctx_memory_stats(ctx, &before), FLAME_OK);
+    T loss;
+    EXPECT_EQ(flame_cross_entropy(mode == 3 ? xt.h : xg.h, tt, nullptr, -100, 0.0,
+                                  mode == 4 ? FLAME_REDUCTION_NONE : FLAME_REDUCTION_MEAN, loss.out()),
+              FLAME_OK);
+    EXPECT_EQ(flame_ctx_memory_stats(ctx, &after), FLAME_OK);
+    if (mode != 4) {
+      EXPECT_EQ(flame_tensor_item(loss, loss_value), FLAME_OK);
+    }
+    if (mode == 1) {
+      EXPECT_EQ(flame_ctx_set_grad_enabled(ctx, prev, nullptr), FLAME_OK);
+    } else if (mode == 2) {
+      EXPECT_EQ(flame_ctx_set_inference_mode(ctx, prev, nullptr), FLAME_OK);
+    }
+    return after.bytes_in_use - before.bytes_in_use;  // loss still held: its node holds the gradient
+  };
+  double warm = 0;
+  for (int mode = 0; mode < 5; ++mode) held_bytes(mode, &warm);  // compiles every kernel first
+  for (int mode = 0; mode < 5; ++mode) {
+    SCOPED_TRACE("mode " + std::to_string(mode));
+    double v = 0;
+    uint64_t held = held_bytes(mode, &v);
+    if (mode == 0) {
+      EXPECT_GE(held, grad_bytes);
+    } else {
+      EXPECT_LT(held, grad_bytes / 2);
+    }
+    if (mode != 4) {
+      EXPECT_NEAR(v, want_loss, 1e-4 * std::fabs(want_loss));
+    }
+  }
+}
+
+// A bad class index with the seed: its row of the gradient is NaN (reported once by the forward),
+// ignored rows 0, the others right.
+TEST_F(CeSeed, OutOfRangeIndexRowsAreNaN) {
+  std::mt19937_64 rng(gc::seed() ^ 73);
+  CeSpec s{{}, -100, 0.1, SUM};
+  Case k = make(rng, {5, 2000}, FLAME_DTYPE_F32, s, 0.0);
+  k.target.v = {1, 2000, 3, -100, 0};
+  forward(k);
+  if (HasFatalFailure()) return;
+  FLAME_EXPECT_STATUS(flame_ctx_synchronize(ctx), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flame_last_error_message()).find("index 2000 at position 1"), std::string::npos);
+  flame_tensor_t o = k.loss.h, in = k.xt.h, res = nullptr;
+  FLAME_ASSERT_OK(flame_grad(ctx, &o, nullptr, 1, &in, 1, 0, &res));
+  T r(res);
+  HT got;
+  FLAME_ASSERT_OK(download(r, &got));  // nothing more to report: the gradient was written by the forward
+  HT good_target = k.target;
+  good_target.v[1] = -100;  // the reference with the bad row left out
+  Case ref;
+  ref.x = k.x, ref.target = good_target, ref.s = k.s;
+  HT g = want(ref, 1.0);
+  for (int64_t c = 0; c < 2000; ++c) {
+    EXPECT_TRUE(std::isnan(got.v[2000 + c]));
+    EXPECT_EQ(got.v[3 * 2000 + c], 0.0);
+    got.v[2000 + c] = 0;
+  }
+  EXPECT_TRUE(near(got, g, FLAME_DTYPE_F32, "the other rows"));
 }
 
 }  // namespace

@@ -527,6 +527,30 @@ def loss_rows():
         ignore=-1, weighted=True, bf16=True)
     nll("nll_spatial_none", [[I((2, 4, 3), uni(-4, 0)), CONST((2, 3), ints(0, 3))]], "none")
     nll("nll_noncontiguous_sum", [[NC((5, 4), uni(-4, 0)), CONST((5,), ints(0, 3))]], "sum")
+    # ---- cross_entropy's gradient written by its forward (class indices, mean/sum): flame_grad of the
+    # loss with no grad_outputs (the engine's seed) returns it. The rows' output is that gradient,
+    # against torch.autograd.grad of the loss, compared as a forward (grad=False).
+    def ce_seed(name, cases, red, ignore=-100, eps=0.0, weighted=False, **k):
+        def ffn(fl, x, dt):
+            import ctypes
+            loss = fl.call("cross_entropy", x[0], index(fl, x[1]), x[2] if weighted else None, ignore, eps, REDUCTIONS[red])
+            ctx = fc.H()
+            fl.check(fl.raw.flame_tensor_context(x[0].h, ctypes.byref(ctx)), "flame_tensor_context")  # borrowed
+            return fl.grad(ctx, [loss], None, [x[0]], 0)[0]
+
+        def tfn(x, dt):
+            loss = F.cross_entropy(x[0], x[1].long(), weight=x[2] if weighted else None, ignore_index=ignore,
+                                   reduction=red, label_smoothing=eps)
+            return torch.autograd.grad(loss, [x[0]])[0]
+        row(name, ffn, tfn, cases, grad=False, **k)
+
+    ce_seed("ce_seed_mean", [[I((6, 7)), CONST((6,), ints(0, 6))]], "mean", bf16=True)
+    ce_seed("ce_seed_ignore_smooth_weight_mean", [[I((5, 9)), CONST((5,), ints(-1, 8)), CONST((9,), uni(0.5, 2))]],
+            "mean", ignore=-1, eps=0.2, weighted=True, bf16=True)
+    ce_seed("ce_seed_spatial_sum", [[I((2, 5, 3)), CONST((2, 3), ints(0, 4))]], "sum", eps=0.1)
+    ce_seed("ce_seed_noncontiguous", [[NC((6, 5)), CONST((6,), ints(0, 4))]], "mean")
+    ce_seed("ce_seed_1000_classes", [[I((4, 1000), uni(-5, 5)), CONST((4,), ints(-1, 999))]], "mean", ignore=-1, eps=0.1)
+    ce_seed("ce_seed_gpt2_vocab", [[I((3, 50304), uni(-5, 5)), CONST((3,), ints(0, 50303))]], "sum")
     # elementwise losses: grids keep |input - target| away from 0 and from beta / delta
     ga, gb = Dom(kind="grid", offset=0.25), Dom(kind="grid", offset=0.75)
     pair = [[I((3, 4), ga), I((3, 4), gb)], [NC((4, 3), ga), I((4, 3), gb)]]
