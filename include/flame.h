@@ -655,8 +655,8 @@ typedef enum flame_reduction_t {
 
 /* Cross-entropy of logits [C], [N, C] or [N, C, d1, ...] (class dim 1, as PyTorch), fused: the
  * forward reads the logits once and saves the logsumexp of each row; the backward reads them once
- * more. With class indices and reduction MEAN or SUM, a forward that is recorded for backward (grad
- * mode on, logits requiring grad) also computes the gradient with respect to the logits in the same
+ * more. With f32 or f64 logits, class indices and reduction MEAN or SUM, a forward that is recorded
+ * for backward (grad mode on, logits requiring grad) also computes the gradient with respect to the logits in the same
  * read and keeps it (one more buffer of the logits' size and dtype, until backward): a backward that
  * starts at this loss with a NULL gradient (flame_backward, flame_grad), with no hook on the loss
  * and without RETAIN_GRAPH or CREATE_GRAPH, then costs no further pass; any other backward reads the
