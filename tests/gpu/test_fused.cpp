@@ -93,7 +93,10 @@ const std::vector<Row>& rows() {
     // adaLN: x [N, T, C], scale [N, 1, C], shift [C]; and all three the same shape, x transposed.
     v.push_back(row("fused_adaln", kAdaln, adaln,
                     {Case({in({2, 3, 4}), in({2, 1, 4}), in({4})}), Case({nc({3, 4}), in({3, 4}), in({3, 4})})}, true));
-    v.push_back(row("fused_math_mix", kMix, mix, {Case({in({3, 4}), nc({3, 4})}), Case({in({2, 3}), in({3})})}, false));
+    // x1 >= -1.5 keeps pow(2 + x1, -1.5) <= 2.8: near its pole the loss grows to ~1e3 and the f64
+    // finite differences' rounding (1e-16 * loss / h) reaches the 1e-6 tolerance (a seed hit it).
+    v.push_back(row("fused_math_mix", kMix, mix,
+                    {Case({in({3, 4}), nc({3, 4}, uni(-1.5, 2))}), Case({in({2, 3}), in({3}, uni(-1.5, 2))})}, false));
     // Away from the kinks of abs and sign (0) and of max/min (x0 = x1): the grids never meet.
     v.push_back(row("fused_kinks", kKinks, kinks, {Case({in({3, 4}, grid(0.25)), in({3, 4}, grid(0.75))})}, false));
     // A 0-d input, a strided 1-d input and a positive divisor.

@@ -816,9 +816,12 @@ TEST_F(LossKernels, FusedAndComposedBackwardAgree) {
           got[graph].push_back(h);
         }
       }
+      // Absolute floor 1e-2 * tol: with probability targets (sum ~150 per row) a gradient element
+      // is p * T - w t' with both terms O(1), so an element near 0 carries the terms' f32 rounding
+      // (seed 20 gave -1.5676e-4 composed vs -1.5748e-4 fused, 7e-7 apart).
       for (size_t j = 0; j < wrt.size(); ++j)
-        EXPECT_TRUE(near(got[1][j], got[0][j], dt == FLAME_DTYPE_BF16 ? FLAME_DTYPE_BF16 : FLAME_DTYPE_F32,
-                         "composed vs fused gradient of input " + std::to_string(j)));
+        EXPECT_TRUE(close(got[1][j], got[0][j], rtol_for(dt == FLAME_DTYPE_BF16 ? FLAME_DTYPE_BF16 : FLAME_DTYPE_F32),
+                          "composed vs fused gradient of input " + std::to_string(j), 1e-2));
     }
 }
 
