@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
   if (WANT("add_1elem")) run(ctx, "add_1elem", flame_add, a, b, n);
   if (WANT("add_1elem_autograd")) run(ctx, "add_1elem_autograd", flame_add, ag, b, n);
   if (WANT("matmul_64x64_f32")) run(ctx, "matmul_64x64_f32", flame_matmul, m1, m2, n);
-  if (WANT("parts") || WANT("part_view")) run_parts(ctx, a, n, WANT("part_view"));
+  if (WANT("parts") || WANT("part_view")) run_parts(ctx, a, n, only && strcmp(only, "part_view") == 0);
   if (WANT("parts") || WANT("part_raw_cuLaunchKernel")) run_raw_launch(ctx, n);
   if (WANT("add_1elem_graph")) run_graph(ctx, "add_1elem_graph", a, b, 100, n / 100 > 10 ? n / 100 : 10);
   flame_tensor_release(a);
