@@ -132,4 +132,27 @@ __device__ T block_reduce(T v, F combine, T* smem /* 32 entries */) {
   return v;  // valid in thread 0
 }
 
+// Element e of an [N, C, A, B] tensor walked in memory order: b fastest (NCHW), or c fastest when
+// cl (channels-last). 32-bit division where every value fits (a 64-bit division costs several
+// times more per element: upsample x2 ran at 0.13 of copy with it).
+template <class I>
+__device__ __forceinline__ void spatial_coords_as(I e, I C, I A, I B, int cl, i64* n, i64* c, i64* a, i64* b) {
+  if (cl) {
+    *c = e % C; e /= C;
+    *b = e % B; e /= B;
+    *a = e % A; *n = e / A;
+  } else {
+    *b = e % B; e /= B;
+    *a = e % A; e /= A;
+    *c = e % C; *n = e / C;
+  }
+}
+__device__ __forceinline__ void spatial_coords(i64 e, i64 C, i64 A, i64 B, int cl, i64* n, i64* c, i64* a, i64* b) {
+  if (((e | C | A | B) >> 32) == 0)
+    spatial_coords_as<unsigned>(static_cast<unsigned>(e), static_cast<unsigned>(C), static_cast<unsigned>(A),
+                                static_cast<unsigned>(B), cl, n, c, a, b);
+  else
+    spatial_coords_as<i64>(e, C, A, B, cl, n, c, a, b);
+}
+
 }  // namespace flame

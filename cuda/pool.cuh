@@ -25,18 +25,6 @@ struct PoolGeom {  // mirrors src/ops/pooling.cpp
   int adaptive;
 };
 
-// Element e of [N, C, A, B] in the walk order.
-__device__ __forceinline__ void pool_coords(i64 e, i64 C, i64 A, i64 B, int cl, i64* n, i64* c, i64* a, i64* b) {
-  if (cl) {
-    *c = e % C; e /= C;
-    *b = e % B; e /= B;
-    *a = e % A; *n = e / A;
-  } else {
-    *b = e % B; e /= B;
-    *a = e % A; e /= A;
-    *c = e % C; *n = e / C;
-  }
-}
 
 template <class C> __device__ __forceinline__ C neg_infinity();
 template <> __device__ __forceinline__ float neg_infinity<float>() { return -__int_as_float(0x7f800000); }
@@ -47,7 +35,7 @@ __global__ void max_pool2d_kernel(const T* __restrict__ x, T* __restrict__ y, i6
   typedef compute_t<T> C;
   for (i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += static_cast<i64>(gridDim.x) * blockDim.x) {
     i64 n, c, oh, ow;
-    pool_coords(e, g.C, g.OH, g.OW, g.cl, &n, &c, &oh, &ow);
+    spatial_coords(e, g.C, g.OH, g.OW, g.cl, &n, &c, &oh, &ow);
     const T* plane = x + n * g.xs[0] + c * g.xs[1];
     const i64 h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
     i64 best = -1;
@@ -105,7 +93,7 @@ __global__ void avg_pool2d_kernel(const T* __restrict__ x, T* __restrict__ y, i6
   typedef compute_t<T> C;
   for (i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += static_cast<i64>(gridDim.x) * blockDim.x) {
     i64 n, c, oh, ow;
-    pool_coords(e, g.C, g.OH, g.OW, g.cl, &n, &c, &oh, &ow);
+    spatial_coords(e, g.C, g.OH, g.OW, g.cl, &n, &c, &oh, &ow);
     const T* plane = x + n * g.xs[0] + c * g.xs[1];
     i64 hs, he, ws, we, div;
     C r = C(0);
@@ -136,7 +124,7 @@ __global__ void avg_pool2d_backward_kernel(const T* __restrict__ gy, T* __restri
   typedef compute_t<T> C;
   for (i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += static_cast<i64>(gridDim.x) * blockDim.x) {
     i64 n, c, h, w;
-    pool_coords(e, g.C, g.H, g.W, g.cl, &n, &c, &h, &w);
+    spatial_coords(e, g.C, g.H, g.W, g.cl, &n, &c, &h, &w);
     const T* plane = gy + n * g.ys[0] + c * g.ys[1];
     i64 ohl, ohh, owl, owh;
     avg_candidates(h, g.H, g.OH, g.kh, g.sh, g.ph, g.adaptive, &ohl, &ohh);

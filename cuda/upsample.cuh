@@ -8,8 +8,9 @@
 //    weights 1 - l and l, l = src - h0 (torch's upsample_bilinear2d).
 // The backward kernel is the exact adjoint, gather-style (deterministic, no atomics): each input
 // element sums, over the output rows and columns that read it, the gradient times their weights.
-// Those outputs are contiguous ranges because the source index is nondecreasing in dst; a binary
-// search with the forward's own index function finds them, so forward and backward always agree.
+// Those outputs are contiguous ranges because the source index is nondecreasing in dst; the forward's
+// own index function finds their ends (nearest: from a closed-form guess; bilinear: a binary
+// search), so forward and backward always agree.
 // Threads walk the tensor they write in its memory order (c fastest when cl), as in pool.cuh.
 #pragma once
 #include "common.cuh"
@@ -26,18 +27,6 @@ struct UpGeom {  // mirrors src/ops/upsample.cpp
   int align_corners;
 };
 
-__device__ __forceinline__ void up_coords(i64 e, i64 C, i64 A, i64 B, int cl, i64* n, i64* c, i64* a, i64* b) {
-  if (cl) {
-    *c = e % C; e /= C;
-    *b = e % B; e /= B;
-    *a = e % A; *n = e / A;
-  } else {
-    *b = e % B; e /= B;
-    *a = e % A; e /= A;
-    *c = e % C; *n = e / C;
-  }
-}
-
 // ---- nearest
 __device__ __forceinline__ float nearest_scale(i64 in, i64 out, double user) {
   return user > 0 ? static_cast<float>(1.0 / user) : static_cast<float>(in) / static_cast<float>(out);
@@ -45,15 +34,15 @@ __device__ __forceinline__ float nearest_scale(i64 in, i64 out, double user) {
 __device__ __forceinline__ i64 nearest_src(i64 dst, float scale, i64 in) {
   return min(static_cast<i64>(floorf(static_cast<float>(dst) * scale)), in - 1);
 }
-// The first dst in [0, out] whose source is >= v.
+// The first dst in [0, out] whose source is >= v: from the closed-form guess ceil(v / scale), moved
+// by the forward's own index function until it is exact (nearest_src is nondecreasing in dst, so
+// the answer is unique and forward and backward agree); one or two steps at most in practice.
 __device__ __forceinline__ i64 nearest_first(i64 v, i64 out, float scale, i64 in) {
-  i64 lo = 0, hi = out;
-  while (lo < hi) {
-    const i64 mid = (lo + hi) / 2;
-    if (nearest_src(mid, scale, in) >= v) hi = mid;
-    else lo = mid + 1;
-  }
-  return lo;
+  i64 d = static_cast<i64>(ceilf(static_cast<float>(v) / scale));
+  d = d < 0 ? 0 : (d > out ? out : d);
+  while (d > 0 && nearest_src(d - 1, scale, in) >= v) --d;
+  while (d < out && nearest_src(d, scale, in) < v) ++d;
+  return d;
 }
 
 // ---- bilinear
@@ -91,20 +80,23 @@ template <class A> __device__ __forceinline__ i64 linear_first(i64 v, i64 out, A
 template <class T>
 __global__ void upsample2d_kernel(const T* __restrict__ x, T* __restrict__ y, i64 total, UpGeom g) {
   typedef compute_t<T> A;
+  // The scales once per thread (the nearest ones divide in f64).
+  const float nh = nearest_scale(g.H, g.OH, g.scale_h), nw = nearest_scale(g.W, g.OW, g.scale_w);
+  const A sh = linear_scale<A>(g.H, g.OH, g.align_corners, g.scale_h), sw = linear_scale<A>(g.W, g.OW, g.align_corners, g.scale_w);
   for (i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += static_cast<i64>(gridDim.x) * blockDim.x) {
     i64 n, c, oh, ow;
-    up_coords(e, g.C, g.OH, g.OW, g.cl, &n, &c, &oh, &ow);
+    spatial_coords(e, g.C, g.OH, g.OW, g.cl, &n, &c, &oh, &ow);
     const T* plane = x + n * g.xs[0] + c * g.xs[1];
     T r;
     if (g.mode == 0) {
-      const i64 ih = nearest_src(oh, nearest_scale(g.H, g.OH, g.scale_h), g.H);
-      const i64 iw = nearest_src(ow, nearest_scale(g.W, g.OW, g.scale_w), g.W);
+      const i64 ih = nearest_src(oh, nh, g.H);
+      const i64 iw = nearest_src(ow, nw, g.W);
       r = plane[ih * g.xs[2] + iw * g.xs[3]];
     } else {
       A lh, lw;
       i64 ph, pw;
-      const i64 h0 = linear_row(linear_scale<A>(g.H, g.OH, g.align_corners, g.scale_h), oh, g.align_corners, g.H, &lh, &ph);
-      const i64 w0 = linear_row(linear_scale<A>(g.W, g.OW, g.align_corners, g.scale_w), ow, g.align_corners, g.W, &lw, &pw);
+      const i64 h0 = linear_row(sh, oh, g.align_corners, g.H, &lh, &ph);
+      const i64 w0 = linear_row(sw, ow, g.align_corners, g.W, &lw, &pw);
       const T* r0 = plane + h0 * g.xs[2];
       const T* r1 = plane + (h0 + ph) * g.xs[2];
       const A v00 = to_compute(r0[w0 * g.xs[3]]), v01 = to_compute(r0[(w0 + pw) * g.xs[3]]);
@@ -128,13 +120,13 @@ template <class A> __device__ __forceinline__ A linear_weight(A scale, i64 dst, 
 template <class T>
 __global__ void upsample2d_backward_kernel(const T* __restrict__ gy, T* __restrict__ gx, i64 total, UpGeom g) {
   typedef compute_t<T> A;
+  const float fh = nearest_scale(g.H, g.OH, g.scale_h), fw = nearest_scale(g.W, g.OW, g.scale_w);
   for (i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += static_cast<i64>(gridDim.x) * blockDim.x) {
     i64 n, c, h, w;
-    up_coords(e, g.C, g.H, g.W, g.cl, &n, &c, &h, &w);
+    spatial_coords(e, g.C, g.H, g.W, g.cl, &n, &c, &h, &w);
     const T* plane = gy + n * g.ys[0] + c * g.ys[1];
     A s = A(0);
     if (g.mode == 0) {
-      const float fh = nearest_scale(g.H, g.OH, g.scale_h), fw = nearest_scale(g.W, g.OW, g.scale_w);
       const i64 oh0 = nearest_first(h, g.OH, fh, g.H), oh1 = nearest_first(h + 1, g.OH, fh, g.H);
       const i64 ow0 = nearest_first(w, g.OW, fw, g.W), ow1 = nearest_first(w + 1, g.OW, fw, g.W);
       for (i64 oh = oh0; oh < oh1; ++oh)
