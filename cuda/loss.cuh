@@ -190,6 +190,51 @@ template <class T, int V> __device__ __forceinline__ void store_streaming(T* p, 
 
 // ---------------------------------------------------------------- cross-entropy, class indices
 
+// The row of an ignored or out-of-range target t (lane 0 writes): loss and weight 0, or NaN and a
+// device error report for a bad index. Returns whether the index is bad.
+template <class A>
+__device__ __forceinline__ bool ce_skip_row(i64 t, i64 r, i64 C, i64 ignore_index, bool lane0, A* loss, A* wrow, A* lse,
+                                            DeviceErrorRecord* err, unsigned int err_source) {
+  const bool bad = t != ignore_index;
+  if (lane0) {
+    if (bad) report_bad_index(err, err_source, t, r, C);
+    loss[r] = bad ? l_nan<A>() : A(0);
+    wrow[r] = bad ? l_nan<A>() : A(0);
+    lse[r] = A(0);
+  }
+  return bad;
+}
+
+// The group's share of a row's statistics: running max and sum of exp, and with smoothing the sum
+// of w_c (x_c - ref). REVERSED reads the row from its end (see for_row_reversed).
+template <int V, bool REVERSED, class T, class A>
+__device__ __forceinline__ RowStats<A> ce_row_stats(const T* xr, i64 C, const RowGroup& grp, const A* weight, bool smooth,
+                                                    A ref) {
+  RowStats<A> st = rs_init<A>();
+  auto add = [&](i64 c, const A (&xs)[V]) {
+    rs_add(st, xs);
+    if (smooth) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) st.wx += (weight ? weight[c + k] : A(1)) * (xs[k] - ref);
+    }
+  };
+  if constexpr (REVERSED) for_row_reversed<V, T, A>(xr, C, grp, add);
+  else for_row<V, T, A>(xr, C, grp, add);
+  return st;
+}
+
+// Lane 0 writes the row's loss (formula below), its target weight and its logsumexp st.m + lg.
+template <class T, class A>
+__device__ __forceinline__ void ce_write_row(const T* xr, i64 r, i64 t, const RowStats<A>& st, A lg, A wt, A W, A ref,
+                                             double eps, i64 C, bool smooth, A* loss, A* wrow, A* lse) {
+  const A xt = static_cast<A>(to_compute(xr[t]));
+  A out = static_cast<A>(1.0 - eps) * wt * ((st.m - xt) + lg);
+  if (smooth) out += static_cast<A>(eps / static_cast<double>(C)) * (W * ((st.m - ref) + lg) - st.wx);
+  loss[r] = out;
+  wrow[r] = wt;
+  lse[r] = st.m + lg;
+}
+
 // Per row r with target t (not ignore_index), weights w (1 when weight is null), W = sum w
 // (*wsum, or C), eps = label smoothing, lse = logsumexp of the row:
 //   loss = (1 - eps) w_t (lse - x_t) + eps / C (W lse - sum_c w_c x_c);  wrow = w_t
@@ -205,38 +250,16 @@ __global__ void ce_index_fwd(const T* __restrict__ x, const I* __restrict__ targ
   for (i64 r = grp.first; r < M; r += grp.step) {
     const i64 t = static_cast<i64>(target[r]);
     if (t == ignore_index || t < 0 || t >= C) {  // uniform over the group: no reduction below
-      if (grp.lane == 0) {
-        const bool bad = t != ignore_index;
-        if (bad) report_bad_index(err, err_source, t, r, C);
-        loss[r] = bad ? l_nan<A>() : A(0);
-        wrow[r] = bad ? l_nan<A>() : A(0);
-        lse[r] = A(0);
-      }
+      ce_skip_row(t, r, C, ignore_index, grp.lane == 0, loss, wrow, lse, err, err_source);
       continue;
     }
     const T* xr = x + r * C;
     const A ref = smooth ? finite_or_zero(static_cast<A>(to_compute(xr[0]))) : A(0);
-    RowStats<A> st = rs_init<A>();
-    for_row<V, T, A>(xr, C, grp, [&](i64 c, const A (&xs)[V]) {
-      rs_add(st, xs);
-      if (smooth) {
-#pragma unroll
-        for (int k = 0; k < V; ++k) st.wx += (weight ? weight[c + k] : A(1)) * (xs[k] - ref);
-      }
-    });
-    st = rs_reduce<WarpRow>(st, smem);
+    RowStats<A> st = rs_reduce<WarpRow>(ce_row_stats<V, false>(xr, C, grp, weight, smooth, ref), smem);
     if (grp.lane == 0) {
       const A lg = m_log(st.s);  // lse - max: differences to lse are taken as (max - x) + lg, exactly
-      const A xt = static_cast<A>(to_compute(xr[t]));
-      const A wt = weight ? weight[t] : A(1);
-      A out = static_cast<A>(1.0 - eps) * wt * ((st.m - xt) + lg);
-      if (smooth) {
-        const A W = weight ? *wsum : static_cast<A>(C);
-        out += static_cast<A>(eps / static_cast<double>(C)) * (W * ((st.m - ref) + lg) - st.wx);
-      }
-      loss[r] = out;
-      wrow[r] = wt;
-      lse[r] = st.m + lg;
+      ce_write_row(xr, r, t, st, lg, weight ? weight[t] : A(1), weight ? *wsum : static_cast<A>(C), ref, eps, C, smooth,
+                   loss, wrow, lse);
     }
   }
 }
@@ -340,13 +363,7 @@ __global__ void __launch_bounds__(1024)
     const i64 t = static_cast<i64>(target[r]);
     T* gr = grad + r * C;
     if (t == ignore_index || t < 0 || t >= C) {  // uniform over the group: no reduction below
-      const bool bad = t != ignore_index;
-      if (grp.lane == 0) {
-        if (bad) report_bad_index(err, err_source, t, r, C);
-        loss[r] = bad ? l_nan<A>() : A(0);
-        wrow[r] = bad ? l_nan<A>() : A(0);
-        lse[r] = A(0);
-      }
+      const bool bad = ce_skip_row(t, r, C, ignore_index, grp.lane == 0, loss, wrow, lse, err, err_source);
       Vec<T, V> fill;
 #pragma unroll
       for (int k = 0; k < V; ++k) fill.v[k] = cast<T>(bad ? l_nan<A>() : A(0));
@@ -355,26 +372,11 @@ __global__ void __launch_bounds__(1024)
     }
     const T* xr = x + r * C;
     const A ref = smooth ? finite_or_zero(static_cast<A>(to_compute(xr[0]))) : A(0);
-    RowStats<A> st = rs_init<A>();
-    for_row_reversed<V, T, A>(xr, C, grp, [&](i64 c, const A (&xs)[V]) {
-      rs_add(st, xs);
-      if (smooth) {
-#pragma unroll
-        for (int k = 0; k < V; ++k) st.wx += (weight ? weight[c + k] : A(1)) * (xs[k] - ref);
-      }
-    });
-    st = rs_reduce_all<WarpRow>(st, smem, &total);
+    const RowStats<A> st = rs_reduce_all<WarpRow>(ce_row_stats<V, true>(xr, C, grp, weight, smooth, ref), smem, &total);
     const A lg = m_log(st.s);  // lse - max: differences to lse are taken as (max - x) + lg, exactly
     const A wt = weight ? weight[t] : A(1);
     const A W = weight ? *wsum : static_cast<A>(C);
-    if (grp.lane == 0) {
-      const A xt = static_cast<A>(to_compute(xr[t]));
-      A out = static_cast<A>(1.0 - eps) * wt * ((st.m - xt) + lg);
-      if (smooth) out += static_cast<A>(eps / static_cast<double>(C)) * (W * ((st.m - ref) + lg) - st.wx);
-      loss[r] = out;
-      wrow[r] = wt;
-      lse[r] = st.m + lg;
-    }
+    if (grp.lane == 0) ce_write_row(xr, r, t, st, lg, wt, W, ref, eps, C, smooth, loss, wrow, lse);
     const CeRowGrad<A> rg(denom ? A(1) / *denom : A(1), wt, W, eps, C, st.m + lg, t);
     for_row<V, T, A>(xr, C, grp, [&](i64 c, const A (&xs)[V]) {
       Vec<T, V> o;
