@@ -2,7 +2,8 @@
 // (out_*) and the reduced axes (red_*) by their sizes and input strides, after merging
 // neighbours. reduce_general gives each output one block (or `chunks` blocks writing partials
 // that a second launch combines, when few outputs must reduce many elements); reduce_cols gives
-// each output one thread lane when outputs are adjacent in memory, so loads stay coalesced.
+// each output one thread lane when outputs are adjacent in memory, so loads stay coalesced;
+// reduce_tall reduces the rows of a dense [rows, outputs] block with 16-byte loads.
 // Sums of f16/bf16/f32 accumulate in f32, f64 in f64, integers and bool in i64.
 #pragma once
 #include "common.cuh"
@@ -134,6 +135,55 @@ __global__ void reduce_cols(const T* in, R* out, i64 n_out, i64 n_red, ReduceLay
       out[o] = cast<R>(acc);
     }
     __syncthreads();
+  }
+}
+
+// Reduces the rows of a dense [n_red, n_out] block: a sum over every axis but the trailing kept ones
+// (bias gradients; N, H, W of a channels-last tensor; split-K partials). Each thread owns V adjacent
+// columns (one 16-byte load per row, 4 rows in flight); the 256 threads of a block cover rpi = 256 /
+// slice rows of a slice of `slice` column vectors (blockIdx.x) per step, over chunk blockIdx.y of
+// the rows, and write out[blockIdx.y][columns] (partials that a second launch combines when
+// gridDim.y > 1, so the order of the sums is fixed). reduce_general would stride through memory
+// with one block per output, reduce_cols make scalar loads with one lane per output.
+template <class Op, class T, class Acc, class R>
+__global__ void __launch_bounds__(256) reduce_tall(const T* in, R* out, i64 n_out, i64 n_red, i64 chunk_len, int slice) {
+  constexpr int V = 16 / sizeof(T);
+  __shared__ Acc part[256 * V];
+  const int rpi = 256 / slice, c = static_cast<int>(threadIdx.x) % slice, r0 = static_cast<int>(threadIdx.x) / slice;
+  const i64 col = (static_cast<i64>(blockIdx.x) * slice + c) * V;
+  const bool live = r0 < rpi && col < n_out;
+  Acc acc[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) acc[k] = Op::template init<Acc>();
+  if (live) {
+    const i64 r_end = min(n_red, (static_cast<i64>(blockIdx.y) + 1) * chunk_len);
+    const T* p = in + col;
+    i64 r = static_cast<i64>(blockIdx.y) * chunk_len + r0;
+    for (; r + 3 * rpi < r_end; r += 4 * rpi) {
+      Vec<T, V> x[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) x[u] = *reinterpret_cast<const Vec<T, V>*>(p + (r + u * rpi) * n_out);
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] = Op::combine(acc[k], static_cast<Acc>(to_compute(x[u].v[k])));
+    }
+    for (; r < r_end; r += rpi) {
+      const Vec<T, V> x = *reinterpret_cast<const Vec<T, V>*>(p + r * n_out);
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc[k] = Op::combine(acc[k], static_cast<Acc>(to_compute(x.v[k])));
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) part[threadIdx.x * V + k] = acc[k];
+  __syncthreads();
+  if (live && r0 == 0) {
+    for (int j = 1; j < rpi; ++j)
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc[k] = Op::combine(acc[k], part[(j * slice + c) * V + k]);
+    R* o = out + static_cast<i64>(blockIdx.y) * n_out + col;
+#pragma unroll
+    for (int k = 0; k < V; ++k) o[k] = cast<R>(acc[k]);
   }
 }
 

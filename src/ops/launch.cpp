@@ -290,8 +290,69 @@ void launch_elementwise(const std::string& functor, const ScalarArgs& s, const T
 std::vector<std::string> reduce_instantiations(ReduceKind k, DType in, DType out) {
   DType acc = acc_dtype(k, in);
   return {reduce_name("reduce_general", k, in, acc, out), reduce_name("reduce_general", k, in, acc, acc),
-          reduce_name("reduce_general", k, acc, acc, out), reduce_name("reduce_cols", k, in, acc, out)};
+          reduce_name("reduce_general", k, acc, acc, out), reduce_name("reduce_cols", k, in, acc, out),
+          reduce_name("reduce_tall", k, in, acc, out),     reduce_name("reduce_tall", k, in, acc, acc),
+          reduce_name("reduce_tall", k, acc, acc, out)};
 }
+
+namespace {
+
+// reduce_tall's grid over `nvec` column vectors and `rows` rows: at least two blocks per SM where
+// the columns allow (narrower column slices, more rows per step), then chunks of >= 16 rows per
+// thread when `split` (partials for a second pass).
+struct TallPlan {
+  int slice = 0;
+  int64_t slices = 0, chunks = 1, chunk_len = 0;
+};
+TallPlan plan_tall(const Context& ctx, int64_t nvec, int64_t rows, bool split) {
+  const int64_t want = 2 * static_cast<int64_t>(ctx.sm_count);
+  TallPlan p;
+  int64_t slice = std::min<int64_t>(nvec, 256);
+  while (slice > 32 && (nvec + slice - 1) / slice < want) slice /= 2;
+  p.slice = static_cast<int>(slice);
+  p.slices = (nvec + slice - 1) / slice;
+  if (split) {
+    const int64_t rpi = 256 / slice;
+    p.chunks = std::max<int64_t>(1, std::min((want + p.slices - 1) / p.slices, rows / (16 * rpi)));
+  }
+  p.chunk_len = (rows + p.chunks - 1) / p.chunks;
+  p.chunks = (rows + p.chunk_len - 1) / p.chunk_len;
+  return p;
+}
+
+void launch_tall_pass(Context& ctx, const std::string& name, CUdeviceptr in, CUdeviceptr out, int64_t n_out, int64_t rows,
+                      const TallPlan& p) {
+  CUfunction f = ctx.function("reduce.cuh", name);
+  int slice = p.slice;
+  int64_t chunk_len = p.chunk_len;
+  void* kargs[] = {&in, &out, &n_out, &rows, &chunk_len, &slice};
+  ctx.check(ctx.drv.cuLaunchKernel(f, static_cast<unsigned>(p.slices), static_cast<unsigned>(p.chunks), 1, 256, 1, 1, 0,
+                                   ctx.stream, kargs, nullptr),
+            "cuLaunchKernel");
+}
+
+// x's reduced axes form one run of stride n_out over one kept run of stride 1 (a dense [n_red, n_out]
+// block) whose rows split into 16-byte vectors: reduce_tall, in one pass or two (row chunks into
+// [chunks, n_out] partials of the accumulator type, then those). False: another kernel's case.
+bool launch_tall(Context& ctx, ReduceKind kind, const Tensor& x, const Tensor& out, const ReduceLayout& L, int64_t n_out,
+                 int64_t n_red, DType acc) {
+  const int64_t v_in = 16 / static_cast<int64_t>(dtype_size(x->dtype)), v_acc = 16 / static_cast<int64_t>(dtype_size(acc));
+  if (L.out_ndim != 1 || L.red_ndim != 1 || L.out_stride[0] != 1 || L.red_stride[0] != n_out) return false;
+  if (n_out % v_in != 0 || n_out % v_acc != 0 || x->data() % 16 != 0) return false;
+  const TallPlan p = plan_tall(ctx, n_out / v_in, n_red, true);
+  if (p.chunks == 1) {
+    launch_tall_pass(ctx, reduce_name("reduce_tall", kind, x->dtype, acc, out->dtype), x->data(), out->data(), n_out,
+                     n_red, p);
+    return true;
+  }
+  Tensor partial = make_tensor(ctx, {p.chunks, n_out}, acc);
+  launch_tall_pass(ctx, reduce_name("reduce_tall", kind, x->dtype, acc, acc), x->data(), partial->data(), n_out, n_red, p);
+  launch_tall_pass(ctx, reduce_name("reduce_tall", kind, acc, acc, out->dtype), partial->data(), out->data(), n_out,
+                   p.chunks, plan_tall(ctx, n_out / v_acc, p.chunks, false));
+  return true;
+}
+
+}  // namespace
 
 Tensor launch_reduce(const Tensor& x, const std::vector<int>& rdims, ReduceKind kind, DType out_dtype) {
   Context& ctx = x->ctx();
@@ -316,6 +377,7 @@ Tensor launch_reduce(const Tensor& x, const std::vector<int>& rdims, ReduceKind 
   collapse_axes(x, rdims, &L.red_ndim, L.red_shape, L.red_stride);
   DType acc = acc_dtype(kind, x->dtype);
   CUdeviceptr in_ptr = x->data(), out_ptr = out->data();
+  if (launch_tall(ctx, kind, x, out, L, n_out, n_red, acc)) return out;
   bool cols = L.out_stride[L.out_ndim - 1] == 1 && L.red_stride[L.red_ndim - 1] != 1 && kept.size() > 0 &&
               n_out >= 32 * static_cast<int64_t>(ctx.sm_count);
   if (cols) {

@@ -314,8 +314,11 @@ TEST_P(Reduce, Forward) {
         }
       }
     }
-    // long rows and long columns (one block per output vs one lane per output)
-    for (const auto& sc : std::vector<std::pair<Shape, int>>{{{3, 5000}, 1}, {{5000, 3}, 0}, {{2, 70000}, -1}}) {
+    // long rows and long columns (one block per output vs one lane per output); sums over the rows of
+    // dense [rows, columns] blocks in 16-byte vectors (reduce_tall): two passes over row chunks, one
+    // pass over 32 column slices, a partly filled last slice
+    for (const auto& sc : std::vector<std::pair<Shape, int>>{
+             {{3, 5000}, 1}, {{5000, 3}, 0}, {{2, 70000}, -1}, {{6000, 48}, 0}, {{40, 4096}, 0}, {{300, 1032}, 0}}) {
       SCOPED_TRACE("shape " + to_string(sc.first) + " dim " + std::to_string(sc.second));
       Dev x = make_dev(ctx, rng, sc.first, d, op.dom, Lay::CONTIG);
       const int32_t dim = sc.second;
