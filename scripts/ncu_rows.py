@@ -1,6 +1,6 @@
 """Runs each memory-bound row kernel of the bench once (after a warm-up) so that ncu can profile it:
    ncu --clock-control none --metrics ... python3 scripts/ncu_rows.py
-Shapes as in bench/run.py's T1 tiers."""
+Shapes as in bench/run.py's T1 tiers; "torch" adds PyTorch's sum(dim=1) and broadcast add."""
 import ctypes, os, sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
@@ -35,5 +35,11 @@ for _ in range(2):  # warm-up (kernel compile) then the profiled pass
             fl.call("sum", m, dims, 1, 0)
         if "bcast" in which:
             fl.call("add", m, v)
+    if "torch" in which:  # PyTorch's kernels for the same sum(dim=1) and broadcast add
+        import torch
+        tm, tb = torch.randn(16384, 16384, device="cuda"), torch.randn(16384, device="cuda")
+        tm.sum(1)
+        tm + tb
+        torch.cuda.synchronize()
     fl.sync()
 print("done")
