@@ -193,11 +193,17 @@ RULE(Matmul) {  // a [..., M, K] @ b [..., K, N]: ga = g b^T, gb = a^T g, as pro
           n.needs_input_grad(1) ? mm(transpose(a, r, c), g) : nullptr};
 }
 // Linear's gradients from dz, the gradient of its pre-activation z = x W^T + b. gx is null when
-// `input_done` (fused into the next GEMM).
-Grads linear_grads_from_pre(Node& n, const Tensor& dz, bool input_done) {
+// `input_done` (fused into the next GEMM). wide[i]: input i's gradient in f32, written by the GEMM
+// (f16/bf16 operands that autocast made from f32 tensors; engine.cpp skips those casts' backward).
+Grads linear_grads_from_pre(Node& n, const Tensor& dz, bool input_done, const std::array<bool, 3>& wide = {}) {
   Tensor x = saved(n, 0), w = saved(n, 1);
-  auto [gw, gb] = linear_weight_grad(dz, x, n.needs_input_grad(1), n.needs_input_grad(2));
-  return {n.needs_input_grad(0) && !input_done ? mm(dz, w) : nullptr, gw, gb};
+  const DType narrow = dz->dtype, f32 = FLAME_DTYPE_F32;
+  const bool wide_wb = n.needs_input_grad(1) ? wide[1] : wide[2];  // dW and db come out of one GEMM
+  auto [gw, gb] = linear_weight_grad(dz, x, n.needs_input_grad(1), n.needs_input_grad(2), wide_wb ? f32 : narrow);
+  if (gb && gb->dtype != (wide[2] ? f32 : narrow)) gb = to_dtype(gb, wide[2] ? f32 : narrow);
+  Tensor gx;
+  if (n.needs_input_grad(0) && !input_done) gx = wide[0] ? mm_wide(dz, w) : mm(dz, w);
+  return {gx, gw, gb};
 }
 // dz = g act'(z) for y = act(z).
 Tensor linear_pre_grad(Node& n, const Tensor& g) {
@@ -556,12 +562,12 @@ bool not_differentiable(OpId op) {
 
 bool has_backward(OpId op) { return static_cast<int>(op) < kNumOps && kRules[static_cast<int>(op)] != nullptr; }
 
-// Linear's backward with cross-node fusion of Linear -> activation -> Linear (engine.cpp decides when
-// the graph allows it). `pre`: g is already n's pre-activation gradient. p, when not null, is the
+// Linear's backward with cross-node fusion of Linear -> activation -> Linear and of autocast's casts
+// into the GEMMs (wide; engine.cpp decides when the graph allows either). `pre`: g is already n's pre-activation gradient. p, when not null, is the
 // Linear whose activation produced n's input: n's dgrad GEMM then applies p's activation derivative
 // in its epilogue (DGELU / DRELU), *p_dz receives p's pre-activation gradient and n's input gradient
 // is returned null. Where no epilogue fits, *p_dz stays null and the gradients are the unfused ones.
-Grads linear_backward(Node& n, const Tensor& g, bool pre, Node* p, Tensor* p_dz) {
+Grads linear_backward(Node& n, const Tensor& g, bool pre, Node* p, Tensor* p_dz, const std::array<bool, 3>& wide) {
   Tensor dz = pre ? g : linear_pre_grad(n, g);
   if (p && n.needs_input_grad(0) && !g->ctx().recording() && p->op == OpId::Linear && p->ints.size() >= 3) {
     auto act = static_cast<Activation>(p->ints[0]);
@@ -569,9 +575,9 @@ Grads linear_backward(Node& n, const Tensor& g, bool pre, Node* p, Tensor* p_dz)
     if (act == Activation::GeluTanh) aux = saved(*p, 2);
     if (act == Activation::Relu && p->ints[2]) aux = saved(*p, p->saved.size() - 1);
     if (aux && linear_input_grad_through_activation(dz, saved(n, 1), act, aux, p_dz))
-      return linear_grads_from_pre(n, dz, true);
+      return linear_grads_from_pre(n, dz, true, wide);
   }
-  return linear_grads_from_pre(n, dz, false);
+  return linear_grads_from_pre(n, dz, false, wide);
 }
 
 // Nodes with several outputs get one gradient per output (null where none arrived).

@@ -8,7 +8,10 @@
 // reshapes only) and nothing else observes the gradient in between (one incoming edge each, no
 // hooks, retain_grad or flame_grad capture), the consumer's dgrad GEMM applies the producer's
 // activation derivative in its epilogue and hands the producer its pre-activation gradient
-// (backward_rules.cpp, linear_backward).
+// (backward_rules.cpp, linear_backward). Likewise a Linear whose f16/bf16 inputs autocast cast from
+// f32 tensors (through reshapes only, nothing observing in between) has its GEMMs write those inputs'
+// gradients in f32, and the casts pass them on instead of running a kernel each (GPT-2 in bf16: ~100
+// casts per step).
 // The unit seed: the ones tensor the engine makes for a one-element root whose gradient the caller
 // left NULL is remembered (by the buffer slot it fills) until that slot's node runs. The mark goes as
 // soon as anything else reaches the slot (another root or edge adds to it, a slice is added into it
@@ -18,6 +21,7 @@
 // forward already computed (backward_rules.cpp, seed_rule).
 #include "autograd/engine.h"
 #include <algorithm>
+#include <array>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -30,7 +34,8 @@ namespace flame {
 
 std::vector<Tensor> apply_backward_rule(Node& n, const Tensor& g, bool unit_seed);  // backward_rules.cpp
 std::vector<Tensor> apply_backward_rule_multi(Node& n, const std::vector<Tensor>& gs);  // backward_rules.cpp
-std::vector<Tensor> linear_backward(Node& n, const Tensor& g, bool pre, Node* p, Tensor* p_dz);
+std::vector<Tensor> linear_backward(Node& n, const Tensor& g, bool pre, Node* p, Tensor* p_dz,
+                                    const std::array<bool, 3>& wide);
 
 namespace {
 
@@ -236,6 +241,27 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
     return n->inputs[0].shape == produced ? c : nullptr;
   };
 
+  // Casts whose buffered gradient is already in their input's dtype: a Linear's GEMMs wrote it in f32
+  // (autocast's f32 -> f16/bf16 casts of parameters and activations), so the cast passes it on.
+  std::unordered_set<Node*> cast_through;
+  // Which of a Linear's inputs (x, W, b) come from such a cast, through reshapes only, with nothing
+  // observing the gradient in between; those casts are appended to *casts.
+  auto wide_inputs = [&](Node* n, std::vector<Node*>* casts) {
+    std::array<bool, 3> wide{};
+    if (req.create_graph || n->op != OpId::Linear) return wide;
+    for (size_t i = 0; i < n->next.size() && i < 3; ++i) {
+      const DType dt = n->inputs[i].dtype;
+      if (!n->next[i].fn || (dt != FLAME_DTYPE_F16 && dt != FLAME_DTYPE_BF16)) continue;
+      Node* c = n->next[i].fn.get();
+      while (c && c->op == OpId::Reshape && unobserved(c)) c = c->next[0].fn.get();
+      if (c && c->op == OpId::Cast && unobserved(c) && c->inputs[0].dtype == FLAME_DTYPE_F32) {
+        wide[i] = true;
+        casts->push_back(c);
+      }
+    }
+    return wide;
+  };
+
   std::vector<Tensor> results(req.inputs.size());
   std::vector<std::pair<Tensor, Tensor>> pending;  // (leaf, gradient)
   std::vector<Node*> ready;
@@ -290,14 +316,19 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
     if (any) {
       const bool pre = pre_activation.count(n) > 0;
       Node* producer = n->num_outputs == 1 ? fusable_producer(n) : nullptr;
-      if (pre || producer) {
+      std::vector<Node*> casts;
+      const std::array<bool, 3> wide = n->num_outputs == 1 ? wide_inputs(n, &casts) : std::array<bool, 3>{};
+      if (cast_through.count(n)) {
+        grads = {gs[0]};  // already in the cast's input dtype
+      } else if (pre || producer || !casts.empty()) {
         Tensor p_dz;
-        grads = linear_backward(*n, gs[0], pre, producer, &p_dz);
+        grads = linear_backward(*n, gs[0], pre, producer, &p_dz, wide);
         if (p_dz) {  // the reshapes in between pass no gradient; the producer gets it directly
           buffer[producer] = {p_dz};
           unit_seed.erase({producer, 0});
           pre_activation.insert(producer);
         }
+        cast_through.insert(casts.begin(), casts.end());
       } else if (n->op == OpId::ViewSlice && scatter_into_pending(*n, gs[0])) {
         grads.assign(n->next.size(), nullptr);  // already in the input's buffer
       } else {

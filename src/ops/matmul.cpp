@@ -89,7 +89,8 @@ bool run_gemm(const Tensor& a, const Tensor& b, const Tensor& out, Epilogue epi,
   const int64_t M = out->shape[nd - 2], N = out->shape[nd - 1], K = a->shape[a->ndim() - 1];
   Tensor ka, kb;
   GemmCall c;
-  c.dtype = out->dtype;
+  c.dtype = a->dtype;
+  c.d_f32 = out->dtype != a->dtype;  // an f32 result of f16/bf16 operands (mm_wide, linear_weight_grad)
   c.m = N;
   c.n = M;
   c.k = K;
@@ -260,17 +261,35 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation a
   return reshape(out, lead);
 }
 
-std::pair<Tensor, Tensor> linear_weight_grad(const Tensor& dz, const Tensor& x, bool want_weight, bool want_bias) {
+std::pair<Tensor, Tensor> linear_weight_grad(const Tensor& dz, const Tensor& x, bool want_weight, bool want_bias,
+                                             DType out) {
   Tensor gw, gb;
+  const bool wide = out != dz->dtype;  // f32 gradients of f16/bf16 operands, straight out of the GEMM
   if (!dz->ctx().recording() && want_weight && want_bias && dz->numel() > 0 && x->shape[1] > 0) {
     // dW = dz^T x with the bias gradient (column sums of dz) out of the same GEMM (BGRADB)
-    Tensor w = make_tensor(dz->ctx(), {dz->shape[1], x->shape[1]}, dz->dtype);
-    Tensor b = make_tensor(dz->ctx(), {dz->shape[1]}, dz->dtype);
+    Tensor w = make_tensor(dz->ctx(), {dz->shape[1], x->shape[1]}, out);
+    Tensor b = make_tensor(dz->ctx(), {dz->shape[1]}, out);
     if (run_gemm(transpose(alias(dz), 0, 1), alias(x), w, Epilogue::BgradB, b->data(), 0, 0)) return {w, b};
   }
-  if (want_weight) gw = matmul(transpose(dz, 0, 1), x);
-  if (want_bias) gb = to_dtype(sum_as(dz, {0}, false, is_floating(dz->dtype) && dtype_size(dz->dtype) < 4 ? FLAME_DTYPE_F32 : dz->dtype), dz->dtype);
+  if (want_weight) gw = wide ? mm_wide(transpose(dz, 0, 1), x) : matmul(transpose(dz, 0, 1), x);
+  if (want_bias) {
+    const DType acc = is_floating(dz->dtype) && dtype_size(dz->dtype) < 4 ? FLAME_DTYPE_F32 : dz->dtype;
+    gb = to_dtype(sum_as(dz, {0}, false, acc), out);
+  }
   return {gw, gb};
+}
+
+Tensor mm_wide(const Tensor& a, const Tensor& b) {
+  FLAME_CHECK(!a->ctx().recording() && a->ndim() == 2 && b->ndim() == 2, FLAME_ERROR_INTERNAL,
+              "mm_wide: 2-D operands, outside a recorded backward");
+  Tensor out = make_tensor(a->ctx(), {a->shape[0], b->shape[1]}, FLAME_DTYPE_F32);
+  if (out->numel() == 0) return out;
+  if (a->shape[1] == 0) {
+    fill_(out, 0);
+    return out;
+  }
+  if (run_gemm(alias(a), alias(b), out, Epilogue::None, 0, 0, 0)) return out;
+  return to_dtype(mm(a, b), FLAME_DTYPE_F32);  // no f32-output algorithm for this problem
 }
 
 bool linear_input_grad_through_activation(const Tensor& g, const Tensor& w, Activation act, const Tensor& aux, Tensor* dz) {

@@ -104,8 +104,13 @@ Tensor mm(const Tensor& a, const Tensor& b);
 // act(x W^T + bias); bias may be null. Fused into the GEMM's epilogue where cuBLASLt can.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act);
 // Gradients of W (dz^T x) and bias (column sums of dz) for dz [R, out], x [R, in]; one GEMM with a
-// bias-gradient epilogue when both are wanted and no graph is being recorded.
-std::pair<Tensor, Tensor> linear_weight_grad(const Tensor& dz, const Tensor& x, bool want_weight, bool want_bias);
+// bias-gradient epilogue when both are wanted and no graph is being recorded. out: their dtype, dz's
+// or (f16/bf16 dz, outside a recorded backward) f32, written by the GEMM itself.
+std::pair<Tensor, Tensor> linear_weight_grad(const Tensor& dz, const Tensor& x, bool want_weight, bool want_bias,
+                                             DType out);
+// a [M, K] @ b [K, N] of f16/bf16 operands into an f32 result (f32 accumulation, no rounding to
+// the operands' dtype); not recorded, so only for backward rules outside create_graph.
+Tensor mm_wide(const Tensor& a, const Tensor& b);
 // Cross-node fusion for backward: dz = (g W) * act'(pre) in one GEMM whose epilogue (DRELU / DGELU)
 // reads the aux a producing Linear saved (relu: its bit mask; gelu: its pre-activation). g [R, out],
 // w [out, in], aux for [R, in]. Returns false, having written nothing, when no epilogue fits (the

@@ -62,6 +62,8 @@ int64_t alignment(CUdeviceptr p) {
   return a;
 }
 
+DType d_type_of(const GemmCall& c) { return c.d_f32 ? FLAME_DTYPE_F32 : c.dtype; }
+
 // All fields of a problem that change the plan; a flat int64 array has no padding to compare.
 using PlanKey = std::array<int64_t, 28>;
 
@@ -70,7 +72,7 @@ PlanKey make_key(const GemmCall& c, bool tf32) {
   return {c.dtype, tf32, static_cast<int64_t>(c.epilogue), c.m, c.n, c.k, c.batch,
           a.trans, a.rows, a.cols, a.ld, a.batch_stride, b.trans, b.rows, b.cols, b.ld, b.batch_stride,
           c.ldd, c.d_batch_stride, c.aux_ld, alignment(a.ptr), alignment(b.ptr), alignment(c.d),
-          alignment(c.bias), alignment(c.aux), 0, 0, 0};
+          alignment(c.bias), alignment(c.aux), d_type_of(c), 0, 0};
 }
 
 struct KeyHash {
@@ -189,11 +191,12 @@ struct Blas::Impl {
       set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, tb, "TRANSB");
       p.la = make_layout(t, c.a.rows, c.a.cols, c.a.ld, c.batch, c.a.batch_stride);
       p.lb = make_layout(t, c.b.rows, c.b.cols, c.b.ld, c.batch, c.b.batch_stride);
-      p.ld = make_layout(t, c.m, c.n, c.ldd, c.batch, c.d_batch_stride);
+      const cudaDataType_t td = cuda_type(d_type_of(c));  // f32 D of bf16 A, B: a gradient for an f32 tensor
+      p.ld = make_layout(td, c.m, c.n, c.ldd, c.batch, c.d_batch_stride);
       if (c.epilogue != Epilogue::None) {
         // An epilogue this cuBLASLt rejects for these types is "unsupported", not an error.
         cublasLtEpilogue_t e = lt_epilogue(c.epilogue);
-        int32_t bias_type = t;
+        int32_t bias_type = td;
         if (cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e) != CUBLAS_STATUS_SUCCESS ||
             cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type) !=
                 CUBLAS_STATUS_SUCCESS)
@@ -273,7 +276,7 @@ bool Blas::gemm(const GemmCall& c) {
   }
   Plan& p = it->second;
   if (!p.supported) {
-    if (c.epilogue != Epilogue::None) return false;
+    if (c.epilogue != Epilogue::None || c.d_f32) return false;
     fail(FLAME_ERROR_UNSUPPORTED, "cuBLASLt has no algorithm for a ", dtype_name(c.dtype), " product of ", c.m, "x", c.k,
          " by ", c.k, "x", c.n, " (batch ", c.batch, ")");
   }

@@ -45,7 +45,8 @@ struct GemmOperand {
 
 // D (m x n, column-major, ld ldd) = alpha * op(A) op(B) [epilogue], batch entries with strides.
 struct GemmCall {
-  DType dtype = FLAME_DTYPE_F32;
+  DType dtype = FLAME_DTYPE_F32;  // of A, B and D
+  bool d_f32 = false;             // D (and the bias gradient) in f32 instead, with f16/bf16 A and B
   int64_t m = 0, n = 0, k = 0, batch = 1;
   GemmOperand a, b;
   CUdeviceptr d = 0;

@@ -2,6 +2,8 @@
 // autocast, linear/matmul take f32 inputs in the low dtype and layer_norm/sum take low inputs in f32,
 // and the whole graph (values and every gradient, which come back in the leaves' own dtypes) equals
 // the same graph written with explicit flame_to_dtype calls and autocast off; f64 is never converted.
+// The linear's gradients folded into f32 GEMM results match the casts' backward kernels.
+#include <tuple>
 #include <vector>
 #include "host_ref.h"
 
@@ -37,7 +39,10 @@ struct Outcome {
 
 // y = linear(x, W, b) -> gelu-free; z = layer_norm(y) * n; loss = sum(z). With `autocast` the casts
 // come from the context; without, they are written out.
-Outcome run(flame_ctx_t ctx, const HT& x, const HT& w, const HT& b, const HT& n, flame_dtype_t low, bool autocast) {
+// `observe`: retain_grad on the explicit casts' outputs, which keeps the engine from writing the
+// linear's gradients in f32 straight out of its GEMMs (the casts' backward kernels run instead).
+Outcome run(flame_ctx_t ctx, const HT& x, const HT& w, const HT& b, const HT& n, flame_dtype_t low, bool autocast,
+            bool observe = false) {
   Outcome r;
   T X = upload(ctx, x), W = upload(ctx, w), B = upload(ctx, b), N = upload(ctx, n);
   for (flame_tensor_t t : {X.h, W.h, B.h, N.h}) EXPECT_EQ(flame_tensor_set_requires_grad(t, 1), FLAME_OK);
@@ -54,6 +59,8 @@ Outcome run(flame_ctx_t ctx, const HT& x, const HT& w, const HT& b, const HT& n,
     EXPECT_EQ(flame_to_dtype(X, low, xl.out()), FLAME_OK);
     EXPECT_EQ(flame_to_dtype(W, low, wl.out()), FLAME_OK);
     EXPECT_EQ(flame_to_dtype(B, low, bl.out()), FLAME_OK);
+    if (observe)
+      for (flame_tensor_t t : {xl.h, wl.h, bl.h}) EXPECT_EQ(flame_tensor_retain_grad(t), FLAME_OK);
     EXPECT_EQ(flame_linear(xl, wl, bl, FLAME_ACTIVATION_NONE, y.out()), FLAME_OK);
     EXPECT_EQ(flame_to_dtype(y, FLAME_DTYPE_F32, y32.out()), FLAME_OK);
     EXPECT_EQ(flame_layer_norm(y32, ns, 1, N, nullptr, 1e-5, z.out()), FLAME_OK);
@@ -98,6 +105,26 @@ TEST_F(Autocast, MatchesExplicitCastsWithGradientsInTheLeavesDtypes) {
     expect_same(a.gw, e.gw, "grad W");
     expect_same(a.gb, e.gb, "grad b");
     expect_same(a.gn, e.gn, "grad of the norm weight");
+  }
+}
+
+// The linear's f32 gradients come out of its GEMMs (f32 results of low operands) when nothing observes
+// the casts in between, else out of low GEMMs and the casts' backward: equal up to the low rounding.
+TEST_F(Autocast, CastsFoldedIntoTheGemmsMatchTheCastKernels) {
+  HREF_RNG(rng);
+  for (flame_dtype_t low : {FLAME_DTYPE_BF16, FLAME_DTYPE_F16}) {
+    SCOPED_TRACE(dname(low));
+    HT x = random(rng, {130, 72}, FLAME_DTYPE_F32, -1, 1), w = random(rng, {48, 72}, FLAME_DTYPE_F32, -0.3, 0.3);
+    HT b = random(rng, {48}, FLAME_DTYPE_F32, -1, 1), n = random(rng, {48}, FLAME_DTYPE_F32, 0.5, 1.5);
+    Outcome folded = run(ctx, x, w, b, n, low, false), cast = run(ctx, x, w, b, n, low, false, true);
+    expect_same(folded.loss, cast.loss, "loss");
+    const Tol tol = tol_for(low);
+    for (auto [f, c, what] : {std::make_tuple(&folded.gx, &cast.gx, "grad x"), std::make_tuple(&folded.gw, &cast.gw, "grad W"),
+                              std::make_tuple(&folded.gb, &cast.gb, "grad b")}) {
+      EXPECT_EQ(f->dtype, FLAME_DTYPE_F32) << what;
+      EXPECT_TRUE(all_close(*f, *c, tol)) << what;
+    }
+    expect_same(folded.gn, cast.gn, "grad of the norm weight");
   }
 }
 
