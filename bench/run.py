@@ -331,6 +331,8 @@ class Bench:
                  lambda: F.layer_norm(tx_, (width,), tw, tb), 2 * n * 4)
             pair("rms_norm fwd", f"{rows}x{width}", "f32", lambda: fl.call("rms_norm", x, ns, 1, w, 1e-5),
                  lambda: F.rms_norm(tx_, (width,), tw, eps=1e-5), 2 * n * 4)
+            pair("softmax(dim=-1)", f"{rows}x{width}", "f32", lambda: fl.call("softmax", x, -1),
+                 lambda: torch.softmax(tx_, -1), 2 * n * 4, "bytes: read x, write y")
             lib.set_requires_grad(x, True)
             tx_.requires_grad_(True)
 
@@ -343,6 +345,10 @@ class Bench:
                 torch.autograd.grad([y], [tx_], [tg])
 
             pair("layer_norm fwd+bwd(x)", f"{rows}x{width}", "f32", f_step, t_step, 5 * n * 4, "bytes: fwd 2, bwd 3 passes")
+            pair("softmax(dim=-1) fwd+bwd(x)", f"{rows}x{width}", "f32",
+                 lambda: lib.grad(fl.ctx, [fl.call("softmax", x, -1)], [g], [x], 0),
+                 lambda: torch.autograd.grad([torch.softmax(tx_, -1)], [tx_], [tg]), 5 * n * 4,
+                 "bytes: fwd read x, write y; bwd read y, g, write dx")
         gx, tgx = fl.randn([32, 128, 64, 64], "f32"), torch.randn(32, 128, 64, 64, device="cuda")
         gw, gb, tgw, tgb = fl.randn([128], "f32"), fl.randn([128], "f32"), torch.randn(128, device="cuda"), torch.randn(128, device="cuda")
         n = 32 * 128 * 64 * 64
@@ -443,27 +449,31 @@ class Bench:
         lib.fn("flame_fused_release")(adaln)
 
     def cross_entropy_row(self):
+        """Cross-entropy fwd+bwd(logits) at GPT-2's head (class indices, mean reduction) on f32 and bf16
+        logits vs F.cross_entropy on logits of the same dtype."""
         fl, lib = self.fl, self.fl.lib
         N, C = (4096, 50304) if self.args.quick else (8192, 50304)
-        fx, tx = fl.randn([N, C], "f32"), torch.randn(N, C, device="cuda", requires_grad=True)
         tgt_cpu = torch.randint(0, C, (N,), dtype=torch.int64)
         shape = (ctypes.c_int64 * 1)(N)
         out = fc.H()
         lib.check(lib.raw.flame_from_host(fl.ctx, ctypes.c_void_p(tgt_cpu.data_ptr()), N * 8, shape, 1, 5, ctypes.byref(out)),
                   "flame_from_host")
         ft, tt = fc.Tensor(lib, out), tgt_cpu.cuda()
-        lib.set_requires_grad(fx, True)
+        for dt in ("f32", "bf16"):
+            fx, tx = fl.randn([N, C], dt), torch.randn(N, C, device="cuda", dtype=TDT[dt], requires_grad=True)
+            lib.set_requires_grad(fx, True)
 
-        def f_step():
-            loss = fl.call("cross_entropy", fx, ft, None, -100, 0.0, 1)
-            lib.grad(fl.ctx, [loss], [], [fx], 0)
+            def f_step():
+                loss = fl.call("cross_entropy", fx, ft, None, -100, 0.0, 1)
+                lib.grad(fl.ctx, [loss], [], [fx], 0)
 
-        def t_step():
-            loss = F.cross_entropy(tx, tt)
-            torch.autograd.grad([loss], [tx])
+            def t_step():
+                loss = F.cross_entropy(tx, tt)
+                torch.autograd.grad([loss], [tx])
 
-        self.add("T1", "cross_entropy fwd+bwd", f"{N}x{C}", "f32", self.time_flame(f_step), self.time_torch(t_step),
-                 bytes_=2 * N * C * 4, note="bound: read logits once, write grad (3-pass bound: x1.5)")
+            self.add("T1", "cross_entropy fwd+bwd", f"{N}x{C}", dt, self.time_flame(f_step), self.time_torch(t_step),
+                     bytes_=2 * N * C * SIZE[dt], note="bound: read logits once, write grad (3-pass bound: x1.5)")
+            del fx, tx
 
     def adamw_row(self):
         """AdamW over 124M f32 parameters (GPT-2 small's count) vs torch.optim.AdamW(fused=True)."""
