@@ -285,7 +285,7 @@ template <class A> struct CeRowGrad {
 // grad[r, c] = CeRowGrad with coef = g[r * g_stride] * scale / (*denom when given).
 template <int V, bool WarpRow, class T, class I, class A>
 __global__ void ce_index_bwd(const T* __restrict__ x, const I* __restrict__ target, const A* __restrict__ weight,
-                             const A* __restrict__ wsum, const A* __restrict__ lse, const T* __restrict__ g, i64 g_stride,
+                             const A* __restrict__ wsum, const A* __restrict__ lse, const A* __restrict__ g, i64 g_stride,
                              const A* __restrict__ denom, double scale, i64 M, i64 C, i64 ignore_index, double eps,
                              T* __restrict__ grad, DeviceErrorRecord* err, unsigned int err_source) {
   const RowGroup grp = row_group<WarpRow>();
@@ -303,7 +303,7 @@ __global__ void ce_index_bwd(const T* __restrict__ x, const I* __restrict__ targ
       for (i64 c = static_cast<i64>(grp.lane) * V; c < C; c += stride) *reinterpret_cast<Vec<T, V>*>(gr + c) = fill;
       continue;
     }
-    A coef = static_cast<A>(to_compute(g[r * g_stride])) * static_cast<A>(scale);
+    A coef = g[r * g_stride] * static_cast<A>(scale);
     if (denom) coef /= *denom;
     const CeRowGrad<A> rg(coef, weight ? weight[t] : A(1), weight ? *wsum : static_cast<A>(C), eps, C, lse[r], t);
     for_row<V, T, A>(x + r * C, C, grp, [&](i64 c, const A (&xs)[V]) {

@@ -4,6 +4,9 @@
 // inputs to it, and those of softmax, the normalisations, the losses and sum/mean convert f16/bf16
 // inputs to f32. Each conversion is a recorded cast, whose backward casts the gradient back, so
 // parameters receive gradients in their own dtype. f64 and integer tensors are never converted.
+// Two conversions happen without their kernels, with the same values: cross_entropy with class
+// indices reads f16/bf16 logits directly (its kernels compute in f32; the loss is f32), and a
+// linear's GEMMs write the f32 gradients of tensors cast for it (autograd/engine.cpp).
 #pragma once
 #include "ops/ops.h"
 #include "runtime/context.h"

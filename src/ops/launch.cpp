@@ -97,10 +97,11 @@ void collapse_axes(const Tensor& x, const std::vector<int>& axes, int* ndim, int
 }
 
 // Few outputs with long reductions: each output is split into chunks reduced by separate blocks
-// into partials, which a second launch combines (so that a full reduction fills the GPU).
+// into partials, which a second launch combines (so that a full reduction fills the GPU: one wave of
+// the 3 blocks of 512 threads reduce_general keeps resident per SM).
 void split_reduction(Context& ctx, int64_t n_out, int64_t n_red, int64_t* chunks, int64_t* chunk_len) {
   if (n_out >= 2 * static_cast<int64_t>(ctx.sm_count) || n_red <= 8192) return;
-  int64_t c = std::min<int64_t>((n_red + 4095) / 4096, std::max<int64_t>(1, 4 * ctx.sm_count / n_out));
+  int64_t c = std::min<int64_t>((n_red + 4095) / 4096, std::max<int64_t>(1, 3 * ctx.sm_count / n_out));
   *chunk_len = (n_red + c - 1) / c;
   *chunks = (n_red + *chunk_len - 1) / *chunk_len;
 }

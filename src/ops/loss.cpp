@@ -217,7 +217,7 @@ Tensor ce_index_with_grad(const Tensor& x, const Tensor& target, const Tensor& w
 }
 
 Tensor ce_index(const Tensor& x, const Tensor& target, const Tensor& weight, int64_t ignore_index, double eps,
-                ops::Reduction red) {
+                ops::Reduction red, DType out_dtype) {
   // record() below would make a node. f16/bf16 logits keep the two-kernel path: there the work per
   // element, not memory, bounds both (8192 x 50304 bf16 on an H200: 0.81 ms two kernels, 0.83-0.86
   // fused), and the fused path would also hold a logits-sized gradient from forward to backward.
@@ -238,7 +238,7 @@ Tensor ce_index(const Tensor& x, const Tensor& target, const Tensor& weight, int
     ctx.launch(ctx.function("loss.cuh", row_kernel("ce_index_fwd", L, T, &I, A)), L.grid, L.block, args);
   }
   Tensor denom = red == ops::Reduction::Mean ? ops::sum_as(wrow, {}, false, A) : nullptr;
-  Tensor out = finish(loss, red, denom, T);
+  Tensor out = finish(loss, red, denom, out_dtype);
   if (auto node = record(OpId::CrossEntropy, {x}, {out})) {
     node->saved.emplace_back(x, false);
     node->saved.emplace_back(target, false);
@@ -312,7 +312,7 @@ Tensor like(const Tensor& t, double v) { return ops::scalar(t->ctx(), v, t->dtyp
 // ---------------------------------------------------------------- cross_entropy and nll_loss
 
 Tensor ops::cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight, int64_t ignore_index,
-                          double label_smoothing, Reduction reduction) {
+                          double label_smoothing, Reduction reduction, bool f32_loss) {
   const char* op = "cross_entropy";
   FLAME_CHECK(&logits->ctx() == &target->ctx() && (!weight || &weight->ctx() == &logits->ctx()), FLAME_ERROR_INVALID_ARGUMENT,
               op, ": tensors belong to different contexts");
@@ -325,13 +325,15 @@ Tensor ops::cross_entropy(const Tensor& logits, const Tensor& target, const Tens
   if (is_floating(target->dtype)) {  // class probabilities, shaped like the logits
     FLAME_CHECK(target->shape == logits->shape, FLAME_ERROR_SHAPE_MISMATCH, op, ": class-probability target has shape ",
                 shape_str(target->shape), " but the input has shape ", shape_str(logits->shape));
-    Tensor out = ce_probs(as_rows(logits, C, true), as_rows(to_dtype(target, logits->dtype), C, true), w, label_smoothing,
+    Tensor x = f32_loss ? to_dtype(logits, acc_of(logits->dtype)) : logits;  // the probabilities kernels: one dtype
+    Tensor out = ce_probs(as_rows(x, C, true), as_rows(to_dtype(target, x->dtype), C, true), w, label_smoothing,
                           reduction);
     return reduction == Reduction::None ? reshape(out, index_shape) : out;
   }
   check_index_target(op, target, index_shape);
   Tensor t = contiguous(reshape(alias(target), {target->numel()}));
-  Tensor out = ce_index(as_rows(logits, C, true), t, w, ignore_index, label_smoothing, reduction);
+  const DType out_dtype = f32_loss ? acc_of(logits->dtype) : logits->dtype;
+  Tensor out = ce_index(as_rows(logits, C, true), t, w, ignore_index, label_smoothing, reduction, out_dtype);
   return reduction == Reduction::None ? reshape(out, index_shape) : out;
 }
 
@@ -407,7 +409,7 @@ Tensor ops::cross_entropy_backward(const LossSaved& s, const Tensor& g0) {
   Context& ctx = x->ctx();
   int64_t M = x->shape[0], C = x->shape[1], gs = 0;
   DType T = x->dtype, A = acc_of(T), I = s.target->dtype;
-  Tensor g = grad_in(g0, T, &gs);
+  Tensor g = grad_in(g0, A, &gs);  // read in f32: an f32 loss of bf16 logits (autocast) keeps its gradient's digits
   Tensor grad = make_tensor(ctx, {M, C}, T);
   if (M == 0) return grad;
   RowLaunch L = row_launch(M, C, T, {x->data(), grad->data()});

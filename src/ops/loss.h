@@ -11,8 +11,10 @@ namespace flame::ops {
 enum class Reduction { None = 0, Mean = 1, Sum = 2 };  // the values of flame_reduction_t
 
 // weight may be null. Integer targets are class indices, floating targets class probabilities.
+// f32_loss (autocast): the loss in f32 whatever the logits' dtype; f16/bf16 logits with class indices
+// are read as they are (the kernels compute in f32), so nothing copies them to f32 first.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight, int64_t ignore_index,
-                     double label_smoothing, Reduction reduction);
+                     double label_smoothing, Reduction reduction, bool f32_loss = false);
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& weight, int64_t ignore_index,
                 Reduction reduction);
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction);

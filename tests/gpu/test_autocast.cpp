@@ -128,6 +128,49 @@ TEST_F(Autocast, CastsFoldedIntoTheGemmsMatchTheCastKernels) {
   }
 }
 
+// cross_entropy under autocast reads f16/bf16 logits as they are and returns an f32 loss: the loss and
+// the logits' gradient (in their dtype) agree with an explicit cast to f32 first, for every reduction.
+TEST_F(Autocast, CrossEntropyOfLowLogitsMatchesCastingThemFirst) {
+  HREF_RNG(rng);
+  for (flame_dtype_t low : {FLAME_DTYPE_BF16, FLAME_DTYPE_F16}) {
+    for (flame_reduction_t red : {FLAME_REDUCTION_MEAN, FLAME_REDUCTION_SUM, FLAME_REDUCTION_NONE}) {
+      SCOPED_TRACE(std::string(dname(low)) + " reduction " + std::to_string(static_cast<int>(red)));
+      HT x = random(rng, {37, 300}, low, -4, 4);
+      std::vector<int64_t> tv(37);
+      for (size_t i = 0; i < tv.size(); ++i) tv[i] = static_cast<int64_t>(rng() % 300);
+      tv[5] = -100;  // ignored
+      const int64_t tn = 37;
+      T tgt;
+      FLAME_ASSERT_OK(flame_from_host(ctx, tv.data(), tv.size() * 8, &tn, 1, FLAME_DTYPE_I64, tgt.out()));
+      // a non-trivial upstream gradient (not representable in bf16) reaches the logits intact
+      const HT g = random(rng, red == FLAME_REDUCTION_NONE ? Shape{37} : Shape{}, FLAME_DTYPE_F32, 0.3, 0.7);
+      HT got_loss, want_loss, got_grad, want_grad;
+      for (bool autocast : {true, false}) {
+        T X = upload(ctx, x), loss, seed, gx;
+        FLAME_ASSERT_OK(flame_tensor_set_requires_grad(X, 1));
+        if (autocast) {
+          FLAME_ASSERT_OK(flame_ctx_set_autocast(ctx, low, nullptr));
+          FLAME_ASSERT_OK(flame_cross_entropy(X, tgt, nullptr, -100, 0.1, red, loss.out()));
+          FLAME_ASSERT_OK(flame_ctx_set_autocast(ctx, FLAME_AUTOCAST_OFF, nullptr));
+        } else {
+          T x32;
+          FLAME_ASSERT_OK(flame_to_dtype(X, FLAME_DTYPE_F32, x32.out()));
+          FLAME_ASSERT_OK(flame_cross_entropy(x32, tgt, nullptr, -100, 0.1, red, loss.out()));
+        }
+        EXPECT_EQ(dtype_of(loss), FLAME_DTYPE_F32);
+        T G = upload(ctx, g);
+        FLAME_ASSERT_OK(flame_backward(ctx, loss, G, 0));
+        FLAME_ASSERT_OK(flame_tensor_grad(X, gx.out()));
+        EXPECT_EQ(dtype_of(gx), low);
+        (autocast ? got_loss : want_loss) = download(loss);
+        (autocast ? got_grad : want_grad) = download(gx);
+      }
+      EXPECT_TRUE(all_close(got_loss, want_loss, tol_for(FLAME_DTYPE_F32))) << "loss";
+      EXPECT_TRUE(all_close(got_grad, want_grad, tol_for(low))) << "grad of the logits";
+    }
+  }
+}
+
 TEST_F(Autocast, LeavesF64AndLowPrecisionProductsAlone) {
   HREF_RNG(rng);
   FLAME_ASSERT_OK(flame_ctx_set_autocast(ctx, FLAME_DTYPE_BF16, nullptr));
