@@ -111,7 +111,7 @@ RULE(Clamp) {
 }
 
 RULE(Add) { return {g, g}; }
-RULE(Sub) { return {g, neg(g)}; }
+RULE(Sub) { return {g, n.needs_input_grad(1) ? neg(g) : nullptr}; }  // a - target: no kernel for the target
 RULE(Mul) {
   return {n.needs_input_grad(0) ? mul(g, saved(n, 1)) : nullptr, n.needs_input_grad(1) ? mul(g, saved(n, 0)) : nullptr};
 }
