@@ -145,15 +145,16 @@ bool aligned16(const Tensor& t) {
   return t->shape[3] % 8 == 0;
 }
 
-const char* tf(bool b) { return b ? "true" : "false"; }
-std::string kernel_name(const char* kernel, DType dt, int tile_d, bool dropout) {
-  return std::string("flame::attn::") + kernel + "<" + device_type(dt) + ", " + std::to_string(tile_d) + ", " + tf(dropout) + ">";
-}
-std::string kernel_name(const char* kernel, DType dt) { return std::string("flame::attn::") + kernel + "<" + device_type(dt) + ">"; }
-const char* const kKeepKernel = "flame::attn::sdpa_dropout_keep";
+// The kernels of cuda/attention.cuh: <T, head-dim tile, dropout> and <T>.
+using A = TArg;
+constexpr KernelTemplate kFwd{"attention.cuh", "flame::attn::sdpa_fwd", {A::Dtype, A::Int, A::Bool}};
+constexpr KernelTemplate kBwd{"attention.cuh", "flame::attn::sdpa_bwd", {A::Dtype, A::Int, A::Bool}};
+constexpr KernelTemplate kBwdDelta{"attention.cuh", "flame::attn::sdpa_bwd_delta", {A::Dtype}};
+constexpr KernelTemplate kBwdDq{"attention.cuh", "flame::attn::sdpa_bwd_dq", {A::Dtype}};
+constexpr KernelTemplate kKeep{"attention.cuh", "flame::attn::sdpa_dropout_keep", {}};
 
-void launch(Context& ctx, const std::string& name, int64_t grid, unsigned smem, void** args) {
-  CUfunction f = ctx.function("attention.cuh", name);
+void launch(Context& ctx, const KernelKey& key, int64_t grid, unsigned smem, void** args) {
+  CUfunction f = ctx.function(key);
   if (smem > 48 * 1024)
     ctx.check(ctx.drv.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(smem)),
               "cuFuncSetAttribute");
@@ -209,7 +210,7 @@ Tensor dropout_factors(Context& ctx, const Geometry& G, const Dropout& drop, DTy
     AttnParams P = make_params(G, false, 1.0, drop);
     uint64_t out = keep->data();
     void* args[] = {&P, &out};
-    launch(ctx, kKeepKernel, flat_grid(ctx, G.B * G.H * G.Lq * ((G.Lk + 3) / 4)), 0, args);
+    launch(ctx, make_key(kKeep), flat_grid(ctx, G.B * G.H * G.Lq * ((G.Lk + 3) / 4)), 0, args);
   }
   return mul_scalar(to_dtype(keep, dtype), 1.0 / (1.0 - drop.p));
 }
@@ -260,7 +261,7 @@ KernelForward kernel_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   P.lse = r.lse->data();
   const int td = tile_dim(std::max(G.D, G.Dv));
   void* args[] = {&P};
-  launch(ctx, kernel_name("sdpa_fwd", q->dtype, td, drop.on), grid, fwd_smem(td, mask != nullptr), args);
+  launch(ctx, make_key(kFwd, q->dtype, td, drop.on), grid, fwd_smem(td, mask != nullptr), args);
   return r;
 }
 
@@ -426,11 +427,11 @@ AttentionGrads ops::attention_backward(const AttentionSaved& s, const Tensor& g0
   const int64_t rows = G.B * G.H * G.Lq;
   if (rows > 0) {
     const int64_t blocks = std::min<int64_t>((rows + 3) / 4, static_cast<int64_t>(ctx.sm_count) * 32);  // a warp per row
-    launch(ctx, kernel_name("sdpa_bwd_delta", dt), blocks, 0, args);
+    launch(ctx, make_key(kBwdDelta, dt), blocks, 0, args);
   }
   const int64_t grid = (G.Lk + kBwdBN - 1) / kBwdBN * G.B * G.H;
-  if (grid > 0) launch(ctx, kernel_name("sdpa_bwd", dt, td, drop), grid, bwd_smem(td, s.mask != nullptr), args);
-  if (r.dq->numel() > 0) launch(ctx, kernel_name("sdpa_bwd_dq", dt), flat_grid(ctx, r.dq->numel()), 0, args);
+  if (grid > 0) launch(ctx, make_key(kBwd, dt, td, drop), grid, bwd_smem(td, s.mask != nullptr), args);
+  if (r.dq->numel() > 0) launch(ctx, make_key(kBwdDq, dt), flat_grid(ctx, r.dq->numel()), 0, args);
   if (ds) r.dmask = to_dtype(sum_to(ds, s.mask->shape), s.mask->dtype);
   record(OpId::AttentionBackward, {g, s.q, s.k, s.v}, {r.dq, r.dk, r.dv});
   return r;
@@ -460,13 +461,13 @@ std::vector<std::string> ops::attention_instantiations() {
   for (DType dt : {FLAME_DTYPE_F16, FLAME_DTYPE_BF16}) {
     for (int td : {64, 80, 96, 128})
       for (bool drop : {false, true}) {
-        v.push_back(kernel_name("sdpa_fwd", dt, td, drop));
-        v.push_back(kernel_name("sdpa_bwd", dt, td, drop));
+        v.push_back(kernel_name(make_key(kFwd, dt, td, drop)));
+        v.push_back(kernel_name(make_key(kBwd, dt, td, drop)));
       }
-    v.push_back(kernel_name("sdpa_bwd_delta", dt));
-    v.push_back(kernel_name("sdpa_bwd_dq", dt));
+    v.push_back(kernel_name(make_key(kBwdDelta, dt)));
+    v.push_back(kernel_name(make_key(kBwdDq, dt)));
   }
-  v.push_back(kKeepKernel);
+  v.push_back(kernel_name(make_key(kKeep)));
   return v;
 }
 

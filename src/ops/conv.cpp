@@ -52,15 +52,20 @@ constexpr unsigned kMmaSmem = 4 * 2 * 128 * (32 + 8) * 2;    // conv_mma: stages
 constexpr unsigned kWgradSmem = 4 * 2 * 32 * (128 + 8) * 2;  // conv_wgrad_mma
 constexpr int64_t kDirectBelow = 16;                         // fewer output channels per group: direct kernels
 
-std::string bool_arg(bool b) { return b ? "true" : "false"; }
-std::string mma_name(DType t, int mode, bool vec) {
-  return "flame::conv_mma" + targs({device_type(t), std::to_string(mode), bool_arg(vec)});
-}
-std::string wgrad_mma_name(DType t, bool vec) { return "flame::conv_wgrad_mma" + targs({device_type(t), bool_arg(vec)}); }
-std::string simt_name(DType t, int mode) { return "flame::conv_simt" + targs({device_type(t), std::to_string(mode)}); }
-std::string wgrad_simt_name(DType t) { return "flame::conv_wgrad_simt" + targs({device_type(t)}); }
-std::string direct_name(DType t, int mode) { return "flame::conv_direct" + targs({device_type(t), std::to_string(mode)}); }
-std::string wgrad_direct_name(DType t) { return "flame::conv_wgrad_direct" + targs({device_type(t)}); }
+// The kernels of cuda/conv.cuh: <T, mode (forward / data gradient), vectorised loads>.
+using A = TArg;
+constexpr KernelTemplate kMma{"conv.cuh", "flame::conv_mma", {A::Dtype, A::Int, A::Bool}};
+constexpr KernelTemplate kWgradMma{"conv.cuh", "flame::conv_wgrad_mma", {A::Dtype, A::Bool}};
+constexpr KernelTemplate kSimt{"conv.cuh", "flame::conv_simt", {A::Dtype, A::Int}};
+constexpr KernelTemplate kWgradSimt{"conv.cuh", "flame::conv_wgrad_simt", {A::Dtype}};
+constexpr KernelTemplate kDirect{"conv.cuh", "flame::conv_direct", {A::Dtype, A::Int}};
+constexpr KernelTemplate kWgradDirect{"conv.cuh", "flame::conv_wgrad_direct", {A::Dtype}};
+KernelKey mma_key(DType t, int mode, bool vec) { return make_key(kMma, t, mode, vec); }
+KernelKey wgrad_mma_key(DType t, bool vec) { return make_key(kWgradMma, t, vec); }
+KernelKey simt_key(DType t, int mode) { return make_key(kSimt, t, mode); }
+KernelKey wgrad_simt_key(DType t) { return make_key(kWgradSimt, t); }
+KernelKey direct_key(DType t, int mode) { return make_key(kDirect, t, mode); }
+KernelKey wgrad_direct_key(DType t) { return make_key(kWgradDirect, t); }
 
 bool is_half(DType t) { return t == FLAME_DTYPE_F16 || t == FLAME_DTYPE_BF16; }
 bool tensor_cores(const Context& ctx, DType t) { return is_half(t) && ctx.cc_major >= 8; }
@@ -131,16 +136,16 @@ void run_conv(int mode, const ConvLaunch& P0, const Tensor& src, const Tensor& w
   void* args[] = {&P, &sp, &wp, &bp, &dp};
   const int64_t simt = simt_tile(dt), mma_y = P.G * ceil_div(P.Nc, kMmaTile), simt_y = P.G * ceil_div(P.Nc, simt);
   if (P.Nc < kDirectBelow || (is_half(dt) && !tensor_cores(ctx, dt)) || (tensor_cores(ctx, dt) ? mma_y : simt_y) > 65535) {
-    launch_flat(ctx, ctx.function("conv.cuh", direct_name(dt, mode)), P.M * P.Cd, args);
+    launch_flat(ctx, ctx.function(direct_key(dt, mode)), P.M * P.Cd, args);
     return;
   }
   if (tensor_cores(ctx, dt)) {
     const bool vec = P.Kc % 8 == 0 && P.Cs % 8 == 0 && aligned16(src) && aligned16(wb);
-    CUfunction f = ctx.function("conv.cuh", mma_name(dt, mode, vec));
+    CUfunction f = ctx.function(mma_key(dt, mode, vec));
     set_smem(ctx, f, kMmaSmem);
     launch3(ctx, f, ceil_div(P.M, kMmaTile), mma_y, 1, kMmaThreads, kMmaSmem, args);
   } else {
-    launch3(ctx, ctx.function("conv.cuh", simt_name(dt, mode)), ceil_div(P.M, simt), simt_y, 1, kSimtThreads, 0, args);
+    launch3(ctx, ctx.function(simt_key(dt, mode)), ceil_div(P.M, simt), simt_y, 1, kSimtThreads, 0, args);
   }
 }
 
@@ -175,15 +180,15 @@ Tensor run_wgrad(const ConvLaunch& P0, const Tensor& x, const Tensor& dy) {
   CUdeviceptr xp = x->data(), dp = dy->data(), op = part->data();
   void* args[] = {&P, &xp, &dp, &op};
   if (path == Direct) {
-    launch_flat(ctx, ctx.function("conv.cuh", wgrad_direct_name(dt)), static_cast<int64_t>(P.splits) * O * P.K, args);
+    launch_flat(ctx, ctx.function(wgrad_direct_key(dt)), static_cast<int64_t>(P.splits) * O * P.K, args);
   } else if (path == Mma) {
     const bool vec = P.Kc % 8 == 0 && P.Cs % 8 == 0 && P.Nc % 8 == 0 && P.Cd % 8 == 0 && aligned16(x) && aligned16(dy);
-    CUfunction f = ctx.function("conv.cuh", wgrad_mma_name(dt, vec));
+    CUfunction f = ctx.function(wgrad_mma_key(dt, vec));
     set_smem(ctx, f, kWgradSmem);
     launch3(ctx, f, ceil_div(P.K, kMmaTile), ceil_div(P.Nc, kMmaTile), static_cast<int64_t>(P.G) * P.splits, kMmaThreads,
             kWgradSmem, args);
   } else {
-    launch3(ctx, ctx.function("conv.cuh", wgrad_simt_name(dt)), ceil_div(P.K, tile), ceil_div(P.Nc, tile),
+    launch3(ctx, ctx.function(wgrad_simt_key(dt)), ceil_div(P.K, tile), ceil_div(P.Nc, tile),
             static_cast<int64_t>(P.G) * P.splits, kSimtThreads, 0, args);
   }
   return part;
@@ -527,16 +532,16 @@ std::vector<std::string> ops::conv_kernel_instantiations() {
   std::vector<std::string> v;
   for (DType t : {FLAME_DTYPE_F16, FLAME_DTYPE_BF16}) {
     for (int mode : {kMode_Fwd, kMode_Dgrad})
-      for (bool vec : {true, false}) v.push_back(mma_name(t, mode, vec));
-    for (bool vec : {true, false}) v.push_back(wgrad_mma_name(t, vec));
+      for (bool vec : {true, false}) v.push_back(kernel_name(mma_key(t, mode, vec)));
+    for (bool vec : {true, false}) v.push_back(kernel_name(wgrad_mma_key(t, vec)));
   }
   for (DType t : {FLAME_DTYPE_F32, FLAME_DTYPE_F64}) {
-    for (int mode : {kMode_Fwd, kMode_Dgrad}) v.push_back(simt_name(t, mode));
-    v.push_back(wgrad_simt_name(t));
+    for (int mode : {kMode_Fwd, kMode_Dgrad}) v.push_back(kernel_name(simt_key(t, mode)));
+    v.push_back(kernel_name(wgrad_simt_key(t)));
   }
   for (DType t : {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64}) {
-    for (int mode : {kMode_Fwd, kMode_Dgrad}) v.push_back(direct_name(t, mode));
-    v.push_back(wgrad_direct_name(t));
+    for (int mode : {kMode_Fwd, kMode_Dgrad}) v.push_back(kernel_name(direct_key(t, mode)));
+    v.push_back(kernel_name(wgrad_direct_key(t)));
   }
   return v;
 }

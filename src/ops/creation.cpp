@@ -14,7 +14,11 @@ struct u {
     return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, ctx.sm_count * 32)));
   }
 };
-std::string kernel1(const char* name, DType d) { return std::string("flame::") + name + "<" + device_type(d) + ">"; }
+// The kernels of cuda/random.cuh: <T>.
+constexpr KernelTemplate kArange{"random.cuh", "flame::arange_kernel", {TArg::Dtype}};
+constexpr KernelTemplate kLinspace{"random.cuh", "flame::linspace_kernel", {TArg::Dtype}};
+constexpr KernelTemplate kRandUniform{"random.cuh", "flame::rand_uniform", {TArg::Dtype}};
+constexpr KernelTemplate kRandNormal{"random.cuh", "flame::rand_normal", {TArg::Dtype}};
 }  // namespace
 
 Tensor ops::empty(Context& ctx, const Shape& shape, DType dtype) { return make_tensor(ctx, shape, dtype); }
@@ -42,7 +46,7 @@ Tensor ops::arange(Context& ctx, double start, double end, double step, DType dt
   if (n == 0) return t;
   CUdeviceptr p = t->data();
   void* args[] = {&p, &n, &start, &step};
-  ctx.launch(ctx.function("random.cuh", kernel1("arange_kernel", dtype)), u::grid(ctx, n), 256, args);
+  ctx.launch(ctx.function(make_key(kArange, dtype)), u::grid(ctx, n), 256, args);
   return t;
 }
 
@@ -54,7 +58,7 @@ Tensor ops::linspace(Context& ctx, double start, double end, int64_t steps, DTyp
   double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0;
   CUdeviceptr p = t->data();
   void* args[] = {&p, &steps, &start, &end, &step};
-  ctx.launch(ctx.function("random.cuh", kernel1("linspace_kernel", dtype)), u::grid(ctx, steps), 256, args);
+  ctx.launch(ctx.function(make_key(kLinspace, dtype)), u::grid(ctx, steps), 256, args);
   return t;
 }
 
@@ -66,8 +70,9 @@ Tensor ops::eye(Context& ctx, int64_t n, int64_t m, DType dtype) {
   return t;
 }
 
-static Tensor random_tensor(Context& ctx, const Shape& shape, DType dtype, const char* kernel) {
-  FLAME_CHECK(is_floating(dtype), FLAME_ERROR_DTYPE_MISMATCH, kernel, ": random tensors must be floating, got ",
+static Tensor random_tensor(Context& ctx, const Shape& shape, DType dtype, const char* op,
+                            const KernelTemplate& kernel) {
+  FLAME_CHECK(is_floating(dtype), FLAME_ERROR_DTYPE_MISMATCH, op, ": random tensors must be floating, got ",
               dtype_name(dtype));
   Tensor t = make_tensor(ctx, shape, dtype);
   int64_t n = t->numel();
@@ -77,12 +82,16 @@ static Tensor random_tensor(Context& ctx, const Shape& shape, DType dtype, const
   uint64_t seed = ctx.rng_seed, offset = ctx.take_rng(static_cast<uint64_t>(calls));
   CUdeviceptr p = t->data();
   void* args[] = {&p, &n, &seed, &offset};
-  ctx.launch(ctx.function("random.cuh", kernel1(kernel, dtype)), u::grid(ctx, calls), 256, args);
+  ctx.launch(ctx.function(make_key(kernel, dtype)), u::grid(ctx, calls), 256, args);
   return t;
 }
 
-Tensor ops::rand(Context& ctx, const Shape& shape, DType dtype) { return random_tensor(ctx, shape, dtype, "rand_uniform"); }
-Tensor ops::randn(Context& ctx, const Shape& shape, DType dtype) { return random_tensor(ctx, shape, dtype, "rand_normal"); }
+Tensor ops::rand(Context& ctx, const Shape& shape, DType dtype) {
+  return random_tensor(ctx, shape, dtype, "rand_uniform", kRandUniform);
+}
+Tensor ops::randn(Context& ctx, const Shape& shape, DType dtype) {
+  return random_tensor(ctx, shape, dtype, "rand_normal", kRandNormal);
+}
 
 // During a graph capture the result is a constant of the graph: set-up memory written once, at
 // capture time, on the side stream (runtime/capture.h); internal index tables rely on this.

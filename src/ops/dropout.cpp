@@ -16,9 +16,8 @@ namespace flame {
 
 namespace {
 
-std::string dropout_name(DType t, bool vec) {
-  return "flame::dropout_kernel" + targs({device_type(t), vec ? "true" : "false"});
-}
+constexpr KernelTemplate kDropout{"dropout.cuh", "flame::dropout_kernel", {TArg::Dtype, TArg::Bool}};  // <T, vectorised>
+KernelKey dropout_key(DType t, bool vec) { return make_key(kDropout, t, vec); }
 
 }  // namespace
 
@@ -34,7 +33,7 @@ Tensor ops::dropout_apply(const Tensor& x0, uint64_t seed, uint64_t offset, doub
     float pf = static_cast<float>(p);
     double scale = 1.0 / (1.0 - p);
     void* args[] = {&pi, &po, &n, &seed, &offset, &pf, &scale};
-    launch_flat(ctx, ctx.function("dropout.cuh", dropout_name(x->dtype, vec)), (n + 3) / 4, args);
+    launch_flat(ctx, ctx.function(dropout_key(x->dtype, vec)), (n + 3) / 4, args);
   }
   if (auto node = record(OpId::Dropout, {x}, {out})) {
     node->ints = {static_cast<int64_t>(seed), static_cast<int64_t>(offset)};
@@ -56,7 +55,7 @@ Tensor ops::dropout(const Tensor& x, double p, bool training) {
 std::vector<std::string> ops::dropout_instantiations() {
   std::vector<std::string> v;
   for (DType t : {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64})
-    for (bool vec : {false, true}) v.push_back(dropout_name(t, vec));
+    for (bool vec : {false, true}) v.push_back(kernel_name(dropout_key(t, vec)));
   return v;
 }
 

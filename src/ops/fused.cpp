@@ -33,14 +33,16 @@ unsigned grid_for(Context& ctx, int64_t work) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, static_cast<int64_t>(ctx.sm_count) * 32)));
 }
 int vector_width(DType d) { return static_cast<int>(16 / dtype_size(d)); }
-std::string contig_name(int v, DType d) { return "flame::fused_contig<" + std::to_string(v) + ", " + device_type(d) + ">"; }
-std::string rows_name(int v, DType d) { return "flame::fused_rows<" + std::to_string(v) + ", " + device_type(d) + ">"; }
-std::string strided_name(DType d) { return std::string("flame::fused_strided<") + device_type(d) + ">"; }
+// The kernels of cuda/fused.cuh: <V, T> and <T>.
+constexpr KernelTemplate kContig{"fused.cuh", "flame::fused_contig", {TArg::Int, TArg::Dtype}};
+constexpr KernelTemplate kRows{"fused.cuh", "flame::fused_rows", {TArg::Int, TArg::Dtype}};
+constexpr KernelTemplate kStrided{"fused.cuh", "flame::fused_strided", {TArg::Dtype}};
 
 }  // namespace
 
 std::vector<std::string> fused_instantiations(DType d) {
-  return {contig_name(vector_width(d), d), contig_name(1, d), rows_name(vector_width(d), d), strided_name(d)};
+  return {kernel_name(make_key(kContig, vector_width(d), d)), kernel_name(make_key(kContig, 1, d)),
+          kernel_name(make_key(kRows, vector_width(d), d)), kernel_name(make_key(kStrided, d))};
 }
 
 std::shared_ptr<FusedFn> FusedFn::compile(Context& ctx, const std::string& text, int n_inputs) {
@@ -133,11 +135,11 @@ Tensor FusedFn::call(const std::vector<Tensor>& in) {
   return out;
 }
 
-CUfunction FusedFn::function(const std::string& name) {
-  auto it = functions_.find(name);
+CUfunction FusedFn::function(const KernelKey& key) {
+  auto it = functions_.find(key);
   if (it != functions_.end()) return it->second;
-  CUfunction f = ctx_->function("fused.cuh", name, source_);
-  functions_.emplace(name, f);
+  CUfunction f = ctx_->function_by_name(key.tmpl->file, kernel_name(key), source_);
+  functions_.emplace(key, f);
   return f;
 }
 
@@ -158,7 +160,7 @@ void FusedFn::launch(const Tensor& out, const std::vector<Tensor>& ins) {
     for (size_t k = 0; k < ins.size(); ++k) aligned = aligned && p.in[k] % align == 0;
     const int w = aligned ? v : 1;
     void* args[] = {&o, &n, &p};
-    ctx.launch(function(contig_name(w, dt)), grid_for(ctx, (n + w - 1) / w), kBlock, args);
+    ctx.launch(function(make_key(kContig, w, dt)), grid_for(ctx, (n + w - 1) / w), kBlock, args);
     return;
   }
   std::vector<Strides> strides = {out->strides};
@@ -184,7 +186,7 @@ void FusedFn::launch(const Tensor& out, const std::vector<Tensor>& ins) {
     }
     for (size_t k = 0; k < ins.size(); ++k) L.inner[k] = static_cast<int>(c.strides[k + 1][nd - 1]);
     void* args[] = {&o, &p, &L};
-    ctx.launch(function(rows_name(v, dt)), grid_for(ctx, L.rows * (L.cols / v)), kBlock, args);
+    ctx.launch(function(make_key(kRows, v, dt)), grid_for(ctx, L.rows * (L.cols / v)), kBlock, args);
     return;
   }
   FusedStridedLayout L{};
@@ -194,7 +196,7 @@ void FusedFn::launch(const Tensor& out, const std::vector<Tensor>& ins) {
     for (size_t k = 0; k < c.strides.size(); ++k) L.stride[k][d] = c.strides[k][d];
   }
   void* args[] = {&o, &n, &p, &L};
-  ctx.launch(function(strided_name(dt)), grid_for(ctx, n), kBlock, args);
+  ctx.launch(function(make_key(kStrided, dt)), grid_for(ctx, n), kBlock, args);
 }
 
 }  // namespace flame::ops

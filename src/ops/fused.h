@@ -12,6 +12,7 @@
 #include <vector>
 #include "autograd/graph.h"
 #include "ops/fused_expr.h"
+#include "runtime/kernel_key.h"
 #include "tensor/tensor.h"
 
 namespace flame::ops {
@@ -50,14 +51,15 @@ class FusedFn : public std::enable_shared_from_this<FusedFn> {
   };
   const Grad& grad(int i);
   void launch(const Tensor& out, const std::vector<Tensor>& ins);
-  CUfunction function(const std::string& name);
+  // Its kernels by key (no text argument), compiled behind this function's source on first use.
+  CUfunction function(const KernelKey& key);
 
   std::shared_ptr<Context> ctx_;
   fused::Expr expr_;
   int n_;
   std::string source_;
   std::vector<std::unique_ptr<Grad>> grads_;
-  std::unordered_map<std::string, CUfunction> functions_;
+  std::unordered_map<KernelKey, CUfunction, KernelKeyHash> functions_;
 };
 
 // The FusedFn of a recorded Fused node (its payload).

@@ -24,21 +24,18 @@ struct IndexLayout {  // mirrors cuda/indexing.cuh
   int64_t dim_size;
 };
 
-std::string targs(const std::vector<std::string>& a) {
-  std::string s = "<";
-  for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + a[i];
-  return s + ">";
-}
-
 // The accumulation dtype of scatter-add: f32 for 16-bit floats, else the dtype itself.
 DType scatter_acc(DType d) { return (d == FLAME_DTYPE_F16 || d == FLAME_DTYPE_BF16) ? FLAME_DTYPE_F32 : d; }
 bool scatter_supported(DType d) { return is_floating(d) || d == FLAME_DTYPE_I32 || d == FLAME_DTYPE_I64; }
 
-std::string gather_name(DType t, DType i) { return "flame::gather_kernel" + targs({device_type(t), device_type(i)}); }
-std::string scatter_name(DType s, DType i) {
-  return "flame::scatter_add_kernel" + targs({device_type(s), device_type(i), device_type(scatter_acc(s))});
-}
-std::string one_hot_name(DType i) { return "flame::one_hot_kernel" + targs({device_type(i)}); }
+constexpr KernelTemplate kGather{"indexing.cuh", "flame::gather_kernel", {TArg::Dtype, TArg::Dtype}};  // <T, index>
+constexpr KernelTemplate kScatterAdd{"indexing.cuh", "flame::scatter_add_kernel",
+                                     {TArg::Dtype, TArg::Dtype, TArg::Dtype}};  // <T, index, acc>
+constexpr KernelTemplate kOneHot{"indexing.cuh", "flame::one_hot_kernel", {TArg::Dtype}};  // <index>
+
+KernelKey gather_key(DType t, DType i) { return make_key(kGather, t, i); }
+KernelKey scatter_key(DType s, DType i) { return make_key(kScatterAdd, s, i, scatter_acc(s)); }
+KernelKey one_hot_key(DType i) { return make_key(kOneHot, i); }
 
 unsigned flat_grid(Context& ctx, int64_t n) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, int64_t{ctx.sm_count} * 32)));
@@ -106,7 +103,7 @@ Tensor ops::gather_index(const Tensor& x, int dim, const Tensor& index, int64_t 
     CUdeviceptr pi = x->data(), po = out->data(), px = index->data();
     int zs = zero_skip ? 1 : 0;
     void* args[] = {&pi, &po, &px, &n, &L, &skip, &zs, &rec, &src};
-    ctx.launch(ctx.function("indexing.cuh", gather_name(x->dtype, index->dtype)), flat_grid(ctx, n), 256, args);
+    ctx.launch(ctx.function(gather_key(x->dtype, index->dtype)), flat_grid(ctx, n), 256, args);
   }
   if (auto node = record(OpId::Gather, {x}, {out})) {
     node->saved.emplace_back(index, false);
@@ -128,7 +125,7 @@ Tensor ops::scatter_add_index(const Tensor& x, int dim, const Tensor& index, con
     CUdeviceptr rec = ctx.device_error_record(what, &esrc);
     CUdeviceptr pa = acc->data(), ps = src->data(), pi = index->data();
     void* args[] = {&pa, &ps, &pi, &n, &L, &skip, &alpha, &rec, &esrc};
-    ctx.launch(ctx.function("indexing.cuh", scatter_name(src->dtype, index->dtype)), flat_grid(ctx, n), 256, args);
+    ctx.launch(ctx.function(scatter_key(src->dtype, index->dtype)), flat_grid(ctx, n), 256, args);
   }
   Tensor out = to_dtype(acc, x->dtype);
   if (auto node = record(OpId::ScatterAdd, {x, src}, {out})) {
@@ -250,7 +247,7 @@ Tensor ops::one_hot(const Tensor& index, int64_t num_classes) {
     CUdeviceptr rec = ctx.device_error_record("one_hot: index", &src);
     CUdeviceptr pi = idx->data(), po = out->data();
     void* args[] = {&pi, &po, &n, &num_classes, &rec, &src};
-    ctx.launch(ctx.function("indexing.cuh", one_hot_name(idx->dtype)), flat_grid(ctx, n * num_classes), 256, args);
+    ctx.launch(ctx.function(one_hot_key(idx->dtype)), flat_grid(ctx, n * num_classes), 256, args);
   }
   return out;
 }
@@ -261,10 +258,10 @@ std::vector<std::string> ops::indexing_instantiations() {
                        FLAME_DTYPE_I32, FLAME_DTYPE_I64, FLAME_DTYPE_U8,  FLAME_DTYPE_BOOL};
   for (DType i : {FLAME_DTYPE_I64, FLAME_DTYPE_I32}) {
     for (DType t : all) {
-      v.push_back(gather_name(t, i));
-      if (scatter_supported(t)) v.push_back(scatter_name(t, i));
+      v.push_back(kernel_name(gather_key(t, i)));
+      if (scatter_supported(t)) v.push_back(kernel_name(scatter_key(t, i)));
     }
-    v.push_back(one_hot_name(i));
+    v.push_back(kernel_name(one_hot_key(i)));
   }
   return v;
 }

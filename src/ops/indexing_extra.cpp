@@ -31,7 +31,8 @@ struct IndexLayout {  // mirrors cuda/indexing.cuh
   int64_t dim_size;
 };
 
-std::string scatter_name(DType t, DType i) { return "flame::scatter_kernel" + targs({device_type(t), device_type(i)}); }
+constexpr KernelTemplate kScatter{"scatter.cuh", "flame::scatter_kernel", {TArg::Dtype, TArg::Dtype}};  // <T, index>
+KernelKey scatter_key(DType t, DType i) { return make_key(kScatter, t, i); }
 
 void same_context(const char* op, const Tensor& a, const Tensor& b) {
   FLAME_CHECK(&a->ctx() == &b->ctx(), FLAME_ERROR_INVALID_ARGUMENT, op, ": tensors belong to different contexts");
@@ -96,7 +97,7 @@ Tensor ops::scatter_index(const Tensor& x, int dim, const Tensor& index, const T
     CUdeviceptr rec = ctx.device_error_record(what, &esrc);
     CUdeviceptr po = out->data(), ps = src->data(), pi = index->data();
     void* args[] = {&po, &ps, &pi, &n, &L, &rec, &esrc};
-    launch_flat(ctx, ctx.function("scatter.cuh", scatter_name(x->dtype, index->dtype)), n, args);
+    launch_flat(ctx, ctx.function(scatter_key(x->dtype, index->dtype)), n, args);
   }
   if (auto node = record(OpId::Scatter, {x, src}, {out})) {
     node->saved.emplace_back(index, false);
@@ -265,7 +266,7 @@ std::vector<std::string> ops::scatter_instantiations() {
   for (DType i : {FLAME_DTYPE_I64, FLAME_DTYPE_I32})
     for (DType t : {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64, FLAME_DTYPE_I32, FLAME_DTYPE_I64,
                     FLAME_DTYPE_U8, FLAME_DTYPE_BOOL})
-      v.push_back(scatter_name(t, i));
+      v.push_back(kernel_name(scatter_key(t, i)));
   return v;
 }
 

@@ -56,28 +56,28 @@ unsigned grid_for(Context& ctx, int64_t work_items, unsigned block) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(blocks, cap)));
 }
 
-std::string template_args(const std::vector<std::string>& args) {
-  std::string s = "<";
-  for (size_t i = 0; i < args.size(); ++i) s += (i ? ", " : "") + args[i];
-  return s + ">";
-}
-
 int vector_width(DType out, const std::vector<DType>& ins) {
   size_t widest = dtype_size(out);
   for (DType d : ins) widest = std::max(widest, dtype_size(d));
   return static_cast<int>(16 / widest);
 }
 
-std::string contig_name(int v, const std::string& functor, DType out, const std::vector<DType>& ins) {
-  std::vector<std::string> a = {std::to_string(v), "flame::" + functor, device_type(out)};
-  for (DType d : ins) a.push_back(device_type(d));
-  return "flame::ew_contig" + template_args(a);
-}
+// The elementwise kernels: <first, functor, out, up to 3 operand types> (ew_tile: one operand, no first).
+using A = TArg;
+constexpr KernelTemplate kEwContig{"elementwise.cuh", "flame::ew_contig",
+                                   {A::Int, A::Text, A::Dtype, A::Dtype, A::Dtype, A::Dtype}};
+constexpr KernelTemplate kEwRows{"elementwise.cuh", "flame::ew_rows",
+                                 {A::Int, A::Text, A::Dtype, A::Dtype, A::Dtype, A::Dtype}};
+constexpr KernelTemplate kEwStrided{"elementwise.cuh", "flame::ew_strided",
+                                    {A::Index, A::Text, A::Dtype, A::Dtype, A::Dtype, A::Dtype}};
+constexpr KernelTemplate kEwTile{"elementwise.cuh", "flame::ew_tile", {A::Text, A::Dtype, A::Dtype}};
 
-std::string strided_name(bool wide, const std::string& functor, DType out, const std::vector<DType>& ins) {
-  std::vector<std::string> a = {wide ? "unsigned long long" : "unsigned int", "flame::" + functor, device_type(out)};
-  for (DType d : ins) a.push_back(device_type(d));
-  return "flame::ew_strided" + template_args(a);
+// first: the vector width (contig, rows) or whether the index type is 64-bit (strided).
+KernelKey ew_key(const KernelTemplate& t, int first, std::string_view functor, DType out, const std::vector<DType>& ins) {
+  FLAME_CHECK(ins.size() <= 3, FLAME_ERROR_INTERNAL, "elementwise kernels take at most 3 operands");
+  KernelKey k = make_key(t, first, functor, out);
+  for (size_t i = 0; i < 3; ++i) k.ints[3 + i] = i < ins.size() ? static_cast<int32_t>(ins[i]) : KernelKey::kAbsent;
+  return k;
 }
 
 // Collapses kept or reduced axes of x into a (shape, stride) pair list.
@@ -118,12 +118,12 @@ ReduceLayout partials_layout(int64_t n_out, int64_t chunks) {
   return L;
 }
 
-const char* reduce_op_name(ReduceKind k) {
+const char* reduce_op_name(ReduceKind k) {  // a functor of cuda/reduce.cuh (the key's text)
   switch (k) {
-    case ReduceKind::Sum: return "flame::SumOp";
-    case ReduceKind::Prod: return "flame::ProdOp";
-    case ReduceKind::Max: return "flame::MaxOp";
-    case ReduceKind::Min: return "flame::MinOp";
+    case ReduceKind::Sum: return "SumOp";
+    case ReduceKind::Prod: return "ProdOp";
+    case ReduceKind::Max: return "MaxOp";
+    case ReduceKind::Min: return "MinOp";
   }
   return "";
 }
@@ -137,27 +137,27 @@ DType acc_dtype(ReduceKind k, DType in) {
   return sumlike ? FLAME_DTYPE_I64 : in;
 }
 
-std::string reduce_name(const char* kernel, ReduceKind k, DType in, DType acc, DType out) {
-  return std::string("flame::") + kernel + template_args({reduce_op_name(k), device_type(in), device_type(acc), device_type(out)});
+// <op, in, acc, out>
+constexpr KernelTemplate kReduceGeneral{"reduce.cuh", "flame::reduce_general", {A::Text, A::Dtype, A::Dtype, A::Dtype}};
+constexpr KernelTemplate kReduceCols{"reduce.cuh", "flame::reduce_cols", {A::Text, A::Dtype, A::Dtype, A::Dtype}};
+constexpr KernelTemplate kReduceTall{"reduce.cuh", "flame::reduce_tall", {A::Text, A::Dtype, A::Dtype, A::Dtype}};
+constexpr KernelTemplate kArgReduce{"reduce.cuh", "flame::arg_reduce", {A::Bool, A::Dtype}};  // <is_max, in>
+constexpr KernelTemplate kCumsum{"scan.cuh", "flame::cumsum_kernel", {A::Dtype, A::Dtype, A::Dtype}};  // <in, acc, out>
+
+KernelKey reduce_key(const KernelTemplate& t, ReduceKind k, DType in, DType acc, DType out) {
+  return make_key(t, reduce_op_name(k), in, acc, out);
 }
 
 }  // namespace
 
-static std::string rows_name(int v, const std::string& functor, DType out, const std::vector<DType>& ins) {
-  std::vector<std::string> a = {std::to_string(v), "flame::" + functor, device_type(out)};
-  for (DType d : ins) a.push_back(device_type(d));
-  return "flame::ew_rows" + template_args(a);
-}
-
-static std::string tile_name(const std::string& functor, DType out, DType in) {
-  return "flame::ew_tile" + template_args({"flame::" + functor, device_type(out), device_type(in)});
-}
-
-std::vector<std::string> elementwise_instantiations(const std::string& functor, DType out, const std::vector<DType>& ins) {
-  std::vector<std::string> r = {contig_name(vector_width(out, ins), functor, out, ins), contig_name(1, functor, out, ins),
-                                strided_name(false, functor, out, ins), strided_name(true, functor, out, ins)};
-  if (!ins.empty()) r.push_back(rows_name(vector_width(out, ins), functor, out, ins));
-  if (ins.size() == 1) r.push_back(tile_name(functor, out, ins[0]));
+std::vector<std::string> elementwise_instantiations(std::string_view functor, DType out, const std::vector<DType>& ins) {
+  const int v = vector_width(out, ins);
+  std::vector<std::string> r = {kernel_name(ew_key(kEwContig, v, functor, out, ins)),
+                                kernel_name(ew_key(kEwContig, 1, functor, out, ins)),
+                                kernel_name(ew_key(kEwStrided, 0, functor, out, ins)),
+                                kernel_name(ew_key(kEwStrided, 1, functor, out, ins))};
+  if (!ins.empty()) r.push_back(kernel_name(ew_key(kEwRows, v, functor, out, ins)));
+  if (ins.size() == 1) r.push_back(kernel_name(make_key(kEwTile, functor, out, ins[0])));
   return r;
 }
 
@@ -166,7 +166,7 @@ namespace {
 // Dense output whose operands are dense or broadcast along the last collapsed axis (x + bias,
 // x * row_scale, a copy or cast of a view with permuted outer axes): ew_rows, V elements per thread.
 // False when the layout or the alignment does not fit; the caller then uses ew_tile or ew_strided.
-bool launch_rows(Context& ctx, const std::string& functor, ScalarArgs& args, const Tensor& out,
+bool launch_rows(Context& ctx, std::string_view functor, ScalarArgs& args, const Tensor& out,
                  const std::vector<Tensor>& ins, const std::vector<DType>& in_types, const CollapsedLayout& c,
                  CUdeviceptr* ptr) {
   const int nd = static_cast<int>(c.shape.size());
@@ -193,7 +193,7 @@ bool launch_rows(Context& ctx, const std::string& functor, ScalarArgs& args, con
     }
     if (!aligned) return false;
   }
-  CUfunction f = ctx.function("elementwise.cuh", rows_name(v, functor, out->dtype, in_types));
+  CUfunction f = ctx.function(ew_key(kEwRows, v, functor, out->dtype, in_types));
   void* kargs[] = {&args, &ptr[0], &ptr[1], &ptr[2], &ptr[3], &L};
   ctx.launch(f, grid_for(ctx, L.rows * (L.cols / v), kBlock), kBlock, kargs);
   return true;
@@ -201,7 +201,7 @@ bool launch_rows(Context& ctx, const std::string& functor, ScalarArgs& args, con
 
 // Dense output from one operand whose unit-stride axis is not the output's last axis (a transposed
 // or channels-last copy or cast): ew_tile through shared memory. False when the layout does not fit.
-bool launch_tile(Context& ctx, const std::string& functor, ScalarArgs& args, const Tensor& out, const Tensor& in,
+bool launch_tile(Context& ctx, std::string_view functor, ScalarArgs& args, const Tensor& out, const Tensor& in,
                  const CollapsedLayout& c, CUdeviceptr* ptr) {
   const int nd = static_cast<int>(c.shape.size());
   if (nd < 2 || nd > 8 || !out->contiguous()) return false;
@@ -225,7 +225,7 @@ bool launch_tile(Context& ctx, const std::string& functor, ScalarArgs& args, con
     tiles *= c.shape[d];
     ++L.nb;
   }
-  CUfunction f = ctx.function("elementwise.cuh", tile_name(functor, out->dtype, in->dtype));
+  CUfunction f = ctx.function(make_key(kEwTile, functor, out->dtype, in->dtype));
   void* kargs[] = {&args, &ptr[0], &ptr[1], &L};
   unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, static_cast<int64_t>(ctx.sm_count) * 32)));
   ctx.check(ctx.drv.cuLaunchKernel(f, grid, 1, 1, 32, 8, 1, 0, ctx.stream, kargs, nullptr), "cuLaunchKernel");
@@ -234,7 +234,7 @@ bool launch_tile(Context& ctx, const std::string& functor, ScalarArgs& args, con
 
 }  // namespace
 
-void launch_elementwise(const std::string& functor, const ScalarArgs& s, const Tensor& out, const std::vector<Tensor>& ins) {
+void launch_elementwise(std::string_view functor, const ScalarArgs& s, const Tensor& out, const std::vector<Tensor>& ins) {
   Context& ctx = out->ctx();
   int64_t n = out->numel();
   if (n == 0) return;
@@ -250,16 +250,7 @@ void launch_elementwise(const std::string& functor, const ScalarArgs& s, const T
     bool aligned = (ptr[0] % (v * out->elem_size())) == 0;
     for (size_t i = 0; i < ins.size(); ++i) aligned = aligned && (ptr[i + 1] % (v * ins[i]->elem_size())) == 0;
     if (!aligned) v = 1;
-    Context::KernelKey key{functor, {v, static_cast<int32_t>(out->dtype), -1, -1, -1, static_cast<int32_t>(ins.size())}};
-    for (size_t i = 0; i < ins.size(); ++i) key.ints[2 + i] = static_cast<int32_t>(in_types[i]);
-    auto hit = ctx.keyed_functions.find(key);
-    CUfunction f;
-    if (hit != ctx.keyed_functions.end()) {
-      f = hit->second;
-      ++ctx.kernel_stats.memory_hits;
-    } else {
-      f = ctx.keyed_functions[key] = ctx.function("elementwise.cuh", contig_name(v, functor, out->dtype, in_types));
-    }
+    CUfunction f = ctx.function(ew_key(kEwContig, v, functor, out->dtype, in_types));
     void* kargs[] = {&args, &ptr[0], &n, &ptr[1], &ptr[2], &ptr[3]};
     // One pair of vectors per thread (the kernel's loop body), so a block's life is short: on an H200
     // this reaches 1.00-1.01 of PyTorch on 2^28-element unary/binary/cast rows, against 1.05-1.08
@@ -283,17 +274,17 @@ void launch_elementwise(const std::string& functor, const ScalarArgs& s, const T
   }
   max_extent = n;
   bool wide = max_extent >= (int64_t{1} << 32) - kBlock * static_cast<int64_t>(ctx.sm_count) * 32;
-  CUfunction f = ctx.function("elementwise.cuh", strided_name(wide, functor, out->dtype, in_types));
+  CUfunction f = ctx.function(ew_key(kEwStrided, wide ? 1 : 0, functor, out->dtype, in_types));
   void* kargs[] = {&args, &ptr[0], &n, &ptr[1], &ptr[2], &ptr[3], &L};
   ctx.launch(f, grid_for(ctx, n, kBlock), kBlock, kargs);
 }
 
 std::vector<std::string> reduce_instantiations(ReduceKind k, DType in, DType out) {
   DType acc = acc_dtype(k, in);
-  return {reduce_name("reduce_general", k, in, acc, out), reduce_name("reduce_general", k, in, acc, acc),
-          reduce_name("reduce_general", k, acc, acc, out), reduce_name("reduce_cols", k, in, acc, out),
-          reduce_name("reduce_tall", k, in, acc, out),     reduce_name("reduce_tall", k, in, acc, acc),
-          reduce_name("reduce_tall", k, acc, acc, out)};
+  return {kernel_name(reduce_key(kReduceGeneral, k, in, acc, out)), kernel_name(reduce_key(kReduceGeneral, k, in, acc, acc)),
+          kernel_name(reduce_key(kReduceGeneral, k, acc, acc, out)), kernel_name(reduce_key(kReduceCols, k, in, acc, out)),
+          kernel_name(reduce_key(kReduceTall, k, in, acc, out)),    kernel_name(reduce_key(kReduceTall, k, in, acc, acc)),
+          kernel_name(reduce_key(kReduceTall, k, acc, acc, out))};
 }
 
 namespace {
@@ -321,9 +312,9 @@ TallPlan plan_tall(const Context& ctx, int64_t nvec, int64_t rows, bool split) {
   return p;
 }
 
-void launch_tall_pass(Context& ctx, const std::string& name, CUdeviceptr in, CUdeviceptr out, int64_t n_out, int64_t rows,
+void launch_tall_pass(Context& ctx, const KernelKey& key, CUdeviceptr in, CUdeviceptr out, int64_t n_out, int64_t rows,
                       const TallPlan& p) {
-  CUfunction f = ctx.function("reduce.cuh", name);
+  CUfunction f = ctx.function(key);
   int slice = p.slice;
   int64_t chunk_len = p.chunk_len;
   void* kargs[] = {&in, &out, &n_out, &rows, &chunk_len, &slice};
@@ -342,14 +333,13 @@ bool launch_tall(Context& ctx, ReduceKind kind, const Tensor& x, const Tensor& o
   if (n_out % v_in != 0 || n_out % v_acc != 0 || x->data() % 16 != 0) return false;
   const TallPlan p = plan_tall(ctx, n_out / v_in, n_red, true);
   if (p.chunks == 1) {
-    launch_tall_pass(ctx, reduce_name("reduce_tall", kind, x->dtype, acc, out->dtype), x->data(), out->data(), n_out,
-                     n_red, p);
+    launch_tall_pass(ctx, reduce_key(kReduceTall, kind, x->dtype, acc, out->dtype), x->data(), out->data(), n_out, n_red, p);
     return true;
   }
   Tensor partial = make_tensor(ctx, {p.chunks, n_out}, acc);
-  launch_tall_pass(ctx, reduce_name("reduce_tall", kind, x->dtype, acc, acc), x->data(), partial->data(), n_out, n_red, p);
-  launch_tall_pass(ctx, reduce_name("reduce_tall", kind, acc, acc, out->dtype), partial->data(), out->data(), n_out,
-                   p.chunks, plan_tall(ctx, n_out / v_acc, p.chunks, false));
+  launch_tall_pass(ctx, reduce_key(kReduceTall, kind, x->dtype, acc, acc), x->data(), partial->data(), n_out, n_red, p);
+  launch_tall_pass(ctx, reduce_key(kReduceTall, kind, acc, acc, out->dtype), partial->data(), out->data(), n_out, p.chunks,
+                   plan_tall(ctx, n_out / v_acc, p.chunks, false));
   return true;
 }
 
@@ -382,7 +372,7 @@ Tensor launch_reduce(const Tensor& x, const std::vector<int>& rdims, ReduceKind 
   bool cols = L.out_stride[L.out_ndim - 1] == 1 && L.red_stride[L.red_ndim - 1] != 1 && kept.size() > 0 &&
               n_out >= 32 * static_cast<int64_t>(ctx.sm_count);
   if (cols) {
-    CUfunction f = ctx.function("reduce.cuh", reduce_name("reduce_cols", kind, x->dtype, acc, out_dtype));
+    CUfunction f = ctx.function(reduce_key(kReduceCols, kind, x->dtype, acc, out_dtype));
     void* kargs[] = {&in_ptr, &out_ptr, &n_out, &n_red, &L};
     int64_t blocks = std::min<int64_t>((n_out + 31) / 32, static_cast<int64_t>(ctx.sm_count) * 16);
     ctx.check(ctx.drv.cuLaunchKernel(f, static_cast<unsigned>(blocks), 1, 1, 32, 8, 1, 0, ctx.stream, kargs, nullptr),
@@ -395,31 +385,30 @@ Tensor launch_reduce(const Tensor& x, const std::vector<int>& rdims, ReduceKind 
   unsigned grid = static_cast<unsigned>(std::min<int64_t>(n_out * chunks, static_cast<int64_t>(ctx.sm_count) * 64));
   if (chunks == 1) {
     int64_t one = 1;
-    CUfunction f = ctx.function("reduce.cuh", reduce_name("reduce_general", kind, x->dtype, acc, out_dtype));
+    CUfunction f = ctx.function(reduce_key(kReduceGeneral, kind, x->dtype, acc, out_dtype));
     void* kargs[] = {&in_ptr, &out_ptr, &n_out, &n_red, &one, &chunk_len, &L};
     ctx.launch(f, grid, block, kargs);
     return out;
   }
   Tensor partial = make_tensor(ctx, {n_out, chunks}, acc);
   CUdeviceptr part_ptr = partial->data();
-  CUfunction f1 = ctx.function("reduce.cuh", reduce_name("reduce_general", kind, x->dtype, acc, acc));
+  CUfunction f1 = ctx.function(reduce_key(kReduceGeneral, kind, x->dtype, acc, acc));
   void* a1[] = {&in_ptr, &part_ptr, &n_out, &n_red, &chunks, &chunk_len, &L};
   ctx.launch(f1, grid, block, a1);
   ReduceLayout L2 = partials_layout(n_out, chunks);
   int64_t one = 1;
-  CUfunction f2 = ctx.function("reduce.cuh", reduce_name("reduce_general", kind, acc, acc, out_dtype));
+  CUfunction f2 = ctx.function(reduce_key(kReduceGeneral, kind, acc, acc, out_dtype));
   void* a2[] = {&part_ptr, &out_ptr, &n_out, &chunks, &one, &chunks, &L2};
   ctx.launch(f2, static_cast<unsigned>(std::min<int64_t>(n_out, ctx.sm_count * 64)), 128, a2);
   return out;
 }
 
-static std::string arg_name(bool is_max, DType in) {
-  return std::string("flame::arg_reduce") + template_args({is_max ? "true" : "false", device_type(in)});
-}
+static KernelKey arg_key(bool is_max, DType in) { return make_key(kArgReduce, is_max, in); }
 static DType compute_dtype(DType d) { return (d == FLAME_DTYPE_F16 || d == FLAME_DTYPE_BF16) ? FLAME_DTYPE_F32 : d; }
 
 std::vector<std::string> arg_reduce_instantiations(DType in) {
-  return {arg_name(true, in), arg_name(false, in), arg_name(true, compute_dtype(in)), arg_name(false, compute_dtype(in))};
+  return {kernel_name(arg_key(true, in)), kernel_name(arg_key(false, in)), kernel_name(arg_key(true, compute_dtype(in))),
+          kernel_name(arg_key(false, compute_dtype(in)))};
 }
 
 Tensor launch_arg_reduce(const Tensor& x, const std::vector<int>& rdims, bool is_max) {
@@ -446,7 +435,7 @@ Tensor launch_arg_reduce(const Tensor& x, const std::vector<int>& rdims, bool is
   if (chunks == 1) {
     int64_t one = 1;
     void* kargs[] = {&in_ptr, &null_ptr, &out_ptr, &null_ptr, &n_out, &n_red, &one, &chunk_len, &L};
-    ctx.launch(ctx.function("reduce.cuh", arg_name(is_max, x->dtype)), grid, block, kargs);
+    ctx.launch(ctx.function(arg_key(is_max, x->dtype)), grid, block, kargs);
     return out;
   }
   DType cd = compute_dtype(x->dtype);
@@ -454,18 +443,20 @@ Tensor launch_arg_reduce(const Tensor& x, const std::vector<int>& rdims, bool is
   Tensor pval = make_tensor(ctx, {n_out, chunks}, cd);
   CUdeviceptr pi = pidx->data(), pv = pval->data();
   void* a1[] = {&in_ptr, &null_ptr, &pi, &pv, &n_out, &n_red, &chunks, &chunk_len, &L};
-  ctx.launch(ctx.function("reduce.cuh", arg_name(is_max, x->dtype)), grid, block, a1);
+  ctx.launch(ctx.function(arg_key(is_max, x->dtype)), grid, block, a1);
   ReduceLayout L2 = partials_layout(n_out, chunks);
   int64_t one = 1;
   void* a2[] = {&pv, &pi, &out_ptr, &null_ptr, &n_out, &chunks, &one, &chunks, &L2};
-  ctx.launch(ctx.function("reduce.cuh", arg_name(is_max, cd)), static_cast<unsigned>(std::min<int64_t>(n_out, 4096)), 128, a2);
+  ctx.launch(ctx.function(arg_key(is_max, cd)), static_cast<unsigned>(std::min<int64_t>(n_out, 4096)), 128, a2);
   return out;
 }
 
-std::string cumsum_instantiation(DType in, DType out) {
+static KernelKey cumsum_key(DType in, DType out) {
   DType acc = in == FLAME_DTYPE_F64 ? FLAME_DTYPE_F64 : (is_floating(in) ? FLAME_DTYPE_F32 : FLAME_DTYPE_I64);
-  return std::string("flame::cumsum_kernel") + template_args({device_type(in), device_type(acc), device_type(out)});
+  return make_key(kCumsum, in, acc, out);
 }
+
+std::string cumsum_instantiation(DType in, DType out) { return kernel_name(cumsum_key(in, out)); }
 
 Tensor launch_cumsum(const Tensor& x, int dim, DType out_dtype) {
   Context& ctx = x->ctx();
@@ -488,7 +479,7 @@ Tensor launch_cumsum(const Tensor& x, int dim, DType out_dtype) {
   CUdeviceptr in_ptr = x->data(), out_ptr = out->data();
   void* kargs[] = {&in_ptr, &out_ptr, &rows, &L};
   unsigned block = L.len >= 1024 ? 1024 : (L.len >= 256 ? 256 : 32);
-  ctx.launch(ctx.function("scan.cuh", cumsum_instantiation(x->dtype, out_dtype)),
+  ctx.launch(ctx.function(cumsum_key(x->dtype, out_dtype)),
              static_cast<unsigned>(std::min<int64_t>(rows, static_cast<int64_t>(ctx.sm_count) * 32)), block, kargs);
   return out;
 }

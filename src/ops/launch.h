@@ -1,7 +1,8 @@
-// Host side of the generic kernels: builds NVRTC name expressions from dtypes and functor names,
-// picks the dense or strided elementwise kernel, the reduction strategy, and launches.
+// Host side of the generic kernels: names them by kernel keys (runtime/kernel_key.h) from dtypes and
+// functor names, picks the dense or strided elementwise kernel, the reduction strategy, and launches.
 #pragma once
 #include <string>
+#include <string_view>
 #include <vector>
 #include "ops/op_list.h"
 #include "tensor/tensor.h"
@@ -13,11 +14,10 @@ struct ScalarArgs {  // must match cuda/common.cuh
 };
 
 // out = functor(ins...) elementwise; all operands share out's shape (views may broadcast).
-void launch_elementwise(const std::string& functor, const ScalarArgs& s, const Tensor& out,
-                        const std::vector<Tensor>& ins);
+void launch_elementwise(std::string_view functor, const ScalarArgs& s, const Tensor& out, const std::vector<Tensor>& ins);
 // The name expressions launch_elementwise may instantiate for a functor and dtypes (out, ins...):
 // used by the CPU test that compiles every kernel.
-std::vector<std::string> elementwise_instantiations(const std::string& functor, DType out, const std::vector<DType>& ins);
+std::vector<std::string> elementwise_instantiations(std::string_view functor, DType out, const std::vector<DType>& ins);
 
 // The dtypes an elementwise op computes in and returns for input dtype `in`; false when the op
 // rejects the dtype or answers without a kernel.

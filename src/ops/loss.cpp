@@ -33,11 +33,17 @@ DType acc_of(DType d) { return d == FLAME_DTYPE_F64 ? FLAME_DTYPE_F64 : FLAME_DT
 DType wide(DType d) { return (d == FLAME_DTYPE_F16 || d == FLAME_DTYPE_BF16) ? FLAME_DTYPE_F32 : d; }
 int full_width(DType d) { return static_cast<int>(16 / dtype_size(d)); }
 
-std::string targs(const std::vector<std::string>& a) {
-  std::string s = "<";
-  for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + a[i];
-  return s + ">";
-}
+// The kernels of cuda/loss.cuh. Row kernels: <V, warp, T, [index type,] A>; nll: <T, index type, A>.
+using K = TArg;
+constexpr KernelTemplate kCeIndexFwd{"loss.cuh", "flame::ce_index_fwd", {K::Int, K::Bool, K::Dtype, K::Dtype, K::Dtype}};
+constexpr KernelTemplate kCeIndexBwd{"loss.cuh", "flame::ce_index_bwd", {K::Int, K::Bool, K::Dtype, K::Dtype, K::Dtype}};
+constexpr KernelTemplate kCeIndexFwdGrad{"loss.cuh", "flame::ce_index_fwd_grad",
+                                         {K::Int, K::Bool, K::Dtype, K::Dtype, K::Dtype}};
+constexpr KernelTemplate kCeProbFwd{"loss.cuh", "flame::ce_prob_fwd", {K::Int, K::Bool, K::Dtype, K::Dtype}};
+constexpr KernelTemplate kCeProbBwd{"loss.cuh", "flame::ce_prob_bwd", {K::Int, K::Bool, K::Dtype, K::Dtype}};
+constexpr KernelTemplate kNllFwd{"loss.cuh", "flame::nll_fwd", {K::Dtype, K::Dtype, K::Dtype}};
+constexpr KernelTemplate kNllBwd{"loss.cuh", "flame::nll_bwd", {K::Dtype, K::Dtype, K::Dtype}};
+constexpr KernelTemplate kCeTargetWeight{"loss.cuh", "flame::ce_target_weight", {K::Dtype, K::Dtype}};  // <index type, A>
 
 // ---- launch geometry of the row kernels ----
 struct RowLaunch {
@@ -80,18 +86,13 @@ RowLaunch fused_row_launch(Context& ctx, int64_t M, int64_t C, DType dt, std::in
   return L;
 }
 
-std::string row_kernel(const char* name, int v, bool warp, DType t, const DType* idx, DType a) {
-  std::vector<std::string> args = {std::to_string(v), warp ? "true" : "false", device_type(t)};
-  if (idx) args.push_back(device_type(*idx));
-  args.push_back(device_type(a));
-  return std::string("flame::") + name + targs(args);
+KernelKey row_key(const KernelTemplate& k, int v, bool warp, DType t, const DType* idx, DType a) {
+  return idx ? make_key(k, v, warp, t, *idx, a) : make_key(k, v, warp, t, a);
 }
-std::string row_kernel(const char* name, const RowLaunch& L, DType t, const DType* idx, DType a) {
-  return row_kernel(name, L.v, L.warp, t, idx, a);
+KernelKey row_key(const KernelTemplate& k, const RowLaunch& L, DType t, const DType* idx, DType a) {
+  return row_key(k, L.v, L.warp, t, idx, a);
 }
-std::string nll_kernel(const char* name, DType t, DType idx) {
-  return std::string("flame::") + name + targs({device_type(t), device_type(idx), device_type(acc_of(t))});
-}
+KernelKey nll_key(const KernelTemplate& k, DType t, DType idx) { return make_key(k, t, idx, acc_of(t)); }
 
 unsigned flat_grid(Context& ctx, int64_t n) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, int64_t{ctx.sm_count} * 32)));
@@ -188,7 +189,7 @@ Tensor ce_index_with_grad(const Tensor& x, const Tensor& target, const Tensor& w
   if (red == ops::Reduction::Mean) {  // the divisor first: the kernel scales the gradient by it
     if (M > 0) {
       void* args[] = {&pt, &pw, &M, &C, &ignore_index, &pr};
-      ctx.launch(ctx.function("loss.cuh", std::string("flame::ce_target_weight") + targs({device_type(I), device_type(A)})),
+      ctx.launch(ctx.function(make_key(kCeTargetWeight, I, A)),
                  flat_grid(ctx, M), 256, args);
     }
     denom = ops::sum_as(wrow, {}, false, A);
@@ -200,7 +201,7 @@ Tensor ce_index_with_grad(const Tensor& x, const Tensor& target, const Tensor& w
     CUdeviceptr px = x->data(), ps = wsum ? wsum->data() : 0, pd = denom ? denom->data() : 0;
     CUdeviceptr pl = loss->data(), pe = lse->data(), pg = grad->data();
     void* args[] = {&px, &pt, &pw, &ps, &pd, &M, &C, &ignore_index, &eps, &pl, &pr, &pe, &pg, &rec, &src};
-    ctx.launch(ctx.function("loss.cuh", row_kernel("ce_index_fwd_grad", L, T, &I, A)), L.grid, L.block, args);
+    ctx.launch(ctx.function(row_key(kCeIndexFwdGrad, L, T, &I, A)), L.grid, L.block, args);
   }
   Tensor out = finish(loss, red, denom, T);
   if (auto node = record(OpId::CrossEntropy, {x}, {out})) {
@@ -235,7 +236,7 @@ Tensor ce_index(const Tensor& x, const Tensor& target, const Tensor& weight, int
     CUdeviceptr px = x->data(), pt = target->data(), pw = weight ? weight->data() : 0, ps = wsum ? wsum->data() : 0;
     CUdeviceptr pl = loss->data(), pr = wrow->data(), pe = lse->data();
     void* args[] = {&px, &pt, &pw, &ps, &M, &C, &ignore_index, &eps, &pl, &pr, &pe, &rec, &src};
-    ctx.launch(ctx.function("loss.cuh", row_kernel("ce_index_fwd", L, T, &I, A)), L.grid, L.block, args);
+    ctx.launch(ctx.function(row_key(kCeIndexFwd, L, T, &I, A)), L.grid, L.block, args);
   }
   Tensor denom = red == ops::Reduction::Mean ? ops::sum_as(wrow, {}, false, A) : nullptr;
   Tensor out = finish(loss, red, denom, out_dtype);
@@ -261,7 +262,7 @@ Tensor ce_probs(const Tensor& x, const Tensor& target, const Tensor& weight, dou
     CUdeviceptr px = x->data(), pt = target->data(), pw = weight ? weight->data() : 0, ps = wsum ? wsum->data() : 0;
     CUdeviceptr pl = loss->data(), pr = rowt->data(), pe = lse->data();
     void* args[] = {&px, &pt, &pw, &ps, &M, &C, &eps, &pl, &pr, &pe};
-    ctx.launch(ctx.function("loss.cuh", row_kernel("ce_prob_fwd", L, T, nullptr, A)), L.grid, L.block, args);
+    ctx.launch(ctx.function(row_key(kCeProbFwd, L, T, nullptr, A)), L.grid, L.block, args);
   }
   Tensor out = finish(loss, red, nullptr, T);
   if (auto node = record(OpId::CrossEntropyProbs, {x, target}, {out})) {
@@ -359,7 +360,7 @@ Tensor ops::nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor
     CUdeviceptr px = x->data(), pt = t->data(), pw = w ? w->data() : 0, pl = loss->data(), pr = wrow->data();
     int64_t rs = x->strides[0], cs = x->strides[1];
     void* args[] = {&px, &rs, &cs, &pt, &pw, &M, &C, &ignore_index, &pl, &pr, &rec, &src};
-    ctx.launch(ctx.function("loss.cuh", nll_kernel("nll_fwd", T, I)), flat_grid(ctx, M), 256, args);
+    ctx.launch(ctx.function(nll_key(kNllFwd, T, I)), flat_grid(ctx, M), 256, args);
   }
   Tensor denom = reduction == Reduction::Mean ? sum_as(wrow, {}, false, A) : nullptr;
   Tensor out = finish(loss, reduction, denom, T);
@@ -420,7 +421,7 @@ Tensor ops::cross_entropy_backward(const LossSaved& s, const Tensor& g0) {
   double scale = 1.0, eps = s.eps;
   int64_t ignore = s.ignore_index;
   void* args[] = {&px, &pt, &pw, &ps, &pe, &pg, &gs, &pd, &scale, &M, &C, &ignore, &eps, &po, &rec, &src};
-  ctx.launch(ctx.function("loss.cuh", row_kernel("ce_index_bwd", L, T, &I, A)), L.grid, L.block, args);
+  ctx.launch(ctx.function(row_key(kCeIndexBwd, L, T, &I, A)), L.grid, L.block, args);
   return grad;
 }
 
@@ -438,7 +439,7 @@ Tensor ops::cross_entropy_probs_backward(const LossSaved& s, const Tensor& g0) {
   CUdeviceptr pr = s.rowt->data(), pg = g->data(), po = grad->data();
   double scale = s.reduction == Reduction::Mean ? 1.0 / static_cast<double>(M) : 1.0, eps = s.eps;
   void* args[] = {&px, &pt, &pw, &pe, &pr, &pg, &gs, &scale, &M, &C, &eps, &po};
-  ctx.launch(ctx.function("loss.cuh", row_kernel("ce_prob_bwd", L, T, nullptr, A)), L.grid, L.block, args);
+  ctx.launch(ctx.function(row_key(kCeProbBwd, L, T, nullptr, A)), L.grid, L.block, args);
   return grad;
 }
 
@@ -453,7 +454,7 @@ Tensor ops::nll_loss_backward(const LossSaved& s, const Tensor& g0, DType T) {
   CUdeviceptr po = grad->data();
   int64_t ignore = s.ignore_index;
   void* args[] = {&pt, &pr, &pg, &gs, &pd, &M, &C, &ignore, &po};
-  ctx.launch(ctx.function("loss.cuh", nll_kernel("nll_bwd", T, I)), flat_grid(ctx, M * C), 256, args);
+  ctx.launch(ctx.function(nll_key(kNllBwd, T, I)), flat_grid(ctx, M * C), 256, args);
   return grad;
 }
 
@@ -466,19 +467,19 @@ std::vector<std::string> ops::loss_instantiations() {
     for (int width : {full_width(t), 1})
       for (bool warp : {true, false}) {
         for (const DType& i : indices) {
-          v.push_back(row_kernel("ce_index_fwd", width, warp, t, &i, a));
-          v.push_back(row_kernel("ce_index_bwd", width, warp, t, &i, a));
-          v.push_back(row_kernel("ce_index_fwd_grad", width, warp, t, &i, a));
+          v.push_back(kernel_name(row_key(kCeIndexFwd, width, warp, t, &i, a)));
+          v.push_back(kernel_name(row_key(kCeIndexBwd, width, warp, t, &i, a)));
+          v.push_back(kernel_name(row_key(kCeIndexFwdGrad, width, warp, t, &i, a)));
         }
-        v.push_back(row_kernel("ce_prob_fwd", width, warp, t, nullptr, a));
-        v.push_back(row_kernel("ce_prob_bwd", width, warp, t, nullptr, a));
+        v.push_back(kernel_name(row_key(kCeProbFwd, width, warp, t, nullptr, a)));
+        v.push_back(kernel_name(row_key(kCeProbBwd, width, warp, t, nullptr, a)));
       }
     for (DType i : indices) {
-      v.push_back(nll_kernel("nll_fwd", t, i));
-      v.push_back(nll_kernel("nll_bwd", t, i));
+      v.push_back(kernel_name(nll_key(kNllFwd, t, i)));
+      v.push_back(kernel_name(nll_key(kNllBwd, t, i)));
     }
     if (t == acc_of(t))  // once per accumulation dtype: its types are (index, accumulation)
-      for (DType i : indices) v.push_back(std::string("flame::ce_target_weight") + targs({device_type(i), device_type(t)}));
+      for (DType i : indices) v.push_back(kernel_name(make_key(kCeTargetWeight, i, t)));
   }
   return v;
 }

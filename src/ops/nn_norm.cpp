@@ -25,23 +25,27 @@ const char* kind_name(ops::NormKind k) {
   return k == ops::NormKind::Layer ? "layer_norm" : (k == ops::NormKind::Rms ? "rms_norm" : "group_norm");
 }
 
+// The kernels of cuda/norm.cuh: <T, mode, ...> for the row norms, <T, ...> for batch_norm.
+using A = TArg;
+constexpr KernelTemplate kNormFwdBlock{"norm.cuh", "flame::norm_fwd_block", {A::Dtype, A::Int, A::Int, A::Bool}};  // v, smem
+constexpr KernelTemplate kNormFwd{"norm.cuh", "flame::norm_fwd", {A::Dtype, A::Int, A::Int, A::Int}};  // nv, v
+constexpr KernelTemplate kNormBwdStream{"norm.cuh", "flame::norm_bwd_stream", {A::Dtype, A::Int, A::Int}};  // v
+constexpr KernelTemplate kNormBwd{"norm.cuh", "flame::norm_bwd",
+                                  {A::Dtype, A::Int, A::Int, A::Int, A::Bool, A::Bool}};  // nv, v, cache, wb
+constexpr KernelTemplate kBnReduce{"norm.cuh", "flame::bn_reduce", {A::Dtype, A::Int}};      // mode
+constexpr KernelTemplate kBnFinalize{"norm.cuh", "flame::bn_finalize", {A::Dtype, A::Int}};  // mode
+constexpr KernelTemplate kBnApply{"norm.cuh", "flame::bn_apply", {A::Dtype}};
+constexpr KernelTemplate kBnBwdApply{"norm.cuh", "flame::bn_bwd_apply", {A::Dtype, A::Bool}};  // training
+
 // One block per row (norm_fwd_block): in shared memory, or streamed from global memory.
-std::string block_fwd_name(DType t, int mode, int v, bool smem) {
-  return "flame::norm_fwd_block" + targs({device_type(t), std::to_string(mode), std::to_string(v), smem ? "true" : "false"});
+KernelKey block_fwd_key(DType t, int mode, int v, bool smem) { return make_key(kNormFwdBlock, t, mode, v, smem); }
+KernelKey fwd_key(DType t, int mode, const RowPlan& p) {
+  if (p.stream) return block_fwd_key(t, mode, p.v, false);
+  return make_key(kNormFwd, t, mode, p.nv, p.v);
 }
-std::string fwd_name(DType t, int mode, const RowPlan& p) {
-  if (p.stream) return block_fwd_name(t, mode, p.v, false);
-  return "flame::norm_fwd" + targs({device_type(t), std::to_string(mode), std::to_string(p.nv), std::to_string(p.v)});
-}
-std::string bwd_name(DType t, int mode, const RowPlan& p, bool wb) {
-  if (p.stream) return "flame::norm_bwd_stream" + targs({device_type(t), std::to_string(mode), std::to_string(p.v)});
-  return "flame::norm_bwd" + targs({device_type(t), std::to_string(mode), std::to_string(p.nv), std::to_string(p.v),
-                                     p.cache ? "true" : "false", wb ? "true" : "false"});
-}
-std::string bn_name(const char* kernel, DType t, const std::string& extra = "") {
-  std::vector<std::string> a = {device_type(t)};
-  if (!extra.empty()) a.push_back(extra);
-  return std::string("flame::") + kernel + targs(a);
+KernelKey bwd_key(DType t, int mode, const RowPlan& p, bool wb) {
+  if (p.stream) return make_key(kNormBwdStream, t, mode, p.v);
+  return make_key(kNormBwd, t, mode, p.nv, p.v, p.cache, wb);
 }
 
 // Forward: the row in registers (launch bounds 512). Backward (launch bounds 512): g and x, plus
@@ -87,11 +91,11 @@ FwdOut launch_norm_forward(int mode, const Tensor& x, const Tensor& w, const Ten
   int64_t rows = geo.rows, D = geo.D, groups = geo.groups, hw = geo.hw;
   void* args[] = {&xp, &wp, &bp, &yp, &mp, &rp, &rows, &D, &groups, &hw, &eps};
   if (smem_rows(x->dtype, geo.D, v)) {
-    launch_smem_rows(ctx, ctx.function("norm.cuh", block_fwd_name(x->dtype, mode, v, true)), rows, D, x->dtype, args);
+    launch_smem_rows(ctx, ctx.function(block_fwd_key(x->dtype, mode, v, true)), rows, D, x->dtype, args);
     return o;
   }
   RowPlan p = plan_rows(ctx, geo.rows, geo.D, x->dtype, v, fwd_budget());
-  launch_rows(ctx, ctx.function("norm.cuh", fwd_name(x->dtype, mode, p)), p, args);
+  launch_rows(ctx, ctx.function(fwd_key(x->dtype, mode, p)), p, args);
   return o;
 }
 
@@ -241,7 +245,7 @@ ops::NormGrads ops::norm_backward(NormKind kind, const NormGeometry& geo, const 
     if (p.stream) {
       if (need_dx) {
         void* args[] = {&gp, &xp, &wp, &mp, &rp, &dxp, &rows, &D, &groups, &hw};
-        launch_rows(ctx, ctx.function("norm.cuh", bwd_name(dt, mode, p, false)), p, args);
+        launch_rows(ctx, ctx.function(bwd_key(dt, mode, p, false)), p, args);
       }
     } else if (need_dx || kernel_wb) {
       Shape pshape = mode == 2 ? Shape{geo.N, geo.C} : Shape{static_cast<int64_t>(p.grid) * p.rpb, geo.D};
@@ -251,7 +255,7 @@ ops::NormGrads ops::norm_backward(NormKind kind, const NormGeometry& geo, const 
       int seg_aligned = mode == 2 && geo.hw % (32 * v) == 0 ? 1 : 0;
       unsigned smem = mode == 2 && kernel_wb ? static_cast<unsigned>(2 * cg * asize) : 0;
       void* args[] = {&gp, &xp, &wp, &mp, &rp, &dxp, &dwpp, &dbpp, &rows, &D, &groups, &hw, &seg_aligned};
-      launch_rows(ctx, ctx.function("norm.cuh", bwd_name(dt, mode, p, wb_template)), p, args, smem);
+      launch_rows(ctx, ctx.function(bwd_key(dt, mode, p, wb_template)), p, args, smem);
       if (dwp) r.dw = to_dtype(reshape(sum(dwp, {0}, false), {wlen}), dt);
       if (dbp) r.db = to_dtype(reshape(sum(dbp, {0}, false), {wlen}), dt);
     }
@@ -295,11 +299,11 @@ void bn_channel_pass(int mode, const Tensor& x, const Tensor& g, const Tensor& m
   CUdeviceptr xp = x->data(), gp = g ? g->data() : 0, mp = mean ? mean->data() : 0, pp = part->data();
   void* a1[] = {&xp, &gp, &mp, &pp, &s.C, &s.HW, &s.count, &chunks, &chunk_len};
   unsigned grid = static_cast<unsigned>(std::min<int64_t>(s.C * chunks, static_cast<int64_t>(ctx.sm_count) * 64));
-  ctx.launch(ctx.function("norm.cuh", bn_name("bn_reduce", x->dtype, std::to_string(mode))), grid, 256, a1);
+  ctx.launch(ctx.function(make_key(kBnReduce, x->dtype, mode)), grid, 256, a1);
   CUdeviceptr o0 = out0->data(), o1 = out1 ? out1->data() : 0, rmp = rm ? rm->data() : 0, rvp = rv ? rv->data() : 0;
   int64_t rms = rm ? rm->strides[0] : 0, rvs = rv ? rv->strides[0] : 0;
   void* a2[] = {&pp, &xp, &o0, &o1, &rmp, &rms, &rvp, &rvs, &s.C, &s.HW, &s.count, &chunks, &momentum, &eps};
-  launch_flat(ctx, ctx.function("norm.cuh", bn_name("bn_finalize", x->dtype, std::to_string(mode))), s.C, a2);
+  launch_flat(ctx, ctx.function(make_key(kBnFinalize, x->dtype, mode)), s.C, a2);
   if (rm) rm->storage->version++;  // updated in place
   if (rv) rv->storage->version++;
 }
@@ -330,7 +334,7 @@ Tensor ops::batch_norm(const Tensor& x0, const Tensor& rm, const Tensor& rv, con
   Tensor mean = make_tensor(ctx, {C}, acc), rstd = make_tensor(ctx, {C}, acc);
   // Everything that can fail comes before the in-place update of the running statistics.
   Tensor y = make_tensor(ctx, x->shape, x->dtype);
-  CUfunction apply = ctx.function("norm.cuh", bn_name("bn_apply", x->dtype));
+  CUfunction apply = ctx.function(make_key(kBnApply, x->dtype));
   if (training) {
     FLAME_CHECK(s.count > 1, FLAME_ERROR_INVALID_ARGUMENT, op, ": training needs more than one value per channel, got x of shape ",
                 shape_str(x->shape));
@@ -382,7 +386,7 @@ ops::NormGrads ops::batch_norm_backward(const Tensor& g0, const Tensor& x, const
       CUdeviceptr wp = w ? w->data() : 0, sp = sums ? sums->data() : 0;
       int64_t n = x->numel();
       void* args[] = {&gp, &xp, &dp, &mp, &rp, &wp, &sp, &n, &s.C, &s.HW, &s.count};
-      launch_flat(ctx, ctx.function("norm.cuh", bn_name("bn_bwd_apply", dt, training ? "true" : "false")), n, args);
+      launch_flat(ctx, ctx.function(make_key(kBnBwdApply, dt, training)), n, args);
     }
     if (need_dw) r.dw = to_dtype(mul(select(sums, 1, 1), rstd), dt);  // sum(g * xhat) = rstd * sum(g (x - mean))
     if (need_db) r.db = to_dtype(select(sums, 1, 0), dt);
@@ -403,26 +407,26 @@ std::vector<std::string> ops::norm_kernel_instantiations() {
         p.v = vw;
         for (int nv : kRowNvs) {
           p.nv = nv;
-          v.push_back(fwd_name(t, mode, p));
+          v.push_back(kernel_name(fwd_key(t, mode, p)));
           for (bool cache : {true, false}) {
             p.cache = cache;
-            v.push_back(bwd_name(t, mode, p, true));
-            if (mode != 2) v.push_back(bwd_name(t, mode, p, false));
+            v.push_back(kernel_name(bwd_key(t, mode, p, true)));
+            if (mode != 2) v.push_back(kernel_name(bwd_key(t, mode, p, false)));
           }
         }
         p.stream = true;
-        v.push_back(fwd_name(t, mode, p));
-        v.push_back(bwd_name(t, mode, p, false));
+        v.push_back(kernel_name(fwd_key(t, mode, p)));
+        v.push_back(kernel_name(bwd_key(t, mode, p, false)));
       }
-      v.push_back(block_fwd_name(t, mode, static_cast<int>(16 / dtype_size(t)), true));
+      v.push_back(kernel_name(block_fwd_key(t, mode, static_cast<int>(16 / dtype_size(t)), true)));
     }
-    for (const char* m : {"0", "1"}) {
-      v.push_back(bn_name("bn_reduce", t, m));
-      v.push_back(bn_name("bn_finalize", t, m));
+    for (int m : {0, 1}) {
+      v.push_back(kernel_name(make_key(kBnReduce, t, m)));
+      v.push_back(kernel_name(make_key(kBnFinalize, t, m)));
     }
-    v.push_back(bn_name("bn_apply", t));
-    v.push_back(bn_name("bn_bwd_apply", t, "true"));
-    v.push_back(bn_name("bn_bwd_apply", t, "false"));
+    v.push_back(kernel_name(make_key(kBnApply, t)));
+    v.push_back(kernel_name(make_key(kBnBwdApply, t, true)));
+    v.push_back(kernel_name(make_key(kBnBwdApply, t, false)));
   }
   return v;
 }

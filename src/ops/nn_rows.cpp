@@ -85,12 +85,6 @@ void launch_flat(Context& ctx, CUfunction f, int64_t work, void** args) {
   ctx.launch(f, static_cast<unsigned>(blocks), block, args);
 }
 
-std::string targs(const std::vector<std::string>& a) {
-  std::string s = "<";
-  for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + a[i];
-  return s + ">";
-}
-
 DType acc_of(DType dtype) { return dtype == FLAME_DTYPE_F64 ? FLAME_DTYPE_F64 : FLAME_DTYPE_F32; }
 
 }  // namespace flame

@@ -54,8 +54,6 @@ void launch_smem_rows(Context& ctx, CUfunction f, int64_t rows, int64_t D, DType
 // A 1-D grid-stride launch (elementwise and per-column kernels).
 void launch_flat(Context& ctx, CUfunction f, int64_t work, void** args);
 
-// "<a, b, c>" for a kernel name.
-std::string targs(const std::vector<std::string>& a);
 // The compute type of dtype (f32 for f16/bf16/f32, f64 for f64).
 DType acc_of(DType dtype);
 

@@ -120,6 +120,11 @@ ops::PoolParams fixed_params(const char* op, const Tensor& x4, const ops::Pool2d
   return p;
 }
 
+// The kernels of cuda/pool.cuh: <T>.
+constexpr KernelTemplate kMaxPool{"pool.cuh", "flame::max_pool2d_kernel", {TArg::Dtype}};
+constexpr KernelTemplate kAvgPool{"pool.cuh", "flame::avg_pool2d_kernel", {TArg::Dtype}};
+constexpr KernelTemplate kAvgPoolBackward{"pool.cuh", "flame::avg_pool2d_backward_kernel", {TArg::Dtype}};
+
 }  // namespace
 
 std::vector<int64_t> ops::PoolParams::to_ints() const {
@@ -163,7 +168,7 @@ Tensor ops::max_pool2d(const Tensor& x, const Pool2dOptions& o) {
     PoolGeom g = geometry(p, x4, y, cl);
     CUdeviceptr px = x4->data(), py = y->data(), pi = idx->data();
     void* args[] = {&px, &py, &pi, &total, &g};
-    launch_flat(ctx, ctx.function("pool.cuh", spatial_kernel_name("max_pool2d_kernel", x4->dtype)), total, args);
+    launch_flat(ctx, ctx.function(make_key(kMaxPool, x4->dtype)), total, args);
   }
   if (auto node = record(OpId::MaxPool2d, {x4}, {y})) node->saved.emplace_back(idx, false);
   return unbatched(y, x);
@@ -180,7 +185,7 @@ Tensor ops::avg_pool2d_apply(const Tensor& x4, const PoolParams& p) {
     PoolGeom g = geometry(p, x4, y, cl);
     CUdeviceptr px = x4->data(), py = y->data();
     void* args[] = {&px, &py, &total, &g};
-    launch_flat(ctx, ctx.function("pool.cuh", spatial_kernel_name("avg_pool2d_kernel", x4->dtype)), total, args);
+    launch_flat(ctx, ctx.function(make_key(kAvgPool, x4->dtype)), total, args);
   }
   if (auto node = record(OpId::AvgPool2d, {x4}, {y})) node->ints = p.to_ints();
   return y;
@@ -195,7 +200,7 @@ Tensor ops::avg_pool2d_adjoint(const Tensor& g4, const PoolParams& p) {
     PoolGeom g = geometry(p, gx, g4, cl);
     CUdeviceptr pg = g4->data(), px = gx->data();
     void* args[] = {&pg, &px, &total, &g};
-    launch_flat(ctx, ctx.function("pool.cuh", spatial_kernel_name("avg_pool2d_backward_kernel", g4->dtype)), total, args);
+    launch_flat(ctx, ctx.function(make_key(kAvgPoolBackward, g4->dtype)), total, args);
   }
   if (auto node = record(OpId::AvgPool2dBackward, {g4}, {gx})) node->ints = p.to_ints();
   return gx;
@@ -226,7 +231,7 @@ Tensor ops::adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
 std::vector<std::string> ops::pool_instantiations() {
   std::vector<std::string> v;
   for (DType t : {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64})
-    for (const char* k : {"max_pool2d_kernel", "avg_pool2d_kernel", "avg_pool2d_backward_kernel"}) v.push_back(spatial_kernel_name(k, t));
+    for (const KernelTemplate* k : {&kMaxPool, &kAvgPool, &kAvgPoolBackward}) v.push_back(kernel_name(make_key(*k, t)));
   return v;
 }
 

@@ -30,7 +30,8 @@ struct RopeLayout {  // mirrors cuda/rope.cuh
   float sign;
 };
 
-std::string rope_name(DType t, DType i) { return "flame::rope_kernel" + targs({device_type(t), device_type(i)}); }
+constexpr KernelTemplate kRope{"rope.cuh", "flame::rope_kernel", {TArg::Dtype, TArg::Dtype}};  // <T, position index>
+KernelKey rope_key(DType t, DType i) { return make_key(kRope, t, i); }
 
 }  // namespace
 
@@ -63,7 +64,7 @@ Tensor ops::rope_apply(const Tensor& x, const Tensor& positions, const RopeParam
     void* args[] = {&px, &py, &pp, &rows, &L};
     const int64_t items = rows * (p.rotary_dim / 2 + D - p.rotary_dim);
     const DType idt = positions ? positions->dtype : FLAME_DTYPE_I64;
-    launch_flat(ctx, ctx.function("rope.cuh", rope_name(x->dtype, idt)), items, args);
+    launch_flat(ctx, ctx.function(rope_key(x->dtype, idt)), items, args);
   }
   if (auto node = record(OpId::Rope, {x}, {y})) {
     node->ints = {p.rotary_dim, p.interleaved ? 1 : 0, p.seq_dim, p.offset, p.inverse ? 1 : 0};
@@ -146,7 +147,7 @@ Tensor ops::timestep_embedding(const Tensor& t, int64_t dim, double max_period, 
 std::vector<std::string> ops::rope_instantiations() {
   std::vector<std::string> v;
   for (DType t : {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64})
-    for (DType i : {FLAME_DTYPE_I64, FLAME_DTYPE_I32}) v.push_back(rope_name(t, i));
+    for (DType i : {FLAME_DTYPE_I64, FLAME_DTYPE_I32}) v.push_back(kernel_name(rope_key(t, i)));
   return v;
 }
 

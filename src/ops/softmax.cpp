@@ -16,22 +16,24 @@ namespace {
 
 constexpr int64_t kMinColumns = 4096;  // fewer (long) columns parallelise poorly in softmax_cols_*
 
-const char* tf(bool b) { return b ? "true" : "false"; }
+// The kernels of cuda/softmax.cuh: <T, log, ...>.
+using A = TArg;
+constexpr KernelTemplate kFwdStream{"softmax.cuh", "flame::softmax_fwd_stream", {A::Dtype, A::Bool, A::Int}};  // v
+constexpr KernelTemplate kFwd{"softmax.cuh", "flame::softmax_fwd", {A::Dtype, A::Bool, A::Int, A::Int}};      // nv, v
+constexpr KernelTemplate kBwdStream{"softmax.cuh", "flame::softmax_bwd_stream", {A::Dtype, A::Bool, A::Int}};
+constexpr KernelTemplate kBwd{"softmax.cuh", "flame::softmax_bwd", {A::Dtype, A::Bool, A::Int, A::Int}};
+constexpr KernelTemplate kFwdSmem{"softmax.cuh", "flame::softmax_fwd_smem", {A::Dtype, A::Bool, A::Int}};  // v
+constexpr KernelTemplate kColsFwd{"softmax.cuh", "flame::softmax_cols_fwd", {A::Dtype, A::Bool}};
+constexpr KernelTemplate kColsBwd{"softmax.cuh", "flame::softmax_cols_bwd", {A::Dtype, A::Bool}};
 
-std::string fwd_name(DType t, bool log, const RowPlan& p) {
-  if (p.stream) return std::string("flame::softmax_fwd_stream") + targs({device_type(t), tf(log), std::to_string(p.v)});
-  return std::string("flame::softmax_fwd") + targs({device_type(t), tf(log), std::to_string(p.nv), std::to_string(p.v)});
+KernelKey fwd_key(DType t, bool log, const RowPlan& p) {
+  return p.stream ? make_key(kFwdStream, t, log, p.v) : make_key(kFwd, t, log, p.nv, p.v);
 }
-std::string bwd_name(DType t, bool log, const RowPlan& p) {
-  if (p.stream) return std::string("flame::softmax_bwd_stream") + targs({device_type(t), tf(log), std::to_string(p.v)});
-  return std::string("flame::softmax_bwd") + targs({device_type(t), tf(log), std::to_string(p.nv), std::to_string(p.v)});
+KernelKey bwd_key(DType t, bool log, const RowPlan& p) {
+  return p.stream ? make_key(kBwdStream, t, log, p.v) : make_key(kBwd, t, log, p.nv, p.v);
 }
-std::string smem_fwd_name(DType t, bool log, int v) {
-  return std::string("flame::softmax_fwd_smem") + targs({device_type(t), tf(log), std::to_string(v)});
-}
-std::string cols_name(bool fwd, DType t, bool log) {
-  return std::string(fwd ? "flame::softmax_cols_fwd" : "flame::softmax_cols_bwd") + targs({device_type(t), tf(log)});
-}
+KernelKey smem_fwd_key(DType t, bool log, int v) { return make_key(kFwdSmem, t, log, v); }
+KernelKey cols_key(bool fwd, DType t, bool log) { return make_key(fwd ? kColsFwd : kColsBwd, t, log); }
 
 // Forward budget: the row in registers (launch bounds 1024: <= 64 registers, 32 for the row).
 // Backward: g and y (launch bounds 512: <= 128 registers, 64 for the rows).
@@ -79,16 +81,16 @@ void launch_forward(const Tensor& x, const Tensor& y, const Geometry& geo, bool 
     int v = row_vector_width(x->dtype, geo.D, {xp, yp});
     void* args[] = {&xp, &yp, &rows, const_cast<int64_t*>(&geo.D)};
     if (smem_rows(x->dtype, geo.D, v)) {
-      launch_smem_rows(ctx, ctx.function("softmax.cuh", smem_fwd_name(x->dtype, log, v)), rows, geo.D, x->dtype, args);
+      launch_smem_rows(ctx, ctx.function(smem_fwd_key(x->dtype, log, v)), rows, geo.D, x->dtype, args);
       return;
     }
     RowPlan p = plan_rows(ctx, rows, geo.D, x->dtype, v, fwd_budget());
-    launch_rows(ctx, ctx.function("softmax.cuh", fwd_name(x->dtype, log, p)), p, args);
+    launch_rows(ctx, ctx.function(fwd_key(x->dtype, log, p)), p, args);
     return;
   }
   int64_t outer = geo.outer, D = geo.D, inner = geo.inner;
   void* args[] = {&xp, &yp, &outer, &D, &inner};
-  launch_flat(ctx, ctx.function("softmax.cuh", cols_name(true, x->dtype, log)), outer * inner, args);
+  launch_flat(ctx, ctx.function(cols_key(true, x->dtype, log)), outer * inner, args);
 }
 
 void launch_backward(const Tensor& g, const Tensor& y, const Tensor& dx, const Geometry& geo, bool log) {
@@ -99,12 +101,12 @@ void launch_backward(const Tensor& g, const Tensor& y, const Tensor& dx, const G
     int v = row_vector_width(y->dtype, geo.D, {gp, yp, dp});
     RowPlan p = plan_rows(ctx, rows, geo.D, y->dtype, v, bwd_budget());
     void* args[] = {&gp, &yp, &dp, &rows, const_cast<int64_t*>(&geo.D)};
-    launch_rows(ctx, ctx.function("softmax.cuh", bwd_name(y->dtype, log, p)), p, args);
+    launch_rows(ctx, ctx.function(bwd_key(y->dtype, log, p)), p, args);
     return;
   }
   int64_t outer = geo.outer, D = geo.D, inner = geo.inner;
   void* args[] = {&gp, &yp, &dp, &outer, &D, &inner};
-  launch_flat(ctx, ctx.function("softmax.cuh", cols_name(false, y->dtype, log)), outer * inner, args);
+  launch_flat(ctx, ctx.function(cols_key(false, y->dtype, log)), outer * inner, args);
 }
 
 bool use_permuted(const Geometry& geo) { return geo.inner > 1 && geo.outer * geo.inner < kMinColumns && geo.D > 64; }
@@ -161,16 +163,16 @@ std::vector<std::string> ops::softmax_kernel_instantiations() {
         p.v = vw;
         for (int nv : kRowNvs) {
           p.nv = nv;
-          v.push_back(fwd_name(t, log, p));
-          v.push_back(bwd_name(t, log, p));
+          v.push_back(kernel_name(fwd_key(t, log, p)));
+          v.push_back(kernel_name(bwd_key(t, log, p)));
         }
         p.stream = true;
-        v.push_back(fwd_name(t, log, p));
-        v.push_back(bwd_name(t, log, p));
+        v.push_back(kernel_name(fwd_key(t, log, p)));
+        v.push_back(kernel_name(bwd_key(t, log, p)));
       }
-      v.push_back(smem_fwd_name(t, log, static_cast<int>(16 / dtype_size(t))));
-      v.push_back(cols_name(true, t, log));
-      v.push_back(cols_name(false, t, log));
+      v.push_back(kernel_name(smem_fwd_key(t, log, static_cast<int>(16 / dtype_size(t)))));
+      v.push_back(kernel_name(cols_key(true, t, log)));
+      v.push_back(kernel_name(cols_key(false, t, log)));
     }
   }
   return v;

@@ -1,16 +1,11 @@
-// Helpers shared by the 2-D spatial ops on [N, C, H, W] tensors (pooling, upsampling): kernel names
-// with one dtype parameter, the channels-last test, and outputs that keep the input's layout.
+// Helpers shared by the 2-D spatial ops on [N, C, H, W] tensors (pooling, upsampling): the
+// channels-last test, and outputs that keep the input's layout.
 #pragma once
 #include <string>
 #include "ops/nn_rows.h"
 #include "tensor/tensor.h"
 
 namespace flame {
-
-// "flame::<kernel><T>" for the device type of t.
-inline std::string spatial_kernel_name(const char* kernel, DType t) {
-  return std::string("flame::") + kernel + targs({device_type(t)});
-}
 
 // 4-D tensors with the c stride 1 (and more than one channel) are channels-last.
 inline bool spatial_channels_last(const Tensor& t) {

@@ -59,6 +59,10 @@ int64_t out_size(const char* op, const char* dim, int64_t in, int64_t out, doubl
   return static_cast<int64_t>(o);
 }
 
+// The kernels of cuda/upsample.cuh: <T>.
+constexpr KernelTemplate kUpsample{"upsample.cuh", "flame::upsample2d_kernel", {TArg::Dtype}};
+constexpr KernelTemplate kUpsampleBackward{"upsample.cuh", "flame::upsample2d_backward_kernel", {TArg::Dtype}};
+
 }  // namespace
 
 std::vector<int64_t> ops::UpsampleParams::to_ints() const { return {N, C, H, W, OH, OW, bilinear ? 1 : 0, align_corners ? 1 : 0}; }
@@ -87,7 +91,7 @@ Tensor ops::upsample2d_apply(const Tensor& x, const UpsampleParams& p) {
     UpGeom g = geometry(p, x, y, cl);
     CUdeviceptr px = x->data(), py = y->data();
     void* args[] = {&px, &py, &total, &g};
-    launch_flat(ctx, ctx.function("upsample.cuh", spatial_kernel_name("upsample2d_kernel", x->dtype)), total, args);
+    launch_flat(ctx, ctx.function(make_key(kUpsample, x->dtype)), total, args);
   }
   if (auto node = record(OpId::Upsample2d, {x}, {y})) {
     node->ints = p.to_ints();
@@ -105,7 +109,7 @@ Tensor ops::upsample2d_adjoint(const Tensor& g4, const UpsampleParams& p) {
     UpGeom g = geometry(p, gx, g4, cl);
     CUdeviceptr pg = g4->data(), px = gx->data();
     void* args[] = {&pg, &px, &total, &g};
-    launch_flat(ctx, ctx.function("upsample.cuh", spatial_kernel_name("upsample2d_backward_kernel", g4->dtype)), total, args);
+    launch_flat(ctx, ctx.function(make_key(kUpsampleBackward, g4->dtype)), total, args);
   }
   if (auto node = record(OpId::Upsample2dBackward, {g4}, {gx})) {
     node->ints = p.to_ints();
@@ -138,7 +142,7 @@ Tensor ops::upsample2d(const Tensor& x, int64_t out_h, int64_t out_w, double sca
 std::vector<std::string> ops::upsample_instantiations() {
   std::vector<std::string> v;
   for (DType t : {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64})
-    for (const char* k : {"upsample2d_kernel", "upsample2d_backward_kernel"}) v.push_back(spatial_kernel_name(k, t));
+    for (const KernelTemplate* k : {&kUpsample, &kUpsampleBackward}) v.push_back(kernel_name(make_key(*k, t)));
   return v;
 }
 

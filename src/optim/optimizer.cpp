@@ -30,6 +30,8 @@ struct OptimHyper {
 };
 enum : int { kNesterov = 1, kAmsgrad = 2, kMaximize = 4, kStochastic = 16, kHasMomentum = 32 };
 constexpr int64_t kChunk = 65536;
+constexpr KernelTemplate kOptimStep{"optim.cuh", "flame::optim_step", {TArg::Dtype}};  // <parameter type>
+constexpr KernelTemplate kOptimTick{"optim.cuh", "flame::optim_tick", {}};
 
 DType compute_dtype(DType d) { return d == FLAME_DTYPE_F64 ? FLAME_DTYPE_F64 : FLAME_DTYPE_F32; }
 
@@ -238,9 +240,9 @@ void Optimizer::step() {
       ctx.check(ctx.drv.cuMemcpyHtoDAsync(metas[i]->data(), l.tensors.data(), tb, ctx.init_stream()), "cuMemcpyHtoDAsync");
       ctx.check(ctx.drv.cuMemcpyHtoDAsync(metas[i]->data() + tb, l.chunks.data(), cb, ctx.init_stream()), "cuMemcpyHtoDAsync");
     }
-    fns[i] = ctx.function("optim.cuh", std::string("flame::optim_step<") + device_type(l.dtype) + ">");
+    fns[i] = ctx.function(make_key(kOptimStep, l.dtype));
   }
-  CUfunction tick = ctx.function("optim.cuh", "flame::optim_tick");
+  CUfunction tick = ctx.function(make_key(kOptimTick));
   {  // step += 1 on the device, before the updates read it
     void* args[] = {&record};
     ctx.launch(tick, 1, 1, args);

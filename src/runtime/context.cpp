@@ -205,7 +205,15 @@ uint64_t Context::bytes_reserved() {
   return v;
 }
 
-CUfunction Context::function(const std::string& file, const std::string& name_expr, const std::string& prelude) {
+CUfunction Context::function_miss(const KernelKey& key) {
+  CUfunction f = function_by_name(key.tmpl->file, kernel_name(key));
+  KernelKey kept = key;
+  if (!key.text.empty()) kept.text = *key_texts_.emplace(key.text).first;  // the caller's text may not outlive the call
+  keyed_functions_.emplace(kept, f);
+  return f;
+}
+
+CUfunction Context::function_by_name(const std::string& file, const std::string& name_expr, const std::string& prelude) {
   std::string mem_key = prelude + file + '\n' + name_expr;
   auto it = functions_.find(mem_key);
   if (it != functions_.end()) {

@@ -4,7 +4,6 @@
 // so it outlives flame_ctx_destroy until the last tensor goes.
 #pragma once
 #include <cuda.h>
-#include <array>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -12,10 +11,12 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 #include "flame.h"
 #include "runtime/disk_cache.h"
 #include "runtime/driver.h"
+#include "runtime/kernel_key.h"
 
 namespace flame {
 class Context;
@@ -84,25 +85,21 @@ class Context : public std::enable_shared_from_this<Context> {
   static constexpr size_t kSmallFreeMax = 64;  // blocks kept per class
 
   // ---- kernels ----
-  // The function for one instantiation (name expression) of a cuda/ file, compiled on first use.
-  // `prelude`: generated source compiled in front of the file (cuda/fused.cuh), part of both keys.
-  CUfunction function(const std::string& file, const std::string& name_expr, const std::string& prelude = std::string());
+  // The function of one kernel instantiation (runtime/kernel_key.h), compiled on first use. A hit
+  // hashes the key (no string is built); a miss spells the name expression and goes through
+  // function_by_name. Every launch site names its kernel this way.
+  CUfunction function(const KernelKey& key) {
+    auto it = keyed_functions_.find(key);
+    if (it == keyed_functions_.end()) return function_miss(key);
+    ++kernel_stats.memory_hits;
+    return it->second;
+  }
+  // By name expression: the cache behind keys (memory, then disk, then NVRTC), called directly only
+  // by fused functions (ops/fused.cpp), whose generated `prelude` is compiled in front of the file
+  // and is part of both cache keys.
+  CUfunction function_by_name(const std::string& file, const std::string& name_expr,
+                              const std::string& prelude = std::string());
   void launch(CUfunction f, unsigned grid, unsigned block, void** args, unsigned smem = 0);
-  // Hot paths (every eager elementwise op) look their kernel up by a small key instead of building
-  // the name expression: a name and up to 6 integers (vector width, dtypes...) chosen by the caller.
-  struct KernelKey {
-    std::string name;
-    std::array<int32_t, 6> ints{};
-    bool operator==(const KernelKey& o) const { return ints == o.ints && name == o.name; }
-  };
-  struct KernelKeyHash {
-    size_t operator()(const KernelKey& k) const {
-      size_t h = std::hash<std::string>()(k.name);
-      for (int32_t i : k.ints) h = h * 1000003u ^ static_cast<size_t>(static_cast<uint32_t>(i));
-      return h;
-    }
-  };
-  std::unordered_map<KernelKey, CUfunction, KernelKeyHash> keyed_functions;
   DiskCache disk_cache{""};
   KernelStats kernel_stats;
 
@@ -179,7 +176,10 @@ class Context : public std::enable_shared_from_this<Context> {
  private:
   Context() = default;
   std::string sticky_error_;
-  std::unordered_map<std::string, CUfunction> functions_;
+  std::unordered_map<std::string, CUfunction> functions_;  // by file and name expression
+  std::unordered_map<KernelKey, CUfunction, KernelKeyHash> keyed_functions_;
+  std::unordered_set<std::string> key_texts_;  // the text of every kept key (nodes: stable addresses)
+  CUfunction function_miss(const KernelKey& key);
   // Small blocks (<= 1 MiB, power-of-two classes from 512 B) freed outside captures wait on host
   // free lists and are handed out again without a driver call: cuMemAllocFromPoolAsync plus
   // cuMemFreeAsync cost ~0.6 us of an eager op's ~4.6 us on an H200. All eager work runs on

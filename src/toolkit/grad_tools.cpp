@@ -17,7 +17,15 @@ constexpr int64_t kChunk = 65536;
 constexpr unsigned kBlock = 256;
 const DType kFloats[] = {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64};
 
-std::string kernel(const char* name, DType d) { return std::string("flame::") + name + "<" + device_type(d) + ">"; }
+// The kernels of cuda/grad_tools.cuh: the per-chunk kernels take <T>, the others no arguments.
+constexpr KernelTemplate kSumsq{"grad_tools.cuh", "flame::gt_sumsq", {TArg::Dtype}};
+constexpr KernelTemplate kScale{"grad_tools.cuh", "flame::gt_scale", {TArg::Dtype}};
+constexpr KernelTemplate kStatsPartial{"grad_tools.cuh", "flame::gt_stats_partial", {TArg::Dtype}};
+constexpr KernelTemplate kAddNoise{"grad_tools.cuh", "flame::gt_add_noise", {TArg::Dtype}};
+constexpr KernelTemplate kAmpUnscale{"grad_tools.cuh", "flame::amp_unscale", {TArg::Dtype}};
+constexpr KernelTemplate kFactor{"grad_tools.cuh", "flame::gt_factor", {}};
+constexpr KernelTemplate kStatsFinal{"grad_tools.cuh", "flame::gt_stats_final", {}};
+constexpr KernelTemplate kAmpUpdateScale{"grad_tools.cuh", "flame::amp_update_scale", {}};
 
 struct Plan {
   std::vector<GtTensor> tensors;
@@ -66,16 +74,16 @@ Plan make_plan(Context& ctx, const std::vector<Tensor>& ts, bool write) {
   return p;
 }
 
-// Runs `name`<dtype> over the chunks of each dtype; extra points to the kernel's arguments after
+// Runs kernel<dtype> over the chunks of each dtype; extra points to the kernel's arguments after
 // (tensors, chunks, chunk).
-void launch_chunks(Context& ctx, Plan& p, const char* name, std::vector<void*> extra) {
+void launch_chunks(Context& ctx, Plan& p, const KernelTemplate& kernel, std::vector<void*> extra) {
   int64_t chunk = kChunk;
   for (auto& [dt, cs] : p.chunks) {
     if (cs.empty()) continue;
     CUdeviceptr cd = p.chunks_dev[dt];
     std::vector<void*> args = {&p.tensors_dev, &cd, &chunk};
     args.insert(args.end(), extra.begin(), extra.end());
-    ctx.launch(ctx.function("grad_tools.cuh", kernel(name, dt)), static_cast<unsigned>(cs.size()), kBlock, args.data());
+    ctx.launch(ctx.function(make_key(kernel, dt)), static_cast<unsigned>(cs.size()), kBlock, args.data());
   }
 }
 
@@ -126,10 +134,10 @@ void normalize(Context& ctx, const std::vector<Tensor>& ts, double target, doubl
   Tensor partial = make_tensor(ctx, {std::max<int64_t>(p.slots, 1)}, FLAME_DTYPE_F64);
   Tensor factor = make_tensor(ctx, {static_cast<int64_t>(ts.size())}, FLAME_DTYPE_F64);
   CUdeviceptr pp = partial->data(), fp = factor->data();
-  launch_chunks(ctx, p, "gt_sumsq", {&pp});
+  launch_chunks(ctx, p, kSumsq, {&pp});
   void* args[] = {&p.tensors_dev, &pp, &target, &eps, &fp};
-  ctx.launch(ctx.function("grad_tools.cuh", "flame::gt_factor"), static_cast<unsigned>(ts.size()), kBlock, args);
-  launch_chunks(ctx, p, "gt_scale", {&fp});
+  ctx.launch(ctx.function(make_key(kFactor)), static_cast<unsigned>(ts.size()), kBlock, args);
+  launch_chunks(ctx, p, kScale, {&fp});
   finish_writes(p, ts);
 }
 
@@ -137,7 +145,7 @@ void add_noise(Context& ctx, const std::vector<Tensor>& ts, double std_dev) {
   Plan p = make_plan(ctx, ts, true);
   if (p.total == 0) return;
   uint64_t seed = ctx.rng_seed, offset = ctx.take_rng(static_cast<uint64_t>(p.total));
-  launch_chunks(ctx, p, "gt_add_noise", {&std_dev, &seed, &offset});
+  launch_chunks(ctx, p, kAddNoise, {&std_dev, &seed, &offset});
   finish_writes(p, ts);
 }
 
@@ -147,9 +155,9 @@ Tensor stats(Context& ctx, const std::vector<Tensor>& ts) {
   Tensor out = make_tensor(ctx, {n + 1, kStatColumns}, FLAME_DTYPE_F64);
   Tensor partial = make_tensor(ctx, {std::max<int64_t>(p.slots, 1) * kStatColumns}, FLAME_DTYPE_F64);
   CUdeviceptr pp = partial->data(), op = out->data();
-  launch_chunks(ctx, p, "gt_stats_partial", {&pp});
+  launch_chunks(ctx, p, kStatsPartial, {&pp});
   void* args[] = {&p.tensors_dev, &n, &pp, &p.slots, &op};
-  ctx.launch(ctx.function("grad_tools.cuh", "flame::gt_stats_final"), static_cast<unsigned>(n + 1), kBlock, args);
+  ctx.launch(ctx.function(make_key(kStatsFinal)), static_cast<unsigned>(n + 1), kBlock, args);
   return out;
 }
 
@@ -158,7 +166,7 @@ void unscale(Context& ctx, const std::vector<Tensor>& ts, const Tensor& scale, c
   if (ts.empty()) return;
   Plan p = make_plan(ctx, ts, true);
   CUdeviceptr sp = scale->data(), fp = found_inf->data(), ap = found_any ? found_any->data() : 0;
-  launch_chunks(ctx, p, "amp_unscale", {&sp, &fp, &ap});
+  launch_chunks(ctx, p, kAmpUnscale, {&sp, &fp, &ap});
   finish_writes(p, ts);
   found_inf->storage->version++;
   if (found_any) found_any->storage->version++;
@@ -168,16 +176,17 @@ void update_scale(Context& ctx, const Tensor& scale, const Tensor& growth_tracke
                   double backoff, int64_t interval) {
   CUdeviceptr sp = scale->data(), gp = growth_tracker->data(), fp = found_inf->data();
   void* args[] = {&sp, &gp, &fp, &growth, &backoff, &interval};
-  ctx.launch(ctx.function("grad_tools.cuh", "flame::amp_update_scale"), 1, 32, args);
+  ctx.launch(ctx.function(make_key(kAmpUpdateScale)), 1, 32, args);
   scale->storage->version++;
   growth_tracker->storage->version++;
 }
 
 std::vector<std::string> grad_tools_instantiations() {
-  std::vector<std::string> v = {"flame::gt_factor", "flame::gt_stats_final", "flame::amp_update_scale"};
+  std::vector<std::string> v = {kernel_name(make_key(kFactor)), kernel_name(make_key(kStatsFinal)),
+                                kernel_name(make_key(kAmpUpdateScale))};
   for (DType d : kFloats)
-    for (const char* k : {"gt_sumsq", "gt_scale", "gt_stats_partial", "gt_add_noise", "amp_unscale"})
-      v.push_back(kernel(k, d));
+    for (const KernelTemplate* k : {&kSumsq, &kScale, &kStatsPartial, &kAddNoise, &kAmpUnscale})
+      v.push_back(kernel_name(make_key(*k, d)));
   return v;
 }
 
