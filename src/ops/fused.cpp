@@ -151,12 +151,12 @@ void FusedFn::launch(const Tensor& out, const std::vector<Tensor>& ins) {
   CollapsedLayout c = collapse(out->shape, strides);
   // A dense output whose operands are dense or broadcast along the last axis (x + bias, adaLN).
   FusedRowsLayout R;
-  if (plan_rows(out, ins, c, v, &R)) {
+  if (plan_rows_layout(out, ins, c, v, &R)) {
     void* args[] = {&o, &p, &R};
     ctx.launch(function(rows_name(v, dt)), grid_for(ctx, R.rows * (R.cols / v)), kLaunchBlock, args);
     return;
   }
-  FusedStridedLayout L = plan_strided<kFusedMaxOperands>(c);
+  FusedStridedLayout L = plan_strided_layout<kFusedMaxOperands>(c);
   void* args[] = {&o, &n, &p, &L};
   ctx.launch(function(strided_name(dt)), grid_for(ctx, n), kLaunchBlock, args);
 }

@@ -179,7 +179,7 @@ bool launch_rows(Context& ctx, const std::string& functor, ScalarArgs& args, con
                  CUdeviceptr* ptr) {
   const int v = vector_width(out->dtype, in_types);
   RowsLayout<kEwMaxOperands> L;
-  if (!plan_rows(out, ins, c, v, &L)) return false;
+  if (!plan_rows_layout(out, ins, c, v, &L)) return false;
   CUfunction f = ctx.function("elementwise.cuh", rows_name(v, functor, out->dtype, in_types));
   void* kargs[] = {&args, &ptr[0], &ptr[1], &ptr[2], &ptr[3], &L};
   ctx.launch(f, grid_for(ctx, L.rows * (L.cols / v), kBlock), kBlock, kargs);
@@ -258,7 +258,7 @@ void launch_elementwise(const std::string& functor, const ScalarArgs& s, const T
   CollapsedLayout c = collapse(out->shape, strides);
   if (launch_rows(ctx, functor, args, out, ins, in_types, c, ptr)) return;
   if (ins.size() == 1 && launch_tile(ctx, functor, args, out, ins[0], c, ptr)) return;
-  StridedLayout<kEwMaxOperands> L = plan_strided<kEwMaxOperands>(c);
+  StridedLayout<kEwMaxOperands> L = plan_strided_layout<kEwMaxOperands>(c);
   bool wide = n >= (int64_t{1} << 32) - kBlock * static_cast<int64_t>(ctx.sm_count) * 32;
   CUfunction f = ctx.function("elementwise.cuh", strided_name(wide, functor, out->dtype, in_types));
   void* kargs[] = {&args, &ptr[0], &n, &ptr[1], &ptr[2], &ptr[3], &L};

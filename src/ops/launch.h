@@ -81,7 +81,7 @@ bool rows_fit(const Tensor& out, const std::vector<Tensor>& ins, const Collapsed
 // Fills L for the rows kernels, or returns false (the caller falls back) where rows_fit says no
 // or there are more than N operands.
 template <int N>
-bool plan_rows(const Tensor& out, const std::vector<Tensor>& ins, const CollapsedLayout& c, int v, RowsLayout<N>* L) {
+bool plan_rows_layout(const Tensor& out, const std::vector<Tensor>& ins, const CollapsedLayout& c, int v, RowsLayout<N>* L) {
   if (ins.size() > static_cast<size_t>(N) || !rows_fit(out, ins, c, v)) return false;
   const int nd = static_cast<int>(c.shape.size());
   *L = RowsLayout<N>{};
@@ -99,7 +99,7 @@ bool plan_rows(const Tensor& out, const std::vector<Tensor>& ins, const Collapse
 
 // The strided layout of c (operand 0 the output, then up to N inputs; at most kLayoutMaxDims axes).
 template <int N>
-StridedLayout<N> plan_strided(const CollapsedLayout& c) {
+StridedLayout<N> plan_strided_layout(const CollapsedLayout& c) {
   StridedLayout<N> L{};
   L.ndim = static_cast<int>(c.shape.size());
   for (int d = 0; d < L.ndim; ++d) {
