@@ -147,6 +147,7 @@ struct StridedLayout {
   i64 shape[kMaxDims];
   i64 stride[4][kMaxDims];  // operand 0 is the output, then a, b, c; in elements
 };
+static_assert(sizeof(StridedLayout) == 328, "mirrors StridedLayout<3> of src/ops/launch.h");
 
 template <class Index, class Op, class R, class A = None, class B = None, class C = None>
 __global__ void ew_strided(Op op, R* out, i64 n, const A* a, const B* b, const C* c, StridedLayout L) {
@@ -184,6 +185,7 @@ struct RowsLayout {
   i64 rows, cols;
   int inner[3];        // 0 or 1
 };
+static_assert(sizeof(RowsLayout) == 264, "mirrors RowsLayout<3> of src/ops/launch.h");
 
 template <int V, class T>
 __device__ __forceinline__ Vec<T, V> load_row_vec(const T* p, i64 off, i64 c, int k, const RowsLayout& L) {

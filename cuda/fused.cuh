@@ -18,20 +18,17 @@
 
 namespace flame {
 
-constexpr int kFusedMaxOperands = 16;  // mirrors src/ops/fused.cpp
+constexpr int kFusedMaxOperands = 16;  // mirrors src/ops/fused.h
 constexpr int kFusedMaxDims = 8;
 
 struct FusedPtrs {
   const void* in[kFusedMaxOperands];
 };
 
-// V consecutive elements of every operand at element i, then V results.
+// The V results of the expression over V loaded elements of every operand (fused_contig, fused_rows).
 template <int V, class T>
-__device__ __forceinline__ Vec<T, V> fused_apply_vec(const FusedPtrs& p, i64 i) {
+__device__ __forceinline__ Vec<T, V> fused_eval_vec(const Vec<T, V> (&in)[FLAME_FUSED_INPUTS]) {
   using C = compute_t<T>;
-  Vec<T, V> in[FLAME_FUSED_INPUTS];
-#pragma unroll
-  for (int k = 0; k < FLAME_FUSED_INPUTS; ++k) in[k] = *reinterpret_cast<const Vec<T, V>*>(static_cast<const T*>(p.in[k]) + i);
   Vec<T, V> o;
 #pragma unroll
   for (int j = 0; j < V; ++j) {
@@ -41,6 +38,15 @@ __device__ __forceinline__ Vec<T, V> fused_apply_vec(const FusedPtrs& p, i64 i) 
     o.v[j] = cast<T>(fused_expr<C>(x));
   }
   return o;
+}
+
+// V consecutive elements of every operand at element i, then V results.
+template <int V, class T>
+__device__ __forceinline__ Vec<T, V> fused_apply_vec(const FusedPtrs& p, i64 i) {
+  Vec<T, V> in[FLAME_FUSED_INPUTS];
+#pragma unroll
+  for (int k = 0; k < FLAME_FUSED_INPUTS; ++k) in[k] = *reinterpret_cast<const Vec<T, V>*>(static_cast<const T*>(p.in[k]) + i);
+  return fused_eval_vec<V, T>(in);
 }
 
 // Every operand dense: two vectors per thread per iteration, both loaded before either is stored
@@ -76,10 +82,10 @@ struct FusedRowsLayout {
   i64 rows, cols;
   int inner[kFusedMaxOperands];
 };
+static_assert(sizeof(FusedRowsLayout) == 1040, "mirrors RowsLayout<kFusedMaxOperands> of src/ops/launch.h");
 
 template <int V, class T>
 __global__ void fused_rows(T* __restrict__ out, FusedPtrs p, FusedRowsLayout L) {
-  using C = compute_t<T>;
   const i64 vpr = L.cols / V, n = L.rows * vpr;
   for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<i64>(gridDim.x) * blockDim.x) {
     const i64 r = i / vpr, col = (i - r * vpr) * V;
@@ -105,15 +111,7 @@ __global__ void fused_rows(T* __restrict__ out, FusedPtrs p, FusedRowsLayout L) 
         for (int j = 0; j < V; ++j) in[k].v[j] = s;
       }
     }
-    Vec<T, V> o;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      C x[FLAME_FUSED_INPUTS];
-#pragma unroll
-      for (int k = 0; k < FLAME_FUSED_INPUTS; ++k) x[k] = to_compute(in[k].v[j]);
-      o.v[j] = cast<T>(fused_expr<C>(x));
-    }
-    *reinterpret_cast<Vec<T, V>*>(out + r * L.cols + col) = o;
+    *reinterpret_cast<Vec<T, V>*>(out + r * L.cols + col) = fused_eval_vec<V, T>(in);
   }
 }
 
@@ -123,6 +121,7 @@ struct FusedStridedLayout {
   i64 shape[kFusedMaxDims];
   i64 stride[kFusedMaxOperands + 1][kFusedMaxDims];
 };
+static_assert(sizeof(FusedStridedLayout) == 1160, "mirrors StridedLayout<kFusedMaxOperands> of src/ops/launch.h");
 
 template <class T>
 __global__ void fused_strided(T* out, i64 n, FusedPtrs p, FusedStridedLayout L) {

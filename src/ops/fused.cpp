@@ -1,38 +1,25 @@
 // Fused elementwise functions: the call (promotion, broadcasting, one kernel, one node), the kernel
-// choice (dense, rows, strided; as launch_elementwise) and the derivative functions kept per input.
+// choice (dense, rows, strided; with launch_elementwise's geometry and layout planners of
+// ops/launch.h) and the derivative functions kept per input.
 #include "ops/fused.h"
-#include <algorithm>
+#include <cstddef>
 #include "core/error.h"
+#include "ops/launch.h"
 #include "ops/ops.h"
 
 namespace flame::ops {
 
 namespace {
 
-constexpr unsigned kBlock = 256;
-constexpr int kMaxDims = 8;
-
 struct FusedPtrs {  // mirrors cuda/fused.cuh
   CUdeviceptr in[kFusedMaxOperands];
 };
-struct FusedRowsLayout {  // mirrors cuda/fused.cuh
-  int nd;
-  int64_t shape[kMaxDims - 1];
-  int64_t outer[kFusedMaxOperands][kMaxDims - 1];
-  int64_t rows, cols;
-  int inner[kFusedMaxOperands];
-};
-struct FusedStridedLayout {  // mirrors cuda/fused.cuh
-  int ndim;
-  int64_t shape[kMaxDims];
-  int64_t stride[kFusedMaxOperands + 1][kMaxDims];
-};
+using FusedRowsLayout = RowsLayout<kFusedMaxOperands>;        // mirrors cuda/fused.cuh
+using FusedStridedLayout = StridedLayout<kFusedMaxOperands>;  // mirrors cuda/fused.cuh
+static_assert(offsetof(FusedRowsLayout, rows) == 960 && offsetof(FusedRowsLayout, inner) == 976 &&
+                  sizeof(FusedRowsLayout) == 1040 && sizeof(FusedStridedLayout) == 1160,
+              "the layouts of cuda/fused.cuh");
 
-unsigned grid_for(Context& ctx, int64_t work) {
-  int64_t blocks = (work + kBlock - 1) / kBlock;
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, static_cast<int64_t>(ctx.sm_count) * 32)));
-}
-int vector_width(DType d) { return static_cast<int>(16 / dtype_size(d)); }
 // The kernels of cuda/fused.cuh: <V, T> and <T>.
 constexpr KernelTemplate kContig{"fused.cuh", "flame::fused_contig", {TArg::Int, TArg::Dtype}};
 constexpr KernelTemplate kRows{"fused.cuh", "flame::fused_rows", {TArg::Int, TArg::Dtype}};
@@ -41,8 +28,9 @@ constexpr KernelTemplate kStrided{"fused.cuh", "flame::fused_strided", {TArg::Dt
 }  // namespace
 
 std::vector<std::string> fused_instantiations(DType d) {
-  return {kernel_name(make_key(kContig, vector_width(d), d)), kernel_name(make_key(kContig, 1, d)),
-          kernel_name(make_key(kRows, vector_width(d), d)), kernel_name(make_key(kStrided, d))};
+  const int v = vector_width(d, {});  // one element type for every operand
+  return {kernel_name(make_key(kContig, v, d)), kernel_name(make_key(kContig, 1, d)), kernel_name(make_key(kRows, v, d)),
+          kernel_name(make_key(kStrided, d))};
 }
 
 std::shared_ptr<FusedFn> FusedFn::compile(Context& ctx, const std::string& text, int n_inputs) {
@@ -151,52 +139,28 @@ void FusedFn::launch(const Tensor& out, const std::vector<Tensor>& ins) {
   FusedPtrs p{};
   for (size_t k = 0; k < ins.size(); ++k) p.in[k] = ins[k]->data();
   CUdeviceptr o = out->data();
-  const int v = vector_width(dt);
-  const CUdeviceptr align = static_cast<CUdeviceptr>(v) * dtype_size(dt);
+  const int v = vector_width(dt, {});
   bool dense = out->contiguous();
   for (const Tensor& t : ins) dense = dense && t->contiguous();
   if (dense) {
-    bool aligned = o % align == 0;
-    for (size_t k = 0; k < ins.size(); ++k) aligned = aligned && p.in[k] % align == 0;
-    const int w = aligned ? v : 1;
+    const int w = vectors_aligned(out, ins, v) ? v : 1;
     void* args[] = {&o, &n, &p};
-    ctx.launch(function(make_key(kContig, w, dt)), grid_for(ctx, (n + w - 1) / w), kBlock, args);
+    ctx.launch(function(make_key(kContig, w, dt)), grid_for(ctx, (n + w - 1) / w), kLaunchBlock, args);
     return;
   }
   std::vector<Strides> strides = {out->strides};
   for (const Tensor& t : ins) strides.push_back(t->strides);
   CollapsedLayout c = collapse(out->shape, strides);
-  const int nd = static_cast<int>(c.shape.size());
   // A dense output whose operands are dense or broadcast along the last axis (x + bias, adaLN).
-  bool rows = out->contiguous() && nd <= kMaxDims && c.shape[nd - 1] % v == 0 && c.shape[nd - 1] / v >= 4 && o % align == 0;
-  for (size_t k = 0; rows && k < ins.size(); ++k) {
-    const int64_t inner = c.strides[k + 1][nd - 1];
-    rows = inner == 0 || (inner == 1 && p.in[k] % align == 0);
-    for (int d = 0; rows && inner == 1 && d < nd - 1; ++d) rows = c.strides[k + 1][d] % v == 0;
-  }
-  if (rows) {
-    FusedRowsLayout L{};
-    L.nd = nd - 1;
-    L.cols = c.shape[nd - 1];
-    L.rows = 1;
-    for (int d = 0; d < nd - 1; ++d) {
-      L.shape[d] = c.shape[d];
-      L.rows *= c.shape[d];
-      for (size_t k = 0; k < ins.size(); ++k) L.outer[k][d] = c.strides[k + 1][d];
-    }
-    for (size_t k = 0; k < ins.size(); ++k) L.inner[k] = static_cast<int>(c.strides[k + 1][nd - 1]);
-    void* args[] = {&o, &p, &L};
-    ctx.launch(function(make_key(kRows, v, dt)), grid_for(ctx, L.rows * (L.cols / v)), kBlock, args);
+  FusedRowsLayout R;
+  if (plan_rows_layout(out, ins, c, v, &R)) {
+    void* args[] = {&o, &p, &R};
+    ctx.launch(function(make_key(kRows, v, dt)), grid_for(ctx, R.rows * (R.cols / v)), kLaunchBlock, args);
     return;
   }
-  FusedStridedLayout L{};
-  L.ndim = nd;
-  for (int d = 0; d < nd; ++d) {
-    L.shape[d] = c.shape[d];
-    for (size_t k = 0; k < c.strides.size(); ++k) L.stride[k][d] = c.strides[k][d];
-  }
+  FusedStridedLayout L = plan_strided_layout<kFusedMaxOperands>(c);
   void* args[] = {&o, &n, &p, &L};
-  ctx.launch(function(make_key(kStrided, dt)), grid_for(ctx, n), kBlock, args);
+  ctx.launch(function(make_key(kStrided, dt)), grid_for(ctx, n), kLaunchBlock, args);
 }
 
 }  // namespace flame::ops

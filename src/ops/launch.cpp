@@ -6,22 +6,9 @@ namespace flame {
 
 namespace {
 
-constexpr unsigned kBlock = 256;
-constexpr int kMaxDims = 8;
-
-struct StridedLayout {  // mirrors cuda/elementwise.cuh
-  int ndim;
-  int64_t shape[kMaxDims];
-  int64_t stride[4][kMaxDims];
-};
-
-struct RowsLayout {  // mirrors cuda/elementwise.cuh
-  int nd;
-  int64_t shape[7];
-  int64_t outer[3][7];
-  int64_t rows, cols;
-  int inner[3];
-};
+constexpr unsigned kBlock = kLaunchBlock;
+constexpr int kMaxDims = kLayoutMaxDims;
+constexpr int kEwMaxOperands = 3;  // a, b, c of the ew_* kernels
 
 struct TileLayout {  // mirrors cuda/elementwise.cuh
   int nb;
@@ -49,18 +36,6 @@ struct ScanLayout {  // mirrors cuda/scan.cuh
   int64_t row_out_stride[kMaxDims];
   int64_t len, in_stride, out_stride;
 };
-
-unsigned grid_for(Context& ctx, int64_t work_items, unsigned block) {
-  int64_t blocks = (work_items + block - 1) / block;
-  int64_t cap = static_cast<int64_t>(ctx.sm_count) * 32;  // grid-stride loops cover the rest
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min(blocks, cap)));
-}
-
-int vector_width(DType out, const std::vector<DType>& ins) {
-  size_t widest = dtype_size(out);
-  for (DType d : ins) widest = std::max(widest, dtype_size(d));
-  return static_cast<int>(16 / widest);
-}
 
 // The elementwise kernels: <first, functor, out, up to 3 operand types> (ew_tile: one operand, no first).
 using A = TArg;
@@ -150,6 +125,40 @@ KernelKey reduce_key(const KernelTemplate& t, ReduceKind k, DType in, DType acc,
 
 }  // namespace
 
+unsigned grid_for(Context& ctx, int64_t work_items, unsigned block) {
+  int64_t blocks = (work_items + block - 1) / block;
+  int64_t cap = static_cast<int64_t>(ctx.sm_count) * 32;  // grid-stride loops cover the rest
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(blocks, cap)));
+}
+
+int vector_width(DType out, const std::vector<DType>& ins) {
+  size_t widest = dtype_size(out);
+  for (DType d : ins) widest = std::max(widest, dtype_size(d));
+  return static_cast<int>(16 / widest);
+}
+
+bool vectors_aligned(const Tensor& out, const std::vector<Tensor>& ins, int v) {
+  bool aligned = out->data() % (v * out->elem_size()) == 0;
+  for (const Tensor& t : ins) aligned = aligned && t->data() % (v * t->elem_size()) == 0;
+  return aligned;
+}
+
+bool rows_fit(const Tensor& out, const std::vector<Tensor>& ins, const CollapsedLayout& c, int v) {
+  const int nd = static_cast<int>(c.shape.size());
+  if (ins.empty() || nd > kMaxDims || !out->contiguous()) return false;
+  const int64_t cols = c.shape[nd - 1];
+  if (cols % v != 0 || cols / v < 4 || out->data() % (v * out->elem_size()) != 0) return false;  // short rows: strided
+  for (size_t k = 0; k < ins.size(); ++k) {
+    const Strides& st = c.strides[k + 1];
+    const int64_t inner = st[nd - 1];
+    if (inner == 0) continue;  // one element per row, read as a scalar
+    if (inner != 1 || ins[k]->data() % (v * ins[k]->elem_size()) != 0) return false;
+    for (int d = 0; d < nd - 1; ++d)
+      if (st[d] % v != 0) return false;
+  }
+  return true;
+}
+
 std::vector<std::string> elementwise_instantiations(std::string_view functor, DType out, const std::vector<DType>& ins) {
   const int v = vector_width(out, ins);
   std::vector<std::string> r = {kernel_name(ew_key(kEwContig, v, functor, out, ins)),
@@ -169,30 +178,9 @@ namespace {
 bool launch_rows(Context& ctx, std::string_view functor, ScalarArgs& args, const Tensor& out,
                  const std::vector<Tensor>& ins, const std::vector<DType>& in_types, const CollapsedLayout& c,
                  CUdeviceptr* ptr) {
-  const int nd = static_cast<int>(c.shape.size());
-  if (ins.empty() || nd > 8 || !out->contiguous()) return false;
-  RowsLayout L{};
-  L.nd = nd - 1;
-  L.cols = c.shape[nd - 1];
-  L.rows = 1;
-  for (int d = 0; d < nd - 1; ++d) {
-    L.shape[d] = c.shape[d];
-    L.rows *= c.shape[d];
-  }
   const int v = vector_width(out->dtype, in_types);
-  if (L.cols % v != 0 || L.cols / v < 4 || ptr[0] % (v * out->elem_size()) != 0) return false;  // short rows: ew_strided
-  for (size_t k = 0; k < ins.size(); ++k) {
-    const Strides& st = c.strides[k + 1];
-    const int64_t inner = st[nd - 1];
-    if (inner != 0 && inner != 1) return false;
-    L.inner[k] = static_cast<int>(inner);
-    bool aligned = inner == 0 || ptr[k + 1] % (v * ins[k]->elem_size()) == 0;
-    for (int d = 0; d < nd - 1; ++d) {
-      L.outer[k][d] = st[d];
-      aligned = aligned && (inner == 0 || st[d] % v == 0);
-    }
-    if (!aligned) return false;
-  }
+  RowsLayout<kEwMaxOperands> L;
+  if (!plan_rows_layout(out, ins, c, v, &L)) return false;
   CUfunction f = ctx.function(ew_key(kEwRows, v, functor, out->dtype, in_types));
   void* kargs[] = {&args, &ptr[0], &ptr[1], &ptr[2], &ptr[3], &L};
   ctx.launch(f, grid_for(ctx, L.rows * (L.cols / v), kBlock), kBlock, kargs);
@@ -227,8 +215,7 @@ bool launch_tile(Context& ctx, std::string_view functor, ScalarArgs& args, const
   }
   CUfunction f = ctx.function(make_key(kEwTile, functor, out->dtype, in->dtype));
   void* kargs[] = {&args, &ptr[0], &ptr[1], &L};
-  unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(tiles, static_cast<int64_t>(ctx.sm_count) * 32)));
-  ctx.check(ctx.drv.cuLaunchKernel(f, grid, 1, 1, 32, 8, 1, 0, ctx.stream, kargs, nullptr), "cuLaunchKernel");
+  ctx.check(ctx.drv.cuLaunchKernel(f, grid_for(ctx, tiles, 1), 1, 1, 32, 8, 1, 0, ctx.stream, kargs, nullptr), "cuLaunchKernel");
   return true;
 }
 
@@ -247,9 +234,7 @@ void launch_elementwise(std::string_view functor, const ScalarArgs& s, const Ten
   for (const auto& t : ins) dense = dense && t->contiguous();
   if (dense) {
     int v = vector_width(out->dtype, in_types);
-    bool aligned = (ptr[0] % (v * out->elem_size())) == 0;
-    for (size_t i = 0; i < ins.size(); ++i) aligned = aligned && (ptr[i + 1] % (v * ins[i]->elem_size())) == 0;
-    if (!aligned) v = 1;
+    if (!vectors_aligned(out, ins, v)) v = 1;
     CUfunction f = ctx.function(ew_key(kEwContig, v, functor, out->dtype, in_types));
     void* kargs[] = {&args, &ptr[0], &n, &ptr[1], &ptr[2], &ptr[3]};
     // One pair of vectors per thread (the kernel's loop body), so a block's life is short: on an H200
@@ -265,15 +250,8 @@ void launch_elementwise(std::string_view functor, const ScalarArgs& s, const Ten
   CollapsedLayout c = collapse(out->shape, strides);
   if (launch_rows(ctx, functor, args, out, ins, in_types, c, ptr)) return;
   if (ins.size() == 1 && launch_tile(ctx, functor, args, out, ins[0], c, ptr)) return;
-  StridedLayout L{};
-  L.ndim = static_cast<int>(c.shape.size());
-  int64_t max_extent = 0;
-  for (int d = 0; d < L.ndim; ++d) {
-    L.shape[d] = c.shape[d];
-    for (size_t k = 0; k < c.strides.size(); ++k) L.stride[k][d] = c.strides[k][d];
-  }
-  max_extent = n;
-  bool wide = max_extent >= (int64_t{1} << 32) - kBlock * static_cast<int64_t>(ctx.sm_count) * 32;
+  StridedLayout<kEwMaxOperands> L = plan_strided_layout<kEwMaxOperands>(c);
+  bool wide = n >= (int64_t{1} << 32) - kBlock * static_cast<int64_t>(ctx.sm_count) * 32;
   CUfunction f = ctx.function(ew_key(kEwStrided, wide ? 1 : 0, functor, out->dtype, in_types));
   void* kargs[] = {&args, &ptr[0], &n, &ptr[1], &ptr[2], &ptr[3], &L};
   ctx.launch(f, grid_for(ctx, n, kBlock), kBlock, kargs);

@@ -1,7 +1,8 @@
 // Shared by the tests that compare FLAME's cuDNN paths with its own kernels (test_conv_cudnn.cpp,
 // test_attention_cudnn.cpp): a fixture holding a context that uses cuDNN (ctx) and one created with
 // FLAME_DISABLE_CUDNN=1 (plain), skipping where libcudnn.so.9 is not installed (and failing where it
-// loads but the context does not use it), and the element-wise agreement check of two results.
+// loads but the context does not use it), and the element-wise agreement check of two results
+// (which test_conv.cpp also uses against its host references, with its cuDNN-off context).
 #pragma once
 #include <dlfcn.h>
 #include <algorithm>
@@ -89,7 +90,10 @@ struct Tol {
   double rtol, atol;
 };
 
-inline ::testing::AssertionResult agree(const gc::HT& got, const gc::HT& want, Tol t, const std::string& what) {
+// got against want within t; a failure names up to 6 elements as got_name and want_name values
+// (cuDNN against FLAME's kernels here; test_conv.cpp: a result against its host reference).
+inline ::testing::AssertionResult agree(const gc::HT& got, const gc::HT& want, Tol t, const std::string& what,
+                                        const char* got_name = "cuDNN", const char* want_name = "FLAME's kernels") {
   if (got.shape != want.shape)
     return ::testing::AssertionFailure() << what << ": shape " << gc::shape_str(got.shape) << " vs "
                                          << gc::shape_str(want.shape);
@@ -100,7 +104,7 @@ inline ::testing::AssertionResult agree(const gc::HT& got, const gc::HT& want, T
   for (size_t i = 0; i < want.v.size(); ++i) {
     const double err = std::fabs(got.v[i] - want.v[i]);
     if (err <= t.rtol * std::fabs(want.v[i]) + t.atol * scale) continue;  // NaN fails too
-    if (bad++ < 6) os << "\n  [" << i << "] cuDNN " << got.v[i] << ", FLAME's kernels " << want.v[i];
+    if (bad++ < 6) os << "\n  [" << i << "] " << got_name << " " << got.v[i] << ", " << want_name << " " << want.v[i];
   }
   if (!bad) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << what << ": " << bad << " of " << want.v.size() << " elements differ (shape "

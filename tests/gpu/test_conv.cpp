@@ -14,6 +14,7 @@
 #include <cmath>
 #include <set>
 
+#include "cudnn_pair.h"
 #include "gradcheck.h"
 
 using namespace gc;
@@ -148,9 +149,7 @@ void ref_convt_grads(const HT& x, const HT& w, const HT& gz, const Geo& g, HT* d
 
 // ------------------------------------------------------------------ comparison and helpers
 
-struct Tol {
-  double rtol, atol;  // |got - want| <= rtol |want| + atol max(1, max |want|)
-};
+using cudnn_pair::Tol;  // |got - want| <= rtol |want| + atol max(1, max |want|)
 Tol tol(flame_dtype_t d) {
   switch (d) {
     case FLAME_DTYPE_F64: return {1e-10, 1e-12};
@@ -161,20 +160,7 @@ Tol tol(flame_dtype_t d) {
 }
 
 ::testing::AssertionResult near(const HT& got, const HT& want, Tol t, const std::string& what) {
-  if (got.shape != want.shape)
-    return ::testing::AssertionFailure() << what << ": shape " << shape_str(got.shape) << ", expected " << shape_str(want.shape);
-  double scale = 1;
-  for (double w : want.v) scale = std::max(scale, std::fabs(w));
-  int64_t bad = 0;
-  std::ostringstream os;
-  for (size_t i = 0; i < want.v.size(); ++i) {
-    const double err = std::fabs(got.v[i] - want.v[i]);
-    if (err <= t.rtol * std::fabs(want.v[i]) + t.atol * scale) continue;  // NaN fails too
-    if (bad++ < 6) os << "\n  [" << i << "] " << got.v[i] << ", expected " << want.v[i];
-  }
-  if (!bad) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": " << bad << " of " << want.v.size() << " elements off (shape "
-                                       << shape_str(want.shape) << ", scale " << scale << ")" << os.str();
+  return cudnn_pair::agree(got, want, t, what, "got", "expected");
 }
 
 Shape strides_of(flame_tensor_t t) {
@@ -358,13 +344,8 @@ TEST_F(ConvTest, Conv2dForwardAndGradientsMatchHost) {
 // The same cases on a context created with FLAME_DISABLE_CUDNN=1, so that FLAME's own kernels meet
 // the host reference also where cuDNN is installed (the test above then runs through cuDNN).
 TEST_F(ConvTest, Conv2dFlameKernelsMatchHostWithCudnnOff) {
-  setenv("FLAME_DISABLE_CUDNN", "1", 1);
-  flame_ctx_options_t o;
-  flame_ctx_options_init(&o);
-  flame_ctx_t off = nullptr;
-  const flame_status_t st = flame_ctx_create(&o, &off);
-  unsetenv("FLAME_DISABLE_CUDNN");
-  ASSERT_EQ(st, FLAME_OK) << flame_last_error_message();
+  flame_ctx_t off = cudnn_pair::cudnn_off_context();
+  ASSERT_NE(off, nullptr);
   std::swap(ctx, off);  // leaf() and grads() use ctx
   for (flame_dtype_t dt : {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16})
     for (const Conv2dCase& c : conv2d_cases()) {
