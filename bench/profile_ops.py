@@ -6,6 +6,8 @@ Run on the GPU machine after building libflame:
     FLAME_LIBRARY=build/libflame.so.1 python3 bench/profile_ops.py attention_rows conv_rows [--top 12]
 Method names are Bench's (tier1, tier1_nn, tier1_nnops, tier1_fused, linear_rows, conv_rows,
 attention_rows, tier3, cross_entropy_row, adamw_row); --quick as in run.py.
+The event times of rows bound by host time (small kernels, cuDNN's host work) read slower here than in
+run.py once the first profile has run: CUPTI stays attached to every launch. Take times from run.py.
 """
 import argparse
 import os
