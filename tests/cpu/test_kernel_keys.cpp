@@ -76,7 +76,10 @@ TEST(KernelKeys, InstantiationListsKeepTheirNames) {
             (S{"flame::reduce_general<flame::SumOp, flame::half_t, float, float>",
                "flame::reduce_general<flame::SumOp, flame::half_t, float, float>",
                "flame::reduce_general<flame::SumOp, float, float, float>",
-               "flame::reduce_cols<flame::SumOp, flame::half_t, float, float>"}));
+               "flame::reduce_cols<flame::SumOp, flame::half_t, float, float>",
+               "flame::reduce_tall<flame::SumOp, flame::half_t, float, float>",
+               "flame::reduce_tall<flame::SumOp, flame::half_t, float, float>",
+               "flame::reduce_tall<flame::SumOp, float, float, float>"}));
   EXPECT_TRUE(has(arg_reduce_instantiations(f16), "flame::arg_reduce<true, flame::half_t>"));
   EXPECT_EQ(cumsum_instantiation(FLAME_DTYPE_I32, FLAME_DTYPE_I64), "flame::cumsum_kernel<int, long long, long long>");
   const S norm = ops::norm_kernel_instantiations();
