@@ -19,18 +19,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import run  # noqa: E402
-
-
-def kernel_table(prof, calls):
-    """(kernel ms per call, [(name, ms per call, launches per call)]) over the CUDA kernels and memsets."""
-    rows = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            ms, n = rows.get(e.name, (0.0, 0))
-            rows[e.name] = (ms + e.device_time / 1e3, n + 1)
-    total = sum(ms for ms, _ in rows.values()) / calls
-    ranked = sorted(rows.items(), key=lambda kv: -kv[1][0])
-    return total, [(name, ms / calls, n / calls) for name, (ms, n) in ranked]
+from profile_gpt2 import kernel_table  # noqa: E402  (total, [(name, ms, launches)] per call)
 
 
 class ProfiledBench(run.Bench):
@@ -49,7 +38,7 @@ class ProfiledBench(run.Bench):
                 fn()
             sync()
             torch.cuda.synchronize()
-        self.pending.append((side, ms, kernel_table(prof, calls)))
+        self.pending.append((side, ms, kernel_table(prof, calls, None)))
         return ms
 
     def time_flame(self, fn, fl=None, reps=None):

@@ -83,6 +83,16 @@ Outcome run(flame_ctx_t ctx, const HT& x, const HT& w, const HT& b, const HT& n,
   return r;
 }
 
+// x [rows, in], W [out, in], b [out] and the norm weight n [out], all f32.
+struct Inputs {
+  HT x, w, b, n;
+};
+template <class Rng>
+Inputs inputs(Rng& rng, int64_t rows, int64_t in, int64_t out) {
+  return {random(rng, {rows, in}, FLAME_DTYPE_F32, -1, 1), random(rng, {out, in}, FLAME_DTYPE_F32, -0.3, 0.3),
+          random(rng, {out}, FLAME_DTYPE_F32, -1, 1), random(rng, {out}, FLAME_DTYPE_F32, 0.5, 1.5)};
+}
+
 void expect_same(const HT& a, const HT& b, const char* what) {
   EXPECT_EQ(a.dtype, b.dtype) << what;
   EXPECT_EQ(a.shape, b.shape) << what;
@@ -93,9 +103,8 @@ TEST_F(Autocast, MatchesExplicitCastsWithGradientsInTheLeavesDtypes) {
   HREF_RNG(rng);
   for (flame_dtype_t low : {FLAME_DTYPE_BF16, FLAME_DTYPE_F16}) {
     SCOPED_TRACE(dname(low));
-    HT x = random(rng, {33, 40}, FLAME_DTYPE_F32, -1, 1), w = random(rng, {24, 40}, FLAME_DTYPE_F32, -0.3, 0.3);
-    HT b = random(rng, {24}, FLAME_DTYPE_F32, -1, 1), n = random(rng, {24}, FLAME_DTYPE_F32, 0.5, 1.5);
-    Outcome a = run(ctx, x, w, b, n, low, true), e = run(ctx, x, w, b, n, low, false);
+    const Inputs in = inputs(rng, 33, 40, 24);
+    Outcome a = run(ctx, in.x, in.w, in.b, in.n, low, true), e = run(ctx, in.x, in.w, in.b, in.n, low, false);
     EXPECT_EQ(a.y_dtype, low);
     EXPECT_EQ(a.loss_dtype, FLAME_DTYPE_F32);
     expect_same(a.y, e.y, "linear output");
@@ -114,9 +123,8 @@ TEST_F(Autocast, CastsFoldedIntoTheGemmsMatchTheCastKernels) {
   HREF_RNG(rng);
   for (flame_dtype_t low : {FLAME_DTYPE_BF16, FLAME_DTYPE_F16}) {
     SCOPED_TRACE(dname(low));
-    HT x = random(rng, {130, 72}, FLAME_DTYPE_F32, -1, 1), w = random(rng, {48, 72}, FLAME_DTYPE_F32, -0.3, 0.3);
-    HT b = random(rng, {48}, FLAME_DTYPE_F32, -1, 1), n = random(rng, {48}, FLAME_DTYPE_F32, 0.5, 1.5);
-    Outcome folded = run(ctx, x, w, b, n, low, false), cast = run(ctx, x, w, b, n, low, false, true);
+    const Inputs in = inputs(rng, 130, 72, 48);
+    Outcome folded = run(ctx, in.x, in.w, in.b, in.n, low, false), cast = run(ctx, in.x, in.w, in.b, in.n, low, false, true);
     expect_same(folded.loss, cast.loss, "loss");
     const Tol tol = tol_for(low);
     for (auto [f, c, what] : {std::make_tuple(&folded.gx, &cast.gx, "grad x"), std::make_tuple(&folded.gw, &cast.gw, "grad W"),
