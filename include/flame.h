@@ -560,7 +560,11 @@ FLAME_API flame_status_t flame_ctx_is_grad_enabled(flame_ctx_t ctx, int32_t* ena
  * and attention) convert f32 inputs to it, and softmax, log_softmax, the normalisations, the losses,
  * flame_sum, flame_mean and flame_sum_all convert f16/bf16 inputs to f32 (their results are f32).
  * Conversions are recorded casts whose backward casts the gradient back, so every tensor receives
- * its gradient in its own dtype (f32 parameters get f32 gradients). f64 and integer tensors are never
+ * its gradient in its own dtype (f32 parameters get f32 gradients). Where such a cast feeds only a
+ * flame_linear and nothing observes its gradient (no hook or retain_grad on the cast's result), the
+ * linear's products write that f32 gradient directly, without rounding it to the low dtype first;
+ * flame_cross_entropy with class indices reads f16/bf16 logits as they are (computing in f32) and
+ * returns an f32 loss, without a converted copy of the logits. f64 and integer tensors are never
  * converted; batch_norm's running statistics neither (keep them f32). Nests like grad mode: prev =
  * set(BF16); ...; set(prev). dtype not one of the three values: FLAME_ERROR_INVALID_ARGUMENT.
  * OUT *previous (may be NULL): the setting before the call. */
