@@ -393,7 +393,7 @@ static flame_tensor_t forward_loss(gpt2_t g, scope* s) {
     DO(s, v, flame_select(heads, 0, 2, &v));
     DO(s, a, flame_scaled_dot_product_attention(q, k, v, NULL, &ao, &a));     /* [B, H, T, hd] */
     DO(s, at, flame_permute(a, back, 4, &at));                                /* [B, T, H, hd] */
-    DO(s, am, flame_reshape(at, merged, 3, &am));                             /* one copy */
+    DO(s, am, flame_reshape(at, merged, 3, &am));                             /* a view (cuDNN writes a in q's order) */
     DO(s, proj, flame_linear(am, BP(g, l, B_APROJ_W), BP(g, l, B_APROJ_B), FLAME_ACTIVATION_NONE, &proj));
     DO(s, nx, flame_add(x, proj, &nx));                                       /* f32 residual */
     x = nx;

@@ -14,7 +14,9 @@
 // D <= 128, 16-byte aligned views with strides in multiples of 8 elements, in a context that uses
 // cuDNN, run cuDNN's fused flash attention when it has a plan for the shapes (else the kernels
 // above). Its node saves cuDNN's Stats (natural-log log-sum-exp, ints[4] = 1); the backward runs
-// through cuDNN too, or FLAME's kernels with lse = Stats log2(e) should cuDNN refuse that plan.
+// through cuDNN too, or FLAME's kernels with lse = Stats log2(e) should cuDNN refuse that plan. Its
+// output follows q's memory order (out_like_q): heads split from one projection give [B, Lq, H, Dv]
+// memory, so merging the heads back costs no copy.
 //
 // Dropout draws B H Lq ceil(Lk / 4) Philox counters from the context (one per four keys of a row);
 // the decision for (b, h, i, j) is the same function in both paths (see cuda/attention.cuh).
@@ -290,6 +292,17 @@ Cudnn* cudnn_for(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v
   return cudnn(ctx);
 }
 
+// The output cuDNN writes, in q's memory order: [B, Lq, H, Dv] memory seen as [B, H, Lq, Dv] when q's
+// heads lie inside its rows (q split from one qkv projection: strides (L 3HD, D, 3HD, 1)), so that the
+// usual permute back to [B, Lq, H * Dv] is free (as PyTorch's SDPA); else dense.
+Tensor out_like_q(Context& ctx, const Tensor& q, const Geometry& G) {
+  if (G.H > 1 && G.Lq > 1 && q->strides[1] < q->strides[2]) {
+    Tensor rows = make_tensor(ctx, {G.B, G.Lq, G.H, G.Dv}, q->dtype);
+    return make_view(rows, {G.B, G.H, G.Lq, G.Dv}, {G.Lq * G.H * G.Dv, G.Dv, G.H * G.Dv, 1}, 0);
+  }
+  return make_tensor(ctx, {G.B, G.H, G.Lq, G.Dv}, q->dtype);
+}
+
 CudnnSdpa sdpa_args(const Tensor& q, const Tensor& k, const Tensor& v, const Geometry& G, bool causal, double scale) {
   CudnnSdpa a;
   a.dtype = q->dtype;
@@ -336,8 +349,9 @@ Tensor ops::scaled_dot_product_attention(const Tensor& q0, const Tensor& k0, con
     KernelForward f;
     bool via_cudnn = false;
     if (Cudnn* dnn = cudnn_for(ctx, q, k, v, mask, G, drop)) {
-      f = {make_tensor(ctx, {G.B, G.H, G.Lq, G.Dv}, q->dtype), make_tensor(ctx, {G.B, G.H, G.Lq}, FLAME_DTYPE_F32)};
+      f = {out_like_q(ctx, q, G), make_tensor(ctx, {G.B, G.H, G.Lq}, FLAME_DTYPE_F32)};
       CudnnSdpa a = sdpa_args(q, k, v, G, opts.causal, scale);
+      sdpa_strides(f.out, a.o_st);
       a.o = f.out->data();
       a.stats = f.lse->data();
       via_cudnn = dnn->attention(a);  // false: no plan for these shapes, FLAME's kernels below
@@ -393,6 +407,7 @@ AttentionGrads ops::attention_backward(const AttentionSaved& s, const Tensor& g0
     CudnnSdpa a = sdpa_args(s.q, s.k, s.v, G, s.causal, s.scale);
     a.backward = true;
     sdpa_strides(g, a.do_st);
+    sdpa_strides(s.out, a.o_st);
     a.o = s.out->data(), a.stats = s.lse->data(), a.dout = g->data();
     a.dq = r.dq->data(), a.dk = r.dk->data(), a.dv = r.dv->data();
     if (dnn && dnn->attention(a)) {
@@ -402,6 +417,7 @@ AttentionGrads ops::attention_backward(const AttentionSaved& s, const Tensor& g0
     // cuDNN has no backward plan: FLAME's kernels read the base-2 log-sum-exp, Stats log2(e)
     AttentionSaved s2 = s;
     s2.lse = mul_scalar(s.lse, 1.4426950408889634);
+    s2.out = contiguous(s.out);  // FLAME's kernels read o dense (cuDNN may have written it in q's order)
     s2.cudnn_stats = false;
     return attention_backward(s2, g, need_dmask);
   }

@@ -46,8 +46,8 @@ struct CudnnConv {
 // One scaled-dot-product attention in cuDNN's fused flash-attention graph (runtime/cudnn_sdpa.cpp):
 // q [B, H, Sq, D], k and v [B, H, Sk, D] of one dtype (f16/bf16), last dim contiguous, the strides
 // of the first three dims as given (elements, each a multiple of 8), 16-byte aligned addresses,
-// D % 8 == 0 and D <= 128; causal: top-left (query i sees keys j <= i). o [B, H, Sq, D] and the
-// gradients dq, dk, dv are contiguous; stats f32 [B, H, Sq] holds the natural-log log-sum-exp of the
+// D % 8 == 0 and D <= 128; causal: top-left (query i sees keys j <= i). o [B, H, Sq, D] has the
+// strides o_st (dims 0..2, the last one 1; e.g. [B, Sq, H, D] memory); dq, dk, dv are contiguous; stats f32 [B, H, Sq] holds the natural-log log-sum-exp of the
 // scaled scores of each row (cuDNN's "Stats": max + log(sum exp(s - max))). backward reads q, k, v,
 // o, stats and dout (strides do_st) and writes dq, dk, dv; the forward writes o and stats.
 struct CudnnSdpa {
@@ -55,7 +55,7 @@ struct CudnnSdpa {
   DType dtype = FLAME_DTYPE_F16;
   bool causal = false;
   int64_t B = 0, H = 0, Sq = 0, Sk = 0, D = 0;
-  int64_t q_st[3] = {0, 0, 0}, k_st[3] = {0, 0, 0}, v_st[3] = {0, 0, 0}, do_st[3] = {0, 0, 0};
+  int64_t q_st[3] = {0, 0, 0}, k_st[3] = {0, 0, 0}, v_st[3] = {0, 0, 0}, do_st[3] = {0, 0, 0}, o_st[3] = {0, 0, 0};
   float scale = 1.0f;  // passed by value: one plan serves every scale
   CUdeviceptr q = 0, k = 0, v = 0, o = 0, stats = 0, dout = 0, dq = 0, dk = 0, dv = 0;
 };

@@ -54,7 +54,7 @@ enum Uid : int64_t {
   kQ = 1, kK, kV, kO, kStats, kScale, kMaskValue, kDO, kDQ, kDK, kDV, kOne, kSoftmaxSum, kDQAccum, kFirstVirtual = 100
 };
 
-using Key = std::array<int64_t, 21>;
+using Key = std::array<int64_t, 23>;
 struct KeyHash {
   size_t operator()(const Key& k) const noexcept {
     uint64_t h = 0xcbf29ce484222325ull;
@@ -65,7 +65,7 @@ struct KeyHash {
 Key make_key(const CudnnSdpa& a) {
   return {a.backward, a.dtype, a.causal, a.B, a.H, a.Sq, a.Sk, a.D, a.q_st[0], a.q_st[1], a.q_st[2], a.k_st[0],
           a.k_st[1], a.k_st[2], a.v_st[0], a.v_st[1], a.v_st[2], a.backward ? a.do_st[0] : 0,
-          a.backward ? a.do_st[1] : 0, a.backward ? a.do_st[2] : 0, 0};
+          a.backward ? a.do_st[1] : 0, a.backward ? a.do_st[2] : 0, a.o_st[0], a.o_st[1], a.o_st[2]};
 }
 
 int64_t round_up(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
@@ -285,7 +285,7 @@ struct CudnnSdpaCache {
     g.binary(CUDNN_POINTWISE_ADD, m, log_z, stats);
     auto p = g.virt(io, sd, ss);  // the second matmul's A operand is in the io dtype
     g.binary(CUDNN_POINTWISE_DIV, e, z, p);
-    auto o = g.tensor(kO, io, {B, H, Sq, D}, {H * Sq * D, Sq * D, D, 1}, false);
+    auto o = g.tensor(kO, io, {B, H, Sq, D}, {a.o_st[0], a.o_st[1], a.o_st[2], 1}, false);
     g.matmul(p, v, o);
   }
 
@@ -301,7 +301,7 @@ struct CudnnSdpaCache {
     auto q = g.tensor(kQ, io, qd, {a.q_st[0], a.q_st[1], a.q_st[2], 1}, false);
     auto kt = g.tensor(kK, io, {B, H, D, Sk}, {a.k_st[0], a.k_st[1], 1, a.k_st[2]}, false);
     auto vt = g.tensor(kV, io, {B, H, D, Sk}, {a.v_st[0], a.v_st[1], 1, a.v_st[2]}, false);
-    auto o = g.tensor(kO, io, qd, qdense, false);
+    auto o = g.tensor(kO, io, qd, {a.o_st[0], a.o_st[1], a.o_st[2], 1}, false);
     auto dout = g.tensor(kDO, io, qd, {a.do_st[0], a.do_st[1], a.do_st[2], 1}, false);
     auto stats = g.tensor(kStats, f, rd, rs, false);
     auto one = g.scalar(kOne), scale = g.scalar(kScale);
