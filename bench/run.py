@@ -900,6 +900,14 @@ class Bench:
             del os.environ["FLAME_DISABLE_CUDNN"]
         rows(plain, ", FLAME kernels", "FLAME_DISABLE_CUDNN=1")
         plain.close()
+        # FLAME's kernels without the sm_90a forward (mma.sync FlashAttention-2 forward): the A/B of that path.
+        os.environ.update(FLAME_DISABLE_CUDNN="1", FLAME_DISABLE_WGMMA="1")
+        try:
+            sync_only = Flame()
+        finally:
+            del os.environ["FLAME_DISABLE_CUDNN"], os.environ["FLAME_DISABLE_WGMMA"]
+        rows(sync_only, ", FLAME mma.sync kernels", "FLAME_DISABLE_CUDNN=1 FLAME_DISABLE_WGMMA=1")
+        sync_only.close()
     # ---------------------------------------------------------------- T1: more nn ops (issue 5, part 2)
     def tier1_nnops(self):
         fl = self.fl
@@ -1006,8 +1014,8 @@ def git_commit():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiers", default="T0,T1,T2,T3,T4,T5",
-                    help="tiers (T0..T5) or parts of one (T1core, T1nn, T1nnops, T1fused, T3mlp, T3gpt2, T3dp: "
-                         "2 GPUs, only when named), comma-separated")
+                    help="tiers (T0..T5) or parts of one (T1core, T1nn, T1nnops, T1fused, T2attn, T3mlp, T3gpt2, "
+                         "T3dp: 2 GPUs, only when named), comma-separated")
     ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions")
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-results-md", action="store_true")
@@ -1027,6 +1035,8 @@ def main():
                         ("T3", "T3mlp", b.tier3)):
         if t in tiers or part in tiers:
             fn()
+    if "T2attn" in tiers and "T2" not in tiers:  # the attention rows of T2 alone
+        b.attention_rows()
     # a failure in the GPT-2 tiers is reported and fails the run, but keeps the rows measured so far
     for t, fn in (("T3", lambda: gpt2_tiers.tier3(b, median_ms)), ("T4", lambda: gpt2_tiers.tier4(b)),
                   ("T3dp", lambda: gpt2_tiers.tier3_dp(b))):

@@ -156,10 +156,11 @@ __global__ void __launch_bounds__(128) sdpa_fwd(const Params p) {
   T* sV = sK + BN * PITCH;
   T* sM = sV + BN * PITCH;
 
-  const int BH = p.B * p.H;
   const int mblocks = (p.Lq + BM - 1) / BM;
-  const int bh = static_cast<int>(blockIdx.x % BH);
-  const int m0 = (mblocks - 1 - static_cast<int>(blockIdx.x / BH)) * BM;  // the longest (causal) rows first
+  // The blocks of one (batch, head) run side by side, so its K and V are read from DRAM about once
+  // and then from L2; within it the longest (causal) rows first.
+  const int bh = static_cast<int>(blockIdx.x / mblocks);
+  const int m0 = (mblocks - 1 - static_cast<int>(blockIdx.x % mblocks)) * BM;
   const int b = bh / p.H, h = bh % p.H;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wrow = warp * 32;
@@ -404,9 +405,10 @@ __global__ void __launch_bounds__(128) sdpa_bwd(const Params p) {
   float* sDelta = sL + BM;
   T* sM = reinterpret_cast<T*>(sDelta + BM);  // [BM queries][MP]: additive mask terms
 
-  const int BH = p.B * p.H;
-  const int bh = static_cast<int>(blockIdx.x % BH);
-  const int n0 = static_cast<int>(blockIdx.x / BH) * BN;  // low key blocks first: the most causal queries
+  // The key blocks of one (batch, head) run side by side: Q, dO and the dQ accumulator stay in L2.
+  const int nblocks = (p.Lk + BN - 1) / BN;
+  const int bh = static_cast<int>(blockIdx.x / nblocks);
+  const int n0 = static_cast<int>(blockIdx.x % nblocks) * BN;
   const int b = bh / p.H, h = bh % p.H;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int krow = warp * 16;  // this warp's keys within the block

@@ -154,13 +154,17 @@ constexpr KernelTemplate kBwd{"attention.cuh", "flame::attn::sdpa_bwd", {A::Dtyp
 constexpr KernelTemplate kBwdDelta{"attention.cuh", "flame::attn::sdpa_bwd_delta", {A::Dtype}};
 constexpr KernelTemplate kBwdDq{"attention.cuh", "flame::attn::sdpa_bwd_dq", {A::Dtype}};
 constexpr KernelTemplate kKeep{"attention.cuh", "flame::attn::sdpa_dropout_keep", {}};
+// The sm_90a forward (cuda/attention_wg.cuh): <T, head dim 64 or 128>, two warpgroups, tiles of 128.
+constexpr KernelTemplate kFwdWg{"attention_wg.cuh", "flame::attn::sdpa_fwd_wg", {A::Dtype, A::Int}};
+constexpr unsigned kWgThreads = 256;
+unsigned wg_fwd_smem(int d) { return static_cast<unsigned>(5 * 128 * d * 2 + 1024); }
 
-void launch(Context& ctx, const KernelKey& key, int64_t grid, unsigned smem, void** args) {
+void launch(Context& ctx, const KernelKey& key, int64_t grid, unsigned smem, void** args, unsigned threads = kThreads) {
   CUfunction f = ctx.function(key);
   if (smem > 48 * 1024)
     ctx.check(ctx.drv.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(smem)),
               "cuFuncSetAttribute");
-  ctx.launch(f, static_cast<unsigned>(grid), kThreads, args, smem);
+  ctx.launch(f, static_cast<unsigned>(grid), threads, args, smem);
 }
 int64_t flat_grid(Context& ctx, int64_t work) {
   return std::max<int64_t>(1, std::min<int64_t>((work + kThreads - 1) / kThreads, static_cast<int64_t>(ctx.sm_count) * 32));
@@ -261,8 +265,12 @@ KernelForward kernel_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   set_inputs(P, q, k, v, mask);
   P.o = r.out->data();
   P.lse = r.lse->data();
-  const int td = tile_dim(std::max(G.D, G.Dv));
   void* args[] = {&P};
+  if (ctx.wgmma_enabled && !mask && !drop.on && G.D == G.Dv && (G.D == 64 || G.D == 128) && P.vec && P.scale_log2 > 0) {
+    launch(ctx, make_key(kFwdWg, q->dtype, static_cast<int>(G.D)), grid, wg_fwd_smem(static_cast<int>(G.D)), args, kWgThreads);
+    return r;
+  }
+  const int td = tile_dim(std::max(G.D, G.Dv));
   launch(ctx, make_key(kFwd, q->dtype, td, drop.on), grid, fwd_smem(td, mask != nullptr), args);
   return r;
 }
@@ -480,6 +488,7 @@ std::vector<std::string> ops::attention_instantiations() {
         v.push_back(kernel_name(make_key(kFwd, dt, td, drop)));
         v.push_back(kernel_name(make_key(kBwd, dt, td, drop)));
       }
+    for (int d : {64, 128}) v.push_back(kernel_name(make_key(kFwdWg, dt, d)));
     v.push_back(kernel_name(make_key(kBwdDelta, dt)));
     v.push_back(kernel_name(make_key(kBwdDq, dt)));
   }

@@ -51,6 +51,8 @@ std::shared_ptr<Context> Context::create(const flame_ctx_options_t& opts) {
   if (const char* n = std::getenv("FLAME_FAIL_ALLOC_AT")) c->fail_alloc_at = std::strtoull(n, nullptr, 10);
   const char* no_cudnn = std::getenv("FLAME_DISABLE_CUDNN");
   c->cudnn_enabled = !(no_cudnn && std::strcmp(no_cudnn, "1") == 0);
+  const char* no_wgmma = std::getenv("FLAME_DISABLE_WGMMA");
+  c->wgmma_enabled = c->cc_major == 9 && c->cc_minor == 0 && !(no_wgmma && std::strcmp(no_wgmma, "1") == 0);
   return c;
 }
 

@@ -111,6 +111,9 @@ class Context : public std::enable_shared_from_this<Context> {
   bool cudnn_enabled = true;      // false: FLAME_DISABLE_CUDNN=1 at creation (FLAME's kernels only)
   std::string cudnn_unavailable;  // why loading failed (then it is not tried again)
 
+  // ---- sm_90a kernels (wgmma): an H100/H200 and not FLAME_DISABLE_WGMMA=1 at creation ----
+  bool wgmma_enabled = false;
+
   // ---- random numbers (Philox4x32-10, counter = offset + element) ----
   uint64_t rng_seed = 0, rng_offset = 0;
   // Reserves n counters and returns the first. Not during a graph capture (runtime/capture.cpp).

@@ -32,7 +32,10 @@ std::vector<std::string> nvrtc_options(int arch, bool* ptx) {
       if (a <= arch) target = std::max(target, a);
     if (target == 0) fail(FLAME_ERROR_UNSUPPORTED, "NVRTC cannot target compute capability ", arch / 10, ".", arch % 10);
   }
-  std::string gpu = std::string(known ? "--gpu-architecture=sm_" : "--gpu-architecture=compute_") + std::to_string(target);
+  // sm_90 compiles as sm_90a: its cubins run only on compute capability 9.0, and they may hold the
+  // warpgroup instructions (wgmma) that exist only there.
+  std::string gpu = std::string(known ? "--gpu-architecture=sm_" : "--gpu-architecture=compute_") + std::to_string(target) +
+                    (known && target == 90 ? "a" : "");
   return {gpu, "-std=c++17", "--device-as-default-execution-space", "-DFLAME_NVRTC=1"};
 }
 
