@@ -30,12 +30,13 @@ struct WgFwdTile {
   static constexpr int kSmemBytes = 5 * kTileBytes + 1024;  // Q, K x 2, V x 2, and slack to align to 1024
 };
 
-// Rows [r0, r0 + 128) of a row-major [L, D] matrix g (row stride rs, rows 16-byte aligned) into the
-// 128-byte-swizzled shared tile at byte address s: column block b (64 wide) at s + b * 16 KB, row r
-// at + r * 128 bytes, chunk c at chunk c ^ (r % 8). Rows >= L become zero.
-template <class T, int D, int THREADS>
+// Rows [r0, r0 + ROWS) of a row-major [L, D] matrix g (row stride rs, rows 16-byte aligned) into the
+// 128-byte-swizzled shared tile at byte address s: column block b (64 wide) at s + b * ROWS * 128,
+// row r at + r * 128 bytes, chunk c at chunk c ^ (r % 8). Rows >= L become zero.
+template <class T, int ROWS, int D, int THREADS>
 __device__ __forceinline__ void load_tile_sw128(unsigned s, const T* g, i64 rs, int r0, int L) {
-  constexpr int CH = D / 8, ROWS = 128, ITERS = ROWS * CH / THREADS;
+  constexpr int CH = D / 8, ITERS = ROWS * CH / THREADS;
+  static_assert(ROWS * CH % THREADS == 0, "whole rounds of 16-byte copies");
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     const int c = static_cast<int>(threadIdx.x) + it * THREADS, r = c / CH, ch = c % CH, row = r0 + r;
@@ -80,8 +81,8 @@ __global__ void __launch_bounds__(256, 1) sdpa_fwd_wg(const Params p) {
 
   const int n_end = p.causal ? min(p.Lk, m0 + BM) : p.Lk;
   const int ntiles = (n_end + BN - 1) / BN;
-  load_tile_sw128<T, D, THREADS>(sQ, q, p.q_sl, m0, p.Lq);
-  if (ntiles > 0) load_tile_sw128<T, D, THREADS>(sK, k, p.k_sl, 0, p.Lk);
+  load_tile_sw128<T, 128, D, THREADS>(sQ, q, p.q_sl, m0, p.Lq);
+  if (ntiles > 0) load_tile_sw128<T, 128, D, THREADS>(sK, k, p.k_sl, 0, p.Lk);
   cp_async_commit();
 
   const float c = p.scale_log2;  // > 0 (the host's condition): max of scaled scores = c * max of raw ones
@@ -99,8 +100,8 @@ __global__ void __launch_bounds__(256, 1) sdpa_fwd_wg(const Params p) {
     cp_async_wait<0>();
     fence_proxy_async_shared();  // this thread's cp.async writes, visible to wgmma's reads
     __syncthreads();             // K_j and V_{j-1} have landed; S_{j-1} and P_{j-2} V_{j-2} are done
-    if (nb + 1 < ntiles) load_tile_sw128<T, D, THREADS>(sK + prev, k, p.k_sl, n0 + BN, p.Lk);
-    load_tile_sw128<T, D, THREADS>(sV + cur, v, p.v_sl, n0, p.Lk);
+    if (nb + 1 < ntiles) load_tile_sw128<T, 128, D, THREADS>(sK + prev, k, p.k_sl, n0 + BN, p.Lk);
+    load_tile_sw128<T, 128, D, THREADS>(sV + cur, v, p.v_sl, n0, p.Lk);
     cp_async_commit();
 
     // S = Q K^T (D / 16 products of k16), then O += P_{j-1} V_{j-1} behind it.
@@ -188,6 +189,192 @@ __global__ void __launch_bounds__(256, 1) sdpa_fwd_wg(const Params p) {
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
       *reinterpret_cast<unsigned*>(row + j * 8 + 2 * t) = pack2<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+  }
+}
+
+// ---------------------------------------------------------------- backward
+
+// Backward of sdpa_fwd / sdpa_fwd_wg on the same conditions, after sdpa_bwd_delta (delta = rowsum(dO O))
+// and before sdpa_bwd_dq (dq = scale dq_acc), as sdpa_bwd: a block of two warpgroups takes 128 keys
+// of one (batch, head), 64 per warpgroup, with K and V resident in shared memory, and walks the query
+// tiles of 64 (Q, dO, lse2 and delta double-buffered by cp.async). Per tile and warpgroup:
+//   S^T = K Q^T and dP^T = V dO^T by wgmma (A = its 64 keys, B = the 64 queries, both K-major);
+//   P^T = exp2(scale log2(e) S^T - lse2), dS^T = P^T (dP^T - delta), in the accumulator registers;
+//   dV += P^T dO and dK += dS^T Q by wgmma with P^T / dS^T as A registers and dO / Q MN-major;
+//   dS^T also goes to shared memory ([128 keys][64 queries], swizzled), and after a block barrier
+//   dQ = dS K by wgmma with both operands MN-major: at D = 128 warpgroup w takes head dims
+//   64 w .. 64 w + 63 over all 128 keys, at D = 64 all head dims over its own 64 keys; the result is
+//   added into dq_acc (f32) by vector reductions.
+// dK (times scale) and dV are stored at the end. Shared memory: K, V (128 x D), Q and dO (64 x D)
+// twice, dS^T (16 KB), lse2 and delta twice, from a 1024-aligned base.
+template <int D>
+struct WgBwdTile {
+  static constexpr int kThreads = 256;
+  static constexpr int kBN = 128;  // keys per block
+  static constexpr int kBM = 64;   // queries per tile
+  static constexpr int kKvBytes = 128 * D * 2, kQBytes = 64 * D * 2, kDsBytes = 128 * 64 * 2;
+  static constexpr int kSmemBytes = 2 * kKvBytes + 4 * kQBytes + kDsBytes + 4 * 64 * 4 + 1024;
+};
+
+template <class T, int D>
+__global__ void __launch_bounds__(256, 1) sdpa_bwd_wg(const Params p) {
+  using Tile = WgBwdTile<D>;
+  constexpr int BN = Tile::kBN, BM = Tile::kBM, THREADS = Tile::kThreads;
+  constexpr int KVB = Tile::kKvBytes, QB = Tile::kQBytes;
+  constexpr unsigned kKvBlock = 128 * 128, kQBlock = 64 * 128;  // bytes of one 64-wide column block
+  const unsigned base = (smem_u32(attn_smem) + 1023u) & ~1023u;
+  const unsigned sK = base, sV = sK + KVB, sQ = sV + KVB, sdO = sQ + 2 * QB, sdS = sdO + 2 * QB;  // Q, dO: 2 stages
+  float* sL = reinterpret_cast<float*>(attn_smem + (sdS + Tile::kDsBytes - smem_u32(attn_smem)));  // [2][64]
+  float* sDelta = sL + 2 * BM;                                                                      // [2][64]
+
+  const int nblocks = (p.Lk + BN - 1) / BN;
+  const int bh = static_cast<int>(blockIdx.x / nblocks);  // the key blocks of one (batch, head) side by side
+  const int n0 = static_cast<int>(blockIdx.x % nblocks) * BN;
+  const int b = bh / p.H, h = bh % p.H;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int krow = wg * 64 + warp * 16 + g;  // this lane's keys within the block: krow and krow + 8
+  const T* q = reinterpret_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
+  const T* k = reinterpret_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh;
+  const T* v = reinterpret_cast<const T*>(p.v) + b * p.v_sb + h * p.v_sh;
+  const T* dout = reinterpret_cast<const T*>(p.dout) + b * p.do_sb + h * p.do_sh;
+  const float* lse = reinterpret_cast<const float*>(p.lse) + static_cast<i64>(bh) * p.Lq;
+  const float* delta = reinterpret_cast<const float*>(p.delta) + static_cast<i64>(bh) * p.Lq;
+  float* dq_acc = reinterpret_cast<float*>(p.dq_acc) + static_cast<i64>(bh) * p.Lq * p.D;
+
+  auto load_query_tile = [&](int m0, int st) {  // Q, dO, lse2 and delta of queries m0 .. m0 + 63 into stage st
+    load_tile_sw128<T, BM, D, THREADS>(sQ + st * QB, q, p.q_sl, m0, p.Lq);
+    load_tile_sw128<T, BM, D, THREADS>(sdO + st * QB, dout, p.do_sl, m0, p.Lq);
+    for (int r = threadIdx.x; r < BM; r += THREADS) {
+      const bool in = m0 + r < p.Lq;
+      sL[st * BM + r] = in ? lse[m0 + r] : pos_inf();  // P = 0 for rows past Lq
+      sDelta[st * BM + r] = in ? delta[m0 + r] : 0.f;
+    }
+  };
+  const int m_begin = p.causal ? (n0 / BM) * BM : 0;  // causal: queries i >= j >= n0
+  load_tile_sw128<T, BN, D, THREADS>(sK, k, p.k_sl, n0, p.Lk);
+  load_tile_sw128<T, BN, D, THREADS>(sV, v, p.v_sl, n0, p.Lk);
+  if (m_begin < p.Lq) load_query_tile(m_begin, 0);
+  cp_async_commit();
+
+  const float c = p.scale_log2;  // > 0 (the host's condition)
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+
+  for (int m0 = m_begin, it = 0; m0 < p.Lq; m0 += BM, ++it) {
+    const int st = it & 1;
+    const unsigned qs = sQ + st * QB, dos = sdO + st * QB;
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    __syncthreads();  // this query tile has landed; both warpgroups are done with the previous one and dS^T
+    if (m0 + BM < p.Lq) load_query_tile(m0 + BM, st ^ 1);
+    cp_async_commit();
+
+    // S^T = K Q^T, then dP^T = V dO^T behind it (m64 n64, D / 16 k-steps each).
+    float s[32], dp[32];
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const unsigned ka = (ks >> 2) * kKvBlock + wg * 64 * 128 + (ks & 3) * 32, qa = (ks >> 2) * kQBlock + (ks & 3) * 32;
+      wgmma_ss_n64<T, false>(s, wg_desc(sK + ka, 16, 1024), wg_desc(qs + qa, 16, 1024), ks > 0);
+    }
+    wg_commit();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const unsigned ka = (ks >> 2) * kKvBlock + wg * 64 * 128 + (ks & 3) * 32, qa = (ks >> 2) * kQBlock + (ks & 3) * 32;
+      wgmma_ss_n64<T, false>(dp, wg_desc(sV + ka, 16, 1024), wg_desc(dos + qa, 16, 1024), ks > 0);
+    }
+    wg_commit();
+    wg_wait<1>();
+    wg_fence_operands(s);
+
+    // P^T (element e of column tile j: key krow + 8 (e >> 1), query 8 j + 2 t + (e & 1)), while dP^T runs.
+    const float* L = sL + st * BM;
+    const bool edge = n0 + BN > p.Lk || (p.causal && n0 + BN - 1 > m0);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int il = (i >> 2) * 8 + 2 * t + (i & 1);
+      float x = s[i] * c;
+      if (edge && out_of_bounds(p, m0 + il, n0 + krow + ((i >> 1) & 1) * 8)) x = neg_inf();
+      s[i] = fast_exp2(x - L[il]);
+    }
+    wg_wait<0>();
+    wg_fence_operands(dp);
+    const float* Dl = sDelta + st * BM;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dp[i] = s[i] * (dp[i] - Dl[(i >> 2) * 8 + 2 * t + (i & 1)]);  // dS^T
+
+    // P^T and dS^T as A registers (query columns 16 kk .. 16 kk + 15); dS^T also into shared memory.
+    unsigned pp[BM / 16][4], pd[BM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        pp[kk][e] = pack2<T>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+        pd[kk][e] = pack2<T>(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
+        const int row = krow + (e & 1) * 8, j = 2 * kk + (e >> 1);  // key row, 8-query chunk
+        const unsigned addr = sdS + row * 128 + ((j ^ (row & 7)) << 4) + 4 * t;
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(pd[kk][e]) : "memory");
+      }
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {  // dV += P^T dO
+      const u64 db = wg_desc(dos + kk * 16 * 128, kQBlock, 1024);
+      if constexpr (D == 128) wgmma_rs_n128<T>(dv, pp[kk], db, 1);
+      else wgmma_rs_n64<T>(dv, pp[kk], db, 1);
+    }
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {  // dK += dS^T Q
+      const u64 db = wg_desc(qs + kk * 16 * 128, kQBlock, 1024);
+      if constexpr (D == 128) wgmma_rs_n128<T>(dk, pd[kk], db, 1);
+      else wgmma_rs_n64<T>(dk, pd[kk], db, 1);
+    }
+    wg_commit();
+    fence_proxy_async_shared();  // this thread's dS^T stores, visible to wgmma's reads
+    __syncthreads();             // dS^T of both warpgroups is complete
+    wg_wait<0>();                // dV and dK are summed: the P^T / dS^T registers are free for dQ
+    wg_fence_operands(dv);
+    wg_fence_operands(dk);
+
+    // dQ = dS K: A = dS^T tile read as [queries x keys] (MN-major), B = K (MN-major, head dims contiguous).
+    // D = 128: this warpgroup's 64 head dims over all 128 keys; D = 64: all head dims over its own keys.
+    float dq[32];
+    constexpr int KSTEPS = D == 128 ? BN / 16 : 64 / 16;
+    const unsigned key0 = D == 128 ? 0u : static_cast<unsigned>(wg) * 64u;
+    const unsigned kcol = D == 128 ? static_cast<unsigned>(wg) * kKvBlock : 0u;
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+      const unsigned r = (key0 + kk * 16) * 128;
+      wgmma_ss_n64<T, true>(dq, wg_desc(sdS + r, kQBlock, 1024), wg_desc(sK + kcol + r, kKvBlock, 1024), kk > 0);
+    }
+    wg_commit();
+    wg_wait<0>();
+    wg_fence_operands(dq);
+    const int dcol = D == 128 ? wg * 64 : 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = m0 + warp * 16 + g + r * 8;
+      if (i >= p.Lq) continue;
+      float* row = dq_acc + static_cast<i64>(i) * p.D + dcol + 2 * t;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) atomic_add2(row + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+    }
+  }
+  cp_async_wait<0>();
+
+  T* dkp = reinterpret_cast<T*>(p.dk) + static_cast<i64>(bh) * p.Lk * p.D;
+  T* dvp = reinterpret_cast<T*>(p.dv) + static_cast<i64>(bh) * p.Lk * p.Dv;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = n0 + krow + r * 8;
+    if (j >= p.Lk) continue;
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d) {
+      const int col = d * 8 + 2 * t;
+      *reinterpret_cast<unsigned*>(dkp + static_cast<i64>(j) * p.D + col) = pack2<T>(dk[4 * d + 2 * r] * p.scale, dk[4 * d + 2 * r + 1] * p.scale);
+      *reinterpret_cast<unsigned*>(dvp + static_cast<i64>(j) * p.Dv + col) = pack2<T>(dv[4 * d + 2 * r], dv[4 * d + 2 * r + 1]);
+    }
   }
 }
 

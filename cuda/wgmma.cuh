@@ -80,10 +80,11 @@ __device__ __forceinline__ void wg_fence_operands(float (&v)[N]) {
 #define FLAME_WG_OUT64 FLAME_WG_OUT32, FLAME_WG_OUT16(32), FLAME_WG_OUT16(48)
 
 // scale_d 0: D = A B (the accumulators' old values are ignored); 1: D += A B.
-#define FLAME_WGMMA_SS(N, TY, ACC, OUT, IA, IB, IS)                                                      \
+// TR "0, 0": A and B K-major; "1, 1": both MN-major (transposed).
+#define FLAME_WGMMA_SS(N, TY, ACC, OUT, IA, IB, IS, TR)                                                  \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" IS ", 0;\n"                                          \
                "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {" ACC "}, %" IA ", %" IB \
-               ", p, 1, 1, 0, 0;\n}\n"                                                                   \
+               ", p, 1, 1, " TR ";\n}\n"                                                                 \
                : OUT                                                                                     \
                : "l"(da), "l"(db), "r"(scale_d))
 #define FLAME_WGMMA_RS(N, TY, ACC, OUT, A0, A1, A2, A3, IB, IS)                                    \
@@ -97,8 +98,21 @@ __device__ __forceinline__ void wg_fence_operands(float (&v)[N]) {
 template <class T>
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], u64 da, u64 db, int scale_d) {
 #if FLAME_HAS_WGMMA
-  if constexpr (is_bf16<T>::value) FLAME_WGMMA_SS(128, "bf16", FLAME_WG_ACC64, FLAME_WG_OUT64, "64", "65", "66");
-  else FLAME_WGMMA_SS(128, "f16", FLAME_WG_ACC64, FLAME_WG_OUT64, "64", "65", "66");
+  if constexpr (is_bf16<T>::value) FLAME_WGMMA_SS(128, "bf16", FLAME_WG_ACC64, FLAME_WG_OUT64, "64", "65", "66", "0, 0");
+  else FLAME_WGMMA_SS(128, "f16", FLAME_WG_ACC64, FLAME_WG_OUT64, "64", "65", "66", "0, 0");
+#else
+  asm volatile("trap;");
+#endif
+}
+// D[64 x 64] (+)= A B^T from shared memory; MN: both operands MN-major instead (A [16 x 64] stored
+// with M contiguous, B [16 x 64] with N contiguous), i.e. D (+)= A^T B of the stored tiles.
+template <class T, bool MN>
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], u64 da, u64 db, int scale_d) {
+#if FLAME_HAS_WGMMA
+  if constexpr (is_bf16<T>::value && MN) FLAME_WGMMA_SS(64, "bf16", FLAME_WG_ACC32, FLAME_WG_OUT32, "32", "33", "34", "1, 1");
+  else if constexpr (is_bf16<T>::value) FLAME_WGMMA_SS(64, "bf16", FLAME_WG_ACC32, FLAME_WG_OUT32, "32", "33", "34", "0, 0");
+  else if constexpr (MN) FLAME_WGMMA_SS(64, "f16", FLAME_WG_ACC32, FLAME_WG_OUT32, "32", "33", "34", "1, 1");
+  else FLAME_WGMMA_SS(64, "f16", FLAME_WG_ACC32, FLAME_WG_OUT32, "32", "33", "34", "0, 0");
 #else
   asm volatile("trap;");
 #endif

@@ -960,9 +960,9 @@ FLAME_API flame_status_t flame_conv1d(flame_tensor_t x, flame_tensor_t weight, f
  * softmax, the [Lq, Lk] scores never stored, so the extra memory grows with Lq alone) on GPUs of
  * compute capability 8.0 or newer with head dims up to 128; other head dims and older GPUs compute
  * the same function from matrix products in f32 that store the scores. On H100/H200 (compute
- * capability 9.0) the forward without mask or dropout, head dim 64 or 128 for q, k and v, and a
- * positive scale runs a FlashAttention-3 style kernel on the warpgroup tensor cores (wgmma) instead,
- * with the same outputs up to rounding; FLAME_DISABLE_WGMMA=1 in the environment before
+ * capability 9.0) attention without mask or dropout, head dim 64 or 128 for q, k and v, and a
+ * positive scale runs FlashAttention-3 style kernels on the warpgroup tensor cores (wgmma) instead,
+ * forward and backward, with the same results up to rounding; FLAME_DISABLE_WGMMA=1 in the environment before
  * flame_ctx_create keeps a context on the FlashAttention-2 kernels. f32 and f64 are composed of
  * FLAME ops (matmul, softmax, where, ...), storing the scores, and differentiate through them. */
 

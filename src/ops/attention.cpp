@@ -156,8 +156,18 @@ constexpr KernelTemplate kBwdDq{"attention.cuh", "flame::attn::sdpa_bwd_dq", {A:
 constexpr KernelTemplate kKeep{"attention.cuh", "flame::attn::sdpa_dropout_keep", {}};
 // The sm_90a forward (cuda/attention_wg.cuh): <T, head dim 64 or 128>, two warpgroups, tiles of 128.
 constexpr KernelTemplate kFwdWg{"attention_wg.cuh", "flame::attn::sdpa_fwd_wg", {A::Dtype, A::Int}};
+constexpr KernelTemplate kBwdWg{"attention_wg.cuh", "flame::attn::sdpa_bwd_wg", {A::Dtype, A::Int}};
 constexpr unsigned kWgThreads = 256;
+constexpr int kWgBwdBN = 128;
+// Shared memory (mirrors WgFwdTile / WgBwdTile): Q, K x 2, V x 2 of 128 rows; K, V of 128 rows, Q and dO
+// of 64 rows twice, dS^T (16 KB), lse2 and delta twice; plus 1 KB to align the base to 1024.
 unsigned wg_fwd_smem(int d) { return static_cast<unsigned>(5 * 128 * d * 2 + 1024); }
+unsigned wg_bwd_smem(int d) { return static_cast<unsigned>(2 * 128 * d * 2 + 4 * 64 * d * 2 + 128 * 64 * 2 + 4 * 64 * 4 + 1024); }
+// The sm_90a kernels take f16/bf16 without mask or dropout, D == Dv of 64 or 128, 16-byte aligned rows
+// (P.vec) and scale > 0 (their row maxima are taken over unscaled scores).
+bool wg_path(Context& ctx, const Geometry& G, bool mask, bool dropout, const AttnParams& P) {
+  return ctx.wgmma_enabled && !mask && !dropout && G.D == G.Dv && (G.D == 64 || G.D == 128) && P.vec && P.scale_log2 > 0;
+}
 
 void launch(Context& ctx, const KernelKey& key, int64_t grid, unsigned smem, void** args, unsigned threads = kThreads) {
   CUfunction f = ctx.function(key);
@@ -266,7 +276,7 @@ KernelForward kernel_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   P.o = r.out->data();
   P.lse = r.lse->data();
   void* args[] = {&P};
-  if (ctx.wgmma_enabled && !mask && !drop.on && G.D == G.Dv && (G.D == 64 || G.D == 128) && P.vec && P.scale_log2 > 0) {
+  if (wg_path(ctx, G, mask != nullptr, drop.on, P)) {
     launch(ctx, make_key(kFwdWg, q->dtype, static_cast<int>(G.D)), grid, wg_fwd_smem(static_cast<int>(G.D)), args, kWgThreads);
     return r;
   }
@@ -453,8 +463,14 @@ AttentionGrads ops::attention_backward(const AttentionSaved& s, const Tensor& g0
     const int64_t blocks = std::min<int64_t>((rows + 3) / 4, static_cast<int64_t>(ctx.sm_count) * 32);  // a warp per row
     launch(ctx, make_key(kBwdDelta, dt), blocks, 0, args);
   }
-  const int64_t grid = (G.Lk + kBwdBN - 1) / kBwdBN * G.B * G.H;
-  if (grid > 0) launch(ctx, make_key(kBwd, dt, td, drop), grid, bwd_smem(td, s.mask != nullptr), args);
+  if (wg_path(ctx, G, s.mask != nullptr, drop, P)) {
+    const int64_t grid = (G.Lk + kWgBwdBN - 1) / kWgBwdBN * G.B * G.H;
+    const int d = static_cast<int>(G.D);
+    if (grid > 0) launch(ctx, make_key(kBwdWg, dt, d), grid, wg_bwd_smem(d), args, kWgThreads);
+  } else {
+    const int64_t grid = (G.Lk + kBwdBN - 1) / kBwdBN * G.B * G.H;
+    if (grid > 0) launch(ctx, make_key(kBwd, dt, td, drop), grid, bwd_smem(td, s.mask != nullptr), args);
+  }
   if (r.dq->numel() > 0) launch(ctx, make_key(kBwdDq, dt), flat_grid(ctx, r.dq->numel()), 0, args);
   if (ds) r.dmask = to_dtype(sum_to(ds, s.mask->shape), s.mask->dtype);
   record(OpId::AttentionBackward, {g, s.q, s.k, s.v}, {r.dq, r.dk, r.dv});
@@ -488,7 +504,10 @@ std::vector<std::string> ops::attention_instantiations() {
         v.push_back(kernel_name(make_key(kFwd, dt, td, drop)));
         v.push_back(kernel_name(make_key(kBwd, dt, td, drop)));
       }
-    for (int d : {64, 128}) v.push_back(kernel_name(make_key(kFwdWg, dt, d)));
+    for (int d : {64, 128}) {
+      v.push_back(kernel_name(make_key(kFwdWg, dt, d)));
+      v.push_back(kernel_name(make_key(kBwdWg, dt, d)));
+    }
     v.push_back(kernel_name(make_key(kBwdDelta, dt)));
     v.push_back(kernel_name(make_key(kBwdDq, dt)));
   }
