@@ -197,7 +197,8 @@ __global__ void __launch_bounds__(256, 1) sdpa_fwd_wg(const Params p) {
 // Backward of sdpa_fwd / sdpa_fwd_wg on the same conditions, after sdpa_bwd_delta (delta = rowsum(dO O))
 // and before sdpa_bwd_dq (dq = scale dq_acc), as sdpa_bwd: a block of two warpgroups takes 128 keys
 // of one (batch, head), 64 per warpgroup, with K and V resident in shared memory, and walks the query
-// tiles of 64 (Q, dO, lse2 and delta double-buffered by cp.async). Per tile and warpgroup:
+// tiles of 64 (Q, dO, lse2 and delta double-buffered by cp.async; P = 0 for rows past Lq). Per tile
+// and warpgroup:
 //   S^T = K Q^T and dP^T = V dO^T by wgmma (A = its 64 keys, B = the 64 queries, both K-major);
 //   P^T = exp2(scale log2(e) S^T - lse2), dS^T = P^T (dP^T - delta), in the accumulator registers;
 //   dV += P^T dO and dK += dS^T Q by wgmma with P^T / dS^T as A registers and dO / Q MN-major;
@@ -244,10 +245,11 @@ __global__ void __launch_bounds__(256, 1) sdpa_bwd_wg(const Params p) {
   auto load_query_tile = [&](int m0, int st) {  // Q, dO, lse2 and delta of queries m0 .. m0 + 63 into stage st
     load_tile_sw128<T, BM, D, THREADS>(sQ + st * QB, q, p.q_sl, m0, p.Lq);
     load_tile_sw128<T, BM, D, THREADS>(sdO + st * QB, dout, p.do_sl, m0, p.Lq);
-    for (int r = threadIdx.x; r < BM; r += THREADS) {
-      const bool in = m0 + r < p.Lq;
-      sL[st * BM + r] = in ? lse[m0 + r] : pos_inf();  // P = 0 for rows past Lq
-      sDelta[st * BM + r] = in ? delta[m0 + r] : 0.f;
+    if (threadIdx.x < 2 * BM) {  // by cp.async too (no thread waits on a load here); rows past Lq read 0
+      const int r = threadIdx.x & (BM - 1), in = m0 + r < p.Lq ? 4 : 0;
+      const float* src = threadIdx.x < BM ? lse : delta;
+      float* dst = (threadIdx.x < BM ? sL : sDelta) + st * BM + r;
+      cp_async4(smem_u32(dst), in ? src + m0 + r : src, in);
     }
   };
   const int m_begin = p.causal ? (n0 / BM) * BM : 0;  // causal: queries i >= j >= n0
@@ -290,12 +292,12 @@ __global__ void __launch_bounds__(256, 1) sdpa_bwd_wg(const Params p) {
 
     // P^T (element e of column tile j: key krow + 8 (e >> 1), query 8 j + 2 t + (e & 1)), while dP^T runs.
     const float* L = sL + st * BM;
-    const bool edge = n0 + BN > p.Lk || (p.causal && n0 + BN - 1 > m0);
+    const bool edge = n0 + BN > p.Lk || m0 + BM > p.Lq || (p.causal && n0 + BN - 1 > m0);
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const int il = (i >> 2) * 8 + 2 * t + (i & 1);
       float x = s[i] * c;
-      if (edge && out_of_bounds(p, m0 + il, n0 + krow + ((i >> 1) & 1) * 8)) x = neg_inf();
+      if (edge && (m0 + il >= p.Lq || out_of_bounds(p, m0 + il, n0 + krow + ((i >> 1) & 1) * 8))) x = neg_inf();  // P = 0
       s[i] = fast_exp2(x - L[il]);
     }
     wg_wait<0>();
