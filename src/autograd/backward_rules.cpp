@@ -511,6 +511,29 @@ RULE(Fused) {
   return out;
 }
 
+// ---- mse_loss / l1_loss with reduction mean or sum (ops/loss.h; inputs {input, target}, both saved;
+// ints {reduction}): the fused kernel, or under create_graph the same gradient composed of ops,
+// g scale f'(input - target) for the input and its negation for the target, with f' = 2 d (mse) or
+// sign d (l1) and scale 1/N for mean, computed in f32 for f16/bf16 ----
+Grads pointwise_loss_rule(Node& n, const Tensor& g) {
+  Tensor a = saved(n, 0), b = saved(n, 1);
+  const auto red = static_cast<Reduction>(n.ints.at(0));
+  const bool na = n.needs_input_grad(0), nb = n.needs_input_grad(1);
+  if (!g->ctx().recording()) {
+    PointwiseLossGrads r = pointwise_loss_backward(n.op, a, b, g, red, na, nb);
+    return {r.input, r.target};
+  }
+  const DType c = promote(a->dtype, b->dtype) == FLAME_DTYPE_F64 ? FLAME_DTYPE_F64 : FLAME_DTYPE_F32;
+  const int64_t N = a->numel();
+  double scale = n.op == OpId::MseLoss ? 2.0 : 1.0;
+  if (red == Reduction::Mean) scale = N ? scale / static_cast<double>(N) : std::nan("");
+  Tensor d = sub(to_dtype(a, c), to_dtype(b, c));
+  Tensor gd = mul(n.op == OpId::MseLoss ? d : unary(OpId::Sign, d), mul_scalar(to_dtype(g, c), scale));
+  return {na ? to_dtype(gd, a->dtype) : nullptr, nb ? to_dtype(neg(gd), b->dtype) : nullptr};
+}
+RULE(MseLoss) { return pointwise_loss_rule(n, g); }
+RULE(L1Loss) { return pointwise_loss_rule(n, g); }
+
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
 #define DIFF(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;
@@ -530,6 +553,7 @@ constexpr std::array<Rule, kNumOps> make_rules() {
   DIFF(Upsample2d) DIFF(Upsample2dBackward) DIFF(Rope)  // ops/nnops.h
   DIFF(Checkpoint)  // toolkit/checkpoint.h
   DIFF(Fused)  // ops/fused.h
+  DIFF(MseLoss) DIFF(L1Loss)  // ops/loss.h, fused mse / l1
 #undef DIFF
   return r;
 }

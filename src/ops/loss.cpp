@@ -17,8 +17,9 @@
 // the stream every step): an index out of range that is not ignore_index gives that row a NaN loss
 // and is reported by the context's next synchronisation (Context::device_error_record).
 //
-// mse, l1, smooth_l1, huber and binary_cross_entropy_with_logits are compositions of FLAME ops;
-// f16/bf16 inputs are computed in f32 and the result is rounded once.
+// smooth_l1, huber and binary_cross_entropy_with_logits are compositions of FLAME ops; f16/bf16
+// inputs are computed in f32 and the result is rounded once. mse_loss and l1_loss live in
+// ops/loss_pointwise.cpp (fused for reduction mean and sum).
 #include "ops/loss.h"
 #include <algorithm>
 #include <cmath>
@@ -296,11 +297,7 @@ Tensor reduce_loss(const Tensor& l, ops::Reduction r) {
 // input and target of an elementwise loss, checked and brought to the compute dtype; *out_dtype is
 // the dtype of the result.
 std::pair<Tensor, Tensor> loss_operands(const char* op, const Tensor& a, const Tensor& b, DType* out_dtype) {
-  FLAME_CHECK(&a->ctx() == &b->ctx(), FLAME_ERROR_INVALID_ARGUMENT, op, ": input and target belong to different contexts");
-  FLAME_CHECK(is_floating(a->dtype) && is_floating(b->dtype), FLAME_ERROR_DTYPE_MISMATCH, op,
-              ": input and target must be floating, got ", dtype_name(a->dtype), " and ", dtype_name(b->dtype));
-  FLAME_CHECK(a->shape == b->shape, FLAME_ERROR_SHAPE_MISMATCH, op, ": input has shape ", shape_str(a->shape),
-              " but target has shape ", shape_str(b->shape), " (they must match; expand the target explicitly to broadcast)");
+  ops::check_loss_pair(op, a, b);
   *out_dtype = promote(a->dtype, b->dtype);
   DType cd = wide(*out_dtype);
   return {ops::to_dtype(a, cd), ops::to_dtype(b, cd)};
@@ -486,16 +483,12 @@ std::vector<std::string> ops::loss_instantiations() {
 
 // ---------------------------------------------------------------- compositions
 
-Tensor ops::mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
-  DType out = input->dtype;
-  auto [a, b] = loss_operands("mse_loss", input, target, &out);
-  return to_dtype(reduce_loss(square(sub(a, b)), reduction), out);
-}
-
-Tensor ops::l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
-  DType out = input->dtype;
-  auto [a, b] = loss_operands("l1_loss", input, target, &out);
-  return to_dtype(reduce_loss(abs(sub(a, b)), reduction), out);
+void ops::check_loss_pair(const char* op, const Tensor& a, const Tensor& b) {
+  FLAME_CHECK(&a->ctx() == &b->ctx(), FLAME_ERROR_INVALID_ARGUMENT, op, ": input and target belong to different contexts");
+  FLAME_CHECK(is_floating(a->dtype) && is_floating(b->dtype), FLAME_ERROR_DTYPE_MISMATCH, op,
+              ": input and target must be floating, got ", dtype_name(a->dtype), " and ", dtype_name(b->dtype));
+  FLAME_CHECK(a->shape == b->shape, FLAME_ERROR_SHAPE_MISMATCH, op, ": input has shape ", shape_str(a->shape),
+              " but target has shape ", shape_str(b->shape), " (they must match; expand the target explicitly to broadcast)");
 }
 
 // 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (beta 0: l1).

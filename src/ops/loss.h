@@ -1,6 +1,7 @@
-// Losses (src/ops/loss.cpp). cross_entropy and nll_loss are fused ops with kernels of their own
-// (cuda/loss.cuh) and backward rules in autograd/backward_rules.cpp; the others are compositions of
-// FLAME ops, differentiable through their parts.
+// Losses (src/ops/loss.cpp, src/ops/loss_pointwise.cpp). cross_entropy and nll_loss are fused ops
+// with kernels of their own (cuda/loss.cuh), and so are mse_loss and l1_loss with reduction mean or
+// sum (cuda/loss_pointwise.cuh); their backward rules are in autograd/backward_rules.cpp. The others
+// (and mse / l1 with reduction none) are compositions of FLAME ops, differentiable through their parts.
 #pragma once
 #include <vector>
 #include "autograd/graph.h"
@@ -52,5 +53,21 @@ Tensor nll_loss_backward(const LossSaved& s, const Tensor& g, DType x_dtype);
 
 // The kernel names the loss ops can launch (for the CPU test that compiles every kernel).
 std::vector<std::string> loss_instantiations();
+
+// ---- mse_loss and l1_loss, reduction mean or sum (ops/loss_pointwise.cpp) ----
+// Checks input and target of an elementwise loss (same context, floating, same shape); op names the
+// loss in messages.
+void check_loss_pair(const char* op, const Tensor& input, const Tensor& target);
+// Node layout: op MseLoss or L1Loss, inputs {input, target} (contiguous; a non-contiguous argument
+// went through a recorded copy), both saved; ints {reduction}. The output is 0-d, in
+// promote(input, target).
+// The fused backward kernel: the gradients of input and target (each only where asked, else null;
+// in its operand's dtype) for the gradient g of the node's output.
+struct PointwiseLossGrads {
+  Tensor input, target;
+};
+PointwiseLossGrads pointwise_loss_backward(OpId op, const Tensor& input, const Tensor& target, const Tensor& g,
+                                           Reduction reduction, bool need_input, bool need_target);
+std::vector<std::string> pointwise_loss_instantiations();
 
 }  // namespace flame::ops

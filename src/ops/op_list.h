@@ -122,12 +122,19 @@
   X(BatchNormBackward, batch_norm_backward)
 
 // ---- losses (src/ops/loss.cpp, kernels in cuda/loss.cuh) ----
-// Fused loss ops with kernels of their own: X(Id, name). The other losses (mse, l1, smooth_l1,
-// huber, binary_cross_entropy_with_logits) are compositions of the ops above and need no row.
+// Fused loss ops with kernels of their own: X(Id, name). The other losses (smooth_l1, huber,
+// binary_cross_entropy_with_logits, and mse / l1 with reduction none) are compositions of the ops
+// above and need no row.
 #define FLAME_LOSS_OPS(X)                      \
   X(CrossEntropy, cross_entropy)               \
   X(CrossEntropyProbs, cross_entropy_probs)    \
-  X(NllLoss, nll_loss)
+  X(NllLoss, nll_loss)                         \
+  FLAME_POINTWISE_LOSS_OPS(X)
+// mse_loss and l1_loss with reduction mean or sum (src/ops/loss_pointwise.cpp, kernels in
+// cuda/loss_pointwise.cuh): one node over (input, target), differentiable to any order.
+#define FLAME_POINTWISE_LOSS_OPS(X)            \
+  X(MseLoss, mse_loss)                         \
+  X(L1Loss, l1_loss)
 
 // ---- indexing (src/ops/indexing.cpp, kernels in cuda/indexing.cuh) ----
 // The two recorded primitives, each the other's backward: X(Id, name). index_select, embedding

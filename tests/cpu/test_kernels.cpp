@@ -261,3 +261,11 @@ TEST_P(KernelCompile, Fused) {
   for (int k = 1; k < ops::kFusedMaxOperands; ++k) sum += " + x" + std::to_string(k);
   compile(fused::parse(sum, ops::kFusedMaxOperands), ops::kFusedMaxOperands);
 }
+
+// ---- fused mse_loss / l1_loss, reduction mean or sum (cuda/loss_pointwise.cuh, src/ops/loss_pointwise.cpp) ----
+TEST_P(KernelCompile, PointwiseLosses) {
+  // 16 (input, target) dtype pairs x {mse, l1} x {vector, scalar} x {partial, backward}, and 4 final passes.
+  auto names = flame::ops::pointwise_loss_instantiations();
+  EXPECT_EQ(names.size(), 132u);
+  compile_all("loss_pointwise.cuh", names, GetParam());
+}

@@ -250,13 +250,14 @@ Row nll_row(std::string name, std::vector<Case> cases, CeSpec s, bool with_weigh
 
 // An elementwise loss of (input, target) with a host formula per element.
 using PairC = std::function<flame_status_t(flame_tensor_t, flame_tensor_t, flame_reduction_t, flame_tensor_t*)>;
-Row pair_row(std::string name, std::vector<Case> cases, int red, PairC fn, std::function<double(double, double)> f) {
+Row pair_row(std::string name, std::vector<Case> cases, int red, PairC fn, std::function<double(double, double)> f,
+             std::string covers = "") {
   FlameFn fwd = [fn, red](const Tensors& in, flame_dtype_t, std::vector<T>& out) {
     out.emplace_back();
     return fn(in[0], in[1], static_cast<flame_reduction_t>(red), out.back().out());
   };
   RefFn ref = [f, red](const std::vector<HT>& x) { return std::vector<HT>{reduce_all(gc::binary(x[0], x[1], f), red)}; };
-  return make_row(std::move(name), "", std::move(cases), fwd, ref);
+  return make_row(std::move(name), std::move(covers), std::move(cases), fwd, ref);
 }
 
 double bce_ref(double x, double y, double w, double pw) {
@@ -344,10 +345,10 @@ const std::vector<Row>& rows() {
     };
     Case pair_cases = Case({in({3, 4}, grid(0.25)), in({3, 4}, grid(0.75))});
     Case pair_nc = Case({nc({4, 3}, grid(0.25)), in({4, 3}, grid(0.75))});
-    v.push_back(pair_row("mse_mean", {pair_cases, pair_nc}, MEAN, flame_mse_loss, sq));
+    v.push_back(pair_row("mse_mean", {pair_cases, pair_nc}, MEAN, flame_mse_loss, sq, "mse_loss"));  // fused (loss_pointwise.cpp)
     lp().low_precision = true;
     v.push_back(pair_row("mse_none", {pair_cases}, NONE, flame_mse_loss, sq));
-    v.push_back(pair_row("l1_sum", {pair_cases, pair_nc}, SUM, flame_l1_loss, ab));
+    v.push_back(pair_row("l1_sum", {pair_cases, pair_nc}, SUM, flame_l1_loss, ab, "l1_loss"));
     lp().low_precision = true;
     v.push_back(pair_row("l1_none", {pair_cases}, NONE, flame_l1_loss, ab));
     v.push_back(pair_row("smooth_l1_mean", {pair_cases, pair_nc}, MEAN,

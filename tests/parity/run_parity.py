@@ -560,6 +560,20 @@ def loss_rows():
             (lambda r: lambda x, dt: F.mse_loss(x[0], x[1], reduction=r))(red), pair, bf16=bf)
         row(f"l1_{red}", (lambda r: lambda fl, x, dt: fl.call("l1_loss", x[0], x[1], REDUCTIONS[r]))(red),
             (lambda r: lambda x, dt: F.l1_loss(x[0], x[1], reduction=r))(red), pair, bf16=bf)
+    # ---- fused mse / l1 (src/ops/loss_pointwise.cpp) with an input in the row's dtype and an f32 target,
+    # as the MLP benchmark's bf16 output against its f32 target (a bf16 row: bf16 input, f32 target, f32
+    # loss). PyTorch's mse_loss backward wants one dtype, so its side computes in the promoted dtype.
+    def mixed_loss(tfn):
+        def t(x, dt):
+            pd = torch.promote_types(x[0].dtype, torch.float32)
+            return tfn(x[0].to(pd), x[1].float().to(pd))
+        return t
+    for red in ("mean", "sum"):
+        for nm, fname, tf in (("mse", "mse_loss", F.mse_loss), ("l1", "l1_loss", F.l1_loss)):
+            row(f"{nm}_{red}_f32_target",
+                (lambda fn, r: lambda fl, x, dt: fl.call(fn, x[0], fl.call("to_dtype", x[1], fc.DTYPES["f32"]),
+                                                         REDUCTIONS[r]))(fname, red),
+                mixed_loss((lambda f, r: lambda a, b: f(a, b, reduction=r))(tf, red)), pair, bf16=True)
     for beta in (1.0, 0.5, 0.0):
         row(f"smooth_l1_beta{beta}", (lambda b: lambda fl, x, dt: fl.call("smooth_l1_loss", x[0], x[1], b, 1))(beta),
             (lambda b: lambda x, dt: F.smooth_l1_loss(x[0], x[1], reduction="mean", beta=b))(beta), pair,
