@@ -439,7 +439,8 @@ __global__ void __launch_bounds__(1024)
         const T* xr = x + r * C;
         const A ref = smooth ? finite_or_zero(static_cast<A>(to_compute(xr[0]))) : A(0);
         const RowStats<A> st = rs_reduce_all<WarpRow>(ce_row_stats<V, true>(xr, C, grp, weight, smooth, ref), smem, &total);
-        const CeRowGrad<A> rg = ce_seed_row(xr, r, t, st, ref, weight, wsum, denom, eps, C, smooth, grp.lane == 0, loss, wrow, lse);
+        const CeRowGrad<A> rg =
+            ce_seed_row(xr, r, t, st, ref, weight, wsum, denom, eps, C, smooth, grp.lane == 0, loss, wrow, lse);
         T* gr = grad + r * C;
         for_row<V, T, A>(xr, C, grp, [&](i64 c, const A (&xs)[V]) {
           store_grad_vec<true>(gr + c, ce_grad_vec<T>(rg, c, xs, weight, smooth));
@@ -515,8 +516,8 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // V logits of columns c..), and f(c, x1) with one logit for each column of a partial vector, read
 // from global memory (xr: the row there).
 template <int V, class T, class A, class F>
-__device__ __forceinline__ void ce_for_staged_vectors(const Vec<T, V>* srow, const T* xr, i64 C, const SmemRow& g, i64 lo, i64 hi,
-                                                   F&& f) {
+__device__ __forceinline__ void ce_for_staged_vectors(const Vec<T, V>* srow, const T* xr, i64 C, const SmemRow& g, i64 lo,
+                                                      i64 hi, F&& f) {
   for (i64 j = lo + threadIdx.x; j < hi; j += blockDim.x) {
     const i64 c = j * V - g.off;
     if (j >= g.b0 && j < g.b1) {
@@ -593,10 +594,11 @@ __global__ void __launch_bounds__(1024)
         mbar_wait(&bars[k], parity);  // every thread: the copy's writes become visible to the waiters
         const i64 hi = (k + 1) * cs < g.nv ? (k + 1) * cs : g.nv;
         ce_for_staged_vectors<V, T, A>(srow, xr, C, g, k * cs, hi,
-                                    [&](i64 c, const auto& xs) { ce_stats_add(st, c, xs, weight, smooth, ref); });
+                                       [&](i64 c, const auto& xs) { ce_stats_add(st, c, xs, weight, smooth, ref); });
       }
       st = rs_reduce_all<false>(st, smem, &total);
-      const CeRowGrad<A> rg = ce_seed_row(xr, r, t, st, ref, weight, wsum, denom, eps, C, smooth, threadIdx.x == 0, loss, wrow, lse);
+      const CeRowGrad<A> rg =
+          ce_seed_row(xr, r, t, st, ref, weight, wsum, denom, eps, C, smooth, threadIdx.x == 0, loss, wrow, lse);
       for (int k = 0; k < kCeChunks; ++k) {
         const i64 hi = (k + 1) * cs < g.nv ? (k + 1) * cs : g.nv;
         ce_for_staged_vectors<V, T, A>(srow, xr, C, g, k * cs, hi, [&](i64 c, const auto& xs) {

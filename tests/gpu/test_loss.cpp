@@ -927,6 +927,26 @@ class CeSeed : public LossKernels {
     if (dtype_of(r) != k.dt) return ::testing::AssertionFailure() << what << ": gradient dtype " << dtname(dtype_of(r));
     return near(got, expect, k.dt, what);
   }
+  // After forward(k): the loss against the reference (tolerance of loss_dt) and the gradient from the
+  // engine's seed, through flame_backward into .grad (by_backward) or through flame_grad.
+  void check_seeded(const Case& k, flame_dtype_t loss_dt, bool by_backward) {
+    HT loss, got_loss;
+    HT g = want(k, 1.0, &loss);
+    FLAME_ASSERT_OK(download(k.loss, &got_loss));
+    EXPECT_TRUE(near(got_loss, loss, loss_dt, "loss"));
+    if (!by_backward) {
+      EXPECT_TRUE(grad_is(k, {k.loss}, {}, 0, g, "flame_grad"));
+      return;
+    }
+    FLAME_ASSERT_OK(flame_backward(ctx, k.loss, nullptr, 0));
+    T gx;
+    FLAME_ASSERT_OK(flame_tensor_grad(k.xt, gx.out()));
+    ASSERT_NE(gx.h, nullptr);
+    HT got;
+    FLAME_ASSERT_OK(download(gx, &got));
+    EXPECT_EQ(dtype_of(gx), k.dt);
+    EXPECT_TRUE(near(got, g, k.dt, ".grad"));
+  }
   static Case make(std::mt19937_64& rng, const Shape& shape, flame_dtype_t dt, CeSpec s, double ignore_frac) {
     Case k;
     const int64_t C = shape.size() == 1 ? shape[0] : shape[1];
@@ -966,22 +986,7 @@ TEST_F(CeSeed, GradientFromTheForwardAtEverySizeAndDtype) {
         Case k = make(rng, {z.N, z.C}, dt, s, ignore_frac);
         forward(k, tdt);
         if (HasFatalFailure()) return;
-        HT loss, got_loss;
-        HT g = want(k, 1.0, &loss);
-        FLAME_ASSERT_OK(download(k.loss, &got_loss));
-        EXPECT_TRUE(near(got_loss, loss, dt, "loss"));
-        if (variant == 0) {  // flame_backward: the gradient becomes .grad
-          FLAME_ASSERT_OK(flame_backward(ctx, k.loss, nullptr, 0));
-          T gx;
-          FLAME_ASSERT_OK(flame_tensor_grad(k.xt, gx.out()));
-          ASSERT_NE(gx.h, nullptr);
-          HT got;
-          FLAME_ASSERT_OK(download(gx, &got));
-          EXPECT_EQ(dtype_of(gx), dt);
-          EXPECT_TRUE(near(got, g, dt, ".grad"));
-        } else {
-          EXPECT_TRUE(grad_is(k, {k.loss}, {}, 0, g, "flame_grad"));
-        }
+        check_seeded(k, dt, variant == 0);
       }
   // More rows than the grid has blocks (it is capped so that the rows in flight fit in L2).
   struct Big { int64_t N, C; flame_dtype_t dt; };
@@ -1284,24 +1289,10 @@ TEST_F(CeSeed, RowsStagedInSharedMemory) {
         if (HasFatalFailure()) return;
         EXPECT_EQ(dtype_of(k.loss), autocast ? FLAME_DTYPE_F32 : dt);
         if (staged) {
-          EXPECT_GE(held, static_cast<uint64_t>(z.N * z.C) * (dt == FLAME_DTYPE_F32 ? 4 : 2)) << "no gradient saved by the forward";
+          EXPECT_GE(held, static_cast<uint64_t>(z.N * z.C) * (dt == FLAME_DTYPE_F32 ? 4 : 2))
+              << "no gradient saved by the forward";
         }
-        HT loss, got_loss;
-        HT g = want(k, 1.0, &loss);
-        FLAME_ASSERT_OK(download(k.loss, &got_loss));
-        EXPECT_TRUE(near(got_loss, loss, autocast ? FLAME_DTYPE_F32 : dt, "loss"));
-        if (variant != 1) {  // flame_backward: the gradient becomes .grad
-          FLAME_ASSERT_OK(flame_backward(ctx, k.loss, nullptr, 0));
-          T gx;
-          FLAME_ASSERT_OK(flame_tensor_grad(k.xt, gx.out()));
-          ASSERT_NE(gx.h, nullptr);
-          HT got;
-          FLAME_ASSERT_OK(download(gx, &got));
-          EXPECT_EQ(dtype_of(gx), dt);
-          EXPECT_TRUE(near(got, g, dt, ".grad"));
-        } else {
-          EXPECT_TRUE(grad_is(k, {k.loss}, {}, 0, g, "flame_grad"));
-        }
+        check_seeded(k, autocast ? FLAME_DTYPE_F32 : dt, variant != 1);
       }
 }
 
