@@ -12,7 +12,8 @@
 //    and the composed backward agree; deterministic results;
 //  - CeSeed: the gradient the forward writes for loss.backward() (class indices, mean/sum) at every
 //    size and dtype, other upstream gradients, hooks and retain_grad on the loss, double backward,
-//    no gradient work without a recorded forward, bad indices.
+//    no gradient work without a recorded forward, bad indices; rows staged in shared memory
+//    (ce_index_fwd_grad_smem, sm_90) at vocabulary sizes, odd C, f32/bf16/f16 and autocast.
 #include <cmath>
 #include <cstdlib>
 #include <set>
