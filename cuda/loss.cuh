@@ -337,7 +337,7 @@ __device__ __forceinline__ bool ce_skipped(i64 t, i64 C, i64 ignore_index) { ret
 // The row loop of the kernels that write the gradient, rows handed out by row group. A row whose
 // target t is ignored or out of range (uniform over the group: no reduction follows) gets a
 // gradient row of 0 or NaN and then skip(r, t); every other row gets row(r, t).
-template <int V, bool WarpRow, bool Streaming, class A, class T, class I, class Skip, class Row>
+template <int V, bool Streaming, class A, class T, class I, class Skip, class Row>
 __device__ __forceinline__ void ce_grad_rows(const I* __restrict__ target, i64 M, i64 C, i64 ignore_index,
                                              T* __restrict__ grad, const RowGroup& grp, Skip&& skip, Row&& row) {
   for (i64 r = grp.first; r < M; r += grp.step) {
@@ -359,7 +359,7 @@ __global__ void ce_index_bwd(const T* __restrict__ x, const I* __restrict__ targ
                              T* __restrict__ grad, DeviceErrorRecord* err, unsigned int err_source) {
   const RowGroup grp = row_group<WarpRow>();
   const bool smooth = eps != 0.0;
-  ce_grad_rows<V, WarpRow, false, A>(
+  ce_grad_rows<V, false, A>(
       target, M, C, ignore_index, grad, grp,
       [&](i64 r, i64 t) {
         if (t != ignore_index && grp.lane == 0) report_bad_index(err, err_source, t, r, C);
@@ -432,7 +432,7 @@ __global__ void __launch_bounds__(1024)
   __shared__ RowStats<A> total;
   const RowGroup grp = row_group<WarpRow>();
   const bool smooth = eps != 0.0;
-  ce_grad_rows<V, WarpRow, true, A>(
+  ce_grad_rows<V, true, A>(
       target, M, C, ignore_index, grad, grp,
       [&](i64 r, i64 t) { ce_skip_row(t, r, C, ignore_index, grp.lane == 0, loss, wrow, lse, err, err_source); },
       [&](i64 r, i64 t) {
