@@ -1,11 +1,9 @@
 /* bench/cross_entropy.c - fused cross-entropy forward + backward against its memory bound.
  *
  * With grad recorded, class indices and reduction mean, the forward reads each logits row from DRAM
- * once and writes the loss and the gradient (on sm_90 the row is staged in shared memory for both
- * passes, ce_index_fwd_grad_smem; elsewhere, or with the temporary FLAME_CE_ROWSMEM=0, the second
- * read of a row comes from L2 and f16/bf16 take two kernels); flame_grad of the loss with no
- * grad_outputs returns that gradient without another pass. So forward + backward move 2 * N * C
- * elements: one read of the logits, one write of the gradient.
+ * once and writes the loss and the gradient (the second read of a row for the gradient comes from
+ * L2); flame_grad of the loss with no grad_outputs returns that gradient without another pass. So
+ * forward + backward move 2 * N * C elements: one read of the logits, one write of the gradient.
  * The bound is that traffic at the copy bandwidth measured in the same run (flame_clone of the
  * logits: one read and one write per element, the same traffic); the issue's target is a ratio of
  * at most 1.3 at the GPT-2 head, 8192 x 50304. The ratio to the 3-pass bound (the logits read

@@ -8,9 +8,7 @@
 //
 // With f32/f64 logits, class indices and reduction mean or sum, a forward that records a node also writes the
 // gradient for an upstream gradient of 1 (ce_index_fwd_grad: each row read from DRAM once; for mean
-// the divisor is summed from the targets first). On sm_90, rows too long for L2 to hold the rows in
-// flight but short enough for shared memory take ce_index_fwd_grad_smem (the row staged in shared
-// memory by bulk copies), for f16/bf16 logits too. It is saved in the node, and the backward hands it
+// the divisor is summed from the targets first). It is saved in the node, and the backward hands it
 // out as it is when its gradient is the engine's own seed of ones (loss.backward()); any other
 // upstream gradient runs the backward kernel as before (one rounding; the same traffic as scaling
 // the saved gradient). Reduction none keeps the two-kernel path: its upstream is never the seed.
@@ -25,8 +23,6 @@
 #include "ops/loss.h"
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include "core/error.h"
 #include "ops/ops.h"
 
@@ -49,8 +45,6 @@ constexpr KernelTemplate kCeProbBwd{"loss.cuh", "flame::ce_prob_bwd", {K::Int, K
 constexpr KernelTemplate kNllFwd{"loss.cuh", "flame::nll_fwd", {K::Dtype, K::Dtype, K::Dtype}};
 constexpr KernelTemplate kNllBwd{"loss.cuh", "flame::nll_bwd", {K::Dtype, K::Dtype, K::Dtype}};
 constexpr KernelTemplate kCeTargetWeight{"loss.cuh", "flame::ce_target_weight", {K::Dtype, K::Dtype}};  // <index type, A>
-constexpr KernelTemplate kCeIndexFwdGradSmem{"loss.cuh", "flame::ce_index_fwd_grad_smem",
-                                             {K::Dtype, K::Dtype, K::Dtype}};  // <T, index type, A>
 
 // ---- launch geometry of the row kernels ----
 struct RowLaunch {
@@ -72,24 +66,6 @@ RowLaunch row_launch(int64_t M, int64_t C, DType dt, std::initializer_list<CUdev
   return L;
 }
 
-int device_attribute(Context& ctx, CUdevice_attribute a) {
-  int v = 0;
-  ctx.check(ctx.drv.cuDeviceGetAttribute(&v, a, ctx.device), "cuDeviceGetAttribute");
-  return v;
-}
-
-// The rows of C elements that fit in half of L2 (fit) and the rows ce_index_fwd_grad launched as L
-// would have in flight at full occupancy (resident).
-struct L2Rows {
-  int64_t fit, resident;
-};
-L2Rows l2_rows(Context& ctx, int64_t C, DType dt, const RowLaunch& L) {
-  const int64_t l2 = device_attribute(ctx, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
-  const int64_t threads = device_attribute(ctx, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
-  const int64_t sms = std::max(1, ctx.sm_count), rows_per_block = L.warp ? L.block / 32 : 1;
-  return {l2 / 2 / (C * static_cast<int64_t>(dtype_size(dt))), sms * std::max<int64_t>(1, threads / L.block) * rows_per_block};
-}
-
 // row_launch for ce_index_fwd_grad, which reads each row twice: when L2 cannot hold every row the
 // GPU can have in flight, the grid is capped (whole waves of SMs, the blocks stride over the rows)
 // so that the rows in flight fit in half of L2 between the two reads (the other half for the
@@ -97,45 +73,18 @@ L2Rows l2_rows(Context& ctx, int64_t C, DType dt, const RowLaunch& L) {
 // loads in flight (the kernel's launch bounds allow it).
 RowLaunch fused_row_launch(Context& ctx, int64_t M, int64_t C, DType dt, std::initializer_list<CUdeviceptr> ptrs) {
   RowLaunch L = row_launch(M, C, dt, ptrs);
-  const L2Rows q = l2_rows(ctx, C, dt, L);
-  if (q.fit >= q.resident) return L;
+  int l2 = 0, threads = 0;
+  ctx.check(ctx.drv.cuDeviceGetAttribute(&l2, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, ctx.device), "cuDeviceGetAttribute");
+  ctx.check(ctx.drv.cuDeviceGetAttribute(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, ctx.device),
+            "cuDeviceGetAttribute");
   const int64_t sms = std::max(1, ctx.sm_count), rows_per_block = L.warp ? L.block / 32 : 1;
-  const int64_t per_sm = std::max<int64_t>(1, q.fit / (sms * rows_per_block));  // blocks
+  const int64_t fit = int64_t{l2} / 2 / (C * static_cast<int64_t>(dtype_size(dt)));  // rows
+  const int64_t resident = sms * std::max<int64_t>(1, threads / L.block) * rows_per_block;  // at full occupancy
+  if (fit >= resident) return L;
+  const int64_t per_sm = std::max<int64_t>(1, fit / (sms * rows_per_block));  // blocks
   if (!L.warp && per_sm == 1) L.block = 1024;
   L.grid = static_cast<unsigned>(std::min<int64_t>(L.grid, sms * per_sm));
   return L;
-}
-
-// ---- launch geometry of ce_index_fwd_grad_smem (the row in shared memory) ----
-struct SmemLaunch {
-  unsigned bytes = 0, block = 0, grid = 0;  // grid 0: not used
-};
-
-// ce_index_fwd_grad_smem where it is meant to win: sm_90 or newer, f32/f16/bf16 logits at a 16-byte
-// aligned address, rows so long that ce_index_fwd_grad would cap its grid (fused_row_launch) and
-// short enough that one fits in a block's shared memory. The grid is the blocks that stay resident
-// (as shared memory allows); they stride over the rows.
-SmemLaunch smem_row_launch(Context& ctx, int64_t M, int64_t C, DType dt, CUdeviceptr x) {
-  SmemLaunch S;
-  // TEMPORARY A/B knob (remove after measuring): FLAME_CE_ROWSMEM=0 keeps ce_index_fwd_grad for f32
-  // logits and the two-kernel path for f16/bf16.
-  if (const char* knob = std::getenv("FLAME_CE_ROWSMEM"); knob && std::strcmp(knob, "0") == 0) return S;
-  if (ctx.cc_major < 9 || M <= 0 || dtype_size(dt) > 4 || x % 16 != 0) return S;
-  const L2Rows q = l2_rows(ctx, C, dt, row_launch(M, C, dt, {x}));
-  if (q.fit >= q.resident) return S;
-  const int64_t v = full_width(dt), bytes = (C + 2 * v - 2) / v * 16;  // ce_smem_vectors(C, V) vectors of 16 bytes
-  constexpr int64_t kStatic = 1024;  // the kernel's static shared memory (768 bytes) with room to spare
-  const int64_t optin = device_attribute(ctx, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
-  if (bytes + kStatic > optin) return S;
-  const int64_t per_sm = device_attribute(ctx, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
-  const int64_t reserved = device_attribute(ctx, CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK);
-  const int64_t threads = device_attribute(ctx, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR);
-  const int64_t blocks = std::max<int64_t>(1, per_sm / (bytes + kStatic + reserved));  // resident per SM
-  S.bytes = static_cast<unsigned>(bytes);
-  // Half the SM's threads: registers to spare (1024 for one block per SM, 512 each for two).
-  S.block = static_cast<unsigned>(std::clamp<int64_t>(threads / (2 * blocks) / 32 * 32, 256, 1024));
-  S.grid = static_cast<unsigned>(std::min<int64_t>(M, int64_t{std::max(1, ctx.sm_count)} * blocks));
-  return S;
 }
 
 KernelKey row_key(const KernelTemplate& k, int v, bool warp, DType t, const DType* idx, DType a) {
@@ -227,10 +176,9 @@ void save_common(Node& node, const Tensor& weight, const Tensor& wsum, int64_t i
 
 // ---- the fused cross-entropy ops on [M, C] rows ----
 
-// Forward and gradient in one kernel (see the top of this file; S: ce_index_fwd_grad_smem when its
-// grid is not 0); the node saves the gradient last.
+// Forward and gradient in one kernel (see the top of this file); the node saves the gradient last.
 Tensor ce_index_with_grad(const Tensor& x, const Tensor& target, const Tensor& weight, int64_t ignore_index, double eps,
-                          ops::Reduction red, DType out_dtype, SmemLaunch S) {
+                          ops::Reduction red) {
   Context& ctx = x->ctx();
   int64_t M = x->shape[0], C = x->shape[1];
   DType T = x->dtype, A = acc_of(T), I = target->dtype;
@@ -248,22 +196,15 @@ Tensor ce_index_with_grad(const Tensor& x, const Tensor& target, const Tensor& w
     denom = ops::sum_as(wrow, {}, false, A);
   }
   if (M > 0) {
+    RowLaunch L = fused_row_launch(ctx, M, C, T, {x->data(), grad->data()});
     uint32_t src = 0;
     CUdeviceptr rec = ctx.device_error_record("cross_entropy: target index", &src);
     CUdeviceptr px = x->data(), ps = wsum ? wsum->data() : 0, pd = denom ? denom->data() : 0;
     CUdeviceptr pl = loss->data(), pe = lse->data(), pg = grad->data();
     void* args[] = {&px, &pt, &pw, &ps, &pd, &M, &C, &ignore_index, &eps, &pl, &pr, &pe, &pg, &rec, &src};
-    if (S.grid != 0 && pg % 16 == 0) {  // a fresh allocation: always aligned
-      CUfunction f = ctx.function(make_key(kCeIndexFwdGradSmem, T, I, A));
-      ctx.check(ctx.drv.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(S.bytes)),
-                "cuFuncSetAttribute");
-      ctx.launch(f, S.grid, S.block, args, S.bytes);
-    } else {
-      RowLaunch L = fused_row_launch(ctx, M, C, T, {x->data(), grad->data()});
-      ctx.launch(ctx.function(row_key(kCeIndexFwdGrad, L, T, &I, A)), L.grid, L.block, args);
-    }
+    ctx.launch(ctx.function(row_key(kCeIndexFwdGrad, L, T, &I, A)), L.grid, L.block, args);
   }
-  Tensor out = finish(loss, red, denom, out_dtype);
+  Tensor out = finish(loss, red, denom, T);
   if (auto node = record(OpId::CrossEntropy, {x}, {out})) {
     node->saved.emplace_back(x, false);  // the backward kernel (other upstream gradients) and create_graph read it
     node->saved.emplace_back(target, false);
@@ -279,15 +220,11 @@ Tensor ce_index_with_grad(const Tensor& x, const Tensor& target, const Tensor& w
 
 Tensor ce_index(const Tensor& x, const Tensor& target, const Tensor& weight, int64_t ignore_index, double eps,
                 ops::Reduction red, DType out_dtype) {
-  // record() below would make a node. f16/bf16 logits keep the two-kernel path unless the row fits
-  // in shared memory (sm_90): with ce_index_fwd_grad the work per element, not memory, bounded both
-  // (8192 x 50304 bf16 on an H200: 0.81 ms two kernels, 0.83-0.86 fused), and the fused path also
-  // holds a logits-sized gradient from forward to backward.
-  if (red != ops::Reduction::None && x->ctx().recording() && requires_grad(*x)) {
-    const SmemLaunch S = smem_row_launch(x->ctx(), x->shape[0], x->shape[1], x->dtype, x->data());
-    if (dtype_size(x->dtype) >= 4 || S.grid != 0)
-      return ce_index_with_grad(x, target, weight, ignore_index, eps, red, out_dtype, S);
-  }
+  // record() below would make a node. f16/bf16 logits keep the two-kernel path: there the work per
+  // element, not memory, bounds both (8192 x 50304 bf16 on an H200: 0.81 ms two kernels, 0.83-0.86
+  // fused), and the fused path would also hold a logits-sized gradient from forward to backward.
+  if (red != ops::Reduction::None && dtype_size(x->dtype) >= 4 && x->ctx().recording() && requires_grad(*x))
+    return ce_index_with_grad(x, target, weight, ignore_index, eps, red);
   Context& ctx = x->ctx();
   int64_t M = x->shape[0], C = x->shape[1];
   DType T = x->dtype, A = acc_of(T), I = target->dtype;
@@ -534,8 +471,6 @@ std::vector<std::string> ops::loss_instantiations() {
         v.push_back(kernel_name(row_key(kCeProbFwd, width, warp, t, nullptr, a)));
         v.push_back(kernel_name(row_key(kCeProbBwd, width, warp, t, nullptr, a)));
       }
-    if (dtype_size(t) <= 4)  // the row in shared memory: f32, f16, bf16 (smem_row_launch)
-      for (DType i : indices) v.push_back(kernel_name(make_key(kCeIndexFwdGradSmem, t, i, a)));
     for (DType i : indices) {
       v.push_back(kernel_name(nll_key(kNllFwd, t, i)));
       v.push_back(kernel_name(nll_key(kNllBwd, t, i)));
