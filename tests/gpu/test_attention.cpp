@@ -19,6 +19,7 @@
 #include <string>
 
 #include "attention_ref.h"
+#include "cudnn_pair.h"
 #include "gradcheck.h"
 
 using namespace gc;
@@ -150,6 +151,7 @@ struct Case {
   bool mask_grad = false;
   int64_t dead_row = -1;  // a query row whose keys the mask excludes (mshape has the Lq dim)
   int layout = 0;         // make_input's layouts
+  bool own_kernels = false;  // on a context without cuDNN (else cuDNN may take f16/bf16 without a mask)
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -202,6 +204,18 @@ std::vector<Case> cases() {
       dr.mshape = {c.B, c.H, c.Lq, c.Lk};
       dr.dead_row = 5;
       add(dr, "row_fully_masked");
+      if (D == 64 || D == 128) {  // several key and query tiles of FLAME's kernels (sm_90a: 128 keys / queries)
+        Case mt = c;
+        mt.own_kernels = true;
+        mt.layout = 1;
+        mt.Lq = 300;
+        mt.Lk = 260;
+        add(mt, "views_multi_tile");
+        mt.causal = true;
+        mt.Lq = 260;
+        mt.Lk = 300;
+        add(mt, "views_multi_tile_causal");
+      }
     }
     for (int64_t D : {8, 33, 160}) {  // small, odd and over-128 head dims
       Case c;
@@ -236,6 +250,14 @@ uint64_t case_seed(const std::string& name) {
 TEST_P(AttentionVsReference, ForwardAndGradients) {
   const Case& c = GetParam();
   SCOPED_TRACE(c.name + " FLAME_GRADCHECK_SEED=" + std::to_string(gc::seed()));
+  struct OwnContext {  // destroyed after the tensors below
+    flame_ctx_t c;
+    ~OwnContext() {
+      if (c) flame_ctx_destroy(c);
+    }
+  } own{c.own_kernels ? cudnn_pair::cudnn_off_context() : nullptr};
+  flame_ctx_t ctx = own.c ? own.c : this->ctx;  // the test's context from here on
+  ASSERT_NE(ctx, nullptr);
   std::mt19937_64 rng(case_seed(c.name));
   Input q, k, v;
   make_input(ctx, rng, c.B, c.H, c.Lq, c.D, c.dt, c.layout, 1.5, &q);
