@@ -56,6 +56,8 @@ TEST(KernelCache, KeysDependOnEverything) {
   bool ptx = false;
   auto o80 = nvrtc_options(80, &ptx), o90 = nvrtc_options(90, &ptx);
   EXPECT_NE(o80, o90);
+  EXPECT_EQ(o90.at(0), "--gpu-architecture=sm_90a");  // the wgmma kernels need the arch-specific target
+  EXPECT_EQ(o80.at(0), "--gpu-architecture=sm_80");
   EXPECT_NE(nvrtc_version_string().find("NVRTC"), std::string::npos);
 }
 
