@@ -5,6 +5,9 @@
 // any strides (0 on broadcast dims). The forward writes the output and lse (f32 [B, H, Lq]) and
 // records one Attention node; memory beyond the output is O(B H Lq). The backward needs delta
 // (f32 [B, H, Lq]) and an f32 dq accumulator [B, H, Lq, D]; only a mask gradient materialises dS.
+// The kernels are cuda/attention.cuh's (FlashAttention-2, mma.sync) or, on compute capability 9.0
+// without mask or dropout, D == Dv of 64 or 128, 16-byte aligned rows and scale > 0, the sm_90a ones
+// of cuda/attention_wg.cuh (wgmma; wg_path), which read and write the same O, lse2, delta and dq_acc.
 //
 // Composed path (everything else): S = scale q k^T, masked with where(-inf) / plus the additive
 // mask, softmax over the keys, rows with no key left set to 0 (PyTorch's _safe_softmax), times the
