@@ -18,14 +18,16 @@
 //                            GN it sums per channel in shared memory and writes [N, C]. CACHE =
 //                            false re-reads g and x for the dx pass instead of caching them (long
 //                            rows: the accumulators take the registers; the re-read hits L2).
-//  norm_fwd_block<SMEM>      long rows, one per block. SMEM (16-byte vectors, rows up to 64 KiB):
-//                            staged in shared memory by cp.async, so that the loads in flight hold
-//                            no registers and several rows stay resident per SM (a register-cached
-//                            row of 16384 floats allows one): one DRAM read and one write per
-//                            element. Else (longer rows) every pass reads global memory.
-//  norm_bwd_stream
-//                            rows too long for registers: one block per row, several passes; the
-//                            host computes dw/db with tensor ops in that case.
+//  norm_fwd_block<SMEM>      one row per block. SMEM (16-byte vectors, short rows of 1-4 KiB and
+//                            long ones of 32-64 KiB): staged in shared memory by cp.async, so that
+//                            the loads in flight hold no registers and many rows stay resident per
+//                            SM (a register-cached row of 16384 floats allows one; short rows: 32
+//                            one-warp blocks instead of 16 warps at 97 registers): one DRAM read
+//                            and one write per element. Else (longer rows) every pass reads
+//                            global memory.
+//  norm_bwd_stream           rows too long for registers, and dx alone of rows of 32 KiB and more
+//                            (full occupancy; the second pass hits L2): one block per row, several
+//                            passes; the host computes dw/db with tensor ops in that case.
 //  bn_*                      batch_norm: per-channel partial sums (split over blocks when few
 //                            channels have many elements), a per-channel finalize (statistics,
 //                            running-stat update), and elementwise apply kernels.
@@ -160,7 +162,11 @@ __device__ __forceinline__ void gn_channel_add(A* sm, i64 cg, i64 ch, A vg, A vb
 //   32 * V, so that the 32 vectors a warp holds for one k lie in one channel.
 // WB = false (LN/RMS): no weight or bias gradient wanted, so no accumulators (fewer registers: a
 // warp per row of 768-1024 floats instead of 192-256 threads).
-template <class T, int MODE, int NV, int V, bool CACHE, bool WB>
+// ROW: where the g and x rows wait between the two passes: kRowGlobal (re-read, hits L2), kRowRegs
+// (registers), kRowSmem (LN/RMS, V * sizeof(T) == 16: shared memory, 2 * D * sizeof(T) bytes of
+// dynamic shared memory per row group, filled by cp.async so that no register holds a load in flight).
+constexpr int kRowGlobal = 0, kRowRegs = 1, kRowSmem = 2;
+template <class T, int MODE, int NV, int V, int ROW, bool WB>
 __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
                                                 const compute_t<T>* __restrict__ mean, const compute_t<T>* __restrict__ rstd,
                                                 T* __restrict__ dx, compute_t<T>* __restrict__ dw_part,
@@ -168,8 +174,11 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
                                                 int seg_aligned) {
   typedef compute_t<T> A;
   __shared__ A red[256];
-  extern __shared__ unsigned char gn_smem_raw[];
+  extern __shared__ __align__(16) unsigned char gn_smem_raw[];
   A* gsm = reinterpret_cast<A*>(gn_smem_raw);
+  constexpr bool CACHE = ROW == kRowRegs, SMEM = ROW == kRowSmem;
+  Vec<T, V>* sg = reinterpret_cast<Vec<T, V>*>(gn_smem_raw) + threadIdx.y * 2 * (D / V);  // SMEM: this row group's g
+  Vec<T, V>* sx = sg + D / V;                                                               // and x
   const i64 cg = D / hw;
   const bool want_wb = dw_part != nullptr || db_part != nullptr;
   A dwa[NV][V], dba[NV][V];  // LN/RMS partial sums of g * xhat and g for this thread's columns
@@ -189,6 +198,7 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
     const A mu = (MODE == kRmsNorm || !live) ? A(0) : mean[row];
     const A rs = live ? rstd[row] : A(0);
     Vec<T, V> gv[CACHE ? NV : 1], xv[CACHE ? NV : 1];
+    if constexpr (SMEM) stage_own_vectors<T, V, NV>(sg, g + off, sx, x + off, live ? D / V : 0);
     A sa = A(0), sb = A(0);  // sum(gw), sum(gw * xhat)
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
@@ -196,7 +206,7 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
       const bool valid = live && c < D;
       A pg = A(0), pb = A(0);  // GN: this vector's contribution to its channel
       if (valid) {
-        Vec<T, V> gk = load_vec<T, V>(g + off + c), xk = load_vec<T, V>(x + off + c);
+        Vec<T, V> gk = SMEM ? sg[c / V] : load_vec<T, V>(g + off + c), xk = SMEM ? sx[c / V] : load_vec<T, V>(x + off + c);
         if constexpr (CACHE) { gv[k] = gk; xv[k] = xk; }
         A wv[V];
         load_affine<MODE, T, V>(w, row, c, groups, hw, cg, wv);
@@ -233,6 +243,7 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
         if (live && c < D) {
           Vec<T, V> gk, xk, o;
           if constexpr (CACHE) { gk = gv[k]; xk = xv[k]; }
+          else if constexpr (SMEM) { gk = sg[c / V]; xk = sx[c / V]; }
           else { gk = load_vec<T, V>(g + off + c); xk = load_vec<T, V>(x + off + c); }
           A wv[V];
           load_affine<MODE, T, V>(w, row, c, groups, hw, cg, wv);

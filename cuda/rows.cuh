@@ -67,6 +67,24 @@ __device__ __forceinline__ void stage_row(void* smem, const T* row, i64 nvec) {
   __syncthreads();
 }
 
+// The register-free row cache of the backward row kernels: copies vectors k * blockDim.x + t (k <
+// NV, the ones thread t reads, as in the register-cached kernels) of two rows (nvec vectors of V
+// elements each; 0 for a row past the end) to shared memory by cp.async and waits for this thread's
+// copies. A thread reads back only what it copied itself, so no barrier is needed.
+template <class T, int V, int NV>
+__device__ __forceinline__ void stage_own_vectors(Vec<T, V>* sa, const T* a, Vec<T, V>* sb, const T* b, i64 nvec) {
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const i64 i = static_cast<i64>(k) * blockDim.x + threadIdx.x;
+    if (i < nvec) {
+      cp_async16(smem_u32(sa + i), a + i * V, 16);
+      cp_async16(smem_u32(sb + i), b + i * V, 16);
+    }
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+}
+
 // The first row handled by this block's row group in one step of the block-strided row loop.
 __device__ __forceinline__ i64 first_row() { return static_cast<i64>(blockIdx.x) * blockDim.y + threadIdx.y; }
 __device__ __forceinline__ i64 row_step() { return static_cast<i64>(gridDim.x) * blockDim.y; }

@@ -5,8 +5,9 @@
 //                              registers (NV vectors of V per thread): one read and one write of
 //                              global memory per element. Two all-reduces: max then sum (forward),
 //                              sum(g * y) or sum(g) (backward).
-//  softmax_fwd_smem            long rows (16-byte vectors): one row per block staged in shared memory
-//                              by cp.async (stage_row in rows.cuh): one read, one write.
+//  softmax_fwd_smem            short (1-4 KiB) and long (32-64 KiB) rows of 16-byte vectors: one row
+//                              per block staged in shared memory by cp.async (stage_row in rows.cuh),
+//                              so that the loads in flight hold no registers: one read, one write.
 //  softmax_fwd_stream / _bwd_stream
 //                              rows too long for registers: a 1-D block per row, an online
 //                              (max, sum) pass, then a pass that writes (the row is read twice).
@@ -71,28 +72,44 @@ __global__ void __launch_bounds__(1024) softmax_fwd(const T* __restrict__ x, T* 
   }
 }
 
-template <class T, bool LOG, int NV, int V>
+// SMEM (V * sizeof(T) == 16): g and y wait between the passes in shared memory (2 * D * sizeof(T)
+// bytes of dynamic shared memory per row group, filled by cp.async) instead of registers.
+template <class T, bool LOG, int NV, int V, bool SMEM>
 __global__ void __launch_bounds__(512) softmax_bwd(const T* __restrict__ g, const T* __restrict__ y, T* __restrict__ dx,
                                                    i64 rows, i64 D) {
   typedef compute_t<T> A;
   __shared__ A red[256];
+  extern __shared__ __align__(16) unsigned char bwd_rows[];
+  Vec<T, V>* sg = reinterpret_cast<Vec<T, V>*>(bwd_rows) + threadIdx.y * 2 * (D / V);
+  Vec<T, V>* sy = sg + D / V;
   const i64 iters = row_iterations(rows);
   i64 row = first_row();
   for (i64 it = 0; it < iters; ++it, row += row_step()) {
     const bool live = row < rows;
     const i64 off = (live ? row : 0) * D;
-    Vec<T, V> gv[NV], yv[NV];
+    Vec<T, V> gv[SMEM ? 1 : NV], yv[SMEM ? 1 : NV];
+    if constexpr (SMEM) stage_own_vectors<T, V, NV>(sg, g + off, sy, y + off, live ? D / V : 0);
+    auto gvec = [&](int k, i64 c) -> const Vec<T, V>& {
+      if constexpr (SMEM) return sg[c / V];
+      else return gv[k];
+    };
+    auto yvec = [&](int k, i64 c) -> const Vec<T, V>& {
+      if constexpr (SMEM) return sy[c / V];
+      else return yv[k];
+    };
     A s = A(0);
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       i64 c = (static_cast<i64>(k) * blockDim.x + threadIdx.x) * V;
       if (live && c < D) {
-        gv[k] = load_vec<T, V>(g + off + c);
-        yv[k] = load_vec<T, V>(y + off + c);
+        if constexpr (!SMEM) {
+          gv[k] = load_vec<T, V>(g + off + c);
+          yv[k] = load_vec<T, V>(y + off + c);
+        }
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          A gj = static_cast<A>(to_compute(gv[k].v[j]));
-          s += LOG ? gj : gj * static_cast<A>(to_compute(yv[k].v[j]));
+          A gj = static_cast<A>(to_compute(gvec(k, c).v[j]));
+          s += LOG ? gj : gj * static_cast<A>(to_compute(yvec(k, c).v[j]));
         }
       }
     }
@@ -104,7 +121,7 @@ __global__ void __launch_bounds__(512) softmax_bwd(const T* __restrict__ g, cons
         Vec<T, V> o;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          A gj = static_cast<A>(to_compute(gv[k].v[j])), yj = static_cast<A>(to_compute(yv[k].v[j]));
+          A gj = static_cast<A>(to_compute(gvec(k, c).v[j])), yj = static_cast<A>(to_compute(yvec(k, c).v[j]));
           o.v[j] = cast<T>(LOG ? gj - m_exp(yj) * s : yj * (gj - s));
         }
         store_vec<T, V>(dx + off + c, o);
@@ -113,7 +130,7 @@ __global__ void __launch_bounds__(512) softmax_bwd(const T* __restrict__ g, cons
   }
 }
 
-// ---------------- long rows staged in shared memory: blockDim = (threads, 1), one row per block ----------------
+// ---------------- rows staged in shared memory: blockDim = (threads, 1), one row per block ----------------
 
 // D / V vectors of 16 bytes in dynamic shared memory (D * sizeof(T) bytes); V * sizeof(T) == 16.
 template <class T, bool LOG, int V>

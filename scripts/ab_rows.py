@@ -16,7 +16,7 @@ copy_bw = 2 * n * 4 / (median_ms(lambda: yt.copy_(xt), torch.cuda.current_stream
 del xt, yt
 print(f"copy {copy_bw/1e12:.3f} TB/s")
 cases = []
-for rows, width in ((16384, 768), (16384, 1024), (16384, 4096), (2048, 16384)):
+for rows, width in ((16384, 768), (65536, 768), (16384, 1024), (65536, 1024), (16384, 4096), (2048, 16384), (8192, 16384)):
     xx, w, b, g = fl.randn([rows, width], "f32"), fl.randn([width], "f32"), fl.randn([width], "f32"), fl.randn([rows, width], "f32")
     xg = fl.randn([rows, width], "f32"); lib.set_requires_grad(xg, True)
     ns = (ctypes.c_int64 * 1)(width)
@@ -36,7 +36,7 @@ def sstep():
 cases.append(("softmax f+b 8192x8192", sstep, 5 * 8192 * 8192 * 4))
 gx, gw, gb = fl.randn([32, 128, 64, 64], "f32"), fl.randn([128], "f32"), fl.randn([128], "f32")
 cases.append(("gn fwd 32x128x64x64", lambda: fl.call("group_norm", gx, 32, gw, gb, 1e-5, 0), 2 * 32 * 128 * 4096 * 4))
-for rows, width in ((16384, 768), (16384, 1024), (16384, 4096), (2048, 16384), (8192, 8192), (32 * 32, 4 * 4096)):
+for rows, width in ((16384, 768), (65536, 768), (16384, 1024), (65536, 1024), (16384, 4096), (2048, 16384), (8192, 16384), (8192, 8192), (32 * 32, 4 * 4096)):
     a = torch.randn(rows, width, device="cuda"); c = torch.empty_like(a)
     ms = median_ms(lambda: c.copy_(a), torch.cuda.current_stream(), 20, 3, torch.cuda.synchronize)
     print(f"torch copy of {rows}x{width} f32: {2 * rows * width * 4 / (ms * 1e-3) / copy_bw:.3f} of the 1 GiB copy")

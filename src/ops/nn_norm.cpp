@@ -31,7 +31,7 @@ constexpr KernelTemplate kNormFwdBlock{"norm.cuh", "flame::norm_fwd_block", {A::
 constexpr KernelTemplate kNormFwd{"norm.cuh", "flame::norm_fwd", {A::Dtype, A::Int, A::Int, A::Int}};  // nv, v
 constexpr KernelTemplate kNormBwdStream{"norm.cuh", "flame::norm_bwd_stream", {A::Dtype, A::Int, A::Int}};  // v
 constexpr KernelTemplate kNormBwd{"norm.cuh", "flame::norm_bwd",
-                                  {A::Dtype, A::Int, A::Int, A::Int, A::Bool, A::Bool}};  // nv, v, cache, wb
+                                  {A::Dtype, A::Int, A::Int, A::Int, A::Int, A::Bool}};  // nv, v, row, wb
 constexpr KernelTemplate kBnReduce{"norm.cuh", "flame::bn_reduce", {A::Dtype, A::Int}};      // mode
 constexpr KernelTemplate kBnFinalize{"norm.cuh", "flame::bn_finalize", {A::Dtype, A::Int}};  // mode
 constexpr KernelTemplate kBnApply{"norm.cuh", "flame::bn_apply", {A::Dtype}};
@@ -45,13 +45,16 @@ KernelKey fwd_key(DType t, int mode, const RowPlan& p) {
 }
 KernelKey bwd_key(DType t, int mode, const RowPlan& p, bool wb) {
   if (p.stream) return make_key(kNormBwdStream, t, mode, p.v);
-  return make_key(kNormBwd, t, mode, p.nv, p.v, p.cache, wb);
+  const int row = p.staged ? 2 : (p.cache ? 1 : 0);  // kRowSmem / kRowRegs / kRowGlobal of cuda/norm.cuh
+  return make_key(kNormBwd, t, mode, p.nv, p.v, row, wb);
 }
 
 // Forward: the row in registers (launch bounds 512). Backward (launch bounds 512): g and x, plus
 // (LN/RMS, when dw or db is wanted) two accumulator arrays; GN keeps its weight sums in shared memory, one row per block.
 RowBudget fwd_budget() { return RowBudget{1, 0, 32, 512, false, false, true}; }
-RowBudget bwd_budget(int mode, bool wb) { return RowBudget{2, mode == 2 || !wb ? 0 : 2, 64, 512, true, mode == 2}; }
+RowBudget bwd_budget(int mode, bool wb, bool staged) {
+  return RowBudget{staged ? 0 : 2, mode == 2 || !wb ? 0 : 2, 64, 512, !staged, mode == 2};
+}
 
 void check_float(const Tensor& x, const char* op) {
   FLAME_CHECK(is_floating(x->dtype), FLAME_ERROR_DTYPE_MISMATCH, op, ": x must be a floating tensor, got ",
@@ -237,7 +240,14 @@ ops::NormGrads ops::norm_backward(NormKind kind, const NormGeometry& geo, const 
     std::vector<CUdeviceptr> ptrs = {gp, xp, dxp};
     if (mode != 2) ptrs.push_back(wp);
     int v = row_vector_width(dt, geo.D, ptrs);
-    RowPlan p = plan_rows(ctx, geo.rows, geo.D, dt, v, bwd_budget(mode, need_dw || need_db), 1024);
+    const bool staged = mode != 2 && short_smem_rows(dt, geo.D, v);
+    RowPlan p = plan_rows(ctx, geo.rows, geo.D, dt, v, bwd_budget(mode, need_dw || need_db, staged), 1024);
+    p.staged = staged;
+    // dx alone of LN/RMS rows of 32 KiB and more: two passes over global memory (the second hits L2)
+    // at full occupancy beat one row of g and x per SM in registers (H200, 2048x16384 f32: 0.66 -> 0.71
+    // of copy for layer_norm fwd+bwd; 4096-wide rows measured worse streamed).
+    if (mode != 2 && !need_dw && !need_db && geo.D * static_cast<int64_t>(dtype_size(dt)) >= 32 * 1024)
+      p = plan_stream(ctx, geo.rows, geo.D, v);
     const int64_t cg = geo.D / geo.hw;
     const bool kernel_wb = (need_dw || need_db) && !p.stream && (mode != 2 || 2 * cg * asize <= kMaxGroupSmem);
     const bool wb_template = mode == 2 || kernel_wb;  // GN decides at run time (shared-memory sums)
@@ -255,7 +265,7 @@ ops::NormGrads ops::norm_backward(NormKind kind, const NormGeometry& geo, const 
       int seg_aligned = mode == 2 && geo.hw % (32 * v) == 0 ? 1 : 0;
       unsigned smem = mode == 2 && kernel_wb ? static_cast<unsigned>(2 * cg * asize) : 0;
       void* args[] = {&gp, &xp, &wp, &mp, &rp, &dxp, &dwpp, &dbpp, &rows, &D, &groups, &hw, &seg_aligned};
-      launch_rows(ctx, ctx.function(bwd_key(dt, mode, p, wb_template)), p, args, smem);
+      launch_bwd_rows(ctx, ctx.function(bwd_key(dt, mode, p, wb_template)), p, D, dt, args, smem);
       if (dwp) r.dw = to_dtype(reshape(sum(dwp, {0}, false), {wlen}), dt);
       if (dbp) r.db = to_dtype(reshape(sum(dbp, {0}, false), {wlen}), dt);
     }
@@ -408,11 +418,13 @@ std::vector<std::string> ops::norm_kernel_instantiations() {
         for (int nv : kRowNvs) {
           p.nv = nv;
           v.push_back(kernel_name(fwd_key(t, mode, p)));
-          for (bool cache : {true, false}) {
-            p.cache = cache;
+          for (int row = 0; row < (mode != 2 && vw > 1 ? 3 : 2); ++row) {  // staged: LN/RMS with 16-byte vectors
+            p.cache = row == 1;
+            p.staged = row == 2;
             v.push_back(kernel_name(bwd_key(t, mode, p, true)));
             if (mode != 2) v.push_back(kernel_name(bwd_key(t, mode, p, false)));
           }
+          p.staged = false;
         }
         p.stream = true;
         v.push_back(kernel_name(fwd_key(t, mode, p)));

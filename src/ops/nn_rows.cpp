@@ -64,17 +64,33 @@ void launch_rows(Context& ctx, CUfunction f, const RowPlan& p, void** args, unsi
   ctx.check(ctx.drv.cuLaunchKernel(f, p.grid, 1, 1, p.tpr, p.rpb, 1, smem, ctx.stream, args, nullptr), "cuLaunchKernel");
 }
 
+bool short_smem_rows(DType dtype, int64_t D, int v) {
+  const size_t row_bytes = static_cast<size_t>(D) * dtype_size(dtype);
+  return v * dtype_size(dtype) == 16 && row_bytes > kShortSmemMin && row_bytes <= kShortSmemMax;
+}
+
 bool smem_rows(DType dtype, int64_t D, int v) {
   const size_t row_bytes = static_cast<size_t>(D) * dtype_size(dtype);
-  return v * dtype_size(dtype) == 16 && row_bytes > 32 * 1024 && row_bytes <= 64 * 1024;
+  return short_smem_rows(dtype, D, v) || (v * dtype_size(dtype) == 16 && row_bytes > 32 * 1024 && row_bytes <= 64 * 1024);
+}
+
+void launch_bwd_rows(Context& ctx, CUfunction f, const RowPlan& p, int64_t D, DType dtype, void** args, unsigned smem) {
+  if (p.staged) {
+    smem = static_cast<unsigned>(2 * static_cast<size_t>(D) * dtype_size(dtype) * p.rpb);
+    ctx.check(ctx.drv.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(smem)),
+              "cuFuncSetAttribute");
+  }
+  launch_rows(ctx, f, p, args, smem);
 }
 
 void launch_smem_rows(Context& ctx, CUfunction f, int64_t rows, int64_t D, DType dtype, void** args) {
   const unsigned bytes = static_cast<unsigned>(static_cast<size_t>(D) * dtype_size(dtype));
+  RowPlan p;
+  // Short rows: a block of one warp (two from 3 KiB on) per row, up to 32 blocks per SM; long rows:
+  // 512 threads per row.
+  p.tpr = bytes > kShortSmemMax ? 512 : (bytes > 3 * 1024 ? 64 : 32);
   ctx.check(ctx.drv.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(bytes)),
             "cuFuncSetAttribute");
-  RowPlan p;
-  p.tpr = 512;
   p.grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));  // as many resident as shared memory allows
   launch_rows(ctx, f, p, args, bytes);
 }

@@ -29,6 +29,7 @@ struct RowBudget {
 struct RowPlan {
   bool stream = false;  // too long: one block per row, several passes
   bool cache = true;
+  bool staged = false;  // backward kernels: the two input rows wait in shared memory (set by the caller)
   int nv = 1, v = 1;
   unsigned tpr = 32, rpb = 1, grid = 1;
 };
@@ -43,13 +44,23 @@ RowPlan plan_stream(Context& ctx, int64_t rows, int64_t D, int v);
 
 void launch_rows(Context& ctx, CUfunction f, const RowPlan& p, void** args, unsigned smem = 0);
 
-// Forward rows of more than 32 KiB and up to 64 KiB in 16-byte vectors (v elements) are staged in
-// shared memory, one row per block (stage_row in cuda/rows.cuh): 64 KiB keeps 3 rows resident per
-// SM on sm_90 (227 KiB) and 2 on sm_80; shorter rows stay register-cached (a 16 KiB threshold
-// measured the same). On an H200: layer_norm 2048x16384 0.69 -> 0.81 of copy, group_norm
-// 32x128x64x64 0.49 -> 0.70, softmax 2048x16384 0.70 -> 0.88.
+// Forward rows in 16-byte vectors (v elements) staged in shared memory by cp.async, one row per
+// block (stage_row in cuda/rows.cuh), so that the loads in flight hold no registers:
+//  - short rows, more than 1 KiB and up to 4 KiB: a block of 32 threads (64 above 3 KiB) per row, up
+//    to 32 resident per SM. On an H200 at 65536 rows of 768 f32 (inputs beyond L2): layer_norm 0.86 ->
+//    0.93 of copy, rms_norm 0.88 -> 0.95, softmax 0.82 -> 0.95; rows of 256 measured worse (half a warp
+//    idle), rows of 4096 floats stay register-cached (0.93);
+//  - long rows, more than 32 KiB and up to 64 KiB: 512 threads; 64 KiB keeps 3 rows resident per SM
+//    on sm_90 (227 KiB) and 2 on sm_80; layer_norm 2048x16384 0.69 -> 0.81 of copy, group_norm
+//    32x128x64x64 0.49 -> 0.70, softmax 2048x16384 0.70 -> 0.88.
+constexpr size_t kShortSmemMin = 1024, kShortSmemMax = 4096;
 bool smem_rows(DType dtype, int64_t D, int v);
-// Launches f (a kernel taking the row in dynamic shared memory) with one 512-thread block per row.
+// The short rows above. The backward kernels (norm_bwd / softmax_bwd) keep their two input rows in
+// shared memory there instead of registers (H200 at 65536x768 f32: ... of copy for layer_norm fwd+bwd).
+bool short_smem_rows(DType dtype, int64_t D, int v);
+// Launches a backward row kernel; a staged plan gets 2 rows of D elements per row group of shared memory.
+void launch_bwd_rows(Context& ctx, CUfunction f, const RowPlan& p, int64_t D, DType dtype, void** args, unsigned smem = 0);
+// Launches f (a kernel taking the row in dynamic shared memory) with one block per row (see above).
 void launch_smem_rows(Context& ctx, CUfunction f, int64_t rows, int64_t D, DType dtype, void** args);
 // A 1-D grid-stride launch (elementwise and per-column kernels).
 void launch_flat(Context& ctx, CUfunction f, int64_t work, void** args);

@@ -21,7 +21,7 @@ using A = TArg;
 constexpr KernelTemplate kFwdStream{"softmax.cuh", "flame::softmax_fwd_stream", {A::Dtype, A::Bool, A::Int}};  // v
 constexpr KernelTemplate kFwd{"softmax.cuh", "flame::softmax_fwd", {A::Dtype, A::Bool, A::Int, A::Int}};      // nv, v
 constexpr KernelTemplate kBwdStream{"softmax.cuh", "flame::softmax_bwd_stream", {A::Dtype, A::Bool, A::Int}};
-constexpr KernelTemplate kBwd{"softmax.cuh", "flame::softmax_bwd", {A::Dtype, A::Bool, A::Int, A::Int}};
+constexpr KernelTemplate kBwd{"softmax.cuh", "flame::softmax_bwd", {A::Dtype, A::Bool, A::Int, A::Int, A::Bool}};  // nv, v, smem
 constexpr KernelTemplate kFwdSmem{"softmax.cuh", "flame::softmax_fwd_smem", {A::Dtype, A::Bool, A::Int}};  // v
 constexpr KernelTemplate kColsFwd{"softmax.cuh", "flame::softmax_cols_fwd", {A::Dtype, A::Bool}};
 constexpr KernelTemplate kColsBwd{"softmax.cuh", "flame::softmax_cols_bwd", {A::Dtype, A::Bool}};
@@ -30,7 +30,7 @@ KernelKey fwd_key(DType t, bool log, const RowPlan& p) {
   return p.stream ? make_key(kFwdStream, t, log, p.v) : make_key(kFwd, t, log, p.nv, p.v);
 }
 KernelKey bwd_key(DType t, bool log, const RowPlan& p) {
-  return p.stream ? make_key(kBwdStream, t, log, p.v) : make_key(kBwd, t, log, p.nv, p.v);
+  return p.stream ? make_key(kBwdStream, t, log, p.v) : make_key(kBwd, t, log, p.nv, p.v, p.staged);
 }
 KernelKey smem_fwd_key(DType t, bool log, int v) { return make_key(kFwdSmem, t, log, v); }
 KernelKey cols_key(bool fwd, DType t, bool log) { return make_key(fwd ? kColsFwd : kColsBwd, t, log); }
@@ -38,7 +38,7 @@ KernelKey cols_key(bool fwd, DType t, bool log) { return make_key(fwd ? kColsFwd
 // Forward budget: the row in registers (launch bounds 1024: <= 64 registers, 32 for the row).
 // Backward: g and y (launch bounds 512: <= 128 registers, 64 for the rows).
 RowBudget fwd_budget() { return RowBudget{1, 0, 32, 1024, false, false, true}; }
-RowBudget bwd_budget() { return RowBudget{2, 0, 64, 512, false, false}; }
+RowBudget bwd_budget(bool staged) { return RowBudget{staged ? 0 : 2, 0, 64, 512, false, false}; }
 
 void check_float(const Tensor& x, const char* what) {
   FLAME_CHECK(is_floating(x->dtype), FLAME_ERROR_DTYPE_MISMATCH, what, " needs a floating tensor, got ",
@@ -99,9 +99,11 @@ void launch_backward(const Tensor& g, const Tensor& y, const Tensor& dx, const G
   if (geo.inner == 1) {
     int64_t rows = geo.outer;
     int v = row_vector_width(y->dtype, geo.D, {gp, yp, dp});
-    RowPlan p = plan_rows(ctx, rows, geo.D, y->dtype, v, bwd_budget());
+    const bool staged = short_smem_rows(y->dtype, geo.D, v);
+    RowPlan p = plan_rows(ctx, rows, geo.D, y->dtype, v, bwd_budget(staged));
+    p.staged = staged;
     void* args[] = {&gp, &yp, &dp, &rows, const_cast<int64_t*>(&geo.D)};
-    launch_rows(ctx, ctx.function(bwd_key(y->dtype, log, p)), p, args);
+    launch_bwd_rows(ctx, ctx.function(bwd_key(y->dtype, log, p)), p, geo.D, y->dtype, args);
     return;
   }
   int64_t outer = geo.outer, D = geo.D, inner = geo.inner;
@@ -165,6 +167,11 @@ std::vector<std::string> ops::softmax_kernel_instantiations() {
           p.nv = nv;
           v.push_back(kernel_name(fwd_key(t, log, p)));
           v.push_back(kernel_name(bwd_key(t, log, p)));
+          if (vw > 1) {  // staged in shared memory: 16-byte vectors only
+            p.staged = true;
+            v.push_back(kernel_name(bwd_key(t, log, p)));
+            p.staged = false;
+          }
         }
         p.stream = true;
         v.push_back(kernel_name(fwd_key(t, log, p)));

@@ -291,7 +291,8 @@ TEST_F(NnTest, SoftmaxForwardAndBackwardMatchHost) {
       {{2, 5000}, -1, true},    {{2, 4097}, 1, false},   {{2, 16384}, 1, false},  {{1, 40000}, 1, false},
       {{3000, 64}, -1, false},  {{20000, 8}, 1, false},  {{5, 4}, 0, false},      {{4, 6, 5}, 1, false},
       {{70, 100, 64}, 1, false}, {{2, 3000, 3}, 1, false}, {{6, 3, 5}, 0, true},   {{}, 0, false},
-      {{4, 0, 3}, 1, false},   {{3, 9000}, 1, false},   {{3, 24576}, -1, false}};  // shared-memory rows
+      {{4, 0, 3}, 1, false},   {{3, 9000}, 1, false},   {{3, 24576}, -1, false},  // shared-memory rows
+      {{4500, 300}, -1, false}};  // short staged rows (f32), more rows than one pass of the persistent grid
   std::mt19937_64 rng(seed_for("softmax"));
   for (bool log : {false, true}) {
     for (flame_dtype_t dt : kDtypes) {
@@ -365,7 +366,8 @@ const std::vector<RowNormCase>& row_norm_cases() {
       {{3, 1}, 1, false},     {{5, 7}, 1, false},     {{4, 33}, 1, true},       {{3, 1000}, 1, false},
       {{2, 5000}, 1, true},   {{2, 4097}, 1, false},  {{2, 16384}, 1, false},   {{1, 40000}, 1, false},
       {{3000, 64}, 1, false}, {{20000, 8}, 1, false}, {{3, 4, 50}, 2, false},   {{3, 4, 50}, 2, true},
-      {{0, 16}, 1, false},    {{3, 9000}, 1, false},  {{3, 24576}, 1, false}};  // shared-memory rows (f32, f16/bf16)
+      {{0, 16}, 1, false},    {{3, 9000}, 1, false},  {{3, 24576}, 1, false},   // shared-memory rows (f32, f16/bf16)
+      {{4500, 300}, 1, false}};  // short staged rows (f32), more rows than one pass of the persistent grid
   return c;
 }
 

@@ -391,7 +391,7 @@ def nn_rows():
     """softmax, log_softmax, layer_norm, rms_norm, group_norm, batch_norm vs torch.nn.functional."""
     for nm, tf in (("softmax", F.softmax), ("log_softmax", F.log_softmax)):
         for d, cases in ((-1, [[I((4, 7), uni(-3, 3))], [NC((5, 6), uni(-3, 3))], [I((3, 1000), uni(-3, 3))],
-                               [I((2, 40000), uni(-3, 3))]]),
+                               [I((64, 768), uni(-3, 3))], [I((2, 40000), uni(-3, 3))]]),
                          (0, [[I((3, 4, 5), uni(-3, 3))]]),
                          (1, [[NC((2, 6, 5), uni(-3, 3))], [I((2, 3000, 3), uni(-3, 3))]])):
             row(f"{nm}_dim{d}".replace("-", "m"), (lambda nm, d: lambda fl, x, dt: fl.call(nm, x[0], d))(nm, d),
@@ -414,7 +414,8 @@ def nn_rows():
 
     for sfx, w, b in (("affine", 1, 1), ("weight", 1, 0), ("plain", 0, 0)):
         for nm, shape, ns, nc in (("", (4, 32), (32,), False), ("_nc", (6, 5), (5,), True), ("_2d", (2, 3, 16), (3, 16), False),
-                                  ("_wide", (3, 5000), (5000,), False), ("_long", (2, 20000), (20000,), False)):
+                                  ("_768", (64, 768), (768,), False), ("_wide", (3, 5000), (5000,), False),
+                                  ("_long", (2, 20000), (20000,), False)):
             params = ([In(ns, uni(0.5, 1.5))] if w else []) + ([In(ns)] if b else [])
             f1, t1 = ln(ns, w, b)
             row(f"layer_norm_{sfx}{nm}", f1, t1, [[In(shape, uni(-1, 3), nc=nc)] + params], bf16=True)
