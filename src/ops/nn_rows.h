@@ -56,7 +56,8 @@ void launch_rows(Context& ctx, CUfunction f, const RowPlan& p, void** args, unsi
 constexpr size_t kShortSmemMin = 1024, kShortSmemMax = 4096;
 bool smem_rows(DType dtype, int64_t D, int v);
 // The short rows above. The backward kernels (norm_bwd / softmax_bwd) keep their two input rows in
-// shared memory there instead of registers (H200 at 65536x768 f32: ... of copy for layer_norm fwd+bwd).
+// shared memory there instead of registers (H200 at 65536x768 f32: layer_norm fwd+bwd 0.80 -> 0.87 of
+// copy; at 16384x768 0.69 -> 0.74).
 bool short_smem_rows(DType dtype, int64_t D, int v);
 // Launches a backward row kernel; a staged plan gets 2 rows of D elements per row group of shared memory.
 void launch_bwd_rows(Context& ctx, CUfunction f, const RowPlan& p, int64_t D, DType dtype, void** args, unsigned smem = 0);
