@@ -59,6 +59,15 @@ __device__ __forceinline__ void pv_product(float (&o)[D / 2], const unsigned (&p
   }
 }
 
+// O *= alpha of its row (two rows per lane: accumulators 4 j + e belong to row e / 2).
+template <int NO>
+__device__ __forceinline__ void rescale_o(float (&o)[NO], const float (&alpha)[2]) {
+#pragma unroll
+  for (int j = 0; j < NO / 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[4 * j + e] *= alpha[e >> 1];
+}
+
 template <class T, int D>
 __global__ void __launch_bounds__(256, 1) sdpa_fwd_wg(const Params p) {
   using Tile = WgFwdTile<D>;
@@ -87,6 +96,7 @@ __global__ void __launch_bounds__(256, 1) sdpa_fwd_wg(const Params p) {
 
   const float c = p.scale_log2;  // > 0 (the host's condition): max of scaled scores = c * max of raw ones
   float o[NO], m_i[2] = {neg_inf(), neg_inf()}, l_i[2] = {0.f, 0.f};
+  float alpha[2] = {1.f, 1.f};  // exp2(m_{j-1} - m_j) of the last softmax: O's rescale before P_j V_j
 #pragma unroll
   for (int i = 0; i < NO; ++i) o[i] = 0.f;
   unsigned pa[BN / 16][4];  // P of the previous tile as A registers (columns 16 kk .. 16 kk + 15)
@@ -104,6 +114,10 @@ __global__ void __launch_bounds__(256, 1) sdpa_fwd_wg(const Params p) {
     load_tile_sw128<T, 128, D, THREADS>(sV + cur, v, p.v_sl, n0, p.Lk);
     cp_async_commit();
 
+    // O = alpha_{j-1} O + P_{j-1} V_{j-1}: the rescale comes before both products are issued (no wgmma in
+    // flight), so that nothing after the softmax below touches O; ptxas would otherwise pull the wait for
+    // P V up into the softmax to interleave the rescale with it.
+    rescale_o(o, alpha);
     // S = Q K^T (D / 16 products of k16), then O += P_{j-1} V_{j-1} behind it.
     float s[NS];
     wg_fence();
@@ -128,7 +142,6 @@ __global__ void __launch_bounds__(256, 1) sdpa_fwd_wg(const Params p) {
     }
     // Online softmax in the log2 domain, exp2(c s - c m) as one FMA and one MUFU op per score; a
     // row's columns live in the quad of lanes 4g .. 4g + 3.
-    float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mp[4] = {neg_inf(), neg_inf(), neg_inf(), neg_inf()};  // 4 independent chains (latency)
@@ -152,12 +165,13 @@ __global__ void __launch_bounds__(256, 1) sdpa_fwd_wg(const Params p) {
         }
       l_i[r] = l_i[r] * alpha[r] + ((sp[0] + sp[1]) + (sp[2] + sp[3]));
     }
-    wg_wait<0>();  // P_{j-1} V_{j-1} is in O: now O and the P registers may change
+    // ptxas hoists a wgmma wait (it has no operands) to the top of its block, which would put the wait for
+    // P V before the softmax and serialise the two. A barrier of this warpgroup whose id depends on the
+    // softmax's result (l_i >= 0 always, so the id is 1 + wg) cannot move above the softmax, and the wait
+    // stays behind it (checked in the SASS: WARPGROUP.DEPBAR after the last MUFU.EX2).
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg + (l_i[0] + l_i[1] < 0.f ? 2 : 0)) : "memory");
+    wg_wait<0>();  // P_{j-1} V_{j-1} is in O: now the P registers may change
     wg_fence_operands(o);
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[4 * j + e] *= alpha[e >> 1];
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
@@ -167,6 +181,7 @@ __global__ void __launch_bounds__(256, 1) sdpa_fwd_wg(const Params p) {
     cp_async_wait<0>();
     fence_proxy_async_shared();
     __syncthreads();
+    rescale_o(o, alpha);
     pv_product<T, D, BN>(o, pa, sV + static_cast<unsigned>((ntiles - 1) & 1) * TB);
     wg_commit();
     wg_wait<0>();
