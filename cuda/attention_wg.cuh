@@ -59,6 +59,16 @@ __device__ __forceinline__ void pv_product(float (&o)[D / 2], const unsigned (&p
   }
 }
 
+// ptxas hoists a wgmma wait (it has no operands) to the top of its basic block, which puts the wait for
+// a product issued to run beside some work (P V beside the softmax) before that work
+// and serialises the two. Called between the work and the wait: a barrier of this warpgroup (ids 1 and
+// 2; 0 is __syncthreads) whose id depends on v, a value computed from all of the work's results that is
+// >= 0 or NaN (so the id is always 1 + wg), cannot move above the work, and the wait stays behind it
+// (SASS: WARPGROUP.DEPBAR after the last MUFU.EX2).
+__device__ __forceinline__ void wg_barrier_after(float v, int wg) {
+  asm volatile("bar.sync %0, 128;" ::"r"(1 + wg + (v < 0.f ? 2 : 0)) : "memory");
+}
+
 // O *= alpha of its row (two rows per lane: accumulators 4 j + e belong to row e / 2).
 template <int NO>
 __device__ __forceinline__ void rescale_o(float (&o)[NO], const float (&alpha)[2]) {
@@ -165,11 +175,7 @@ __global__ void __launch_bounds__(256, 1) sdpa_fwd_wg(const Params p) {
         }
       l_i[r] = l_i[r] * alpha[r] + ((sp[0] + sp[1]) + (sp[2] + sp[3]));
     }
-    // ptxas hoists a wgmma wait (it has no operands) to the top of its block, which would put the wait for
-    // P V before the softmax and serialise the two. A barrier of this warpgroup whose id depends on the
-    // softmax's result (l_i >= 0 always, so the id is 1 + wg) cannot move above the softmax, and the wait
-    // stays behind it (checked in the SASS: WARPGROUP.DEPBAR after the last MUFU.EX2).
-    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg + (l_i[0] + l_i[1] < 0.f ? 2 : 0)) : "memory");
+    wg_barrier_after(l_i[0] + l_i[1], wg);
     wg_wait<0>();  // P_{j-1} V_{j-1} is in O: now the P registers may change
     wg_fence_operands(o);
 #pragma unroll
@@ -315,7 +321,7 @@ __global__ void __launch_bounds__(256, 1) sdpa_bwd_wg(const Params p) {
       if (edge && (m0 + il >= p.Lq || out_of_bounds(p, m0 + il, n0 + krow + ((i >> 1) & 1) * 8))) x = neg_inf();  // P = 0
       s[i] = fast_exp2(x - L[il]);
     }
-    wg_wait<0>();
+    wg_wait<0>();  // (ptxas hoists it above the exp2s; wg_barrier_after measured no faster here: the products are short)
     wg_fence_operands(dp);
     const float* Dl = sDelta + st * BM;
 #pragma unroll
