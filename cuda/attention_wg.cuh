@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(256, 1) sdpa_fwd_wg(const Params p) {
 // Backward of sdpa_fwd / sdpa_fwd_wg on the same conditions, after sdpa_bwd_delta (delta = rowsum(dO O))
 // and before sdpa_bwd_dq (dq = scale dq_acc), as sdpa_bwd: a block of two warpgroups takes 128 keys
 // of one (batch, head), 64 per warpgroup, with K and V resident in shared memory, and walks the query
-// tiles of 64 (Q, dO, lse2 and delta double-buffered by cp.async; P = 0 for rows past Lq). Per tile
+// tiles of 64 (Q, dO, lse2 and delta in 3 stages, copied by cp.async two tiles ahead; P = 0 for rows past Lq). Per tile
 // and warpgroup:
 //   S^T = K Q^T and dP^T = V dO^T by wgmma (A = its 64 keys, B = the 64 queries, both K-major);
 //   P^T = exp2(scale log2(e) S^T - lse2), dS^T = P^T (dP^T - delta), in the accumulator registers;
@@ -235,7 +235,8 @@ struct WgBwdTile {
   static constexpr int kBN = 128;  // keys per block
   static constexpr int kBM = 64;   // queries per tile
   static constexpr int kKvBytes = 128 * D * 2, kQBytes = 64 * D * 2, kDsBytes = 128 * 64 * 2;
-  static constexpr int kSmemBytes = 2 * kKvBytes + 4 * kQBytes + kDsBytes + 4 * 64 * 4 + 1024;
+  static constexpr int kStages = 3;  // query tiles in flight: the one in use and the next two
+  static constexpr int kSmemBytes = 2 * kKvBytes + 2 * kStages * kQBytes + kDsBytes + 2 * kStages * 64 * 4 + 1024;
 };
 
 template <class T, int D>
@@ -245,9 +246,10 @@ __global__ void __launch_bounds__(256, 1) sdpa_bwd_wg(const Params p) {
   constexpr int KVB = Tile::kKvBytes, QB = Tile::kQBytes;
   constexpr unsigned kKvBlock = 128 * 128, kQBlock = 64 * 128;  // bytes of one 64-wide column block
   const unsigned base = (smem_u32(attn_smem) + 1023u) & ~1023u;
-  const unsigned sK = base, sV = sK + KVB, sQ = sV + KVB, sdO = sQ + 2 * QB, sdS = sdO + 2 * QB;  // Q, dO: 2 stages
-  float* sL = reinterpret_cast<float*>(attn_smem + (sdS + Tile::kDsBytes - smem_u32(attn_smem)));  // [2][64]
-  float* sDelta = sL + 2 * BM;                                                                      // [2][64]
+  constexpr int NST = Tile::kStages;
+  const unsigned sK = base, sV = sK + KVB, sQ = sV + KVB, sdO = sQ + NST * QB, sdS = sdO + NST * QB;  // Q, dO: stages
+  float* sL = reinterpret_cast<float*>(attn_smem + (sdS + Tile::kDsBytes - smem_u32(attn_smem)));  // [NST][64]
+  float* sDelta = sL + NST * BM;                                                                    // [NST][64]
 
   const int nblocks = (p.Lk + BN - 1) / BN;
   const int bh = static_cast<int>(blockIdx.x / nblocks);  // the key blocks of one (batch, head) side by side
@@ -278,6 +280,8 @@ __global__ void __launch_bounds__(256, 1) sdpa_bwd_wg(const Params p) {
   load_tile_sw128<T, BN, D, THREADS>(sV, v, p.v_sl, n0, p.Lk);
   if (m_begin < p.Lq) load_query_tile(m_begin, 0);
   cp_async_commit();
+  if (m_begin + BM < p.Lq) load_query_tile(m_begin + BM, 1);
+  cp_async_commit();  // one group per tile (empty past the end): cp_async_wait<1> below waits for tile it
 
   const float c = p.scale_log2;  // > 0 (the host's condition)
   float dk[D / 2], dv[D / 2];
@@ -285,12 +289,12 @@ __global__ void __launch_bounds__(256, 1) sdpa_bwd_wg(const Params p) {
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
 
   for (int m0 = m_begin, it = 0; m0 < p.Lq; m0 += BM, ++it) {
-    const int st = it & 1;
+    const int st = it % NST;
     const unsigned qs = sQ + st * QB, dos = sdO + st * QB;
-    cp_async_wait<0>();
+    cp_async_wait<1>();  // tile it has landed (tile it + 1 may still be in flight)
     fence_proxy_async_shared();
-    __syncthreads();  // this query tile has landed; both warpgroups are done with the previous one and dS^T
-    if (m0 + BM < p.Lq) load_query_tile(m0 + BM, st ^ 1);
+    __syncthreads();  // ... for every thread; both warpgroups are done with the previous tile and dS^T
+    if (m0 + 2 * BM < p.Lq) load_query_tile(m0 + 2 * BM, (it + 2) % NST);  // into the stage of tile it - 1
     cp_async_commit();
 
     // S^T = K Q^T, then dP^T = V dO^T behind it (m64 n64, D / 16 k-steps each).

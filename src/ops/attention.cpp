@@ -165,7 +165,9 @@ constexpr int kWgBwdBN = 128;
 // Shared memory (mirrors WgFwdTile / WgBwdTile): Q, K x 2, V x 2 of 128 rows; K, V of 128 rows, Q and dO
 // of 64 rows twice, dS^T (16 KB), lse2 and delta twice; plus 1 KB to align the base to 1024.
 unsigned wg_fwd_smem(int d) { return static_cast<unsigned>(5 * 128 * d * 2 + 1024); }
-unsigned wg_bwd_smem(int d) { return static_cast<unsigned>(2 * 128 * d * 2 + 4 * 64 * d * 2 + 128 * 64 * 2 + 4 * 64 * 4 + 1024); }
+unsigned wg_bwd_smem(int d) {  // WgBwdTile<d>::kSmemBytes: K, V, 3 stages of Q, dO, lse2 and delta, dS^T
+  return static_cast<unsigned>(2 * 128 * d * 2 + 6 * 64 * d * 2 + 128 * 64 * 2 + 6 * 64 * 4 + 1024);
+}
 // The sm_90a kernels take f16/bf16 without mask or dropout, D == Dv of 64 or 128, 16-byte aligned rows
 // (P.vec) and scale > 0 (their row maxima are taken over unscaled scores).
 bool wg_path(Context& ctx, const Geometry& G, bool mask, bool dropout, const AttnParams& P) {
