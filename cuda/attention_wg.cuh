@@ -54,8 +54,7 @@ __device__ __forceinline__ void pv_product(float (&o)[D / 2], const unsigned (&p
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) {
     const u64 dv = wg_desc(sv + kk * 16 * 128, 128 * 128, 1024);
-    if constexpr (D == 128) wgmma_rs_n128<T>(o, pa[kk], dv, 1);
-    else wgmma_rs_n64<T>(o, pa[kk], dv, 1);
+    wgmma_rs<T, D>(o, pa[kk], dv, 1);
   }
 }
 
@@ -322,14 +321,12 @@ __global__ void __launch_bounds__(256, 1) sdpa_bwd_wg(const Params p) {
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) {  // dV += P^T dO
       const u64 db = wg_desc(dos + kk * 16 * 128, kQBlock, 1024);
-      if constexpr (D == 128) wgmma_rs_n128<T>(dv, pp[kk], db, 1);
-      else wgmma_rs_n64<T>(dv, pp[kk], db, 1);
+      wgmma_rs<T, D>(dv, pp[kk], db, 1);
     }
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) {  // dK += dS^T Q
       const u64 db = wg_desc(qs + kk * 16 * 128, kQBlock, 1024);
-      if constexpr (D == 128) wgmma_rs_n128<T>(dk, pd[kk], db, 1);
-      else wgmma_rs_n64<T>(dk, pd[kk], db, 1);
+      wgmma_rs<T, D>(dk, pd[kk], db, 1);
     }
     wg_commit();
     fence_proxy_async_shared();  // this thread's dS^T stores, visible to wgmma's reads
