@@ -406,19 +406,10 @@ FLAME_GRADCHECK_SUITES(Losses, LossGradCheck, LossGradGradCheck, rows, 0x5bd1e99
 
 // ------------------------------------------------------------------ the fused kernels at scale
 
-// Relative tolerance of results computed in f32 (f64 for f64) and rounded to dt once; the absolute
-// part scales with the largest reference value.
-double rtol_for(flame_dtype_t dt) {
-  switch (dt) {
-    case FLAME_DTYPE_F64: return 1e-9;
-    case FLAME_DTYPE_F32: return 1e-4;
-    case FLAME_DTYPE_F16: return 4e-3;
-    default: return 1.6e-2;
-  }
-}
-
+// Relative tolerance rounded_rtol (gradcheck.h); the absolute part scales with the largest
+// reference value.
 ::testing::AssertionResult near(const HT& got, const HT& want, flame_dtype_t dt, const std::string& what) {
-  return close(got, want, rtol_for(dt), what, 1e-3);
+  return close(got, want, rounded_rtol(dt), what, 1e-3);
 }
 
 HT random_ht(const Shape& s, std::mt19937_64& rng, double lo, double hi) {
@@ -821,7 +812,8 @@ TEST_F(LossKernels, FusedAndComposedBackwardAgree) {
       // is p * T - w t' with both terms O(1), so an element near 0 carries the terms' f32 rounding
       // (seed 20 gave -1.5676e-4 composed vs -1.5748e-4 fused, 7e-7 apart).
       for (size_t j = 0; j < wrt.size(); ++j)
-        EXPECT_TRUE(close(got[1][j], got[0][j], rtol_for(dt == FLAME_DTYPE_BF16 ? FLAME_DTYPE_BF16 : FLAME_DTYPE_F32),
+        EXPECT_TRUE(close(got[1][j], got[0][j],
+                          rounded_rtol(dt == FLAME_DTYPE_BF16 ? FLAME_DTYPE_BF16 : FLAME_DTYPE_F32),
                           "composed vs fused gradient of input " + std::to_string(j), 1e-2));
     }
 }
