@@ -34,18 +34,36 @@ static void report(const char* name, double t0, double t_issued, int n) {
   fflush(stdout);
 }
 
-static void run(flame_ctx_t ctx, const char* name, binary_fn fn, flame_tensor_t a, flame_tensor_t b, int n) {
-  for (int i = 0; i < 2000; ++i) {
-    flame_tensor_t c = NULL;
-    CHECK(fn(a, b, &c));
-    flame_tensor_release(c);
-  }
-  CHECK(flame_ctx_synchronize(ctx));
-  double t0 = now_us();
+/* n calls of fn(a, b), each result released. */
+static void call_binary(binary_fn fn, flame_tensor_t a, flame_tensor_t b, int n) {
   for (int i = 0; i < n; ++i) {
     flame_tensor_t c = NULL;
     CHECK(fn(a, b, &c));
     flame_tensor_release(c);
+  }
+}
+
+static void run(flame_ctx_t ctx, const char* name, binary_fn fn, flame_tensor_t a, flame_tensor_t b, int n) {
+  call_binary(fn, a, b, 2000);
+  CHECK(flame_ctx_synchronize(ctx));
+  double t0 = now_us();
+  call_binary(fn, a, b, n);
+  double t1 = now_us();
+  CHECK(flame_ctx_synchronize(ctx));
+  report(name, t0, t1, n);
+}
+
+typedef flame_status_t (*factory_fn)(flame_ctx_t, const int64_t*, int32_t, flame_dtype_t, flame_tensor_t*);
+
+/* n calls of a factory (flame_empty, flame_zeros) for a 1-element f32 tensor, each released, then one
+ * synchronisation. */
+static void run_factory(flame_ctx_t ctx, const char* name, factory_fn fn, int n) {
+  const int64_t one[1] = {1};
+  double t0 = now_us();
+  for (int i = 0; i < n; ++i) {
+    flame_tensor_t v = NULL;
+    CHECK(fn(ctx, one, 1, FLAME_DTYPE_F32, &v));
+    flame_tensor_release(v);
   }
   double t1 = now_us();
   CHECK(flame_ctx_synchronize(ctx));
@@ -57,7 +75,7 @@ static void run(flame_ctx_t ctx, const char* name, binary_fn fn, flame_tensor_t 
  * kernel); an allocation + free of a 1-element tensor (no kernel); zeros (allocation + one kernel). */
 static void run_parts(flame_ctx_t ctx, flame_tensor_t a, int n, int view_only) {
   const int64_t one[1] = {1};
-  double t0, t1;
+  double t0;
   if (view_only) goto view;
   t0 = now_us();
   for (int i = 0; i < n; ++i) {
@@ -75,24 +93,8 @@ view:
   report("part_view", t0, now_us(), n);
   if (view_only) return;
   CHECK(flame_ctx_synchronize(ctx));
-  t0 = now_us();
-  for (int i = 0; i < n; ++i) {
-    flame_tensor_t v = NULL;
-    CHECK(flame_empty(ctx, one, 1, FLAME_DTYPE_F32, &v));
-    flame_tensor_release(v);
-  }
-  t1 = now_us();
-  CHECK(flame_ctx_synchronize(ctx));
-  report("part_empty", t0, t1, n);
-  t0 = now_us();
-  for (int i = 0; i < n; ++i) {
-    flame_tensor_t v = NULL;
-    CHECK(flame_zeros(ctx, one, 1, FLAME_DTYPE_F32, &v));
-    flame_tensor_release(v);
-  }
-  t1 = now_us();
-  CHECK(flame_ctx_synchronize(ctx));
-  report("part_zeros", t0, t1, n);
+  run_factory(ctx, "part_empty", flame_empty, n);
+  run_factory(ctx, "part_zeros", flame_zeros, n);
 }
 
 /* The floor under every eager op: cuLaunchKernel of an empty kernel (6 parameters, as flame_add

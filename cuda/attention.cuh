@@ -377,6 +377,23 @@ __global__ void sdpa_bwd_delta(const Params p) {
   }
 }
 
+// What the backward kernels read of (batch b, head h), bh = b H + h. (dq_acc stays in the kernels:
+// formed here, its offset changed how sdpa_bwd's dQ atomics are addressed, and its registers.)
+template <class T>
+struct BwdHead {
+  const T *q, *k, *v, *dout;  // row i at i * p.q_sl (k_sl, v_sl, do_sl)
+  const float *lse, *delta;   // [Lq]: lse2 and delta of each query row
+};
+template <class T>
+__device__ __forceinline__ BwdHead<T> bwd_head(const Params& p, int b, int h, int bh) {
+  return {reinterpret_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh,
+          reinterpret_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh,
+          reinterpret_cast<const T*>(p.v) + b * p.v_sb + h * p.v_sh,
+          reinterpret_cast<const T*>(p.dout) + b * p.do_sb + h * p.do_sh,
+          reinterpret_cast<const float*>(p.lse) + static_cast<i64>(bh) * p.Lq,
+          reinterpret_cast<const float*>(p.delta) + static_cast<i64>(bh) * p.Lq};
+}
+
 template <int D>
 struct BwdTile {
   static constexpr int kThreads = 128;  // 4 warps, 16 keys each
@@ -413,12 +430,7 @@ __global__ void __launch_bounds__(128) sdpa_bwd(const Params p) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int krow = warp * 16;  // this warp's keys within the block
   const bool vec = p.vec != 0;
-  const T* q = reinterpret_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
-  const T* k = reinterpret_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh;
-  const T* v = reinterpret_cast<const T*>(p.v) + b * p.v_sb + h * p.v_sh;
-  const T* dout = reinterpret_cast<const T*>(p.dout) + b * p.do_sb + h * p.do_sh;
-  const float* lse = reinterpret_cast<const float*>(p.lse) + static_cast<i64>(bh) * p.Lq;
-  const float* delta = reinterpret_cast<const float*>(p.delta) + static_cast<i64>(bh) * p.Lq;
+  const BwdHead<T> hd = bwd_head<T>(p, b, h, bh);
   float* dq_acc = reinterpret_cast<float*>(p.dq_acc) + static_cast<i64>(bh) * p.Lq * p.D;
   float* ds_out = p.ds ? reinterpret_cast<float*>(p.ds) + static_cast<i64>(bh) * p.Lq * p.Lk : nullptr;
   const unsigned char* mb = mask_base<T>(p, b, h);
@@ -434,19 +446,19 @@ __global__ void __launch_bounds__(128) sdpa_bwd(const Params p) {
   const unsigned s_lane = sdS_u + 2 * (((lane & 7) + ((lane >> 4) << 3)) * SP + warp * 16 + ((lane >> 3) & 1) * 8);
 
   auto load_query_tile = [&](int m0) {  // Q, dO, the row statistics and the mask of queries m0 .. m0 + BM
-    load_tile<T, BM, D, PITCH, THREADS>(sQ, q, p.q_sl, m0, p.Lq, p.D, vec);
-    load_tile<T, BM, D, PITCH, THREADS>(sdO, dout, p.do_sl, m0, p.Lq, p.Dv, vec);
+    load_tile<T, BM, D, PITCH, THREADS>(sQ, hd.q, p.q_sl, m0, p.Lq, p.D, vec);
+    load_tile<T, BM, D, PITCH, THREADS>(sdO, hd.dout, p.do_sl, m0, p.Lq, p.Dv, vec);
     for (int r = threadIdx.x; r < BM; r += THREADS) {
       const bool in = m0 + r < p.Lq;
-      sL[r] = in ? lse[m0 + r] : pos_inf();  // P = 0 for rows past Lq
-      sDelta[r] = in ? delta[m0 + r] : 0.f;
+      sL[r] = in ? hd.lse[m0 + r] : pos_inf();  // P = 0 for rows past Lq
+      sDelta[r] = in ? hd.delta[m0 + r] : 0.f;
     }
     if (p.mask_kind != 0) load_mask_tile<T, BM, BN, MP, THREADS>(sM, p, mb, m0, n0);
   };
 
   const int m_begin = p.causal ? (n0 / BM) * BM : 0;  // causal: queries i >= j >= n0
-  load_tile<T, BN, D, PITCH, THREADS>(sK, k, p.k_sl, n0, p.Lk, p.D, vec);
-  load_tile<T, BN, D, PITCH, THREADS>(sV, v, p.v_sl, n0, p.Lk, p.Dv, vec);
+  load_tile<T, BN, D, PITCH, THREADS>(sK, hd.k, p.k_sl, n0, p.Lk, p.D, vec);
+  load_tile<T, BN, D, PITCH, THREADS>(sV, hd.v, p.v_sl, n0, p.Lk, p.Dv, vec);
   if (m_begin < p.Lq) load_query_tile(m_begin);
   cp_async_commit();
 

@@ -54,8 +54,7 @@ __device__ __forceinline__ void pv_product(float (&o)[D / 2], const unsigned (&p
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) {
     const u64 dv = wg_desc(sv + kk * 16 * 128, 128 * 128, 1024);
-    if constexpr (D == 128) wgmma_rs_n128<T>(o, pa[kk], dv, 1);
-    else wgmma_rs_n64<T>(o, pa[kk], dv, 1);
+    wgmma_rs<T, D>(o, pa[kk], dv, 1);
   }
 }
 
@@ -257,27 +256,22 @@ __global__ void __launch_bounds__(256, 1) sdpa_bwd_wg(const Params p) {
   const int b = bh / p.H, h = bh % p.H;
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int krow = wg * 64 + warp * 16 + g;  // this lane's keys within the block: krow and krow + 8
-  const T* q = reinterpret_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
-  const T* k = reinterpret_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh;
-  const T* v = reinterpret_cast<const T*>(p.v) + b * p.v_sb + h * p.v_sh;
-  const T* dout = reinterpret_cast<const T*>(p.dout) + b * p.do_sb + h * p.do_sh;
-  const float* lse = reinterpret_cast<const float*>(p.lse) + static_cast<i64>(bh) * p.Lq;
-  const float* delta = reinterpret_cast<const float*>(p.delta) + static_cast<i64>(bh) * p.Lq;
+  const BwdHead<T> hd = bwd_head<T>(p, b, h, bh);
   float* dq_acc = reinterpret_cast<float*>(p.dq_acc) + static_cast<i64>(bh) * p.Lq * p.D;
 
   auto load_query_tile = [&](int m0, int st) {  // Q, dO, lse2 and delta of queries m0 .. m0 + 63 into stage st
-    load_tile_sw128<T, BM, D, THREADS>(sQ + st * QB, q, p.q_sl, m0, p.Lq);
-    load_tile_sw128<T, BM, D, THREADS>(sdO + st * QB, dout, p.do_sl, m0, p.Lq);
+    load_tile_sw128<T, BM, D, THREADS>(sQ + st * QB, hd.q, p.q_sl, m0, p.Lq);
+    load_tile_sw128<T, BM, D, THREADS>(sdO + st * QB, hd.dout, p.do_sl, m0, p.Lq);
     if (threadIdx.x < 2 * BM) {  // by cp.async too (no thread waits on a load here); rows past Lq read 0
       const int r = threadIdx.x & (BM - 1), in = m0 + r < p.Lq ? 4 : 0;
-      const float* src = threadIdx.x < BM ? lse : delta;
+      const float* src = threadIdx.x < BM ? hd.lse : hd.delta;
       float* dst = (threadIdx.x < BM ? sL : sDelta) + st * BM + r;
       cp_async4(smem_u32(dst), in ? src + m0 + r : src, in);
     }
   };
   const int m_begin = p.causal ? (n0 / BM) * BM : 0;  // causal: queries i >= j >= n0
-  load_tile_sw128<T, BN, D, THREADS>(sK, k, p.k_sl, n0, p.Lk);
-  load_tile_sw128<T, BN, D, THREADS>(sV, v, p.v_sl, n0, p.Lk);
+  load_tile_sw128<T, BN, D, THREADS>(sK, hd.k, p.k_sl, n0, p.Lk);
+  load_tile_sw128<T, BN, D, THREADS>(sV, hd.v, p.v_sl, n0, p.Lk);
   if (m_begin < p.Lq) load_query_tile(m_begin, 0);
   cp_async_commit();
   if (m_begin + BM < p.Lq) load_query_tile(m_begin + BM, 1);
@@ -347,14 +341,12 @@ __global__ void __launch_bounds__(256, 1) sdpa_bwd_wg(const Params p) {
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) {  // dV += P^T dO
       const u64 db = wg_desc(dos + kk * 16 * 128, kQBlock, 1024);
-      if constexpr (D == 128) wgmma_rs_n128<T>(dv, pp[kk], db, 1);
-      else wgmma_rs_n64<T>(dv, pp[kk], db, 1);
+      wgmma_rs<T, D>(dv, pp[kk], db, 1);
     }
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) {  // dK += dS^T Q
       const u64 db = wg_desc(qs + kk * 16 * 128, kQBlock, 1024);
-      if constexpr (D == 128) wgmma_rs_n128<T>(dk, pd[kk], db, 1);
-      else wgmma_rs_n64<T>(dk, pd[kk], db, 1);
+      wgmma_rs<T, D>(dk, pd[kk], db, 1);
     }
     wg_commit();
     fence_proxy_async_shared();  // this thread's dS^T stores, visible to wgmma's reads

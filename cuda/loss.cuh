@@ -205,6 +205,32 @@ __device__ __forceinline__ bool ce_skip_row(i64 t, i64 r, i64 C, i64 ignore_inde
   return bad;
 }
 
+// The row loop of the class-index gradient kernels, over the group's rows r with target t and
+// gradient row gr. An ignored or out-of-range t (uniform over the group) gets skip(r, t), which
+// returns whether t is bad, and a gradient row of NaN (bad) or 0, stored evict-first when STREAM;
+// any other t gets row(r, t, gr).
+template <int V, bool STREAM, class A, class T, class I, class Skip, class Row>
+__device__ __forceinline__ void ce_index_grad_rows(const RowGroup& grp, const I* target, i64 M, i64 C, i64 ignore_index,
+                                                   T* grad, Skip&& skip, Row&& row) {
+  const i64 stride = static_cast<i64>(grp.size) * V;
+  for (i64 r = grp.first; r < M; r += grp.step) {
+    const i64 t = static_cast<i64>(target[r]);
+    T* gr = grad + r * C;
+    if (t == ignore_index || t < 0 || t >= C) {
+      const bool bad = skip(r, t);
+      Vec<T, V> fill;
+#pragma unroll
+      for (int k = 0; k < V; ++k) fill.v[k] = cast<T>(bad ? l_nan<A>() : A(0));
+      for (i64 c = static_cast<i64>(grp.lane) * V; c < C; c += stride) {
+        if constexpr (STREAM) store_streaming(gr + c, fill);
+        else *reinterpret_cast<Vec<T, V>*>(gr + c) = fill;
+      }
+      continue;
+    }
+    row(r, t, gr);
+  }
+}
+
 // The group's share of a row's statistics: running max and sum of exp, and with smoothing the sum
 // of w_c (x_c - ref). REVERSED reads the row from its end (see for_row_reversed).
 template <int V, bool REVERSED, class T, class A>
@@ -290,19 +316,12 @@ __global__ void ce_index_bwd(const T* __restrict__ x, const I* __restrict__ targ
                              T* __restrict__ grad, DeviceErrorRecord* err, unsigned int err_source) {
   const RowGroup grp = row_group<WarpRow>();
   const bool smooth = eps != 0.0;
-  const i64 stride = static_cast<i64>(grp.size) * V;
-  for (i64 r = grp.first; r < M; r += grp.step) {
-    const i64 t = static_cast<i64>(target[r]);
-    T* gr = grad + r * C;
-    if (t == ignore_index || t < 0 || t >= C) {
-      const bool bad = t != ignore_index;
-      if (bad && grp.lane == 0) report_bad_index(err, err_source, t, r, C);
-      Vec<T, V> fill;
-#pragma unroll
-      for (int k = 0; k < V; ++k) fill.v[k] = cast<T>(bad ? l_nan<A>() : A(0));
-      for (i64 c = static_cast<i64>(grp.lane) * V; c < C; c += stride) *reinterpret_cast<Vec<T, V>*>(gr + c) = fill;
-      continue;
-    }
+  auto skip = [&](i64 r, i64 t) {
+    const bool bad = t != ignore_index;
+    if (bad && grp.lane == 0) report_bad_index(err, err_source, t, r, C);
+    return bad;
+  };
+  ce_index_grad_rows<V, false, A>(grp, target, M, C, ignore_index, grad, skip, [&](i64 r, i64 t, T* gr) {
     A coef = g[r * g_stride] * static_cast<A>(scale);
     if (denom) coef /= *denom;
     const CeRowGrad<A> rg(coef, weight ? weight[t] : A(1), weight ? *wsum : static_cast<A>(C), eps, C, lse[r], t);
@@ -312,7 +331,7 @@ __global__ void ce_index_bwd(const T* __restrict__ x, const I* __restrict__ targ
       for (int k = 0; k < V; ++k) o.v[k] = cast<T>(rg(c + k, xs[k], smooth && weight ? weight[c + k] : A(1), smooth));
       *reinterpret_cast<Vec<T, V>*>(gr + c) = o;
     });
-  }
+  });
 }
 
 // ---------------------------------------------------------------- cross-entropy, class indices, with the gradient
@@ -358,18 +377,10 @@ __global__ void __launch_bounds__(1024)
   __shared__ RowStats<A> total;
   const RowGroup grp = row_group<WarpRow>();
   const bool smooth = eps != 0.0;
-  const i64 stride = static_cast<i64>(grp.size) * V;
-  for (i64 r = grp.first; r < M; r += grp.step) {
-    const i64 t = static_cast<i64>(target[r]);
-    T* gr = grad + r * C;
-    if (t == ignore_index || t < 0 || t >= C) {  // uniform over the group: no reduction below
-      const bool bad = ce_skip_row(t, r, C, ignore_index, grp.lane == 0, loss, wrow, lse, err, err_source);
-      Vec<T, V> fill;
-#pragma unroll
-      for (int k = 0; k < V; ++k) fill.v[k] = cast<T>(bad ? l_nan<A>() : A(0));
-      for (i64 c = static_cast<i64>(grp.lane) * V; c < C; c += stride) store_streaming(gr + c, fill);
-      continue;
-    }
+  auto skip = [&](i64 r, i64 t) {  // uniform over the group: no reduction in this row
+    return ce_skip_row(t, r, C, ignore_index, grp.lane == 0, loss, wrow, lse, err, err_source);
+  };
+  ce_index_grad_rows<V, true, A>(grp, target, M, C, ignore_index, grad, skip, [&](i64 r, i64 t, T* gr) {
     const T* xr = x + r * C;
     const A ref = smooth ? finite_or_zero(static_cast<A>(to_compute(xr[0]))) : A(0);
     const RowStats<A> st = rs_reduce_all<WarpRow>(ce_row_stats<V, true>(xr, C, grp, weight, smooth, ref), smem, &total);
@@ -384,7 +395,7 @@ __global__ void __launch_bounds__(1024)
       for (int k = 0; k < V; ++k) o.v[k] = cast<T>(rg(c + k, xs[k], smooth && weight ? weight[c + k] : A(1), smooth));
       store_streaming(gr + c, o);
     });
-  }
+  });
 }
 
 // ---------------------------------------------------------------- cross-entropy, class probabilities

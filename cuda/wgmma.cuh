@@ -118,21 +118,15 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], u64 da, u64 db, int
 #endif
 }
 
-// D[64 x N] (+)= A B, A [64 x 16] from registers (a: this lane's four packed pairs), B [16 x N]
-// MN-major in shared memory (descriptor db).
-template <class T>
-__device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const unsigned (&a)[4], u64 db, int scale_d) {
+// D[64 x N] (+)= A B for N = 64 or 128, A [64 x 16] from registers (a: this lane's four packed
+// pairs), B [16 x N] MN-major in shared memory (descriptor db).
+template <class T, int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const unsigned (&a)[4], u64 db, int scale_d) {
+  static_assert(N == 64 || N == 128, "wgmma_rs: N is 64 or 128");
 #if FLAME_HAS_WGMMA
-  if constexpr (is_bf16<T>::value) FLAME_WGMMA_RS(128, "bf16", FLAME_WG_ACC64, FLAME_WG_OUT64, "64", "65", "66", "67", "68", "69");
-  else FLAME_WGMMA_RS(128, "f16", FLAME_WG_ACC64, FLAME_WG_OUT64, "64", "65", "66", "67", "68", "69");
-#else
-  asm volatile("trap;");
-#endif
-}
-template <class T>
-__device__ __forceinline__ void wgmma_rs_n64(float (&d)[32], const unsigned (&a)[4], u64 db, int scale_d) {
-#if FLAME_HAS_WGMMA
-  if constexpr (is_bf16<T>::value) FLAME_WGMMA_RS(64, "bf16", FLAME_WG_ACC32, FLAME_WG_OUT32, "32", "33", "34", "35", "36", "37");
+  if constexpr (N == 128 && is_bf16<T>::value) FLAME_WGMMA_RS(128, "bf16", FLAME_WG_ACC64, FLAME_WG_OUT64, "64", "65", "66", "67", "68", "69");
+  else if constexpr (N == 128) FLAME_WGMMA_RS(128, "f16", FLAME_WG_ACC64, FLAME_WG_OUT64, "64", "65", "66", "67", "68", "69");
+  else if constexpr (is_bf16<T>::value) FLAME_WGMMA_RS(64, "bf16", FLAME_WG_ACC32, FLAME_WG_OUT32, "32", "33", "34", "35", "36", "37");
   else FLAME_WGMMA_RS(64, "f16", FLAME_WG_ACC32, FLAME_WG_OUT32, "32", "33", "34", "35", "36", "37");
 #else
   asm volatile("trap;");

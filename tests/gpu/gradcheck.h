@@ -546,6 +546,16 @@ inline double tol_for(flame_dtype_t d) {
     default: return 0;
   }
 }
+// Relative tolerance of a result computed in f32 (f64 for f64) and rounded to d once: the fused
+// loss kernels' checks at scale (test_loss.cpp, test_loss_pointwise.cpp).
+inline double rounded_rtol(flame_dtype_t d) {
+  switch (d) {
+    case FLAME_DTYPE_F64: return 1e-9;
+    case FLAME_DTYPE_F32: return 1e-4;
+    case FLAME_DTYPE_F16: return 4e-3;
+    default: return 1.6e-2;
+  }
+}
 
 // |got - want| <= tol * (|want| + max(1, max|want|) * atol_frac) elementwise; on failure describes the
 // worst element.

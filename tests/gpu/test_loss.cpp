@@ -14,6 +14,7 @@
 //    size and dtype, other upstream gradients, hooks and retain_grad on the loss, double backward,
 //    no gradient work without a recorded forward, bad indices.
 #include <cmath>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -198,54 +199,54 @@ Row make_row(std::string name, std::string covers, std::vector<Case> cases, Flam
   return r;
 }
 
+// A row of a loss of {input, target(, weight)} with a CeSpec: call(input, target, weight or NULL, out)
+// runs FLAME's op, the target converted to the integer dtype idt first when given (class indices);
+// loss_ref(input, target, spec) is the host reference, spec.weight taken from input 2.
+using SpecCall = std::function<flame_status_t(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t*)>;
+using SpecRef = std::function<HT(const HT&, const HT&, const CeSpec&)>;
+Row spec_row(std::string name, std::string covers, std::vector<Case> cases, CeSpec s, bool with_weight,
+             std::optional<flame_dtype_t> idt, SpecCall call, SpecRef loss_ref) {
+  FlameFn fwd = [with_weight, idt, call](const Tensors& in, flame_dtype_t, std::vector<T>& out) {
+    T tgt;
+    if (idt) {
+      flame_status_t st = as_index(in[1], *idt, &tgt);
+      if (st != FLAME_OK) return st;
+    }
+    out.emplace_back();
+    return call(in[0], idt ? tgt.h : in[1], with_weight ? in[2] : nullptr, out.back().out());
+  };
+  RefFn ref = [s, with_weight, loss_ref](const std::vector<HT>& x) {
+    CeSpec sp = s;
+    if (with_weight) sp.weight = as_vector(x[2]);
+    return std::vector<HT>{loss_ref(x[0], x[1], sp)};
+  };
+  return make_row(std::move(name), std::move(covers), std::move(cases), fwd, ref);
+}
+
+// flame_cross_entropy with the ignore_index, label smoothing and reduction of s.
+SpecCall ce_call(const CeSpec& s) {
+  return [s](flame_tensor_t x, flame_tensor_t t, flame_tensor_t w, flame_tensor_t* out) {
+    return flame_cross_entropy(x, t, w, s.ignore, s.eps, static_cast<flame_reduction_t>(s.red), out);
+  };
+}
+
 // cross_entropy with class indices: inputs {logits, target(, weight)}.
 Row ce_row(std::string name, std::vector<Case> cases, CeSpec s, bool with_weight,
            flame_dtype_t idt = FLAME_DTYPE_I64) {
-  FlameFn fwd = [s, with_weight, idt](const Tensors& in, flame_dtype_t, std::vector<T>& out) {
-    T tgt;
-    flame_status_t st = as_index(in[1], idt, &tgt);
-    if (st != FLAME_OK) return st;
-    out.emplace_back();
-    return flame_cross_entropy(in[0], tgt, with_weight ? in[2] : nullptr, s.ignore, s.eps,
-                               static_cast<flame_reduction_t>(s.red), out.back().out());
-  };
-  RefFn ref = [s, with_weight](const std::vector<HT>& x) {
-    CeSpec sp = s;
-    if (with_weight) sp.weight = as_vector(x[2]);
-    return std::vector<HT>{ce_index_ref(x[0], x[1], sp)};
-  };
-  return make_row(std::move(name), "cross_entropy", std::move(cases), fwd, ref);
+  return spec_row(std::move(name), "cross_entropy", std::move(cases), s, with_weight, idt, ce_call(s),
+                  [](const HT& x, const HT& t, const CeSpec& sp) { return ce_index_ref(x, t, sp); });
 }
 
 Row ce_probs_row(std::string name, std::vector<Case> cases, CeSpec s, bool with_weight) {
-  FlameFn fwd = [s, with_weight](const Tensors& in, flame_dtype_t, std::vector<T>& out) {
-    out.emplace_back();
-    return flame_cross_entropy(in[0], in[1], with_weight ? in[2] : nullptr, s.ignore, s.eps,
-                               static_cast<flame_reduction_t>(s.red), out.back().out());
-  };
-  RefFn ref = [s, with_weight](const std::vector<HT>& x) {
-    CeSpec sp = s;
-    if (with_weight) sp.weight = as_vector(x[2]);
-    return std::vector<HT>{ce_probs_ref(x[0], x[1], sp)};
-  };
-  return make_row(std::move(name), "cross_entropy_probs", std::move(cases), fwd, ref);
+  return spec_row(std::move(name), "cross_entropy_probs", std::move(cases), s, with_weight, std::nullopt, ce_call(s),
+                  [](const HT& x, const HT& t, const CeSpec& sp) { return ce_probs_ref(x, t, sp); });
 }
 
 Row nll_row(std::string name, std::vector<Case> cases, CeSpec s, bool with_weight) {
-  FlameFn fwd = [s, with_weight](const Tensors& in, flame_dtype_t, std::vector<T>& out) {
-    T tgt;
-    flame_status_t st = as_index(in[1], FLAME_DTYPE_I64, &tgt);
-    if (st != FLAME_OK) return st;
-    out.emplace_back();
-    return flame_nll_loss(in[0], tgt, with_weight ? in[2] : nullptr, s.ignore, static_cast<flame_reduction_t>(s.red),
-                          out.back().out());
+  SpecCall call = [s](flame_tensor_t x, flame_tensor_t t, flame_tensor_t w, flame_tensor_t* out) {
+    return flame_nll_loss(x, t, w, s.ignore, static_cast<flame_reduction_t>(s.red), out);
   };
-  RefFn ref = [s, with_weight](const std::vector<HT>& x) {
-    CeSpec sp = s;
-    if (with_weight) sp.weight = as_vector(x[2]);
-    return std::vector<HT>{nll_ref(x[0], x[1], sp)};
-  };
-  return make_row(std::move(name), "nll_loss", std::move(cases), fwd, ref);
+  return spec_row(std::move(name), "nll_loss", std::move(cases), s, with_weight, FLAME_DTYPE_I64, call, nll_ref);
 }
 
 // An elementwise loss of (input, target) with a host formula per element.
@@ -351,28 +352,16 @@ const std::vector<Row>& rows() {
     v.push_back(pair_row("l1_sum", {pair_cases, pair_nc}, SUM, flame_l1_loss, ab, "l1_loss"));
     lp().low_precision = true;
     v.push_back(pair_row("l1_none", {pair_cases}, NONE, flame_l1_loss, ab));
-    v.push_back(pair_row("smooth_l1_mean", {pair_cases, pair_nc}, MEAN,
-                         [](flame_tensor_t a, flame_tensor_t b, flame_reduction_t r, flame_tensor_t* o) {
-                           return flame_smooth_l1_loss(a, b, 1.0, r, o);
-                         },
-                         smooth(1.0)));
+    // fn (smooth_l1 or huber) with its parameter (beta, delta) fixed to p.
+    auto with_param = [](decltype(&flame_huber_loss) fn, double p) -> PairC {
+      return [fn, p](flame_tensor_t a, flame_tensor_t b, flame_reduction_t r, flame_tensor_t* o) { return fn(a, b, p, r, o); };
+    };
+    v.push_back(pair_row("smooth_l1_mean", {pair_cases, pair_nc}, MEAN, with_param(flame_smooth_l1_loss, 1.0), smooth(1.0)));
     lp().low_precision = true;
-    v.push_back(pair_row("smooth_l1_beta0", {pair_cases}, NONE,
-                         [](flame_tensor_t a, flame_tensor_t b, flame_reduction_t r, flame_tensor_t* o) {
-                           return flame_smooth_l1_loss(a, b, 0.0, r, o);
-                         },
-                         ab));
-    v.push_back(pair_row("huber_mean", {pair_cases, pair_nc}, MEAN,
-                         [](flame_tensor_t a, flame_tensor_t b, flame_reduction_t r, flame_tensor_t* o) {
-                           return flame_huber_loss(a, b, 1.0, r, o);
-                         },
-                         huber(1.0)));
+    v.push_back(pair_row("smooth_l1_beta0", {pair_cases}, NONE, with_param(flame_smooth_l1_loss, 0.0), ab));
+    v.push_back(pair_row("huber_mean", {pair_cases, pair_nc}, MEAN, with_param(flame_huber_loss, 1.0), huber(1.0)));
     lp().low_precision = true;
-    v.push_back(pair_row("huber_none_delta2", {pair_cases}, NONE,
-                         [](flame_tensor_t a, flame_tensor_t b, flame_reduction_t r, flame_tensor_t* o) {
-                           return flame_huber_loss(a, b, 2.0, r, o);
-                         },
-                         huber(2.0)));
+    v.push_back(pair_row("huber_none_delta2", {pair_cases}, NONE, with_param(flame_huber_loss, 2.0), huber(2.0)));
     // ---- binary_cross_entropy_with_logits (target, weight and pos_weight all require grad)
     v.push_back(bce_row("bce_logits_mean", {Case({in({3, 4}, uni(-4, 4)), in({3, 4}, uni(0, 1))})}, MEAN, false, false));
     lp().low_precision = true;
@@ -406,19 +395,10 @@ FLAME_GRADCHECK_SUITES(Losses, LossGradCheck, LossGradGradCheck, rows, 0x5bd1e99
 
 // ------------------------------------------------------------------ the fused kernels at scale
 
-// Relative tolerance of results computed in f32 (f64 for f64) and rounded to dt once; the absolute
-// part scales with the largest reference value.
-double rtol_for(flame_dtype_t dt) {
-  switch (dt) {
-    case FLAME_DTYPE_F64: return 1e-9;
-    case FLAME_DTYPE_F32: return 1e-4;
-    case FLAME_DTYPE_F16: return 4e-3;
-    default: return 1.6e-2;
-  }
-}
-
+// Relative tolerance rounded_rtol (gradcheck.h); the absolute part scales with the largest
+// reference value.
 ::testing::AssertionResult near(const HT& got, const HT& want, flame_dtype_t dt, const std::string& what) {
-  return close(got, want, rtol_for(dt), what, 1e-3);
+  return close(got, want, rounded_rtol(dt), what, 1e-3);
 }
 
 HT random_ht(const Shape& s, std::mt19937_64& rng, double lo, double hi) {
@@ -821,7 +801,8 @@ TEST_F(LossKernels, FusedAndComposedBackwardAgree) {
       // is p * T - w t' with both terms O(1), so an element near 0 carries the terms' f32 rounding
       // (seed 20 gave -1.5676e-4 composed vs -1.5748e-4 fused, 7e-7 apart).
       for (size_t j = 0; j < wrt.size(); ++j)
-        EXPECT_TRUE(close(got[1][j], got[0][j], rtol_for(dt == FLAME_DTYPE_BF16 ? FLAME_DTYPE_BF16 : FLAME_DTYPE_F32),
+        EXPECT_TRUE(close(got[1][j], got[0][j],
+                          rounded_rtol(dt == FLAME_DTYPE_BF16 ? FLAME_DTYPE_BF16 : FLAME_DTYPE_F32),
                           "composed vs fused gradient of input " + std::to_string(j), 1e-2));
     }
 }
@@ -931,6 +912,15 @@ class CeSeed : public LossKernels {
     k.s = s;
     k.dt = dt;
     return k;
+  }
+  // The loss's own gradient gl is 1, and the logits' gradient gx is the one for an upstream 1 (f32).
+  void expect_unit_seed(const Case& k, flame_tensor_t gl, flame_tensor_t gx, const std::string& what) {
+    double one = 0;
+    FLAME_ASSERT_OK(flame_tensor_item(gl, &one));
+    EXPECT_EQ(one, 1.0);
+    HT got;
+    FLAME_ASSERT_OK(download(gx, &got));
+    EXPECT_TRUE(near(got, want(k, 1.0), FLAME_DTYPE_F32, what));
   }
 };
 
@@ -1071,12 +1061,7 @@ TEST_F(CeSeed, HooksAndRetainedGradientsOfTheLoss) {
     T gl, gx;
     FLAME_ASSERT_OK(flame_tensor_grad(k.loss, gl.out()));
     FLAME_ASSERT_OK(flame_tensor_grad(k.xt, gx.out()));
-    double one = 0;
-    FLAME_ASSERT_OK(flame_tensor_item(gl, &one));
-    EXPECT_EQ(one, 1.0);
-    HT got;
-    FLAME_ASSERT_OK(download(gx, &got));
-    EXPECT_TRUE(near(got, want(k, 1.0), FLAME_DTYPE_F32, "logits .grad with retain_grad on the loss"));
+    ASSERT_NO_FATAL_FAILURE(expect_unit_seed(k, gl, gx, "logits .grad with retain_grad on the loss"));
   }
   {  // flame_grad with respect to the logits and the loss itself
     Case k = make(rng, {7, 3000}, FLAME_DTYPE_F32, s, 0.2);
@@ -1085,12 +1070,7 @@ TEST_F(CeSeed, HooksAndRetainedGradientsOfTheLoss) {
     flame_tensor_t o = k.loss.h, ins[2] = {k.xt.h, k.loss.h}, res[2] = {nullptr, nullptr};
     FLAME_ASSERT_OK(flame_grad(ctx, &o, nullptr, 1, ins, 2, 0, res));
     T gx(res[0]), gl(res[1]);
-    double one = 0;
-    FLAME_ASSERT_OK(flame_tensor_item(gl, &one));
-    EXPECT_EQ(one, 1.0);
-    HT got;
-    FLAME_ASSERT_OK(download(gx, &got));
-    EXPECT_TRUE(near(got, want(k, 1.0), FLAME_DTYPE_F32, "logits gradient next to the loss's own"));
+    ASSERT_NO_FATAL_FAILURE(expect_unit_seed(k, gl, gx, "logits gradient next to the loss's own"));
   }
 }
 

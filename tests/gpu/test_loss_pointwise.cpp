@@ -40,14 +40,6 @@ flame_dtype_t promoted(flame_dtype_t a, flame_dtype_t b) {
   return F32;  // f32 with anything narrower, and f16 with bf16
 }
 
-double rtol_for(flame_dtype_t dt) {
-  switch (dt) {
-    case FLAME_DTYPE_F64: return 1e-9;
-    case FLAME_DTYPE_F32: return 1e-4;
-    case FLAME_DTYPE_F16: return 4e-3;
-    default: return 1.6e-2;
-  }
-}
 // Absolute part of the tolerance, relative to the largest reference value: 16-bit gradients of a mean
 // over many elements have subnormal f16 elements near d = 0.
 double atol_frac_for(flame_dtype_t dt) { return dt == F16 || dt == BF16 ? 1e-2 : 1e-3; }
@@ -103,7 +95,7 @@ class PointwiseLoss : public GpuTest {
     if (c.red != NONE) want.v[0] = c.red == SUM ? s : s / static_cast<double>(n);
     HT got;
     FLAME_ASSERT_OK(download(loss, &got));
-    EXPECT_TRUE(close(got, want, rtol_for(rt), "loss", atol_frac_for(rt)));
+    EXPECT_TRUE(close(got, want, rounded_rtol(rt), "loss", atol_frac_for(rt)));
 
     // Upstream gradient: random for none; for mean about n, so that the gradients are O(1) (f16: finite).
     HT gout = c.red == NONE ? random_ht(c.shape, rng, -1, 1)
@@ -134,11 +126,21 @@ class PointwiseLoss : public GpuTest {
       EXPECT_EQ(dtype_of(held[k]), dt) << "gradient dtype of " << (j == 0 ? "input" : "target");
       HT gh;
       FLAME_ASSERT_OK(download(held[k], &gh));
-      EXPECT_TRUE(close(gh, j == 0 ? ra : rb, rtol_for(dt), j == 0 ? "gradient of input" : "gradient of target",
+      EXPECT_TRUE(close(gh, j == 0 ? ra : rb, rounded_rtol(dt), j == 0 ? "gradient of input" : "gradient of target",
                         atol_frac_for(dt)));
       if (grads) grads->push_back(gh);
       ++k;
     }
+  }
+
+  // A bf16 input that requires grad and an f32 target of shape s, uniform in [-3, 3), drawn from
+  // seed() ^ salt (the MLP benchmark's pair of dtypes).
+  void bf16_input_f32_target(const Shape& s, uint64_t salt, T& at, T& bt) {
+    std::mt19937_64 rng(gc::seed() ^ salt);
+    HT a = random_ht(s, rng, -3, 3), b = random_ht(s, rng, -3, 3);
+    FLAME_ASSERT_OK(upload(ctx, a, BF16, at.out()));
+    FLAME_ASSERT_OK(upload(ctx, b, F32, bt.out()));
+    FLAME_ASSERT_OK(flame_tensor_set_requires_grad(at, 1));
   }
 };
 
@@ -227,13 +229,9 @@ TEST_F(PointwiseLoss, EmptyInputs) {
 
 // A fixed reduction order: the same call gives the same bits.
 TEST_F(PointwiseLoss, Deterministic) {
-  std::mt19937_64 rng(gc::seed() ^ 107);
   const Shape s = {1024, 1031};
-  HT a = random_ht(s, rng, -3, 3), b = random_ht(s, rng, -3, 3);
   T at, bt;
-  FLAME_ASSERT_OK(upload(ctx, a, BF16, at.out()));
-  FLAME_ASSERT_OK(upload(ctx, b, F32, bt.out()));
-  FLAME_ASSERT_OK(flame_tensor_set_requires_grad(at, 1));
+  ASSERT_NO_FATAL_FAILURE(bf16_input_f32_target(s, 107, at, bt));
   for (int kind : {0, 1}) {
     std::vector<uint16_t> bits[2];
     double vals[2];
@@ -255,14 +253,10 @@ TEST_F(PointwiseLoss, Deterministic) {
 // The forward reads a bf16 input and an f32 target as they are (no f32 copy of the input, no
 // elementwise intermediate), and the backward writes the bf16 gradient directly (no f32 gradient).
 TEST_F(PointwiseLoss, NoCopiesOfTheOperands) {
-  std::mt19937_64 rng(gc::seed() ^ 109);
   const Shape s = {1024, 1024};
   const uint64_t input_bytes = 1024 * 1024 * 2;
-  HT a = random_ht(s, rng, -3, 3), b = random_ht(s, rng, -3, 3);
   T at, bt;
-  FLAME_ASSERT_OK(upload(ctx, a, BF16, at.out()));
-  FLAME_ASSERT_OK(upload(ctx, b, F32, bt.out()));
-  FLAME_ASSERT_OK(flame_tensor_set_requires_grad(at, 1));
+  ASSERT_NO_FATAL_FAILURE(bf16_input_f32_target(s, 109, at, bt));
   for (int kind : {0, 1}) {
     SCOPED_TRACE(kind_name(kind));
     flame_memory_stats_t before{}, fwd{}, bwd{};
@@ -307,8 +301,8 @@ TEST_F(PointwiseLoss, FusedAndComposedBackwardAgree) {
         }
         ASSERT_EQ(got[0].size(), got[1].size());
         for (size_t j = 0; j < got[0].size(); ++j)
-          EXPECT_TRUE(close(got[1][j], got[0][j], rtol_for(j == 0 ? p.a : p.b), "composed vs fused gradient " + std::to_string(j),
-                            atol_frac_for(j == 0 ? p.a : p.b)))
+          EXPECT_TRUE(close(got[1][j], got[0][j], rounded_rtol(j == 0 ? p.a : p.b),
+                            "composed vs fused gradient " + std::to_string(j), atol_frac_for(j == 0 ? p.a : p.b)))
               << kind_name(kind) << " " << dtname(p.a) << "/" << dtname(p.b) << " red " << red;
       }
 }
