@@ -84,8 +84,13 @@ TEST(KernelKeys, InstantiationListsKeepTheirNames) {
   EXPECT_EQ(cumsum_instantiation(FLAME_DTYPE_I32, FLAME_DTYPE_I64), "flame::cumsum_kernel<int, long long, long long>");
   const S norm = ops::norm_kernel_instantiations();
   EXPECT_TRUE(has(norm, "flame::norm_fwd_block<float, 0, 4, true>"));
-  EXPECT_TRUE(has(norm, "flame::norm_bwd<flame::bf16_t, 2, 2, 8, false, true>"));
-  EXPECT_TRUE(has(ops::softmax_kernel_instantiations(), "flame::softmax_fwd<flame::half_t, true, 2, 8>"));
+  EXPECT_TRUE(has(norm, "flame::norm_bwd<flame::bf16_t, 2, 2, 8, 0, true>"));  // row: 0 global, 1 registers, 2 shared
+  EXPECT_TRUE(has(norm, "flame::norm_bwd<float, 0, 8, 4, 2, false>"));
+  EXPECT_FALSE(has(norm, "flame::norm_bwd<float, 2, 8, 4, 2, true>"));  // group_norm rows are never staged
+  const S softmax = ops::softmax_kernel_instantiations();
+  EXPECT_TRUE(has(softmax, "flame::softmax_fwd<flame::half_t, true, 2, 8>"));
+  EXPECT_TRUE(has(softmax, "flame::softmax_bwd<float, false, 8, 4, true>"));
+  EXPECT_FALSE(has(softmax, "flame::softmax_bwd<float, false, 8, 1, true>"));  // staged rows are 16-byte vectors
   const S loss = ops::loss_instantiations();
   EXPECT_TRUE(has(loss, "flame::ce_index_fwd<4, true, float, long long, float>"));
   EXPECT_TRUE(has(loss, "flame::ce_prob_fwd<8, false, flame::half_t, float>"));
