@@ -75,7 +75,8 @@ bool smem_rows(DType dtype, int64_t D, int v) {
 }
 
 void launch_bwd_rows(Context& ctx, CUfunction f, const RowPlan& p, int64_t D, DType dtype, void** args, unsigned smem) {
-  if (p.staged) {
+  if (p.staged) {  // the attribute every time: the 48 KiB default covers static + dynamic shared memory, and
+                   // 48 KiB of rows plus the kernels' static red[] exceed it (CUDA_ERROR_INVALID_VALUE, measured)
     smem = static_cast<unsigned>(2 * static_cast<size_t>(D) * dtype_size(dtype) * p.rpb);
     ctx.check(ctx.drv.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(smem)),
               "cuFuncSetAttribute");
