@@ -1,6 +1,8 @@
-"""A/B of row-kernel launch plans (FLAME_ROW_EXP, read by plan_rows on every call): FLAME times of
-the norm and softmax rows of bench/run.py's T1nn tier per variant, as a fraction of the copy
-bandwidth (1 GiB clone in the same run). Usage: python3 scripts/ab_rows.py 0 1 3 5 7"""
+"""A/B of row-kernel launch plans: FLAME times of the norm and softmax rows of bench/run.py's T1nn tier
+(plus rows past L2) per variant, as a fraction of the copy bandwidth (1 GiB clone in the same run), and
+PyTorch's copy of each shape. Each argument is put in FLAME_ROW_EXP before its round; the library reads
+that variable only while a temporary experiment patch makes the host planner read it (none is in the
+tree), so without one every argument times the shipped plan. Usage: python3 scripts/ab_rows.py 0 [1 ...]"""
 import ctypes, os, sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))

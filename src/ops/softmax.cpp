@@ -36,7 +36,8 @@ KernelKey smem_fwd_key(DType t, bool log, int v) { return make_key(kFwdSmem, t, 
 KernelKey cols_key(bool fwd, DType t, bool log) { return make_key(fwd ? kColsFwd : kColsBwd, t, log); }
 
 // Forward budget: the row in registers (launch bounds 1024: <= 64 registers, 32 for the row).
-// Backward: g and y (launch bounds 512: <= 128 registers, 64 for the rows).
+// Backward: g and y (launch bounds 512: <= 128 registers, 64 for the rows), or nothing in registers when
+// the rows are staged in shared memory (short_smem_rows).
 RowBudget fwd_budget() { return RowBudget{1, 0, 32, 1024, false, false, true}; }
 RowBudget bwd_budget(bool staged) { return RowBudget{staged ? 0 : 2, 0, 64, 512, false, false}; }
 
