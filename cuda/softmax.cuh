@@ -74,55 +74,61 @@ __global__ void __launch_bounds__(1024) softmax_fwd(const T* __restrict__ x, T* 
 
 // SMEM (V * sizeof(T) == 16): g and y wait between the passes in shared memory (2 * D * sizeof(T)
 // bytes of dynamic shared memory per row group, filled by cp.async) instead of registers.
+// A thread's vector index j in the row is an int (rows of fewer than 2^31 vectors): with 64-bit
+// indices the register-cached kernel at rows of 16384 floats took 128 registers (H200: softmax
+// fwd+bwd 2048x16384 f32 0.73 of copy; 104 registers now, 0.87).
 template <class T, bool LOG, int NV, int V, bool SMEM>
 __global__ void __launch_bounds__(512) softmax_bwd(const T* __restrict__ g, const T* __restrict__ y, T* __restrict__ dx,
                                                    i64 rows, i64 D) {
   typedef compute_t<T> A;
   __shared__ A red[256];
   extern __shared__ __align__(16) unsigned char bwd_rows[];
-  Vec<T, V>* sg = reinterpret_cast<Vec<T, V>*>(bwd_rows) + threadIdx.y * 2 * (D / V);
-  Vec<T, V>* sy = sg + D / V;
+  const int nvec = static_cast<int>(D / V);
+  Vec<T, V>* sg = reinterpret_cast<Vec<T, V>*>(bwd_rows) + threadIdx.y * 2 * nvec;
+  Vec<T, V>* sy = sg + nvec;
   const i64 iters = row_iterations(rows);
   i64 row = first_row();
   for (i64 it = 0; it < iters; ++it, row += row_step()) {
     const bool live = row < rows;
     const i64 off = (live ? row : 0) * D;
     Vec<T, V> gv[SMEM ? 1 : NV], yv[SMEM ? 1 : NV];
-    if constexpr (SMEM) stage_own_vectors<T, V, NV>(sg, g + off, sy, y + off, live ? D / V : 0);
-    auto gvec = [&](int k, i64 c) -> const Vec<T, V>& {
-      if constexpr (SMEM) return sg[c / V];
+    if constexpr (SMEM) stage_own_vectors<T, V, NV>(sg, g + off, sy, y + off, live ? nvec : 0);
+    auto gvec = [&](int k, int j) -> const Vec<T, V>& {
+      if constexpr (SMEM) return sg[j];
       else return gv[k];
     };
-    auto yvec = [&](int k, i64 c) -> const Vec<T, V>& {
-      if constexpr (SMEM) return sy[c / V];
+    auto yvec = [&](int k, int j) -> const Vec<T, V>& {
+      if constexpr (SMEM) return sy[j];
       else return yv[k];
     };
     A s = A(0);
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
-      i64 c = (static_cast<i64>(k) * blockDim.x + threadIdx.x) * V;
-      if (live && c < D) {
+      const int j = k * blockDim.x + threadIdx.x;  // vector j of the row
+      const i64 c = static_cast<i64>(j) * V;
+      if (live && j < nvec) {
         if constexpr (!SMEM) {
           gv[k] = load_vec<T, V>(g + off + c);
           yv[k] = load_vec<T, V>(y + off + c);
         }
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-          A gj = static_cast<A>(to_compute(gvec(k, c).v[j]));
-          s += LOG ? gj : gj * static_cast<A>(to_compute(yvec(k, c).v[j]));
+        for (int e = 0; e < V; ++e) {
+          A ge = static_cast<A>(to_compute(gvec(k, j).v[e]));
+          s += LOG ? ge : ge * static_cast<A>(to_compute(yvec(k, j).v[e]));
         }
       }
     }
     s = row_allreduce(s, RowSum(), red);
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
-      i64 c = (static_cast<i64>(k) * blockDim.x + threadIdx.x) * V;
-      if (live && c < D) {
+      const int j = k * blockDim.x + threadIdx.x;
+      const i64 c = static_cast<i64>(j) * V;
+      if (live && j < nvec) {
         Vec<T, V> o;
 #pragma unroll
-        for (int j = 0; j < V; ++j) {
-          A gj = static_cast<A>(to_compute(gvec(k, c).v[j])), yj = static_cast<A>(to_compute(yvec(k, c).v[j]));
-          o.v[j] = cast<T>(LOG ? gj - m_exp(yj) * s : yj * (gj - s));
+        for (int e = 0; e < V; ++e) {
+          A ge = static_cast<A>(to_compute(gvec(k, j).v[e])), ye = static_cast<A>(to_compute(yvec(k, j).v[e]));
+          o.v[e] = cast<T>(LOG ? ge - m_exp(ye) * s : ye * (ge - s));
         }
         store_vec<T, V>(dx + off + c, o);
       }

@@ -50,11 +50,10 @@ KernelKey bwd_key(DType t, int mode, const RowPlan& p, bool wb) {
 }
 
 // Forward: the row in registers (launch bounds 512). Backward (launch bounds 512): g and x, plus
-// (LN/RMS, when dw or db is wanted) two accumulator arrays; GN keeps its weight sums in shared memory, one row per block.
+// (LN/RMS, when dw or db is wanted) two accumulator arrays; GN keeps its weight sums in shared memory,
+// one row per block. Short LN/RMS rows wait in shared memory.
 RowBudget fwd_budget() { return RowBudget{1, 0, 32, 512, false, false, true}; }
-RowBudget bwd_budget(int mode, bool wb, bool staged) {
-  return RowBudget{staged ? 0 : 2, mode == 2 || !wb ? 0 : 2, 64, 512, !staged, mode == 2};
-}
+RowBudget bwd_budget(int mode, bool wb) { return RowBudget{2, mode == 2 || !wb ? 0 : 2, 64, 512, true, mode == 2, false, mode != 2}; }
 
 void check_float(const Tensor& x, const char* op) {
   FLAME_CHECK(is_floating(x->dtype), FLAME_ERROR_DTYPE_MISMATCH, op, ": x must be a floating tensor, got ",
@@ -240,9 +239,7 @@ ops::NormGrads ops::norm_backward(NormKind kind, const NormGeometry& geo, const 
     std::vector<CUdeviceptr> ptrs = {gp, xp, dxp};
     if (mode != 2) ptrs.push_back(wp);
     int v = row_vector_width(dt, geo.D, ptrs);
-    const bool staged = mode != 2 && short_smem_rows(dt, geo.D, v);
-    RowPlan p = plan_rows(ctx, geo.rows, geo.D, dt, v, bwd_budget(mode, need_dw || need_db, staged), 1024);
-    p.staged = staged;
+    RowPlan p = plan_rows(ctx, geo.rows, geo.D, dt, v, bwd_budget(mode, need_dw || need_db), 1024);
     // dx alone of LN/RMS rows of 32 KiB and more: two passes over global memory (the second hits L2)
     // at full occupancy beat one row of g and x per SM in registers (H200, 2048x16384 f32: 0.66 -> 0.71
     // of copy for layer_norm fwd+bwd; 4096-wide rows measured worse streamed).

@@ -14,7 +14,10 @@ int row_vector_width(DType dtype, int64_t D, const std::vector<CUdeviceptr>& ptr
   return v;
 }
 
-RowPlan plan_rows(Context& ctx, int64_t rows, int64_t D, DType dtype, int v, const RowBudget& b, int resident_threads) {
+RowPlan plan_rows(Context& ctx, int64_t rows, int64_t D, DType dtype, int v, const RowBudget& b0, int resident_threads) {
+  RowBudget b = b0;
+  const bool staged = b.stage_short && short_smem_rows(dtype, D, v);
+  if (staged) b.arrays = 0;  // the rows wait in shared memory
   RowPlan p;
   p.v = v;
   const int64_t chunks = (D + v - 1) / v;
@@ -40,6 +43,7 @@ RowPlan plan_rows(Context& ctx, int64_t rows, int64_t D, DType dtype, int v, con
     }
   }
   if (!found) return plan_stream(ctx, rows, D, v);
+  p.staged = staged;
   p.rpb = b.one_row_per_block ? 1 : std::max(1u, 256 / p.tpr);  // short rows: several per block (<= 8)
   int64_t groups = (rows + p.rpb - 1) / p.rpb;
   int64_t per_sm = std::max<int64_t>(1, resident_threads / static_cast<int64_t>(p.tpr * p.rpb));

@@ -24,12 +24,15 @@ struct RowBudget {
   // (measured on an H200: 0.86 -> 0.93 of copy for layer_norm at 16384x4096; shorter rows and the
   // backward kernels do better persistent).
   bool spread_mid_rows = false;
+  // Backward kernels: short rows (short_smem_rows) wait in shared memory instead of registers
+  // between the two passes (RowPlan::staged); only accumulators then take registers.
+  bool stage_short = false;
 };
 
 struct RowPlan {
   bool stream = false;  // too long: one block per row, several passes
   bool cache = true;
-  bool staged = false;  // backward kernels: the two input rows wait in shared memory (set by the caller)
+  bool staged = false;  // backward kernels: the two input rows wait in shared memory (RowBudget::stage_short)
   int nv = 1, v = 1;
   unsigned tpr = 32, rpb = 1, grid = 1;
 };
@@ -52,7 +55,10 @@ void launch_rows(Context& ctx, CUfunction f, const RowPlan& p, void** args, unsi
 //    idle), rows of 4096 floats stay register-cached (0.93);
 //  - long rows, more than 32 KiB and up to 64 KiB: 512 threads; 64 KiB keeps 3 rows resident per SM
 //    on sm_90 (227 KiB) and 2 on sm_80; layer_norm 2048x16384 0.69 -> 0.81 of copy, group_norm
-//    32x128x64x64 0.49 -> 0.70, softmax 2048x16384 0.70 -> 0.88.
+//    32x128x64x64 0.49 -> 0.70, softmax 2048x16384 0.70 -> 0.88. Splitting these rows over a
+//    thread-block cluster of 2-8 blocks (slices of 8-32 KiB exchanging partial sums through distributed
+//    shared memory) measured slower, forward and backward (layer_norm 0.80 -> 0.49-0.64 of copy): a
+//    cluster waits at each of its barriers for its slowest block while all its slices stay allocated.
 constexpr size_t kShortSmemMin = 1024, kShortSmemMax = 4096;
 bool smem_rows(DType dtype, int64_t D, int v);
 // The short rows above. The backward kernels (norm_bwd / softmax_bwd) keep their two input rows in

@@ -37,9 +37,9 @@ KernelKey cols_key(bool fwd, DType t, bool log) { return make_key(fwd ? kColsFwd
 
 // Forward budget: the row in registers (launch bounds 1024: <= 64 registers, 32 for the row).
 // Backward: g and y (launch bounds 512: <= 128 registers, 64 for the rows), or nothing in registers when
-// the rows are staged in shared memory (short_smem_rows).
+// short rows wait in shared memory (short_smem_rows).
 RowBudget fwd_budget() { return RowBudget{1, 0, 32, 1024, false, false, true}; }
-RowBudget bwd_budget(bool staged) { return RowBudget{staged ? 0 : 2, 0, 64, 512, false, false}; }
+RowBudget bwd_budget() { return RowBudget{2, 0, 64, 512, false, false, false, true}; }
 
 void check_float(const Tensor& x, const char* what) {
   FLAME_CHECK(is_floating(x->dtype), FLAME_ERROR_DTYPE_MISMATCH, what, " needs a floating tensor, got ",
@@ -100,9 +100,7 @@ void launch_backward(const Tensor& g, const Tensor& y, const Tensor& dx, const G
   if (geo.inner == 1) {
     int64_t rows = geo.outer;
     int v = row_vector_width(y->dtype, geo.D, {gp, yp, dp});
-    const bool staged = short_smem_rows(y->dtype, geo.D, v);
-    RowPlan p = plan_rows(ctx, rows, geo.D, y->dtype, v, bwd_budget(staged));
-    p.staged = staged;
+    RowPlan p = plan_rows(ctx, rows, geo.D, y->dtype, v, bwd_budget());
     void* args[] = {&gp, &yp, &dp, &rows, const_cast<int64_t*>(&geo.D)};
     launch_bwd_rows(ctx, ctx.function(bwd_key(y->dtype, log, p)), p, geo.D, y->dtype, args);
     return;
