@@ -18,7 +18,7 @@ copy_bw = 2 * n * 4 / (median_ms(lambda: yt.copy_(xt), torch.cuda.current_stream
 del xt, yt
 print(f"copy {copy_bw/1e12:.3f} TB/s")
 cases = []
-for rows, width in ((16384, 768), (65536, 768), (16384, 1024), (65536, 1024), (16384, 4096), (2048, 16384), (8192, 16384)):
+for rows, width in ((16384, 768), (65536, 768), (16384, 1024), (65536, 1024), (16384, 4096), (2048, 16384), (4096, 16384), (8192, 16384)):
     xx, w, b, g = fl.randn([rows, width], "f32"), fl.randn([width], "f32"), fl.randn([width], "f32"), fl.randn([rows, width], "f32")
     xg = fl.randn([rows, width], "f32"); lib.set_requires_grad(xg, True)
     ns = (ctypes.c_int64 * 1)(width)
@@ -29,7 +29,17 @@ for rows, width in ((16384, 768), (65536, 768), (16384, 1024), (65536, 1024), (1
         y = fl.call("layer_norm", xg, ns, 1, w, b, 1e-5)
         lib.grad(fl.ctx, [y], [g], [xg], 0)
     cases.append((f"ln f+b {rows}x{width}", step, 5 * nb))
+    wg, bg = fl.randn([width], "f32"), fl.randn([width], "f32")
+    lib.set_requires_grad(wg, True); lib.set_requires_grad(bg, True)
+    def step_wb(xg=xg, ns=ns, wg=wg, bg=bg, g=g):
+        y = fl.call("layer_norm", xg, ns, 1, wg, bg, 1e-5)
+        lib.grad(fl.ctx, [y], [g], [xg, wg, bg], 0)
+    cases.append((f"ln f+b+dw {rows}x{width}", step_wb, 5 * nb))
     cases.append((f"softmax {rows}x{width}", lambda xx=xx: fl.call("softmax", xx, -1), 2 * nb))
+    def sstep_w(xg=xg, g=g):
+        y = fl.call("softmax", xg, -1)
+        lib.grad(fl.ctx, [y], [g], [xg], 0)
+    cases.append((f"softmax f+b {rows}x{width}", sstep_w, 5 * nb))
 sx = fl.randn([8192, 8192], "f32"); sxg = fl.randn([8192, 8192], "f32"); lib.set_requires_grad(sxg, True); sg = fl.randn([8192, 8192], "f32")
 cases.append(("softmax 8192x8192", lambda: fl.call("softmax", sx, -1), 2 * 8192 * 8192 * 4))
 def sstep():

@@ -727,6 +727,21 @@ TEST_F(ElementwiseSpecial, RowBroadcastAndTransposeLaunches) {
       FLAME_ASSERT_OK(flame_contiguous(s, o.out()));
       EXPECT_TRUE(matches(o, h.permute(perm).narrow(3, 8, 48).contiguous()));
     }
+    if (d == FLAME_DTYPE_F32 || d == FLAME_DTYPE_BF16) {
+      // More vectors than ew_rows' grid takes in one pass of its grid-stride loop (6 blocks of 256 threads
+      // per SM), with rows of a length that does not divide the grid's threads.
+      Input a = make_input(ctx, rng, Layout::CONTIG, {2048, 1104}, d, d0);
+      Input b = make_input(ctx, rng, Layout::CONTIG, {1104}, d, d0);
+      T o;
+      FLAME_ASSERT_OK(flame_add(a.dev, b.dev, o.out()));
+      EXPECT_TRUE(matches(o, map2(a.host, b.host, d, add)));
+      const std::vector<int> perm = {0, 2, 1, 3};  // several outer axes
+      HT h = random(rng, {8, 12, 520, 64}, d, d0);
+      T x = upload(ctx, h), v, c;
+      FLAME_ASSERT_OK(flame_permute(x, perm.data(), 4, v.out()));
+      FLAME_ASSERT_OK(flame_contiguous(v, c.out()));
+      EXPECT_TRUE(matches(c, h.permute(perm).contiguous()));
+    }
     HT h = random(rng, {37, 45}, d, d0);  // tile edges in both directions
     T x = upload(ctx, h), v, o;
     FLAME_ASSERT_OK(flame_transpose(x, 0, 1, v.out()));
