@@ -9,8 +9,8 @@
 // whose output is 0). K and V tiles arrive by cp.async while the other product runs (V during
 // Q K^T, the next K during P V).
 //
-// Backward: sdpa_bwd_delta computes delta = rowsum(dO * O); sdpa_bwd gives a block 64 keys (16 per
-// warp) and walks the query tiles of 64: it recomputes S^T = K Q^T and P^T = exp2(S^T - lse2) and
+// Backward: sdpa_bwd_delta computes delta = rowsum(dO * O) and clears dq_acc; sdpa_bwd gives a block
+// 64 keys (16 per warp) and walks the query tiles of 64: it recomputes S^T = K Q^T and P^T = exp2(S^T - lse2) and
 // forms dP^T = V dO^T, dS^T = P^T (dP^T - delta), then dV += P^T dO and dK += dS^T Q in registers.
 // dQ += dS K is summed over key blocks with f32 atomics into dq_acc (dS^T goes through shared memory
 // for it), and sdpa_bwd_dq scales and rounds dq_acc at the end. With a mask gradient requested,
@@ -375,6 +375,16 @@ __global__ void sdpa_bwd_delta(const Params p) {
     return reinterpret_cast<const T*>(p.dout) + b * p.do_sb + h * p.do_sh + i * p.do_sl;
   };
   float* delta = reinterpret_cast<float*>(p.delta);
+  // Also clears row r of dq_acc (lanes `lig` of `group` lanes), which the backward kernel that follows
+  // sums into (instead of a memset of its own).
+  auto clear_row = [&](i64 r, int lig, int group) {
+    float* acc = reinterpret_cast<float*>(p.dq_acc) + r * p.D;
+    if (p.D % 4 == 0) {
+      for (int c = lig; c < p.D / 4; c += group) reinterpret_cast<float4*>(acc)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    } else {
+      for (int c = lig; c < p.D; c += group) acc[c] = 0.f;
+    }
+  };
   const int lpr = p.Dv / 8;  // lanes per row of the grouped path
   if (p.vec && lpr <= 32 && (lpr & (lpr - 1)) == 0) {
     const int rpw = 32 / lpr, c = (lane % lpr) * 8;  // rows per warp and step, this lane's columns
@@ -387,6 +397,7 @@ __global__ void sdpa_bwd_delta(const Params p) {
         if (r < rows) {
           ov[u] = *reinterpret_cast<const Vec<T, 8>*>(reinterpret_cast<const T*>(p.o) + r * p.Dv + c);
           dv[u] = *reinterpret_cast<const Vec<T, 8>*>(dout_row(r) + c);
+          clear_row(r, lane % lpr, lpr);
         }
       }
 #pragma unroll
@@ -405,6 +416,7 @@ __global__ void sdpa_bwd_delta(const Params p) {
   for (i64 r = warp; r < rows; r += warps) {
     const T* o = reinterpret_cast<const T*>(p.o) + r * p.Dv;
     const T* d = dout_row(r);
+    clear_row(r, lane, 32);
     float acc = 0.f;
     if (p.vec) {
       for (int c = 4 * lane; c < p.Dv; c += 128) {

@@ -444,7 +444,7 @@ AttentionGrads ops::attention_backward(const AttentionSaved& s, const Tensor& g0
     s2.cudnn_stats = false;
     return attention_backward(s2, g, need_dmask);
   }
-  Tensor dq_acc = zeros(ctx, {G.B, G.H, G.Lq, G.D}, FLAME_DTYPE_F32);
+  Tensor dq_acc = make_tensor(ctx, {G.B, G.H, G.Lq, G.D}, FLAME_DTYPE_F32);  // cleared by sdpa_bwd_delta
   Tensor delta = make_tensor(ctx, {G.B, G.H, G.Lq}, FLAME_DTYPE_F32);
   Tensor ds = need_dmask && s.mask ? zeros(ctx, {G.B, G.H, G.Lq, G.Lk}, FLAME_DTYPE_F32) : nullptr;
   AttnParams P = make_params(G, s.causal, s.scale, dropout_of(s));
