@@ -336,17 +336,32 @@ __global__ void __launch_bounds__(1024) norm_fwd_block(const T* __restrict__ x, 
       rstd_out[row] = rs;
     }
     T* yr = y + row * D;
-    for (i64 i = threadIdx.x; i < nvec; i += blockDim.x) {
-      Vec<T, V> v = vec(i), o;
-      A wv[V], bv[V];
-      load_affine<MODE, T, V>(w, row, i * V, groups, hw, cg, wv);
-      if (b) load_affine<MODE, T, V>(b, row, i * V, groups, hw, cg, bv);
+    // LN/RMS: the weight and bias of U vectors are loaded (from L2: every row reads them) before any is
+    // used. GN reads one value per channel.
+    constexpr int U = MODE == kGroupNorm ? 1 : 2;
+    for (i64 i0 = threadIdx.x; i0 < nvec; i0 += U * static_cast<i64>(blockDim.x)) {
+      A wv[U][V], bv[U][V];
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        A r = (static_cast<A>(to_compute(v.v[j])) - mean) * rs * wv[j];
-        o.v[j] = cast<T>(b ? r + bv[j] : r);
+      for (int u = 0; u < U; ++u) {
+        const i64 i = i0 + u * static_cast<i64>(blockDim.x);
+        if (i < nvec) {
+          load_affine<MODE, T, V>(w, row, i * V, groups, hw, cg, wv[u]);
+          if (b) load_affine<MODE, T, V>(b, row, i * V, groups, hw, cg, bv[u]);
+        }
       }
-      store_vec<T, V>(yr + i * V, o);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const i64 i = i0 + u * static_cast<i64>(blockDim.x);
+        if (i < nvec) {
+          Vec<T, V> v = vec(i), o;
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            A r = (static_cast<A>(to_compute(v.v[j])) - mean) * rs * wv[u][j];
+            o.v[j] = cast<T>(b ? r + bv[u][j] : r);
+          }
+          store_vec<T, V>(yr + i * V, o);
+        }
+      }
     }
     if constexpr (SMEM) __syncthreads();  // every thread is done with this row before the next one's copies land
   }
