@@ -8,6 +8,9 @@
 // The kernels are cuda/attention.cuh's (FlashAttention-2, mma.sync) or, on compute capability 9.0
 // without mask or dropout, D == Dv of 64 or 128, 16-byte aligned rows and scale > 0, the sm_90a ones
 // of cuda/attention_wg.cuh (wgmma; wg_path), which read and write the same O, lse2, delta and dq_acc.
+// On that path the forward is cuda/attention_tma.cuh's (a TMA producer warpgroup feeding two wgmma
+// warpgroups through mbarriers) when 4-D tensor maps describe q, k and v (no stride of 0), else
+// sdpa_fwd_wg.
 //
 // Composed path (everything else): S = scale q k^T, masked with where(-inf) / plus the additive
 // mask, softmax over the keys, rows with no key left set to 0 (PyTorch's _safe_softmax), times the
@@ -27,6 +30,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstddef>
 #include "core/error.h"
 #include "ops/nn.h"
 #include "ops/ops.h"
@@ -174,6 +178,49 @@ bool wg_path(Context& ctx, const Geometry& G, bool mask, bool dropout, const Att
   return ctx.wgmma_enabled && !mask && !dropout && G.D == G.Dv && (G.D == 64 || G.D == 128) && P.vec && P.scale_log2 > 0;
 }
 
+// ---- the TMA forward (cuda/attention_tma.cuh): taken on the wg_path where tensor maps describe q, k, v ----
+constexpr KernelTemplate kFwdTma{"attention_tma.cuh", "flame::attn::sdpa_fwd_tma", {A::Dtype, A::Int}};
+constexpr unsigned kTmaThreads = 384;
+// Mirrors TmaFwdTile<d>::kSmemBytes: Q, then 2 (d = 128) or 3 (d = 64) stages of K and of V, 128 x d
+// each; 8-byte mbarriers (Q, and full / empty of K and V per stage); 1 KB to align the base to 1024.
+unsigned tma_fwd_smem(int d) {
+  const int stages = d == 128 ? 2 : 3;
+  return static_cast<unsigned>((1 + 2 * stages) * 128 * d * 2 + 8 * (1 + 4 * stages) + 1024);
+}
+struct AttnTmaMaps {  // mirrors flame::attn::TmaMaps: three 128-byte CUtensorMaps at offsets 0, 128, 256
+  CUtensorMap q, k, v;  // (cuda.h aligns them to 64 or, from CUDA 13, 128 bytes: the offsets are the same)
+};
+static_assert(sizeof(CUtensorMap) == 128 && sizeof(AttnTmaMaps) == 384 && offsetof(AttnTmaMaps, v) == 256,
+              "AttnTmaMaps must match flame::attn::TmaMaps");
+// A 4-D tensor map over t = [B, H, L, D] (innermost first: D, L, H, B) with t's strides, boxes of 64
+// columns (128 bytes) x 128 rows, 128-byte swizzle, zeros outside. A size-1 dim gets the stride of a
+// dense tensor (any value works for it); false where TMA cannot describe t (a 0 stride of a broadcast
+// dim, a stride that is no multiple of 16 bytes) or the driver refuses.
+bool tma_map(Context& ctx, CUtensorMap* map, const Tensor& t) {
+  int64_t st[3];
+  int64_t inner = t->shape[3];
+  for (int d = 2; d >= 0; --d) {
+    const size_t ud = static_cast<size_t>(d);
+    st[d] = t->shape[ud] == 1 ? inner : t->strides[ud];
+    inner = st[d] * t->shape[ud];
+  }
+  cuuint64_t dims[4], strides[3];
+  for (int d = 0; d < 4; ++d) dims[d] = static_cast<cuuint64_t>(t->shape[static_cast<size_t>(3 - d)]);
+  for (int d = 0; d < 3; ++d) {
+    const int64_t bytes = st[2 - d] * 2;
+    if (bytes <= 0 || bytes % 16 != 0 || bytes >= (int64_t{1} << 40)) return false;
+    strides[d] = static_cast<cuuint64_t>(bytes);
+  }
+  for (cuuint64_t n : dims)
+    if (n == 0 || n > (cuuint64_t{1} << 32)) return false;
+  const cuuint32_t box[4] = {64, 128, 1, 1}, elem[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type = t->dtype == FLAME_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return ctx.drv.cuTensorMapEncodeTiled(map, type, 4, reinterpret_cast<void*>(t->data()), dims, strides, box, elem,
+                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+// ---- end of the TMA forward's host part ----
+
 void launch(Context& ctx, const KernelKey& key, int64_t grid, unsigned smem, void** args, unsigned threads = kThreads) {
   CUfunction f = ctx.function(key);
   if (smem > 48 * 1024)
@@ -282,6 +329,13 @@ KernelForward kernel_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   P.lse = r.lse->data();
   void* args[] = {&P};
   if (wg_path(ctx, G, mask != nullptr, drop.on, P)) {
+    AttnTmaMaps maps;  // the TMA forward where tensor maps describe the inputs (else sdpa_fwd_wg's cp.async loads)
+    if (G.Lk > 0 && tma_map(ctx, &maps.q, q) && tma_map(ctx, &maps.k, k) && tma_map(ctx, &maps.v, v)) {
+      void* targs[] = {&P, &maps};
+      launch(ctx, make_key(kFwdTma, q->dtype, static_cast<int>(G.D)), grid, tma_fwd_smem(static_cast<int>(G.D)), targs,
+             kTmaThreads);
+      return r;
+    }
     launch(ctx, make_key(kFwdWg, q->dtype, static_cast<int>(G.D)), grid, wg_fwd_smem(static_cast<int>(G.D)), args, kWgThreads);
     return r;
   }
@@ -512,6 +566,7 @@ std::vector<std::string> ops::attention_instantiations() {
     for (int d : {64, 128}) {
       v.push_back(kernel_name(make_key(kFwdWg, dt, d)));
       v.push_back(kernel_name(make_key(kBwdWg, dt, d)));
+      v.push_back(kernel_name(make_key(kFwdTma, dt, d)));
     }
     v.push_back(kernel_name(make_key(kBwdDelta, dt)));
     v.push_back(kernel_name(make_key(kBwdDq, dt)));

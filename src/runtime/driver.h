@@ -21,7 +21,8 @@ namespace flame {
   X(cuFuncSetAttribute) X(cuPointerGetAttribute) \
   X(cuMemsetD32Async) X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing) \
   X(cuThreadExchangeStreamCaptureMode) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) \
-  X(cuGraphExecDestroy) X(cuGraphDestroy)
+  X(cuGraphExecDestroy) X(cuGraphDestroy) \
+  X(cuTensorMapEncodeTiled)
 
 struct Driver {
 #define FLAME_DECLARE_FN(name) decltype(&::name) name = nullptr;

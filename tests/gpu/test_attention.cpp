@@ -10,7 +10,9 @@
 //    reveals it; gradients match a reference built from it) and across dtypes, p = 0 = no dropout;
 //  - the composed backward under create_graph (second order);
 //  - a 16384-token sequence whose extra memory stays O(S);
-//  - bad arguments: documented status, NULL result, the RNG untouched.
+//  - bad arguments: documented status, NULL result, the RNG untouched;
+//  - FLAME's own kernels on compute capability 9.0: the TMA forward (cases tma_*) and, for inputs
+//    that tensor maps cannot describe (broadcast over the heads), sdpa_fwd_wg (wg_fallback_*).
 // Reproduce a failure with FLAME_GRADCHECK_SEED=<seed printed in the failure>.
 #include <cmath>
 #include <cstring>
@@ -82,11 +84,18 @@ struct Input {
 // layout 0: contiguous. 1: the heads of a packed projection [B, L, C] (columns off .. off + H E),
 // reshaped to [B, L, H, E] and transposed to [B, H, L, E] (as split from a qkv projection); with
 // C and off multiples of 8 elements. 2: the same with 3 extra columns in front (unaligned rows).
+// 3: [B, 1, L, E] expanded over the heads (stride 0; for q too, which then has equal heads).
 void make_input(flame_ctx_t ctx, std::mt19937_64& rng, int64_t B, int64_t H, int64_t L, int64_t E, flame_dtype_t dt,
                 int layout, double amp, Input* in) {
   if (layout == 0) {
     HT h = random_ht(rng, {B, H, L, E}, -amp, amp);
     FLAME_ASSERT_OK(upload(ctx, h, dt, in->t.out()));
+  } else if (layout == 3) {
+    HT h = random_ht(rng, {B, 1, L, E}, -amp, amp);
+    T one;
+    FLAME_ASSERT_OK(upload(ctx, h, dt, one.out()));
+    const int64_t full[4] = {B, H, L, E};
+    FLAME_ASSERT_OK(flame_expand(one, full, 4, in->t.out()));
   } else {
     const int64_t off = layout == 1 ? 8 : 3, C = off + H * E + 8;
     HT packed = random_ht(rng, {B, L, C}, -amp, amp);
@@ -225,6 +234,31 @@ std::vector<Case> cases() {
       add(c, "plain");
     }
   }
+  // FLAME's own kernels, where compute capability 9.0 runs the TMA forward sdpa_fwd_tma (elsewhere these
+  // repeat cases above): several key tiles (5 at Lk 600: the K / V stages wrap and their barrier phases
+  // flip), partial tiles, causal with Lq above and below Lk, a custom scale, contiguous inputs and strided
+  // views; and q, k, v broadcast over the heads (a stride of 0, which no tensor map takes: sdpa_fwd_wg).
+  for (flame_dtype_t dt : {FLAME_DTYPE_F16, FLAME_DTYPE_BF16})
+    for (int64_t D : {64, 128}) {
+      Case c;
+      c.dt = dt;
+      c.D = c.Dv = D;
+      c.own_kernels = true;
+      c.Lq = 300, c.Lk = 600;
+      add(c, "tma_plain_5_key_tiles");
+      Case cv = c;
+      cv.layout = 1, cv.causal = true, cv.Lq = 260, cv.Lk = 300;
+      add(cv, "tma_views_causal");
+      Case cm = c;
+      cm.causal = true, cm.Lq = 300, cm.Lk = 130;
+      add(cm, "tma_causal_more_queries");
+      Case cs = c;
+      cs.layout = 1, cs.scale = 0.3, cs.Lq = 37, cs.Lk = 45;
+      add(cs, "tma_views_short_scale");
+      Case cb = c;
+      cb.layout = 3, cb.causal = true, cb.Lq = 260, cb.Lk = 300;
+      add(cb, "wg_fallback_broadcast_heads_causal");
+    }
   for (int64_t D : {40, 64}) {  // f64: the composed path
     Case c;
     c.dt = FLAME_DTYPE_F64;
