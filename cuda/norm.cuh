@@ -14,7 +14,8 @@
 //                            of g) and one write per element. Backward keeps dw/db partial sums
 //                            per thread in registers across all rows its row group handles
 //                            (LN/RMS: a thread's columns are the same in every row) and writes
-//                            them to partials [blocks * blockDim.y, D], summed by the host; for
+//                            them to partials [blocks * blockDim.y, D] ([blocks, D] for staged
+//                            rows, summed over the row groups in shared memory), summed by the host; for
 //                            GN it sums per channel in shared memory and writes [N, C]. CACHE =
 //                            false re-reads g and x for the dx pass instead of caching them (long
 //                            rows: the accumulators take the registers; the re-read hits L2).
@@ -269,7 +270,32 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
       __syncthreads();
     }
   }
-  if constexpr (MODE != kGroupNorm && WB) {
+  if constexpr (MODE != kGroupNorm && WB && SMEM) {
+    // Staged rows: the row groups' sums meet in the shared memory that held the rows (D * blockDim.y
+    // values of A fit in its 2 * D * blockDim.y of T), and the block writes one partial row, so the
+    // partials are [gridDim.x, D] instead of [gridDim.x * blockDim.y, D] (a fifth of layer_norm's
+    // backward traffic with weight gradients at rows of 768).
+    A* sums = reinterpret_cast<A*>(gn_smem_raw);
+    for (int pass = 0; pass < 2; ++pass) {
+      A* out = pass ? db_part : dw_part;
+      if (!out) continue;  // uniform
+      __syncthreads();     // every row group is done with its staged rows (and with the previous pass)
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        const i64 c = (static_cast<i64>(k) * blockDim.x + threadIdx.x) * V;
+        if (c < D) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) sums[threadIdx.y * D + c + j] = pass ? dba[k][j] : dwa[k][j];
+        }
+      }
+      __syncthreads();
+      for (i64 col = static_cast<i64>(threadIdx.y) * blockDim.x + threadIdx.x; col < D; col += static_cast<i64>(blockDim.x) * blockDim.y) {
+        A s = A(0);
+        for (int y = 0; y < static_cast<int>(blockDim.y); ++y) s += sums[y * D + col];
+        out[static_cast<i64>(blockIdx.x) * D + col] = s;
+      }
+    }
+  } else if constexpr (MODE != kGroupNorm && WB) {
     const i64 slot = static_cast<i64>(blockIdx.x) * blockDim.y + threadIdx.y;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {

@@ -257,7 +257,8 @@ ops::NormGrads ops::norm_backward(NormKind kind, const NormGeometry& geo, const 
         launch_rows(ctx, ctx.function(bwd_key(dt, mode, p, false)), p, args);
       }
     } else if (need_dx || kernel_wb) {
-      Shape pshape = mode == 2 ? Shape{geo.N, geo.C} : Shape{static_cast<int64_t>(p.grid) * p.rpb, geo.D};
+      // LN/RMS partial sums: one row per row group, or per block for staged rows (norm_bwd sums those).
+      Shape pshape = mode == 2 ? Shape{geo.N, geo.C} : Shape{static_cast<int64_t>(p.grid) * (p.staged ? 1 : p.rpb), geo.D};
       Tensor dwp = kernel_wb && need_dw ? make_tensor(ctx, pshape, acc) : nullptr;
       Tensor dbp = kernel_wb && need_db ? make_tensor(ctx, pshape, acc) : nullptr;
       CUdeviceptr dwpp = dwp ? dwp->data() : 0, dbpp = dbp ? dbp->data() : 0;
