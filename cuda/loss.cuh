@@ -11,7 +11,9 @@
 // When the forward is recorded with class indices and a scalar reduction, ce_index_fwd_grad also
 // writes the gradient for an upstream gradient of 1 (what loss.backward() seeds): each row is read
 // from DRAM once, backwards, and again forwards for the gradient, from L2 (the host caps the rows
-// in flight so that they fit), so forward + backward move 2 x M x C elements.
+// in flight so that they fit; the second read and the gradient's stores are marked evict-first, so
+// that they do not push out the rows still waiting), so forward + backward move 2 x M x C elements.
+// PLAIN kernels (no class weights, no label smoothing) drop that code at compile time.
 //
 // Rows are handled by one warp (C <= 1024: several rows per block) or by one block (larger C).
 // V elements move per access (16 bytes when the row length and pointers allow, else 1), and U such
@@ -24,10 +26,28 @@
 
 namespace flame {
 
-// exp in f32 as one exp2 (the MUFU instruction) of a pre-scaled argument: the relative error stays
+// exp in f32 as one exp2 (the MUFU instruction, flushing subnormal results to 0: exp2f's subnormal
+// handling costs 3 more instructions per element) of a pre-scaled argument: the relative error stays
 // near 1e-6 for the arguments that matter (x - max in [-30, 0]), and the kernel stays memory-bound.
-__device__ __forceinline__ float l_exp(float x) { return exp2f(x * 1.4426950408889634f); }
+__device__ __forceinline__ float l_exp(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+  return r;
+}
 __device__ __forceinline__ double l_exp(double x) { return exp(x); }
+// exp(x - m) as l_exp_from(x, l_scaled(m)) with m scaled once per row: in f32 one FFMA and the exp2
+// per element (x log2(e) is exact inside the FFMA; the rounding of m log2(e) moves the result by a
+// relative |m| 2^-24). For the gradient's softmax; the row sums keep x - m exact (see rs_add).
+__device__ __forceinline__ float l_scaled(float m) { return m * 1.4426950408889634f; }
+__device__ __forceinline__ double l_scaled(double m) { return m; }
+__device__ __forceinline__ float l_exp_from(float x, float m_scaled) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(x, 1.4426950408889634f, -m_scaled)));
+  return r;
+}
+__device__ __forceinline__ double l_exp_from(double x, double m) { return exp(x - m); }
+__device__ __forceinline__ float l_max(float a, float b) { return fmaxf(a, b); }  // one FMNMX
+__device__ __forceinline__ double l_max(double a, double b) { return fmax(a, b); }
 
 template <class A> __device__ __forceinline__ A l_neg_inf();
 template <> __device__ __forceinline__ float l_neg_inf<float>() { return -__int_as_float(0x7f800000); }
@@ -62,9 +82,9 @@ template <class A> __device__ __forceinline__ void rs_merge(RowStats<A>& a, cons
 
 // Adds V logits to the (max, sum) pair with one rescale.
 template <class A, int V> __device__ __forceinline__ void rs_add(RowStats<A>& st, const A (&x)[V]) {
-  A vm = x[0];
+  A vm = x[0];  // (a NaN is skipped here; it reaches the sum below, which propagates it)
 #pragma unroll
-  for (int k = 1; k < V; ++k) vm = x[k] > vm ? x[k] : vm;
+  for (int k = 1; k < V; ++k) vm = l_max(vm, x[k]);
   if (vm > st.m) {
     st.s *= rs_rescale(st.m, vm);
     st.m = vm;
@@ -76,7 +96,7 @@ template <class A, int V> __device__ __forceinline__ void rs_add(RowStats<A>& st
     return;
   }
 #pragma unroll
-  for (int k = 0; k < V; ++k) st.s += l_exp(x[k] - st.m);
+  for (int k = 0; k < V; ++k) st.s += l_exp(x[k] - st.m);  // x - m exact: the max adds exactly 1 (a 1-class row's loss is 0)
 }
 
 template <class A> __device__ __forceinline__ RowStats<A> rs_shfl_down(const RowStats<A>& v, int o) {
@@ -141,40 +161,78 @@ template <class T, int V> __device__ __forceinline__ Vec<T, V> load_vec(const T*
 
 template <class A> __device__ __forceinline__ A finite_or_zero(A x) { return x - x == A(0) ? x : A(0); }
 
+// The V elements of v in the accumulation type A. bf16 pairs come out of their 32-bit words with one
+// shift or mask each (element by element, the high half costs an extract and a shift).
+template <class A, class T, int V> __device__ __forceinline__ void unpack(const Vec<T, V>& v, A (&xs)[V]) {
+#pragma unroll
+  for (int k = 0; k < V; ++k) xs[k] = static_cast<A>(to_compute(v.v[k]));
+}
+template <int V> __device__ __forceinline__ void unpack(const Vec<bf16_t, V>& v, float (&xs)[V]) {
+  if constexpr (V % 2 == 0) {
+    const unsigned* w = reinterpret_cast<const unsigned*>(&v);
+#pragma unroll
+    for (int k = 0; k < V / 2; ++k) {
+      xs[2 * k] = __uint_as_float(w[k] << 16);
+      xs[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) xs[k] = to_float(v.v[k]);
+  }
+}
+
+// The second and last read of a row's 16-byte vector (the gradient pass of ce_index_fwd_grad), marked
+// evict-first in L2 and not kept in L1: the rows still waiting for that read stay in L2 (without the
+// mark a third of them was read from DRAM twice at 8192 x 50304). Other widths: a plain load.
+template <class T, int V> __device__ __forceinline__ Vec<T, V> load_vec_last(const T* p) {
+  if constexpr (sizeof(Vec<T, V>) == 16) {
+    u64 policy;  // (the eviction priority goes with a policy; the direct .L2::evict_first form is 32-byte only)
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    Vec<T, V> v;
+    unsigned* u = reinterpret_cast<unsigned*>(&v);
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(u[0]), "=r"(u[1]), "=r"(u[2]), "=r"(u[3])
+        : "l"(p), "l"(policy));
+    return v;
+  } else {
+    return load_vec<T, V>(p);
+  }
+}
+
 // Calls f(c, xs) for the accesses c0 + u * stride (u < kLossUnroll) of a row of C elements, all
-// loads issued first (c: first column of V elements).
-template <int V, class T, class A, class F>
-__device__ __forceinline__ void row_chunk(const T* __restrict__ row, i64 C, i64 c0, i64 stride, F& f) {
+// loads issued first (c: first column of V elements; LAST: load_vec_last). In-row offsets are ints
+// (the host keeps C below 2^31 - 2^20): 64-bit ones cost the address arithmetic a third of the loop.
+template <int V, class T, class A, bool LAST, class F>
+__device__ __forceinline__ void row_chunk(const T* __restrict__ row, int C, int c0, int stride, F& f) {
   Vec<T, V> v[kLossUnroll];
 #pragma unroll
   for (int u = 0; u < kLossUnroll; ++u)
-    if (c0 + u * stride < C) v[u] = load_vec<T, V>(row + c0 + u * stride);
+    if (c0 + u * stride < C) v[u] = LAST ? load_vec_last<T, V>(row + c0 + u * stride) : load_vec<T, V>(row + c0 + u * stride);
 #pragma unroll
   for (int u = 0; u < kLossUnroll; ++u) {
-    i64 c = c0 + u * stride;
+    const int c = c0 + u * stride;
     if (c < C) {
       A xs[V];
-#pragma unroll
-      for (int k = 0; k < V; ++k) xs[k] = static_cast<A>(to_compute(v[u].v[k]));
-      f(c, xs);
+      unpack(v[u], xs);
+      f(static_cast<i64>(c), xs);
     }
   }
 }
 
 // Calls f(c, xs) for the group's share of a row of C elements, V at a time (c: first column).
-template <int V, class T, class A, class F>
+template <int V, class T, class A, bool LAST = false, class F>
 __device__ __forceinline__ void for_row(const T* __restrict__ row, i64 C, const RowGroup& grp, F&& f) {
-  const i64 stride = static_cast<i64>(grp.size) * V;
-  for (i64 c0 = static_cast<i64>(grp.lane) * V; c0 < C; c0 += stride * kLossUnroll) row_chunk<V, T, A>(row, C, c0, stride, f);
+  const int n = static_cast<int>(C), stride = grp.size * V;
+  for (int c0 = grp.lane * V; c0 < n; c0 += stride * kLossUnroll) row_chunk<V, T, A, LAST>(row, n, c0, stride, f);
 }
 
 // for_row with the chunks in reverse order: the row's start is then read last, and it is where the
 // following forward pass over the same row begins, so that pass finds it in L2 (as llm.c does).
 template <int V, class T, class A, class F>
 __device__ __forceinline__ void for_row_reversed(const T* __restrict__ row, i64 C, const RowGroup& grp, F&& f) {
-  const i64 stride = static_cast<i64>(grp.size) * V, chunk = stride * kLossUnroll, first = static_cast<i64>(grp.lane) * V;
-  if (first >= C) return;
-  for (i64 k = (C - 1 - first) / chunk; k >= 0; --k) row_chunk<V, T, A>(row, C, first + k * chunk, stride, f);
+  const int n = static_cast<int>(C), stride = grp.size * V, chunk = stride * kLossUnroll, first = grp.lane * V;
+  if (first >= n) return;
+  for (int k = (n - 1 - first) / chunk; k >= 0; --k) row_chunk<V, T, A, false>(row, n, first + k * chunk, stride, f);
 }
 
 // A 16-byte store marked evict-first (st.global.cs): the gradient streams out without evicting the
@@ -265,14 +323,17 @@ __device__ __forceinline__ void ce_write_row(const T* xr, i64 r, i64 t, const Ro
 // (*wsum, or C), eps = label smoothing, lse = logsumexp of the row:
 //   loss = (1 - eps) w_t (lse - x_t) + eps / C (W lse - sum_c w_c x_c);  wrow = w_t
 // Ignored rows: loss 0 and wrow 0. Bad indices: NaN and a device error report.
-template <int V, bool WarpRow, class T, class I, class A>
+// PLAIN (here and in the kernels below): no class weights and no label smoothing, known at compile
+// time, which takes their code out of the per-element loops.
+template <int V, bool WarpRow, bool PLAIN, class T, class I, class A>
 __global__ void ce_index_fwd(const T* __restrict__ x, const I* __restrict__ target, const A* __restrict__ weight,
                              const A* __restrict__ wsum, i64 M, i64 C, i64 ignore_index, double eps,
                              A* __restrict__ loss, A* __restrict__ wrow, A* __restrict__ lse,
                              DeviceErrorRecord* err, unsigned int err_source) {
   __shared__ RowStats<A> smem[32];
   const RowGroup grp = row_group<WarpRow>();
-  const bool smooth = eps != 0.0;
+  if constexpr (PLAIN) weight = nullptr;
+  const bool smooth = !PLAIN && eps != 0.0;
   for (i64 r = grp.first; r < M; r += grp.step) {
     const i64 t = static_cast<i64>(target[r]);
     if (t == ignore_index || t < 0 || t >= C) {  // uniform over the group: no reduction below
@@ -293,29 +354,47 @@ __global__ void ce_index_fwd(const T* __restrict__ x, const I* __restrict__ targ
 // One row's gradient coef (p_c a - (1 - eps) w_t [c == t] - eps / C w_c), p = softmax of the row,
 // a = (1 - eps) w_t + eps W / C; coef: the row's upstream gradient over the reduction's divisor.
 template <class A> struct CeRowGrad {
-  A bt, bs, bW, a, l;  // the one-hot part, the uniform part per unit weight, bs W, bt + bW, logsumexp
+  A bt, bs, bW, a, l, ls;  // the one-hot part, the uniform part per unit weight, bs W, bt + bW, logsumexp, l_scaled(l)
   i64 t;
   __device__ __forceinline__ CeRowGrad(A coef, A wt, A W, double eps, i64 C, A lse, i64 target)
       : bt(static_cast<A>(1.0 - eps) * wt * coef), bs(static_cast<A>(eps / static_cast<double>(C)) * coef), bW(bs * W),
-        a(bt + bW), l(lse), t(target) {}
-  // The gradient at column c of logit x; wc: the weight of class c (read only with smoothing).
-  __device__ __forceinline__ A operator()(i64 c, A x, A wc, bool smooth) const {
-    const A p = l_exp(x - l);
-    const A w = smooth ? bs * wc : A(0);
-    // At the target p a - bt - w = (p - 1) bt + (p bW - w), with p - 1 from expm1: no cancellation
-    // when p -> 1 (and exactly 0 for C = 1).
-    return c == t ? m_expm1(x - l) * bt + (p * bW - w) : p * a - w;
+        a(bt + bW), l(lse), ls(l_scaled(lse)), t(target) {}
+  // The gradient at a column other than the target, of logit x; wc: the weight of its class (read
+  // only with smoothing).
+  __device__ __forceinline__ A other(A x, A wc, bool smooth) const {
+    return smooth ? l_exp_from(x, ls) * a - bs * wc : l_exp_from(x, ls) * a;
+  }
+  // At the target p a - bt - w = (p - 1) bt + (p bW - w), with p - 1 from expm1: no cancellation
+  // when p -> 1 (and exactly 0 for C = 1).
+  __device__ __forceinline__ A at_target(A x, A wc, bool smooth) const {
+    return m_expm1(x - l) * bt + (l_exp(x - l) * bW - (smooth ? bs * wc : A(0)));
+  }
+  // The gradient of the V columns from c: other() for each, then the target's column (when among
+  // them: one test per vector, not per element) once more.
+  template <class T, int V>
+  __device__ __forceinline__ Vec<T, V> vec(i64 c, const A (&xs)[V], const A* weight, bool smooth) const {
+    Vec<T, V> o;
+#pragma unroll
+    for (int k = 0; k < V; ++k) o.v[k] = cast<T>(other(xs[k], smooth && weight ? weight[c + k] : A(1), smooth));
+    if (static_cast<unsigned long long>(t - c) < static_cast<unsigned long long>(V)) {
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        if (c + k == t) o.v[k] = cast<T>(at_target(xs[k], smooth && weight ? weight[c + k] : A(1), smooth));
+    }
+    return o;
   }
 };
 
-// grad[r, c] = CeRowGrad with coef = g[r * g_stride] * scale / (*denom when given).
-template <int V, bool WarpRow, class T, class I, class A>
-__global__ void ce_index_bwd(const T* __restrict__ x, const I* __restrict__ target, const A* __restrict__ weight,
+// grad[r, c] = CeRowGrad with coef = g[r * g_stride] * scale / (*denom when given). (Launch bounds:
+// the host launches up to 512 threads, and f64 rows with weights would take 142 registers.)
+template <int V, bool WarpRow, bool PLAIN, class T, class I, class A>
+__global__ void __launch_bounds__(512) ce_index_bwd(const T* __restrict__ x, const I* __restrict__ target, const A* __restrict__ weight,
                              const A* __restrict__ wsum, const A* __restrict__ lse, const A* __restrict__ g, i64 g_stride,
                              const A* __restrict__ denom, double scale, i64 M, i64 C, i64 ignore_index, double eps,
                              T* __restrict__ grad, DeviceErrorRecord* err, unsigned int err_source) {
   const RowGroup grp = row_group<WarpRow>();
-  const bool smooth = eps != 0.0;
+  if constexpr (PLAIN) weight = nullptr;
+  const bool smooth = !PLAIN && eps != 0.0;
   auto skip = [&](i64 r, i64 t) {
     const bool bad = t != ignore_index;
     if (bad && grp.lane == 0) report_bad_index(err, err_source, t, r, C);
@@ -326,10 +405,7 @@ __global__ void ce_index_bwd(const T* __restrict__ x, const I* __restrict__ targ
     if (denom) coef /= *denom;
     const CeRowGrad<A> rg(coef, weight ? weight[t] : A(1), weight ? *wsum : static_cast<A>(C), eps, C, lse[r], t);
     for_row<V, T, A>(x + r * C, C, grp, [&](i64 c, const A (&xs)[V]) {
-      Vec<T, V> o;
-#pragma unroll
-      for (int k = 0; k < V; ++k) o.v[k] = cast<T>(rg(c + k, xs[k], smooth && weight ? weight[c + k] : A(1), smooth));
-      *reinterpret_cast<Vec<T, V>*>(gr + c) = o;
+      *reinterpret_cast<Vec<T, V>*>(gr + c) = rg.template vec<T>(c, xs, weight, smooth);
     });
   });
 }
@@ -367,7 +443,7 @@ template <bool WarpRow, class A> __device__ __forceinline__ RowStats<A> rs_reduc
 // grad[r] = CeRowGrad with coef = 1 / *denom (reduction mean; the denominator was summed before
 // this kernel) or 1 (sum). The first read of a row (for the statistics) runs backwards, the second
 // (for the gradient) forwards from where the first ended; the gradient is stored evict-first.
-template <int V, bool WarpRow, class T, class I, class A>
+template <int V, bool WarpRow, bool PLAIN, class T, class I, class A>
 __global__ void __launch_bounds__(1024)
     ce_index_fwd_grad(const T* __restrict__ x, const I* __restrict__ target, const A* __restrict__ weight,
                       const A* __restrict__ wsum, const A* __restrict__ denom, i64 M, i64 C, i64 ignore_index, double eps,
@@ -376,7 +452,8 @@ __global__ void __launch_bounds__(1024)
   __shared__ RowStats<A> smem[32];
   __shared__ RowStats<A> total;
   const RowGroup grp = row_group<WarpRow>();
-  const bool smooth = eps != 0.0;
+  if constexpr (PLAIN) weight = nullptr;
+  const bool smooth = !PLAIN && eps != 0.0;
   auto skip = [&](i64 r, i64 t) {  // uniform over the group: no reduction in this row
     return ce_skip_row(t, r, C, ignore_index, grp.lane == 0, loss, wrow, lse, err, err_source);
   };
@@ -389,12 +466,7 @@ __global__ void __launch_bounds__(1024)
     const A W = weight ? *wsum : static_cast<A>(C);
     if (grp.lane == 0) ce_write_row(xr, r, t, st, lg, wt, W, ref, eps, C, smooth, loss, wrow, lse);
     const CeRowGrad<A> rg(denom ? A(1) / *denom : A(1), wt, W, eps, C, st.m + lg, t);
-    for_row<V, T, A>(xr, C, grp, [&](i64 c, const A (&xs)[V]) {
-      Vec<T, V> o;
-#pragma unroll
-      for (int k = 0; k < V; ++k) o.v[k] = cast<T>(rg(c + k, xs[k], smooth && weight ? weight[c + k] : A(1), smooth));
-      store_streaming(gr + c, o);
-    });
+    for_row<V, T, A, true>(xr, C, grp, [&](i64 c, const A (&xs)[V]) { store_streaming(gr + c, rg.template vec<T>(c, xs, weight, smooth)); });
   });
 }
 

@@ -6,7 +6,7 @@
 // recorded per call; its backward rule (autograd/backward_rules.cpp) runs the fused backward kernel,
 // or the same formula written with FLAME ops when a graph of the backward is being built.
 //
-// With f32/f64 logits, class indices and reduction mean or sum, a forward that records a node also writes the
+// With class indices and reduction mean or sum, a forward that records a node also writes the
 // gradient for an upstream gradient of 1 (ce_index_fwd_grad: each row read from DRAM once; for mean
 // the divisor is summed from the targets first). It is saved in the node, and the backward hands it
 // out as it is when its gradient is the engine's own seed of ones (loss.backward()); any other
@@ -36,10 +36,11 @@ int full_width(DType d) { return static_cast<int>(16 / dtype_size(d)); }
 
 // The kernels of cuda/loss.cuh. Row kernels: <V, warp, T, [index type,] A>; nll: <T, index type, A>.
 using K = TArg;
-constexpr KernelTemplate kCeIndexFwd{"loss.cuh", "flame::ce_index_fwd", {K::Int, K::Bool, K::Dtype, K::Dtype, K::Dtype}};
-constexpr KernelTemplate kCeIndexBwd{"loss.cuh", "flame::ce_index_bwd", {K::Int, K::Bool, K::Dtype, K::Dtype, K::Dtype}};
+// <V, one warp per row, PLAIN (no class weights, no label smoothing), T, index type, A>
+constexpr KernelTemplate kCeIndexFwd{"loss.cuh", "flame::ce_index_fwd", {K::Int, K::Bool, K::Bool, K::Dtype, K::Dtype, K::Dtype}};
+constexpr KernelTemplate kCeIndexBwd{"loss.cuh", "flame::ce_index_bwd", {K::Int, K::Bool, K::Bool, K::Dtype, K::Dtype, K::Dtype}};
 constexpr KernelTemplate kCeIndexFwdGrad{"loss.cuh", "flame::ce_index_fwd_grad",
-                                         {K::Int, K::Bool, K::Dtype, K::Dtype, K::Dtype}};
+                                         {K::Int, K::Bool, K::Bool, K::Dtype, K::Dtype, K::Dtype}};
 constexpr KernelTemplate kCeProbFwd{"loss.cuh", "flame::ce_prob_fwd", {K::Int, K::Bool, K::Dtype, K::Dtype}};
 constexpr KernelTemplate kCeProbBwd{"loss.cuh", "flame::ce_prob_bwd", {K::Int, K::Bool, K::Dtype, K::Dtype}};
 constexpr KernelTemplate kNllFwd{"loss.cuh", "flame::nll_fwd", {K::Dtype, K::Dtype, K::Dtype}};
@@ -87,11 +88,13 @@ RowLaunch fused_row_launch(Context& ctx, int64_t M, int64_t C, DType dt, std::in
   return L;
 }
 
-KernelKey row_key(const KernelTemplate& k, int v, bool warp, DType t, const DType* idx, DType a) {
-  return idx ? make_key(k, v, warp, t, *idx, a) : make_key(k, v, warp, t, a);
+KernelKey row_key(const KernelTemplate& k, int v, bool warp, DType t, DType a) { return make_key(k, v, warp, t, a); }
+KernelKey row_key(const KernelTemplate& k, const RowLaunch& L, DType t, DType a) { return row_key(k, L.v, L.warp, t, a); }
+KernelKey index_key(const KernelTemplate& k, int v, bool warp, bool plain, DType t, DType idx, DType a) {
+  return make_key(k, v, warp, plain, t, idx, a);
 }
-KernelKey row_key(const KernelTemplate& k, const RowLaunch& L, DType t, const DType* idx, DType a) {
-  return row_key(k, L.v, L.warp, t, idx, a);
+KernelKey index_key(const KernelTemplate& k, const RowLaunch& L, bool plain, DType t, DType idx, DType a) {
+  return index_key(k, L.v, L.warp, plain, t, idx, a);
 }
 KernelKey nll_key(const KernelTemplate& k, DType t, DType idx) { return make_key(k, t, idx, acc_of(t)); }
 
@@ -100,6 +103,8 @@ unsigned flat_grid(Context& ctx, int64_t n) {
 }
 
 // ---- argument checks and layout shared by cross_entropy and nll_loss ----
+
+constexpr int64_t kMaxClasses = (int64_t{1} << 31) - (int64_t{1} << 20);  // int offsets in a row, with room for a stride
 
 // The class count and the expected shape of class-index targets for logits of shape s.
 void class_geometry(const char* op, const Tensor& x, int64_t* C, Shape* index_shape) {
@@ -178,7 +183,7 @@ void save_common(Node& node, const Tensor& weight, const Tensor& wsum, int64_t i
 
 // Forward and gradient in one kernel (see the top of this file); the node saves the gradient last.
 Tensor ce_index_with_grad(const Tensor& x, const Tensor& target, const Tensor& weight, int64_t ignore_index, double eps,
-                          ops::Reduction red) {
+                          ops::Reduction red, DType out_dtype) {
   Context& ctx = x->ctx();
   int64_t M = x->shape[0], C = x->shape[1];
   DType T = x->dtype, A = acc_of(T), I = target->dtype;
@@ -202,9 +207,9 @@ Tensor ce_index_with_grad(const Tensor& x, const Tensor& target, const Tensor& w
     CUdeviceptr px = x->data(), ps = wsum ? wsum->data() : 0, pd = denom ? denom->data() : 0;
     CUdeviceptr pl = loss->data(), pe = lse->data(), pg = grad->data();
     void* args[] = {&px, &pt, &pw, &ps, &pd, &M, &C, &ignore_index, &eps, &pl, &pr, &pe, &pg, &rec, &src};
-    ctx.launch(ctx.function(row_key(kCeIndexFwdGrad, L, T, &I, A)), L.grid, L.block, args);
+    ctx.launch(ctx.function(index_key(kCeIndexFwdGrad, L, !weight && eps == 0.0, T, I, A)), L.grid, L.block, args);
   }
-  Tensor out = finish(loss, red, denom, T);
+  Tensor out = finish(loss, red, denom, out_dtype);
   if (auto node = record(OpId::CrossEntropy, {x}, {out})) {
     node->saved.emplace_back(x, false);  // the backward kernel (other upstream gradients) and create_graph read it
     node->saved.emplace_back(target, false);
@@ -220,11 +225,11 @@ Tensor ce_index_with_grad(const Tensor& x, const Tensor& target, const Tensor& w
 
 Tensor ce_index(const Tensor& x, const Tensor& target, const Tensor& weight, int64_t ignore_index, double eps,
                 ops::Reduction red, DType out_dtype) {
-  // record() below would make a node. f16/bf16 logits keep the two-kernel path: there the work per
-  // element, not memory, bounds both (8192 x 50304 bf16 on an H200: 0.81 ms two kernels, 0.83-0.86
-  // fused), and the fused path would also hold a logits-sized gradient from forward to backward.
-  if (red != ops::Reduction::None && dtype_size(x->dtype) >= 4 && x->ctx().recording() && requires_grad(*x))
-    return ce_index_with_grad(x, target, weight, ignore_index, eps, red);
+  // record() below would make a node. The fused path holds the gradient from the forward to the
+  // backward, which allocates one of that size anyway (8192 x 50304 bf16 on an H200: 0.51 ms fused,
+  // 0.67 ms the two kernels).
+  if (red != ops::Reduction::None && x->ctx().recording() && requires_grad(*x))
+    return ce_index_with_grad(x, target, weight, ignore_index, eps, red, out_dtype);
   Context& ctx = x->ctx();
   int64_t M = x->shape[0], C = x->shape[1];
   DType T = x->dtype, A = acc_of(T), I = target->dtype;
@@ -237,7 +242,7 @@ Tensor ce_index(const Tensor& x, const Tensor& target, const Tensor& weight, int
     CUdeviceptr px = x->data(), pt = target->data(), pw = weight ? weight->data() : 0, ps = wsum ? wsum->data() : 0;
     CUdeviceptr pl = loss->data(), pr = wrow->data(), pe = lse->data();
     void* args[] = {&px, &pt, &pw, &ps, &M, &C, &ignore_index, &eps, &pl, &pr, &pe, &rec, &src};
-    ctx.launch(ctx.function(row_key(kCeIndexFwd, L, T, &I, A)), L.grid, L.block, args);
+    ctx.launch(ctx.function(index_key(kCeIndexFwd, L, !weight && eps == 0.0, T, I, A)), L.grid, L.block, args);
   }
   Tensor denom = red == ops::Reduction::Mean ? ops::sum_as(wrow, {}, false, A) : nullptr;
   Tensor out = finish(loss, red, denom, out_dtype);
@@ -263,7 +268,7 @@ Tensor ce_probs(const Tensor& x, const Tensor& target, const Tensor& weight, dou
     CUdeviceptr px = x->data(), pt = target->data(), pw = weight ? weight->data() : 0, ps = wsum ? wsum->data() : 0;
     CUdeviceptr pl = loss->data(), pr = rowt->data(), pe = lse->data();
     void* args[] = {&px, &pt, &pw, &ps, &M, &C, &eps, &pl, &pr, &pe};
-    ctx.launch(ctx.function(row_key(kCeProbFwd, L, T, nullptr, A)), L.grid, L.block, args);
+    ctx.launch(ctx.function(row_key(kCeProbFwd, L, T, A)), L.grid, L.block, args);
   }
   Tensor out = finish(loss, red, nullptr, T);
   if (auto node = record(OpId::CrossEntropyProbs, {x, target}, {out})) {
@@ -319,6 +324,8 @@ Tensor ops::cross_entropy(const Tensor& logits, const Tensor& target, const Tens
   int64_t C = 0;
   Shape index_shape;
   class_geometry(op, logits, &C, &index_shape);
+  FLAME_CHECK(C <= kMaxClasses, FLAME_ERROR_SHAPE_MISMATCH, op, ": input has ", C, " classes; at most ", kMaxClasses,
+              " are supported (the kernels index within a row in 32 bits)");
   Tensor w = weight_acc(op, weight, C, acc_of(logits->dtype));
   if (is_floating(target->dtype)) {  // class probabilities, shaped like the logits
     FLAME_CHECK(target->shape == logits->shape, FLAME_ERROR_SHAPE_MISMATCH, op, ": class-probability target has shape ",
@@ -418,7 +425,7 @@ Tensor ops::cross_entropy_backward(const LossSaved& s, const Tensor& g0) {
   double scale = 1.0, eps = s.eps;
   int64_t ignore = s.ignore_index;
   void* args[] = {&px, &pt, &pw, &ps, &pe, &pg, &gs, &pd, &scale, &M, &C, &ignore, &eps, &po, &rec, &src};
-  ctx.launch(ctx.function(row_key(kCeIndexBwd, L, T, &I, A)), L.grid, L.block, args);
+  ctx.launch(ctx.function(index_key(kCeIndexBwd, L, !s.weight && eps == 0.0, T, I, A)), L.grid, L.block, args);
   return grad;
 }
 
@@ -436,7 +443,7 @@ Tensor ops::cross_entropy_probs_backward(const LossSaved& s, const Tensor& g0) {
   CUdeviceptr pr = s.rowt->data(), pg = g->data(), po = grad->data();
   double scale = s.reduction == Reduction::Mean ? 1.0 / static_cast<double>(M) : 1.0, eps = s.eps;
   void* args[] = {&px, &pt, &pw, &pe, &pr, &pg, &gs, &scale, &M, &C, &eps, &po};
-  ctx.launch(ctx.function(row_key(kCeProbBwd, L, T, nullptr, A)), L.grid, L.block, args);
+  ctx.launch(ctx.function(row_key(kCeProbBwd, L, T, A)), L.grid, L.block, args);
   return grad;
 }
 
@@ -464,12 +471,14 @@ std::vector<std::string> ops::loss_instantiations() {
     for (int width : {full_width(t), 1})
       for (bool warp : {true, false}) {
         for (const DType& i : indices) {
-          v.push_back(kernel_name(row_key(kCeIndexFwd, width, warp, t, &i, a)));
-          v.push_back(kernel_name(row_key(kCeIndexBwd, width, warp, t, &i, a)));
-          v.push_back(kernel_name(row_key(kCeIndexFwdGrad, width, warp, t, &i, a)));
+          for (bool plain : {false, true}) {
+            v.push_back(kernel_name(index_key(kCeIndexFwd, width, warp, plain, t, i, a)));
+            v.push_back(kernel_name(index_key(kCeIndexBwd, width, warp, plain, t, i, a)));
+            v.push_back(kernel_name(index_key(kCeIndexFwdGrad, width, warp, plain, t, i, a)));
+          }
         }
-        v.push_back(kernel_name(row_key(kCeProbFwd, width, warp, t, nullptr, a)));
-        v.push_back(kernel_name(row_key(kCeProbBwd, width, warp, t, nullptr, a)));
+        v.push_back(kernel_name(row_key(kCeProbFwd, width, warp, t, a)));
+        v.push_back(kernel_name(row_key(kCeProbBwd, width, warp, t, a)));
       }
     for (DType i : indices) {
       v.push_back(kernel_name(nll_key(kNllFwd, t, i)));

@@ -706,6 +706,13 @@ TEST_F(LossKernels, BadArgumentsGiveTheDocumentedStatusAndNoOutput) {
       {"integer logits", FLAME_ERROR_DTYPE_MISMATCH, [&](flame_tensor_t* o) { return flame_cross_entropy(xi, tgt, nullptr, -100, 0, mean, o); }},
       {"0-d logits", FLAME_ERROR_SHAPE_MISMATCH, [&](flame_tensor_t* o) { return flame_cross_entropy(scalar, tgt, nullptr, -100, 0, mean, o); }},
       {"no classes", FLAME_ERROR_SHAPE_MISMATCH, [&](flame_tensor_t* o) { return flame_cross_entropy(xz, tgt, nullptr, -100, 0, mean, o); }},
+      {"2^31 classes (a broadcast view: nothing is allocated)", FLAME_ERROR_SHAPE_MISMATCH, [&](flame_tensor_t* o) {
+         const int64_t one[2] = {1, 1}, wide[2] = {2, int64_t{1} << 31};
+         T x1, xw;
+         flame_status_t st = flame_ones(ctx, one, 2, FLAME_DTYPE_F32, x1.out());
+         if (st == FLAME_OK) st = flame_expand(x1, wide, 2, xw.out());
+         return st != FLAME_OK ? st : flame_cross_entropy(xw, tgt, nullptr, -100, 0, mean, o);
+       }},
       {"target shape", FLAME_ERROR_SHAPE_MISMATCH, [&](flame_tensor_t* o) { return flame_cross_entropy(x, tgt_bad, nullptr, -100, 0, mean, o); }},
       {"u8 target", FLAME_ERROR_DTYPE_MISMATCH, [&](flame_tensor_t* o) { return flame_cross_entropy(x, tgt_u8, nullptr, -100, 0, mean, o); }},
       {"probability shape", FLAME_ERROR_SHAPE_MISMATCH, [&](flame_tensor_t* o) { return flame_cross_entropy(x, tprob_bad, nullptr, -100, 0, mean, o); }},
