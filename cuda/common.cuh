@@ -155,4 +155,46 @@ __device__ __forceinline__ void spatial_coords(i64 e, i64 C, i64 A, i64 B, int c
     spatial_coords_as<i64>(e, C, A, B, cl, n, c, a, b);
 }
 
+
+// Division by a divisor fixed for the whole kernel: multiply-high, add and shift with a rounded-up
+// multiplier (Granlund and Montgomery), exact for dividends below 2^31 (so the add cannot carry out
+// of 32 bits). Set up once per thread; a u32 division by a runtime value costs ~20 instructions.
+struct FastDivU32 {
+  unsigned m, s;
+  __device__ __forceinline__ explicit FastDivU32(unsigned d)
+      : m(0), s(static_cast<unsigned>(32 - __clz(static_cast<int>(d - 1)))) {  // s = ceil(log2 d); d = 1: 0
+    m = static_cast<unsigned>(((1ull << 32) * ((1ull << s) - d)) / d + 1);
+  }
+  __device__ __forceinline__ unsigned operator()(unsigned n) const { return (__umulhi(n, m) + n) >> s; }
+};
+// n / d for the index types of the row kernels: FastDivU32 for unsigned, a division for i64.
+template <class U> struct RowDivider {
+  U d;
+  __device__ __forceinline__ explicit RowDivider(U div) : d(div) {}
+  __device__ __forceinline__ U operator()(U n) const { return n / d; }
+};
+template <> struct RowDivider<unsigned> {
+  FastDivU32 f;
+  __device__ __forceinline__ explicit RowDivider(unsigned div) : f(div) {}
+  __device__ __forceinline__ unsigned operator()(unsigned n) const { return f(n); }
+};
+
+// The offsets of row r of a dense [rows, cols] output in K operands whose outer axes (shape[0..nd),
+// the last fastest) have strides outer[k][d]: off[k] += idx_d outer[k][d]. The outermost index is
+// what is left of r (r < rows), so it costs no division; U = unsigned where the row count fits in
+// 32 bits (a 64-bit division per vector held broadcast adds at 0.92 of copy).
+template <class U, int K, class Layout>
+__device__ __forceinline__ void rows_outer_offsets(U r, const Layout& L, i64 (&off)[K]) {
+  for (int d = L.nd - 1; d >= 1; --d) {
+    const U s = static_cast<U>(L.shape[d]), idx = r % s;
+    r /= s;
+#pragma unroll
+    for (int k = 0; k < K; ++k) off[k] += static_cast<i64>(idx) * L.outer[k][d];
+  }
+  if (L.nd > 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) off[k] += static_cast<i64>(r) * L.outer[k][0];
+  }
+}
+
 }  // namespace flame

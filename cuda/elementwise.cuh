@@ -203,28 +203,34 @@ __device__ __forceinline__ Vec<T, V> load_row_vec(const T* p, i64 off, i64 c, in
   return v;
 }
 
+// The grid-stride loop of ew_rows over n = rows x cols / V vectors, with indices of type U.
+template <int V, class U, class Op, class R, class A, class B, class C>
+__device__ __forceinline__ void ew_rows_loop(Op op, R* __restrict__ out, const A* __restrict__ a, const B* __restrict__ b,
+                                             const C* __restrict__ c, const RowsLayout& L, U n, U vpr) {
+  const RowDivider<U> row_of(vpr);
+  for (U i = static_cast<U>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<U>(gridDim.x) * blockDim.x) {
+    const U r = row_of(i);
+    const i64 col = static_cast<i64>(i - r * vpr) * V;
+    i64 off[3] = {0, 0, 0};
+    rows_outer_offsets(r, L, off);
+    Vec<A, V> va = load_row_vec<V>(a, off[0], col, 0, L);
+    Vec<B, V> vb = load_row_vec<V>(b, off[1], col, 1, L);
+    Vec<C, V> vc = load_row_vec<V>(c, off[2], col, 2, L);
+    Vec<R, V> vo;
+#pragma unroll
+    for (int k = 0; k < V; ++k) vo.v[k] = cast<R>(apply(op, va.v[k], vb.v[k], vc.v[k]));
+    *reinterpret_cast<Vec<R, V>*>(out + static_cast<i64>(r) * L.cols + col) = vo;
+  }
+}
+
 template <int V, class Op, class R, class A = None, class B = None, class C = None>
 __global__ void ew_rows(Op op, R* __restrict__ out, const A* __restrict__ a, const B* __restrict__ b,
                         const C* __restrict__ c, RowsLayout L) {
   const i64 vpr = L.cols / V, n = L.rows * vpr;  // host guarantees cols % V == 0 and aligned rows
-  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<i64>(gridDim.x) * blockDim.x) {
-    const i64 r = i / vpr, col = (i - r * vpr) * V;
-    i64 rem = r, oa = 0, ob = 0, oc = 0;
-    for (int d = L.nd - 1; d >= 0; --d) {
-      const i64 idx = rem % L.shape[d];
-      rem /= L.shape[d];
-      if constexpr (!is_none<A>::value) oa += idx * L.outer[0][d];
-      if constexpr (!is_none<B>::value) ob += idx * L.outer[1][d];
-      if constexpr (!is_none<C>::value) oc += idx * L.outer[2][d];
-    }
-    Vec<A, V> va = load_row_vec<V>(a, oa, col, 0, L);
-    Vec<B, V> vb = load_row_vec<V>(b, ob, col, 1, L);
-    Vec<C, V> vc = load_row_vec<V>(c, oc, col, 2, L);
-    Vec<R, V> vo;
-#pragma unroll
-    for (int k = 0; k < V; ++k) vo.v[k] = cast<R>(apply(op, va.v[k], vb.v[k], vc.v[k]));
-    *reinterpret_cast<Vec<R, V>*>(out + r * L.cols + col) = vo;
-  }
+  if (n <= 0x7fffffff)  // 32-bit indices (i + the grid stride stays below 2^32)
+    ew_rows_loop<V, unsigned>(op, out, a, b, c, L, static_cast<unsigned>(n), static_cast<unsigned>(vpr));
+  else
+    ew_rows_loop<V, i64>(op, out, a, b, c, L, n, vpr);
 }
 
 // ---------------- one operand read across its unit stride (transpose-contiguous) ----------------

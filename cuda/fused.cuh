@@ -84,21 +84,16 @@ struct FusedRowsLayout {
 };
 static_assert(sizeof(FusedRowsLayout) == 1040, "mirrors RowsLayout<kFusedMaxOperands> of src/ops/launch.h");
 
-template <int V, class T>
-__global__ void fused_rows(T* __restrict__ out, FusedPtrs p, FusedRowsLayout L) {
-  const i64 vpr = L.cols / V, n = L.rows * vpr;
-  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<i64>(gridDim.x) * blockDim.x) {
-    const i64 r = i / vpr, col = (i - r * vpr) * V;
+template <int V, class U, class T>
+__device__ __forceinline__ void fused_rows_loop(T* __restrict__ out, const FusedPtrs& p, const FusedRowsLayout& L, U n, U vpr) {
+  const RowDivider<U> row_of(vpr);
+  for (U i = static_cast<U>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += static_cast<U>(gridDim.x) * blockDim.x) {
+    const U r = row_of(i);
+    const i64 col = static_cast<i64>(i - r * vpr) * V;
     i64 off[FLAME_FUSED_INPUTS];
 #pragma unroll
     for (int k = 0; k < FLAME_FUSED_INPUTS; ++k) off[k] = 0;
-    i64 rem = r;
-    for (int d = L.nd - 1; d >= 0; --d) {
-      const i64 idx = rem % L.shape[d];
-      rem /= L.shape[d];
-#pragma unroll
-      for (int k = 0; k < FLAME_FUSED_INPUTS; ++k) off[k] += idx * L.outer[k][d];
-    }
+    rows_outer_offsets(r, L, off);
     Vec<T, V> in[FLAME_FUSED_INPUTS];
 #pragma unroll
     for (int k = 0; k < FLAME_FUSED_INPUTS; ++k) {
@@ -111,8 +106,17 @@ __global__ void fused_rows(T* __restrict__ out, FusedPtrs p, FusedRowsLayout L) 
         for (int j = 0; j < V; ++j) in[k].v[j] = s;
       }
     }
-    *reinterpret_cast<Vec<T, V>*>(out + r * L.cols + col) = fused_eval_vec<V, T>(in);
+    *reinterpret_cast<Vec<T, V>*>(out + static_cast<i64>(r) * L.cols + col) = fused_eval_vec<V, T>(in);
   }
+}
+
+template <int V, class T>
+__global__ void fused_rows(T* __restrict__ out, FusedPtrs p, FusedRowsLayout L) {
+  const i64 vpr = L.cols / V, n = L.rows * vpr;
+  if (n <= 0x7fffffff)  // 32-bit indices, as ew_rows
+    fused_rows_loop<V, unsigned>(out, p, L, static_cast<unsigned>(n), static_cast<unsigned>(vpr));
+  else
+    fused_rows_loop<V, i64>(out, p, L, n, vpr);
 }
 
 // Any strides (0 for broadcast, negative for flips); operand 0 of the strides is the output.
