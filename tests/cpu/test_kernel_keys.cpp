@@ -92,7 +92,8 @@ TEST(KernelKeys, InstantiationListsKeepTheirNames) {
   EXPECT_TRUE(has(softmax, "flame::softmax_bwd<float, false, 8, 4, true>"));
   EXPECT_FALSE(has(softmax, "flame::softmax_bwd<float, false, 8, 1, true>"));  // staged rows are 16-byte vectors
   const S loss = ops::loss_instantiations();
-  EXPECT_TRUE(has(loss, "flame::ce_index_fwd<4, true, float, long long, float>"));
+  EXPECT_TRUE(has(loss, "flame::ce_index_fwd<4, true, false, float, long long, float>"));
+  EXPECT_TRUE(has(loss, "flame::ce_index_fwd_grad<8, false, true, flame::bf16_t, long long, float>"));
   EXPECT_TRUE(has(loss, "flame::ce_prob_fwd<8, false, flame::half_t, float>"));
   EXPECT_TRUE(has(loss, "flame::ce_target_weight<int, double>"));
   EXPECT_TRUE(has(ops::indexing_instantiations(), "flame::scatter_add_kernel<flame::half_t, long long, float>"));
