@@ -1,18 +1,26 @@
-// Attention forward on sm_90a with a TMA producer (FlashAttention-3 structure, Shah et al., 2024): the math
-// of sdpa_fwd_wg (attention_wg.cuh), the same parameters and outputs (O and lse2, which the backward
-// reads), on the same conditions (f16/bf16, D = Dv of 64 or 128, no mask, no dropout, scale > 0),
-// with the loads moved out of the math warps. The host (src/ops/attention.cpp) takes it wherever it
-// can describe q, k and v by tensor maps (strides of whole 16-byte units, none 0), else sdpa_fwd_wg.
-// Measured on an H200 at 8x16x2048x128 bf16: 0.50 ms against sdpa_fwd_wg's 0.69 (bench/RESULTS.md).
+// Attention forward on sm_90a (wgmma), FlashAttention-3 structure (Shah et al., 2024) with a TMA
+// producer: f16/bf16, head dim D = Dv of 64 or 128, no mask, no dropout, scale > 0 (the row max is taken
+// over unscaled scores), causal or not; the parameters and output contract of sdpa_fwd (attention.cuh):
+// O and lse2, which either backward reads. The host (src/ops/attention.cpp) describes q, k and v by 4-D
+// tensor maps (an input no map takes, e.g. broadcast with a stride of 0, is copied dense first).
+// Measured on an H200 at 8x16x2048x128 bf16: 0.50 ms against 0.69 for the cp.async kernel it replaced
+// (sdpa_fwd_wg, whose math warps loaded their own tiles; bench/RESULTS.md).
+//
+// Per consumer warpgroup and key tile j of 128 keys: S_j = Q K_j^T by wgmma with Q and K from
+// 128-byte-swizzled shared tiles (wgmma.cuh); causal and bounds masks and the online softmax in
+// registers (a row's 128 scores live in one quad of lanes); P rounded to f16/bf16 straight from the S
+// accumulators into A registers; O += P V by wgmma with V from shared memory (MN-major). The products
+// overlap the softmax: iteration j issues S_j and then P_{j-1} V_{j-1}, waits for S_j only, computes its
+// softmax while P_{j-1} V_{j-1} runs, and rescales O before the next products are issued.
 //
 // A block of three warpgroups (384 threads) takes 128 query rows of one (batch, head):
 //   warpgroup 0, the producer, gives up registers (setmaxnreg.dec to 24); one thread loads Q once and
 //     the K and V tiles of 128 keys by TMA (cp.async.bulk.tensor.4d, tensor maps over [B, H, L, D] with
-//     the inputs' strides, boxes of 128 rows x 64 columns, SWIZZLE_128B: the layout load_tile_sw128
-//     writes, rows past L zero-filled) into a ring of NST stages;
-//   warpgroups 1 and 2, the consumers, take 64 query rows each (setmaxnreg.inc to 240) and run
-//     sdpa_fwd_wg's loop: S_j = Q K_j^T, then P_{j-1} V_{j-1} behind it, the softmax of S_j while that
-//     product runs, O rescaled before the next products.
+//     the inputs' strides, boxes of 128 rows x 64 columns, SWIZZLE_128B: column block b of a tile at
+//     + b x 128 rows x 128 bytes, 16-byte chunk c of row r at chunk c ^ (r % 8); rows past L zero-filled)
+//     into a ring of NST stages;
+//   warpgroups 1 and 2, the consumers, take 64 query rows each (setmaxnreg.inc to 240) and run the loop
+//     above.
 // Barriers (mbarrier, one 8-byte word each, after the tiles): Q full; per stage s K full / V full (count
 // 1: the producer's arrive.expect_tx of the tile's bytes, completed by the TMA's complete_tx) and K empty
 // / V empty (count 2: one thread of each consumer warpgroup arrives after the wgmma that read the stage
@@ -96,7 +104,7 @@ __global__ void __launch_bounds__(384, 1) sdpa_fwd_tma(const Params p, const __g
   const unsigned fullK = barQ + 8, fullV = fullK + 8 * NST, emptyK = fullV + 8 * NST, emptyV = emptyK + 8 * NST;
 
   const int mblocks = (p.Lq + BM - 1) / BM;
-  const int bh = static_cast<int>(blockIdx.x / mblocks);  // as sdpa_fwd_wg: one (batch, head) side by side,
+  const int bh = static_cast<int>(blockIdx.x / mblocks);  // as sdpa_fwd: one (batch, head) side by side,
   const int m0 = (mblocks - 1 - static_cast<int>(blockIdx.x % mblocks)) * BM;  // the longest rows first
   const int b = bh / p.H, h = bh % p.H;
   const int n_end = p.causal ? min(p.Lk, m0 + BM) : p.Lk;
@@ -156,7 +164,9 @@ __global__ void __launch_bounds__(384, 1) sdpa_fwd_tma(const Params p, const __g
   for (int nb = 0; nb < ntiles; ++nb) {
     const int n0 = nb * BN, st = nb % NST, sp = (nb + NST - 1) % NST;  // stages of K_j and of V_{j-1}
     mbar_wait(fullK + 8 * st, static_cast<unsigned>((nb / NST) & 1));
-    // O = alpha_{j-1} O + P_{j-1} V_{j-1}: rescaled before the products are issued (see sdpa_fwd_wg).
+    // O = alpha_{j-1} O + P_{j-1} V_{j-1}: the rescale comes before both products are issued (no wgmma in
+    // flight), so that nothing after the softmax below touches O; ptxas would otherwise pull the wait for
+    // P V up into the softmax to interleave the rescale with it.
     rescale_o(o, alpha);
     float s[NS];
     wg_fence();
@@ -181,7 +191,8 @@ __global__ void __launch_bounds__(384, 1) sdpa_fwd_tma(const Params p, const __g
       for (int i = 0; i < NS; ++i)
         if (out_of_bounds(p, row0 + ((i >> 1) & 1) * 8, n0 + (i >> 2) * 8 + 2 * t + (i & 1))) s[i] = neg_inf();
     }
-    // Online softmax in the log2 domain, as sdpa_fwd_wg: a row's columns live in a quad of lanes.
+    // Online softmax in the log2 domain, exp2(c s - c m) as one FMA and one MUFU op per score; a row's
+    // columns live in the quad of lanes 4g .. 4g + 3.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mp[4] = {neg_inf(), neg_inf(), neg_inf(), neg_inf()};

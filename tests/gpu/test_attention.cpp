@@ -11,8 +11,10 @@
 //  - the composed backward under create_graph (second order);
 //  - a 16384-token sequence whose extra memory stays O(S);
 //  - bad arguments: documented status, NULL result, the RNG untouched;
-//  - FLAME's own kernels on compute capability 9.0: the TMA forward (cases tma_*) and, for inputs
-//    that tensor maps cannot describe (broadcast over the heads), sdpa_fwd_wg (wg_fallback_*).
+//  - FLAME's own kernels on compute capability 9.0: the TMA forward and backward (cases tma_*) over
+//    several key and query tiles, and their route for inputs no tensor map describes (a dense copy
+//    first): q, k, v broadcast over the heads (broadcast_heads_copied_*) and an upstream gradient
+//    broadcast over the heads (dout_broadcast_heads_copied).
 // Reproduce a failure with FLAME_GRADCHECK_SEED=<seed printed in the failure>.
 #include <cmath>
 #include <cstring>
@@ -161,6 +163,7 @@ struct Case {
   int64_t dead_row = -1;  // a query row whose keys the mask excludes (mshape has the Lq dim)
   int layout = 0;         // make_input's layouts
   bool own_kernels = false;  // on a context without cuDNN (else cuDNN may take f16/bf16 without a mask)
+  bool dout_broadcast = false;  // backward from the output with a gradient broadcast over the heads (stride 0)
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -234,30 +237,44 @@ std::vector<Case> cases() {
       add(c, "plain");
     }
   }
-  // FLAME's own kernels, where compute capability 9.0 runs the TMA forward sdpa_fwd_tma (elsewhere these
-  // repeat cases above): several key tiles (5 at Lk 600: the K / V stages wrap and their barrier phases
-  // flip), partial tiles, causal with Lq above and below Lk, a custom scale, contiguous inputs and strided
-  // views; and q, k, v broadcast over the heads (a stride of 0, which no tensor map takes: sdpa_fwd_wg).
+  // FLAME's own kernels, where compute capability 9.0 runs the TMA forward sdpa_fwd_tma and backward
+  // sdpa_bwd_tma (elsewhere these repeat cases above): several key tiles (5 at Lk 600: the forward's K / V
+  // stages wrap and their barrier phases flip) and query tiles (10 at Lq 600: the backward's Q / dO stages
+  // wrap several times), partial tiles, causal with Lq above and below Lk (key blocks past Lq have no
+  // query tile: dK = dV = 0), a custom scale, contiguous inputs and strided views; and inputs no tensor
+  // map describes, copied dense first: q, k, v broadcast over the heads (a stride of 0), and the upstream
+  // gradient dO broadcast over the heads.
   for (flame_dtype_t dt : {FLAME_DTYPE_F16, FLAME_DTYPE_BF16})
     for (int64_t D : {64, 128}) {
       Case c;
       c.dt = dt;
       c.D = c.Dv = D;
       c.own_kernels = true;
-      c.Lq = 300, c.Lk = 600;
-      add(c, "tma_plain_5_key_tiles");
+      Case kt = c;
+      kt.Lq = 300, kt.Lk = 600;
+      add(kt, "tma_plain_5_key_tiles");
+      Case qt = c;
+      qt.Lq = 600, qt.Lk = 300;
+      add(qt, "tma_plain_10_query_tiles");
       Case cv = c;
       cv.layout = 1, cv.causal = true, cv.Lq = 260, cv.Lk = 300;
       add(cv, "tma_views_causal");
+      cv.Lq = 600, cv.Lk = 260;
+      add(cv, "tma_views_causal_more_queries");
       Case cm = c;
       cm.causal = true, cm.Lq = 300, cm.Lk = 130;
       add(cm, "tma_causal_more_queries");
+      cm.Lq = 130, cm.Lk = 300;
+      add(cm, "tma_causal_fewer_queries");
       Case cs = c;
       cs.layout = 1, cs.scale = 0.3, cs.Lq = 37, cs.Lk = 45;
       add(cs, "tma_views_short_scale");
       Case cb = c;
       cb.layout = 3, cb.causal = true, cb.Lq = 260, cb.Lk = 300;
-      add(cb, "wg_fallback_broadcast_heads_causal");
+      add(cb, "broadcast_heads_copied_causal");
+      Case cd = c;
+      cd.dout_broadcast = true, cd.Lq = 200, cd.Lk = 150;
+      add(cd, "dout_broadcast_heads_copied");
     }
   for (int64_t D : {40, 64}) {  // f64: the composed path
     Case c;
@@ -345,14 +362,26 @@ TEST_P(AttentionVsReference, ForwardAndGradients) {
         ASSERT_EQ(got.v[static_cast<size_t>((bh * c.Lq + c.dead_row) * c.Dv + e)], 0.0) << "a fully masked row gives zeros";
   }
 
-  // loss = sum(out * w)
-  HT w = random_ht(rng, {c.B, c.H, c.Lq, c.Dv}, -1, 1);
-  T wt, prod, loss;
-  FLAME_ASSERT_OK(upload(ctx, w, c.dt, wt.out()));
-  FLAME_ASSERT_OK(download(wt, &w));
-  FLAME_ASSERT_OK(flame_mul(out, wt, prod.out()));
-  FLAME_ASSERT_OK(flame_sum_all(prod, loss.out()));
-  FLAME_ASSERT_OK(flame_backward(ctx, loss, nullptr, 0));
+  // loss = sum(out * w): the backward gets dO = w, dense; or, with dout_broadcast, dO = w itself as a
+  // [B, 1, Lq, Dv] tensor expanded over the heads (stride 0), given to flame_backward as out's gradient.
+  HT w;
+  if (c.dout_broadcast) {
+    HT w1 = random_ht(rng, {c.B, 1, c.Lq, c.Dv}, -1, 1);
+    T one, wt;
+    FLAME_ASSERT_OK(upload(ctx, w1, c.dt, one.out()));
+    const int64_t full[4] = {c.B, c.H, c.Lq, c.Dv};
+    FLAME_ASSERT_OK(flame_expand(one, full, 4, wt.out()));
+    FLAME_ASSERT_OK(download(wt, &w));
+    FLAME_ASSERT_OK(flame_backward(ctx, out, wt, 0));
+  } else {
+    w = random_ht(rng, {c.B, c.H, c.Lq, c.Dv}, -1, 1);
+    T wt, prod, loss;
+    FLAME_ASSERT_OK(upload(ctx, w, c.dt, wt.out()));
+    FLAME_ASSERT_OK(download(wt, &w));
+    FLAME_ASSERT_OK(flame_mul(out, wt, prod.out()));
+    FLAME_ASSERT_OK(flame_sum_all(prod, loss.out()));
+    FLAME_ASSERT_OK(flame_backward(ctx, loss, nullptr, 0));
+  }
   aref::Grads g = aref::backward(pr, f, w.v);
   const double gt = grad_tol(c.dt);
   EXPECT_TRUE(near(grad_of(q.t), g.dq, gt, "dq"));
