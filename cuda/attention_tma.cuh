@@ -67,6 +67,12 @@ __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// After thread 0 has initialised the block's mbarriers: the initialisation is made visible to the TMA
+// (the async proxy) before the block barrier that follows it.
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// The register split of a producer warpgroup and two consumer warpgroups: 128 x 24 + 256 x 240 <= 64K.
+__device__ __forceinline__ void producer_regs() { asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory"); }
+__device__ __forceinline__ void consumer_regs() { asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory"); }
 // Waits until the phase of the given parity has completed (acquire: the TMA's writes are visible).
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   unsigned done;
@@ -118,12 +124,12 @@ __global__ void __launch_bounds__(384, 1) sdpa_fwd_tma(const Params p, const __g
       mbar_init(emptyK + 8 * s, 2);  // one arrival per consumer warpgroup
       mbar_init(emptyV + 8 * s, 2);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();  // the only block-wide barrier: the mbarriers are initialised
 
   if (threadIdx.x < 128) {  // producer warpgroup
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    producer_regs();
     if (threadIdx.x == 0) {
       tma_prefetch_desc(&maps.q);
       tma_prefetch_desc(&maps.k);
@@ -146,7 +152,7 @@ __global__ void __launch_bounds__(384, 1) sdpa_fwd_tma(const Params p, const __g
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  consumer_regs();
 
   const int wg = (threadIdx.x >> 7) - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const bool leader = (threadIdx.x & 127) == 0;  // arrives on the empty barriers for its warpgroup

@@ -101,12 +101,12 @@ __global__ void __launch_bounds__(384, 1) sdpa_bwd_tma(const Params p, const __g
       mbar_init(full + 8 * s, 1 + 32);  // thread 0's expect_tx and warp 1's 32 lanes
       mbar_init(empty + 8 * s, 2);      // one arrival per consumer warpgroup
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();  // the only block-wide barrier: the mbarriers are initialised
 
   if (threadIdx.x < 128) {  // producer warpgroup
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    producer_regs();
     if (threadIdx.x == 0) {
       tma_prefetch_desc(&maps.q);
       tma_prefetch_desc(&maps.k);
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(384, 1) sdpa_bwd_tma(const Params p, const __g
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  consumer_regs();
 
   const int wg = (threadIdx.x >> 7) - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const bool leader = (threadIdx.x & 127) == 0;  // arrives on the empty barriers for its warpgroup
