@@ -68,10 +68,18 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 // After thread 0 has initialised the block's mbarriers: the initialisation is made visible to the TMA
-// (the async proxy) before the block barrier that follows it.
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-// The register split of a producer warpgroup and two consumer warpgroups: 128 x 24 + 256 x 240 <= 64K.
-__device__ __forceinline__ void producer_regs() { asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory"); }
+// (the async proxy), then the block barrier (the kernels' only one) lets every thread use them.
+__device__ __forceinline__ void mbarriers_ready() {
+  if (threadIdx.x == 0) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  __syncthreads();
+}
+// The register split of the producer warpgroup (threads 0-127) and two consumer warpgroups:
+// 128 x 24 + 256 x 240 <= 64K. is_producer() gives the producer's registers up and says which it is.
+__device__ __forceinline__ bool is_producer() {
+  if (threadIdx.x >= 128) return false;
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+  return true;
+}
 __device__ __forceinline__ void consumer_regs() { asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory"); }
 // Waits until the phase of the given parity has completed (acquire: the TMA's writes are visible).
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
@@ -94,6 +102,11 @@ __device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaDesc* map, un
 }
 __device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(map)) : "memory");
+}
+// Prefetches every tensor map of a kernel's maps parameter (a struct of TmaDesc).
+template <class Maps> __device__ __forceinline__ void tma_prefetch_all(const Maps& maps) {
+#pragma unroll
+  for (unsigned i = 0; i < sizeof(Maps) / sizeof(TmaDesc); ++i) tma_prefetch_desc(reinterpret_cast<const TmaDesc*>(&maps) + i);
 }
 #endif
 
@@ -124,16 +137,12 @@ __global__ void __launch_bounds__(384, 1) sdpa_fwd_tma(const Params p, const __g
       mbar_init(emptyK + 8 * s, 2);  // one arrival per consumer warpgroup
       mbar_init(emptyV + 8 * s, 2);
     }
-    mbar_init_fence();
   }
-  __syncthreads();  // the only block-wide barrier: the mbarriers are initialised
+  mbarriers_ready();
 
-  if (threadIdx.x < 128) {  // producer warpgroup
-    producer_regs();
+  if (is_producer()) {
     if (threadIdx.x == 0) {
-      tma_prefetch_desc(&maps.q);
-      tma_prefetch_desc(&maps.k);
-      tma_prefetch_desc(&maps.v);
+      tma_prefetch_all(maps);
       mbar_expect_tx(barQ, TB);
 #pragma unroll
       for (int cb = 0; cb < D / 64; ++cb) tma_load_4d(sQ + cb * kBlock, &maps.q, barQ, cb * 64, m0, h, b);

@@ -101,17 +101,12 @@ __global__ void __launch_bounds__(384, 1) sdpa_bwd_tma(const Params p, const __g
       mbar_init(full + 8 * s, 1 + 32);  // thread 0's expect_tx and warp 1's 32 lanes
       mbar_init(empty + 8 * s, 2);      // one arrival per consumer warpgroup
     }
-    mbar_init_fence();
   }
-  __syncthreads();  // the only block-wide barrier: the mbarriers are initialised
+  mbarriers_ready();
 
-  if (threadIdx.x < 128) {  // producer warpgroup
-    producer_regs();
+  if (is_producer()) {
     if (threadIdx.x == 0) {
-      tma_prefetch_desc(&maps.q);
-      tma_prefetch_desc(&maps.k);
-      tma_prefetch_desc(&maps.v);
-      tma_prefetch_desc(&maps.dout);
+      tma_prefetch_all(maps);
       mbar_expect_tx(barKV, 2 * KVB);
 #pragma unroll
       for (int cb = 0; cb < D / 64; ++cb) {
