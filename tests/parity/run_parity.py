@@ -689,7 +689,9 @@ def conv_rows():
             r.dtypes = dtypes
 
     big = ("bf16", "f32")  # f64 at these sizes is slow on both sides and adds nothing
-    for c, s in ((320, 64), (640, 32), (1280, 16)):
+    # SDXL UNet's 3x3 convolutions: the 64x64 and 128x128 at 320 / 640 / 1280 channels, and the
+    # UNet's own pairing of channels and sizes below them
+    for c, s in ((320, 128), (640, 128), (1280, 128), (320, 64), (640, 64), (1280, 64), (640, 32), (1280, 16)):
         add(f"conv2d_sdxl_c{c}_{s}x{s}_3x3_cl", "conv2d", (1, c, s, s), (c, c, 3, 3), padding=(1, 1), channels_last=True,
             dtypes=big, tol=2.0)
     add("conv2d_sdxl_downsample_s2_cl", "conv2d", (1, 320, 64, 64), (320, 320, 3, 3), stride=(2, 2), padding=(1, 1),
