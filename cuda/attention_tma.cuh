@@ -34,6 +34,7 @@
 // faster here (0.50 ms both) and are not built.
 #pragma once
 #include "attention_wg.cuh"
+#include "mbarrier.cuh"
 
 namespace flame {
 namespace attn {
@@ -57,22 +58,6 @@ struct TmaFwdTile {
 };
 
 #if FLAME_HAS_WGMMA
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// One arrival that also raises the phase's expected transaction bytes (the TMA copies complete them).
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// After thread 0 has initialised the block's mbarriers: the initialisation is made visible to the TMA
-// (the async proxy), then the block barrier (the kernels' only one) lets every thread use them.
-__device__ __forceinline__ void mbarriers_ready() {
-  if (threadIdx.x == 0) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  __syncthreads();
-}
 // The register split of the producer warpgroup (threads 0-127) and two consumer warpgroups:
 // 128 x 24 + 256 x 240 <= 64K. is_producer() gives the producer's registers up and says which it is.
 __device__ __forceinline__ bool is_producer() {
@@ -81,17 +66,6 @@ __device__ __forceinline__ bool is_producer() {
   return true;
 }
 __device__ __forceinline__ void consumer_regs() { asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory"); }
-// Waits until the phase of the given parity has completed (acquire: the TMA's writes are visible).
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-  unsigned done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
 // Box {c0 .. c0 + 63, c1 .. c1 + 127, c2, c3} of the tensor map into shared memory at dst, completing
 // its bytes on the barrier bar (elements outside the tensor arrive as zeros and count too).
 __device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaDesc* map, unsigned bar, int c0, int c1, int c2, int c3) {

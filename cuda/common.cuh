@@ -64,6 +64,26 @@ template <> struct is_none<None> { static constexpr bool value = true; };
 template <class T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
 template <int N> struct Vec<None, N> { None v[N]; };
 
+// The V elements of v in the accumulation type A. bf16 pairs come out of their 32-bit words with one
+// shift or mask each (element by element, the high half costs an extract and a shift).
+template <class A, class T, int V> __device__ __forceinline__ void unpack(const Vec<T, V>& v, A (&xs)[V]) {
+#pragma unroll
+  for (int k = 0; k < V; ++k) xs[k] = static_cast<A>(to_compute(v.v[k]));
+}
+template <int V> __device__ __forceinline__ void unpack(const Vec<bf16_t, V>& v, float (&xs)[V]) {
+  if constexpr (V % 2 == 0) {
+    const unsigned* w = reinterpret_cast<const unsigned*>(&v);
+#pragma unroll
+    for (int k = 0; k < V / 2; ++k) {
+      xs[2 * k] = __uint_as_float(w[k] << 16);
+      xs[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) xs[k] = to_float(v.v[k]);
+  }
+}
+
 // Scalar parameters of a functor (clamp bounds, slopes, the scalar of add_scalar...). Every
 // functor derives from Functor so that its kernel parameter has this exact host-visible layout.
 struct ScalarArgs { double s0, s1, s2; };

@@ -161,26 +161,6 @@ template <class T, int V> __device__ __forceinline__ Vec<T, V> load_vec(const T*
 
 template <class A> __device__ __forceinline__ A finite_or_zero(A x) { return x - x == A(0) ? x : A(0); }
 
-// The V elements of v in the accumulation type A. bf16 pairs come out of their 32-bit words with one
-// shift or mask each (element by element, the high half costs an extract and a shift).
-template <class A, class T, int V> __device__ __forceinline__ void unpack(const Vec<T, V>& v, A (&xs)[V]) {
-#pragma unroll
-  for (int k = 0; k < V; ++k) xs[k] = static_cast<A>(to_compute(v.v[k]));
-}
-template <int V> __device__ __forceinline__ void unpack(const Vec<bf16_t, V>& v, float (&xs)[V]) {
-  if constexpr (V % 2 == 0) {
-    const unsigned* w = reinterpret_cast<const unsigned*>(&v);
-#pragma unroll
-    for (int k = 0; k < V / 2; ++k) {
-      xs[2 * k] = __uint_as_float(w[k] << 16);
-      xs[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < V; ++k) xs[k] = to_float(v.v[k]);
-  }
-}
-
 // The second and last read of a row's 16-byte vector (the gradient pass of ce_index_fwd_grad), marked
 // evict-first in L2 and not kept in L1: the rows still waiting for that read stay in L2 (without the
 // mark a third of them was read from DRAM twice at 8192 x 50304). Other widths: a plain load.

@@ -27,8 +27,10 @@
 //                            and one write per element. Else (longer rows) every pass reads
 //                            global memory.
 //  norm_bwd_stream           rows too long for registers, and dx alone of rows of 32 KiB and more
-//                            (the second pass hits L2): one block per row, two passes, the first
-//                            with 4 vectors of g and x per thread in flight; the host computes dw/db
+//                            (the second pass hits L2; on sm_90, rows of 32-64 KiB in 16-byte
+//                            vectors take norm_bwd_ring of norm_ring.cuh instead): one block per
+//                            row, two passes, the first with 4 vectors of g and x per thread in
+//                            flight; the host computes dw/db
 //                            with tensor ops in that case.
 //  bn_*                      batch_norm: per-channel partial sums (split over blocks when few
 //                            channels have many elements), a per-channel finalize (statistics,

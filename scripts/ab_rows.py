@@ -18,7 +18,7 @@ copy_bw = 2 * n * 4 / (median_ms(lambda: yt.copy_(xt), torch.cuda.current_stream
 del xt, yt
 print(f"copy {copy_bw/1e12:.3f} TB/s")
 cases = []
-for rows, width in ((16384, 768), (65536, 768), (16384, 1024), (65536, 1024), (16384, 4096), (2048, 16384), (4096, 16384), (8192, 16384)):
+for rows, width in ((16384, 768), (65536, 768), (16384, 1024), (65536, 1024), (16384, 4096), (8192, 8192), (2048, 16384), (4096, 16384), (8192, 16384)):
     xx, w, b, g = fl.randn([rows, width], "f32"), fl.randn([width], "f32"), fl.randn([width], "f32"), fl.randn([rows, width], "f32")
     xg = fl.randn([rows, width], "f32"); lib.set_requires_grad(xg, True)
     ns = (ctypes.c_int64 * 1)(width)

@@ -100,6 +100,23 @@ void launch_smem_rows(Context& ctx, CUfunction f, int64_t rows, int64_t D, DType
   launch_rows(ctx, f, p, args, bytes);
 }
 
+bool ring_rows(const Context& ctx, DType dtype, int64_t D, int v) {
+  const size_t row_bytes = static_cast<size_t>(D) * dtype_size(dtype);
+  return ctx.cc_major >= 9 && v * dtype_size(dtype) == 16 && row_bytes >= 32 * 1024 && row_bytes <= 64 * 1024;
+}
+
+void launch_ring_rows(Context& ctx, CUfunction f, int64_t rows, int inputs, void** args) {
+  // Mirrors ring::Layout of cuda/norm_ring.cuh: chunks of 480 16-byte vectors per input, as many
+  // slots as fit in 192 KiB, and two 8-byte barriers per slot.
+  constexpr unsigned kThreads = 512, kChunkBytes = 480 * 16, kMaxRingBytes = 192 * 1024;
+  const unsigned slots = kMaxRingBytes / (inputs * kChunkBytes);
+  const unsigned smem = slots * inputs * kChunkBytes + 16 * slots;
+  ctx.check(ctx.drv.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(smem)),
+            "cuFuncSetAttribute");
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(rows, ctx.sm_count));  // one block per SM
+  ctx.launch(f, grid, kThreads, args, smem);
+}
+
 void launch_flat(Context& ctx, CUfunction f, int64_t work, void** args) {
   constexpr unsigned block = 256;
   int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((work + block - 1) / block, static_cast<int64_t>(ctx.sm_count) * 32));

@@ -87,6 +87,8 @@ TEST(KernelKeys, InstantiationListsKeepTheirNames) {
   EXPECT_TRUE(has(norm, "flame::norm_bwd<flame::bf16_t, 2, 2, 8, 0, true>"));  // row: 0 global, 1 registers, 2 shared
   EXPECT_TRUE(has(norm, "flame::norm_bwd<float, 0, 8, 4, 2, false>"));
   EXPECT_FALSE(has(norm, "flame::norm_bwd<float, 2, 8, 4, 2, true>"));  // group_norm rows are never staged
+  EXPECT_TRUE(has(norm, "flame::norm_bwd_ring<flame::bf16_t, 1>"));       // sm_90 long rows, dx only
+  EXPECT_FALSE(has(norm, "flame::norm_bwd_ring<float, 2>"));
   const S softmax = ops::softmax_kernel_instantiations();
   EXPECT_TRUE(has(softmax, "flame::softmax_fwd<flame::half_t, true, 2, 8>"));
   EXPECT_TRUE(has(softmax, "flame::softmax_bwd<float, false, 8, 4, true>"));

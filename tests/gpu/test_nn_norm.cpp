@@ -2,7 +2,7 @@
 // src/ops/op_list.h) through the C ABI:
 //  - forward and first-order backward against float64 host references on fresh random inputs, for
 //    f32, f64, f16 and bf16, contiguous and transposed inputs, and row lengths that exercise every
-//    kernel path (1, 7, 33, 1000, 4097, 5000, 9000, 16384, 24576, 40000; many short rows; columns of a
+//    kernel path (1, 7, 33, 1000, 4097, 5000, 9000, 16384, 24576, 40000; many short rows; many long rows; columns of a
 //    middle dim);
 //  - gradients against finite differences (gradcheck.h), first order in every dtype and second
 //    order (create_graph, composed backward) in f64;
@@ -367,7 +367,10 @@ const std::vector<RowNormCase>& row_norm_cases() {
       {{2, 5000}, 1, true},   {{2, 4097}, 1, false},  {{2, 16384}, 1, false},   {{1, 40000}, 1, false},
       {{3000, 64}, 1, false}, {{20000, 8}, 1, false}, {{3, 4, 50}, 2, false},   {{3, 4, 50}, 2, true},
       {{0, 16}, 1, false},    {{3, 9000}, 1, false},  {{3, 24576}, 1, false},   // shared-memory rows (f32, f16/bf16)
-      {{4500, 300}, 1, false}};  // short staged rows (f32), more rows than one pass of the persistent grid
+      {{4500, 300}, 1, false},   // short staged rows (f32), more rows than one pass of the persistent grid
+      {{150, 16384}, 1, false},  // sm_90 ring rows (f32 and f16/bf16), more rows than SMs: several per block
+      {{290, 8200}, 1, false},   // ring rows of f32 with a last chunk of 130 vectors
+      {{290, 4100}, 1, false}};  // ring rows of f64
   return c;
 }
 
