@@ -1,7 +1,7 @@
 // Reductions over any set of axes of a strided tensor. The host describes the kept axes
 // (out_*) and the reduced axes (red_*) by their sizes and input strides, after merging
 // neighbours. reduce_general gives each output one block (or `chunks` blocks writing partials
-// that a second launch combines, when few outputs must reduce many elements); reduce_cols gives
+// that the last of them combines, when few outputs must reduce many elements); reduce_cols gives
 // each output one thread lane when outputs are adjacent in memory, so loads stay coalesced;
 // reduce_tall reduces the rows of a dense [rows, outputs] block with 16-byte loads.
 // Sums of f16/bf16/f32 accumulate in f32, f64 in f64, integers and bool in i64.
@@ -96,8 +96,16 @@ template <class Op, class T, class Acc, class R>
 // At most 40 registers (3 blocks of 512 per SM): at 48 only 2 blocks fit and sum(dim=1) of 16384^2 f32
 // ran at 80% of the DRAM bandwidth with half the warps (ncu, H200); 0.280 -> 0.266 ms. A bound of 4
 // blocks (32 registers) spills and measured 0.351 ms.
-__global__ void __launch_bounds__(512, 3) reduce_general(const T* in, R* out, i64 n_out, i64 n_red, i64 chunks, i64 chunk_len, ReduceLayout L) {
+// chunks > 1 (few outputs, long reductions): block blk reduces chunk blk % chunks of output
+// o = blk / chunks into partial[blk]; the last of output o's blocks to finish (counted in done[o],
+// zero before the launch, and reset to zero by that block for the next one) combines the output's
+// partials in index order and writes out[o], so that no second launch is needed (whichever block is
+// last, the sum has the same order: deterministic).
+__global__ void __launch_bounds__(512, 3) reduce_general(const T* in, R* out, Acc* partial, unsigned* done, i64 n_out,
+                                                         i64 n_red, i64 chunks, i64 chunk_len, ReduceLayout L) {
   __shared__ Acc smem[32];
+  __shared__ bool last;
+  auto op = [](Acc x, Acc y) { return Op::combine(x, y); };
   for (i64 blk = blockIdx.x; blk < n_out * chunks; blk += gridDim.x) {
     i64 o = blk / chunks, ch = blk % chunks;
     i64 base = layout_offset(o, L.out_ndim, L.out_shape, L.out_stride);
@@ -113,8 +121,28 @@ __global__ void __launch_bounds__(512, 3) reduce_general(const T* in, R* out, i6
       for (i64 r = ch * chunk_len + threadIdx.x; r < r1; r += blockDim.x)
         acc = Op::combine(acc, static_cast<Acc>(to_compute(in[base + layout_offset(r, L.red_ndim, L.red_shape, L.red_stride)])));
     }
-    acc = block_reduce(acc, [](Acc x, Acc y) { return Op::combine(x, y); }, smem);
-    if (threadIdx.x == 0) out[blk] = cast<R>(acc);
+    acc = block_reduce(acc, op, smem);
+    if (chunks == 1) {
+      if (threadIdx.x == 0) out[blk] = cast<R>(acc);
+      continue;
+    }
+    if (threadIdx.x == 0) {
+      partial[blk] = acc;
+      __threadfence();  // the partial is visible to every block before the count says it is there
+      last = atomicAdd(done + o, 1u) == static_cast<unsigned>(chunks - 1);
+    }
+    __syncthreads();
+    if (last) {  // uniform over the block
+      __threadfence();
+      const volatile Acc* part = partial + o * chunks;  // written by other blocks: not from L1
+      Acc a = Op::template init<Acc>();
+      for (i64 i = threadIdx.x; i < chunks; i += blockDim.x) a = Op::combine(a, static_cast<Acc>(part[i]));
+      a = block_reduce(a, op, smem);
+      if (threadIdx.x == 0) {
+        out[o] = cast<R>(a);
+        done[o] = 0;
+      }
+    }
   }
 }
 

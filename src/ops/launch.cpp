@@ -263,8 +263,7 @@ void launch_elementwise(std::string_view functor, const ScalarArgs& s, const Ten
 
 std::vector<std::string> reduce_instantiations(ReduceKind k, DType in, DType out) {
   DType acc = acc_dtype(k, in);
-  return {kernel_name(reduce_key(kReduceGeneral, k, in, acc, out)), kernel_name(reduce_key(kReduceGeneral, k, in, acc, acc)),
-          kernel_name(reduce_key(kReduceGeneral, k, acc, acc, out)), kernel_name(reduce_key(kReduceCols, k, in, acc, out)),
+  return {kernel_name(reduce_key(kReduceGeneral, k, in, acc, out)), kernel_name(reduce_key(kReduceCols, k, in, acc, out)),
           kernel_name(reduce_key(kReduceTall, k, in, acc, out)),    kernel_name(reduce_key(kReduceTall, k, in, acc, acc)),
           kernel_name(reduce_key(kReduceTall, k, acc, acc, out))};
 }
@@ -365,23 +364,16 @@ Tensor launch_reduce(const Tensor& x, const std::vector<int>& rdims, ReduceKind 
   split_reduction(ctx, n_out, n_red, &chunks, &chunk_len);
   unsigned block = n_red >= 1024 ? 512 : (n_red >= 128 ? 128 : 32);
   unsigned grid = static_cast<unsigned>(std::min<int64_t>(n_out * chunks, static_cast<int64_t>(ctx.sm_count) * 64));
-  if (chunks == 1) {
-    int64_t one = 1;
-    CUfunction f = ctx.function(reduce_key(kReduceGeneral, kind, x->dtype, acc, out_dtype));
-    void* kargs[] = {&in_ptr, &out_ptr, &n_out, &n_red, &one, &chunk_len, &L};
-    ctx.launch(f, grid, block, kargs);
-    return out;
+  CUfunction f = ctx.function(reduce_key(kReduceGeneral, kind, x->dtype, acc, out_dtype));
+  CUdeviceptr part_ptr = 0, done_ptr = 0;
+  Tensor partial;
+  if (chunks > 1) {  // the last block of each output combines its partials (cuda/reduce.cuh)
+    partial = make_tensor(ctx, {n_out, chunks}, acc);
+    part_ptr = partial->data();
+    done_ptr = ctx.reduce_counters(static_cast<size_t>(n_out));
   }
-  Tensor partial = make_tensor(ctx, {n_out, chunks}, acc);
-  CUdeviceptr part_ptr = partial->data();
-  CUfunction f1 = ctx.function(reduce_key(kReduceGeneral, kind, x->dtype, acc, acc));
-  void* a1[] = {&in_ptr, &part_ptr, &n_out, &n_red, &chunks, &chunk_len, &L};
-  ctx.launch(f1, grid, block, a1);
-  ReduceLayout L2 = partials_layout(n_out, chunks);
-  int64_t one = 1;
-  CUfunction f2 = ctx.function(reduce_key(kReduceGeneral, kind, acc, acc, out_dtype));
-  void* a2[] = {&part_ptr, &out_ptr, &n_out, &chunks, &one, &chunks, &L2};
-  ctx.launch(f2, static_cast<unsigned>(std::min<int64_t>(n_out, ctx.sm_count * 64)), 128, a2);
+  void* kargs[] = {&in_ptr, &out_ptr, &part_ptr, &done_ptr, &n_out, &n_red, &chunks, &chunk_len, &L};
+  ctx.launch(f, grid, block, kargs);
   return out;
 }
 

@@ -63,6 +63,7 @@ Context::~Context() {
     blas.reset();  // frees its workspace into the pool, so before the pool goes
     cudnn.reset();  // its handle and descriptors, while the CUDA context is current
     if (device_error_) drv.cuMemFreeAsync(device_error_, stream);
+    if (reduce_counters_) drv.cuMemFreeAsync(reduce_counters_, stream);
     release_small_blocks();
     if (stream) drv.cuStreamSynchronize(stream);
     for (CUmodule m : modules_) drv.cuModuleUnload(m);
@@ -284,6 +285,19 @@ CUdeviceptr Context::device_error_record(const std::string& what, uint32_t* sour
   *source = static_cast<uint32_t>(i + 1);
   device_error_armed_ = true;
   return device_error_;
+}
+
+CUdeviceptr Context::reduce_counters(size_t n) {
+  FLAME_CHECK(n <= kMaxReduceCounters, FLAME_ERROR_INVALID_ARGUMENT, "internal: ", n, " reduction counters requested, at most ",
+              kMaxReduceCounters);
+  if (!reduce_counters_) {  // straight from the pool, outside the memory statistics of tensors
+    CUdeviceptr p = 0;
+    RelaxedCaptureMode relaxed(*this);  // while capturing: set-up on the side stream, not a graph node
+    check(drv.cuMemAllocFromPoolAsync(&p, kMaxReduceCounters * 4, pool, init_stream()), "cuMemAllocFromPoolAsync");
+    reduce_counters_ = p;
+    check(drv.cuMemsetD32Async(reduce_counters_, 0, kMaxReduceCounters, init_stream()), "cuMemsetD32Async");
+  }
+  return reduce_counters_;
 }
 
 void Context::check_device_error() {

@@ -151,6 +151,13 @@ class Context : public std::enable_shared_from_this<Context> {
   // The record's device address for a kernel about to be launched; *source identifies `what`.
   CUdeviceptr device_error_record(const std::string& what, uint32_t* source);
 
+  // ---- completion counters of split reductions (cuda/reduce.cuh, reduce_general) ----
+  // n zeroed 32-bit counters that a kernel returns to zero when it is done (the last block of each
+  // output resets its own), so one buffer serves every launch in stream order. At most
+  // kMaxReduceCounters; allocated and cleared on first use.
+  static constexpr size_t kMaxReduceCounters = 4096;
+  CUdeviceptr reduce_counters(size_t n);
+
   // ---- CUDA graph capture (runtime/capture.h, runtime/capture.cpp) ----
   // Between flame_graph_capture_begin and _end: the capture's state and private memory pool.
   std::unique_ptr<Capture> capture;
@@ -191,6 +198,7 @@ class Context : public std::enable_shared_from_this<Context> {
   std::unordered_map<CUdeviceptr, int> small_live_;  // live blocks of the class path -> class
   std::vector<CUmodule> modules_;
   CUdeviceptr device_error_ = 0;                   // the DeviceErrorRecord, allocated on first use
+  CUdeviceptr reduce_counters_ = 0;                // kMaxReduceCounters counters, allocated on first use
   bool device_error_armed_ = false;                 // a checking kernel ran since the last read-back
   std::vector<std::string> device_error_sources_;  // `what` of each source id (id = index + 1)
   void check_device_error();
