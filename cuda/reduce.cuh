@@ -62,19 +62,23 @@ __device__ __forceinline__ i64 layout_offset(i64 i, int ndim, const i64* shape, 
 }
 
 // A dense span of n elements: 16-byte vector loads from the first aligned element, two of them in
-// flight per thread (one scalar load at a time reaches only a third of the memory bandwidth).
+// flight per thread (one scalar load at a time reaches only a third of the memory bandwidth). The
+// vectors go in tiles of 2 x blockDim; this block takes tiles tile0, tile0 + tile_step, ... (and,
+// with tile0 == 0, the unaligned head and the tail), so that blocks sharing a span sweep it together.
 template <class Op, class Acc, class T>
-__device__ __forceinline__ Acc reduce_dense(const T* p, i64 n, Acc acc) {
+__device__ __forceinline__ Acc reduce_dense(const T* p, i64 n, Acc acc, i64 tile0 = 0, i64 tile_step = 1) {
   constexpr int V = 16 / sizeof(T);
   const i64 mis = static_cast<i64>((reinterpret_cast<u64>(p) / sizeof(T)) % V);
   const i64 head = mis ? min(n, static_cast<i64>(V) - mis) : 0;
   const i64 bd = blockDim.x;
-  for (i64 i = threadIdx.x; i < head; i += bd) acc = Op::combine(acc, static_cast<Acc>(to_compute(p[i])));
+  if (tile0 == 0)
+    for (i64 i = threadIdx.x; i < head; i += bd) acc = Op::combine(acc, static_cast<Acc>(to_compute(p[i])));
   const Vec<T, V>* pv = reinterpret_cast<const Vec<T, V>*>(p + head);
   const i64 nv = (n - head) / V;
   Acc acc2 = Op::template init<Acc>();
-  i64 j = threadIdx.x;
-  for (; j + bd < nv; j += 2 * bd) {
+  i64 j = tile0 * 2 * bd + threadIdx.x;
+  const i64 step = tile_step * 2 * bd;
+  for (; j + bd < nv; j += step) {
     Vec<T, V> x = pv[j], y = pv[j + bd];
 #pragma unroll
     for (int k = 0; k < V; ++k) {
@@ -88,8 +92,36 @@ __device__ __forceinline__ Acc reduce_dense(const T* p, i64 n, Acc acc) {
     for (int k = 0; k < V; ++k) acc = Op::combine(acc, static_cast<Acc>(to_compute(x.v[k])));
   }
   acc = Op::combine(acc, acc2);
-  for (i64 i = head + nv * V + threadIdx.x; i < n; i += bd) acc = Op::combine(acc, static_cast<Acc>(to_compute(p[i])));
+  if (tile0 == 0)
+    for (i64 i = head + nv * V + threadIdx.x; i < n; i += bd) acc = Op::combine(acc, static_cast<Acc>(to_compute(p[i])));
   return acc;
+}
+
+// Split reductions: this block's result `acc` (valid in thread 0) is partial `ch` of the `chunks` of
+// an output whose partials are part[0, chunks); the last of those blocks to finish (counted in *done,
+// zero before the launch and reset to zero by that block for the next one) combines them in index
+// order and writes *out (whichever block is last, the same order: deterministic). Every thread of the
+// block calls it; `last` is a shared flag.
+template <class Op, class Acc, class R>
+__device__ __forceinline__ void finish_split(Acc acc, Acc* part, i64 ch, i64 chunks, R* out, unsigned* done, Acc* smem,
+                                             bool& last) {
+  if (threadIdx.x == 0) {
+    part[ch] = acc;
+    __threadfence();  // the partial is visible to every block before the count says it is there
+    last = atomicAdd(done, 1u) == static_cast<unsigned>(chunks - 1);
+  }
+  __syncthreads();
+  if (last) {  // uniform over the block
+    __threadfence();
+    const volatile Acc* vp = part;  // written by other blocks: not from L1
+    Acc a = Op::template init<Acc>();
+    for (i64 i = threadIdx.x; i < chunks; i += blockDim.x) a = Op::combine(a, static_cast<Acc>(vp[i]));
+    a = block_reduce(a, [](Acc x, Acc y) { return Op::combine(x, y); }, smem);
+    if (threadIdx.x == 0) {
+      *out = cast<R>(a);
+      *done = 0;
+    }
+  }
 }
 
 template <class Op, class T, class Acc, class R>
@@ -97,10 +129,8 @@ template <class Op, class T, class Acc, class R>
 // ran at 80% of the DRAM bandwidth with half the warps (ncu, H200); 0.280 -> 0.266 ms. A bound of 4
 // blocks (32 registers) spills and measured 0.351 ms.
 // chunks > 1 (few outputs, long reductions): block blk reduces chunk blk % chunks of output
-// o = blk / chunks into partial[blk]; the last of output o's blocks to finish (counted in done[o],
-// zero before the launch, and reset to zero by that block for the next one) combines the output's
-// partials in index order and writes out[o], so that no second launch is needed (whichever block is
-// last, the sum has the same order: deterministic).
+// o = blk / chunks into partial[blk], and the last of them writes out[o] (finish_split, counter
+// done[o]): no second launch.
 __global__ void __launch_bounds__(512, 3) reduce_general(const T* in, R* out, Acc* partial, unsigned* done, i64 n_out,
                                                          i64 n_red, i64 chunks, i64 chunk_len, ReduceLayout L) {
   __shared__ Acc smem[32];
@@ -126,24 +156,21 @@ __global__ void __launch_bounds__(512, 3) reduce_general(const T* in, R* out, Ac
       if (threadIdx.x == 0) out[blk] = cast<R>(acc);
       continue;
     }
-    if (threadIdx.x == 0) {
-      partial[blk] = acc;
-      __threadfence();  // the partial is visible to every block before the count says it is there
-      last = atomicAdd(done + o, 1u) == static_cast<unsigned>(chunks - 1);
-    }
-    __syncthreads();
-    if (last) {  // uniform over the block
-      __threadfence();
-      const volatile Acc* part = partial + o * chunks;  // written by other blocks: not from L1
-      Acc a = Op::template init<Acc>();
-      for (i64 i = threadIdx.x; i < chunks; i += blockDim.x) a = Op::combine(a, static_cast<Acc>(part[i]));
-      a = block_reduce(a, op, smem);
-      if (threadIdx.x == 0) {
-        out[o] = cast<R>(a);
-        done[o] = 0;
-      }
-    }
+    finish_split<Op>(acc, partial + o * chunks, ch, chunks, out + o, done + o, smem, last);
   }
+}
+
+// The whole of a dense span into one output (sum_all, mean of a contiguous tensor): every block
+// sweeps the span in tiles spaced by the grid, so the blocks stream through memory together and finish
+// together; 32 registers give 4 blocks of 512 per SM (reduce_general's layout walk needs 40, 3 blocks);
+// the last block combines the per-block partials (finish_split, counter *done).
+template <class Op, class T, class Acc, class R>
+__global__ void __launch_bounds__(512, 4) reduce_flat(const T* in, R* out, Acc* partial, unsigned* done, i64 n) {
+  __shared__ Acc smem[32];
+  __shared__ bool last;
+  Acc acc = reduce_dense<Op>(in, n, Op::template init<Acc>(), blockIdx.x, gridDim.x);
+  acc = block_reduce(acc, [](Acc x, Acc y) { return Op::combine(x, y); }, smem);
+  finish_split<Op>(acc, partial, blockIdx.x, gridDim.x, out, done, smem, last);
 }
 
 // blockDim = (32, 8): x walks adjacent outputs (input stride 1 along the last kept axis), y splits

@@ -1,5 +1,6 @@
 #include "ops/launch.h"
 #include <algorithm>
+#include <cstdlib>
 #include "core/error.h"
 
 namespace flame {
@@ -114,6 +115,7 @@ DType acc_dtype(ReduceKind k, DType in) {
 
 // <op, in, acc, out>
 constexpr KernelTemplate kReduceGeneral{"reduce.cuh", "flame::reduce_general", {A::Text, A::Dtype, A::Dtype, A::Dtype}};
+constexpr KernelTemplate kReduceFlat{"reduce.cuh", "flame::reduce_flat", {A::Text, A::Dtype, A::Dtype, A::Dtype}};
 constexpr KernelTemplate kReduceCols{"reduce.cuh", "flame::reduce_cols", {A::Text, A::Dtype, A::Dtype, A::Dtype}};
 constexpr KernelTemplate kReduceTall{"reduce.cuh", "flame::reduce_tall", {A::Text, A::Dtype, A::Dtype, A::Dtype}};
 constexpr KernelTemplate kArgReduce{"reduce.cuh", "flame::arg_reduce", {A::Bool, A::Dtype}};  // <is_max, in>
@@ -263,7 +265,8 @@ void launch_elementwise(std::string_view functor, const ScalarArgs& s, const Ten
 
 std::vector<std::string> reduce_instantiations(ReduceKind k, DType in, DType out) {
   DType acc = acc_dtype(k, in);
-  return {kernel_name(reduce_key(kReduceGeneral, k, in, acc, out)), kernel_name(reduce_key(kReduceCols, k, in, acc, out)),
+  return {kernel_name(reduce_key(kReduceGeneral, k, in, acc, out)), kernel_name(reduce_key(kReduceFlat, k, in, acc, out)),
+          kernel_name(reduce_key(kReduceCols, k, in, acc, out)),
           kernel_name(reduce_key(kReduceTall, k, in, acc, out)),    kernel_name(reduce_key(kReduceTall, k, in, acc, acc)),
           kernel_name(reduce_key(kReduceTall, k, acc, acc, out))};
 }
@@ -349,6 +352,17 @@ Tensor launch_reduce(const Tensor& x, const std::vector<int>& rdims, ReduceKind 
   collapse_axes(x, rdims, &L.red_ndim, L.red_shape, L.red_stride);
   DType acc = acc_dtype(kind, x->dtype);
   CUdeviceptr in_ptr = x->data(), out_ptr = out->data();
+  if (n_out == 1 && L.red_ndim == 1 && L.red_stride[0] == 1 && n_red > 8192 && !std::getenv("FLAME_NO_FLAT")) {
+    // The whole of a dense tensor (reduce_flat): up to 4 blocks of 512 per SM sweep it in tiles of
+    // 1024 vectors spaced by the grid; the last block combines the blocks' partials.
+    const int64_t tiles = (n_red * static_cast<int64_t>(dtype_size(x->dtype)) / 16 + 1023) / 1024;
+    int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(tiles, 4 * static_cast<int64_t>(ctx.sm_count)));
+    Tensor partial = make_tensor(ctx, {blocks}, acc);
+    CUdeviceptr part_ptr = partial->data(), done_ptr = ctx.reduce_counters(1);
+    void* kargs[] = {&in_ptr, &out_ptr, &part_ptr, &done_ptr, &n_red};
+    ctx.launch(ctx.function(reduce_key(kReduceFlat, kind, x->dtype, acc, out_dtype)), static_cast<unsigned>(blocks), 512, kargs);
+    return out;
+  }
   if (launch_tall(ctx, kind, x, out, L, n_out, n_red, acc)) return out;
   bool cols = L.out_stride[L.out_ndim - 1] == 1 && L.red_stride[L.red_ndim - 1] != 1 && kept.size() > 0 &&
               n_out >= 32 * static_cast<int64_t>(ctx.sm_count);

@@ -74,6 +74,7 @@ TEST(KernelKeys, InstantiationListsKeepTheirNames) {
                   "flame::ew_strided<unsigned long long, flame::Where, float, bool, float, float>"));
   EXPECT_EQ(reduce_instantiations(ReduceKind::Sum, f16, f32),
             (S{"flame::reduce_general<flame::SumOp, flame::half_t, float, float>",
+               "flame::reduce_flat<flame::SumOp, flame::half_t, float, float>",
                "flame::reduce_cols<flame::SumOp, flame::half_t, float, float>",
                "flame::reduce_tall<flame::SumOp, flame::half_t, float, float>",
                "flame::reduce_tall<flame::SumOp, flame::half_t, float, float>",
