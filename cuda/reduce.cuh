@@ -160,17 +160,28 @@ __global__ void __launch_bounds__(512, 3) reduce_general(const T* in, R* out, Ac
   }
 }
 
-// The whole of a dense span into one output (sum_all, mean of a contiguous tensor): every block
-// sweeps the span in tiles spaced by the grid, so the blocks stream through memory together and finish
-// together; 32 registers give 4 blocks of 512 per SM (reduce_general's layout walk needs 40, 3 blocks);
-// the last block combines the per-block partials (finish_split, counter *done).
+// Dense rows: out[o] = the reduction of in[o * n_red, (o + 1) * n_red), with 32 registers, so 4
+// blocks of 512 per SM (reduce_general's layout walk needs 40: 3 blocks).
+//  n_out == 1 (sum_all, the mean of a contiguous tensor): every block sweeps the span in tiles spaced
+//    by the grid, so the blocks stream through memory together and finish together; the last block
+//    combines the per-block partials (finish_split, counter *done).
+//  n_out > 1 (sum over the last dim of a contiguous tensor, enough rows to fill the GPU): one block
+//    per row at a time.
 template <class Op, class T, class Acc, class R>
-__global__ void __launch_bounds__(512, 4) reduce_flat(const T* in, R* out, Acc* partial, unsigned* done, i64 n) {
+__global__ void __launch_bounds__(512, 4) reduce_flat(const T* in, R* out, Acc* partial, unsigned* done, i64 n_out, i64 n_red) {
   __shared__ Acc smem[32];
   __shared__ bool last;
-  Acc acc = reduce_dense<Op>(in, n, Op::template init<Acc>(), blockIdx.x, gridDim.x);
-  acc = block_reduce(acc, [](Acc x, Acc y) { return Op::combine(x, y); }, smem);
-  finish_split<Op>(acc, partial, blockIdx.x, gridDim.x, out, done, smem, last);
+  auto op = [](Acc x, Acc y) { return Op::combine(x, y); };
+  if (n_out == 1) {
+    Acc acc = reduce_dense<Op>(in, n_red, Op::template init<Acc>(), blockIdx.x, gridDim.x);
+    acc = block_reduce(acc, op, smem);
+    finish_split<Op>(acc, partial, blockIdx.x, gridDim.x, out, done, smem, last);
+    return;
+  }
+  for (i64 o = blockIdx.x; o < n_out; o += gridDim.x) {
+    Acc acc = block_reduce(reduce_dense<Op>(in + o * n_red, n_red, Op::template init<Acc>()), op, smem);
+    if (threadIdx.x == 0) out[o] = cast<R>(acc);
+  }
 }
 
 // blockDim = (32, 8): x walks adjacent outputs (input stride 1 along the last kept axis), y splits

@@ -1,6 +1,5 @@
 #include "ops/launch.h"
 #include <algorithm>
-#include <cstdlib>
 #include "core/error.h"
 
 namespace flame {
@@ -352,14 +351,22 @@ Tensor launch_reduce(const Tensor& x, const std::vector<int>& rdims, ReduceKind 
   collapse_axes(x, rdims, &L.red_ndim, L.red_shape, L.red_stride);
   DType acc = acc_dtype(kind, x->dtype);
   CUdeviceptr in_ptr = x->data(), out_ptr = out->data();
-  if (n_out == 1 && L.red_ndim == 1 && L.red_stride[0] == 1 && n_red > 8192 && !std::getenv("FLAME_NO_FLAT")) {
-    // The whole of a dense tensor (reduce_flat): up to 4 blocks of 512 per SM sweep it in tiles of
-    // 1024 vectors spaced by the grid; the last block combines the blocks' partials.
+  const bool dense_rows = L.red_ndim == 1 && L.red_stride[0] == 1 && n_red >= 1024 &&
+                          (n_out == 1 || (L.out_ndim == 1 && L.out_stride[0] == n_red));
+  if (dense_rows && (n_out == 1 ? n_red > 8192 : n_out >= 2 * static_cast<int64_t>(ctx.sm_count))) {
+    // reduce_flat, up to 4 blocks of 512 per SM. One output: the blocks sweep the tensor in tiles of
+    // 1024 vectors spaced by the grid, and the last combines their partials. Rows: a block per row.
     const int64_t tiles = (n_red * static_cast<int64_t>(dtype_size(x->dtype)) / 16 + 1023) / 1024;
-    int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(tiles, 4 * static_cast<int64_t>(ctx.sm_count)));
-    Tensor partial = make_tensor(ctx, {blocks}, acc);
-    CUdeviceptr part_ptr = partial->data(), done_ptr = ctx.reduce_counters(1);
-    void* kargs[] = {&in_ptr, &out_ptr, &part_ptr, &done_ptr, &n_red};
+    const int64_t cap = 4 * static_cast<int64_t>(ctx.sm_count);
+    int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(n_out == 1 ? tiles : n_out, cap));
+    CUdeviceptr part_ptr = 0, done_ptr = 0;
+    Tensor partial;
+    if (n_out == 1) {
+      partial = make_tensor(ctx, {blocks}, acc);
+      part_ptr = partial->data();
+      done_ptr = ctx.reduce_counters(1);
+    }
+    void* kargs[] = {&in_ptr, &out_ptr, &part_ptr, &done_ptr, &n_out, &n_red};
     ctx.launch(ctx.function(reduce_key(kReduceFlat, kind, x->dtype, acc, out_dtype)), static_cast<unsigned>(blocks), 512, kargs);
     return out;
   }

@@ -314,11 +314,13 @@ TEST_P(Reduce, Forward) {
         }
       }
     }
-    // long rows and long columns (one block per output vs one lane per output); sums over the rows of
+    // long rows and long columns (one block per output vs one lane per output; reduce_flat's dense
+    // rows, whole tensors of reduce_flat in BigSums and AllReductionsGiveZeroDim); sums over the rows of
     // dense [rows, columns] blocks in 16-byte vectors (reduce_tall): two passes over row chunks, one
     // pass over 32 column slices, a partly filled last slice
     for (const auto& sc : std::vector<std::pair<Shape, int>>{
-             {{3, 5000}, 1}, {{5000, 3}, 0}, {{2, 70000}, -1}, {{6000, 48}, 0}, {{40, 4096}, 0}, {{300, 1032}, 0}}) {
+             {{3, 5000}, 1}, {{5000, 3}, 0}, {{2, 70000}, -1}, {{6000, 48}, 0}, {{40, 4096}, 0}, {{300, 1032}, 0},
+             {{300, 1032}, 1}, {{400, 5001}, -1}, {{3, 100003}, -1}}) {  // dense rows of reduce_flat (misaligned rows)
       SCOPED_TRACE("shape " + to_string(sc.first) + " dim " + std::to_string(sc.second));
       Dev x = make_dev(ctx, rng, sc.first, d, op.dom, Lay::CONTIG);
       const int32_t dim = sc.second;
@@ -327,6 +329,16 @@ TEST_P(Reduce, Forward) {
       if (op.name == "prod") continue;  // products of thousands of factors under/overflow
       Expect e = reduce_ref(x.h, {sc.second}, false, od, op.ref, op.scale);
       EXPECT_TRUE(close_scaled(out, e, rtol, atol, is_float(d) ? acc_eps(d) : 0.0));
+    }
+    {  // the whole of a tensor of more than 8192 elements, odd length (reduce_flat's grid-spaced tiles)
+      SCOPED_TRACE("all of [7, 3001]");
+      Dev x = make_dev(ctx, rng, {7, 3001}, d, op.dom, Lay::CONTIG);
+      T out;
+      FLAME_ASSERT_OK(op.call(x.t, nullptr, 0, 0, out.out()));
+      if (op.name != "prod") {
+        Expect e = reduce_ref(x.h, {}, false, od, op.ref, op.scale);
+        EXPECT_TRUE(close_scaled(out, e, rtol, atol, is_float(d) ? acc_eps(d) : 0.0));
+      }
     }
   }
 }
