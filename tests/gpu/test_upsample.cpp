@@ -158,8 +158,9 @@ FLAME_GRADCHECK_SUITES(Upsample, UpsampleGradCheck, UpsampleGradGradCheck, rows,
 
 class UpsampleOps : public GpuTest {};
 
-// Nearest x2 at a diffusion-like size: each output is its source, each input gradient the sum of
-// its 2x2 block of output gradients; bf16 sums in f32 and rounds once.
+// Nearest x2 at a diffusion-like size, NCHW and channels-last (the vector kernels of dense tensors):
+// each output is its source, each input gradient the sum of its 2x2 block of output gradients; bf16
+// sums in f32 and rounds once.
 TEST_F(UpsampleOps, NearestX2ForwardAndBackwardAtSize) {
   std::mt19937_64 rng(gc::seed() ^ 41);
   std::uniform_real_distribution<double> u(-2, 2);
@@ -167,37 +168,46 @@ TEST_F(UpsampleOps, NearestX2ForwardAndBackwardAtSize) {
   HT x(Shape{N, C, H, W}), g(Shape{N, C, 2 * H, 2 * W});
   for (double& e : x.v) e = u(rng);
   for (double& e : g.v) e = u(rng);
-  for (flame_dtype_t dt : {FLAME_DTYPE_F32, FLAME_DTYPE_BF16}) {
-    SCOPED_TRACE(dtname(dt));
-    T xt, gt, y;
-    FLAME_ASSERT_OK(upload(ctx, x, dt, xt.out()));
-    FLAME_ASSERT_OK(upload(ctx, g, dt, gt.out()));
-    HT xr, gr;
-    FLAME_ASSERT_OK(download(xt, &xr));
-    FLAME_ASSERT_OK(download(gt, &gr));
-    FLAME_ASSERT_OK(flame_tensor_set_requires_grad(xt, 1));
-    FLAME_ASSERT_OK(flame_upsample_nearest2d(xt, 0, 0, 2.0, 2.0, y.out()));
-    HT hy;
-    FLAME_ASSERT_OK(download(y, &hy));
-    EXPECT_TRUE(close(hy, upsample_ref(xr, nearest(0, 0, 2, 2)), 0, "forward copies"));
-    flame_tensor_t outs[] = {y.h}, gouts[] = {gt.h}, ins[] = {xt.h}, res[1] = {nullptr};
-    FLAME_ASSERT_OK(flame_grad(ctx, outs, gouts, 1, ins, 1, FLAME_BACKWARD_RETAIN_GRAPH, res));
-    T d1(res[0]);
-    FLAME_ASSERT_OK(flame_grad(ctx, outs, gouts, 1, ins, 1, 0, res));
-    T d2(res[0]);
-    HT h1, h2, want(x.shape);
-    FLAME_ASSERT_OK(download(d1, &h1));
-    FLAME_ASSERT_OK(download(d2, &h2));
-    EXPECT_EQ(h1.v, h2.v) << "the backward is deterministic (no atomics)";
-    for (int64_t nc = 0; nc < N * C; ++nc)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t w = 0; w < W; ++w) {
-          double s = 0;
-          for (int64_t i = 0; i < 2; ++i)
-            for (int64_t j = 0; j < 2; ++j) s += gr.v[(nc * 2 * H + 2 * h + i) * 2 * W + 2 * w + j];
-          want.v[(nc * H + h) * W + w] = s;
-        }
-    EXPECT_TRUE(close(h1, want, dt == FLAME_DTYPE_BF16 ? 8e-3 : 1e-6, "2x2 block sums"));
+  for (int cl = 0; cl < 2; ++cl) {
+    for (flame_dtype_t dt : {FLAME_DTYPE_F32, FLAME_DTYPE_BF16, FLAME_DTYPE_F16}) {
+      SCOPED_TRACE(std::string(dtname(dt)) + (cl ? " channels-last" : " NCHW"));
+      T xt, gt, xcl, gcl, y;
+      FLAME_ASSERT_OK(upload(ctx, x, dt, xt.out()));
+      FLAME_ASSERT_OK(upload(ctx, g, dt, gt.out()));
+      HT xr, gr;
+      FLAME_ASSERT_OK(download(xt, &xr));
+      FLAME_ASSERT_OK(download(gt, &gr));
+      flame_tensor_t xi = xt.h, gi = gt.h;
+      if (cl) {
+        FLAME_ASSERT_OK(channels_last_of(xt, &xcl));
+        FLAME_ASSERT_OK(channels_last_of(gt, &gcl));
+        xi = xcl.h;
+        gi = gcl.h;
+      }
+      FLAME_ASSERT_OK(flame_tensor_set_requires_grad(xi, 1));
+      FLAME_ASSERT_OK(flame_upsample_nearest2d(xi, 0, 0, 2.0, 2.0, y.out()));
+      HT hy;
+      FLAME_ASSERT_OK(download(y, &hy));
+      EXPECT_TRUE(close(hy, upsample_ref(xr, nearest(0, 0, 2, 2)), 0, "forward copies"));
+      flame_tensor_t outs[] = {y.h}, gouts[] = {gi}, ins[] = {xi}, res[1] = {nullptr};
+      FLAME_ASSERT_OK(flame_grad(ctx, outs, gouts, 1, ins, 1, FLAME_BACKWARD_RETAIN_GRAPH, res));
+      T d1(res[0]);
+      FLAME_ASSERT_OK(flame_grad(ctx, outs, gouts, 1, ins, 1, 0, res));
+      T d2(res[0]);
+      HT h1, h2, want(x.shape);
+      FLAME_ASSERT_OK(download(d1, &h1));
+      FLAME_ASSERT_OK(download(d2, &h2));
+      EXPECT_EQ(h1.v, h2.v) << "the backward is deterministic (no atomics)";
+      for (int64_t nc = 0; nc < N * C; ++nc)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t w = 0; w < W; ++w) {
+            double s = 0;
+            for (int64_t i = 0; i < 2; ++i)
+              for (int64_t j = 0; j < 2; ++j) s += gr.v[(nc * 2 * H + 2 * h + i) * 2 * W + 2 * w + j];
+            want.v[(nc * H + h) * W + w] = s;
+          }
+      EXPECT_TRUE(close(h1, want, dt == FLAME_DTYPE_F32 ? 1e-6 : 8e-3, "2x2 block sums"));
+    }
   }
 }
 
