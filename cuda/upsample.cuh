@@ -12,11 +12,10 @@
 // own index function finds their ends (nearest: from a closed-form guess; bilinear: a binary
 // search), so forward and backward always agree.
 // Threads walk the tensor they write in its memory order (c fastest when cl), as in pool.cuh.
-// upsample_nearest2x / _backward: nearest by exactly 2 in both dims (index scale 0.5, the UNet's
-// upsampling) between dense tensors of one layout, in vectors, with two 32-bit divisions per vector
-// instead of the general kernels' per-element index arithmetic (which ran at 0.17 of copy).
+// Nearest by exactly 2 in both dims (index scale 0.5, the UNet's upsampling) between dense tensors
+// of one layout runs blocks2x2.cuh's vector kernels instead (the general ones ran at 0.17 of copy).
 #pragma once
-#include "common.cuh"
+#include "blocks2x2.cuh"
 
 namespace flame {
 
@@ -150,92 +149,6 @@ __global__ void upsample2d_backward_kernel(const T* __restrict__ gy, T* __restri
       }
     }
     gx[n * g.xs[0] + c * g.xs[1] + h * g.xs[2] + w * g.xs[3]] = cast<T>(s);
-  }
-}
-
-// ---- nearest x2 between dense tensors. NCHW: input vector e holds V columns of input row
-// r = e / (W / V) (rows over n, c, h), which become 2V columns of output rows 2r and 2r + 1. NHWC (CL):
-// input vector e holds V channels of pixel p = e / (C / V) (pixels over n, h, w), copied to its four
-// output pixels. row_vecs = W / V (NCHW) or C / V (NHWC); W the input width (NHWC). nvec < 2^31.
-template <class T, int V>
-__device__ __forceinline__ void nearest2x_halves(const Vec<T, V>& v, Vec<T, V>* lo, Vec<T, V>* hi) {
-#pragma unroll
-  for (int i = 0; i < V; ++i) {  // output column 2 k and 2 k + 1 read input column k
-    lo->v[i] = v.v[i / 2];
-    hi->v[i] = v.v[(V + i) / 2];
-  }
-}
-// Output vector index of output pixel (2 nh + i, 2 w + k) of pixel p = nh W + w, channel vector j (NHWC).
-__device__ __forceinline__ unsigned nearest2x_pixel(unsigned nh, unsigned w, unsigned W, unsigned i, unsigned k,
-                                                    unsigned j, unsigned row_vecs) {
-  return ((2 * nh + i) * 2 * W + 2 * w + k) * row_vecs + j;
-}
-
-template <class T, int V, bool CL>
-__global__ void upsample_nearest2x(const T* __restrict__ x, T* __restrict__ y, unsigned nvec, unsigned row_vecs, unsigned W) {
-  const FastDivU32 div_row(row_vecs), div_w(W);
-  const Vec<T, V>* X = reinterpret_cast<const Vec<T, V>*>(x);
-  Vec<T, V>* Y = reinterpret_cast<Vec<T, V>*>(y);
-  for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < nvec; e += gridDim.x * blockDim.x) {
-    const Vec<T, V> v = X[e];
-    const unsigned r = div_row(e), j = e - r * row_vecs;
-    if constexpr (CL) {
-      const unsigned nh = div_w(r), w = r - nh * W;
-#pragma unroll
-      for (unsigned q = 0; q < 4; ++q) Y[nearest2x_pixel(nh, w, W, q / 2, q % 2, j, row_vecs)] = v;
-    } else {
-      Vec<T, V> lo, hi;
-      nearest2x_halves(v, &lo, &hi);
-      const unsigned o = 2 * r * 2 * row_vecs + 2 * j;  // output row 2r, vector 2j
-      Y[o] = lo;
-      Y[o + 1] = hi;
-      Y[o + 2 * row_vecs] = lo;
-      Y[o + 2 * row_vecs + 1] = hi;
-    }
-  }
-}
-
-// gx vector e = the sum of the four output values each of its elements was copied to, in the general
-// backward's order (output row 2h then 2h + 1, column 2w then 2w + 1), so both kernels agree bitwise.
-template <class T, int V, bool CL>
-__global__ void upsample_nearest2x_backward(const T* __restrict__ gy, T* __restrict__ gx, unsigned nvec, unsigned row_vecs,
-                                            unsigned W) {
-  typedef compute_t<T> A;
-  const FastDivU32 div_row(row_vecs), div_w(W);
-  const Vec<T, V>* G = reinterpret_cast<const Vec<T, V>*>(gy);
-  Vec<T, V>* X = reinterpret_cast<Vec<T, V>*>(gx);
-  for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < nvec; e += gridDim.x * blockDim.x) {
-    const unsigned r = div_row(e), j = e - r * row_vecs;
-    Vec<T, V> q[4];  // (row 2h, col 2w), (2h, 2w + 1), (2h + 1, 2w), (2h + 1, 2w + 1) (NHWC), or the
-                     // two vectors of output row 2r and the two of row 2r + 1 (NCHW)
-    if constexpr (CL) {
-      const unsigned nh = div_w(r), w = r - nh * W;
-#pragma unroll
-      for (unsigned k = 0; k < 4; ++k) q[k] = G[nearest2x_pixel(nh, w, W, k / 2, k % 2, j, row_vecs)];
-    } else {
-      const unsigned o = 2 * r * 2 * row_vecs + 2 * j;
-      q[0] = G[o];
-      q[1] = G[o + 1];
-      q[2] = G[o + 2 * row_vecs];
-      q[3] = G[o + 2 * row_vecs + 1];
-    }
-    Vec<T, V> out;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      A s = A(0);
-      if constexpr (CL) {
-#pragma unroll
-        for (int t = 0; t < 4; ++t) s += static_cast<A>(to_compute(q[t].v[k]));
-      } else {  // output columns 2k and 2k + 1 of the 2V the pair of vectors of a row holds
-        const int c0 = 2 * k, c1 = 2 * k + 1;
-        s += static_cast<A>(to_compute(c0 < V ? q[0].v[c0 % V] : q[1].v[c0 % V]));
-        s += static_cast<A>(to_compute(c1 < V ? q[0].v[c1 % V] : q[1].v[c1 % V]));
-        s += static_cast<A>(to_compute(c0 < V ? q[2].v[c0 % V] : q[3].v[c0 % V]));
-        s += static_cast<A>(to_compute(c1 < V ? q[2].v[c1 % V] : q[3].v[c1 % V]));
-      }
-      out.v[k] = cast<T>(s);
-    }
-    X[e] = out;
   }
 }
 

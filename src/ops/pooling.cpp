@@ -4,7 +4,9 @@
 //    plane); its rule scatter-adds the gradient there (ops/indexing.h), so second order works and
 //    overlapping windows accumulate with atomics.
 //  - avg_pool2d and adaptive_avg_pool2d record AvgPool2d, whose rule is the adjoint kernel recorded as
-//    AvgPool2dBackward, whose rule is AvgPool2d again. The geometry travels in node->ints.
+//    AvgPool2dBackward, whose rule is AvgPool2d again. The geometry travels in node->ints. Windows
+//    that are the input's 2x2 blocks, between dense tensors, run the vector kernels of
+//    cuda/blocks2x2.cuh (launch_blocks2x2).
 // A channels-last input (c stride 1) gives a channels-last output, walked in that order by the
 // kernels; any other layout gives a contiguous NCHW output.
 #include <algorithm>
@@ -125,6 +127,15 @@ constexpr KernelTemplate kMaxPool{"pool.cuh", "flame::max_pool2d_kernel", {TArg:
 constexpr KernelTemplate kAvgPool{"pool.cuh", "flame::avg_pool2d_kernel", {TArg::Dtype}};
 constexpr KernelTemplate kAvgPoolBackward{"pool.cuh", "flame::avg_pool2d_backward_kernel", {TArg::Dtype}};
 
+// Windows that are exactly the 2x2 blocks of the input: 2x2 with stride 2, no padding and the divisor
+// 4 (none given, or 4), or adaptive to half of even sizes. Each output is the mean of its block
+// (blocks2x2.cuh, where both tensors are dense in one layout).
+bool avg_2x2(const ops::PoolParams& p) {
+  const bool halves = p.OH * 2 == p.H && p.OW * 2 == p.W;
+  return halves && (p.adaptive || (p.kh == 2 && p.kw == 2 && p.sh == 2 && p.sw == 2 && p.ph == 0 && p.pw == 0 &&
+                                    (p.divisor == 0 || p.divisor == 4)));
+}
+
 }  // namespace
 
 std::vector<int64_t> ops::PoolParams::to_ints() const {
@@ -181,7 +192,7 @@ Tensor ops::avg_pool2d_apply(const Tensor& x4, const PoolParams& p) {
   const bool cl = spatial_channels_last(x4);
   Tensor y = make_nchw(ctx, {p.N, p.C, p.OH, p.OW}, x4->dtype, cl);
   int64_t total = y->numel();
-  if (total > 0) {
+  if (total > 0 && !(avg_2x2(p) && launch_blocks2x2(ctx, false, true, y, x4, cl))) {
     PoolGeom g = geometry(p, x4, y, cl);
     CUdeviceptr px = x4->data(), py = y->data();
     void* args[] = {&px, &py, &total, &g};
@@ -196,7 +207,7 @@ Tensor ops::avg_pool2d_adjoint(const Tensor& g4, const PoolParams& p) {
   const bool cl = spatial_channels_last(g4);
   Tensor gx = make_nchw(ctx, {p.N, p.C, p.H, p.W}, g4->dtype, cl);
   int64_t total = gx->numel();
-  if (total > 0) {
+  if (total > 0 && !(avg_2x2(p) && launch_blocks2x2(ctx, true, true, g4, gx, cl))) {
     PoolGeom g = geometry(p, gx, g4, cl);
     CUdeviceptr pg = g4->data(), px = gx->data();
     void* args[] = {&pg, &px, &total, &g};

@@ -5,7 +5,7 @@
 // Output sizes follow PyTorch: an explicit size, or floor(in * scale_factor); a given scale_factor
 // also sets the index scale (1 / scale_factor), as torch.nn.functional.interpolate passes it on. A
 // channels-last input gives a channels-last output, walked in that order. Nearest by exactly 2 between
-// dense tensors takes the vector kernels upsample_nearest2x(_backward).
+// dense tensors takes the vector kernels of cuda/blocks2x2.cuh (launch_blocks2x2).
 #include <cmath>
 #include "autograd/graph.h"
 #include "core/error.h"
@@ -63,34 +63,12 @@ int64_t out_size(const char* op, const char* dim, int64_t in, int64_t out, doubl
 // The kernels of cuda/upsample.cuh: <T>.
 constexpr KernelTemplate kUpsample{"upsample.cuh", "flame::upsample2d_kernel", {TArg::Dtype}};
 constexpr KernelTemplate kUpsampleBackward{"upsample.cuh", "flame::upsample2d_backward_kernel", {TArg::Dtype}};
-constexpr KernelTemplate kNearest2x{"upsample.cuh", "flame::upsample_nearest2x", {TArg::Dtype, TArg::Int, TArg::Bool}};  // v, cl
-constexpr KernelTemplate kNearest2xBackward{"upsample.cuh", "flame::upsample_nearest2x_backward",
-                                            {TArg::Dtype, TArg::Int, TArg::Bool}};
 
-// Whether t holds its [N, C, A, B] elements densely in the layout given (channels last or not).
-bool dense_layout(const Tensor& t, bool cl) {
-  const Shape& s = t->shape;
-  const Strides want = cl ? Strides{s[2] * s[3] * s[1], 1, s[3] * s[1], s[1]} : Strides{s[1] * s[2] * s[3], s[2] * s[3], s[3], 1};
-  return t->strides == want;
-}
-
-// Nearest by exactly 2 in both dims with the index scale 0.5 (no scale factor, or 2) between the small
-// tensor `in_like` and the large `out_like`, both dense in the layout cl: upsample_nearest2x(_backward)
-// with 16-byte vectors where the row (NCHW) or the channels (NHWC) allow. Launched here when it applies.
-bool launch_nearest2x(Context& ctx, const ops::UpsampleParams& p, const KernelTemplate& k, const Tensor& in_like,
-                      const Tensor& out_like, bool cl, CUdeviceptr src, CUdeviceptr dst) {
-  if (p.bilinear || p.OH != 2 * p.H || p.OW != 2 * p.W || (p.scale_h != 0 && p.scale_h != 2.0) ||
-      (p.scale_w != 0 && p.scale_w != 2.0) || out_like->numel() > INT32_MAX || !dense_layout(in_like, cl) ||
-      !dense_layout(out_like, cl))
-    return false;
-  const int64_t inner = cl ? p.C : p.W;
-  int v = static_cast<int>(16 / dtype_size(in_like->dtype));
-  if (inner % v != 0 || (in_like->data() | out_like->data()) % 16 != 0) v = 1;
-  unsigned nvec = static_cast<unsigned>(in_like->numel() / v), row_vecs = static_cast<unsigned>(inner / v);
-  unsigned W = static_cast<unsigned>(p.W);
-  void* args[] = {&src, &dst, &nvec, &row_vecs, &W};
-  launch_flat(ctx, ctx.function(make_key(k, in_like->dtype, v, cl)), nvec, args);
-  return true;
+// Nearest by exactly 2 in both dims with the index scale 0.5 (no scale factor, or 2): every output
+// copies its 2x2 block's source (blocks2x2.cuh, where both tensors are dense in one layout).
+bool nearest_by_2(const ops::UpsampleParams& p) {
+  return !p.bilinear && p.OH == 2 * p.H && p.OW == 2 * p.W && (p.scale_h == 0 || p.scale_h == 2.0) &&
+         (p.scale_w == 0 || p.scale_w == 2.0);
 }
 
 }  // namespace
@@ -117,7 +95,7 @@ Tensor ops::upsample2d_apply(const Tensor& x, const UpsampleParams& p) {
   const bool cl = spatial_channels_last(x);
   Tensor y = make_nchw(ctx, {p.N, p.C, p.OH, p.OW}, x->dtype, cl);
   int64_t total = y->numel();
-  if (total > 0 && !launch_nearest2x(ctx, p, kNearest2x, x, y, cl, x->data(), y->data())) {
+  if (total > 0 && !(nearest_by_2(p) && launch_blocks2x2(ctx, true, false, x, y, cl))) {
     UpGeom g = geometry(p, x, y, cl);
     CUdeviceptr px = x->data(), py = y->data();
     void* args[] = {&px, &py, &total, &g};
@@ -135,7 +113,7 @@ Tensor ops::upsample2d_adjoint(const Tensor& g4, const UpsampleParams& p) {
   const bool cl = spatial_channels_last(g4);
   Tensor gx = make_nchw(ctx, {p.N, p.C, p.H, p.W}, g4->dtype, cl);
   int64_t total = gx->numel();
-  if (total > 0 && !launch_nearest2x(ctx, p, kNearest2xBackward, gx, g4, cl, g4->data(), gx->data())) {
+  if (total > 0 && !(nearest_by_2(p) && launch_blocks2x2(ctx, false, false, gx, g4, cl))) {
     UpGeom g = geometry(p, gx, g4, cl);
     CUdeviceptr pg = g4->data(), px = gx->data();
     void* args[] = {&pg, &px, &total, &g};
@@ -173,10 +151,8 @@ std::vector<std::string> ops::upsample_instantiations() {
   std::vector<std::string> v;
   for (DType t : {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64}) {
     for (const KernelTemplate* k : {&kUpsample, &kUpsampleBackward}) v.push_back(kernel_name(make_key(*k, t)));
-    for (const KernelTemplate* k : {&kNearest2x, &kNearest2xBackward})
-      for (int vw : {1, static_cast<int>(16 / dtype_size(t))})
-        for (bool cl : {false, true}) v.push_back(kernel_name(make_key(*k, t, vw, cl)));
   }
+  for (const std::string& n : blocks2x2_instantiations()) v.push_back(n);  // upsample.cuh includes blocks2x2.cuh
   return v;
 }
 

@@ -227,12 +227,15 @@ const std::vector<Row>& rows() {
     v.push_back(pool_row("avg_divisor_override_channels_last", Kind::Avg, in({1, 3, 4, 6}), dv, true));
     last().low_precision = true;
     v.push_back(pool_row("avg_unbatched_nc", Kind::Avg, nc({2, 5, 6}), popt(3, 2, 2, 2, 1, 0), false));
+    v.push_back(pool_row("avg_k2_s2_channels_last", Kind::Avg, in({2, 8, 6, 8}), popt(2, 2, 2, 2), true));  // 2x2 blocks
+    last().low_precision = true;
     // ---- adaptive
     v.push_back(pool_row("adaptive_7x5_to_3x2", Kind::Adaptive, in({2, 3, 7, 5}), PoolOpt(), false, 3, 2));
     last().low_precision = true;
     v.push_back(pool_row("adaptive_up_3x3_to_4x5_nc", Kind::Adaptive, nc({1, 2, 3, 3}), PoolOpt(), false, 4, 5));
     v.push_back(pool_row("adaptive_global_channels_last", Kind::Adaptive, in({2, 4, 5, 5}), PoolOpt(), true, 1, 1));
     v.push_back(pool_row("adaptive_unbatched", Kind::Adaptive, in({2, 6, 4}), PoolOpt(), false, 4, 3));
+    v.push_back(pool_row("adaptive_halves_6x8_to_3x4", Kind::Adaptive, in({2, 3, 6, 8}), PoolOpt(), false, 3, 4));  // 2x2 blocks
     return v;
   }();
   return table;
