@@ -351,6 +351,10 @@ class Bench:
                 torch.autograd.grad([y], [tx_], [tg])
 
             pair("layer_norm fwd+bwd(x)", f"{rows}x{width}", "f32", f_step, t_step, 5 * n * 4, "bytes: fwd 2, bwd 3 passes")
+            pair("rms_norm fwd+bwd(x)", f"{rows}x{width}", "f32",
+                 lambda: lib.grad(fl.ctx, [fl.call("rms_norm", x, ns, 1, w, 1e-5)], [g], [x], 0),
+                 lambda: torch.autograd.grad([F.rms_norm(tx_, (width,), tw, eps=1e-5)], [tx_], [tg]), 5 * n * 4,
+                 "bytes: fwd 2, bwd 3 passes")
             pair("softmax(dim=-1) fwd+bwd(x)", f"{rows}x{width}", "f32",
                  lambda: lib.grad(fl.ctx, [fl.call("softmax", x, -1)], [g], [x], 0),
                  lambda: torch.autograd.grad([torch.softmax(tx_, -1)], [tx_], [tg]), 5 * n * 4,
