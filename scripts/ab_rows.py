@@ -2,7 +2,8 @@
 (plus rows past L2) per variant, as a fraction of the copy bandwidth (1 GiB clone in the same run), and
 PyTorch's copy of each shape. Each argument is put in FLAME_ROW_EXP before its round; the library reads
 that variable only while a temporary experiment patch makes the host planner read it (none is in the
-tree), so without one every argument times the shipped plan. Usage: python3 scripts/ab_rows.py 0 [1 ...]"""
+tree), so without one every argument times the shipped plan. The variants alternate within each case
+($AB_ROUNDS rounds, 3 by default; the median is printed). Usage: python3 scripts/ab_rows.py 0 [1 ...]"""
 import ctypes, os, sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
@@ -54,12 +55,17 @@ for rows, width in ((16384, 768), (65536, 768), (16384, 1024), (65536, 1024), (1
     print(f"torch copy of {rows}x{width} f32: {2 * rows * width * 4 / (ms * 1e-3) / copy_bw:.3f} of the 1 GiB copy")
     del a, c
 variants = sys.argv[1:] or ["0"]
+# Variants alternate within each case, three rounds, and the median round is kept: the 128-256 MB rows
+# spread by ~6% between runs of one kernel, more than the differences being looked for.
+ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))
 res = {}
-for v in variants:
-    os.environ["FLAME_ROW_EXP"] = v
-    for name, fn, by in cases:
-        ms = t(fn)
-        res.setdefault(name, []).append(by / (ms * 1e-3) / copy_bw)
+for name, fn, by in cases:
+    got = {v: [] for v in variants}
+    for _ in range(ROUNDS):
+        for v in variants:
+            os.environ["FLAME_ROW_EXP"] = v
+            got[v].append(by / (t(fn) * 1e-3) / copy_bw)
+    res[name] = [sorted(got[v])[len(got[v]) // 2] for v in variants]
 print(f"{'case':28}" + "".join(f"{'exp' + v:>8}" for v in variants))
 for name, fr in res.items():
     print(f"{name:28}" + "".join(f"{f:8.3f}" for f in fr))
