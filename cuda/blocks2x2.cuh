@@ -29,19 +29,33 @@ __device__ __forceinline__ unsigned block2x2_index(unsigned r, unsigned j, unsig
   }
 }
 
+// The geometry both kernels walk: small vector e is vector j of row (NCHW) or pixel (NHWC) r.
+struct Blocks2x2 {
+  unsigned row_vecs, W;
+  FastDivU32 div_row, div_w;
+  __device__ Blocks2x2(unsigned rv, unsigned w) : row_vecs(rv), W(w), div_row(rv), div_w(w) {}
+  __device__ __forceinline__ void locate(unsigned e, unsigned* r, unsigned* j) const {
+    *r = div_row(e);
+    *j = e - *r * row_vecs;
+  }
+  template <bool CL>
+  __device__ __forceinline__ unsigned index(unsigned r, unsigned j, unsigned t) const {  // block element t = 2 i + k
+    return block2x2_index<CL>(r, j, t / 2, t % 2, row_vecs, div_w, W);
+  }
+};
+
 template <class T, int V, bool CL, bool QUARTER>
 __global__ void expand2x2(const T* __restrict__ small, T* __restrict__ large, unsigned nvec, unsigned row_vecs, unsigned W) {
   typedef compute_t<T> A;
-  const FastDivU32 div_row(row_vecs), div_w(W);
-  const Vec<T, V>* S = reinterpret_cast<const Vec<T, V>*>(small);
-  Vec<T, V>* L = reinterpret_cast<Vec<T, V>*>(large);
+  const Blocks2x2 geo(row_vecs, W);
   for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < nvec; e += gridDim.x * blockDim.x) {
-    Vec<T, V> v = S[e];
+    Vec<T, V> v = reinterpret_cast<const Vec<T, V>*>(small)[e];
     if constexpr (QUARTER) {
 #pragma unroll
       for (int i = 0; i < V; ++i) v.v[i] = cast<T>(static_cast<A>(to_compute(v.v[i])) * A(0.25));
     }
-    const unsigned r = div_row(e), j = e - r * row_vecs;
+    unsigned r, j;
+    geo.locate(e, &r, &j);
     Vec<T, V> half[2];  // NHWC: the vector itself; NCHW: large columns 2V j .. + V - 1 and the next V
 #pragma unroll
     for (int i = 0; i < V; ++i) {  // large column 2c and 2c + 1 hold small column c
@@ -49,21 +63,20 @@ __global__ void expand2x2(const T* __restrict__ small, T* __restrict__ large, un
       half[1].v[i] = CL ? v.v[i] : v.v[(V + i) / 2];
     }
 #pragma unroll
-    for (unsigned q = 0; q < 4; ++q) L[block2x2_index<CL>(r, j, q / 2, q % 2, row_vecs, div_w, W)] = half[q % 2];
+    for (unsigned q = 0; q < 4; ++q) reinterpret_cast<Vec<T, V>*>(large)[geo.index<CL>(r, j, q)] = half[q % 2];
   }
 }
 
 template <class T, int V, bool CL, bool QUARTER>
 __global__ void sum2x2(const T* __restrict__ large, T* __restrict__ small, unsigned nvec, unsigned row_vecs, unsigned W) {
   typedef compute_t<T> A;
-  const FastDivU32 div_row(row_vecs), div_w(W);
-  const Vec<T, V>* L = reinterpret_cast<const Vec<T, V>*>(large);
-  Vec<T, V>* S = reinterpret_cast<Vec<T, V>*>(small);
+  const Blocks2x2 geo(row_vecs, W);
   for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < nvec; e += gridDim.x * blockDim.x) {
-    const unsigned r = div_row(e), j = e - r * row_vecs;
+    unsigned r, j;
+    geo.locate(e, &r, &j);
     Vec<T, V> q[4];  // block element (i, k) = q[2 i + k]
 #pragma unroll
-    for (unsigned t = 0; t < 4; ++t) q[t] = L[block2x2_index<CL>(r, j, t / 2, t % 2, row_vecs, div_w, W)];
+    for (unsigned t = 0; t < 4; ++t) q[t] = reinterpret_cast<const Vec<T, V>*>(large)[geo.index<CL>(r, j, t)];
     Vec<T, V> out;
 #pragma unroll
     for (int c = 0; c < V; ++c) {
@@ -78,7 +91,7 @@ __global__ void sum2x2(const T* __restrict__ large, T* __restrict__ small, unsig
         }
       out.v[c] = cast<T>(QUARTER ? s * A(0.25) : s);
     }
-    S[e] = out;
+    reinterpret_cast<Vec<T, V>*>(small)[e] = out;
   }
 }
 
