@@ -288,10 +288,10 @@ __device__ __forceinline__ RowStats<A> ce_row_stats(const T* xr, i64 C, const Ro
 }
 
 // Lane 0 writes the row's loss (formula below), its target weight and its logsumexp st.m + lg.
-template <class T, class A>
-__device__ __forceinline__ void ce_write_row(const T* xr, i64 r, i64 t, const RowStats<A>& st, A lg, A wt, A W, A ref,
+// xt: the target's logit.
+template <class A>
+__device__ __forceinline__ void ce_write_row(A xt, i64 r, const RowStats<A>& st, A lg, A wt, A W, A ref,
                                              double eps, i64 C, bool smooth, A* loss, A* wrow, A* lse) {
-  const A xt = static_cast<A>(to_compute(xr[t]));
   A out = static_cast<A>(1.0 - eps) * wt * ((st.m - xt) + lg);
   if (smooth) out += static_cast<A>(eps / static_cast<double>(C)) * (W * ((st.m - ref) + lg) - st.wx);
   loss[r] = out;
@@ -325,8 +325,8 @@ __global__ void ce_index_fwd(const T* __restrict__ x, const I* __restrict__ targ
     RowStats<A> st = rs_reduce<WarpRow>(ce_row_stats<V, false>(xr, C, grp, weight, smooth, ref), smem);
     if (grp.lane == 0) {
       const A lg = m_log(st.s);  // lse - max: differences to lse are taken as (max - x) + lg, exactly
-      ce_write_row(xr, r, t, st, lg, weight ? weight[t] : A(1), weight ? *wsum : static_cast<A>(C), ref, eps, C, smooth,
-                   loss, wrow, lse);
+      ce_write_row(static_cast<A>(to_compute(xr[t])), r, st, lg, weight ? weight[t] : A(1), weight ? *wsum : static_cast<A>(C),
+                   ref, eps, C, smooth, loss, wrow, lse);
     }
   }
 }
@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(1024)
     const A lg = m_log(st.s);  // lse - max: differences to lse are taken as (max - x) + lg, exactly
     const A wt = weight ? weight[t] : A(1);
     const A W = weight ? *wsum : static_cast<A>(C);
-    if (grp.lane == 0) ce_write_row(xr, r, t, st, lg, wt, W, ref, eps, C, smooth, loss, wrow, lse);
+    if (grp.lane == 0) ce_write_row(static_cast<A>(to_compute(xr[t])), r, st, lg, wt, W, ref, eps, C, smooth, loss, wrow, lse);
     const CeRowGrad<A> rg(denom ? A(1) / *denom : A(1), wt, W, eps, C, st.m + lg, t);
     for_row<V, T, A, true>(xr, C, grp, [&](i64 c, const A (&xs)[V]) { store_streaming(gr + c, rg.template vec<T>(c, xs, weight, smooth)); });
   });

@@ -36,6 +36,10 @@ for rows, width in ((16384, 768), (65536, 768), (16384, 1024), (65536, 1024), (1
         y = fl.call("layer_norm", xg, ns, 1, wg, bg, 1e-5)
         lib.grad(fl.ctx, [y], [g], [xg, wg, bg], 0)
     cases.append((f"ln f+b+dw {rows}x{width}", step_wb, 5 * nb))
+    def rstep(xg=xg, ns=ns, w=w, g=g):
+        y = fl.call("rms_norm", xg, ns, 1, w, 1e-5)
+        lib.grad(fl.ctx, [y], [g], [xg], 0)
+    cases.append((f"rms f+b {rows}x{width}", rstep, 5 * nb))
     cases.append((f"softmax {rows}x{width}", lambda xx=xx: fl.call("softmax", xx, -1), 2 * nb))
     def sstep_w(xg=xg, g=g):
         y = fl.call("softmax", xg, -1)
@@ -55,6 +59,8 @@ for rows, width in ((16384, 768), (65536, 768), (16384, 1024), (65536, 1024), (1
     print(f"torch copy of {rows}x{width} f32: {2 * rows * width * 4 / (ms * 1e-3) / copy_bw:.3f} of the 1 GiB copy")
     del a, c
 variants = sys.argv[1:] or ["0"]
+if os.environ.get("AB_FILTER"):  # comma-separated substrings of case names
+    cases = [c for c in cases if any(f in c[0] for f in os.environ["AB_FILTER"].split(","))]
 # Variants alternate within each case, three rounds, and the median round is kept: the 128-256 MB rows
 # spread by ~6% between runs of one kernel, more than the differences being looked for.
 ROUNDS = int(os.environ.get("AB_ROUNDS", "3"))

@@ -920,6 +920,8 @@ class CeSeed : public LossKernels {
     k.dt = dt;
     return k;
   }
+  // Rows of C with target C (out of range) and -100 (ignored): NaN and 0 gradient rows, one report.
+  void out_of_range_rows(int64_t C);
   // The loss's own gradient gl is 1, and the logits' gradient gx is the one for an upstream 1 (f32).
   void expect_unit_seed(const Case& k, flame_tensor_t gl, flame_tensor_t gx, const std::string& what) {
     double one = 0;
@@ -933,7 +935,10 @@ class CeSeed : public LossKernels {
 
 TEST_F(CeSeed, GradientFromTheForwardAtEverySizeAndDtype) {
   struct Size { int64_t N, C; };
-  const Size sizes[] = {{3, 1}, {5, 7}, {37, 1000}, {4, 1024}, {3, 1025}, {5, 4099}, {3, 50257}, {6, 50304}, {300, 2000}};
+  // From 8192 columns (32 KiB of f32) up to 57600 f32 (30 chunks) the rows of f32, f16 and bf16 run
+  // the TMA ring of cuda/loss_ring.cuh on sm_90: a partial last chunk (16392), a full ring (57600).
+  const Size sizes[] = {{3, 1},     {5, 7},     {37, 1000}, {4, 1024},  {3, 1025},  {5, 4099},
+                        {3, 50257}, {6, 50304}, {300, 2000}, {4, 8192}, {3, 16392}, {2, 57600}};
   const flame_dtype_t dts[] = {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64};
   std::mt19937_64 rng(gc::seed() ^ 53);
   for (const Size& z : sizes)
@@ -1181,15 +1186,24 @@ TEST_F(CeSeed, OnlyARecordedForwardComputesTheGradient) {
 
 // A bad class index with the seed: its row of the gradient is NaN (reported once by the forward),
 // ignored rows 0, the others right.
+// Rows of 2000 (ce_index_fwd_grad) and of 16384 (the ring kernel on sm_90, which loads no chunk of
+// such a row).
 TEST_F(CeSeed, OutOfRangeIndexRowsAreNaN) {
+  for (int64_t C : {int64_t{2000}, int64_t{16384}}) {
+    SCOPED_TRACE("C " + std::to_string(C));
+    out_of_range_rows(C);
+  }
+}
+
+void CeSeed::out_of_range_rows(int64_t C) {
   std::mt19937_64 rng(gc::seed() ^ 73);
   CeSpec s{{}, -100, 0.1, SUM};
-  Case k = make(rng, {5, 2000}, FLAME_DTYPE_F32, s, 0.0);
-  k.target.v = {1, 2000, 3, -100, 0};
+  Case k = make(rng, {5, C}, FLAME_DTYPE_F32, s, 0.0);
+  k.target.v = {1, static_cast<double>(C), 3, -100, 0};
   forward(k);
   if (HasFatalFailure()) return;
   FLAME_EXPECT_STATUS(flame_ctx_synchronize(ctx), FLAME_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(flame_last_error_message()).find("index 2000 at position 1"), std::string::npos);
+  EXPECT_NE(std::string(flame_last_error_message()).find("index " + std::to_string(C) + " at position 1"), std::string::npos);
   flame_tensor_t o = k.loss.h, in = k.xt.h, res = nullptr;
   FLAME_ASSERT_OK(flame_grad(ctx, &o, nullptr, 1, &in, 1, 0, &res));
   T r(res);
@@ -1200,10 +1214,10 @@ TEST_F(CeSeed, OutOfRangeIndexRowsAreNaN) {
   Case ref;
   ref.x = k.x, ref.target = good_target, ref.s = k.s;
   HT g = want(ref, 1.0);
-  for (int64_t c = 0; c < 2000; ++c) {
-    EXPECT_TRUE(std::isnan(got.v[2000 + c]));
-    EXPECT_EQ(got.v[3 * 2000 + c], 0.0);
-    got.v[2000 + c] = 0;
+  for (int64_t c = 0; c < C; ++c) {
+    EXPECT_TRUE(std::isnan(got.v[C + c]));
+    EXPECT_EQ(got.v[3 * C + c], 0.0);
+    got.v[C + c] = 0;
   }
   EXPECT_TRUE(near(got, g, FLAME_DTYPE_F32, "the other rows"));
 }

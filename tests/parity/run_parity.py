@@ -552,6 +552,11 @@ def loss_rows():
     ce_seed("ce_seed_noncontiguous", [[NC((6, 5)), CONST((6,), ints(0, 4))]], "mean")
     ce_seed("ce_seed_1000_classes", [[I((4, 1000), uni(-5, 5)), CONST((4,), ints(-1, 999))]], "mean", ignore=-1, eps=0.1)
     ce_seed("ce_seed_gpt2_vocab", [[I((3, 50304), uni(-5, 5)), CONST((3,), ints(0, 50303))]], "sum")
+    # rows of 32 KiB and more (f32; 16-bit: 64 KiB) run cuda/loss_ring.cuh on sm_90; bf16 indices below 256 stay exact
+    ce_seed("ce_seed_ring_smooth_weight_mean", [[I((5, 16392), uni(-5, 5)), CONST((5,), ints(-1, 255)),
+                                                CONST((16392,), uni(0.5, 2))]], "mean", ignore=-1, eps=0.1, weighted=True,
+            bf16=True)
+    ce_seed("ce_seed_ring_gpt2_vocab_mean", [[I((4, 50304), uni(-5, 5)), CONST((4,), ints(0, 255))]], "mean", bf16=True)
     # elementwise losses: grids keep |input - target| away from 0 and from beta / delta
     ga, gb = Dom(kind="grid", offset=0.25), Dom(kind="grid", offset=0.75)
     pair = [[I((3, 4), ga), I((3, 4), gb)], [NC((4, 3), ga), I((4, 3), gb)]]
