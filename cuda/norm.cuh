@@ -454,6 +454,56 @@ __global__ void __launch_bounds__(1024) norm_bwd_stream(const T* __restrict__ g,
   }
 }
 
+// ---------------- LN/RMS weight and bias gradients of long rows ----------------
+
+// Partial column sums of the rows too long for the row kernels' accumulators (the streamed and ring
+// dx kernels): thread (column vector i, split blockIdx.y) sums g * xhat and g over its split's rows,
+// U rows' loads in flight, into dw_part / db_part[blockIdx.y, D] (either may be null); the host sums
+// the splits. Reads g and x once more, in whole 16-byte vectors per row.
+template <class T, int MODE, int V>
+__global__ void __launch_bounds__(256) norm_wb_cols(const T* __restrict__ g, const T* __restrict__ x,
+                                                    const compute_t<T>* __restrict__ mean,
+                                                    const compute_t<T>* __restrict__ rstd,
+                                                    compute_t<T>* __restrict__ dw_part, compute_t<T>* __restrict__ db_part,
+                                                    i64 rows, i64 D, i64 rows_per_split) {
+  typedef compute_t<T> A;
+  constexpr int U = 4;
+  const i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i * V >= D) return;
+  const i64 r0 = static_cast<i64>(blockIdx.y) * rows_per_split, r1 = min(rows, r0 + rows_per_split);
+  A dw[V], db[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) dw[j] = db[j] = A(0);
+  for (i64 r = r0; r < r1; r += U) {
+    Vec<T, V> gv[U], xv[U];
+    A mu[U], rs[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (r + u < r1) {
+        gv[u] = load_vec<T, V>(g + (r + u) * D + i * V);
+        xv[u] = load_vec<T, V>(x + (r + u) * D + i * V);
+        mu[u] = MODE == kRmsNorm ? A(0) : mean[r + u];
+        rs[u] = rstd[r + u];
+      }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (r + u < r1) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const A gs = static_cast<A>(to_compute(gv[u].v[j]));
+          dw[j] += gs * ((static_cast<A>(to_compute(xv[u].v[j])) - mu[u]) * rs[u]);
+          db[j] += gs;
+        }
+      }
+  }
+  const i64 at = static_cast<i64>(blockIdx.y) * D + i * V;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    if (dw_part) dw_part[at + j] = dw[j];
+    if (db_part) db_part[at + j] = db[j];
+  }
+}
+
 // ---------------- batch_norm over [N, C, HW] (contiguous) ----------------
 
 // Partial per-channel sums: block b reduces elements [ch * chunk_len, (ch + 1) * chunk_len) of the

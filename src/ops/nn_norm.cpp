@@ -32,6 +32,7 @@ constexpr KernelTemplate kNormFwd{"norm.cuh", "flame::norm_fwd", {A::Dtype, A::I
 constexpr KernelTemplate kNormBwdStream{"norm.cuh", "flame::norm_bwd_stream", {A::Dtype, A::Int, A::Int}};  // v
 constexpr KernelTemplate kNormBwd{"norm.cuh", "flame::norm_bwd",
                                   {A::Dtype, A::Int, A::Int, A::Int, A::Int, A::Bool}};  // nv, v, row, wb
+constexpr KernelTemplate kNormWbCols{"norm.cuh", "flame::norm_wb_cols", {A::Dtype, A::Int, A::Int}};  // mode, v
 constexpr KernelTemplate kNormBwdRing{"norm_ring.cuh", "flame::norm_bwd_ring", {A::Dtype, A::Int}};  // mode
 constexpr KernelTemplate kBnReduce{"norm.cuh", "flame::bn_reduce", {A::Dtype, A::Int}};      // mode
 constexpr KernelTemplate kBnFinalize{"norm.cuh", "flame::bn_finalize", {A::Dtype, A::Int}};  // mode
@@ -102,30 +103,40 @@ FwdOut launch_norm_forward(int mode, const Tensor& x, const Tensor& w, const Ten
   return o;
 }
 
-// Weight and bias gradients from tensor ops (the streaming path, and GN with too many channels per
-// group for shared memory): xhat rebuilt from the saved statistics, in the compute type.
-void composed_weight_grads(int mode, const ops::NormGeometry& geo, const Tensor& g, const Tensor& x, const Tensor& mean,
+// GN weight and bias gradients from tensor ops (too many channels per group for shared-memory sums):
+// xhat rebuilt from the saved statistics, in the compute type.
+void composed_weight_grads(const ops::NormGeometry& geo, const Tensor& g, const Tensor& x, const Tensor& mean,
                            const Tensor& rstd, bool need_dw, bool need_db, ops::NormGrads* r) {
   using namespace ops;
   const DType acc = acc_of(x->dtype);
-  Tensor xh, gg;
-  std::vector<int> dims;
-  if (mode == 2) {
-    Shape s3 = {geo.N, geo.groups, geo.D}, st = {geo.N, geo.groups, 1};
-    xh = mul(sub(to_dtype(reshape(x, s3), acc), reshape(mean, st)), reshape(rstd, st));
-    xh = reshape(xh, {geo.N, geo.C, geo.hw});
-    gg = to_dtype(reshape(g, {geo.N, geo.C, geo.hw}), acc);
-    dims = {0, 2};
-  } else {
-    Shape s2 = {geo.rows, geo.D}, st = {geo.rows, 1};
-    xh = to_dtype(reshape(x, s2), acc);
-    if (mode == 0) xh = sub(xh, reshape(mean, st));
-    xh = mul(xh, reshape(rstd, st));
-    gg = to_dtype(reshape(g, s2), acc);
-    dims = {0};
-  }
-  if (need_dw) r->dw = to_dtype(sum(mul(gg, xh), dims, false), x->dtype);
-  if (need_db) r->db = to_dtype(sum(gg, dims, false), x->dtype);
+  Shape s3 = {geo.N, geo.groups, geo.D}, st = {geo.N, geo.groups, 1};
+  Tensor xh = mul(sub(to_dtype(reshape(x, s3), acc), reshape(mean, st)), reshape(rstd, st));
+  xh = reshape(xh, {geo.N, geo.C, geo.hw});
+  Tensor gg = to_dtype(reshape(g, {geo.N, geo.C, geo.hw}), acc);
+  if (need_dw) r->dw = to_dtype(sum(mul(gg, xh), {0, 2}, false), x->dtype);
+  if (need_db) r->db = to_dtype(sum(gg, {0, 2}, false), x->dtype);
+}
+
+// LN/RMS weight and bias gradients of the streamed rows (norm_wb_cols): column-vector blocks of 256
+// threads times enough row splits for 8 blocks per SM, then one sum over the splits' partials. (The
+// composition it replaces made xhat and g * xhat as tensors: about twice the traffic.)
+void column_weight_grads(Context& ctx, int mode, DType dt, int v, const ops::NormGeometry& geo, CUdeviceptr gp,
+                         CUdeviceptr xp, CUdeviceptr mp, CUdeviceptr rp, bool need_dw, bool need_db, ops::NormGrads* r) {
+  using namespace ops;
+  int64_t rows = geo.rows, D = geo.D;
+  const unsigned col_blocks = static_cast<unsigned>((D / v + 255) / 256);
+  const int64_t want = std::max<int64_t>(1, std::min<int64_t>((rows + 7) / 8, int64_t{ctx.sm_count} * 8 / col_blocks));
+  int64_t per_split = (rows + want - 1) / want;
+  const int64_t splits = (rows + per_split - 1) / per_split;  // every split has rows
+  Tensor dwp = need_dw ? make_tensor(ctx, {splits, D}, acc_of(dt)) : nullptr;
+  Tensor dbp = need_db ? make_tensor(ctx, {splits, D}, acc_of(dt)) : nullptr;
+  CUdeviceptr dwpp = dwp ? dwp->data() : 0, dbpp = dbp ? dbp->data() : 0;
+  void* args[] = {&gp, &xp, &mp, &rp, &dwpp, &dbpp, &rows, &D, &per_split};
+  ctx.check(ctx.drv.cuLaunchKernel(ctx.function(make_key(kNormWbCols, dt, mode, v)), col_blocks,
+                                   static_cast<unsigned>(splits), 1, 256, 1, 1, 0, ctx.stream, args, nullptr),
+            "cuLaunchKernel");
+  if (dwp) r->dw = to_dtype(sum(dwp, {0}, false), dt);
+  if (dbp) r->db = to_dtype(sum(dbp, {0}, false), dt);
 }
 
 Tensor record_norm(OpId op, const Tensor& x, const Tensor& w, const Tensor& b, bool has_bias_input, const FwdOut& o,
@@ -275,7 +286,10 @@ ops::NormGrads ops::norm_backward(NormKind kind, const NormGeometry& geo, const 
       if (dwp) r.dw = to_dtype(reshape(sum(dwp, {0}, false), {wlen}), dt);
       if (dbp) r.db = to_dtype(reshape(sum(dbp, {0}, false), {wlen}), dt);
     }
-    if (!kernel_wb && (need_dw || need_db)) composed_weight_grads(mode, geo, g, x, mean, rstd, need_dw, need_db, &r);
+    if (!kernel_wb && (need_dw || need_db)) {
+      if (mode != 2) column_weight_grads(ctx, mode, dt, v, geo, gp, xp, mp, rp, need_dw, need_db, &r);
+      else composed_weight_grads(geo, g, x, mean, rstd, need_dw, need_db, &r);
+    }
   }
   std::vector<Tensor> outs;
   for (const Tensor& t : {r.dx, r.dw, r.db})
@@ -438,6 +452,7 @@ std::vector<std::string> ops::norm_kernel_instantiations() {
       }
       v.push_back(kernel_name(block_fwd_key(t, mode, static_cast<int>(16 / dtype_size(t)), true)));
       if (mode != 2) {
+        for (int vw : {1, static_cast<int>(16 / dtype_size(t))}) v.push_back(kernel_name(make_key(kNormWbCols, t, mode, vw)));
         v.push_back(kernel_name(make_key(kNormBwdRing, t, mode)));
       }
     }

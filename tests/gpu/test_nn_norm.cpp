@@ -254,6 +254,8 @@ class NnTest : public GpuTest {
     return held;
   }
   HT param(const HT& p, flame_dtype_t dt, T* out) { return leaf(p, dt, false, out); }
+  // layer_norm over [64, d]: dweight and dbias with x not requiring grad.
+  void weight_grads_only(int64_t d);
   // d(sum(y * gr))/d(inputs) through flame_grad (no create_graph: the fused kernels).
   std::vector<HT> grads(flame_tensor_t y, const HT& gr, flame_dtype_t dt, const std::vector<flame_tensor_t>& wrt,
                         HT* gr_held) {
@@ -370,7 +372,8 @@ const std::vector<RowNormCase>& row_norm_cases() {
       {{4500, 300}, 1, false},   // short staged rows (f32), more rows than one pass of the persistent grid
       {{150, 16384}, 1, false},  // sm_90 ring rows (f32 and f16/bf16), more rows than SMs: several per block
       {{290, 8200}, 1, false},   // ring rows of f32 with a last chunk of 130 vectors
-      {{290, 4100}, 1, false}};  // ring rows of f64
+      {{290, 4100}, 1, false},   // ring rows of f64
+      {{70, 12289}, 1, false}};  // streamed rows in single elements: norm_wb_cols with V = 1
   return c;
 }
 
@@ -418,9 +421,17 @@ void row_norm_test(NnTest* t, bool rms) {
 TEST_F(NnTest, LayerNormForwardAndBackwardMatchHost) { row_norm_test(this, false); }
 TEST_F(NnTest, RmsNormForwardAndBackwardMatchHost) { row_norm_test(this, true); }
 
+// Row kernels (96) and streamed rows (16384: norm_wb_cols) with no dx.
 TEST_F(NnTest, LayerNormWeightGradientWithoutInputGradient) {
+  for (int64_t d : {int64_t{96}, int64_t{16384}}) {
+    SCOPED_TRACE("D " + std::to_string(d));
+    weight_grads_only(d);
+  }
+}
+
+void NnTest::weight_grads_only(int64_t d) {
   std::mt19937_64 rng(seed_for("wonly"));
-  const Shape s = {64, 96}, ns = {96};
+  const Shape s = {64, d}, ns = {d};
   T x, w, b, y;
   HT xh = leaf(random_ht(s, rng), FLAME_DTYPE_F32, false, &x, /*grad=*/false);
   HT wh = param(random_ht(ns, rng), FLAME_DTYPE_F32, &w), bh = param(random_ht(ns, rng), FLAME_DTYPE_F32, &b);
