@@ -252,14 +252,17 @@ ops::NormGrads ops::norm_backward(NormKind kind, const NormGeometry& geo, const 
     if (mode != 2) ptrs.push_back(wp);
     int v = row_vector_width(dt, geo.D, ptrs);
     RowPlan p = plan_rows(ctx, geo.rows, geo.D, dt, v, bwd_budget(mode, need_dw || need_db), 1024);
-    // dx alone of LN/RMS rows of 32 KiB and more: two passes over global memory (the second hits L2)
+    // dx of LN/RMS rows of 32 KiB and more: two passes over global memory (the second hits L2)
     // beat one row of g and x per SM in registers (H200, 2048x16384 f32: 0.66 -> 0.71 of copy for
     // layer_norm fwd+bwd; 4096-wide rows measured worse streamed). Blocks of 1024 threads with 4 vectors
     // of g and x each in flight (norm_bwd_stream) measured best: 0.84 at 4096x16384, against 0.77 with
     // 512 threads and 0.81 with 512 threads that also batch the second pass. On sm_90, rows of 32-64 KiB
     // in 16-byte vectors go through the TMA ring instead (norm_bwd_ring: each row read once, the next
     // rows' loads in flight while one is reduced): 0.84 -> 0.86 at 4096x16384, 0.79 -> 0.83 at 2048.
-    if (mode != 2 && !need_dw && !need_db && geo.D * static_cast<int64_t>(dtype_size(dt)) >= 32 * 1024)
+    // With dw / db too, dx takes the same path and norm_wb_cols sums the weight gradients in one more
+    // read of g and x (column_weight_grads): layer_norm fwd+bwd(x, w, b) 2048 / 4096 / 8192 x 16384
+    // 0.53 / 0.61 / 0.65 -> 0.59 / 0.63 / 0.66 of copy (5 passes counted) against norm_bwd's partials.
+    if (mode != 2 && geo.D * static_cast<int64_t>(dtype_size(dt)) >= 32 * 1024)
       p = plan_stream(ctx, geo.rows, geo.D, v);
     const int64_t cg = geo.D / geo.hw;
     const bool kernel_wb = (need_dw || need_db) && !p.stream && (mode != 2 || 2 * cg * asize <= kMaxGroupSmem);
