@@ -24,8 +24,9 @@
 //                            the loads in flight hold no registers and many rows stay resident per
 //                            SM (a register-cached row of 16384 floats allows one; short rows: 32
 //                            one-warp blocks instead of 16 warps at 97 registers): one DRAM read
-//                            and one write per element. Else (longer rows) every pass reads
-//                            global memory.
+//                            and one write per element, and for LN/GN the statistics in one pass
+//                            over shared memory (sums about a shift, bounded cancellation). Else
+//                            (longer rows) every pass reads global memory.
 //  norm_bwd_stream           rows too long for registers, and dx alone of rows of 32 KiB and more
 //                            (the second pass hits L2; on sm_90, rows of 32-64 KiB in 16-byte
 //                            vectors take norm_bwd_ring of norm_ring.cuh instead): one block per
@@ -316,16 +317,25 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
 // ---------------- long rows, one per block: blockDim = (threads, 1) ----------------
 
 // SMEM: the row is staged in dynamic shared memory (D * sizeof(T) bytes, V * sizeof(T) == 16) and
-// read from there by the three passes; else each pass reads global memory (the later ones mostly
-// hit L2).
+// read from there, by one pass for the statistics (shifted sums, below) and one for the output; else
+// each of three passes reads global memory (the later ones mostly hit L2).
+// Staged layer_norm / group_norm rows of 1-4 byte types keep to 40 registers, so that three blocks of
+// 512 threads (three 64 KiB rows) stay resident per SM: the one-pass statistics took 42 without the
+// bound (two blocks per SM), and bf16 rows took 62 before (H200, staged layer_norm forward: f32
+// 2048 / 4096 / 8192 x 16384 0.78-0.82 / 0.79-0.88 / 0.85-0.91 -> 0.84 / 0.88-0.91 / 0.89-0.93 of copy,
+// bf16 2048 / 4096 x 32768 0.66 / 0.70 -> 0.72 / 0.76). rms_norm (one pass already) keeps ptxas's own
+// choice, a minimum of 0 blocks (bf16 rms rows measured slower under the bound: 0.85 -> 0.81), as do
+// the streamed rows.
+template <class T, int MODE, bool SMEM>
+constexpr bool kStagedBound = SMEM && MODE != kRmsNorm && sizeof(T) <= 4;
+
 template <class T, int MODE, int V, bool SMEM>
-__global__ void __launch_bounds__(1024) norm_fwd_block(const T* __restrict__ x, const T* __restrict__ w,
-                                                       const T* __restrict__ b, T* __restrict__ y,
-                                                       compute_t<T>* __restrict__ mean_out,
-                                                       compute_t<T>* __restrict__ rstd_out, i64 rows, i64 D, i64 groups,
-                                                       i64 hw, double eps) {
+__global__ void __launch_bounds__(kStagedBound<T, MODE, SMEM> ? 512 : 1024, kStagedBound<T, MODE, SMEM> ? 3 : 0)
+    norm_fwd_block(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, T* __restrict__ y,
+                   compute_t<T>* __restrict__ mean_out, compute_t<T>* __restrict__ rstd_out, i64 rows, i64 D,
+                   i64 groups, i64 hw, double eps) {
   typedef compute_t<T> A;
-  __shared__ A red[32];
+  __shared__ A red[64];
   extern __shared__ __align__(16) unsigned char row_smem[];
   const Vec<T, V>* srow = reinterpret_cast<const Vec<T, V>*>(row_smem);
   const i64 cg = D / hw, nvec = D / V;  // V == 1 unless D is a multiple of V
@@ -333,31 +343,65 @@ __global__ void __launch_bounds__(1024) norm_fwd_block(const T* __restrict__ x, 
     const T* xr = x + row * D;
     if constexpr (SMEM) stage_row<T, V>(row_smem, xr, nvec);
     auto vec = [&](i64 i) { return SMEM ? srow[i] : load_vec<T, V>(xr + i * V); };
-    A s = A(0);
-    for (i64 i = threadIdx.x; i < nvec; i += blockDim.x) {
-      Vec<T, V> v = vec(i);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        A a = static_cast<A>(to_compute(v.v[j]));
-        s += MODE == kRmsNorm ? a * a : a;
-      }
-    }
-    s = row_allreduce(s, RowSum(), red);
     A mean = A(0), var;
-    if constexpr (MODE == kRmsNorm) {
-      var = s / static_cast<A>(D);
-    } else {  // a second pass: sum((x - mean)^2) has no cancellation
-      mean = s / static_cast<A>(D);
-      A q = A(0);
+    if constexpr (MODE != kRmsNorm && SMEM) {
+      // One pass over the staged row: sums of d = x - K and d^2 about a shift K, the mean of the
+      // row's first m = 32 * V elements, which every warp computes alike (a butterfly gives every lane
+      // the same sum). var = mean(d^2) - mean(d)^2 cancels (mean - K)^2 / var, and by Cauchy-Schwarz
+      // |K - mean| <= sqrt(D / m) * std, so at most D / m <= 128 (rows of 64 KiB) of those units:
+      // an f32 variance within ~1e-5 relative, where an unshifted sum of squares loses everything.
+      // (The pass it saves, sum((x - mean)^2), and its block reduction lengthened every row.)
+      const int lane = threadIdx.x & 31;
+      const i64 m = nvec < 32 ? nvec : 32;
+      A k = A(0);
+      if (lane < m) {
+        Vec<T, V> v = srow[lane];
+#pragma unroll
+        for (int j = 0; j < V; ++j) k += static_cast<A>(to_compute(v.v[j]));
+      }
+      for (int o = 16; o > 0; o >>= 1) k += __shfl_xor_sync(0xffffffffu, k, o);
+      const A K = k / static_cast<A>(m * V);
+      A s1 = A(0), s2 = A(0);
+      for (i64 i = threadIdx.x; i < nvec; i += blockDim.x) {
+        Vec<T, V> v = srow[i];
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          A d = static_cast<A>(to_compute(v.v[j])) - K;
+          s1 += d;
+          s2 += d * d;
+        }
+      }
+      row_allreduce2(s1, s2, red);
+      const A dm = s1 / static_cast<A>(D);
+      mean = K + dm;
+      var = s2 / static_cast<A>(D) - dm * dm;
+      var = var > A(0) ? var : A(0);
+    } else {
+      A s = A(0);
       for (i64 i = threadIdx.x; i < nvec; i += blockDim.x) {
         Vec<T, V> v = vec(i);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          A d = static_cast<A>(to_compute(v.v[j])) - mean;
-          q += d * d;
+          A a = static_cast<A>(to_compute(v.v[j]));
+          s += MODE == kRmsNorm ? a * a : a;
         }
       }
-      var = row_allreduce(q, RowSum(), red) / static_cast<A>(D);
+      s = row_allreduce(s, RowSum(), red);
+      if constexpr (MODE == kRmsNorm) {
+        var = s / static_cast<A>(D);
+      } else {  // a second pass: sum((x - mean)^2) has no cancellation
+        mean = s / static_cast<A>(D);
+        A q = A(0);
+        for (i64 i = threadIdx.x; i < nvec; i += blockDim.x) {
+          Vec<T, V> v = vec(i);
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            A d = static_cast<A>(to_compute(v.v[j])) - mean;
+            q += d * d;
+          }
+        }
+        var = row_allreduce(q, RowSum(), red) / static_cast<A>(D);
+      }
     }
     const A rs = m_rsqrt(var + static_cast<A>(eps));
     if (threadIdx.x == 0) {
@@ -366,8 +410,9 @@ __global__ void __launch_bounds__(1024) norm_fwd_block(const T* __restrict__ x, 
     }
     T* yr = y + row * D;
     // LN/RMS: the weight and bias of U vectors are loaded (from L2: every row reads them) before any is
-    // used. GN reads one value per channel.
-    constexpr int U = MODE == kGroupNorm ? 1 : 2;
+    // used; one vector at a time for GN (one value per channel) and for bounded 2-byte types (two
+    // batches of 8 values spilled under the 40-register bound).
+    constexpr int U = MODE == kGroupNorm || (kStagedBound<T, MODE, SMEM> && sizeof(T) == 2) ? 1 : 2;
     for (i64 i0 = threadIdx.x; i0 < nvec; i0 += U * static_cast<i64>(blockDim.x)) {
       A wv[U][V], bv[U][V];
 #pragma unroll

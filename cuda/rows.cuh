@@ -39,6 +39,30 @@ __device__ __forceinline__ A row_allreduce(A v, Op op, A* smem) {
   return v;
 }
 
+// Two sums at once (a + b over the row group, to every thread; smem: 64 entries per row group).
+template <class A>
+__device__ __forceinline__ void row_allreduce2(A& a, A& b, A* smem) {
+  for (int o = 16; o > 0; o >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, o);
+    b += __shfl_xor_sync(0xffffffffu, b, o);
+  }
+  if (blockDim.x == 32) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  A* s = smem + threadIdx.y * 64;
+  __syncthreads();  // the previous call's readers are done with smem
+  if (lane == 0) {
+    s[warp] = a;
+    s[32 + warp] = b;
+  }
+  __syncthreads();
+  a = s[0];
+  b = s[32];
+  for (int w = 1; w < nw; ++w) {
+    a += s[w];
+    b += s[32 + w];
+  }
+}
+
 // V elements of T starting at p (aligned to V * sizeof(T) when V > 1).
 template <class T, int V>
 __device__ __forceinline__ Vec<T, V> load_vec(const T* p) {

@@ -3,7 +3,9 @@
 PyTorch's copy of each shape. Each argument is put in FLAME_ROW_EXP before its round; the library reads
 that variable only while a temporary experiment patch makes the host planner read it (none is in the
 tree), so without one every argument times the shipped plan. The variants alternate within each case
-($AB_ROUNDS rounds, 3 by default; the median is printed). Usage: python3 scripts/ab_rows.py 0 [1 ...]"""
+($AB_ROUNDS rounds, 3 by default; the median is printed). $AB_FILTER keeps the cases whose names hold
+one of its comma-separated substrings; $AB_DTYPE (f32, bf16, f16) sets the norm rows' dtype and
+$AB_SHAPES (e.g. 2048x32768,4096x32768) their shapes. Usage: python3 scripts/ab_rows.py 0 [1 ...]"""
 import ctypes, os, sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
@@ -19,18 +21,22 @@ copy_bw = 2 * n * 4 / (median_ms(lambda: yt.copy_(xt), torch.cuda.current_stream
 del xt, yt
 print(f"copy {copy_bw/1e12:.3f} TB/s")
 cases = []
-for rows, width in ((16384, 768), (65536, 768), (16384, 1024), (65536, 1024), (16384, 4096), (8192, 8192), (2048, 16384), (4096, 16384), (8192, 16384)):
-    xx, w, b, g = fl.randn([rows, width], "f32"), fl.randn([width], "f32"), fl.randn([width], "f32"), fl.randn([rows, width], "f32")
-    xg = fl.randn([rows, width], "f32"); lib.set_requires_grad(xg, True)
+DT = os.environ.get("AB_DTYPE", "f32")  # the dtype of the norm rows (softmax and group_norm rows: f32)
+SHAPES = ((16384, 768), (65536, 768), (16384, 1024), (65536, 1024), (16384, 4096), (8192, 8192), (2048, 16384), (4096, 16384), (8192, 16384))
+if os.environ.get("AB_SHAPES"):  # rows x width, comma-separated: "2048x32768,4096x32768"
+    SHAPES = tuple(tuple(int(n) for n in s.split("x")) for s in os.environ["AB_SHAPES"].split(","))
+for rows, width in SHAPES:
+    xx, w, b, g = fl.randn([rows, width], DT), fl.randn([width], DT), fl.randn([width], DT), fl.randn([rows, width], DT)
+    xg = fl.randn([rows, width], DT); lib.set_requires_grad(xg, True)
     ns = (ctypes.c_int64 * 1)(width)
-    nb = rows * width * 4
+    nb = rows * width * {"f32": 4, "bf16": 2, "f16": 2}[DT]
     cases.append((f"ln fwd {rows}x{width}", lambda xx=xx, ns=ns, w=w, b=b: fl.call("layer_norm", xx, ns, 1, w, b, 1e-5), 2 * nb))
     cases.append((f"rms fwd {rows}x{width}", lambda xx=xx, ns=ns, w=w: fl.call("rms_norm", xx, ns, 1, w, 1e-5), 2 * nb))
     def step(xg=xg, ns=ns, w=w, b=b, g=g):
         y = fl.call("layer_norm", xg, ns, 1, w, b, 1e-5)
         lib.grad(fl.ctx, [y], [g], [xg], 0)
     cases.append((f"ln f+b {rows}x{width}", step, 5 * nb))
-    wg, bg = fl.randn([width], "f32"), fl.randn([width], "f32")
+    wg, bg = fl.randn([width], DT), fl.randn([width], DT)
     lib.set_requires_grad(wg, True); lib.set_requires_grad(bg, True)
     def step_wb(xg=xg, ns=ns, wg=wg, bg=bg, g=g):
         y = fl.call("layer_norm", xg, ns, 1, wg, bg, 1e-5)

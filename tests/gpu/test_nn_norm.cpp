@@ -421,6 +421,44 @@ void row_norm_test(NnTest* t, bool rms) {
 TEST_F(NnTest, LayerNormForwardAndBackwardMatchHost) { row_norm_test(this, false); }
 TEST_F(NnTest, RmsNormForwardAndBackwardMatchHost) { row_norm_test(this, true); }
 
+// Rows far from zero: a common offset (the mean's digits must not cancel its spread), and rows whose
+// first 32 vectors (the shift of the one-pass statistics of staged rows, cuda/norm.cuh) sit 20 above
+// the rest, which puts the shift ~9 standard deviations from the mean. Staged short (768), register
+// (4096), staged long (16384) and streamed (24576) rows; group_norm rows of 16384 staged.
+TEST_F(NnTest, RowNormStatisticsHoldForRowsFarFromZero) {
+  std::mt19937_64 rng(seed_for("offset"));
+  for (flame_dtype_t dt : {FLAME_DTYPE_F32, FLAME_DTYPE_F64}) {
+    for (int64_t d : {int64_t{768}, int64_t{4096}, int64_t{16384}, int64_t{24576}}) {
+      for (int skew = 0; skew < 2; ++skew) {
+        SCOPED_TRACE(trace(std::string("layer_norm ") + (skew ? "first vectors raised" : "offset 100"), dt, {4, d}, false));
+        const Shape s = {4, d}, ns = {d};
+        HT xv = random_ht(s, rng, -1, 3);
+        for (int64_t r = 0; r < 4; ++r)
+          for (int64_t c = 0; c < d; ++c) xv.v[r * d + c] += skew ? (c < 128 ? 20.0 : 0.0) : 100.0;
+        T x, w, b, y;
+        HT xh = leaf(xv, dt, false, &x, false);
+        HT wh = param(random_ht(ns, rng, 0.5, 1.5), dt, &w), bh = param(random_ht(ns, rng), dt, &b);
+        FLAME_ASSERT_OK(flame_layer_norm(x, ns.data(), 1, w, b, 1e-5, y.out()));
+        HT got;
+        FLAME_ASSERT_OK(download(y, &got));
+        NormRef r = ref_norm(row_sets(s, 1, true), xh, &wh, &bh, 1e-5, nullptr);
+        // atol: the f32 mean of values near 100 is itself rounded by up to 4e-6
+        EXPECT_TRUE(near(got, r.y, {fwd_tol(dt).rtol, dt == FLAME_DTYPE_F32 ? 2e-5 : fwd_tol(dt).atol}, "forward"));
+      }
+    }
+    SCOPED_TRACE(trace("group_norm offset 100", dt, {2, 16, 64, 64}, false));
+    HT xv = random_ht({2, 16, 64, 64}, rng, -1, 3);
+    for (double& v : xv.v) v += 100.0;
+    T x, y;
+    HT xh = leaf(xv, dt, false, &x, false);
+    FLAME_ASSERT_OK(flame_group_norm(x, 4, nullptr, nullptr, 1e-5, 0, y.out()));
+    HT got;
+    FLAME_ASSERT_OK(download(y, &got));
+    NormRef r = ref_norm(group_sets({2, 16, 64, 64}, 4, false), xh, nullptr, nullptr, 1e-5, nullptr);
+    EXPECT_TRUE(near(got, r.y, {fwd_tol(dt).rtol, dt == FLAME_DTYPE_F32 ? 2e-5 : fwd_tol(dt).atol}, "forward"));
+  }
+}
+
 // Row kernels (96) and streamed rows (16384: norm_wb_cols) with no dx.
 TEST_F(NnTest, LayerNormWeightGradientWithoutInputGradient) {
   for (int64_t d : {int64_t{96}, int64_t{16384}}) {
