@@ -4,7 +4,8 @@ PyTorch's copy of each shape. Each argument is put in FLAME_ROW_EXP before its r
 that variable only while a temporary experiment patch makes the host planner read it (none is in the
 tree), so without one every argument times the shipped plan. The variants alternate within each case
 ($AB_ROUNDS rounds, 3 by default; the median is printed). $AB_FILTER keeps the cases whose names hold
-one of its comma-separated substrings; $AB_DTYPE (f32, bf16, f16) sets the norm rows' dtype and
+one of its comma-separated substrings; $AB_DTYPE (f32, bf16, f16) sets the dtype of the norm, softmax
+and group_norm rows (the softmax rows of 8192x8192 stay f32) and
 $AB_SHAPES (e.g. 2048x32768,4096x32768) their shapes. Usage: python3 scripts/ab_rows.py 0 [1 ...]"""
 import ctypes, os, sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
@@ -57,8 +58,8 @@ def sstep():
     y = fl.call("softmax", sxg, -1)
     lib.grad(fl.ctx, [y], [sg], [sxg], 0)
 cases.append(("softmax f+b 8192x8192", sstep, 5 * 8192 * 8192 * 4))
-gx, gw, gb = fl.randn([32, 128, 64, 64], "f32"), fl.randn([128], "f32"), fl.randn([128], "f32")
-cases.append(("gn fwd 32x128x64x64", lambda: fl.call("group_norm", gx, 32, gw, gb, 1e-5, 0), 2 * 32 * 128 * 4096 * 4))
+gx, gw, gb = fl.randn([32, 128, 64, 64], DT), fl.randn([128], DT), fl.randn([128], DT)
+cases.append(("gn fwd 32x128x64x64", lambda: fl.call("group_norm", gx, 32, gw, gb, 1e-5, 0), 2 * 32 * 128 * 4096 * {"f32": 4, "bf16": 2, "f16": 2}[DT]))
 for rows, width in ((16384, 768), (65536, 768), (16384, 1024), (65536, 1024), (16384, 4096), (2048, 16384), (8192, 16384), (8192, 8192), (32 * 32, 4 * 4096)):
     a = torch.randn(rows, width, device="cuda"); c = torch.empty_like(a)
     ms = median_ms(lambda: c.copy_(a), torch.cuda.current_stream(), 20, 3, torch.cuda.synchronize)

@@ -74,8 +74,10 @@ bool short_smem_rows(DType dtype, int64_t D, int v) {
 }
 
 bool smem_rows(DType dtype, int64_t D, int v) {
-  const size_t row_bytes = static_cast<size_t>(D) * dtype_size(dtype);
-  return short_smem_rows(dtype, D, v) || (v * dtype_size(dtype) == 16 && row_bytes > 32 * 1024 && row_bytes <= 64 * 1024);
+  const size_t tsize = dtype_size(dtype), row_bytes = static_cast<size_t>(D) * tsize;
+  if (v * tsize != 16) return false;
+  const size_t lo = tsize == 2 ? kShortSmemMax : (tsize == 4 ? 16 * 1024 : 32 * 1024);  // middle rows from here
+  return short_smem_rows(dtype, D, v) || (row_bytes > lo && row_bytes <= 64 * 1024);
 }
 
 void launch_bwd_rows(Context& ctx, CUfunction f, const RowPlan& p, int64_t D, DType dtype, void** args, unsigned smem) {
@@ -88,12 +90,15 @@ void launch_bwd_rows(Context& ctx, CUfunction f, const RowPlan& p, int64_t D, DT
   launch_rows(ctx, f, p, args, smem);
 }
 
-void launch_smem_rows(Context& ctx, CUfunction f, int64_t rows, int64_t D, DType dtype, void** args) {
+void launch_smem_rows(Context& ctx, CUfunction f, int64_t rows, int64_t D, DType dtype, void** args,
+                      unsigned bytes_per_thread) {
   const unsigned bytes = static_cast<unsigned>(static_cast<size_t>(D) * dtype_size(dtype));
   RowPlan p;
-  // Short rows: a block of one warp (two from 3 KiB on) per row, up to 32 blocks per SM; long rows:
-  // 512 threads per row.
-  p.tpr = bytes > kShortSmemMax ? 512 : (bytes > 3 * 1024 ? 64 : 32);
+  // Short rows: a block of one warp (two from 3 KiB on) per row, up to 32 blocks per SM; middle rows:
+  // a thread per bytes_per_thread (whole warps: the block reductions assume them); long rows: 512.
+  if (bytes <= kShortSmemMax) p.tpr = bytes > 3 * 1024 ? 64 : 32;
+  else if (bytes <= 32 * 1024) p.tpr = std::min(512u, std::max(64u, (bytes / bytes_per_thread + 31) / 32 * 32));
+  else p.tpr = 512;
   ctx.check(ctx.drv.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(bytes)),
             "cuFuncSetAttribute");
   p.grid = static_cast<unsigned>(std::min<int64_t>(rows, INT32_MAX));  // as many resident as shared memory allows

@@ -53,6 +53,13 @@ void launch_rows(Context& ctx, CUfunction f, const RowPlan& p, void** args, unsi
 //    to 32 resident per SM. On an H200 at 65536 rows of 768 f32 (inputs beyond L2): layer_norm 0.86 ->
 //    0.93 of copy, rms_norm 0.88 -> 0.95, softmax 0.82 -> 0.95; rows of 256 measured worse (half a warp
 //    idle), rows of 4096 floats stay register-cached (0.93);
+//  - middle rows, of 2-byte types from 4 KiB and of f32 from 16 KiB, up to 32 KiB: one thread per
+//    `bytes_per_thread` of the row (a multiple of 32 threads, 64 to 512), 64 for layer_norm /
+//    group_norm (more threads for their two output terms), 128 for rms_norm and softmax. In registers
+//    (one block per row group, up to 99 registers for 32 KiB) these rows ran at half the copy
+//    bandwidth in bf16. H200, 2026-11-27, bf16 layer_norm / rms_norm / softmax forward: 65536x4096
+//    0.55 / 0.77 / 0.53 -> 0.89 / 0.96 / 0.75, 8192x16384 0.45 / 0.52 / 0.51 -> 0.79 / 0.92 / 0.73; f32
+//    4096x8192 0.81 / 0.86 / 0.78 -> 0.88 / 0.88 / 0.90 (f32 rows of 16 KiB measured the same either way);
 //  - long rows, more than 32 KiB and up to 64 KiB: 512 threads; 64 KiB keeps 3 rows resident per SM
 //    on sm_90 (227 KiB) and 2 on sm_80; layer_norm 2048x16384 0.69 -> 0.81 of copy, group_norm
 //    32x128x64x64 0.49 -> 0.70, softmax 2048x16384 0.70 -> 0.88. Splitting these rows over a
@@ -67,8 +74,10 @@ bool smem_rows(DType dtype, int64_t D, int v);
 bool short_smem_rows(DType dtype, int64_t D, int v);
 // Launches a backward row kernel; a staged plan gets 2 rows of D elements per row group of shared memory.
 void launch_bwd_rows(Context& ctx, CUfunction f, const RowPlan& p, int64_t D, DType dtype, void** args, unsigned smem = 0);
-// Launches f (a kernel taking the row in dynamic shared memory) with one block per row (see above).
-void launch_smem_rows(Context& ctx, CUfunction f, int64_t rows, int64_t D, DType dtype, void** args);
+// Launches f (a kernel taking the row in dynamic shared memory) with one block per row (see above);
+// bytes_per_thread sizes the blocks of middle rows.
+void launch_smem_rows(Context& ctx, CUfunction f, int64_t rows, int64_t D, DType dtype, void** args,
+                      unsigned bytes_per_thread);
 // Rows of 32-64 KiB in 16-byte vectors on sm_90 and later, where the dx-only layer_norm / rms_norm
 // backward runs cuda/norm_ring.cuh: one block per SM streams its rows through a ring of shared-memory
 // chunks that TMA bulk copies fill ahead of the arithmetic, across rows (H200, layer_norm fwd+bwd(x)

@@ -82,7 +82,7 @@ void launch_forward(const Tensor& x, const Tensor& y, const Geometry& geo, bool 
     int v = row_vector_width(x->dtype, geo.D, {xp, yp});
     void* args[] = {&xp, &yp, &rows, const_cast<int64_t*>(&geo.D)};
     if (smem_rows(x->dtype, geo.D, v)) {
-      launch_smem_rows(ctx, ctx.function(smem_fwd_key(x->dtype, log, v)), rows, geo.D, x->dtype, args);
+      launch_smem_rows(ctx, ctx.function(smem_fwd_key(x->dtype, log, v)), rows, geo.D, x->dtype, args, 128);
       return;
     }
     RowPlan p = plan_rows(ctx, rows, geo.D, x->dtype, v, fwd_budget());

@@ -2,7 +2,7 @@
 // src/ops/op_list.h) through the C ABI:
 //  - forward and first-order backward against float64 host references on fresh random inputs, for
 //    f32, f64, f16 and bf16, contiguous and transposed inputs, and row lengths that exercise every
-//    kernel path (1, 7, 33, 1000, 4097, 5000, 9000, 16384, 24576, 40000; many short rows; many long rows; columns of a
+//    kernel path (1, 7, 33, 1000, 2500, 4097, 5000, 9000, 16384, 24576, 40000; many short rows; many long rows; columns of a
 //    middle dim);
 //  - gradients against finite differences (gradcheck.h), first order in every dtype and second
 //    order (create_graph, composed backward) in f64;
@@ -294,7 +294,8 @@ TEST_F(NnTest, SoftmaxForwardAndBackwardMatchHost) {
       {{3000, 64}, -1, false},  {{20000, 8}, 1, false},  {{5, 4}, 0, false},      {{4, 6, 5}, 1, false},
       {{70, 100, 64}, 1, false}, {{2, 3000, 3}, 1, false}, {{6, 3, 5}, 0, true},   {{}, 0, false},
       {{4, 0, 3}, 1, false},   {{3, 9000}, 1, false},   {{3, 24576}, -1, false},  // shared-memory rows
-      {{4500, 300}, -1, false}};  // short staged rows (f32), more rows than one pass of the persistent grid
+      {{4500, 300}, -1, false},  // short staged rows (f32), more rows than one pass of the persistent grid
+      {{600, 2500}, -1, false}};  // middle staged rows of f16/bf16 (64 threads per row), many blocks
   std::mt19937_64 rng(seed_for("softmax"));
   for (bool log : {false, true}) {
     for (flame_dtype_t dt : kDtypes) {
@@ -373,7 +374,8 @@ const std::vector<RowNormCase>& row_norm_cases() {
       {{150, 16384}, 1, false},  // sm_90 ring rows (f32 and f16/bf16), more rows than SMs: several per block
       {{290, 8200}, 1, false},   // ring rows of f32 with a last chunk of 130 vectors
       {{290, 4100}, 1, false},   // ring rows of f64
-      {{70, 12289}, 1, false}};  // streamed rows in single elements: norm_wb_cols with V = 1
+      {{70, 12289}, 1, false},   // streamed rows in single elements: norm_wb_cols with V = 1
+      {{600, 2500}, 1, false}};  // middle staged rows of f16/bf16 (96 threads per row for LN), many blocks
   return c;
 }
 
@@ -494,7 +496,8 @@ TEST_F(NnTest, GroupNormForwardAndBackwardMatchHost) {
       {{2, 32, 8, 8}, 8, false, false},   {{2, 16, 64, 64}, 4, false, false}, {{1, 4, 100, 100}, 1, false, false},
       {{2, 64, 7, 7}, 32, false, false},  {{2, 5, 5, 8}, 4, true, false},    {{3, 7, 6}, 2, true, true},
       {{2, 3, 4, 6}, 6, true, false},     {{0, 4, 3}, 2, false, false},      {{2, 12}, 3, true, false},
-      {{2, 16, 48, 48}, 2, false, false}};  // rows of 18432: shared memory in f16/bf16
+      {{2, 16, 48, 48}, 2, false, false},  // rows of 18432: shared memory in f16/bf16
+      {{2, 6, 40, 40}, 2, false, false}};  // rows of 4800: middle staged rows (160 threads in bf16, 320 in f32)
   std::mt19937_64 rng(seed_for("group"));
   for (flame_dtype_t dt : kDtypes) {
     for (const auto& c : cases) {
