@@ -19,9 +19,10 @@
 //                            GN it sums per channel in shared memory and writes [N, C]. CACHE =
 //                            false re-reads g and x for the dx pass instead of caching them (long
 //                            rows: the accumulators take the registers; the re-read hits L2).
-//  norm_fwd_block<SMEM>      one row per block. SMEM (16-byte vectors, short rows of 1-4 KiB and
-//                            long ones of 32-64 KiB): staged in shared memory by cp.async, so that
-//                            the loads in flight hold no registers and many rows stay resident per
+//  norm_fwd_block<SMEM>      one row per block. SMEM (16-byte vectors; rows of 1-4 KiB, and up to 64
+//                            KiB 2-byte rows from 4, f32 from 16, f64 from 32 KiB; ops/nn_rows.h):
+//                            staged in shared memory by cp.async, so that the loads in flight hold
+//                            no registers and many rows stay resident per
 //                            SM (a register-cached row of 16384 floats allows one; short rows: 32
 //                            one-warp blocks instead of 16 warps at 97 registers): one DRAM read
 //                            and one write per element, and for LN/GN the statistics in one pass

@@ -5,9 +5,10 @@
 //                              registers (NV vectors of V per thread): one read and one write of
 //                              global memory per element. Two all-reduces: max then sum (forward),
 //                              sum(g * y) or sum(g) (backward).
-//  softmax_fwd_smem            short (1-4 KiB) and long (32-64 KiB) rows of 16-byte vectors: one row
-//                              per block staged in shared memory by cp.async (stage_row in rows.cuh),
-//                              so that the loads in flight hold no registers: one read, one write.
+//  softmax_fwd_smem            rows of 16-byte vectors of 1-4 KiB, and up to 64 KiB from 4 / 16 / 32
+//                              KiB for 2- / 4- / 8-byte types (ops/nn_rows.h): one row per block
+//                              staged in shared memory by cp.async (stage_row in rows.cuh), so that
+//                              the loads in flight hold no registers: one read, one write.
 //  softmax_fwd_stream / _bwd_stream
 //                              rows too long for registers: a 1-D block per row, an online
 //                              (max, sum) pass, then a pass that writes (the row is read twice).

@@ -16,7 +16,7 @@ int row_vector_width(DType dtype, int64_t D, const std::vector<CUdeviceptr>& ptr
 
 RowPlan plan_rows(Context& ctx, int64_t rows, int64_t D, DType dtype, int v, const RowBudget& b0, int resident_threads) {
   RowBudget b = b0;
-  const bool staged = b.stage_short && short_smem_rows(dtype, D, v);
+  const bool staged = b.stage_short && staged_bwd_rows(dtype, D, v);
   if (staged) b.arrays = 0;  // the rows wait in shared memory
   RowPlan p;
   p.v = v;
@@ -71,6 +71,11 @@ void launch_rows(Context& ctx, CUfunction f, const RowPlan& p, void** args, unsi
 bool short_smem_rows(DType dtype, int64_t D, int v) {
   const size_t row_bytes = static_cast<size_t>(D) * dtype_size(dtype);
   return v * dtype_size(dtype) == 16 && row_bytes > kShortSmemMin && row_bytes <= kShortSmemMax;
+}
+
+bool staged_bwd_rows(DType dtype, int64_t D, int v) {
+  const size_t tsize = dtype_size(dtype), row_bytes = static_cast<size_t>(D) * tsize;
+  return short_smem_rows(dtype, D, v) || (tsize == 2 && v * tsize == 16 && row_bytes > kShortSmemMax && row_bytes <= 32 * 1024);
 }
 
 bool smem_rows(DType dtype, int64_t D, int v) {

@@ -24,8 +24,8 @@ struct RowBudget {
   // (measured on an H200: 0.86 -> 0.93 of copy for layer_norm at 16384x4096; shorter rows and the
   // backward kernels do better persistent).
   bool spread_mid_rows = false;
-  // Backward kernels: short rows (short_smem_rows) wait in shared memory instead of registers
-  // between the two passes (RowPlan::staged); only accumulators then take registers.
+  // Backward kernels: short rows and 2-byte middle rows (staged_bwd_rows) wait in shared memory
+  // instead of registers between the two passes (RowPlan::staged); only accumulators then take registers.
   bool stage_short = false;
 };
 
@@ -72,6 +72,12 @@ bool smem_rows(DType dtype, int64_t D, int v);
 // shared memory there instead of registers (H200 at 65536x768 f32: layer_norm fwd+bwd 0.80 -> 0.87 of
 // copy; at 16384x768 0.69 -> 0.74).
 bool short_smem_rows(DType dtype, int64_t D, int v);
+// The rows whose backward kernels stage g and x (or y) in shared memory: the short rows above, and
+// middle rows of 2-byte types (more than 4 KiB, up to 32 KiB), whose register-cached row groups held
+// up to 99 registers. H200, 2026-11-27, bf16 fwd+bwd(x) of layer_norm / rms_norm / softmax at
+// 65536x4096: 0.80 / 0.89 / 0.82 -> 0.84 / 0.96 / 0.82 of copy; layer_norm 32768x8192 0.68 -> 0.85,
+// softmax 8192x16384 0.73 -> 0.85; layer_norm with dweight/dbias 65536x3072 0.46 -> 0.62.
+bool staged_bwd_rows(DType dtype, int64_t D, int v);
 // Launches a backward row kernel; a staged plan gets 2 rows of D elements per row group of shared memory.
 void launch_bwd_rows(Context& ctx, CUfunction f, const RowPlan& p, int64_t D, DType dtype, void** args, unsigned smem = 0);
 // Launches f (a kernel taking the row in dynamic shared memory) with one block per row (see above);

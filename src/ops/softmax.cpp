@@ -37,7 +37,7 @@ KernelKey cols_key(bool fwd, DType t, bool log) { return make_key(fwd ? kColsFwd
 
 // Forward budget: the row in registers (launch bounds 1024: <= 64 registers, 32 for the row).
 // Backward: g and y (launch bounds 512: <= 128 registers, 64 for the rows), or nothing in registers when
-// short rows wait in shared memory (short_smem_rows).
+// short rows and 2-byte middle rows wait in shared memory (staged_bwd_rows).
 RowBudget fwd_budget() { return RowBudget{1, 0, 32, 1024, false, false, true}; }
 RowBudget bwd_budget() { return RowBudget{2, 0, 64, 512, false, false, false, true}; }
 
