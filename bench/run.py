@@ -367,6 +367,46 @@ class Bench:
         self.cross_entropy_row()
         self.adamw_row()
 
+    # ---------------------------------------------------------------- T1: the same rows in bf16
+    def tier1_nn_bf16(self):
+        """layer_norm, rms_norm and softmax over bf16 rows (the dtype of mixed-precision training), forward and
+        fwd+bwd(x), at widths past L2 whose rows are short (1024), middle (4096) and 32 KiB (16384)."""
+        fl, lib = self.fl, self.fl.lib
+        q = self.args.quick
+
+        def pair(op, shape, ffn, tfn, bytes_, note=""):
+            self.add("T1", op, shape, "bf16", self.time_flame(ffn), self.time_torch(tfn), bytes_=bytes_, note=note)
+
+        bf = torch.bfloat16
+        for rows, width in ((16384 if q else 65536, 1024), (16384 if q else 65536, 4096), (4096 if q else 8192, 16384)):
+            n = rows * width
+            x, w, b, g = (fl.randn([rows, width], "bf16"), fl.randn([width], "bf16"), fl.randn([width], "bf16"),
+                          fl.randn([rows, width], "bf16"))
+            tx_, tw, tb, tg = (torch.randn(rows, width, device="cuda", dtype=bf), torch.randn(width, device="cuda", dtype=bf),
+                               torch.randn(width, device="cuda", dtype=bf), torch.randn(rows, width, device="cuda", dtype=bf))
+            ns = (ctypes.c_int64 * 1)(width)
+            shape = f"{rows}x{width}"
+            pair("layer_norm fwd", shape, lambda: fl.call("layer_norm", x, ns, 1, w, b, 1e-5),
+                 lambda: F.layer_norm(tx_, (width,), tw, tb), 2 * n * 2)
+            pair("rms_norm fwd", shape, lambda: fl.call("rms_norm", x, ns, 1, w, 1e-5),
+                 lambda: F.rms_norm(tx_, (width,), tw, eps=1e-5), 2 * n * 2)
+            pair("softmax(dim=-1)", shape, lambda: fl.call("softmax", x, -1), lambda: torch.softmax(tx_, -1), 2 * n * 2)
+            lib.set_requires_grad(x, True)
+            tx_.requires_grad_(True)
+            pair("layer_norm fwd+bwd(x)", shape,
+                 lambda: lib.grad(fl.ctx, [fl.call("layer_norm", x, ns, 1, w, b, 1e-5)], [g], [x], 0),
+                 lambda: torch.autograd.grad([F.layer_norm(tx_, (width,), tw, tb)], [tx_], [tg]), 5 * n * 2,
+                 "bytes: fwd 2, bwd 3 passes")
+            pair("rms_norm fwd+bwd(x)", shape,
+                 lambda: lib.grad(fl.ctx, [fl.call("rms_norm", x, ns, 1, w, 1e-5)], [g], [x], 0),
+                 lambda: torch.autograd.grad([F.rms_norm(tx_, (width,), tw, eps=1e-5)], [tx_], [tg]), 5 * n * 2,
+                 "bytes: fwd 2, bwd 3 passes")
+            pair("softmax(dim=-1) fwd+bwd(x)", shape,
+                 lambda: lib.grad(fl.ctx, [fl.call("softmax", x, -1)], [g], [x], 0),
+                 lambda: torch.autograd.grad([torch.softmax(tx_, -1)], [tx_], [tg]), 5 * n * 2,
+                 "bytes: fwd read x, write y; bwd read y, g, write dx")
+            del x, w, b, g, tx_, tw, tb, tg
+
     # ---------------------------------------------------------------- T1: fused elementwise expressions
     def tier1_fused(self):
         """flame_fused_compile / flame_fused_call against the same math as separate FLAME ops and as PyTorch
@@ -1024,7 +1064,7 @@ def git_commit():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiers", default="T0,T1,T2,T3,T4,T5",
-                    help="tiers (T0..T5) or parts of one (T1core, T1nn, T1nnops, T1fused, T2attn, T3mlp, T3gpt2, "
+                    help="tiers (T0..T5) or parts of one (T1core, T1nn, T1nnbf16, T1nnops, T1fused, T2attn, T3mlp, T3gpt2, "
                          "T3dp: 2 GPUs, only when named), comma-separated")
     ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions")
     ap.add_argument("--out", default=None)
@@ -1039,8 +1079,9 @@ def main():
     b = Bench(args)
     b.measure_limits()
     tiers = args.tiers.split(",")
-    # A tier name runs all its parts; a part name (T1core, T1nn, T1nnops, T1fused, T3mlp) runs that part alone.
+    # A tier name runs all its parts; a part name (T1core, T1nn, T1nnbf16, T1nnops, T1fused, T3mlp) runs that part alone.
     for t, part, fn in (("T0", "T0", b.tier0), ("T1", "T1core", b.tier1), ("T1", "T1nn", b.tier1_nn),
+                        ("T1", "T1nnbf16", b.tier1_nn_bf16),
                         ("T1", "T1nnops", b.tier1_nnops), ("T1", "T1fused", b.tier1_fused), ("T2", "T2", b.tier2),
                         ("T3", "T3mlp", b.tier3)):
         if t in tiers or part in tiers:
