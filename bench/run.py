@@ -327,38 +327,7 @@ class Bench:
                             (2048, 16384), (4096, 16384)):
             if q and (rows == 65536 or (rows, width) == (4096, 16384)):
                 continue
-            n = rows * width
-            x, w, b = fl.randn([rows, width], "f32"), fl.randn([width], "f32"), fl.randn([width], "f32")
-            g = fl.randn([rows, width], "f32")
-            tx_, tw, tb, tg = (torch.randn(rows, width, device="cuda"), torch.randn(width, device="cuda"),
-                               torch.randn(width, device="cuda"), torch.randn(rows, width, device="cuda"))
-            ns = (ctypes.c_int64 * 1)(width)
-            pair("layer_norm fwd", f"{rows}x{width}", "f32", lambda: fl.call("layer_norm", x, ns, 1, w, b, 1e-5),
-                 lambda: F.layer_norm(tx_, (width,), tw, tb), 2 * n * 4)
-            pair("rms_norm fwd", f"{rows}x{width}", "f32", lambda: fl.call("rms_norm", x, ns, 1, w, 1e-5),
-                 lambda: F.rms_norm(tx_, (width,), tw, eps=1e-5), 2 * n * 4)
-            pair("softmax(dim=-1)", f"{rows}x{width}", "f32", lambda: fl.call("softmax", x, -1),
-                 lambda: torch.softmax(tx_, -1), 2 * n * 4, "bytes: read x, write y")
-            lib.set_requires_grad(x, True)
-            tx_.requires_grad_(True)
-
-            def f_step():
-                y = fl.call("layer_norm", x, ns, 1, w, b, 1e-5)
-                lib.grad(fl.ctx, [y], [g], [x], 0)
-
-            def t_step():
-                y = F.layer_norm(tx_, (width,), tw, tb)
-                torch.autograd.grad([y], [tx_], [tg])
-
-            pair("layer_norm fwd+bwd(x)", f"{rows}x{width}", "f32", f_step, t_step, 5 * n * 4, "bytes: fwd 2, bwd 3 passes")
-            pair("rms_norm fwd+bwd(x)", f"{rows}x{width}", "f32",
-                 lambda: lib.grad(fl.ctx, [fl.call("rms_norm", x, ns, 1, w, 1e-5)], [g], [x], 0),
-                 lambda: torch.autograd.grad([F.rms_norm(tx_, (width,), tw, eps=1e-5)], [tx_], [tg]), 5 * n * 4,
-                 "bytes: fwd 2, bwd 3 passes")
-            pair("softmax(dim=-1) fwd+bwd(x)", f"{rows}x{width}", "f32",
-                 lambda: lib.grad(fl.ctx, [fl.call("softmax", x, -1)], [g], [x], 0),
-                 lambda: torch.autograd.grad([torch.softmax(tx_, -1)], [tx_], [tg]), 5 * n * 4,
-                 "bytes: fwd read x, write y; bwd read y, g, write dx")
+            self.norm_softmax_rows(rows, width, "f32")
         gx, tgx = fl.randn([32, 128, 64, 64], "f32"), torch.randn(32, 128, 64, 64, device="cuda")
         gw, gb, tgw, tgb = fl.randn([128], "f32"), fl.randn([128], "f32"), torch.randn(128, device="cuda"), torch.randn(128, device="cuda")
         n = 32 * 128 * 64 * 64
@@ -367,45 +336,49 @@ class Bench:
         self.cross_entropy_row()
         self.adamw_row()
 
+    def norm_softmax_rows(self, rows, width, dt):
+        """layer_norm, rms_norm and softmax over [rows, width] rows of dt (f32 or bf16), forward and fwd+bwd(x),
+        FLAME beside PyTorch (tier T1)."""
+        fl, lib = self.fl, self.fl.lib
+        tdt, es = {"f32": (torch.float32, 4), "bf16": (torch.bfloat16, 2)}[dt]
+        n = rows * width
+        x, w, b, g = fl.randn([rows, width], dt), fl.randn([width], dt), fl.randn([width], dt), fl.randn([rows, width], dt)
+        tx_, tw, tb, tg = (torch.randn(rows, width, device="cuda", dtype=tdt), torch.randn(width, device="cuda", dtype=tdt),
+                           torch.randn(width, device="cuda", dtype=tdt), torch.randn(rows, width, device="cuda", dtype=tdt))
+        ns = (ctypes.c_int64 * 1)(width)
+        shape = f"{rows}x{width}"
+
+        def pair(op, ffn, tfn, bytes_, note=""):
+            self.add("T1", op, shape, dt, self.time_flame(ffn), self.time_torch(tfn), bytes_=bytes_, note=note)
+
+        pair("layer_norm fwd", lambda: fl.call("layer_norm", x, ns, 1, w, b, 1e-5),
+             lambda: F.layer_norm(tx_, (width,), tw, tb), 2 * n * es)
+        pair("rms_norm fwd", lambda: fl.call("rms_norm", x, ns, 1, w, 1e-5),
+             lambda: F.rms_norm(tx_, (width,), tw, eps=1e-5), 2 * n * es)
+        pair("softmax(dim=-1)", lambda: fl.call("softmax", x, -1),
+             lambda: torch.softmax(tx_, -1), 2 * n * es, "bytes: read x, write y")
+        lib.set_requires_grad(x, True)
+        tx_.requires_grad_(True)
+        pair("layer_norm fwd+bwd(x)",
+             lambda: lib.grad(fl.ctx, [fl.call("layer_norm", x, ns, 1, w, b, 1e-5)], [g], [x], 0),
+             lambda: torch.autograd.grad([F.layer_norm(tx_, (width,), tw, tb)], [tx_], [tg]), 5 * n * es,
+             "bytes: fwd 2, bwd 3 passes")
+        pair("rms_norm fwd+bwd(x)",
+             lambda: lib.grad(fl.ctx, [fl.call("rms_norm", x, ns, 1, w, 1e-5)], [g], [x], 0),
+             lambda: torch.autograd.grad([F.rms_norm(tx_, (width,), tw, eps=1e-5)], [tx_], [tg]), 5 * n * es,
+             "bytes: fwd 2, bwd 3 passes")
+        pair("softmax(dim=-1) fwd+bwd(x)",
+             lambda: lib.grad(fl.ctx, [fl.call("softmax", x, -1)], [g], [x], 0),
+             lambda: torch.autograd.grad([torch.softmax(tx_, -1)], [tx_], [tg]), 5 * n * es,
+             "bytes: fwd read x, write y; bwd read y, g, write dx")
+
     # ---------------------------------------------------------------- T1: the same rows in bf16
     def tier1_nn_bf16(self):
         """layer_norm, rms_norm and softmax over bf16 rows (the dtype of mixed-precision training), forward and
         fwd+bwd(x), at widths past L2 whose rows are short (1024), middle (4096) and 32 KiB (16384)."""
-        fl, lib = self.fl, self.fl.lib
         q = self.args.quick
-
-        def pair(op, shape, ffn, tfn, bytes_, note=""):
-            self.add("T1", op, shape, "bf16", self.time_flame(ffn), self.time_torch(tfn), bytes_=bytes_, note=note)
-
-        bf = torch.bfloat16
         for rows, width in ((16384 if q else 65536, 1024), (16384 if q else 65536, 4096), (4096 if q else 8192, 16384)):
-            n = rows * width
-            x, w, b, g = (fl.randn([rows, width], "bf16"), fl.randn([width], "bf16"), fl.randn([width], "bf16"),
-                          fl.randn([rows, width], "bf16"))
-            tx_, tw, tb, tg = (torch.randn(rows, width, device="cuda", dtype=bf), torch.randn(width, device="cuda", dtype=bf),
-                               torch.randn(width, device="cuda", dtype=bf), torch.randn(rows, width, device="cuda", dtype=bf))
-            ns = (ctypes.c_int64 * 1)(width)
-            shape = f"{rows}x{width}"
-            pair("layer_norm fwd", shape, lambda: fl.call("layer_norm", x, ns, 1, w, b, 1e-5),
-                 lambda: F.layer_norm(tx_, (width,), tw, tb), 2 * n * 2)
-            pair("rms_norm fwd", shape, lambda: fl.call("rms_norm", x, ns, 1, w, 1e-5),
-                 lambda: F.rms_norm(tx_, (width,), tw, eps=1e-5), 2 * n * 2)
-            pair("softmax(dim=-1)", shape, lambda: fl.call("softmax", x, -1), lambda: torch.softmax(tx_, -1), 2 * n * 2)
-            lib.set_requires_grad(x, True)
-            tx_.requires_grad_(True)
-            pair("layer_norm fwd+bwd(x)", shape,
-                 lambda: lib.grad(fl.ctx, [fl.call("layer_norm", x, ns, 1, w, b, 1e-5)], [g], [x], 0),
-                 lambda: torch.autograd.grad([F.layer_norm(tx_, (width,), tw, tb)], [tx_], [tg]), 5 * n * 2,
-                 "bytes: fwd 2, bwd 3 passes")
-            pair("rms_norm fwd+bwd(x)", shape,
-                 lambda: lib.grad(fl.ctx, [fl.call("rms_norm", x, ns, 1, w, 1e-5)], [g], [x], 0),
-                 lambda: torch.autograd.grad([F.rms_norm(tx_, (width,), tw, eps=1e-5)], [tx_], [tg]), 5 * n * 2,
-                 "bytes: fwd 2, bwd 3 passes")
-            pair("softmax(dim=-1) fwd+bwd(x)", shape,
-                 lambda: lib.grad(fl.ctx, [fl.call("softmax", x, -1)], [g], [x], 0),
-                 lambda: torch.autograd.grad([torch.softmax(tx_, -1)], [tx_], [tg]), 5 * n * 2,
-                 "bytes: fwd read x, write y; bwd read y, g, write dx")
-            del x, w, b, g, tx_, tw, tb, tg
+            self.norm_softmax_rows(rows, width, "bf16")
 
     # ---------------------------------------------------------------- T1: fused elementwise expressions
     def tier1_fused(self):

@@ -22,7 +22,8 @@ copy_bw = 2 * n * 4 / (median_ms(lambda: yt.copy_(xt), torch.cuda.current_stream
 del xt, yt
 print(f"copy {copy_bw/1e12:.3f} TB/s")
 cases = []
-DT = os.environ.get("AB_DTYPE", "f32")  # the dtype of the norm rows (softmax and group_norm rows: f32)
+DT = os.environ.get("AB_DTYPE", "f32")  # the dtype of the norm, softmax and group_norm rows
+ES = {"f32": 4, "bf16": 2, "f16": 2}[DT]  # bytes per element
 SHAPES = ((16384, 768), (65536, 768), (16384, 1024), (65536, 1024), (16384, 4096), (8192, 8192), (2048, 16384), (4096, 16384), (8192, 16384))
 if os.environ.get("AB_SHAPES"):  # rows x width, comma-separated: "2048x32768,4096x32768"
     SHAPES = tuple(tuple(int(n) for n in s.split("x")) for s in os.environ["AB_SHAPES"].split(","))
@@ -30,7 +31,7 @@ for rows, width in SHAPES:
     xx, w, b, g = fl.randn([rows, width], DT), fl.randn([width], DT), fl.randn([width], DT), fl.randn([rows, width], DT)
     xg = fl.randn([rows, width], DT); lib.set_requires_grad(xg, True)
     ns = (ctypes.c_int64 * 1)(width)
-    nb = rows * width * {"f32": 4, "bf16": 2, "f16": 2}[DT]
+    nb = rows * width * ES
     cases.append((f"ln fwd {rows}x{width}", lambda xx=xx, ns=ns, w=w, b=b: fl.call("layer_norm", xx, ns, 1, w, b, 1e-5), 2 * nb))
     cases.append((f"rms fwd {rows}x{width}", lambda xx=xx, ns=ns, w=w: fl.call("rms_norm", xx, ns, 1, w, 1e-5), 2 * nb))
     def step(xg=xg, ns=ns, w=w, b=b, g=g):
@@ -59,7 +60,7 @@ def sstep():
     lib.grad(fl.ctx, [y], [sg], [sxg], 0)
 cases.append(("softmax f+b 8192x8192", sstep, 5 * 8192 * 8192 * 4))
 gx, gw, gb = fl.randn([32, 128, 64, 64], DT), fl.randn([128], DT), fl.randn([128], DT)
-cases.append(("gn fwd 32x128x64x64", lambda: fl.call("group_norm", gx, 32, gw, gb, 1e-5, 0), 2 * 32 * 128 * 4096 * {"f32": 4, "bf16": 2, "f16": 2}[DT]))
+cases.append(("gn fwd 32x128x64x64", lambda: fl.call("group_norm", gx, 32, gw, gb, 1e-5, 0), 2 * 32 * 128 * 4096 * ES))
 for rows, width in ((16384, 768), (65536, 768), (16384, 1024), (65536, 1024), (16384, 4096), (2048, 16384), (8192, 16384), (8192, 8192), (32 * 32, 4 * 4096)):
     a = torch.randn(rows, width, device="cuda"); c = torch.empty_like(a)
     ms = median_ms(lambda: c.copy_(a), torch.cuda.current_stream(), 20, 3, torch.cuda.synchronize)
