@@ -84,6 +84,40 @@ template <int V> __device__ __forceinline__ void unpack(const Vec<bf16_t, V>& v,
   }
 }
 
+// The V values xs (compute type) as a vector of T. f16 / bf16 pairs (sm_80 on) round by one
+// cvt.rn.{f16,bf16}x2.f32 each into their 32-bit word instead of a conversion and a merge per element.
+template <class T> struct PairCvt { static constexpr bool ok = false; };
+#if __CUDA_ARCH__ >= 800
+template <> struct PairCvt<bf16_t> {  // cvt's first operand goes to the upper half (the element at 2k + 1)
+  static constexpr bool ok = true;
+  static __device__ __forceinline__ unsigned cvt(float lo, float hi) {
+    unsigned w;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+    return w;
+  }
+};
+template <> struct PairCvt<half_t> {
+  static constexpr bool ok = true;
+  static __device__ __forceinline__ unsigned cvt(float lo, float hi) {
+    unsigned w;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+    return w;
+  }
+};
+#endif
+template <class T, int V, class A> __device__ __forceinline__ Vec<T, V> pack(const A (&xs)[V]) {
+  Vec<T, V> o;
+  if constexpr (PairCvt<T>::ok && V % 2 == 0) {
+    unsigned* w = reinterpret_cast<unsigned*>(&o);
+#pragma unroll
+    for (int k = 0; k < V / 2; ++k) w[k] = PairCvt<T>::cvt(xs[2 * k], xs[2 * k + 1]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) o.v[k] = cast<T>(xs[k]);
+  }
+  return o;
+}
+
 // Scalar parameters of a functor (clamp bounds, slopes, the scalar of add_scalar...). Every
 // functor derives from Functor so that its kernel parameter has this exact host-visible layout.
 struct ScalarArgs { double s0, s1, s2; };

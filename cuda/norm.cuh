@@ -44,10 +44,34 @@ namespace flame {
 
 constexpr int kLayerNorm = 0, kRmsNorm = 1, kGroupNorm = 2;
 
-// The weight/bias values of V consecutive elements starting at column c of a row.
+// c / d for column indices c and a per-launch divisor d (GN: HW, once per vector), without a 64-bit
+// division (~70 instructions): a multiply-high by ceil(2^32 / d) where c and d are below 2^16 (exact:
+// the error c * (m - 2^32 / d) / 2^32 < 2^-16 <= 1 / d stays below the gap to the next integer), else
+// a 32-bit division where both fit.
+struct IndexDiv {
+  i64 d;
+  unsigned m;  // ceil(2^32 / d) for 1 < d < 2^16, else 0
+  __device__ explicit IndexDiv(i64 d_) : d(d_), m(d_ > 1 && d_ < 65536 ? 0xffffffffu / static_cast<unsigned>(d_) + 1 : 0) {}
+  __device__ __forceinline__ i64 operator()(i64 c) const {
+    if (m != 0 && c < 65536) return __umulhi(static_cast<unsigned>(c), m);
+    if (d == 1) return c;
+    if (((c | d) >> 32) == 0) return static_cast<unsigned>(c) / static_cast<unsigned>(d);
+    return c / d;
+  }
+};
+
+// The first affine index of a row: GN rows (n, group) start at channel group * (C / G); 0 for LN/RMS.
+template <int MODE>
+__device__ __forceinline__ i64 affine_base(i64 row, i64 groups, i64 cg) {
+  if constexpr (MODE == kGroupNorm) return (row % groups) * cg;
+  else return 0;
+}
+
+// The weight/bias values of V consecutive elements starting at column c of a row whose affine
+// index starts at base (affine_base). GN: one value per channel, loaded once per vector when HW is
+// a multiple of V (the vector then lies in one channel).
 template <int MODE, class T, int V>
-__device__ __forceinline__ void load_affine(const T* p, i64 row, i64 c, i64 groups, i64 hw, i64 cg,
-                                            compute_t<T> (&out)[V]) {
+__device__ __forceinline__ void load_affine(const T* p, i64 base, i64 c, const IndexDiv& hw, compute_t<T> (&out)[V]) {
   typedef compute_t<T> A;
   if (!p) {
 #pragma unroll
@@ -55,17 +79,22 @@ __device__ __forceinline__ void load_affine(const T* p, i64 row, i64 c, i64 grou
     return;
   }
   if constexpr (MODE == kGroupNorm) {
-    i64 q = c / hw, r = c - q * hw;  // channel within the group and position within the channel
-    const T* pc = p + (row % groups) * cg;
+    i64 q = hw(c);  // channel within the group
+    const T* pc = p + base;
+    if ((hw.d & (V - 1)) == 0) {
+      const A a = static_cast<A>(to_compute(pc[q]));
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      out[j] = static_cast<A>(to_compute(pc[q]));
-      if (++r == hw) { r = 0; ++q; }
+      for (int j = 0; j < V; ++j) out[j] = a;
+    } else {
+      i64 r = c - q * hw.d;  // position within the channel
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        out[j] = static_cast<A>(to_compute(pc[q]));
+        if (++r == hw.d) { r = 0; ++q; }
+      }
     }
   } else {
-    Vec<T, V> v = load_vec<T, V>(p + c);
-#pragma unroll
-    for (int j = 0; j < V; ++j) out[j] = static_cast<A>(to_compute(v.v[j]));
+    unpack(load_vec<T, V>(p + c), out);
   }
 }
 
@@ -77,11 +106,13 @@ __global__ void __launch_bounds__(512) norm_fwd(const T* __restrict__ x, const T
   typedef compute_t<T> A;
   __shared__ A red[256];
   const i64 cg = D / hw;
+  const IndexDiv hdiv(hw);
   const i64 iters = row_iterations(rows);
   i64 row = first_row();
   for (i64 it = 0; it < iters; ++it, row += row_step()) {
     const bool live = row < rows;
     const T* xr = x + (live ? row : 0) * D;
+    const i64 base = affine_base<MODE>(row, groups, cg);
     Vec<T, V> v[NV];
     A s = A(0);
 #pragma unroll
@@ -127,10 +158,10 @@ __global__ void __launch_bounds__(512) norm_fwd(const T* __restrict__ x, const T
       i64 c = (static_cast<i64>(k) * blockDim.x + threadIdx.x) * V;
       if (live && c < D) {
         A wv[V], bv[V];
-        load_affine<MODE, T, V>(w, row, c, groups, hw, cg, wv);
+        load_affine<MODE, T, V>(w, base, c, hdiv, wv);
         Vec<T, V> o;
         if (b) {
-          load_affine<MODE, T, V>(b, row, c, groups, hw, cg, bv);
+          load_affine<MODE, T, V>(b, base, c, hdiv, bv);
 #pragma unroll
           for (int j = 0; j < V; ++j) o.v[j] = cast<T>((static_cast<A>(to_compute(v[k].v[j])) - mean) * rs * wv[j] + bv[j]);
         } else {
@@ -186,6 +217,7 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
   Vec<T, V>* sg = reinterpret_cast<Vec<T, V>*>(gn_smem_raw) + threadIdx.y * 2 * (D / V);  // SMEM: this row group's g
   Vec<T, V>* sx = sg + D / V;                                                               // and x
   const i64 cg = D / hw;
+  const IndexDiv hdiv(hw);
   const bool want_wb = dw_part != nullptr || db_part != nullptr;
   A dwa[NV][V], dba[NV][V];  // LN/RMS partial sums of g * xhat and g for this thread's columns
 #pragma unroll
@@ -200,7 +232,7 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
   i64 row = first_row();
   for (i64 it = 0; it < iters; ++it, row += row_step()) {
     const bool live = row < rows;
-    const i64 off = (live ? row : 0) * D;
+    const i64 off = (live ? row : 0) * D, base = affine_base<MODE>(row, groups, cg);
     const A mu = (MODE == kRmsNorm || !live) ? A(0) : mean[row];
     const A rs = live ? rstd[row] : A(0);
     Vec<T, V> gv[CACHE ? NV : 1], xv[CACHE ? NV : 1];
@@ -214,12 +246,14 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
       if (valid) {
         Vec<T, V> gk = SMEM ? sg[c / V] : load_vec<T, V>(g + off + c), xk = SMEM ? sx[c / V] : load_vec<T, V>(x + off + c);
         if constexpr (CACHE) { gv[k] = gk; xv[k] = xk; }
-        A wv[V];
-        load_affine<MODE, T, V>(w, row, c, groups, hw, cg, wv);
+        A wv[V], gs[V], xs[V];
+        load_affine<MODE, T, V>(w, base, c, hdiv, wv);
+        unpack(gk, gs);
+        unpack(xk, xs);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          A gj = static_cast<A>(to_compute(gk.v[j]));
-          A xh = (static_cast<A>(to_compute(xk.v[j])) - mu) * rs;
+          A gj = gs[j];
+          A xh = (xs[j] - mu) * rs;
           A gw = gj * wv[j];
           sa += gw;
           sb += gw * xh;
@@ -229,14 +263,14 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
               dba[k][j] += gj;
             }
           } else if (want_wb && !seg_aligned) {
-            gn_channel_add(gsm, cg, (c + j) / hw, gj * xh, gj, true, false);
+            gn_channel_add(gsm, cg, hdiv(c + j), gj * xh, gj, true, false);
           } else {
             pg += gj * xh;
             pb += gj;
           }
         }
       }
-      if (MODE == kGroupNorm && want_wb && seg_aligned) gn_channel_add(gsm, cg, valid ? c / hw : 0, pg, pb, valid, true);
+      if (MODE == kGroupNorm && want_wb && seg_aligned) gn_channel_add(gsm, cg, valid ? hdiv(c) : 0, pg, pb, valid, true);
     }
     if constexpr (MODE != kRmsNorm) sa = row_allreduce(sa, RowSum(), red);
     sb = row_allreduce(sb, RowSum(), red);
@@ -247,18 +281,20 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
       for (int k = 0; k < NV; ++k) {
         i64 c = (static_cast<i64>(k) * blockDim.x + threadIdx.x) * V;
         if (live && c < D) {
-          Vec<T, V> gk, xk, o;
+          Vec<T, V> gk, xk;
           if constexpr (CACHE) { gk = gv[k]; xk = xv[k]; }
           else if constexpr (SMEM) { gk = sg[c / V]; xk = sx[c / V]; }
           else { gk = load_vec<T, V>(g + off + c); xk = load_vec<T, V>(x + off + c); }
-          A wv[V];
-          load_affine<MODE, T, V>(w, row, c, groups, hw, cg, wv);
+          A wv[V], gs[V], xs[V];
+          load_affine<MODE, T, V>(w, base, c, hdiv, wv);
+          unpack(gk, gs);
+          unpack(xk, xs);
 #pragma unroll
           for (int j = 0; j < V; ++j) {
-            A xh = (static_cast<A>(to_compute(xk.v[j])) - mu) * rs;
-            o.v[j] = cast<T>(rs * (static_cast<A>(to_compute(gk.v[j])) * wv[j] - ma - xh * mb));
+            A xh = (xs[j] - mu) * rs;
+            xs[j] = rs * (gs[j] * wv[j] - ma - xh * mb);
           }
-          store_vec<T, V>(dx + off + c, o);
+          store_vec<T, V>(dx + off + c, pack<T>(xs));
         }
       }
     }
@@ -340,8 +376,10 @@ __global__ void __launch_bounds__(kStagedBound<T, MODE, SMEM> ? 512 : 1024, kSta
   extern __shared__ __align__(16) unsigned char row_smem[];
   const Vec<T, V>* srow = reinterpret_cast<const Vec<T, V>*>(row_smem);
   const i64 cg = D / hw, nvec = D / V;  // V == 1 unless D is a multiple of V
+  const IndexDiv hdiv(hw);
   for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * D;
+    const i64 base = affine_base<MODE>(row, groups, cg);
     if constexpr (SMEM) stage_row<T, V>(row_smem, xr, nvec);
     auto vec = [&](i64 i) { return SMEM ? srow[i] : load_vec<T, V>(xr + i * V); };
     A mean = A(0), var;
@@ -356,18 +394,20 @@ __global__ void __launch_bounds__(kStagedBound<T, MODE, SMEM> ? 512 : 1024, kSta
       const i64 m = nvec < 32 ? nvec : 32;
       A k = A(0);
       if (lane < m) {
-        Vec<T, V> v = srow[lane];
+        A xs[V];
+        unpack(srow[lane], xs);
 #pragma unroll
-        for (int j = 0; j < V; ++j) k += static_cast<A>(to_compute(v.v[j]));
+        for (int j = 0; j < V; ++j) k += xs[j];
       }
       for (int o = 16; o > 0; o >>= 1) k += __shfl_xor_sync(0xffffffffu, k, o);
       const A K = k / static_cast<A>(m * V);
       A s1 = A(0), s2 = A(0);
       for (i64 i = threadIdx.x; i < nvec; i += blockDim.x) {
-        Vec<T, V> v = srow[i];
+        A xs[V];
+        unpack(srow[i], xs);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          A d = static_cast<A>(to_compute(v.v[j])) - K;
+          A d = xs[j] - K;
           s1 += d;
           s2 += d * d;
         }
@@ -380,10 +420,11 @@ __global__ void __launch_bounds__(kStagedBound<T, MODE, SMEM> ? 512 : 1024, kSta
     } else {
       A s = A(0);
       for (i64 i = threadIdx.x; i < nvec; i += blockDim.x) {
-        Vec<T, V> v = vec(i);
+        A xs[V];
+        unpack(vec(i), xs);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          A a = static_cast<A>(to_compute(v.v[j]));
+          A a = xs[j];
           s += MODE == kRmsNorm ? a * a : a;
         }
       }
@@ -394,10 +435,11 @@ __global__ void __launch_bounds__(kStagedBound<T, MODE, SMEM> ? 512 : 1024, kSta
         mean = s / static_cast<A>(D);
         A q = A(0);
         for (i64 i = threadIdx.x; i < nvec; i += blockDim.x) {
-          Vec<T, V> v = vec(i);
+          A xs[V];
+          unpack(vec(i), xs);
 #pragma unroll
           for (int j = 0; j < V; ++j) {
-            A d = static_cast<A>(to_compute(v.v[j])) - mean;
+            A d = xs[j] - mean;
             q += d * d;
           }
         }
@@ -420,21 +462,22 @@ __global__ void __launch_bounds__(kStagedBound<T, MODE, SMEM> ? 512 : 1024, kSta
       for (int u = 0; u < U; ++u) {
         const i64 i = i0 + u * static_cast<i64>(blockDim.x);
         if (i < nvec) {
-          load_affine<MODE, T, V>(w, row, i * V, groups, hw, cg, wv[u]);
-          if (b) load_affine<MODE, T, V>(b, row, i * V, groups, hw, cg, bv[u]);
+          load_affine<MODE, T, V>(w, base, i * V, hdiv, wv[u]);
+          if (b) load_affine<MODE, T, V>(b, base, i * V, hdiv, bv[u]);
         }
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const i64 i = i0 + u * static_cast<i64>(blockDim.x);
         if (i < nvec) {
-          Vec<T, V> v = vec(i), o;
+          A xs[V];
+          unpack(vec(i), xs);
 #pragma unroll
           for (int j = 0; j < V; ++j) {
-            A r = (static_cast<A>(to_compute(v.v[j])) - mean) * rs * wv[u][j];
-            o.v[j] = cast<T>(b ? r + bv[u][j] : r);
+            const A r = (xs[j] - mean) * rs * wv[u][j];
+            xs[j] = b ? r + bv[u][j] : r;
           }
-          store_vec<T, V>(yr + i * V, o);
+          store_vec<T, V>(yr + i * V, pack<T>(xs));
         }
       }
     }
@@ -450,8 +493,9 @@ __global__ void __launch_bounds__(1024) norm_bwd_stream(const T* __restrict__ g,
   typedef compute_t<T> A;
   __shared__ A red[256];
   const i64 cg = D / hw, step = static_cast<i64>(blockDim.x) * V;
+  const IndexDiv hdiv(hw);
   for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
-    const i64 off = row * D;
+    const i64 off = row * D, base = affine_base<MODE>(row, groups, cg);
     const A mu = MODE == kRmsNorm ? A(0) : mean[row], rs = rstd[row];
     A sa = A(0), sb = A(0);
     // U vectors of g and x per thread in flight (loaded before any is used; one at a time the pass
@@ -472,7 +516,7 @@ __global__ void __launch_bounds__(1024) norm_bwd_stream(const T* __restrict__ g,
         const i64 c = c0 + u * step;
         if (c < D) {
           A wv[V];
-          load_affine<MODE, T, V>(w, row, c, groups, hw, cg, wv);
+          load_affine<MODE, T, V>(w, base, c, hdiv, wv);
 #pragma unroll
           for (int j = 0; j < V; ++j) {
             A gw = static_cast<A>(to_compute(gk[u].v[j])) * wv[j];
@@ -489,7 +533,7 @@ __global__ void __launch_bounds__(1024) norm_bwd_stream(const T* __restrict__ g,
     for (i64 c = static_cast<i64>(threadIdx.x) * V; c < D; c += step) {
       Vec<T, V> gk = load_vec<T, V>(g + off + c), xk = load_vec<T, V>(x + off + c), o;
       A wv[V];
-      load_affine<MODE, T, V>(w, row, c, groups, hw, cg, wv);
+      load_affine<MODE, T, V>(w, base, c, hdiv, wv);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         A xh = (static_cast<A>(to_compute(xk.v[j])) - mu) * rs;

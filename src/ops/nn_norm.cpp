@@ -96,7 +96,7 @@ FwdOut launch_norm_forward(int mode, const Tensor& x, const Tensor& w, const Ten
   void* args[] = {&xp, &wp, &bp, &yp, &mp, &rp, &rows, &D, &groups, &hw, &eps};
   if (smem_rows(x->dtype, geo.D, v)) {
     launch_smem_rows(ctx, ctx.function(block_fwd_key(x->dtype, mode, v, true)), rows, D, x->dtype, args,
-                     mode == 1 ? 128 : 64);  // LN/GN: twice the threads per byte of rms_norm (nn_rows.h)
+                     mode == 0 ? 64 : 128);  // LN: twice the threads per byte of rms_norm / group_norm (nn_rows.h)
     return o;
   }
   RowPlan p = plan_rows(ctx, geo.rows, geo.D, x->dtype, v, fwd_budget());

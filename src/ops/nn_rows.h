@@ -54,8 +54,9 @@ void launch_rows(Context& ctx, CUfunction f, const RowPlan& p, void** args, unsi
 //    0.93 of copy, rms_norm 0.88 -> 0.95, softmax 0.82 -> 0.95; rows of 256 measured worse (half a warp
 //    idle), rows of 4096 floats stay register-cached (0.93);
 //  - middle rows, of 2-byte types from 4 KiB and of f32 from 16 KiB, up to 32 KiB: one thread per
-//    `bytes_per_thread` of the row (a multiple of 32 threads, 64 to 512), 64 for layer_norm /
-//    group_norm (more threads for their two output terms), 128 for rms_norm and softmax. In registers
+//    `bytes_per_thread` of the row (a multiple of 32 threads, 64 to 512), 64 for layer_norm (more
+//    threads for its two output terms; 128 measured 0.92 -> 0.85 at bf16 65536x4096), 128 for rms_norm,
+//    softmax and group_norm (bf16 32x128x64x64, rows of 32 KiB: 0.53 -> 0.56, more rows resident). In registers
 //    (one block per row group, up to 99 registers for 32 KiB) these rows ran at half the copy
 //    bandwidth in bf16. H200, 2026-11-27, bf16 layer_norm / rms_norm / softmax forward: 65536x4096
 //    0.55 / 0.77 / 0.53 -> 0.89 / 0.96 / 0.75, 8192x16384 0.45 / 0.52 / 0.51 -> 0.79 / 0.92 / 0.73; f32

@@ -497,7 +497,9 @@ TEST_F(NnTest, GroupNormForwardAndBackwardMatchHost) {
       {{2, 64, 7, 7}, 32, false, false},  {{2, 5, 5, 8}, 4, true, false},    {{3, 7, 6}, 2, true, true},
       {{2, 3, 4, 6}, 6, true, false},     {{0, 4, 3}, 2, false, false},      {{2, 12}, 3, true, false},
       {{2, 16, 48, 48}, 2, false, false},  // rows of 18432: shared memory in f16/bf16
-      {{2, 6, 40, 40}, 2, false, false}};  // rows of 4800: middle staged rows (160 threads in bf16, 320 in f32)
+      {{2, 6, 40, 40}, 2, false, false},  // rows of 4800: middle staged rows (160 threads in bf16, 320 in f32)
+      {{2, 8, 6, 6}, 2, false, false},    // HW = 36: 16-byte vectors of f16 / bf16 span two channels
+      {{1, 2, 256, 300}, 1, false, false}};  // HW = 76800 >= 2^16: channel index by division
   std::mt19937_64 rng(seed_for("group"));
   for (flame_dtype_t dt : kDtypes) {
     for (const auto& c : cases) {
