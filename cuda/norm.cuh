@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
                                                 compute_t<T>* __restrict__ db_part, i64 rows, i64 D, i64 groups, i64 hw,
                                                 int seg_aligned) {
   typedef compute_t<T> A;
-  __shared__ A red[256];
+  __shared__ A red[8 * 64];  // row_allreduce2: 64 per row group, up to 8 row groups
   extern __shared__ __align__(16) unsigned char gn_smem_raw[];
   A* gsm = reinterpret_cast<A*>(gn_smem_raw);
   constexpr bool CACHE = ROW == kRowRegs, SMEM = ROW == kRowSmem;
@@ -272,8 +272,8 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
       }
       if (MODE == kGroupNorm && want_wb && seg_aligned) gn_channel_add(gsm, cg, valid ? hdiv(c) : 0, pg, pb, valid, true);
     }
-    if constexpr (MODE != kRmsNorm) sa = row_allreduce(sa, RowSum(), red);
-    sb = row_allreduce(sb, RowSum(), red);
+    if constexpr (MODE != kRmsNorm) row_allreduce2(sa, sb, red);
+    else sb = row_allreduce(sb, RowSum(), red);
     const A inv_d = A(1) / static_cast<A>(D);
     const A ma = MODE == kRmsNorm ? A(0) : sa * inv_d, mb = sb * inv_d;
     if (dx) {
@@ -526,8 +526,8 @@ __global__ void __launch_bounds__(1024) norm_bwd_stream(const T* __restrict__ g,
         }
       }
     }
-    if constexpr (MODE != kRmsNorm) sa = row_allreduce(sa, RowSum(), red);
-    sb = row_allreduce(sb, RowSum(), red);
+    if constexpr (MODE != kRmsNorm) row_allreduce2(sa, sb, red);
+    else sb = row_allreduce(sb, RowSum(), red);
     const A inv_d = A(1) / static_cast<A>(D);
     const A ma = MODE == kRmsNorm ? A(0) : sa * inv_d, mb = sb * inv_d;
     for (i64 c = static_cast<i64>(threadIdx.x) * V; c < D; c += step) {
