@@ -328,11 +328,7 @@ class Bench:
             if q and (rows == 65536 or (rows, width) == (4096, 16384)):
                 continue
             self.norm_softmax_rows(rows, width, "f32")
-        gx, tgx = fl.randn([32, 128, 64, 64], "f32"), torch.randn(32, 128, 64, 64, device="cuda")
-        gw, gb, tgw, tgb = fl.randn([128], "f32"), fl.randn([128], "f32"), torch.randn(128, device="cuda"), torch.randn(128, device="cuda")
-        n = 32 * 128 * 64 * 64
-        pair("group_norm fwd (32 groups)", "32x128x64x64", "f32", lambda: fl.call("group_norm", gx, 32, gw, gb, 1e-5, 0),
-             lambda: F.group_norm(tgx, 32, tgw, tgb), 2 * n * 4)
+        self.group_norm_row("f32")
         self.cross_entropy_row()
         self.adamw_row()
 
@@ -372,13 +368,26 @@ class Bench:
              lambda: torch.autograd.grad([torch.softmax(tx_, -1)], [tx_], [tg]), 5 * n * es,
              "bytes: fwd read x, write y; bwd read y, g, write dx")
 
+    def group_norm_row(self, dt):
+        """group_norm forward over 32x128x64x64 of dt with 32 groups (rows of 16384), FLAME beside PyTorch (T1)."""
+        fl = self.fl
+        tdt, es = {"f32": (torch.float32, 4), "bf16": (torch.bfloat16, 2)}[dt]
+        gx, gw, gb = fl.randn([32, 128, 64, 64], dt), fl.randn([128], dt), fl.randn([128], dt)
+        tgx, tgw, tgb = (torch.randn(32, 128, 64, 64, device="cuda", dtype=tdt), torch.randn(128, device="cuda", dtype=tdt),
+                         torch.randn(128, device="cuda", dtype=tdt))
+        self.add("T1", "group_norm fwd (32 groups)", "32x128x64x64", dt,
+                 self.time_flame(lambda: fl.call("group_norm", gx, 32, gw, gb, 1e-5, 0)),
+                 self.time_torch(lambda: F.group_norm(tgx, 32, tgw, tgb)), bytes_=2 * 32 * 128 * 64 * 64 * es)
+
     # ---------------------------------------------------------------- T1: the same rows in bf16
     def tier1_nn_bf16(self):
         """layer_norm, rms_norm and softmax over bf16 rows (the dtype of mixed-precision training), forward and
-        fwd+bwd(x), at widths past L2 whose rows are short (1024), middle (4096) and 32 KiB (16384)."""
+        fwd+bwd(x), at widths past L2 whose rows are short (1024), middle (4096) and 32 KiB (16384); group_norm
+        forward over 32x128x64x64 (rows of 32 KiB)."""
         q = self.args.quick
         for rows, width in ((16384 if q else 65536, 1024), (16384 if q else 65536, 4096), (4096 if q else 8192, 16384)):
             self.norm_softmax_rows(rows, width, "bf16")
+        self.group_norm_row("bf16")
 
     # ---------------------------------------------------------------- T1: fused elementwise expressions
     def tier1_fused(self):

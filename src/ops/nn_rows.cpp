@@ -75,14 +75,15 @@ bool short_smem_rows(DType dtype, int64_t D, int v) {
 
 bool staged_bwd_rows(DType dtype, int64_t D, int v) {
   const size_t tsize = dtype_size(dtype), row_bytes = static_cast<size_t>(D) * tsize;
-  return short_smem_rows(dtype, D, v) || (tsize == 2 && v * tsize == 16 && row_bytes > kShortSmemMax && row_bytes <= 32 * 1024);
+  return short_smem_rows(dtype, D, v) || (tsize == 2 && v * tsize == 16 && row_bytes > kShortSmemMax && row_bytes <= kMidSmemMax);
 }
 
 bool smem_rows(DType dtype, int64_t D, int v) {
   const size_t tsize = dtype_size(dtype), row_bytes = static_cast<size_t>(D) * tsize;
   if (v * tsize != 16) return false;
-  const size_t lo = tsize == 2 ? kShortSmemMax : (tsize == 4 ? 16 * 1024 : 32 * 1024);  // middle rows from here
-  return short_smem_rows(dtype, D, v) || (row_bytes > lo && row_bytes <= 64 * 1024);
+  // middle rows from here (f64: long rows only)
+  const size_t lo = tsize == 2 ? kShortSmemMax : (tsize == 4 ? 16 * 1024 : kMidSmemMax);
+  return short_smem_rows(dtype, D, v) || (row_bytes > lo && row_bytes <= kLongSmemMax);
 }
 
 void launch_bwd_rows(Context& ctx, CUfunction f, const RowPlan& p, int64_t D, DType dtype, void** args, unsigned smem) {
@@ -102,7 +103,7 @@ void launch_smem_rows(Context& ctx, CUfunction f, int64_t rows, int64_t D, DType
   // Short rows: a block of one warp (two from 3 KiB on) per row, up to 32 blocks per SM; middle rows:
   // a thread per bytes_per_thread (whole warps: the block reductions assume them); long rows: 512.
   if (bytes <= kShortSmemMax) p.tpr = bytes > 3 * 1024 ? 64 : 32;
-  else if (bytes <= 32 * 1024) p.tpr = std::min(512u, std::max(64u, (bytes / bytes_per_thread + 31) / 32 * 32));
+  else if (bytes <= kMidSmemMax) p.tpr = std::min(512u, std::max(64u, (bytes / bytes_per_thread + 31) / 32 * 32));
   else p.tpr = 512;
   ctx.check(ctx.drv.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(bytes)),
             "cuFuncSetAttribute");
@@ -112,7 +113,7 @@ void launch_smem_rows(Context& ctx, CUfunction f, int64_t rows, int64_t D, DType
 
 bool ring_rows(const Context& ctx, DType dtype, int64_t D, int v) {
   const size_t row_bytes = static_cast<size_t>(D) * dtype_size(dtype);
-  return ctx.cc_major >= 9 && v * dtype_size(dtype) == 16 && row_bytes >= 32 * 1024 && row_bytes <= 64 * 1024;
+  return ctx.cc_major >= 9 && v * dtype_size(dtype) == 16 && row_bytes >= kMidSmemMax && row_bytes <= kLongSmemMax;
 }
 
 void launch_ring_rows(Context& ctx, CUfunction f, int64_t rows, int inputs, void** args) {

@@ -68,6 +68,7 @@ void launch_rows(Context& ctx, CUfunction f, const RowPlan& p, void** args, unsi
 //    shared memory) measured slower, forward and backward (layer_norm 0.80 -> 0.49-0.64 of copy): a
 //    cluster waits at each of its barriers for its slowest block while all its slices stay allocated.
 constexpr size_t kShortSmemMin = 1024, kShortSmemMax = 4096;
+constexpr size_t kMidSmemMax = 32 * 1024, kLongSmemMax = 64 * 1024;  // middle rows up to 32 KiB, long rows to 64
 bool smem_rows(DType dtype, int64_t D, int v);
 // The short rows above. The backward kernels (norm_bwd / softmax_bwd) keep their two input rows in
 // shared memory there instead of registers (H200 at 65536x768 f32: layer_norm fwd+bwd 0.80 -> 0.87 of
