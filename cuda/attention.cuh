@@ -52,7 +52,6 @@ struct Params {  // mirrors AttnParams in src/ops/attention.cpp: 8-byte fields f
 
 extern __shared__ __align__(16) unsigned char attn_smem[];
 
-constexpr float kLog2e = 1.4426950408889634f;
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 

@@ -84,38 +84,48 @@ template <int V> __device__ __forceinline__ void unpack(const Vec<bf16_t, V>& v,
   }
 }
 
-// The V values xs (compute type) as a vector of T. f16 / bf16 pairs (sm_80 on) round by one
-// cvt.rn.{f16,bf16}x2.f32 each into their 32-bit word instead of a conversion and a merge per element.
-template <class T> struct PairCvt { static constexpr bool ok = false; };
-#if __CUDA_ARCH__ >= 800
-template <> struct PairCvt<bf16_t> {  // cvt's first operand goes to the upper half (the element at 2k + 1)
-  static constexpr bool ok = true;
-  static __device__ __forceinline__ unsigned cvt(float lo, float hi) {
-    unsigned w;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
-    return w;
-  }
-};
-template <> struct PairCvt<half_t> {
-  static constexpr bool ok = true;
-  static __device__ __forceinline__ unsigned cvt(float lo, float hi) {
-    unsigned w;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
-    return w;
-  }
-};
-#endif
+template <class T> struct is_bf16 { static constexpr bool value = false; };
+template <> struct is_bf16<bf16_t> { static constexpr bool value = true; };
+template <class T> struct is_half { static constexpr bool value = false; };
+template <> struct is_half<half_t> { static constexpr bool value = true; };
+
+// Two floats rounded to T (bf16 or f16; sm_80 on) and packed: lo in the lower half (the lower
+// column), hi in the upper.
+template <class T>
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  unsigned r;
+  if constexpr (is_bf16<T>::value) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// The V values xs (compute type) as a vector of T. f16 / bf16 pairs (sm_80 on) round by one pack2
+// each into their 32-bit word instead of a conversion and a merge per element.
 template <class T, int V, class A> __device__ __forceinline__ Vec<T, V> pack(const A (&xs)[V]) {
   Vec<T, V> o;
-  if constexpr (PairCvt<T>::ok && V % 2 == 0) {
+#if __CUDA_ARCH__ >= 800
+  constexpr bool kPairs = (is_bf16<T>::value || is_half<T>::value) && V % 2 == 0;
+#else
+  constexpr bool kPairs = false;
+#endif
+  if constexpr (kPairs) {
     unsigned* w = reinterpret_cast<unsigned*>(&o);
 #pragma unroll
-    for (int k = 0; k < V / 2; ++k) w[k] = PairCvt<T>::cvt(xs[2 * k], xs[2 * k + 1]);
+    for (int k = 0; k < V / 2; ++k) w[k] = pack2<T>(xs[2 * k], xs[2 * k + 1]);
   } else {
 #pragma unroll
     for (int k = 0; k < V; ++k) o.v[k] = cast<T>(xs[k]);
   }
   return o;
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+// 2^x with the hardware approximation (relative error ~2^-22; -inf gives +0; results below 2^-126
+// flush to 0: exp2f's subnormal handling costs 3 more instructions).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
 }
 
 // Scalar parameters of a functor (clamp bounds, slopes, the scalar of add_scalar...). Every

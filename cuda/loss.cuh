@@ -29,22 +29,14 @@ namespace flame {
 // exp in f32 as one exp2 (the MUFU instruction, flushing subnormal results to 0: exp2f's subnormal
 // handling costs 3 more instructions per element) of a pre-scaled argument: the relative error stays
 // near 1e-6 for the arguments that matter (x - max in [-30, 0]), and the kernel stays memory-bound.
-__device__ __forceinline__ float l_exp(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
-  return r;
-}
+__device__ __forceinline__ float l_exp(float x) { return fast_exp2(x * kLog2e); }
 __device__ __forceinline__ double l_exp(double x) { return exp(x); }
 // exp(x - m) as l_exp_from(x, l_scaled(m)) with m scaled once per row: in f32 one FFMA and the exp2
 // per element (x log2(e) is exact inside the FFMA; the rounding of m log2(e) moves the result by a
 // relative |m| 2^-24). For the gradient's softmax; the row sums keep x - m exact (see rs_add).
-__device__ __forceinline__ float l_scaled(float m) { return m * 1.4426950408889634f; }
+__device__ __forceinline__ float l_scaled(float m) { return m * kLog2e; }
 __device__ __forceinline__ double l_scaled(double m) { return m; }
-__device__ __forceinline__ float l_exp_from(float x, float m_scaled) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(x, 1.4426950408889634f, -m_scaled)));
-  return r;
-}
+__device__ __forceinline__ float l_exp_from(float x, float m_scaled) { return fast_exp2(fmaf(x, kLog2e, -m_scaled)); }
 __device__ __forceinline__ double l_exp_from(double x, double m) { return exp(x - m); }
 __device__ __forceinline__ float l_max(float a, float b) { return fmaxf(a, b); }  // one FMNMX
 __device__ __forceinline__ double l_max(double a, double b) { return fmax(a, b); }

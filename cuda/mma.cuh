@@ -16,9 +16,6 @@
 
 namespace flame {
 
-template <class T> struct is_bf16 { static constexpr bool value = false; };
-template <> struct is_bf16<bf16_t> { static constexpr bool value = true; };
-
 // The 32-bit shared-window address of a generic pointer into shared memory.
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
   unsigned r;
@@ -68,15 +65,6 @@ __device__ __forceinline__ void mma16816(float (&c)[4], unsigned a0, unsigned a1
   }
 }
 
-// Two floats rounded to T and packed: lo in the lower half (the lower column), hi in the upper.
-template <class T>
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
-  unsigned r;
-  if constexpr (is_bf16<T>::value) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
 // dst[0] += a, dst[1] += b in global memory, each element atomically (dst 8-byte aligned): one
 // vector reduction on sm_90, two atomics before.
 __device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
@@ -86,13 +74,6 @@ __device__ __forceinline__ void atomic_add2(float* dst, float a, float b) {
   atomicAdd(dst, a);
   atomicAdd(dst + 1, b);
 #endif
-}
-
-// 2^x with the hardware approximation (relative error ~2^-22; -inf gives +0).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
 }
 
 }  // namespace flame
