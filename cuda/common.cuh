@@ -231,6 +231,16 @@ struct FastDivU32 {
   }
   __device__ __forceinline__ unsigned operator()(unsigned n) const { return (__umulhi(n, m) + n) >> s; }
 };
+// n / d for a non-negative i64 n and a per-launch divisor d >= 1 (group_norm's channel index):
+// FastDivU32 where n and d are below 2^31, else a 64-bit division (~70 instructions).
+struct DivI64 {
+  i64 d;
+  FastDivU32 f;
+  __device__ __forceinline__ explicit DivI64(i64 div) : d(div), f(div < (i64(1) << 31) ? static_cast<unsigned>(div) : 1u) {}
+  __device__ __forceinline__ i64 operator()(i64 n) const {
+    return ((n | d) >> 31) == 0 ? static_cast<i64>(f(static_cast<unsigned>(n))) : n / d;
+  }
+};
 // n / d for the index types of the row kernels: FastDivU32 for unsigned, a division for i64.
 template <class U> struct RowDivider {
   U d;

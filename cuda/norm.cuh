@@ -44,22 +44,6 @@ namespace flame {
 
 constexpr int kLayerNorm = 0, kRmsNorm = 1, kGroupNorm = 2;
 
-// c / d for column indices c and a per-launch divisor d (GN: HW, once per vector), without a 64-bit
-// division (~70 instructions): a multiply-high by ceil(2^32 / d) where c and d are below 2^16 (exact:
-// the error c * (m - 2^32 / d) / 2^32 < 2^-16 <= 1 / d stays below the gap to the next integer), else
-// a 32-bit division where both fit.
-struct IndexDiv {
-  i64 d;
-  unsigned m;  // ceil(2^32 / d) for 1 < d < 2^16, else 0
-  __device__ explicit IndexDiv(i64 d_) : d(d_), m(d_ > 1 && d_ < 65536 ? 0xffffffffu / static_cast<unsigned>(d_) + 1 : 0) {}
-  __device__ __forceinline__ i64 operator()(i64 c) const {
-    if (m != 0 && c < 65536) return __umulhi(static_cast<unsigned>(c), m);
-    if (d == 1) return c;
-    if (((c | d) >> 32) == 0) return static_cast<unsigned>(c) / static_cast<unsigned>(d);
-    return c / d;
-  }
-};
-
 // The first affine index of a row: GN rows (n, group) start at channel group * (C / G); 0 for LN/RMS.
 template <int MODE>
 __device__ __forceinline__ i64 affine_base(i64 row, i64 groups, i64 cg) {
@@ -71,7 +55,7 @@ __device__ __forceinline__ i64 affine_base(i64 row, i64 groups, i64 cg) {
 // index starts at base (affine_base). GN: one value per channel, loaded once per vector when HW is
 // a multiple of V (the vector then lies in one channel).
 template <int MODE, class T, int V>
-__device__ __forceinline__ void load_affine(const T* p, i64 base, i64 c, const IndexDiv& hw, compute_t<T> (&out)[V]) {
+__device__ __forceinline__ void load_affine(const T* p, i64 base, i64 c, const DivI64& hw, compute_t<T> (&out)[V]) {
   typedef compute_t<T> A;
   if (!p) {
 #pragma unroll
@@ -106,7 +90,7 @@ __global__ void __launch_bounds__(512) norm_fwd(const T* __restrict__ x, const T
   typedef compute_t<T> A;
   __shared__ A red[256];
   const i64 cg = D / hw;
-  const IndexDiv hdiv(hw);
+  const DivI64 hdiv(hw);
   const i64 iters = row_iterations(rows);
   i64 row = first_row();
   for (i64 it = 0; it < iters; ++it, row += row_step()) {
@@ -217,7 +201,7 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
   Vec<T, V>* sg = reinterpret_cast<Vec<T, V>*>(gn_smem_raw) + threadIdx.y * 2 * (D / V);  // SMEM: this row group's g
   Vec<T, V>* sx = sg + D / V;                                                               // and x
   const i64 cg = D / hw;
-  const IndexDiv hdiv(hw);
+  const DivI64 hdiv(hw);
   const bool want_wb = dw_part != nullptr || db_part != nullptr;
   A dwa[NV][V], dba[NV][V];  // LN/RMS partial sums of g * xhat and g for this thread's columns
 #pragma unroll
@@ -376,7 +360,7 @@ __global__ void __launch_bounds__(kStagedBound<T, MODE, SMEM> ? 512 : 1024, kSta
   extern __shared__ __align__(16) unsigned char row_smem[];
   const Vec<T, V>* srow = reinterpret_cast<const Vec<T, V>*>(row_smem);
   const i64 cg = D / hw, nvec = D / V;  // V == 1 unless D is a multiple of V
-  const IndexDiv hdiv(hw);
+  const DivI64 hdiv(hw);
   for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * D;
     const i64 base = affine_base<MODE>(row, groups, cg);
@@ -493,7 +477,7 @@ __global__ void __launch_bounds__(1024) norm_bwd_stream(const T* __restrict__ g,
   typedef compute_t<T> A;
   __shared__ A red[256];
   const i64 cg = D / hw, step = static_cast<i64>(blockDim.x) * V;
-  const IndexDiv hdiv(hw);
+  const DivI64 hdiv(hw);
   for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
     const i64 off = row * D, base = affine_base<MODE>(row, groups, cg);
     const A mu = MODE == kRmsNorm ? A(0) : mean[row], rs = rstd[row];
