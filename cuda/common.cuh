@@ -168,6 +168,10 @@ __device__ __forceinline__ int m_pow(int x, int y) { return ipow(x, y); }
 __device__ __forceinline__ long long m_pow(long long x, long long y) { return ipow(x, y); }
 __device__ __forceinline__ unsigned char m_pow(unsigned char x, unsigned char y) { return static_cast<unsigned char>(ipow<int>(x, y)); }
 
+// X when B, else Y (std::conditional; NVRTC has no <type_traits>).
+template <bool B, class X, class Y> struct pick_type { typedef X type; };
+template <class X, class Y> struct pick_type<false, X, Y> { typedef Y type; };
+
 // A functor's double scalar as T: through i64 for integer types, so that negative scalars wrap
 // (u8 - 3) instead of converting a negative double to an unsigned type.
 template <class T> __device__ __forceinline__ T sc(double v) {
