@@ -44,6 +44,15 @@ namespace flame {
 
 constexpr int kLayerNorm = 0, kRmsNorm = 1, kGroupNorm = 2;
 
+// xhat = (x - mean) * rstd. 2-byte types: one FMA, x * rstd + nm with nm = -mean * rstd; its rounding,
+// 2^-24 |mean| / std, stays far below their 2^-9 (and 2-byte inputs hold no std much below
+// |mean| / 2^10). The staged bf16 layer_norm kernels are issue-bound (ncu, H200: 0.78 instructions
+// per element forward).
+template <class T, class A>
+__device__ __forceinline__ A norm_center(A x, A mean, A rs, A nm) {
+  return sizeof(T) == 2 ? x * rs + nm : (x - mean) * rs;
+}
+
 // The first affine index of a row: GN rows (n, group) start at channel group * (C / G); 0 for LN/RMS.
 template <int MODE>
 __device__ __forceinline__ i64 affine_base(i64 row, i64 groups, i64 cg) {
@@ -218,7 +227,7 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
     const bool live = row < rows;
     const i64 off = (live ? row : 0) * D, base = affine_base<MODE>(row, groups, cg);
     const A mu = (MODE == kRmsNorm || !live) ? A(0) : mean[row];
-    const A rs = live ? rstd[row] : A(0);
+    const A rs = live ? rstd[row] : A(0), nm = -mu * rs;
     Vec<T, V> gv[CACHE ? NV : 1], xv[CACHE ? NV : 1];
     if constexpr (SMEM) stage_own_vectors<T, V, NV>(sg, g + off, sx, x + off, live ? D / V : 0);
     A sa = A(0), sb = A(0);  // sum(gw), sum(gw * xhat)
@@ -237,7 +246,7 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           A gj = gs[j];
-          A xh = (xs[j] - mu) * rs;
+          A xh = norm_center<T>(xs[j], mu, rs, nm);
           A gw = gj * wv[j];
           sa += gw;
           sb += gw * xh;
@@ -260,6 +269,7 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
     else sb = row_allreduce(sb, RowSum(), red);
     const A inv_d = A(1) / static_cast<A>(D);
     const A ma = MODE == kRmsNorm ? A(0) : sa * inv_d, mb = sb * inv_d;
+    const A nrmb = -rs * mb, nrma = -rs * ma;  // 2-byte dx: gw * rs + (xh * nrmb + nrma), two FMAs
     if (dx) {
 #pragma unroll
       for (int k = 0; k < NV; ++k) {
@@ -275,8 +285,8 @@ __global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T
           unpack(xk, xs);
 #pragma unroll
           for (int j = 0; j < V; ++j) {
-            A xh = (xs[j] - mu) * rs;
-            xs[j] = rs * (gs[j] * wv[j] - ma - xh * mb);
+            const A xh = norm_center<T>(xs[j], mu, rs, nm), gw = gs[j] * wv[j];
+            xs[j] = sizeof(T) == 2 ? gw * rs + (xh * nrmb + nrma) : rs * (gw - ma - xh * mb);
           }
           store_vec<T, V>(dx + off + c, pack<T>(xs));
         }
@@ -442,10 +452,7 @@ __global__ void __launch_bounds__(kStagedBound<T, MODE, SMEM> ? 512 : 1024, kSta
     // used; one vector at a time for GN (one value per channel) and for bounded 2-byte types (two
     // batches of 8 values spilled under the 40-register bound).
     constexpr int U = MODE == kGroupNorm || (kStagedBound<T, MODE, SMEM> && sizeof(T) == 2) ? 1 : 2;
-    // 2-byte outputs center by one FMA, x * rs + (-mean * rs): its rounding, 2^-24 |mean| / std, stays
-    // far below their 2^-9 (and bf16 / f16 inputs hold no std much below |mean| / 2^10). The staged
-    // layer_norm forward of bf16 rows of 1024 issued 0.78 instructions per element (ncu, H200).
-    const A nm = -mean * rs;
+    const A nm = -mean * rs;  // norm_center
     for (I i0 = threadIdx.x; i0 < nvec; i0 += U * static_cast<I>(blockDim.x)) {
       A wv[U][V], bv[U][V];
 #pragma unroll
@@ -467,7 +474,7 @@ __global__ void __launch_bounds__(kStagedBound<T, MODE, SMEM> ? 512 : 1024, kSta
           unpack(vec(i), xs);
 #pragma unroll
           for (int j = 0; j < V; ++j) {
-            const A xh = sizeof(T) == 2 ? xs[j] * rs + nm : (xs[j] - mean) * rs;
+            const A xh = norm_center<T>(xs[j], mean, rs, nm);
             xs[j] = xh * wv[u][j] + bv[u][j];
           }
           store_vec<T, V>(yr + static_cast<i64>(i) * V, pack<T>(xs));
