@@ -52,7 +52,11 @@ void launch_rows(Context& ctx, CUfunction f, const RowPlan& p, void** args, unsi
 //  - short rows, more than 1 KiB and up to 4 KiB: a block of 32 threads (64 above 3 KiB) per row, up
 //    to 32 resident per SM. On an H200 at 65536 rows of 768 f32 (inputs beyond L2): layer_norm 0.86 ->
 //    0.93 of copy, rms_norm 0.88 -> 0.95, softmax 0.82 -> 0.95; rows of 256 measured worse (half a warp
-//    idle), rows of 4096 floats stay register-cached (0.93);
+//    idle), rows of 4096 floats stay register-cached (0.93). Measured no better (2026-11-28): a
+//    persistent grid whose blocks stage their next row while working on this one (H100, bf16
+//    65536x1024: layer_norm 0.93 -> 0.80, softmax 0.95 -> 0.80), two or four one-warp rows per
+//    block (H100 +-0.01; H200 bf16 layer_norm +0.02, f32 softmax -0.08), and one-warp layer_norm
+//    blocks without the 40-register bound (H200 bf16 65536x1024: 0.867 -> 0.846);
 //  - middle rows, of 2-byte types from 4 KiB and of f32 from 16 KiB, up to 32 KiB: one thread per
 //    `bytes_per_thread` of the row (a multiple of 32 threads, 64 to 512), 64 for layer_norm (more
 //    threads for its two output terms; 128 measured 0.92 -> 0.85 at bf16 65536x4096), 128 for rms_norm,
