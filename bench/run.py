@@ -34,8 +34,8 @@ Usage: python3 bench/run.py [--tiers T0,T1,T2,T3,T4,T5] [--quick] [--out DIR] [-
 Env:   FLAME_LIBRARY (libflame.so.1), FLAME_BENCH_OVERHEAD (path of the flame_bench_overhead binary),
        FLAME_GPT2_LIBRARY (libflame_gpt2_bench.so), FLAME_BENCH_GPT2 (the flame_bench_gpt2 program);
        both default to build/bench/.
-Writes DIR/bench.json and DIR/bench.csv (DIR: $OUT or bench/out) and appends a summary to
-bench/RESULTS.md with device, date and commit.
+Writes DIR/bench.json and DIR/bench.csv (DIR: $OUT or bench/out), the run to bench/history/, and
+replaces in bench/RESULTS.md the tables of the tiers it ran (bench/results_md.py; --quick: history only).
 """
 import argparse
 import csv
@@ -1029,7 +1029,8 @@ class Bench:
         for t, g in sorted(geo.items()):
             print(f"geometric-mean ratio {t}: {g:.3f} over {sum(1 for r in self.rows if r['tier'] == t and not r.get('info'))} rows")
         if not self.args.no_results_md:
-            results_md.append(meta, self.rows, geo, quick=self.args.quick)
+            hist = results_md.append(meta, self.rows, geo, quick=self.args.quick)
+            print(f"recorded in {hist}" + ("" if self.args.quick else " and bench/RESULTS.md"))
         print(f"wrote {out_dir}/bench.json and bench.csv")
 
 

@@ -2,9 +2,9 @@
 # Sanitizers on the GPU machine (issue 12), time-boxed: each run below has its own time limit and
 # together they take at most about 4.5 minutes (builds not counted; they are reused when present).
 #
-#   scripts/sanitize-gpu.sh                  # uses build-gpu/ (scripts/test-gpu.sh) or builds it
-#   BUILD_DIR=build-x scripts/sanitize-gpu.sh
-#   OUT=/some/dir scripts/sanitize-gpu.sh    # logs go to $OUT/ (default: $BUILD_DIR/sanitize/)
+#   dev/sanitize-gpu.sh                  # uses build-gpu/ (scripts/test-gpu.sh) or builds it
+#   BUILD_DIR=build-x dev/sanitize-gpu.sh
+#   OUT=/some/dir dev/sanitize-gpu.sh    # logs go to $OUT/ (default: $BUILD_DIR/sanitize/)
 #
 #  1. compute-sanitizer --tool memcheck  over a representative subset of flame_gpu_tests ($MEMCHECK_FILTER:
 #     elementwise, reductions, norms, softmax, numerics, cross-entropy, indexing with out-of-range

@@ -1,4 +1,4 @@
-# Sourced by scripts/device_final.sh and device_verify.sh (the two-GPU device runs): strict mode,
+# Sourced by dev/device_final.sh and device_verify.sh (the two-GPU device runs): strict mode,
 # $OUT for logs, FLAME_REQUIRE_GPU=1, a Release build of everything in build/ (-j32), the library and
 # kernel cache for the Python drivers, and the gtest filter of the suites that need both GPUs.
 set -uo pipefail

@@ -6,7 +6,7 @@
 #                  on GPU 0 and the single-GPU examples and smoke tests through CTest on GPU 1;
 #               2. with both GPUs and FLAME_REQUIRE_GPUS=2: the multi-GPU suites and the CTest
 #                  entries that need 2 GPUs (train_mlp_dp, train_gpt --gpus 2, the DP bench smoke).
-#   PART=bench  3. side by side: bench/run.py $BENCH_TIERS alone on GPU 0, scripts/sanitize-gpu.sh
+#   PART=bench  3. side by side: bench/run.py $BENCH_TIERS alone on GPU 0, dev/sanitize-gpu.sh
 #                  on GPU 1 (memcheck, racecheck, host leaks); $FILTER (if set) re-run on GPU 1 after it;
 #               4. the 2-GPU benches: GPT-2 data-parallel scaling (T3dp) and the NCCL all_reduce bench.
 source "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
@@ -41,7 +41,7 @@ else
      --no-compile --no-results-md --out "$OUT/bench" > "$OUT/bench.log" 2>&1; echo "bench rc=$?" >> "$OUT/bench.log") &
   (export CUDA_VISIBLE_DEVICES=1
    BUILD_DIR=build MEMCHECK_TIMEOUT=${MEMCHECK_TIMEOUT:-90} RACECHECK_TIMEOUT=${RACECHECK_TIMEOUT:-60} \
-     LEAK_TIMEOUT=${LEAK_TIMEOUT:-60} OUT="$OUT/san" timeout 260 bash scripts/sanitize-gpu.sh > "$OUT/sanitize.log" 2>&1
+     LEAK_TIMEOUT=${LEAK_TIMEOUT:-60} OUT="$OUT/san" timeout 260 bash dev/sanitize-gpu.sh > "$OUT/sanitize.log" 2>&1
    if [[ -n ${FILTER:-} ]]; then
      timeout 120 ./build/tests/gpu/flame_gpu_tests --gtest_brief=1 --gtest_filter="$FILTER" > "$OUT/gtest_filter.log" 2>&1
    fi) &

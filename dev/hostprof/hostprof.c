@@ -1,8 +1,8 @@
 /* A sampling host profiler for machines without perf (the device): LD_PRELOAD it, and every
  * HOSTPROF_US microseconds of the main thread's CPU time a signal records its stack (backtrace).
  * At exit each sample is written to $HOSTPROF_OUT as one line of "object+offset" frames, which
- * scripts/hostprof/report.py resolves with addr2line and sums per function (self and inclusive).
- * Build: cc -O2 -shared -fPIC scripts/hostprof/hostprof.c -o build/hostprof.so -lrt */
+ * dev/hostprof/report.py resolves with addr2line and sums per function (self and inclusive).
+ * Build: cc -O2 -shared -fPIC dev/hostprof/hostprof.c -o build/hostprof.so -lrt */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <execinfo.h>

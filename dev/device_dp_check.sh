@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A focused two-GPU check of the data-parallel path and the racecheck of FLAME kernels (session 5): racecheck
 # beside train_gpt (f32 and --autocast), then the Dist/Hooks suites and the 2-GPU CTests, then bench T3dp.
-source scripts/device_common.sh
+source dev/device_common.sh
 (cd "$OUT" && CUDA_VISIBLE_DEVICES=1 FLAME_DISABLE_CUDNN=1 timeout 120 compute-sanitizer --tool racecheck --error-exitcode 1 $OLDPWD/build/tests/gpu/flame_gpu_tests --gtest_brief=1 --gtest_filter='Reductions.NanPropagates:Reductions.ArgmaxArgmin:Reductions.Cumsum:NnTest.SoftmaxRowsStayStableForLargeAndInfiniteInputs:NnTest.LayerNormForwardAndBackwardMatchHost:Numerics.SoftmaxPropagatesNanAndInfinityOnEveryKernel:LossKernels.AllIgnoredAndEmptyBatches:Attention.NoKeysGiveZeros:Attention.LastDimNotContiguousIsCopied:Optim.ClipGradNormAndValue' > racecheck.log 2>&1; echo "racecheck rc=$?" >> racecheck.log) &
 (CUDA_VISIBLE_DEVICES=0 timeout 150 ctest --test-dir build -R "example_train_gpt$|example_train_gpt_autocast" --output-on-failure > "$OUT/ctest_gpt.log" 2>&1) &
 wait

@@ -1,6 +1,6 @@
 """Repeated timings of FLAME's own attention kernels (a context without cuDNN) at bench/run.py's T2 shape,
 with fresh inputs each round, to see the spread between rounds that one bench row hides:
-    FLAME_LIBRARY=build/libflame.so.1 python3 scripts/attn_timing.py [rounds] [B H S D]
+    FLAME_LIBRARY=build/libflame.so.1 python3 dev/attn_timing.py [rounds] [B H S D]
 FLAME_DISABLE_WGMMA=1 times the FlashAttention-2 (mma.sync) kernels instead of the sm_90a ones."""
 import ctypes, os, sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))

@@ -1,5 +1,5 @@
 """Runs each memory-bound row kernel of the bench once (after a warm-up) so that ncu can profile it:
-   ncu --clock-control none --metrics ... python3 scripts/ncu_rows.py
+   ncu --clock-control none --metrics ... python3 dev/ncu_rows.py
 Shapes as in bench/run.py's T1 tiers; "torch" adds PyTorch's sum(dim=1) and broadcast add; "attn" runs
 FLAME's own attention kernels (a context without cuDNN) at the T2 shape, forward and backward."""
 import ctypes, os, sys

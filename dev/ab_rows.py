@@ -6,7 +6,7 @@ tree), so without one every argument times the shipped plan. The variants altern
 ($AB_ROUNDS rounds, 3 by default; the median is printed). $AB_FILTER keeps the cases whose names hold
 one of its comma-separated substrings; $AB_DTYPE (f32, bf16, f16) sets the dtype of the norm, softmax
 and group_norm rows (the softmax rows of 8192x8192 stay f32) and
-$AB_SHAPES (e.g. 2048x32768,4096x32768) their shapes. Usage: python3 scripts/ab_rows.py 0 [1 ...]"""
+$AB_SHAPES (e.g. 2048x32768,4096x32768) their shapes. Usage: python3 dev/ab_rows.py 0 [1 ...]"""
 import ctypes, os, sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
