@@ -206,8 +206,8 @@ FLAME_API flame_status_t flame_ctx_set_grad_enabled(flame_ctx_t ctx, int32_t ena
   return api_call("flame_ctx_set_grad_enabled", [&] {
     Context& c = context_of(ctx);
     ContextScope s(c);
-    if (previous) *previous = c.grad_enabled ? 1 : 0;
-    c.grad_enabled = enabled != 0;
+    if (previous) *previous = c.mode.grad_enabled ? 1 : 0;
+    c.mode.grad_enabled = enabled != 0;
   });
 }
 
@@ -217,8 +217,8 @@ FLAME_API flame_status_t flame_ctx_set_autocast(flame_ctx_t ctx, int32_t dtype, 
     ContextScope s(c);
     FLAME_CHECK(dtype == FLAME_AUTOCAST_OFF || dtype == FLAME_DTYPE_BF16 || dtype == FLAME_DTYPE_F16,
                 FLAME_ERROR_INVALID_ARGUMENT, "dtype ", dtype, " is not FLAME_DTYPE_BF16, FLAME_DTYPE_F16 or FLAME_AUTOCAST_OFF");
-    if (previous) *previous = c.autocast;
-    c.autocast = dtype;
+    if (previous) *previous = c.mode.autocast;
+    c.mode.autocast = dtype;
   });
 }
 
@@ -226,7 +226,7 @@ FLAME_API flame_status_t flame_ctx_get_autocast(flame_ctx_t ctx, int32_t* dtype)
   return api_call("flame_ctx_get_autocast", [&] {
     Context& c = context_of(ctx);
     auto* out_ = out_param(dtype, "dtype");
-    *out_ = c.autocast;
+    *out_ = c.mode.autocast;
   });
 }
 
@@ -234,7 +234,7 @@ FLAME_API flame_status_t flame_ctx_is_grad_enabled(flame_ctx_t ctx, int32_t* ena
   return api_call("flame_ctx_is_grad_enabled", [&] {
     Context& c = context_of(ctx);
     auto* out_ = out_param(enabled, "enabled");
-    *out_ = c.grad_enabled ? 1 : 0;
+    *out_ = c.mode.grad_enabled ? 1 : 0;
   });
 }
 
@@ -242,8 +242,8 @@ FLAME_API flame_status_t flame_ctx_set_inference_mode(flame_ctx_t ctx, int32_t e
   return api_call("flame_ctx_set_inference_mode", [&] {
     Context& c = context_of(ctx);
     ContextScope s(c);
-    if (previous) *previous = c.inference_mode ? 1 : 0;
-    c.inference_mode = enabled != 0;
+    if (previous) *previous = c.mode.inference ? 1 : 0;
+    c.mode.inference = enabled != 0;
   });
 }
 

@@ -73,7 +73,7 @@ Tensor view_of(Context& c, std::shared_ptr<Storage> storage, const dlpack::Layou
   t->strides = l.strides;
   t->offset = offset;
   t->dtype = l.dtype;
-  if (c.inference_mode) autograd_meta(*t).is_inference = true;  // as make_tensor
+  if (c.mode.inference) autograd_meta(*t).is_inference = true;  // as make_tensor
   return t;
 }
 

@@ -33,7 +33,7 @@ flame_status_t loss_call(const char* fn, flame_tensor_t a, const char* a_name, f
     const Tensor& y = unwrap(b, b_name);
     same_context(x, y, b_name);
     TensorScope s(x);
-    *out = wrap(f(keep_low_x ? x : autocast_f32(x), autocast_f32(y), x->ctx().autocast >= 0));
+    *out = wrap(f(keep_low_x ? x : autocast_f32(x), autocast_f32(y), x->ctx().mode.autocast >= 0));
   });
 }
 

@@ -15,13 +15,13 @@ namespace flame {
 
 // t, or t converted to the autocast dtype when autocast is on and t is f32 (null stays null).
 inline Tensor autocast_low(const Tensor& t) {
-  if (!t || t->ctx().autocast < 0 || t->dtype != FLAME_DTYPE_F32) return t;
-  return ops::to_dtype(t, static_cast<DType>(t->ctx().autocast));
+  if (!t || t->ctx().mode.autocast < 0 || t->dtype != FLAME_DTYPE_F32) return t;
+  return ops::to_dtype(t, static_cast<DType>(t->ctx().mode.autocast));
 }
 
 // t, or t converted to f32 when autocast is on and t is f16 or bf16 (null stays null).
 inline Tensor autocast_f32(const Tensor& t) {
-  if (!t || t->ctx().autocast < 0 || (t->dtype != FLAME_DTYPE_F16 && t->dtype != FLAME_DTYPE_BF16)) return t;
+  if (!t || t->ctx().mode.autocast < 0 || (t->dtype != FLAME_DTYPE_F16 && t->dtype != FLAME_DTYPE_BF16)) return t;
   return ops::to_dtype(t, FLAME_DTYPE_F32);
 }
 

@@ -4,14 +4,9 @@
 // Leaf gradients are collected and applied after the walk. Grad mode is set to create_graph for the
 // walk so that rules record themselves only when higher-order gradients were asked for. Nodes with
 // several outputs (checkpointing) get all their outputs' gradients at once (apply_backward_rule_multi).
-// One cross-node fusion: when a Linear's input was produced by a Linear with an activation (through
-// reshapes only) and nothing else observes the gradient in between (one incoming edge each, no
-// hooks, retain_grad or flame_grad capture), the consumer's dgrad GEMM applies the producer's
-// activation derivative in its epilogue and hands the producer its pre-activation gradient
-// (backward_rules.cpp, linear_backward). Likewise a Linear whose f16/bf16 inputs autocast cast from
-// f32 tensors (through reshapes only, nothing observing in between) has its GEMMs write those inputs'
-// gradients in f32, and the casts pass them on instead of running a kernel each (GPT-2 in bf16: ~100
-// casts per step).
+// Before a node's rule runs, the walk's cross-node fusions get one call (fused_backward,
+// walk_fusions.cpp: Linear activation and autocast-cast gradients through the GEMMs, slices added
+// in place into their input's pending gradient). The walk's state is a WalkState (walk.h).
 // The unit seed: the ones tensor the engine makes for a one-element root whose gradient the caller
 // left NULL is remembered (by the buffer slot it fills) until that slot's node runs. The mark goes as
 // soon as anything else reaches the slot (another root or edge adds to it, a slice is added into it
@@ -21,11 +16,7 @@
 // forward already computed (backward_rules.cpp, seed_rule).
 #include "autograd/engine.h"
 #include <algorithm>
-#include <array>
-#include <map>
-#include <set>
-#include <unordered_map>
-#include <unordered_set>
+#include "autograd/walk.h"
 #include "core/error.h"
 #include "ops/launch.h"
 #include "ops/ops.h"
@@ -34,37 +25,8 @@ namespace flame {
 
 std::vector<Tensor> apply_backward_rule(Node& n, const Tensor& g, bool unit_seed);  // backward_rules.cpp
 std::vector<Tensor> apply_backward_rule_multi(Node& n, const std::vector<Tensor>& gs);  // backward_rules.cpp
-std::vector<Tensor> linear_backward(Node& n, const Tensor& g, bool pre, Node* p, Tensor* p_dz,
-                                    const std::array<bool, 3>& wide);
 
 namespace {
-
-class GradModeGuard {
- public:
-  GradModeGuard(Context& c, bool enabled) : c_(c), prev_(c.grad_enabled), prev_inf_(c.inference_mode) {
-    c.grad_enabled = enabled;
-    c.inference_mode = false;
-  }
-  ~GradModeGuard() {
-    c_.grad_enabled = prev_;
-    c_.inference_mode = prev_inf_;
-  }
-
- private:
-  Context& c_;
-  bool prev_, prev_inf_;
-};
-
-// Context::backward_accumulates for the duration of one walk (walks nest inside checkpoint rules).
-class AccumulateModeGuard {
- public:
-  AccumulateModeGuard(Context& c, bool accumulates) : c_(c), prev_(c.backward_accumulates) { c.backward_accumulates = accumulates; }
-  ~AccumulateModeGuard() { c_.backward_accumulates = prev_; }
-
- private:
-  Context& c_;
-  bool prev_;
-};
 
 void check_grad_geometry(const Tensor& g, const TensorInfo& want, const char* what) {
   FLAME_CHECK(g->shape == want.shape, FLAME_ERROR_SHAPE_MISMATCH, what, " has shape ", shape_str(g->shape),
@@ -143,23 +105,9 @@ void accumulate_grad(const Tensor& t, Tensor g, bool create_graph) {
   m.grad->storage->version++;
 }
 
-}  // namespace
-
-std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
-  GradModeGuard mode(ctx, req.create_graph);
-  const bool accumulate = req.inputs.empty();
-  AccumulateModeGuard acc_mode(ctx, accumulate);
-
-  // Root gradients.
-  std::unordered_map<Node*, std::vector<Tensor>> buffer;  // per node, one gradient per output
-  std::set<std::pair<Node*, uint32_t>> unit_seed;          // buffer slots holding the untouched seed (see the top)
-  std::vector<std::shared_ptr<Node>> root_nodes;
-  auto add_to = [&](Node* n, uint32_t nr, const Tensor& g) {
-    std::vector<Tensor>& v = buffer[n];
-    if (v.size() <= nr) v.resize(nr + 1);
-    v[nr] = v[nr] ? ops::add(v[nr], g) : g;
-    unit_seed.erase({n, nr});
-  };
+// The roots' gradients into the buffer (ones for a one-element root without one: the unit seed).
+void seed_roots(WalkState& w) {
+  const BackwardRequest& req = w.req;
   for (size_t i = 0; i < req.roots.size(); ++i) {
     const Tensor& r = req.roots[i];
     Edge e = gradient_edge(r);
@@ -169,200 +117,177 @@ std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
     if (implicit) {
       FLAME_CHECK(r->numel() == 1, FLAME_ERROR_INVALID_ARGUMENT, "grad can be implicitly created only for outputs "
                   "with one element; output ", i, " has shape ", shape_str(r->shape));
-      g = ops::full(ctx, r->shape, r->dtype, 1.0);
+      g = ops::full(w.ctx, r->shape, r->dtype, 1.0);
     } else {
-      FLAME_CHECK(&g->ctx() == &ctx, FLAME_ERROR_INVALID_ARGUMENT, "gradient ", i, " belongs to another context");
+      FLAME_CHECK(&g->ctx() == &w.ctx, FLAME_ERROR_INVALID_ARGUMENT, "gradient ", i, " belongs to another context");
       check_grad_geometry(g, {r->shape, r->dtype}, "the gradient of the output");
     }
-    auto slot = buffer.find(e.fn.get());
-    const bool first = slot == buffer.end() || slot->second.size() <= e.input_nr || !slot->second[e.input_nr];
-    add_to(e.fn.get(), e.input_nr, g);
-    if (implicit && first && !req.keep_graph && !req.create_graph) unit_seed.insert({e.fn.get(), e.input_nr});
-    root_nodes.push_back(e.fn);
+    auto slot = w.buffer.find(e.fn.get());
+    const bool first = slot == w.buffer.end() || slot->second.size() <= e.input_nr || !slot->second[e.input_nr];
+    w.add_to(e.fn.get(), e.input_nr, g);
+    if (implicit && first && !req.keep_graph && !req.create_graph) w.unit_seed.insert({e.fn.get(), e.input_nr});
+    w.root_nodes.push_back(e.fn);
   }
+}
 
-  // Inputs whose gradients flame_grad returns, keyed by the node (and output) their gradient reaches.
-  std::map<std::pair<Node*, uint32_t>, std::vector<size_t>> capture;
-  std::vector<std::shared_ptr<Node>> keep_alive;
-  for (size_t j = 0; j < req.inputs.size(); ++j) {
-    Edge e = gradient_edge(req.inputs[j]);
+// flame_grad's inputs, keyed by the node (and output) their gradient reaches.
+void capture_inputs(WalkState& w) {
+  for (size_t j = 0; j < w.req.inputs.size(); ++j) {
+    Edge e = gradient_edge(w.req.inputs[j]);
     FLAME_CHECK(e.fn, FLAME_ERROR_INVALID_ARGUMENT, "input ", j, " does not require grad");
-    capture[{e.fn.get(), e.input_nr}].push_back(j);
-    keep_alive.push_back(e.fn);
+    w.capture[{e.fn.get(), e.input_nr}].push_back(j);
+    w.keep_alive.push_back(e.fn);
   }
+  w.results.resize(w.req.inputs.size());
+}
 
-  // Count incoming edges of every reachable node.
-  std::unordered_map<Node*, int> deps;
+// The incoming edges of every node reachable from the roots; the roots nothing leads into are ready.
+void count_dependencies(WalkState& w) {
   std::vector<Node*> stack;
   std::unordered_map<Node*, bool> seen;
-  for (auto& n : root_nodes)
+  for (auto& n : w.root_nodes)
     if (!seen[n.get()]) { seen[n.get()] = true; stack.push_back(n.get()); }
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     for (auto& e : n->next) {
       if (!e.fn) continue;
-      deps[e.fn.get()]++;
+      w.deps[e.fn.get()]++;
       if (!seen[e.fn.get()]) { seen[e.fn.get()] = true; stack.push_back(e.fn.get()); }
     }
   }
+  for (auto& n : w.root_nodes)
+    if (w.deps[n.get()] == 0 && std::find(w.ready.begin(), w.ready.end(), n.get()) == w.ready.end())
+      w.ready.push_back(n.get());
+}
 
-  // A slice's gradient added in place into that slice of its input's pending gradient, when the
-  // engine alone holds that buffer: q, k and v split from one qkv tensor then cost one zero-filled
-  // buffer instead of three, and no full-size additions. False: the rule runs (zeros + copy).
-  auto scatter_into_pending = [&](Node& n, const Tensor& g) {
-    Node* child = n.next[0].fn.get();
-    auto it = child ? buffer.find(child) : buffer.end();
-    if (req.create_graph || it == buffer.end() || it->second.size() <= n.next[0].input_nr) return false;
-    const Tensor& acc = it->second[n.next[0].input_nr];
-    if (!acc || acc.use_count() != 1 || acc->storage.use_count() != 1 || !acc->contiguous() || acc->dtype != g->dtype ||
-        acc->shape != n.inputs[0].shape)
-      return false;
-    Tensor slice = ops::view_slice(acc, n.view);  // grad mode is off: no node recorded
-    launch_elementwise("Add", {}, slice, {slice, g});
-    acc->storage->version++;
-    unit_seed.erase({child, n.next[0].input_nr});
-    return true;
-  };
-
-  // Linear nodes whose buffered gradient is already their pre-activation gradient.
-  std::unordered_set<Node*> pre_activation;
-  auto unobserved = [&](Node* c) {
-    return deps[c] == 1 && !buffer.count(c) && c->hooks.empty() && c->retained.empty() && !capture.count({c, 0}) &&
-           !c->graph_freed && c->num_outputs == 1;
-  };
-  // The Linear whose activation gradient n's dgrad GEMM may apply, or null.
-  auto fusable_producer = [&](Node* n) -> Node* {
-    if (req.create_graph || n->op != OpId::Linear || !n->needs_input_grad(0)) return nullptr;
-    Node* c = n->next[0].fn.get();
-    while (c && c->op == OpId::Reshape && unobserved(c)) c = c->next[0].fn.get();
-    if (!c || c->op != OpId::Linear || !unobserved(c) || c->ints.at(0) == 0) return nullptr;
-    Shape produced{c->inputs[0].shape[0], c->inputs[1].shape[0]};  // [rows, out_features]
-    return n->inputs[0].shape == produced ? c : nullptr;
-  };
-
-  // Casts whose buffered gradient is already in their input's dtype: a Linear's GEMMs wrote it in f32
-  // (autocast's f32 -> f16/bf16 casts of parameters and activations), so the cast passes it on.
-  std::unordered_set<Node*> cast_through;
-  // Which of a Linear's inputs (x, W, b) come from such a cast, through reshapes only, with nothing
-  // observing the gradient in between; those casts are appended to *casts.
-  auto wide_inputs = [&](Node* n, std::vector<Node*>* casts) {
-    std::array<bool, 3> wide{};
-    if (req.create_graph || n->op != OpId::Linear) return wide;
-    for (size_t i = 0; i < n->next.size() && i < 3; ++i) {
-      const DType dt = n->inputs[i].dtype;
-      if (!n->next[i].fn || (dt != FLAME_DTYPE_F16 && dt != FLAME_DTYPE_BF16)) continue;
-      Node* c = n->next[i].fn.get();
-      while (c && c->op == OpId::Reshape && unobserved(c)) c = c->next[0].fn.get();
-      if (c && c->op == OpId::Cast && unobserved(c) && c->inputs[0].dtype == FLAME_DTYPE_F32) {
-        wide[i] = true;
-        casts->push_back(c);
-      }
-    }
-    return wide;
-  };
-
-  std::vector<Tensor> results(req.inputs.size());
-  std::vector<std::pair<Tensor, Tensor>> pending;  // (leaf, gradient)
-  std::vector<Node*> ready;
-  for (auto& n : root_nodes)
-    if (deps[n.get()] == 0 && std::find(ready.begin(), ready.end(), n.get()) == ready.end()) ready.push_back(n.get());
-
-  while (!ready.empty()) {
-    Node* n = ready.back();
-    ready.pop_back();
-    std::vector<Tensor> gs = std::move(buffer[n]);
-    buffer.erase(n);
-    bool any = false;
-    for (const Tensor& t : gs) any = any || t;
-    if (any) {
-      if (n->op == OpId::Count) {  // a leaf
-        Tensor g = std::move(gs[0]);
-        Tensor leaf = n->leaf.lock();
-        if (leaf && leaf->autograd) g = run_hooks(leaf->autograd->hooks, g, n->inputs[0]);
-        auto it = capture.find({n, 0});
-        if (it != capture.end())
-          for (size_t j : it->second) results[j] = g;
-        else if (!accumulate && req.other_leaves_error)
-          fail(FLAME_ERROR_UNSUPPORTED, req.other_leaves_error);
-        if (accumulate && leaf) {
-          if (leaf->autograd && !leaf->autograd->post_hooks.empty()) {  // now, as PyTorch: the hooks' work overlaps the walk
-            accumulate_grad(leaf, std::move(g), req.create_graph);
-            run_post_hooks(leaf);
-          } else {
-            pending.emplace_back(leaf, std::move(g));
-          }
-        }
-        continue;
-      }
-      for (uint32_t nr = 0; nr < gs.size(); ++nr) {  // each output's hooks, retained grad, capture
-        if (!gs[nr]) continue;
-        HookList hooks;
-        for (auto& h : n->hooks)
-          if (h.first == nr) hooks.push_back(h.second);
-        if (!hooks.empty()) {
-          unit_seed.erase({n, nr});  // a hook may replace the gradient or edit it in place
-          gs[nr] = run_hooks(hooks, gs[nr], {gs[nr]->shape, gs[nr]->dtype});
-        }
-        for (auto& r : n->retained)
-          if (r.first == nr)
-            if (auto t = r.second.lock()) pending.emplace_back(t, gs[nr]);
-        auto it = capture.find({n, nr});
-        if (it != capture.end())
-          for (size_t j : it->second) results[j] = gs[nr];
-      }
-    }
-    std::vector<Tensor> grads;
-    if (any) {
-      const bool pre = pre_activation.count(n) > 0;
-      Node* producer = n->num_outputs == 1 ? fusable_producer(n) : nullptr;
-      std::vector<Node*> casts;
-      const std::array<bool, 3> wide = n->num_outputs == 1 ? wide_inputs(n, &casts) : std::array<bool, 3>{};
-      if (cast_through.count(n)) {
-        grads = {gs[0]};  // already in the cast's input dtype
-      } else if (pre || producer || !casts.empty()) {
-        Tensor p_dz;
-        grads = linear_backward(*n, gs[0], pre, producer, &p_dz, wide);
-        if (p_dz) {  // the reshapes in between pass no gradient; the producer gets it directly
-          buffer[producer] = {p_dz};
-          unit_seed.erase({producer, 0});
-          pre_activation.insert(producer);
-        }
-        cast_through.insert(casts.begin(), casts.end());
-      } else if (n->op == OpId::ViewSlice && scatter_into_pending(*n, gs[0])) {
-        grads.assign(n->next.size(), nullptr);  // already in the input's buffer
-      } else {
-        grads = n->num_outputs > 1 ? apply_backward_rule_multi(*n, gs)
-                                   : apply_backward_rule(*n, gs[0], unit_seed.count({n, 0}) > 0);
-      }
-      FLAME_CHECK(grads.size() == n->next.size(), FLAME_ERROR_INTERNAL, "backward of ", op_name(n->op), " returned ",
-                  grads.size(), " gradients for ", n->next.size(), " inputs");
-    }
-    if (!req.keep_graph) n->release_saved();
-    for (size_t i = 0; i < n->next.size(); ++i) {
-      Node* child = n->next[i].fn.get();
-      if (!child) continue;
-      if (i < grads.size() && grads[i]) {
-        FLAME_CHECK(grads[i]->shape == n->inputs[i].shape, FLAME_ERROR_INTERNAL, "backward of ", op_name(n->op),
-                    " gave input ", i, " a gradient of shape ", shape_str(grads[i]->shape), " instead of ",
-                    shape_str(n->inputs[i].shape));
-        add_to(child, n->next[i].input_nr, grads[i]);
-      }
-      if (--deps[child] == 0) ready.push_back(child);
-    }
+// A leaf's gradient: its hooks, then flame_grad's result or .grad (now when post-accumulate hooks
+// wait for it, as PyTorch, so that their work overlaps the walk; else after the walk).
+void deliver_to_leaf(WalkState& w, Node* n, Tensor g) {
+  Tensor leaf = n->leaf.lock();
+  if (leaf && leaf->autograd) g = run_hooks(leaf->autograd->hooks, g, n->inputs[0]);
+  auto it = w.capture.find({n, 0});
+  if (it != w.capture.end())
+    for (size_t j : it->second) w.results[j] = g;
+  else if (!w.accumulate && w.req.other_leaves_error)
+    fail(FLAME_ERROR_UNSUPPORTED, w.req.other_leaves_error);
+  if (!w.accumulate || !leaf) return;
+  if (leaf->autograd && !leaf->autograd->post_hooks.empty()) {
+    accumulate_grad(leaf, std::move(g), w.req.create_graph);
+    run_post_hooks(leaf);
+  } else {
+    w.pending.emplace_back(leaf, std::move(g));
   }
+}
 
-  for (size_t j = 0; j < req.inputs.size(); ++j)
-    FLAME_CHECK(results[j] || req.allow_unused, FLAME_ERROR_INVALID_ARGUMENT, "input ", j,
+// What user code sees of a node's output gradients: its hooks (which may replace them), tensors
+// that retain their gradient, flame_grad's captured inputs.
+void observe_outputs(WalkState& w, Node* n, std::vector<Tensor>& gs) {
+  for (uint32_t nr = 0; nr < gs.size(); ++nr) {
+    if (!gs[nr]) continue;
+    HookList hooks;
+    for (auto& h : n->hooks)
+      if (h.first == nr) hooks.push_back(h.second);
+    if (!hooks.empty()) {
+      w.unit_seed.erase({n, nr});  // a hook may replace the gradient or edit it in place
+      gs[nr] = run_hooks(hooks, gs[nr], {gs[nr]->shape, gs[nr]->dtype});
+    }
+    for (auto& r : n->retained)
+      if (r.first == nr)
+        if (auto t = r.second.lock()) w.pending.emplace_back(t, gs[nr]);
+    auto it = w.capture.find({n, nr});
+    if (it != w.capture.end())
+      for (size_t j : it->second) w.results[j] = gs[nr];
+  }
+}
+
+// The gradients of n's inputs: a fusion of the walk's, else n's backward rule.
+std::vector<Tensor> node_backward(WalkState& w, Node* n, const std::vector<Tensor>& gs) {
+  std::vector<Tensor> grads;
+  if (!fused_backward(w, *n, gs, &grads))
+    grads = n->num_outputs > 1 ? apply_backward_rule_multi(*n, gs)
+                               : apply_backward_rule(*n, gs[0], w.unit_seed.count({n, 0}) > 0);
+  FLAME_CHECK(grads.size() == n->next.size(), FLAME_ERROR_INTERNAL, "backward of ", op_name(n->op), " returned ",
+              grads.size(), " gradients for ", n->next.size(), " inputs");
+  return grads;
+}
+
+// Hands n's input gradients to the nodes its edges lead to; a node whose last edge delivered is ready.
+void pass_along(WalkState& w, Node* n, const std::vector<Tensor>& grads) {
+  for (size_t i = 0; i < n->next.size(); ++i) {
+    Node* child = n->next[i].fn.get();
+    if (!child) continue;
+    if (i < grads.size() && grads[i]) {
+      FLAME_CHECK(grads[i]->shape == n->inputs[i].shape, FLAME_ERROR_INTERNAL, "backward of ", op_name(n->op),
+                  " gave input ", i, " a gradient of shape ", shape_str(grads[i]->shape), " instead of ",
+                  shape_str(n->inputs[i].shape));
+      w.add_to(child, n->next[i].input_nr, grads[i]);
+    }
+    if (--w.deps[child] == 0) w.ready.push_back(child);
+  }
+}
+
+// Runs one ready node: its buffered gradients through leaf delivery or observation, backward and
+// pass-along. A node that received no gradient still counts down its children.
+void run_node(WalkState& w, Node* n) {
+  std::vector<Tensor> gs = std::move(w.buffer[n]);
+  w.buffer.erase(n);
+  bool any = false;
+  for (const Tensor& t : gs) any = any || t;
+  std::vector<Tensor> grads;
+  if (any) {
+    if (n->op == OpId::Count) {  // a leaf
+      deliver_to_leaf(w, n, std::move(gs[0]));
+      return;
+    }
+    observe_outputs(w, n, gs);
+    grads = node_backward(w, n, gs);
+  }
+  if (!w.req.keep_graph) n->release_saved();
+  pass_along(w, n, grads);
+}
+
+// After the walk: unused flame_grad inputs, then the other leaves' .grad (none is accumulated if any
+// hook failed during the walk) and their post-accumulate hooks.
+std::vector<Tensor> finish(WalkState& w) {
+  for (size_t j = 0; j < w.req.inputs.size(); ++j)
+    FLAME_CHECK(w.results[j] || w.req.allow_unused, FLAME_ERROR_INVALID_ARGUMENT, "input ", j,
                 " was not used to compute the outputs (pass FLAME_GRAD_ALLOW_UNUSED to get NULL instead)");
-  // The other leaves last: none of them is accumulated if any hook failed during the walk.
-  for (auto& p : pending) accumulate_grad(p.first, std::move(p.second), req.create_graph);  // moved: see accumulate_grad
-  for (auto& p : pending)
+  for (auto& p : w.pending) accumulate_grad(p.first, std::move(p.second), w.req.create_graph);  // moved: see accumulate_grad
+  for (auto& p : w.pending)
     if (!p.first->autograd || !p.first->autograd->grad_fn) run_post_hooks(p.first);
-  if (!req.create_graph)
-    for (auto& r : results)
+  if (!w.req.create_graph)
+    for (auto& r : w.results)
       if (r) r = alias(r);
-  return results;
+  return std::move(w.results);
+}
+
+}  // namespace
+
+void WalkState::add_to(Node* n, uint32_t nr, const Tensor& g) {
+  std::vector<Tensor>& v = buffer[n];
+  if (v.size() <= nr) v.resize(nr + 1);
+  v[nr] = v[nr] ? ops::add(v[nr], g) : g;
+  unit_seed.erase({n, nr});
+}
+
+std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req) {
+  GradMode walk_mode = ctx.mode;
+  walk_mode.grad_enabled = req.create_graph;  // rules record themselves only for higher-order gradients
+  walk_mode.inference = false;
+  walk_mode.backward_accumulates = req.inputs.empty();  // checkpoint rules' inner walks follow it
+  GradModeGuard mode(ctx, walk_mode);
+
+  WalkState w(ctx, req);
+  seed_roots(w);
+  capture_inputs(w);
+  count_dependencies(w);
+  while (!w.ready.empty()) {
+    Node* n = w.ready.back();
+    w.ready.pop_back();
+    run_node(w, n);
+  }
+  return finish(w);
 }
 
 }  // namespace flame

@@ -40,6 +40,27 @@ struct KernelStats {
   uint64_t memory_hits = 0, disk_hits = 0, compiled = 0;
 };
 
+// The autograd mode of a context: what the ops of the calling code record, whether autocast casts
+// their inputs, and how the backward walk in progress treats .grad. The flame_ctx_set_* entry points
+// change it for good; FLAME's own code changes it only for a scope, through GradModeGuard.
+struct GradMode {
+  bool grad_enabled = true;
+  bool inference = false;  // inference mode: tensors made now can never require grad
+  int32_t autocast = -1;   // FLAME_DTYPE_BF16 / F16 while autocast is on, else -1 (api/autocast.h)
+  // Whether the backward walk in progress accumulates into .grad (flame_backward) or returns the
+  // gradients of given inputs (flame_grad): rules that walk a graph of their own (checkpointing) follow it.
+  bool backward_accumulates = true;
+
+  bool recording() const { return grad_enabled && !inference; }
+  // This mode with grad mode set to `enabled`; turning it on also leaves inference mode.
+  GradMode with_grad(bool enabled) const {
+    GradMode m = *this;
+    m.grad_enabled = enabled;
+    if (enabled) m.inference = false;
+    return m;
+  }
+};
+
 class Context : public std::enable_shared_from_this<Context> {
  public:
   static std::shared_ptr<Context> create(const flame_ctx_options_t& opts);
@@ -124,14 +145,9 @@ class Context : public std::enable_shared_from_this<Context> {
     return o;
   }
 
-  // ---- autograd mode ----
-  bool grad_enabled = true;
-  bool inference_mode = false;
-  int32_t autocast = -1;  // FLAME_DTYPE_BF16 / F16 while autocast is on, else -1 (api/autocast.h)
-  bool recording() const { return grad_enabled && !inference_mode; }
-  // Whether the backward walk in progress accumulates into .grad (flame_backward) or returns the
-  // gradients of given inputs (flame_grad): rules that walk a graph of their own (checkpointing) follow it.
-  bool backward_accumulates = true;
+  // ---- autograd mode: one value; scoped changes go through GradModeGuard ----
+  GradMode mode;
+  bool recording() const { return mode.recording(); }
 
   // ---- released tensor handles kept readable so that reuse is detected (see api/handles.cpp) ----
   std::deque<flame_tensor_s*> dead_handles;
@@ -207,6 +223,20 @@ class Context : public std::enable_shared_from_this<Context> {
 // Locks the context and binds it to the thread for the duration of an API call.
 // A call that fails while the context is capturing a graph aborts the capture (capture.cpp): the
 // capture's end then returns that call's status and message and discards the graph.
+// Sets a context's autograd mode for a scope and restores the previous one when the scope ends
+// (also when an exception leaves it).
+class GradModeGuard {
+ public:
+  GradModeGuard(Context& c, const GradMode& m) : c_(c), prev_(c.mode) { c.mode = m; }
+  ~GradModeGuard() { c_.mode = prev_; }
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
+
+ private:
+  Context& c_;
+  GradMode prev_;
+};
+
 class ContextScope {
  public:
   explicit ContextScope(Context& c) : lock_(c.mutex), ctx_(c), uncaught_(std::uncaught_exceptions()) { c.bind(); }

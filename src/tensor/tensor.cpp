@@ -38,7 +38,7 @@ Tensor make_tensor(Context& ctx, const Shape& shape, DType dtype) {
   t->shape = shape;
   t->strides = contiguous_strides(shape);
   t->dtype = dtype;
-  if (ctx.inference_mode) autograd_meta(*t).is_inference = true;  // can never require grad
+  if (ctx.mode.inference) autograd_meta(*t).is_inference = true;  // can never require grad
   return t;
 }
 

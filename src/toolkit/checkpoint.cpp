@@ -16,23 +16,6 @@ struct CheckpointState {
   std::vector<TensorInfo> outputs;   // the geometry of its outputs
 };
 
-// Grad mode (and inference mode off) for a scope.
-class ModeGuard {
- public:
-  ModeGuard(Context& c, bool grad) : c_(c), grad_(c.grad_enabled), inf_(c.inference_mode) {
-    c.grad_enabled = grad;
-    if (grad) c.inference_mode = false;
-  }
-  ~ModeGuard() {
-    c_.grad_enabled = grad_;
-    c_.inference_mode = inf_;
-  }
-
- private:
-  Context& c_;
-  bool grad_, inf_;
-};
-
 // The RNG state set to (seed, offset) for a scope, restored after.
 class RngReplay {
  public:
@@ -107,7 +90,7 @@ std::vector<Tensor> checkpoint(Context& ctx, const std::shared_ptr<CheckpointFn>
   const bool record = ctx.recording();
   std::vector<Tensor> outs;
   {
-    ModeGuard no_grad(ctx, false);
+    GradModeGuard no_grad(ctx, ctx.mode.with_grad(false));
     outs = call(ctx, *fn, inputs, n_outputs, "forward", true);
   }
   if (!record) return outs;
@@ -143,9 +126,9 @@ std::vector<Tensor> checkpoint_backward(Node& n, const std::vector<Tensor>& grad
     if (g && !cp) cp = &g->ctx();
   FLAME_CHECK(cp, FLAME_ERROR_INTERNAL, "checkpoint backward without gradients");
   Context& ctx = *cp;
-  FLAME_CHECK(!ctx.grad_enabled, FLAME_ERROR_UNSUPPORTED,
+  FLAME_CHECK(!ctx.mode.grad_enabled, FLAME_ERROR_UNSUPPORTED,
               "higher-order gradients (create_graph) through a checkpoint are not supported");
-  const bool accumulate = ctx.backward_accumulates;
+  const bool accumulate = ctx.mode.backward_accumulates;
 
   // Detached copies of the inputs, leaves that require grad where the outer graph wants a gradient.
   std::vector<Tensor> det;
@@ -160,7 +143,7 @@ std::vector<Tensor> checkpoint_backward(Node& n, const std::vector<Tensor>& grad
   std::vector<Tensor> outs;
   {
     RngReplay replay(ctx, st.seed, st.offset);  // the same random numbers as the first run
-    ModeGuard grad_on(ctx, true);
+    GradModeGuard grad_on(ctx, ctx.mode.with_grad(true));
     outs = call(ctx, *st.fn, det, static_cast<int32_t>(st.outputs.size()), "backward", false);
   }
   BackwardRequest req;

@@ -9,17 +9,6 @@ namespace flame {
 
 namespace {
 
-// Grad mode off for a scope (merge computes B A without recording it).
-class NoGrad {
- public:
-  explicit NoGrad(Context& c) : c_(c), prev_(c.grad_enabled) { c.grad_enabled = false; }
-  ~NoGrad() { c_.grad_enabled = prev_; }
-
- private:
-  Context& c_;
-  bool prev_;
-};
-
 DType adapter_dtype(DType base) { return base == FLAME_DTYPE_F64 ? FLAME_DTYPE_F64 : FLAME_DTYPE_F32; }
 
 }  // namespace
@@ -43,7 +32,7 @@ Lora::Lora(const Tensor& weight, const Tensor& bias, int64_t rank, double alpha)
   FLAME_CHECK(std::isfinite(alpha), FLAME_ERROR_INVALID_ARGUMENT, "alpha must be finite, got ", alpha);
   scale_ = alpha / static_cast<double>(rank);
   Context& c = weight->ctx();
-  NoGrad off(c);
+  GradModeGuard off(c, c.mode.with_grad(false));  // the adapters' init is not recorded
   const DType ad = adapter_dtype(weight->dtype);
   // Kaiming-uniform with a = sqrt(5) (torch.nn.Linear's and peft's init of A): U(-1/sqrt(in), 1/sqrt(in)).
   const double bound = 1.0 / std::sqrt(static_cast<double>(in));
@@ -67,7 +56,7 @@ Tensor Lora::forward(const Tensor& x) {
 
 void Lora::merge() {
   FLAME_CHECK(!merged(), FLAME_ERROR_INVALID_ARGUMENT, "the adapter is merged already");
-  NoGrad off(ctx());
+  GradModeGuard off(ctx(), ctx().mode.with_grad(false));  // B A is not recorded
   Tensor original = ops::clone(alias(w_));
   Tensor delta = ops::mul_scalar(ops::mm(alias(b_), alias(a_)), scale_);  // [out, in] in the adapters' dtype
   Tensor merged = ops::add(ops::to_dtype(alias(w_), delta->dtype), delta);
