@@ -142,8 +142,8 @@ typedef struct flame_hook_s* flame_hook_t;     /* a registered gradient hook */
 /* Levels of the library's messages (flame_ctx_options_t.log_fn, $FLAME_LOG). The library logs
  * little: INFO once per context when it starts compiling kernels (the kernel cache is cold: the
  * first run on a machine, a new GPU architecture or library version; this can take minutes), DEBUG
- * each compiled kernel with its time and count, WARNING a kernel cache directory that cannot be
- * written. */
+ * each compiled kernel with its time and count and why cuDNN refused an attention shape (INFO with
+ * $FLAME_CUDNN_LOG=1), WARNING a kernel cache directory that cannot be written. */
 typedef enum flame_log_level_t {
   FLAME_LOG_DEBUG = 1,
   FLAME_LOG_INFO = 2,
