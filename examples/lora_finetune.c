@@ -44,10 +44,10 @@
 #include <time.h>
 
 #define EXAMPLE_NAME "lora_finetune" /* example_scope.h: the prefix of error messages */
-#include "example_args.h" /* the options table: --help, --version, errors naming the option */
 #include "flame.h"
 #include "example_scope.h" /* DO(), scope: intermediates released together */
 #include "gpt_model.h"     /* the model, its forward pass (with adapters), loss and validation */
+#include "example_args.h" /* the options table: --help, --version, errors naming the option */
 
 #define EXIT_NO_GPU 2
 #define PI 3.14159265358979323846

@@ -54,11 +54,11 @@
 #include <time.h>
 
 #define EXAMPLE_NAME "train_diffusion" /* example_scope.h: the prefix of error messages */
-#include "example_args.h" /* the options table: --help, --version, errors naming the option */
 #include "flame.h"
 #include "example_scope.h" /* DO(), scope: intermediates released together */
 #include "png_tiny.h"      /* png_write_rgb, png_check */
 #include "shapes_data.h"   /* draw_batch, IMG */
+#include "example_args.h" /* the options table: --help, --version, errors naming the option */
 
 #define EXIT_NO_GPU 2
 #define PI 3.14159265358979323846
