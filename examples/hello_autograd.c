@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "example_args.h" /* --help, --version, errors naming the option */
 #include "flame.h"
 
 #define EXIT_NO_GPU 2
@@ -73,7 +74,10 @@ done:
   return st;
 }
 
-int main(void) {
+int main(int argc, char** argv) {
+  const example_cli cli = {"hello_autograd", "Computes a gradient on the GPU and clips it with a tensor hook; takes no options.",
+                           NULL, 0, "Exit status: 0 success, 1 a FLAME call failed or a bad option, 2 no GPU."};
+  const int args_rc = example_parse_args(&cli, argc, argv);
   int status = 1;
   flame_ctx_t ctx = NULL;
   flame_tensor_t x = NULL;
@@ -85,6 +89,7 @@ int main(void) {
   char device[128];
   flame_status_t st;
 
+  if (args_rc != EXAMPLE_ARGS_RUN) return args_rc;
   printf("FLAME %s (ABI %d)\n", flame_version_string(), (int)flame_abi_version());
 
   st = flame_ctx_create(NULL, &ctx);

@@ -47,6 +47,7 @@
 #include "flame.h"
 #include "example_scope.h" /* DO(), scope: intermediates released together */
 #include "gpt_model.h"     /* the model, its forward pass (with adapters), loss and validation */
+#include "example_args.h" /* the options table: --help, --version, errors naming the option */
 
 #define EXIT_NO_GPU 2
 #define PI 3.14159265358979323846
@@ -199,32 +200,29 @@ static double schedule(const config* c, int step) {
   return c->lr * (0.1 + 0.9 * 0.5 * (1.0 + cos(PI * p)));
 }
 
+/* EXAMPLE_ARGS_RUN to train, else the exit status (example_args.h). */
 static int parse_args(int argc, char** argv, config* c) {
-  for (int i = 1; i < argc; ++i) {
-    const char* a = argv[i];
-    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!v) goto usage;
-    if (!strcmp(a, "--base")) c->base = v;
-    else if (!strcmp(a, "--text")) c->text = v;
-    else if (!strcmp(a, "--out")) c->out = v;
-    else if (!strcmp(a, "--steps")) c->steps = atoi(v);
-    else if (!strcmp(a, "--batch")) c->batch = atoi(v);
-    else if (!strcmp(a, "--rank")) c->rank = atoi(v);
-    else if (!strcmp(a, "--alpha")) c->alpha = atof(v);
-    else if (!strcmp(a, "--lr")) c->lr = atof(v);
-    else if (!strcmp(a, "--seed")) c->seed = strtoull(v, NULL, 10);
-    else if (!strcmp(a, "--log")) c->log_every = atoi(v);
-    else if (!strcmp(a, "--target-factor")) c->target_factor = atof(v);
-    else goto usage;
-    ++i;
-  }
-  if (c->base && c->text && c->steps > 0 && c->batch > 0 && c->rank > 0 && c->lr > 0 && c->log_every > 0 && c->target_factor > 0)
-    return 1;
-usage:
-  fprintf(stderr,
-          "usage: lora_finetune --base FILE (from train_gpt --save) [--text PATH] [--steps N] [--batch B] [--rank R]\n"
-          "                     [--alpha A] [--lr LR] [--seed S] [--log K] [--out FILE] [--target-factor F]\n");
-  return 0;
+  const example_arg args[] = {
+      {"--base", ARG_STRING, &c->base, "FILE", "the base model, saved by train_gpt --save (required)", 0, 0, NULL},
+      {"--text", ARG_STRING, &c->text, "PATH", "text to fine-tune on", 0, 0,
+       c->text ? NULL : "none: required in a build outside the project"},
+      {"--steps", ARG_INT, &c->steps, "N", "training steps", 1, 0, NULL},
+      {"--batch", ARG_INT, &c->batch, "B", "sequences per step", 1, 0, NULL},
+      {"--rank", ARG_INT, &c->rank, "R", "rank of the LoRA adapters", 1, 0, NULL},
+      {"--alpha", ARG_DOUBLE, &c->alpha, "A", "LoRA scale numerator (the adapters are scaled by A / R)", 0, 0, NULL},
+      {"--lr", ARG_POSITIVE_DOUBLE, &c->lr, "LR", "peak learning rate of AdamW", 0, 0, NULL},
+      {"--seed", ARG_U64, &c->seed, "S", "seed of the batches, the adapters and the context's generator", 0, 0, NULL},
+      {"--log", ARG_INT, &c->log_every, "K", "print progress every K steps", 1, 0, NULL},
+      {"--out", ARG_STRING, &c->out, "FILE", "where the adapters are saved (safetensors)", 0, 0, NULL},
+      {"--target-factor", ARG_POSITIVE_DOUBLE, &c->target_factor, "F",
+       "the training loss after fine-tuning must be at most F x the base model's", 0, 0, NULL}};
+  const example_cli cli = {"lora_finetune", "Fine-tunes a train_gpt model on new text with LoRA adapters and saves only the adapters.",
+                           args, (int)(sizeof args / sizeof args[0]),
+                           "Exit status: 0 target reached, 1 a FLAME error, a missed target or a bad option, 2 no GPU."};
+  int rc = example_parse_args(&cli, argc, argv);
+  if (rc == EXAMPLE_ARGS_RUN && !c->base) rc = example_arg_fail(&cli, "--base", "required (a model saved by train_gpt --save)");
+  if (rc == EXAMPLE_ARGS_RUN && !c->text) rc = example_arg_fail(&cli, "--text", "required in a build outside the project");
+  return rc;
 }
 
 static long file_size(const char* path) {
@@ -250,7 +248,8 @@ int main(int argc, char** argv) {
   int na = 0;
   memset(&m, 0, sizeof m);
   memset(&fresh, 0, sizeof fresh);
-  if (!parse_args(argc, argv, &cfg)) return 1;
+  int args_rc = parse_args(argc, argv, &cfg);
+  if (args_rc != EXAMPLE_ARGS_RUN) return args_rc;
 
   flame_ctx_options_t o;
   flame_ctx_options_init(&o);

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "example_args.h" /* the options table: --help, --version, errors naming the option */
 #include "flame.h"
 #include "shapes_data.h" /* the data set: draw_batch, IMG, CLASSES */
 
@@ -173,25 +174,22 @@ static double schedule(const config* c, int step) {
   return c->lr * (0.01 + 0.99 * 0.5 * (1.0 + cos(PI * p)));
 }
 
+/* EXAMPLE_ARGS_RUN to train, else the exit status (example_args.h). */
 static int parse_args(int argc, char** argv, config* c) {
-  for (int i = 1; i < argc; ++i) {
-    const char* a = argv[i];
-    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!v) goto usage;
-    if (!strcmp(a, "--steps")) c->steps = atoi(v);
-    else if (!strcmp(a, "--batch")) c->batch = atoi(v);
-    else if (!strcmp(a, "--width")) c->width = atoi(v);
-    else if (!strcmp(a, "--lr")) c->lr = atof(v);
-    else if (!strcmp(a, "--seed")) c->seed = strtoull(v, NULL, 10);
-    else if (!strcmp(a, "--log")) c->log_every = atoi(v);
-    else if (!strcmp(a, "--target")) c->target = atof(v);
-    else goto usage;
-    ++i;
-  }
-  if (c->steps > 0 && c->batch > 0 && c->width >= 8 && c->width % 8 == 0 && c->log_every > 0 && c->lr > 0) return 1;
-usage:
-  fprintf(stderr, "usage: train_cnn [--steps N] [--batch B] [--width C (a multiple of 8)] [--lr LR] [--seed S] [--log K] [--target A]\n");
-  return 0;
+  const example_arg args[] = {
+      {"--steps", ARG_INT, &c->steps, "N", "training steps (a fresh batch each)", 1, 0, NULL},
+      {"--batch", ARG_INT, &c->batch, "B", "images per step", 1, 0, NULL},
+      {"--width", ARG_INT, &c->width, "C", "channels of the first block (a multiple of 8)", 8, 0, NULL},
+      {"--lr", ARG_POSITIVE_DOUBLE, &c->lr, "LR", "peak learning rate of AdamW", 0, 0, NULL},
+      {"--seed", ARG_U64, &c->seed, "S", "seed of the data and of the context's generator", 0, 0, NULL},
+      {"--log", ARG_INT, &c->log_every, "K", "print progress every K steps", 1, 0, NULL},
+      {"--target", ARG_DOUBLE, &c->target, "A", "held-out accuracy needed for exit status 0", 0, 0, NULL}};
+  const example_cli cli = {"train_cnn", "Trains a small CNN on drawn circles, squares and triangles and checks its held-out accuracy.",
+                           args, (int)(sizeof args / sizeof args[0]),
+                           "Exit status: 0 accuracy reached, 1 a FLAME error, a missed target or a bad option, 2 no GPU."};
+  int rc = example_parse_args(&cli, argc, argv);
+  if (rc == EXAMPLE_ARGS_RUN && c->width % 8) rc = example_arg_fail(&cli, "--width", "expected a multiple of 8, got %d", c->width);
+  return rc;
 }
 
 /* Uploads n images and labels. */
@@ -213,7 +211,8 @@ int main(int argc, char** argv) {
   int64_t* labels = NULL;
   double acc = 0;
   memset(&m, 0, sizeof m);
-  if (!parse_args(argc, argv, &cfg)) return 1;
+  int args_rc = parse_args(argc, argv, &cfg);
+  if (args_rc != EXAMPLE_ARGS_RUN) return args_rc;
 
   flame_ctx_options_t o;
   flame_ctx_options_init(&o);

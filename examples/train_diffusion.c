@@ -58,6 +58,7 @@
 #include "example_scope.h" /* DO(), scope: intermediates released together */
 #include "png_tiny.h"      /* png_write_rgb, png_check */
 #include "shapes_data.h"   /* draw_batch, IMG */
+#include "example_args.h" /* the options table: --help, --version, errors naming the option */
 
 #define EXIT_NO_GPU 2
 #define PI 3.14159265358979323846
@@ -432,37 +433,30 @@ static double schedule(const config* c, int step) {
   return c->lr * (0.01 + 0.99 * 0.5 * (1.0 + cos(PI * p)));
 }
 
-static int parse_args(int argc, char** argv, config* c) {
-  for (int i = 1; i < argc; ++i) {
-    const char* a = argv[i];
-    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!v) goto usage;
-    if (!strcmp(a, "--steps")) c->steps = atoi(v);
-    else if (!strcmp(a, "--batch")) c->batch = atoi(v);
-    else if (!strcmp(a, "--width")) c->width = atoi(v);
-    else if (!strcmp(a, "--lr")) c->lr = atof(v);
-    else if (!strcmp(a, "--ema")) c->ema = atof(v);
-    else if (!strcmp(a, "--seed")) c->seed = strtoull(v, NULL, 10);
-    else if (!strcmp(a, "--log")) c->log_every = atoi(v);
-    else if (!strcmp(a, "--png-every")) c->png_every = atoi(v);
-    else if (!strcmp(a, "--sample-steps")) c->sample_steps = atoi(v);
-    else if (!strcmp(a, "--eval")) c->eval = atoi(v);
-    else if (!strcmp(a, "--out")) c->out = v;
-    else if (!strcmp(a, "--target")) c->target = atof(v);
-    else if (!strcmp(a, "--loss-factor")) c->loss_factor = atof(v);
-    else goto usage;
-    ++i;
-  }
-  if (c->steps > 0 && c->batch > 0 && c->width >= 8 && c->width % 8 == 0 && c->lr > 0 && c->ema >= 0 && c->ema < 1 &&
-      c->log_every > 0 && c->png_every > 0 && c->sample_steps > 0 && c->eval >= 16 && c->loss_factor > 0)
-    return 1;
-usage:
-  fprintf(stderr,
-          "usage: train_diffusion [--steps N] [--batch B] [--width C (a multiple of 8)] [--lr LR] [--ema D (in [0, 1))]\n"
-          "                       [--seed S] [--log K] [--png-every K] [--sample-steps K] [--eval N (>= 16)]\n"
-          "                       [--out PREFIX] [--target F] [--loss-factor F]\n"
-          "       train_diffusion --verify-png FILE\n");
-  return 0;
+/* EXAMPLE_ARGS_RUN to train, else the exit status (example_args.h). *verify: --verify-png's FILE. */
+static int parse_args(int argc, char** argv, config* c, const char** verify) {
+  const example_arg args[] = {
+      {"--steps", ARG_INT, &c->steps, "N", "training steps", 1, 0, NULL},
+      {"--batch", ARG_INT, &c->batch, "B", "images per step", 1, 0, NULL},
+      {"--width", ARG_INT, &c->width, "C", "channels of the first level (a multiple of 8)", 8, 0, NULL},
+      {"--lr", ARG_POSITIVE_DOUBLE, &c->lr, "LR", "peak learning rate of AdamW", 0, 0, NULL},
+      {"--ema", ARG_FRACTION, &c->ema, "D", "decay of the parameters' moving average, in [0, 1)", 0, 0, NULL},
+      {"--seed", ARG_U64, &c->seed, "S", "seed of the data, the noise and the context's generator", 0, 0, NULL},
+      {"--log", ARG_INT, &c->log_every, "K", "print progress every K steps", 1, 0, NULL},
+      {"--png-every", ARG_INT, &c->png_every, "K", "write a PNG grid of samples every K steps", 1, 0, NULL},
+      {"--sample-steps", ARG_INT, &c->sample_steps, "K", "denoising steps of the sampler", 1, 0, NULL},
+      {"--eval", ARG_INT, &c->eval, "N", "samples drawn for the final check (>= 16)", 16, 0, NULL},
+      {"--out", ARG_STRING, &c->out, "PREFIX", "prefix of the PNG files", 0, 0, NULL},
+      {"--target", ARG_DOUBLE, &c->target, "F", "fraction of the --eval samples that must pass the shape test", 0, 0, NULL},
+      {"--loss-factor", ARG_POSITIVE_DOUBLE, &c->loss_factor, "F", "the mean loss of the last --log steps must be at most F x the first step's", 0, 0, NULL},
+      {"--verify-png", ARG_STRING, verify, "FILE", "only check that FILE reads back as an 8-bit RGB PNG, then exit", 0, 0, NULL}};
+  const example_cli cli = {"train_diffusion", "Trains a small diffusion model on drawn shapes, samples from it and writes PNG grids.",
+                           args, (int)(sizeof args / sizeof args[0]),
+                           "Exit status: 0 targets reached (--verify-png: the file checks out), 1 a FLAME error, a missed\n"
+                           "target or a bad option, 2 no GPU."};
+  int rc = example_parse_args(&cli, argc, argv);
+  if (rc == EXAMPLE_ARGS_RUN && c->width % 8) rc = example_arg_fail(&cli, "--width", "expected a multiple of 8, got %d", c->width);
+  return rc;
 }
 
 /* --verify-png FILE: 0 when FILE reads back as an 8-bit RGB PNG, 1 otherwise. */
@@ -490,8 +484,10 @@ int main(int argc, char** argv) {
   char path[4096];
   memset(&m, 0, sizeof m);
   memset(&ema, 0, sizeof ema);
-  if (argc == 3 && !strcmp(argv[1], "--verify-png")) return verify_png(argv[2]);
-  if (!parse_args(argc, argv, &cfg)) return 1;
+  const char* verify = NULL;
+  int args_rc = parse_args(argc, argv, &cfg, &verify);
+  if (args_rc != EXAMPLE_ARGS_RUN) return args_rc;
+  if (verify) return verify_png(verify);
 
   flame_ctx_options_t o;
   flame_ctx_options_init(&o);

@@ -49,6 +49,7 @@
 #include "flame.h"
 #include "example_scope.h" /* DO(), scope: intermediates released together */
 #include "gpt_model.h"    /* the model, its forward pass, loss and validation, the text batches */
+#include "example_args.h" /* the options table: --help, --version, errors naming the option */
 
 #define EXIT_NO_GPU 2
 #define PI 3.14159265358979323846
@@ -156,48 +157,36 @@ static double schedule(const config* c, int step) {
   return c->lr * (0.1 + 0.9 * 0.5 * (1.0 + cos(PI * p)));
 }
 
+/* EXAMPLE_ARGS_RUN to train, else the exit status (example_args.h). */
 static int parse_args(int argc, char** argv, config* c) {
-  for (int i = 1; i < argc; ++i) {
-    const char* a = argv[i];
-    if (!strcmp(a, "--bf16")) {
-      c->bf16 = 1;
-      continue;
-    }
-    if (!strcmp(a, "--autocast")) {
-      c->autocast = 1;
-      continue;
-    }
-    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!v) goto usage;
-    if (!strcmp(a, "--text")) c->text = v;
-    else if (!strcmp(a, "--steps")) c->steps = atoi(v);
-    else if (!strcmp(a, "--batch")) c->batch = atoi(v);
-    else if (!strcmp(a, "--block")) c->block = atoi(v);
-    else if (!strcmp(a, "--dim")) c->dim = atoi(v);
-    else if (!strcmp(a, "--heads")) c->heads = atoi(v);
-    else if (!strcmp(a, "--layers")) c->layers = atoi(v);
-    else if (!strcmp(a, "--lr")) c->lr = atof(v);
-    else if (!strcmp(a, "--seed")) c->seed = strtoull(v, NULL, 10);
-    else if (!strcmp(a, "--log")) c->log_every = atoi(v);
-    else if (!strcmp(a, "--sample")) c->sample_every = atoi(v);
-    else if (!strcmp(a, "--save")) c->save = v;
-    else if (!strcmp(a, "--resume")) c->resume = v;
-    else if (!strcmp(a, "--target-loss")) c->target_loss = atof(v);
-    else if (!strcmp(a, "--gpus")) c->gpus = atoi(v);
-    else goto usage;
-    ++i;
-  }
-  if (c->steps > 0 && c->batch > 0 && c->block > 1 && c->heads > 0 && c->dim % c->heads == 0 && c->layers > 0 &&
-      c->layers <= MAX_LAYERS && c->log_every > 0 && c->sample_every > 0 && c->lr > 0 && c->gpus >= 1 &&
-      c->gpus <= MAX_GPUS && !(c->bf16 && c->autocast))
-    return 1;
-usage:
-  fprintf(stderr,
-          "usage: train_gpt [--text PATH] [--steps N] [--batch B] [--block T] [--dim D] [--heads H (dividing D)]\n"
-          "                 [--layers L (<= %d)] [--lr LR] [--seed S] [--log K] [--sample K] [--bf16 | --autocast]\n"
-          "                 [--save PATH] [--resume PATH] [--target-loss X] [--gpus N (<= %d)]\n",
-          MAX_LAYERS, MAX_GPUS);
-  return 0;
+  const example_arg args[] = {
+      {"--text", ARG_STRING, &c->text, "PATH", "text to train on (the last 10% is held out)", 0, 0, NULL},
+      {"--steps", ARG_INT, &c->steps, "N", "training steps", 1, 0, NULL},
+      {"--batch", ARG_INT, &c->batch, "B", "sequences per step (per GPU with --gpus)", 1, 0, NULL},
+      {"--block", ARG_INT, &c->block, "T", "sequence length in bytes", 2, 0, NULL},
+      {"--dim", ARG_INT, &c->dim, "D", "model width", 1, 0, NULL},
+      {"--heads", ARG_INT, &c->heads, "H", "attention heads (dividing D)", 1, 0, NULL},
+      {"--layers", ARG_INT, &c->layers, "L", "transformer blocks", 1, MAX_LAYERS, NULL},
+      {"--lr", ARG_POSITIVE_DOUBLE, &c->lr, "LR", "peak learning rate of AdamW", 0, 0, NULL},
+      {"--seed", ARG_U64, &c->seed, "S", "seed of the batches, the initial weights and the context's generator", 0, 0, NULL},
+      {"--log", ARG_INT, &c->log_every, "K", "print progress and the validation loss every K steps", 1, 0, NULL},
+      {"--sample", ARG_INT, &c->sample_every, "K", "print a sample of generated text every K steps", 1, 0, NULL},
+      {"--bf16", ARG_FLAG, &c->bf16, NULL, "bf16 parameters, f32 master weights in the optimizer", 0, 0, NULL},
+      {"--autocast", ARG_FLAG, &c->autocast, NULL, "f32 parameters, matrix products and attention in bf16", 0, 0, NULL},
+      {"--save", ARG_STRING, &c->save, "PATH", "write the parameters (safetensors) and PATH.opt at the end", 0, 0, NULL},
+      {"--resume", ARG_STRING, &c->resume, "PATH", "continue from a --save pair", 0, 0, NULL},
+      {"--target-loss", ARG_DOUBLE, &c->target_loss, "X", "final training loss (nats) needed for exit status 0", 0, 0, NULL},
+      {"--gpus", ARG_INT, &c->gpus, "N", "train data-parallel on N GPUs of this machine", 1, MAX_GPUS, NULL}};
+  const example_cli cli = {"train_gpt", "Trains a character-level GPT on a text file and prints samples of generated text.",
+                           args, (int)(sizeof args / sizeof args[0]),
+                           "Exit status: 0 target loss reached, 1 a FLAME error, a missed target or a bad option, 2 no GPU\n"
+                           "(or, with --gpus N, fewer than N GPUs or no NCCL)."};
+  int rc = example_parse_args(&cli, argc, argv);
+  if (rc == EXAMPLE_ARGS_RUN && c->dim % c->heads)
+    rc = example_arg_fail(&cli, "--heads", "expected a divisor of --dim (%d), got %d", c->dim, c->heads);
+  if (rc == EXAMPLE_ARGS_RUN && c->bf16 && c->autocast)
+    rc = example_arg_fail(&cli, "--autocast", "cannot be combined with --bf16 (choose one precision)");
+  return rc;
 }
 
 /* Writes the parameters to path and the optimizer state to path.opt. */
@@ -457,7 +446,8 @@ int main(int argc, char** argv) {
   int status = 1, started = 0;
   memset(&sh, 0, sizeof sh);
   memset(ranks, 0, sizeof ranks);
-  if (!parse_args(argc, argv, &cfg)) return 1;
+  int args_rc = parse_args(argc, argv, &cfg);
+  if (args_rc != EXAMPLE_ARGS_RUN) return args_rc;
   const int world = cfg.gpus;
 
   if (world > 1) {

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "example_args.h" /* the options table: --help, --version, errors naming the option */
 #include "flame.h"
 
 #define EXIT_NO_GPU 2
@@ -151,25 +152,20 @@ static double schedule(const config* c, int step) {
   return c->lr * (0.01 + 0.99 * 0.5 * (1.0 + cos(PI * p)));
 }
 
+/* EXAMPLE_ARGS_RUN to train, else the exit status (example_args.h). */
 static int parse_args(int argc, char** argv, config* c) {
-  for (int i = 1; i < argc; ++i) {
-    const char* a = argv[i];
-    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!v) goto usage;
-    if (!strcmp(a, "--steps")) c->steps = atoi(v);
-    else if (!strcmp(a, "--hidden")) c->hidden = atoi(v);
-    else if (!strcmp(a, "--points")) c->points = atoi(v);
-    else if (!strcmp(a, "--lr")) c->lr = atof(v);
-    else if (!strcmp(a, "--seed")) c->seed = strtoull(v, NULL, 10);
-    else if (!strcmp(a, "--log")) c->log_every = atoi(v);
-    else if (!strcmp(a, "--target")) c->target = atof(v);
-    else goto usage;
-    ++i;
-  }
-  if (c->steps > 0 && c->hidden > 0 && c->points >= 2 && c->log_every > 0 && c->lr > 0) return 1;
-usage:
-  fprintf(stderr, "usage: train_mlp [--steps N] [--hidden H] [--points P] [--lr LR] [--seed S] [--log K] [--target A]\n");
-  return 0;
+  const example_arg args[] = {
+      {"--steps", ARG_INT, &c->steps, "N", "training steps (full batch)", 1, 0, NULL},
+      {"--hidden", ARG_INT, &c->hidden, "H", "width of the two hidden layers", 1, 0, NULL},
+      {"--points", ARG_INT, &c->points, "P", "points in the training set and in the test set", 2, 0, NULL},
+      {"--lr", ARG_POSITIVE_DOUBLE, &c->lr, "LR", "peak learning rate of AdamW", 0, 0, NULL},
+      {"--seed", ARG_U64, &c->seed, "S", "seed of the data and of the context's generator", 0, 0, NULL},
+      {"--log", ARG_INT, &c->log_every, "K", "print progress every K steps", 1, 0, NULL},
+      {"--target", ARG_DOUBLE, &c->target, "A", "held-out accuracy needed for exit status 0", 0, 0, NULL}};
+  const example_cli cli = {"train_mlp", "Trains an MLP on two interleaved spirals (AdamW) and checks its held-out accuracy.",
+                           args, (int)(sizeof args / sizeof args[0]),
+                           "Exit status: 0 accuracy reached, 1 a FLAME error, a missed target or a bad option, 2 no GPU."};
+  return example_parse_args(&cli, argc, argv);
 }
 
 int main(int argc, char** argv) {
@@ -183,7 +179,8 @@ int main(int argc, char** argv) {
   int64_t* lab = NULL;
   double acc = 0;
   memset(&m, 0, sizeof m);
-  if (!parse_args(argc, argv, &cfg)) return 1;
+  int args_rc = parse_args(argc, argv, &cfg);
+  if (args_rc != EXAMPLE_ARGS_RUN) return args_rc;
 
   flame_ctx_options_t o;
   flame_ctx_options_init(&o);

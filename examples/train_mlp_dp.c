@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "example_args.h" /* the options table: --help, --version, errors naming the option */
 #include "flame.h"
 
 #define EXIT_NO_GPU 2
@@ -208,6 +209,23 @@ cleanup:
   return NULL;
 }
 
+/* EXAMPLE_ARGS_RUN to train, else the exit status (example_args.h). */
+static int parse_args(int argc, char** argv, shared* s) {
+  const example_arg args[] = {
+      {"--gpus", ARG_INT, &s->world, "N", "GPUs to train on (one thread and context each)", 1, MAX_GPUS, "2, or 1 with one GPU"},
+      {"--steps", ARG_INT, &s->steps, "S", "training steps", 1, 0, NULL},
+      {"--batch", ARG_INT, &s->batch, "B", "rows per GPU and step, even (two micro-steps of B / 2)", 2, 0, NULL},
+      {"--hidden", ARG_INT, &s->hidden, "H", "width of the hidden layer", 1, 0, NULL},
+      {"--log", ARG_INT, &s->log_every, "K", "print the loss every K steps", 1, 0, NULL}};
+  const example_cli cli = {"train_mlp_dp", "Trains an MLP data-parallel on the GPUs of this machine (NCCL) and checks that the ranks agree.",
+                           args, (int)(sizeof args / sizeof args[0]),
+                           "Exit status: 0 the ranks agree and the loss halved, 1 a FLAME error, a failed check or a bad\n"
+                           "option, 2 no GPU, driver or NCCL."};
+  int rc = example_parse_args(&cli, argc, argv);
+  if (rc == EXAMPLE_ARGS_RUN && s->batch % 2) rc = example_arg_fail(&cli, "--batch", "expected an even number, got %d", s->batch);
+  return rc;
+}
+
 int main(int argc, char** argv) {
   shared s;
   rank_state ranks[MAX_GPUS];
@@ -222,25 +240,9 @@ int main(int argc, char** argv) {
   s.batch = 64;
   s.hidden = 64;
   s.log_every = 50;
-  for (i = 1; i < argc; i += 2) {
-    if (!strcmp(argv[i], "--help") || i + 1 >= argc) {
-      fprintf(stderr, "usage: %s [--gpus N] [--steps S] [--batch B] [--hidden H] [--log K]\n", argv[0]);
-      return strcmp(argv[i], "--help") ? 1 : 0;
-    }
-    if (!strcmp(argv[i], "--gpus")) s.world = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--steps")) s.steps = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--batch")) s.batch = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--hidden")) s.hidden = atoi(argv[i + 1]);
-    else if (!strcmp(argv[i], "--log")) s.log_every = atoi(argv[i + 1]);
-    else {
-      fprintf(stderr, "usage: %s [--gpus N] [--steps S] [--batch B] [--hidden H] [--log K]\n", argv[0]);
-      return 1;
-    }
-  }
-  if (s.steps < 1 || s.batch < 2 || s.batch % 2 || s.hidden < 1 || s.log_every < 1) {
-    fprintf(stderr, "train_mlp_dp: steps >= 1, an even batch >= 2, hidden >= 1, log >= 1\n");
-    return 1;
-  }
+  rc = parse_args(argc, argv, &s);
+  if (rc != EXAMPLE_ARGS_RUN) return rc;
+  rc = 1;
   st = flame_device_count(&count);
   if (st != FLAME_OK || count < 1) {
     fprintf(stderr, "train_mlp_dp: no GPU: %s\n", st != FLAME_OK ? flame_last_error_message() : "no device");

@@ -139,6 +139,26 @@ typedef struct flame_hook_s* flame_hook_t;     /* a registered gradient hook */
 
 /* ============================== Context ============================== */
 
+/* Levels of the library's messages (flame_ctx_options_t.log_fn, $FLAME_LOG). The library logs
+ * little: INFO once per context when it starts compiling kernels (the kernel cache is cold: the
+ * first run on a machine, a new GPU architecture or library version; this can take minutes), DEBUG
+ * each compiled kernel with its time and count and why cuDNN refused an attention shape (INFO with
+ * $FLAME_CUDNN_LOG=1), WARNING a kernel cache directory that cannot be written. */
+typedef enum flame_log_level_t {
+  FLAME_LOG_DEBUG = 1,
+  FLAME_LOG_INFO = 2,
+  FLAME_LOG_WARNING = 3,
+  FLAME_LOG_OFF = 4     /* as a threshold only: no messages */
+} flame_log_level_t;
+
+/* Receives one message of a context: level is a flame_log_level_t, message one line without a
+ * trailing newline, owned by the library and valid only during the call. Called on the thread whose
+ * FLAME call produced the message, while that call holds its context's lock: the messages of one
+ * context never overlap, those of different contexts may come concurrently from several threads.
+ * The callback must return normally (no longjmp; a C++ exception thrown from it is caught and
+ * dropped) and must not call FLAME functions that take a context or a tensor. */
+typedef void (*flame_log_fn)(void* user_data, int32_t level, const char* message);
+
 /* Options for flame_ctx_create. Fill with flame_ctx_options_init, then change fields. The struct
  * may grow at its end; the library reads only struct_size bytes of it. */
 typedef struct flame_ctx_options_t {
@@ -154,6 +174,14 @@ typedef struct flame_ctx_options_t {
                                    top candidate algorithms (one synchronisation) and keeps the
                                    fastest, so two contexts may pick different ones; 1: always the
                                    heuristic's first choice (the same algorithm in every run) */
+  flame_log_fn log_fn;          /* NULL (default): messages go to stderr as "flame: <message>"
+                                   ("flame: warning: <message>" for warnings) */
+  void* log_user_data;          /* passed to log_fn; borrowed, must stay valid while the context
+                                   lives (until its last tensor is released) */
+  int32_t log_level;            /* the least level delivered, a flame_log_level_t; 0 (default):
+                                   $FLAME_LOG (debug, info, warning or off), else FLAME_LOG_INFO,
+                                   so a cold kernel cache prints one line. Other values:
+                                   FLAME_ERROR_INVALID_ARGUMENT */
 } flame_ctx_options_t;
 
 /* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
@@ -162,7 +190,8 @@ FLAME_API flame_status_t flame_ctx_options_init(flame_ctx_options_t* opts);
 /* Creates a context on a device. opts may be NULL (defaults). OUT *ctx: a new context, destroy it
  * with flame_ctx_destroy. Loads the CUDA driver (libcuda.so.1) on first use.
  * Errors: FLAME_ERROR_NO_DRIVER (no libcuda.so.1 or no usable driver), FLAME_ERROR_NO_DEVICE
- * (ordinal out of range, or no GPU), FLAME_ERROR_INVALID_ARGUMENT (bad struct_size), FLAME_ERROR_CUDA. */
+ * (ordinal out of range, or no GPU), FLAME_ERROR_INVALID_ARGUMENT (bad struct_size or log_level),
+ * FLAME_ERROR_CUDA. */
 FLAME_API flame_status_t flame_ctx_create(const flame_ctx_options_t* opts, flame_ctx_t* ctx);
 
 /* Drops the caller's reference to ctx (see Lifetime above). NULL is a no-op. */

@@ -41,6 +41,14 @@ namespace Flame.Interop
         FLAME_DTYPE_BOOL = 7,
     }
 
+    public enum flame_log_level_t : int
+    {
+        FLAME_LOG_DEBUG = 1,
+        FLAME_LOG_INFO = 2,
+        FLAME_LOG_WARNING = 3,
+        FLAME_LOG_OFF = 4,
+    }
+
     public enum flame_activation_t : int
     {
         FLAME_ACTIVATION_NONE = 0,
@@ -88,6 +96,9 @@ namespace Flame.Interop
         public ulong memory_limit;
         public int allow_tf32;
         public int gemm_heuristic_only;
+        public IntPtr log_fn;
+        public IntPtr log_user_data;
+        public int log_level;
     }
 
     [StructLayout(LayoutKind.Sequential)]
@@ -195,6 +206,9 @@ namespace Flame.Interop
         public ulong bucket_bytes;
         public int broadcast_parameters;
     }
+
+    [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
+    public unsafe delegate void flame_log_fn(IntPtr user_data, int level, string message);
 
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate flame_status_t flame_tensor_hook_fn(IntPtr user_data, IntPtr grad, IntPtr* replacement);

@@ -2,6 +2,8 @@
 #include "runtime/blas.h"
 #include "runtime/cudnn.h"
 #include "runtime/capture.h"
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include "core/error.h"
@@ -16,6 +18,7 @@ void capture_deallocate(Context& ctx, CUdeviceptr p) noexcept;
 
 std::shared_ptr<Context> Context::create(const flame_ctx_options_t& opts) {
   std::shared_ptr<Context> c(new Context());
+  c->log = Logger::from_options(opts.log_fn, opts.log_user_data, opts.log_level, std::getenv("FLAME_LOG"));
   c->drv.load();
   int count = 0;
   c->check(c->drv.cuDeviceGetCount(&count), "cuDeviceGetCount");
@@ -233,7 +236,7 @@ CUfunction Context::function_by_name(const std::string& file, const std::string&
   if (from_disk) {
     ++kernel_stats.disk_hits;
   } else {
-    CompiledModule m = nvrtc_compile(file, {name_expr}, arch, prelude);
+    CompiledModule m = compile_logged(file, name_expr, arch, prelude);
     entry.image = std::move(m.image);
     entry.ptx = m.ptx;
     entry.lowered_name = m.lowered_names.at(0);
@@ -244,7 +247,7 @@ CUfunction Context::function_by_name(const std::string& file, const std::string&
   RelaxedCaptureMode relaxed(*this);  // loading a module during a capture is set-up, not graph work
   CUresult r = drv.cuModuleLoadData(&mod, entry.image.data());
   if (r != CUDA_SUCCESS && from_disk) {  // a stale entry the driver rejects: rebuild it
-    CompiledModule m = nvrtc_compile(file, {name_expr}, arch, prelude);
+    CompiledModule m = compile_logged(file, name_expr, arch, prelude);
     entry.image = std::move(m.image);
     entry.ptx = m.ptx;
     entry.lowered_name = m.lowered_names.at(0);
@@ -254,11 +257,38 @@ CUfunction Context::function_by_name(const std::string& file, const std::string&
   }
   check(r, "cuModuleLoadData");
   modules_.push_back(mod);
-  if (!from_disk) disk_cache.store(key, entry);
+  if (!from_disk && !disk_cache.store(key, entry) && disk_cache.enabled() && !cache_write_warned_) {
+    cache_write_warned_ = true;
+    log.write(FLAME_LOG_WARNING, "cannot write the kernel cache in " + disk_cache.dir() +
+                                     ": kernels compiled now will be compiled again by the next process"
+                                     " (set FLAME_KERNEL_CACHE_DIR to a writable directory)");
+  }
   CUfunction f = nullptr;
   check(drv.cuModuleGetFunction(&f, mod, entry.lowered_name.c_str()), "cuModuleGetFunction");
   functions_.emplace(mem_key, f);
   return f;
+}
+
+CompiledModule Context::compile_logged(const std::string& file, const std::string& name_expr, int arch,
+                                       const std::string& prelude) {
+  const std::string sm = "sm_" + std::to_string(arch);
+  if (nvrtc_compiles_ == 0) {
+    log.write(FLAME_LOG_INFO, "compiling kernels for " + sm + " on first use, which can take minutes (" +
+                                  (disk_cache.enabled() ? "cached in " + disk_cache.dir() + ": later runs skip this"
+                                                        : std::string("the kernel cache is disabled: every run compiles them")) +
+                                  ")");
+  }
+  ++nvrtc_compiles_;
+  const auto start = std::chrono::steady_clock::now();
+  CompiledModule m = nvrtc_compile(file, {name_expr}, arch, prelude);
+  if (log.enabled(FLAME_LOG_DEBUG)) {
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    char took[32];
+    std::snprintf(took, sizeof took, "%.0f ms", ms);
+    log.write(FLAME_LOG_DEBUG, "compiled kernel " + std::to_string(nvrtc_compiles_) + " of this context for " +
+                                   sm + " in " + took + ": " + name_expr + " (" + file + ")");
+  }
+  return m;
 }
 
 void Context::launch(CUfunction f, unsigned grid, unsigned block, void** args, unsigned smem) {

@@ -15,8 +15,10 @@
 #include <vector>
 #include "flame.h"
 #include "runtime/disk_cache.h"
+#include "runtime/nvrtc_compiler.h"
 #include "runtime/driver.h"
 #include "runtime/kernel_key.h"
+#include "runtime/log.h"
 
 namespace flame {
 class Context;
@@ -124,6 +126,9 @@ class Context : public std::enable_shared_from_this<Context> {
   DiskCache disk_cache{""};
   KernelStats kernel_stats;
 
+  // ---- messages to the user (runtime/log.h): options.log_fn or stderr, from options.log_level / $FLAME_LOG ----
+  Logger log;
+
   // ---- matrix products (runtime/blas.h): cuBLASLt handle, workspace and plan cache, made on first use ----
   std::unique_ptr<Blas> blas;
 
@@ -206,6 +211,12 @@ class Context : public std::enable_shared_from_this<Context> {
   std::unordered_map<KernelKey, CUfunction, KernelKeyHash> keyed_functions_;
   std::unordered_set<std::string> key_texts_;  // the text of every kept key (nodes: stable addresses)
   CUfunction function_miss(const KernelKey& key);
+  // NVRTC for one kernel, with the messages: INFO before the context's first compile (the one line a
+  // user sees on a cold kernel cache), DEBUG after each with its time and count.
+  CompiledModule compile_logged(const std::string& file, const std::string& name_expr, int arch,
+                                const std::string& prelude);
+  uint64_t nvrtc_compiles_ = 0;      // NVRTC runs of this context (the first one is announced)
+  bool cache_write_warned_ = false;  // a failed kernel cache write was reported (once per context)
   // Small blocks (<= 1 MiB, power-of-two classes from 512 B) freed outside captures wait on host
   // free lists and are handed out again without a driver call: cuMemAllocFromPoolAsync plus
   // cuMemFreeAsync cost ~0.6 us of an eager op's ~4.6 us on an H200. All eager work runs on

@@ -89,7 +89,7 @@ class Cudnn {
   uint64_t plans_built = 0;     // plan cache misses
   uint64_t attentions = 0;      // forward attentions run by attention() (flame_ctx_cudnn_attention_info)
   uint64_t attention_grads = 0; // backward attentions run by attention()
-  bool log_refusals = false;    // $FLAME_CUDNN_LOG=1 at load: say on stderr why a plan was refused
+  bool log_refusals = false;    // $FLAME_CUDNN_LOG=1 at load: log at INFO (not DEBUG) why an attention plan was refused
 
   // For runtime/cudnn_sdpa.cpp: the dlopen handle of the library and the cudnnHandle_t.
   void* library() const;

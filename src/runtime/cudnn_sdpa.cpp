@@ -425,13 +425,18 @@ struct CudnnSdpaCache {
     return p;
   }
 
-  // $FLAME_CUDNN_LOG=1: why a key runs FLAME's kernels instead (the first refusal of each key).
+  // Why a key runs FLAME's kernels instead (the first refusal of each key), through the context's
+  // log: at INFO with $FLAME_CUDNN_LOG=1, else at DEBUG.
   void log_refusal(const CudnnSdpa& a, const std::string& why) const {
-    if (!dnn.log_refusals) return;
-    std::fprintf(stderr, "FLAME: cuDNN attention %s B=%lld H=%lld Sq=%lld Sk=%lld D=%lld %s%s: no plan: %s\n",
-                 a.backward ? "backward" : "forward", static_cast<long long>(a.B), static_cast<long long>(a.H),
-                 static_cast<long long>(a.Sq), static_cast<long long>(a.Sk), static_cast<long long>(a.D),
-                 a.dtype == FLAME_DTYPE_BF16 ? "bf16" : "f16", a.causal ? " causal" : "", why.c_str());
+    Logger& log = dnn.context().log;
+    const int32_t level = dnn.log_refusals ? FLAME_LOG_INFO : FLAME_LOG_DEBUG;
+    if (!log.enabled(level)) return;
+    char shape[160];
+    std::snprintf(shape, sizeof shape, "%s B=%lld H=%lld Sq=%lld Sk=%lld D=%lld %s%s", a.backward ? "backward" : "forward",
+                  static_cast<long long>(a.B), static_cast<long long>(a.H), static_cast<long long>(a.Sq),
+                  static_cast<long long>(a.Sk), static_cast<long long>(a.D), a.dtype == FLAME_DTYPE_BF16 ? "bf16" : "f16",
+                  a.causal ? " causal" : "");
+    log.write(level, std::string("cuDNN attention ") + shape + ": no plan: " + why);
   }
 
   bool run(const CudnnSdpa& a) {

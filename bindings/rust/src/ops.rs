@@ -5,7 +5,7 @@
 use crate::sys;
 use crate::{api, check, len_as, slice_ptr, Context, Result, Tensor};
 #[allow(unused_imports)]
-use crate::sys::{Activation, DType, OptimizerKind, PadMode, ReduceOp, Reduction, Status};
+use crate::sys::{Activation, DType, LogLevel, OptimizerKind, PadMode, ReduceOp, Reduction, Status};
 
 impl Tensor {
     /// `flame_status_t flame_tensor_dtype(flame_tensor_t t, flame_dtype_t* dtype)`.

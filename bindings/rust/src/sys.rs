@@ -152,6 +152,42 @@ impl std::fmt::Debug for DType {
     }
 }
 
+pub type flame_log_level_t = i32;
+pub const FLAME_LOG_DEBUG: flame_log_level_t = 1;
+pub const FLAME_LOG_INFO: flame_log_level_t = 2;
+pub const FLAME_LOG_WARNING: flame_log_level_t = 3;
+pub const FLAME_LOG_OFF: flame_log_level_t = 4;
+
+/// `flame_log_level_t` as a Rust newtype; unknown values are representable.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct LogLevel(pub flame_log_level_t);
+impl LogLevel {
+    pub const LOG_DEBUG: LogLevel = LogLevel(1);
+    pub const LOG_INFO: LogLevel = LogLevel(2);
+    pub const LOG_WARNING: LogLevel = LogLevel(3);
+    pub const LOG_OFF: LogLevel = LogLevel(4);
+    /// Every value the header defines, with its C name.
+    pub const ALL: &'static [(LogLevel, &'static str)] = &[
+        (LogLevel(1), "FLAME_LOG_DEBUG"),
+        (LogLevel(2), "FLAME_LOG_INFO"),
+        (LogLevel(3), "FLAME_LOG_WARNING"),
+        (LogLevel(4), "FLAME_LOG_OFF"),
+    ];
+    /// The C name of the value ("FLAME_LOG_DEBUG"), or None for a value this header does not know.
+    pub fn c_name(self) -> Option<&'static str> {
+        Self::ALL.iter().find(|(v, _)| *v == self).map(|(_, n)| *n)
+    }
+}
+impl std::fmt::Debug for LogLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.c_name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "LogLevel({})", self.0),
+        }
+    }
+}
+
 pub type flame_activation_t = i32;
 pub const FLAME_ACTIVATION_NONE: flame_activation_t = 0;
 pub const FLAME_ACTIVATION_RELU: flame_activation_t = 1;
@@ -397,6 +433,7 @@ pub struct DLManagedTensorVersioned {
 }
 
 // ---- callback types ----
+pub type flame_log_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, level: i32, message: *const c_char)>;
 pub type flame_tensor_hook_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, grad: flame_tensor_t, replacement: *mut flame_tensor_t) -> flame_status_t>;
 pub type flame_post_accumulate_hook_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, leaf: flame_tensor_t) -> flame_status_t>;
 pub type flame_destroy_fn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
@@ -413,6 +450,9 @@ pub struct flame_ctx_options_t {
     pub memory_limit: u64,
     pub allow_tf32: i32,
     pub gemm_heuristic_only: i32,
+    pub log_fn: flame_log_fn,
+    pub log_user_data: *mut c_void,
+    pub log_level: i32,
 }
 
 #[repr(C)]
