@@ -5,11 +5,12 @@ Runs where PyTorch and diffusers import (the GPU machine, with reference/diffuse
 ../shared/reference/README.md); needs no GPU and no weights. For each model and configuration:
 
   1. the diffusers parameter list FLAME derives (names, shapes, order) equals the state_dict of the
-     real class built on the meta device (FluxTransformer2DModel);
+     real class built on the meta device (FluxTransformer2DModel, UNet2DConditionModel);
   2. diffusers' own single-file converter (convert_flux_transformer_checkpoint_to_diffusers), fed a
      checkpoint with FLAME's original (BFL) names, produces exactly the diffusers names, and every
      row lands where FLAME's table says (row range, halves swapped): the converter only splits and
      reorders rows, so each original tensor is given one column of distinct values to trace them;
+     likewise convert_ldm_unet_checkpoint for the UNet's SGM names (each tensor one distinct value);
   3. with --write DIR, the real class's list is written as DIR/<model>_<config>_diffusers.json, the
      reference the CPU tests (tests/cpu/test_flux_keys.cpp) read.
 
@@ -36,6 +37,31 @@ def real_flux_state(cfg):
     with torch.device("meta"):
         m = FluxTransformer2DModel(**cfg)
     return [[k, list(v.shape)] for k, v in m.state_dict().items()]
+
+
+def real_unet_state(cfg):
+    from diffusers import UNet2DConditionModel
+    with torch.device("meta"):
+        m = UNet2DConditionModel(**cfg)
+    return [[k, list(v.shape)] for k, v in m.state_dict().items()]
+
+
+def check_unet_converter(tables):
+    """Feeds diffusers' LDM -> diffusers UNet converter FLAME's SGM names (under model.diffusion_model.,
+    each tensor one distinct value) and checks that every diffusers name receives FLAME's tensor."""
+    from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
+    ck = {"model.diffusion_model." + name: torch.tensor([float(i)]) for i, (name, _) in enumerate(tables["original"])}
+    index = {name: i for i, (name, _) in enumerate(tables["original"])}
+    converted = convert_ldm_unet_checkpoint(ck, dict(tables["config"]))
+    mapped = {d: o for d, o, _, _, _ in tables["map"]}
+    problems = []
+    if set(converted) != set(mapped):
+        problems.append(f"converter names differ: only converter {sorted(set(converted) - set(mapped))[:8]}, "
+                        f"only FLAME {sorted(set(mapped) - set(converted))[:8]}")
+    for d, t in converted.items():
+        if d in mapped and (t is None or float(t[0]) != index[mapped[d]]):
+            problems.append(f"{d}: the converter takes it from {t}, FLAME from {mapped[d]} ({index[mapped[d]]})")
+    return problems
 
 
 def compare_lists(what, ours, theirs):
@@ -104,6 +130,20 @@ def main():
             os.makedirs(args.write, exist_ok=True)
             with open(os.path.join(args.write, f"flux_{config}_diffusers.json"), "w") as f:
                 json.dump({"class": "FluxTransformer2DModel", "config": tables["config"], "state_dict": theirs}, f)
+    for config in ("sdxl", "sd15", "tiny"):
+        tables = flame_tables(args.tool, "unet", config)
+        theirs = real_unet_state(dict(tables["config"]))
+        problems = compare_lists(f"unet {config} diffusers list", tables["diffusers"], theirs)
+        problems += check_unet_converter(tables)
+        n = sum(torch.Size(s).numel() for _, s in theirs)
+        print(f"unet {config}: {len(theirs)} diffusers tensors, {n:,} parameters: {'ok' if not problems else 'FAILED'}")
+        for p in problems[:20]:
+            print("   ", p)
+        failures += bool(problems)
+        if args.write:
+            os.makedirs(args.write, exist_ok=True)
+            with open(os.path.join(args.write, f"unet_{config}_diffusers.json"), "w") as f:
+                json.dump({"class": "UNet2DConditionModel", "config": tables["config"], "state_dict": theirs}, f)
     return 1 if failures else 0
 
 
