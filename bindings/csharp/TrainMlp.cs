@@ -13,7 +13,7 @@ static class TrainMlp
 {
     const int N = 512;
     const long H = 16;
-    const flame_dtype_t F32 = flame_dtype_t.FLAME_DTYPE_F32;
+    const DType F32 = DType.F32;
 
     static Tensor Dense(Tensor x, Tensor w, Tensor b)
     {
