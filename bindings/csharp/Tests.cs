@@ -3,7 +3,6 @@
 // created; with FLAME_REQUIRE_GPU=1 a missing GPU is a failure instead of a skip.
 using System;
 using System.Collections.Generic;
-using System.Linq;
 using System.Reflection;
 using System.Threading;
 using Flame;
@@ -370,18 +369,18 @@ static class Tests
     /// Exports of symbols that no public member of the Flame assembly marks with [Wraps].
     static List<string> Unwrapped(IEnumerable<string> symbols)
     {
-        var covered = new HashSet<string>();
+        var covered = new Dictionary<string, bool>();
         const BindingFlags all = BindingFlags.Public | BindingFlags.Instance | BindingFlags.Static | BindingFlags.DeclaredOnly;
         foreach (Type t in typeof(Tensor).Assembly.GetTypes())
         {
             if (!t.IsPublic && !t.IsNestedPublic) continue;
             foreach (MemberInfo m in t.GetMembers(all))
                 foreach (WrapsAttribute w in m.GetCustomAttributes(typeof(WrapsAttribute), false))
-                    covered.Add(w.Function);
+                    covered[w.Function] = true;
         }
         var missing = new List<string>();
         foreach (string s in symbols)
-            if (!covered.Contains(s)) missing.Add(s);
+            if (!covered.ContainsKey(s)) missing.Add(s);
         return missing;
     }
 
@@ -392,11 +391,18 @@ static class Tests
         var missing = Unwrapped(Native.Symbols);
         Assert(missing.Count == 0, "exports without a safe C# wrapper ([Wraps] attribute): " + string.Join(", ", missing));
         // and every [Wraps] names a real export
-        var symbols = new HashSet<string>(Native.Symbols);
+        var symbols = new List<string>(Native.Symbols);
         foreach (Type t in typeof(Tensor).Assembly.GetTypes())
             foreach (MemberInfo m in t.GetMembers(BindingFlags.Public | BindingFlags.Instance | BindingFlags.Static | BindingFlags.DeclaredOnly))
                 foreach (WrapsAttribute w in m.GetCustomAttributes(typeof(WrapsAttribute), false))
                     Assert(symbols.Contains(w.Function), t.Name + "." + m.Name + " wraps unknown " + w.Function);
+    }
+
+    static string Values(Type enumType)
+    {
+        var v = new List<string>();
+        foreach (object o in Enum.GetValues(enumType)) v.Add(Convert.ToInt32(o).ToString());
+        return string.Join(",", v);
     }
 
     static void CpuEnums()
@@ -412,7 +418,7 @@ static class Tests
         var pairs = new[] { typeof(StatusCode), typeof(DType), typeof(OptimizerKind), typeof(PadMode), typeof(ReduceOp), typeof(Reduction), typeof(Activation) };
         var cs = new[] { typeof(flame_status_t), typeof(flame_dtype_t), typeof(flame_optimizer_kind_t), typeof(flame_pad_mode_t), typeof(flame_reduce_op_t), typeof(flame_reduction_t), typeof(flame_activation_t) };
         for (int i = 0; i < pairs.Length; i++)
-            Eq(string.Join(",", (int[])Enum.GetValues(pairs[i]).Cast<int>()), string.Join(",", (int[])Enum.GetValues(cs[i]).Cast<int>()), pairs[i].Name + " values");
+            Eq(Values(pairs[i]), Values(cs[i]), pairs[i].Name + " values");
         Eq(Library.DTypeName(DType.BF16), "bf16", "bf16 name");
     }
 
@@ -505,6 +511,13 @@ static class Tests
         Throws<ObjectDisposedException>(() => { var r = c.Raw; }, "c disposed");
         var free = new Tensor(IntPtr.Zero);
         Eq(free.Raw, IntPtr.Zero, "no scope: not tracked");
+        using (var outer = new Scope())
+        using (var inner = new Scope())
+        {
+            inner.Keep(free);  // created outside: neither scope may dispose it
+            Eq(inner.Count, 0, "nothing tracked");
+        }
+        Eq(free.Raw, IntPtr.Zero, "a tensor from outside survives Keep");
         free.Dispose();
     }
 

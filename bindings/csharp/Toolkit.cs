@@ -56,8 +56,9 @@ namespace Flame
         [ThreadStatic] static Scope current;
 
         readonly Scope parent;
-        readonly List<Tensor> owned = new List<Tensor>();
-        readonly HashSet<Tensor> kept = new HashSet<Tensor>();
+        readonly List<Tensor> owned = new List<Tensor>();                              // in creation order
+        readonly Dictionary<Tensor, bool> ownedSet = new Dictionary<Tensor, bool>();  // sets: mscorlib only
+        readonly Dictionary<Tensor, bool> kept = new Dictionary<Tensor, bool>();
         bool disposed;
 
         /// <summary>Opens a scope on this thread; it becomes the innermost one.</summary>
@@ -77,18 +78,31 @@ namespace Flame
         {
             Scope s = current;
             if (s != null)
-                s.owned.Add(t);
+                s.Adopt(t);
         }
 
-        /// <summary>Lets t outlive the scope (moved to the enclosing scope, if any); returns t.</summary>
+        void Adopt(Tensor t)
+        {
+            if (ownedSet.ContainsKey(t))
+                return;
+            ownedSet[t] = true;
+            owned.Add(t);
+        }
+
+        /// <summary>Lets t outlive the scope: a tensor this scope tracks moves to the enclosing scope
+        /// (or to nobody when there is none); any other tensor is left alone. Returns t.</summary>
         public Tensor Keep(Tensor t)
         {
             if (t == null)
                 return null;
             if (disposed)
                 throw new ObjectDisposedException("Scope");
-            if (kept.Add(t) && parent != null)
-                parent.owned.Add(t);
+            if (ownedSet.ContainsKey(t) && !kept.ContainsKey(t))
+            {
+                kept[t] = true;
+                if (parent != null)
+                    parent.Adopt(t);
+            }
             return t;
         }
 
@@ -110,9 +124,11 @@ namespace Flame
             if (current == this)
                 current = parent;
             foreach (Tensor t in owned)
-                if (!kept.Contains(t))
+                if (!kept.ContainsKey(t))
                     t.Dispose();
             owned.Clear();
+            ownedSet.Clear();
+            kept.Clear();
         }
     }
 
