@@ -5,8 +5,10 @@ of regular shape). The parser, the model and the shared shape analysis live in g
 calls gen_cs_native and gen_cs_ops; this file holds only what is specific to C#.
 """
 import os
+import re
+import sys
 
-from gen_bindings import (CType, ParseError, analyse, camel, cs_ident)
+from gen_bindings import (ROOT, CType, ParseError, analyse, camel, cs_ident)
 
 
 def xml(text):
@@ -209,6 +211,68 @@ def gen_cs_native(hdr):
 # C# safe ops
 # ----------------------------------------------------------------------------------------------
 
+def header_path():
+    """The header gen_bindings.py parses (its --header option, else include/flame.h)."""
+    for i, a in enumerate(sys.argv):
+        if a == "--header" and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+        if a.startswith("--header="):
+            return a[len("--header="):]
+    return os.path.join(ROOT, "include", "flame.h")
+
+
+IDENT = re.compile(r"[A-Za-z_]\w*")
+
+
+def nullable_tensors(hdr):
+    """{(function, parameter)} for tensor parameters that the comments above a declaration call
+    nullable: "<p> may be NULL", "<p> [C] (borrowed; may be NULL)", "weight and bias ...; each may be
+    NULL", "a and b are both given or both NULL". Only documentation follows from it (and a `= null`
+    default for trailing ones): C# passes null as NULL for every tensor argument anyway."""
+    text = open(header_path(), encoding="utf-8").read()
+    found = set()
+    prev_end = 0
+    for f in hdr.funcs:
+        m = re.search(r"FLAME_API[^;]*?\b%s\s*\(" % re.escape(f.name), text[prev_end:])
+        if not m:
+            continue
+        start = prev_end + m.start()
+        before = text[prev_end:start]
+        prev_end = text.index(";", start) + 1
+        comment = " ".join(" ".join(re.findall(r"/\*(.*?)\*/", before, re.S)).replace("*", " ").split())
+        tensors = {p.name for p in f.params if p.type.is_("flame_tensor_t")}
+        for m2 in re.finditer(r"(may be|both) NULL", comment):
+            head = comment[:m2.start()]
+            sentence = head[max(head.rfind(". "), 0):]
+            depth, open_at = 0, -1
+            for i in range(len(sentence) - 1, -1, -1):  # innermost unclosed '(' of the sentence
+                if sentence[i] == ")":
+                    depth += 1
+                elif sentence[i] == "(":
+                    if depth == 0:
+                        open_at = i
+                        break
+                    depth -= 1
+            clause = sentence[open_at + 1:] if open_at >= 0 else sentence
+            clause = clause[clause.rfind(";") + 1:]
+            names = [n for n in IDENT.findall(clause) if n in tensors]
+            if not names and open_at >= 0:
+                outer = re.sub(r"\[[^\]]*\]", "", sentence[:open_at]).rstrip()
+                outer = outer[outer.rfind(";") + 1:]
+                if re.search(r"\beach\b|\bboth\b", clause):
+                    names = [n for n in IDENT.findall(outer) if n in tensors]
+                else:
+                    last = IDENT.findall(outer)
+                    names = [last[-1]] if last and last[-1] in tensors else []
+            elif not names and re.search(r"\beach\b|\bboth\b", clause):
+                prev = sentence[:len(sentence) - len(clause)].rstrip("; ")
+                prev = prev[prev.rfind(";") + 1:]
+                names = [n for n in IDENT.findall(prev) if n in tensors]
+            for n in names:
+                found.add((f.name, n))
+    return found
+
+
 def gen_cs_enums(hdr, w):
     for e in hdr.enums:
         if e.name is None:
@@ -319,6 +383,7 @@ def gen_cs_ops(hdr):
     w("{")
     gen_cs_enums(hdr, w)
     gen_cs_options(hdr, w)
+    nullable = nullable_tensors(hdr)
     groups = {"tensor": [], "ctx": [], "static": []}
     for f in hdr.funcs:
         if f.name in CS_HAND_WRITTEN:
@@ -335,7 +400,12 @@ def gen_cs_ops(hdr):
             call.append("Raw")
             keep.append("this")
         fixed = []
+        pdocs = []
         for arg in ins:
+            if arg.kind in ("tensor", "opt_tensor") and (arg.kind == "opt_tensor" or (f.name, arg.p.name) in nullable):
+                pdocs.append((cs_ident(arg.p.name), "May be null (NULL in C).", True))
+            else:
+                pdocs.append((cs_ident(arg.p.name), "<c>%s</c>" % xml(arg.p.type.c() + " " + arg.p.name), False))
             pn = cs_ident(arg.p.name)
             t = arg.p.type
             if arg.kind in ("tensor", "opt_tensor"):  # null passes NULL
@@ -395,8 +465,15 @@ def gen_cs_ops(hdr):
             rv = "Tuple.Create(%s)" % ", ".join(r[1] for r in rets)
         mname = camel(name)
         mods = "public static unsafe" if recv == "static" else "public unsafe"
-        lines = [doc(c_decl(f)), '[Wraps("%s")]' % f.name,
-                 "%s %s %s(%s)" % (mods, rt, mname, ", ".join(sig)), "{"]
+        # trailing nullable tensors default to null
+        for i in range(len(sig) - 1, -1, -1):
+            if not pdocs[i][2]:
+                break
+            sig[i] += " = null"
+        lines = [doc(c_decl(f))]
+        if any(d[2] for d in pdocs):
+            lines += ['/// <param name="%s">%s</param>' % (n.lstrip("@"), t) for n, t, _ in pdocs]
+        lines += ['[Wraps("%s")]' % f.name, "%s %s %s(%s)" % (mods, rt, mname, ", ".join(sig)), "{"]
         for p in pre:
             lines.append("    " + p)
         ind = "    "

@@ -1534,6 +1534,9 @@ namespace Flame
         }
 
         /// <summary><c>flame_status_t flame_linear(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, int32_t activation, flame_tensor_t* out)</c></summary>
+        /// <param name="weight"><c>flame_tensor_t weight</c></param>
+        /// <param name="bias">May be null (NULL in C).</param>
+        /// <param name="activation"><c>int32_t activation</c></param>
         [Wraps("flame_linear")]
         public unsafe Tensor Linear(Tensor weight, Tensor bias, int activation)
         {
@@ -1638,6 +1641,10 @@ namespace Flame
         }
 
         /// <summary><c>flame_status_t flame_layer_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, flame_tensor_t bias, double eps, flame_tensor_t* out)</c></summary>
+        /// <param name="normalized_shape"><c>const int64_t* normalized_shape</c></param>
+        /// <param name="weight">May be null (NULL in C).</param>
+        /// <param name="bias">May be null (NULL in C).</param>
+        /// <param name="eps"><c>double eps</c></param>
         [Wraps("flame_layer_norm")]
         public unsafe Tensor LayerNorm(long[] normalized_shape, Tensor weight, Tensor bias, double eps)
         {
@@ -1654,6 +1661,9 @@ namespace Flame
         }
 
         /// <summary><c>flame_status_t flame_rms_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, double eps, flame_tensor_t* out)</c></summary>
+        /// <param name="normalized_shape"><c>const int64_t* normalized_shape</c></param>
+        /// <param name="weight">May be null (NULL in C).</param>
+        /// <param name="eps"><c>double eps</c></param>
         [Wraps("flame_rms_norm")]
         public unsafe Tensor RmsNorm(long[] normalized_shape, Tensor weight, double eps)
         {
@@ -1669,6 +1679,11 @@ namespace Flame
         }
 
         /// <summary><c>flame_status_t flame_group_norm(flame_tensor_t x, int32_t num_groups, flame_tensor_t weight, flame_tensor_t bias, double eps, int32_t channels_last, flame_tensor_t* out)</c></summary>
+        /// <param name="num_groups"><c>int32_t num_groups</c></param>
+        /// <param name="weight">May be null (NULL in C).</param>
+        /// <param name="bias">May be null (NULL in C).</param>
+        /// <param name="eps"><c>double eps</c></param>
+        /// <param name="channels_last"><c>int32_t channels_last</c></param>
         [Wraps("flame_group_norm")]
         public unsafe Tensor GroupNorm(int num_groups, Tensor weight, Tensor bias, double eps, int channels_last)
         {
@@ -1683,6 +1698,13 @@ namespace Flame
         }
 
         /// <summary><c>flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t running_mean, flame_tensor_t running_var, flame_tensor_t weight, flame_tensor_t bias, int32_t training, double momentum, double eps, flame_tensor_t* out)</c></summary>
+        /// <param name="running_mean">May be null (NULL in C).</param>
+        /// <param name="running_var">May be null (NULL in C).</param>
+        /// <param name="weight">May be null (NULL in C).</param>
+        /// <param name="bias">May be null (NULL in C).</param>
+        /// <param name="training"><c>int32_t training</c></param>
+        /// <param name="momentum"><c>double momentum</c></param>
+        /// <param name="eps"><c>double eps</c></param>
         [Wraps("flame_batch_norm")]
         public unsafe Tensor BatchNorm(Tensor running_mean, Tensor running_var, Tensor weight, Tensor bias, int training, double momentum, double eps)
         {
@@ -1699,6 +1721,11 @@ namespace Flame
         }
 
         /// <summary><c>flame_status_t flame_cross_entropy(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, double label_smoothing, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        /// <param name="target"><c>flame_tensor_t target</c></param>
+        /// <param name="weight">May be null (NULL in C).</param>
+        /// <param name="ignore_index"><c>int64_t ignore_index</c></param>
+        /// <param name="label_smoothing"><c>double label_smoothing</c></param>
+        /// <param name="reduction"><c>flame_reduction_t reduction</c></param>
         [Wraps("flame_cross_entropy")]
         public unsafe Tensor CrossEntropy(Tensor target, Tensor weight, long ignore_index, double label_smoothing, Reduction reduction)
         {
@@ -1713,6 +1740,10 @@ namespace Flame
         }
 
         /// <summary><c>flame_status_t flame_nll_loss(flame_tensor_t input, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        /// <param name="target"><c>flame_tensor_t target</c></param>
+        /// <param name="weight">May be null (NULL in C).</param>
+        /// <param name="ignore_index"><c>int64_t ignore_index</c></param>
+        /// <param name="reduction"><c>flame_reduction_t reduction</c></param>
         [Wraps("flame_nll_loss")]
         public unsafe Tensor NllLoss(Tensor target, Tensor weight, long ignore_index, Reduction reduction)
         {
@@ -1779,6 +1810,10 @@ namespace Flame
         }
 
         /// <summary><c>flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, flame_tensor_t pos_weight, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        /// <param name="target"><c>flame_tensor_t target</c></param>
+        /// <param name="weight">May be null (NULL in C).</param>
+        /// <param name="pos_weight">May be null (NULL in C).</param>
+        /// <param name="reduction"><c>flame_reduction_t reduction</c></param>
         [Wraps("flame_binary_cross_entropy_with_logits")]
         public unsafe Tensor BinaryCrossEntropyWithLogits(Tensor target, Tensor weight, Tensor pos_weight, Reduction reduction)
         {

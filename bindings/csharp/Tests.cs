@@ -558,6 +558,19 @@ static class Tests
         }
     }
 
+    static void GpuNullableArguments()
+    {
+        using (var ctx = Gpu())
+        using (var s = new Scope())
+        {
+            var x = ctx.FromArray(new float[] { 1, 2, 3 }, 1, 3);
+            var w = ctx.FromArray(new float[] { 1, 0, 2, 0, 1, -1 }, 2, 3);
+            Close(x.Linear(w, null, (int)Activation.None).ToFloatArray(), new float[] { 7, -1 }, "linear without bias");
+            Close(x.LayerNorm(new long[] { 3 }, null, null, 0).ToFloatArray(), new float[] { -1.2247449f, 0, 1.2247449f }, "layer_norm without affine");
+            Close(x.RmsNorm(new long[] { 3 }, null, 0).ToFloatArray(), new float[] { 0.46291005f, 0.9258201f, 1.3887301f }, "rms_norm without weight");
+        }
+    }
+
     static void GpuLora()
     {
         using (var ctx = Gpu())
