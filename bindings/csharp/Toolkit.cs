@@ -43,6 +43,19 @@ namespace Flame
         }
     }
 
+    /// The release functions as delegates. Lambdas in their own class, not method groups of Native:
+    /// Mono may bind a P/Invoke when the method naming it is compiled, and the constructors that
+    /// take these run before the library is loaded (Library.EnsureLoaded, with $FLAME_LIBRARY).
+    static class Releasers
+    {
+        public static readonly Action<IntPtr> Comm = h => Native.flame_comm_release(h);
+        public static readonly Action<IntPtr> Dp = h => Native.flame_dp_release(h);
+        public static readonly Action<IntPtr> Fused = h => Native.flame_fused_release(h);
+        public static readonly Action<IntPtr> GradScaler = h => Native.flame_grad_scaler_release(h);
+        public static readonly Action<IntPtr> Graph = h => Native.flame_graph_release(h);
+        public static readonly Action<IntPtr> Lora = h => Native.flame_lora_release(h);
+    }
+
     // ------------------------------------------------------------------------------------------
     // Scope
     // ------------------------------------------------------------------------------------------
@@ -417,7 +430,7 @@ namespace Flame
     {
         readonly ReleasingHandle h;
 
-        internal Graph(IntPtr raw) { h = new ReleasingHandle(raw, Native.flame_graph_release); }
+        internal Graph(IntPtr raw) { h = new ReleasingHandle(raw, Releasers.Graph); }
 
         /// <summary>The raw handle (borrowed).</summary>
         public IntPtr Raw { get { return h.Get("Graph"); } }
@@ -450,7 +463,7 @@ namespace Flame
         public GradScaler(Context ctx, GradScalerOptions options = null)
         {
             Library.EnsureLoaded();
-            h = new ReleasingHandle(Create(ctx, options), Native.flame_grad_scaler_release);
+            h = new ReleasingHandle(Create(ctx, options), Releasers.GradScaler);
         }
 
         [MethodImpl(MethodImplOptions.NoInlining)]
@@ -582,7 +595,7 @@ namespace Flame
         public Lora(Tensor weight, Tensor bias, long rank, double alpha)
         {
             Library.EnsureLoaded();
-            h = new ReleasingHandle(Create(weight, bias, rank, alpha), Native.flame_lora_release);
+            h = new ReleasingHandle(Create(weight, bias, rank, alpha), Releasers.Lora);
         }
 
         [MethodImpl(MethodImplOptions.NoInlining)]
@@ -667,7 +680,7 @@ namespace Flame
         public FusedFunction(Context ctx, string expr, int nInputs)
         {
             Library.EnsureLoaded();
-            h = new ReleasingHandle(Compile(ctx, expr, nInputs), Native.flame_fused_release);
+            h = new ReleasingHandle(Compile(ctx, expr, nInputs), Releasers.Fused);
         }
 
         [MethodImpl(MethodImplOptions.NoInlining)]
@@ -710,7 +723,7 @@ namespace Flame
     {
         readonly ReleasingHandle h;
 
-        Communicator(IntPtr raw) { h = new ReleasingHandle(raw, Native.flame_comm_release); }
+        Communicator(IntPtr raw) { h = new ReleasingHandle(raw, Releasers.Comm); }
 
         /// <summary>flame_comm_unique_id: a new communicator identity (128 bytes) to give to every rank.</summary>
         [Wraps("flame_comm_unique_id")]
@@ -851,7 +864,7 @@ namespace Flame
         public DataParallel(Communicator comm, Tensor[] parameters, DpOptions options = null)
         {
             Library.EnsureLoaded();
-            h = new ReleasingHandle(Create(comm, parameters, options), Native.flame_dp_release);
+            h = new ReleasingHandle(Create(comm, parameters, options), Releasers.Dp);
         }
 
         [MethodImpl(MethodImplOptions.NoInlining)]
