@@ -754,18 +754,21 @@ static class Tests
         using (var ctx = Gpu())
         using (var x = ctx.FromArray(new float[] { 1, 2 }, 2))
         {
-            ulong before = ctx.GetMemoryStats().LiveTensors;
+            ulong inside;
             Tensor kept;
             using (var s = new Scope())
             {
                 var t = x * 2.0;
                 var u = (t + 1.0).Exp();
                 kept = s.Keep(u * 3.0);
-                Assert(ctx.GetMemoryStats().LiveTensors >= before + 4, "intermediates alive inside");
+                Eq(s.Count, 3, "three intermediates to dispose");
+                inside = ctx.GetMemoryStats().LiveTensors;
             }
-            Eq(ctx.GetMemoryStats().LiveTensors, before + 1, "only the kept tensor is left");
+            ulong after = ctx.GetMemoryStats().LiveTensors;
+            Eq(inside - after, 3UL, "the scope released its three intermediates");
+            Close(kept.ToFloatArray(), new float[] { (float)(3 * Math.Exp(3)), (float)(3 * Math.Exp(5)) }, "the kept tensor is alive");
             kept.Dispose();
-            Eq(ctx.GetMemoryStats().LiveTensors, before, "all released");
+            Eq(after - ctx.GetMemoryStats().LiveTensors, 1UL, "and the kept one by its Dispose");
         }
     }
 
