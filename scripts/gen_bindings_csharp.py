@@ -83,6 +83,10 @@ CS_HAND_OPTIONS = {"flame_ctx_options_t", "flame_optimizer_options_t", "flame_at
 CS_BOOL_FIELDS = {"padding_same", "ceil_mode", "count_include_pad", "interleaved", "enabled", "broadcast_parameters",
                   "allow_tf32", "gemm_heuristic_only", "nesterov", "amsgrad", "maximize", "master_weights",
                   "stochastic_rounding"}
+# int32_t parameters documented as holding a C enum's value: the C# enum in the signature.
+CS_INT_ENUMS = {("flame_linear", "activation"): "flame_activation_t", ("flame_pad", "mode"): "flame_pad_mode_t"}
+# int32_t outputs whose name suggests a flag but which hold a value (autocast's previous dtype).
+CS_NOT_BOOL = {("flame_ctx_set_autocast", "previous")}
 CS_ARG_KINDS = {"tensor", "opt_tensor", "tensors", "slice", "bool", "enum", "scalar"}
 CS_OUT_KINDS = {"out_tensor", "out_ptr", "out_bool", "out_enum", "out_scalar"}
 
@@ -432,6 +436,9 @@ def gen_cs_ops(hdr):
             elif arg.kind == "enum":
                 sig.append("%s %s" % (cs_enum_name(t.base), pn))
                 call.append("(%s)%s" % (t.base, pn))
+            elif (f.name, arg.p.name) in CS_INT_ENUMS:  # an int32_t that holds an enum's value
+                sig.append("%s %s" % (cs_enum_name(CS_INT_ENUMS[(f.name, arg.p.name)]), pn))
+                call.append("(%s)%s" % (cs_type(t, hdr, "param"), pn))
             else:
                 sig.append("%s %s" % (cs_type(t, hdr, "param"), pn))
                 call.append(pn)
@@ -445,7 +452,7 @@ def gen_cs_ops(hdr):
             elif arg.kind == "out_ptr":
                 pre.append("IntPtr %s = IntPtr.Zero;" % vn)
                 rets.append(("IntPtr", vn))
-            elif arg.kind == "out_bool":
+            elif arg.kind == "out_bool" and (f.name, arg.p.name) not in CS_NOT_BOOL:
                 pre.append("int %s = 0;" % vn)
                 rets.append(("bool", "%s != 0" % vn))
             elif arg.kind == "out_enum":

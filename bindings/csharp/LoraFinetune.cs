@@ -62,7 +62,7 @@ static class LoraFinetune
         Tensor h = x;
         for (int l = 0; l < 3; l++)
         {
-            h = lora == null ? h.Linear(w[l], b[l], (int)Activation.None) : lora[l].Forward(h);
+            h = lora == null ? h.Linear(w[l], b[l], Activation.None) : lora[l].Forward(h);
             if (l < 2)
                 h = h.Silu();
         }

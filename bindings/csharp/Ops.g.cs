@@ -1538,11 +1538,11 @@ namespace Flame
         /// <param name="bias">May be null (NULL in C).</param>
         /// <param name="activation"><c>int32_t activation</c></param>
         [Wraps("flame_linear")]
-        public unsafe Tensor Linear(Tensor weight, Tensor bias, int activation)
+        public unsafe Tensor Linear(Tensor weight, Tensor bias, Activation activation)
         {
             IntPtr o_out = IntPtr.Zero;
             {
-                Status.Check(Native.flame_linear(Raw, Tensor.RawOf(weight), Tensor.RawOf(bias), activation, &o_out));
+                Status.Check(Native.flame_linear(Raw, Tensor.RawOf(weight), Tensor.RawOf(bias), (int)activation, &o_out));
             }
             GC.KeepAlive(this);
             GC.KeepAlive(weight);
@@ -1975,13 +1975,13 @@ namespace Flame
 
         /// <summary><c>flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_t npads, int32_t mode, double value, flame_tensor_t* out)</c></summary>
         [Wraps("flame_pad")]
-        public unsafe Tensor Pad(long[] pads, int mode, double value)
+        public unsafe Tensor Pad(long[] pads, PadMode mode, double value)
         {
             long[] pads_a = pads ?? new long[0];
             IntPtr o_out = IntPtr.Zero;
             fixed (long* pads_p = pads_a)
             {
-                Status.Check(Native.flame_pad(Raw, (pads_a.Length == 0 ? null : pads_p), (int)pads_a.Length, mode, value, &o_out));
+                Status.Check(Native.flame_pad(Raw, (pads_a.Length == 0 ? null : pads_p), (int)pads_a.Length, (int)mode, value, &o_out));
             }
             GC.KeepAlive(this);
             return new Tensor(o_out);
@@ -2348,14 +2348,14 @@ namespace Flame
 
         /// <summary><c>flame_status_t flame_ctx_set_autocast(flame_ctx_t ctx, int32_t dtype, int32_t* previous)</c></summary>
         [Wraps("flame_ctx_set_autocast")]
-        public unsafe bool SetAutocast(int dtype)
+        public unsafe int SetAutocast(int dtype)
         {
-            int o_previous = 0;
+            int o_previous = default(int);
             {
                 Status.Check(Native.flame_ctx_set_autocast(Raw, dtype, &o_previous));
             }
             GC.KeepAlive(this);
-            return o_previous != 0;
+            return o_previous;
         }
 
         /// <summary><c>flame_status_t flame_ctx_get_autocast(flame_ctx_t ctx, int32_t* dtype)</c></summary>

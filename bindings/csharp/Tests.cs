@@ -565,9 +565,13 @@ static class Tests
         {
             var x = ctx.FromArray(new float[] { 1, 2, 3 }, 1, 3);
             var w = ctx.FromArray(new float[] { 1, 0, 2, 0, 1, -1 }, 2, 3);
-            Close(x.Linear(w, null, (int)Activation.None).ToFloatArray(), new float[] { 7, -1 }, "linear without bias");
+            Close(x.Linear(w, null, Activation.None).ToFloatArray(), new float[] { 7, -1 }, "linear without bias");
             Close(x.LayerNorm(new long[] { 3 }, null, null, 0).ToFloatArray(), new float[] { -1.2247449f, 0, 1.2247449f }, "layer_norm without affine");
             Close(x.RmsNorm(new long[] { 3 }, null, 0).ToFloatArray(), new float[] { 0.46291005f, 0.9258201f, 1.3887301f }, "rms_norm without weight");
+            // int32_t parameters that hold enum values take the C# enum; autocast's previous is a dtype, not a flag
+            Close(x.Pad(new long[] { 1, 1 }, PadMode.Replicate, 0).ToFloatArray(), new float[] { 1, 1, 2, 3, 3 }, "pad replicate");
+            Eq(ctx.SetAutocast((int)DType.BF16), Native.FLAME_AUTOCAST_OFF, "autocast was off");
+            Eq(ctx.SetAutocast(Native.FLAME_AUTOCAST_OFF), (int)DType.BF16, "previous autocast dtype");
         }
     }
 

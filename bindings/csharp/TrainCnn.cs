@@ -125,7 +125,7 @@ static class TrainCnn
                 if (b + 1 < Blocks)
                     cur = cur.MaxPool2d(pool);
             }
-            return cur.AdaptiveAvgPool2d(1, 1).Reshape(new[] { -1, Channels }).Linear(HeadW, HeadB, (int)Activation.None);
+            return cur.AdaptiveAvgPool2d(1, 1).Reshape(new[] { -1, Channels }).Linear(HeadW, HeadB, Activation.None);
         }
     }
 
