@@ -14,31 +14,48 @@ using Flame.Interop;
 
 namespace Flame
 {
-    /// <summary>A failed FLAME call: its status and the library's message.</summary>
+    /// <summary>Marks the safe wrapper of an exported C function. Every export of Native.Symbols
+    /// has at least one public member carrying its name (checked by Tests.cs CpuCoverage).</summary>
+    [AttributeUsage(AttributeTargets.Method | AttributeTargets.Constructor | AttributeTargets.Property, AllowMultiple = true)]
+    public sealed class WrapsAttribute : Attribute
+    {
+        /// <summary>The C name of the wrapped function, e.g. "flame_conv2d".</summary>
+        public string Function { get; private set; }
+
+        /// <summary>The member wraps the C function named function.</summary>
+        public WrapsAttribute(string function) { Function = function; }
+    }
+
+    /// <summary>A failed FLAME call. Message is "STATUS_NAME: the library's message", e.g.
+    /// "FLAME_ERROR_SHAPE_MISMATCH: flame_add: shapes [2, 3] and [4] do not broadcast".</summary>
     public class FlameException : Exception
     {
-        public flame_status_t Status { get; private set; }
+        /// <summary>The status the call returned.</summary>
+        public StatusCode Status { get; private set; }
 
-        public FlameException(flame_status_t status, string message)
-            : base(message)
+        /// <summary>The library's message alone (this thread's last error message at the failure).</summary>
+        public string LibraryMessage { get; private set; }
+
+        /// <summary>An exception for status with the library's message.</summary>
+        public FlameException(StatusCode status, string message)
+            : base(Library.StatusName(status) + ": " + message)
         {
             Status = status;
-        }
-
-        public override string ToString()
-        {
-            return Library.StatusName(Status) + ": " + Message;
+            LibraryMessage = message;
         }
     }
 
-    /// <summary>The library could not be loaded, lacks a symbol, or has another ABI version.
-    /// Status is <see cref="LoadFailed"/> (-1), outside the C ABI's range.</summary>
+    /// <summary>The library could not be loaded, lacks a symbol, or has another ABI version. Status is
+    /// <see cref="LoadFailed"/> (-1, outside the C ABI's range); the message says where the library
+    /// was looked for and how to point at it.</summary>
     public sealed class FlameLoadException : FlameException
     {
-        public const flame_status_t LoadFailed = (flame_status_t)(-1);
+        /// <summary>The status of load failures: -1, named "LOAD_FAILED".</summary>
+        public const StatusCode LoadFailed = (StatusCode)(-1);
 
+        /// <summary>A load failure; inner (may be null) is the runtime's exception.</summary>
         public FlameLoadException(string message, Exception inner = null)
-            : base(LoadFailed, message + (inner != null ? " (" + inner.Message + ")" : ""))
+            : base(LoadFailed, message + (inner != null ? " (" + inner.GetType().Name + ": " + inner.Message + ")" : ""))
         {
         }
     }
@@ -87,10 +104,11 @@ namespace Flame
                 }
                 catch (Exception e)
                 {
-                    return new FlameLoadException("cannot dlopen " + path, e);
+                    return new FlameLoadException("cannot dlopen FLAME_LIBRARY=" + path + " (libdl.so.2 missing?)", e);
                 }
                 if (h == IntPtr.Zero)
-                    return new FlameLoadException("cannot load " + path + ": " + Marshal.PtrToStringAnsi(dlerror()));
+                    return new FlameLoadException("cannot load FLAME_LIBRARY=" + path + ": " + Marshal.PtrToStringAnsi(dlerror()) +
+                        "; point FLAME_LIBRARY at an existing libflame.so.1, or unset it to use LD_LIBRARY_PATH");
             }
             int abi;
             try
@@ -99,7 +117,7 @@ namespace Flame
             }
             catch (Exception e)
             {
-                return new FlameLoadException("cannot load libflame.so.1 (set FLAME_LIBRARY or LD_LIBRARY_PATH)", e);
+                return new FlameLoadException(WhereLooked(), e);
             }
             if (abi != Native.FLAME_ABI_VERSION)
                 return new FlameLoadException("library has ABI version " + abi + ", these bindings need " + Native.FLAME_ABI_VERSION);
@@ -114,7 +132,8 @@ namespace Flame
                 }
                 catch (EntryPointNotFoundException e)
                 {
-                    return new FlameLoadException("library lacks symbol " + m.Name + ": older than these bindings?", e);
+                    return new FlameLoadException("the loaded libflame lacks symbol " + m.Name + ": it is older than these bindings (" +
+                        (string.IsNullOrEmpty(path) ? "found through Flame.dll.config / LD_LIBRARY_PATH" : "FLAME_LIBRARY=" + path) + ")", e);
                 }
                 catch (NotImplementedException)
                 {
@@ -122,6 +141,20 @@ namespace Flame
                 }
             }
             return null;
+        }
+
+        /// <summary>Where the library was looked for, and how to point at it.</summary>
+        static string WhereLooked()
+        {
+            string asm = typeof(Library).Assembly.Location;
+            string dir = string.IsNullOrEmpty(asm) ? "." : System.IO.Path.GetDirectoryName(asm);
+            string config = System.IO.Path.Combine(dir, "Flame.dll.config");
+            string ldPath = Environment.GetEnvironmentVariable("LD_LIBRARY_PATH");
+            return "cannot load libflame.so.1: DllImport(\"flame\") is mapped to libflame.so.1 by " + config +
+                (System.IO.File.Exists(config) ? "" : " (MISSING: copy bindings/csharp/Flame.dll.config next to Flame.dll)") +
+                " and looked up on LD_LIBRARY_PATH=" + (string.IsNullOrEmpty(ldPath) ? "(unset)" : ldPath) +
+                " and the ldconfig cache; FLAME_LIBRARY is unset. Set FLAME_LIBRARY=/path/to/libflame.so.1," +
+                " or add its directory to LD_LIBRARY_PATH";
         }
 
         // Separate, non-inlined: Mono binds a P/Invoke when the calling method is compiled, which
@@ -133,19 +166,23 @@ namespace Flame
         }
 
         /// <summary>flame_version_string(): "MAJOR.MINOR.PATCH".</summary>
+        [Wraps("flame_version_string")]
         public static string Version
         {
             get { EnsureLoaded(); return VersionImpl(); }
         }
 
         /// <summary>flame_abi_version() of the loaded library.</summary>
+        [Wraps("flame_abi_version")]
         public static int AbiVersion
         {
             get { EnsureLoaded(); return AbiVersionNoInline(); }
         }
 
-        /// <summary>flame_status_string(status), e.g. "FLAME_ERROR_SHAPE_MISMATCH".</summary>
-        public static string StatusName(flame_status_t status)
+        /// <summary>The C name of status (flame_status_string), e.g. "FLAME_ERROR_SHAPE_MISMATCH";
+        /// "LOAD_FAILED" for <see cref="FlameLoadException.LoadFailed"/>.</summary>
+        [Wraps("flame_status_string")]
+        public static string StatusName(StatusCode status)
         {
             if (status == FlameLoadException.LoadFailed)
                 return "LOAD_FAILED";
@@ -157,32 +194,40 @@ namespace Flame
             return StatusNameImpl(status);
         }
 
-        /// <summary>This thread's last error message.</summary>
+        /// <summary>This thread's last error message (flame_last_error_message).</summary>
+        [Wraps("flame_last_error_message")]
         public static string LastErrorMessage
         {
             get { EnsureLoaded(); return LastErrorImpl(); }
         }
 
         /// <summary>flame_set_error_message (hooks call it before returning an error).</summary>
+        [Wraps("flame_set_error_message")]
         public static void SetErrorMessage(string message)
         {
             EnsureLoaded();
             SetErrorImpl(message);
         }
 
+        /// <summary>The number of CUDA devices (flame_device_count).</summary>
+        [Wraps("flame_device_count")]
         public static int DeviceCount()
         {
             EnsureLoaded();
             return DeviceCountImpl();
         }
 
-        public static long DTypeSize(flame_dtype_t dtype)
+        /// <summary>Bytes per element of dtype (flame_dtype_size); 0 for an unknown dtype.</summary>
+        [Wraps("flame_dtype_size")]
+        public static long DTypeSize(DType dtype)
         {
             EnsureLoaded();
             return DTypeSizeImpl(dtype);
         }
 
-        public static string DTypeName(flame_dtype_t dtype)
+        /// <summary>The name of dtype (flame_dtype_name), e.g. "f32"; "unknown" for an unknown one.</summary>
+        [Wraps("flame_dtype_name")]
+        public static string DTypeName(DType dtype)
         {
             EnsureLoaded();
             return DTypeNameImpl(dtype);
@@ -192,21 +237,38 @@ namespace Flame
         // a P/Invoke when its caller is compiled, which must come after the dlopen in Load().
         const MethodImplOptions NI = MethodImplOptions.NoInlining;
         [MethodImpl(NI)] static string VersionImpl() { return Marshal.PtrToStringAnsi(Native.flame_version_string()); }
-        [MethodImpl(NI)] static string StatusNameImpl(flame_status_t s) { return Marshal.PtrToStringAnsi(Native.flame_status_string(s)); }
+        [MethodImpl(NI)] static string StatusNameImpl(StatusCode s) { return Marshal.PtrToStringAnsi(Native.flame_status_string((flame_status_t)s)); }
         [MethodImpl(NI)] static string LastErrorImpl() { return Marshal.PtrToStringAnsi(Native.flame_last_error_message()) ?? ""; }
         [MethodImpl(NI)] static void SetErrorImpl(string m) { Native.flame_set_error_message(m); }
         [MethodImpl(NI)] static unsafe int DeviceCountImpl() { int n = 0; Status.Check(Native.flame_device_count(&n)); return n; }
-        [MethodImpl(NI)] static long DTypeSizeImpl(flame_dtype_t d) { return (long)Native.flame_dtype_size(d).ToUInt64(); }
-        [MethodImpl(NI)] static string DTypeNameImpl(flame_dtype_t d) { return Marshal.PtrToStringAnsi(Native.flame_dtype_name(d)); }
+        [MethodImpl(NI)] static long DTypeSizeImpl(DType d) { return (long)Native.flame_dtype_size((flame_dtype_t)d).ToUInt64(); }
+        [MethodImpl(NI)] static string DTypeNameImpl(DType d) { return Marshal.PtrToStringAnsi(Native.flame_dtype_name((flame_dtype_t)d)); }
     }
 
     /// <summary>Status to exception.</summary>
     public static class Status
     {
+        /// <summary>Throws a FlameException with this thread's last error message unless s is FLAME_OK.</summary>
         public static void Check(flame_status_t s)
         {
             if (s != flame_status_t.FLAME_OK)
-                throw new FlameException(s, Marshal.PtrToStringAnsi(Native.flame_last_error_message()) ?? "");
+                throw new FlameException((StatusCode)s, Marshal.PtrToStringAnsi(Native.flame_last_error_message()) ?? "");
+        }
+
+        /// <summary>A status for native code from an exception caught in a callback: its
+        /// FlameException status (else FLAME_ERROR_INTERNAL), with the message set as this thread's
+        /// error message (prefixed with what). Never throws.</summary>
+        internal static flame_status_t FromException(string what, Exception e)
+        {
+            var fe = e as FlameException;
+            try
+            {
+                Native.flame_set_error_message(what + " failed: " + (fe != null ? fe.LibraryMessage : e.GetType().Name + ": " + e.Message));
+            }
+            catch { }
+            if (fe != null && fe.Status > StatusCode.Ok)
+                return (flame_status_t)fe.Status;
+            return flame_status_t.FLAME_ERROR_INTERNAL;
         }
     }
 
@@ -214,24 +276,36 @@ namespace Flame
     // SafeHandles
     // ------------------------------------------------------------------------------------------
 
+    /// <summary>SafeHandle owning a native handle, released once.</summary>
     public sealed class ContextHandle : SafeHandle
     {
+        /// <summary>Takes over the raw handle h.</summary>
         public ContextHandle(IntPtr h, bool owns) : base(IntPtr.Zero, owns) { SetHandle(h); }
+        /// <summary>Whether the handle is NULL.</summary>
         public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+        /// <summary>Takes over the raw handle h.</summary>
         protected override bool ReleaseHandle() { Native.flame_ctx_destroy(handle); return true; }
     }
 
+    /// <summary>SafeHandle owning a native handle, released once.</summary>
     public sealed class TensorHandle : SafeHandle
     {
+        /// <summary>Takes over the raw handle h.</summary>
         public TensorHandle(IntPtr h) : base(IntPtr.Zero, true) { SetHandle(h); }
+        /// <summary>Whether the handle is NULL.</summary>
         public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+        /// <summary>Takes over the raw handle h.</summary>
         protected override bool ReleaseHandle() { Native.flame_tensor_release(handle); return true; }
     }
 
+    /// <summary>SafeHandle owning a native handle, released once.</summary>
     public sealed class HookHandle : SafeHandle
     {
+        /// <summary>Takes over the raw handle h.</summary>
         public HookHandle(IntPtr h) : base(IntPtr.Zero, true) { SetHandle(h); }
+        /// <summary>Whether the handle is NULL.</summary>
         public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+        /// <summary>Takes over the raw handle h.</summary>
         protected override bool ReleaseHandle() { Native.flame_hook_remove(handle); return true; }
     }
 
@@ -239,21 +313,34 @@ namespace Flame
     // Context
     // ------------------------------------------------------------------------------------------
 
+    /// <summary>Options of a new context (flame_ctx_options_t); unset fields keep the library's defaults.</summary>
     public sealed class ContextOptions
     {
+        /// <summary>The CUDA device ordinal.</summary>
         public int Device;
+        /// <summary>The seed of the context's random generator.</summary>
         public ulong Seed;
         /// <summary>null: library default; "": no disk cache.</summary>
         public string KernelCacheDir;
+        /// <summary>Bytes the pool may hold; 0: no limit.</summary>
         public ulong MemoryLimit;
+        /// <summary>Let f32 matmuls and convolutions use TF32.</summary>
         public bool AllowTf32;
         /// <summary>Always cuBLASLt's first heuristic choice instead of timing its top candidates per shape.</summary>
         public bool GemmHeuristicOnly;
     }
 
+    /// <summary>flame_memory_stats_t.</summary>
     public struct MemoryStats
     {
-        public ulong BytesInUse, BytesReserved, PeakBytesInUse, LiveTensors;
+        /// <summary>Bytes held by live tensors.</summary>
+        public ulong BytesInUse;
+        /// <summary>Bytes the pool reserved from the driver.</summary>
+        public ulong BytesReserved;
+        /// <summary>The most bytes in use so far.</summary>
+        public ulong PeakBytesInUse;
+        /// <summary>The number of live tensors.</summary>
+        public ulong LiveTensors;
     }
 
     /// <summary>A FLAME context (one GPU). Dispose drops the reference; tensors keep it alive.</summary>
@@ -263,8 +350,12 @@ namespace Flame
 
         internal Context(ContextHandle h) { H = h; }
 
+        /// <summary>flame_ctx_create with the default options (device 0).</summary>
+        [Wraps("flame_ctx_create")]
         public Context() : this((ContextOptions)null) { }
 
+        /// <summary>flame_ctx_create with opts (null: the defaults of flame_ctx_options_init).</summary>
+        [Wraps("flame_ctx_options_init")]
         public Context(ContextOptions opts)
         {
             Library.EnsureLoaded();
@@ -323,8 +414,12 @@ namespace Flame
             }
         }
 
+        /// <summary>Drops this reference (flame_ctx_destroy); tensors keep the context alive.</summary>
+        [Wraps("flame_ctx_destroy")]
         public void Dispose() { H.Dispose(); }
 
+        /// <summary>flame_ctx_device_name: the GPU's name.</summary>
+        [Wraps("flame_ctx_device_name")]
         public unsafe string DeviceName()
         {
             byte[] buf = new byte[256];
@@ -335,6 +430,8 @@ namespace Flame
             return Encoding.UTF8.GetString(buf, 0, n < 0 ? buf.Length : n);
         }
 
+        /// <summary>flame_ctx_memory_stats: the memory pool's statistics.</summary>
+        [Wraps("flame_ctx_memory_stats")]
         public unsafe MemoryStats GetMemoryStats()
         {
             flame_memory_stats_t s = default(flame_memory_stats_t);
@@ -344,6 +441,8 @@ namespace Flame
             return new MemoryStats { BytesInUse = s.bytes_in_use, BytesReserved = s.bytes_reserved, PeakBytesInUse = s.peak_bytes_in_use, LiveTensors = s.live_tensors };
         }
 
+        /// <summary>flame_ctx_stream: the context's CUstream (borrowed).</summary>
+        [Wraps("flame_ctx_stream")]
         public unsafe IntPtr Stream()
         {
             IntPtr s = IntPtr.Zero;
@@ -353,6 +452,7 @@ namespace Flame
         }
 
         /// <summary>Sets grad mode; returns the previous mode.</summary>
+        [Wraps("flame_ctx_set_grad_enabled")]
         public unsafe bool SetGradEnabled(bool enabled)
         {
             int prev = 0;
@@ -361,6 +461,8 @@ namespace Flame
             return prev != 0;
         }
 
+        /// <summary>flame_ctx_set_inference_mode; returns the previous mode.</summary>
+        [Wraps("flame_ctx_set_inference_mode")]
         public unsafe bool SetInferenceMode(bool enabled)
         {
             int prev = 0;
@@ -381,25 +483,30 @@ namespace Flame
         /// <summary>using (ctx.NoGrad()) { ... }: grad mode off inside, restored after.</summary>
         public IDisposable NoGrad() { return new GradModeGuard(this); }
 
+        /// <summary>A new f32 tensor of this context (Tensor.FromArray).</summary>
         public Tensor FromArray(float[] data, params long[] shape) { return Tensor.FromArray(this, data, shape); }
+        /// <summary>A new f64 tensor of this context.</summary>
         public Tensor FromArray(double[] data, params long[] shape) { return Tensor.FromArray(this, data, shape); }
+        /// <summary>A new i32 tensor of this context.</summary>
         public Tensor FromArray(int[] data, params long[] shape) { return Tensor.FromArray(this, data, shape); }
+        /// <summary>A new i64 tensor of this context.</summary>
         public Tensor FromArray(long[] data, params long[] shape) { return Tensor.FromArray(this, data, shape); }
 
         /// <summary>A 0-d tensor.</summary>
-        public Tensor Scalar(double value, flame_dtype_t dtype = flame_dtype_t.FLAME_DTYPE_F32)
+        public Tensor Scalar(double value, DType dtype = DType.F32)
         {
             return Full(new long[0], dtype, value);
         }
 
         /// <summary>flame_grad: gradients of outputs w.r.t. inputs (null entries for unused inputs
         /// with FLAME_GRAD_ALLOW_UNUSED). gradOutputs may be null or hold nulls (ones).</summary>
+        [Wraps("flame_grad")]
         public unsafe Tensor[] Grad(Tensor[] outputs, Tensor[] gradOutputs, Tensor[] inputs, uint flags = 0)
         {
             IntPtr[] o = Tensor.RawArray(outputs);
             IntPtr[] g = gradOutputs == null ? null : Tensor.RawArray(gradOutputs);
             if (g != null && g.Length != o.Length)
-                throw new FlameException(flame_status_t.FLAME_ERROR_INVALID_ARGUMENT, "gradOutputs must match outputs");
+                throw new FlameException(StatusCode.InvalidArgument, "gradOutputs must match outputs");
             IntPtr[] i = Tensor.RawArray(inputs);
             IntPtr[] r = new IntPtr[i.Length];
             fixed (IntPtr* po = o, pg = g, pi = i, pr = r)
@@ -422,9 +529,14 @@ namespace Flame
         internal readonly TensorHandle H;
 
         /// <summary>Takes over a new reference.</summary>
-        public Tensor(IntPtr ownedReference) { H = new TensorHandle(ownedReference); }
+        public Tensor(IntPtr ownedReference)
+        {
+            H = new TensorHandle(ownedReference);
+            Scope.Track(this);
+        }
 
         /// <summary>Retains a borrowed handle and wraps the new reference.</summary>
+        [Wraps("flame_tensor_retain")]
         public static Tensor FromBorrowed(IntPtr borrowed)
         {
             Library.EnsureLoaded();
@@ -438,6 +550,7 @@ namespace Flame
             return new Tensor(borrowed);
         }
 
+        /// <summary>The raw handle (borrowed; valid while this object is not disposed).</summary>
         public IntPtr Raw
         {
             get
@@ -460,6 +573,8 @@ namespace Flame
             return r;
         }
 
+        /// <summary>Releases this reference (flame_tensor_release); a second Dispose does nothing.</summary>
+        [Wraps("flame_tensor_release")]
         public void Dispose() { H.Dispose(); }
 
         /// <summary>A new reference to the same tensor (flame_tensor_retain).</summary>
@@ -467,26 +582,31 @@ namespace Flame
 
         // ---- host data ----
 
-        static unsafe Tensor FromHost(Context ctx, void* p, long nbytes, long[] shape, flame_dtype_t dt)
+        static unsafe Tensor FromHost(Context ctx, void* p, long nbytes, long[] shape, DType dt)
         {
             IntPtr o = IntPtr.Zero;
             long[] s = shape ?? new long[0];
             fixed (long* ps = s)
-                Status.Check(Native.flame_from_host(ctx.Raw, (IntPtr)p, (UIntPtr)(ulong)nbytes, s.Length == 0 ? null : ps, s.Length, dt, &o));
+                Status.Check(Native.flame_from_host(ctx.Raw, (IntPtr)p, (UIntPtr)(ulong)nbytes, s.Length == 0 ? null : ps, s.Length, (flame_dtype_t)dt, &o));
             GC.KeepAlive(ctx);
             return new Tensor(o);
         }
 
-        public static unsafe Tensor FromArray(Context ctx, float[] d, params long[] shape) { fixed (float* p = d) return FromHost(ctx, p, 4L * d.Length, shape, flame_dtype_t.FLAME_DTYPE_F32); }
-        public static unsafe Tensor FromArray(Context ctx, double[] d, params long[] shape) { fixed (double* p = d) return FromHost(ctx, p, 8L * d.Length, shape, flame_dtype_t.FLAME_DTYPE_F64); }
-        public static unsafe Tensor FromArray(Context ctx, int[] d, params long[] shape) { fixed (int* p = d) return FromHost(ctx, p, 4L * d.Length, shape, flame_dtype_t.FLAME_DTYPE_I32); }
-        public static unsafe Tensor FromArray(Context ctx, long[] d, params long[] shape) { fixed (long* p = d) return FromHost(ctx, p, 8L * d.Length, shape, flame_dtype_t.FLAME_DTYPE_I64); }
+        /// <summary>flame_from_host: a new f32 tensor of ctx with shape holding d (row-major).</summary>
+        [Wraps("flame_from_host")]
+        public static unsafe Tensor FromArray(Context ctx, float[] d, params long[] shape) { fixed (float* p = d) return FromHost(ctx, p, 4L * d.Length, shape, DType.F32); }
+        /// <summary>flame_from_host: a new f64 tensor.</summary>
+        public static unsafe Tensor FromArray(Context ctx, double[] d, params long[] shape) { fixed (double* p = d) return FromHost(ctx, p, 8L * d.Length, shape, DType.F64); }
+        /// <summary>flame_from_host: a new i32 tensor.</summary>
+        public static unsafe Tensor FromArray(Context ctx, int[] d, params long[] shape) { fixed (int* p = d) return FromHost(ctx, p, 4L * d.Length, shape, DType.I32); }
+        /// <summary>flame_from_host: a new i64 tensor.</summary>
+        public static unsafe Tensor FromArray(Context ctx, long[] d, params long[] shape) { fixed (long* p = d) return FromHost(ctx, p, 8L * d.Length, shape, DType.I64); }
 
-        void CheckDtype(flame_dtype_t want)
+        void CheckDtype(DType want)
         {
-            flame_dtype_t dt = Dtype();
+            DType dt = Dtype();
             if (dt != want)
-                throw new FlameException(flame_status_t.FLAME_ERROR_DTYPE_MISMATCH, "tensor is " + Library.DTypeName(dt) + ", requested " + Library.DTypeName(want));
+                throw new FlameException(StatusCode.DtypeMismatch, "tensor is " + Library.DTypeName(dt) + ", requested " + Library.DTypeName(want));
         }
 
         unsafe void ToHost(void* p, long nbytes)
@@ -495,13 +615,20 @@ namespace Flame
             GC.KeepAlive(this);
         }
 
-        public unsafe float[] ToFloatArray() { CheckDtype(flame_dtype_t.FLAME_DTYPE_F32); var a = new float[Numel()]; fixed (float* p = a) ToHost(p, 4L * a.Length); return a; }
-        public unsafe double[] ToDoubleArray() { CheckDtype(flame_dtype_t.FLAME_DTYPE_F64); var a = new double[Numel()]; fixed (double* p = a) ToHost(p, 8L * a.Length); return a; }
-        public unsafe int[] ToIntArray() { CheckDtype(flame_dtype_t.FLAME_DTYPE_I32); var a = new int[Numel()]; fixed (int* p = a) ToHost(p, 4L * a.Length); return a; }
-        public unsafe long[] ToLongArray() { CheckDtype(flame_dtype_t.FLAME_DTYPE_I64); var a = new long[Numel()]; fixed (long* p = a) ToHost(p, 8L * a.Length); return a; }
+        /// <summary>flame_to_host: the values of this f32 tensor (row-major); waits for the device.</summary>
+        [Wraps("flame_to_host")]
+        public unsafe float[] ToFloatArray() { CheckDtype(DType.F32); var a = new float[Numel()]; fixed (float* p = a) ToHost(p, 4L * a.Length); return a; }
+        /// <summary>flame_to_host of an f64 tensor.</summary>
+        public unsafe double[] ToDoubleArray() { CheckDtype(DType.F64); var a = new double[Numel()]; fixed (double* p = a) ToHost(p, 8L * a.Length); return a; }
+        /// <summary>flame_to_host of an i32 tensor.</summary>
+        public unsafe int[] ToIntArray() { CheckDtype(DType.I32); var a = new int[Numel()]; fixed (int* p = a) ToHost(p, 4L * a.Length); return a; }
+        /// <summary>flame_to_host of an i64 tensor.</summary>
+        public unsafe long[] ToLongArray() { CheckDtype(DType.I64); var a = new long[Numel()]; fixed (long* p = a) ToHost(p, 8L * a.Length); return a; }
 
         // ---- queries ----
 
+        /// <summary>flame_tensor_shape: the sizes of the dims.</summary>
+        [Wraps("flame_tensor_shape")]
         public unsafe long[] Shape()
         {
             long* d = stackalloc long[Native.FLAME_MAX_DIMS];
@@ -513,6 +640,8 @@ namespace Flame
             return r;
         }
 
+        /// <summary>flame_tensor_strides: the strides in elements.</summary>
+        [Wraps("flame_tensor_strides")]
         public unsafe long[] Strides()
         {
             long* d = stackalloc long[Native.FLAME_MAX_DIMS];
@@ -524,6 +653,8 @@ namespace Flame
             return r;
         }
 
+        /// <summary>flame_tensor_data_ptr: the device address of the first element (borrowed).</summary>
+        [Wraps("flame_tensor_data_ptr")]
         public unsafe IntPtr DataPtr()
         {
             IntPtr p = IntPtr.Zero;
@@ -534,6 +665,7 @@ namespace Flame
 
         /// <summary>flame_tensor_to_dlpack: a new DLManagedTensor* sharing this tensor's memory (no
         /// copy). The caller owns it: hand it to a consumer or call its deleter exactly once.</summary>
+        [Wraps("flame_tensor_to_dlpack")]
         public unsafe IntPtr ToDlpack()
         {
             IntPtr p = IntPtr.Zero;
@@ -543,6 +675,7 @@ namespace Flame
         }
 
         /// <summary>flame_tensor_to_dlpack_versioned: as ToDlpack with DLManagedTensorVersioned*.</summary>
+        [Wraps("flame_tensor_to_dlpack_versioned")]
         public unsafe IntPtr ToDlpackVersioned()
         {
             IntPtr p = IntPtr.Zero;
@@ -554,6 +687,7 @@ namespace Flame
         /// <summary>flame_tensor_from_dlpack: a tensor of ctx over src's CUDA memory (a
         /// DLManagedTensor*; no copy). On success FLAME owns src and calls its deleter once; when
         /// this throws, src is still the caller's.</summary>
+        [Wraps("flame_tensor_from_dlpack")]
         public static unsafe Tensor FromDlpack(Context ctx, IntPtr src)
         {
             IntPtr o = IntPtr.Zero;
@@ -563,6 +697,7 @@ namespace Flame
         }
 
         /// <summary>flame_tensor_from_dlpack_versioned: as FromDlpack for DLManagedTensorVersioned*.</summary>
+        [Wraps("flame_tensor_from_dlpack_versioned")]
         public static unsafe Tensor FromDlpackVersioned(Context ctx, IntPtr src)
         {
             IntPtr o = IntPtr.Zero;
@@ -572,6 +707,7 @@ namespace Flame
         }
 
         /// <summary>The tensor's context, as a non-owning wrapper.</summary>
+        [Wraps("flame_tensor_context")]
         public unsafe Context GetContext()
         {
             IntPtr c = IntPtr.Zero;
@@ -583,6 +719,8 @@ namespace Flame
         // ---- autograd ----
 
         /// <summary>The accumulated gradient, or null.</summary>
+        [Wraps("flame_tensor_grad")]
+        [Wraps("flame_tensor_set_grad")]
         public unsafe Tensor Grad
         {
             get
@@ -599,6 +737,7 @@ namespace Flame
             }
         }
 
+        /// <summary>Whether the tensor requires grad (flame_tensor_requires_grad / flame_tensor_set_requires_grad).</summary>
         public bool RequiresGradFlag
         {
             get { return RequiresGrad(); }
@@ -606,6 +745,7 @@ namespace Flame
         }
 
         /// <summary>flame_backward from this tensor; grad null means ones (one-element root).</summary>
+        [Wraps("flame_backward")]
         public void Backward(Tensor grad = null, uint flags = 0)
         {
             using (Context ctx = GetContext())
@@ -622,6 +762,8 @@ namespace Flame
             return r;
         }
 
+        /// <summary>flame_split: views of splitSize along dim (the last may be smaller).</summary>
+        [Wraps("flame_split")]
         public unsafe Tensor[] Split(long splitSize, int dim)
         {
             long[] shape = Shape();
@@ -636,6 +778,8 @@ namespace Flame
             return Pieces(outs, count);
         }
 
+        /// <summary>flame_split_sizes: views of the given sizes along dim.</summary>
+        [Wraps("flame_split_sizes")]
         public unsafe Tensor[] SplitSizes(long[] sizes, int dim)
         {
             var outs = new IntPtr[Math.Max(1, sizes.Length)];
@@ -646,6 +790,8 @@ namespace Flame
             return Pieces(outs, sizes.Length);
         }
 
+        /// <summary>flame_chunk: at most chunks views along dim.</summary>
+        [Wraps("flame_chunk")]
         public unsafe Tensor[] Chunk(int chunks, int dim)
         {
             int cap = Math.Max(1, chunks);
@@ -674,18 +820,7 @@ namespace Flame
         static readonly flame_post_accumulate_hook_fn PostThunk = PostHookThunk;
         static readonly flame_destroy_fn DestroyThunk = DestroyHookThunk;
 
-        static flame_status_t Fail(Exception e)
-        {
-            var fe = e as FlameException;
-            try
-            {
-                Native.flame_set_error_message("C# hook failed: " + (fe != null ? fe.Message : e.GetType().Name + ": " + e.Message));
-            }
-            catch { }
-            if (fe != null && fe.Status > flame_status_t.FLAME_OK)
-                return fe.Status;
-            return flame_status_t.FLAME_ERROR_INTERNAL;
-        }
+        static flame_status_t Fail(Exception e) { return Status.FromException("C# hook", e); }
 
         static unsafe flame_status_t TensorHookThunk(IntPtr ud, IntPtr grad, IntPtr* replacement)
         {
@@ -742,6 +877,7 @@ namespace Flame
         /// <summary>Registers a gradient hook: fn gets the incoming gradient and returns a
         /// replacement, or null to keep it. An exception stops backward (its FlameException
         /// status, else FLAME_ERROR_INTERNAL) with its message.</summary>
+        [Wraps("flame_tensor_register_hook")]
         public unsafe Hook RegisterHook(Func<Tensor, Tensor> fn)
         {
             if (fn == null) throw new ArgumentNullException("fn");
@@ -754,6 +890,7 @@ namespace Flame
         }
 
         /// <summary>Registers a post-accumulate hook on a leaf: fn gets the leaf after .grad changed.</summary>
+        [Wraps("flame_tensor_register_post_accumulate_grad_hook")]
         public unsafe Hook RegisterPostAccumulateGradHook(Action<Tensor> fn)
         {
             if (fn == null) throw new ArgumentNullException("fn");
@@ -771,7 +908,7 @@ namespace Flame
             {
                 string msg = Marshal.PtrToStringAnsi(Native.flame_last_error_message()) ?? "";
                 gh.Free(); // not registered: destroy will not be called
-                throw new FlameException(s, msg);
+                throw new FlameException((StatusCode)s, msg);
             }
             var hook = new Hook(new HookHandle(h));
             st.Owner = hook; // keeps the Hook reachable until destroy fires
@@ -780,20 +917,34 @@ namespace Flame
 
         // ---- operators ----
 
+        /// <summary>Operator form of the elementwise method (Add, Sub, Mul, Div, the *Scalar forms, Neg); a new tensor.</summary>
         public static Tensor operator +(Tensor a, Tensor b) { return a.Add(b); }
+        /// <summary>Operator form of the elementwise method (Add, Sub, Mul, Div, the *Scalar forms, Neg); a new tensor.</summary>
         public static Tensor operator -(Tensor a, Tensor b) { return a.Sub(b); }
+        /// <summary>Operator form of the elementwise method (Add, Sub, Mul, Div, the *Scalar forms, Neg); a new tensor.</summary>
         public static Tensor operator *(Tensor a, Tensor b) { return a.Mul(b); }
+        /// <summary>Operator form of the elementwise method (Add, Sub, Mul, Div, the *Scalar forms, Neg); a new tensor.</summary>
         public static Tensor operator /(Tensor a, Tensor b) { return a.Div(b); }
+        /// <summary>Operator form of the elementwise method (Add, Sub, Mul, Div, the *Scalar forms, Neg); a new tensor.</summary>
         public static Tensor operator +(Tensor a, double s) { return a.AddScalar(s); }
+        /// <summary>Operator form of the elementwise method (Add, Sub, Mul, Div, the *Scalar forms, Neg); a new tensor.</summary>
         public static Tensor operator -(Tensor a, double s) { return a.SubScalar(s); }
+        /// <summary>Operator form of the elementwise method (Add, Sub, Mul, Div, the *Scalar forms, Neg); a new tensor.</summary>
         public static Tensor operator *(Tensor a, double s) { return a.MulScalar(s); }
+        /// <summary>Operator form of the elementwise method (Add, Sub, Mul, Div, the *Scalar forms, Neg); a new tensor.</summary>
         public static Tensor operator /(Tensor a, double s) { return a.DivScalar(s); }
+        /// <summary>Operator form of the elementwise method (Add, Sub, Mul, Div, the *Scalar forms, Neg); a new tensor.</summary>
         public static Tensor operator +(double s, Tensor a) { return a.AddScalar(s); }
+        /// <summary>Operator form of the elementwise method (Add, Sub, Mul, Div, the *Scalar forms, Neg); a new tensor.</summary>
         public static Tensor operator -(double s, Tensor a) { return a.RsubScalar(s); }
+        /// <summary>Operator form of the elementwise method (Add, Sub, Mul, Div, the *Scalar forms, Neg); a new tensor.</summary>
         public static Tensor operator *(double s, Tensor a) { return a.MulScalar(s); }
+        /// <summary>Operator form of the elementwise method (Add, Sub, Mul, Div, the *Scalar forms, Neg); a new tensor.</summary>
         public static Tensor operator /(double s, Tensor a) { using (Tensor r = a.Reciprocal()) return r.MulScalar(s); }
+        /// <summary>Operator form of the elementwise method (Add, Sub, Mul, Div, the *Scalar forms, Neg); a new tensor.</summary>
         public static Tensor operator -(Tensor a) { return a.Neg(); }
 
+        /// <summary>"Tensor([shape], dtype)".</summary>
         public override string ToString()
         {
             try { return "Tensor([" + string.Join(", ", Shape()) + "], " + Library.DTypeName(Dtype()) + ")"; }
@@ -808,6 +959,7 @@ namespace Flame
         internal Hook(HookHandle handle) { h = handle; }
         internal void MarkDestroyed() { }
         /// <summary>Removes the hook now (flame_hook_remove); the delegate is released.</summary>
+        [Wraps("flame_hook_remove")]
         public void Dispose() { h.Dispose(); }
     }
 
@@ -815,10 +967,14 @@ namespace Flame
     // safetensors (flame.h "safetensors")
     // ------------------------------------------------------------------------------------------
 
+    /// <summary>SafeHandle owning a native handle, released once.</summary>
     public sealed class SafetensorsHandle : SafeHandle
     {
+        /// <summary>Takes over the raw handle h.</summary>
         public SafetensorsHandle(IntPtr h) : base(IntPtr.Zero, true) { SetHandle(h); }
+        /// <summary>Whether the handle is NULL.</summary>
         public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+        /// <summary>Takes over the raw handle h.</summary>
         protected override bool ReleaseHandle() { Native.flame_safetensors_release(handle); return true; }
     }
 
@@ -830,6 +986,7 @@ namespace Flame
         SafetensorsFile(IntPtr raw) { h = new SafetensorsHandle(raw); }
 
         /// <summary>flame_safetensors_load: opens the file at path for reading on ctx.</summary>
+        [Wraps("flame_safetensors_load")]
         public static SafetensorsFile Open(Context ctx, string path)
         {
             Library.EnsureLoaded();
@@ -845,6 +1002,7 @@ namespace Flame
             return new SafetensorsFile(raw);
         }
 
+        /// <summary>The raw handle (borrowed).</summary>
         public IntPtr Raw
         {
             get
@@ -855,9 +1013,13 @@ namespace Flame
             }
         }
 
+        /// <summary>flame_safetensors_release; tensors read from the file stay valid.</summary>
+        [Wraps("flame_safetensors_release")]
         public void Dispose() { h.Dispose(); }
 
         /// <summary>The tensor names, in byte order.</summary>
+        [Wraps("flame_safetensors_count")]
+        [Wraps("flame_safetensors_name")]
         public unsafe string[] Names()
         {
             long n = 0;
@@ -874,7 +1036,8 @@ namespace Flame
         }
 
         /// <summary>The dtype and shape of tensor name (FLAME_ERROR_UNSUPPORTED for a dtype FLAME lacks).</summary>
-        public unsafe long[] Info(string name, out flame_dtype_t dtype)
+        [Wraps("flame_safetensors_info")]
+        public unsafe long[] Info(string name, out DType dtype)
         {
             flame_dtype_t dt = 0;
             int nd = 0;
@@ -883,11 +1046,12 @@ namespace Flame
             fixed (long* sp = shape)
                 Status.Check(Native.flame_safetensors_info(Raw, name, &dt, nd == 0 ? null : sp, nd, &nd));
             GC.KeepAlive(this);
-            dtype = dt;
+            dtype = (DType)dt;
             return shape;
         }
 
         /// <summary>flame_safetensors_get: tensor name as a new device tensor on the file's context.</summary>
+        [Wraps("flame_safetensors_get")]
         public unsafe Tensor Get(string name)
         {
             IntPtr o = IntPtr.Zero;
@@ -897,6 +1061,8 @@ namespace Flame
         }
 
         /// <summary>Every __metadata__ entry, sorted by key.</summary>
+        [Wraps("flame_safetensors_metadata_count")]
+        [Wraps("flame_safetensors_metadata_key")]
         public unsafe KeyValuePair<string, string>[] Metadata()
         {
             long n = 0;
@@ -914,6 +1080,7 @@ namespace Flame
         }
 
         /// <summary>The metadata value under key, or null when the file has no such key.</summary>
+        [Wraps("flame_safetensors_metadata")]
         public unsafe string MetadataValue(string key)
         {
             byte* v = null;
@@ -925,6 +1092,7 @@ namespace Flame
 
         /// <summary>flame_safetensors_save: writes tensors under names (any dtype and strides, all on
         /// ctx) with metadata (may be null) to path, atomically.</summary>
+        [Wraps("flame_safetensors_save")]
         public static void Save(Context ctx, string path, string[] names, Tensor[] tensors, IDictionary<string, string> metadata)
         {
             Library.EnsureLoaded();
@@ -970,10 +1138,14 @@ namespace Flame
     // Optimizers (flame.h "Optimizers")
     // ------------------------------------------------------------------------------------------
 
+    /// <summary>SafeHandle owning a native handle, released once.</summary>
     public sealed class OptimizerHandle : SafeHandle
     {
+        /// <summary>Takes over the raw handle h.</summary>
         public OptimizerHandle(IntPtr h) : base(IntPtr.Zero, true) { SetHandle(h); }
+        /// <summary>Whether the handle is NULL.</summary>
         public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+        /// <summary>Takes over the raw handle h.</summary>
         protected override bool ReleaseHandle() { Native.flame_optimizer_release(handle); return true; }
     }
 
@@ -984,14 +1156,15 @@ namespace Flame
         internal flame_optimizer_options_t O;
 
         /// <summary>The defaults of kind; an unknown kind is FLAME_ERROR_INVALID_ARGUMENT.</summary>
-        public OptimizerOptions(flame_optimizer_kind_t kind)
+        [Wraps("flame_optimizer_options_init")]
+        public OptimizerOptions(OptimizerKind kind)
         {
             Library.EnsureLoaded();
             O = Init(kind);
         }
 
         [MethodImpl(MethodImplOptions.NoInlining)]
-        static unsafe flame_optimizer_options_t Init(flame_optimizer_kind_t kind)
+        static unsafe flame_optimizer_options_t Init(OptimizerKind kind)
         {
             flame_optimizer_options_t o;
             Status.Check(Native.flame_optimizer_options_init(&o, (int)kind));
@@ -1001,29 +1174,43 @@ namespace Flame
         /// <summary>A copy of the C struct (struct_size set by flame_optimizer_options_init).</summary>
         public flame_optimizer_options_t Raw { get { return O; } }
 
-        public flame_optimizer_kind_t Kind { get { return (flame_optimizer_kind_t)O.kind; } }
+        /// <summary>The optimizer kind of the defaults.</summary>
+        public OptimizerKind Kind { get { return (OptimizerKind)O.kind; } }
+        /// <summary>Learning rate.</summary>
         public double Lr { get { return O.lr; } set { O.lr = value; } }
+        /// <summary>Weight decay (L2 for SGD / Adam, decoupled for AdamW / Lion).</summary>
         public double WeightDecay { get { return O.weight_decay; } set { O.weight_decay = value; } }
+        /// <summary>First moment decay.</summary>
         public double Beta1 { get { return O.beta1; } set { O.beta1 = value; } }
+        /// <summary>Second moment decay.</summary>
         public double Beta2 { get { return O.beta2; } set { O.beta2 = value; } }
+        /// <summary>Denominator epsilon.</summary>
         public double Eps { get { return O.eps; } set { O.eps = value; } }
+        /// <summary>SGD momentum.</summary>
         public double Momentum { get { return O.momentum; } set { O.momentum = value; } }
+        /// <summary>SGD dampening.</summary>
         public double Dampening { get { return O.dampening; } set { O.dampening = value; } }
+        /// <summary>SGD Nesterov momentum.</summary>
         public bool Nesterov { get { return O.nesterov != 0; } set { O.nesterov = value ? 1 : 0; } }
+        /// <summary>Adam / AdamW AMSGrad.</summary>
         public bool Amsgrad { get { return O.amsgrad != 0; } set { O.amsgrad = value ? 1 : 0; } }
+        /// <summary>Maximize instead of minimize.</summary>
         public bool Maximize { get { return O.maximize != 0; } set { O.maximize = value ? 1 : 0; } }
+        /// <summary>Keep f32 master weights for f16 / bf16 parameters.</summary>
         public bool MasterWeights { get { return O.master_weights != 0; } set { O.master_weights = value ? 1 : 0; } }
+        /// <summary>Round updates of bf16 parameters stochastically.</summary>
         public bool StochasticRounding { get { return O.stochastic_rounding != 0; } set { O.stochastic_rounding = value ? 1 : 0; } }
     }
 
     /// <summary>A FLAME optimizer: updates the parameters that have a .grad, in place. Dispose
     /// releases it and its state; the parameters stay.</summary>
-    public sealed class Optimizer : IDisposable
+    public sealed partial class Optimizer : IDisposable
     {
         readonly OptimizerHandle h;
 
         /// <summary>flame_optimizer_create: group 0 is parameters (contiguous floating leaves of ctx,
         /// each at most once in the optimizer).</summary>
+        [Wraps("flame_optimizer_create")]
         public Optimizer(Context ctx, OptimizerOptions options, params Tensor[] parameters)
         {
             Library.EnsureLoaded();
@@ -1044,6 +1231,7 @@ namespace Flame
             return raw;
         }
 
+        /// <summary>The raw handle (borrowed).</summary>
         public IntPtr Raw
         {
             get
@@ -1054,10 +1242,13 @@ namespace Flame
             }
         }
 
+        /// <summary>flame_optimizer_release: frees the optimizer and its state; the parameters stay.</summary>
+        [Wraps("flame_optimizer_release")]
         public void Dispose() { h.Dispose(); }
 
         /// <summary>flame_optimizer_add_param_group: a new group with its own options (same kind);
         /// returns its index.</summary>
+        [Wraps("flame_optimizer_add_param_group")]
         public unsafe int AddParamGroup(OptimizerOptions options, params Tensor[] parameters)
         {
             if (options == null)
@@ -1072,6 +1263,7 @@ namespace Flame
         }
 
         /// <summary>flame_optimizer_step: one update of every parameter with a gradient.</summary>
+        [Wraps("flame_optimizer_step")]
         public void Step()
         {
             Status.Check(Native.flame_optimizer_step(Raw));
@@ -1079,6 +1271,7 @@ namespace Flame
         }
 
         /// <summary>flame_optimizer_zero_grad: drops the gradients (setToNone) or fills them with 0.</summary>
+        [Wraps("flame_optimizer_zero_grad")]
         public void ZeroGrad(bool setToNone = true)
         {
             Status.Check(Native.flame_optimizer_zero_grad(Raw, setToNone ? 1 : 0));
@@ -1086,6 +1279,7 @@ namespace Flame
         }
 
         /// <summary>flame_optimizer_set_lr: the learning rate of group, or of every group for -1.</summary>
+        [Wraps("flame_optimizer_set_lr")]
         public void SetLr(double lr, int group = -1)
         {
             Status.Check(Native.flame_optimizer_set_lr(Raw, group, lr));
@@ -1093,6 +1287,7 @@ namespace Flame
         }
 
         /// <summary>flame_optimizer_get_lr: the learning rate of group.</summary>
+        [Wraps("flame_optimizer_get_lr")]
         public unsafe double GetLr(int group = 0)
         {
             double lr = 0;
@@ -1102,6 +1297,7 @@ namespace Flame
         }
 
         /// <summary>flame_optimizer_step_count: the number of completed steps.</summary>
+        [Wraps("flame_optimizer_step_count")]
         public unsafe long StepCount()
         {
             long n = 0;
@@ -1121,6 +1317,8 @@ namespace Flame
     {
         internal flame_attention_options_t O;
 
+        /// <summary>The defaults of flame_attention_options_init.</summary>
+        [Wraps("flame_attention_options_init")]
         public AttentionOptions()
         {
             Library.EnsureLoaded();
@@ -1155,6 +1353,7 @@ namespace Flame
         /// <summary>flame_scaled_dot_product_attention: this is q [B, H, Lq, D]; k [B, H, Lk, D], v
         /// [B, H, Lk, Dv]; mask (may be null: bool, or additive in q's dtype) broadcasts to
         /// [B, H, Lq, Lk]; options null means the defaults. Returns [B, H, Lq, Dv].</summary>
+        [Wraps("flame_scaled_dot_product_attention")]
         public unsafe Tensor ScaledDotProductAttention(Tensor k, Tensor v, Tensor mask = null, AttentionOptions options = null)
         {
             IntPtr o = IntPtr.Zero;

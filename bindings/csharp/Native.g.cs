@@ -7,246 +7,405 @@ using System.Runtime.InteropServices;
 
 namespace Flame.Interop
 {
+    /// <summary><c>flame_status_t</c> (the safe layer uses <see cref="Flame.StatusCode"/>).</summary>
     public enum flame_status_t : int
     {
+        /// <summary><c>FLAME_OK</c></summary>
         FLAME_OK = 0,
+        /// <summary><c>FLAME_ERROR_INVALID_ARGUMENT</c></summary>
         FLAME_ERROR_INVALID_ARGUMENT = 1,
+        /// <summary><c>FLAME_ERROR_INVALID_HANDLE</c></summary>
         FLAME_ERROR_INVALID_HANDLE = 2,
+        /// <summary><c>FLAME_ERROR_SHAPE_MISMATCH</c></summary>
         FLAME_ERROR_SHAPE_MISMATCH = 3,
+        /// <summary><c>FLAME_ERROR_DTYPE_MISMATCH</c></summary>
         FLAME_ERROR_DTYPE_MISMATCH = 4,
+        /// <summary><c>FLAME_ERROR_OUT_OF_MEMORY</c></summary>
         FLAME_ERROR_OUT_OF_MEMORY = 5,
+        /// <summary><c>FLAME_ERROR_NO_DRIVER</c></summary>
         FLAME_ERROR_NO_DRIVER = 6,
+        /// <summary><c>FLAME_ERROR_NO_DEVICE</c></summary>
         FLAME_ERROR_NO_DEVICE = 7,
+        /// <summary><c>FLAME_ERROR_CUDA</c></summary>
         FLAME_ERROR_CUDA = 8,
+        /// <summary><c>FLAME_ERROR_KERNEL_COMPILE</c></summary>
         FLAME_ERROR_KERNEL_COMPILE = 9,
+        /// <summary><c>FLAME_ERROR_NOT_DIFFERENTIABLE</c></summary>
         FLAME_ERROR_NOT_DIFFERENTIABLE = 10,
+        /// <summary><c>FLAME_ERROR_IO</c></summary>
         FLAME_ERROR_IO = 11,
+        /// <summary><c>FLAME_ERROR_UNSUPPORTED</c></summary>
         FLAME_ERROR_UNSUPPORTED = 12,
+        /// <summary><c>FLAME_ERROR_INTERNAL</c></summary>
         FLAME_ERROR_INTERNAL = 13,
+        /// <summary><c>FLAME_ERROR_CONTEXT_FAILED</c></summary>
         FLAME_ERROR_CONTEXT_FAILED = 14,
+        /// <summary><c>FLAME_ERROR_INVALID_FORMAT</c></summary>
         FLAME_ERROR_INVALID_FORMAT = 15,
+        /// <summary><c>FLAME_ERROR_GRAPH_FREED</c></summary>
         FLAME_ERROR_GRAPH_FREED = 16,
+        /// <summary><c>FLAME_ERROR_INPLACE_MODIFIED</c></summary>
         FLAME_ERROR_INPLACE_MODIFIED = 17,
     }
 
+    /// <summary><c>flame_dtype_t</c> (the safe layer uses <see cref="Flame.DType"/>).</summary>
     public enum flame_dtype_t : int
     {
+        /// <summary><c>FLAME_DTYPE_F32</c></summary>
         FLAME_DTYPE_F32 = 0,
+        /// <summary><c>FLAME_DTYPE_F16</c></summary>
         FLAME_DTYPE_F16 = 1,
+        /// <summary><c>FLAME_DTYPE_BF16</c></summary>
         FLAME_DTYPE_BF16 = 2,
+        /// <summary><c>FLAME_DTYPE_F64</c></summary>
         FLAME_DTYPE_F64 = 3,
+        /// <summary><c>FLAME_DTYPE_I32</c></summary>
         FLAME_DTYPE_I32 = 4,
+        /// <summary><c>FLAME_DTYPE_I64</c></summary>
         FLAME_DTYPE_I64 = 5,
+        /// <summary><c>FLAME_DTYPE_U8</c></summary>
         FLAME_DTYPE_U8 = 6,
+        /// <summary><c>FLAME_DTYPE_BOOL</c></summary>
         FLAME_DTYPE_BOOL = 7,
     }
 
+    /// <summary><c>flame_log_level_t</c> (the safe layer uses <see cref="Flame.LogLevel"/>).</summary>
     public enum flame_log_level_t : int
     {
+        /// <summary><c>FLAME_LOG_DEBUG</c></summary>
         FLAME_LOG_DEBUG = 1,
+        /// <summary><c>FLAME_LOG_INFO</c></summary>
         FLAME_LOG_INFO = 2,
+        /// <summary><c>FLAME_LOG_WARNING</c></summary>
         FLAME_LOG_WARNING = 3,
+        /// <summary><c>FLAME_LOG_OFF</c></summary>
         FLAME_LOG_OFF = 4,
     }
 
+    /// <summary><c>flame_activation_t</c> (the safe layer uses <see cref="Flame.Activation"/>).</summary>
     public enum flame_activation_t : int
     {
+        /// <summary><c>FLAME_ACTIVATION_NONE</c></summary>
         FLAME_ACTIVATION_NONE = 0,
+        /// <summary><c>FLAME_ACTIVATION_RELU</c></summary>
         FLAME_ACTIVATION_RELU = 1,
+        /// <summary><c>FLAME_ACTIVATION_GELU_TANH</c></summary>
         FLAME_ACTIVATION_GELU_TANH = 2,
     }
 
+    /// <summary><c>flame_optimizer_kind_t</c> (the safe layer uses <see cref="Flame.OptimizerKind"/>).</summary>
     public enum flame_optimizer_kind_t : int
     {
+        /// <summary><c>FLAME_OPTIMIZER_SGD</c></summary>
         FLAME_OPTIMIZER_SGD = 0,
+        /// <summary><c>FLAME_OPTIMIZER_ADAM</c></summary>
         FLAME_OPTIMIZER_ADAM = 1,
+        /// <summary><c>FLAME_OPTIMIZER_ADAMW</c></summary>
         FLAME_OPTIMIZER_ADAMW = 2,
+        /// <summary><c>FLAME_OPTIMIZER_LION</c></summary>
         FLAME_OPTIMIZER_LION = 3,
     }
 
+    /// <summary><c>flame_reduction_t</c> (the safe layer uses <see cref="Flame.Reduction"/>).</summary>
     public enum flame_reduction_t : int
     {
+        /// <summary><c>FLAME_REDUCTION_NONE</c></summary>
         FLAME_REDUCTION_NONE = 0,
+        /// <summary><c>FLAME_REDUCTION_MEAN</c></summary>
         FLAME_REDUCTION_MEAN = 1,
+        /// <summary><c>FLAME_REDUCTION_SUM</c></summary>
         FLAME_REDUCTION_SUM = 2,
     }
 
+    /// <summary><c>flame_pad_mode_t</c> (the safe layer uses <see cref="Flame.PadMode"/>).</summary>
     public enum flame_pad_mode_t : int
     {
+        /// <summary><c>FLAME_PAD_CONSTANT</c></summary>
         FLAME_PAD_CONSTANT = 0,
+        /// <summary><c>FLAME_PAD_REFLECT</c></summary>
         FLAME_PAD_REFLECT = 1,
+        /// <summary><c>FLAME_PAD_REPLICATE</c></summary>
         FLAME_PAD_REPLICATE = 2,
     }
 
+    /// <summary><c>flame_reduce_op_t</c> (the safe layer uses <see cref="Flame.ReduceOp"/>).</summary>
     public enum flame_reduce_op_t : int
     {
+        /// <summary><c>FLAME_REDUCE_SUM</c></summary>
         FLAME_REDUCE_SUM = 0,
+        /// <summary><c>FLAME_REDUCE_AVG</c></summary>
         FLAME_REDUCE_AVG = 1,
+        /// <summary><c>FLAME_REDUCE_MAX</c></summary>
         FLAME_REDUCE_MAX = 2,
+        /// <summary><c>FLAME_REDUCE_MIN</c></summary>
         FLAME_REDUCE_MIN = 3,
     }
 
+    /// <summary><c>flame_ctx_options_t</c>, laid out as in C.</summary>
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_ctx_options_t
     {
+        /// <summary><c>size_t struct_size</c></summary>
         public UIntPtr struct_size;
+        /// <summary><c>int32_t device</c></summary>
         public int device;
+        /// <summary><c>uint64_t seed</c></summary>
         public ulong seed;
+        /// <summary><c>const char* kernel_cache_dir</c></summary>
         public IntPtr kernel_cache_dir;
+        /// <summary><c>uint64_t memory_limit</c></summary>
         public ulong memory_limit;
+        /// <summary><c>int32_t allow_tf32</c></summary>
         public int allow_tf32;
+        /// <summary><c>int32_t gemm_heuristic_only</c></summary>
         public int gemm_heuristic_only;
+        /// <summary><c>flame_log_fn log_fn</c></summary>
         public IntPtr log_fn;
+        /// <summary><c>void* log_user_data</c></summary>
         public IntPtr log_user_data;
+        /// <summary><c>int32_t log_level</c></summary>
         public int log_level;
     }
 
+    /// <summary><c>flame_memory_stats_t</c>, laid out as in C.</summary>
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_memory_stats_t
     {
+        /// <summary><c>size_t struct_size</c></summary>
         public UIntPtr struct_size;
+        /// <summary><c>uint64_t bytes_in_use</c></summary>
         public ulong bytes_in_use;
+        /// <summary><c>uint64_t bytes_reserved</c></summary>
         public ulong bytes_reserved;
+        /// <summary><c>uint64_t peak_bytes_in_use</c></summary>
         public ulong peak_bytes_in_use;
+        /// <summary><c>uint64_t live_tensors</c></summary>
         public ulong live_tensors;
     }
 
+    /// <summary><c>flame_optimizer_options_t</c>, laid out as in C.</summary>
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_optimizer_options_t
     {
+        /// <summary><c>size_t struct_size</c></summary>
         public UIntPtr struct_size;
+        /// <summary><c>int32_t kind</c></summary>
         public int kind;
+        /// <summary><c>double lr</c></summary>
         public double lr;
+        /// <summary><c>double weight_decay</c></summary>
         public double weight_decay;
+        /// <summary><c>double beta1</c></summary>
         public double beta1;
+        /// <summary><c>double beta2</c></summary>
         public double beta2;
+        /// <summary><c>double eps</c></summary>
         public double eps;
+        /// <summary><c>double momentum</c></summary>
         public double momentum;
+        /// <summary><c>double dampening</c></summary>
         public double dampening;
+        /// <summary><c>int32_t nesterov</c></summary>
         public int nesterov;
+        /// <summary><c>int32_t amsgrad</c></summary>
         public int amsgrad;
+        /// <summary><c>int32_t maximize</c></summary>
         public int maximize;
+        /// <summary><c>int32_t master_weights</c></summary>
         public int master_weights;
+        /// <summary><c>int32_t stochastic_rounding</c></summary>
         public int stochastic_rounding;
     }
 
+    /// <summary><c>flame_conv_options_t</c>, laid out as in C.</summary>
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_conv_options_t
     {
+        /// <summary><c>size_t struct_size</c></summary>
         public UIntPtr struct_size;
+        /// <summary><c>int64_t stride[2]</c></summary>
         public fixed long stride[2];
+        /// <summary><c>int64_t padding[2]</c></summary>
         public fixed long padding[2];
+        /// <summary><c>int64_t dilation[2]</c></summary>
         public fixed long dilation[2];
+        /// <summary><c>int64_t groups</c></summary>
         public long groups;
+        /// <summary><c>int64_t output_padding[2]</c></summary>
         public fixed long output_padding[2];
+        /// <summary><c>int32_t padding_same</c></summary>
         public int padding_same;
     }
 
+    /// <summary><c>flame_attention_options_t</c>, laid out as in C.</summary>
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_attention_options_t
     {
+        /// <summary><c>size_t struct_size</c></summary>
         public UIntPtr struct_size;
+        /// <summary><c>uint32_t flags</c></summary>
         public uint flags;
+        /// <summary><c>double scale</c></summary>
         public double scale;
+        /// <summary><c>double dropout_p</c></summary>
         public double dropout_p;
     }
 
+    /// <summary><c>flame_pool2d_options_t</c>, laid out as in C.</summary>
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_pool2d_options_t
     {
+        /// <summary><c>size_t struct_size</c></summary>
         public UIntPtr struct_size;
+        /// <summary><c>int64_t kernel_size[2]</c></summary>
         public fixed long kernel_size[2];
+        /// <summary><c>int64_t stride[2]</c></summary>
         public fixed long stride[2];
+        /// <summary><c>int64_t padding[2]</c></summary>
         public fixed long padding[2];
+        /// <summary><c>int64_t dilation[2]</c></summary>
         public fixed long dilation[2];
+        /// <summary><c>int32_t ceil_mode</c></summary>
         public int ceil_mode;
+        /// <summary><c>int32_t count_include_pad</c></summary>
         public int count_include_pad;
+        /// <summary><c>int64_t divisor_override</c></summary>
         public long divisor_override;
     }
 
+    /// <summary><c>flame_rope_options_t</c>, laid out as in C.</summary>
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_rope_options_t
     {
+        /// <summary><c>size_t struct_size</c></summary>
         public UIntPtr struct_size;
+        /// <summary><c>double theta</c></summary>
         public double theta;
+        /// <summary><c>int64_t rotary_dim</c></summary>
         public long rotary_dim;
+        /// <summary><c>int64_t position_offset</c></summary>
         public long position_offset;
+        /// <summary><c>int32_t interleaved</c></summary>
         public int interleaved;
+        /// <summary><c>int32_t seq_dim</c></summary>
         public int seq_dim;
     }
 
+    /// <summary><c>flame_grad_scaler_options_t</c>, laid out as in C.</summary>
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_grad_scaler_options_t
     {
+        /// <summary><c>size_t struct_size</c></summary>
         public UIntPtr struct_size;
+        /// <summary><c>double init_scale</c></summary>
         public double init_scale;
+        /// <summary><c>double growth_factor</c></summary>
         public double growth_factor;
+        /// <summary><c>double backoff_factor</c></summary>
         public double backoff_factor;
+        /// <summary><c>int64_t growth_interval</c></summary>
         public long growth_interval;
+        /// <summary><c>int32_t enabled</c></summary>
         public int enabled;
     }
 
+    /// <summary><c>flame_comm_id_t</c>, laid out as in C.</summary>
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_comm_id_t
     {
+        /// <summary><c>uint8_t internal[128]</c></summary>
         public fixed byte @internal[128];
     }
 
+    /// <summary><c>flame_comm_options_t</c>, laid out as in C.</summary>
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_comm_options_t
     {
+        /// <summary><c>size_t struct_size</c></summary>
         public UIntPtr struct_size;
+        /// <summary><c>int64_t timeout_ms</c></summary>
         public long timeout_ms;
     }
 
+    /// <summary><c>flame_dp_options_t</c>, laid out as in C.</summary>
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_dp_options_t
     {
+        /// <summary><c>size_t struct_size</c></summary>
         public UIntPtr struct_size;
+        /// <summary><c>uint64_t bucket_bytes</c></summary>
         public ulong bucket_bytes;
+        /// <summary><c>int32_t broadcast_parameters</c></summary>
         public int broadcast_parameters;
     }
 
+    /// <summary>The C callback type <c>flame_log_fn</c>.</summary>
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate void flame_log_fn(IntPtr user_data, int level, string message);
 
+    /// <summary>The C callback type <c>flame_tensor_hook_fn</c>.</summary>
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate flame_status_t flame_tensor_hook_fn(IntPtr user_data, IntPtr grad, IntPtr* replacement);
 
+    /// <summary>The C callback type <c>flame_post_accumulate_hook_fn</c>.</summary>
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate flame_status_t flame_post_accumulate_hook_fn(IntPtr user_data, IntPtr leaf);
 
+    /// <summary>The C callback type <c>flame_destroy_fn</c>.</summary>
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate void flame_destroy_fn(IntPtr user_data);
 
+    /// <summary>The C callback type <c>flame_checkpoint_fn</c>.</summary>
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate flame_status_t flame_checkpoint_fn(IntPtr user_data, IntPtr* inputs, int n_inputs, IntPtr* outputs, int n_outputs);
 
+    /// <summary>The raw P/Invoke declarations of every exported function, in header order.</summary>
     public static unsafe partial class Native
     {
         /// <summary>Library name for DllImport; Mono maps it with Flame.dll.config (dllmap to libflame.so.1).</summary>
         public const string Lib = "flame";
 
+        /// <summary><c>#define FLAME_VERSION_MAJOR 0</c></summary>
         public const int FLAME_VERSION_MAJOR = 0;
+        /// <summary><c>#define FLAME_VERSION_MINOR 1</c></summary>
         public const int FLAME_VERSION_MINOR = 1;
+        /// <summary><c>#define FLAME_VERSION_PATCH 0</c></summary>
         public const int FLAME_VERSION_PATCH = 0;
+        /// <summary><c>#define FLAME_ABI_VERSION 1</c></summary>
         public const int FLAME_ABI_VERSION = 1;
+        /// <summary><c>#define FLAME_MAX_DIMS 8</c></summary>
         public const int FLAME_MAX_DIMS = 8;
+        /// <summary><c>#define FLAME_DIM_ALL -2147483648</c></summary>
         public const int FLAME_DIM_ALL = -2147483648;
+        /// <summary><c>#define FLAME_AUTOCAST_OFF -1</c></summary>
         public const int FLAME_AUTOCAST_OFF = -1;
+        /// <summary><c>#define FLAME_NO_PADDING -9223372036854775808</c></summary>
         public const long FLAME_NO_PADDING = -9223372036854775808;
+        /// <summary><c>#define FLAME_STAT_NORM 0</c></summary>
         public const int FLAME_STAT_NORM = 0;
+        /// <summary><c>#define FLAME_STAT_MIN 1</c></summary>
         public const int FLAME_STAT_MIN = 1;
+        /// <summary><c>#define FLAME_STAT_MAX 2</c></summary>
         public const int FLAME_STAT_MAX = 2;
+        /// <summary><c>#define FLAME_STAT_MEAN 3</c></summary>
         public const int FLAME_STAT_MEAN = 3;
+        /// <summary><c>#define FLAME_STAT_NAN_COUNT 4</c></summary>
         public const int FLAME_STAT_NAN_COUNT = 4;
+        /// <summary><c>#define FLAME_STAT_INF_COUNT 5</c></summary>
         public const int FLAME_STAT_INF_COUNT = 5;
+        /// <summary><c>#define FLAME_STAT_COLUMNS 6</c></summary>
         public const int FLAME_STAT_COLUMNS = 6;
+        /// <summary><c>#define FLAME_COMM_ID_BYTES 128</c></summary>
         public const int FLAME_COMM_ID_BYTES = 128;
+        /// <summary><c>#define FLAME_FUSED_MAX_INPUTS 8</c></summary>
         public const int FLAME_FUSED_MAX_INPUTS = 8;
+        /// <summary><c>FLAME_BACKWARD_RETAIN_GRAPH</c></summary>
         public const uint FLAME_BACKWARD_RETAIN_GRAPH = 1;
+        /// <summary><c>FLAME_BACKWARD_CREATE_GRAPH</c></summary>
         public const uint FLAME_BACKWARD_CREATE_GRAPH = 2;
+        /// <summary><c>FLAME_GRAD_ALLOW_UNUSED</c></summary>
         public const uint FLAME_GRAD_ALLOW_UNUSED = 4;
+        /// <summary><c>FLAME_ATTENTION_CAUSAL</c></summary>
         public const uint FLAME_ATTENTION_CAUSAL = 1;
 
         /// <summary>Every exported function, in header order.</summary>
@@ -526,822 +685,1095 @@ namespace Flame.Interop
             "flame_fused_release",
         };
 
+        /// <summary><c>const char* flame_version_string(void)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_version_string", ExactSpelling = true)]
         public static extern IntPtr flame_version_string();
 
+        /// <summary><c>int32_t flame_abi_version(void)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_abi_version", ExactSpelling = true)]
         public static extern int flame_abi_version();
 
+        /// <summary><c>const char* flame_status_string(flame_status_t status)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_status_string", ExactSpelling = true)]
         public static extern IntPtr flame_status_string(flame_status_t status);
 
+        /// <summary><c>const char* flame_last_error_message(void)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_last_error_message", ExactSpelling = true)]
         public static extern IntPtr flame_last_error_message();
 
+        /// <summary><c>void flame_set_error_message(const char* msg)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_set_error_message", ExactSpelling = true)]
         public static extern void flame_set_error_message(string msg);
 
+        /// <summary><c>size_t flame_dtype_size(flame_dtype_t dtype)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dtype_size", ExactSpelling = true)]
         public static extern UIntPtr flame_dtype_size(flame_dtype_t dtype);
 
+        /// <summary><c>const char* flame_dtype_name(flame_dtype_t dtype)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dtype_name", ExactSpelling = true)]
         public static extern IntPtr flame_dtype_name(flame_dtype_t dtype);
 
+        /// <summary><c>flame_status_t flame_ctx_options_init(flame_ctx_options_t* opts)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_options_init", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_options_init(flame_ctx_options_t* opts);
 
+        /// <summary><c>flame_status_t flame_ctx_create(const flame_ctx_options_t* opts, flame_ctx_t* ctx)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_create", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_create(flame_ctx_options_t* opts, IntPtr* ctx);
 
+        /// <summary><c>void flame_ctx_destroy(flame_ctx_t ctx)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_destroy", ExactSpelling = true)]
         public static extern void flame_ctx_destroy(IntPtr ctx);
 
+        /// <summary><c>flame_status_t flame_ctx_synchronize(flame_ctx_t ctx)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_synchronize", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_synchronize(IntPtr ctx);
 
+        /// <summary><c>flame_status_t flame_ctx_device_name(flame_ctx_t ctx, char* buf, size_t capacity)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_device_name", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_device_name(IntPtr ctx, byte* buf, UIntPtr capacity);
 
+        /// <summary><c>flame_status_t flame_ctx_compute_capability(flame_ctx_t ctx, int32_t* major, int32_t* minor)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_compute_capability", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_compute_capability(IntPtr ctx, int* major, int* minor);
 
+        /// <summary><c>flame_status_t flame_ctx_stream(flame_ctx_t ctx, void** stream)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_stream", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_stream(IntPtr ctx, IntPtr* stream);
 
+        /// <summary><c>flame_status_t flame_device_count(int32_t* count)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_device_count", ExactSpelling = true)]
         public static extern flame_status_t flame_device_count(int* count);
 
+        /// <summary><c>flame_status_t flame_ctx_memory_stats(flame_ctx_t ctx, flame_memory_stats_t* stats)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_memory_stats", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_memory_stats(IntPtr ctx, flame_memory_stats_t* stats);
 
+        /// <summary><c>flame_status_t flame_ctx_reset_peak_memory(flame_ctx_t ctx)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_reset_peak_memory", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_reset_peak_memory(IntPtr ctx);
 
+        /// <summary><c>flame_status_t flame_ctx_manual_seed(flame_ctx_t ctx, uint64_t seed)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_manual_seed", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_manual_seed(IntPtr ctx, ulong seed);
 
+        /// <summary><c>flame_status_t flame_ctx_get_rng_state(flame_ctx_t ctx, uint64_t* seed, uint64_t* offset)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_get_rng_state", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_get_rng_state(IntPtr ctx, ulong* seed, ulong* offset);
 
+        /// <summary><c>flame_status_t flame_ctx_set_rng_state(flame_ctx_t ctx, uint64_t seed, uint64_t offset)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_set_rng_state", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_set_rng_state(IntPtr ctx, ulong seed, ulong offset);
 
+        /// <summary><c>flame_status_t flame_tensor_retain(flame_tensor_t t)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_retain", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_retain(IntPtr t);
 
+        /// <summary><c>void flame_tensor_release(flame_tensor_t t)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_release", ExactSpelling = true)]
         public static extern void flame_tensor_release(IntPtr t);
 
+        /// <summary><c>flame_status_t flame_tensor_context(flame_tensor_t t, flame_ctx_t* ctx)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_context", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_context(IntPtr t, IntPtr* ctx);
 
+        /// <summary><c>flame_status_t flame_tensor_dtype(flame_tensor_t t, flame_dtype_t* dtype)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_dtype", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_dtype(IntPtr t, flame_dtype_t* dtype);
 
+        /// <summary><c>flame_status_t flame_tensor_ndim(flame_tensor_t t, int32_t* ndim)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_ndim", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_ndim(IntPtr t, int* ndim);
 
+        /// <summary><c>flame_status_t flame_tensor_shape(flame_tensor_t t, int64_t* dims, int32_t capacity)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_shape", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_shape(IntPtr t, long* dims, int capacity);
 
+        /// <summary><c>flame_status_t flame_tensor_strides(flame_tensor_t t, int64_t* strides, int32_t capacity)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_strides", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_strides(IntPtr t, long* strides, int capacity);
 
+        /// <summary><c>flame_status_t flame_tensor_numel(flame_tensor_t t, int64_t* numel)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_numel", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_numel(IntPtr t, long* numel);
 
+        /// <summary><c>flame_status_t flame_tensor_is_contiguous(flame_tensor_t t, int32_t* contiguous)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_is_contiguous", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_is_contiguous(IntPtr t, int* contiguous);
 
+        /// <summary><c>flame_status_t flame_tensor_data_ptr(flame_tensor_t t, void** ptr)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_data_ptr", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_data_ptr(IntPtr t, IntPtr* ptr);
 
+        /// <summary><c>flame_status_t flame_empty(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_empty", ExactSpelling = true)]
         public static extern flame_status_t flame_empty(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_zeros(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_zeros", ExactSpelling = true)]
         public static extern flame_status_t flame_zeros(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_ones(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ones", ExactSpelling = true)]
         public static extern flame_status_t flame_ones(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_full(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, double value, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_full", ExactSpelling = true)]
         public static extern flame_status_t flame_full(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, double value, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_arange(flame_ctx_t ctx, double start, double end, double step, flame_dtype_t dtype, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_arange", ExactSpelling = true)]
         public static extern flame_status_t flame_arange(IntPtr ctx, double start, double end, double step, flame_dtype_t dtype, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_linspace(flame_ctx_t ctx, double start, double end, int64_t steps, flame_dtype_t dtype, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_linspace", ExactSpelling = true)]
         public static extern flame_status_t flame_linspace(IntPtr ctx, double start, double end, long steps, flame_dtype_t dtype, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_eye(flame_ctx_t ctx, int64_t n, int64_t m, flame_dtype_t dtype, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_eye", ExactSpelling = true)]
         public static extern flame_status_t flame_eye(IntPtr ctx, long n, long m, flame_dtype_t dtype, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_rand(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rand", ExactSpelling = true)]
         public static extern flame_status_t flame_rand(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_randn(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_randn", ExactSpelling = true)]
         public static extern flame_status_t flame_randn(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_from_host(flame_ctx_t ctx, const void* data, size_t nbytes, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_from_host", ExactSpelling = true)]
         public static extern flame_status_t flame_from_host(IntPtr ctx, IntPtr data, UIntPtr nbytes, long* shape, int ndim, flame_dtype_t dtype, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_to_host(flame_tensor_t t, void* data, size_t nbytes)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_to_host", ExactSpelling = true)]
         public static extern flame_status_t flame_to_host(IntPtr t, IntPtr data, UIntPtr nbytes);
 
+        /// <summary><c>flame_status_t flame_tensor_item(flame_tensor_t t, double* value)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_item", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_item(IntPtr t, double* value);
 
+        /// <summary><c>flame_status_t flame_reshape(flame_tensor_t t, const int64_t* shape, int32_t ndim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_reshape", ExactSpelling = true)]
         public static extern flame_status_t flame_reshape(IntPtr t, long* shape, int ndim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_view(flame_tensor_t t, const int64_t* shape, int32_t ndim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_view", ExactSpelling = true)]
         public static extern flame_status_t flame_view(IntPtr t, long* shape, int ndim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_permute(flame_tensor_t t, const int32_t* dims, int32_t ndim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_permute", ExactSpelling = true)]
         public static extern flame_status_t flame_permute(IntPtr t, int* dims, int ndim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_transpose(flame_tensor_t t, int32_t dim0, int32_t dim1, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_transpose", ExactSpelling = true)]
         public static extern flame_status_t flame_transpose(IntPtr t, int dim0, int dim1, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_expand(flame_tensor_t t, const int64_t* shape, int32_t ndim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_expand", ExactSpelling = true)]
         public static extern flame_status_t flame_expand(IntPtr t, long* shape, int ndim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_squeeze(flame_tensor_t t, int32_t dim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_squeeze", ExactSpelling = true)]
         public static extern flame_status_t flame_squeeze(IntPtr t, int dim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_squeeze_all(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_squeeze_all", ExactSpelling = true)]
         public static extern flame_status_t flame_squeeze_all(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_unsqueeze(flame_tensor_t t, int32_t dim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_unsqueeze", ExactSpelling = true)]
         public static extern flame_status_t flame_unsqueeze(IntPtr t, int dim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_narrow(flame_tensor_t t, int32_t dim, int64_t start, int64_t length, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_narrow", ExactSpelling = true)]
         public static extern flame_status_t flame_narrow(IntPtr t, int dim, long start, long length, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_slice(flame_tensor_t t, int32_t dim, int64_t start, int64_t end, int64_t step, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_slice", ExactSpelling = true)]
         public static extern flame_status_t flame_slice(IntPtr t, int dim, long start, long end, long step, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_select(flame_tensor_t t, int32_t dim, int64_t index, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_select", ExactSpelling = true)]
         public static extern flame_status_t flame_select(IntPtr t, int dim, long index, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_flip(flame_tensor_t t, const int32_t* dims, int32_t ndims, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_flip", ExactSpelling = true)]
         public static extern flame_status_t flame_flip(IntPtr t, int* dims, int ndims, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_diagonal(flame_tensor_t t, int64_t offset, int32_t dim1, int32_t dim2, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_diagonal", ExactSpelling = true)]
         public static extern flame_status_t flame_diagonal(IntPtr t, long offset, int dim1, int dim2, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_contiguous(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_contiguous", ExactSpelling = true)]
         public static extern flame_status_t flame_contiguous(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_clone(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_clone", ExactSpelling = true)]
         public static extern flame_status_t flame_clone(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_to_dtype(flame_tensor_t t, flame_dtype_t dtype, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_to_dtype", ExactSpelling = true)]
         public static extern flame_status_t flame_to_dtype(IntPtr t, flame_dtype_t dtype, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_cat(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_cat", ExactSpelling = true)]
         public static extern flame_status_t flame_cat(IntPtr* tensors, int n, int dim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_stack(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_stack", ExactSpelling = true)]
         public static extern flame_status_t flame_stack(IntPtr* tensors, int n, int dim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_split(flame_tensor_t t, int64_t split_size, int32_t dim, flame_tensor_t* outs, int32_t capacity, int32_t* count)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_split", ExactSpelling = true)]
         public static extern flame_status_t flame_split(IntPtr t, long split_size, int dim, IntPtr* outs, int capacity, int* count);
 
+        /// <summary><c>flame_status_t flame_split_sizes(flame_tensor_t t, const int64_t* sizes, int32_t n, int32_t dim, flame_tensor_t* outs)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_split_sizes", ExactSpelling = true)]
         public static extern flame_status_t flame_split_sizes(IntPtr t, long* sizes, int n, int dim, IntPtr* outs);
 
+        /// <summary><c>flame_status_t flame_chunk(flame_tensor_t t, int32_t chunks, int32_t dim, flame_tensor_t* outs, int32_t capacity, int32_t* count)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_chunk", ExactSpelling = true)]
         public static extern flame_status_t flame_chunk(IntPtr t, int chunks, int dim, IntPtr* outs, int capacity, int* count);
 
+        /// <summary><c>flame_status_t flame_triu(flame_tensor_t t, int64_t diagonal, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_triu", ExactSpelling = true)]
         public static extern flame_status_t flame_triu(IntPtr t, long diagonal, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_tril(flame_tensor_t t, int64_t diagonal, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tril", ExactSpelling = true)]
         public static extern flame_status_t flame_tril(IntPtr t, long diagonal, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_add(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_add", ExactSpelling = true)]
         public static extern flame_status_t flame_add(IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_sub(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_sub", ExactSpelling = true)]
         public static extern flame_status_t flame_sub(IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_mul(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_mul", ExactSpelling = true)]
         public static extern flame_status_t flame_mul(IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_div(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_div", ExactSpelling = true)]
         public static extern flame_status_t flame_div(IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_pow(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_pow", ExactSpelling = true)]
         public static extern flame_status_t flame_pow(IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_maximum(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_maximum", ExactSpelling = true)]
         public static extern flame_status_t flame_maximum(IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_minimum(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_minimum", ExactSpelling = true)]
         public static extern flame_status_t flame_minimum(IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_eq(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_eq", ExactSpelling = true)]
         public static extern flame_status_t flame_eq(IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_ne(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ne", ExactSpelling = true)]
         public static extern flame_status_t flame_ne(IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_lt(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lt", ExactSpelling = true)]
         public static extern flame_status_t flame_lt(IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_le(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_le", ExactSpelling = true)]
         public static extern flame_status_t flame_le(IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_gt(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_gt", ExactSpelling = true)]
         public static extern flame_status_t flame_gt(IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_ge(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ge", ExactSpelling = true)]
         public static extern flame_status_t flame_ge(IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_logical_and(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_logical_and", ExactSpelling = true)]
         public static extern flame_status_t flame_logical_and(IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_logical_or(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_logical_or", ExactSpelling = true)]
         public static extern flame_status_t flame_logical_or(IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_logical_not(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_logical_not", ExactSpelling = true)]
         public static extern flame_status_t flame_logical_not(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_where(flame_tensor_t cond, flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_where", ExactSpelling = true)]
         public static extern flame_status_t flame_where(IntPtr cond, IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_clamp(flame_tensor_t t, double lo, double hi, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_clamp", ExactSpelling = true)]
         public static extern flame_status_t flame_clamp(IntPtr t, double lo, double hi, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_add_scalar(flame_tensor_t t, double s, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_add_scalar", ExactSpelling = true)]
         public static extern flame_status_t flame_add_scalar(IntPtr t, double s, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_sub_scalar(flame_tensor_t t, double s, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_sub_scalar", ExactSpelling = true)]
         public static extern flame_status_t flame_sub_scalar(IntPtr t, double s, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_rsub_scalar(flame_tensor_t t, double s, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rsub_scalar", ExactSpelling = true)]
         public static extern flame_status_t flame_rsub_scalar(IntPtr t, double s, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_mul_scalar(flame_tensor_t t, double s, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_mul_scalar", ExactSpelling = true)]
         public static extern flame_status_t flame_mul_scalar(IntPtr t, double s, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_div_scalar(flame_tensor_t t, double s, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_div_scalar", ExactSpelling = true)]
         public static extern flame_status_t flame_div_scalar(IntPtr t, double s, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_pow_scalar(flame_tensor_t t, double s, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_pow_scalar", ExactSpelling = true)]
         public static extern flame_status_t flame_pow_scalar(IntPtr t, double s, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_neg(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_neg", ExactSpelling = true)]
         public static extern flame_status_t flame_neg(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_abs(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_abs", ExactSpelling = true)]
         public static extern flame_status_t flame_abs(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_exp(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_exp", ExactSpelling = true)]
         public static extern flame_status_t flame_exp(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_log(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_log", ExactSpelling = true)]
         public static extern flame_status_t flame_log(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_log1p(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_log1p", ExactSpelling = true)]
         public static extern flame_status_t flame_log1p(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_expm1(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_expm1", ExactSpelling = true)]
         public static extern flame_status_t flame_expm1(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_sqrt(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_sqrt", ExactSpelling = true)]
         public static extern flame_status_t flame_sqrt(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_rsqrt(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rsqrt", ExactSpelling = true)]
         public static extern flame_status_t flame_rsqrt(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_sin(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_sin", ExactSpelling = true)]
         public static extern flame_status_t flame_sin(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_cos(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_cos", ExactSpelling = true)]
         public static extern flame_status_t flame_cos(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_tanh(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tanh", ExactSpelling = true)]
         public static extern flame_status_t flame_tanh(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_sigmoid(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_sigmoid", ExactSpelling = true)]
         public static extern flame_status_t flame_sigmoid(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_relu(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_relu", ExactSpelling = true)]
         public static extern flame_status_t flame_relu(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_silu(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_silu", ExactSpelling = true)]
         public static extern flame_status_t flame_silu(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_leaky_relu(flame_tensor_t t, double slope, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_leaky_relu", ExactSpelling = true)]
         public static extern flame_status_t flame_leaky_relu(IntPtr t, double slope, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_elu(flame_tensor_t t, double alpha, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_elu", ExactSpelling = true)]
         public static extern flame_status_t flame_elu(IntPtr t, double alpha, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_gelu(flame_tensor_t t, int32_t approximate, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_gelu", ExactSpelling = true)]
         public static extern flame_status_t flame_gelu(IntPtr t, int approximate, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_softplus(flame_tensor_t t, double beta, double threshold, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_softplus", ExactSpelling = true)]
         public static extern flame_status_t flame_softplus(IntPtr t, double beta, double threshold, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_floor(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_floor", ExactSpelling = true)]
         public static extern flame_status_t flame_floor(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_ceil(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ceil", ExactSpelling = true)]
         public static extern flame_status_t flame_ceil(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_round(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_round", ExactSpelling = true)]
         public static extern flame_status_t flame_round(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_sign(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_sign", ExactSpelling = true)]
         public static extern flame_status_t flame_sign(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_reciprocal(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_reciprocal", ExactSpelling = true)]
         public static extern flame_status_t flame_reciprocal(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_square(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_square", ExactSpelling = true)]
         public static extern flame_status_t flame_square(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_isnan(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_isnan", ExactSpelling = true)]
         public static extern flame_status_t flame_isnan(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_isinf(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_isinf", ExactSpelling = true)]
         public static extern flame_status_t flame_isinf(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_sum(flame_tensor_t t, const int32_t* dims, int32_t ndims, int32_t keepdim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_sum", ExactSpelling = true)]
         public static extern flame_status_t flame_sum(IntPtr t, int* dims, int ndims, int keepdim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_mean(flame_tensor_t t, const int32_t* dims, int32_t ndims, int32_t keepdim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_mean", ExactSpelling = true)]
         public static extern flame_status_t flame_mean(IntPtr t, int* dims, int ndims, int keepdim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_prod(flame_tensor_t t, const int32_t* dims, int32_t ndims, int32_t keepdim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_prod", ExactSpelling = true)]
         public static extern flame_status_t flame_prod(IntPtr t, int* dims, int ndims, int keepdim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_max(flame_tensor_t t, const int32_t* dims, int32_t ndims, int32_t keepdim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_max", ExactSpelling = true)]
         public static extern flame_status_t flame_max(IntPtr t, int* dims, int ndims, int keepdim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_min(flame_tensor_t t, const int32_t* dims, int32_t ndims, int32_t keepdim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_min", ExactSpelling = true)]
         public static extern flame_status_t flame_min(IntPtr t, int* dims, int ndims, int keepdim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_var(flame_tensor_t t, const int32_t* dims, int32_t ndims, double correction, int32_t keepdim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_var", ExactSpelling = true)]
         public static extern flame_status_t flame_var(IntPtr t, int* dims, int ndims, double correction, int keepdim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_std(flame_tensor_t t, const int32_t* dims, int32_t ndims, double correction, int32_t keepdim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_std", ExactSpelling = true)]
         public static extern flame_status_t flame_std(IntPtr t, int* dims, int ndims, double correction, int keepdim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_norm(flame_tensor_t t, double p, const int32_t* dims, int32_t ndims, int32_t keepdim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_norm", ExactSpelling = true)]
         public static extern flame_status_t flame_norm(IntPtr t, double p, int* dims, int ndims, int keepdim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_logsumexp(flame_tensor_t t, const int32_t* dims, int32_t ndims, int32_t keepdim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_logsumexp", ExactSpelling = true)]
         public static extern flame_status_t flame_logsumexp(IntPtr t, int* dims, int ndims, int keepdim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_argmax(flame_tensor_t t, int32_t dim, int32_t keepdim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_argmax", ExactSpelling = true)]
         public static extern flame_status_t flame_argmax(IntPtr t, int dim, int keepdim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_argmin(flame_tensor_t t, int32_t dim, int32_t keepdim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_argmin", ExactSpelling = true)]
         public static extern flame_status_t flame_argmin(IntPtr t, int dim, int keepdim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_cumsum(flame_tensor_t t, int32_t dim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_cumsum", ExactSpelling = true)]
         public static extern flame_status_t flame_cumsum(IntPtr t, int dim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_sum_all(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_sum_all", ExactSpelling = true)]
         public static extern flame_status_t flame_sum_all(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_max_all(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_max_all", ExactSpelling = true)]
         public static extern flame_status_t flame_max_all(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_min_all(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_min_all", ExactSpelling = true)]
         public static extern flame_status_t flame_min_all(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_matmul(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_matmul", ExactSpelling = true)]
         public static extern flame_status_t flame_matmul(IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_bmm(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_bmm", ExactSpelling = true)]
         public static extern flame_status_t flame_bmm(IntPtr a, IntPtr b, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_linear(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, int32_t activation, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_linear", ExactSpelling = true)]
         public static extern flame_status_t flame_linear(IntPtr x, IntPtr weight, IntPtr bias, int activation, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_optimizer_options_init(flame_optimizer_options_t* opts, int32_t kind)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_options_init", ExactSpelling = true)]
         public static extern flame_status_t flame_optimizer_options_init(flame_optimizer_options_t* opts, int kind);
 
+        /// <summary><c>flame_status_t flame_optimizer_create(flame_ctx_t ctx, const flame_optimizer_options_t* opts, const flame_tensor_t* params, int64_t n, flame_optimizer_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_create", ExactSpelling = true)]
         public static extern flame_status_t flame_optimizer_create(IntPtr ctx, flame_optimizer_options_t* opts, IntPtr* @params, long n, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_optimizer_add_param_group(flame_optimizer_t opt, const flame_optimizer_options_t* opts, const flame_tensor_t* params, int64_t n, int32_t* group)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_add_param_group", ExactSpelling = true)]
         public static extern flame_status_t flame_optimizer_add_param_group(IntPtr opt, flame_optimizer_options_t* opts, IntPtr* @params, long n, int* group);
 
+        /// <summary><c>flame_status_t flame_optimizer_step(flame_optimizer_t opt)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_step", ExactSpelling = true)]
         public static extern flame_status_t flame_optimizer_step(IntPtr opt);
 
+        /// <summary><c>flame_status_t flame_optimizer_zero_grad(flame_optimizer_t opt, int32_t set_to_none)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_zero_grad", ExactSpelling = true)]
         public static extern flame_status_t flame_optimizer_zero_grad(IntPtr opt, int set_to_none);
 
+        /// <summary><c>flame_status_t flame_optimizer_set_lr(flame_optimizer_t opt, int32_t group, double lr)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_set_lr", ExactSpelling = true)]
         public static extern flame_status_t flame_optimizer_set_lr(IntPtr opt, int group, double lr);
 
+        /// <summary><c>flame_status_t flame_optimizer_get_lr(flame_optimizer_t opt, int32_t group, double* lr)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_get_lr", ExactSpelling = true)]
         public static extern flame_status_t flame_optimizer_get_lr(IntPtr opt, int group, double* lr);
 
+        /// <summary><c>flame_status_t flame_optimizer_step_count(flame_optimizer_t opt, int64_t* steps)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_step_count", ExactSpelling = true)]
         public static extern flame_status_t flame_optimizer_step_count(IntPtr opt, long* steps);
 
+        /// <summary><c>void flame_optimizer_release(flame_optimizer_t opt)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_release", ExactSpelling = true)]
         public static extern void flame_optimizer_release(IntPtr opt);
 
+        /// <summary><c>flame_status_t flame_clip_grad_norm(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double max_norm, double norm_type, int32_t error_if_nonfinite, flame_tensor_t* total_norm)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_clip_grad_norm", ExactSpelling = true)]
         public static extern flame_status_t flame_clip_grad_norm(IntPtr ctx, IntPtr* @params, long n, double max_norm, double norm_type, int error_if_nonfinite, IntPtr* total_norm);
 
+        /// <summary><c>flame_status_t flame_clip_grad_value(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double clip)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_clip_grad_value", ExactSpelling = true)]
         public static extern flame_status_t flame_clip_grad_value(IntPtr ctx, IntPtr* @params, long n, double clip);
 
+        /// <summary><c>flame_status_t flame_tensor_set_requires_grad(flame_tensor_t t, int32_t requires_grad)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_set_requires_grad", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_set_requires_grad(IntPtr t, int requires_grad);
 
+        /// <summary><c>flame_status_t flame_tensor_requires_grad(flame_tensor_t t, int32_t* requires_grad)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_requires_grad", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_requires_grad(IntPtr t, int* requires_grad);
 
+        /// <summary><c>flame_status_t flame_tensor_is_leaf(flame_tensor_t t, int32_t* is_leaf)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_is_leaf", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_is_leaf(IntPtr t, int* is_leaf);
 
+        /// <summary><c>flame_status_t flame_tensor_detach(flame_tensor_t t, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_detach", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_detach(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_tensor_grad(flame_tensor_t t, flame_tensor_t* grad)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_grad", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_grad(IntPtr t, IntPtr* grad);
 
+        /// <summary><c>flame_status_t flame_tensor_set_grad(flame_tensor_t t, flame_tensor_t grad)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_set_grad", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_set_grad(IntPtr t, IntPtr grad);
 
+        /// <summary><c>flame_status_t flame_tensor_zero_grad(flame_tensor_t t)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_zero_grad", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_zero_grad(IntPtr t);
 
+        /// <summary><c>flame_status_t flame_tensor_retain_grad(flame_tensor_t t)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_retain_grad", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_retain_grad(IntPtr t);
 
+        /// <summary><c>flame_status_t flame_backward(flame_ctx_t ctx, flame_tensor_t root, flame_tensor_t grad, uint32_t flags)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_backward", ExactSpelling = true)]
         public static extern flame_status_t flame_backward(IntPtr ctx, IntPtr root, IntPtr grad, uint flags);
 
+        /// <summary><c>flame_status_t flame_grad(flame_ctx_t ctx, const flame_tensor_t* outputs, const flame_tensor_t* grad_outputs, int32_t n_outputs, const flame_tensor_t* inputs, int32_t n_inputs, uint32_t flags, flame_tensor_t* results)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad", ExactSpelling = true)]
         public static extern flame_status_t flame_grad(IntPtr ctx, IntPtr* outputs, IntPtr* grad_outputs, int n_outputs, IntPtr* inputs, int n_inputs, uint flags, IntPtr* results);
 
+        /// <summary><c>flame_status_t flame_ctx_set_grad_enabled(flame_ctx_t ctx, int32_t enabled, int32_t* previous)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_set_grad_enabled", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_set_grad_enabled(IntPtr ctx, int enabled, int* previous);
 
+        /// <summary><c>flame_status_t flame_ctx_is_grad_enabled(flame_ctx_t ctx, int32_t* enabled)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_is_grad_enabled", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_is_grad_enabled(IntPtr ctx, int* enabled);
 
+        /// <summary><c>flame_status_t flame_ctx_set_autocast(flame_ctx_t ctx, int32_t dtype, int32_t* previous)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_set_autocast", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_set_autocast(IntPtr ctx, int dtype, int* previous);
 
+        /// <summary><c>flame_status_t flame_ctx_get_autocast(flame_ctx_t ctx, int32_t* dtype)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_get_autocast", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_get_autocast(IntPtr ctx, int* dtype);
 
+        /// <summary><c>flame_status_t flame_ctx_set_inference_mode(flame_ctx_t ctx, int32_t enabled, int32_t* previous)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_set_inference_mode", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_set_inference_mode(IntPtr ctx, int enabled, int* previous);
 
+        /// <summary><c>flame_status_t flame_tensor_register_hook(flame_tensor_t t, flame_tensor_hook_fn fn, void* user_data, flame_destroy_fn destroy, flame_hook_t* hook)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_register_hook", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_register_hook(IntPtr t, flame_tensor_hook_fn fn, IntPtr user_data, flame_destroy_fn destroy, IntPtr* hook);
 
+        /// <summary><c>flame_status_t flame_tensor_register_post_accumulate_grad_hook(flame_tensor_t t, flame_post_accumulate_hook_fn fn, void* user_data, flame_destroy_fn destroy, flame_hook_t* hook)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_register_post_accumulate_grad_hook", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_register_post_accumulate_grad_hook(IntPtr t, flame_post_accumulate_hook_fn fn, IntPtr user_data, flame_destroy_fn destroy, IntPtr* hook);
 
+        /// <summary><c>void flame_hook_remove(flame_hook_t hook)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_hook_remove", ExactSpelling = true)]
         public static extern void flame_hook_remove(IntPtr hook);
 
+        /// <summary><c>flame_status_t flame_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_softmax", ExactSpelling = true)]
         public static extern flame_status_t flame_softmax(IntPtr x, int dim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_log_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_log_softmax", ExactSpelling = true)]
         public static extern flame_status_t flame_log_softmax(IntPtr x, int dim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_layer_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, flame_tensor_t bias, double eps, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_layer_norm", ExactSpelling = true)]
         public static extern flame_status_t flame_layer_norm(IntPtr x, long* normalized_shape, int ndims, IntPtr weight, IntPtr bias, double eps, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_rms_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, double eps, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rms_norm", ExactSpelling = true)]
         public static extern flame_status_t flame_rms_norm(IntPtr x, long* normalized_shape, int ndims, IntPtr weight, double eps, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_group_norm(flame_tensor_t x, int32_t num_groups, flame_tensor_t weight, flame_tensor_t bias, double eps, int32_t channels_last, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_group_norm", ExactSpelling = true)]
         public static extern flame_status_t flame_group_norm(IntPtr x, int num_groups, IntPtr weight, IntPtr bias, double eps, int channels_last, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t running_mean, flame_tensor_t running_var, flame_tensor_t weight, flame_tensor_t bias, int32_t training, double momentum, double eps, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_batch_norm", ExactSpelling = true)]
         public static extern flame_status_t flame_batch_norm(IntPtr x, IntPtr running_mean, IntPtr running_var, IntPtr weight, IntPtr bias, int training, double momentum, double eps, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_cross_entropy(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, double label_smoothing, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_cross_entropy", ExactSpelling = true)]
         public static extern flame_status_t flame_cross_entropy(IntPtr logits, IntPtr target, IntPtr weight, long ignore_index, double label_smoothing, flame_reduction_t reduction, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_nll_loss(flame_tensor_t input, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_nll_loss", ExactSpelling = true)]
         public static extern flame_status_t flame_nll_loss(IntPtr input, IntPtr target, IntPtr weight, long ignore_index, flame_reduction_t reduction, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_mse_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_mse_loss", ExactSpelling = true)]
         public static extern flame_status_t flame_mse_loss(IntPtr input, IntPtr target, flame_reduction_t reduction, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_l1_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_l1_loss", ExactSpelling = true)]
         public static extern flame_status_t flame_l1_loss(IntPtr input, IntPtr target, flame_reduction_t reduction, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_smooth_l1_loss(flame_tensor_t input, flame_tensor_t target, double beta, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_smooth_l1_loss", ExactSpelling = true)]
         public static extern flame_status_t flame_smooth_l1_loss(IntPtr input, IntPtr target, double beta, flame_reduction_t reduction, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_huber_loss(flame_tensor_t input, flame_tensor_t target, double delta, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_huber_loss", ExactSpelling = true)]
         public static extern flame_status_t flame_huber_loss(IntPtr input, IntPtr target, double delta, flame_reduction_t reduction, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, flame_tensor_t pos_weight, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_binary_cross_entropy_with_logits", ExactSpelling = true)]
         public static extern flame_status_t flame_binary_cross_entropy_with_logits(IntPtr logits, IntPtr target, IntPtr weight, IntPtr pos_weight, flame_reduction_t reduction, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_tensor_to_dlpack(flame_tensor_t t, struct DLManagedTensor** out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_to_dlpack", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_to_dlpack(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_tensor_from_dlpack(flame_ctx_t ctx, struct DLManagedTensor* src, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_from_dlpack", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_from_dlpack(IntPtr ctx, IntPtr src, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_tensor_to_dlpack_versioned(flame_tensor_t t, struct DLManagedTensorVersioned** out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_to_dlpack_versioned", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_to_dlpack_versioned(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_tensor_from_dlpack_versioned(flame_ctx_t ctx, struct DLManagedTensorVersioned* src, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_from_dlpack_versioned", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_from_dlpack_versioned(IntPtr ctx, IntPtr src, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_safetensors_load(flame_ctx_t ctx, const char* path, flame_safetensors_t* file)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_load", ExactSpelling = true)]
         public static extern flame_status_t flame_safetensors_load(IntPtr ctx, string path, IntPtr* file);
 
+        /// <summary><c>void flame_safetensors_release(flame_safetensors_t file)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_release", ExactSpelling = true)]
         public static extern void flame_safetensors_release(IntPtr file);
 
+        /// <summary><c>flame_status_t flame_safetensors_count(flame_safetensors_t file, int64_t* count)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_count", ExactSpelling = true)]
         public static extern flame_status_t flame_safetensors_count(IntPtr file, long* count);
 
+        /// <summary><c>flame_status_t flame_safetensors_name(flame_safetensors_t file, int64_t index, const char** name)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_name", ExactSpelling = true)]
         public static extern flame_status_t flame_safetensors_name(IntPtr file, long index, byte** name);
 
+        /// <summary><c>flame_status_t flame_safetensors_info(flame_safetensors_t file, const char* name, flame_dtype_t* dtype, int64_t* shape, int32_t capacity, int32_t* ndim)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_info", ExactSpelling = true)]
         public static extern flame_status_t flame_safetensors_info(IntPtr file, string name, flame_dtype_t* dtype, long* shape, int capacity, int* ndim);
 
+        /// <summary><c>flame_status_t flame_safetensors_get(flame_safetensors_t file, const char* name, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_get", ExactSpelling = true)]
         public static extern flame_status_t flame_safetensors_get(IntPtr file, string name, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_safetensors_metadata_count(flame_safetensors_t file, int64_t* count)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_metadata_count", ExactSpelling = true)]
         public static extern flame_status_t flame_safetensors_metadata_count(IntPtr file, long* count);
 
+        /// <summary><c>flame_status_t flame_safetensors_metadata_key(flame_safetensors_t file, int64_t index, const char** key)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_metadata_key", ExactSpelling = true)]
         public static extern flame_status_t flame_safetensors_metadata_key(IntPtr file, long index, byte** key);
 
+        /// <summary><c>flame_status_t flame_safetensors_metadata(flame_safetensors_t file, const char* key, const char** value)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_metadata", ExactSpelling = true)]
         public static extern flame_status_t flame_safetensors_metadata(IntPtr file, string key, byte** value);
 
+        /// <summary><c>flame_status_t flame_safetensors_save(flame_ctx_t ctx, const char* path, const char* const* names, const flame_tensor_t* tensors, int64_t n, const char* const* metadata_kv, int64_t n_metadata)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_save", ExactSpelling = true)]
         public static extern flame_status_t flame_safetensors_save(IntPtr ctx, string path, byte** names, IntPtr* tensors, long n, byte** metadata_kv, long n_metadata);
 
+        /// <summary><c>flame_status_t flame_index_select(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_index_select", ExactSpelling = true)]
         public static extern flame_status_t flame_index_select(IntPtr t, int dim, IntPtr index, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_gather(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_gather", ExactSpelling = true)]
         public static extern flame_status_t flame_gather(IntPtr t, int dim, IntPtr index, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_scatter_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scatter_add", ExactSpelling = true)]
         public static extern flame_status_t flame_scatter_add(IntPtr t, int dim, IntPtr index, IntPtr src, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_index_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t source, double alpha, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_index_add", ExactSpelling = true)]
         public static extern flame_status_t flame_index_add(IntPtr t, int dim, IntPtr index, IntPtr source, double alpha, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_masked_fill(flame_tensor_t t, flame_tensor_t mask, double value, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_masked_fill", ExactSpelling = true)]
         public static extern flame_status_t flame_masked_fill(IntPtr t, IntPtr mask, double value, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_one_hot(flame_tensor_t index, int64_t num_classes, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_one_hot", ExactSpelling = true)]
         public static extern flame_status_t flame_one_hot(IntPtr index, long num_classes, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_embedding(flame_tensor_t weight, flame_tensor_t indices, int64_t padding_idx, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_embedding", ExactSpelling = true)]
         public static extern flame_status_t flame_embedding(IntPtr weight, IntPtr indices, long padding_idx, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_conv_options_init(flame_conv_options_t* opts)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_conv_options_init", ExactSpelling = true)]
         public static extern flame_status_t flame_conv_options_init(flame_conv_options_t* opts);
 
+        /// <summary><c>flame_status_t flame_conv2d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, const flame_conv_options_t* opts, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_conv2d", ExactSpelling = true)]
         public static extern flame_status_t flame_conv2d(IntPtr x, IntPtr weight, IntPtr bias, flame_conv_options_t* opts, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_conv_transpose2d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, const flame_conv_options_t* opts, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_conv_transpose2d", ExactSpelling = true)]
         public static extern flame_status_t flame_conv_transpose2d(IntPtr x, IntPtr weight, IntPtr bias, flame_conv_options_t* opts, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_conv1d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, const flame_conv_options_t* opts, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_conv1d", ExactSpelling = true)]
         public static extern flame_status_t flame_conv1d(IntPtr x, IntPtr weight, IntPtr bias, flame_conv_options_t* opts, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_attention_options_init(flame_attention_options_t* opts)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_attention_options_init", ExactSpelling = true)]
         public static extern flame_status_t flame_attention_options_init(flame_attention_options_t* opts);
 
+        /// <summary><c>flame_status_t flame_scaled_dot_product_attention(flame_tensor_t q, flame_tensor_t k, flame_tensor_t v, flame_tensor_t mask, const flame_attention_options_t* opts, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scaled_dot_product_attention", ExactSpelling = true)]
         public static extern flame_status_t flame_scaled_dot_product_attention(IntPtr q, IntPtr k, IntPtr v, IntPtr mask, flame_attention_options_t* opts, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_scatter(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scatter", ExactSpelling = true)]
         public static extern flame_status_t flame_scatter(IntPtr t, int dim, IntPtr index, IntPtr src, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_masked_select(flame_tensor_t t, flame_tensor_t mask, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_masked_select", ExactSpelling = true)]
         public static extern flame_status_t flame_masked_select(IntPtr t, IntPtr mask, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_repeat(flame_tensor_t t, const int64_t* repeats, int32_t n, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_repeat", ExactSpelling = true)]
         public static extern flame_status_t flame_repeat(IntPtr t, long* repeats, int n, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_repeat_interleave(flame_tensor_t t, int64_t repeats, int32_t dim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_repeat_interleave", ExactSpelling = true)]
         public static extern flame_status_t flame_repeat_interleave(IntPtr t, long repeats, int dim, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_t npads, int32_t mode, double value, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_pad", ExactSpelling = true)]
         public static extern flame_status_t flame_pad(IntPtr t, long* pads, int npads, int mode, double value, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dropout", ExactSpelling = true)]
         public static extern flame_status_t flame_dropout(IntPtr t, double p, int training, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_pool2d_options_init(flame_pool2d_options_t* opts, int64_t kernel_h, int64_t kernel_w)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_pool2d_options_init", ExactSpelling = true)]
         public static extern flame_status_t flame_pool2d_options_init(flame_pool2d_options_t* opts, long kernel_h, long kernel_w);
 
+        /// <summary><c>flame_status_t flame_max_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_max_pool2d", ExactSpelling = true)]
         public static extern flame_status_t flame_max_pool2d(IntPtr x, flame_pool2d_options_t* opts, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_avg_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_avg_pool2d", ExactSpelling = true)]
         public static extern flame_status_t flame_avg_pool2d(IntPtr x, flame_pool2d_options_t* opts, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_adaptive_avg_pool2d(flame_tensor_t x, int64_t out_h, int64_t out_w, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_adaptive_avg_pool2d", ExactSpelling = true)]
         public static extern flame_status_t flame_adaptive_avg_pool2d(IntPtr x, long out_h, long out_w, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_upsample_nearest2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_upsample_nearest2d", ExactSpelling = true)]
         public static extern flame_status_t flame_upsample_nearest2d(IntPtr x, long out_h, long out_w, double scale_h, double scale_w, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_upsample_bilinear2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w, int32_t align_corners, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_upsample_bilinear2d", ExactSpelling = true)]
         public static extern flame_status_t flame_upsample_bilinear2d(IntPtr x, long out_h, long out_w, double scale_h, double scale_w, int align_corners, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_rope_options_init(flame_rope_options_t* opts)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rope_options_init", ExactSpelling = true)]
         public static extern flame_status_t flame_rope_options_init(flame_rope_options_t* opts);
 
+        /// <summary><c>flame_status_t flame_rope(flame_tensor_t x, flame_tensor_t positions, const flame_rope_options_t* opts, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rope", ExactSpelling = true)]
         public static extern flame_status_t flame_rope(IntPtr x, IntPtr positions, flame_rope_options_t* opts, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_timestep_embedding(flame_tensor_t timesteps, int64_t dim, double max_period, int32_t flip_sin_to_cos, double downscale_freq_shift, double scale, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_timestep_embedding", ExactSpelling = true)]
         public static extern flame_status_t flame_timestep_embedding(IntPtr timesteps, long dim, double max_period, int flip_sin_to_cos, double downscale_freq_shift, double scale, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_geglu(flame_tensor_t x, int32_t approximate, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_geglu", ExactSpelling = true)]
         public static extern flame_status_t flame_geglu(IntPtr x, int approximate, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_adaln_modulate(flame_tensor_t x, flame_tensor_t shift, flame_tensor_t scale, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_adaln_modulate", ExactSpelling = true)]
         public static extern flame_status_t flame_adaln_modulate(IntPtr x, IntPtr shift, IntPtr scale, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_swiglu_mlp(flame_tensor_t x, flame_tensor_t w1, flame_tensor_t w3, flame_tensor_t w2, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_swiglu_mlp", ExactSpelling = true)]
         public static extern flame_status_t flame_swiglu_mlp(IntPtr x, IntPtr w1, IntPtr w3, IntPtr w2, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_optimizer_save_state(flame_optimizer_t opt, const char* path)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_save_state", ExactSpelling = true)]
         public static extern flame_status_t flame_optimizer_save_state(IntPtr opt, string path);
 
+        /// <summary><c>flame_status_t flame_optimizer_load_state(flame_optimizer_t opt, const char* path)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_load_state", ExactSpelling = true)]
         public static extern flame_status_t flame_optimizer_load_state(IntPtr opt, string path);
 
+        /// <summary><c>flame_status_t flame_grad_normalize(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double target_norm, double eps)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_normalize", ExactSpelling = true)]
         public static extern flame_status_t flame_grad_normalize(IntPtr ctx, IntPtr* tensors, long n, double target_norm, double eps);
 
+        /// <summary><c>flame_status_t flame_grad_add_noise(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double std_dev)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_add_noise", ExactSpelling = true)]
         public static extern flame_status_t flame_grad_add_noise(IntPtr ctx, IntPtr* tensors, long n, double std_dev);
 
+        /// <summary><c>flame_status_t flame_grad_stats(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_stats", ExactSpelling = true)]
         public static extern flame_status_t flame_grad_stats(IntPtr ctx, IntPtr* tensors, long n, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_grad_stats_host(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double* values, int64_t capacity)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_stats_host", ExactSpelling = true)]
         public static extern flame_status_t flame_grad_stats_host(IntPtr ctx, IntPtr* tensors, long n, double* values, long capacity);
 
+        /// <summary><c>flame_status_t flame_grad_scaler_options_init(flame_grad_scaler_options_t* opts)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_options_init", ExactSpelling = true)]
         public static extern flame_status_t flame_grad_scaler_options_init(flame_grad_scaler_options_t* opts);
 
+        /// <summary><c>flame_status_t flame_grad_scaler_create(flame_ctx_t ctx, const flame_grad_scaler_options_t* opts, flame_grad_scaler_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_create", ExactSpelling = true)]
         public static extern flame_status_t flame_grad_scaler_create(IntPtr ctx, flame_grad_scaler_options_t* opts, IntPtr* @out);
 
+        /// <summary><c>void flame_grad_scaler_release(flame_grad_scaler_t scaler)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_release", ExactSpelling = true)]
         public static extern void flame_grad_scaler_release(IntPtr scaler);
 
+        /// <summary><c>flame_status_t flame_grad_scaler_scale(flame_grad_scaler_t scaler, flame_tensor_t loss, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_scale", ExactSpelling = true)]
         public static extern flame_status_t flame_grad_scaler_scale(IntPtr scaler, IntPtr loss, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_grad_scaler_unscale(flame_grad_scaler_t scaler, flame_optimizer_t opt)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_unscale", ExactSpelling = true)]
         public static extern flame_status_t flame_grad_scaler_unscale(IntPtr scaler, IntPtr opt);
 
+        /// <summary><c>flame_status_t flame_grad_scaler_unscale_tensors(flame_grad_scaler_t scaler, const flame_tensor_t* tensors, int64_t n)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_unscale_tensors", ExactSpelling = true)]
         public static extern flame_status_t flame_grad_scaler_unscale_tensors(IntPtr scaler, IntPtr* tensors, long n);
 
+        /// <summary><c>flame_status_t flame_grad_scaler_step(flame_grad_scaler_t scaler, flame_optimizer_t opt, int32_t* stepped)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_step", ExactSpelling = true)]
         public static extern flame_status_t flame_grad_scaler_step(IntPtr scaler, IntPtr opt, int* stepped);
 
+        /// <summary><c>flame_status_t flame_grad_scaler_update(flame_grad_scaler_t scaler)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_update", ExactSpelling = true)]
         public static extern flame_status_t flame_grad_scaler_update(IntPtr scaler);
 
+        /// <summary><c>flame_status_t flame_grad_scaler_get_scale(flame_grad_scaler_t scaler, double* scale)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_get_scale", ExactSpelling = true)]
         public static extern flame_status_t flame_grad_scaler_get_scale(IntPtr scaler, double* scale);
 
+        /// <summary><c>flame_status_t flame_grad_scaler_found_inf(flame_grad_scaler_t scaler, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_found_inf", ExactSpelling = true)]
         public static extern flame_status_t flame_grad_scaler_found_inf(IntPtr scaler, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_grad_scaler_get_state(flame_grad_scaler_t scaler, double* scale, int64_t* growth_tracker)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_get_state", ExactSpelling = true)]
         public static extern flame_status_t flame_grad_scaler_get_state(IntPtr scaler, double* scale, long* growth_tracker);
 
+        /// <summary><c>flame_status_t flame_grad_scaler_set_state(flame_grad_scaler_t scaler, double scale, int64_t growth_tracker)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_set_state", ExactSpelling = true)]
         public static extern flame_status_t flame_grad_scaler_set_state(IntPtr scaler, double scale, long growth_tracker);
 
+        /// <summary><c>flame_status_t flame_lora_create(flame_tensor_t weight, flame_tensor_t bias, int64_t rank, double alpha, flame_lora_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_create", ExactSpelling = true)]
         public static extern flame_status_t flame_lora_create(IntPtr weight, IntPtr bias, long rank, double alpha, IntPtr* @out);
 
+        /// <summary><c>void flame_lora_release(flame_lora_t lora)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_release", ExactSpelling = true)]
         public static extern void flame_lora_release(IntPtr lora);
 
+        /// <summary><c>flame_status_t flame_lora_forward(flame_lora_t lora, flame_tensor_t x, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_forward", ExactSpelling = true)]
         public static extern flame_status_t flame_lora_forward(IntPtr lora, IntPtr x, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_lora_adapters(flame_lora_t lora, flame_tensor_t* a, flame_tensor_t* b)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_adapters", ExactSpelling = true)]
         public static extern flame_status_t flame_lora_adapters(IntPtr lora, IntPtr* a, IntPtr* b);
 
+        /// <summary><c>flame_status_t flame_lora_merge(flame_lora_t lora)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_merge", ExactSpelling = true)]
         public static extern flame_status_t flame_lora_merge(IntPtr lora);
 
+        /// <summary><c>flame_status_t flame_lora_unmerge(flame_lora_t lora)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_unmerge", ExactSpelling = true)]
         public static extern flame_status_t flame_lora_unmerge(IntPtr lora);
 
+        /// <summary><c>flame_status_t flame_lora_is_merged(flame_lora_t lora, int32_t* merged)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_is_merged", ExactSpelling = true)]
         public static extern flame_status_t flame_lora_is_merged(IntPtr lora, int* merged);
 
+        /// <summary><c>flame_status_t flame_checkpoint(flame_ctx_t ctx, flame_checkpoint_fn fn, void* user_data, flame_destroy_fn destroy, const flame_tensor_t* inputs, int32_t n_inputs, flame_tensor_t* outputs, int32_t n_outputs)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_checkpoint", ExactSpelling = true)]
         public static extern flame_status_t flame_checkpoint(IntPtr ctx, flame_checkpoint_fn fn, IntPtr user_data, flame_destroy_fn destroy, IntPtr* inputs, int n_inputs, IntPtr* outputs, int n_outputs);
 
+        /// <summary><c>flame_status_t flame_ctx_cudnn_info(flame_ctx_t ctx, int32_t* version, uint64_t* convolutions)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_cudnn_info", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_cudnn_info(IntPtr ctx, int* version, ulong* convolutions);
 
+        /// <summary><c>flame_status_t flame_ctx_cudnn_attention_info(flame_ctx_t ctx, uint64_t* forward, uint64_t* backward)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_cudnn_attention_info", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_cudnn_attention_info(IntPtr ctx, ulong* forward, ulong* backward);
 
+        /// <summary><c>flame_status_t flame_graph_capture_begin(flame_ctx_t ctx)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_graph_capture_begin", ExactSpelling = true)]
         public static extern flame_status_t flame_graph_capture_begin(IntPtr ctx);
 
+        /// <summary><c>flame_status_t flame_graph_capture_end(flame_ctx_t ctx, flame_graph_t* graph)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_graph_capture_end", ExactSpelling = true)]
         public static extern flame_status_t flame_graph_capture_end(IntPtr ctx, IntPtr* graph);
 
+        /// <summary><c>flame_status_t flame_graph_replay(flame_graph_t graph)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_graph_replay", ExactSpelling = true)]
         public static extern flame_status_t flame_graph_replay(IntPtr graph);
 
+        /// <summary><c>void flame_graph_release(flame_graph_t graph)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_graph_release", ExactSpelling = true)]
         public static extern void flame_graph_release(IntPtr graph);
 
+        /// <summary><c>flame_status_t flame_copy_from_host(flame_tensor_t dst, const void* data, size_t nbytes)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_copy_from_host", ExactSpelling = true)]
         public static extern flame_status_t flame_copy_from_host(IntPtr dst, IntPtr data, UIntPtr nbytes);
 
+        /// <summary><c>flame_status_t flame_comm_options_init(flame_comm_options_t* opts)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_options_init", ExactSpelling = true)]
         public static extern flame_status_t flame_comm_options_init(flame_comm_options_t* opts);
 
+        /// <summary><c>flame_status_t flame_comm_unique_id(flame_ctx_t ctx, flame_comm_id_t* id)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_unique_id", ExactSpelling = true)]
         public static extern flame_status_t flame_comm_unique_id(IntPtr ctx, flame_comm_id_t* id);
 
+        /// <summary><c>flame_status_t flame_comm_create(flame_ctx_t ctx, const flame_comm_id_t* id, int32_t rank, int32_t world_size, const flame_comm_options_t* opts, flame_comm_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_create", ExactSpelling = true)]
         public static extern flame_status_t flame_comm_create(IntPtr ctx, flame_comm_id_t* id, int rank, int world_size, flame_comm_options_t* opts, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_comm_create_group(const flame_ctx_t* ctxs, int32_t n, const flame_comm_options_t* opts, flame_comm_t* comms)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_create_group", ExactSpelling = true)]
         public static extern flame_status_t flame_comm_create_group(IntPtr* ctxs, int n, flame_comm_options_t* opts, IntPtr* comms);
 
+        /// <summary><c>void flame_comm_release(flame_comm_t comm)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_release", ExactSpelling = true)]
         public static extern void flame_comm_release(IntPtr comm);
 
+        /// <summary><c>flame_status_t flame_comm_rank(flame_comm_t comm, int32_t* rank)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_rank", ExactSpelling = true)]
         public static extern flame_status_t flame_comm_rank(IntPtr comm, int* rank);
 
+        /// <summary><c>flame_status_t flame_comm_size(flame_comm_t comm, int32_t* size)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_size", ExactSpelling = true)]
         public static extern flame_status_t flame_comm_size(IntPtr comm, int* size);
 
+        /// <summary><c>flame_status_t flame_comm_synchronize(flame_comm_t comm)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_synchronize", ExactSpelling = true)]
         public static extern flame_status_t flame_comm_synchronize(IntPtr comm);
 
+        /// <summary><c>flame_status_t flame_comm_all_reduce(flame_comm_t comm, flame_tensor_t t, int32_t op)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_all_reduce", ExactSpelling = true)]
         public static extern flame_status_t flame_comm_all_reduce(IntPtr comm, IntPtr t, int op);
 
+        /// <summary><c>flame_status_t flame_comm_broadcast(flame_comm_t comm, flame_tensor_t t, int32_t root)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_broadcast", ExactSpelling = true)]
         public static extern flame_status_t flame_comm_broadcast(IntPtr comm, IntPtr t, int root);
 
+        /// <summary><c>flame_status_t flame_comm_all_gather(flame_comm_t comm, flame_tensor_t in, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_all_gather", ExactSpelling = true)]
         public static extern flame_status_t flame_comm_all_gather(IntPtr comm, IntPtr @in, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_comm_reduce_scatter(flame_comm_t comm, flame_tensor_t in, int32_t op, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_reduce_scatter", ExactSpelling = true)]
         public static extern flame_status_t flame_comm_reduce_scatter(IntPtr comm, IntPtr @in, int op, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_dp_options_init(flame_dp_options_t* opts)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dp_options_init", ExactSpelling = true)]
         public static extern flame_status_t flame_dp_options_init(flame_dp_options_t* opts);
 
+        /// <summary><c>flame_status_t flame_dp_create(flame_comm_t comm, const flame_tensor_t* params, int64_t n, const flame_dp_options_t* opts, flame_dp_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dp_create", ExactSpelling = true)]
         public static extern flame_status_t flame_dp_create(IntPtr comm, IntPtr* @params, long n, flame_dp_options_t* opts, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_dp_set_sync(flame_dp_t dp, int32_t sync)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dp_set_sync", ExactSpelling = true)]
         public static extern flame_status_t flame_dp_set_sync(IntPtr dp, int sync);
 
+        /// <summary><c>flame_status_t flame_dp_wait(flame_dp_t dp)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dp_wait", ExactSpelling = true)]
         public static extern flame_status_t flame_dp_wait(IntPtr dp);
 
+        /// <summary><c>void flame_dp_release(flame_dp_t dp)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dp_release", ExactSpelling = true)]
         public static extern void flame_dp_release(IntPtr dp);
 
+        /// <summary><c>flame_status_t flame_fused_compile(flame_ctx_t ctx, const char* expr, int32_t n_inputs, flame_fused_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_fused_compile", ExactSpelling = true)]
         public static extern flame_status_t flame_fused_compile(IntPtr ctx, string expr, int n_inputs, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_fused_call(flame_fused_t fn, const flame_tensor_t* inputs, int32_t n, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_fused_call", ExactSpelling = true)]
         public static extern flame_status_t flame_fused_call(IntPtr fn, IntPtr* inputs, int n, IntPtr* @out);
 
+        /// <summary><c>void flame_fused_release(flame_fused_t fn)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_fused_release", ExactSpelling = true)]
         public static extern void flame_fused_release(IntPtr fn);
 

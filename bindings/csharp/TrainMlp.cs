@@ -3,6 +3,7 @@
 // x.Unsqueeze(2) * w.Unsqueeze(0) summed over dim 1; it becomes x.Matmul(w) once flame_matmul
 // is in flame.h (and therefore in the generated Ops.g.cs).
 //
+// Exit status: 0 when the accuracy passes 90%, 1 otherwise, 2 without a GPU.
 // Build: mcs -unsafe -out:out/TrainMlp.exe -r:out/Flame.dll TrainMlp.cs
 // Run:   FLAME_LIBRARY=/path/to/libflame.so.1 mono out/TrainMlp.exe
 using System;
@@ -13,7 +14,7 @@ static class TrainMlp
 {
     const int N = 512;
     const long H = 16;
-    const flame_dtype_t F32 = flame_dtype_t.FLAME_DTYPE_F32;
+    const DType F32 = DType.F32;
 
     static Tensor Dense(Tensor x, Tensor w, Tensor b)
     {
@@ -30,7 +31,14 @@ static class TrainMlp
     static int Main()
     {
         Console.WriteLine("FLAME " + Library.Version + " (ABI " + Library.AbiVersion + ")");
-        using (var ctx = new Context())
+        Context gpu;
+        try { gpu = new Context(); }
+        catch (FlameException e) when (e.Status == StatusCode.NoDriver || e.Status == StatusCode.NoDevice)
+        {
+            Console.Error.WriteLine("TrainMlp: no GPU available: " + e.Message);
+            return 2;  // as the C examples: 2 means no GPU
+        }
+        using (var ctx = gpu)
         {
             Console.WriteLine("device: " + ctx.DeviceName());
             ctx.ManualSeed(0);

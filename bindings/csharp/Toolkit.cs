@@ -1,0 +1,906 @@
+// Hand-written safe wrappers for the exports whose ownership the generator cannot express
+// (Ops.g.cs covers the regular ones): convolution / pooling / RoPE with options objects, host
+// copies into existing tensors, optimizer state files, gradient statistics, the grad scaler, LoRA
+// adapters, gradient checkpointing with a delegate, CUDA graph capture, NCCL communicators and data
+// parallelism, fused expressions; and Scope, which disposes the tensors created while it is open.
+//
+// Each native handle lives in a ReleasingHandle (a SafeHandle calling the C release function once);
+// each wrapper carries [Wraps("flame_...")] for the coverage test. Callbacks (checkpoint functions)
+// go through static thunks that catch every exception and return it as a status: nothing managed
+// unwinds into native code, and the user's delegate stays in a GCHandle until the library calls
+// destroy.
+using System;
+using System.Collections.Generic;
+using System.Runtime.CompilerServices;
+using System.Runtime.InteropServices;
+using Flame.Interop;
+
+namespace Flame
+{
+    /// <summary>An owned native handle released once by its C release function (flame_*_release).</summary>
+    public sealed class ReleasingHandle : SafeHandle
+    {
+        readonly Action<IntPtr> release;
+
+        /// <summary>Takes over raw; release is called with it exactly once (Dispose or finalizer).</summary>
+        public ReleasingHandle(IntPtr raw, Action<IntPtr> release) : base(IntPtr.Zero, true)
+        {
+            this.release = release;
+            SetHandle(raw);
+        }
+
+        /// <summary>Whether the handle is NULL.</summary>
+        public override bool IsInvalid { get { return handle == IntPtr.Zero; } }
+
+        /// <summary>Calls the release function.</summary>
+        protected override bool ReleaseHandle() { release(handle); return true; }
+
+        internal IntPtr Get(string what)
+        {
+            if (IsClosed)
+                throw new ObjectDisposedException(what);
+            return DangerousGetHandle();
+        }
+    }
+
+    /// The release functions as delegates. Lambdas in their own class, not method groups of Native:
+    /// Mono may bind a P/Invoke when the method naming it is compiled, and the constructors that
+    /// take these run before the library is loaded (Library.EnsureLoaded, with $FLAME_LIBRARY).
+    static class Releasers
+    {
+        public static readonly Action<IntPtr> Comm = h => Native.flame_comm_release(h);
+        public static readonly Action<IntPtr> Dp = h => Native.flame_dp_release(h);
+        public static readonly Action<IntPtr> Fused = h => Native.flame_fused_release(h);
+        public static readonly Action<IntPtr> GradScaler = h => Native.flame_grad_scaler_release(h);
+        public static readonly Action<IntPtr> Graph = h => Native.flame_graph_release(h);
+        public static readonly Action<IntPtr> Lora = h => Native.flame_lora_release(h);
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Scope
+    // ------------------------------------------------------------------------------------------
+
+    /// <summary>Disposes the tensors created on this thread while it is open (the C# counterpart of
+    /// a handle scope): <c>using (var s = new Scope()) { var y = ...; return s.Keep(y); }</c>. Keep
+    /// hands a tensor to the enclosing scope (or to nobody when there is none). Scopes nest; dispose
+    /// them in reverse order of creation. Tensors from other threads are not tracked.</summary>
+    public sealed class Scope : IDisposable
+    {
+        [ThreadStatic] static Scope current;
+
+        readonly Scope parent;
+        readonly List<Tensor> owned = new List<Tensor>();                              // in creation order
+        readonly Dictionary<Tensor, bool> ownedSet = new Dictionary<Tensor, bool>();  // sets: mscorlib only
+        readonly Dictionary<Tensor, bool> kept = new Dictionary<Tensor, bool>();
+        bool disposed;
+
+        /// <summary>Opens a scope on this thread; it becomes the innermost one.</summary>
+        public Scope()
+        {
+            parent = current;
+            current = this;
+        }
+
+        /// <summary>The innermost open scope of this thread, or null.</summary>
+        public static Scope Current { get { return current; } }
+
+        /// <summary>The number of tensors the scope will dispose.</summary>
+        public int Count { get { return owned.Count - kept.Count; } }
+
+        internal static void Track(Tensor t)
+        {
+            Scope s = current;
+            if (s != null)
+                s.Adopt(t);
+        }
+
+        void Adopt(Tensor t)
+        {
+            if (ownedSet.ContainsKey(t))
+                return;
+            ownedSet[t] = true;
+            owned.Add(t);
+        }
+
+        /// <summary>Lets t outlive the scope: a tensor this scope tracks moves to the enclosing scope
+        /// (or to nobody when there is none); any other tensor is left alone. Returns t.</summary>
+        public Tensor Keep(Tensor t)
+        {
+            if (t == null)
+                return null;
+            if (disposed)
+                throw new ObjectDisposedException("Scope");
+            if (ownedSet.ContainsKey(t) && !kept.ContainsKey(t))
+            {
+                kept[t] = true;
+                if (parent != null)
+                    parent.Adopt(t);
+            }
+            return t;
+        }
+
+        /// <summary>Keeps every tensor of ts; returns ts.</summary>
+        public Tensor[] Keep(params Tensor[] ts)
+        {
+            if (ts != null)
+                foreach (Tensor t in ts)
+                    Keep(t);
+            return ts;
+        }
+
+        /// <summary>Disposes every tracked tensor that was not kept and closes the scope.</summary>
+        public void Dispose()
+        {
+            if (disposed)
+                return;
+            disposed = true;
+            if (current == this)
+                current = parent;
+            foreach (Tensor t in owned)
+                if (!kept.ContainsKey(t))
+                    t.Dispose();
+            owned.Clear();
+            ownedSet.Clear();
+            kept.Clear();
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Convolution, pooling, RoPE, host copies
+    // ------------------------------------------------------------------------------------------
+
+    public sealed partial class Tensor
+    {
+        unsafe Tensor Conv(string name, Tensor weight, Tensor bias, ConvOptions options)
+        {
+            IntPtr o = IntPtr.Zero;
+            flame_conv_options_t opts = options == null ? default(flame_conv_options_t) : options.O;
+            flame_conv_options_t* po = options == null ? null : &opts;
+            flame_status_t s;
+            if (name == "conv2d") s = Native.flame_conv2d(Raw, RawOf(weight), RawOf(bias), po, &o);
+            else if (name == "conv1d") s = Native.flame_conv1d(Raw, RawOf(weight), RawOf(bias), po, &o);
+            else s = Native.flame_conv_transpose2d(Raw, RawOf(weight), RawOf(bias), po, &o);
+            Status.Check(s);
+            GC.KeepAlive(this); GC.KeepAlive(weight); GC.KeepAlive(bias);
+            return new Tensor(o);
+        }
+
+        /// <summary>flame_conv2d: this is x [N, C, H, W], weight [O, C / groups, kh, kw]; bias [O]
+        /// may be null (no bias); options null means the defaults of <see cref="ConvOptions"/>.</summary>
+        [Wraps("flame_conv2d")]
+        public Tensor Conv2d(Tensor weight, Tensor bias = null, ConvOptions options = null) { return Conv("conv2d", weight, bias, options); }
+
+        /// <summary>flame_conv_transpose2d: this is x [N, C, H, W], weight [C, C_out / groups, kh, kw];
+        /// bias [C_out] may be null; options null means the defaults.</summary>
+        [Wraps("flame_conv_transpose2d")]
+        public Tensor ConvTranspose2d(Tensor weight, Tensor bias = null, ConvOptions options = null) { return Conv("conv_transpose2d", weight, bias, options); }
+
+        /// <summary>flame_conv1d: this is x [N, C, L], weight [O, C / groups, k]; bias [O] may be null;
+        /// options null means the defaults (element 0 of each pair is used).</summary>
+        [Wraps("flame_conv1d")]
+        public Tensor Conv1d(Tensor weight, Tensor bias = null, ConvOptions options = null) { return Conv("conv1d", weight, bias, options); }
+
+        /// <summary>flame_max_pool2d of this [N, C, H, W] or [C, H, W] with options (not null: it holds
+        /// the kernel size, e.g. <c>new Pool2dOptions(2, 2)</c>).</summary>
+        [Wraps("flame_max_pool2d")]
+        public unsafe Tensor MaxPool2d(Pool2dOptions options)
+        {
+            if (options == null) throw new ArgumentNullException("options");
+            flame_pool2d_options_t opts = options.O;
+            IntPtr o = IntPtr.Zero;
+            Status.Check(Native.flame_max_pool2d(Raw, &opts, &o));
+            GC.KeepAlive(this);
+            return new Tensor(o);
+        }
+
+        /// <summary>flame_avg_pool2d of this [N, C, H, W] or [C, H, W] with options (not null).</summary>
+        [Wraps("flame_avg_pool2d")]
+        public unsafe Tensor AvgPool2d(Pool2dOptions options)
+        {
+            if (options == null) throw new ArgumentNullException("options");
+            flame_pool2d_options_t opts = options.O;
+            IntPtr o = IntPtr.Zero;
+            Status.Check(Native.flame_avg_pool2d(Raw, &opts, &o));
+            GC.KeepAlive(this);
+            return new Tensor(o);
+        }
+
+        /// <summary>flame_rope: rotary position embeddings of this; positions (i64 / i32, [T] or [B, T])
+        /// may be null (position_offset + t); options null means the defaults of <see cref="RopeOptions"/>.</summary>
+        [Wraps("flame_rope")]
+        public unsafe Tensor Rope(Tensor positions = null, RopeOptions options = null)
+        {
+            flame_rope_options_t opts = (options ?? new RopeOptions()).O;
+            IntPtr o = IntPtr.Zero;
+            Status.Check(Native.flame_rope(Raw, RawOf(positions), &opts, &o));
+            GC.KeepAlive(this); GC.KeepAlive(positions);
+            return new Tensor(o);
+        }
+
+        unsafe void CopyFromHost(void* p, long nbytes)
+        {
+            Status.Check(Native.flame_copy_from_host(Raw, (IntPtr)p, (UIntPtr)(ulong)nbytes));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_copy_from_host: overwrites this contiguous f32 tensor with data (numel values),
+        /// in stream order (the static-input pattern of graphs).</summary>
+        [Wraps("flame_copy_from_host")]
+        public unsafe void CopyFrom(float[] data) { CheckDtype(DType.F32); fixed (float* p = data) CopyFromHost(p, 4L * data.Length); }
+        /// <summary>flame_copy_from_host for an f64 tensor.</summary>
+        public unsafe void CopyFrom(double[] data) { CheckDtype(DType.F64); fixed (double* p = data) CopyFromHost(p, 8L * data.Length); }
+        /// <summary>flame_copy_from_host for an i32 tensor.</summary>
+        public unsafe void CopyFrom(int[] data) { CheckDtype(DType.I32); fixed (int* p = data) CopyFromHost(p, 4L * data.Length); }
+        /// <summary>flame_copy_from_host for an i64 tensor.</summary>
+        public unsafe void CopyFrom(long[] data) { CheckDtype(DType.I64); fixed (long* p = data) CopyFromHost(p, 8L * data.Length); }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Optimizer state files, gradient statistics, checkpointing, graphs (Context / Optimizer)
+    // ------------------------------------------------------------------------------------------
+
+    public sealed partial class Optimizer
+    {
+        /// <summary>flame_optimizer_save_state: writes the optimizer's complete state to a safetensors
+        /// file at path (atomically); the parameters are not written.</summary>
+        [Wraps("flame_optimizer_save_state")]
+        public void SaveState(string path)
+        {
+            Status.Check(Native.flame_optimizer_save_state(Raw, path));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_optimizer_load_state: replaces the state with the one SaveState wrote to path
+        /// (same kind, groups and parameter shapes); on any error the optimizer is unchanged.</summary>
+        [Wraps("flame_optimizer_load_state")]
+        public void LoadState(string path)
+        {
+            Status.Check(Native.flame_optimizer_load_state(Raw, path));
+            GC.KeepAlive(this);
+        }
+    }
+
+    /// <summary>Columns of a row of <see cref="Context.GradStatsHost"/> (FLAME_STAT_*).</summary>
+    public enum GradStat
+    {
+        /// <summary>L2 norm.</summary>
+        Norm = Native.FLAME_STAT_NORM,
+        /// <summary>Minimum of the non-NaN values.</summary>
+        Min = Native.FLAME_STAT_MIN,
+        /// <summary>Maximum of the non-NaN values.</summary>
+        Max = Native.FLAME_STAT_MAX,
+        /// <summary>Mean.</summary>
+        Mean = Native.FLAME_STAT_MEAN,
+        /// <summary>Number of NaN values.</summary>
+        NanCount = Native.FLAME_STAT_NAN_COUNT,
+        /// <summary>Number of infinite values.</summary>
+        InfCount = Native.FLAME_STAT_INF_COUNT,
+    }
+
+    public sealed partial class Context
+    {
+        /// <summary>flame_grad_stats_host: statistics of each tensor and of all together, waiting for
+        /// the device. Row i &lt; n describes tensors[i], row n the whole list; index a row with
+        /// <see cref="GradStat"/>: <c>rows[i][(int)GradStat.Norm]</c>.</summary>
+        [Wraps("flame_grad_stats_host")]
+        public unsafe double[][] GradStatsHost(params Tensor[] tensors)
+        {
+            IntPtr[] t = Tensor.RawArray(tensors);
+            int cols = Native.FLAME_STAT_COLUMNS;
+            var values = new double[(t.Length + 1) * cols];
+            fixed (IntPtr* pt = t)
+            fixed (double* pv = values)
+                Status.Check(Native.flame_grad_stats_host(Raw, t.Length == 0 ? null : pt, t.Length, pv, values.Length));
+            GC.KeepAlive(this); GC.KeepAlive(tensors);
+            var rows = new double[t.Length + 1][];
+            for (int i = 0; i < rows.Length; i++)
+            {
+                rows[i] = new double[cols];
+                Array.Copy(values, i * cols, rows[i], 0, cols);
+            }
+            return rows;
+        }
+
+        // ---- gradient checkpointing ----
+
+        sealed class CheckpointState
+        {
+            public Func<Tensor[], Tensor[]> Fn;
+        }
+
+        static readonly unsafe flame_checkpoint_fn CheckpointThunk = CheckpointCall;
+        static readonly flame_destroy_fn CheckpointDestroyThunk = CheckpointDestroy;
+
+        static unsafe flame_status_t CheckpointCall(IntPtr ud, IntPtr* inputs, int nInputs, IntPtr* outputs, int nOutputs)
+        {
+            try
+            {
+                var st = (CheckpointState)GCHandle.FromIntPtr(ud).Target;
+                using (var scope = new Scope())  // the block's intermediates and input wrappers go at the end
+                {
+                    var ins = new Tensor[nInputs];
+                    for (int i = 0; i < nInputs; i++)
+                        ins[i] = Tensor.FromBorrowed(inputs[i]);
+                    Tensor[] outs = st.Fn(ins);
+                    if (outs == null || outs.Length != nOutputs)
+                        throw new FlameException(StatusCode.InvalidArgument, "the function returned " +
+                            (outs == null ? "null" : outs.Length.ToString()) + " tensors, expected " + nOutputs);
+                    for (int i = 0; i < nOutputs; i++)
+                    {
+                        if (outs[i] == null)
+                            throw new FlameException(StatusCode.InvalidArgument, "output " + i + " is null");
+                        Status.Check(Native.flame_tensor_retain(outs[i].Raw));  // a new reference for FLAME
+                        outputs[i] = outs[i].Raw;
+                    }
+                    GC.KeepAlive(outs);
+                }
+                return flame_status_t.FLAME_OK;
+            }
+            catch (Exception e)
+            {
+                return Status.FromException("C# checkpoint function", e);
+            }
+        }
+
+        static void CheckpointDestroy(IntPtr ud)
+        {
+            try { GCHandle.FromIntPtr(ud).Free(); }
+            catch { }
+        }
+
+        /// <summary>flame_checkpoint: runs fn(inputs) without keeping its intermediates and runs it
+        /// again during backward to rebuild them. fn must return nOutputs tensors and compute the same
+        /// thing both times; tensors it creates are disposed after each run (outputs are handed to
+        /// FLAME), tensors it captures are not. An exception in fn becomes the call's (or the
+        /// backward's) status: its FlameException status, else FLAME_ERROR_INTERNAL, with its message.
+        /// fn is kept alive until FLAME no longer needs it.</summary>
+        [Wraps("flame_checkpoint")]
+        public unsafe Tensor[] Checkpoint(Func<Tensor[], Tensor[]> fn, int nOutputs, params Tensor[] inputs)
+        {
+            if (fn == null) throw new ArgumentNullException("fn");
+            IntPtr[] ins = Tensor.RawArray(inputs);
+            var outs = new IntPtr[Math.Max(nOutputs, 1)];
+            GCHandle gh = GCHandle.Alloc(new CheckpointState { Fn = fn });
+            flame_status_t s;
+            fixed (IntPtr* pi = ins)
+            fixed (IntPtr* po = outs)
+                s = Native.flame_checkpoint(Raw, CheckpointThunk, GCHandle.ToIntPtr(gh), CheckpointDestroyThunk,
+                                            ins.Length == 0 ? null : pi, ins.Length, po, nOutputs);
+            // destroy frees gh in every case (also on failure), so it is not touched here.
+            GC.KeepAlive(this); GC.KeepAlive(inputs);
+            Status.Check(s);
+            var r = new Tensor[nOutputs];
+            for (int i = 0; i < nOutputs; i++)
+                r[i] = new Tensor(outs[i]);
+            return r;
+        }
+
+        // ---- CUDA graphs ----
+
+        /// <summary>flame_graph_capture_begin: the context's calls from now on are captured, not run,
+        /// until <see cref="EndCapture"/>. Prefer <see cref="Capture"/>.</summary>
+        [Wraps("flame_graph_capture_begin")]
+        public void BeginCapture()
+        {
+            Status.Check(Native.flame_graph_capture_begin(Raw));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_graph_capture_end: the captured work as a graph to replay. When a call
+        /// failed during the capture this throws its status and the capture is discarded.</summary>
+        [Wraps("flame_graph_capture_end")]
+        public unsafe Graph EndCapture()
+        {
+            IntPtr g = IntPtr.Zero;
+            Status.Check(Native.flame_graph_capture_end(Raw, &g));
+            GC.KeepAlive(this);
+            return new Graph(g);
+        }
+
+        /// <summary>Captures what body does on this context into a graph (begin, body, end). When body
+        /// throws, the capture is ended and discarded and the exception propagates.</summary>
+        public Graph Capture(Action body)
+        {
+            if (body == null) throw new ArgumentNullException("body");
+            BeginCapture();
+            try
+            {
+                body();
+            }
+            catch
+            {
+                DiscardCapture();
+                throw;
+            }
+            return EndCapture();
+        }
+
+        unsafe void DiscardCapture()
+        {
+            IntPtr g = IntPtr.Zero;
+            if (Native.flame_graph_capture_end(Raw, &g) == flame_status_t.FLAME_OK && g != IntPtr.Zero)
+                Native.flame_graph_release(g);
+            GC.KeepAlive(this);
+        }
+    }
+
+    /// <summary>A captured CUDA graph (flame_graph_t). Dispose releases it; tensors created during
+    /// its capture stay valid.</summary>
+    public sealed class Graph : IDisposable
+    {
+        readonly ReleasingHandle h;
+
+        internal Graph(IntPtr raw) { h = new ReleasingHandle(raw, Releasers.Graph); }
+
+        /// <summary>The raw handle (borrowed).</summary>
+        public IntPtr Raw { get { return h.Get("Graph"); } }
+
+        /// <summary>flame_graph_replay: runs the captured work once more, asynchronously in stream order.</summary>
+        [Wraps("flame_graph_replay")]
+        public void Replay()
+        {
+            Status.Check(Native.flame_graph_replay(Raw));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_graph_release.</summary>
+        [Wraps("flame_graph_release")]
+        public void Dispose() { h.Dispose(); }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Grad scaler
+    // ------------------------------------------------------------------------------------------
+
+    /// <summary>Dynamic loss scaling (flame_grad_scaler_t, as torch.cuda.amp.GradScaler):
+    /// <c>Scale(loss).Backward(); scaler.Step(opt); scaler.Update();</c>. Dispose releases it.</summary>
+    public sealed class GradScaler : IDisposable
+    {
+        readonly ReleasingHandle h;
+
+        /// <summary>flame_grad_scaler_create on ctx; options null means the defaults.</summary>
+        [Wraps("flame_grad_scaler_create")]
+        public GradScaler(Context ctx, GradScalerOptions options = null)
+        {
+            Library.EnsureLoaded();
+            h = new ReleasingHandle(Create(ctx, options), Releasers.GradScaler);
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe IntPtr Create(Context ctx, GradScalerOptions options)
+        {
+            if (ctx == null) throw new ArgumentNullException("ctx");
+            flame_grad_scaler_options_t o = options == null ? default(flame_grad_scaler_options_t) : options.O;
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_grad_scaler_create(ctx.Raw, options == null ? null : &o, &raw));
+            GC.KeepAlive(ctx);
+            return raw;
+        }
+
+        /// <summary>The raw handle (borrowed).</summary>
+        public IntPtr Raw { get { return h.Get("GradScaler"); } }
+
+        /// <summary>flame_grad_scaler_release.</summary>
+        [Wraps("flame_grad_scaler_release")]
+        public void Dispose() { h.Dispose(); }
+
+        /// <summary>flame_grad_scaler_scale: loss * scale, recorded in the graph.</summary>
+        [Wraps("flame_grad_scaler_scale")]
+        public unsafe Tensor Scale(Tensor loss)
+        {
+            IntPtr o = IntPtr.Zero;
+            Status.Check(Native.flame_grad_scaler_scale(Raw, Tensor.RawOf(loss), &o));
+            GC.KeepAlive(this); GC.KeepAlive(loss);
+            return new Tensor(o);
+        }
+
+        /// <summary>flame_grad_scaler_unscale: divides the optimizer's gradients by the scale in place.</summary>
+        [Wraps("flame_grad_scaler_unscale")]
+        public void Unscale(Optimizer optimizer)
+        {
+            if (optimizer == null) throw new ArgumentNullException("optimizer");
+            Status.Check(Native.flame_grad_scaler_unscale(Raw, optimizer.Raw));
+            GC.KeepAlive(this); GC.KeepAlive(optimizer);
+        }
+
+        /// <summary>flame_grad_scaler_unscale_tensors: as Unscale for tensors (edited in place).</summary>
+        [Wraps("flame_grad_scaler_unscale_tensors")]
+        public unsafe void UnscaleTensors(params Tensor[] tensors)
+        {
+            IntPtr[] t = Tensor.RawArray(tensors);
+            fixed (IntPtr* p = t)
+                Status.Check(Native.flame_grad_scaler_unscale_tensors(Raw, t.Length == 0 ? null : p, t.Length));
+            GC.KeepAlive(this); GC.KeepAlive(tensors);
+        }
+
+        /// <summary>flame_grad_scaler_step: steps the optimizer unless its gradients held an Inf or NaN;
+        /// returns whether it stepped. Waits for the device once.</summary>
+        [Wraps("flame_grad_scaler_step")]
+        public unsafe bool Step(Optimizer optimizer)
+        {
+            if (optimizer == null) throw new ArgumentNullException("optimizer");
+            int stepped = 0;
+            Status.Check(Native.flame_grad_scaler_step(Raw, optimizer.Raw, &stepped));
+            GC.KeepAlive(this); GC.KeepAlive(optimizer);
+            return stepped != 0;
+        }
+
+        /// <summary>flame_grad_scaler_update: backs the scale off or grows it.</summary>
+        [Wraps("flame_grad_scaler_update")]
+        public void Update()
+        {
+            Status.Check(Native.flame_grad_scaler_update(Raw));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_grad_scaler_get_scale: the current scale (1 when disabled). Waits for the device.</summary>
+        [Wraps("flame_grad_scaler_get_scale")]
+        public unsafe double CurrentScale
+        {
+            get
+            {
+                double s = 0;
+                Status.Check(Native.flame_grad_scaler_get_scale(Raw, &s));
+                GC.KeepAlive(this);
+                return s;
+            }
+        }
+
+        /// <summary>flame_grad_scaler_found_inf: a 0-d f32 tensor, 1 when an unscaled gradient since the
+        /// last update held an Inf or NaN.</summary>
+        [Wraps("flame_grad_scaler_found_inf")]
+        public unsafe Tensor FoundInf()
+        {
+            IntPtr o = IntPtr.Zero;
+            Status.Check(Native.flame_grad_scaler_found_inf(Raw, &o));
+            GC.KeepAlive(this);
+            return new Tensor(o);
+        }
+
+        /// <summary>flame_grad_scaler_get_state: the scale and the growth tracker, to checkpoint.</summary>
+        [Wraps("flame_grad_scaler_get_state")]
+        public unsafe void GetState(out double scale, out long growthTracker)
+        {
+            double s = 0;
+            long g = 0;
+            Status.Check(Native.flame_grad_scaler_get_state(Raw, &s, &g));
+            GC.KeepAlive(this);
+            scale = s;
+            growthTracker = g;
+        }
+
+        /// <summary>flame_grad_scaler_set_state: restores a state from GetState.</summary>
+        [Wraps("flame_grad_scaler_set_state")]
+        public void SetState(double scale, long growthTracker)
+        {
+            Status.Check(Native.flame_grad_scaler_set_state(Raw, scale, growthTracker));
+            GC.KeepAlive(this);
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // LoRA
+    // ------------------------------------------------------------------------------------------
+
+    /// <summary>A LoRA adapter (flame_lora_t) over a frozen linear weight [out, in] and an optional
+    /// bias: Forward(x) = linear(x, weight, bias) + alpha / rank * x A^T B^T. Train
+    /// <see cref="Adapters"/> with an optimizer; Merge folds the adapter into the weight. Dispose
+    /// releases the adapter (A and B stay alive while referenced).</summary>
+    public sealed class Lora : IDisposable
+    {
+        readonly ReleasingHandle h;
+
+        /// <summary>flame_lora_create over weight (must not require grad) and bias (may be null).</summary>
+        [Wraps("flame_lora_create")]
+        public Lora(Tensor weight, Tensor bias, long rank, double alpha)
+        {
+            Library.EnsureLoaded();
+            h = new ReleasingHandle(Create(weight, bias, rank, alpha), Releasers.Lora);
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe IntPtr Create(Tensor weight, Tensor bias, long rank, double alpha)
+        {
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_lora_create(Tensor.RawOf(weight), Tensor.RawOf(bias), rank, alpha, &raw));
+            GC.KeepAlive(weight); GC.KeepAlive(bias);
+            return raw;
+        }
+
+        /// <summary>The raw handle (borrowed).</summary>
+        public IntPtr Raw { get { return h.Get("Lora"); } }
+
+        /// <summary>flame_lora_release.</summary>
+        [Wraps("flame_lora_release")]
+        public void Dispose() { h.Dispose(); }
+
+        /// <summary>flame_lora_forward of x [..., in].</summary>
+        [Wraps("flame_lora_forward")]
+        public unsafe Tensor Forward(Tensor x)
+        {
+            IntPtr o = IntPtr.Zero;
+            Status.Check(Native.flame_lora_forward(Raw, Tensor.RawOf(x), &o));
+            GC.KeepAlive(this); GC.KeepAlive(x);
+            return new Tensor(o);
+        }
+
+        /// <summary>flame_lora_adapters: A [rank, in] and B [out, rank] themselves (new references to
+        /// the trainable leaves).</summary>
+        [Wraps("flame_lora_adapters")]
+        public unsafe Tensor[] Adapters()
+        {
+            IntPtr a = IntPtr.Zero, b = IntPtr.Zero;
+            Status.Check(Native.flame_lora_adapters(Raw, &a, &b));
+            GC.KeepAlive(this);
+            return new[] { new Tensor(a), new Tensor(b) };
+        }
+
+        /// <summary>flame_lora_merge: adds scale * B A to the weight in place (keeping a copy).</summary>
+        [Wraps("flame_lora_merge")]
+        public void Merge()
+        {
+            Status.Check(Native.flame_lora_merge(Raw));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_lora_unmerge: restores the weight bit for bit.</summary>
+        [Wraps("flame_lora_unmerge")]
+        public void Unmerge()
+        {
+            Status.Check(Native.flame_lora_unmerge(Raw));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_lora_is_merged.</summary>
+        [Wraps("flame_lora_is_merged")]
+        public unsafe bool IsMerged
+        {
+            get
+            {
+                int m = 0;
+                Status.Check(Native.flame_lora_is_merged(Raw, &m));
+                GC.KeepAlive(this);
+                return m != 0;
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Fused expressions
+    // ------------------------------------------------------------------------------------------
+
+    /// <summary>A compiled elementwise expression over x0 .. x{n-1} (flame_fused_t), e.g.
+    /// <c>new FusedFunction(ctx, "x0 * (1 + x1) + x2", 3)</c>. Dispose releases it.</summary>
+    public sealed class FusedFunction : IDisposable
+    {
+        readonly ReleasingHandle h;
+
+        /// <summary>flame_fused_compile: parses expr over nInputs inputs (syntax errors name the column).</summary>
+        [Wraps("flame_fused_compile")]
+        public FusedFunction(Context ctx, string expr, int nInputs)
+        {
+            Library.EnsureLoaded();
+            h = new ReleasingHandle(Compile(ctx, expr, nInputs), Releasers.Fused);
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe IntPtr Compile(Context ctx, string expr, int nInputs)
+        {
+            if (ctx == null) throw new ArgumentNullException("ctx");
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_fused_compile(ctx.Raw, expr, nInputs, &raw));
+            GC.KeepAlive(ctx);
+            return raw;
+        }
+
+        /// <summary>The raw handle (borrowed).</summary>
+        public IntPtr Raw { get { return h.Get("FusedFunction"); } }
+
+        /// <summary>flame_fused_release (graphs built with it stay differentiable).</summary>
+        [Wraps("flame_fused_release")]
+        public void Dispose() { h.Dispose(); }
+
+        /// <summary>flame_fused_call: the expression applied to inputs (broadcast and promoted).</summary>
+        [Wraps("flame_fused_call")]
+        public unsafe Tensor Call(params Tensor[] inputs)
+        {
+            IntPtr[] t = Tensor.RawArray(inputs);
+            IntPtr o = IntPtr.Zero;
+            fixed (IntPtr* p = t)
+                Status.Check(Native.flame_fused_call(Raw, t.Length == 0 ? null : p, t.Length, &o));
+            GC.KeepAlive(this); GC.KeepAlive(inputs);
+            return new Tensor(o);
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // NCCL communicators and data parallelism
+    // ------------------------------------------------------------------------------------------
+
+    /// <summary>One rank of an NCCL communicator (flame_comm_t) bound to one context. Dispose
+    /// releases it (on every rank concurrently, as creation).</summary>
+    public sealed class Communicator : IDisposable
+    {
+        readonly ReleasingHandle h;
+
+        Communicator(IntPtr raw) { h = new ReleasingHandle(raw, Releasers.Comm); }
+
+        /// <summary>flame_comm_unique_id: a new communicator identity (128 bytes) to give to every rank.</summary>
+        [Wraps("flame_comm_unique_id")]
+        public static byte[] UniqueId(Context ctx)
+        {
+            Library.EnsureLoaded();
+            return UniqueIdImpl(ctx);
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe byte[] UniqueIdImpl(Context ctx)
+        {
+            if (ctx == null) throw new ArgumentNullException("ctx");
+            flame_comm_id_t id;
+            Status.Check(Native.flame_comm_unique_id(ctx.Raw, &id));
+            GC.KeepAlive(ctx);
+            var r = new byte[Native.FLAME_COMM_ID_BYTES];
+            for (int i = 0; i < r.Length; i++) r[i] = id.@internal[i];
+            return r;
+        }
+
+        /// <summary>flame_comm_create: rank `rank` of worldSize ranks on ctx's GPU, waiting until all
+        /// joined; id from <see cref="UniqueId"/>; options null means the defaults.</summary>
+        [Wraps("flame_comm_create")]
+        public static Communicator Create(Context ctx, byte[] id, int rank, int worldSize, CommOptions options = null)
+        {
+            Library.EnsureLoaded();
+            return new Communicator(CreateImpl(ctx, id, rank, worldSize, options));
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe IntPtr CreateImpl(Context ctx, byte[] id, int rank, int worldSize, CommOptions options)
+        {
+            if (ctx == null) throw new ArgumentNullException("ctx");
+            if (id == null || id.Length != Native.FLAME_COMM_ID_BYTES)
+                throw new ArgumentException("id must hold " + Native.FLAME_COMM_ID_BYTES + " bytes (Communicator.UniqueId)");
+            flame_comm_id_t cid;
+            for (int i = 0; i < id.Length; i++) cid.@internal[i] = id[i];
+            flame_comm_options_t o = options == null ? default(flame_comm_options_t) : options.O;
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_comm_create(ctx.Raw, &cid, rank, worldSize, options == null ? null : &o, &raw));
+            GC.KeepAlive(ctx);
+            return raw;
+        }
+
+        /// <summary>flame_comm_create_group: the ranks of one communicator from one thread, rank i on
+        /// contexts[i] (distinct GPUs).</summary>
+        [Wraps("flame_comm_create_group")]
+        public static Communicator[] CreateGroup(Context[] contexts, CommOptions options = null)
+        {
+            Library.EnsureLoaded();
+            IntPtr[] raws = CreateGroupImpl(contexts, options);
+            var r = new Communicator[raws.Length];
+            for (int i = 0; i < raws.Length; i++) r[i] = new Communicator(raws[i]);
+            return r;
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe IntPtr[] CreateGroupImpl(Context[] contexts, CommOptions options)
+        {
+            if (contexts == null || contexts.Length == 0) throw new ArgumentException("contexts must not be empty");
+            var c = new IntPtr[contexts.Length];
+            for (int i = 0; i < c.Length; i++) c[i] = contexts[i].Raw;
+            var outs = new IntPtr[c.Length];
+            flame_comm_options_t o = options == null ? default(flame_comm_options_t) : options.O;
+            fixed (IntPtr* pc = c)
+            fixed (IntPtr* po = outs)
+                Status.Check(Native.flame_comm_create_group(pc, c.Length, options == null ? null : &o, po));
+            GC.KeepAlive(contexts);
+            return outs;
+        }
+
+        /// <summary>The raw handle (borrowed).</summary>
+        public IntPtr Raw { get { return h.Get("Communicator"); } }
+
+        /// <summary>flame_comm_release.</summary>
+        [Wraps("flame_comm_release")]
+        public void Dispose() { h.Dispose(); }
+
+        /// <summary>flame_comm_rank.</summary>
+        [Wraps("flame_comm_rank")]
+        public unsafe int Rank { get { int r = 0; Status.Check(Native.flame_comm_rank(Raw, &r)); GC.KeepAlive(this); return r; } }
+
+        /// <summary>flame_comm_size: the world size.</summary>
+        [Wraps("flame_comm_size")]
+        public unsafe int Size { get { int r = 0; Status.Check(Native.flame_comm_size(Raw, &r)); GC.KeepAlive(this); return r; } }
+
+        /// <summary>flame_comm_synchronize: waits (up to the timeout) until the context's stream is idle.</summary>
+        [Wraps("flame_comm_synchronize")]
+        public void Synchronize() { Status.Check(Native.flame_comm_synchronize(Raw)); GC.KeepAlive(this); }
+
+        /// <summary>flame_comm_all_reduce: t (contiguous) becomes the reduction of t over all ranks.</summary>
+        [Wraps("flame_comm_all_reduce")]
+        public void AllReduce(Tensor t, ReduceOp op = ReduceOp.Sum)
+        {
+            Status.Check(Native.flame_comm_all_reduce(Raw, Tensor.RawOf(t), (int)op));
+            GC.KeepAlive(this); GC.KeepAlive(t);
+        }
+
+        /// <summary>flame_comm_broadcast: t (contiguous) becomes rank root's t.</summary>
+        [Wraps("flame_comm_broadcast")]
+        public void Broadcast(Tensor t, int root)
+        {
+            Status.Check(Native.flame_comm_broadcast(Raw, Tensor.RawOf(t), root));
+            GC.KeepAlive(this); GC.KeepAlive(t);
+        }
+
+        /// <summary>flame_comm_all_gather: every rank's input concatenated along dim 0.</summary>
+        [Wraps("flame_comm_all_gather")]
+        public unsafe Tensor AllGather(Tensor input)
+        {
+            IntPtr o = IntPtr.Zero;
+            Status.Check(Native.flame_comm_all_gather(Raw, Tensor.RawOf(input), &o));
+            GC.KeepAlive(this); GC.KeepAlive(input);
+            return new Tensor(o);
+        }
+
+        /// <summary>flame_comm_reduce_scatter: this rank's block of the reduction of input over all ranks.</summary>
+        [Wraps("flame_comm_reduce_scatter")]
+        public unsafe Tensor ReduceScatter(Tensor input, ReduceOp op = ReduceOp.Sum)
+        {
+            IntPtr o = IntPtr.Zero;
+            Status.Check(Native.flame_comm_reduce_scatter(Raw, Tensor.RawOf(input), (int)op, &o));
+            GC.KeepAlive(this); GC.KeepAlive(input);
+            return new Tensor(o);
+        }
+    }
+
+    /// <summary>Data-parallel gradient synchronisation over a communicator (flame_dp_t, as torch DDP):
+    /// after each backward with Sync on, call Wait on every rank, then step. Dispose releases it.</summary>
+    public sealed class DataParallel : IDisposable
+    {
+        readonly ReleasingHandle h;
+
+        /// <summary>flame_dp_create (collective): parameters are contiguous floating leaves that require
+        /// grad; options null means the defaults.</summary>
+        [Wraps("flame_dp_create")]
+        public DataParallel(Communicator comm, Tensor[] parameters, DpOptions options = null)
+        {
+            Library.EnsureLoaded();
+            h = new ReleasingHandle(Create(comm, parameters, options), Releasers.Dp);
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe IntPtr Create(Communicator comm, Tensor[] parameters, DpOptions options)
+        {
+            if (comm == null) throw new ArgumentNullException("comm");
+            IntPtr[] p = Tensor.RawArray(parameters);
+            flame_dp_options_t o = options == null ? default(flame_dp_options_t) : options.O;
+            IntPtr raw = IntPtr.Zero;
+            fixed (IntPtr* pp = p)
+                Status.Check(Native.flame_dp_create(comm.Raw, p.Length == 0 ? null : pp, p.Length, options == null ? null : &o, &raw));
+            GC.KeepAlive(comm); GC.KeepAlive(parameters);
+            return raw;
+        }
+
+        /// <summary>The raw handle (borrowed).</summary>
+        public IntPtr Raw { get { return h.Get("DataParallel"); } }
+
+        /// <summary>flame_dp_release.</summary>
+        [Wraps("flame_dp_release")]
+        public void Dispose() { h.Dispose(); }
+
+        /// <summary>flame_dp_set_sync: whether backward all-reduces (true, the default) or only accumulates.</summary>
+        [Wraps("flame_dp_set_sync")]
+        public void SetSync(bool sync)
+        {
+            Status.Check(Native.flame_dp_set_sync(Raw, sync ? 1 : 0));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_dp_wait: finishes the round; .grad of every parameter becomes the average.</summary>
+        [Wraps("flame_dp_wait")]
+        public void Wait()
+        {
+            Status.Check(Native.flame_dp_wait(Raw));
+            GC.KeepAlive(this);
+        }
+    }
+}
