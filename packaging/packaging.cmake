@@ -8,8 +8,10 @@
 #   runtime  libflame.so.X.Y.Z + the SONAME link, license    -> libflame<ABI> (DEB and RPM)
 #   dev      flame.h, the libflame.so namelink, CMake package, flame.pc, README, example sources
 #                                                             -> libflame-dev (DEB), flame-devel (RPM)
-# The runtime package depends on the CUDA libraries FLAME links (cuBLASLt, NVRTC) by package name,
-# never on the driver package: libcuda.so.1 is dlopen'ed at run time. RPMs built on a Debian host
+# The CUDA libraries FLAME links (cuBLASLt, NVRTC) are named by package, never the driver package
+# (libcuda.so.1 is dlopen'ed at run time). Whether as Depends or only Recommends is
+# FLAME_CUDA_PACKAGE_DEPENDENCY (below): by default Depends only when the build found them in files
+# that the package manager owns; CUDA from NVIDIA's runfile installer has no packages to depend on. RPMs built on a Debian host
 # use the Debian libdir; build RPMs for Fedora/RHEL on such a host (or pass -DCMAKE_INSTALL_LIBDIR=lib64).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
@@ -55,6 +57,67 @@ set(FLAME_DEB_SUGGESTS "" CACHE STRING "Debian Suggests: of the runtime package 
 set(FLAME_RPM_CUDA_REQUIRES "" CACHE STRING
     "RPM Requires: for the CUDA libraries libflame links, never the driver (empty: derived)")
 set(FLAME_RPM_SUGGESTS "" CACHE STRING "RPM Suggests: of the runtime package (empty: derived)")
+# Depends or Recommends for those packages. AUTO (default): Depends when the NVRTC and cuBLASLt
+# libraries this build links are owned by dpkg (or rpm) packages, i.e. CUDA came from packages
+# (NVIDIA's repository or the distribution); otherwise (NVIDIA's runfile installer, a copied toolkit)
+# Recommends, so that `apt install ./libflame1_*.deb` works there: a hard dependency on packages
+# that such a machine's sources do not have leaves libflame1 uninstallable. Nothing then checks at
+# install time that the libraries exist: libflame.so links them, so a program using it fails to
+# start ("libnvrtc.so.13: cannot open shared object file") until the loader finds them (README,
+# Installing). DEPENDS / RECOMMENDS force one. RPM has no Recommends in CPack: Suggests there.
+set(FLAME_CUDA_PACKAGE_DEPENDENCY AUTO CACHE STRING
+    "How the runtime package names the CUDA library packages: AUTO, DEPENDS or RECOMMENDS")
+set_property(CACHE FLAME_CUDA_PACKAGE_DEPENDENCY PROPERTY STRINGS AUTO DEPENDS RECOMMENDS)
+if(FLAME_CUDA_PACKAGE_DEPENDENCY STREQUAL "AUTO")
+  set(_flame_cuda_owned_by "")
+  find_program(FLAME_DPKG_QUERY dpkg-query)
+  find_program(FLAME_RPM rpm)
+  foreach(_lib IN ITEMS "${CUDA_nvrtc_LIBRARY}" "${CUDA_cublasLt_LIBRARY}")
+    set(_owner "")
+    if(_lib AND EXISTS "${_lib}")
+      get_filename_component(_real "${_lib}" REALPATH)
+      if(FLAME_DPKG_QUERY)
+        execute_process(COMMAND ${FLAME_DPKG_QUERY} -S "${_real}" RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_QUIET
+                        OUTPUT_STRIP_TRAILING_WHITESPACE)
+        if(_rc EQUAL 0)
+          string(REGEX REPLACE ":.*" "" _owner "${_out}")
+        endif()
+      endif()
+      if(NOT _owner AND FLAME_RPM AND NOT FLAME_DPKG_QUERY)
+        execute_process(COMMAND ${FLAME_RPM} -qf "${_real}" RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_QUIET
+                        OUTPUT_STRIP_TRAILING_WHITESPACE)
+        if(_rc EQUAL 0)
+          set(_owner "${_out}")
+        endif()
+      endif()
+    endif()
+    if(_owner)
+      list(APPEND _flame_cuda_owned_by "${_owner}")
+    else()
+      set(_flame_cuda_owned_by "")
+      break()
+    endif()
+  endforeach()
+  if(_flame_cuda_owned_by)
+    set(FLAME_CUDA_PACKAGE_FIELD Depends)
+    set(_flame_cuda_why "NVRTC and cuBLASLt come from the packages ${_flame_cuda_owned_by}")
+  else()
+    set(FLAME_CUDA_PACKAGE_FIELD Recommends)
+    set(_flame_cuda_why "NVRTC and cuBLASLt (${CUDA_nvrtc_LIBRARY}, ${CUDA_cublasLt_LIBRARY}) are not owned by a package")
+  endif()
+elseif(FLAME_CUDA_PACKAGE_DEPENDENCY STREQUAL "DEPENDS")
+  set(FLAME_CUDA_PACKAGE_FIELD Depends)
+  set(_flame_cuda_why "FLAME_CUDA_PACKAGE_DEPENDENCY=DEPENDS")
+elseif(FLAME_CUDA_PACKAGE_DEPENDENCY STREQUAL "RECOMMENDS")
+  set(FLAME_CUDA_PACKAGE_FIELD Recommends)
+  set(_flame_cuda_why "FLAME_CUDA_PACKAGE_DEPENDENCY=RECOMMENDS")
+else()
+  message(FATAL_ERROR "FLAME_CUDA_PACKAGE_DEPENDENCY=${FLAME_CUDA_PACKAGE_DEPENDENCY}: expected AUTO, DEPENDS or RECOMMENDS")
+endif()
+# Read by .ci/run, which checks the built .deb against it.
+set(FLAME_CUDA_PACKAGE_FIELD ${FLAME_CUDA_PACKAGE_FIELD} CACHE INTERNAL "Depends or Recommends: the runtime package's field for CUDA")
+message(STATUS "Packages: libflame${FLAME_ABI_VERSION} names the CUDA library packages under ${FLAME_CUDA_PACKAGE_FIELD} (${_flame_cuda_why})")
+
 set(_flame_deb_cuda_depends "libcublaslt${_M} | libcublas-${_M}-${_m}, libnvrtc${_M} | cuda-nvrtc-${_M}-${_m}")
 set(_flame_deb_suggests "libcudnn9-cuda-${_M}, libnccl2")
 set(_flame_rpm_cuda_requires "libcublas-${_M}-${_m}, cuda-nvrtc-${_M}-${_m}")
@@ -190,7 +253,12 @@ set(CPACK_DEBIAN_RUNTIME_DESCRIPTION "${FLAME_PKG_SUMMARY}\n${CPACK_COMPONENT_RU
 set(CPACK_DEBIAN_DEV_DESCRIPTION "${FLAME_PKG_SUMMARY} - development files\n${CPACK_COMPONENT_DEV_DESCRIPTION}")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME ${FLAME_RUNTIME_PACKAGE})
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION libs)
-set(CPACK_DEBIAN_RUNTIME_PACKAGE_DEPENDS "${FLAME_DEB_SYSTEM_DEPENDS}, ${_flame_deb_cuda_depends}")
+if(FLAME_CUDA_PACKAGE_FIELD STREQUAL "Depends")
+  set(CPACK_DEBIAN_RUNTIME_PACKAGE_DEPENDS "${FLAME_DEB_SYSTEM_DEPENDS}, ${_flame_deb_cuda_depends}")
+else()
+  set(CPACK_DEBIAN_RUNTIME_PACKAGE_DEPENDS "${FLAME_DEB_SYSTEM_DEPENDS}")
+  set(CPACK_DEBIAN_RUNTIME_PACKAGE_RECOMMENDS "${_flame_deb_cuda_depends}")
+endif()
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SUGGESTS "${_flame_deb_suggests}")
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME libflame-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
@@ -217,8 +285,12 @@ set(CPACK_RPM_PACKAGE_GROUP "Development/Libraries")
 set(CPACK_RPM_PACKAGE_DESCRIPTION "${FLAME_PKG_DESCRIPTION}")
 set(CPACK_RPM_RUNTIME_PACKAGE_NAME ${FLAME_RUNTIME_PACKAGE})
 set(CPACK_RPM_RUNTIME_PACKAGE_SUMMARY "${FLAME_PKG_SUMMARY}")
-set(CPACK_RPM_RUNTIME_PACKAGE_REQUIRES "${_flame_rpm_cuda_requires}")
-set(CPACK_RPM_RUNTIME_PACKAGE_SUGGESTS "${_flame_rpm_suggests}")
+if(FLAME_CUDA_PACKAGE_FIELD STREQUAL "Depends")
+  set(CPACK_RPM_RUNTIME_PACKAGE_REQUIRES "${_flame_rpm_cuda_requires}")
+  set(CPACK_RPM_RUNTIME_PACKAGE_SUGGESTS "${_flame_rpm_suggests}")
+else()
+  set(CPACK_RPM_RUNTIME_PACKAGE_SUGGESTS "${_flame_rpm_cuda_requires}, ${_flame_rpm_suggests}")
+endif()
 set(CPACK_RPM_DEV_PACKAGE_NAME flame-devel)
 set(CPACK_RPM_DEV_PACKAGE_SUMMARY "${FLAME_PKG_SUMMARY} - development files")
 set(CPACK_RPM_DEV_PACKAGE_REQUIRES "${FLAME_RUNTIME_PACKAGE} = ${FLAME_PKG_FULL_VERSION}")

@@ -12,8 +12,9 @@
 # that have CMake and the CUDA toolkit but no GoogleTest and no network (FLAME_GTEST_FROM_SOURCE=1
 # forces this path).
 #
-# Steps: configure (Release) + build with all cores; ctest (every label, the `examples` rows that
-# train the example programs and check their claims included) with a fresh, empty kernel cache
+# Steps: configure (Release) + build (targets all and test_programs) with all cores; ctest (every
+# label: the `examples` rows that train the example programs and check their claims, and
+# kernels-full, every NVRTC kernel instantiation, included) with a fresh, empty kernel cache
 # (FLAME_KERNEL_CACHE_DIR under the build dir: every kernel compiled by NVRTC); ctest again on the
 # now warm cache (the cache-hit path) unless FLAME_SKIP_WARM_RUN=1; then the PyTorch parity suite
 # (tests/parity/run_parity.py) when it exists, the DLPack exchange with PyTorch
@@ -90,7 +91,8 @@ if ! run "configure" "$LOG_DIR/configure.log" cmake -S "$ROOT" -B "$BUILD_DIR" "
   echo "configure failed" >&2
   exit 1
 fi
-if ! run "build" "$LOG_DIR/build.log" cmake --build "$BUILD_DIR" -j "$JOBS"; then
+# `all` is the library and the examples; test_programs adds every test and benchmark program.
+if ! run "build" "$LOG_DIR/build.log" cmake --build "$BUILD_DIR" -j "$JOBS" --target all test_programs; then
   echo "build failed" >&2
   exit 1
 fi
