@@ -6,7 +6,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export FLAME_REQUIRE_GPU=1
 T0=$SECONDS
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLAME_BUILD_TESTS=ON > "$OUT/configure.log" 2>&1
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLAME_BUILD_TESTS=ON -DFLAME_TESTS_IN_ALL=ON > "$OUT/configure.log" 2>&1
 cmake --build build -j16 --target flame flame_gpu_tests flame_gpt2_bench train_gpt train_diffusion lora_finetune > "$OUT/build.log" 2>&1 ||
   { tail -30 "$OUT/build.log"; exit 1; }
 echo "built in $((SECONDS - T0)) s"

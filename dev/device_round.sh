@@ -8,7 +8,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export FLAME_REQUIRE_GPU=1
 T0=$SECONDS
 build() {
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLAME_BUILD_TESTS=ON > "$OUT/configure.log" 2>&1
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLAME_BUILD_TESTS=ON -DFLAME_TESTS_IN_ALL=ON > "$OUT/configure.log" 2>&1
   cmake --build build -j16 > "$OUT/build.log" 2>&1 || { grep -B5 -A20 "FAILED\|error:" "$OUT/build.log" | head -60; exit 1; }
   echo "built at $((SECONDS - T0)) s"
 }

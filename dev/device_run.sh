@@ -6,7 +6,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export FLAME_REQUIRE_GPU=1
-(cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLAME_BUILD_TESTS=ON > "$OUT/configure.log" 2>&1 &&
+(cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLAME_BUILD_TESTS=ON -DFLAME_TESTS_IN_ALL=ON > "$OUT/configure.log" 2>&1 &&
   cmake --build build -j16 > "$OUT/build.log" 2>&1) || { tail -30 "$OUT/build.log"; exit 1; }
 export FLAME_LIBRARY=$PWD/build/libflame.so.1
 timeout 420 ./build/tests/gpu/flame_gpu_tests --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/gtest.log" 2>&1
