@@ -233,6 +233,10 @@ namespace Flame.Interop
         public const uint FLAME_BACKWARD_RETAIN_GRAPH = 1;
         public const uint FLAME_BACKWARD_CREATE_GRAPH = 2;
         public const uint FLAME_GRAD_ALLOW_UNUSED = 4;
+        public const uint FLAME_PARAMS_LOAD_ALLOW_MISSING = 1;
+        public const uint FLAME_PARAMS_LOAD_ALLOW_UNEXPECTED = 2;
+        public const uint FLAME_PARAMS_LOAD_NON_STRICT = 3;
+        public const uint FLAME_PARAMS_LOAD_CONVERT_DTYPE = 4;
         public const uint FLAME_ATTENTION_CAUSAL = 1;
 
         /// <summary>Every exported function, in header order.</summary>
@@ -267,6 +271,10 @@ namespace Flame.Interop
             "flame_tensor_numel",
             "flame_tensor_is_contiguous",
             "flame_tensor_data_ptr",
+            "flame_scope_begin",
+            "flame_scope_end",
+            "flame_scope_keep",
+            "flame_scope_count",
             "flame_empty",
             "flame_zeros",
             "flame_ones",
@@ -426,6 +434,16 @@ namespace Flame.Interop
             "flame_safetensors_metadata_key",
             "flame_safetensors_metadata",
             "flame_safetensors_save",
+            "flame_params_create",
+            "flame_params_release",
+            "flame_params_add",
+            "flame_params_count",
+            "flame_params_name",
+            "flame_params_tensor",
+            "flame_params_tensors",
+            "flame_params_find",
+            "flame_params_save_safetensors",
+            "flame_params_load_safetensors",
             "flame_index_select",
             "flame_gather",
             "flame_scatter_add",
@@ -601,6 +619,18 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_data_ptr", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_data_ptr(IntPtr t, IntPtr* ptr);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scope_begin", ExactSpelling = true)]
+        public static extern flame_status_t flame_scope_begin(IntPtr ctx, IntPtr* scope);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scope_end", ExactSpelling = true)]
+        public static extern flame_status_t flame_scope_end(IntPtr scope);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scope_keep", ExactSpelling = true)]
+        public static extern flame_status_t flame_scope_keep(IntPtr scope, IntPtr t);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scope_count", ExactSpelling = true)]
+        public static extern flame_status_t flame_scope_count(IntPtr scope, long* count);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_empty", ExactSpelling = true)]
         public static extern flame_status_t flame_empty(IntPtr ctx, long* shape, int ndim, flame_dtype_t dtype, IntPtr* @out);
@@ -1078,6 +1108,36 @@ namespace Flame.Interop
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_save", ExactSpelling = true)]
         public static extern flame_status_t flame_safetensors_save(IntPtr ctx, string path, byte** names, IntPtr* tensors, long n, byte** metadata_kv, long n_metadata);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_create", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_create(IntPtr ctx, IntPtr* @params);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_release", ExactSpelling = true)]
+        public static extern void flame_params_release(IntPtr @params);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_add", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_add(IntPtr @params, string name, IntPtr t);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_count", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_count(IntPtr @params, long* count);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_name", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_name(IntPtr @params, long index, byte** name);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_tensor", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_tensor(IntPtr @params, long index, IntPtr* t);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_tensors", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_tensors(IntPtr @params, IntPtr** tensors);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_find", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_find(IntPtr @params, string name, IntPtr* t);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_save_safetensors", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_save_safetensors(IntPtr @params, string path, byte** metadata_kv, long n_metadata);
+
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_load_safetensors", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_load_safetensors(IntPtr @params, string path, uint flags);
 
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_index_select", ExactSpelling = true)]
         public static extern flame_status_t flame_index_select(IntPtr t, int dim, IntPtr index, IntPtr* @out);
