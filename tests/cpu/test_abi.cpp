@@ -65,6 +65,9 @@ static_assert(FLAME_DTYPE_F32 == 0 && FLAME_DTYPE_F16 == 1 && FLAME_DTYPE_BF16 =
               "flame_dtype_t values are frozen");
 static_assert(FLAME_BACKWARD_RETAIN_GRAPH == 1 && FLAME_BACKWARD_CREATE_GRAPH == 2 && FLAME_GRAD_ALLOW_UNUSED == 4,
               "backward flags are frozen");
+static_assert(FLAME_PARAMS_LOAD_ALLOW_MISSING == 1 && FLAME_PARAMS_LOAD_ALLOW_UNEXPECTED == 2 &&
+                  FLAME_PARAMS_LOAD_NON_STRICT == 3 && FLAME_PARAMS_LOAD_CONVERT_DTYPE == 4,
+              "parameter-list load flags are frozen");
 static_assert(FLAME_MAX_DIMS == 8, "FLAME_MAX_DIMS is frozen");
 static_assert(FLAME_DIM_ALL == INT32_MIN, "FLAME_DIM_ALL is INT32_MIN");
 static_assert(sizeof(flame_status_t) == 4 && sizeof(flame_dtype_t) == 4, "enums are 32-bit");
