@@ -8,7 +8,8 @@
  *  - Results come back through out-parameters marked OUT. On failure every OUT handle is set to
  *    NULL (when the OUT pointer itself is not NULL) and nothing else changes.
  *  - Tensor handles passed in are BORROWED: the call neither keeps nor releases your reference.
- *    Tensor handles returned are NEW REFERENCES: release each with flame_tensor_release().
+ *    Tensor handles returned are NEW REFERENCES: release each with flame_tensor_release(), or let
+ *    a handle scope release them (see "Handle scopes").
  *  - A NULL handle or NULL OUT pointer gives FLAME_ERROR_INVALID_ARGUMENT; a released handle gives
  *    FLAME_ERROR_INVALID_HANDLE wherever the library can still tell (see flame_tensor_release).
  *  - After a failure, flame_last_error_message() names the function and the offending argument.
