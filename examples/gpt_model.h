@@ -12,7 +12,9 @@
  *          flame_lora_t (model.lora[l][k], NULL for none); the forward then calls flame_lora_forward
  *          for that layer (and applies the GELU after it, since the adapter's output is not fused)
  *
- * Header only (static functions), C99; include example_scope.h first (EXAMPLE_NAME defined).
+ * Intermediates of forward / loss_of belong to the handle scope the caller has open (validate opens
+ * its own per batch). Header only (static functions), C99; include example_check.h first
+ * (EXAMPLE_NAME defined).
  */
 #ifndef FLAME_EXAMPLES_GPT_MODEL_H
 #define FLAME_EXAMPLES_GPT_MODEL_H
@@ -24,7 +26,7 @@
 #include <string.h>
 
 #include "flame.h"
-#include "example_scope.h"
+#include "example_check.h"
 
 #define VOCAB 256
 #define MAX_LAYERS 16
@@ -117,12 +119,28 @@ static inline int model_params(model* m, flame_tensor_t** slots, char names[][48
   return n;
 }
 
-/* A parameter leaf: normal(0, std) when std > 0, else filled with `fill`. */
+/* OUT *out: a named parameter list (flame_params_t) of the model's parameters, under model_params's
+ * names: what train_gpt --save writes and --resume / lora_finetune load. Release it with
+ * flame_params_release (the parameters stay). */
+static inline flame_status_t model_param_list(flame_ctx_t ctx, model* m, flame_params_t* out) {
+  flame_tensor_t* slots[2 + PARAMS_PER_BLOCK * MAX_LAYERS + 2];
+  char names[2 + PARAMS_PER_BLOCK * MAX_LAYERS + 2][48];
+  int decay[2 + PARAMS_PER_BLOCK * MAX_LAYERS + 2];
+  const int n = model_params(m, slots, names, decay);
+  flame_status_t st = flame_params_create(ctx, out);
+  for (int i = 0; i < n && st == FLAME_OK; ++i) st = flame_params_add(*out, names[i], *slots[i]);
+  return st;
+}
+
+/* A parameter leaf: normal(0, std) when std > 0, else filled with `fill`; uninitialised memory
+ * when !init (its values are loaded next). */
 static inline flame_status_t param(flame_ctx_t ctx, flame_dtype_t dt, const int64_t* shape, int nd, double std, double fill,
-                            flame_tensor_t* out) {
+                                   int init, flame_tensor_t* out) {
   flame_tensor_t r = NULL;
   flame_status_t st;
-  if (std > 0) {
+  if (!init) {
+    st = flame_empty(ctx, shape, nd, dt, out);
+  } else if (std > 0) {
     st = flame_randn(ctx, shape, nd, dt, &r);
     if (st == FLAME_OK) st = flame_mul_scalar(r, std, out);
   } else {
@@ -132,14 +150,15 @@ static inline flame_status_t param(flame_ctx_t ctx, flame_dtype_t dt, const int6
   return st;
 }
 
-/* GPT-2's initialisation: normal(0, 0.02), residual projections scaled by 1 / sqrt(2 L). */
-static inline flame_status_t model_init(flame_ctx_t ctx, model* m) {
+/* GPT-2's initialisation: normal(0, 0.02), residual projections scaled by 1 / sqrt(2 L); with
+ * init 0 the parameters are only allocated (no random numbers drawn), for loading. */
+static inline flame_status_t model_init(flame_ctx_t ctx, model* m, int init) {
   const int64_t d = m->dim, V = VOCAB;
   const double res = 0.02 / sqrt(2.0 * m->layers);
   flame_status_t st = FLAME_OK;
   int64_t s_vd[2] = {V, d}, s_td[2] = {m->block_size, d}, s_d[1] = {d};
 #define INIT(field, shape, nd, std, fill) \
-  if (st == FLAME_OK) st = param(ctx, m->dtype, shape, nd, std, fill, &(field))
+  if (st == FLAME_OK) st = param(ctx, m->dtype, shape, nd, std, fill, init, &(field))
   INIT(m->wte, s_vd, 2, 0.02, 0);
   INIT(m->wpe, s_td, 2, 0.01, 0);
   INIT(m->lnf_w, s_d, 1, 0, 1.0);
@@ -167,7 +186,7 @@ static inline flame_status_t model_init(flame_ctx_t ctx, model* m) {
 
 /* activation(x @ w^T + b) (flame_linear), or through the adapter when lora is not NULL: the
  * adapter's output is linear(x, w, b) + scale * B A x, and the GELU follows as a separate op. */
-static inline flame_tensor_t linear_or_lora(scope* s, flame_lora_t lora, flame_tensor_t x, flame_tensor_t w, flame_tensor_t b,
+static inline flame_tensor_t linear_or_lora(check* s, flame_lora_t lora, flame_tensor_t x, flame_tensor_t w, flame_tensor_t b,
                                             int32_t act) {
   flame_tensor_t y, g;
   if (!lora) {
@@ -180,8 +199,9 @@ static inline flame_tensor_t linear_or_lora(scope* s, flame_lora_t lora, flame_t
   return g;
 }
 
-/* logits [B, T, V] for idx [B, T] (i64), T <= block size. Intermediates live in s. */
-static inline flame_tensor_t forward(scope* s, const model* m, flame_tensor_t idx, int B, int T) {
+/* logits [B, T, V] for idx [B, T] (i64), T <= block size. Intermediates belong to the caller's
+ * handle scope; s records the first failure. */
+static inline flame_tensor_t forward(check* s, const model* m, flame_tensor_t idx, int B, int T) {
   const int64_t d = m->dim, H = m->heads, hd = m->dim / m->heads;
   const int64_t norm_shape[1] = {d};
   const int64_t split[5] = {B, T, 3, H, hd}, merged[3] = {B, T, d};
@@ -190,7 +210,7 @@ static inline flame_tensor_t forward(scope* s, const model* m, flame_tensor_t id
   flame_tensor_t tok, wpe_t, x, nx, h, qkv, qkv5, heads, q, k, v, a, at, am, proj, fc, out, logits;
   if (s->st == FLAME_OK) {
     flame_status_t st = flame_attention_options_init(&ao);
-    if (st != FLAME_OK) scope_fail(s, st, "flame_attention_options_init");
+    if (st != FLAME_OK) check_fail(s, st, "flame_attention_options_init");
   }
   ao.flags = FLAME_ATTENTION_CAUSAL;
   DO(s, tok, flame_embedding(m->wte, idx, FLAME_NO_PADDING, &tok));           /* [B, T, d] */
@@ -222,7 +242,7 @@ static inline flame_tensor_t forward(scope* s, const model* m, flame_tensor_t id
   return logits;
 }
 
-static inline flame_tensor_t loss_of(scope* s, flame_tensor_t logits, flame_tensor_t targets, int BT) {
+static inline flame_tensor_t loss_of(check* s, flame_tensor_t logits, flame_tensor_t targets, int BT) {
   const int64_t flat[2] = {BT, VOCAB}, tflat[1] = {BT};
   flame_tensor_t l2, t1, loss;
   DO(s, l2, flame_reshape(logits, flat, 2, &l2));
@@ -234,7 +254,7 @@ static inline flame_tensor_t loss_of(scope* s, flame_tensor_t logits, flame_tens
 /* Mean validation loss over a few fixed batches, without recording a graph. */
 static inline flame_status_t validate(flame_ctx_t ctx, const model* m, const unsigned char* text, long lo, long hi, int B, int T,
                                int64_t* idx, int64_t* tgt, double* out) {
-  scope s;
+  check s;
   memset(&s, 0, sizeof s);
   int32_t prev = 1;
   uint64_t r = 0xA0761D6478BD642Full; /* the same batches every time */
@@ -244,18 +264,20 @@ static inline flame_status_t validate(flame_ctx_t ctx, const model* m, const uns
   if (st != FLAME_OK) return st;
   for (int i = 0; i < 4 && s.st == FLAME_OK; ++i) {
     flame_tensor_t ti, tt, logits, loss;
+    flame_scope_t batch_scope; /* this batch's intermediates */
     double v = 0;
     make_batch(&r, text, lo, hi, B, T, idx, tgt);
+    begin_scope(&s, ctx, &batch_scope);
     DO(&s, ti, flame_from_host(ctx, idx, sizeof(int64_t) * (size_t)(B * T), shape, 2, FLAME_DTYPE_I64, &ti));
     DO(&s, tt, flame_from_host(ctx, tgt, sizeof(int64_t) * (size_t)(B * T), shape, 2, FLAME_DTYPE_I64, &tt));
     logits = forward(&s, m, ti, B, T);
     loss = loss_of(&s, logits, tt, B * T);
     if (s.st == FLAME_OK) {
       flame_status_t e = flame_tensor_item(loss, &v);
-      if (e != FLAME_OK) scope_fail(&s, e, "flame_tensor_item");
+      if (e != FLAME_OK) check_fail(&s, e, "flame_tensor_item");
     }
     sum += v;
-    scope_release(&s);
+    end_scope(&s, &batch_scope);
   }
   flame_ctx_set_grad_enabled(ctx, prev, NULL);
   if (s.st != FLAME_OK) {

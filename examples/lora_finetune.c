@@ -43,9 +43,9 @@
 #include <string.h>
 #include <time.h>
 
-#define EXAMPLE_NAME "lora_finetune" /* example_scope.h: the prefix of error messages */
+#define EXAMPLE_NAME "lora_finetune" /* example_check.h: the prefix of error messages */
 #include "flame.h"
-#include "example_scope.h" /* DO(), scope: intermediates released together */
+#include "example_check.h" /* DO(): first-failure error chaining */
 #include "gpt_model.h"     /* the model, its forward pass (with adapters), loss and validation */
 #include "example_args.h" /* the options table: --help, --version, errors naming the option */
 
@@ -74,9 +74,6 @@ typedef struct config {
 static flame_status_t load_base(flame_ctx_t ctx, const char* path, model* m) {
   flame_safetensors_t f = NULL;
   const char* cfg = NULL;
-  flame_tensor_t* slots[MAX_PARAMS];
-  char names[MAX_PARAMS][48];
-  int decay[MAX_PARAMS];
   int32_t nd = 0;
   flame_status_t st = flame_safetensors_load(ctx, path, &f);
   if (st == FLAME_OK) st = flame_safetensors_metadata(f, "train_gpt.config", &cfg);
@@ -90,11 +87,13 @@ static flame_status_t load_base(flame_ctx_t ctx, const char* path, model* m) {
     }
   }
   if (st == FLAME_OK) st = flame_safetensors_info(f, "wte", &m->dtype, NULL, 0, &nd);
-  if (st == FLAME_OK) {
-    const int n = model_params(m, slots, names, decay);
-    for (int i = 0; i < n && st == FLAME_OK; ++i) st = flame_safetensors_get(f, names[i], slots[i]);
-  }
   flame_safetensors_release(f);
+  /* Allocated, then loaded in place by name: every parameter must be in the file, nothing else. */
+  flame_params_t params = NULL;
+  if (st == FLAME_OK) st = model_init(ctx, m, 0);
+  if (st == FLAME_OK) st = model_param_list(ctx, m, &params);
+  if (st == FLAME_OK) st = flame_params_load_safetensors(params, path, 0);
+  flame_params_release(params);
   return st;
 }
 
@@ -145,49 +144,25 @@ static int adapter_tensors(const model* m, flame_tensor_t* t, char names[][48], 
   return n;
 }
 
-/* FLAME has no copy into an existing tensor, so the value goes in through the optimizer: two SGD
- * steps with lr 1 write it exactly (p - 1 * p = 0, then 0 - 1 * (-value) = value, each exact in
- * floating point). leaf: a parameter (A or B) of the same shape and dtype as value. */
-static flame_status_t assign(flame_ctx_t ctx, flame_tensor_t leaf, flame_tensor_t value) {
-  flame_optimizer_options_t o;
-  flame_optimizer_t opt = NULL;
-  flame_tensor_t g1 = NULL, g2 = NULL;
-  int32_t prev = 1;
-  flame_status_t st = flame_ctx_set_grad_enabled(ctx, 0, &prev); /* the gradients below are plain tensors */
-  if (st != FLAME_OK) return st;
-  st = flame_optimizer_options_init(&o, FLAME_OPTIMIZER_SGD);
-  o.lr = 1.0;
-  if (st == FLAME_OK) st = flame_optimizer_create(ctx, &o, &leaf, 1, &opt);
-  if (st == FLAME_OK) st = flame_clone(leaf, &g1);
-  if (st == FLAME_OK) st = flame_tensor_set_grad(leaf, g1);
-  if (st == FLAME_OK) st = flame_optimizer_step(opt); /* leaf = 0 */
-  if (st == FLAME_OK) st = flame_neg(value, &g2);
-  if (st == FLAME_OK) st = flame_tensor_set_grad(leaf, g2);
-  if (st == FLAME_OK) st = flame_optimizer_step(opt); /* leaf = value */
-  if (st == FLAME_OK) st = flame_optimizer_zero_grad(opt, 1);
-  flame_optimizer_release(opt);
-  flame_tensor_release(g1);
-  flame_tensor_release(g2);
-  flame_ctx_set_grad_enabled(ctx, prev, NULL);
+/* OUT *out: a named parameter list of the adapters' A and B, under adapter_tensors's names. */
+static flame_status_t adapter_list(flame_ctx_t ctx, const model* m, flame_params_t* out) {
+  flame_tensor_t t[2 * MAX_ADAPTERS];
+  char names[2 * MAX_ADAPTERS][48];
+  flame_status_t st;
+  const int n = adapter_tensors(m, t, names, &st);
+  if (st == FLAME_OK) st = flame_params_create(ctx, out);
+  for (int i = 0; i < n && st == FLAME_OK; ++i) st = flame_params_add(*out, names[i], t[i]);
+  for (int i = 0; i < n; ++i) flame_tensor_release(t[i]); /* the list holds its own references */
   return st;
 }
 
-/* Sets every adapter's A and B from the adapter file at path (names as adapter_tensors gives them). */
+/* Sets every adapter's A and B, in place, from the adapter file at path: strictly the same names,
+ * shapes and dtypes. */
 static flame_status_t load_adapters(flame_ctx_t ctx, const model* m, const char* path) {
-  flame_tensor_t t[2 * MAX_ADAPTERS];
-  char names[2 * MAX_ADAPTERS][48];
-  flame_safetensors_t f = NULL;
-  flame_status_t st;
-  const int n = adapter_tensors(m, t, names, &st);
-  if (st == FLAME_OK) st = flame_safetensors_load(ctx, path, &f);
-  for (int i = 0; i < n && st == FLAME_OK; ++i) {
-    flame_tensor_t v = NULL;
-    st = flame_safetensors_get(f, names[i], &v);
-    if (st == FLAME_OK) st = assign(ctx, t[i], v);
-    flame_tensor_release(v);
-  }
-  for (int i = 0; i < n; ++i) flame_tensor_release(t[i]);
-  flame_safetensors_release(f);
+  flame_params_t list = NULL;
+  flame_status_t st = adapter_list(ctx, m, &list);
+  if (st == FLAME_OK) st = flame_params_load_safetensors(list, path, 0);
+  flame_params_release(list);
   return st;
 }
 
@@ -240,6 +215,8 @@ int main(int argc, char** argv) {
   model m, fresh;
   flame_optimizer_t opt = NULL;
   flame_safetensors_t saved = NULL;
+  flame_params_t adapter_params = NULL;
+  flame_scope_t step_scope = NULL;
   unsigned char* text = NULL;
   int64_t *idx = NULL, *tgt = NULL;
   long size = 0;
@@ -259,13 +236,13 @@ int main(int argc, char** argv) {
     fprintf(stderr, "lora_finetune: no GPU available (%s): %s\n", flame_status_string(st), flame_last_error_message());
     return EXIT_NO_GPU;
   }
-  scope s;
+  check s;
   memset(&s, 0, sizeof s);
 #define CHECK(call)                \
   do {                             \
     flame_status_t e_ = (call);    \
     if (e_ != FLAME_OK) {          \
-      scope_fail(&s, e_, #call);   \
+      check_fail(&s, e_, #call);   \
       report(&s);                  \
       goto cleanup;                \
     }                              \
@@ -326,6 +303,7 @@ int main(int argc, char** argv) {
     flame_tensor_t ti, tt, logits, loss, norm;
     make_batch(&data_rng, text, 0, split, B, T, idx, tgt);
     CHECK(flame_optimizer_set_lr(opt, -1, schedule(&cfg, step)));
+    begin_scope(&s, ctx, &step_scope); /* this step's intermediates */
     DO(&s, ti, flame_from_host(ctx, idx, sizeof(int64_t) * (size_t)(B * T), bt, 2, FLAME_DTYPE_I64, &ti));
     DO(&s, tt, flame_from_host(ctx, tgt, sizeof(int64_t) * (size_t)(B * T), bt, 2, FLAME_DTYPE_I64, &tt));
     logits = forward(&s, &m, ti, B, T);
@@ -351,10 +329,14 @@ int main(int argc, char** argv) {
       printf("step %5d  loss %.4f  grad-norm %6.3f  %8.0f tokens/s  %.2f ms/step  memory %.1f MiB (peak %.1f)\n", step + 1, lv,
              nv, since * (double)B * T / sec, 1e3 * sec / since, ms.bytes_in_use / 1048576.0, ms.peak_bytes_in_use / 1048576.0);
       since = 0;
-      scope_release(&s);
+      end_scope(&s, &step_scope);
       clock_gettime(CLOCK_MONOTONIC, &t0);
     }
-    scope_release(&s);
+    end_scope(&s, &step_scope);
+    if (s.st != FLAME_OK) {
+      report(&s);
+      goto cleanup;
+    }
   }
   CHECK(validate(ctx, &m, text, 0, split, B, T, idx, tgt, &fit));
   CHECK(validate(ctx, &m, text, split, size, B, T, idx, tgt, &held));
@@ -363,15 +345,14 @@ int main(int argc, char** argv) {
 
   /* Only the adapters go to the file, with what is needed to use them again as metadata. */
   {
-    const char* name_ptrs[2 * MAX_ADAPTERS];
     char meta_val[256];
-    for (int i = 0; i < na; ++i) name_ptrs[i] = anames[i];
     snprintf(meta_val, sizeof meta_val,
              "{\"rank\": %d, \"alpha\": %g, \"targets\": \"attn.qkv,attn.proj,mlp.fc,mlp.proj\", \"base\": {\"dim\": %d, "
              "\"heads\": %d, \"layers\": %d, \"block\": %d}}",
              cfg.rank, cfg.alpha, m.dim, m.heads, m.layers, T);
     const char* meta[2] = {"lora_finetune.config", meta_val};
-    CHECK(flame_safetensors_save(ctx, cfg.out, name_ptrs, adapters, na, meta, 1));
+    CHECK(adapter_list(ctx, &m, &adapter_params));
+    CHECK(flame_params_save_safetensors(adapter_params, cfg.out, meta, 1));
   }
   int64_t count = 0;
   int only_adapters = 1;
@@ -417,7 +398,8 @@ int main(int argc, char** argv) {
   if (status) fprintf(stderr, "lora_finetune: a claim failed (see above)\n");
 
 cleanup:
-  scope_release(&s);
+  flame_scope_end(step_scope); /* NULL when no step was in progress */
+  flame_params_release(adapter_params);
   for (int i = 0; i < na; ++i) flame_tensor_release(adapters[i]);
   flame_optimizer_release(opt);
   flame_safetensors_release(saved);

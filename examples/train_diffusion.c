@@ -53,9 +53,9 @@
 #include <string.h>
 #include <time.h>
 
-#define EXAMPLE_NAME "train_diffusion" /* example_scope.h: the prefix of error messages */
+#define EXAMPLE_NAME "train_diffusion" /* example_check.h: the prefix of error messages */
 #include "flame.h"
-#include "example_scope.h" /* DO(), scope: intermediates released together */
+#include "example_check.h" /* DO(): first-failure error chaining */
 #include "png_tiny.h"      /* png_write_rgb, png_check */
 #include "shapes_data.h"   /* draw_batch, IMG */
 #include "example_args.h" /* the options table: --help, --version, errors naming the option */
@@ -169,17 +169,17 @@ typedef struct cursor {
 } cursor;
 
 /* The next parameter (borrowed), or NULL with the scope failed when the list is exhausted. */
-static flame_tensor_t take(scope* s, cursor* c) {
+static flame_tensor_t take(check* s, cursor* c) {
   if (c->i < c->m->n) return c->m->p[c->i++];
   if (s->st == FLAME_OK) {
     flame_set_error_message("train_diffusion: the forward pass reads more parameters than net_init made");
-    scope_fail(s, FLAME_ERROR_INTERNAL, "take");
+    check_fail(s, FLAME_ERROR_INTERNAL, "take");
   }
   return NULL;
 }
 
 /* silu(group_norm(x)) with the next two parameters. */
-static flame_tensor_t norm_silu(scope* s, cursor* c, flame_tensor_t x) {
+static flame_tensor_t norm_silu(check* s, cursor* c, flame_tensor_t x) {
   flame_tensor_t w = take(s, c), b = take(s, c), h, a;
   DO(s, h, flame_group_norm(x, GROUPS, w, b, 1e-5, 0, &h));
   DO(s, a, flame_silu(h, &a));
@@ -187,20 +187,20 @@ static flame_tensor_t norm_silu(scope* s, cursor* c, flame_tensor_t x) {
 }
 
 /* conv2d with the next two parameters; 'same' padding (k = 3 pads 1, k = 1 pads 0). */
-static flame_tensor_t conv(scope* s, cursor* c, flame_tensor_t x, const flame_conv_options_t* co) {
+static flame_tensor_t conv(check* s, cursor* c, flame_tensor_t x, const flame_conv_options_t* co) {
   flame_tensor_t w = take(s, c), b = take(s, c), y;
   DO(s, y, flame_conv2d(x, w, b, co, &y));
   return y;
 }
 
-static flame_tensor_t linear(scope* s, cursor* c, flame_tensor_t x) {
+static flame_tensor_t linear(check* s, cursor* c, flame_tensor_t x) {
   flame_tensor_t w = take(s, c), b = take(s, c), y;
   DO(s, y, flame_linear(x, w, b, FLAME_ACTIVATION_NONE, &y));
   return y;
 }
 
 /* x + f(x, temb) for a block cin -> cout; semb = silu(time embedding) [N, 4C]. */
-static flame_tensor_t block(scope* s, cursor* c, flame_tensor_t x, int64_t n, int64_t cin, int64_t cout, flame_tensor_t semb,
+static flame_tensor_t block(check* s, cursor* c, flame_tensor_t x, int64_t n, int64_t cin, int64_t cout, flame_tensor_t semb,
                             const flame_conv_options_t* co) {
   const int64_t per_channel[4] = {n, cout, 1, 1};
   flame_tensor_t h, e, e4, he, out, skip;
@@ -215,7 +215,7 @@ static flame_tensor_t block(scope* s, cursor* c, flame_tensor_t x, int64_t n, in
 }
 
 /* The predicted velocity [N, 3, IMG, IMG] for x_t [N, 3, IMG, IMG] and t [N] (f32 in [0, 1]). */
-static flame_tensor_t unet(scope* s, const net* m, flame_tensor_t x, flame_tensor_t t, int64_t n) {
+static flame_tensor_t unet(check* s, const net* m, flame_tensor_t x, flame_tensor_t t, int64_t n) {
   const int64_t C = m->width;
   cursor c = {m, 0};
   flame_conv_options_t co;
@@ -223,7 +223,7 @@ static flame_tensor_t unet(scope* s, const net* m, flame_tensor_t x, flame_tenso
   flame_tensor_t temb, t1, t2, t3, semb, h0, h1, p1, h2, p2, mid, u2, c2, b2, u1, c1, b1, out;
   flame_status_t st = flame_conv_options_init(&co);
   if (st == FLAME_OK) st = flame_pool2d_options_init(&po, 2, 2);
-  if (st != FLAME_OK) scope_fail(s, st, "options_init");
+  if (st != FLAME_OK) check_fail(s, st, "options_init");
   co.padding_same = 1;
   /* time: sin/cos features of 1000 t (the usual 0..1000 range of diffusion timesteps), then an MLP */
   DO(s, temb, flame_timestep_embedding(t, C, 10000.0, 1, 0.0, 1000.0, &temb)); /* [N, C] */
@@ -252,7 +252,7 @@ static flame_tensor_t unet(scope* s, const net* m, flame_tensor_t x, flame_tenso
   out = conv(s, &c, norm_silu(s, &c, b1), &co);
   if (s->st == FLAME_OK && c.i != m->n) {
     flame_set_error_message("train_diffusion: the forward pass read fewer parameters than net_init made");
-    scope_fail(s, FLAME_ERROR_INTERNAL, "unet");
+    check_fail(s, FLAME_ERROR_INTERNAL, "unet");
   }
   return out;
 }
@@ -273,22 +273,27 @@ static flame_status_t ema_init(flame_ctx_t ctx, const net* m, net* ema) {
   return st;
 }
 
-/* ema += (1 - decay) (p - ema) for every parameter, under no-grad; each EMA tensor is replaced. */
+/* ema += (1 - decay) (p - ema) for every parameter, under no-grad; each EMA tensor is replaced.
+ * Called inside the training step's handle scope: the intermediates go with a scope of its own,
+ * and each new EMA tensor is kept (the caller's, not the step scope's). */
 static flame_status_t ema_update(flame_ctx_t ctx, const net* m, net* ema, double decay) {
   int32_t prev = 1;
+  flame_scope_t scope = NULL;
   flame_status_t st = flame_ctx_set_grad_enabled(ctx, 0, &prev);
+  if (st == FLAME_OK) st = flame_scope_begin(ctx, &scope);
   for (int i = 0; i < m->n && st == FLAME_OK; ++i) {
     flame_tensor_t d = NULL, step = NULL, next = NULL;
     st = flame_sub(m->p[i], ema->p[i], &d);
     if (st == FLAME_OK) st = flame_mul_scalar(d, 1.0 - decay, &step);
     if (st == FLAME_OK) st = flame_add(ema->p[i], step, &next);
+    if (st == FLAME_OK) st = flame_scope_keep(scope, next);
     if (st == FLAME_OK) {
       flame_tensor_release(ema->p[i]);
       ema->p[i] = next;
     }
-    flame_tensor_release(d);
-    flame_tensor_release(step);
   }
+  flame_status_t end = flame_scope_end(scope);
+  if (st == FLAME_OK) st = end;
   flame_ctx_set_grad_enabled(ctx, prev, NULL);
   return st;
 }
@@ -307,15 +312,17 @@ static flame_status_t sample_images(flame_ctx_t ctx, const net* m, int n, int st
     flame_tensor_t x = NULL, clamped = NULL;
     st = flame_randn(ctx, xs, 4, FLAME_DTYPE_F32, &x);
     for (int i = 0; i < steps && st == FLAME_OK; ++i) {
-      scope s;
+      check s;
       flame_tensor_t t, v, dx, next;
+      flame_scope_t euler_scope; /* this Euler step's intermediates */
       memset(&s, 0, sizeof s);
+      begin_scope(&s, ctx, &euler_scope);
       DO(&s, t, flame_full(ctx, ts, 1, FLAME_DTYPE_F32, (double)i / steps, &t));
       v = unet(&s, m, x, t, k);
       DO(&s, dx, flame_mul_scalar(v, 1.0 / steps, &dx));
       DO(&s, next, flame_add(x, dx, &next));
-      if (s.st == FLAME_OK) s.st = flame_tensor_retain(next); /* keep it past scope_release */
-      scope_release(&s);
+      if (s.st == FLAME_OK) check_fail(&s, flame_scope_keep(euler_scope, next), "flame_scope_keep"); /* ours */
+      end_scope(&s, &euler_scope);
       if (s.st != FLAME_OK) {
         report(&s);
         st = s.st;
@@ -480,6 +487,7 @@ int main(int argc, char** argv) {
   net m, ema;
   flame_optimizer_t opt = NULL;
   flame_tensor_t loss_sum = NULL;
+  flame_scope_t step_scope = NULL;
   float *imgs = NULL, *samples = NULL;
   char path[4096];
   memset(&m, 0, sizeof m);
@@ -497,13 +505,13 @@ int main(int argc, char** argv) {
     fprintf(stderr, "train_diffusion: no GPU available (%s): %s\n", flame_status_string(st), flame_last_error_message());
     return EXIT_NO_GPU;
   }
-  scope s;
+  check s;
   memset(&s, 0, sizeof s);
 #define CHECK(call)                \
   do {                             \
     flame_status_t e_ = (call);    \
     if (e_ != FLAME_OK) {          \
-      scope_fail(&s, e_, #call);   \
+      check_fail(&s, e_, #call);   \
       report(&s);                  \
       goto cleanup;                \
     }                              \
@@ -568,6 +576,7 @@ int main(int argc, char** argv) {
     const double lr = schedule(&cfg, step);
     draw_batch(&data_rng, cfg.batch, imgs, NULL);
     CHECK(flame_optimizer_set_lr(opt, -1, lr));
+    begin_scope(&s, ctx, &step_scope); /* this step's intermediates */
     DO(&s, x1, flame_from_host(ctx, imgs, sizeof(float) * (size_t)cfg.batch * 3 * IMG * IMG, xs, 4, FLAME_DTYPE_F32, &x1));
     DO(&s, x0, flame_randn(ctx, xs, 4, FLAME_DTYPE_F32, &x0));
     DO(&s, t, flame_rand(ctx, ts, 1, FLAME_DTYPE_F32, &t));
@@ -592,7 +601,7 @@ int main(int argc, char** argv) {
       report(&s);
       goto cleanup;
     }
-    CHECK(flame_tensor_retain(acc)); /* ours: the scope releases its own reference below */
+    CHECK(flame_scope_keep(step_scope, acc)); /* ours: it outlives the step */
     flame_tensor_release(loss_sum);
     loss_sum = acc;
     if (step == 0) CHECK(flame_tensor_item(loss, &first_loss));
@@ -614,10 +623,15 @@ int main(int argc, char** argv) {
       flame_tensor_release(loss_sum);
       loss_sum = NULL;
       CHECK(flame_zeros(ctx, NULL, 0, FLAME_DTYPE_F32, &loss_sum));
+      CHECK(flame_scope_keep(step_scope, loss_sum));
       since = 0;
       clock_gettime(CLOCK_MONOTONIC, &t0);
     }
-    scope_release(&s);
+    end_scope(&s, &step_scope);
+    if (s.st != FLAME_OK) {
+      report(&s);
+      goto cleanup;
+    }
     if ((step + 1) % cfg.png_every == 0 && step + 1 < cfg.steps) { /* the EMA model's samples so far */
       struct timespec p0, p1;
       clock_gettime(CLOCK_MONOTONIC, &p0);
@@ -652,7 +666,7 @@ int main(int argc, char** argv) {
   if (status) fprintf(stderr, "train_diffusion: a claim failed (see above)\n");
 
 cleanup:
-  scope_release(&s);
+  flame_scope_end(step_scope); /* NULL when no step was in progress */
   flame_tensor_release(loss_sum);
   flame_optimizer_release(opt);
   net_release(&m);

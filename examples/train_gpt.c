@@ -45,9 +45,9 @@
 #include <string.h>
 #include <time.h>
 
-#define EXAMPLE_NAME "train_gpt" /* example_scope.h: the prefix of error messages */
+#define EXAMPLE_NAME "train_gpt" /* example_check.h: the prefix of error messages */
 #include "flame.h"
-#include "example_scope.h" /* DO(), scope: intermediates released together */
+#include "example_check.h" /* DO(): first-failure error chaining */
 #include "gpt_model.h"    /* the model, its forward pass, loss and validation, the text batches */
 #include "example_args.h" /* the options table: --help, --version, errors naming the option */
 
@@ -90,7 +90,7 @@ typedef struct rank_state {
 
 /* Prints `n` bytes sampled (temperature 0.8) after a prompt taken from the text. */
 static flame_status_t sample(flame_ctx_t ctx, const model* m, const unsigned char* text, long size, int n, uint64_t* rng) {
-  scope s;
+  check s;
   memset(&s, 0, sizeof s);
   int32_t prev = 1;
   const int T = m->block_size;
@@ -114,15 +114,17 @@ static flame_status_t sample(flame_ctx_t ctx, const model* m, const unsigned cha
       int t = len < T ? len : T;
       const int64_t shape[2] = {1, t};
       flame_tensor_t ti, logits, last, lastf;
+      flame_scope_t step_scope; /* this token's intermediates */
+      begin_scope(&s, ctx, &step_scope);
       DO(&s, ti, flame_from_host(ctx, ctxbuf + len - t, sizeof(int64_t) * (size_t)t, shape, 2, FLAME_DTYPE_I64, &ti));
       logits = forward(&s, m, ti, 1, t);
       DO(&s, last, flame_select(logits, 1, t - 1, &last)); /* [1, V] */
       DO(&s, lastf, flame_to_dtype(last, FLAME_DTYPE_F32, &lastf));
       if (s.st == FLAME_OK) {
         flame_status_t e = flame_to_host(lastf, row, sizeof(float) * VOCAB);
-        if (e != FLAME_OK) scope_fail(&s, e, "flame_to_host");
+        if (e != FLAME_OK) check_fail(&s, e, "flame_to_host");
       }
-      scope_release(&s);
+      end_scope(&s, &step_scope);
       if (s.st != FLAME_OK) break;
       double mx = row[0], z = 0, u = rng_uniform(rng), acc = 0;
       for (int c = 1; c < VOCAB; ++c) mx = row[c] > mx ? row[c] : mx;
@@ -191,21 +193,14 @@ static int parse_args(int argc, char** argv, config* c) {
 
 /* Writes the parameters to path and the optimizer state to path.opt. */
 static flame_status_t save(flame_ctx_t ctx, model* m, flame_optimizer_t opt, const char* path) {
-  flame_tensor_t* slots[2 + PARAMS_PER_BLOCK * MAX_LAYERS + 2];
-  char names[2 + PARAMS_PER_BLOCK * MAX_LAYERS + 2][48];
-  const char* name_ptrs[2 + PARAMS_PER_BLOCK * MAX_LAYERS + 2];
-  flame_tensor_t tensors[2 + PARAMS_PER_BLOCK * MAX_LAYERS + 2];
-  int decay[2 + PARAMS_PER_BLOCK * MAX_LAYERS + 2];
-  int n = model_params(m, slots, names, decay);
-  for (int i = 0; i < n; ++i) {
-    name_ptrs[i] = names[i];
-    tensors[i] = *slots[i];
-  }
+  flame_params_t params = NULL;
   char cfgval[128], optpath[4096];
   snprintf(cfgval, sizeof cfgval, "{\"dim\": %d, \"heads\": %d, \"layers\": %d, \"block\": %d}", m->dim, m->heads,
            m->layers, m->block_size);
   const char* meta[2] = {"train_gpt.config", cfgval};
-  flame_status_t st = flame_safetensors_save(ctx, path, name_ptrs, tensors, n, meta, 1);
+  flame_status_t st = model_param_list(ctx, m, &params);
+  if (st == FLAME_OK) st = flame_params_save_safetensors(params, path, meta, 1);
+  flame_params_release(params);
   snprintf(optpath, sizeof optpath, "%s.opt", path);
   if (st == FLAME_OK) st = flame_optimizer_save_state(opt, optpath);
   return st;
@@ -251,8 +246,8 @@ static flame_status_t copy_params(flame_tensor_t* const* slots, int np, rank_sta
   return FLAME_OK;
 }
 
-/* Prints the scope's failure (example_scope.h's report), naming the rank when there are several. */
-static void report_rank(const scope* s, int world, int rank) {
+/* Prints the recorded failure (example_check.h's report), naming the rank when there are several. */
+static void report_rank(const check* s, int world, int rank) {
   if (world == 1) report(s);
   else fprintf(stderr, "train_gpt rank %d: %s failed: %s: %s\n", rank, s->where ? s->where : "?", flame_status_string(s->st), s->msg);
 }
@@ -270,7 +265,8 @@ static void* train(void* arg) {
   flame_dp_t dp = NULL;
   model m;
   flame_optimizer_t opt = NULL;
-  flame_safetensors_t resume_file = NULL;
+  flame_params_t resume_params = NULL;
+  flame_scope_t step_scope = NULL; /* each training step's intermediates */
   int64_t *idx = NULL, *tgt = NULL;
   flame_tensor_t* slots[MAX_PARAMS];
   char names[MAX_PARAMS][48];
@@ -278,13 +274,13 @@ static void* train(void* arg) {
   int np = 0;
   memset(&m, 0, sizeof m);
   r->status = 1;
-  scope s;
+  check s;
   memset(&s, 0, sizeof s);
 #define CHECK(call)                                                    \
   do {                                                                 \
     flame_status_t e_ = (call);                                        \
     if (e_ != FLAME_OK) {                                              \
-      scope_fail(&s, e_, #call);                                       \
+      check_fail(&s, e_, #call);                                       \
       report_rank(&s, world, rank);                                    \
       goto cleanup;                                                    \
     }                                                                  \
@@ -315,11 +311,12 @@ static void* train(void* arg) {
   m.block_size = cfg.block;
   m.dtype = cfg.bf16 ? FLAME_DTYPE_BF16 : FLAME_DTYPE_F32;
   np = model_params(&m, slots, names, decay);
-  if (cfg.resume) { /* the parameters come from the file, the rest of the state from <path>.opt */
-    CHECK(flame_safetensors_load(ctx, cfg.resume, &resume_file));
-    for (int i = 0; i < np; ++i) CHECK(flame_safetensors_get(resume_file, names[i], slots[i]));
+  if (cfg.resume) { /* the parameters come from the file (all of them, nothing else), the rest of the state from <path>.opt */
+    CHECK(model_init(ctx, &m, 0));
+    CHECK(model_param_list(ctx, &m, &resume_params));
+    CHECK(flame_params_load_safetensors(resume_params, cfg.resume, 0));
   } else {
-    CHECK(model_init(ctx, &m));
+    CHECK(model_init(ctx, &m, 1));
   }
   flame_tensor_t with_decay[MAX_PARAMS], without[MAX_PARAMS], all[MAX_PARAMS];
   int nw = 0, nn = 0;
@@ -373,6 +370,7 @@ static void* train(void* arg) {
     flame_tensor_t ti, tt, logits, loss, norm;
     make_batch(&data_rng, text, 0, split, cfg.batch, cfg.block, idx, tgt);
     CHECK(flame_optimizer_set_lr(opt, -1, schedule(&cfg, step)));
+    begin_scope(&s, ctx, &step_scope);
     DO(&s, ti, flame_from_host(ctx, idx, sizeof(int64_t) * (size_t)(cfg.batch * cfg.block), bt, 2, FLAME_DTYPE_I64, &ti));
     DO(&s, tt, flame_from_host(ctx, tgt, sizeof(int64_t) * (size_t)(cfg.batch * cfg.block), bt, 2, FLAME_DTYPE_I64, &tt));
     logits = forward(&s, &m, ti, cfg.batch, cfg.block);
@@ -384,7 +382,6 @@ static void* train(void* arg) {
     if (s.st == FLAME_OK) CHECK(flame_optimizer_zero_grad(opt, 1));
     if (s.st != FLAME_OK) {
       report_rank(&s, world, rank);
-      scope_release(&s);
       goto cleanup;
     }
     ++since;
@@ -403,7 +400,7 @@ static void* train(void* arg) {
                step + 1, lv, nv, since * (double)cfg.batch * cfg.block * world / sec, 1e3 * sec / since,
                ms.bytes_in_use / 1048576.0, ms.peak_bytes_in_use / 1048576.0);
       since = 0;
-      scope_release(&s);
+      end_scope(&s, &step_scope); /* before validation and sampling, which open scopes of their own */
       if (lead && ((step + 1) % cfg.sample_every == 0 || step + 1 == cfg.steps)) {
         CHECK(validate(ctx, &m, text, split, size, cfg.batch, cfg.block, idx, tgt, &val));
         printf("step %5d  validation loss %.4f\n", step + 1, val);
@@ -411,7 +408,7 @@ static void* train(void* arg) {
       }
       clock_gettime(CLOCK_MONOTONIC, &t0);
     }
-    scope_release(&s);
+    end_scope(&s, &step_scope);
   }
   if (cfg.save && lead) {
     CHECK(save(ctx, &m, opt, cfg.save));
@@ -425,11 +422,11 @@ static void* train(void* arg) {
     printf("training loss %.4f is below the target %.4f (validation %.4f)\n", last_loss, cfg.target_loss, val);
 
 cleanup:
-  scope_release(&s);
+  flame_scope_end(step_scope); /* NULL when no step was in progress */
   flame_dp_release(dp);
   flame_optimizer_release(opt);
   for (int i = 0; i < np; ++i) flame_tensor_release(*slots[i]);
-  flame_safetensors_release(resume_file);
+  flame_params_release(resume_params);
   flame_comm_release(comm); /* every rank releases concurrently, as it joined */
   free(idx);
   free(tgt);

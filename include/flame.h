@@ -8,7 +8,8 @@
  *  - Results come back through out-parameters marked OUT. On failure every OUT handle is set to
  *    NULL (when the OUT pointer itself is not NULL) and nothing else changes.
  *  - Tensor handles passed in are BORROWED: the call neither keeps nor releases your reference.
- *    Tensor handles returned are NEW REFERENCES: release each with flame_tensor_release().
+ *    Tensor handles returned are NEW REFERENCES: release each with flame_tensor_release(), or let
+ *    a handle scope release them (see "Handle scopes").
  *  - A NULL handle or NULL OUT pointer gives FLAME_ERROR_INVALID_ARGUMENT; a released handle gives
  *    FLAME_ERROR_INVALID_HANDLE wherever the library can still tell (see flame_tensor_release).
  *  - After a failure, flame_last_error_message() names the function and the offending argument.
@@ -255,6 +256,78 @@ FLAME_API flame_status_t flame_tensor_is_contiguous(flame_tensor_t t, int32_t* c
 /* OUT *ptr: device address of the first element (a CUdeviceptr), BORROWED: valid while t lives.
  * Work on it must be ordered after the context's stream (flame_ctx_stream). */
 FLAME_API flame_status_t flame_tensor_data_ptr(flame_tensor_t t, void** ptr);
+
+/* ============================== Handle scopes ============================== */
+/* A handle scope releases the tensor handles made while it is open, so that C code does not have to
+ * release every intermediate by hand (as an autorelease pool in Objective-C, or a HandleScope in V8):
+ *
+ *   flame_scope_t s;
+ *   flame_scope_begin(ctx, &s);
+ *   ... flame_matmul(x, w, &h); flame_relu(h, &a); flame_sum_all(a, &loss); ...
+ *   flame_scope_keep(s, loss);      (loss is the caller's again; h and a are not)
+ *   flame_scope_end(s);             (releases h and a)
+ *
+ * Rules:
+ *  - What is recorded: every tensor handle that a FLAME call returns to the caller (OUT tensors,
+ *    including flame_tensor_grad, flame_detach, flame_safetensors_get, DLPack imports, a LoRA
+ *    adapter's factors, the outputs of flame_checkpoint, and tensors made during a CUDA graph
+ *    capture) on the calling thread, for a tensor of the scope's context, while the scope is the
+ *    innermost one open on that thread for that context. The scope owns the one reference the call
+ *    returned. Handles made on other threads, on other contexts, and before the scope began are not
+ *    recorded; nor are handles FLAME lends to callbacks (a hook's gradient, a checkpoint function's
+ *    inputs), which FLAME releases itself. Failed calls return NULL and record nothing.
+ *  - Inside a scope every returned handle is a new handle, also where a function's comment says
+ *    "t itself (a new reference)": it refers to the same tensor (same memory, same autograd state),
+ *    so the scope can own exactly the reference it returned.
+ *  - Scopes nest, per thread and per context: a scope begun while another is open on the same thread
+ *    and context is the innermost until it ends; scopes on different threads or contexts are
+ *    independent. flame_scope_end must end the innermost scope of its thread and context.
+ *  - flame_tensor_retain adds a reference the caller owns; flame_tensor_release drops the caller's
+ *    references first and the scope's last: releasing a recorded handle that you did not retain
+ *    releases it now and takes it out of its scope (it is not released twice). So code that releases
+ *    its intermediates by hand keeps working inside a scope.
+ *  - flame_scope_keep takes a handle out of the scope: its reference is the caller's again, exactly
+ *    as if no scope had been open. A kept handle is NOT moved to an enclosing scope (unlike V8's
+ *    EscapableHandleScope): ownership stays explicit, and a function that returns a kept tensor
+ *    returns a new reference, as every FLAME function does. Inside an enclosing scope that should
+ *    own it, release it there by hand or make the result in the enclosing scope.
+ *  - Callbacks run on the thread that calls into FLAME (hooks during flame_backward, checkpoint
+ *    functions): handles they make are recorded in the scope open on that thread. A handle a callback
+ *    returns to FLAME (a hook's replacement, a checkpoint function's outputs) may be such a handle:
+ *    FLAME releases the reference it is given, which takes it out of the scope. A callback that opens
+ *    its own scope must keep what it returns.
+ *  - A scope keeps its context alive, as a tensor does: flame_ctx_destroy with scopes open leaves them
+ *    open, and ending them later releases their handles. End a thread's scopes before it exits (a
+ *    scope left open leaks its handles and its context).
+ *  - Cost: recording is O(1) per handle (a lookup of the calling thread's innermost scope and an
+ *    append); ending a scope is O(handles it holds). */
+
+typedef struct flame_scope_s* flame_scope_t; /* an open handle scope of one thread and context */
+
+/* Opens a scope on the calling thread for ctx; it becomes the innermost one there.
+ * OUT *scope: the scope, valid until flame_scope_end.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx or scope NULL), FLAME_ERROR_INVALID_HANDLE (ctx
+ * destroyed), FLAME_ERROR_OUT_OF_MEMORY. */
+FLAME_API flame_status_t flame_scope_begin(flame_ctx_t ctx, flame_scope_t* scope);
+
+/* Ends scope: releases every handle it still holds (in the reverse order of their making), then
+ * frees the scope. It may be called from any thread, but scope must be the innermost scope open on
+ * the thread that began it for its context; ending an outer scope while an inner one is open is an
+ * error and changes nothing (end the inner one first). NULL is a no-op (FLAME_OK). An ended scope is
+ * detected (FLAME_ERROR_INVALID_HANDLE) while its context lives.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (an inner scope is still open), FLAME_ERROR_INVALID_HANDLE. */
+FLAME_API flame_status_t flame_scope_end(flame_scope_t scope);
+
+/* Takes t out of scope: the reference the scope held is the caller's again (release it with
+ * flame_tensor_release); t is not recorded in any other scope. May be called from any thread.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (scope or t NULL, t of another context, or t not held by
+ * scope: made outside it, kept or released already, or held by another scope),
+ * FLAME_ERROR_INVALID_HANDLE (scope ended or t released). */
+FLAME_API flame_status_t flame_scope_keep(flame_scope_t scope, flame_tensor_t t);
+
+/* OUT *count: the number of handles scope holds now (made in it, neither kept nor released).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (scope or count NULL), FLAME_ERROR_INVALID_HANDLE. */
+FLAME_API flame_status_t flame_scope_count(flame_scope_t scope, int64_t* count);
 
 /* ============================== Creation ============================== */
 /* shape points to ndim sizes (>= 0); ndim 0 makes a 0-d (scalar) tensor and shape may be NULL.
@@ -874,6 +947,88 @@ FLAME_API flame_status_t flame_safetensors_metadata(flame_safetensors_t file, co
 FLAME_API flame_status_t flame_safetensors_save(flame_ctx_t ctx, const char* path, const char* const* names,
                                                 const flame_tensor_t* tensors, int64_t n, const char* const* metadata_kv,
                                                 int64_t n_metadata);
+
+/* ============================== Named parameter lists ============================== */
+/* A flame_params_t is an ordered list of named tensors of one context (a model's parameters, as
+ * PyTorch's named_parameters / state_dict): saved to and loaded from a safetensors file in one call
+ * each. The list holds a reference to each tensor and to its context. Names are unique, non-empty
+ * UTF-8, not "__metadata__" (as in safetensors files). A tensor may appear under several names
+ * (tied weights). Handles taken from the list are BORROWED: valid until the list is released. */
+
+typedef struct flame_params_s* flame_params_t;
+
+/* Flags of flame_params_load_safetensors (bitwise OR; 0 is strict, as PyTorch's load_state_dict). */
+enum {
+  FLAME_PARAMS_LOAD_ALLOW_MISSING = 1,    /* a parameter the file lacks keeps its value */
+  FLAME_PARAMS_LOAD_ALLOW_UNEXPECTED = 2, /* a file tensor no parameter is named after is ignored */
+  FLAME_PARAMS_LOAD_NON_STRICT = 3,       /* both: PyTorch's strict=False */
+  FLAME_PARAMS_LOAD_CONVERT_DTYPE = 4     /* a file tensor of another dtype is converted to the
+                                             parameter's (e.g. BF16 file into F32 parameters; as
+                                             flame_to_dtype rounds); without it: DTYPE_MISMATCH */
+};
+
+/* OUT *params: a new, empty list on ctx; release it with flame_params_release.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx or params NULL), FLAME_ERROR_INVALID_HANDLE. */
+FLAME_API flame_status_t flame_params_create(flame_ctx_t ctx, flame_params_t* params);
+
+/* Releases the list and its references to its tensors (the tensors live on while other references
+ * hold them). NULL is a no-op; a released list is detected (nothing happens) while its context lives. */
+FLAME_API void flame_params_release(flame_params_t params);
+
+/* Appends t (BORROWED: the list takes a reference of its own; any dtype, shape and strides) under
+ * name (NUL-terminated, copied). Nothing changes on error.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (params, name or t NULL; name empty, "__metadata__", not
+ * UTF-8, or in the list already; t of another context; more than 1048576 entries),
+ * FLAME_ERROR_INVALID_HANDLE (params or t released). */
+FLAME_API flame_status_t flame_params_add(flame_params_t params, const char* name, flame_tensor_t t);
+
+/* OUT *count: the number of entries. */
+FLAME_API flame_status_t flame_params_count(flame_params_t params, int64_t* count);
+
+/* OUT *name: the name of entry index (0 <= index < count, in the order of adding), BORROWED: owned
+ * by the list. index out of range: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_params_name(flame_params_t params, int64_t index, const char** name);
+
+/* OUT *t: the tensor of entry index, BORROWED (do not release it; retain it to keep it longer than
+ * the list). Not recorded in handle scopes. index out of range: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_params_tensor(flame_params_t params, int64_t index, flame_tensor_t* t);
+
+/* OUT *tensors: the list's count tensors in order, BORROWED as an array owned by the list, valid
+ * until the next flame_params_add or the release (e.g. for flame_optimizer_create). *tensors is NULL
+ * when the list is empty. */
+FLAME_API flame_status_t flame_params_tensors(flame_params_t params, const flame_tensor_t** tensors);
+
+/* OUT *t: the tensor called name, BORROWED as for flame_params_tensor, or NULL (and FLAME_OK) when
+ * the list has no such entry. Constant time.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (params, name or t NULL), FLAME_ERROR_INVALID_HANDLE. */
+FLAME_API flame_status_t flame_params_find(flame_params_t params, const char* name, flame_tensor_t* t);
+
+/* Writes every entry to a safetensors file at path under its name, exactly as
+ * flame_safetensors_save does with the same names, tensors and metadata (atomic replacement, the
+ * Python package's layout, any dtype and strides). metadata_kv: 2 * n_metadata strings key0,
+ * value0, ...; may be NULL when n_metadata is 0. Waits for the device.
+ * Errors: as flame_safetensors_save (params instead of ctx), FLAME_ERROR_UNSUPPORTED during a CUDA
+ * graph capture. */
+FLAME_API flame_status_t flame_params_save_safetensors(flame_params_t params, const char* path, const char* const* metadata_kv,
+                                                       int64_t n_metadata);
+
+/* Copies the tensors of the safetensors file at path into the list's tensors of the same names, in
+ * place (the handles, strides and autograd state stay; each tensor's version counter advances, as
+ * for any in-place write, so graphs that saved it report FLAME_ERROR_INPLACE_MODIFIED). Shapes must
+ * be equal; dtypes equal unless flags has FLAME_PARAMS_LOAD_CONVERT_DTYPE. flags 0 is strict: every
+ * entry must be in the file and every file tensor must be an entry (FLAME_PARAMS_LOAD_ALLOW_MISSING,
+ * _ALLOW_UNEXPECTED or _NON_STRICT relax that). The file and every entry are checked before anything
+ * is written: after any error other than a device fault no tensor has changed. Entries not in the
+ * file are left alone. The copies are queued on the context's stream (the call does not wait for
+ * them; the file may be changed when it returns). Reading the file is as for flame_safetensors_load.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (params or path NULL, unknown flag bits, an entry missing
+ * from the file or an unexpected file tensor under strict flags; the message lists up to 8 names and
+ * the count), FLAME_ERROR_SHAPE_MISMATCH / FLAME_ERROR_DTYPE_MISMATCH (naming the entry, both shapes
+ * / dtypes), FLAME_ERROR_UNSUPPORTED (a file tensor of a dtype FLAME lacks that an entry would read;
+ * during a CUDA graph capture), FLAME_ERROR_INVALID_FORMAT, FLAME_ERROR_IO, FLAME_ERROR_INVALID_HANDLE,
+ * FLAME_ERROR_OUT_OF_MEMORY (staging converted or strided entries), FLAME_ERROR_CUDA,
+ * FLAME_ERROR_CONTEXT_FAILED. */
+FLAME_API flame_status_t flame_params_load_safetensors(flame_params_t params, const char* path, uint32_t flags);
 
 /* ============================== Indexing ============================== */
 /* Index tensors hold i64 or i32 values. They are checked on the device like class indices (see

@@ -405,6 +405,14 @@ namespace Flame.Interop
         public const uint FLAME_BACKWARD_CREATE_GRAPH = 2;
         /// <summary><c>FLAME_GRAD_ALLOW_UNUSED</c></summary>
         public const uint FLAME_GRAD_ALLOW_UNUSED = 4;
+        /// <summary><c>FLAME_PARAMS_LOAD_ALLOW_MISSING</c></summary>
+        public const uint FLAME_PARAMS_LOAD_ALLOW_MISSING = 1;
+        /// <summary><c>FLAME_PARAMS_LOAD_ALLOW_UNEXPECTED</c></summary>
+        public const uint FLAME_PARAMS_LOAD_ALLOW_UNEXPECTED = 2;
+        /// <summary><c>FLAME_PARAMS_LOAD_NON_STRICT</c></summary>
+        public const uint FLAME_PARAMS_LOAD_NON_STRICT = 3;
+        /// <summary><c>FLAME_PARAMS_LOAD_CONVERT_DTYPE</c></summary>
+        public const uint FLAME_PARAMS_LOAD_CONVERT_DTYPE = 4;
         /// <summary><c>FLAME_ATTENTION_CAUSAL</c></summary>
         public const uint FLAME_ATTENTION_CAUSAL = 1;
 
@@ -440,6 +448,10 @@ namespace Flame.Interop
             "flame_tensor_numel",
             "flame_tensor_is_contiguous",
             "flame_tensor_data_ptr",
+            "flame_scope_begin",
+            "flame_scope_end",
+            "flame_scope_keep",
+            "flame_scope_count",
             "flame_empty",
             "flame_zeros",
             "flame_ones",
@@ -599,6 +611,16 @@ namespace Flame.Interop
             "flame_safetensors_metadata_key",
             "flame_safetensors_metadata",
             "flame_safetensors_save",
+            "flame_params_create",
+            "flame_params_release",
+            "flame_params_add",
+            "flame_params_count",
+            "flame_params_name",
+            "flame_params_tensor",
+            "flame_params_tensors",
+            "flame_params_find",
+            "flame_params_save_safetensors",
+            "flame_params_load_safetensors",
             "flame_index_select",
             "flame_gather",
             "flame_scatter_add",
@@ -804,6 +826,22 @@ namespace Flame.Interop
         /// <summary><c>flame_status_t flame_tensor_data_ptr(flame_tensor_t t, void** ptr)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_data_ptr", ExactSpelling = true)]
         public static extern flame_status_t flame_tensor_data_ptr(IntPtr t, IntPtr* ptr);
+
+        /// <summary><c>flame_status_t flame_scope_begin(flame_ctx_t ctx, flame_scope_t* scope)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scope_begin", ExactSpelling = true)]
+        public static extern flame_status_t flame_scope_begin(IntPtr ctx, IntPtr* scope);
+
+        /// <summary><c>flame_status_t flame_scope_end(flame_scope_t scope)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scope_end", ExactSpelling = true)]
+        public static extern flame_status_t flame_scope_end(IntPtr scope);
+
+        /// <summary><c>flame_status_t flame_scope_keep(flame_scope_t scope, flame_tensor_t t)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scope_keep", ExactSpelling = true)]
+        public static extern flame_status_t flame_scope_keep(IntPtr scope, IntPtr t);
+
+        /// <summary><c>flame_status_t flame_scope_count(flame_scope_t scope, int64_t* count)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scope_count", ExactSpelling = true)]
+        public static extern flame_status_t flame_scope_count(IntPtr scope, long* count);
 
         /// <summary><c>flame_status_t flame_empty(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_empty", ExactSpelling = true)]
@@ -1440,6 +1478,46 @@ namespace Flame.Interop
         /// <summary><c>flame_status_t flame_safetensors_save(flame_ctx_t ctx, const char* path, const char* const* names, const flame_tensor_t* tensors, int64_t n, const char* const* metadata_kv, int64_t n_metadata)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_safetensors_save", ExactSpelling = true)]
         public static extern flame_status_t flame_safetensors_save(IntPtr ctx, string path, byte** names, IntPtr* tensors, long n, byte** metadata_kv, long n_metadata);
+
+        /// <summary><c>flame_status_t flame_params_create(flame_ctx_t ctx, flame_params_t* params)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_create", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_create(IntPtr ctx, IntPtr* @params);
+
+        /// <summary><c>void flame_params_release(flame_params_t params)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_release", ExactSpelling = true)]
+        public static extern void flame_params_release(IntPtr @params);
+
+        /// <summary><c>flame_status_t flame_params_add(flame_params_t params, const char* name, flame_tensor_t t)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_add", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_add(IntPtr @params, string name, IntPtr t);
+
+        /// <summary><c>flame_status_t flame_params_count(flame_params_t params, int64_t* count)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_count", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_count(IntPtr @params, long* count);
+
+        /// <summary><c>flame_status_t flame_params_name(flame_params_t params, int64_t index, const char** name)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_name", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_name(IntPtr @params, long index, byte** name);
+
+        /// <summary><c>flame_status_t flame_params_tensor(flame_params_t params, int64_t index, flame_tensor_t* t)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_tensor", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_tensor(IntPtr @params, long index, IntPtr* t);
+
+        /// <summary><c>flame_status_t flame_params_tensors(flame_params_t params, const flame_tensor_t** tensors)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_tensors", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_tensors(IntPtr @params, IntPtr** tensors);
+
+        /// <summary><c>flame_status_t flame_params_find(flame_params_t params, const char* name, flame_tensor_t* t)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_find", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_find(IntPtr @params, string name, IntPtr* t);
+
+        /// <summary><c>flame_status_t flame_params_save_safetensors(flame_params_t params, const char* path, const char* const* metadata_kv, int64_t n_metadata)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_save_safetensors", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_save_safetensors(IntPtr @params, string path, byte** metadata_kv, long n_metadata);
+
+        /// <summary><c>flame_status_t flame_params_load_safetensors(flame_params_t params, const char* path, uint32_t flags)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_load_safetensors", ExactSpelling = true)]
+        public static extern flame_status_t flame_params_load_safetensors(IntPtr @params, string path, uint flags);
 
         /// <summary><c>flame_status_t flame_index_select(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_index_select", ExactSpelling = true)]

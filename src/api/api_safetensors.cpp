@@ -15,8 +15,7 @@
 #include <string>
 #include <vector>
 #include "api/guard.h"
-#include "io/file.h"
-#include "io/safetensors.h"
+#include "api/safetensors_files.h"
 #include "ops/ops.h"
 
 namespace flame {
@@ -67,6 +66,70 @@ size_t index_arg(int64_t index, size_t count) {
 
 }  // namespace
 
+namespace flame {
+
+StMetadata metadata_arg(const char* const* metadata_kv, int64_t n_metadata) {
+  FLAME_CHECK(n_metadata >= 0 && static_cast<uint64_t>(n_metadata) <= st::kMaxEntries, FLAME_ERROR_INVALID_ARGUMENT,
+              "n_metadata ", n_metadata, " is not in [0, ", st::kMaxEntries, "]");
+  FLAME_CHECK(n_metadata == 0 || metadata_kv, FLAME_ERROR_INVALID_ARGUMENT, "metadata_kv is NULL");
+  StMetadata metadata;
+  for (int64_t i = 0; i < n_metadata; ++i) {
+    const std::string k = "metadata_kv[" + std::to_string(2 * i) + "]", v = "metadata_kv[" + std::to_string(2 * i + 1) + "]";
+    metadata.emplace_back(string_arg(metadata_kv[2 * i], k.c_str()), string_arg(metadata_kv[2 * i + 1], v.c_str()));
+  }
+  return metadata;
+}
+
+OpenSafetensors open_safetensors(const std::string& path) {
+  OpenSafetensors f;
+  f.file = std::make_unique<io::MappedFile>(path);
+  try {
+    f.header = st::parse(f.file->data(), f.file->size());
+  } catch (const Error& e) {
+    fail(e.status(), path, ": ", e.what());
+  }
+  return f;
+}
+
+void save_safetensors(Context& c, const std::string& path, const std::vector<std::string>& names,
+                      const std::vector<Tensor>& tensors, const StMetadata& metadata) {
+  std::vector<st::TensorEntry> entries(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    entries[i].name = names[i];
+    entries[i].dtype = tensors[i]->dtype;
+    entries[i].shape = tensors[i]->shape;
+  }
+  const std::vector<size_t> order = st::layout(entries, metadata);
+  const std::string header = st::serialize_header(entries, order, metadata);
+
+  ContextScope scope(c);
+  c.check_alive();
+  c.forbid_in_capture("writing a safetensors file");
+  size_t largest = 0;
+  for (const st::TensorEntry& e : entries) largest = std::max<size_t>(largest, e.bytes());
+  std::vector<unsigned char> buf(std::min(largest, kSaveChunkBytes));
+  io::AtomicFileWriter out(path);
+  out.write(header.data(), header.size());
+  for (size_t i : order) {
+    Tensor t = tensors[i];
+    if (!t->contiguous()) {  // row-major bytes on the device first
+      Tensor dense = make_tensor(c, t->shape, t->dtype);
+      ops::copy_into(dense, t);
+      t = std::move(dense);
+    }
+    const size_t bytes = entries[i].bytes();
+    for (size_t off = 0; off < bytes; off += buf.size()) {
+      const size_t len = std::min(buf.size(), bytes - off);
+      c.check(c.drv.cuMemcpyDtoHAsync(buf.data(), t->data() + off, len, c.stream), "cuMemcpyDtoHAsync");
+      c.synchronize();
+      out.write(buf.data(), len);
+    }
+  }
+  out.commit();
+}
+
+}  // namespace flame
+
 extern "C" {
 
 FLAME_API flame_status_t flame_safetensors_load(flame_ctx_t ctx, const char* path, flame_safetensors_t* file) {
@@ -75,12 +138,9 @@ FLAME_API flame_status_t flame_safetensors_load(flame_ctx_t ctx, const char* pat
     Context& c = context_of(ctx);
     auto h = std::make_unique<flame_safetensors_s>();
     h->path = string_arg(path, "path");
-    h->file = std::make_unique<io::MappedFile>(h->path);
-    try {
-      h->header = st::parse(h->file->data(), h->file->size());
-    } catch (const Error& e) {
-      fail(e.status(), h->path, ": ", e.what());
-    }
+    OpenSafetensors f = open_safetensors(h->path);
+    h->file = std::move(f.file);
+    h->header = std::move(f.header);
     h->ctx = c.shared_from_this();
     h->magic = kSafetensorsMagic;
     *file = h.release();
@@ -195,49 +255,15 @@ FLAME_API flame_status_t flame_safetensors_save(flame_ctx_t ctx, const char* pat
     FLAME_CHECK(n_metadata == 0 || metadata_kv, FLAME_ERROR_INVALID_ARGUMENT, "metadata_kv is NULL");
 
     std::vector<Tensor> ts;
-    std::vector<st::TensorEntry> entries(static_cast<size_t>(n));
+    std::vector<std::string> ns;
     for (int64_t i = 0; i < n; ++i) {
       const std::string arg = "tensors[" + std::to_string(i) + "]";
       const Tensor& t = unwrap(tensors[i], arg.c_str());
       FLAME_CHECK(&t->ctx() == &c, FLAME_ERROR_INVALID_ARGUMENT, arg, " belongs to another context");
-      st::TensorEntry& e = entries[static_cast<size_t>(i)];
-      e.name = string_arg(names[i], ("names[" + std::to_string(i) + "]").c_str());
-      e.dtype = t->dtype;
-      e.shape = t->shape;
+      ns.emplace_back(string_arg(names[i], ("names[" + std::to_string(i) + "]").c_str()));
       ts.push_back(t);
     }
-    std::vector<std::pair<std::string, std::string>> metadata;
-    for (int64_t i = 0; i < n_metadata; ++i) {
-      const std::string k = "metadata_kv[" + std::to_string(2 * i) + "]", v = "metadata_kv[" + std::to_string(2 * i + 1) + "]";
-      metadata.emplace_back(string_arg(metadata_kv[2 * i], k.c_str()), string_arg(metadata_kv[2 * i + 1], v.c_str()));
-    }
-    const std::vector<size_t> order = st::layout(entries, metadata);
-    const std::string header = st::serialize_header(entries, order, metadata);
-
-    ContextScope scope(c);
-    c.check_alive();
-    c.forbid_in_capture("writing a safetensors file");
-    size_t largest = 0;
-    for (const st::TensorEntry& e : entries) largest = std::max<size_t>(largest, e.bytes());
-    std::vector<unsigned char> buf(std::min(largest, kSaveChunkBytes));
-    io::AtomicFileWriter out(target);
-    out.write(header.data(), header.size());
-    for (size_t i : order) {
-      Tensor t = ts[i];
-      if (!t->contiguous()) {  // row-major bytes on the device first
-        Tensor dense = make_tensor(c, t->shape, t->dtype);
-        ops::copy_into(dense, t);
-        t = std::move(dense);
-      }
-      const size_t bytes = entries[i].bytes();
-      for (size_t off = 0; off < bytes; off += buf.size()) {
-        const size_t len = std::min(buf.size(), bytes - off);
-        c.check(c.drv.cuMemcpyDtoHAsync(buf.data(), t->data() + off, len, c.stream), "cuMemcpyDtoHAsync");
-        c.synchronize();
-        out.write(buf.data(), len);
-      }
-    }
-    out.commit();
+    save_safetensors(c, target, ns, ts, metadata_arg(metadata_kv, n_metadata));
   });
 }
 

@@ -45,8 +45,10 @@ P* out_param(P* p, const char* name) {
 Context& context_of(flame_ctx_t ctx);  // validates the handle
 // The result handle of an op: the input handle itself (one more reference) when the op returned
 // its input unchanged (contiguous of a contiguous tensor, to_dtype to the same dtype), else new.
+// While a handle scope is open on the calling thread, always a new handle (of the same tensor), so
+// that the scope owns exactly the reference the call returns.
 inline flame_tensor_t same_or_wrap(flame_tensor_t in, const Tensor& r) {
-  if (r == in->t) {
+  if (r == in->t && !scope_open_here(r->ctx())) {
     in->refs.fetch_add(1);
     return in;
   }

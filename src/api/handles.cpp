@@ -1,20 +1,34 @@
 // Tensor handles. A handle counts the caller's references to one Tensor. A released handle is
 // marked dead and kept in its context's quarantine (the most recent 4096), so passing it again is
 // reported as FLAME_ERROR_INVALID_HANDLE instead of touching freed memory, as long as the context
-// lives. Handles are freed with the context.
+// lives. Handles are freed with the context. wrap() makes the handles FLAME calls return, recorded
+// in the calling thread's innermost handle scope (api/api_scope.cpp); wrap_lent() those FLAME lends
+// to callbacks and releases itself, never recorded.
 #include "api/guard.h"
 
 namespace flame {
 
 constexpr size_t kQuarantine = 4096;
 
-flame_tensor_t wrap(Tensor t) {
+flame_tensor_t wrap_lent(Tensor t) {
   Context& ctx = t->ctx();
-  ++ctx.live_tensors;
   auto* h = new flame_tensor_s;
+  ++ctx.live_tensors;
   h->magic = kTensorMagic;
   h->refs.store(1);
   h->t = std::move(t);
+  return h;
+}
+
+flame_tensor_t wrap(Tensor t) {
+  Context& ctx = t->ctx();
+  flame_tensor_t h = wrap_lent(std::move(t));
+  try {
+    scope_record(ctx, h);  // api/api_scope.cpp: owned by the calling thread's innermost scope, if any
+  } catch (...) {
+    release_handle(h);
+    throw;
+  }
   return h;
 }
 
@@ -28,9 +42,14 @@ const Tensor& unwrap(flame_tensor_t h, const char* arg) {
 void release_handle(flame_tensor_t h) noexcept {
   if (!h || h->magic != kTensorMagic) return;
   if (h->refs.fetch_sub(1) != 1) return;
+  retire_handle(h);
+}
+
+void retire_handle(flame_tensor_t h) noexcept {
   std::shared_ptr<Context> keep = h->t->storage->ctx;  // the context outlives this function
   std::lock_guard<std::recursive_mutex> lock(keep->mutex);
   keep->bind();
+  scope_forget(h);  // a handle its scope still owned: released by hand, its slot empties
   h->magic = kDeadMagic;
   h->t.reset();
   --keep->live_tensors;

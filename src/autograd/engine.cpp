@@ -39,7 +39,7 @@ void check_grad_geometry(const Tensor& g, const TensorInfo& want, const char* wh
 Tensor run_hooks(const HookList& hooks, Tensor g, const TensorInfo& info) {
   for (const auto& h : hooks) {
     if (!h->alive || !h->fn) continue;
-    flame_tensor_t gh = wrap(g);
+    flame_tensor_t gh = wrap_lent(g);
     flame_tensor_t replacement = nullptr;
     clear_last_error();
     flame_status_t st = h->fn(h->user_data, gh, &replacement);
@@ -69,7 +69,7 @@ void run_post_hooks(const Tensor& leaf) {
   HookList hooks = leaf->autograd->post_hooks;  // a hook may register or remove hooks
   for (const auto& h : hooks) {
     if (!h->alive || !h->post_fn) continue;
-    flame_tensor_t lh = wrap(leaf);
+    flame_tensor_t lh = wrap_lent(leaf);
     clear_last_error();
     flame_status_t st = h->post_fn(h->user_data, lh);
     release_handle(lh);

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -158,6 +159,10 @@ class Context : public std::enable_shared_from_this<Context> {
   std::deque<flame_tensor_s*> dead_handles;
   // ---- released handles of other kinds (safetensors files, ...), kept readable the same way ----
   std::deque<std::shared_ptr<void>> dead_objects;
+  // ---- handle scopes (api/api_scope.cpp): the scopes open on each thread, innermost last, and
+  // their total, so that making a handle while none is open costs one comparison ----
+  std::unordered_map<std::thread::id, std::vector<flame_scope_s*>> open_scopes;
+  size_t open_scope_count = 0;
 
   // ---- errors found by kernels in the data they read (indices out of range) ----
   // Kernels that check indices write the first bad one into a small device record

@@ -48,7 +48,7 @@ struct Handles {
 std::vector<Tensor> call(Context& ctx, const CheckpointFn& f, const std::vector<Tensor>& inputs, int32_t n_outputs,
                          const char* phase, bool detach) {
   Handles h;
-  for (const Tensor& t : inputs) h.in.push_back(wrap(t));
+  for (const Tensor& t : inputs) h.in.push_back(wrap_lent(t));
   h.out.assign(static_cast<size_t>(n_outputs), nullptr);
   clear_last_error();
   flame_status_t st = FLAME_ERROR_INTERNAL;

@@ -533,6 +533,74 @@ class Args {
   }
   flame_fused_t* out_fused(const char* name) { return out_slot<flame_fused_t>(name, OutKind::Fused); }
 
+  // ---- handle scopes (Live: a.scope is a scope begun on the context, the same one for every
+  // argument of the row; a.scoped_t a tensor made while it is innermost, so held by it; a.end_scope a
+  // fresh scope the call ends. finish() ends the scopes a row left open, after the row's tensors) ----
+  flame_scope_t scope(const char* name) {
+    int h = handle_index(name, true, false);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_scope_t>(garbage());
+    if (bad_now(h)) {
+      if (bad == Bad::Foreign) return begin_scope(ctx2_);
+      if (bad == Bad::Released) {  // ended: parked by its context, detectably dead
+        flame_scope_t s = nullptr;
+        if (flame_scope_begin(ctx_, &s) != FLAME_OK) return nullptr;
+        flame_scope_end(s);
+        return s;
+      }
+      return reinterpret_cast<flame_scope_t>(garbage());
+    }
+    return row_scope();
+  }
+  flame_tensor_t scoped_t(const char* name) {
+    if (mode_ == Mode::Live) row_scope();
+    return tensor(name, Spec(), true);
+  }
+  // flame_scope_end's scope: a handle, but not NULLed by the sweeps (NULL is a no-op there).
+  flame_scope_t end_scope(const char* name) {
+    int h = handle_index(name, false, false);
+    if (mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu || (bad_now(h) && bad == Bad::Garbage)) return reinterpret_cast<flame_scope_t>(garbage());
+    flame_scope_t s = nullptr;
+    if (flame_scope_begin(ctx_, &s) != FLAME_OK) return nullptr;
+    if (bad_now(h) && bad == Bad::Released) flame_scope_end(s);
+    return s;
+  }
+  flame_scope_t* out_scope(const char* name) { return out_slot<flame_scope_t>(name, OutKind::Scope); }
+
+  // ---- named parameter lists (Live: a.params is a list with one entry "x", a ones sp(), matching
+  // the file of st_path) ----
+  flame_params_t params(const char* name) {
+    int h = handle_index(name, true, false);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_params_t>(garbage());
+    if (bad_now(h)) {
+      if (bad == Bad::Foreign) return live_params(ctx2_, true);
+      if (bad == Bad::Released) {  // released: parked by its context, detectably dead
+        flame_params_t p = live_params(ctx_, false);
+        flame_params_release(p);
+        return p;
+      }
+      return reinterpret_cast<flame_params_t>(garbage());
+    }
+    return live_params(ctx_, true);
+  }
+  flame_params_t release_params(const char* name) {
+    takes_released = true;
+    nullable(name);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_params_t>(garbage());
+    flame_params_t p = live_params(ctx_, false);
+    if (bad == Bad::Released) flame_params_release(p);
+    return p;
+  }
+  flame_params_t* out_params(const char* name) { return out_slot<flame_params_t>(name, OutKind::Params); }
+  // A borrowed OUT pointer of any pointer type (a list's tensors): NULL after a failure, never freed.
+  template <class P>
+  P* out_borrowed(const char* name) {
+    return out_slot<P>(name, OutKind::None);
+  }
+
   // ---- after the call ----
   // Checks the out slots of a failed call; returns the names of slots not set to NULL.
   std::vector<std::string> uncleared_outs() const {
@@ -562,7 +630,7 @@ class Args {
   Mode mode() const { return mode_; }
 
  private:
-  enum class OutKind { None, Tensor, Ctx, Hook, Dl, Dlv, Opt, St, Scaler, Lora, Graph, Comm, Dp, Fused };
+  enum class OutKind { None, Tensor, Ctx, Hook, Dl, Dlv, Opt, St, Scaler, Lora, Graph, Comm, Dp, Fused, Scope, Params };
   struct OutSlot {
     OutKind kind;
     void** slot;
@@ -714,6 +782,27 @@ class Args {
     if (keep) loras_.push_back(l);
     return l;
   }
+  // The scope of the row on the context (begun on first use, ended in finish).
+  flame_scope_t row_scope() {
+    if (!row_scope_) row_scope_ = begin_scope(ctx_);
+    return row_scope_;
+  }
+  flame_scope_t begin_scope(flame_ctx_t c) {
+    flame_scope_t s = nullptr;
+    if (flame_scope_begin(c, &s) != FLAME_OK) return nullptr;
+    scopes_.push_back(s);
+    return s;
+  }
+  flame_params_t live_params(flame_ctx_t c, bool keep) {
+    flame_params_t p = nullptr;
+    if (flame_params_create(c, &p) != FLAME_OK) return nullptr;
+    if (flame_params_add(p, "x", live_tensor(c, sp())) != FLAME_OK) {
+      flame_params_release(p);
+      return nullptr;
+    }
+    if (keep) params_.push_back(p);
+    return p;
+  }
   flame_fused_t live_fused(flame_ctx_t c, bool keep) {
     flame_fused_t f = nullptr;
     if (flame_fused_compile(c, "x0 * x1 + 1", 2, &f) != FLAME_OK) return nullptr;
@@ -783,6 +872,9 @@ class Args {
   std::vector<flame_comm_t> comms_;
   std::vector<flame_dp_t> dps_;
   std::vector<flame_fused_t> fused_;
+  std::vector<flame_scope_t> scopes_;
+  flame_scope_t row_scope_ = nullptr;
+  std::vector<flame_params_t> params_;
   std::string tmp_dir_;
   bool st_written_ = false;
   struct DLManagedTensor* dl_in_ = nullptr;
@@ -860,6 +952,8 @@ inline void Args::finish(flame_status_t status) {
       case OutKind::Comm: flame_comm_release(static_cast<flame_comm_t>(v)); break;
       case OutKind::Dp: flame_dp_release(static_cast<flame_dp_t>(v)); break;
       case OutKind::Fused: flame_fused_release(static_cast<flame_fused_t>(v)); break;
+      case OutKind::Scope: flame_scope_end(static_cast<flame_scope_t>(v)); break;
+      case OutKind::Params: flame_params_release(static_cast<flame_params_t>(v)); break;
       case OutKind::None: break;
     }
   }
@@ -895,8 +989,13 @@ inline void Args::finish(flame_status_t status) {
   comms_.clear();
   for (flame_fused_t f : fused_) flame_fused_release(f);
   fused_.clear();
+  for (flame_params_t p : params_) flame_params_release(p);
+  params_.clear();
   for (auto it = owned_.rbegin(); it != owned_.rend(); ++it) flame_tensor_release(*it);
   owned_.clear();
+  for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) flame_scope_end(*it);  // innermost first
+  scopes_.clear();
+  row_scope_ = nullptr;
   remove_tmp_dir();
 }
 

@@ -65,6 +65,9 @@ static_assert(FLAME_DTYPE_F32 == 0 && FLAME_DTYPE_F16 == 1 && FLAME_DTYPE_BF16 =
               "flame_dtype_t values are frozen");
 static_assert(FLAME_BACKWARD_RETAIN_GRAPH == 1 && FLAME_BACKWARD_CREATE_GRAPH == 2 && FLAME_GRAD_ALLOW_UNUSED == 4,
               "backward flags are frozen");
+static_assert(FLAME_PARAMS_LOAD_ALLOW_MISSING == 1 && FLAME_PARAMS_LOAD_ALLOW_UNEXPECTED == 2 &&
+                  FLAME_PARAMS_LOAD_NON_STRICT == 3 && FLAME_PARAMS_LOAD_CONVERT_DTYPE == 4,
+              "parameter-list load flags are frozen");
 static_assert(FLAME_MAX_DIMS == 8, "FLAME_MAX_DIMS is frozen");
 static_assert(FLAME_DIM_ALL == INT32_MIN, "FLAME_DIM_ALL is INT32_MIN");
 static_assert(sizeof(flame_status_t) == 4 && sizeof(flame_dtype_t) == 4, "enums are 32-bit");
@@ -731,6 +734,85 @@ TEST(NullArguments, Safetensors) {
   FLAME_EXPECT_STATUS(flame_safetensors_save(nullptr, "/tmp/x.safetensors", nullptr, nullptr, 0, nullptr, 0),
                       FLAME_ERROR_INVALID_ARGUMENT);
   EXPECT_TRUE(contains(flame_last_error_message(), "flame_safetensors_save")) << flame_last_error_message();
+}
+
+// ============================== Handle scopes and parameter lists ==============================
+
+TEST(NullArguments, Scopes) {
+  flame_set_error_message("stale");
+  FLAME_EXPECT_STATUS(flame_scope_end(nullptr), FLAME_OK);  // a no-op, as *_release(NULL)
+  EXPECT_STREQ(flame_last_error_message(), "") << "a successful call clears the message";
+  flame_scope_t scope = reinterpret_cast<flame_scope_t>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_scope_begin(nullptr, &scope), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(scope, nullptr) << "flame_scope_begin must set *scope to NULL on failure";
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_scope_begin")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_scope_begin(nullptr, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_scope_keep(nullptr, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "scope is NULL")) << flame_last_error_message();
+  int64_t count = 7;
+  FLAME_EXPECT_STATUS(flame_scope_count(nullptr, &count), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(count, 0) << "flame_scope_count must clear *count on failure";
+  FLAME_EXPECT_STATUS(flame_scope_count(nullptr, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(GarbageHandles, Scopes) {
+  // Zeroed memory: no magic matches, so every entry point reports a dead handle and reads nothing else.
+  std::vector<uint64_t> zeros(64, 0);
+  auto scope = reinterpret_cast<flame_scope_t>(zeros.data());
+  FLAME_EXPECT_STATUS(flame_scope_end(scope), FLAME_ERROR_INVALID_HANDLE);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_scope_end: scope is not an open scope"))
+      << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_scope_keep(scope, reinterpret_cast<flame_tensor_t>(zeros.data())), FLAME_ERROR_INVALID_HANDLE);
+  int64_t count = 7;
+  FLAME_EXPECT_STATUS(flame_scope_count(scope, &count), FLAME_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(count, 0);
+}
+
+TEST(NullArguments, Params) {
+  flame_params_release(nullptr);  // a no-op
+  flame_params_t params = reinterpret_cast<flame_params_t>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_params_create(nullptr, &params), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(params, nullptr) << "flame_params_create must set *params to NULL on failure";
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_params_create")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_params_create(nullptr, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_params_add(nullptr, "w", nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_params_add: params is NULL")) << flame_last_error_message();
+  int64_t count = 7;
+  FLAME_EXPECT_STATUS(flame_params_count(nullptr, &count), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(count, 0);
+  const char* name = "x";
+  FLAME_EXPECT_STATUS(flame_params_name(nullptr, 0, &name), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(name, nullptr);
+  flame_tensor_t t = reinterpret_cast<flame_tensor_t>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_params_tensor(nullptr, 0, &t), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(t, nullptr);
+  t = reinterpret_cast<flame_tensor_t>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_params_find(nullptr, "w", &t), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(t, nullptr);
+  const flame_tensor_t* ts = reinterpret_cast<const flame_tensor_t*>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_params_tensors(nullptr, &ts), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ts, nullptr);
+  FLAME_EXPECT_STATUS(flame_params_save_safetensors(nullptr, "/tmp/x.safetensors", nullptr, 0), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_params_save_safetensors")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_params_load_safetensors(nullptr, "/tmp/x.safetensors", 0), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_params_load_safetensors")) << flame_last_error_message();
+}
+
+TEST(GarbageHandles, Params) {
+  std::vector<uint64_t> zeros(64, 0);
+  auto params = reinterpret_cast<flame_params_t>(zeros.data());
+  flame_params_release(params);  // not a live list: nothing happens
+  FLAME_EXPECT_STATUS(flame_params_add(params, "w", reinterpret_cast<flame_tensor_t>(zeros.data())), FLAME_ERROR_INVALID_HANDLE);
+  EXPECT_TRUE(contains(flame_last_error_message(), "params is not a live parameter list")) << flame_last_error_message();
+  // Unknown flag bits are checked after the handle: a garbage list is still reported as such.
+  FLAME_EXPECT_STATUS(flame_params_load_safetensors(params, "/tmp/x.safetensors", 0x80u), FLAME_ERROR_INVALID_HANDLE);
+  FLAME_EXPECT_STATUS(flame_params_save_safetensors(params, "/tmp/x.safetensors", nullptr, 0), FLAME_ERROR_INVALID_HANDLE);
+}
+
+TEST(Params, LoadFlagValues) {
+  // The strictness bits compose as documented: NON_STRICT is both relaxations, CONVERT is separate.
+  EXPECT_EQ(FLAME_PARAMS_LOAD_NON_STRICT, FLAME_PARAMS_LOAD_ALLOW_MISSING | FLAME_PARAMS_LOAD_ALLOW_UNEXPECTED);
+  EXPECT_EQ(FLAME_PARAMS_LOAD_CONVERT_DTYPE & FLAME_PARAMS_LOAD_NON_STRICT, 0);
 }
 
 // ============================== Indexing ==============================

@@ -294,6 +294,11 @@ impl std::fmt::Debug for Reduction {
     }
 }
 
+pub const FLAME_PARAMS_LOAD_ALLOW_MISSING: u32 = 1;
+pub const FLAME_PARAMS_LOAD_ALLOW_UNEXPECTED: u32 = 2;
+pub const FLAME_PARAMS_LOAD_NON_STRICT: u32 = 3;
+pub const FLAME_PARAMS_LOAD_CONVERT_DTYPE: u32 = 4;
+
 pub const FLAME_ATTENTION_CAUSAL: u32 = 1;
 
 pub type flame_pad_mode_t = i32;
@@ -382,6 +387,11 @@ pub struct flame_hook_s {
 }
 pub type flame_hook_t = *mut flame_hook_s;
 #[repr(C)]
+pub struct flame_scope_s {
+    _opaque: [u8; 0],
+}
+pub type flame_scope_t = *mut flame_scope_s;
+#[repr(C)]
 pub struct flame_optimizer_s {
     _opaque: [u8; 0],
 }
@@ -391,6 +401,11 @@ pub struct flame_safetensors_s {
     _opaque: [u8; 0],
 }
 pub type flame_safetensors_t = *mut flame_safetensors_s;
+#[repr(C)]
+pub struct flame_params_s {
+    _opaque: [u8; 0],
+}
+pub type flame_params_t = *mut flame_params_s;
 #[repr(C)]
 pub struct flame_grad_scaler_s {
     _opaque: [u8; 0],
@@ -594,6 +609,10 @@ pub const SYMBOLS: &[&str] = &[
     "flame_tensor_numel",
     "flame_tensor_is_contiguous",
     "flame_tensor_data_ptr",
+    "flame_scope_begin",
+    "flame_scope_end",
+    "flame_scope_keep",
+    "flame_scope_count",
     "flame_empty",
     "flame_zeros",
     "flame_ones",
@@ -753,6 +772,16 @@ pub const SYMBOLS: &[&str] = &[
     "flame_safetensors_metadata_key",
     "flame_safetensors_metadata",
     "flame_safetensors_save",
+    "flame_params_create",
+    "flame_params_release",
+    "flame_params_add",
+    "flame_params_count",
+    "flame_params_name",
+    "flame_params_tensor",
+    "flame_params_tensors",
+    "flame_params_find",
+    "flame_params_save_safetensors",
+    "flame_params_load_safetensors",
     "flame_index_select",
     "flame_gather",
     "flame_scatter_add",
@@ -871,6 +900,10 @@ pub struct Api {
     pub flame_tensor_numel: unsafe extern "C" fn(t: flame_tensor_t, numel: *mut i64) -> flame_status_t,
     pub flame_tensor_is_contiguous: unsafe extern "C" fn(t: flame_tensor_t, contiguous: *mut i32) -> flame_status_t,
     pub flame_tensor_data_ptr: unsafe extern "C" fn(t: flame_tensor_t, ptr: *mut *mut c_void) -> flame_status_t,
+    pub flame_scope_begin: unsafe extern "C" fn(ctx: flame_ctx_t, scope: *mut flame_scope_t) -> flame_status_t,
+    pub flame_scope_end: unsafe extern "C" fn(scope: flame_scope_t) -> flame_status_t,
+    pub flame_scope_keep: unsafe extern "C" fn(scope: flame_scope_t, t: flame_tensor_t) -> flame_status_t,
+    pub flame_scope_count: unsafe extern "C" fn(scope: flame_scope_t, count: *mut i64) -> flame_status_t,
     pub flame_empty: unsafe extern "C" fn(ctx: flame_ctx_t, shape: *const i64, ndim: i32, dtype: flame_dtype_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_zeros: unsafe extern "C" fn(ctx: flame_ctx_t, shape: *const i64, ndim: i32, dtype: flame_dtype_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_ones: unsafe extern "C" fn(ctx: flame_ctx_t, shape: *const i64, ndim: i32, dtype: flame_dtype_t, out: *mut flame_tensor_t) -> flame_status_t,
@@ -1030,6 +1063,16 @@ pub struct Api {
     pub flame_safetensors_metadata_key: unsafe extern "C" fn(file: flame_safetensors_t, index: i64, key: *mut *const c_char) -> flame_status_t,
     pub flame_safetensors_metadata: unsafe extern "C" fn(file: flame_safetensors_t, key: *const c_char, value: *mut *const c_char) -> flame_status_t,
     pub flame_safetensors_save: unsafe extern "C" fn(ctx: flame_ctx_t, path: *const c_char, names: *const *const c_char, tensors: *const flame_tensor_t, n: i64, metadata_kv: *const *const c_char, n_metadata: i64) -> flame_status_t,
+    pub flame_params_create: unsafe extern "C" fn(ctx: flame_ctx_t, params: *mut flame_params_t) -> flame_status_t,
+    pub flame_params_release: unsafe extern "C" fn(params: flame_params_t),
+    pub flame_params_add: unsafe extern "C" fn(params: flame_params_t, name: *const c_char, t: flame_tensor_t) -> flame_status_t,
+    pub flame_params_count: unsafe extern "C" fn(params: flame_params_t, count: *mut i64) -> flame_status_t,
+    pub flame_params_name: unsafe extern "C" fn(params: flame_params_t, index: i64, name: *mut *const c_char) -> flame_status_t,
+    pub flame_params_tensor: unsafe extern "C" fn(params: flame_params_t, index: i64, t: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_params_tensors: unsafe extern "C" fn(params: flame_params_t, tensors: *mut *const flame_tensor_t) -> flame_status_t,
+    pub flame_params_find: unsafe extern "C" fn(params: flame_params_t, name: *const c_char, t: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_params_save_safetensors: unsafe extern "C" fn(params: flame_params_t, path: *const c_char, metadata_kv: *const *const c_char, n_metadata: i64) -> flame_status_t,
+    pub flame_params_load_safetensors: unsafe extern "C" fn(params: flame_params_t, path: *const c_char, flags: u32) -> flame_status_t,
     pub flame_index_select: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_gather: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_scatter_add: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, src: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
@@ -1156,6 +1199,10 @@ impl Api {
             flame_tensor_numel: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut i64) -> flame_status_t>(resolve(b"flame_tensor_numel\0")?),
             flame_tensor_is_contiguous: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut i32) -> flame_status_t>(resolve(b"flame_tensor_is_contiguous\0")?),
             flame_tensor_data_ptr: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut *mut c_void) -> flame_status_t>(resolve(b"flame_tensor_data_ptr\0")?),
+            flame_scope_begin: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut flame_scope_t) -> flame_status_t>(resolve(b"flame_scope_begin\0")?),
+            flame_scope_end: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_scope_t) -> flame_status_t>(resolve(b"flame_scope_end\0")?),
+            flame_scope_keep: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_scope_t, flame_tensor_t) -> flame_status_t>(resolve(b"flame_scope_keep\0")?),
+            flame_scope_count: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_scope_t, *mut i64) -> flame_status_t>(resolve(b"flame_scope_count\0")?),
             flame_empty: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const i64, i32, flame_dtype_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_empty\0")?),
             flame_zeros: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const i64, i32, flame_dtype_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_zeros\0")?),
             flame_ones: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const i64, i32, flame_dtype_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_ones\0")?),
@@ -1315,6 +1362,16 @@ impl Api {
             flame_safetensors_metadata_key: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, i64, *mut *const c_char) -> flame_status_t>(resolve(b"flame_safetensors_metadata_key\0")?),
             flame_safetensors_metadata: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_safetensors_t, *const c_char, *mut *const c_char) -> flame_status_t>(resolve(b"flame_safetensors_metadata\0")?),
             flame_safetensors_save: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, *const *const c_char, *const flame_tensor_t, i64, *const *const c_char, i64) -> flame_status_t>(resolve(b"flame_safetensors_save\0")?),
+            flame_params_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut flame_params_t) -> flame_status_t>(resolve(b"flame_params_create\0")?),
+            flame_params_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_params_t)>(resolve(b"flame_params_release\0")?),
+            flame_params_add: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_params_t, *const c_char, flame_tensor_t) -> flame_status_t>(resolve(b"flame_params_add\0")?),
+            flame_params_count: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_params_t, *mut i64) -> flame_status_t>(resolve(b"flame_params_count\0")?),
+            flame_params_name: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_params_t, i64, *mut *const c_char) -> flame_status_t>(resolve(b"flame_params_name\0")?),
+            flame_params_tensor: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_params_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_params_tensor\0")?),
+            flame_params_tensors: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_params_t, *mut *const flame_tensor_t) -> flame_status_t>(resolve(b"flame_params_tensors\0")?),
+            flame_params_find: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_params_t, *const c_char, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_params_find\0")?),
+            flame_params_save_safetensors: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_params_t, *const c_char, *const *const c_char, i64) -> flame_status_t>(resolve(b"flame_params_save_safetensors\0")?),
+            flame_params_load_safetensors: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_params_t, *const c_char, u32) -> flame_status_t>(resolve(b"flame_params_load_safetensors\0")?),
             flame_index_select: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_index_select\0")?),
             flame_gather: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_gather\0")?),
             flame_scatter_add: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_scatter_add\0")?),
