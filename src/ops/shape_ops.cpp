@@ -21,9 +21,10 @@ Tensor ops::cat(const std::vector<Tensor>& ts, int dim0) {
     for (int d = 0; d < t->ndim(); ++d)
       FLAME_CHECK(d == dim || t->shape[d] == first->shape[d], FLAME_ERROR_SHAPE_MISMATCH, "cat: tensor ", i,
                   " has shape ", shape_str(t->shape), ", tensor 0 has ", shape_str(first->shape));
-    shape[dim] += t->shape[dim];
+    shape[dim] = checked_size_add(shape[dim], t->shape[dim], "cat");
     dt = promote(dt, t->dtype);
   }
+  checked_numel(shape, "cat");  // named here rather than by the allocation
   Tensor out = make_tensor(first->ctx(), shape, dt);
   int64_t off = 0;
   std::vector<Tensor> inputs;

@@ -71,7 +71,7 @@ Tensor ops::view_scatter(const Tensor& g, const Shape& shape, const ViewSpec& sp
 }
 
 Tensor ops::view(const Tensor& t, const Shape& requested) {
-  Shape shape = infer_shape(requested, t->numel());
+  Shape shape = infer_shape(requested, t->numel(), "view");
   FLAME_CHECK(shape.size() <= FLAME_MAX_DIMS, FLAME_ERROR_INVALID_ARGUMENT, "at most ", FLAME_MAX_DIMS, " dims");
   Strides st;
   FLAME_CHECK(view_strides(t->shape, t->strides, shape, &st), FLAME_ERROR_INVALID_ARGUMENT, "view: a tensor of shape ",
@@ -80,7 +80,7 @@ Tensor ops::view(const Tensor& t, const Shape& requested) {
 }
 
 Tensor ops::reshape(const Tensor& t, const Shape& requested) {
-  Shape shape = infer_shape(requested, t->numel());
+  Shape shape = infer_shape(requested, t->numel(), "reshape");
   Strides st;
   if (view_strides(t->shape, t->strides, shape, &st)) return view(t, shape);
   return view(clone(t), shape);
@@ -130,6 +130,7 @@ Tensor ops::expand(const Tensor& t, const Shape& req) {
     shape[i] = want;
     st[i] = i < lead ? 0 : (have == want ? t->strides[i - lead] : 0);
   }
+  checked_numel(shape, "expand");  // the only view op that adds elements: [2^40, 2^40] is refused here
   if (shape == t->shape) return t;
   return record_view(OpId::Expand, t, make_view(t, shape, st, t->offset));
 }
