@@ -94,7 +94,9 @@ ElementSpan checked_span(const Shape& shape, const Strides& strides, const char*
 
 void check_view_geometry(const Shape& shape, const Strides& strides, int64_t offset, size_t elem_size,
                          const char* what) {
-  checked_numel(shape, what);
+  // An empty view reads nothing: its offset may even point one stride before its storage (an empty
+  // slice at the end of a flipped dim), as PyTorch allows.
+  if (checked_numel(shape, what) == 0) return;
   const ElementSpan span = checked_span(shape, strides, what);
   int64_t first = 0, last = 0;
   FLAME_CHECK(offset >= 0 && !__builtin_add_overflow(offset, span.lo, &first) && first >= 0, FLAME_ERROR_INVALID_ARGUMENT,

@@ -36,9 +36,9 @@ struct ElementSpan {
   int64_t lo = 0, hi = 0;
 };
 ElementSpan checked_span(const Shape& shape, const Strides& strides, const char* what = nullptr);
-// A view's geometry over its storage: checked_numel(shape), checked_span(shape, strides), the
-// lowest element offset + lo not below 0, and the byte just past the highest element,
-// (offset + hi + 1) * elem_size, within 2^63 - 1. A broadcast (stride 0) view may have more
+// A view's geometry over its storage: checked_numel(shape), then for a view of at least one
+// element checked_span(shape, strides), the lowest element offset + lo not below 0, and the byte
+// just past the highest element, (offset + hi + 1) * elem_size, within 2^63 - 1. A broadcast (stride 0) view may have more
 // elements than its bytes could hold: only the extent it reads counts.
 void check_view_geometry(const Shape& shape, const Strides& strides, int64_t offset, size_t elem_size,
                          const char* what = nullptr);

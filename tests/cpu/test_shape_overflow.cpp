@@ -135,8 +135,11 @@ TEST(ShapeOverflow, ViewGeometry) {
   expect_error([] { check_view_geometry({4}, {-1}, 2, 4); }, FLAME_ERROR_INVALID_ARGUMENT, {"below"});
   expect_error([] { check_view_geometry({1}, {1}, -1, 4); }, FLAME_ERROR_INVALID_ARGUMENT, {"below"});
   expect_error([] { check_view_geometry({2, -1}, {1, 1}, 0, 4); }, FLAME_ERROR_INVALID_ARGUMENT, {"negative"});
-  // Empty views reach nothing, whatever their strides.
+  // Empty views reach nothing, whatever their strides and offset (an empty slice at the end of a
+  // flipped dim sits one stride before element 0).
   check_view_geometry({0, 5}, {kMax, kMax}, 0, 8);
+  check_view_geometry({0}, {-1}, -1, 4);
+  expect_error([] { check_view_geometry({0, p(62), p(62)}, {0, 0, 0}, 0, 4); }, FLAME_ERROR_INVALID_ARGUMENT, {"elements"});
 }
 
 TEST(ShapeOverflow, BroadcastRefusesResultsPastInt64) {
