@@ -358,7 +358,11 @@ FLAME_API flame_status_t flame_to_host(flame_tensor_t t, void* data, size_t nbyt
 FLAME_API flame_status_t flame_tensor_item(flame_tensor_t t, double* value);
 
 /* ============================== Views and shape ops ============================== */
-/* Views share memory with their input (no copy); negative dims count from the end. */
+/* Views share memory with their input (no copy); negative dims count from the end.
+ * A result (of these or of any op that broadcasts: arithmetic, where, matmul batch dims) with more
+ * than 2^63 - 1 elements: FLAME_ERROR_INVALID_ARGUMENT naming the sizes. A broadcast view may hold
+ * more elements than its bytes could (it reads its input's few); materialising one then fails the
+ * same way when the byte count passes 2^63 - 1. */
 
 /* Same data, new shape; one size may be -1. Copies only when the strides forbid a view. */
 FLAME_API flame_status_t flame_reshape(flame_tensor_t t, const int64_t* shape, int32_t ndim, flame_tensor_t* out);

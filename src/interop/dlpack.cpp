@@ -107,14 +107,13 @@ Layout import_layout(const DLTensor& t, int ordinal, const char* arg) {
   FLAME_CHECK(first % static_cast<uint64_t>(elem) == 0, FLAME_ERROR_INVALID_ARGUMENT, arg,
               "'s first element (data + byte_offset) is not aligned to its ", elem, "-byte elements");
   // Lowest and highest element offsets the view reaches (negative strides reach below `first`).
-  int64_t lo = 0, hi = 0;
-  for (size_t i = 0; i < l.shape.size(); ++i) {
-    int64_t step = 0;
-    bool bad = __builtin_mul_overflow(l.shape[i] - 1, l.strides[i], &step);
-    bad = bad || (step < 0 ? __builtin_add_overflow(lo, step, &lo) : __builtin_add_overflow(hi, step, &hi));
-    FLAME_CHECK(!bad, FLAME_ERROR_INVALID_ARGUMENT, arg, "'s strides reach past 2^63 elements (dim ", i, ": size ",
-                l.shape[i], ", stride ", l.strides[i], ")");
+  ElementSpan reach;
+  try {
+    reach = checked_span(l.shape, l.strides);  // the library's one overflow check (core/shape.h)
+  } catch (const Error& e) {
+    fail(e.status(), arg, "->dl_tensor.strides: ", e.what());
   }
+  const int64_t lo = reach.lo, hi = reach.hi;
   int64_t span = 0, span_bytes = 0, below = 0;
   bool bad = __builtin_sub_overflow(hi, lo, &span) || __builtin_add_overflow(span, int64_t{1}, &span) ||
              __builtin_mul_overflow(span, elem, &span_bytes) || __builtin_mul_overflow(-lo, elem, &below);

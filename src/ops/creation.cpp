@@ -101,7 +101,7 @@ Tensor ops::from_host(Context& ctx, const void* data, size_t nbytes, const Shape
     SetupScope setup(ctx);
     t = make_tensor(ctx, shape, dtype);
   }
-  size_t need = static_cast<size_t>(t->numel()) * t->elem_size();
+  const size_t need = checked_bytes(t->numel(), t->elem_size(), "from_host");
   FLAME_CHECK(nbytes == need, FLAME_ERROR_INVALID_ARGUMENT, "nbytes is ", nbytes, " but shape ", shape_str(shape), " of ",
               dtype_name(dtype), " needs ", need);
   FLAME_CHECK(data || need == 0, FLAME_ERROR_INVALID_ARGUMENT, "data is NULL");
@@ -113,7 +113,8 @@ Tensor ops::from_host(Context& ctx, const void* data, size_t nbytes, const Shape
 
 void ops::to_host(const Tensor& t0, void* data, size_t nbytes) {
   t0->ctx().forbid_in_capture("a copy to the host");
-  size_t need = static_cast<size_t>(t0->numel()) * t0->elem_size();
+  // A broadcast view may hold more elements than 2^63 - 1 bytes: refused here, not wrapped around.
+  const size_t need = checked_bytes(t0->numel(), t0->elem_size(), "to_host");
   FLAME_CHECK(nbytes == need, FLAME_ERROR_INVALID_ARGUMENT, "nbytes is ", nbytes, " but the tensor holds ", need, " bytes");
   FLAME_CHECK(data || need == 0, FLAME_ERROR_INVALID_ARGUMENT, "data is NULL");
   Context& ctx = t0->ctx();

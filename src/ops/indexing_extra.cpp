@@ -49,12 +49,6 @@ int64_t product(const Shape& s, size_t from, size_t to) {
   return p;
 }
 
-// a * b for sizes >= 0, failing instead of overflowing.
-int64_t mul_size(const char* op, int64_t a, int64_t b) {
-  FLAME_CHECK(a == 0 || b <= INT64_MAX / a, FLAME_ERROR_INVALID_ARGUMENT, op, ": the result is too large");
-  return a * b;
-}
-
 // y with dim d repeated r times: tiled (interleave false) or element by element (true).
 Tensor repeat_dim(const Tensor& y, int d, int64_t r, bool interleave) {
   const Shape& s = y->shape;
@@ -167,9 +161,9 @@ Tensor ops::repeat(const Tensor& x, const std::vector<int64_t>& reps) {
   Shape out_shape(k);
   for (size_t d = 0; d < k; ++d) {
     FLAME_CHECK(reps[d] >= 0, FLAME_ERROR_INVALID_ARGUMENT, op, ": repeat count ", reps[d], " of dim ", d, " is negative");
-    out_shape[d] = mul_size(op, s[d], reps[d]);
+    out_shape[d] = checked_size_mul(s[d], reps[d], op);
   }
-  checked_numel(out_shape);
+  checked_numel(out_shape, op);
   Tensor y = reshape(x, s);
   for (size_t d = 0; d < k; ++d)
     if (reps[d] != 1) y = repeat_dim(y, static_cast<int>(d), reps[d], false);
@@ -184,8 +178,8 @@ Tensor ops::repeat_interleave(const Tensor& x, int64_t repeats, int dim0, bool f
               " (pass FLAME_DIM_ALL to flatten it)");
   const int dim = flatten ? 0 : normalize_dim(dim0, y->ndim());
   Shape out_shape = y->shape;
-  out_shape[static_cast<size_t>(dim)] = mul_size(op, out_shape[static_cast<size_t>(dim)], repeats);
-  checked_numel(out_shape);
+  out_shape[static_cast<size_t>(dim)] = checked_size_mul(out_shape[static_cast<size_t>(dim)], repeats, op);
+  checked_numel(out_shape, op);
   return fresh(repeat_dim(y, dim, repeats, true), x);
 }
 
@@ -215,7 +209,7 @@ Tensor ops::pad(const Tensor& x, const std::vector<int64_t>& pads, PadMode mode,
   for (int i = 0; i < k; ++i) {
     const int d = nd - 1 - i;
     const int64_t n = x->shape[static_cast<size_t>(d)], l = pads[2 * static_cast<size_t>(i)], r = pads[2 * static_cast<size_t>(i) + 1];
-    constexpr int64_t kMaxPad = int64_t{1} << 60;  // keeps n + l + r free of overflow
+    constexpr int64_t kMaxPad = int64_t{1} << 60;  // keeps the sum of the two amounts free of overflow
     FLAME_CHECK(l > -kMaxPad && l < kMaxPad && r > -kMaxPad && r < kMaxPad, FLAME_ERROR_INVALID_ARGUMENT, op,
                 ": pad amounts (", l, ", ", r, ") of dim ", d, " are too large");
     FLAME_CHECK(std::max<int64_t>(0, -l) + std::max<int64_t>(0, -r) <= n, FLAME_ERROR_INVALID_ARGUMENT, op, ": negative pads (",
@@ -224,9 +218,10 @@ Tensor ops::pad(const Tensor& x, const std::vector<int64_t>& pads, PadMode mode,
                 r, ") must be smaller than the size ", n, " of dim ", d);
     FLAME_CHECK(mode != PadMode::Replicate || n > 0 || (l <= 0 && r <= 0), FLAME_ERROR_INVALID_ARGUMENT, op,
                 ": replicate cannot pad the empty dim ", d);
-    out_shape[static_cast<size_t>(d)] = n + l + r;  // >= 0: the crops fit
+    const int64_t kept = n - std::max<int64_t>(0, -l) - std::max<int64_t>(0, -r);  // >= 0: the crops fit
+    out_shape[static_cast<size_t>(d)] = checked_size_add(kept, std::max<int64_t>(0, l) + std::max<int64_t>(0, r), op);
   }
-  checked_numel(out_shape);
+  checked_numel(out_shape, op);
   if (mode == PadMode::Constant) {
     Tensor y = x;
     std::vector<int64_t> lefts(static_cast<size_t>(nd), 0);

@@ -21,9 +21,10 @@ Tensor ops::cat(const std::vector<Tensor>& ts, int dim0) {
     for (int d = 0; d < t->ndim(); ++d)
       FLAME_CHECK(d == dim || t->shape[d] == first->shape[d], FLAME_ERROR_SHAPE_MISMATCH, "cat: tensor ", i,
                   " has shape ", shape_str(t->shape), ", tensor 0 has ", shape_str(first->shape));
-    shape[dim] += t->shape[dim];
+    shape[dim] = checked_size_add(shape[dim], t->shape[dim], "cat");
     dt = promote(dt, t->dtype);
   }
+  checked_numel(shape, "cat");  // named here rather than by the allocation
   Tensor out = make_tensor(first->ctx(), shape, dt);
   int64_t off = 0;
   std::vector<Tensor> inputs;
@@ -41,12 +42,14 @@ Tensor ops::cat(const std::vector<Tensor>& ts, int dim0) {
 Tensor ops::stack(const std::vector<Tensor>& ts, int dim) {
   FLAME_CHECK(!ts.empty(), FLAME_ERROR_INVALID_ARGUMENT, "stack: no tensors given");
   int d = normalize_dim(dim, ts[0]->ndim() + 1);
-  std::vector<Tensor> us;
-  for (size_t i = 0; i < ts.size(); ++i) {
+  for (size_t i = 0; i < ts.size(); ++i)
     FLAME_CHECK(ts[i]->shape == ts[0]->shape, FLAME_ERROR_SHAPE_MISMATCH, "stack: tensor ", i, " has shape ",
                 shape_str(ts[i]->shape), ", tensor 0 has ", shape_str(ts[0]->shape));
-    us.push_back(unsqueeze(ts[i], d));
-  }
+  Shape out_shape = ts[0]->shape;
+  out_shape.insert(out_shape.begin() + d, static_cast<int64_t>(ts.size()));
+  checked_numel(out_shape, "stack");  // named as stack's, not as the cat it becomes
+  std::vector<Tensor> us;
+  for (const Tensor& t : ts) us.push_back(unsqueeze(t, d));
   return cat(us, d);
 }
 

@@ -23,7 +23,9 @@ Tensor apply_spec(const Tensor& t, const ViewSpec& s) {
     case ViewSpec::Slice:
       off += s.start * st[s.dim];
       shape[s.dim] = s.length;
-      st[s.dim] *= s.step;
+      // With two or more elements step < size, so the product stays within the view's extent; a
+      // step past the dim (up to 2^63 - 1) would overflow it and is irrelevant for one element.
+      if (s.length > 1) st[s.dim] *= s.step;
       break;
     case ViewSpec::Select:
       off += s.start * st[s.dim];
@@ -71,7 +73,7 @@ Tensor ops::view_scatter(const Tensor& g, const Shape& shape, const ViewSpec& sp
 }
 
 Tensor ops::view(const Tensor& t, const Shape& requested) {
-  Shape shape = infer_shape(requested, t->numel());
+  Shape shape = infer_shape(requested, t->numel(), "view");
   FLAME_CHECK(shape.size() <= FLAME_MAX_DIMS, FLAME_ERROR_INVALID_ARGUMENT, "at most ", FLAME_MAX_DIMS, " dims");
   Strides st;
   FLAME_CHECK(view_strides(t->shape, t->strides, shape, &st), FLAME_ERROR_INVALID_ARGUMENT, "view: a tensor of shape ",
@@ -80,7 +82,7 @@ Tensor ops::view(const Tensor& t, const Shape& requested) {
 }
 
 Tensor ops::reshape(const Tensor& t, const Shape& requested) {
-  Shape shape = infer_shape(requested, t->numel());
+  Shape shape = infer_shape(requested, t->numel(), "reshape");
   Strides st;
   if (view_strides(t->shape, t->strides, shape, &st)) return view(t, shape);
   return view(clone(t), shape);
@@ -130,6 +132,7 @@ Tensor ops::expand(const Tensor& t, const Shape& req) {
     shape[i] = want;
     st[i] = i < lead ? 0 : (have == want ? t->strides[i - lead] : 0);
   }
+  checked_numel(shape, "expand");  // the only view op that adds elements: [2^40, 2^40] is refused here
   if (shape == t->shape) return t;
   return record_view(OpId::Expand, t, make_view(t, shape, st, t->offset));
 }
@@ -160,7 +163,10 @@ Tensor ops::unsqueeze(const Tensor& t, int dim) {
   FLAME_CHECK(t->ndim() < FLAME_MAX_DIMS, FLAME_ERROR_INVALID_ARGUMENT, "at most ", FLAME_MAX_DIMS, " dims");
   Shape s = t->shape;
   Strides st = t->strides;
-  int64_t stride = d < t->ndim() ? t->strides[d] * t->shape[d] : 1;
+  // Any stride serves a size-1 dim; PyTorch's stride * size unless that overflows (a strided view
+  // reaching near 2^63 elements), then 1.
+  int64_t stride = 1;
+  if (d < t->ndim() && __builtin_mul_overflow(t->strides[d], t->shape[d], &stride)) stride = 1;
   s.insert(s.begin() + d, 1);
   st.insert(st.begin() + d, stride);
   return record_view(OpId::Reshape, t, make_view(t, s, st, t->offset));
@@ -193,7 +199,7 @@ Tensor ops::slice(const Tensor& t, int dim, int64_t start, int64_t end, int64_t 
   s.dim = d;
   s.start = start;
   s.step = step;
-  s.length = (end - start + step - 1) / step;
+  s.length = end > start ? (end - start - 1) / step + 1 : 0;  // no end - start + step: it overflows for huge steps
   return view_slice(t, s);
 }
 

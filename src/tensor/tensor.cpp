@@ -31,8 +31,7 @@ Tensor make_tensor(Context& ctx, const Shape& shape, DType dtype) {
   FLAME_CHECK(dtype_valid(dtype), FLAME_ERROR_INVALID_ARGUMENT, "invalid dtype ", static_cast<int>(dtype));
   FLAME_CHECK(shape.size() <= FLAME_MAX_DIMS, FLAME_ERROR_INVALID_ARGUMENT, "tensors have at most ", FLAME_MAX_DIMS,
               " dims, got ", shape.size());
-  int64_t n = checked_numel(shape);
-  size_t bytes = checked_bytes(n, dtype_size(dtype));
+  const size_t bytes = checked_shape_bytes(shape, dtype_size(dtype));
   auto t = std::make_shared<TensorImpl>();
   t->storage = std::make_shared<Storage>(ctx.shared_from_this(), bytes);  // storages keep the context alive
   t->shape = shape;
@@ -43,6 +42,9 @@ Tensor make_tensor(Context& ctx, const Shape& shape, DType dtype) {
 }
 
 Tensor make_view(const Tensor& base, const Shape& shape, const Strides& strides, int64_t offset) {
+  // Every view passes the shared check (core/shape.h): its element count and the extent it reads
+  // fit int64, so no kernel or size product downstream overflows (issue 32: expand to 2^80 elements).
+  check_view_geometry(shape, strides, offset, base->elem_size());
   auto t = std::make_shared<TensorImpl>();
   t->storage = base->storage;
   t->shape = shape;

@@ -1036,3 +1036,98 @@ inline bool add_row(const char* name, Kind kind, std::function<flame_status_t(Ar
       #fn, ::argm::Kind::Pure,                                                                          \
       [](::argm::Args& a) -> flame_status_t { (void)a; return (check) ? FLAME_OK : FLAME_ERROR_INTERNAL; }, \
       __FILE__, __LINE__)
+
+// ---- rejection rows (issue 32): calls with live tensors and values that must be refused ----
+//
+// A rejection row makes its inputs through an argm::Inputs (live tensors on the driver's context,
+// released after the row) and makes one call that must fail with `status`, a message containing
+// `word`, its OUT tensor NULL and no tensor left behind. The GPU driver (tests/gpu/
+// test_arg_matrix_gpu.cpp, ArgMatrixGpu.RejectionRows) runs them; without a GPU no input can be made.
+//
+//   FLAME_ARG_REJECT("expand: [1] to [2^40, 2^40]", FLAME_ERROR_INVALID_ARGUMENT, "elements",
+//                    return flame_expand(in.full({1}), in.shape({1LL << 40, 1LL << 40}), 2, out);)
+//
+// Rows live in tests/common/arg_rows/<topic>_reject.cpp (overflow_reject.cpp: overflowing sizes).
+namespace argm {
+
+class Inputs {
+ public:
+  explicit Inputs(flame_ctx_t ctx) : ctx_(ctx) {}
+  Inputs(const Inputs&) = delete;
+  Inputs& operator=(const Inputs&) = delete;
+  ~Inputs() {
+    for (auto it = owned_.rbegin(); it != owned_.rend(); ++it) flame_tensor_release(*it);
+  }
+  flame_ctx_t ctx() const { return ctx_; }
+  // Whether every input was made; a row whose inputs failed is a broken row, not a rejection.
+  bool ok() const { return ok_; }
+  const std::string& setup_error() const { return setup_error_; }
+
+  // A tensor of `shape` filled with `value`.
+  flame_tensor_t full(std::vector<int64_t> shape, flame_dtype_t d = FLAME_DTYPE_F32, double value = 1.0) {
+    flame_tensor_t t = nullptr;
+    note(flame_full(ctx_, shape.data(), static_cast<int32_t>(shape.size()), d, value, &t), "flame_full");
+    return keep(t);
+  }
+  // A legal broadcast view of full(small) as `shape` (the sizes may exceed any allocation).
+  flame_tensor_t broadcast(std::vector<int64_t> small, std::vector<int64_t> shape, flame_dtype_t d = FLAME_DTYPE_F32) {
+    flame_tensor_t base = full(std::move(small), d), t = nullptr;
+    if (!base) return nullptr;
+    note(flame_expand(base, shape.data(), static_cast<int32_t>(shape.size()), &t), "flame_expand (setup)");
+    return keep(t);
+  }
+  // A stable int64 array (shapes, repeat counts, pads) for the call.
+  const int64_t* shape(std::vector<int64_t> v) {
+    arrays_.push_back(std::make_shared<std::vector<int64_t>>(std::move(v)));
+    return arrays_.back()->data();
+  }
+  // A stable array of tensor handles (cat, stack).
+  const flame_tensor_t* list(std::vector<flame_tensor_t> v) {
+    lists_.push_back(std::make_shared<std::vector<flame_tensor_t>>(std::move(v)));
+    return lists_.back()->data();
+  }
+
+ private:
+  void note(flame_status_t st, const char* what) {
+    if (st == FLAME_OK || !ok_) return;
+    ok_ = false;
+    setup_error_ = std::string(what) + ": " + flame_last_error_message();
+  }
+  flame_tensor_t keep(flame_tensor_t t) {
+    if (t) owned_.push_back(t);
+    return t;
+  }
+  flame_ctx_t ctx_;
+  bool ok_ = true;
+  std::string setup_error_;
+  std::vector<flame_tensor_t> owned_;
+  std::vector<std::shared_ptr<std::vector<int64_t>>> arrays_;
+  std::vector<std::shared_ptr<std::vector<flame_tensor_t>>> lists_;
+};
+
+struct RejectRow {
+  std::string what;
+  flame_status_t status;
+  const char* word;  // the message must contain it
+  std::function<flame_status_t(Inputs&, flame_tensor_t*)> call;
+  const char* file;
+  int line;
+};
+inline std::vector<RejectRow>& reject_registry() {
+  static std::vector<RejectRow> rows;
+  return rows;
+}
+inline bool add_reject(const char* what, flame_status_t status, const char* word,
+                       std::function<flame_status_t(Inputs&, flame_tensor_t*)> call, const char* file, int line) {
+  reject_registry().push_back(RejectRow{what, status, word, std::move(call), file, line});
+  return true;
+}
+
+}  // namespace argm
+
+// A rejection row: the body uses `in` (an argm::Inputs&) and `out` (a flame_tensor_t*) and returns
+// the call's status.
+#define FLAME_ARG_REJECT(what, status, word, ...)                                                               \
+  static const bool FLAME_ARG_CAT(flame_reject_row_, __LINE__) = ::argm::add_reject(                          \
+      what, status, word, [](::argm::Inputs& in, flame_tensor_t* out) -> flame_status_t { __VA_ARGS__ }, __FILE__, \
+      __LINE__)

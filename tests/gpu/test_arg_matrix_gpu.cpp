@@ -400,4 +400,29 @@ TEST_F(ArgMatrixGpu, WrongKindsOfTensorsAndValues) {
   std::printf("[ArgMatrixGpu] %zu rows with live tensors of the wrong kind\n", cases.size());
 }
 
+// The rejection rows (tests/common/arg_rows/*_reject.cpp; issue 32: overflowing sizes): each call
+// fails with its status and a message containing its word, OUT NULL, nothing left behind.
+TEST_F(ArgMatrixGpu, RejectionRows) {
+  ASSERT_FALSE(argm::reject_registry().empty());
+  for (const argm::RejectRow& r : argm::reject_registry()) {
+    SCOPED_TRACE(r.what + " (" + r.file + ":" + std::to_string(r.line) + ")");
+    const uint64_t live = live_tensors(ctx);
+    {
+      argm::Inputs in(ctx);
+      flame_tensor_t out = reinterpret_cast<flame_tensor_t>(static_cast<uintptr_t>(0x40));
+      const flame_status_t st = r.call(in, &out);
+      const std::string msg = flame_last_error_message();
+      ASSERT_TRUE(in.ok()) << "the row's inputs could not be made: " << in.setup_error();
+      EXPECT_EQ(st, r.status) << flame_status_string(st) << " \"" << msg << "\"";
+      EXPECT_NE(msg.find(r.word), std::string::npos) << "\"" << msg << "\" should say " << r.word;
+      EXPECT_TRUE(out == nullptr || out == reinterpret_cast<flame_tensor_t>(static_cast<uintptr_t>(0x40)))
+          << "OUT must be NULL after a failure";
+      if (st == FLAME_OK && out && out != reinterpret_cast<flame_tensor_t>(static_cast<uintptr_t>(0x40)))
+        flame_tensor_release(out);
+    }
+    EXPECT_EQ(live_tensors(ctx), live) << "a failed call left a tensor behind";
+  }
+  std::printf("[ArgMatrixGpu] %zu rejection rows\n", argm::reject_registry().size());
+}
+
 }  // namespace
