@@ -27,17 +27,24 @@
 //
 // How to add an elementwise op with its gradient (e.g. a unary MATH op `foo`):
 //   1. src/ops/op_list.h: one row, X(Foo, foo, MATH, RULE, INPUT), in FLAME_UNARY_OPS (C entry point
-//      flame_foo(t, out) generated), FLAME_SCALAR_OPS (flame_foo(t, s, out); the scalar is a.s0),
-//      FLAME_BINARY_OPS (flame_foo(a, b, out)) or FLAME_INTERNAL_*_OPS (no C entry point).
-//   2. cuda/elementwise.cuh: one functor of the same name, FLAME_UNARY(Foo, <expression in x>).
-//   3. src/autograd/backward_rules.cpp: one rule, RULE(Foo) { return {mul(g, ...saved_input(n, 0)...)}; }.
-//   4. tests/gpu/test_gradcheck.cpp: one gradient-check row covering "foo" (a host reference and
-//      the finite-difference check), and tests/gpu/test_ops_elementwise.cpp: one forward row (same Kind).
-//   5. include/flame.h: the declaration of flame_foo with its documentation (the generated
-//      definition is exported from src/api/api_ops.cpp), then `python3 scripts/gen_bindings.py`,
-//      which regenerates the Rust and C# bindings from flame.h.
-// The enum, names, C entry point, rule table, saves table and kernel instantiations follow from the
-// row; the coverage tests fail until the rule and the test rows exist.
+//      flame_foo(t, out) generated in src/api/api_ops.cpp), FLAME_SCALAR_OPS (flame_foo(t, s, out);
+//      the scalar is a.s0), FLAME_BINARY_OPS (flame_foo(a, b, out)) or FLAME_INTERNAL_*_OPS (no C
+//      entry point).
+//   2. cuda/functors.cuh: one functor of the same name, FLAME_UNARY(Foo, <expression in x>).
+//   3. src/autograd/backward_rules.cpp: one rule, RULE(Foo) { return {mul(g, <FLAME ops of
+//      saved_input(n, 0)>)}; } (an op the fused expressions also differentiate puts that formula in
+//      src/ops/derivatives.h instead and calls it from both).
+//   4. Tests: one gradient-check row covering "foo" in tests/gpu/test_gradcheck.cpp (host reference,
+//      finite differences; a NONDIFF op gets a not-differentiable row there instead) and one forward
+//      row of the same Kind in tests/gpu/test_ops_elementwise.cpp.
+//   5. For an op with a C entry point: its declaration with documentation in include/flame.h (the
+//      definition is generated from the row), its argument-validation row in
+//      tests/common/arg_rows/core.cpp (FLAME_ARG_ROW(flame_foo, a.t("t"), a.out_t("out"));
+//      ArgMatrix.EveryExportedFunctionHasARow fails without it), then
+//      `python3 scripts/gen_bindings.py`, which regenerates the Rust and C# bindings from flame.h.
+// The enum, name, C entry point, rule table, saves table and kernel instantiations follow from the
+// row. tests/cpu/test_op_coverage.cpp fails until the rule reads what the Saves column says, and
+// tests/gpu/test_op_coverage.cpp and ElementwiseOpList until the test rows exist.
 #pragma once
 
 // flame_<c_name>(t, out)

@@ -157,10 +157,13 @@ Table build_table() {
   scalar("elu", "elu", flame_elu, 1.3, [](double x, double a) { return x > 0 ? x : a * std::expm1(x); }, away0());
 
   // ---- FLAME_SPECIAL_UNARY_OPS
+  // Their second-order checks run the rules of the internal nodes their backward records.
   t.unary("gelu", "gelu", [](flame_tensor_t x, flame_tensor_t* o) { return flame_gelu(x, 0, o); }, gc::gelu, uni(-3, 3))
       .low_precision = true;
+  t.rows.back().covers.push_back("gelu_deriv");
   t.unary("gelu_tanh", "gelu_tanh", [](flame_tensor_t x, flame_tensor_t* o) { return flame_gelu(x, 1, o); }, gc::gelu_tanh,
           uni(-3, 3));
+  t.rows.back().covers.push_back("gelu_tanh_backward");
   t.unary("softplus", "softplus", [](flame_tensor_t x, flame_tensor_t* o) { return flame_softplus(x, 2.0, 4.0, o); },
           [](double x) { return gc::softplus(x, 2.0, 4.0); }, away(-3, 3, {2.0}));
   t.unary("softplus_default", "softplus", [](flame_tensor_t x, flame_tensor_t* o) { return flame_softplus(x, 1.0, 20.0, o); },
