@@ -1,7 +1,7 @@
 // Fused elementwise expressions (flame_fused_compile): the kernels that apply one generated
 // expression to FLAME_FUSED_INPUTS operands in one pass over memory. The runtime compiles this file
 // behind a prelude it generates from a parsed expression (src/ops/fused_expr.cpp):
-//   #include "common.cuh"
+//   #include "functors.cuh"   (the elementwise ops' functors, which the expression calls)
 //   #define FLAME_FUSED_INPUTS n
 //   namespace flame { template <class C> C fused_expr(const C* x) { ... } }
 // All operands and the output have one element type T (the call casts first); the expression runs

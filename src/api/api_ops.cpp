@@ -45,21 +45,21 @@ void check_finite(double v, const char* name) {
 
 extern "C" {
 
-#define FLAME_UNARY_ENTRY(Id, name, Kind)                                                       \
+#define FLAME_UNARY_ENTRY(Id, name, ...)                                                        \
   FLAME_API flame_status_t flame_##name(flame_tensor_t t, flame_tensor_t* out) {                \
     return op1("flame_" #name, t, out, [](const Tensor& x) { return ops::unary(OpId::Id, x); }); \
   }
 FLAME_UNARY_OPS(FLAME_UNARY_ENTRY)
 #undef FLAME_UNARY_ENTRY
 
-#define FLAME_SCALAR_ENTRY(Id, name, Kind)                                                              \
+#define FLAME_SCALAR_ENTRY(Id, name, ...)                                                               \
   FLAME_API flame_status_t flame_##name(flame_tensor_t t, double s, flame_tensor_t* out) {              \
     return op1("flame_" #name, t, out, [&](const Tensor& x) { return ops::unary(OpId::Id, x, s); });    \
   }
 FLAME_SCALAR_OPS(FLAME_SCALAR_ENTRY)
 #undef FLAME_SCALAR_ENTRY
 
-#define FLAME_BINARY_ENTRY(Id, name, Kind)                                                                 \
+#define FLAME_BINARY_ENTRY(Id, name, ...)                                                                  \
   FLAME_API flame_status_t flame_##name(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out) {         \
     return op2("flame_" #name, a, b, out, [](const Tensor& x, const Tensor& y) { return ops::binary(OpId::Id, x, y); }); \
   }

@@ -3,7 +3,10 @@
 // A rule gets the node (its saved tensors, attributes and input geometry) and the gradient of the
 // node's output, and returns one gradient per input (null where none is needed). Broadcasting and
 // dtype promotion are separate Expand and Cast nodes, so no rule undoes them.
-// Saved tensors per op are listed in ops/elementwise.cpp (saves_input, then saves_output).
+// Which rule an op has is the Backward column of its row in src/ops/op_list.h: the table at the end
+// of the rules is generated from the rows (a RULE row names bw_<Id>, so a missing rule does not
+// compile). What an elementwise op saves is the row's Saves column; its rule reads the saved tensors
+// through saved_input / saved_output, which fail on a tensor the row does not save.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -14,6 +17,7 @@
 #include "ops/indexing.h"
 #include "ops/loss.h"
 #include "ops/conv.h"
+#include "ops/derivatives.h"
 #include "ops/nnops.h"
 #include "ops/ops.h"
 #include "toolkit/checkpoint.h"
@@ -28,6 +32,16 @@ using Rule = Grads (*)(Node&, const Tensor&);
 namespace {
 
 Tensor saved(Node& n, size_t i) { return n.saved.at(i).unpack(n); }
+// An elementwise node's saved tensors, laid out by ops::unary / ops::binary from the row's Saves
+// column: the inputs (when saved), then the output (when saved).
+Tensor saved_input(Node& n, size_t k) {
+  if (!saves_input(n.op)) fail(FLAME_ERROR_INTERNAL, "backward of ", op_name(n.op), " reads an input its row does not save");
+  return saved(n, k);
+}
+Tensor saved_output(Node& n) {
+  if (!saves_output(n.op)) fail(FLAME_ERROR_INTERNAL, "backward of ", op_name(n.op), " reads an output its row does not save");
+  return saved(n, saves_input(n.op) ? n.inputs.size() : 0);
+}
 Tensor like_scalar(const Tensor& t, double v) { return scalar(t->ctx(), v, t->dtype); }
 Tensor cmp(OpId op, const Tensor& x, double v) { return binary(op, x, like_scalar(x, v)); }
 double s0(const Node& n) { return n.reals.at(0); }
@@ -39,52 +53,66 @@ Tensor keep(const Node& n, const Tensor& g) {
   return reshape(g, reduced_shape(n.inputs[0].shape, rdims(n), true));
 }
 
+// The algebra of ops/derivatives.h on tensors: each operation one FLAME op.
+struct TensorMath {
+  using Value = Tensor;
+  Tensor mul(const Tensor& a, const Tensor& b) const { return ops::mul(a, b); }
+  Tensor div(const Tensor& a, const Tensor& b) const { return ops::div(a, b); }
+  Tensor neg(const Tensor& a) const { return ops::neg(a); }
+  Tensor scale(const Tensor& a, double c) const { return mul_scalar(a, c); }
+  Tensor rsub(const Tensor& a, double c) const { return unary(OpId::RsubScalar, a, c); }
+  Tensor square(const Tensor& a) const { return ops::square(a); }
+  Tensor pow(const Tensor& a, double c) const { return unary(OpId::PowScalar, a, c); }
+  Tensor sin(const Tensor& a) const { return unary(OpId::Sin, a); }
+  Tensor cos(const Tensor& a) const { return unary(OpId::Cos, a); }
+  Tensor sign(const Tensor& a) const { return unary(OpId::Sign, a); }
+  Tensor zero(const Tensor& g) const { return zeros_like(g); }
+};
+constexpr TensorMath kTensorMath{};
+namespace d = derivatives;
+
 #define RULE(Id) Grads bw_##Id(Node& n, const Tensor& g)
 
 RULE(Neg) { return {neg(g)}; }
-RULE(Abs) { return {mul(g, unary(OpId::Sign, saved(n, 0)))}; }
-RULE(Exp) { return {mul(g, saved(n, 0))}; }
-RULE(Log) { return {div(g, saved(n, 0))}; }
-RULE(Log1p) { return {div(g, add_scalar(saved(n, 0), 1))}; }
-RULE(Expm1) { return {mul(g, add_scalar(saved(n, 0), 1))}; }
-RULE(Sqrt) { return {div(g, mul_scalar(saved(n, 0), 2))}; }
-RULE(Rsqrt) { return {mul(g, mul_scalar(unary(OpId::PowScalar, saved(n, 0), 3), -0.5))}; }
-RULE(Sin) { return {mul(g, unary(OpId::Cos, saved(n, 0)))}; }
-RULE(Cos) { return {mul(g, neg(unary(OpId::Sin, saved(n, 0))))}; }
-RULE(Tanh) { return {mul(g, unary(OpId::RsubScalar, square(saved(n, 0)), 1))}; }
-RULE(Sigmoid) {
-  Tensor y = saved(n, 0);
-  return {mul(g, mul(y, unary(OpId::RsubScalar, y, 1)))};
-}
-RULE(Relu) { return {mul(g, mask_as(cmp(OpId::Gt, saved(n, 0), 0), g))}; }
+RULE(Abs) { return {d::abs(kTensorMath, g, saved_input(n, 0))}; }
+RULE(Exp) { return {d::exp(kTensorMath, g, saved_output(n))}; }
+RULE(Log) { return {d::log(kTensorMath, g, saved_input(n, 0))}; }
+RULE(Log1p) { return {div(g, add_scalar(saved_input(n, 0), 1))}; }
+RULE(Expm1) { return {mul(g, add_scalar(saved_output(n), 1))}; }
+RULE(Sqrt) { return {d::sqrt(kTensorMath, g, saved_output(n))}; }
+RULE(Rsqrt) { return {d::rsqrt(kTensorMath, g, saved_output(n))}; }
+RULE(Sin) { return {d::sin(kTensorMath, g, saved_input(n, 0))}; }
+RULE(Cos) { return {d::cos(kTensorMath, g, saved_input(n, 0))}; }
+RULE(Tanh) { return {d::tanh(kTensorMath, g, saved_output(n))}; }
+RULE(Sigmoid) { return {d::sigmoid(kTensorMath, g, saved_output(n))}; }
+RULE(Relu) { return {mul(g, mask_as(cmp(OpId::Gt, saved_input(n, 0), 0), g))}; }
 RULE(Silu) {  // d/dx x s(x) = s (1 + x (1 - s))
-  Tensor x = saved(n, 0), s = unary(OpId::Sigmoid, x);
+  Tensor x = saved_input(n, 0), s = unary(OpId::Sigmoid, x);
   return {mul(g, mul(s, add_scalar(mul(x, unary(OpId::RsubScalar, s, 1)), 1)))};
 }
 RULE(Floor) { return {zeros_like(g)}; }
 RULE(Ceil) { return {zeros_like(g)}; }
 RULE(Round) { return {zeros_like(g)}; }
 RULE(Sign) { return {zeros_like(g)}; }
-RULE(Reciprocal) { return {mul(g, neg(square(saved(n, 0))))}; }
-RULE(Square) { return {mul(g, mul_scalar(saved(n, 0), 2))}; }
+RULE(Reciprocal) { return {mul(g, neg(square(saved_output(n))))}; }
+RULE(Square) { return {mul(g, mul_scalar(saved_input(n, 0), 2))}; }
 RULE(AddScalar) { return {g}; }
 RULE(SubScalar) { return {g}; }
 RULE(MulScalar) { return {mul_scalar(g, s0(n))}; }
 RULE(RsubScalar) { return {neg(g)}; }
 RULE(PowScalar) {
-  double p = s0(n);
-  if (p == 0) return {zeros_like(g)};
-  return {mul(g, mul_scalar(unary(OpId::PowScalar, saved(n, 0), p - 1), p))};
+  if (s0(n) == 0) return {zeros_like(g)};  // nothing saved is read
+  return {d::pow_scalar(kTensorMath, g, saved_input(n, 0), s0(n))};
 }
-RULE(LeakyRelu) { return {where(cmp(OpId::Gt, saved(n, 0), 0), g, mul_scalar(g, s0(n)))}; }
-RULE(Elu) { return {where(cmp(OpId::Gt, saved(n, 0), 0), g, mul(g, add_scalar(saved(n, 1), s0(n))))}; }
-RULE(Gelu) { return {mul(g, unary(OpId::GeluDeriv, saved(n, 0)))}; }
+RULE(LeakyRelu) { return {where(cmp(OpId::Gt, saved_input(n, 0), 0), g, mul_scalar(g, s0(n)))}; }
+RULE(Elu) { return {where(cmp(OpId::Gt, saved_input(n, 0), 0), g, mul(g, add_scalar(saved_output(n), s0(n))))}; }
+RULE(Gelu) { return {mul(g, unary(OpId::GeluDeriv, saved_input(n, 0)))}; }
 RULE(GeluDeriv) {  // d/dx (Phi + x phi) = phi (2 - x^2)
-  Tensor x = saved(n, 0);
+  Tensor x = saved_input(n, 0);
   Tensor phi = mul_scalar(exp(mul_scalar(square(x), -0.5)), 0.39894228040143267794);
   return {mul(g, mul(phi, unary(OpId::RsubScalar, square(x), 2)))};
 }
-RULE(GeluTanh) { return {binary(OpId::GeluTanhBackward, g, saved(n, 0))}; }
+RULE(GeluTanh) { return {binary(OpId::GeluTanhBackward, g, saved_input(n, 0))}; }
 // gelu_tanh''(x): u = k (x + c x^3), t = tanh u: (1 - t^2) (u' + 0.5 x (u'' - 2 t u'^2))
 Tensor gelu_tanh_second(const Tensor& x) {
   const double k = 0.79788456080286535588, c = 0.044715;
@@ -94,18 +122,18 @@ Tensor gelu_tanh_second(const Tensor& x) {
   Tensor inner = add(du, mul(mul_scalar(x, 0.5), sub(ddu, mul(mul_scalar(t, 2), square(du)))));
   return mul(unary(OpId::RsubScalar, square(t), 1), inner);
 }
-RULE(GeluTanhDeriv) { return {mul(g, gelu_tanh_second(saved(n, 0)))}; }
+RULE(GeluTanhDeriv) { return {mul(g, gelu_tanh_second(saved_input(n, 0)))}; }
 RULE(GeluTanhBackward) {  // f(g, z) = g gelu'(z): df/dg = gelu'(z), df/dz = g gelu''(z)
-  Tensor gin = saved(n, 0), z = saved(n, 1);
+  Tensor gin = saved_input(n, 0), z = saved_input(n, 1);
   return {n.needs_input_grad(0) ? mul(g, unary(OpId::GeluTanhDeriv, z)) : nullptr,
           n.needs_input_grad(1) ? mul(mul(g, gin), gelu_tanh_second(z)) : nullptr};
 }
 RULE(Softplus) {
-  Tensor z = mul_scalar(saved(n, 0), s0(n));
+  Tensor z = mul_scalar(saved_input(n, 0), s0(n));
   return {where(cmp(OpId::Gt, z, s1(n)), g, mul(g, unary(OpId::Sigmoid, z)))};
 }
 RULE(Clamp) {
-  Tensor x = saved(n, 0);
+  Tensor x = saved_input(n, 0);
   Tensor inside = binary(OpId::LogicalAnd, cmp(OpId::Ge, x, s0(n)), cmp(OpId::Le, x, s1(n)));
   return {where(inside, g, like_scalar(g, 0))};
 }
@@ -113,22 +141,22 @@ RULE(Clamp) {
 RULE(Add) { return {g, g}; }
 RULE(Sub) { return {g, n.needs_input_grad(1) ? neg(g) : nullptr}; }  // a - target: no kernel for the target
 RULE(Mul) {
-  return {n.needs_input_grad(0) ? mul(g, saved(n, 1)) : nullptr, n.needs_input_grad(1) ? mul(g, saved(n, 0)) : nullptr};
+  return {n.needs_input_grad(0) ? mul(g, saved_input(n, 1)) : nullptr, n.needs_input_grad(1) ? mul(g, saved_input(n, 0)) : nullptr};
 }
 RULE(Div) {  // d(a/b)/db = -a/b^2 = -out/b
-  Tensor b = saved(n, 1);
-  return {n.needs_input_grad(0) ? div(g, b) : nullptr, n.needs_input_grad(1) ? neg(div(mul(g, saved(n, 2)), b)) : nullptr};
+  Tensor b = saved_input(n, 1);
+  return {n.needs_input_grad(0) ? div(g, b) : nullptr, n.needs_input_grad(1) ? neg(div(mul(g, saved_output(n)), b)) : nullptr};
 }
 RULE(Pow) {
-  Tensor a = saved(n, 0), b = saved(n, 1);
+  Tensor a = saved_input(n, 0), b = saved_input(n, 1);
   Tensor ga, gb;
   if (n.needs_input_grad(0)) ga = mul(g, mul(b, binary(OpId::Pow, a, add_scalar(b, -1))));
   if (n.needs_input_grad(1))  // 0^b has derivative 0 in b (PyTorch masks it the same way)
-    gb = where(cmp(OpId::Eq, a, 0), like_scalar(g, 0), mul(mul(g, saved(n, 2)), log(a)));
+    gb = where(cmp(OpId::Eq, a, 0), like_scalar(g, 0), mul(mul(g, saved_output(n)), log(a)));
   return {ga, gb};
 }
 Grads max_min(Node& n, const Tensor& g, OpId wins) {  // ties split the gradient evenly, as PyTorch
-  Tensor a = saved(n, 0), b = saved(n, 1);
+  Tensor a = saved_input(n, 0), b = saved_input(n, 1);
   Tensor wa = add(mask_as(binary(wins, a, b), g), mul_scalar(mask_as(binary(OpId::Eq, a, b), g), 0.5));
   return {mul(g, wa), mul(g, unary(OpId::RsubScalar, wa, 1))};
 }
@@ -534,27 +562,20 @@ Grads pointwise_loss_rule(Node& n, const Tensor& g) {
 RULE(MseLoss) { return pointwise_loss_rule(n, g); }
 RULE(L1Loss) { return pointwise_loss_rule(n, g); }
 
+// The rule table, generated from the Backward column of every row of src/ops/op_list.h.
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
-#define DIFF(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;
-  DIFF(Neg) DIFF(Abs) DIFF(Exp) DIFF(Log) DIFF(Log1p) DIFF(Expm1) DIFF(Sqrt) DIFF(Rsqrt) DIFF(Sin) DIFF(Cos)
-  DIFF(Tanh) DIFF(Sigmoid) DIFF(Relu) DIFF(Silu) DIFF(Floor) DIFF(Ceil) DIFF(Round) DIFF(Sign) DIFF(Reciprocal)
-  DIFF(Square) DIFF(AddScalar) DIFF(SubScalar) DIFF(MulScalar) DIFF(RsubScalar) DIFF(PowScalar) DIFF(LeakyRelu) DIFF(Elu)
-  DIFF(Gelu) DIFF(GeluDeriv) DIFF(GeluTanh) DIFF(GeluTanhDeriv) DIFF(GeluTanhBackward) DIFF(Softplus) DIFF(Clamp) DIFF(Add) DIFF(Sub) DIFF(Mul) DIFF(Div)
-  DIFF(Pow) DIFF(Maximum) DIFF(Minimum) DIFF(Where) DIFF(Cast) DIFF(Copy) DIFF(Reshape) DIFF(Permute)
-  DIFF(Expand) DIFF(ViewSlice) DIFF(ViewScatter) DIFF(Cat) DIFF(Sum) DIFF(Prod) DIFF(Amax) DIFF(Amin) DIFF(CumSum)
-  DIFF(Matmul) DIFF(Linear)
-  DIFF(Softmax) DIFF(LogSoftmax) DIFF(LayerNorm) DIFF(RmsNorm) DIFF(GroupNorm) DIFF(BatchNorm)  // ops/nn.h
-  DIFF(CrossEntropy) DIFF(CrossEntropyProbs) DIFF(NllLoss)
-  DIFF(Gather) DIFF(ScatterAdd)
-  DIFF(Conv2d) DIFF(ConvTranspose2d) DIFF(ConvWeightGrad)  // ops/conv.h
-  DIFF(Attention)  // ops/attention.h
-  DIFF(Scatter) DIFF(ConstantPad) DIFF(Dropout) DIFF(MaxPool2d) DIFF(AvgPool2d) DIFF(AvgPool2dBackward)
-  DIFF(Upsample2d) DIFF(Upsample2dBackward) DIFF(Rope)  // ops/nnops.h
-  DIFF(Checkpoint)  // toolkit/checkpoint.h
-  DIFF(Fused)  // ops/fused.h
-  DIFF(MseLoss) DIFF(L1Loss)  // ops/loss.h, fused mse / l1
-#undef DIFF
+#define FLAME_RULE_RULE(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;
+#define FLAME_RULE_NONDIFF(Id)
+#define FLAME_RULE_NOBACKWARD(Id)
+#define FLAME_RULE_EW(Id, name, Kind, B, S) FLAME_RULE_##B(Id)
+#define FLAME_RULE_GRAPH(Id, name, B) FLAME_RULE_##B(Id)
+  FLAME_ELEMENTWISE_OPS(FLAME_RULE_EW) FLAME_GRAPH_OPS(FLAME_RULE_GRAPH)
+#undef FLAME_RULE_RULE
+#undef FLAME_RULE_NONDIFF
+#undef FLAME_RULE_NOBACKWARD
+#undef FLAME_RULE_EW
+#undef FLAME_RULE_GRAPH
   return r;
 }
 constexpr std::array<Rule, kNumOps> kRules = make_rules();
@@ -571,18 +592,6 @@ Grads seed_CrossEntropy(Node& n, const Tensor& g) {
 Rule seed_rule(OpId op) { return op == OpId::CrossEntropy ? seed_CrossEntropy : nullptr; }
 
 }  // namespace
-
-// Ops whose outputs are never differentiable (bool or index results): marked, not forgotten.
-bool not_differentiable(OpId op) {
-  switch (op) {
-    case OpId::IsNan: case OpId::IsInf: case OpId::LogicalNot: case OpId::Eq: case OpId::Ne: case OpId::Lt:
-    case OpId::Le: case OpId::Gt: case OpId::Ge: case OpId::LogicalAnd: case OpId::LogicalOr: case OpId::ArgMax:
-    case OpId::ArgMin:
-      return true;
-    default:
-      return false;
-  }
-}
 
 bool has_backward(OpId op) { return static_cast<int>(op) < kNumOps && kRules[static_cast<int>(op)] != nullptr; }
 

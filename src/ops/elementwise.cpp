@@ -1,6 +1,6 @@
-// Elementwise ops: dtype rules from the op list's Kind column, broadcasting through explicit
-// Expand nodes and promotion through explicit Cast nodes (so that no backward rule has to undo
-// either), one kernel launch, one recorded node.
+// Elementwise ops: dtype rules from the op list's Kind column, saved tensors from its Saves column,
+// broadcasting through explicit Expand nodes and promotion through explicit Cast nodes (so that no
+// backward rule has to undo either), one kernel launch, one recorded node.
 #include <cmath>
 #include "core/error.h"
 #include "ops/launch.h"
@@ -15,36 +15,13 @@ enum class Kind { MATH, ARITH, PRED, ROUND, CMP };
 struct OpInfo {
   const char* functor;
   Kind kind;
-  bool saves_input, saves_output;
+  bool saves_input, saves_output;  // the row's Saves column: what the backward rule reads
 };
-
-// Which tensors each op's backward rule reads (see autograd/backward_rules.cpp).
-bool saves_input(OpId op) {
-  switch (op) {
-    case OpId::Abs: case OpId::Log: case OpId::Log1p: case OpId::Sin: case OpId::Cos: case OpId::Silu:
-    case OpId::Square: case OpId::PowScalar: case OpId::LeakyRelu: case OpId::Elu: case OpId::Gelu:
-    case OpId::GeluTanh: case OpId::GeluDeriv: case OpId::GeluTanhDeriv: case OpId::GeluTanhBackward: case OpId::Softplus: case OpId::Clamp: case OpId::Mul: case OpId::Div: case OpId::Pow:
-    case OpId::Maximum: case OpId::Minimum: case OpId::Relu:
-      return true;
-    default:
-      return false;
-  }
-}
-bool saves_output(OpId op) {
-  switch (op) {
-    case OpId::Exp: case OpId::Expm1: case OpId::Sqrt: case OpId::Rsqrt: case OpId::Tanh: case OpId::Sigmoid:
-    case OpId::Reciprocal: case OpId::Elu: case OpId::Div: case OpId::Pow:
-      return true;
-    default:
-      return false;
-  }
-}
 
 OpInfo info(OpId op) {
   switch (op) {
-#define FLAME_INFO(Id, name, K) case OpId::Id: return {#Id, Kind::K, saves_input(op), saves_output(op)};
-    FLAME_UNARY_OPS(FLAME_INFO) FLAME_SCALAR_OPS(FLAME_INFO) FLAME_SPECIAL_UNARY_OPS(FLAME_INFO) FLAME_INTERNAL_UNARY_OPS(FLAME_INFO) FLAME_BINARY_OPS(FLAME_INFO)
-    FLAME_INTERNAL_BINARY_OPS(FLAME_INFO)
+#define FLAME_INFO(Id, name, K, B, S) case OpId::Id: return {#Id, Kind::K, saves_input(op), saves_output(op)};
+    FLAME_ELEMENTWISE_OPS(FLAME_INFO)
 #undef FLAME_INFO
     default:
       fail(FLAME_ERROR_INTERNAL, "op ", op_name(op), " is not elementwise");

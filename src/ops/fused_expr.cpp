@@ -9,6 +9,7 @@
 #include <map>
 #include <sstream>
 #include "core/error.h"
+#include "ops/derivatives.h"
 
 namespace flame::fused {
 
@@ -150,6 +151,23 @@ Expr s_binary(Op op, const Expr& a, const Expr& b) {
       return binary(op, a, b);
   }
 }
+
+// The algebra of ops/derivatives.h on expressions, through the smart constructors.
+struct ExprMath {
+  using Value = Expr;
+  Expr mul(const Expr& a, const Expr& b) const { return s_mul(a, b); }
+  Expr div(const Expr& a, const Expr& b) const { return s_div(a, b); }
+  Expr neg(const Expr& a) const { return s_neg(a); }
+  Expr scale(const Expr& a, double c) const { return s_mul(constant(c), a); }
+  Expr rsub(const Expr& a, double c) const { return s_sub(constant(c), a); }
+  Expr square(const Expr& a) const { return s_mul(a, a); }
+  Expr pow(const Expr& a, double c) const { return s_unary(Op::Pow, a, c); }
+  Expr sin(const Expr& a) const { return s_unary(Op::Sin, a); }
+  Expr cos(const Expr& a) const { return s_unary(Op::Cos, a); }
+  Expr sign(const Expr& a) const { return s_unary(Op::Sign, a); }
+  Expr zero(const Expr&) const { return constant(0); }
+};
+constexpr ExprMath kExprMath{};
 
 // ---------------- the parser ----------------
 class Parser {
@@ -347,6 +365,30 @@ class Gen {
     if (std::isinf(v)) return v > 0 ? "(C(1) / C(0))" : "(C(-1) / C(0))";
     return "C(" + num_str(v) + ")";
   }
+  // The functor of cuda/functors.cuh that computes op (the elementwise op of the same math), or
+  // null for the generator's own forms: erf, step, pow with a literal exponent, and min / max, whose
+  // NaN-propagating selects NVRTC compiles to other code through the Minimum / Maximum functors
+  // (sm_90 PTX of max(x0, x1) differs), so they keep the inline form the fused kernels always had.
+  static const char* functor(Op op) {
+    switch (op) {
+      case Op::Neg: return "Neg";
+      case Op::Exp: return "Exp";
+      case Op::Log: return "Log";
+      case Op::Sqrt: return "Sqrt";
+      case Op::Rsqrt: return "Rsqrt";
+      case Op::Tanh: return "Tanh";
+      case Op::Sigmoid: return "Sigmoid";
+      case Op::Sin: return "Sin";
+      case Op::Cos: return "Cos";
+      case Op::Abs: return "Abs";
+      case Op::Sign: return "Sign";
+      case Op::Add: return "Add";
+      case Op::Sub: return "Sub";
+      case Op::Mul: return "Mul";
+      case Op::Div: return "Div";
+      default: return nullptr;
+    }
+  }
   std::string rhs(const Expr& e) {
     switch (e->op) {
       case Op::Const: return lit(e->value);
@@ -355,18 +397,8 @@ class Gen {
     }
     const std::string a = emit(e->a);
     if (is_unary(e->op)) {
+      if (const char* f = functor(e->op)) return std::string(f) + "{}(" + a + ")";
       switch (e->op) {
-        case Op::Neg: return "-" + a;
-        case Op::Exp: return "m_exp(" + a + ")";
-        case Op::Log: return "m_log(" + a + ")";
-        case Op::Sqrt: return "m_sqrt(" + a + ")";
-        case Op::Rsqrt: return "m_rsqrt(" + a + ")";
-        case Op::Tanh: return "m_tanh(" + a + ")";
-        case Op::Sigmoid: return "C(1) / (C(1) + m_exp(-" + a + "))";  // as FLAME's sigmoid functor
-        case Op::Sin: return "m_sin(" + a + ")";
-        case Op::Cos: return "m_cos(" + a + ")";
-        case Op::Abs: return "(" + a + " < C(0) ? -" + a + " : " + a + ")";
-        case Op::Sign: return "(is_nan(" + a + ") ? " + a + " : C((" + a + " > C(0)) - (" + a + " < C(0))))";
         case Op::Erf: return "m_erf(" + a + ")";
         case Op::Step: return "(" + a + " > C(0) ? C(1) : (" + a + " < C(0) ? C(0) : C(0.5)))";
         case Op::Pow: {
@@ -379,17 +411,16 @@ class Gen {
         }
         default: break;
       }
+      fail(FLAME_ERROR_INTERNAL, "fused: no code for op ", static_cast<int>(e->op));
     }
     const std::string b = emit(e->b);
+    if (const char* f = functor(e->op)) return std::string(f) + "{}(" + a + ", " + b + ")";
     switch (e->op) {
-      case Op::Add: return a + " + " + b;
-      case Op::Sub: return a + " - " + b;
-      case Op::Mul: return a + " * " + b;
-      case Op::Div: return a + " / " + b;
       case Op::Min: return "(is_nan(" + a + ") ? " + a + " : (is_nan(" + b + ") ? " + b + " : (" + a + " < " + b + " ? " + a + " : " + b + ")))";
       case Op::Max: return "(is_nan(" + a + ") ? " + a + " : (is_nan(" + b + ") ? " + b + " : (" + a + " > " + b + " ? " + a + " : " + b + ")))";
-      default: fail(FLAME_ERROR_INTERNAL, "fused: no code for op ", static_cast<int>(e->op));
+      default: break;
     }
+    fail(FLAME_ERROR_INTERNAL, "fused: no code for op ", static_cast<int>(e->op));
   }
 };
 
@@ -460,23 +491,20 @@ Expr derivative(const Expr& e, int i) {
     case Op::Const: return constant(0);
     case Op::Input: return constant(e->input == i ? 1 : 0);
     case Op::Neg: return s_neg(da());
-    case Op::Exp: return s_mul(da(), e);
-    case Op::Log: return s_div(da(), a);
-    case Op::Sqrt: return s_div(da(), s_mul(constant(2), e));
-    case Op::Rsqrt: return s_mul(s_mul(constant(-0.5), da()), s_unary(Op::Pow, e, 3));
-    case Op::Tanh: return s_mul(da(), s_sub(constant(1), s_mul(e, e)));
-    case Op::Sigmoid: return s_mul(da(), s_mul(e, s_sub(constant(1), e)));
-    case Op::Sin: return s_mul(da(), s_unary(Op::Cos, a));
-    case Op::Cos: return s_neg(s_mul(da(), s_unary(Op::Sin, a)));
-    case Op::Abs: return s_mul(da(), s_unary(Op::Sign, a));
+    // The elementwise ops' derivatives, shared with their backward rules (ops/derivatives.h).
+    case Op::Exp: return derivatives::exp(kExprMath, da(), e);
+    case Op::Log: return derivatives::log(kExprMath, da(), a);
+    case Op::Sqrt: return derivatives::sqrt(kExprMath, da(), e);
+    case Op::Rsqrt: return derivatives::rsqrt(kExprMath, da(), e);
+    case Op::Tanh: return derivatives::tanh(kExprMath, da(), e);
+    case Op::Sigmoid: return derivatives::sigmoid(kExprMath, da(), e);
+    case Op::Sin: return derivatives::sin(kExprMath, da(), a);
+    case Op::Cos: return derivatives::cos(kExprMath, da(), a);
+    case Op::Abs: return derivatives::abs(kExprMath, da(), a);
     case Op::Sign: case Op::Step: return constant(0);
     case Op::Erf:  // 2 / sqrt(pi) exp(-a^2)
       return s_mul(s_mul(constant(1.1283791670955126), da()), s_unary(Op::Exp, s_neg(s_mul(a, a))));
-    case Op::Pow: {
-      const double p = e->value;
-      if (p == 0) return constant(0);
-      return s_mul(s_mul(constant(p), da()), s_unary(Op::Pow, a, p - 1));
-    }
+    case Op::Pow: return derivatives::pow_scalar(kExprMath, da(), a, e->value);
     case Op::Add: return s_add(da(), derivative(b, i));
     case Op::Sub: return s_sub(da(), derivative(b, i));
     case Op::Mul: return s_add(s_mul(da(), b), s_mul(a, derivative(b, i)));
@@ -543,7 +571,7 @@ std::string device_source(const Expr& e, int n_inputs) {
   Gen g;
   std::string result = g.emit(e);
   std::ostringstream os;
-  os << "#include \"common.cuh\"\n"
+  os << "#include \"functors.cuh\"\n"
      << "#define FLAME_FUSED_INPUTS " << n_inputs << "\n"
      << "namespace flame {\n"
      << "// " << to_string(e).substr(0, 200) << "\n"

@@ -4,7 +4,11 @@
 // is compiled by NVRTC for sm_80 and sm_90 in test_kernels.cpp (KernelCompile.Fused).
 #include <gtest/gtest.h>
 #include <cmath>
+#include <fstream>
 #include <random>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 #include "core/error.h"
 #include "ops/fused_expr.h"
@@ -170,9 +174,9 @@ TEST(FusedExpr, DeviceSourceSharesSubexpressionsAndHoldsNoUserText) {
   Expr e = simplify(parse("tanh(x0 * x1) + tanh(x0 * x1) * x1", 2));
   const std::string src = device_source(e, 2);
   EXPECT_NE(src.find("#define FLAME_FUSED_INPUTS 2"), std::string::npos) << src;
-  EXPECT_NE(src.find("#include \"common.cuh\""), std::string::npos);
+  EXPECT_NE(src.find("#include \"functors.cuh\""), std::string::npos);
   size_t tanh_calls = 0;
-  for (size_t p = src.find("m_tanh("); p != std::string::npos; p = src.find("m_tanh(", p + 1)) ++tanh_calls;
+  for (size_t p = src.find("Tanh{}("); p != std::string::npos; p = src.find("Tanh{}(", p + 1)) ++tanh_calls;
   EXPECT_EQ(tanh_calls, 1u) << "the common tanh(x0 * x1) is computed once:\n" << src;
   // Numbers are printed by FLAME (shortest round trip); the user's spelling never appears.
   const std::string odd = device_source(simplify(parse("x0 * 00.50000 + 1E0", 1)), 1);
@@ -181,4 +185,30 @@ TEST(FusedExpr, DeviceSourceSharesSubexpressionsAndHoldsNoUserText) {
   // Constants folded to inf / NaN stay valid C++.
   const std::string inf = device_source(simplify(parse("x0 + log(0)", 1)), 1);
   EXPECT_NE(inf.find("(C(-1) / C(0))"), std::string::npos) << inf;
+}
+
+// Every functor the generated code calls is an elementwise op's functor in cuda/functors.cuh (one
+// definition of each op's math for the elementwise kernels and the fused expressions).
+TEST(FusedExpr, GeneratedCodeCallsTheElementwiseFunctors) {
+  std::ifstream f(std::string(FLAME_SOURCE_DIR) + "/cuda/functors.cuh");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string functors = ss.str();
+  ASSERT_FALSE(functors.empty());
+  const std::string src = device_source(
+      parse("-exp(x0) + log(x1) - sqrt(x0) * rsqrt(x1) / tanh(x0) + sigmoid(x1) * sin(x0) * cos(x1) + abs(x0) * sign(x1)"
+            " + min(x0, x1) + max(x0, x1) + erf(x0) + pow(x1, 2.5)",
+            2),
+      2);
+  const std::regex call(R"(([A-Z]\w*)\{\}\()");
+  std::set<std::string> called;
+  for (auto it = std::sregex_iterator(src.begin(), src.end(), call); it != std::sregex_iterator(); ++it)
+    called.insert((*it)[1].str());
+  EXPECT_EQ(called.size(), 15u) << src;  // 11 unary and 4 binary ops (min / max stay inline, fused_expr.cpp)
+  for (const std::string& name : called)
+    EXPECT_TRUE(functors.find("FLAME_UNARY(" + name + ",") != std::string::npos ||
+                functors.find("FLAME_BINARY(" + name + ",") != std::string::npos)
+        << name << " is not a functor of cuda/functors.cuh";
+  for (const char* own : {"m_exp(", "m_log(", "m_tanh(", "m_sin(", "m_cos(", "m_sqrt(x", "m_rsqrt("})
+    EXPECT_EQ(src.find(own), std::string::npos) << "the generator re-spells an op's math (" << own << "):\n" << src;
 }

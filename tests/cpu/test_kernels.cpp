@@ -44,8 +44,8 @@ std::vector<std::string> elementwise_names() {
       if (elementwise_signature(op, d, &c, &o)) add(elementwise_instantiations(elementwise_functor(op), o, {c, c}));
     }
   };
-#define U(Id, name, Kind) unary_op(OpId::Id);
-#define B(Id, name, Kind) binary_op(OpId::Id);
+#define U(Id, ...) unary_op(OpId::Id);
+#define B(Id, ...) binary_op(OpId::Id);
   FLAME_UNARY_OPS(U) FLAME_SCALAR_OPS(U) FLAME_SPECIAL_UNARY_OPS(U) FLAME_INTERNAL_UNARY_OPS(U)
   FLAME_BINARY_OPS(B) FLAME_INTERNAL_BINARY_OPS(B)
 #undef U

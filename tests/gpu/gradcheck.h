@@ -15,6 +15,7 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -910,6 +911,27 @@ inline void run_first_order(flame_ctx_t ctx, const Row& row, flame_dtype_t dt, u
   }
 }
 
+// ---- coverage of the op list (tests/gpu/test_op_coverage.cpp): the c_names that gradient-check rows
+// and not-differentiable rows exercise, registered at static initialisation by every table
+// (FLAME_GRADCHECK_SUITES registers its rows itself).
+inline std::set<std::string>& gradchecked_ops() {
+  static std::set<std::string> s;
+  return s;
+}
+inline std::set<std::string>& not_differentiable_ops() {
+  static std::set<std::string> s;
+  return s;
+}
+// Returns true (for a namespace-scope `const bool`).
+inline bool register_covers(const std::vector<Row>& rows) {
+  for (const Row& r : rows) gradchecked_ops().insert(r.covers.begin(), r.covers.end());
+  return true;
+}
+inline bool register_covers(const std::vector<NdRow>& rows) {
+  for (const NdRow& r : rows) not_differentiable_ops().insert(r.covers.begin(), r.covers.end());
+  return true;
+}
+
 inline void run_second_order(flame_ctx_t ctx, const Row& row, uint64_t salt) {
   for (size_t c = 0; c < row.cases.size(); ++c) {
     SCOPED_TRACE(case_trace(row, "f64 second order", c));
@@ -923,8 +945,10 @@ inline void run_second_order(flame_ctx_t ctx, const Row& row, uint64_t salt) {
 
 // Defines the first-order suite `First` (test names <row>_<dtype>) and the second-order suite
 // `Second` (rows with second_order) under the instantiation prefix `Prefix`, over the table
-// returned by rows_fn(); `salt` keeps the tables' random inputs apart.
+// returned by rows_fn(); `salt` keeps the tables' random inputs apart. The rows' covers count for
+// the op-list coverage test (gc::register_covers).
 #define FLAME_GRADCHECK_SUITES(Prefix, First, Second, rows_fn, salt)                                       \
+  const bool Prefix##_covers_registered = gc::register_covers(rows_fn());                                 \
   class First : public GpuTest, public ::testing::WithParamInterface<gc::Param> {};                        \
   TEST_P(First, MatchesHostFiniteDifferences) {                                                            \
     gc::run_first_order(ctx, rows_fn()[GetParam().row], GetParam().dt, salt);                              \

@@ -689,6 +689,10 @@ enum class Kind { Conv2d, ConvT, Conv1d };
 Row conv_row(const std::string& name, Kind kind, std::vector<Case> cases, Args a, bool bias, bool cl = false) {
   Row r;
   r.name = name;
+  // conv1d is conv2d over a unit height; every second-order check runs the rules of the nodes the
+  // first backward records: ConvTranspose2d and ConvWeightGrad (of Conv2d), Conv2d and ConvWeightGrad
+  // (of ConvTranspose2d).
+  r.covers = {kind == Kind::ConvT ? "conv_transpose2d" : "conv2d", "conv_weight_grad"};
   r.cases = std::move(cases);
   r.fwd = one([=](const Tensors& x, flame_dtype_t, flame_tensor_t* o) {
     const flame_conv_options_t opts = a.opts();
@@ -751,6 +755,8 @@ const std::vector<Row>& rows() {
   static const std::vector<Row> r = build_rows();
   return r;
 }
+
+const bool kCovered = gc::register_covers(rows());  // for the op-list coverage test (test_op_coverage.cpp)
 
 TEST(ConvGradCheckTable, RowNamesAreUniqueAndEveryOpIsCovered) {
   std::set<std::string> seen;

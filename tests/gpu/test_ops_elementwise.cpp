@@ -431,8 +431,8 @@ TEST(ElementwiseOpList, EveryOpHasARow) {
     bool binary;
   };
   const Entry entries[] = {
-#define FLAME_TEST_UNARY_ENTRY(Id, c_name, K) {#c_name, Kind::K, false},
-#define FLAME_TEST_BINARY_ENTRY(Id, c_name, K) {#c_name, Kind::K, true},
+#define FLAME_TEST_UNARY_ENTRY(Id, c_name, K, ...) {#c_name, Kind::K, false},
+#define FLAME_TEST_BINARY_ENTRY(Id, c_name, K, ...) {#c_name, Kind::K, true},
       FLAME_UNARY_OPS(FLAME_TEST_UNARY_ENTRY) FLAME_SCALAR_OPS(FLAME_TEST_UNARY_ENTRY)
           FLAME_SPECIAL_UNARY_OPS(FLAME_TEST_UNARY_ENTRY) FLAME_BINARY_OPS(FLAME_TEST_BINARY_ENTRY)
 #undef FLAME_TEST_UNARY_ENTRY

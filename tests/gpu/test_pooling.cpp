@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "gradcheck.h"
-#include "nnops_cover.h"
 
 using namespace gc;
 
@@ -240,8 +239,6 @@ const std::vector<Row>& rows() {
   }();
   return table;
 }
-
-const bool kCovered = nnops::cover(rows());
 
 FLAME_GRADCHECK_SUITES(Pooling, PoolGradCheck, PoolGradGradCheck, rows, 0x94d049bb133111ebull);
 

@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "gradcheck.h"
-#include "nnops_cover.h"
 
 using namespace gc;
 
@@ -140,8 +139,6 @@ const std::vector<Row>& rows() {
   }();
   return table;
 }
-
-const bool kCovered = nnops::cover(rows());
 
 FLAME_GRADCHECK_SUITES(Rope, RopeGradCheck, RopeGradGradCheck, rows, 0x2127599bf4325c37ull);
 

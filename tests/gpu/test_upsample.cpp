@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "gradcheck.h"
-#include "nnops_cover.h"
 
 using namespace gc;
 
@@ -149,8 +148,6 @@ const std::vector<Row>& rows() {
   }();
   return table;
 }
-
-const bool kCovered = nnops::cover(rows());
 
 FLAME_GRADCHECK_SUITES(Upsample, UpsampleGradCheck, UpsampleGradGradCheck, rows, 0xbf58476d1ce4e5b9ull);
 
