@@ -666,7 +666,9 @@ HAND_WRITTEN |= {
 # attention: bindings/rust/src/attention.rs and the "attention" section of bindings/csharp/Flame.cs.
 HAND_WRITTEN |= {"flame_attention_options_init", "flame_scaled_dot_product_attention"}
 
-BOOL_NAMES = {"keepdim", "enabled", "requires_grad", "contiguous", "is_leaf", "previous"}
+# int32_t parameters named like flags: bool in the safe layers. Not "previous": set_autocast's
+# previous value is a dtype (flame_ctx_set_grad_enabled's previous flag is wrapped by hand).
+BOOL_NAMES = {"keepdim", "enabled", "requires_grad", "contiguous", "is_leaf"}
 SCALARS = {"double", "float", "int32_t", "int64_t", "uint32_t", "uint64_t", "size_t", "int"}
 SLICE_ELEMS = {"int64_t", "int32_t", "double", "float"}
 COUNT_TYPES = {"int32_t", "int64_t", "size_t"}
@@ -854,9 +856,15 @@ def gen_rust_ops(hdr):
                 w("    " + ln if ln else "")
         w("}")
         w("")
-    w("/// Functions without a generated safe method and not wrapped by hand in lib.rs: call them")
-    w("/// through `flame::api()` (the raw table).")
-    w("pub const UNWRAPPED: &[&str] = &[%s];" % ", ".join('"%s"' % s for s in skipped))
+    # skipped: wrapped by hand in toolkit.rs (HAND_WRAPPED); the coverage test finds any that is not.
+    ty_of = {"tensor": "Tensor", "static": "Tensor", "ctx": "Context"}
+    w("/// (export, safe wrapper) for every function with a generated method; the hand-written ones")
+    w("/// are in `toolkit::HAND_WRAPPED`. The coverage test checks both against `sys::SYMBOLS`.")
+    w("pub const WRAPPED: &[(&str, &str)] = &[")
+    for recv in ("tensor", "static", "ctx"):
+        for f, a in groups[recv]:
+            w('    ("%s", "%s::%s"),' % (f.name, ty_of[recv], rs_method(a[1])))
+    w("];")
     return "\n".join(o) + "\n"
 
 

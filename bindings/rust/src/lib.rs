@@ -30,11 +30,16 @@ mod attention;
 mod ops;
 mod optim;
 mod safetensors;
+mod toolkit;
 
 pub use attention::AttentionOptions;
-pub use ops::UNWRAPPED;
+pub use ops::WRAPPED;
 pub use optim::{Optimizer, OptimizerOptions};
 pub use safetensors::{save_safetensors, SafetensorsFile};
+pub use toolkit::{
+    unwrapped, Comm, CommId, CommOptions, ConvOptions, DataParallel, DataParallelOptions, Fused, Graph, GradScaler,
+    GradScalerOptions, Lora, Pool2dOptions, RopeOptions, HAND_WRAPPED, STAT_COLUMNS,
+};
 pub use sys::{DType, OptimizerKind, Status};
 
 use std::ffi::{CStr, CString};
