@@ -45,7 +45,7 @@ pub use sys::{DType, OptimizerKind, Status};
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::OnceLock;
+use std::sync::Once;
 
 // ---------------------------------------------------------------------------------------------
 // dlopen
@@ -73,7 +73,45 @@ struct Library {
 unsafe impl Send for Library {}
 unsafe impl Sync for Library {}
 
-static LIBRARY: OnceLock<std::result::Result<Library, Error>> = OnceLock::new();
+// The outcome of the first load, written once under LIBRARY_ONCE (std::sync::OnceLock needs Rust
+// 1.70; Debian 12 ships 1.63) and only read afterwards.
+static LIBRARY_ONCE: Once = Once::new();
+static mut LIBRARY: Option<std::result::Result<Library, Error>> = None;
+
+fn library(init: impl FnOnce() -> std::result::Result<Library, Error>) -> &'static std::result::Result<Library, Error> {
+    LIBRARY_ONCE.call_once(|| unsafe { *std::ptr::addr_of_mut!(LIBRARY) = Some(init()) });
+    // Safe: written once inside call_once, which every reader passes first.
+    unsafe { (*std::ptr::addr_of!(LIBRARY)).as_ref().expect("library initialised by call_once") }
+}
+
+/// Loads the first candidate that opens; the error lists every candidate with its dlerror and
+/// says how to point at the library.
+fn open_first(candidates: &[String]) -> std::result::Result<Library, Error> {
+    let mut tried = Vec::new();
+    for path in candidates {
+        match open_library(path) {
+            Ok(lib) => return Ok(lib),
+            // A library that opened but is not FLAME's (missing symbol, other ABI): report it as is.
+            Err(e) if !e.message.starts_with("cannot load ") => return Err(e),
+            Err(e) => tried.push(format!("  {}", &e.message["cannot load ".len()..])),
+        }
+    }
+    Err(Error::load(format!(
+        "cannot load the FLAME library; tried:\n{}\nSet {}=/path/to/libflame.so.1 (the file of a build: build/libflame.so.1) \
+         or add its directory to LD_LIBRARY_PATH.",
+        tried.join("\n"),
+        LIBRARY_ENV
+    )))
+}
+
+/// The paths [`api`] tries, in order: `$FLAME_LIBRARY` alone when set, else [`DEFAULT_LIBRARY`]
+/// and `libflame.so` (a development install) through the dynamic loader's search path.
+pub fn library_candidates() -> Vec<String> {
+    match std::env::var(LIBRARY_ENV) {
+        Ok(p) if !p.is_empty() => vec![p],
+        _ => vec![DEFAULT_LIBRARY.to_string(), "libflame.so".to_string()],
+    }
+}
 
 fn last_dlerror() -> String {
     unsafe {
@@ -121,10 +159,7 @@ fn open_library(path: &str) -> std::result::Result<Library, Error> {
 /// Loads the library (once; later calls return the first outcome) and returns the raw table.
 /// Called implicitly by everything that needs the library.
 pub fn api() -> Result<&'static sys::Api> {
-    match LIBRARY.get_or_init(|| {
-        let path = std::env::var(LIBRARY_ENV).ok().filter(|s| !s.is_empty());
-        open_library(path.as_deref().unwrap_or(DEFAULT_LIBRARY))
-    }) {
+    match library(|| open_first(&library_candidates())) {
         Ok(lib) => Ok(&lib.api),
         Err(e) => Err(e.clone()),
     }
@@ -133,7 +168,7 @@ pub fn api() -> Result<&'static sys::Api> {
 /// Loads the library from `path` unless one is loaded already. Returns an error when another
 /// library was loaded before or the load fails.
 pub fn load_from(path: &str) -> Result<()> {
-    let lib = LIBRARY.get_or_init(|| open_library(path));
+    let lib = library(|| open_library(path));
     match lib {
         Ok(l) if l.path == path => Ok(()),
         Ok(l) => Err(Error::load(format!("{} is loaded already", l.path))),
@@ -144,7 +179,7 @@ pub fn load_from(path: &str) -> Result<()> {
 /// The path or name the library was loaded from.
 pub fn library_path() -> Result<String> {
     api()?;
-    Ok(LIBRARY.get().unwrap().as_ref().unwrap().path.clone())
+    Ok(library(|| unreachable!()).as_ref().map(|l| l.path.clone()).unwrap_or_default())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -193,7 +228,8 @@ impl Error {
 
 impl std::fmt::Debug for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Error {{ status: {:?}, message: {:?} }}", self.status, self.message)
+        // What `fn main() -> flame::Result<()>` prints: the status name and the message, as Display.
+        write!(f, "{}: {}", self.status, self.message)
     }
 }
 
