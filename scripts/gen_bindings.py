@@ -751,6 +751,59 @@ def analyse(f, hdr):
 # Rust safe ops
 # ----------------------------------------------------------------------------------------------
 
+# int32_t parameters documented as holding a C enum's value: the Rust enum in the signature (as C#).
+RS_INT_ENUMS = {("flame_linear", "activation"): "flame_activation_t", ("flame_pad", "mode"): "flame_pad_mode_t"}
+# Enums that stay the sys newtype in the safe layer: statuses are an open set (a newer library may
+# return one these bindings do not know, and Status::LOAD_FAILED is the bindings' own).
+RS_NEWTYPE_ENUMS = {"flame_status_t"}
+
+
+def gen_rust_enums(hdr, w):
+    """Idiomatic Rust enums (OptimizerKind::AdamW) for the safe layer, with checked conversion from
+    the raw value; member names are those of the C# enums."""
+    from gen_bindings_csharp import cs_enum_members
+    for e in hdr.enums:
+        if e.name is None or e.name in RS_NEWTYPE_ENUMS:
+            continue
+        wn = enum_wrapper_name(e.name)
+        members = cs_enum_members(e)
+        w("/// `%s`. Convert raw values with `%s::try_from` (an unknown value is an error)." % (e.name, wn))
+        w("#[repr(i32)]")
+        w("#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]")
+        w("pub enum %s {" % wn)
+        for m, v, n in members:
+            w("    /// `%s`" % n)
+            w("    %s = %d," % (m, v))
+        w("}")
+        w("impl %s {" % wn)
+        w("    /// Every value, in header order.")
+        w("    pub const ALL: &'static [%s] = &[%s];" % (wn, ", ".join("%s::%s" % (wn, m) for m, _, _ in members)))
+        w("    /// The C value.")
+        w("    pub fn raw(self) -> sys::%s {" % e.name)
+        w("        self as sys::%s" % e.name)
+        w("    }")
+        w("    /// The C name (\"%s\")." % members[0][2])
+        w("    pub fn c_name(self) -> &'static str {")
+        w("        match self {")
+        for m, _, n in members:
+            w('            %s::%s => "%s",' % (wn, m, n))
+        w("        }")
+        w("    }")
+        w("}")
+        w("impl TryFrom<i32> for %s {" % wn)
+        w("    type Error = Error;")
+        w("    /// `ERROR_INVALID_ARGUMENT` for a value this header does not define.")
+        w("    fn try_from(v: i32) -> Result<%s> {" % wn)
+        w("        match v {")
+        for m, v, _ in members:
+            w("            %d => Ok(%s::%s)," % (v, wn, m))
+        w('            _ => Err(Error::new(Status::ERROR_INVALID_ARGUMENT, format!("%s: unknown value {}", v))),' % e.name)
+        w("        }")
+        w("    }")
+        w("}")
+        w("")
+
+
 def gen_rust_ops(hdr):
     o = []
     w = o.append
@@ -760,10 +813,11 @@ def gen_rust_ops(hdr):
     w("#![allow(clippy::too_many_arguments, unused_mut, unused_unsafe)]")
     w("")
     w("use crate::sys;")
-    w("use crate::{api, check, len_as, slice_ptr, Context, Result, Tensor};")
-    w("#[allow(unused_imports)]")
-    w("use crate::sys::{%s};" % ", ".join(sorted(enum_names.values())))
+    w("use crate::{api, check, len_as, slice_ptr, Context, Error, Result, Status, Tensor};")
     w("")
+    gen_rust_enums(hdr, w)
+    from gen_bindings_csharp import nullable_tensors  # the "may be NULL" analysis of flame.h's comments
+    nullable = nullable_tensors(hdr)
     groups = {"tensor": [], "ctx": [], "static": []}
     skipped = []
     for f in hdr.funcs:
@@ -786,10 +840,10 @@ def gen_rust_ops(hdr):
         for arg in ins:
             pn = rs_ident(arg.p.name)
             t = arg.p.type
-            if arg.kind == "tensor":
+            if arg.kind == "tensor" and (f.name, arg.p.name) not in nullable:
                 sig.append("%s: &Tensor" % pn)
                 call.append("%s.raw" % pn)
-            elif arg.kind == "opt_tensor":
+            elif arg.kind in ("tensor", "opt_tensor"):  # documented "may be NULL": None passes NULL
                 sig.append("%s: Option<&Tensor>" % pn)
                 call.append("%s.map_or(std::ptr::null_mut(), |t| t.raw)" % pn)
             elif arg.kind == "tensors":
@@ -806,7 +860,10 @@ def gen_rust_ops(hdr):
                 call.append("%s as i32" % pn)
             elif arg.kind == "enum":
                 sig.append("%s: %s" % (pn, enum_names[t.base]))
-                call.append("%s.0" % pn)
+                call.append("%s.raw()" % pn)
+            elif (f.name, arg.p.name) in RS_INT_ENUMS:  # an int32_t that holds an enum's value
+                sig.append("%s: %s" % (pn, enum_wrapper_name(RS_INT_ENUMS[(f.name, arg.p.name)])))
+                call.append("%s.raw()" % pn)
             else:
                 sig.append("%s: %s" % (pn, rs_type(t, hdr)))
                 call.append(pn)
@@ -825,7 +882,7 @@ def gen_rust_ops(hdr):
                 rets.append(("bool", "%s != 0" % vn))
             elif arg.kind == "out_enum":
                 pre.append("let mut %s: sys::%s = 0;" % (vn, pt.base))
-                rets.append((enum_names[pt.base], "%s(%s)" % (enum_names[pt.base], vn)))
+                rets.append((enum_names[pt.base], "%s::try_from(%s)?" % (enum_names[pt.base], vn)))
             else:
                 pre.append("let mut %s: %s = Default::default();" % (vn, rs_type(pt, hdr)))
                 rets.append((rs_type(pt, hdr), vn))

@@ -33,14 +33,14 @@ mod safetensors;
 mod toolkit;
 
 pub use attention::AttentionOptions;
-pub use ops::WRAPPED;
+pub use ops::{Activation, DType, LogLevel, OptimizerKind, PadMode, ReduceOp, Reduction, WRAPPED};
 pub use optim::{Optimizer, OptimizerOptions};
 pub use safetensors::{save_safetensors, SafetensorsFile};
 pub use toolkit::{
     unwrapped, Comm, CommId, CommOptions, ConvOptions, DataParallel, DataParallelOptions, Fused, Graph, GradScaler,
     GradScalerOptions, Lora, Pool2dOptions, RopeOptions, HAND_WRAPPED, STAT_COLUMNS,
 };
-pub use sys::{DType, OptimizerKind, Status};
+pub use sys::Status;
 
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int, c_void};
@@ -320,12 +320,12 @@ impl DType {
     /// `flame_dtype_size`: bytes per element, 0 for an unknown dtype.
     pub fn size(self) -> Result<usize> {
         let api = api()?;
-        Ok(unsafe { (api.flame_dtype_size)(self.0) })
+        Ok(unsafe { (api.flame_dtype_size)(self.raw()) })
     }
     /// `flame_dtype_name`: "f32", "bf16", ... or "unknown".
     pub fn name(self) -> Result<String> {
         let api = api()?;
-        Ok(unsafe { cstr((api.flame_dtype_name)(self.0)) })
+        Ok(unsafe { cstr((api.flame_dtype_name)(self.raw())) })
     }
 }
 
@@ -497,7 +497,7 @@ impl Context {
                 std::mem::size_of_val(data),
                 slice_ptr(shape),
                 len_as::<i32>(shape.len())?,
-                T::DTYPE.0,
+                T::DTYPE.raw(),
                 &mut out,
             )
         })?;

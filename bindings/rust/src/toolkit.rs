@@ -12,8 +12,7 @@
 //! other hand-written modules; the coverage test checks it together with the generated
 //! [`crate::WRAPPED`] against [`crate::sys::SYMBOLS`].
 
-use crate::sys::ReduceOp;
-use crate::{api, check, len_as, slice_ptr, sys, Context, Error, Optimizer, Result, Status, Tensor};
+use crate::{api, check, len_as, slice_ptr, sys, Context, Error, Optimizer, ReduceOp, Result, Status, Tensor};
 use std::ffi::CString;
 use std::os::raw::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -679,7 +678,7 @@ impl Comm {
 
     /// In-place reduction over all ranks (`flame_comm_all_reduce`).
     pub fn all_reduce(&self, t: &Tensor, op: ReduceOp) -> Result<()> {
-        check(unsafe { (api()?.flame_comm_all_reduce)(self.raw, t.raw, op.0) })
+        check(unsafe { (api()?.flame_comm_all_reduce)(self.raw, t.raw, op.raw()) })
     }
 
     /// Replaces `t` with rank `root`'s (`flame_comm_broadcast`).
@@ -697,7 +696,7 @@ impl Comm {
     /// This rank's block of the reduction (`flame_comm_reduce_scatter`).
     pub fn reduce_scatter(&self, input: &Tensor, op: ReduceOp) -> Result<Tensor> {
         let mut out = std::ptr::null_mut();
-        check(unsafe { (api()?.flame_comm_reduce_scatter)(self.raw, input.raw, op.0, &mut out) })?;
+        check(unsafe { (api()?.flame_comm_reduce_scatter)(self.raw, input.raw, op.raw(), &mut out) })?;
         Ok(unsafe { Tensor::from_raw(out) })
     }
 }
