@@ -89,6 +89,12 @@ echo "cargo: $(command -v cargo) ($(cargo --version)), rustc $(rustc --version)"
 CARGO_NET_OFFLINE=true cargo test --manifest-path bindings/rust/Cargo.toml --all-targets
 CARGO_NET_OFFLINE=true cargo test --manifest-path bindings/rust/Cargo.toml --doc
 RUSTDOCFLAGS=-Dwarnings CARGO_NET_OFFLINE=true cargo doc --manifest-path bindings/rust/Cargo.toml --no-deps
+# The examples need a GPU: exit 2 without one (not a failure here), non-zero when their claim fails.
+for ex in train_mlp train_cnn lora_finetune; do
+  rc=0; CARGO_NET_OFFLINE=true cargo run -q --release --manifest-path bindings/rust/Cargo.toml --example "$ex" || rc=$?
+  if [ $rc = 2 ] && [ "${FLAME_REQUIRE_GPU:-0}" != 1 ]; then echo "$ex: skipped (no GPU)"; continue; fi
+  [ $rc = 0 ] || die "Rust example $ex failed (exit $rc)"
+done
 # A newer toolchain on PATH (rustup) shadows Debian's: prove rust-version 1.63 with Debian's too,
 # in its own target directory (rustc versions do not share artifacts).
 if [ -x /usr/bin/cargo ] && [ "$(command -v cargo)" != /usr/bin/cargo ]; then
