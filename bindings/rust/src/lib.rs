@@ -1,23 +1,110 @@
 //! Safe Rust bindings to FLAME, a GPU tensor library with autograd.
 //!
-//! The library is loaded at run time with `dlopen`: from `$FLAME_LIBRARY` when set, else
-//! `libflame.so.1` through the system search path (`LD_LIBRARY_PATH`, ldconfig). Every symbol of
-//! `include/flame.h` is resolved once at load time into [`sys::Api`] and the ABI version is
-//! compared with [`sys::FLAME_ABI_VERSION`] before anything else is called. A missing library, a
-//! missing symbol or a different ABI version is an [`Error`] with status [`Status::LOAD_FAILED`],
-//! never a panic; no loading happens before the first call that needs the library.
+//! # Loading
+//!
+//! The library is loaded at run time with `dlopen` on the first call that needs it: from
+//! `$FLAME_LIBRARY` when set, else `libflame.so.1` (then `libflame.so`) through the system search
+//! path (`LD_LIBRARY_PATH`, ldconfig); [`load_from`] picks a file explicitly. Every symbol of
+//! `include/flame.h` is resolved once into [`sys::Api`] and the ABI version is compared with
+//! [`sys::FLAME_ABI_VERSION`] before anything else is called. A missing library, a missing symbol
+//! or another ABI version is an [`Error`] with status [`Status::LOAD_FAILED`], never a panic; its
+//! message lists every path tried with the loader's reason and says how to point at the library.
+//!
+//! # Context and tensors
+//!
+//! A [`Context`] is one GPU with its stream, memory pool and kernel cache ([`ContextOptions`] for
+//! the device, seed, memory limit...). A [`Tensor`] is a reference-counted strided view: `Clone`
+//! retains, `Drop` releases, so intermediates go away when they leave scope. Host data goes in with
+//! [`Context::from_slice`] and comes back with [`Tensor::to_vec`] (which waits for the GPU).
+//! Operations are methods returning `Result<Tensor>`; `+ - * /` work on `&Tensor` and `f64` and
+//! return `Result` too. Arguments that the C header lets be NULL are `Option<&Tensor>`; enums are
+//! Rust enums ([`DType::BF16`], [`OptimizerKind::AdamW`]) converted from raw values with `TryFrom`.
 //!
 //! ```no_run
-//! use flame::{Context, DType, Tensor};
+//! use flame::{Activation, Context, DType};
 //! # fn main() -> flame::Result<()> {
 //! let ctx = Context::new()?;
-//! let x = Tensor::from_slice(&ctx, &[1.0f32, 2.0, 3.0], &[3])?;
-//! x.set_requires_grad(true)?;
-//! let y = (&x * &x)?.sum_all()?;
-//! y.backward()?;
-//! assert_eq!(x.grad()?.unwrap().to_vec::<f32>()?, vec![2.0, 4.0, 6.0]);
-//! # let _ = DType::F32; Ok(()) }
+//! let x = ctx.from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+//! let w = ctx.randn(&[3, 2], DType::F32)?;
+//! let y = x.linear(&w, None, Activation::Relu)?;   // bias may be None
+//! assert_eq!(y.shape()?, vec![2, 3]);
+//! # Ok(()) }
 //! ```
+//!
+//! # Autograd
+//!
+//! Mark leaves with [`Tensor::set_requires_grad`]; [`Tensor::backward`] fills their `.grad`
+//! ([`Tensor::grad`]); [`Context::grad`] returns gradients without touching `.grad`;
+//! [`Context::no_grad`] runs a closure with recording off. Hooks are closures
+//! ([`Tensor::register_hook`]), and so are checkpointed blocks ([`Context::checkpoint`]); a panic
+//! inside one is caught and becomes an error status with the panic's message.
+//!
+//! ```no_run
+//! # fn main() -> flame::Result<()> {
+//! let ctx = flame::Context::new()?;
+//! let x = ctx.from_slice(&[1.0f32, 2.0, 3.0], &[3])?;
+//! x.set_requires_grad(true)?;
+//! let hook = x.register_hook(|g| Ok(Some((g * 0.5)?)))?;   // halves the gradient
+//! (&x * &x)?.sum_all()?.backward()?;
+//! assert_eq!(x.grad()?.unwrap().to_vec::<f32>()?, vec![1.0, 2.0, 3.0]);
+//! hook.remove();
+//! # Ok(()) }
+//! ```
+//!
+//! # Errors
+//!
+//! Every call returns [`Result`]; an [`Error`] holds the [`Status`] and the library's message, and
+//! displays as `STATUS_NAME: message` (also through `Debug`, which is what `fn main() ->
+//! flame::Result<()>` prints). Without a GPU, [`Context::new`] fails with
+//! [`Status::ERROR_NO_DRIVER`] or [`Status::ERROR_NO_DEVICE`]; the examples exit with status 2 then.
+//!
+//! ```no_run
+//! match flame::Context::new() {
+//!     Ok(ctx) => println!("running on {}", ctx.device_name().unwrap()),
+//!     Err(e) if e.status == flame::Status::ERROR_NO_DRIVER => eprintln!("no GPU driver: {}", e),
+//!     Err(e) => eprintln!("{}", e),   // e.g. "LOAD_FAILED: cannot load the FLAME library; tried: ..."
+//! }
+//! ```
+//!
+//! # A training loop
+//!
+//! [`Optimizer`] (SGD, Adam, AdamW, Lion with [`OptimizerOptions`]) updates the parameters in place;
+//! its state goes to a file with [`Optimizer::save_state`]. [`GradScaler`] adds dynamic loss scaling
+//! for f16 training.
+//!
+//! ```no_run
+//! use flame::{Activation, Context, DType, Optimizer, OptimizerKind, OptimizerOptions, Reduction};
+//! # fn main() -> flame::Result<()> {
+//! let ctx = Context::new()?;
+//! let w = (&ctx.randn(&[1, 4], DType::F32)? * 0.1)?;
+//! w.set_requires_grad(true)?;
+//! let mut options = OptimizerOptions::new(OptimizerKind::AdamW)?;
+//! options.lr = 1e-2;
+//! let opt = Optimizer::new(&ctx, &options, &[&w])?;
+//! let x = ctx.randn(&[64, 4], DType::F32)?;
+//! let y = x.sum(&[1], true)?;                             // the target: the sum of the inputs
+//! for step in 0..200 {
+//!     let loss = x.linear(&w, None, Activation::None)?.mse_loss(&y, Reduction::Mean)?;
+//!     loss.backward()?;
+//!     opt.step()?;
+//!     opt.zero_grad(true)?;
+//!     if step % 50 == 0 {
+//!         println!("step {} loss {:.4}", step, loss.item()?);
+//!     }
+//! }                                                       // each step's tensors drop here
+//! opt.save_state("adamw.state")?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Beyond the basics
+//!
+//! Convolution and pooling ([`Tensor::conv2d`], [`ConvOptions`], [`Pool2dOptions`]), RoPE
+//! ([`RopeOptions`]), attention ([`AttentionOptions`]), LoRA adapters ([`Lora`]), safetensors files
+//! ([`SafetensorsFile`], [`save_safetensors`]), CUDA graphs ([`Context::capture_graph`], [`Graph`]),
+//! fused elementwise expressions ([`Fused`]), NCCL communicators and data parallelism ([`Comm`],
+//! [`DataParallel`]). Every export of the C ABI has a safe wrapper: [`WRAPPED`] (generated) and
+//! [`HAND_WRAPPED`] name it, and a test checks that none is missing. The raw table stays available
+//! through [`api`] for what the safe layer does not express (the C log callback).
 //!
 //! Threads: the C contract serialises calls on one context with a lock inside the context, so
 //! [`Context`] and [`Tensor`] are `Send` and `Sync`. Hook closures must be `Send`: backward may run
@@ -365,6 +452,11 @@ pub struct ContextOptions {
     pub allow_tf32: bool,
     /// Always cuBLASLt's first heuristic choice instead of timing its top candidates per shape.
     pub gemm_heuristic_only: bool,
+    /// The least level of the library's messages printed to stderr; None: `$FLAME_LOG`, else info.
+    /// (The C log callback, `log_fn`/`log_user_data`, is not wrapped: its user data must outlive
+    /// the context's last tensor, which a closure owned here cannot guarantee; set it through
+    /// [`sys::Api::flame_ctx_create`] if you need it.)
+    pub log_level: Option<LogLevel>,
 }
 
 /// Memory statistics of a context (`flame_memory_stats_t`).
@@ -410,6 +502,9 @@ impl Context {
                 c.memory_limit = o.memory_limit;
                 c.allow_tf32 = o.allow_tf32 as i32;
                 c.gemm_heuristic_only = o.gemm_heuristic_only as i32;
+                if let Some(l) = o.log_level {
+                    c.log_level = l.raw();
+                }
                 let dir = match &o.kernel_cache_dir {
                     Some(d) => Some(CString::new(d.as_str()).map_err(|_| {
                         Error::new(Status::ERROR_INVALID_ARGUMENT, "kernel_cache_dir contains NUL")
