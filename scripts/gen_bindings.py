@@ -753,6 +753,9 @@ def analyse(f, hdr):
 
 # int32_t parameters documented as holding a C enum's value: the Rust enum in the signature (as C#).
 RS_INT_ENUMS = {("flame_linear", "activation"): "flame_activation_t", ("flame_pad", "mode"): "flame_pad_mode_t"}
+# Functions wrapped by hand in Rust only (bindings/rust/src/toolkit.rs): autocast takes and returns
+# Option<DType> (None for FLAME_AUTOCAST_OFF) instead of a raw int32_t.
+RS_HAND_WRITTEN = {"flame_ctx_set_autocast", "flame_ctx_get_autocast"}
 # Enums that stay the sys newtype in the safe layer: statuses are an open set (a newer library may
 # return one these bindings do not know, and Status::LOAD_FAILED is the bindings' own).
 RS_NEWTYPE_ENUMS = {"flame_status_t"}
@@ -821,7 +824,7 @@ def gen_rust_ops(hdr):
     groups = {"tensor": [], "ctx": [], "static": []}
     skipped = []
     for f in hdr.funcs:
-        a = analyse(f, hdr)
+        a = None if f.name in RS_HAND_WRITTEN else analyse(f, hdr)
         if a is None:
             if f.name not in HAND_WRITTEN:
                 skipped.append(f.name)

@@ -1372,20 +1372,6 @@ impl Context {
         check(unsafe { (api.flame_ctx_is_grad_enabled)(self.raw, &mut o_enabled) })?;
         Ok(o_enabled != 0)
     }
-    /// `flame_status_t flame_ctx_set_autocast(flame_ctx_t ctx, int32_t dtype, int32_t* previous)`.
-    pub fn set_autocast(&self, dtype: i32) -> Result<i32> {
-        let api = api()?;
-        let mut o_previous: i32 = Default::default();
-        check(unsafe { (api.flame_ctx_set_autocast)(self.raw, dtype, &mut o_previous) })?;
-        Ok(o_previous)
-    }
-    /// `flame_status_t flame_ctx_get_autocast(flame_ctx_t ctx, int32_t* dtype)`.
-    pub fn get_autocast(&self) -> Result<i32> {
-        let api = api()?;
-        let mut o_dtype: i32 = Default::default();
-        check(unsafe { (api.flame_ctx_get_autocast)(self.raw, &mut o_dtype) })?;
-        Ok(o_dtype)
-    }
     /// `flame_status_t flame_grad_normalize(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double target_norm, double eps)`.
     pub fn grad_normalize(&self, tensors: &[&Tensor], target_norm: f64, eps: f64) -> Result<()> {
         let api = api()?;
@@ -1585,8 +1571,6 @@ pub const WRAPPED: &[(&str, &str)] = &[
     ("flame_clip_grad_norm", "Context::clip_grad_norm"),
     ("flame_clip_grad_value", "Context::clip_grad_value"),
     ("flame_ctx_is_grad_enabled", "Context::is_grad_enabled"),
-    ("flame_ctx_set_autocast", "Context::set_autocast"),
-    ("flame_ctx_get_autocast", "Context::get_autocast"),
     ("flame_grad_normalize", "Context::grad_normalize"),
     ("flame_grad_add_noise", "Context::grad_add_noise"),
     ("flame_grad_stats", "Context::grad_stats"),

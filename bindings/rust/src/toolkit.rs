@@ -12,7 +12,7 @@
 //! other hand-written modules; the coverage test checks it together with the generated
 //! [`crate::WRAPPED`] against [`crate::sys::SYMBOLS`].
 
-use crate::{api, check, len_as, slice_ptr, sys, Context, Error, Optimizer, ReduceOp, Result, Status, Tensor};
+use crate::{api, check, len_as, slice_ptr, sys, Context, DType, Error, Optimizer, ReduceOp, Result, Status, Tensor};
 use std::ffi::CString;
 use std::os::raw::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -290,6 +290,36 @@ impl Context {
                 row
             })
             .collect())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Autocast
+// ---------------------------------------------------------------------------------------------
+
+fn autocast_from_raw(v: i32) -> Result<Option<DType>> {
+    if v == sys::FLAME_AUTOCAST_OFF {
+        Ok(None)
+    } else {
+        DType::try_from(v).map(Some)
+    }
+}
+
+impl Context {
+    /// Sets mixed precision for this context (`flame_ctx_set_autocast`): `Some(DType::BF16)` or
+    /// `Some(DType::F16)`, or `None` for off; returns the previous setting, to restore later.
+    pub fn set_autocast(&self, dtype: Option<DType>) -> Result<Option<DType>> {
+        let mut prev = sys::FLAME_AUTOCAST_OFF;
+        let raw = dtype.map_or(sys::FLAME_AUTOCAST_OFF, |d| d.raw());
+        check(unsafe { (api()?.flame_ctx_set_autocast)(self.raw, raw, &mut prev) })?;
+        autocast_from_raw(prev)
+    }
+
+    /// The autocast setting (`flame_ctx_get_autocast`); `None` when off.
+    pub fn autocast(&self) -> Result<Option<DType>> {
+        let mut v = sys::FLAME_AUTOCAST_OFF;
+        check(unsafe { (api()?.flame_ctx_get_autocast)(self.raw, &mut v) })?;
+        autocast_from_raw(v)
     }
 }
 
@@ -830,6 +860,8 @@ pub const HAND_WRAPPED: &[(&str, &str)] = &[
     ("flame_optimizer_save_state", "Optimizer::save_state"),
     ("flame_optimizer_load_state", "Optimizer::load_state"),
     ("flame_grad_stats_host", "Context::grad_stats_host"),
+    ("flame_ctx_set_autocast", "Context::set_autocast"),
+    ("flame_ctx_get_autocast", "Context::autocast"),
     ("flame_grad_scaler_options_init", "GradScalerOptions::default"),
     ("flame_grad_scaler_create", "GradScaler::new"),
     ("flame_grad_scaler_release", "GradScaler::drop"),

@@ -253,3 +253,14 @@ fn fused_expressions() {
     assert_eq!(e.status, Status::ERROR_INVALID_ARGUMENT);
     assert!(e.message.contains("column"), "{}", e.message);
 }
+
+#[test]
+fn autocast_takes_and_returns_option_dtype() {
+    let ctx = ctx_or_skip!();
+    assert_eq!(ctx.autocast().unwrap(), None);
+    assert_eq!(ctx.set_autocast(Some(DType::BF16)).unwrap(), None);
+    assert_eq!(ctx.autocast().unwrap(), Some(DType::BF16));
+    assert_eq!(ctx.set_autocast(Some(DType::F32)).unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+    assert_eq!(ctx.set_autocast(None).unwrap(), Some(DType::BF16));
+    assert_eq!(ctx.autocast().unwrap(), None);
+}
