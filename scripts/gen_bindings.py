@@ -755,6 +755,8 @@ def analyse(f, hdr):
 RS_INT_ENUMS = {("flame_linear", "activation"): "flame_activation_t", ("flame_pad", "mode"): "flame_pad_mode_t"}
 # Functions wrapped by hand in Rust only (bindings/rust/src/toolkit.rs): autocast takes and returns
 # Option<DType> (None for FLAME_AUTOCAST_OFF) instead of a raw int32_t.
+# int32_t parameters that flame.h documents as 0 or 1: bool in Rust (C# keeps int).
+RS_BOOL_PARAMS = {"training", "align_corners", "error_if_nonfinite", "channels_last", "approximate"}
 RS_HAND_WRITTEN = {"flame_ctx_set_autocast", "flame_ctx_get_autocast"}
 # Enums that stay the sys newtype in the safe layer: statuses are an open set (a newer library may
 # return one these bindings do not know, and Status::LOAD_FAILED is the bindings' own).
@@ -858,7 +860,7 @@ def gen_rust_ops(hdr):
                 sig.append("%s: &[%s]" % (pn, RS_PRIM[t.base]))
                 call.append("slice_ptr(%s)" % pn)
                 call.append("len_as::<%s>(%s.len())?" % (rs_type(arg.count.type, hdr), pn))
-            elif arg.kind == "bool":
+            elif arg.kind == "bool" or (arg.kind == "scalar" and arg.p.name in RS_BOOL_PARAMS and t.base == "int32_t"):
                 sig.append("%s: bool" % pn)
                 call.append("%s as i32" % pn)
             elif arg.kind == "enum":

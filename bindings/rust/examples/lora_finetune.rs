@@ -88,7 +88,7 @@ fn fit(ctx: &Context, params: &[&Tensor], mut loss: impl FnMut() -> Result<Tenso
         opt.set_lr(None, lr * 0.5 * (1.0 + (std::f64::consts::PI * step as f64 / steps as f64).cos()))?;
         let l = loss()?;
         l.backward()?;
-        ctx.clip_grad_norm(params, 1.0, 2.0, 0)?;
+        ctx.clip_grad_norm(params, 1.0, 2.0, false)?;
         opt.step()?;
         opt.zero_grad(true)?;
         if step % 100 == 0 || step + 1 == steps {

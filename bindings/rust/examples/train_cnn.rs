@@ -125,7 +125,7 @@ impl Model {
         for b in 0..BLOCKS {
             cur = cur
                 .conv2d(&self.conv_w[b], Some(&self.conv_b[b]), &self.same)?
-                .group_norm(8, Some(&self.gn_w[b]), Some(&self.gn_b[b]), 1e-5, 0)?
+                .group_norm(8, Some(&self.gn_w[b]), Some(&self.gn_b[b]), 1e-5, false)?
                 .silu()?;
             if b + 1 < BLOCKS {
                 cur = cur.max_pool2d(&self.pool)?;
@@ -217,7 +217,7 @@ fn train(ctx: &Context, a: &Args) -> Result<bool> {
         opt.set_lr(None, lr)?;
         let loss = m.forward(&x)?.cross_entropy(&y, None, -100, 0.0, Reduction::Mean)?;
         loss.backward()?;
-        ctx.clip_grad_norm(&all, 1.0, 2.0, 0)?;
+        ctx.clip_grad_norm(&all, 1.0, 2.0, false)?;
         opt.step()?;
         opt.zero_grad(true)?;
         since += 1;

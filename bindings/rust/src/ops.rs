@@ -760,10 +760,10 @@ impl Tensor {
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
     /// `flame_status_t flame_gelu(flame_tensor_t t, int32_t approximate, flame_tensor_t* out)`.
-    pub fn gelu(&self, approximate: i32) -> Result<Tensor> {
+    pub fn gelu(&self, approximate: bool) -> Result<Tensor> {
         let api = api()?;
         let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_gelu)(self.raw, approximate, &mut o_out) })?;
+        check(unsafe { (api.flame_gelu)(self.raw, approximate as i32, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
     /// `flame_status_t flame_softplus(flame_tensor_t t, double beta, double threshold, flame_tensor_t* out)`.
@@ -1023,17 +1023,17 @@ impl Tensor {
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
     /// `flame_status_t flame_group_norm(flame_tensor_t x, int32_t num_groups, flame_tensor_t weight, flame_tensor_t bias, double eps, int32_t channels_last, flame_tensor_t* out)`.
-    pub fn group_norm(&self, num_groups: i32, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64, channels_last: i32) -> Result<Tensor> {
+    pub fn group_norm(&self, num_groups: i32, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64, channels_last: bool) -> Result<Tensor> {
         let api = api()?;
         let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_group_norm)(self.raw, num_groups, weight.map_or(std::ptr::null_mut(), |t| t.raw), bias.map_or(std::ptr::null_mut(), |t| t.raw), eps, channels_last, &mut o_out) })?;
+        check(unsafe { (api.flame_group_norm)(self.raw, num_groups, weight.map_or(std::ptr::null_mut(), |t| t.raw), bias.map_or(std::ptr::null_mut(), |t| t.raw), eps, channels_last as i32, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
     /// `flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t running_mean, flame_tensor_t running_var, flame_tensor_t weight, flame_tensor_t bias, int32_t training, double momentum, double eps, flame_tensor_t* out)`.
-    pub fn batch_norm(&self, running_mean: Option<&Tensor>, running_var: Option<&Tensor>, weight: Option<&Tensor>, bias: Option<&Tensor>, training: i32, momentum: f64, eps: f64) -> Result<Tensor> {
+    pub fn batch_norm(&self, running_mean: Option<&Tensor>, running_var: Option<&Tensor>, weight: Option<&Tensor>, bias: Option<&Tensor>, training: bool, momentum: f64, eps: f64) -> Result<Tensor> {
         let api = api()?;
         let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_batch_norm)(self.raw, running_mean.map_or(std::ptr::null_mut(), |t| t.raw), running_var.map_or(std::ptr::null_mut(), |t| t.raw), weight.map_or(std::ptr::null_mut(), |t| t.raw), bias.map_or(std::ptr::null_mut(), |t| t.raw), training, momentum, eps, &mut o_out) })?;
+        check(unsafe { (api.flame_batch_norm)(self.raw, running_mean.map_or(std::ptr::null_mut(), |t| t.raw), running_var.map_or(std::ptr::null_mut(), |t| t.raw), weight.map_or(std::ptr::null_mut(), |t| t.raw), bias.map_or(std::ptr::null_mut(), |t| t.raw), training as i32, momentum, eps, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
     /// `flame_status_t flame_cross_entropy(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, double label_smoothing, flame_reduction_t reduction, flame_tensor_t* out)`.
@@ -1170,10 +1170,10 @@ impl Tensor {
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
     /// `flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out)`.
-    pub fn dropout(&self, p: f64, training: i32) -> Result<Tensor> {
+    pub fn dropout(&self, p: f64, training: bool) -> Result<Tensor> {
         let api = api()?;
         let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_dropout)(self.raw, p, training, &mut o_out) })?;
+        check(unsafe { (api.flame_dropout)(self.raw, p, training as i32, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
     /// `flame_status_t flame_adaptive_avg_pool2d(flame_tensor_t x, int64_t out_h, int64_t out_w, flame_tensor_t* out)`.
@@ -1191,10 +1191,10 @@ impl Tensor {
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
     /// `flame_status_t flame_upsample_bilinear2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w, int32_t align_corners, flame_tensor_t* out)`.
-    pub fn upsample_bilinear2d(&self, out_h: i64, out_w: i64, scale_h: f64, scale_w: f64, align_corners: i32) -> Result<Tensor> {
+    pub fn upsample_bilinear2d(&self, out_h: i64, out_w: i64, scale_h: f64, scale_w: f64, align_corners: bool) -> Result<Tensor> {
         let api = api()?;
         let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_upsample_bilinear2d)(self.raw, out_h, out_w, scale_h, scale_w, align_corners, &mut o_out) })?;
+        check(unsafe { (api.flame_upsample_bilinear2d)(self.raw, out_h, out_w, scale_h, scale_w, align_corners as i32, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
     /// `flame_status_t flame_timestep_embedding(flame_tensor_t timesteps, int64_t dim, double max_period, int32_t flip_sin_to_cos, double downscale_freq_shift, double scale, flame_tensor_t* out)`.
@@ -1205,10 +1205,10 @@ impl Tensor {
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
     /// `flame_status_t flame_geglu(flame_tensor_t x, int32_t approximate, flame_tensor_t* out)`.
-    pub fn geglu(&self, approximate: i32) -> Result<Tensor> {
+    pub fn geglu(&self, approximate: bool) -> Result<Tensor> {
         let api = api()?;
         let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_geglu)(self.raw, approximate, &mut o_out) })?;
+        check(unsafe { (api.flame_geglu)(self.raw, approximate as i32, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
     /// `flame_status_t flame_adaln_modulate(flame_tensor_t x, flame_tensor_t shift, flame_tensor_t scale, flame_tensor_t* out)`.
@@ -1351,11 +1351,11 @@ impl Context {
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
     /// `flame_status_t flame_clip_grad_norm(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double max_norm, double norm_type, int32_t error_if_nonfinite, flame_tensor_t* total_norm)`.
-    pub fn clip_grad_norm(&self, params: &[&Tensor], max_norm: f64, norm_type: f64, error_if_nonfinite: i32) -> Result<Tensor> {
+    pub fn clip_grad_norm(&self, params: &[&Tensor], max_norm: f64, norm_type: f64, error_if_nonfinite: bool) -> Result<Tensor> {
         let api = api()?;
         let params_raw: Vec<sys::flame_tensor_t> = params.iter().map(|t| t.raw).collect();
         let mut o_total_norm: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_clip_grad_norm)(self.raw, slice_ptr(&params_raw), len_as::<i64>(params.len())?, max_norm, norm_type, error_if_nonfinite, &mut o_total_norm) })?;
+        check(unsafe { (api.flame_clip_grad_norm)(self.raw, slice_ptr(&params_raw), len_as::<i64>(params.len())?, max_norm, norm_type, error_if_nonfinite as i32, &mut o_total_norm) })?;
         Ok(unsafe { Tensor::from_raw(o_total_norm) })
     }
     /// `flame_status_t flame_clip_grad_value(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double clip)`.
