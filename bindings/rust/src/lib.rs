@@ -470,6 +470,16 @@ pub struct MemoryStats {
 
 /// A FLAME context: one GPU, its stream, memory pool and kernels. Drop destroys the caller's
 /// reference; tensors keep the context alive.
+///
+/// ```no_run
+/// use flame::{Context, ContextOptions, DType};
+/// # fn main() -> flame::Result<()> {
+/// let ctx = Context::with_options(&ContextOptions { seed: 42, ..Default::default() })?;
+/// let noise = ctx.randn(&[2, 3], DType::F32)?;
+/// let mean = ctx.no_grad(|| noise.mean(&[0, 1], false))?.item()?;
+/// println!("{}: {} MiB in use, mean {}", ctx.device_name()?, ctx.memory_stats()?.bytes_in_use >> 20, mean);
+/// # Ok(()) }
+/// ```
 pub struct Context {
     pub(crate) raw: sys::flame_ctx_t,
     owned: bool,
@@ -656,6 +666,16 @@ impl Drop for Context {
 // ---------------------------------------------------------------------------------------------
 
 /// A reference to a FLAME tensor. Clone retains, Drop releases (neither panics).
+///
+/// ```no_run
+/// # fn main() -> flame::Result<()> {
+/// let ctx = flame::Context::new()?;
+/// let a = ctx.from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+/// let b = (&a.matmul(&a.transpose(0, 1)?)? + 1.0)?;     // operators return Result too
+/// assert_eq!(b.shape()?, vec![2, 2]);
+/// assert_eq!(b.to_vec::<f32>()?, vec![6.0, 12.0, 12.0, 26.0]);
+/// # Ok(()) }
+/// ```
 pub struct Tensor {
     pub(crate) raw: sys::flame_tensor_t,
 }

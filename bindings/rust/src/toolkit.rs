@@ -366,6 +366,16 @@ impl GradScalerOptions {
 }
 
 /// Dynamic loss scaling as `torch.cuda.amp.GradScaler` (`flame_grad_scaler_t`). Drop releases it.
+///
+/// ```no_run
+/// use flame::{GradScaler, GradScalerOptions, Optimizer};
+/// # fn step(ctx: &flame::Context, opt: &Optimizer, loss: &flame::Tensor) -> flame::Result<()> {
+/// let scaler = GradScaler::new(ctx, &GradScalerOptions::default())?;
+/// scaler.scale(loss)?.backward()?;
+/// let stepped = scaler.step(opt)?;                        // false: Inf/NaN found, step skipped
+/// scaler.update()?;
+/// # let _ = stepped; Ok(()) }
+/// ```
 pub struct GradScaler {
     raw: sys::flame_grad_scaler_t,
 }
@@ -454,6 +464,21 @@ impl Drop for GradScaler {
 
 /// A low-rank adapter over a frozen linear layer (`flame_lora_t`). Drop releases it (A and B stay
 /// alive as long as you hold them).
+///
+/// ```no_run
+/// use flame::{DType, Lora, Optimizer, OptimizerKind, OptimizerOptions};
+/// # fn main() -> flame::Result<()> {
+/// let ctx = flame::Context::new()?;
+/// let weight = ctx.randn(&[8, 16], DType::F32)?;           // frozen: does not require grad
+/// let lora = Lora::new(&weight, None, 4, 8.0)?;
+/// let (a, b) = lora.adapters()?;
+/// let opt = Optimizer::new(&ctx, &OptimizerOptions::new(OptimizerKind::AdamW)?, &[&a, &b])?;
+/// let x = ctx.randn(&[2, 16], DType::F32)?;
+/// lora.forward(&x)?.sum_all()?.backward()?;
+/// opt.step()?;
+/// lora.merge()?;                                          // fold into the weight for inference
+/// # Ok(()) }
+/// ```
 pub struct Lora {
     raw: sys::flame_lora_t,
 }
@@ -805,6 +830,15 @@ impl Drop for DataParallel {
 // ---------------------------------------------------------------------------------------------
 
 /// A compiled elementwise expression over `x0 .. x{n-1}` (`flame_fused_t`). Drop releases it.
+///
+/// ```no_run
+/// # fn main() -> flame::Result<()> {
+/// let ctx = flame::Context::new()?;
+/// let modulate = flame::Fused::compile(&ctx, "x0 * (1 + x1) + x2", 3)?;
+/// let (x, scale, shift) = (ctx.ones(&[4], flame::DType::F32)?, ctx.ones(&[4], flame::DType::F32)?, ctx.ones(&[4], flame::DType::F32)?);
+/// assert_eq!(modulate.call(&[&x, &scale, &shift])?.to_vec::<f32>()?, vec![3.0; 4]);
+/// # Ok(()) }
+/// ```
 pub struct Fused {
     raw: sys::flame_fused_t,
 }
