@@ -1008,10 +1008,16 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 fn hook_failure(r: std::thread::Result<Result<()>>) -> sys::flame_status_t {
+    callback_failure(r, "hook")
+}
+
+/// The status a Rust callback returns to C: OK, its error's status (its message set as the thread's
+/// error message), or ERROR_INTERNAL with the panic's message. `what` names the callback.
+fn callback_failure(r: std::thread::Result<Result<()>>, what: &str) -> sys::flame_status_t {
     match r {
         Ok(Ok(())) => sys::FLAME_OK,
         Ok(Err(e)) => {
-            let _ = set_error_message(&format!("hook failed: {}", e.message));
+            let _ = set_error_message(&format!("{} failed: {}", what, e.message));
             if e.status == Status::OK || e.status.0 < 0 {
                 sys::FLAME_ERROR_INTERNAL
             } else {
@@ -1019,7 +1025,7 @@ fn hook_failure(r: std::thread::Result<Result<()>>) -> sys::flame_status_t {
             }
         }
         Err(p) => {
-            let _ = set_error_message(&format!("Rust hook panicked: {}", panic_message(&*p)));
+            let _ = set_error_message(&format!("Rust {} panicked: {}", what, panic_message(&*p)));
             sys::FLAME_ERROR_INTERNAL
         }
     }

@@ -564,7 +564,7 @@ unsafe extern "C" fn checkpoint_trampoline(
         }
         Ok(())
     }));
-    crate::hook_failure(r)
+    crate::callback_failure(r, "checkpoint closure")
 }
 
 impl Context {
