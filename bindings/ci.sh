@@ -85,7 +85,7 @@ if ! command -v cargo >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq rustc cargo >/dev/null
 fi
-echo "cargo: $(command -v cargo) ($(cargo --version)), rustc $(rustc --version)"
+echo "cargo: $(command -v cargo) ($(cargo --version), $(rustc --version))"
 CARGO_NET_OFFLINE=true cargo test --manifest-path bindings/rust/Cargo.toml --all-targets
 CARGO_NET_OFFLINE=true cargo test --manifest-path bindings/rust/Cargo.toml --doc
 RUSTDOCFLAGS=-Dwarnings CARGO_NET_OFFLINE=true cargo doc --manifest-path bindings/rust/Cargo.toml --no-deps
