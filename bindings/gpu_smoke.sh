@@ -2,7 +2,7 @@
 # GPU smoke test of both bindings on a machine without Rust or Mono toolchains.
 #   bash bindings/gpu_smoke.sh pack LIB   (on the build machine) -> bindings/rust/target/gpu/
 #   bash bindings/gpu_smoke.sh run        (on the GPU machine, same checkout + that folder)
-# pack: release test binaries, the example, LIB, the C# build, and a tarball of the Mono runtime
+# pack: release test binaries, the Rust examples, LIB, the C# build, and a tarball of the Mono runtime
 # files (mono-runtime and the few class libraries the tests use) to unpack on the GPU machine.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,7 +14,8 @@ pack)
   rm -rf "$G" && mkdir -p "$G"
   FLAME_LIBRARY="$LIB" cargo test --release --no-run --message-format=short 2>&1 | grep -o 'target/release/deps/[a-z_]*-[0-9a-f]*' | while read -r b; do
     n=$(basename "$b"); cp "$b" "$G/${n%-*}"; done
-  cargo build --release --example train_mlp -q && cp target/release/examples/train_mlp "$G/"
+  cargo build --release --examples -q
+  for ex in train_mlp train_cnn lora_finetune; do cp "target/release/examples/$ex" "$G/"; done
   cp -L "$LIB" "$G/libflame.so.1"
   bash "$ROOT/bindings/ci.sh" "$LIB" >/dev/null   # builds bindings/csharp/out
   cp "$ROOT"/bindings/csharp/out/{Flame.dll,Flame.dll.config,Tests.exe,TrainMlp.exe} "$G/"
@@ -28,7 +29,7 @@ run)
   cd "$G"
   export FLAME_LIBRARY="$G/libflame.so.1" FLAME_REQUIRE_GPU=1
   export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-  ./cpu && ./gpu --test-threads=1 && ./train_mlp
+  ./cpu && ./gpu --test-threads=1 && ./gpu_toolkit --test-threads=1 && ./train_mlp && ./train_cnn && ./lora_finetune
   # unpack unless a complete Mono is there (System.dll included: the safetensors test needs it)
   { command -v mono >/dev/null && [ -f /usr/lib/mono/4.5/System.dll ]; } || tar xzf mono.tgz -C /
   mono Tests.exe && mono TrainMlp.exe;;

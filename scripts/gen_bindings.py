@@ -666,7 +666,9 @@ HAND_WRITTEN |= {
 # attention: bindings/rust/src/attention.rs and the "attention" section of bindings/csharp/Flame.cs.
 HAND_WRITTEN |= {"flame_attention_options_init", "flame_scaled_dot_product_attention"}
 
-BOOL_NAMES = {"keepdim", "enabled", "requires_grad", "contiguous", "is_leaf", "previous"}
+# int32_t parameters named like flags: bool in the safe layers. Not "previous": set_autocast's
+# previous value is a dtype (flame_ctx_set_grad_enabled's previous flag is wrapped by hand).
+BOOL_NAMES = {"keepdim", "enabled", "requires_grad", "contiguous", "is_leaf"}
 SCALARS = {"double", "float", "int32_t", "int64_t", "uint32_t", "uint64_t", "size_t", "int"}
 SLICE_ELEMS = {"int64_t", "int32_t", "double", "float"}
 COUNT_TYPES = {"int32_t", "int64_t", "size_t"}
@@ -749,6 +751,64 @@ def analyse(f, hdr):
 # Rust safe ops
 # ----------------------------------------------------------------------------------------------
 
+# int32_t parameters documented as holding a C enum's value: the Rust enum in the signature (as C#).
+RS_INT_ENUMS = {("flame_linear", "activation"): "flame_activation_t", ("flame_pad", "mode"): "flame_pad_mode_t"}
+# Functions wrapped by hand in Rust only (bindings/rust/src/toolkit.rs): autocast takes and returns
+# Option<DType> (None for FLAME_AUTOCAST_OFF) instead of a raw int32_t.
+# int32_t parameters that flame.h documents as 0 or 1: bool in Rust (C# keeps int).
+RS_BOOL_PARAMS = {"training", "align_corners", "error_if_nonfinite", "channels_last", "approximate"}
+RS_HAND_WRITTEN = {"flame_ctx_set_autocast", "flame_ctx_get_autocast"}
+# Enums that stay the sys newtype in the safe layer: statuses are an open set (a newer library may
+# return one these bindings do not know, and Status::LOAD_FAILED is the bindings' own).
+RS_NEWTYPE_ENUMS = {"flame_status_t"}
+
+
+def gen_rust_enums(hdr, w):
+    """Idiomatic Rust enums (OptimizerKind::AdamW) for the safe layer, with checked conversion from
+    the raw value; member names are those of the C# enums."""
+    from gen_bindings_csharp import cs_enum_members
+    for e in hdr.enums:
+        if e.name is None or e.name in RS_NEWTYPE_ENUMS:
+            continue
+        wn = enum_wrapper_name(e.name)
+        members = cs_enum_members(e)
+        w("/// `%s`. Convert raw values with `%s::try_from` (an unknown value is an error)." % (e.name, wn))
+        w("#[repr(i32)]")
+        w("#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]")
+        w("pub enum %s {" % wn)
+        for m, v, n in members:
+            w("    /// `%s`" % n)
+            w("    %s = %d," % (m, v))
+        w("}")
+        w("impl %s {" % wn)
+        w("    /// Every value, in header order.")
+        w("    pub const ALL: &'static [%s] = &[%s];" % (wn, ", ".join("%s::%s" % (wn, m) for m, _, _ in members)))
+        w("    /// The C value.")
+        w("    pub fn raw(self) -> sys::%s {" % e.name)
+        w("        self as sys::%s" % e.name)
+        w("    }")
+        w("    /// The C name (\"%s\")." % members[0][2])
+        w("    pub fn c_name(self) -> &'static str {")
+        w("        match self {")
+        for m, _, n in members:
+            w('            %s::%s => "%s",' % (wn, m, n))
+        w("        }")
+        w("    }")
+        w("}")
+        w("impl TryFrom<i32> for %s {" % wn)
+        w("    type Error = Error;")
+        w("    /// `ERROR_INVALID_ARGUMENT` for a value this header does not define.")
+        w("    fn try_from(v: i32) -> Result<%s> {" % wn)
+        w("        match v {")
+        for m, v, _ in members:
+            w("            %d => Ok(%s::%s)," % (v, wn, m))
+        w('            _ => Err(Error::new(Status::ERROR_INVALID_ARGUMENT, format!("%s: unknown value {}", v))),' % e.name)
+        w("        }")
+        w("    }")
+        w("}")
+        w("")
+
+
 def gen_rust_ops(hdr):
     o = []
     w = o.append
@@ -758,14 +818,15 @@ def gen_rust_ops(hdr):
     w("#![allow(clippy::too_many_arguments, unused_mut, unused_unsafe)]")
     w("")
     w("use crate::sys;")
-    w("use crate::{api, check, len_as, slice_ptr, Context, Result, Tensor};")
-    w("#[allow(unused_imports)]")
-    w("use crate::sys::{%s};" % ", ".join(sorted(enum_names.values())))
+    w("use crate::{api, check, len_as, slice_ptr, Context, Error, Result, Status, Tensor};")
     w("")
+    gen_rust_enums(hdr, w)
+    from gen_bindings_csharp import nullable_tensors  # the "may be NULL" analysis of flame.h's comments
+    nullable = nullable_tensors(hdr)
     groups = {"tensor": [], "ctx": [], "static": []}
     skipped = []
     for f in hdr.funcs:
-        a = analyse(f, hdr)
+        a = None if f.name in RS_HAND_WRITTEN else analyse(f, hdr)
         if a is None:
             if f.name not in HAND_WRITTEN:
                 skipped.append(f.name)
@@ -784,10 +845,10 @@ def gen_rust_ops(hdr):
         for arg in ins:
             pn = rs_ident(arg.p.name)
             t = arg.p.type
-            if arg.kind == "tensor":
+            if arg.kind == "tensor" and (f.name, arg.p.name) not in nullable:
                 sig.append("%s: &Tensor" % pn)
                 call.append("%s.raw" % pn)
-            elif arg.kind == "opt_tensor":
+            elif arg.kind in ("tensor", "opt_tensor"):  # documented "may be NULL": None passes NULL
                 sig.append("%s: Option<&Tensor>" % pn)
                 call.append("%s.map_or(std::ptr::null_mut(), |t| t.raw)" % pn)
             elif arg.kind == "tensors":
@@ -799,12 +860,15 @@ def gen_rust_ops(hdr):
                 sig.append("%s: &[%s]" % (pn, RS_PRIM[t.base]))
                 call.append("slice_ptr(%s)" % pn)
                 call.append("len_as::<%s>(%s.len())?" % (rs_type(arg.count.type, hdr), pn))
-            elif arg.kind == "bool":
+            elif arg.kind == "bool" or (arg.kind == "scalar" and arg.p.name in RS_BOOL_PARAMS and t.base == "int32_t"):
                 sig.append("%s: bool" % pn)
                 call.append("%s as i32" % pn)
             elif arg.kind == "enum":
                 sig.append("%s: %s" % (pn, enum_names[t.base]))
-                call.append("%s.0" % pn)
+                call.append("%s.raw()" % pn)
+            elif (f.name, arg.p.name) in RS_INT_ENUMS:  # an int32_t that holds an enum's value
+                sig.append("%s: %s" % (pn, enum_wrapper_name(RS_INT_ENUMS[(f.name, arg.p.name)])))
+                call.append("%s.raw()" % pn)
             else:
                 sig.append("%s: %s" % (pn, rs_type(t, hdr)))
                 call.append(pn)
@@ -823,7 +887,7 @@ def gen_rust_ops(hdr):
                 rets.append(("bool", "%s != 0" % vn))
             elif arg.kind == "out_enum":
                 pre.append("let mut %s: sys::%s = 0;" % (vn, pt.base))
-                rets.append((enum_names[pt.base], "%s(%s)" % (enum_names[pt.base], vn)))
+                rets.append((enum_names[pt.base], "%s::try_from(%s)?" % (enum_names[pt.base], vn)))
             else:
                 pre.append("let mut %s: %s = Default::default();" % (vn, rs_type(pt, hdr)))
                 rets.append((rs_type(pt, hdr), vn))
@@ -854,9 +918,15 @@ def gen_rust_ops(hdr):
                 w("    " + ln if ln else "")
         w("}")
         w("")
-    w("/// Functions without a generated safe method and not wrapped by hand in lib.rs: call them")
-    w("/// through `flame::api()` (the raw table).")
-    w("pub const UNWRAPPED: &[&str] = &[%s];" % ", ".join('"%s"' % s for s in skipped))
+    # skipped: wrapped by hand in toolkit.rs (HAND_WRAPPED); the coverage test finds any that is not.
+    ty_of = {"tensor": "Tensor", "static": "Tensor", "ctx": "Context"}
+    w("/// (export, safe wrapper) for every function with a generated method; the hand-written ones")
+    w("/// are in `toolkit::HAND_WRAPPED`. The coverage test checks both against `sys::SYMBOLS`.")
+    w("pub const WRAPPED: &[(&str, &str)] = &[")
+    for recv in ("tensor", "static", "ctx"):
+        for f, a in groups[recv]:
+            w('    ("%s", "%s::%s"),' % (f.name, ty_of[recv], rs_method(a[1])))
+    w("];")
     return "\n".join(o) + "\n"
 
 

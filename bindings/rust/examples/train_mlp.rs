@@ -36,7 +36,7 @@ fn data() -> (Vec<f32>, Vec<f32>) {
     (xs, ys)
 }
 
-fn main() -> Result<()> {
+fn run() -> Result<()> {
     println!("FLAME {} (ABI {})", flame::version()?, flame::abi_version()?);
     let ctx = Context::new()?;
     println!("device: {}", ctx.device_name()?);
@@ -92,4 +92,13 @@ fn main() -> Result<()> {
     }
     println!("first-layer gradient clipped in {} steps", clipped.load(Ordering::Relaxed));
     Ok(())
+}
+
+/// Exit status: 0 on success, 2 without a GPU or driver, 1 on any other error.
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("train_mlp: {}", e);
+        let no_gpu = e.status == flame::Status::ERROR_NO_DRIVER || e.status == flame::Status::ERROR_NO_DEVICE;
+        std::process::exit(if no_gpu { 2 } else { 1 });
+    }
 }

@@ -1,23 +1,110 @@
 //! Safe Rust bindings to FLAME, a GPU tensor library with autograd.
 //!
-//! The library is loaded at run time with `dlopen`: from `$FLAME_LIBRARY` when set, else
-//! `libflame.so.1` through the system search path (`LD_LIBRARY_PATH`, ldconfig). Every symbol of
-//! `include/flame.h` is resolved once at load time into [`sys::Api`] and the ABI version is
-//! compared with [`sys::FLAME_ABI_VERSION`] before anything else is called. A missing library, a
-//! missing symbol or a different ABI version is an [`Error`] with status [`Status::LOAD_FAILED`],
-//! never a panic; no loading happens before the first call that needs the library.
+//! # Loading
+//!
+//! The library is loaded at run time with `dlopen` on the first call that needs it: from
+//! `$FLAME_LIBRARY` when set, else `libflame.so.1` (then `libflame.so`) through the system search
+//! path (`LD_LIBRARY_PATH`, ldconfig); [`load_from`] picks a file explicitly. Every symbol of
+//! `include/flame.h` is resolved once into [`sys::Api`] and the ABI version is compared with
+//! [`sys::FLAME_ABI_VERSION`] before anything else is called. A missing library, a missing symbol
+//! or another ABI version is an [`Error`] with status [`Status::LOAD_FAILED`], never a panic; its
+//! message lists every path tried with the loader's reason and says how to point at the library.
+//!
+//! # Context and tensors
+//!
+//! A [`Context`] is one GPU with its stream, memory pool and kernel cache ([`ContextOptions`] for
+//! the device, seed, memory limit...). A [`Tensor`] is a reference-counted strided view: `Clone`
+//! retains, `Drop` releases, so intermediates go away when they leave scope. Host data goes in with
+//! [`Context::from_slice`] and comes back with [`Tensor::to_vec`] (which waits for the GPU).
+//! Operations are methods returning `Result<Tensor>`; `+ - * /` work on `&Tensor` and `f64` and
+//! return `Result` too. Arguments that the C header lets be NULL are `Option<&Tensor>`; enums are
+//! Rust enums ([`DType::BF16`], [`OptimizerKind::AdamW`]) converted from raw values with `TryFrom`.
 //!
 //! ```no_run
-//! use flame::{Context, DType, Tensor};
+//! use flame::{Activation, Context, DType};
 //! # fn main() -> flame::Result<()> {
 //! let ctx = Context::new()?;
-//! let x = Tensor::from_slice(&ctx, &[1.0f32, 2.0, 3.0], &[3])?;
-//! x.set_requires_grad(true)?;
-//! let y = (&x * &x)?.sum_all()?;
-//! y.backward()?;
-//! assert_eq!(x.grad()?.unwrap().to_vec::<f32>()?, vec![2.0, 4.0, 6.0]);
-//! # let _ = DType::F32; Ok(()) }
+//! let x = ctx.from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+//! let w = ctx.randn(&[3, 2], DType::F32)?;
+//! let y = x.linear(&w, None, Activation::Relu)?;   // bias may be None
+//! assert_eq!(y.shape()?, vec![2, 3]);
+//! # Ok(()) }
 //! ```
+//!
+//! # Autograd
+//!
+//! Mark leaves with [`Tensor::set_requires_grad`]; [`Tensor::backward`] fills their `.grad`
+//! ([`Tensor::grad`]); [`Context::grad`] returns gradients without touching `.grad`;
+//! [`Context::no_grad`] runs a closure with recording off. Hooks are closures
+//! ([`Tensor::register_hook`]), and so are checkpointed blocks ([`Context::checkpoint`]); a panic
+//! inside one is caught and becomes an error status with the panic's message.
+//!
+//! ```no_run
+//! # fn main() -> flame::Result<()> {
+//! let ctx = flame::Context::new()?;
+//! let x = ctx.from_slice(&[1.0f32, 2.0, 3.0], &[3])?;
+//! x.set_requires_grad(true)?;
+//! let hook = x.register_hook(|g| Ok(Some((g * 0.5)?)))?;   // halves the gradient
+//! (&x * &x)?.sum_all()?.backward()?;
+//! assert_eq!(x.grad()?.unwrap().to_vec::<f32>()?, vec![1.0, 2.0, 3.0]);
+//! hook.remove();
+//! # Ok(()) }
+//! ```
+//!
+//! # Errors
+//!
+//! Every call returns [`Result`]; an [`Error`] holds the [`Status`] and the library's message, and
+//! displays as `STATUS_NAME: message` (also through `Debug`, which is what `fn main() ->
+//! flame::Result<()>` prints). Without a GPU, [`Context::new`] fails with
+//! [`Status::ERROR_NO_DRIVER`] or [`Status::ERROR_NO_DEVICE`]; the examples exit with status 2 then.
+//!
+//! ```no_run
+//! match flame::Context::new() {
+//!     Ok(ctx) => println!("running on {}", ctx.device_name().unwrap()),
+//!     Err(e) if e.status == flame::Status::ERROR_NO_DRIVER => eprintln!("no GPU driver: {}", e),
+//!     Err(e) => eprintln!("{}", e),   // e.g. "LOAD_FAILED: cannot load the FLAME library; tried: ..."
+//! }
+//! ```
+//!
+//! # A training loop
+//!
+//! [`Optimizer`] (SGD, Adam, AdamW, Lion with [`OptimizerOptions`]) updates the parameters in place;
+//! its state goes to a file with [`Optimizer::save_state`]. [`GradScaler`] adds dynamic loss scaling
+//! for f16 training.
+//!
+//! ```no_run
+//! use flame::{Activation, Context, DType, Optimizer, OptimizerKind, OptimizerOptions, Reduction};
+//! # fn main() -> flame::Result<()> {
+//! let ctx = Context::new()?;
+//! let w = (&ctx.randn(&[1, 4], DType::F32)? * 0.1)?;
+//! w.set_requires_grad(true)?;
+//! let mut options = OptimizerOptions::new(OptimizerKind::AdamW)?;
+//! options.lr = 1e-2;
+//! let opt = Optimizer::new(&ctx, &options, &[&w])?;
+//! let x = ctx.randn(&[64, 4], DType::F32)?;
+//! let y = x.sum(&[1], true)?;                             // the target: the sum of the inputs
+//! for step in 0..200 {
+//!     let loss = x.linear(&w, None, Activation::None)?.mse_loss(&y, Reduction::Mean)?;
+//!     loss.backward()?;
+//!     opt.step()?;
+//!     opt.zero_grad(true)?;
+//!     if step % 50 == 0 {
+//!         println!("step {} loss {:.4}", step, loss.item()?);
+//!     }
+//! }                                                       // each step's tensors drop here
+//! opt.save_state("adamw.state")?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Beyond the basics
+//!
+//! Convolution and pooling ([`Tensor::conv2d`], [`ConvOptions`], [`Pool2dOptions`]), RoPE
+//! ([`RopeOptions`]), attention ([`AttentionOptions`]), LoRA adapters ([`Lora`]), safetensors files
+//! ([`SafetensorsFile`], [`save_safetensors`]), CUDA graphs ([`Context::capture_graph`], [`Graph`]),
+//! fused elementwise expressions ([`Fused`]), NCCL communicators and data parallelism ([`Comm`],
+//! [`DataParallel`]). Every export of the C ABI has a safe wrapper: [`WRAPPED`] (generated) and
+//! [`HAND_WRAPPED`] name it, and a test checks that none is missing. The raw table stays available
+//! through [`api`] for what the safe layer does not express (the C log callback).
 //!
 //! Threads: the C contract serialises calls on one context with a lock inside the context, so
 //! [`Context`] and [`Tensor`] are `Send` and `Sync`. Hook closures must be `Send`: backward may run
@@ -30,17 +117,22 @@ mod attention;
 mod ops;
 mod optim;
 mod safetensors;
+mod toolkit;
 
 pub use attention::AttentionOptions;
-pub use ops::UNWRAPPED;
+pub use ops::{Activation, DType, LogLevel, OptimizerKind, PadMode, ReduceOp, Reduction, WRAPPED};
 pub use optim::{Optimizer, OptimizerOptions};
 pub use safetensors::{save_safetensors, SafetensorsFile};
-pub use sys::{DType, OptimizerKind, Status};
+pub use toolkit::{
+    unwrapped, Comm, CommId, CommOptions, ConvOptions, DataParallel, DataParallelOptions, Fused, Graph, GradScaler,
+    GradScalerOptions, Lora, Pool2dOptions, RopeOptions, HAND_WRAPPED, STAT_COLUMNS,
+};
+pub use sys::Status;
 
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::OnceLock;
+use std::sync::Once;
 
 // ---------------------------------------------------------------------------------------------
 // dlopen
@@ -68,7 +160,45 @@ struct Library {
 unsafe impl Send for Library {}
 unsafe impl Sync for Library {}
 
-static LIBRARY: OnceLock<std::result::Result<Library, Error>> = OnceLock::new();
+// The outcome of the first load, written once under LIBRARY_ONCE (std::sync::OnceLock needs Rust
+// 1.70; Debian 12 ships 1.63) and only read afterwards.
+static LIBRARY_ONCE: Once = Once::new();
+static mut LIBRARY: Option<std::result::Result<Library, Error>> = None;
+
+fn library(init: impl FnOnce() -> std::result::Result<Library, Error>) -> &'static std::result::Result<Library, Error> {
+    LIBRARY_ONCE.call_once(|| unsafe { *std::ptr::addr_of_mut!(LIBRARY) = Some(init()) });
+    // Safe: written once inside call_once, which every reader passes first.
+    unsafe { (*std::ptr::addr_of!(LIBRARY)).as_ref().expect("library initialised by call_once") }
+}
+
+/// Loads the first candidate that opens; the error lists every candidate with its dlerror and
+/// says how to point at the library.
+fn open_first(candidates: &[String]) -> std::result::Result<Library, Error> {
+    let mut tried = Vec::new();
+    for path in candidates {
+        match open_library(path) {
+            Ok(lib) => return Ok(lib),
+            // A library that opened but is not FLAME's (missing symbol, other ABI): report it as is.
+            Err(e) if !e.message.starts_with("cannot load ") => return Err(e),
+            Err(e) => tried.push(format!("  {}", &e.message["cannot load ".len()..])),
+        }
+    }
+    Err(Error::load(format!(
+        "cannot load the FLAME library; tried:\n{}\nSet {}=/path/to/libflame.so.1 (the file of a build: build/libflame.so.1) \
+         or add its directory to LD_LIBRARY_PATH.",
+        tried.join("\n"),
+        LIBRARY_ENV
+    )))
+}
+
+/// The paths [`api`] tries, in order: `$FLAME_LIBRARY` alone when set, else [`DEFAULT_LIBRARY`]
+/// and `libflame.so` (a development install) through the dynamic loader's search path.
+pub fn library_candidates() -> Vec<String> {
+    match std::env::var(LIBRARY_ENV) {
+        Ok(p) if !p.is_empty() => vec![p],
+        _ => vec![DEFAULT_LIBRARY.to_string(), "libflame.so".to_string()],
+    }
+}
 
 fn last_dlerror() -> String {
     unsafe {
@@ -116,10 +246,7 @@ fn open_library(path: &str) -> std::result::Result<Library, Error> {
 /// Loads the library (once; later calls return the first outcome) and returns the raw table.
 /// Called implicitly by everything that needs the library.
 pub fn api() -> Result<&'static sys::Api> {
-    match LIBRARY.get_or_init(|| {
-        let path = std::env::var(LIBRARY_ENV).ok().filter(|s| !s.is_empty());
-        open_library(path.as_deref().unwrap_or(DEFAULT_LIBRARY))
-    }) {
+    match library(|| open_first(&library_candidates())) {
         Ok(lib) => Ok(&lib.api),
         Err(e) => Err(e.clone()),
     }
@@ -128,7 +255,7 @@ pub fn api() -> Result<&'static sys::Api> {
 /// Loads the library from `path` unless one is loaded already. Returns an error when another
 /// library was loaded before or the load fails.
 pub fn load_from(path: &str) -> Result<()> {
-    let lib = LIBRARY.get_or_init(|| open_library(path));
+    let lib = library(|| open_library(path));
     match lib {
         Ok(l) if l.path == path => Ok(()),
         Ok(l) => Err(Error::load(format!("{} is loaded already", l.path))),
@@ -139,7 +266,7 @@ pub fn load_from(path: &str) -> Result<()> {
 /// The path or name the library was loaded from.
 pub fn library_path() -> Result<String> {
     api()?;
-    Ok(LIBRARY.get().unwrap().as_ref().unwrap().path.clone())
+    Ok(library(|| unreachable!()).as_ref().map(|l| l.path.clone()).unwrap_or_default())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -188,7 +315,8 @@ impl Error {
 
 impl std::fmt::Debug for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Error {{ status: {:?}, message: {:?} }}", self.status, self.message)
+        // What `fn main() -> flame::Result<()>` prints: the status name and the message, as Display.
+        write!(f, "{}: {}", self.status, self.message)
     }
 }
 
@@ -279,12 +407,12 @@ impl DType {
     /// `flame_dtype_size`: bytes per element, 0 for an unknown dtype.
     pub fn size(self) -> Result<usize> {
         let api = api()?;
-        Ok(unsafe { (api.flame_dtype_size)(self.0) })
+        Ok(unsafe { (api.flame_dtype_size)(self.raw()) })
     }
     /// `flame_dtype_name`: "f32", "bf16", ... or "unknown".
     pub fn name(self) -> Result<String> {
         let api = api()?;
-        Ok(unsafe { cstr((api.flame_dtype_name)(self.0)) })
+        Ok(unsafe { cstr((api.flame_dtype_name)(self.raw())) })
     }
 }
 
@@ -324,6 +452,11 @@ pub struct ContextOptions {
     pub allow_tf32: bool,
     /// Always cuBLASLt's first heuristic choice instead of timing its top candidates per shape.
     pub gemm_heuristic_only: bool,
+    /// The least level of the library's messages printed to stderr; None: `$FLAME_LOG`, else info.
+    /// (The C log callback, `log_fn`/`log_user_data`, is not wrapped: its user data must outlive
+    /// the context's last tensor, which a closure owned here cannot guarantee; set it through
+    /// [`sys::Api::flame_ctx_create`] if you need it.)
+    pub log_level: Option<LogLevel>,
 }
 
 /// Memory statistics of a context (`flame_memory_stats_t`).
@@ -337,6 +470,16 @@ pub struct MemoryStats {
 
 /// A FLAME context: one GPU, its stream, memory pool and kernels. Drop destroys the caller's
 /// reference; tensors keep the context alive.
+///
+/// ```no_run
+/// use flame::{Context, ContextOptions, DType};
+/// # fn main() -> flame::Result<()> {
+/// let ctx = Context::with_options(&ContextOptions { seed: 42, ..Default::default() })?;
+/// let noise = ctx.randn(&[2, 3], DType::F32)?;
+/// let mean = ctx.no_grad(|| noise.mean(&[0, 1], false))?.item()?;
+/// println!("{}: {} MiB in use, mean {}", ctx.device_name()?, ctx.memory_stats()?.bytes_in_use >> 20, mean);
+/// # Ok(()) }
+/// ```
 pub struct Context {
     pub(crate) raw: sys::flame_ctx_t,
     owned: bool,
@@ -369,6 +512,9 @@ impl Context {
                 c.memory_limit = o.memory_limit;
                 c.allow_tf32 = o.allow_tf32 as i32;
                 c.gemm_heuristic_only = o.gemm_heuristic_only as i32;
+                if let Some(l) = o.log_level {
+                    c.log_level = l.raw();
+                }
                 let dir = match &o.kernel_cache_dir {
                     Some(d) => Some(CString::new(d.as_str()).map_err(|_| {
                         Error::new(Status::ERROR_INVALID_ARGUMENT, "kernel_cache_dir contains NUL")
@@ -456,7 +602,7 @@ impl Context {
                 std::mem::size_of_val(data),
                 slice_ptr(shape),
                 len_as::<i32>(shape.len())?,
-                T::DTYPE.0,
+                T::DTYPE.raw(),
                 &mut out,
             )
         })?;
@@ -520,6 +666,16 @@ impl Drop for Context {
 // ---------------------------------------------------------------------------------------------
 
 /// A reference to a FLAME tensor. Clone retains, Drop releases (neither panics).
+///
+/// ```no_run
+/// # fn main() -> flame::Result<()> {
+/// let ctx = flame::Context::new()?;
+/// let a = ctx.from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2])?;
+/// let b = (&a.matmul(&a.transpose(0, 1)?)? + 1.0)?;     // operators return Result too
+/// assert_eq!(b.shape()?, vec![2, 2]);
+/// assert_eq!(b.to_vec::<f32>()?, vec![6.0, 12.0, 12.0, 26.0]);
+/// # Ok(()) }
+/// ```
 pub struct Tensor {
     pub(crate) raw: sys::flame_tensor_t,
 }
@@ -852,10 +1008,16 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 fn hook_failure(r: std::thread::Result<Result<()>>) -> sys::flame_status_t {
+    callback_failure(r, "hook")
+}
+
+/// The status a Rust callback returns to C: OK, its error's status (its message set as the thread's
+/// error message), or ERROR_INTERNAL with the panic's message. `what` names the callback.
+fn callback_failure(r: std::thread::Result<Result<()>>, what: &str) -> sys::flame_status_t {
     match r {
         Ok(Ok(())) => sys::FLAME_OK,
         Ok(Err(e)) => {
-            let _ = set_error_message(&format!("hook failed: {}", e.message));
+            let _ = set_error_message(&format!("{} failed: {}", what, e.message));
             if e.status == Status::OK || e.status.0 < 0 {
                 sys::FLAME_ERROR_INTERNAL
             } else {
@@ -863,7 +1025,7 @@ fn hook_failure(r: std::thread::Result<Result<()>>) -> sys::flame_status_t {
             }
         }
         Err(p) => {
-            let _ = set_error_message(&format!("Rust hook panicked: {}", panic_message(&*p)));
+            let _ = set_error_message(&format!("Rust {} panicked: {}", what, panic_message(&*p)));
             sys::FLAME_ERROR_INTERNAL
         }
     }

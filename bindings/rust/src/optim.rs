@@ -4,7 +4,7 @@
 //! keeps its own references to the parameters.
 
 use crate::{api, check, len_as, slice_ptr, sys, Context, Error, Result, Status, Tensor};
-use sys::OptimizerKind;
+use crate::OptimizerKind;
 
 /// Hyper-parameters of one parameter group (`flame_optimizer_options_t`). Start from
 /// [`OptimizerOptions::new`], which fills in the defaults of the kind, then change fields.
@@ -31,10 +31,10 @@ impl OptimizerOptions {
     pub fn new(kind: OptimizerKind) -> Result<OptimizerOptions> {
         let api = api()?;
         let mut raw = std::mem::MaybeUninit::<sys::flame_optimizer_options_t>::zeroed();
-        check(unsafe { (api.flame_optimizer_options_init)(raw.as_mut_ptr(), kind.0) })?;
+        check(unsafe { (api.flame_optimizer_options_init)(raw.as_mut_ptr(), kind.raw()) })?;
         let r = unsafe { raw.assume_init() };
         Ok(OptimizerOptions {
-            kind: OptimizerKind(r.kind),
+            kind: OptimizerKind::try_from(r.kind)?,
             lr: r.lr,
             weight_decay: r.weight_decay,
             beta1: r.beta1,
@@ -54,7 +54,7 @@ impl OptimizerOptions {
     pub fn to_raw(&self) -> sys::flame_optimizer_options_t {
         sys::flame_optimizer_options_t {
             struct_size: std::mem::size_of::<sys::flame_optimizer_options_t>(),
-            kind: self.kind.0,
+            kind: self.kind.raw(),
             lr: self.lr,
             weight_decay: self.weight_decay,
             beta1: self.beta1,

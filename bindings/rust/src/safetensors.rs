@@ -69,7 +69,7 @@ impl SafetensorsFile {
         check(unsafe { (api.flame_safetensors_info)(self.raw, n.as_ptr(), &mut dt, std::ptr::null_mut(), 0, &mut nd) })?;
         let mut shape = vec![0i64; nd.max(0) as usize];
         check(unsafe { (api.flame_safetensors_info)(self.raw, n.as_ptr(), &mut dt, shape.as_mut_ptr(), nd, &mut nd) })?;
-        Ok((DType(dt), shape))
+        Ok((DType::try_from(dt)?, shape))
     }
 
     /// `flame_safetensors_get`: tensor `name` as a new device tensor on the file's context.

@@ -263,7 +263,7 @@ fn optimizer_sgd_step_and_zero_grad() {
     p.set_requires_grad(true).unwrap();
     let q = ctx.from_slice(&[7.0f32], &[1]).unwrap();
     q.set_requires_grad(true).unwrap();
-    let mut opts = OptimizerOptions::new(OptimizerKind::OPTIMIZER_SGD).unwrap();
+    let mut opts = OptimizerOptions::new(OptimizerKind::Sgd).unwrap();
     opts.lr = 0.1;
     let opt = Optimizer::new(&ctx, &opts, &[&p]).unwrap();
     opts.lr = 0.25;
