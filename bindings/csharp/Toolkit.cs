@@ -54,6 +54,7 @@ namespace Flame
         public static readonly Action<IntPtr> GradScaler = h => Native.flame_grad_scaler_release(h);
         public static readonly Action<IntPtr> Graph = h => Native.flame_graph_release(h);
         public static readonly Action<IntPtr> Lora = h => Native.flame_lora_release(h);
+        public static readonly Action<IntPtr> Params = h => Native.flame_params_release(h);
     }
 
     // ------------------------------------------------------------------------------------------
@@ -902,5 +903,178 @@ namespace Flame
             Status.Check(Native.flame_dp_wait(Raw));
             GC.KeepAlive(this);
         }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Named parameter lists
+    // ------------------------------------------------------------------------------------------
+
+    /// <summary>Flags of <see cref="Params.LoadSafetensors"/> (0 is strict, as PyTorch's load_state_dict).</summary>
+    [Flags]
+    public enum ParamsLoad : uint
+    {
+        /// <summary>Every entry must be in the file and every file tensor an entry; dtypes equal.</summary>
+        Strict = 0,
+        /// <summary>A parameter the file lacks keeps its value.</summary>
+        AllowMissing = 1,
+        /// <summary>A file tensor no parameter is named after is ignored.</summary>
+        AllowUnexpected = 2,
+        /// <summary>Both (PyTorch's strict=False).</summary>
+        NonStrict = 3,
+        /// <summary>A file tensor of another dtype is converted to the parameter's.</summary>
+        ConvertDType = 4,
+    }
+
+    /// <summary>An ordered list of named tensors of one context (flame_params_t): a model's parameters,
+    /// saved to and loaded from a safetensors file in one call each. The list holds its own references;
+    /// tensors taken from it are new C# handles the caller disposes.</summary>
+    public sealed class Params : IDisposable
+    {
+        readonly ReleasingHandle h;
+
+        /// <summary>flame_params_create: an empty list on ctx.</summary>
+        [Wraps("flame_params_create")]
+        public Params(Context ctx)
+        {
+            Library.EnsureLoaded();
+            h = new ReleasingHandle(Create(ctx), Releasers.Params);
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe IntPtr Create(Context ctx)
+        {
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_params_create(ctx.Raw, &raw));
+            GC.KeepAlive(ctx);
+            return raw;
+        }
+
+        /// <summary>The raw handle (borrowed).</summary>
+        public IntPtr Raw { get { return h.Get("Params"); } }
+
+        /// <summary>flame_params_release.</summary>
+        [Wraps("flame_params_release")]
+        public void Dispose() { h.Dispose(); }
+
+        /// <summary>flame_params_add: appends t under name (the list takes a reference of its own).</summary>
+        [Wraps("flame_params_add")]
+        public void Add(string name, Tensor t)
+        {
+            Status.Check(Native.flame_params_add(Raw, name, Tensor.RawOf(t)));
+            GC.KeepAlive(this); GC.KeepAlive(t);
+        }
+
+        /// <summary>flame_params_count: the number of entries.</summary>
+        [Wraps("flame_params_count")]
+        public unsafe long Count
+        {
+            get
+            {
+                long n = 0;
+                Status.Check(Native.flame_params_count(Raw, &n));
+                GC.KeepAlive(this);
+                return n;
+            }
+        }
+
+        /// <summary>flame_params_name: the name of entry index.</summary>
+        [Wraps("flame_params_name")]
+        public unsafe string Name(long index)
+        {
+            byte* n = null;
+            Status.Check(Native.flame_params_name(Raw, index, &n));
+            string name = Utf8.Read(n);
+            GC.KeepAlive(this);
+            return name;
+        }
+
+        /// <summary>flame_params_tensor: the tensor of entry index, as a new handle (dispose it).</summary>
+        [Wraps("flame_params_tensor")]
+        public unsafe Tensor TensorAt(long index)
+        {
+            IntPtr t = IntPtr.Zero;
+            Status.Check(Native.flame_params_tensor(Raw, index, &t));
+            Tensor r = Tensor.FromBorrowed(t);
+            GC.KeepAlive(this);
+            return r;
+        }
+
+        /// <summary>flame_params_tensors: every entry's tensor in order, as new handles (dispose them;
+        /// e.g. for an optimizer).</summary>
+        [Wraps("flame_params_tensors")]
+        public unsafe Tensor[] Tensors()
+        {
+            long n = Count;
+            IntPtr* ts = null;
+            Status.Check(Native.flame_params_tensors(Raw, &ts));
+            var r = new Tensor[n];
+            for (long i = 0; i < n; ++i) r[i] = Tensor.FromBorrowed(ts[i]);
+            GC.KeepAlive(this);
+            return r;
+        }
+
+        /// <summary>flame_params_find: the tensor called name as a new handle, or null when there is none.</summary>
+        [Wraps("flame_params_find")]
+        public unsafe Tensor Find(string name)
+        {
+            IntPtr t = IntPtr.Zero;
+            Status.Check(Native.flame_params_find(Raw, name, &t));
+            Tensor r = t == IntPtr.Zero ? null : Tensor.FromBorrowed(t);
+            GC.KeepAlive(this);
+            return r;
+        }
+
+        /// <summary>flame_params_save_safetensors: every entry under its name, with metadata (may be null).</summary>
+        [Wraps("flame_params_save_safetensors")]
+        public unsafe void SaveSafetensors(string path, IDictionary<string, string> metadata = null)
+        {
+            var strings = new List<IntPtr>();
+            try
+            {
+                var kv = new IntPtr[Math.Max(2 * (metadata == null ? 0 : metadata.Count), 1)];
+                int nm = 0;
+                if (metadata != null)
+                    foreach (var e in metadata)
+                    {
+                        kv[2 * nm] = Utf8.Alloc(e.Key); strings.Add(kv[2 * nm]);
+                        kv[2 * nm + 1] = Utf8.Alloc(e.Value); strings.Add(kv[2 * nm + 1]);
+                        ++nm;
+                    }
+                fixed (IntPtr* m = kv)
+                    Status.Check(Native.flame_params_save_safetensors(Raw, path, nm == 0 ? null : (byte**)m, nm));
+                GC.KeepAlive(this);
+            }
+            finally
+            {
+                foreach (IntPtr q in strings) Utf8.Free(q);
+            }
+        }
+
+        /// <summary>flame_params_load_safetensors: copies the file's tensors into the entries of the same
+        /// names, in place; nothing changes on an error.</summary>
+        [Wraps("flame_params_load_safetensors")]
+        public void LoadSafetensors(string path, ParamsLoad flags = ParamsLoad.Strict)
+        {
+            Status.Check(Native.flame_params_load_safetensors(Raw, path, (uint)flags));
+            GC.KeepAlive(this);
+        }
+    }
+
+    /// <summary>Exports that have no C# wrapper on purpose, with the reason (Tests.cs CpuCoverage
+    /// accepts exactly these).</summary>
+    public static class NotWrapped
+    {
+        const string ScopeReason = "a C handle scope releases the handles it recorded when it ends, but each " +
+            "C# Tensor owns and releases its handle itself, so the two would release them twice: use Flame.Scope, " +
+            "which disposes the C# tensors made while it is open";
+
+        /// <summary>Export name to the reason it is not wrapped.</summary>
+        public static readonly IDictionary<string, string> ByDesign = new Dictionary<string, string>
+        {
+            { "flame_scope_begin", ScopeReason },
+            { "flame_scope_end", ScopeReason },
+            { "flame_scope_keep", ScopeReason },
+            { "flame_scope_count", ScopeReason },
+        };
     }
 }

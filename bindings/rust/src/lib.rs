@@ -122,10 +122,10 @@ mod toolkit;
 pub use attention::AttentionOptions;
 pub use ops::{Activation, DType, LogLevel, OptimizerKind, PadMode, ReduceOp, Reduction, WRAPPED};
 pub use optim::{Optimizer, OptimizerOptions};
-pub use safetensors::{save_safetensors, SafetensorsFile};
+pub use safetensors::{save_safetensors, Params, ParamsLoad, SafetensorsFile};
 pub use toolkit::{
     unwrapped, Comm, CommId, CommOptions, ConvOptions, DataParallel, DataParallelOptions, Fused, Graph, GradScaler,
-    GradScalerOptions, Lora, Pool2dOptions, RopeOptions, HAND_WRAPPED, STAT_COLUMNS,
+    GradScalerOptions, Lora, Pool2dOptions, RopeOptions, HAND_WRAPPED, NOT_WRAPPED_BY_DESIGN, STAT_COLUMNS,
 };
 pub use sys::Status;
 

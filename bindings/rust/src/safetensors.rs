@@ -141,3 +141,126 @@ pub fn save_safetensors(ctx: &Context, path: impl AsRef<Path>, tensors: &[(&str,
         )
     })
 }
+
+/// Flags of [`Params::load_safetensors`] (bitwise or; [`ParamsLoad::STRICT`] is PyTorch's
+/// `load_state_dict(strict=True)`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ParamsLoad(pub u32);
+
+impl ParamsLoad {
+    /// Every entry must be in the file and every file tensor an entry; dtypes equal.
+    pub const STRICT: ParamsLoad = ParamsLoad(0);
+    /// A parameter the file lacks keeps its value.
+    pub const ALLOW_MISSING: ParamsLoad = ParamsLoad(sys::FLAME_PARAMS_LOAD_ALLOW_MISSING);
+    /// A file tensor no parameter is named after is ignored.
+    pub const ALLOW_UNEXPECTED: ParamsLoad = ParamsLoad(sys::FLAME_PARAMS_LOAD_ALLOW_UNEXPECTED);
+    /// Both (PyTorch's `strict=False`).
+    pub const NON_STRICT: ParamsLoad = ParamsLoad(sys::FLAME_PARAMS_LOAD_NON_STRICT);
+    /// A file tensor of another dtype is converted to the parameter's.
+    pub const CONVERT_DTYPE: ParamsLoad = ParamsLoad(sys::FLAME_PARAMS_LOAD_CONVERT_DTYPE);
+}
+
+impl std::ops::BitOr for ParamsLoad {
+    type Output = ParamsLoad;
+    fn bitor(self, o: ParamsLoad) -> ParamsLoad {
+        ParamsLoad(self.0 | o.0)
+    }
+}
+
+/// An ordered list of named tensors of one context (`flame_params_t`): a model's parameters, saved
+/// to and loaded from a safetensors file in one call each. The list holds references of its own;
+/// tensors taken from it are new [`Tensor`]s.
+pub struct Params {
+    raw: sys::flame_params_t,
+}
+unsafe impl Send for Params {}
+
+impl Params {
+    /// `flame_params_create`: an empty list on `ctx`.
+    pub fn new(ctx: &Context) -> Result<Params> {
+        let mut raw = std::ptr::null_mut();
+        check(unsafe { (api()?.flame_params_create)(ctx.raw, &mut raw) })?;
+        Ok(Params { raw })
+    }
+
+    /// `flame_params_add`: appends `t` under `name` (unique, non-empty).
+    pub fn add(&mut self, name: &str, t: &Tensor) -> Result<()> {
+        let n = c_string(name, "name")?;
+        check(unsafe { (api()?.flame_params_add)(self.raw, n.as_ptr(), t.raw) })
+    }
+
+    /// `flame_params_count`: the number of entries.
+    pub fn len(&self) -> Result<usize> {
+        let mut n = 0i64;
+        check(unsafe { (api()?.flame_params_count)(self.raw, &mut n) })?;
+        Ok(n.max(0) as usize)
+    }
+
+    /// Whether the list has no entries.
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// `flame_params_name`: the name of entry `index`.
+    pub fn name(&self, index: usize) -> Result<String> {
+        let mut p = std::ptr::null();
+        check(unsafe { (api()?.flame_params_name)(self.raw, len_as::<i64>(index)?, &mut p) })?;
+        Ok(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+    }
+
+    /// `flame_params_tensor`: the tensor of entry `index` (a new reference).
+    pub fn tensor(&self, index: usize) -> Result<Tensor> {
+        let mut t = std::ptr::null_mut();
+        check(unsafe { (api()?.flame_params_tensor)(self.raw, len_as::<i64>(index)?, &mut t) })?;
+        unsafe { Tensor::from_borrowed(t) }
+    }
+
+    /// `flame_params_tensors`: every entry's tensor in order (new references; e.g. for an optimizer).
+    pub fn tensors(&self) -> Result<Vec<Tensor>> {
+        let n = self.len()?;
+        let mut p = std::ptr::null();
+        check(unsafe { (api()?.flame_params_tensors)(self.raw, &mut p) })?;
+        (0..n).map(|i| unsafe { Tensor::from_borrowed(*p.add(i)) }).collect()
+    }
+
+    /// `flame_params_find`: the tensor called `name`, or `None`.
+    pub fn find(&self, name: &str) -> Result<Option<Tensor>> {
+        let n = c_string(name, "name")?;
+        let mut t = std::ptr::null_mut();
+        check(unsafe { (api()?.flame_params_find)(self.raw, n.as_ptr(), &mut t) })?;
+        if t.is_null() {
+            Ok(None)
+        } else {
+            unsafe { Tensor::from_borrowed(t) }.map(Some)
+        }
+    }
+
+    /// `flame_params_save_safetensors`: every entry under its name, with `metadata`.
+    pub fn save_safetensors(&self, path: impl AsRef<Path>, metadata: &[(&str, &str)]) -> Result<()> {
+        let p = c_path(path.as_ref())?;
+        let mut kv = Vec::with_capacity(2 * metadata.len());
+        for (k, v) in metadata {
+            kv.push(c_string(k, "metadata key")?);
+            kv.push(c_string(v, "metadata value")?);
+        }
+        let kv_ptrs: Vec<*const c_char> = kv.iter().map(|c| c.as_ptr()).collect();
+        check(unsafe {
+            (api()?.flame_params_save_safetensors)(self.raw, p.as_ptr(), crate::slice_ptr(&kv_ptrs), len_as::<i64>(metadata.len())?)
+        })
+    }
+
+    /// `flame_params_load_safetensors`: copies the file's tensors into the entries of the same names,
+    /// in place; nothing changes on an error.
+    pub fn load_safetensors(&self, path: impl AsRef<Path>, flags: ParamsLoad) -> Result<()> {
+        let p = c_path(path.as_ref())?;
+        check(unsafe { (api()?.flame_params_load_safetensors)(self.raw, p.as_ptr(), flags.0) })
+    }
+}
+
+impl Drop for Params {
+    fn drop(&mut self) {
+        if let Ok(api) = api() {
+            unsafe { (api.flame_params_release)(self.raw) };
+        }
+    }
+}

@@ -99,6 +99,10 @@ fn every_export_has_a_safe_wrapper() {
     assert_eq!(flame::unwrapped(&["flame_add", "flame_no_such_export"]), vec!["flame_no_such_export".to_string()]);
     let missing = flame::unwrapped(flame::sys::SYMBOLS);
     assert!(missing.is_empty(), "exports without a safe Rust wrapper (add one to toolkit.rs and HAND_WRAPPED): {missing:?}");
+    // the by-design list holds only the C handle scope
+    for (export, _) in flame::NOT_WRAPPED_BY_DESIGN {
+        assert!(flame::sys::SYMBOLS.contains(export) && export.starts_with("flame_scope_"), "NOT_WRAPPED_BY_DESIGN lists {export}");
+    }
     // and every table entry names a real export, once
     let mut seen = std::collections::HashSet::new();
     for (export, wrapper) in flame::WRAPPED.iter().chain(flame::HAND_WRAPPED.iter()) {

@@ -264,3 +264,40 @@ fn autocast_takes_and_returns_option_dtype() {
     assert_eq!(ctx.set_autocast(None).unwrap(), Some(DType::BF16));
     assert_eq!(ctx.autocast().unwrap(), None);
 }
+
+#[test]
+fn parameter_list_round_trip() {
+    let ctx = ctx_or_skip!();
+    let dir = std::env::temp_dir().join(format!("flame_rs_params_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("p.safetensors");
+    let a = ctx.from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+    let b = ctx.from_slice(&[4.0f32, 5.0], &[2]).unwrap();
+    let mut p = flame::Params::new(&ctx).unwrap();
+    p.add("a", &a).unwrap();
+    p.add("b.weight", &b).unwrap();
+    assert_eq!(p.add("a", &b).unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);  // duplicate name
+    assert_eq!(p.len().unwrap(), 2);
+    assert_eq!(p.name(1).unwrap(), "b.weight");
+    assert!(p.find("c").unwrap().is_none());
+    p.save_safetensors(&path, &[("format", "pt")]).unwrap();
+    // a fresh list of zeros loads the saved values in place
+    let a2 = ctx.zeros(&[3], DType::F32).unwrap();
+    let b2 = ctx.zeros(&[2], DType::F32).unwrap();
+    let mut q = flame::Params::new(&ctx).unwrap();
+    q.add("a", &a2).unwrap();
+    q.add("b.weight", &b2).unwrap();
+    q.load_safetensors(&path, flame::ParamsLoad::STRICT).unwrap();
+    assert_eq!(a2.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0]);
+    assert_eq!(q.find("b.weight").unwrap().unwrap().to_vec::<f32>().unwrap(), vec![4.0, 5.0]);
+    assert_eq!(q.tensors().unwrap().len(), 2);
+    // strict: an extra entry the file lacks is an error and nothing changes
+    let c = ctx.zeros(&[1], DType::F32).unwrap();
+    q.add("c", &c).unwrap();
+    a2.copy_from_slice(&[9.0f32, 9.0, 9.0]).unwrap();
+    assert_eq!(q.load_safetensors(&path, flame::ParamsLoad::STRICT).unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
+    assert_eq!(a2.to_vec::<f32>().unwrap(), vec![9.0, 9.0, 9.0]);
+    q.load_safetensors(&path, flame::ParamsLoad::ALLOW_MISSING).unwrap();
+    assert_eq!(a2.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0]);
+    std::fs::remove_dir_all(&dir).ok();
+}
