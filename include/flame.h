@@ -140,12 +140,13 @@ typedef struct flame_hook_s* flame_hook_t;     /* a registered gradient hook */
 
 /* ============================== Context ============================== */
 
-/* Levels of the library's messages (flame_ctx_options_t.log_fn, $FLAME_LOG). The library logs
+/* Levels of the library's messages (flame_ctx_set_log, $FLAME_LOG). The library logs
  * little: INFO once per context when it starts compiling kernels (the kernel cache is cold: the
  * first run on a machine, a new GPU architecture or library version; this can take minutes), DEBUG
  * each compiled kernel with its time and count and why cuDNN refused an attention shape (INFO with
  * $FLAME_CUDNN_LOG=1), WARNING a kernel cache directory that cannot be written. */
 typedef enum flame_log_level_t {
+  FLAME_LOG_DEFAULT = 0, /* for flame_ctx_set_log: $FLAME_LOG (debug, info, warning or off), else INFO */
   FLAME_LOG_DEBUG = 1,
   FLAME_LOG_INFO = 2,
   FLAME_LOG_WARNING = 3,
@@ -175,14 +176,6 @@ typedef struct flame_ctx_options_t {
                                    top candidate algorithms (one synchronisation) and keeps the
                                    fastest, so two contexts may pick different ones; 1: always the
                                    heuristic's first choice (the same algorithm in every run) */
-  flame_log_fn log_fn;          /* NULL (default): messages go to stderr as "flame: <message>"
-                                   ("flame: warning: <message>" for warnings) */
-  void* log_user_data;          /* passed to log_fn; borrowed, must stay valid while the context
-                                   lives (until its last tensor is released) */
-  int32_t log_level;            /* the least level delivered, a flame_log_level_t; 0 (default):
-                                   $FLAME_LOG (debug, info, warning or off), else FLAME_LOG_INFO,
-                                   so a cold kernel cache prints one line. Other values:
-                                   FLAME_ERROR_INVALID_ARGUMENT */
 } flame_ctx_options_t;
 
 /* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
@@ -191,12 +184,21 @@ FLAME_API flame_status_t flame_ctx_options_init(flame_ctx_options_t* opts);
 /* Creates a context on a device. opts may be NULL (defaults). OUT *ctx: a new context, destroy it
  * with flame_ctx_destroy. Loads the CUDA driver (libcuda.so.1) on first use.
  * Errors: FLAME_ERROR_NO_DRIVER (no libcuda.so.1 or no usable driver), FLAME_ERROR_NO_DEVICE
- * (ordinal out of range, or no GPU), FLAME_ERROR_INVALID_ARGUMENT (bad struct_size or log_level),
+ * (ordinal out of range, or no GPU), FLAME_ERROR_INVALID_ARGUMENT (bad struct_size),
  * FLAME_ERROR_CUDA. */
 FLAME_API flame_status_t flame_ctx_create(const flame_ctx_options_t* opts, flame_ctx_t* ctx);
 
 /* Drops the caller's reference to ctx (see Lifetime above). NULL is a no-op. */
 FLAME_API void flame_ctx_destroy(flame_ctx_t ctx);
+
+/* Where ctx's messages go, and from which level on. A new context writes FLAME_LOG_DEFAULT's level
+ * ($FLAME_LOG, else INFO: a cold kernel cache prints one line) to stderr as "flame: <message>"
+ * ("flame: warning: <message>" for warnings); call this right after flame_ctx_create to catch the
+ * first compile. fn NULL: stderr. user_data is passed to fn, borrowed: it must stay valid until the
+ * next flame_ctx_set_log of ctx or until the context is gone (its last tensor released).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx NULL; level not FLAME_LOG_DEFAULT .. FLAME_LOG_OFF),
+ * FLAME_ERROR_INVALID_HANDLE. Nothing changes on an error. */
+FLAME_API flame_status_t flame_ctx_set_log(flame_ctx_t ctx, flame_log_level_t level, flame_log_fn fn, void* user_data);
 
 /* Waits for all work queued on the context's stream. Reports asynchronous faults. */
 FLAME_API flame_status_t flame_ctx_synchronize(flame_ctx_t ctx);

@@ -350,6 +350,17 @@ namespace Flame
 
         internal Context(ContextHandle h) { H = h; }
 
+        /// <summary>flame_ctx_set_log without a callback: the least level of this context's messages
+        /// printed to stderr (LogLevel.Default: $FLAME_LOG, else Info). Set it right after creating the
+        /// context to see the first kernel compile. The C callback is not wrapped: its user data must
+        /// outlive the context's last tensor.</summary>
+        [Wraps("flame_ctx_set_log")]
+        public void SetLogLevel(LogLevel level)
+        {
+            Status.Check(Native.flame_ctx_set_log(Raw, (flame_log_level_t)level, null, IntPtr.Zero));
+            GC.KeepAlive(this);
+        }
+
         /// <summary>flame_ctx_create with the default options (device 0).</summary>
         [Wraps("flame_ctx_create")]
         public Context() : this((ContextOptions)null) { }

@@ -72,6 +72,8 @@ namespace Flame.Interop
     /// <summary><c>flame_log_level_t</c> (the safe layer uses <see cref="Flame.LogLevel"/>).</summary>
     public enum flame_log_level_t : int
     {
+        /// <summary><c>FLAME_LOG_DEFAULT</c></summary>
+        FLAME_LOG_DEFAULT = 0,
         /// <summary><c>FLAME_LOG_DEBUG</c></summary>
         FLAME_LOG_DEBUG = 1,
         /// <summary><c>FLAME_LOG_INFO</c></summary>
@@ -159,12 +161,6 @@ namespace Flame.Interop
         public int allow_tf32;
         /// <summary><c>int32_t gemm_heuristic_only</c></summary>
         public int gemm_heuristic_only;
-        /// <summary><c>flame_log_fn log_fn</c></summary>
-        public IntPtr log_fn;
-        /// <summary><c>void* log_user_data</c></summary>
-        public IntPtr log_user_data;
-        /// <summary><c>int32_t log_level</c></summary>
-        public int log_level;
     }
 
     /// <summary><c>flame_memory_stats_t</c>, laid out as in C.</summary>
@@ -428,6 +424,7 @@ namespace Flame.Interop
             "flame_ctx_options_init",
             "flame_ctx_create",
             "flame_ctx_destroy",
+            "flame_ctx_set_log",
             "flame_ctx_synchronize",
             "flame_ctx_device_name",
             "flame_ctx_compute_capability",
@@ -746,6 +743,10 @@ namespace Flame.Interop
         /// <summary><c>void flame_ctx_destroy(flame_ctx_t ctx)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_destroy", ExactSpelling = true)]
         public static extern void flame_ctx_destroy(IntPtr ctx);
+
+        /// <summary><c>flame_status_t flame_ctx_set_log(flame_ctx_t ctx, flame_log_level_t level, flame_log_fn fn, void* user_data)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_set_log", ExactSpelling = true)]
+        public static extern flame_status_t flame_ctx_set_log(IntPtr ctx, flame_log_level_t level, flame_log_fn fn, IntPtr user_data);
 
         /// <summary><c>flame_status_t flame_ctx_synchronize(flame_ctx_t ctx)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_synchronize", ExactSpelling = true)]

@@ -74,6 +74,8 @@ namespace Flame
     /// <summary><c>flame_log_level_t</c> with C# names; the values are the C values.</summary>
     public enum LogLevel
     {
+        /// <summary><c>FLAME_LOG_DEFAULT</c></summary>
+        Default = 0,
         /// <summary><c>FLAME_LOG_DEBUG</c></summary>
         Debug = 1,
         /// <summary><c>FLAME_LOG_INFO</c></summary>

@@ -16,8 +16,7 @@ command -v abidiff >/dev/null || { echo "abi check: abidiff not found (apt-get i
 [[ -f $lib ]] || { echo "abi check: no library at $lib (build first)" >&2; exit 2; }
 [[ -f $baseline ]] || { echo "abi check: no baseline at $baseline (run packaging/abi/update-baseline.sh)" >&2; exit 2; }
 
-opts=(--headers-dir2 "$root/include" --drop-private-types --exported-interfaces-only
-      --suppressions "$here/appended_fields.suppr")  # fields appended to struct_size structs (ABI.md)
+opts=(--headers-dir2 "$root/include" --drop-private-types --exported-interfaces-only)
 full=$(mktemp) report=$(mktemp)
 trap 'rm -f "$full" "$report"' EXIT
 

@@ -202,6 +202,15 @@ FLAME_API flame_status_t flame_ctx_set_rng_state(flame_ctx_t ctx, uint64_t seed,
   });
 }
 
+FLAME_API flame_status_t flame_ctx_set_log(flame_ctx_t ctx, flame_log_level_t level, flame_log_fn fn, void* user_data) {
+  return api_call("flame_ctx_set_log", [&] {
+    Context& c = context_of(ctx);
+    ContextScope s(c);
+    Logger next = Logger::from_options(fn, user_data, enum_arg(level), std::getenv("FLAME_LOG"));  // validates first
+    c.log = next;
+  });
+}
+
 FLAME_API flame_status_t flame_ctx_set_grad_enabled(flame_ctx_t ctx, int32_t enabled, int32_t* previous) {
   return api_call("flame_ctx_set_grad_enabled", [&] {
     Context& c = context_of(ctx);

@@ -18,7 +18,7 @@ void capture_deallocate(Context& ctx, CUdeviceptr p) noexcept;
 
 std::shared_ptr<Context> Context::create(const flame_ctx_options_t& opts) {
   std::shared_ptr<Context> c(new Context());
-  c->log = Logger::from_options(opts.log_fn, opts.log_user_data, opts.log_level, std::getenv("FLAME_LOG"));
+  c->log = Logger::from_options(nullptr, nullptr, FLAME_LOG_DEFAULT, std::getenv("FLAME_LOG"));  // flame_ctx_set_log changes it
   c->drv.load();
   int count = 0;
   c->check(c->drv.cuDeviceGetCount(&count), "cuDeviceGetCount");

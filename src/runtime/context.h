@@ -127,7 +127,7 @@ class Context : public std::enable_shared_from_this<Context> {
   DiskCache disk_cache{""};
   KernelStats kernel_stats;
 
-  // ---- messages to the user (runtime/log.h): options.log_fn or stderr, from options.log_level / $FLAME_LOG ----
+  // ---- messages to the user (runtime/log.h): stderr from $FLAME_LOG's level, or flame_ctx_set_log's ----
   Logger log;
 
   // ---- matrix products (runtime/blas.h): cuBLASLt handle, workspace and plan cache, made on first use ----

@@ -30,7 +30,7 @@ const char* log_level_name(int32_t level) {
 
 Logger Logger::from_options(flame_log_fn fn, void* user_data, int32_t level, const char* env_level) {
   FLAME_CHECK(level == 0 || (level >= FLAME_LOG_DEBUG && level <= FLAME_LOG_OFF), FLAME_ERROR_INVALID_ARGUMENT,
-              "opts->log_level is ", level, "; expected 0 (default) or FLAME_LOG_DEBUG .. FLAME_LOG_OFF (",
+              "level is ", level, "; expected 0 (default) or FLAME_LOG_DEBUG .. FLAME_LOG_OFF (",
               int(FLAME_LOG_DEBUG), " .. ", int(FLAME_LOG_OFF), ")");
   Logger l;
   l.fn_ = fn;

@@ -1,6 +1,6 @@
 // Messages from the library to its user: a context's logger. Where they go and from which level on
-// is fixed when the context is made (flame_ctx_options_t.log_fn / log_user_data / log_level, else
-// $FLAME_LOG, else FLAME_LOG_INFO to stderr) and kept in the context: no process-wide state. The
+// is stderr from $FLAME_LOG's level (else FLAME_LOG_INFO) when the context is made, and what
+// flame_ctx_set_log says afterwards; kept in the context: no process-wide state. The
 // library logs little: INFO the first kernel compile of a context (a cold kernel cache can take
 // minutes and would otherwise look like a hang), DEBUG each compiled kernel with its time, WARNING
 // a kernel cache that cannot be written.
@@ -21,7 +21,7 @@ class Logger {
  public:
   // INFO and above to stderr.
   Logger() = default;
-  // From the context options: fn NULL writes to stderr; level 0 takes env_level ($FLAME_LOG, may be
+  // For flame_ctx_set_log: fn NULL writes to stderr; level 0 takes env_level ($FLAME_LOG, may be
   // NULL), else INFO. Throws FLAME_ERROR_INVALID_ARGUMENT for a level outside
   // [FLAME_LOG_DEBUG, FLAME_LOG_OFF]. An unknown env_level is not an error: INFO, and one WARNING
   // line naming it, delivered here (through the chosen sink).

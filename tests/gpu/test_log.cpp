@@ -1,4 +1,4 @@
-// The context's log on a GPU (flame_ctx_options_t.log_fn): a cold kernel cache announces itself in
+// The context's log on a GPU (flame_ctx_set_log): a cold kernel cache announces itself in
 // exactly one INFO line naming the architecture and the cache directory; a second context on the
 // now-warm cache compiles nothing and says nothing; DEBUG counts every compiled kernel; a cache that
 // cannot be written gives one WARNING; without a callback the line goes to stderr.
@@ -57,9 +57,6 @@ void run_one_op(const std::string& dir, Recorded* rec, int32_t level, bool* skip
   flame_ctx_options_t o;
   flame_ctx_options_init(&o);
   o.kernel_cache_dir = dir.c_str();
-  o.log_fn = rec ? record : nullptr;
-  o.log_user_data = rec;
-  o.log_level = level;
   flame_ctx_t ctx = nullptr;
   flame_status_t st = flame_ctx_create(&o, &ctx);
   *skip = (st == FLAME_ERROR_NO_DRIVER || st == FLAME_ERROR_NO_DEVICE) && !flame_gpu_required();
@@ -67,6 +64,8 @@ void run_one_op(const std::string& dir, Recorded* rec, int32_t level, bool* skip
     *why = std::string(flame_status_string(st)) + ": " + flame_last_error_message();
     return;
   }
+  // Right after creation, before any kernel: the first compile is still to come.
+  FLAME_ASSERT_OK(flame_ctx_set_log(ctx, static_cast<flame_log_level_t>(level), rec ? record : nullptr, rec));
   int32_t major = 0, minor = 0;
   FLAME_ASSERT_OK(flame_ctx_compute_capability(ctx, &major, &minor));
   *arch = "sm_" + std::to_string(major * 10 + minor);

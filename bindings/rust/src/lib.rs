@@ -452,10 +452,8 @@ pub struct ContextOptions {
     pub allow_tf32: bool,
     /// Always cuBLASLt's first heuristic choice instead of timing its top candidates per shape.
     pub gemm_heuristic_only: bool,
-    /// The least level of the library's messages printed to stderr; None: `$FLAME_LOG`, else info.
-    /// (The C log callback, `log_fn`/`log_user_data`, is not wrapped: its user data must outlive
-    /// the context's last tensor, which a closure owned here cannot guarantee; set it through
-    /// [`sys::Api::flame_ctx_create`] if you need it.)
+    /// The least level of the library's messages printed to stderr (set right after creation with
+    /// [`Context::set_log_level`]); None: `$FLAME_LOG`, else info.
     pub log_level: Option<LogLevel>,
 }
 
@@ -512,9 +510,6 @@ impl Context {
                 c.memory_limit = o.memory_limit;
                 c.allow_tf32 = o.allow_tf32 as i32;
                 c.gemm_heuristic_only = o.gemm_heuristic_only as i32;
-                if let Some(l) = o.log_level {
-                    c.log_level = l.raw();
-                }
                 let dir = match &o.kernel_cache_dir {
                     Some(d) => Some(CString::new(d.as_str()).map_err(|_| {
                         Error::new(Status::ERROR_INVALID_ARGUMENT, "kernel_cache_dir contains NUL")
@@ -526,7 +521,19 @@ impl Context {
             }
         };
         check(status)?;
-        Ok(Context { raw, owned: true })
+        let ctx = Context { raw, owned: true };
+        if let Some(l) = opts.and_then(|o| o.log_level) {
+            ctx.set_log_level(l)?;
+        }
+        Ok(ctx)
+    }
+
+    /// The least level of this context's messages printed to stderr (`flame_ctx_set_log` without a
+    /// callback). The C callback is not wrapped: its user data must outlive the context's last
+    /// tensor, which a closure owned here cannot guarantee; call [`sys::Api::flame_ctx_set_log`] if
+    /// you need it.
+    pub fn set_log_level(&self, level: LogLevel) -> Result<()> {
+        check(unsafe { (api()?.flame_ctx_set_log)(self.raw, level.raw(), None, std::ptr::null_mut()) })
     }
 
     /// The raw handle (borrowed).

@@ -69,6 +69,8 @@ impl TryFrom<i32> for DType {
 #[repr(i32)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub enum LogLevel {
+    /// `FLAME_LOG_DEFAULT`
+    Default = 0,
     /// `FLAME_LOG_DEBUG`
     Debug = 1,
     /// `FLAME_LOG_INFO`
@@ -80,14 +82,15 @@ pub enum LogLevel {
 }
 impl LogLevel {
     /// Every value, in header order.
-    pub const ALL: &'static [LogLevel] = &[LogLevel::Debug, LogLevel::Info, LogLevel::Warning, LogLevel::Off];
+    pub const ALL: &'static [LogLevel] = &[LogLevel::Default, LogLevel::Debug, LogLevel::Info, LogLevel::Warning, LogLevel::Off];
     /// The C value.
     pub fn raw(self) -> sys::flame_log_level_t {
         self as sys::flame_log_level_t
     }
-    /// The C name ("FLAME_LOG_DEBUG").
+    /// The C name ("FLAME_LOG_DEFAULT").
     pub fn c_name(self) -> &'static str {
         match self {
+            LogLevel::Default => "FLAME_LOG_DEFAULT",
             LogLevel::Debug => "FLAME_LOG_DEBUG",
             LogLevel::Info => "FLAME_LOG_INFO",
             LogLevel::Warning => "FLAME_LOG_WARNING",
@@ -100,6 +103,7 @@ impl TryFrom<i32> for LogLevel {
     /// `ERROR_INVALID_ARGUMENT` for a value this header does not define.
     fn try_from(v: i32) -> Result<LogLevel> {
         match v {
+            0 => Ok(LogLevel::Default),
             1 => Ok(LogLevel::Debug),
             2 => Ok(LogLevel::Info),
             3 => Ok(LogLevel::Warning),

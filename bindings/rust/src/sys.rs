@@ -153,6 +153,7 @@ impl std::fmt::Debug for DType {
 }
 
 pub type flame_log_level_t = i32;
+pub const FLAME_LOG_DEFAULT: flame_log_level_t = 0;
 pub const FLAME_LOG_DEBUG: flame_log_level_t = 1;
 pub const FLAME_LOG_INFO: flame_log_level_t = 2;
 pub const FLAME_LOG_WARNING: flame_log_level_t = 3;
@@ -163,18 +164,20 @@ pub const FLAME_LOG_OFF: flame_log_level_t = 4;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct LogLevel(pub flame_log_level_t);
 impl LogLevel {
+    pub const LOG_DEFAULT: LogLevel = LogLevel(0);
     pub const LOG_DEBUG: LogLevel = LogLevel(1);
     pub const LOG_INFO: LogLevel = LogLevel(2);
     pub const LOG_WARNING: LogLevel = LogLevel(3);
     pub const LOG_OFF: LogLevel = LogLevel(4);
     /// Every value the header defines, with its C name.
     pub const ALL: &'static [(LogLevel, &'static str)] = &[
+        (LogLevel(0), "FLAME_LOG_DEFAULT"),
         (LogLevel(1), "FLAME_LOG_DEBUG"),
         (LogLevel(2), "FLAME_LOG_INFO"),
         (LogLevel(3), "FLAME_LOG_WARNING"),
         (LogLevel(4), "FLAME_LOG_OFF"),
     ];
-    /// The C name of the value ("FLAME_LOG_DEBUG"), or None for a value this header does not know.
+    /// The C name of the value ("FLAME_LOG_DEFAULT"), or None for a value this header does not know.
     pub fn c_name(self) -> Option<&'static str> {
         Self::ALL.iter().find(|(v, _)| *v == self).map(|(_, n)| *n)
     }
@@ -465,9 +468,6 @@ pub struct flame_ctx_options_t {
     pub memory_limit: u64,
     pub allow_tf32: i32,
     pub gemm_heuristic_only: i32,
-    pub log_fn: flame_log_fn,
-    pub log_user_data: *mut c_void,
-    pub log_level: i32,
 }
 
 #[repr(C)]
@@ -589,6 +589,7 @@ pub const SYMBOLS: &[&str] = &[
     "flame_ctx_options_init",
     "flame_ctx_create",
     "flame_ctx_destroy",
+    "flame_ctx_set_log",
     "flame_ctx_synchronize",
     "flame_ctx_device_name",
     "flame_ctx_compute_capability",
@@ -880,6 +881,7 @@ pub struct Api {
     pub flame_ctx_options_init: unsafe extern "C" fn(opts: *mut flame_ctx_options_t) -> flame_status_t,
     pub flame_ctx_create: unsafe extern "C" fn(opts: *const flame_ctx_options_t, ctx: *mut flame_ctx_t) -> flame_status_t,
     pub flame_ctx_destroy: unsafe extern "C" fn(ctx: flame_ctx_t),
+    pub flame_ctx_set_log: unsafe extern "C" fn(ctx: flame_ctx_t, level: flame_log_level_t, r#fn: flame_log_fn, user_data: *mut c_void) -> flame_status_t,
     pub flame_ctx_synchronize: unsafe extern "C" fn(ctx: flame_ctx_t) -> flame_status_t,
     pub flame_ctx_device_name: unsafe extern "C" fn(ctx: flame_ctx_t, buf: *mut c_char, capacity: usize) -> flame_status_t,
     pub flame_ctx_compute_capability: unsafe extern "C" fn(ctx: flame_ctx_t, major: *mut i32, minor: *mut i32) -> flame_status_t,
@@ -1179,6 +1181,7 @@ impl Api {
             flame_ctx_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_ctx_options_t) -> flame_status_t>(resolve(b"flame_ctx_options_init\0")?),
             flame_ctx_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const flame_ctx_options_t, *mut flame_ctx_t) -> flame_status_t>(resolve(b"flame_ctx_create\0")?),
             flame_ctx_destroy: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t)>(resolve(b"flame_ctx_destroy\0")?),
+            flame_ctx_set_log: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, flame_log_level_t, flame_log_fn, *mut c_void) -> flame_status_t>(resolve(b"flame_ctx_set_log\0")?),
             flame_ctx_synchronize: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t) -> flame_status_t>(resolve(b"flame_ctx_synchronize\0")?),
             flame_ctx_device_name: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut c_char, usize) -> flame_status_t>(resolve(b"flame_ctx_device_name\0")?),
             flame_ctx_compute_capability: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut i32, *mut i32) -> flame_status_t>(resolve(b"flame_ctx_compute_capability\0")?),

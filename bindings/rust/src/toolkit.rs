@@ -1000,6 +1000,7 @@ pub const HAND_WRAPPED: &[(&str, &str)] = &[
     ("flame_safetensors_metadata_key", "SafetensorsFile::metadata"),
     ("flame_safetensors_metadata", "SafetensorsFile::metadata"),
     ("flame_safetensors_save", "save_safetensors"),
+    ("flame_ctx_set_log", "Context::set_log_level"),
     ("flame_params_create", "Params::new"),
     ("flame_params_release", "Params::drop"),
     ("flame_params_add", "Params::add"),

@@ -169,6 +169,7 @@ FLAME_ARG_ROW(flame_grad, a.ctx("ctx"), a.ts("outputs", {loss()}), a.opt_ts("gra
 FLAME_ARG_ROW(flame_ctx_set_grad_enabled, a.ctx("ctx"), 1, a.opt_out<int32_t>("previous"));
 FLAME_ARG_ROW(flame_ctx_is_grad_enabled, a.ctx("ctx"), a.out<int32_t>("enabled"));
 FLAME_ARG_ROW(flame_ctx_set_autocast, a.ctx("ctx"), static_cast<int32_t>(FLAME_DTYPE_BF16), a.opt_out<int32_t>("previous"));
+FLAME_ARG_ROW(flame_ctx_set_log, a.ctx("ctx"), FLAME_LOG_WARNING, nullptr, nullptr);
 FLAME_ARG_ROW(flame_ctx_get_autocast, a.ctx("ctx"), a.out<int32_t>("dtype"));
 FLAME_ARG_ROW(flame_ctx_set_inference_mode, a.ctx("ctx"), 0, a.opt_out<int32_t>("previous"));
 FLAME_ARG_ROW(flame_tensor_register_hook, a.t("t", grad_leaf()), a.fn("fn", &noop_hook), nullptr, nullptr,
