@@ -16,9 +16,10 @@ pack)
     n=$(basename "$b"); cp "$b" "$G/${n%-*}"; done
   cargo build --release --examples -q
   for ex in train_mlp train_cnn lora_finetune; do cp "target/release/examples/$ex" "$G/"; done
-  cp -L "$LIB" "$G/libflame.so.1"
+  # in lib/, not beside the C# programs: Mono would find it there and the load-failure probe needs it not to
+  mkdir -p "$G/lib" && cp -L "$LIB" "$G/lib/libflame.so.1"
   bash "$ROOT/bindings/ci.sh" "$LIB" >/dev/null   # builds bindings/csharp/out
-  cp "$ROOT"/bindings/csharp/out/{Flame.dll,Flame.dll.config,Tests.exe,TrainMlp.exe} "$G/"
+  cp "$ROOT"/bindings/csharp/out/{Flame.dll,Flame.dll.config,Tests.exe,TrainMlp.exe,TrainCnn.exe,LoraFinetune.exe} "$G/"
   for p in mono-runtime mono-runtime-sgen mono-runtime-common libmono-corlib4.5-dll libmono-corlib4.5-cil libmono-system4.0-cil libmono-system4.5-cil \
            libmono-system-core4.5-cil libmono-system-configuration4.5-cil libmono-system-xml4.5-cil libmono-security4.0-cil; do
     dpkg -L "$p" 2>/dev/null || true; done | while read -r f; do if [ -f "$f" ]; then echo "$f"; fi; done |
@@ -27,11 +28,11 @@ pack)
   du -sh "$G";;
 run)
   cd "$G"
-  export FLAME_LIBRARY="$G/libflame.so.1" FLAME_REQUIRE_GPU=1
-  export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  export FLAME_LIBRARY="$G/lib/libflame.so.1" FLAME_REQUIRE_GPU=1
+  export LD_LIBRARY_PATH="$G/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
   ./cpu && ./gpu --test-threads=1 && ./gpu_toolkit --test-threads=1 && ./train_mlp && ./train_cnn && ./lora_finetune
   # unpack unless a complete Mono is there (System.dll included: the safetensors test needs it)
   { command -v mono >/dev/null && [ -f /usr/lib/mono/4.5/System.dll ]; } || tar xzf mono.tgz -C /
-  mono Tests.exe && mono TrainMlp.exe;;
+  mono Tests.exe && mono TrainMlp.exe && mono TrainCnn.exe && mono LoraFinetune.exe;;
 *) echo "usage: $0 pack LIB | run" >&2; exit 2;;
 esac

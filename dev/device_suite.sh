@@ -74,7 +74,7 @@ fi
 
 if has_part bindings; then
   # the packed folder (bindings/gpu_smoke.sh pack, carried) runs against this build's library
-  cp -L build/libflame.so.1 bindings/rust/target/gpu/libflame.so.1
+  mkdir -p bindings/rust/target/gpu/lib && cp -L build/libflame.so.1 bindings/rust/target/gpu/lib/libflame.so.1
   (timeout 300 bash bindings/gpu_smoke.sh run > "$OUT/bindings.log" 2>&1)
   say "bindings gpu_smoke rc=$?"
   tail -30 "$OUT/bindings.log"
