@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 #include "core/error.h"
+#include "model_configs.h"
 #include "models/flux_keys.h"
 
 using namespace flame;
@@ -17,17 +18,9 @@ using namespace flame::models;
 
 namespace {
 
+// The shared tiny Flux without the guidance embedder (schnell's kind).
 FluxConfig tiny_config() {
-  FluxConfig c;
-  c.in_channels = 16;
-  c.out_channels = 16;
-  c.num_layers = 2;
-  c.num_single_layers = 3;
-  c.attention_head_dim = 16;
-  c.num_attention_heads = 2;
-  c.joint_attention_dim = 40;
-  c.pooled_projection_dim = 24;
-  c.mlp_hidden_dim = 128;
+  FluxConfig c = flame::models::testing::tiny_flux_config();
   c.guidance_embeds = false;
   return c;
 }

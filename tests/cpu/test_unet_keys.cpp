@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 #include "core/error.h"
+#include "model_configs.h"
 #include "models/unet_keys.h"
 
 using namespace flame;
@@ -16,16 +17,7 @@ using namespace flame::models;
 
 namespace {
 
-UNetConfig tiny_unet() {
-  UNetConfig c;
-  c.block_out_channels = {32, 64};
-  c.down_block_has_attention = {false, true};
-  c.transformer_layers_per_block = {1, 2};
-  c.layers_per_block = 1;
-  c.cross_attention_dim = 24;
-  c.projection_class_embeddings_input_dim = 40;
-  return c;
-}
+UNetConfig tiny_unet() { return flame::models::testing::tiny_unet_config(); }
 
 std::vector<KeyShape> keys_of(const UNetConfig& c, bool sgm, const std::string& prefix) {
   std::vector<KeyShape> out;

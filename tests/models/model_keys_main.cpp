@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 #include <nlohmann/json.hpp>
+#include "model_configs.h"
 #include "models/flux_keys.h"
 #include "models/unet_keys.h"
 
@@ -38,12 +39,7 @@ int print_unet(const std::string& which) {
   if (which == "sd15") {
     c = flame::models::sd15_unet_config();
   } else if (which == "tiny") {
-    c.block_out_channels = {32, 64};
-    c.down_block_has_attention = {false, true};
-    c.transformer_layers_per_block = {1, 2};
-    c.layers_per_block = 1;
-    c.cross_attention_dim = 24;
-    c.projection_class_embeddings_input_dim = 40;
+    c = flame::models::testing::tiny_unet_config();
   } else if (which != "sdxl") {
     return usage();
   }
@@ -94,14 +90,7 @@ int main(int argc, char** argv) {
   if (which == "schnell") {
     c.guidance_embeds = false;
   } else if (which == "tiny") {
-    c.in_channels = c.out_channels = 16;
-    c.num_layers = 2;
-    c.num_single_layers = 3;
-    c.attention_head_dim = 16;
-    c.num_attention_heads = 2;
-    c.joint_attention_dim = 40;
-    c.pooled_projection_dim = 24;
-    c.mlp_hidden_dim = 128;
+    c = flame::models::testing::tiny_flux_config();
   } else if (which != "dev") {
     return usage();
   }

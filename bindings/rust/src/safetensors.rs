@@ -10,6 +10,16 @@ fn c_string(s: &str, what: &str) -> Result<CString> {
     CString::new(s).map_err(|_| Error::new(Status::ERROR_INVALID_ARGUMENT, format!("{what} {s:?} contains NUL")))
 }
 
+// key0, value0, key1, ... as C strings (the metadata_kv arrays of flame.h).
+fn metadata_strings(metadata: &[(&str, &str)]) -> Result<Vec<CString>> {
+    let mut kv = Vec::with_capacity(2 * metadata.len());
+    for (k, v) in metadata {
+        kv.push(c_string(k, "metadata key")?);
+        kv.push(c_string(v, "metadata value")?);
+    }
+    Ok(kv)
+}
+
 fn c_path(p: &Path) -> Result<CString> {
     use std::os::unix::ffi::OsStrExt;
     CString::new(p.as_os_str().as_bytes())
@@ -123,11 +133,7 @@ pub fn save_safetensors(ctx: &Context, path: impl AsRef<Path>, tensors: &[(&str,
     let names = tensors.iter().map(|(n, _)| c_string(n, "name")).collect::<Result<Vec<_>>>()?;
     let name_ptrs: Vec<*const c_char> = names.iter().map(|c| c.as_ptr()).collect();
     let raws: Vec<sys::flame_tensor_t> = tensors.iter().map(|(_, t)| t.raw).collect();
-    let mut kv = Vec::with_capacity(2 * metadata.len());
-    for (k, v) in metadata {
-        kv.push(c_string(k, "metadata key")?);
-        kv.push(c_string(v, "metadata value")?);
-    }
+    let kv = metadata_strings(metadata)?;
     let kv_ptrs: Vec<*const c_char> = kv.iter().map(|c| c.as_ptr()).collect();
     check(unsafe {
         (api.flame_safetensors_save)(
@@ -238,11 +244,7 @@ impl Params {
     /// `flame_params_save_safetensors`: every entry under its name, with `metadata`.
     pub fn save_safetensors(&self, path: impl AsRef<Path>, metadata: &[(&str, &str)]) -> Result<()> {
         let p = c_path(path.as_ref())?;
-        let mut kv = Vec::with_capacity(2 * metadata.len());
-        for (k, v) in metadata {
-            kv.push(c_string(k, "metadata key")?);
-            kv.push(c_string(v, "metadata value")?);
-        }
+        let kv = metadata_strings(metadata)?;
         let kv_ptrs: Vec<*const c_char> = kv.iter().map(|c| c.as_ptr()).collect();
         check(unsafe {
             (api()?.flame_params_save_safetensors)(self.raw, p.as_ptr(), crate::slice_ptr(&kv_ptrs), len_as::<i64>(metadata.len())?)
