@@ -1968,6 +1968,93 @@ FLAME_API flame_status_t flame_fused_call(flame_fused_t fn, const flame_tensor_t
  * context lives. */
 FLAME_API void flame_fused_release(flame_fused_t fn);
 
+/* ============================== Models ============================== */
+/* A flame_model_t is a diffusion or text-encoder architecture built from FLAME's operations, with
+ * the parameters and the forward pass of the reference implementation it is named after (diffusers'
+ * or transformers' class: "CLIPTextModel", "CLIPTextModelWithProjection"; the list grows with
+ * releases: flame_model_known_architectures). A program drives every architecture the same way:
+ *  - parameters are ordinary tensors under the reference's state_dict names, in its order
+ *    (flame_model_params): optimizers, hooks, freezing (flame_tensor_set_requires_grad), LoRA and
+ *    safetensors work on them as on any tensor; they require grad when the model is made;
+ *  - the forward pass takes and returns named tensors (flame_params_t lists) under the names the
+ *    reference's forward() uses; its outputs are recorded like any operation's, so flame_backward
+ *    works through them.
+ * Configurations are the config.json objects the reference classes write (missing keys take the
+ * class's defaults; flame_model_config returns the complete one). Options are a JSON object:
+ *   "dtype": "f32" | "f16" | "bf16" | "f64" (the parameters' dtype; default "f32"),
+ *   "compute_dtype": the dtype the forward computes in (default: dtype; parameters of another dtype
+ *                    are cast at each use, float inputs are cast on entry).
+ * A model is used by one thread at a time; it keeps its context alive, as tensors do. */
+
+typedef struct flame_model_s* flame_model_t;
+
+/* OUT *names: a JSON array of the architecture names flame_model_create knows, BORROWED (static
+ * storage of the library). Errors: FLAME_ERROR_INVALID_ARGUMENT (names NULL). */
+FLAME_API flame_status_t flame_model_known_architectures(const char** names);
+
+/* Makes a model of architecture (a name flame_model_known_architectures lists) with configuration
+ * config_json (a JSON object as the reference's config.json, or NULL / "{}" for the defaults) and
+ * options_json (see above; NULL for the defaults). Parameters are initialised from the context's
+ * generator: weights of linear, convolution and embedding layers N(0, 0.02), norm scales 1, biases 0
+ * (load trained weights with flame_params_load_safetensors on flame_model_params' list).
+ * OUT *model: a new model; release it with flame_model_release. NULL on any error.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx, architecture or model NULL; an unknown architecture, the
+ * message listing the known ones; invalid JSON, a config value of the wrong type or out of range, an
+ * unknown option key or dtype name: the message names the key), FLAME_ERROR_INVALID_HANDLE,
+ * FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA, FLAME_ERROR_CONTEXT_FAILED. */
+FLAME_API flame_status_t flame_model_create(flame_ctx_t ctx, const char* architecture, const char* config_json,
+                                            const char* options_json, flame_model_t* model);
+
+/* Releases the model and its references to its parameters (tensors taken from it live on while
+ * other references hold them). NULL is a no-op; a released model is detected (nothing happens) while
+ * its context lives. */
+FLAME_API void flame_model_release(flame_model_t model);
+
+/* OUT *name: the model's architecture name, BORROWED (valid until the model is released). */
+FLAME_API flame_status_t flame_model_architecture(flame_model_t model, const char** name);
+
+/* OUT *config_json: the model's complete configuration as a JSON object (every default filled in),
+ * BORROWED (valid until the model is released). */
+FLAME_API flame_status_t flame_model_config(flame_model_t model, const char** config_json);
+
+/* OUT *params: a new list (release it with flame_params_release) of the model's parameters under
+ * the reference's names, in its state_dict order. The tensors ARE the model's parameters: writing
+ * into them (flame_params_load_safetensors, an optimizer step) changes the model.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or params NULL), FLAME_ERROR_INVALID_HANDLE,
+ * FLAME_ERROR_OUT_OF_MEMORY (host). */
+FLAME_API flame_status_t flame_model_params(flame_model_t model, flame_params_t* params);
+
+/* Runs the forward pass on inputs (a list of named tensors of the model's context, BORROWED; the
+ * names each architecture requires and accepts are in its section of flame.h and in the error
+ * message) and returns the outputs as a new list (release it with flame_params_release; its tensors
+ * are new results; retain one to keep it longer than the list). With grad mode on, every operation
+ * is recorded: call flame_backward on a loss computed from the outputs for the parameters' and
+ * inputs' gradients. Blocks under the checkpointing policy (flame_model_set_checkpointing) keep only
+ * their inputs and are recomputed during backward.
+ *   CLIPTextModel, CLIPTextModelWithProjection: input_ids [B, T] (i64 or i32, T <= max_position_
+ *   embeddings); optional attention_mask [B, T] (nonzero = attend), position_ids [T] or [B, T].
+ *   Outputs: last_hidden_state [B, T, D], pooler_output [B, D] (at the end-of-text token),
+ *   text_embeds [B, projection_dim] (WithProjection), hidden_states.<i> [B, T, D] for i in
+ *   0..num_hidden_layers (the embeddings, then each layer's output; SDXL uses the second-to-last).
+ * OUT *outputs: NULL on any error.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (model, inputs or outputs NULL; a required input missing, an
+ * unknown input name, an input of another context, a shape or dtype the architecture cannot take:
+ * the message names the input), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_SHAPE_MISMATCH,
+ * FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA, FLAME_ERROR_KERNEL_COMPILE, FLAME_ERROR_CONTEXT_FAILED. */
+FLAME_API flame_status_t flame_model_forward(flame_model_t model, flame_params_t inputs, flame_params_t* outputs);
+
+/* Training mode (training nonzero) or evaluation mode (0, the initial mode), as PyTorch's
+ * module.train() / eval(): dropout layers of the architecture act only in training mode.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (model NULL), FLAME_ERROR_INVALID_HANDLE. */
+FLAME_API flame_status_t flame_model_set_training(flame_model_t model, int32_t training);
+
+/* Gradient checkpointing of the model's repeated blocks (transformer layers, resnet / attention
+ * blocks): every_n_blocks 0 turns it off (the initial policy), 1 checkpoints every block, n every
+ * n-th block (blocks 0, n, 2n, ...). A checkpointed block keeps only its inputs during the forward
+ * pass and runs again during backward (as flame_checkpoint), trading time for memory.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (model NULL, every_n_blocks negative), FLAME_ERROR_INVALID_HANDLE. */
+FLAME_API flame_status_t flame_model_set_checkpointing(flame_model_t model, int64_t every_n_blocks);
+
 #ifdef __cplusplus
 }
 #endif

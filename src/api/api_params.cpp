@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 #include "api/guard.h"
+#include "api/params_list.h"
 #include "api/safetensors_files.h"
 #include "ops/ops.h"
 
@@ -105,6 +106,40 @@ std::vector<LoadStep> plan_load(const flame_params_s& p, const st::Header& heade
 }
 
 }  // namespace
+
+flame_params_t flame::make_params_list(Context& ctx, const std::vector<std::pair<std::string, Tensor>>& entries) {
+  auto p = std::make_unique<flame_params_s>();
+  p->ctx = ctx.shared_from_this();
+  p->names.reserve(entries.size());
+  p->handles.reserve(entries.size());
+  struct ReleaseOnFailure {  // the handles made so far, if a later one fails
+    flame_params_s& p;
+    bool done = false;
+    ~ReleaseOnFailure() {
+      if (!done)
+        for (flame_tensor_t h : p.handles) release_handle(h);
+    }
+  } guard{*p};
+  for (const auto& [name, t] : entries) {
+    FLAME_CHECK(p->index.emplace(name, p->names.size()).second, FLAME_ERROR_INTERNAL, "name '", name,
+                "' twice in a list");
+    p->names.push_back(name);
+    p->handles.push_back(wrap_lent(t));
+  }
+  guard.done = true;
+  p->magic = kParamsMagic;
+  return p.release();
+}
+
+std::vector<std::pair<std::string, Tensor>> flame::params_list_entries(flame_params_t params, const char* arg) {
+  FLAME_CHECK(params, FLAME_ERROR_INVALID_ARGUMENT, arg, " is NULL");
+  FLAME_CHECK(params->magic == kParamsMagic, FLAME_ERROR_INVALID_HANDLE, arg,
+              " is not a live parameter list (released already?)");
+  std::vector<std::pair<std::string, Tensor>> out;
+  out.reserve(params->names.size());
+  for (size_t i = 0; i < params->names.size(); ++i) out.emplace_back(params->names[i], params->handles[i]->t);
+  return out;
+}
 
 extern "C" {
 

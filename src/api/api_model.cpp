@@ -1,0 +1,147 @@
+// C entry points: models (flame.h "Models").
+//
+// A flame_model_t owns one models::Model (src/models/model.h) and a reference to its context.
+// Parameters and forward outputs leave as flame_params_t lists (api/params_list.h), inputs arrive as
+// one. JSON arguments are parsed with nlohmann-json; a parse error is FLAME_ERROR_INVALID_ARGUMENT
+// naming the argument and the byte where it failed. A released model is emptied, marked dead and
+// parked in its context's dead_objects, so that passing it again reports FLAME_ERROR_INVALID_HANDLE.
+#include <memory>
+#include <string>
+#include <nlohmann/json.hpp>
+#include "api/guard.h"
+#include "api/params_list.h"
+#include "models/model.h"
+
+namespace flame {
+constexpr uint64_t kModelMagic = 0xF1A3E30DE1000001ull;
+constexpr size_t kModelDeadKept = 4096;
+}  // namespace flame
+
+struct flame_model_s {
+  uint64_t magic = flame::kDeadMagic;
+  std::shared_ptr<flame::Context> ctx;
+  std::unique_ptr<flame::models::Model> model;
+  std::string architecture;
+  std::string config_text;
+};
+
+using namespace flame;
+
+namespace {
+
+flame_model_s& model_of(flame_model_t m) {
+  FLAME_CHECK(m, FLAME_ERROR_INVALID_ARGUMENT, "model is NULL");
+  FLAME_CHECK(m->magic == kModelMagic, FLAME_ERROR_INVALID_HANDLE, "model is not a live model (released already?)");
+  return *m;
+}
+
+nlohmann::json json_arg(const char* text, const char* name) {
+  if (!text) return nlohmann::json();
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail(FLAME_ERROR_INVALID_ARGUMENT, name, " is not valid JSON (byte ", e.byte, ")");
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+FLAME_API flame_status_t flame_model_known_architectures(const char** names) {
+  return api_call("flame_model_known_architectures", [&] {
+    auto* out = out_param(names, "names");
+    static const std::string kNames = nlohmann::json(models::model_class_names()).dump();
+    *out = kNames.c_str();
+  });
+}
+
+FLAME_API flame_status_t flame_model_create(flame_ctx_t ctx, const char* architecture, const char* config_json,
+                                            const char* options_json, flame_model_t* model) {
+  return api_call("flame_model_create", [&] {
+    out_param(model, "model");
+    Context& c = context_of(ctx);
+    FLAME_CHECK(architecture, FLAME_ERROR_INVALID_ARGUMENT, "architecture is NULL");
+    const nlohmann::json config = json_arg(config_json, "config_json");
+    const nlohmann::json options = json_arg(options_json, "options_json");
+    const models::ModelOptions o = models::parse_model_options(options);
+    ContextScope scope(c);
+    c.check_alive();
+    auto m = std::make_unique<flame_model_s>();
+    m->ctx = c.shared_from_this();
+    m->model = models::create_model(c, architecture, config, o);
+    m->model->initialize();
+    m->architecture = m->model->class_name();
+    m->config_text = m->model->config().dump();
+    m->magic = kModelMagic;
+    *model = m.release();
+  });
+}
+
+FLAME_API void flame_model_release(flame_model_t model) {
+  if (!model || model->magic != kModelMagic) return;
+  std::shared_ptr<Context> keep = std::move(model->ctx);  // the context outlives this function
+  std::lock_guard<std::recursive_mutex> lock(keep->mutex);
+  model->magic = kDeadMagic;
+  model->model.reset();
+  try {
+    keep->dead_objects.push_back(std::shared_ptr<flame_model_s>(model));
+    if (keep->dead_objects.size() > kModelDeadKept) keep->dead_objects.pop_front();
+  } catch (...) {  // out of host memory: shared_ptr's constructor deleted the handle
+  }
+}
+
+FLAME_API flame_status_t flame_model_architecture(flame_model_t model, const char** name) {
+  return api_call("flame_model_architecture", [&] {
+    auto* out = out_param(name, "name");
+    *out = model_of(model).architecture.c_str();
+  });
+}
+
+FLAME_API flame_status_t flame_model_config(flame_model_t model, const char** config_json) {
+  return api_call("flame_model_config", [&] {
+    auto* out = out_param(config_json, "config_json");
+    *out = model_of(model).config_text.c_str();
+  });
+}
+
+FLAME_API flame_status_t flame_model_params(flame_model_t model, flame_params_t* params) {
+  return api_call("flame_model_params", [&] {
+    out_param(params, "params");
+    flame_model_s& m = model_of(model);
+    const models::ParamStore& store = m.model->params();
+    std::vector<std::pair<std::string, Tensor>> entries;
+    entries.reserve(store.size());
+    for (size_t i = 0; i < store.size(); ++i) entries.emplace_back(store.names()[i], store.tensors()[i]);
+    *params = make_params_list(*m.ctx, entries);
+  });
+}
+
+FLAME_API flame_status_t flame_model_forward(flame_model_t model, flame_params_t inputs, flame_params_t* outputs) {
+  return api_call("flame_model_forward", [&] {
+    out_param(outputs, "outputs");
+    flame_model_s& m = model_of(model);
+    const models::NamedTensors in = params_list_entries(inputs, "inputs");
+    ContextScope scope(*m.ctx);
+    m.ctx->check_alive();
+    const models::NamedTensors out = m.model->forward(in);
+    *outputs = make_params_list(*m.ctx, out);
+  });
+}
+
+FLAME_API flame_status_t flame_model_set_training(flame_model_t model, int32_t training) {
+  return api_call("flame_model_set_training", [&] { model_of(model).model->set_training(training != 0); });
+}
+
+FLAME_API flame_status_t flame_model_set_checkpointing(flame_model_t model, int64_t every_n_blocks) {
+  return api_call("flame_model_set_checkpointing", [&] {
+    flame_model_s& m = model_of(model);
+    FLAME_CHECK(every_n_blocks >= 0, FLAME_ERROR_INVALID_ARGUMENT, "every_n_blocks is ", every_n_blocks,
+                "; 0 (off) or a positive block interval expected");
+    models::CheckpointPolicy p;
+    p.every_n_blocks = every_n_blocks;
+    m.model->set_checkpointing(p);
+  });
+}
+
+}  // extern "C"

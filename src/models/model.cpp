@@ -1,0 +1,271 @@
+// Model, ParamStore, the config readers and the registry of architectures (model.h).
+#include "models/model.h"
+#include <algorithm>
+#include <cmath>
+#include "autograd/graph.h"
+#include "core/error.h"
+#include "models/model_registry.h"
+#include "ops/ops.h"
+#include "toolkit/checkpoint.h"
+
+namespace flame::models {
+
+namespace {
+
+DType dtype_from_name(const std::string& s, const char* key) {
+  static const std::pair<const char*, DType> kNames[] = {
+      {"f32", FLAME_DTYPE_F32},   {"float32", FLAME_DTYPE_F32}, {"f16", FLAME_DTYPE_F16},
+      {"float16", FLAME_DTYPE_F16}, {"bf16", FLAME_DTYPE_BF16}, {"bfloat16", FLAME_DTYPE_BF16},
+      {"f64", FLAME_DTYPE_F64},   {"float64", FLAME_DTYPE_F64},
+  };
+  for (const auto& [name, d] : kNames)
+    if (s == name) return d;
+  fail(FLAME_ERROR_INVALID_ARGUMENT, "options: \"", key, "\" is \"", s,
+              "\", not one of f32, f16, bf16, f64 (or float32, float16, bfloat16, float64)");
+}
+
+}  // namespace
+
+ModelOptions parse_model_options(const nlohmann::json& options) {
+  ModelOptions o;
+  if (options.is_null()) return o;
+  FLAME_CHECK(options.is_object(), FLAME_ERROR_INVALID_ARGUMENT, "options must be a JSON object");
+  for (auto it = options.begin(); it != options.end(); ++it) {
+    const std::string& k = it.key();
+    FLAME_CHECK(k == "dtype" || k == "compute_dtype" || k == "architecture" || k == "config" || k == "component",
+                FLAME_ERROR_INVALID_ARGUMENT, "options: unknown key \"", k,
+                "\" (known: dtype, compute_dtype, architecture, config, component)");
+  }
+  bool compute_given = false;
+  if (options.contains("dtype")) {
+    FLAME_CHECK(options["dtype"].is_string(), FLAME_ERROR_INVALID_ARGUMENT, "options: \"dtype\" must be a string");
+    o.param_dtype = dtype_from_name(options["dtype"].get<std::string>(), "dtype");
+  }
+  if (options.contains("compute_dtype")) {
+    FLAME_CHECK(options["compute_dtype"].is_string(), FLAME_ERROR_INVALID_ARGUMENT,
+                "options: \"compute_dtype\" must be a string");
+    o.compute_dtype = dtype_from_name(options["compute_dtype"].get<std::string>(), "compute_dtype");
+    compute_given = true;
+  }
+  if (!compute_given) o.compute_dtype = o.param_dtype;
+  return o;
+}
+
+// ---- ParamStore ----
+
+Tensor ParamStore::add(Context& ctx, const std::string& name, const Shape& shape, DType dtype) {
+  FLAME_CHECK(!index_.count(name), FLAME_ERROR_INTERNAL, "parameter ", name, " registered twice");
+  Tensor t = ops::empty(ctx, shape, dtype);
+  autograd_meta(*t).requires_grad = true;
+  index_.emplace(name, names_.size());
+  names_.push_back(name);
+  tensors_.push_back(t);
+  return t;
+}
+
+const Tensor* ParamStore::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+const Tensor& ParamStore::get(const std::string& name) const {
+  const Tensor* t = find(name);
+  FLAME_CHECK(t, FLAME_ERROR_INTERNAL, "the model has no parameter ", name);
+  return *t;
+}
+
+// ---- Model ----
+
+Model::Model(Context& ctx, std::string class_name, nlohmann::json config, const ModelOptions& options)
+    : config_(std::move(config)), ctx_(ctx.shared_from_this()), class_name_(std::move(class_name)), options_(options) {
+  auto is_float = [](DType d) {
+    return d == FLAME_DTYPE_F32 || d == FLAME_DTYPE_F16 || d == FLAME_DTYPE_BF16 || d == FLAME_DTYPE_F64;
+  };
+  FLAME_CHECK(is_float(options_.compute_dtype), FLAME_ERROR_INVALID_ARGUMENT, "compute dtype ",
+              dtype_name(options_.compute_dtype), " is not a float dtype FLAME computes in");
+}
+
+Tensor Model::add_param(const std::string& name, const Shape& shape) {
+  return params_.add(*ctx_, name, shape, options_.param_dtype);
+}
+
+Tensor Model::param(const std::string& name) const {
+  const Tensor& p = params_.get(name);
+  return p->dtype == options_.compute_dtype ? p : ops::to_dtype(p, options_.compute_dtype);
+}
+
+Tensor Model::to_compute(const Tensor& t) const {
+  if (!t || t->dtype == options_.compute_dtype || !is_floating(t->dtype)) return t;
+  return ops::to_dtype(t, options_.compute_dtype);
+}
+
+const Tensor& Model::input(const NamedTensors& inputs, const std::string& name) {
+  const Tensor* t = optional_input(inputs, name);
+  FLAME_CHECK(t, FLAME_ERROR_INVALID_ARGUMENT, "input \"", name, "\" is missing");
+  return *t;
+}
+
+const Tensor* Model::optional_input(const NamedTensors& inputs, const std::string& name) {
+  for (const auto& [n, t] : inputs)
+    if (n == name) return &t;
+  return nullptr;
+}
+
+NamedTensors Model::forward(const NamedTensors& inputs) {
+  const std::vector<std::string> required = required_inputs(), optional = optional_inputs();
+  auto listed = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& n : v) s += (s.empty() ? "" : ", ") + n;
+    return s.empty() ? std::string("none") : s;
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string& n = inputs[i].first;
+    const bool known = std::count(required.begin(), required.end(), n) || std::count(optional.begin(), optional.end(), n);
+    FLAME_CHECK(known, FLAME_ERROR_INVALID_ARGUMENT, class_name_, " takes no input \"", n, "\" (required: ",
+                listed(required), "; optional: ", listed(optional), ")");
+    for (size_t j = 0; j < i; ++j)
+      FLAME_CHECK(inputs[j].first != n, FLAME_ERROR_INVALID_ARGUMENT, "input \"", n, "\" is given twice");
+    FLAME_CHECK(inputs[i].second, FLAME_ERROR_INVALID_ARGUMENT, "input \"", n, "\" is NULL");
+    FLAME_CHECK(&inputs[i].second->ctx() == ctx_.get(), FLAME_ERROR_INVALID_ARGUMENT, "input \"", n,
+                "\" belongs to another context");
+  }
+  for (const auto& n : required) input(inputs, n);
+  return run(inputs);
+}
+
+void Model::initialize() {
+  // Linear / conv weights N(0, 0.02) (transformers' initializer_range), norm scales 1, biases and
+  // everything else 0: the distributions the reference classes use, up to their per-layer scales.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const std::string& name = params_.names()[i];
+    const Tensor& p = params_.tensors()[i];
+    auto ends_with = [&](const char* s) {
+      const size_t n = std::char_traits<char>::length(s);
+      return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
+    };
+    const bool is_norm = name.find("norm") != std::string::npos || name.find("ln_") != std::string::npos;
+    if (ends_with(".bias")) {
+      ops::fill_(p, 0.0);
+    } else if (is_norm && p->ndim() == 1) {
+      ops::fill_(p, 1.0);
+    } else {
+      Tensor r = ops::mul_scalar(ops::randn(*ctx_, p->shape, FLAME_DTYPE_F32), 0.02);
+      ops::copy_into(p, r);
+    }
+  }
+}
+
+namespace {
+
+struct BlockCall {
+  std::function<std::vector<Tensor>(const std::vector<Tensor>&)> block;
+};
+
+// The C-callback form toolkit checkpointing calls: unwraps the lent inputs, runs the block and
+// hands its outputs back as lent handles (checkpoint() unwraps and releases them).
+flame_status_t run_block_callback(void* user_data, const flame_tensor_t* in, int32_t n_in, flame_tensor_t* out,
+                                  int32_t n_out) {
+  try {
+    auto* call = static_cast<BlockCall*>(user_data);
+    std::vector<Tensor> inputs;
+    for (int32_t i = 0; i < n_in; ++i) inputs.push_back(unwrap(in[i], "input"));
+    std::vector<Tensor> outputs = call->block(inputs);
+    FLAME_CHECK(static_cast<int32_t>(outputs.size()) == n_out, FLAME_ERROR_INTERNAL, "a block returned ",
+                outputs.size(), " tensors, not ", n_out);
+    for (int32_t i = 0; i < n_out; ++i) out[i] = wrap_lent(outputs[i]);
+    return FLAME_OK;
+  } catch (const Error& e) {
+    set_last_error(e.what());
+    return e.status();
+  } catch (const std::bad_alloc&) {
+    set_last_error("out of host memory");
+    return FLAME_ERROR_OUT_OF_MEMORY;
+  }
+}
+
+}  // namespace
+
+std::vector<Tensor> Model::run_block(int64_t block_index,
+                                     const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& block,
+                                     const std::vector<Tensor>& inputs) {
+  if (!checkpoint_.applies_to(block_index) || !ctx_->mode.grad_enabled) return block(inputs);
+  // The number of outputs is known only by running the block; blocks here return as many tensors
+  // as they take (hidden states in, hidden states out), which run_block requires.
+  auto call = new BlockCall{block};
+  auto fn = std::make_shared<CheckpointFn>(run_block_callback, call,
+                                           [](void* u) { delete static_cast<BlockCall*>(u); });
+  return checkpoint(*ctx_, fn, inputs, static_cast<int32_t>(inputs.size()));
+}
+
+// ---- config readers ----
+
+namespace {
+const nlohmann::json* config_value(const nlohmann::json& cfg, const char* key) {
+  if (!cfg.is_object()) return nullptr;
+  auto it = cfg.find(key);
+  if (it == cfg.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+}  // namespace
+
+int64_t config_int(const nlohmann::json& cfg, const char* key, int64_t fallback) {
+  const nlohmann::json* v = config_value(cfg, key);
+  if (!v) return fallback;
+  FLAME_CHECK(v->is_number_integer(), FLAME_ERROR_INVALID_ARGUMENT, "config: \"", key, "\" must be an integer");
+  return v->get<int64_t>();
+}
+
+double config_real(const nlohmann::json& cfg, const char* key, double fallback) {
+  const nlohmann::json* v = config_value(cfg, key);
+  if (!v) return fallback;
+  FLAME_CHECK(v->is_number(), FLAME_ERROR_INVALID_ARGUMENT, "config: \"", key, "\" must be a number");
+  return v->get<double>();
+}
+
+bool config_bool(const nlohmann::json& cfg, const char* key, bool fallback) {
+  const nlohmann::json* v = config_value(cfg, key);
+  if (!v) return fallback;
+  FLAME_CHECK(v->is_boolean(), FLAME_ERROR_INVALID_ARGUMENT, "config: \"", key, "\" must be true or false");
+  return v->get<bool>();
+}
+
+std::string config_string(const nlohmann::json& cfg, const char* key, const std::string& fallback) {
+  const nlohmann::json* v = config_value(cfg, key);
+  if (!v) return fallback;
+  FLAME_CHECK(v->is_string(), FLAME_ERROR_INVALID_ARGUMENT, "config: \"", key, "\" must be a string");
+  return v->get<std::string>();
+}
+
+std::vector<int64_t> config_ints(const nlohmann::json& cfg, const char* key, const std::vector<int64_t>& fallback) {
+  const nlohmann::json* v = config_value(cfg, key);
+  if (!v) return fallback;
+  std::vector<int64_t> out;
+  if (v->is_number_integer()) return {v->get<int64_t>()};
+  FLAME_CHECK(v->is_array(), FLAME_ERROR_INVALID_ARGUMENT, "config: \"", key, "\" must be a list of integers");
+  for (const auto& e : *v) {
+    FLAME_CHECK(e.is_number_integer(), FLAME_ERROR_INVALID_ARGUMENT, "config: \"", key,
+                "\" must be a list of integers");
+    out.push_back(e.get<int64_t>());
+  }
+  return out;
+}
+
+// ---- registry ----
+
+std::vector<std::string> model_class_names() {
+  std::vector<std::string> names;
+  for (const ModelFactory& f : model_factories()) names.push_back(f.class_name);
+  return names;
+}
+
+std::unique_ptr<Model> create_model(Context& ctx, const std::string& class_name, const nlohmann::json& config,
+                                    const ModelOptions& options) {
+  FLAME_CHECK(config.is_null() || config.is_object(), FLAME_ERROR_INVALID_ARGUMENT, "config must be a JSON object");
+  for (const ModelFactory& f : model_factories())
+    if (class_name == f.class_name) return f.create(ctx, config, options);
+  std::string known;
+  for (const auto& n : model_class_names()) known += (known.empty() ? "" : ", ") + n;
+  fail(FLAME_ERROR_INVALID_ARGUMENT, "unknown architecture \"", class_name, "\" (known: ", known, ")");
+}
+
+}  // namespace flame::models

@@ -1,0 +1,138 @@
+// The model layer's common ground: a Model is an architecture (diffusers' or transformers' class)
+// built from FLAME ops, holding its parameters under the reference implementation's names
+// (state_dict order), run by name: forward takes and returns named tensors, with the names the
+// reference's forward() uses ("sample", "timestep", "encoder_hidden_states", "input_ids", ...).
+//
+// Parameters are ordinary leaf tensors that require grad (freeze them with flame_set_requires_grad),
+// so optimizers, hooks, LoRA and safetensors work on them unchanged. Every architecture registers
+// here by its class name (create_model) with a factory that reads its config.json. Each family's
+// forward lives in its own file (clip_text.cpp, ...); the building blocks they share (linear, norms,
+// attention heads) are in model_blocks.h.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+#include <nlohmann/json.hpp>
+#include "tensor/tensor.h"
+
+namespace flame::models {
+
+using NamedTensor = std::pair<std::string, Tensor>;
+using NamedTensors = std::vector<NamedTensor>;
+
+// How parameters are kept and computed with. Parameters are stored in param_dtype; each use casts
+// them to compute_dtype when the two differ (storage dtypes such as F8 upcast at use). Inputs in
+// other float dtypes are cast to compute_dtype by the model.
+struct ModelOptions {
+  DType param_dtype = FLAME_DTYPE_F32;
+  DType compute_dtype = FLAME_DTYPE_F32;
+};
+
+// Parses {"dtype": "bf16", "compute_dtype": "bf16"} (both optional; compute_dtype defaults to
+// dtype, F8 storage computes in bf16). Unknown keys or values fail with FLAME_ERROR_INVALID_ARGUMENT.
+ModelOptions parse_model_options(const nlohmann::json& options);
+
+// The parameters of a model in registration order, names unique.
+class ParamStore {
+ public:
+  // A new uninitialised parameter (a leaf that requires grad) called name.
+  Tensor add(Context& ctx, const std::string& name, const Shape& shape, DType dtype);
+  const Tensor& get(const std::string& name) const;  // FLAME_ERROR_INTERNAL when absent
+  const Tensor* find(const std::string& name) const;
+  size_t size() const { return names_.size(); }
+  const std::vector<std::string>& names() const { return names_; }
+  const std::vector<Tensor>& tensors() const { return tensors_; }
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<Tensor> tensors_;
+  std::unordered_map<std::string, size_t> index_;
+};
+
+// Gradient checkpointing of a model's repeated blocks: 0 off, 1 every block, n every n-th block.
+struct CheckpointPolicy {
+  int64_t every_n_blocks = 0;
+  bool applies_to(int64_t block_index) const { return every_n_blocks > 0 && block_index % every_n_blocks == 0; }
+};
+
+class Model {
+ public:
+  Model(Context& ctx, std::string class_name, nlohmann::json config, const ModelOptions& options);
+  virtual ~Model() = default;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  Context& ctx() const { return *ctx_; }
+  const std::string& class_name() const { return class_name_; }
+  // The configuration in config.json form, with every default the model assumed filled in.
+  const nlohmann::json& config() const { return config_; }
+  const ModelOptions& options() const { return options_; }
+  ParamStore& params() { return params_; }
+  const ParamStore& params() const { return params_; }
+
+  bool training() const { return training_; }
+  void set_training(bool on) { training_ = on; }
+  const CheckpointPolicy& checkpointing() const { return checkpoint_; }
+  void set_checkpointing(const CheckpointPolicy& p) { checkpoint_ = p; }
+
+  // The names forward() requires and the ones it also accepts, for errors and documentation.
+  virtual std::vector<std::string> required_inputs() const = 0;
+  virtual std::vector<std::string> optional_inputs() const = 0;
+  // Runs the model. Checks that every required input is present and no unknown name is given
+  // (FLAME_ERROR_INVALID_ARGUMENT naming it), then calls run().
+  NamedTensors forward(const NamedTensors& inputs);
+
+  // Fills every parameter with the reference class's default initialisation distribution family
+  // (normal weights, unit norm scales, zero biases; documented per model), drawn from the context's
+  // generator. Used by flame_model_create.
+  virtual void initialize();
+
+ protected:
+  // Inputs checked by forward(): look them up with input() / optional_input().
+  virtual NamedTensors run(const NamedTensors& inputs) = 0;
+  static const Tensor& input(const NamedTensors& inputs, const std::string& name);
+  static const Tensor* optional_input(const NamedTensors& inputs, const std::string& name);
+  // The parameter called name in compute_dtype (a recorded cast when the storage dtype differs).
+  Tensor param(const std::string& name) const;
+  // A float input cast to compute_dtype (unchanged when it already is).
+  Tensor to_compute(const Tensor& t) const;
+  Tensor add_param(const std::string& name, const Shape& shape);
+  // Runs block(x...) under the checkpoint policy for block index i: through toolkit checkpointing
+  // when the policy selects it and a graph is being recorded, else directly.
+  std::vector<Tensor> run_block(int64_t block_index, const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& block,
+                                const std::vector<Tensor>& inputs);
+
+  nlohmann::json config_;
+
+ private:
+  std::shared_ptr<Context> ctx_;
+  std::string class_name_;
+  ModelOptions options_;
+  ParamStore params_;
+  bool training_ = false;
+  CheckpointPolicy checkpoint_;
+};
+
+// The architectures create_model knows, by class name ("CLIPTextModel", ...), in a stable order.
+std::vector<std::string> model_class_names();
+
+// A new model of class_name with config (config.json's object; missing keys take the class's
+// defaults), its parameters allocated in options.param_dtype and NOT initialised. Unknown class:
+// FLAME_ERROR_INVALID_ARGUMENT listing the known ones; a config value of the wrong type or out of range:
+// FLAME_ERROR_INVALID_ARGUMENT naming the key.
+std::unique_ptr<Model> create_model(Context& ctx, const std::string& class_name, const nlohmann::json& config,
+                                    const ModelOptions& options);
+
+// Config reading shared by the factories: key's value, or fallback when absent or null; a value of
+// another type fails with FLAME_ERROR_INVALID_ARGUMENT naming the key.
+int64_t config_int(const nlohmann::json& cfg, const char* key, int64_t fallback);
+double config_real(const nlohmann::json& cfg, const char* key, double fallback);
+bool config_bool(const nlohmann::json& cfg, const char* key, bool fallback);
+std::string config_string(const nlohmann::json& cfg, const char* key, const std::string& fallback);
+std::vector<int64_t> config_ints(const nlohmann::json& cfg, const char* key, const std::vector<int64_t>& fallback);
+
+}  // namespace flame::models

@@ -1,0 +1,14 @@
+// The list of architectures (model_registry.h).
+#include "models/model_registry.h"
+
+namespace flame::models {
+
+const std::vector<ModelFactory>& model_factories() {
+  static const std::vector<ModelFactory> kFactories = {
+      {"CLIPTextModel", create_clip_text_model},
+      {"CLIPTextModelWithProjection", create_clip_text_model_with_projection},
+  };
+  return kFactories;
+}
+
+}  // namespace flame::models

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""FLAME's models against the real diffusers / transformers classes (issue 35's correctness rule).
+
+For every case: build the reference class from a tiny config (random init, then noise added to
+every parameter so zero-initialised layers get gradients), write its state_dict, the inputs and
+random output gradients to safetensors files, run the reference forward + backward in float32
+(TF32 off, the SDPA math backend), run FLAME's `flame_model_run` tool (tests/models/model_run_main.cpp,
+through the C ABI) on the same files, and compare every output, parameter gradient and float input
+gradient: max|flame - ref| / max|ref| per tensor must stay within the case's tolerance (1e-4).
+
+Runs where PyTorch and the references import (the GPU machine; diffusers from a copy of
+../shared/reference/diffusers on PYTHONPATH, see ../shared/reference/README.md):
+
+    python3 tests/models/check_model_parity.py --tool build/tests/models/flame_model_run [--cases clip_l,clip_g]
+                                               [--checkpoint N] [--keep DIR]
+
+Exit status 0 when every compared tensor is within tolerance, 1 otherwise; one line per tensor
+above 1e-6 and a summary per case.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+from safetensors.torch import load_file, save_file
+
+CASES = {}
+
+
+def case(name):
+    def register(fn):
+        CASES[name] = fn
+        return fn
+    return register
+
+
+def add_noise(model, scale=0.02, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+
+
+# ---- cases: each returns (architecture, config dict, model, inputs dict, forward fn -> dict of outputs) ----
+
+def clip_case(with_projection, hidden_act, eos_token_id, use_mask):
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+    cfg = dict(vocab_size=1000, hidden_size=64, intermediate_size=160, projection_dim=48, num_hidden_layers=3,
+               num_attention_heads=4, max_position_embeddings=24, hidden_act=hidden_act, layer_norm_eps=1e-5,
+               eos_token_id=eos_token_id, bos_token_id=0, pad_token_id=1)
+    config = CLIPTextConfig(**cfg)
+    config._attn_implementation = "sdpa"
+    model = (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(config)
+    add_noise(model)
+    g = torch.Generator().manual_seed(2)
+    B, T = 2, 24
+    ids = torch.randint(2, 900, (B, T), generator=g)
+    ids[0, 10] = eos_token_id if eos_token_id != 2 else 999
+    ids[1, T - 1] = eos_token_id if eos_token_id != 2 else 999
+    inputs = {"input_ids": ids}
+    if use_mask:
+        mask = torch.ones(B, T, dtype=torch.int64)
+        mask[0, 18:] = 0
+        inputs["attention_mask"] = mask
+    arch = "CLIPTextModelWithProjection" if with_projection else "CLIPTextModel"
+    L = cfg["num_hidden_layers"]
+
+    def forward(m, x):
+        o = m(**x, output_hidden_states=True)
+        out = {"last_hidden_state": o.last_hidden_state, f"hidden_states.{L - 1}": o.hidden_states[L - 1]}
+        if with_projection:
+            out["text_embeds"] = o.text_embeds
+        else:
+            out["pooler_output"] = o.pooler_output
+        return out
+
+    return arch, cfg, model, inputs, forward
+
+
+@case("clip_l")
+def _clip_l():
+    return clip_case(False, "quick_gelu", 2, False)
+
+
+@case("clip_l_eos_mask")
+def _clip_l_eos_mask():
+    return clip_case(False, "quick_gelu", 998, True)
+
+
+@case("clip_g")
+def _clip_g():
+    return clip_case(True, "gelu", 998, False)
+
+
+# ---- the comparison ----
+
+def rel_err(a, b, floor):
+    """max|a - b| / max|b|, with max|b| raised to floor: a gradient that is zero in exact arithmetic
+    (a key projection's bias under softmax) holds only rounding noise in both implementations."""
+    a = a.double()
+    b = b.double()
+    den = max(b.abs().max().item(), floor)
+    num = (a - b).abs().max().item()
+    return num / den if den > 0 else num
+
+
+def run_case(name, tool, workdir, checkpoint, tol):
+    torch.manual_seed(0)
+    arch, cfg, model, inputs, forward = CASES[name]()
+    model = model.float().cuda().train(False)
+    d = os.path.join(workdir, name)
+    os.makedirs(d, exist_ok=True)
+    paths = {k: os.path.join(d, k) for k in ("config.json", "weights.safetensors", "inputs.safetensors",
+                                             "grads.safetensors", "flame.safetensors")}
+    with open(paths["config.json"], "w") as f:
+        json.dump(cfg, f)
+    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, paths["weights.safetensors"])
+    save_file({k: v.contiguous() for k, v in inputs.items()}, paths["inputs.safetensors"])
+
+    x = {k: v.cuda() for k, v in inputs.items()}
+    for v in x.values():
+        if v.is_floating_point():
+            v.requires_grad_(True)
+    outs = forward(model, x)
+    g = torch.Generator().manual_seed(3)
+    grads = {k: torch.randn(v.shape, generator=g) for k, v in outs.items()}
+    save_file(grads, paths["grads.safetensors"])
+    loss = sum((outs[k] * grads[k].cuda()).sum() for k in outs)
+    loss.backward()
+    ref = {f"out.{k}": v.detach().cpu() for k, v in outs.items()}
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            ref[f"grad.{n}"] = p.grad.detach().cpu()
+    for k, v in x.items():
+        if v.is_floating_point() and v.grad is not None:
+            ref[f"grad_input.{k}"] = v.grad.detach().cpu()
+
+    cmd = [tool, "--arch", arch, "--config", paths["config.json"], "--weights", paths["weights.safetensors"],
+           "--inputs", paths["inputs.safetensors"], "--grads", paths["grads.safetensors"], "--out",
+           paths["flame.safetensors"], "--checkpoint", str(checkpoint)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, FLAME_LOG="warning"))
+    if r.returncode != 0:
+        print(f"[{name}] FAIL: flame_model_run exited {r.returncode}: {r.stderr.strip()}")
+        return False
+    got = load_file(paths["flame.safetensors"])
+    ok = True
+    worst = (0.0, "")
+    # The noise floor: 1e-6 of the largest gradient of the case (exactly-zero gradients compare
+    # their rounding noise against it instead of against themselves).
+    floor = 1e-6 * max(v.abs().max().item() for k, v in ref.items() if k.startswith("grad"))
+    for k, v in ref.items():
+        if k not in got:
+            if k.startswith("grad.") and v.abs().max().item() == 0:
+                continue  # FLAME leaves .grad unset where no gradient arrives; PyTorch may hold zeros
+            print(f"[{name}] FAIL: {k} missing from FLAME's results")
+            ok = False
+            continue
+        if tuple(got[k].shape) != tuple(v.shape):
+            print(f"[{name}] FAIL: {k} shape {tuple(got[k].shape)} vs {tuple(v.shape)}")
+            ok = False
+            continue
+        e = rel_err(got[k], v, floor)
+        if e > worst[0]:
+            worst = (e, k)
+        if e > tol:
+            print(f"[{name}] FAIL: {k} rel err {e:.3e} > {tol:.0e}")
+            ok = False
+        elif e > 1e-6:
+            print(f"[{name}]       {k} rel err {e:.3e}")
+    extra = sorted(set(got) - set(ref))
+    for k in extra:
+        if got[k].abs().max().item() != 0:
+            print(f"[{name}] FAIL: FLAME has {k}, the reference has no gradient there")
+            ok = False
+    print(f"[{name}] {'PASS' if ok else 'FAIL'}: {len(ref)} tensors ({arch}), worst {worst[0]:.3e} at {worst[1]}"
+          f"{', checkpoint every ' + str(checkpoint) if checkpoint else ''}")
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tool", required=True, help="path of flame_model_run")
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated cases (default: all): " + ", ".join(CASES))
+    ap.add_argument("--checkpoint", type=int, default=0, help="FLAME's checkpointing policy (every n-th block)")
+    ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--keep", help="directory to keep the files in (default: a temporary one)")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    names = [c for c in args.cases.split(",") if c]
+    unknown = [c for c in names if c not in CASES]
+    if unknown:
+        ap.error(f"unknown cases {unknown}; known: {list(CASES)}")
+    workdir = args.keep or tempfile.mkdtemp(prefix="flame_parity_")
+    results = {n: run_case(n, args.tool, workdir, args.checkpoint, args.tol) for n in names}
+    failed = [n for n, ok in results.items() if not ok]
+    print(f"check_model_parity: {len(names) - len(failed)}/{len(names)} cases pass" +
+          (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
