@@ -20,7 +20,7 @@ constexpr size_t kModelDeadKept = 4096;
 struct flame_model_s {
   uint64_t magic = flame::kDeadMagic;
   std::shared_ptr<flame::Context> ctx;
-  std::unique_ptr<flame::models::Model> model;
+  std::shared_ptr<flame::models::Model> model;
   std::string architecture;
   std::string config_text;
 };

@@ -132,7 +132,7 @@ class ClipTextModel : public Model {
     NamedTensors out;
     out.emplace_back("hidden_states.0", h);
     for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
-      auto block = [this, i, &mask](const std::vector<Tensor>& x) { return std::vector<Tensor>{layer(i, x[0], mask)}; };
+      auto block = [this, i, mask](const std::vector<Tensor>& x) { return std::vector<Tensor>{layer(i, x[0], mask)}; };
       h = run_block(i, block, {h})[0];
       out.emplace_back("hidden_states." + std::to_string(i + 1), h);
     }
@@ -200,13 +200,13 @@ class ClipTextModel : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> create_clip_text_model(Context& ctx, const nlohmann::json& config, const ModelOptions& options) {
-  return std::make_unique<ClipTextModel>(ctx, ClipTextConfig::read(config), false, options);
+std::shared_ptr<Model> create_clip_text_model(Context& ctx, const nlohmann::json& config, const ModelOptions& options) {
+  return std::make_shared<ClipTextModel>(ctx, ClipTextConfig::read(config), false, options);
 }
 
-std::unique_ptr<Model> create_clip_text_model_with_projection(Context& ctx, const nlohmann::json& config,
+std::shared_ptr<Model> create_clip_text_model_with_projection(Context& ctx, const nlohmann::json& config,
                                                               const ModelOptions& options) {
-  return std::make_unique<ClipTextModel>(ctx, ClipTextConfig::read(config), true, options);
+  return std::make_shared<ClipTextModel>(ctx, ClipTextConfig::read(config), true, options);
 }
 
 }  // namespace flame::models

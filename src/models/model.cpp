@@ -159,6 +159,7 @@ namespace {
 
 struct BlockCall {
   std::function<std::vector<Tensor>(const std::vector<Tensor>&)> block;
+  std::shared_ptr<const Model> model;  // the block reads its parameters through the model
 };
 
 // The C-callback form toolkit checkpointing calls: unwraps the lent inputs, runs the block and
@@ -191,7 +192,7 @@ std::vector<Tensor> Model::run_block(int64_t block_index,
   if (!checkpoint_.applies_to(block_index) || !ctx_->mode.grad_enabled) return block(inputs);
   // The number of outputs is known only by running the block; blocks here return as many tensors
   // as they take (hidden states in, hidden states out), which run_block requires.
-  auto call = new BlockCall{block};
+  auto call = new BlockCall{block, shared_from_this()};
   auto fn = std::make_shared<CheckpointFn>(run_block_callback, call,
                                            [](void* u) { delete static_cast<BlockCall*>(u); });
   return checkpoint(*ctx_, fn, inputs, static_cast<int32_t>(inputs.size()));
@@ -258,7 +259,7 @@ std::vector<std::string> model_class_names() {
   return names;
 }
 
-std::unique_ptr<Model> create_model(Context& ctx, const std::string& class_name, const nlohmann::json& config,
+std::shared_ptr<Model> create_model(Context& ctx, const std::string& class_name, const nlohmann::json& config,
                                     const ModelOptions& options) {
   FLAME_CHECK(config.is_null() || config.is_object(), FLAME_ERROR_INVALID_ARGUMENT, "config must be a JSON object");
   for (const ModelFactory& f : model_factories())

@@ -59,7 +59,7 @@ struct CheckpointPolicy {
   bool applies_to(int64_t block_index) const { return every_n_blocks > 0 && block_index % every_n_blocks == 0; }
 };
 
-class Model {
+class Model : public std::enable_shared_from_this<Model> {
  public:
   Model(Context& ctx, std::string class_name, nlohmann::json config, const ModelOptions& options);
   virtual ~Model() = default;
@@ -102,7 +102,9 @@ class Model {
   Tensor to_compute(const Tensor& t) const;
   Tensor add_param(const std::string& name, const Shape& shape);
   // Runs block(x...) under the checkpoint policy for block index i: through toolkit checkpointing
-  // when the policy selects it and a graph is being recorded, else directly.
+  // when the policy selects it and a graph is being recorded, else directly. A checkpointed block
+  // runs again during backward, possibly after forward() returned: it must capture everything by
+  // value (tensors, indices; never references to locals). run_block keeps the model alive for it.
   std::vector<Tensor> run_block(int64_t block_index, const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& block,
                                 const std::vector<Tensor>& inputs);
 
@@ -124,7 +126,7 @@ std::vector<std::string> model_class_names();
 // defaults), its parameters allocated in options.param_dtype and NOT initialised. Unknown class:
 // FLAME_ERROR_INVALID_ARGUMENT listing the known ones; a config value of the wrong type or out of range:
 // FLAME_ERROR_INVALID_ARGUMENT naming the key.
-std::unique_ptr<Model> create_model(Context& ctx, const std::string& class_name, const nlohmann::json& config,
+std::shared_ptr<Model> create_model(Context& ctx, const std::string& class_name, const nlohmann::json& config,
                                     const ModelOptions& options);
 
 // Config reading shared by the factories: key's value, or fallback when absent or null; a value of

@@ -8,7 +8,7 @@
 
 namespace flame::models {
 
-using ModelFactoryFn = std::unique_ptr<Model> (*)(Context& ctx, const nlohmann::json& config, const ModelOptions& options);
+using ModelFactoryFn = std::shared_ptr<Model> (*)(Context& ctx, const nlohmann::json& config, const ModelOptions& options);
 
 struct ModelFactory {
   const char* class_name;  // the diffusers / transformers class: "CLIPTextModel"
@@ -19,8 +19,8 @@ struct ModelFactory {
 const std::vector<ModelFactory>& model_factories();
 
 // ---- factories (one file per family) ----
-std::unique_ptr<Model> create_clip_text_model(Context& ctx, const nlohmann::json& config, const ModelOptions& options);
-std::unique_ptr<Model> create_clip_text_model_with_projection(Context& ctx, const nlohmann::json& config,
+std::shared_ptr<Model> create_clip_text_model(Context& ctx, const nlohmann::json& config, const ModelOptions& options);
+std::shared_ptr<Model> create_clip_text_model_with_projection(Context& ctx, const nlohmann::json& config,
                                                               const ModelOptions& options);
 
 }  // namespace flame::models
