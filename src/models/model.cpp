@@ -188,14 +188,18 @@ flame_status_t run_block_callback(void* user_data, const flame_tensor_t* in, int
 
 std::vector<Tensor> Model::run_block(int64_t block_index,
                                      const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& block,
-                                     const std::vector<Tensor>& inputs) {
-  if (!checkpoint_.applies_to(block_index) || !ctx_->mode.grad_enabled) return block(inputs);
-  // The number of outputs is known only by running the block; blocks here return as many tensors
-  // as they take (hidden states in, hidden states out), which run_block requires.
+                                     const std::vector<Tensor>& inputs, int32_t n_outputs) {
+  if (n_outputs < 0) n_outputs = static_cast<int32_t>(inputs.size());
+  if (!checkpoint_.applies_to(block_index) || !ctx_->mode.grad_enabled) {
+    std::vector<Tensor> out = block(inputs);
+    FLAME_CHECK(static_cast<int32_t>(out.size()) == n_outputs, FLAME_ERROR_INTERNAL, "a block returned ", out.size(),
+                " tensors, not ", n_outputs);
+    return out;
+  }
   auto call = new BlockCall{block, shared_from_this()};
   auto fn = std::make_shared<CheckpointFn>(run_block_callback, call,
                                            [](void* u) { delete static_cast<BlockCall*>(u); });
-  return checkpoint(*ctx_, fn, inputs, static_cast<int32_t>(inputs.size()));
+  return checkpoint(*ctx_, fn, inputs, n_outputs);
 }
 
 // ---- config readers ----

@@ -105,8 +105,9 @@ class Model : public std::enable_shared_from_this<Model> {
   // when the policy selects it and a graph is being recorded, else directly. A checkpointed block
   // runs again during backward, possibly after forward() returned: it must capture everything by
   // value (tensors, indices; never references to locals). run_block keeps the model alive for it.
+  // block must return n_outputs tensors (-1: as many as it takes).
   std::vector<Tensor> run_block(int64_t block_index, const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& block,
-                                const std::vector<Tensor>& inputs);
+                                const std::vector<Tensor>& inputs, int32_t n_outputs = -1);
 
   nlohmann::json config_;
 

@@ -7,6 +7,7 @@ const std::vector<ModelFactory>& model_factories() {
   static const std::vector<ModelFactory> kFactories = {
       {"CLIPTextModel", create_clip_text_model},
       {"CLIPTextModelWithProjection", create_clip_text_model_with_projection},
+      {"T5EncoderModel", create_t5_encoder_model},
   };
   return kFactories;
 }

@@ -48,7 +48,7 @@ def add_noise(model, scale=0.02, seed=1):
 # Each returns a dict: arch (FLAME's architecture name), config (config.json's object), model (the
 # reference module), inputs (name -> CPU tensor), forward (fn(model, inputs on the GPU) -> dict of
 # the outputs compared), and optionally rename (reference state_dict name -> FLAME's parameter name)
-# and zero_grads (substrings of parameters whose gradient is zero in exact arithmetic: both sides
+# drop (state_dict names of tied aliases FLAME keeps once), and zero_grads (substrings of parameters whose gradient is zero in exact arithmetic: both sides
 # must be within 1e-6 of the case's largest gradient there, since either holds only rounding noise).
 
 def clip_case(with_projection, hidden_act, eos_token_id, use_mask):
@@ -107,6 +107,43 @@ def _clip_g():
     return clip_case(True, "gelu", 998, False)
 
 
+def t5_case(feed_forward_proj, use_mask):
+    from transformers import T5Config, T5EncoderModel
+    cfg = dict(vocab_size=500, d_model=64, d_kv=16, d_ff=96, num_layers=3, num_heads=4,
+               relative_attention_num_buckets=32, relative_attention_max_distance=128, layer_norm_epsilon=1e-6,
+               feed_forward_proj=feed_forward_proj, dropout_rate=0.0, is_encoder_decoder=False, use_cache=False)
+    config = T5Config(**cfg)
+    config._attn_implementation = "eager"
+    model = T5EncoderModel(config)
+    add_noise(model)
+    g = torch.Generator().manual_seed(2)
+    B, T = 2, 40  # beyond max_exact (8) and into the logarithmic buckets
+    inputs = {"input_ids": torch.randint(0, 500, (B, T), generator=g)}
+    if use_mask:
+        mask = torch.ones(B, T, dtype=torch.int64)
+        mask[1, 30:] = 0
+        inputs["attention_mask"] = mask
+
+    def forward(m, x):
+        return {"last_hidden_state": m(**x).last_hidden_state}
+
+    def rename(n):
+        return n  # encoder.embed_tokens.weight is tied to shared.weight and dropped below
+
+    return dict(arch="T5EncoderModel", config=cfg, model=model, inputs=inputs, forward=forward, rename=rename,
+                drop=["encoder.embed_tokens.weight"])
+
+
+@case("t5_gated_gelu")
+def _t5_gated():
+    return t5_case("gated-gelu", False)
+
+
+@case("t5_relu_mask")
+def _t5_relu_mask():
+    return t5_case("relu", True)
+
+
 # ---- the comparison ----
 
 def rel_err(a, b, floor):
@@ -125,6 +162,7 @@ def run_case(name, tool, workdir, checkpoint, tol):
     arch, cfg, model, inputs, forward = c["arch"], c["config"], c["model"], c["inputs"], c["forward"]
     rename = c.get("rename", lambda n: n)
     zero_grads = c.get("zero_grads", [])
+    drop = set(c.get("drop", []))  # tied aliases the state_dict lists twice
     model = model.float().cuda().train(False)
     d = os.path.join(workdir, name)
     os.makedirs(d, exist_ok=True)
@@ -132,7 +170,7 @@ def run_case(name, tool, workdir, checkpoint, tol):
                                              "grads.safetensors", "flame.safetensors")}
     with open(paths["config.json"], "w") as f:
         json.dump(cfg, f)
-    save_file({rename(k): v.detach().contiguous().cpu() for k, v in model.state_dict().items()},
+    save_file({rename(k): v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k not in drop},
               paths["weights.safetensors"])
     save_file({k: v.contiguous() for k, v in inputs.items()}, paths["inputs.safetensors"])
 
@@ -148,7 +186,7 @@ def run_case(name, tool, workdir, checkpoint, tol):
     loss.backward()
     ref = {f"out.{k}": v.detach().cpu() for k, v in outs.items()}
     for n, p in model.named_parameters():
-        if p.grad is not None:
+        if p.grad is not None and n not in drop:
             ref[f"grad.{rename(n)}"] = p.grad.detach().cpu()
     for k, v in x.items():
         if v.is_floating_point() and v.grad is not None:
