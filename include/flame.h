@@ -2005,6 +2005,37 @@ FLAME_API flame_status_t flame_model_known_architectures(const char** names);
 FLAME_API flame_status_t flame_model_create(flame_ctx_t ctx, const char* architecture, const char* config_json,
                                             const char* options_json, flame_model_t* model);
 
+/* Loads a model from the files users have (reading only headers until the weights are copied):
+ *  - a diffusers model folder: config.json plus diffusion_pytorch_model.safetensors or model.safetensors,
+ *    or shards named by a *.safetensors.index.json;
+ *  - a diffusers pipeline folder (model_index.json): the component options_json names ("component":
+ *    "unet", "transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3");
+ *  - a single .safetensors file in the original layout (Black Forest Labs' flux1-dev / schnell,
+ *    Stability's SDXL / SD 1.5 / SD 3.5 single files, ComfyUI's "model.diffusion_model." prefix) or in
+ *    the diffusers layout; single files holding several components take "component" as above.
+ * The architecture and configuration come from config.json, or from the tensors' names and shapes
+ * for single files; options_json's "architecture" and "config" override them. Tensors of any dtype
+ * FLAME has are converted on the GPU to the options' "dtype" (default: "bf16" for files stored in
+ * f16/bf16/F8, else "f32"); files are memory-mapped and copied through a bounded staging buffer.
+ * OUT *model: NULL on any error; nothing half-loaded is returned.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx, path or model NULL; options as for flame_model_create; a
+ * component missing or not named for a file that needs one), FLAME_ERROR_INVALID_FORMAT (malformed
+ * JSON or safetensors, a missing or extra tensor, a shape the configuration contradicts, an index
+ * naming a missing file or a key its shard lacks, an unknown architecture: the message names the
+ * file and the key), FLAME_ERROR_UNSUPPORTED (a tensor dtype FLAME lacks), FLAME_ERROR_IO,
+ * FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA, FLAME_ERROR_CONTEXT_FAILED. */
+FLAME_API flame_status_t flame_model_load(flame_ctx_t ctx, const char* path, const char* options_json, flame_model_t* model);
+
+/* Writes the model's parameters to one safetensors file at path (atomic replacement, as
+ * flame_params_save_safetensors) in layout "diffusers" (NULL: the reference's names, as
+ * flame_model_params lists them) or "original" (the single-file names of the architecture's original
+ * release, without a component prefix: BFL for Flux, SGM for the SDXL UNet, LDM for the VAE, OpenCLIP
+ * for CLIPTextModelWithProjection; fused tensors are joined). Waits for the device.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or path NULL, an unknown layout), FLAME_ERROR_UNSUPPORTED
+ * ("original" for an architecture whose original names equal diffusers' or are not known),
+ * FLAME_ERROR_IO, FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA. */
+FLAME_API flame_status_t flame_model_save(flame_model_t model, const char* path, const char* layout);
+
 /* Releases the model and its references to its parameters (tensors taken from it live on while
  * other references hold them). NULL is a no-op; a released model is detected (nothing happens) while
  * its context lives. */

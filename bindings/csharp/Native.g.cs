@@ -702,6 +702,15 @@ namespace Flame.Interop
             "flame_fused_compile",
             "flame_fused_call",
             "flame_fused_release",
+            "flame_model_known_architectures",
+            "flame_model_create",
+            "flame_model_release",
+            "flame_model_architecture",
+            "flame_model_config",
+            "flame_model_params",
+            "flame_model_forward",
+            "flame_model_set_training",
+            "flame_model_set_checkpointing",
         };
 
         /// <summary><c>const char* flame_version_string(void)</c></summary>
@@ -1855,6 +1864,42 @@ namespace Flame.Interop
         /// <summary><c>void flame_fused_release(flame_fused_t fn)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_fused_release", ExactSpelling = true)]
         public static extern void flame_fused_release(IntPtr fn);
+
+        /// <summary><c>flame_status_t flame_model_known_architectures(const char** names)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_known_architectures", ExactSpelling = true)]
+        public static extern flame_status_t flame_model_known_architectures(byte** names);
+
+        /// <summary><c>flame_status_t flame_model_create(flame_ctx_t ctx, const char* architecture, const char* config_json, const char* options_json, flame_model_t* model)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_create", ExactSpelling = true)]
+        public static extern flame_status_t flame_model_create(IntPtr ctx, string architecture, string config_json, string options_json, IntPtr* model);
+
+        /// <summary><c>void flame_model_release(flame_model_t model)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_release", ExactSpelling = true)]
+        public static extern void flame_model_release(IntPtr model);
+
+        /// <summary><c>flame_status_t flame_model_architecture(flame_model_t model, const char** name)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_architecture", ExactSpelling = true)]
+        public static extern flame_status_t flame_model_architecture(IntPtr model, byte** name);
+
+        /// <summary><c>flame_status_t flame_model_config(flame_model_t model, const char** config_json)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_config", ExactSpelling = true)]
+        public static extern flame_status_t flame_model_config(IntPtr model, byte** config_json);
+
+        /// <summary><c>flame_status_t flame_model_params(flame_model_t model, flame_params_t* params)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_params", ExactSpelling = true)]
+        public static extern flame_status_t flame_model_params(IntPtr model, IntPtr* @params);
+
+        /// <summary><c>flame_status_t flame_model_forward(flame_model_t model, flame_params_t inputs, flame_params_t* outputs)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_forward", ExactSpelling = true)]
+        public static extern flame_status_t flame_model_forward(IntPtr model, IntPtr inputs, IntPtr* outputs);
+
+        /// <summary><c>flame_status_t flame_model_set_training(flame_model_t model, int32_t training)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_set_training", ExactSpelling = true)]
+        public static extern flame_status_t flame_model_set_training(IntPtr model, int training);
+
+        /// <summary><c>flame_status_t flame_model_set_checkpointing(flame_model_t model, int64_t every_n_blocks)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_set_checkpointing", ExactSpelling = true)]
+        public static extern flame_status_t flame_model_set_checkpointing(IntPtr model, long every_n_blocks);
 
     }
 }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include "api/guard.h"
 #include "api/params_list.h"
+#include "api/safetensors_files.h"
 #include "models/model.h"
 
 namespace flame {
@@ -126,6 +127,33 @@ FLAME_API flame_status_t flame_model_forward(flame_model_t model, flame_params_t
     m.ctx->check_alive();
     const models::NamedTensors out = m.model->forward(in);
     *outputs = make_params_list(*m.ctx, out);
+  });
+}
+
+FLAME_API flame_status_t flame_model_save(flame_model_t model, const char* path, const char* layout) {
+  return api_call("flame_model_save", [&] {
+    flame_model_s& m = model_of(model);
+    FLAME_CHECK(path, FLAME_ERROR_INVALID_ARGUMENT, "path is NULL");
+    const std::string kind = layout ? layout : "diffusers";
+    FLAME_CHECK(kind == "diffusers" || kind == "original", FLAME_ERROR_INVALID_ARGUMENT, "layout \"", kind,
+                "\" is neither \"diffusers\" nor \"original\"");
+    ContextScope scope(*m.ctx);
+    m.ctx->check_alive();
+    m.ctx->forbid_in_capture("writing a safetensors file");
+    models::NamedTensors entries;
+    if (kind == "original") {
+      entries = m.model->original_layout();
+    } else {
+      const models::ParamStore& store = m.model->params();
+      for (size_t i = 0; i < store.size(); ++i) entries.emplace_back(store.names()[i], store.tensors()[i]);
+    }
+    std::vector<std::string> names;
+    std::vector<Tensor> tensors;
+    for (auto& [n, t] : entries) {
+      names.push_back(n);
+      tensors.push_back(t);
+    }
+    save_safetensors(*m.ctx, path, names, tensors, {{"format", "pt"}});
   });
 }
 

@@ -139,6 +139,16 @@ def _t5_gated():
     return t5_case("gated-gelu", False)
 
 
+@case("t5_relu")
+def _t5_relu():
+    return t5_case("relu", False)
+
+
+@case("t5_gated_mask")
+def _t5_gated_mask():
+    return t5_case("gated-gelu", True)
+
+
 @case("t5_relu_mask")
 def _t5_relu_mask():
     return t5_case("relu", True)

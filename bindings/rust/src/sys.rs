@@ -439,6 +439,11 @@ pub struct flame_fused_s {
     _opaque: [u8; 0],
 }
 pub type flame_fused_t = *mut flame_fused_s;
+#[repr(C)]
+pub struct flame_model_s {
+    _opaque: [u8; 0],
+}
+pub type flame_model_t = *mut flame_model_s;
 
 // ---- foreign structs, declared only (defined by their own headers, e.g. dlpack.h) ----
 #[repr(C)]
@@ -867,6 +872,15 @@ pub const SYMBOLS: &[&str] = &[
     "flame_fused_compile",
     "flame_fused_call",
     "flame_fused_release",
+    "flame_model_known_architectures",
+    "flame_model_create",
+    "flame_model_release",
+    "flame_model_architecture",
+    "flame_model_config",
+    "flame_model_params",
+    "flame_model_forward",
+    "flame_model_set_training",
+    "flame_model_set_checkpointing",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -1159,6 +1173,15 @@ pub struct Api {
     pub flame_fused_compile: unsafe extern "C" fn(ctx: flame_ctx_t, expr: *const c_char, n_inputs: i32, out: *mut flame_fused_t) -> flame_status_t,
     pub flame_fused_call: unsafe extern "C" fn(r#fn: flame_fused_t, inputs: *const flame_tensor_t, n: i32, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_fused_release: unsafe extern "C" fn(r#fn: flame_fused_t),
+    pub flame_model_known_architectures: unsafe extern "C" fn(names: *mut *const c_char) -> flame_status_t,
+    pub flame_model_create: unsafe extern "C" fn(ctx: flame_ctx_t, architecture: *const c_char, config_json: *const c_char, options_json: *const c_char, model: *mut flame_model_t) -> flame_status_t,
+    pub flame_model_release: unsafe extern "C" fn(model: flame_model_t),
+    pub flame_model_architecture: unsafe extern "C" fn(model: flame_model_t, name: *mut *const c_char) -> flame_status_t,
+    pub flame_model_config: unsafe extern "C" fn(model: flame_model_t, config_json: *mut *const c_char) -> flame_status_t,
+    pub flame_model_params: unsafe extern "C" fn(model: flame_model_t, params: *mut flame_params_t) -> flame_status_t,
+    pub flame_model_forward: unsafe extern "C" fn(model: flame_model_t, inputs: flame_params_t, outputs: *mut flame_params_t) -> flame_status_t,
+    pub flame_model_set_training: unsafe extern "C" fn(model: flame_model_t, training: i32) -> flame_status_t,
+    pub flame_model_set_checkpointing: unsafe extern "C" fn(model: flame_model_t, every_n_blocks: i64) -> flame_status_t,
 }
 
 impl Api {
@@ -1459,6 +1482,15 @@ impl Api {
             flame_fused_compile: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, i32, *mut flame_fused_t) -> flame_status_t>(resolve(b"flame_fused_compile\0")?),
             flame_fused_call: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_fused_t, *const flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_fused_call\0")?),
             flame_fused_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_fused_t)>(resolve(b"flame_fused_release\0")?),
+            flame_model_known_architectures: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut *const c_char) -> flame_status_t>(resolve(b"flame_model_known_architectures\0")?),
+            flame_model_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, *const c_char, *const c_char, *mut flame_model_t) -> flame_status_t>(resolve(b"flame_model_create\0")?),
+            flame_model_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t)>(resolve(b"flame_model_release\0")?),
+            flame_model_architecture: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, *mut *const c_char) -> flame_status_t>(resolve(b"flame_model_architecture\0")?),
+            flame_model_config: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, *mut *const c_char) -> flame_status_t>(resolve(b"flame_model_config\0")?),
+            flame_model_params: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, *mut flame_params_t) -> flame_status_t>(resolve(b"flame_model_params\0")?),
+            flame_model_forward: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, flame_params_t, *mut flame_params_t) -> flame_status_t>(resolve(b"flame_model_forward\0")?),
+            flame_model_set_training: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, i32) -> flame_status_t>(resolve(b"flame_model_set_training\0")?),
+            flame_model_set_checkpointing: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, i64) -> flame_status_t>(resolve(b"flame_model_set_checkpointing\0")?),
         })
     }
 }
