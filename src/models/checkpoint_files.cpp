@@ -81,6 +81,23 @@ std::string read_text_file(const std::string& path) {
 
 // ---- JSON ----
 
+// s for an error message: control characters (NUL included) as \xNN, so that a message cut at a
+// NUL or garbled by escapes cannot hide what the file said.
+std::string shown(const std::string& s) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char ch : s) {
+    if (ch < 0x20 || ch == 0x7f) {
+      out += "\\x";
+      out += hex[ch >> 4];
+      out += hex[ch & 15];
+    } else {
+      out += static_cast<char>(ch);
+    }
+  }
+  return out;
+}
+
 // Parses JSON text, rejecting what nlohmann-json would silently accept: duplicate keys (the last
 // one would win) and nesting deeper than kMaxJsonDepth. Errors name source.
 json parse_json(const std::string& text, const std::string& source) {
@@ -105,7 +122,7 @@ json parse_json(const std::string& text, const std::string& source) {
       case json::parse_event_t::key: {
         const std::string& k = parsed.get_ref<const std::string&>();
         FLAME_CHECK(!open_objects.empty() && open_objects.back().insert(k).second, FLAME_ERROR_INVALID_FORMAT, source,
-                    ": the key '", k, "' appears twice in one JSON object");
+                    ": the key '", shown(k), "' appears twice in one JSON object");
         break;
       }
       case json::parse_event_t::value:
@@ -162,11 +179,11 @@ std::vector<std::pair<std::string, std::string>> parse_shard_index(const std::st
   std::vector<std::pair<std::string, std::string>> pairs;
   pairs.reserve(map->size());
   for (auto it = map->begin(); it != map->end(); ++it) {
-    FLAME_CHECK(it.value().is_string(), FLAME_ERROR_INVALID_FORMAT, source, ": the shard of key '", it.key(),
+    FLAME_CHECK(it.value().is_string(), FLAME_ERROR_INVALID_FORMAT, source, ": the shard of key '", shown(it.key()),
                 "' is not a string");
     const std::string& shard = it.value().get_ref<const std::string&>();
-    FLAME_CHECK(plain_name(shard), FLAME_ERROR_INVALID_FORMAT, source, ": key '", it.key(), "' names the shard '",
-                shard, "', which is not a plain file name in the index's folder");
+    FLAME_CHECK(plain_name(shard), FLAME_ERROR_INVALID_FORMAT, source, ": key '", shown(it.key()), "' names the shard '",
+                shown(shard), "', which is not a plain file name in the index's folder");
     pairs.emplace_back(it.key(), shard);
   }
   std::sort(pairs.begin(), pairs.end());  // nlohmann's objects iterate sorted already; kept explicit
@@ -181,12 +198,12 @@ std::vector<PipelineComponent> parse_model_index(const std::string& json_text, c
     const std::string& name = it.key();
     const json& v = it.value();
     if (name.empty() || name[0] == '_' || !v.is_array()) continue;  // attributes: _class_name, flags
-    FLAME_CHECK(v.size() == 2, FLAME_ERROR_INVALID_FORMAT, source, ": component '", name,
+    FLAME_CHECK(v.size() == 2, FLAME_ERROR_INVALID_FORMAT, source, ": component '", shown(name),
                 "' is not a [library, class] pair");
     if (v[0].is_null() && v[1].is_null()) continue;  // saved without this component
-    FLAME_CHECK(v[0].is_string() && v[1].is_string(), FLAME_ERROR_INVALID_FORMAT, source, ": component '", name,
+    FLAME_CHECK(v[0].is_string() && v[1].is_string(), FLAME_ERROR_INVALID_FORMAT, source, ": component '", shown(name),
                 "' is not a [library, class] pair of strings");
-    FLAME_CHECK(plain_name(name), FLAME_ERROR_INVALID_FORMAT, source, ": component name '", name,
+    FLAME_CHECK(plain_name(name), FLAME_ERROR_INVALID_FORMAT, source, ": component name '", shown(name),
                 "' is not a plain folder name");
     components.push_back({name, v[0].get<std::string>(), v[1].get<std::string>()});
   }
@@ -313,7 +330,7 @@ std::string component_folder(const std::string& pipeline, const std::string& com
   std::vector<std::string> names;
   for (const PipelineComponent& c : components) names.push_back(c.name);
   FLAME_CHECK(std::find(names.begin(), names.end(), component) != names.end(), FLAME_ERROR_INVALID_ARGUMENT,
-              index_path, " does not list the component '", component, "' (it lists ", quoted_list(names), ")");
+              index_path, " does not list the component '", shown(component), "' (it lists ", quoted_list(names), ")");
   const std::string folder = join(pipeline, component);
   FLAME_CHECK(path_kind(folder) == PathKind::Folder, FLAME_ERROR_IO, index_path, " lists the component '", component,
               "', but ", folder, " is not a folder");
@@ -329,7 +346,7 @@ CheckpointFiles CheckpointFiles::open(const std::string& path, const std::string
   CheckpointFiles cf;
   cf.files_ = std::make_shared<Files>();
   if (kind == PathKind::File) {
-    FLAME_CHECK(component.empty(), FLAME_ERROR_INVALID_ARGUMENT, "component '", component, "' asked of ", path,
+    FLAME_CHECK(component.empty(), FLAME_ERROR_INVALID_ARGUMENT, "component '", shown(component), "' asked of ", path,
                 ", a single file (components are the folders of a diffusers pipeline; a single file's parts are "
                 "views by key prefix)");
     cf.layout_ = CheckpointLayout::SingleFile;
@@ -338,7 +355,7 @@ CheckpointFiles CheckpointFiles::open(const std::string& path, const std::string
   } else {
     std::string folder = path;
     if (!component.empty()) {
-      FLAME_CHECK(plain_name(component), FLAME_ERROR_INVALID_ARGUMENT, "component '", component,
+      FLAME_CHECK(plain_name(component), FLAME_ERROR_INVALID_ARGUMENT, "component '", shown(component),
                   "' is not a plain folder name");
       folder = component_folder(path, component);
     } else if (path_kind(join(path, "config.json")) == PathKind::Missing &&
@@ -467,7 +484,6 @@ void CheckpointFiles::read_into(const std::string& key, const Tensor& dst, int64
   const st::TensorEntry& e = f.header.tensors[entry.tensor];
   const std::string where = f.path + ": key '" + e.name + "'";
   FLAME_CHECK(e.supported, FLAME_ERROR_UNSUPPORTED, where, " is stored as ", e.dtype_name, ", a dtype FLAME does not have");
-  FLAME_CHECK(dst, FLAME_ERROR_INVALID_ARGUMENT, where, ": the destination tensor is null");
   const int64_t total_rows = e.shape.empty() ? 1 : e.shape[0];
   int64_t row_elems = 1;
   for (size_t d = 1; d < e.shape.size(); ++d) row_elems *= e.shape[d];  // bounded: parse checked numel
@@ -476,6 +492,7 @@ void CheckpointFiles::read_into(const std::string& key, const Tensor& dst, int64
               FLAME_ERROR_INVALID_ARGUMENT, where, ": rows [", row_begin, ", ", row_begin + rows, ") are not within its ",
               total_rows, " rows");
   const int64_t count = rows * row_elems;
+  FLAME_CHECK(dst, FLAME_ERROR_INVALID_ARGUMENT, where, ": the destination tensor is null");
   FLAME_CHECK(dst->numel() == count, FLAME_ERROR_INVALID_ARGUMENT, where, ": the destination holds ", dst->numel(),
               " elements, but ", rows, " rows of shape ", shape_str(e.shape), " hold ", count);
   const auto start = std::chrono::steady_clock::now();
