@@ -1,6 +1,7 @@
-// CheckpointFiles (see the header): finding the weight files of a layout, mapping and validating
-// them, joining their keys, checking a shard index against the shards, and streaming a stored
-// tensor (or a range of its rows) to the GPU in bounded pieces.
+// CheckpointFiles (see the header; the JSON parsers are checkpoint_json.cpp): finding the weight
+// files of a layout, mapping and validating them, joining their keys, checking a shard index
+// against the shards, and streaming a stored tensor (or a range of its rows) to the GPU in bounded
+// pieces.
 #include "models/checkpoint_files.h"
 #include <dirent.h>
 #include <sys/mman.h>
@@ -10,9 +11,6 @@
 #include <chrono>
 #include <fstream>
 #include <mutex>
-#include <nlohmann/json.hpp>
-#include <set>
-#include <sstream>
 #include "core/error.h"
 #include "io/file.h"
 #include "io/safetensors.h"
@@ -20,9 +18,6 @@
 
 namespace flame::models {
 namespace {
-
-using json = nlohmann::json;
-constexpr size_t kMaxJsonDepth = 16;
 
 const char* const kSingleWeightFiles[] = {"diffusion_pytorch_model.safetensors", "model.safetensors"};
 const char* const kShardIndexFiles[] = {"diffusion_pytorch_model.safetensors.index.json", "model.safetensors.index.json"};
@@ -79,68 +74,6 @@ std::string read_text_file(const std::string& path) {
   return text;
 }
 
-// ---- JSON ----
-
-// s for an error message: control characters (NUL included) as \xNN, so that a message cut at a
-// NUL or garbled by escapes cannot hide what the file said.
-std::string shown(const std::string& s) {
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned char ch : s) {
-    if (ch < 0x20 || ch == 0x7f) {
-      out += "\\x";
-      out += hex[ch >> 4];
-      out += hex[ch & 15];
-    } else {
-      out += static_cast<char>(ch);
-    }
-  }
-  return out;
-}
-
-// Parses JSON text, rejecting what nlohmann-json would silently accept: duplicate keys (the last
-// one would win) and nesting deeper than kMaxJsonDepth. Errors name source.
-json parse_json(const std::string& text, const std::string& source) {
-  std::vector<std::set<std::string>> open_objects;  // keys seen so far in each open container
-  std::vector<bool> is_object;
-  auto check = [&](int, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        FLAME_CHECK(open_objects.size() < kMaxJsonDepth, FLAME_ERROR_INVALID_FORMAT, source,
-                    ": JSON nested deeper than ", kMaxJsonDepth, " levels");
-        open_objects.emplace_back();
-        is_object.push_back(event == json::parse_event_t::object_start);
-        break;
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        if (!open_objects.empty()) {
-          open_objects.pop_back();
-          is_object.pop_back();
-        }
-        break;
-      case json::parse_event_t::key: {
-        const std::string& k = parsed.get_ref<const std::string&>();
-        FLAME_CHECK(!open_objects.empty() && open_objects.back().insert(k).second, FLAME_ERROR_INVALID_FORMAT, source,
-                    ": the key '", shown(k), "' appears twice in one JSON object");
-        break;
-      }
-      case json::parse_event_t::value:
-        break;
-    }
-    return true;
-  };
-  try {
-    return json::parse(text, check);
-  } catch (const json::exception& e) {
-    fail(FLAME_ERROR_INVALID_FORMAT, source, ": invalid JSON: ", e.what());
-  }
-}
-
-// A shard, folder or component name: one plain path component.
-bool plain_name(const std::string& n) {
-  return !n.empty() && n != "." && n != ".." && n.find_first_of(std::string("/\\\0", 3)) == std::string::npos;
-}
 
 // ---- mapped safetensors files ----
 
@@ -163,54 +96,6 @@ MappedSafetensors map_safetensors(const std::string& path) {
 }
 
 }  // namespace
-
-// ---- the parsers (also fuzz targets) ----
-
-std::vector<std::pair<std::string, std::string>> parse_shard_index(const std::string& json_text, const std::string& source) {
-  const json doc = parse_json(json_text, source);
-  FLAME_CHECK(doc.is_object(), FLAME_ERROR_INVALID_FORMAT, source, ": a shard index must be a JSON object");
-  const auto map = doc.find("weight_map");
-  FLAME_CHECK(map != doc.end(), FLAME_ERROR_INVALID_FORMAT, source, ": no \"weight_map\"");
-  FLAME_CHECK(map->is_object(), FLAME_ERROR_INVALID_FORMAT, source, ": \"weight_map\" is not an object");
-  FLAME_CHECK(!map->empty(), FLAME_ERROR_INVALID_FORMAT, source, ": \"weight_map\" is empty");
-  const auto meta = doc.find("metadata");
-  FLAME_CHECK(meta == doc.end() || meta->is_object() || meta->is_null(), FLAME_ERROR_INVALID_FORMAT, source,
-              ": \"metadata\" is not an object");
-  std::vector<std::pair<std::string, std::string>> pairs;
-  pairs.reserve(map->size());
-  for (auto it = map->begin(); it != map->end(); ++it) {
-    FLAME_CHECK(it.value().is_string(), FLAME_ERROR_INVALID_FORMAT, source, ": the shard of key '", shown(it.key()),
-                "' is not a string");
-    const std::string& shard = it.value().get_ref<const std::string&>();
-    FLAME_CHECK(plain_name(shard), FLAME_ERROR_INVALID_FORMAT, source, ": key '", shown(it.key()), "' names the shard '",
-                shown(shard), "', which is not a plain file name in the index's folder");
-    pairs.emplace_back(it.key(), shard);
-  }
-  std::sort(pairs.begin(), pairs.end());  // nlohmann's objects iterate sorted already; kept explicit
-  return pairs;
-}
-
-std::vector<PipelineComponent> parse_model_index(const std::string& json_text, const std::string& source) {
-  const json doc = parse_json(json_text, source);
-  FLAME_CHECK(doc.is_object(), FLAME_ERROR_INVALID_FORMAT, source, ": model_index.json must be a JSON object");
-  std::vector<PipelineComponent> components;
-  for (auto it = doc.begin(); it != doc.end(); ++it) {
-    const std::string& name = it.key();
-    const json& v = it.value();
-    if (name.empty() || name[0] == '_' || !v.is_array()) continue;  // attributes: _class_name, flags
-    FLAME_CHECK(v.size() == 2, FLAME_ERROR_INVALID_FORMAT, source, ": component '", shown(name),
-                "' is not a [library, class] pair");
-    if (v[0].is_null() && v[1].is_null()) continue;  // saved without this component
-    FLAME_CHECK(v[0].is_string() && v[1].is_string(), FLAME_ERROR_INVALID_FORMAT, source, ": component '", shown(name),
-                "' is not a [library, class] pair of strings");
-    FLAME_CHECK(plain_name(name), FLAME_ERROR_INVALID_FORMAT, source, ": component name '", shown(name),
-                "' is not a plain folder name");
-    components.push_back({name, v[0].get<std::string>(), v[1].get<std::string>()});
-  }
-  std::sort(components.begin(), components.end(),
-            [](const PipelineComponent& a, const PipelineComponent& b) { return a.name < b.name; });
-  return components;
-}
 
 const std::vector<std::string>& known_component_prefixes() {
   static const std::vector<std::string> prefixes{
@@ -317,7 +202,7 @@ std::vector<MappedSafetensors> map_model_folder(const std::string& folder, Check
 std::string read_config(const std::string& folder) {
   const std::string path = join(folder, "config.json");
   std::string text = read_text_file(path);
-  FLAME_CHECK(parse_json(text, path).is_object(), FLAME_ERROR_INVALID_FORMAT, path, ": not a JSON object");
+  check_json_object(text, path);
   return text;
 }
 
@@ -330,7 +215,7 @@ std::string component_folder(const std::string& pipeline, const std::string& com
   std::vector<std::string> names;
   for (const PipelineComponent& c : components) names.push_back(c.name);
   FLAME_CHECK(std::find(names.begin(), names.end(), component) != names.end(), FLAME_ERROR_INVALID_ARGUMENT,
-              index_path, " does not list the component '", shown(component), "' (it lists ", quoted_list(names), ")");
+              index_path, " does not list the component '", printable(component), "' (it lists ", quoted_list(names), ")");
   const std::string folder = join(pipeline, component);
   FLAME_CHECK(path_kind(folder) == PathKind::Folder, FLAME_ERROR_IO, index_path, " lists the component '", component,
               "', but ", folder, " is not a folder");
@@ -346,7 +231,7 @@ CheckpointFiles CheckpointFiles::open(const std::string& path, const std::string
   CheckpointFiles cf;
   cf.files_ = std::make_shared<Files>();
   if (kind == PathKind::File) {
-    FLAME_CHECK(component.empty(), FLAME_ERROR_INVALID_ARGUMENT, "component '", shown(component), "' asked of ", path,
+    FLAME_CHECK(component.empty(), FLAME_ERROR_INVALID_ARGUMENT, "component '", printable(component), "' asked of ", path,
                 ", a single file (components are the folders of a diffusers pipeline; a single file's parts are "
                 "views by key prefix)");
     cf.layout_ = CheckpointLayout::SingleFile;
@@ -355,7 +240,7 @@ CheckpointFiles CheckpointFiles::open(const std::string& path, const std::string
   } else {
     std::string folder = path;
     if (!component.empty()) {
-      FLAME_CHECK(plain_name(component), FLAME_ERROR_INVALID_ARGUMENT, "component '", shown(component),
+      FLAME_CHECK(is_plain_name(component), FLAME_ERROR_INVALID_ARGUMENT, "component '", printable(component),
                   "' is not a plain folder name");
       folder = component_folder(path, component);
     } else if (path_kind(join(path, "config.json")) == PathKind::Missing &&

@@ -10,7 +10,7 @@
 //     "vae", "text_encoder", "text_encoder_2", "text_encoder_3", ...): that component's subfolder,
 //     which is a model folder as above.
 // Every file is memory-mapped and its header validated (io/safetensors.h) before open returns; the
-// JSON files are parsed with nlohmann-json. Anything malformed, truncated, foreign or inconsistent
+// JSON files are parsed by checkpoint_json.h. Anything malformed, truncated, foreign or inconsistent
 // throws flame::Error naming the file (and the key where there is one), and nothing half-opened is
 // returned: FLAME_ERROR_IO for a missing or unreadable file or folder, FLAME_ERROR_INVALID_FORMAT
 // for bad content (bad JSON, an index whose weight_map names a missing shard, a key its shard does
@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 #include "core/dtype.h"
+#include "models/checkpoint_json.h"
 #include "models/flux_keys.h"
 #include "tensor/tensor.h"
 
@@ -62,12 +63,6 @@ struct LoadStats {
   uint64_t bytes = 0;
   double seconds = 0;
   double gb_per_s() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
-};
-
-// A component of a diffusers pipeline as model_index.json names it: {"unet": ["diffusers",
-// "UNet2DConditionModel"]}.
-struct PipelineComponent {
-  std::string name, library, class_name;
 };
 
 constexpr size_t kStagingBytes = size_t(64) << 20;     // the most read_into moves per piece
@@ -125,20 +120,5 @@ class CheckpointFiles {
 
 // The key prefixes under which single files hold components: SGM SDXL, ComfyUI Flux, SD3.5.
 const std::vector<std::string>& known_component_prefixes();
-
-// The weight_map of a sharded checkpoint's index (*.safetensors.index.json): (tensor name, shard
-// file name) pairs sorted by name. source names the file in errors. FLAME_ERROR_INVALID_FORMAT on
-// bad JSON, duplicate keys at any level, nesting deeper than 16, a missing or empty "weight_map", a
-// value that is not a string, or a shard name that is not a plain file name in the same folder
-// (empty, ".", "..", containing '/', '\\' or NUL).
-std::vector<std::pair<std::string, std::string>> parse_shard_index(const std::string& json_text,
-                                                                   const std::string& source);
-
-// The components model_index.json lists, sorted by name: every key not starting with '_' whose
-// value is a [library, class] pair of strings. [null, null] (a pipeline saved without that
-// component) and non-array attributes ("force_zeros_for_empty_prompt": true) are skipped.
-// FLAME_ERROR_INVALID_FORMAT on bad JSON, duplicate keys, deep nesting, a top level that is not an
-// object, a malformed pair, or a component name that is not a plain folder name.
-std::vector<PipelineComponent> parse_model_index(const std::string& json_text, const std::string& source);
 
 }  // namespace flame::models
