@@ -133,7 +133,7 @@ std::vector<FoundKey> join_keys(const std::vector<MappedSafetensors>& files) {
     for (size_t t = 0; t < files[f].header.tensors.size(); ++t) keys.push_back({&files[f].header.tensors[t].name, f, t});
   std::sort(keys.begin(), keys.end(), [](const FoundKey& a, const FoundKey& b) { return *a.name < *b.name; });
   for (size_t i = 1; i < keys.size(); ++i)
-    FLAME_CHECK(*keys[i].name != *keys[i - 1].name, FLAME_ERROR_INVALID_FORMAT, "the key '", *keys[i].name,
+    FLAME_CHECK(*keys[i].name != *keys[i - 1].name, FLAME_ERROR_INVALID_FORMAT, "the key '", printable(*keys[i].name),
                 "' is in two shards: ", files[keys[i - 1].file].path, " and ", files[keys[i].file].path);
   return keys;
 }
@@ -150,7 +150,7 @@ std::vector<MappedSafetensors> map_shards(const std::string& folder, const std::
     const std::string path = join(folder, name);
     if (path_kind(path) == PathKind::Missing) {
       const auto k = std::find_if(weight_map.begin(), weight_map.end(), [&](const auto& kv) { return kv.second == name; });
-      fail(FLAME_ERROR_INVALID_FORMAT, index_path, ": key '", k->first, "' is in the shard '", name,
+      fail(FLAME_ERROR_INVALID_FORMAT, index_path, ": key '", printable(k->first), "' is in the shard '", name,
            "', which does not exist in ", folder);
     }
     files.push_back(map_safetensors(path));
@@ -158,7 +158,7 @@ std::vector<MappedSafetensors> map_shards(const std::string& folder, const std::
   const std::vector<FoundKey> keys = join_keys(files);
   for (const auto& [key, shard] : weight_map) {
     auto it = std::lower_bound(keys.begin(), keys.end(), key, [](const FoundKey& a, const std::string& k) { return *a.name < k; });
-    FLAME_CHECK(it != keys.end() && *it->name == key, FLAME_ERROR_INVALID_FORMAT, index_path, ": key '", key,
+    FLAME_CHECK(it != keys.end() && *it->name == key, FLAME_ERROR_INVALID_FORMAT, index_path, ": key '", printable(key),
                 "' is listed in the shard '", shard, "', but ", join(folder, shard), " does not hold it");
     FLAME_CHECK(files[it->file].path == join(folder, shard), FLAME_ERROR_INVALID_FORMAT, index_path, ": key '", key,
                 "' is listed in the shard '", shard, "', but it is in ", files[it->file].path);
@@ -168,7 +168,7 @@ std::vector<MappedSafetensors> map_shards(const std::string& folder, const std::
       auto it = std::lower_bound(weight_map.begin(), weight_map.end(), *k.name,
                                  [](const auto& kv, const std::string& n) { return kv.first < n; });
       FLAME_CHECK(it != weight_map.end() && it->first == *k.name, FLAME_ERROR_INVALID_FORMAT, files[k.file].path,
-                  " holds the key '", *k.name, "', which the index ", index_path, " does not list");
+                  " holds the key '", printable(*k.name), "', which the index ", index_path, " does not list");
     }
   }
   return files;
@@ -209,7 +209,7 @@ std::string read_config(const std::string& folder) {
 // The folder of a pipeline's component, after checking that model_index.json lists it.
 std::string component_folder(const std::string& pipeline, const std::string& component) {
   const std::string index_path = join(pipeline, "model_index.json");
-  FLAME_CHECK(path_kind(index_path) != PathKind::Missing, FLAME_ERROR_INVALID_ARGUMENT, "component '", component,
+  FLAME_CHECK(path_kind(index_path) != PathKind::Missing, FLAME_ERROR_INVALID_ARGUMENT, "component '", printable(component),
               "' asked of ", pipeline, ", which is not a diffusers pipeline folder (no model_index.json)");
   const std::vector<PipelineComponent> components = parse_model_index(read_text_file(index_path), index_path);
   std::vector<std::string> names;
@@ -217,7 +217,7 @@ std::string component_folder(const std::string& pipeline, const std::string& com
   FLAME_CHECK(std::find(names.begin(), names.end(), component) != names.end(), FLAME_ERROR_INVALID_ARGUMENT,
               index_path, " does not list the component '", printable(component), "' (it lists ", quoted_list(names), ")");
   const std::string folder = join(pipeline, component);
-  FLAME_CHECK(path_kind(folder) == PathKind::Folder, FLAME_ERROR_IO, index_path, " lists the component '", component,
+  FLAME_CHECK(path_kind(folder) == PathKind::Folder, FLAME_ERROR_IO, index_path, " lists the component '", printable(component),
               "', but ", folder, " is not a folder");
   return folder;
 }
@@ -271,7 +271,7 @@ CheckpointFiles CheckpointFiles::open(const std::string& path, const std::string
 
 const CheckpointFiles::Entry& CheckpointFiles::entry_of(const std::string& key) const {
   auto it = std::lower_bound(keys_.begin(), keys_.end(), key, [](const KeyShape& a, const std::string& k) { return a.name < k; });
-  FLAME_CHECK(it != keys_.end() && it->name == key, FLAME_ERROR_INVALID_ARGUMENT, source_, " has no key '", prefix_ + key,
+  FLAME_CHECK(it != keys_.end() && it->name == key, FLAME_ERROR_INVALID_ARGUMENT, source_, " has no key '", printable(prefix_ + key),
               "'");
   return entries_[static_cast<size_t>(it - keys_.begin())];
 }

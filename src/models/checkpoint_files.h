@@ -31,7 +31,18 @@
 // Prefix views: single files hold several components under key prefixes (known_component_prefixes
 // lists them); with_prefix returns a view of the keys under one, with the prefix stripped, that
 // reads from the same mapped files. Copies and views share the files and the load statistics.
-// Not thread-safe except for concurrent read_into calls (they serialise on the tensor's context).
+// Every method is const and may be called from several threads at once (read_into serialises on
+// the destination's context; the statistics have a lock of their own).
+//
+// Use (the model classes):
+//   const CheckpointFiles files = CheckpointFiles::open(path, component);  // component: "" or "unet"...
+//   const CheckpointFiles unet = files.component_prefixes().empty()
+//                                    ? files : files.with_prefix("model.diffusion_model.");
+//   detect the architecture and layout from unet.keys() (flux_keys.h, unet_keys.h, ...), then per
+//   parameter: unet.read_into("conv_in.weight", param);                  // to param's dtype
+//              unet.read_into("double_blocks.0.img_attn.qkv.weight", q, 0, inner);  // rows of a fused tensor
+// Each read_into waits for the stream before its first upload (the driver does so for pageable
+// copies): loading is not meant to overlap a training step.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -336,6 +336,10 @@ TEST(CheckpointFiles, MissingThings) {
   synth::write_safetensors(no_weights + "/diffusion_pytorch_model.fp16.safetensors", small_tensors());
   expect_error([&] { CheckpointFiles::open(no_weights); }, FLAME_ERROR_IO,
                {no_weights, "no weights", "'diffusion_pytorch_model.bin'", "'diffusion_pytorch_model.fp16.safetensors'"});
+  expect_error([&] { CheckpointFiles::open("/dev/null"); }, FLAME_ERROR_IO, {"/dev/null", "neither a file nor a folder"});
+  const std::string config_folder = dir.sub("config_folder", true);
+  dir.sub("config_folder/config.json", true);
+  expect_error([&] { CheckpointFiles::open(config_folder); }, FLAME_ERROR_IO, {config_folder + "/config.json", "regular file"});
   const std::string no_config = dir.sub("no_config", true);
   synth::write_safetensors(no_config + "/diffusion_pytorch_model.safetensors", small_tensors());
   expect_error([&] { CheckpointFiles::open(no_config); }, FLAME_ERROR_IO, {no_config, "config.json"});
