@@ -38,11 +38,12 @@
 //                            channels have many elements), a per-channel finalize (statistics,
 //                            running-stat update), and elementwise apply kernels.
 #pragma once
+#include "row_constants.cuh"
 #include "rows.cuh"
 
 namespace flame {
 
-constexpr int kLayerNorm = 0, kRmsNorm = 1, kGroupNorm = 2;
+// kLayerNorm / kRmsNorm / kGroupNorm (MODE) and kRowGlobal / kRowRegs / kRowSmem (ROW): row_constants.cuh.
 
 // xhat = (x - mean) * rstd. 2-byte types: one FMA, x * rstd + nm with nm = -mean * rstd; its rounding,
 // 2^-24 |mean| / std, stays far below their 2^-9 (and 2-byte inputs hold no std much below
@@ -92,7 +93,7 @@ __device__ __forceinline__ void load_affine(const T* p, i64 base, i64 c, const D
 }
 
 template <class T, int MODE, int NV, int V>
-__global__ void __launch_bounds__(512) norm_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+__global__ void __launch_bounds__(kNormRowsMaxThreads) norm_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                                                  T* __restrict__ y, compute_t<T>* __restrict__ mean_out,
                                                  compute_t<T>* __restrict__ rstd_out, i64 rows, i64 D, i64 groups, i64 hw,
                                                  double eps) {
@@ -195,9 +196,8 @@ __device__ __forceinline__ void gn_channel_add(A* sm, i64 cg, i64 ch, A vg, A vb
 // ROW: where the g and x rows wait between the two passes: kRowGlobal (re-read, hits L2), kRowRegs
 // (registers), kRowSmem (LN/RMS, V * sizeof(T) == 16: shared memory, 2 * D * sizeof(T) bytes of
 // dynamic shared memory per row group, filled by cp.async so that no register holds a load in flight).
-constexpr int kRowGlobal = 0, kRowRegs = 1, kRowSmem = 2;
 template <class T, int MODE, int NV, int V, int ROW, bool WB>
-__global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+__global__ void __launch_bounds__(kNormRowsMaxThreads) norm_bwd(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
                                                 const compute_t<T>* __restrict__ mean, const compute_t<T>* __restrict__ rstd,
                                                 T* __restrict__ dx, compute_t<T>* __restrict__ dw_part,
                                                 compute_t<T>* __restrict__ db_part, i64 rows, i64 D, i64 groups, i64 hw,
