@@ -16,6 +16,10 @@ constexpr int kLayerNorm = 0, kRmsNorm = 1, kGroupNorm = 2;
 // kRowGlobal: re-read (hits L2); kRowRegs: registers; kRowSmem: shared memory (staged rows).
 constexpr int kRowGlobal = 0, kRowRegs = 1, kRowSmem = 2;
 
+// The MODE template argument of batch_norm's channel passes (bn_reduce, bn_finalize): the forward
+// statistics (mean, rstd, running statistics) or the backward sums (sum g, sum g (x - mean)).
+constexpr int kBnStatistics = 0, kBnGradientSums = 1;
+
 // __launch_bounds__ of the row kernels: the most threads the host may give one block.
 constexpr int kNormRowsMaxThreads = 512;        // norm_fwd, norm_bwd
 constexpr int kSoftmaxFwdMaxThreads = 1024;     // softmax_fwd

@@ -6,7 +6,7 @@
 //                              global memory per element. Two all-reduces: max then sum (forward),
 //                              sum(g * y) or sum(g) (backward).
 //  softmax_fwd_smem            rows of 16-byte vectors of 1-4 KiB, and up to 64 KiB from 4 / 16 / 32
-//                              KiB for 2- / 4- / 8-byte types (ops/nn_rows.h): one row per block
+//                              KiB for 2- / 4- / 8-byte types (ops/row_router.cpp): one row per block
 //                              staged in shared memory by cp.async (stage_row in rows.cuh), so that
 //                              the loads in flight hold no registers: one read, one write.
 //  softmax_fwd_stream / _bwd_stream
