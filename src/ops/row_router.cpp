@@ -19,6 +19,11 @@ static_assert(ring::kLossLongSlots == ring::kLossMaxSlots && ring::kLossMaxSlots
 static_assert(2 * ring::kLossShortSlots * (ring::kChunkBytes + ring::kBarrierBytesPerSlot) <= 228 * 1024 &&
                   ring::kLossLongSlots * (ring::kChunkBytes + ring::kBarrierBytesPerSlot) <= 227 * 1024,
               "the cross-entropy rings fit an sm_90 SM (228 KiB) and block (227 KiB)");
+static_assert(ring::smem_bytes_of(1, ring::kLossShortSlots * ring::kChunkBytes) ==
+                      ring::kLossShortSlots * (ring::kChunkBytes + ring::kBarrierBytesPerSlot) &&
+                  ring::slots_of(1, ring::kLossLongSlots * ring::kChunkBytes) == ring::kLossLongSlots,
+              "ce_index_fwd_grad_ring's Layout<1, SLOTS * kChunkBytes>: SLOTS slots of one chunk and their barriers");
+static_assert(ring::kLossLongGroups * ring::kConsumers + 32 <= 1024, "ce_index_fwd_grad_ring's block");
 static_assert(static_cast<int>(RowNorm::Layer) == kLayerNorm && static_cast<int>(RowNorm::Rms) == kRmsNorm &&
                   static_cast<int>(RowNorm::Group) == kGroupNorm,
               "RowNorm is the norm kernels' MODE");
@@ -374,7 +379,8 @@ RowPlan plan_ce_fused(const RowProblem& q, const RowDevice& dev) {
     p.launch.threads_x = static_cast<unsigned>(p.ring.groups * ring::kConsumers + 32);
     const int64_t per_sm = ring::kLossMaxSlots / p.ring.slots;
     p.launch.grid = static_cast<unsigned>(std::min<int64_t>(q.rows, dev.sm_count * per_sm));
-    p.launch.smem_bytes = static_cast<unsigned>(p.ring.slots * (ring::kChunkBytes + ring::kBarrierBytesPerSlot));
+    // ring::Layout<1, SLOTS * kChunkBytes>::kSmemBytes of cuda/ring.cuh, which the kernel uses
+    p.launch.smem_bytes = static_cast<unsigned>(ring::smem_bytes_of(1, p.ring.slots * ring::kChunkBytes));
     p.launch.set_max_smem = true;
     return p;
   }
