@@ -18,9 +18,6 @@
 #include "ring.cuh"
 
 namespace flame {
-namespace ring {
-constexpr int kLossMaxSlots = 30;  // + 16 bytes of barriers per slot: 225.5 KiB
-}  // namespace ring
 
 #if __CUDA_ARCH__ >= 900
 // The row statistics merged over the NC consumer threads (named barrier 1), in every one of them;

@@ -20,7 +20,7 @@
 //                            false re-reads g and x for the dx pass instead of caching them (long
 //                            rows: the accumulators take the registers; the re-read hits L2).
 //  norm_fwd_block<SMEM>      one row per block. SMEM (16-byte vectors; rows of 1-4 KiB, and up to 64
-//                            KiB 2-byte rows from 4, f32 from 16, f64 from 32 KiB; ops/nn_rows.h):
+//                            KiB 2-byte rows from 4, f32 from 16, f64 from 32 KiB; ops/row_router.cpp):
 //                            staged in shared memory by cp.async, so that the loads in flight hold
 //                            no registers and many rows stay resident per
 //                            SM (a register-cached row of 16384 floats allows one; short rows: 32
@@ -38,11 +38,12 @@
 //                            channels have many elements), a per-channel finalize (statistics,
 //                            running-stat update), and elementwise apply kernels.
 #pragma once
+#include "row_constants.cuh"
 #include "rows.cuh"
 
 namespace flame {
 
-constexpr int kLayerNorm = 0, kRmsNorm = 1, kGroupNorm = 2;
+// kLayerNorm / kRmsNorm / kGroupNorm (MODE) and kRowGlobal / kRowRegs / kRowSmem (ROW): row_constants.cuh.
 
 // xhat = (x - mean) * rstd. 2-byte types: one FMA, x * rstd + nm with nm = -mean * rstd; its rounding,
 // 2^-24 |mean| / std, stays far below their 2^-9 (and 2-byte inputs hold no std much below
@@ -92,7 +93,7 @@ __device__ __forceinline__ void load_affine(const T* p, i64 base, i64 c, const D
 }
 
 template <class T, int MODE, int NV, int V>
-__global__ void __launch_bounds__(512) norm_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+__global__ void __launch_bounds__(kNormRowsMaxThreads) norm_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                                                  T* __restrict__ y, compute_t<T>* __restrict__ mean_out,
                                                  compute_t<T>* __restrict__ rstd_out, i64 rows, i64 D, i64 groups, i64 hw,
                                                  double eps) {
@@ -195,9 +196,8 @@ __device__ __forceinline__ void gn_channel_add(A* sm, i64 cg, i64 ch, A vg, A vb
 // ROW: where the g and x rows wait between the two passes: kRowGlobal (re-read, hits L2), kRowRegs
 // (registers), kRowSmem (LN/RMS, V * sizeof(T) == 16: shared memory, 2 * D * sizeof(T) bytes of
 // dynamic shared memory per row group, filled by cp.async so that no register holds a load in flight).
-constexpr int kRowGlobal = 0, kRowRegs = 1, kRowSmem = 2;
 template <class T, int MODE, int NV, int V, int ROW, bool WB>
-__global__ void __launch_bounds__(512) norm_bwd(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+__global__ void __launch_bounds__(kNormRowsMaxThreads) norm_bwd(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
                                                 const compute_t<T>* __restrict__ mean, const compute_t<T>* __restrict__ rstd,
                                                 T* __restrict__ dx, compute_t<T>* __restrict__ dw_part,
                                                 compute_t<T>* __restrict__ db_part, i64 rows, i64 D, i64 groups, i64 hw,
@@ -598,9 +598,9 @@ __global__ void __launch_bounds__(256) norm_wb_cols(const T* __restrict__ g, con
 
 // Partial per-channel sums: block b reduces elements [ch * chunk_len, (ch + 1) * chunk_len) of the
 // N * HW elements of channel c = b / chunks (ch = b % chunks) into part[b] = (s1, s2).
-//   MODE 0 (statistics): s1 = sum(x - K), s2 = sum((x - K)^2), with K = the channel's first element
+//   MODE kBnStatistics: s1 = sum(x - K), s2 = sum((x - K)^2), with K = the channel's first element
 //                        (a shift that keeps s2 - s1^2 / n free of cancellation for offset data).
-//   MODE 1 (backward):   s1 = sum(g), s2 = sum(g * (x - mean[c])).
+//   MODE kBnGradientSums: s1 = sum(g), s2 = sum(g * (x - mean[c])).
 template <class T, int MODE>
 __global__ void bn_reduce(const T* __restrict__ x, const T* __restrict__ g, const compute_t<T>* __restrict__ mean,
                           compute_t<T>* __restrict__ part, i64 C, i64 HW, i64 count, i64 chunks, i64 chunk_len) {
@@ -609,12 +609,12 @@ __global__ void bn_reduce(const T* __restrict__ x, const T* __restrict__ g, cons
   for (i64 blk = blockIdx.x; blk < C * chunks; blk += gridDim.x) {
     const i64 c = blk / chunks, ch = blk % chunks;
     const i64 e1 = min(count, (ch + 1) * chunk_len);
-    const A shift = MODE == 0 ? static_cast<A>(to_compute(x[c * HW])) : mean[c];
+    const A shift = MODE == kBnStatistics ? static_cast<A>(to_compute(x[c * HW])) : mean[c];
     A s1 = A(0), s2 = A(0);
     for (i64 e = ch * chunk_len + threadIdx.x; e < e1; e += blockDim.x) {
       const i64 n = e / HW, off = (n * C + c) * HW + (e - n * HW);
       A d = static_cast<A>(to_compute(x[off])) - shift;
-      if (MODE == 0) {
+      if (MODE == kBnStatistics) {
         s1 += d;
         s2 += d * d;
       } else {
@@ -632,9 +632,9 @@ __global__ void bn_reduce(const T* __restrict__ x, const T* __restrict__ g, cons
   }
 }
 
-// One thread per channel: sums the chunks' partials. MODE 0: mean, rstd (saved for backward) and
+// One thread per channel: sums the chunks' partials. MODE kBnStatistics: mean, rstd (saved for backward) and
 // the running statistics (unbiased variance, as PyTorch), when given, updated in place.
-// MODE 1: sums[2c] = sum(g), sums[2c + 1] = sum(g * (x - mean)).
+// MODE kBnGradientSums: sums[2c] = sum(g), sums[2c + 1] = sum(g * (x - mean)).
 template <class T, int MODE>
 __global__ void bn_finalize(const compute_t<T>* __restrict__ part, const T* __restrict__ x, compute_t<T>* __restrict__ out0,
                             compute_t<T>* __restrict__ out1, T* running_mean, i64 rm_stride, T* running_var,
@@ -646,7 +646,7 @@ __global__ void bn_finalize(const compute_t<T>* __restrict__ part, const T* __re
       s1 += part[2 * (c * chunks + k)];
       s2 += part[2 * (c * chunks + k) + 1];
     }
-    if (MODE == 1) {
+    if (MODE == kBnGradientSums) {
       out0[2 * c] = s1;
       out0[2 * c + 1] = s2;
       continue;

@@ -14,9 +14,6 @@
 #include "ring.cuh"
 
 namespace flame {
-namespace ring {
-constexpr int kMaxChunks = 9;  // rows of up to 64 KiB (4096 vectors)
-}  // namespace ring
 
 #if __CUDA_ARCH__ >= 900
 // The vectors of p (the weight) at this consumer thread's columns; untouched when p is null.

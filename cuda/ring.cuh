@@ -13,23 +13,18 @@
 // must fit in the ring (the host checks it) when the consumers read the row twice before releasing it.
 #pragma once
 #include "mbarrier.cuh"
+#include "row_constants.cuh"
 
 namespace flame {
 namespace ring {
 
-// 15 consumer warps and one producer warp: 4 warps per SM sub-partition, so 128 registers per thread
-// (a 17th warp would make it 5 on one and cap every thread at 96).
-constexpr int kConsumers = 480;
-constexpr int kThreads = kConsumers + 32;
-constexpr int kChunkVecs = kConsumers;        // one 16-byte vector per consumer thread and input
-constexpr int kChunkBytes = kChunkVecs * 16;  // 7.5 KiB
-constexpr int kMaxRingBytes = 192 * 1024;
-
+// The geometry (kConsumers, kChunkBytes, the slots and shared memory of a ring) is in
+// row_constants.cuh, which the host's launch planning (src/ops/row_router.cpp) reads too.
 template <int NIN, int RING_BYTES = kMaxRingBytes>
 struct Layout {
-  static constexpr int kSlots = RING_BYTES / (NIN * kChunkBytes);  // 12 for g and x in 192 KiB
-  static constexpr int kRingBytes = kSlots * NIN * kChunkBytes;
-  static constexpr int kSmemBytes = kRingBytes + 16 * kSlots;  // chunks, then a full and an empty barrier per slot
+  static constexpr int kSlots = slots_of(NIN, RING_BYTES);  // 12 for g and x in 192 KiB
+  static constexpr int kRingBytes = chunk_bytes_of(NIN, RING_BYTES);
+  static constexpr int kSmemBytes = smem_bytes_of(NIN, RING_BYTES);  // chunks, then a full and an empty barrier per slot
 };
 
 }  // namespace ring

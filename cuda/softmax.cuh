@@ -6,7 +6,7 @@
 //                              global memory per element. Two all-reduces: max then sum (forward),
 //                              sum(g * y) or sum(g) (backward).
 //  softmax_fwd_smem            rows of 16-byte vectors of 1-4 KiB, and up to 64 KiB from 4 / 16 / 32
-//                              KiB for 2- / 4- / 8-byte types (ops/nn_rows.h): one row per block
+//                              KiB for 2- / 4- / 8-byte types (ops/row_router.cpp): one row per block
 //                              staged in shared memory by cp.async (stage_row in rows.cuh), so that
 //                              the loads in flight hold no registers: one read, one write.
 //  softmax_fwd_stream / _bwd_stream
@@ -18,6 +18,7 @@
 //
 // Backward: softmax dx = y * (g - sum(g * y)); log-softmax dx = g - exp(y) * sum(g).
 #pragma once
+#include "row_constants.cuh"
 #include "rows.cuh"
 
 namespace flame {
@@ -41,7 +42,7 @@ __device__ __forceinline__ A softmax_value(A x, A m, A inv_sum, A log_sum) {
 }
 
 template <class T, bool LOG, int NV, int V>
-__global__ void __launch_bounds__(1024) softmax_fwd(const T* __restrict__ x, T* __restrict__ y, i64 rows, i64 D) {
+__global__ void __launch_bounds__(kSoftmaxFwdMaxThreads) softmax_fwd(const T* __restrict__ x, T* __restrict__ y, i64 rows, i64 D) {
   typedef compute_t<T> A;
   __shared__ A red[256];
   const i64 iters = row_iterations(rows);
@@ -92,7 +93,7 @@ __global__ void __launch_bounds__(1024) softmax_fwd(const T* __restrict__ x, T* 
 // indices the register-cached kernel at rows of 16384 floats took 128 registers (H200: softmax
 // fwd+bwd 2048x16384 f32 0.73 of copy; 104 registers now, 0.87).
 template <class T, bool LOG, int NV, int V, bool SMEM>
-__global__ void __launch_bounds__(512) softmax_bwd(const T* __restrict__ g, const T* __restrict__ y, T* __restrict__ dx,
+__global__ void __launch_bounds__(kSoftmaxBwdMaxThreads) softmax_bwd(const T* __restrict__ g, const T* __restrict__ y, T* __restrict__ dx,
                                                    i64 rows, i64 D) {
   typedef compute_t<T> A;
   __shared__ A red[256];

@@ -14,6 +14,9 @@
 // upstream gradient runs the backward kernel as before (one rounding; the same traffic as scaling
 // the saved gradient). Reduction none keeps the two-kernel path: its upstream is never the seed.
 //
+// Which kernel a row of logits takes (one warp or one block per row, the TMA ring) and its launch
+// shape are the row-kernel router's (ops/row_router.h: RowOp::CrossEntropyRows / CrossEntropyFusedGrad).
+//
 // Class indices are checked on the device, not on the host (copying them to the host would stall
 // the stream every step): an index out of range that is not ignore_index gives that row a NaN loss
 // and is reported by the context's next synchronisation (Context::device_error_record).
@@ -25,13 +28,13 @@
 #include <algorithm>
 #include <cmath>
 #include "core/error.h"
+#include "ops/nn_rows.h"
 #include "ops/ops.h"
 
 namespace flame {
 
 namespace {
 
-DType acc_of(DType d) { return d == FLAME_DTYPE_F64 ? FLAME_DTYPE_F64 : FLAME_DTYPE_F32; }
 DType wide(DType d) { return (d == FLAME_DTYPE_F16 || d == FLAME_DTYPE_BF16) ? FLAME_DTYPE_F32 : d; }
 int full_width(DType d) { return static_cast<int>(16 / dtype_size(d)); }
 
@@ -51,79 +54,31 @@ constexpr KernelTemplate kNllFwd{"loss.cuh", "flame::nll_fwd", {K::Dtype, K::Dty
 constexpr KernelTemplate kNllBwd{"loss.cuh", "flame::nll_bwd", {K::Dtype, K::Dtype, K::Dtype}};
 constexpr KernelTemplate kCeTargetWeight{"loss.cuh", "flame::ce_target_weight", {K::Dtype, K::Dtype}};  // <index type, A>
 
-// ---- launch geometry of the row kernels ----
-struct RowLaunch {
-  int v = 1;          // elements per access
-  bool warp = false;  // one warp per row (else one block per row)
-  unsigned block = 256, grid = 1;
-};
+// ---- launch plans of the row kernels (the router's) ----
 
-RowLaunch row_launch(int64_t M, int64_t C, DType dt, std::initializer_list<CUdeviceptr> ptrs) {
-  RowLaunch L;
-  L.v = full_width(dt);
-  bool ok = C % L.v == 0;  // every row then starts 16-byte aligned
-  for (CUdeviceptr p : ptrs) ok = ok && p % 16 == 0;
-  if (!ok) L.v = 1;
-  L.warp = C <= 1024;
-  int64_t groups = L.warp ? (M + 7) / 8 : M;  // warp rows: 8 warps of a 256-thread block
-  L.block = L.warp ? 256 : (C >= 16384 ? 512 : 256);
-  L.grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(groups, int64_t{1} << 20)));  // grid-stride beyond
-  return L;
+// The router's plan for cross-entropy over [M, C] logits whose kernel reads and writes ptrs.
+RowPlan plan_ce(Context& ctx, RowOp op, int64_t M, int64_t C, DType dt, const std::vector<CUdeviceptr>& ptrs) {
+  RowProblem q;
+  q.op = op;
+  q.dtype = dt;
+  q.rows = M;
+  q.D = C;
+  q.v = row_vector_width(dt, C, ptrs);  // 16-byte vectors when C and every pointer allow (rows then start aligned)
+  return plan_row_kernel(q, row_device(ctx, op == RowOp::CrossEntropyFusedGrad));
 }
+bool warp_rows(const RowPlan& p) { return p.path == RowPath::WarpPerRow; }
 
-// row_launch for ce_index_fwd_grad, which reads each row twice: when L2 cannot hold every row the
-// GPU can have in flight, the grid is capped (whole waves of SMs, the blocks stride over the rows)
-// so that the rows in flight fit in half of L2 between the two reads (the other half for the
-// gradient stream and everything else). One block row per SM gets 1024 threads, to keep enough
-// loads in flight (the kernel's launch bounds allow it).
-RowLaunch fused_row_launch(Context& ctx, int64_t M, int64_t C, DType dt, std::initializer_list<CUdeviceptr> ptrs) {
-  RowLaunch L = row_launch(M, C, dt, ptrs);
-  int l2 = 0, threads = 0;
-  ctx.check(ctx.drv.cuDeviceGetAttribute(&l2, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, ctx.device), "cuDeviceGetAttribute");
-  ctx.check(ctx.drv.cuDeviceGetAttribute(&threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, ctx.device),
-            "cuDeviceGetAttribute");
-  const int64_t sms = std::max(1, ctx.sm_count), rows_per_block = L.warp ? L.block / 32 : 1;
-  const int64_t fit = int64_t{l2} / 2 / (C * static_cast<int64_t>(dtype_size(dt)));  // rows
-  const int64_t resident = sms * std::max<int64_t>(1, threads / L.block) * rows_per_block;  // at full occupancy
-  if (fit >= resident) return L;
-  const int64_t per_sm = std::max<int64_t>(1, fit / (sms * rows_per_block));  // blocks
-  if (!L.warp && per_sm == 1) L.block = 1024;
-  L.grid = static_cast<unsigned>(std::min<int64_t>(L.grid, sms * per_sm));
-  return L;
-}
-
-// ce_index_fwd_grad_ring's geometry, as ring::Layout<1, slots * chunk> in cuda/ring.cuh and
-// loss_ring.cuh: slots of 480 16-byte vectors and two 8-byte barriers per slot; groups of 480
-// consumer threads and a producer warp.
-constexpr int64_t kRingMaxSlots = 30, kRingChunkBytes = 480 * 16;
+// The shapes ce_index_fwd_grad_ring is instantiated with (cuda/row_constants.cuh).
 struct CeRing { int slots, groups; };
-constexpr CeRing kCeRings[] = {{14, 1}, {30, 2}};
-
-// Rows of up to 14 chunks get two blocks of 14 slots per SM (two blocks of 15 exceed an SM's
-// 228 KiB), whose phases overlap each other's; longer rows one block of 30 slots with two consumer
-// groups. H200, fwd+bwd at 8192 x 50304 as a multiple of the single-pass bound: f32 (27 chunks) 1.12
-// with one group, 1.11 with two; bf16 (14 chunks) 1.39 with one group of 30 slots, 1.23 with two,
-// 1.22 with two blocks of 14; bf16 8192 x 32768 (9 chunks) 1.49 / 1.42 / 1.27.
-CeRing ce_ring_for(int64_t chunks) { return chunks <= kCeRings[0].slots ? kCeRings[0] : kCeRings[1]; }
-unsigned ring_smem(const CeRing& g) { return static_cast<unsigned>(g.slots * (kRingChunkBytes + 16)); }
-
-// Rows of 32 KiB up to the ring's 30 chunks, in 16-byte vectors, on sm_90 and later, with f32
-// accumulation: the ring kernel reads each row from DRAM once and keeps it in shared memory between
-// its two passes (ce_index_fwd_grad: the second read from L2). H200, 8192 x 50304 fwd+bwd: f32
-// 1.30 -> 1.11 of the single-pass bound, bf16 1.30 -> 1.22.
-bool ce_ring_rows(const Context& ctx, int64_t C, DType dt, const RowLaunch& L) {
-  const int64_t row_bytes = C * static_cast<int64_t>(dtype_size(dt));
-  return ctx.cc_major >= 9 && dt != FLAME_DTYPE_F64 && L.v == full_width(dt) && row_bytes >= 32 * 1024 &&
-         row_bytes <= kRingMaxSlots * kRingChunkBytes;
-}
+constexpr CeRing kCeRings[] = {{ring::kLossShortSlots, ring::kLossShortGroups}, {ring::kLossLongSlots, ring::kLossLongGroups}};
 
 KernelKey row_key(const KernelTemplate& k, int v, bool warp, DType t, DType a) { return make_key(k, v, warp, t, a); }
-KernelKey row_key(const KernelTemplate& k, const RowLaunch& L, DType t, DType a) { return row_key(k, L.v, L.warp, t, a); }
+KernelKey row_key(const KernelTemplate& k, const RowPlan& p, DType t, DType a) { return row_key(k, p.v, warp_rows(p), t, a); }
 KernelKey index_key(const KernelTemplate& k, int v, bool warp, bool plain, DType t, DType idx, DType a) {
   return make_key(k, v, warp, plain, t, idx, a);
 }
-KernelKey index_key(const KernelTemplate& k, const RowLaunch& L, bool plain, DType t, DType idx, DType a) {
-  return index_key(k, L.v, L.warp, plain, t, idx, a);
+KernelKey index_key(const KernelTemplate& k, const RowPlan& p, bool plain, DType t, DType idx, DType a) {
+  return index_key(k, p.v, warp_rows(p), plain, t, idx, a);
 }
 KernelKey nll_key(const KernelTemplate& k, DType t, DType idx) { return make_key(k, t, idx, acc_of(t)); }
 
@@ -230,24 +185,16 @@ Tensor ce_index_with_grad(const Tensor& x, const Tensor& target, const Tensor& w
     denom = ops::sum_as(wrow, {}, false, A);
   }
   if (M > 0) {
-    RowLaunch L = fused_row_launch(ctx, M, C, T, {x->data(), grad->data()});
+    const RowPlan p = plan_ce(ctx, RowOp::CrossEntropyFusedGrad, M, C, T, {x->data(), grad->data()});
     uint32_t src = 0;
     CUdeviceptr rec = ctx.device_error_record("cross_entropy: target index", &src);
     CUdeviceptr px = x->data(), ps = wsum ? wsum->data() : 0, pd = denom ? denom->data() : 0;
     CUdeviceptr pl = loss->data(), pe = lse->data(), pg = grad->data();
     void* args[] = {&px, &pt, &pw, &ps, &pd, &M, &C, &ignore_index, &eps, &pl, &pr, &pe, &pg, &rec, &src};
     const bool plain = !weight && eps == 0.0;
-    if (ce_ring_rows(ctx, C, T, L)) {
-      const CeRing g = ce_ring_for((C * static_cast<int64_t>(dtype_size(T)) + kRingChunkBytes - 1) / kRingChunkBytes);
-      CUfunction f = ctx.function(make_key(kCeIndexFwdGradRing, plain, T, I, g.slots, g.groups));
-      const unsigned smem = ring_smem(g);
-      ctx.check(ctx.drv.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(smem)),
-                "cuFuncSetAttribute");
-      const int64_t per_sm = kRingMaxSlots / g.slots;
-      ctx.launch(f, static_cast<unsigned>(std::min<int64_t>(M, ctx.sm_count * per_sm)), g.groups * 480 + 32, args, smem);
-    } else {
-      ctx.launch(ctx.function(index_key(kCeIndexFwdGrad, L, plain, T, I, A)), L.grid, L.block, args);
-    }
+    const KernelKey key = p.path == RowPath::Ring ? make_key(kCeIndexFwdGradRing, plain, T, I, p.ring.slots, p.ring.groups)
+                                                  : index_key(kCeIndexFwdGrad, p, plain, T, I, A);
+    launch_row_plan(ctx, ctx.function(key), p, args);
   }
   Tensor out = finish(loss, red, denom, out_dtype);
   if (auto node = record(OpId::CrossEntropy, {x}, {out})) {
@@ -276,13 +223,13 @@ Tensor ce_index(const Tensor& x, const Tensor& target, const Tensor& weight, int
   Tensor wsum = weight ? ops::sum_as(weight, {}, false, A) : nullptr;
   Tensor loss = make_tensor(ctx, {M}, A), wrow = make_tensor(ctx, {M}, A), lse = make_tensor(ctx, {M}, A);
   if (M > 0) {
-    RowLaunch L = row_launch(M, C, T, {x->data()});
+    const RowPlan p = plan_ce(ctx, RowOp::CrossEntropyRows, M, C, T, {x->data()});
     uint32_t src = 0;
     CUdeviceptr rec = ctx.device_error_record("cross_entropy: target index", &src);
     CUdeviceptr px = x->data(), pt = target->data(), pw = weight ? weight->data() : 0, ps = wsum ? wsum->data() : 0;
     CUdeviceptr pl = loss->data(), pr = wrow->data(), pe = lse->data();
     void* args[] = {&px, &pt, &pw, &ps, &M, &C, &ignore_index, &eps, &pl, &pr, &pe, &rec, &src};
-    ctx.launch(ctx.function(index_key(kCeIndexFwd, L, !weight && eps == 0.0, T, I, A)), L.grid, L.block, args);
+    launch_row_plan(ctx, ctx.function(index_key(kCeIndexFwd, p, !weight && eps == 0.0, T, I, A)), p, args);
   }
   Tensor denom = red == ops::Reduction::Mean ? ops::sum_as(wrow, {}, false, A) : nullptr;
   Tensor out = finish(loss, red, denom, out_dtype);
@@ -304,11 +251,11 @@ Tensor ce_probs(const Tensor& x, const Tensor& target, const Tensor& weight, dou
   Tensor wsum = weight ? ops::sum_as(weight, {}, false, A) : nullptr;
   Tensor loss = make_tensor(ctx, {M}, A), rowt = make_tensor(ctx, {M}, A), lse = make_tensor(ctx, {M}, A);
   if (M > 0) {
-    RowLaunch L = row_launch(M, C, T, {x->data(), target->data()});
+    const RowPlan p = plan_ce(ctx, RowOp::CrossEntropyRows, M, C, T, {x->data(), target->data()});
     CUdeviceptr px = x->data(), pt = target->data(), pw = weight ? weight->data() : 0, ps = wsum ? wsum->data() : 0;
     CUdeviceptr pl = loss->data(), pr = rowt->data(), pe = lse->data();
     void* args[] = {&px, &pt, &pw, &ps, &M, &C, &eps, &pl, &pr, &pe};
-    ctx.launch(ctx.function(row_key(kCeProbFwd, L, T, A)), L.grid, L.block, args);
+    launch_row_plan(ctx, ctx.function(row_key(kCeProbFwd, p, T, A)), p, args);
   }
   Tensor out = finish(loss, red, nullptr, T);
   if (auto node = record(OpId::CrossEntropyProbs, {x, target}, {out})) {
@@ -457,7 +404,7 @@ Tensor ops::cross_entropy_backward(const LossSaved& s, const Tensor& g0) {
   Tensor g = grad_in(g0, A, &gs);  // read in f32: an f32 loss of bf16 logits (autocast) keeps its gradient's digits
   Tensor grad = make_tensor(ctx, {M, C}, T);
   if (M == 0) return grad;
-  RowLaunch L = row_launch(M, C, T, {x->data(), grad->data()});
+  const RowPlan p = plan_ce(ctx, RowOp::CrossEntropyRows, M, C, T, {x->data(), grad->data()});
   uint32_t src = 0;
   CUdeviceptr rec = ctx.device_error_record("cross_entropy: target index", &src);
   CUdeviceptr px = x->data(), pt = s.target->data(), pw = s.weight ? s.weight->data() : 0, ps = s.wsum ? s.wsum->data() : 0;
@@ -465,7 +412,7 @@ Tensor ops::cross_entropy_backward(const LossSaved& s, const Tensor& g0) {
   double scale = 1.0, eps = s.eps;
   int64_t ignore = s.ignore_index;
   void* args[] = {&px, &pt, &pw, &ps, &pe, &pg, &gs, &pd, &scale, &M, &C, &ignore, &eps, &po, &rec, &src};
-  ctx.launch(ctx.function(index_key(kCeIndexBwd, L, !s.weight && eps == 0.0, T, I, A)), L.grid, L.block, args);
+  launch_row_plan(ctx, ctx.function(index_key(kCeIndexBwd, p, !s.weight && eps == 0.0, T, I, A)), p, args);
   return grad;
 }
 
@@ -478,12 +425,12 @@ Tensor ops::cross_entropy_probs_backward(const LossSaved& s, const Tensor& g0) {
   Tensor grad = make_tensor(ctx, {M, C}, T);
   if (M == 0) return grad;
   Tensor t = contiguous(alias(s.target));
-  RowLaunch L = row_launch(M, C, T, {x->data(), t->data(), grad->data()});
+  const RowPlan p = plan_ce(ctx, RowOp::CrossEntropyRows, M, C, T, {x->data(), t->data(), grad->data()});
   CUdeviceptr px = x->data(), pt = t->data(), pw = s.weight ? s.weight->data() : 0, pe = s.lse->data();
   CUdeviceptr pr = s.rowt->data(), pg = g->data(), po = grad->data();
   double scale = s.reduction == Reduction::Mean ? 1.0 / static_cast<double>(M) : 1.0, eps = s.eps;
   void* args[] = {&px, &pt, &pw, &pe, &pr, &pg, &gs, &scale, &M, &C, &eps, &po};
-  ctx.launch(ctx.function(row_key(kCeProbBwd, L, T, A)), L.grid, L.block, args);
+  launch_row_plan(ctx, ctx.function(row_key(kCeProbBwd, p, T, A)), p, args);
   return grad;
 }
 

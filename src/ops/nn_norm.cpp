@@ -2,10 +2,13 @@
 // and the recorded nodes. Saved per node: x, the weight (or nothing), mean (not for RMS), rstd;
 // ints = {k or groups or training, has weight, has bias}, reals = {eps}.
 //
-// Row norms (layer/rms/group) run one kernel per direction (see cuda/norm.cuh); their weight and
-// bias gradients come back as per-block (LN/RMS) or per-(n, c) (GN) partial sums that one
-// reduction over the partial rows finishes. batch_norm: per-channel partial sums, a per-channel
-// finalize, an elementwise apply; a channel with few values per block is split over blocks.
+// Row norms (layer/rms/group) run one kernel per direction (see cuda/norm.cuh); which one, and its
+// launch, is the row-kernel router's decision (ops/row_router.h: RowOp::NormForward / NormBackward);
+// this file turns the RowPlan into a kernel key and launches it. Their weight and bias gradients
+// come back as per-block (LN/RMS) or per-(n, c) (GN) partial sums that one reduction over the
+// partial rows finishes, or from norm_wb_cols / tensor ops (RowPlan::weight_grads). batch_norm:
+// per-channel partial sums, a per-channel finalize, an elementwise apply; a channel with few values
+// per block is split over blocks (RowOp::BatchNormChannels).
 #include <algorithm>
 #include <cmath>
 #include "autograd/graph.h"
@@ -18,14 +21,15 @@ namespace flame {
 
 namespace {
 
-constexpr size_t kMaxGroupSmem = 40 * 1024;  // GN channel sums: dynamic + static (red) shared memory stay below 48 KiB
-
-int mode_of(ops::NormKind k) { return k == ops::NormKind::Layer ? 0 : (k == ops::NormKind::Rms ? 1 : 2); }
+RowNorm row_norm_of(ops::NormKind k) {
+  return k == ops::NormKind::Layer ? RowNorm::Layer : (k == ops::NormKind::Rms ? RowNorm::Rms : RowNorm::Group);
+}
+int mode_of(RowNorm n) { return static_cast<int>(n); }  // the kernels' MODE (cuda/row_constants.cuh)
 const char* kind_name(ops::NormKind k) {
   return k == ops::NormKind::Layer ? "layer_norm" : (k == ops::NormKind::Rms ? "rms_norm" : "group_norm");
 }
 
-// The kernels of cuda/norm.cuh: <T, mode, ...> for the row norms, <T, ...> for batch_norm.
+// The kernels of cuda/norm.cuh: <T, MODE, ...> for the row norms, <T, ...> for batch_norm.
 using A = TArg;
 constexpr KernelTemplate kNormFwdBlock{"norm.cuh", "flame::norm_fwd_block", {A::Dtype, A::Int, A::Int, A::Bool}};  // v, smem
 constexpr KernelTemplate kNormFwd{"norm.cuh", "flame::norm_fwd", {A::Dtype, A::Int, A::Int, A::Int}};  // nv, v
@@ -34,28 +38,25 @@ constexpr KernelTemplate kNormBwd{"norm.cuh", "flame::norm_bwd",
                                   {A::Dtype, A::Int, A::Int, A::Int, A::Int, A::Bool}};  // nv, v, row, wb
 constexpr KernelTemplate kNormWbCols{"norm.cuh", "flame::norm_wb_cols", {A::Dtype, A::Int, A::Int}};  // mode, v
 constexpr KernelTemplate kNormBwdRing{"norm_ring.cuh", "flame::norm_bwd_ring", {A::Dtype, A::Int}};  // mode
-constexpr KernelTemplate kBnReduce{"norm.cuh", "flame::bn_reduce", {A::Dtype, A::Int}};      // mode
-constexpr KernelTemplate kBnFinalize{"norm.cuh", "flame::bn_finalize", {A::Dtype, A::Int}};  // mode
+constexpr KernelTemplate kBnReduce{"norm.cuh", "flame::bn_reduce", {A::Dtype, A::Int}};      // BnPass
+constexpr KernelTemplate kBnFinalize{"norm.cuh", "flame::bn_finalize", {A::Dtype, A::Int}};  // BnPass
 constexpr KernelTemplate kBnApply{"norm.cuh", "flame::bn_apply", {A::Dtype}};
 constexpr KernelTemplate kBnBwdApply{"norm.cuh", "flame::bn_bwd_apply", {A::Dtype, A::Bool}};  // training
 
-// One block per row (norm_fwd_block): in shared memory, or streamed from global memory.
-KernelKey block_fwd_key(DType t, int mode, int v, bool smem) { return make_key(kNormFwdBlock, t, mode, v, smem); }
-KernelKey fwd_key(DType t, int mode, const RowPlan& p) {
-  if (p.stream) return block_fwd_key(t, mode, p.v, false);
-  return make_key(kNormFwd, t, mode, p.nv, p.v);
+// One block per row (norm_fwd_block): in shared memory (RowPath::SharedRow), or streamed from global memory.
+KernelKey block_fwd_key(DType t, RowNorm n, int v, bool smem) { return make_key(kNormFwdBlock, t, mode_of(n), v, smem); }
+KernelKey fwd_key(DType t, RowNorm n, const RowPlan& p) {
+  if (p.path == RowPath::SharedRow || p.path == RowPath::Stream) return block_fwd_key(t, n, p.v, p.path == RowPath::SharedRow);
+  return make_key(kNormFwd, t, mode_of(n), p.nv, p.v);
 }
-KernelKey bwd_key(DType t, int mode, const RowPlan& p, bool wb) {
-  if (p.stream) return make_key(kNormBwdStream, t, mode, p.v);
-  const int row = p.staged ? 2 : (p.cache ? 1 : 0);  // kRowSmem / kRowRegs / kRowGlobal of cuda/norm.cuh
-  return make_key(kNormBwd, t, mode, p.nv, p.v, row, wb);
+// Where norm_bwd's rows wait between its two passes (its ROW argument).
+int row_storage(RowPath path) {
+  return path == RowPath::Staged ? kRowSmem : (path == RowPath::Registers ? kRowRegs : kRowGlobal);
 }
-
-// Forward: the row in registers (launch bounds 512). Backward (launch bounds 512): g and x, plus
-// (LN/RMS, when dw or db is wanted) two accumulator arrays; GN keeps its weight sums in shared memory,
-// one row per block. Short LN/RMS rows wait in shared memory.
-RowBudget fwd_budget() { return RowBudget{1, 0, 32, 512, false, false, true}; }
-RowBudget bwd_budget(int mode, bool wb) { return RowBudget{2, mode == 2 || !wb ? 0 : 2, 64, 512, true, mode == 2, false, mode != 2}; }
+KernelKey bwd_key(DType t, RowNorm n, const RowPlan& p, bool wb) {
+  if (p.path == RowPath::Stream) return make_key(kNormBwdStream, t, mode_of(n), p.v);
+  return make_key(kNormBwd, t, mode_of(n), p.nv, p.v, row_storage(p.path), wb);
+}
 
 void check_float(const Tensor& x, const char* op) {
   FLAME_CHECK(is_floating(x->dtype), FLAME_ERROR_DTYPE_MISMATCH, op, ": x must be a floating tensor, got ",
@@ -78,29 +79,30 @@ struct FwdOut {
   Tensor y, mean, rstd;
 };
 
-FwdOut launch_norm_forward(int mode, const Tensor& x, const Tensor& w, const Tensor& b, const ops::NormGeometry& geo,
+FwdOut launch_norm_forward(RowNorm norm, const Tensor& x, const Tensor& w, const Tensor& b, const ops::NormGeometry& geo,
                            double eps) {
   Context& ctx = x->ctx();
   const DType acc = acc_of(x->dtype);
   FwdOut o;
   o.y = make_tensor(ctx, x->shape, x->dtype);
-  if (mode != 1) o.mean = make_tensor(ctx, {geo.rows}, acc);
+  if (norm != RowNorm::Rms) o.mean = make_tensor(ctx, {geo.rows}, acc);
   o.rstd = make_tensor(ctx, {geo.rows}, acc);
   if (x->numel() == 0) return o;
   CUdeviceptr xp = x->data(), wp = w ? w->data() : 0, bp = b ? b->data() : 0, yp = o.y->data();
   CUdeviceptr mp = o.mean ? o.mean->data() : 0, rp = o.rstd->data();
   std::vector<CUdeviceptr> ptrs = {xp, yp};
-  if (mode != 2) ptrs.insert(ptrs.end(), {wp, bp});  // GN reads weight and bias per channel (scalar loads)
-  int v = row_vector_width(x->dtype, geo.D, ptrs);
+  if (norm != RowNorm::Group) ptrs.insert(ptrs.end(), {wp, bp});  // GN reads weight and bias per channel (scalar loads)
+  RowProblem q;
+  q.op = RowOp::NormForward;
+  q.norm = norm;
+  q.dtype = x->dtype;
+  q.rows = geo.rows;
+  q.D = geo.D;
+  q.v = row_vector_width(x->dtype, geo.D, ptrs);
+  const RowPlan p = plan_row_kernel(q, row_device(ctx));
   int64_t rows = geo.rows, D = geo.D, groups = geo.groups, hw = geo.hw;
   void* args[] = {&xp, &wp, &bp, &yp, &mp, &rp, &rows, &D, &groups, &hw, &eps};
-  if (smem_rows(x->dtype, geo.D, v)) {
-    launch_smem_rows(ctx, ctx.function(block_fwd_key(x->dtype, mode, v, true)), rows, D, x->dtype, args,
-                     mode == 0 ? 64 : 128);  // LN: twice the threads per byte of rms_norm / group_norm (nn_rows.h)
-    return o;
-  }
-  RowPlan p = plan_rows(ctx, geo.rows, geo.D, x->dtype, v, fwd_budget());
-  launch_rows(ctx, ctx.function(fwd_key(x->dtype, mode, p)), p, args);
+  launch_row_plan(ctx, ctx.function(fwd_key(x->dtype, norm, p)), p, args);
   return o;
 }
 
@@ -121,20 +123,19 @@ void composed_weight_grads(const ops::NormGeometry& geo, const Tensor& g, const 
 // LN/RMS weight and bias gradients of the streamed rows (norm_wb_cols): column-vector blocks of 256
 // threads times enough row splits for 8 blocks per SM, then one sum over the splits' partials. (The
 // composition it replaces made xhat and g * xhat as tensors: about twice the traffic.)
-void column_weight_grads(Context& ctx, int mode, DType dt, int v, const ops::NormGeometry& geo, CUdeviceptr gp,
-                         CUdeviceptr xp, CUdeviceptr mp, CUdeviceptr rp, bool need_dw, bool need_db, ops::NormGrads* r) {
+void column_weight_grads(Context& ctx, RowNorm norm, DType dt, const RowPlan& p, const ops::NormGeometry& geo,
+                         CUdeviceptr gp, CUdeviceptr xp, CUdeviceptr mp, CUdeviceptr rp, bool need_dw, bool need_db,
+                         ops::NormGrads* r) {
   using namespace ops;
-  int64_t rows = geo.rows, D = geo.D;
-  const unsigned col_blocks = static_cast<unsigned>((D / v + 255) / 256);
-  const int64_t want = std::max<int64_t>(1, std::min<int64_t>((rows + 7) / 8, int64_t{ctx.sm_count} * 8 / col_blocks));
-  int64_t per_split = (rows + want - 1) / want;
-  const int64_t splits = (rows + per_split - 1) / per_split;  // every split has rows
+  int64_t rows = geo.rows, D = geo.D, per_split = p.columns.rows_per_split;
+  const int64_t splits = p.columns.splits;
   Tensor dwp = need_dw ? make_tensor(ctx, {splits, D}, acc_of(dt)) : nullptr;
   Tensor dbp = need_db ? make_tensor(ctx, {splits, D}, acc_of(dt)) : nullptr;
   CUdeviceptr dwpp = dwp ? dwp->data() : 0, dbpp = dbp ? dbp->data() : 0;
   void* args[] = {&gp, &xp, &mp, &rp, &dwpp, &dbpp, &rows, &D, &per_split};
-  ctx.check(ctx.drv.cuLaunchKernel(ctx.function(make_key(kNormWbCols, dt, mode, v)), col_blocks,
-                                   static_cast<unsigned>(splits), 1, 256, 1, 1, 0, ctx.stream, args, nullptr),
+  ctx.check(ctx.drv.cuLaunchKernel(ctx.function(make_key(kNormWbCols, dt, mode_of(norm), p.v)), p.columns.col_blocks,
+                                   static_cast<unsigned>(splits), 1, kRowThresholds.wgrad_col_threads, 1, 1, 0, ctx.stream,
+                                   args, nullptr),
             "cuLaunchKernel");
   if (dwp) r->dw = to_dtype(sum(dwp, {0}, false), dt);
   if (dbp) r->db = to_dtype(sum(dbp, {0}, false), dt);
@@ -193,7 +194,7 @@ static Tensor row_norm(ops::NormKind kind, const Tensor& x0, const Shape& nshape
   check_eps(eps, op);
   Tensor x = ops::contiguous(x0), w = w0 ? ops::contiguous(w0) : nullptr, b = b0 ? ops::contiguous(b0) : nullptr;
   ops::NormGeometry geo = ops::norm_geometry(kind, x->shape, k);
-  FwdOut o = launch_norm_forward(mode_of(kind), x, w, b, geo, eps);
+  FwdOut o = launch_norm_forward(row_norm_of(kind), x, w, b, geo, eps);
   return record_norm(kind == ops::NormKind::Layer ? OpId::LayerNorm : OpId::RmsNorm, x, w, b, kind == ops::NormKind::Layer,
                      o, k, eps);
 }
@@ -227,7 +228,7 @@ Tensor ops::group_norm(const Tensor& x0, int64_t groups, const Tensor& w0, const
   }
   Tensor x = contiguous(x0), w = w0 ? contiguous(w0) : nullptr, b = b0 ? contiguous(b0) : nullptr;
   NormGeometry geo = norm_geometry(NormKind::Group, x->shape, groups);
-  FwdOut o = launch_norm_forward(2, x, w, b, geo, eps);
+  FwdOut o = launch_norm_forward(RowNorm::Group, x, w, b, geo, eps);
   return record_norm(OpId::GroupNorm, x, w, b, true, o, groups, eps);
 }
 
@@ -235,10 +236,9 @@ ops::NormGrads ops::norm_backward(NormKind kind, const NormGeometry& geo, const 
                                   const Tensor& w, const Tensor& mean, const Tensor& rstd, bool need_dx, bool need_dw,
                                   bool need_db) {
   Context& ctx = x->ctx();
-  const int mode = mode_of(kind);
+  const RowNorm norm = row_norm_of(kind);
   const DType dt = x->dtype, acc = acc_of(dt);
-  const size_t asize = dtype_size(acc);
-  const int64_t wlen = mode == 2 ? geo.C : geo.D;  // dw/db come back flat: [C] or [D]
+  const int64_t wlen = norm == RowNorm::Group ? geo.C : geo.D;  // dw/db come back flat: [C] or [D]
   need_dw = need_dw && w;
   Tensor g = contiguous(g0);
   NormGrads r;
@@ -250,50 +250,42 @@ ops::NormGrads ops::norm_backward(NormKind kind, const NormGeometry& geo, const 
     CUdeviceptr gp = g->data(), xp = x->data(), wp = w ? w->data() : 0, dxp = need_dx ? r.dx->data() : 0;
     CUdeviceptr mp = mean ? mean->data() : 0, rp = rstd->data();
     std::vector<CUdeviceptr> ptrs = {gp, xp, dxp};
-    if (mode != 2) ptrs.push_back(wp);
-    int v = row_vector_width(dt, geo.D, ptrs);
-    RowPlan p = plan_rows(ctx, geo.rows, geo.D, dt, v, bwd_budget(mode, need_dw || need_db), 1024);
-    // dx of LN/RMS rows of 32 KiB and more: two passes over global memory (the second hits L2)
-    // beat one row of g and x per SM in registers (H200, 2048x16384 f32: 0.66 -> 0.71 of copy for
-    // layer_norm fwd+bwd; 4096-wide rows measured worse streamed). Blocks of 1024 threads with 4 vectors
-    // of g and x each in flight (norm_bwd_stream) measured best: 0.84 at 4096x16384, against 0.77 with
-    // 512 threads and 0.81 with 512 threads that also batch the second pass. On sm_90, rows of 32-64 KiB
-    // in 16-byte vectors go through the TMA ring instead (norm_bwd_ring: each row read once, the next
-    // rows' loads in flight while one is reduced): 0.84 -> 0.86 at 4096x16384, 0.79 -> 0.83 at 2048.
-    // With dw / db too, dx takes the same path and norm_wb_cols sums the weight gradients in one more
-    // read of g and x (column_weight_grads): layer_norm fwd+bwd(x, w, b) 2048 / 4096 / 8192 x 16384
-    // 0.53 / 0.61 / 0.65 -> 0.59 / 0.63 / 0.66 of copy (5 passes counted) against norm_bwd's partials.
-    if (mode != 2 && geo.D * static_cast<int64_t>(dtype_size(dt)) >= 32 * 1024)
-      p = plan_stream(ctx, geo.rows, geo.D, v);
-    const int64_t cg = geo.D / geo.hw;
-    const bool kernel_wb = (need_dw || need_db) && !p.stream && (mode != 2 || 2 * cg * asize <= kMaxGroupSmem);
-    const bool wb_template = mode == 2 || kernel_wb;  // GN decides at run time (shared-memory sums)
+    if (norm != RowNorm::Group) ptrs.push_back(wp);
+    RowProblem q;
+    q.op = RowOp::NormBackward;
+    q.norm = norm;
+    q.dtype = dt;
+    q.rows = geo.rows;
+    q.D = geo.D;
+    q.hw = geo.hw;
+    q.v = row_vector_width(dt, geo.D, ptrs);
+    q.need_dx = need_dx;
+    q.need_weight_grads = need_dw || need_db;
+    const RowPlan p = plan_row_kernel(q, row_device(ctx));
+    const bool kernel_wb = p.weight_grads == WeightGrads::InKernel;
     int64_t rows = geo.rows, D = geo.D, groups = geo.groups, hw = geo.hw;
-    if (p.stream && need_dx && mode != 2 && ring_rows(ctx, dt, D, v)) {
+    if (p.path == RowPath::Ring) {
       void* args[] = {&gp, &xp, &wp, &mp, &rp, &dxp, &rows, &D};
-      launch_ring_rows(ctx, ctx.function(make_key(kNormBwdRing, dt, mode)), rows, 2, args);
-    } else if (p.stream) {
-      if (need_dx) {
-        void* args[] = {&gp, &xp, &wp, &mp, &rp, &dxp, &rows, &D, &groups, &hw};
-        launch_rows(ctx, ctx.function(bwd_key(dt, mode, p, false)), p, args);
-      }
-    } else if (need_dx || kernel_wb) {
-      // LN/RMS partial sums: one row per row group, or per block for staged rows (norm_bwd sums those).
-      Shape pshape = mode == 2 ? Shape{geo.N, geo.C} : Shape{static_cast<int64_t>(p.grid) * (p.staged ? 1 : p.rpb), geo.D};
+      launch_row_plan(ctx, ctx.function(make_key(kNormBwdRing, dt, mode_of(norm))), p, args);
+    } else if (p.path == RowPath::Stream) {
+      void* args[] = {&gp, &xp, &wp, &mp, &rp, &dxp, &rows, &D, &groups, &hw};
+      launch_row_plan(ctx, ctx.function(bwd_key(dt, norm, p, false)), p, args);
+    } else if (p.path != RowPath::None) {
+      // LN/RMS partial sums: RowPlan::partial_rows rows (one per row group, or per block for staged rows).
+      Shape pshape = norm == RowNorm::Group ? Shape{geo.N, geo.C} : Shape{p.partial_rows, geo.D};
       Tensor dwp = kernel_wb && need_dw ? make_tensor(ctx, pshape, acc) : nullptr;
       Tensor dbp = kernel_wb && need_db ? make_tensor(ctx, pshape, acc) : nullptr;
       CUdeviceptr dwpp = dwp ? dwp->data() : 0, dbpp = dbp ? dbp->data() : 0;
-      int seg_aligned = mode == 2 && geo.hw % (32 * v) == 0 ? 1 : 0;
-      unsigned smem = mode == 2 && kernel_wb ? static_cast<unsigned>(2 * cg * asize) : 0;
+      int seg_aligned = p.segment_aligned ? 1 : 0;
       void* args[] = {&gp, &xp, &wp, &mp, &rp, &dxp, &dwpp, &dbpp, &rows, &D, &groups, &hw, &seg_aligned};
-      launch_bwd_rows(ctx, ctx.function(bwd_key(dt, mode, p, wb_template)), p, D, dt, args, smem);
+      launch_row_plan(ctx, ctx.function(bwd_key(dt, norm, p, p.weight_grads_template)), p, args);
       if (dwp) r.dw = to_dtype(reshape(sum(dwp, {0}, false), {wlen}), dt);
       if (dbp) r.db = to_dtype(reshape(sum(dbp, {0}, false), {wlen}), dt);
     }
-    if (!kernel_wb && (need_dw || need_db)) {
-      if (mode != 2) column_weight_grads(ctx, mode, dt, v, geo, gp, xp, mp, rp, need_dw, need_db, &r);
-      else composed_weight_grads(geo, g, x, mean, rstd, need_dw, need_db, &r);
-    }
+    if (p.weight_grads == WeightGrads::Columns)
+      column_weight_grads(ctx, norm, dt, p, geo, gp, xp, mp, rp, need_dw, need_db, &r);
+    else if (p.weight_grads == WeightGrads::Composed)
+      composed_weight_grads(geo, g, x, mean, rstd, need_dw, need_db, &r);
   }
   std::vector<Tensor> outs;
   for (const Tensor& t : {r.dx, r.dw, r.db})
@@ -316,28 +308,29 @@ BnShape bn_shape(const Tensor& x) {
   return s;
 }
 
-// Per-channel sums (bn_reduce + bn_finalize). MODE 0: writes mean and rstd, updates the running
-// statistics; MODE 1: writes sums [C, 2] = (sum g, sum g (x - mean)).
-void bn_channel_pass(int mode, const Tensor& x, const Tensor& g, const Tensor& mean, const Tensor& out0,
+// Per-channel sums (bn_reduce + bn_finalize). kBnStatistics: writes mean and rstd, updates the
+// running statistics; kBnGradientSums: writes sums [C, 2] = (sum g, sum g (x - mean)). The split of
+// each channel over blocks is the router's (RowOp::BatchNormChannels).
+void bn_channel_pass(int pass, const Tensor& x, const Tensor& g, const Tensor& mean, const Tensor& out0,
                      const Tensor& out1, const Tensor& rm, const Tensor& rv, double momentum, double eps) {
   Context& ctx = x->ctx();
   BnShape s = bn_shape(x);
   const DType acc = acc_of(x->dtype);
-  int64_t chunks = 1, chunk_len = s.count;
-  if (s.C < 2 * static_cast<int64_t>(ctx.sm_count) && s.count > 8192) {  // few channels: split each over blocks
-    chunks = std::min<int64_t>((s.count + 4095) / 4096, std::max<int64_t>(1, 4 * ctx.sm_count / s.C));
-    chunk_len = (s.count + chunks - 1) / chunks;
-    chunks = (s.count + chunk_len - 1) / chunk_len;
-  }
+  RowProblem q;
+  q.op = RowOp::BatchNormChannels;
+  q.dtype = x->dtype;
+  q.rows = s.C;
+  q.D = s.count;
+  const RowPlan p = plan_row_kernel(q, row_device(ctx));
+  int64_t chunks = p.channels.chunks, chunk_len = p.channels.chunk_len;
   Tensor part = make_tensor(ctx, {s.C * chunks * 2}, acc);
   CUdeviceptr xp = x->data(), gp = g ? g->data() : 0, mp = mean ? mean->data() : 0, pp = part->data();
   void* a1[] = {&xp, &gp, &mp, &pp, &s.C, &s.HW, &s.count, &chunks, &chunk_len};
-  unsigned grid = static_cast<unsigned>(std::min<int64_t>(s.C * chunks, static_cast<int64_t>(ctx.sm_count) * 64));
-  ctx.launch(ctx.function(make_key(kBnReduce, x->dtype, mode)), grid, 256, a1);
+  ctx.launch(ctx.function(make_key(kBnReduce, x->dtype, pass)), p.channels.reduce_grid, 256, a1);
   CUdeviceptr o0 = out0->data(), o1 = out1 ? out1->data() : 0, rmp = rm ? rm->data() : 0, rvp = rv ? rv->data() : 0;
   int64_t rms = rm ? rm->strides[0] : 0, rvs = rv ? rv->strides[0] : 0;
   void* a2[] = {&pp, &xp, &o0, &o1, &rmp, &rms, &rvp, &rvs, &s.C, &s.HW, &s.count, &chunks, &momentum, &eps};
-  launch_flat(ctx, ctx.function(make_key(kBnFinalize, x->dtype, mode)), s.C, a2);
+  launch_flat(ctx, ctx.function(make_key(kBnFinalize, x->dtype, pass)), s.C, a2);
   if (rm) rm->storage->version++;  // updated in place
   if (rv) rv->storage->version++;
 }
@@ -372,7 +365,7 @@ Tensor ops::batch_norm(const Tensor& x0, const Tensor& rm, const Tensor& rv, con
   if (training) {
     FLAME_CHECK(s.count > 1, FLAME_ERROR_INVALID_ARGUMENT, op, ": training needs more than one value per channel, got x of shape ",
                 shape_str(x->shape));
-    bn_channel_pass(0, x, nullptr, nullptr, mean, rstd, rm, rv, momentum, eps);
+    bn_channel_pass(kBnStatistics, x, nullptr, nullptr, mean, rstd, rm, rv, momentum, eps);
   } else {  // the running statistics, copied: later updates must not change what backward sees
     copy_into(mean, alias(rm));
     copy_into(rstd, alias(rv));
@@ -413,7 +406,7 @@ ops::NormGrads ops::batch_norm_backward(const Tensor& g0, const Tensor& x, const
     Tensor sums;
     if ((need_dx && training) || need_dw || need_db) {
       sums = make_tensor(ctx, {s.C, 2}, acc);
-      bn_channel_pass(1, x, g, mean, sums, nullptr, nullptr, nullptr, 0, 0);
+      bn_channel_pass(kBnGradientSums, x, g, mean, sums, nullptr, nullptr, nullptr, 0, 0);
     }
     if (need_dx) {
       CUdeviceptr gp = g->data(), xp = x->data(), dp = r.dx->data(), mp = mean->data(), rp = rstd->data();
@@ -435,32 +428,34 @@ ops::NormGrads ops::batch_norm_backward(const Tensor& g0, const Tensor& x, const
 std::vector<std::string> ops::norm_kernel_instantiations() {
   std::vector<std::string> v;
   for (DType t : {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64}) {
-    for (int mode = 0; mode < 3; ++mode) {
+    for (RowNorm n : {RowNorm::Layer, RowNorm::Rms, RowNorm::Group}) {
+      const bool group = n == RowNorm::Group;
       for (int vw : {1, static_cast<int>(16 / dtype_size(t))}) {
         RowPlan p;
         p.v = vw;
-        for (int nv : kRowNvs) {
+        for (int nv : kRowVectorsPerThread) {
           p.nv = nv;
-          v.push_back(kernel_name(fwd_key(t, mode, p)));
-          for (int row = 0; row < (mode != 2 && vw > 1 ? 3 : 2); ++row) {  // staged: LN/RMS with 16-byte vectors
-            p.cache = row == 1;
-            p.staged = row == 2;
-            v.push_back(kernel_name(bwd_key(t, mode, p, true)));
-            if (mode != 2) v.push_back(kernel_name(bwd_key(t, mode, p, false)));
+          p.path = RowPath::Registers;
+          v.push_back(kernel_name(fwd_key(t, n, p)));
+          // staged: LN/RMS with 16-byte vectors
+          for (RowPath path : {RowPath::Global, RowPath::Registers, RowPath::Staged}) {
+            if (path == RowPath::Staged && (group || vw == 1)) continue;
+            p.path = path;
+            v.push_back(kernel_name(bwd_key(t, n, p, true)));
+            if (!group) v.push_back(kernel_name(bwd_key(t, n, p, false)));
           }
-          p.staged = false;
         }
-        p.stream = true;
-        v.push_back(kernel_name(fwd_key(t, mode, p)));
-        v.push_back(kernel_name(bwd_key(t, mode, p, false)));
+        p.path = RowPath::Stream;
+        v.push_back(kernel_name(fwd_key(t, n, p)));
+        v.push_back(kernel_name(bwd_key(t, n, p, false)));
       }
-      v.push_back(kernel_name(block_fwd_key(t, mode, static_cast<int>(16 / dtype_size(t)), true)));
-      if (mode != 2) {
-        for (int vw : {1, static_cast<int>(16 / dtype_size(t))}) v.push_back(kernel_name(make_key(kNormWbCols, t, mode, vw)));
-        v.push_back(kernel_name(make_key(kNormBwdRing, t, mode)));
+      v.push_back(kernel_name(block_fwd_key(t, n, static_cast<int>(16 / dtype_size(t)), true)));
+      if (!group) {
+        for (int vw : {1, static_cast<int>(16 / dtype_size(t))}) v.push_back(kernel_name(make_key(kNormWbCols, t, mode_of(n), vw)));
+        v.push_back(kernel_name(make_key(kNormBwdRing, t, mode_of(n))));
       }
     }
-    for (int m : {0, 1}) {
+    for (int m : {kBnStatistics, kBnGradientSums}) {
       v.push_back(kernel_name(make_key(kBnReduce, t, m)));
       v.push_back(kernel_name(make_key(kBnFinalize, t, m)));
     }

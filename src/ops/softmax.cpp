@@ -1,8 +1,10 @@
 // softmax / log_softmax along any dim: the host side of cuda/softmax.cuh.
-// The input is made contiguous and seen as [outer, D, inner]. dim last (inner 1): the row kernels
-// (registers when the row fits, else streaming). Another dim with enough columns (outer * inner):
-// one thread per column. Few long columns: the dim is permuted to the end and made contiguous, the
-// row kernel runs, and the result is permuted back (the forward does this with recorded ops).
+// The input is made contiguous and seen as [outer, D, inner]; the row-kernel router
+// (ops/row_router.h, RowOp::SoftmaxForward / SoftmaxBackward) picks the kernel: dim last (inner 1):
+// the row kernels (registers when the row fits, rows in shared memory, else streaming). Another dim
+// with enough columns (outer * inner): one thread per column. Few long columns (PermuteToRows): the
+// dim is permuted to the end and made contiguous, the row kernel runs, and the result is permuted
+// back (the forward does this with recorded ops).
 #include <algorithm>
 #include "autograd/graph.h"
 #include "core/error.h"
@@ -14,8 +16,6 @@ namespace flame {
 
 namespace {
 
-constexpr int64_t kMinColumns = 4096;  // fewer (long) columns parallelise poorly in softmax_cols_*
-
 // The kernels of cuda/softmax.cuh: <T, log, ...>.
 using A = TArg;
 constexpr KernelTemplate kFwdStream{"softmax.cuh", "flame::softmax_fwd_stream", {A::Dtype, A::Bool, A::Int}};  // v
@@ -26,20 +26,23 @@ constexpr KernelTemplate kFwdSmem{"softmax.cuh", "flame::softmax_fwd_smem", {A::
 constexpr KernelTemplate kColsFwd{"softmax.cuh", "flame::softmax_cols_fwd", {A::Dtype, A::Bool}};
 constexpr KernelTemplate kColsBwd{"softmax.cuh", "flame::softmax_cols_bwd", {A::Dtype, A::Bool}};
 
-KernelKey fwd_key(DType t, bool log, const RowPlan& p) {
-  return p.stream ? make_key(kFwdStream, t, log, p.v) : make_key(kFwd, t, log, p.nv, p.v);
-}
-KernelKey bwd_key(DType t, bool log, const RowPlan& p) {
-  return p.stream ? make_key(kBwdStream, t, log, p.v) : make_key(kBwd, t, log, p.nv, p.v, p.staged);
-}
 KernelKey smem_fwd_key(DType t, bool log, int v) { return make_key(kFwdSmem, t, log, v); }
 KernelKey cols_key(bool fwd, DType t, bool log) { return make_key(fwd ? kColsFwd : kColsBwd, t, log); }
-
-// Forward budget: the row in registers (launch bounds 1024: <= 64 registers, 32 for the row).
-// Backward: g and y (launch bounds 512: <= 128 registers, 64 for the rows), or nothing in registers when
-// short rows and 2-byte middle rows wait in shared memory (staged_bwd_rows).
-RowBudget fwd_budget() { return RowBudget{1, 0, 32, 1024, false, false, true}; }
-RowBudget bwd_budget() { return RowBudget{2, 0, 64, 512, false, false, false, true}; }
+KernelKey fwd_key(DType t, bool log, const RowPlan& p) {
+  switch (p.path) {
+    case RowPath::Columns: return cols_key(true, t, log);
+    case RowPath::SharedRow: return smem_fwd_key(t, log, p.v);
+    case RowPath::Stream: return make_key(kFwdStream, t, log, p.v);
+    default: return make_key(kFwd, t, log, p.nv, p.v);
+  }
+}
+KernelKey bwd_key(DType t, bool log, const RowPlan& p) {
+  switch (p.path) {
+    case RowPath::Columns: return cols_key(false, t, log);
+    case RowPath::Stream: return make_key(kBwdStream, t, log, p.v);
+    default: return make_key(kBwd, t, log, p.nv, p.v, p.path == RowPath::Staged);
+  }
+}
 
 void check_float(const Tensor& x, const char* what) {
   FLAME_CHECK(is_floating(x->dtype), FLAME_ERROR_DTYPE_MISMATCH, what, " needs a floating tensor, got ",
@@ -73,44 +76,36 @@ std::vector<int> from_last(int nd, int dim) {
   return inv;
 }
 
+// The router's plan for a softmax over geo (contiguous); v from the pointers of the row kernels.
+RowPlan plan(Context& ctx, RowOp op, DType dtype, const Geometry& geo, const std::vector<CUdeviceptr>& ptrs) {
+  RowProblem q;
+  q.op = op;
+  q.dtype = dtype;
+  q.rows = geo.outer;
+  q.D = geo.D;
+  q.inner = geo.inner;
+  q.v = geo.inner == 1 ? row_vector_width(dtype, geo.D, ptrs) : 1;
+  return plan_row_kernel(q, row_device(ctx));
+}
+
 // y = softmax of contiguous x over rows of D (inner == 1) or over columns (inner > 1).
-void launch_forward(const Tensor& x, const Tensor& y, const Geometry& geo, bool log) {
+void launch_forward(const Tensor& x, const Tensor& y, const Geometry& geo, bool log, const RowPlan& p) {
   Context& ctx = x->ctx();
   CUdeviceptr xp = x->data(), yp = y->data();
-  if (geo.inner == 1) {
-    int64_t rows = geo.outer;
-    int v = row_vector_width(x->dtype, geo.D, {xp, yp});
-    void* args[] = {&xp, &yp, &rows, const_cast<int64_t*>(&geo.D)};
-    if (smem_rows(x->dtype, geo.D, v)) {
-      launch_smem_rows(ctx, ctx.function(smem_fwd_key(x->dtype, log, v)), rows, geo.D, x->dtype, args, 128);
-      return;
-    }
-    RowPlan p = plan_rows(ctx, rows, geo.D, x->dtype, v, fwd_budget());
-    launch_rows(ctx, ctx.function(fwd_key(x->dtype, log, p)), p, args);
-    return;
-  }
   int64_t outer = geo.outer, D = geo.D, inner = geo.inner;
-  void* args[] = {&xp, &yp, &outer, &D, &inner};
-  launch_flat(ctx, ctx.function(cols_key(true, x->dtype, log)), outer * inner, args);
+  void* row_args[] = {&xp, &yp, &outer, &D};
+  void* col_args[] = {&xp, &yp, &outer, &D, &inner};
+  launch_row_plan(ctx, ctx.function(fwd_key(x->dtype, log, p)), p, p.path == RowPath::Columns ? col_args : row_args);
 }
 
-void launch_backward(const Tensor& g, const Tensor& y, const Tensor& dx, const Geometry& geo, bool log) {
+void launch_backward(const Tensor& g, const Tensor& y, const Tensor& dx, const Geometry& geo, bool log, const RowPlan& p) {
   Context& ctx = y->ctx();
   CUdeviceptr gp = g->data(), yp = y->data(), dp = dx->data();
-  if (geo.inner == 1) {
-    int64_t rows = geo.outer;
-    int v = row_vector_width(y->dtype, geo.D, {gp, yp, dp});
-    RowPlan p = plan_rows(ctx, rows, geo.D, y->dtype, v, bwd_budget());
-    void* args[] = {&gp, &yp, &dp, &rows, const_cast<int64_t*>(&geo.D)};
-    launch_bwd_rows(ctx, ctx.function(bwd_key(y->dtype, log, p)), p, geo.D, y->dtype, args);
-    return;
-  }
   int64_t outer = geo.outer, D = geo.D, inner = geo.inner;
-  void* args[] = {&gp, &yp, &dp, &outer, &D, &inner};
-  launch_flat(ctx, ctx.function(cols_key(false, y->dtype, log)), outer * inner, args);
+  void* row_args[] = {&gp, &yp, &dp, &outer, &D};
+  void* col_args[] = {&gp, &yp, &dp, &outer, &D, &inner};
+  launch_row_plan(ctx, ctx.function(bwd_key(y->dtype, log, p)), p, p.path == RowPath::Columns ? col_args : row_args);
 }
-
-bool use_permuted(const Geometry& geo) { return geo.inner > 1 && geo.outer * geo.inner < kMinColumns && geo.D > 64; }
 
 }  // namespace
 
@@ -124,12 +119,14 @@ Tensor ops::softmax(const Tensor& x0, int64_t dim0, bool log) {
   const int nd = x0->ndim(), dim = normalize_dim(dim0, nd);
   Tensor x = contiguous(x0);
   Geometry geo = geometry(x, dim);
-  if (x->numel() > 0 && use_permuted(geo)) {
+  // The layout first (it does not depend on the pointers), the kernel once y exists.
+  if (x->numel() > 0 && plan(x->ctx(), RowOp::SoftmaxForward, x->dtype, geo, {x->data()}).path == RowPath::PermuteToRows) {
     Tensor yt = softmax(contiguous(permute(x, to_last(nd, dim))), nd - 1, log);
     return contiguous(permute(yt, from_last(nd, dim)));
   }
   Tensor y = make_tensor(x->ctx(), x->shape, x->dtype);
-  if (x->numel() > 0) launch_forward(x, y, geo, log);
+  if (x->numel() > 0)
+    launch_forward(x, y, geo, log, plan(x->ctx(), RowOp::SoftmaxForward, x->dtype, geo, {x->data(), y->data()}));
   if (auto node = record(log ? OpId::LogSoftmax : OpId::Softmax, {x}, {y})) {
     node->ints = {dim};
     node->saved.emplace_back(y, true);
@@ -143,12 +140,13 @@ Tensor ops::softmax_backward(const Tensor& g0, const Tensor& y0, int dim, bool l
   if (y->numel() > 0) {
     const int nd = y->ndim();
     Geometry geo = geometry(y, dim);
-    if (use_permuted(geo)) {
+    const RowPlan rp = plan(y->ctx(), RowOp::SoftmaxBackward, y->dtype, geo, {g->data(), y->data(), dx->data()});
+    if (rp.path == RowPath::PermuteToRows) {
       std::vector<int> p = to_last(nd, dim);
       Tensor dt = softmax_backward(contiguous(permute(g, p)), contiguous(permute(y, p)), nd - 1, log);
       copy_into(dx, permute(dt, from_last(nd, dim)));
     } else {
-      launch_backward(g, y, dx, geo, log);
+      launch_backward(g, y, dx, geo, log, rp);
     }
   }
   record(OpId::SoftmaxBackward, {g, y}, {dx});
@@ -162,17 +160,17 @@ std::vector<std::string> ops::softmax_kernel_instantiations() {
       for (int vw : {1, static_cast<int>(16 / dtype_size(t))}) {
         RowPlan p;
         p.v = vw;
-        for (int nv : kRowNvs) {
+        for (int nv : kRowVectorsPerThread) {
           p.nv = nv;
+          p.path = RowPath::Registers;
           v.push_back(kernel_name(fwd_key(t, log, p)));
           v.push_back(kernel_name(bwd_key(t, log, p)));
           if (vw > 1) {  // staged in shared memory: 16-byte vectors only
-            p.staged = true;
+            p.path = RowPath::Staged;
             v.push_back(kernel_name(bwd_key(t, log, p)));
-            p.staged = false;
           }
         }
-        p.stream = true;
+        p.path = RowPath::Stream;
         v.push_back(kernel_name(fwd_key(t, log, p)));
         v.push_back(kernel_name(bwd_key(t, log, p)));
       }
