@@ -15,5 +15,5 @@ for cp in ${CHECKPOINT:-0 1}; do
   python3 tests/models/check_model_parity.py --tool build-gpu/tests/models/flame_model_run \
     ${CASES:+--cases "$CASES"} --checkpoint "$cp" >> "$log" 2>&1 || rc=1
 done
-grep -E "FAIL|PASS|cases pass|Error|error" "$log" | head -${LINES_SHOWN:-60}
+grep -E "FAIL|PASS|runs pass|Error|error" "$log" | head -${LINES_SHOWN:-60}
 exit $rc

@@ -12,6 +12,7 @@
 #include "api/params_list.h"
 #include "api/safetensors_files.h"
 #include "models/model.h"
+#include "models/model_loader.h"
 
 namespace flame {
 constexpr uint64_t kModelMagic = 0xF1A3E30DE1000001ull;
@@ -72,6 +73,25 @@ FLAME_API flame_status_t flame_model_create(flame_ctx_t ctx, const char* archite
     m->ctx = c.shared_from_this();
     m->model = models::create_model(c, architecture, config, o);
     m->model->initialize();
+    m->architecture = m->model->class_name();
+    m->config_text = m->model->config().dump();
+    m->magic = kModelMagic;
+    *model = m.release();
+  });
+}
+
+FLAME_API flame_status_t flame_model_load(flame_ctx_t ctx, const char* path, const char* options_json, flame_model_t* model) {
+  return api_call("flame_model_load", [&] {
+    out_param(model, "model");
+    Context& c = context_of(ctx);
+    FLAME_CHECK(path, FLAME_ERROR_INVALID_ARGUMENT, "path is NULL");
+    const nlohmann::json options = json_arg(options_json, "options_json");
+    ContextScope scope(c);
+    c.check_alive();
+    c.forbid_in_capture("loading a model");
+    auto m = std::make_unique<flame_model_s>();
+    m->ctx = c.shared_from_this();
+    m->model = models::load_model(c, path, options);
     m->architecture = m->model->class_name();
     m->config_text = m->model->config().dump();
     m->magic = kModelMagic;

@@ -166,7 +166,7 @@ def rel_err(a, b, floor):
     return num / den if den > 0 else num
 
 
-def run_case(name, tool, workdir, checkpoint, tol):
+def run_case(name, tool, workdir, checkpoint, tol, via):
     torch.manual_seed(0)
     c = CASES[name]()
     arch, cfg, model, inputs, forward = c["arch"], c["config"], c["model"], c["inputs"], c["forward"]
@@ -202,10 +202,18 @@ def run_case(name, tool, workdir, checkpoint, tol):
         if v.is_floating_point() and v.grad is not None:
             ref[f"grad_input.{k}"] = v.grad.detach().cpu()
 
-    cmd = [tool, "--arch", arch, "--config", paths["config.json"], "--weights", paths["weights.safetensors"],
-           "--inputs", paths["inputs.safetensors"], "--grads", paths["grads.safetensors"], "--out",
-           paths["flame.safetensors"], "--checkpoint", str(checkpoint)]
+    common = ["--inputs", paths["inputs.safetensors"], "--grads", paths["grads.safetensors"], "--out",
+              paths["flame.safetensors"], "--checkpoint", str(checkpoint)]
+    if via == "load":
+        # The files as the reference class writes them (save_pretrained: config.json and the
+        # weights, sharded into several files and an index), read by flame_model_load.
+        folder = os.path.join(d, "saved")
+        model.save_pretrained(folder, max_shard_size="100KB")
+        cmd = [tool, "--load", folder, "--options", json.dumps({"dtype": "f32"})] + common
+    else:
+        cmd = [tool, "--arch", arch, "--config", paths["config.json"], "--weights", paths["weights.safetensors"]] + common
     r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, FLAME_LOG="warning"))
+    name = f"{name}/{via}"
     if r.returncode != 0:
         print(f"[{name}] FAIL: flame_model_run exited {r.returncode}: {r.stderr.strip()}")
         return False
@@ -258,6 +266,9 @@ def main():
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated cases (default: all): " + ", ".join(CASES))
     ap.add_argument("--checkpoint", type=int, default=0, help="FLAME's checkpointing policy (every n-th block)")
     ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--via", default="create,load",
+                    help="how FLAME gets the weights: create (flame_model_create + the state_dict through "
+                         "flame_params_load_safetensors), load (flame_model_load of save_pretrained's sharded folder)")
     ap.add_argument("--keep", help="directory to keep the files in (default: a temporary one)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -270,9 +281,10 @@ def main():
     if unknown:
         ap.error(f"unknown cases {unknown}; known: {list(CASES)}")
     workdir = args.keep or tempfile.mkdtemp(prefix="flame_parity_")
-    results = {n: run_case(n, args.tool, workdir, args.checkpoint, args.tol) for n in names}
+    results = {f"{n}/{v}": run_case(n, args.tool, workdir, args.checkpoint, args.tol, v)
+               for n in names for v in args.via.split(",")}
     failed = [n for n, ok in results.items() if not ok]
-    print(f"check_model_parity: {len(names) - len(failed)}/{len(names)} cases pass" +
+    print(f"check_model_parity: {len(results) - len(failed)}/{len(results)} runs pass" +
           (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 

@@ -5,8 +5,10 @@
 //   flame_model_run --arch CLASS --config CONFIG.json --weights W.safetensors
 //                   --inputs IN.safetensors --out OUT.safetensors
 //                   [--grads G.safetensors] [--dtype f32|bf16|f16] [--checkpoint N]
+//   flame_model_run --load PATH [--options JSON] --inputs ... (the same from here on)
 //
-// Weights load strictly (every parameter, no extra tensor) into flame_model_params' list. Inputs
+// Weights load strictly (every parameter, no extra tensor) into flame_model_params' list; with
+// --load, flame_model_load reads PATH (a file or folder as users have them) instead. Inputs
 // are every tensor of IN; float inputs require grad. With --grads, the loss is the sum over every
 // tensor "<output>" of G of sum(output * G[output]), and backward runs once. OUT receives the
 // outputs named in G (or all outputs without --grads) as "out.<name>", and with --grads every
@@ -40,7 +42,7 @@ std::string read_text(const std::string& path) {
 }
 
 struct Args {
-  std::string arch, config, weights, inputs, out, grads, dtype = "f32";
+  std::string arch, config, weights, inputs, out, grads, dtype = "f32", load, options;
   long checkpoint = 0;
 };
 
@@ -60,13 +62,15 @@ Args parse(int argc, char** argv) {
     else if (k == "--out") a.out = v;
     else if (k == "--grads") a.grads = v;
     else if (k == "--dtype") a.dtype = v;
+    else if (k == "--load") a.load = v;
+    else if (k == "--options") a.options = v;
     else if (k == "--checkpoint") a.checkpoint = std::strtol(v.c_str(), nullptr, 10);
     else {
       std::fprintf(stderr, "flame_model_run: unknown argument %s\n", k.c_str());
       std::exit(1);
     }
   }
-  if (a.arch.empty() || a.weights.empty() || a.inputs.empty() || a.out.empty()) {
+  if ((a.load.empty() && (a.arch.empty() || a.weights.empty())) || a.inputs.empty() || a.out.empty()) {
     std::fprintf(stderr, "usage: flame_model_run --arch CLASS [--config C.json] --weights W.safetensors --inputs IN.safetensors "
                          "--out OUT.safetensors [--grads G.safetensors] [--dtype f32|bf16|f16] [--checkpoint N]\n");
     std::exit(1);
@@ -107,14 +111,20 @@ int main(int argc, char** argv) {
   flame_ctx_t ctx = nullptr;
   check(flame_ctx_create(&o, &ctx), "flame_ctx_create");
 
-  const std::string config = a.config.empty() ? "{}" : read_text(a.config);
-  const std::string options = "{\"dtype\": \"" + a.dtype + "\"}";
   flame_model_t model = nullptr;
-  check(flame_model_create(ctx, a.arch.c_str(), config.c_str(), options.c_str(), &model), "flame_model_create");
+  if (!a.load.empty()) {
+    const std::string options = a.options.empty() ? "{\"dtype\": \"" + a.dtype + "\"}" : a.options;
+    check(flame_model_load(ctx, a.load.c_str(), options.c_str(), &model), "flame_model_load");
+  } else {
+    const std::string config = a.config.empty() ? "{}" : read_text(a.config);
+    const std::string options = "{\"dtype\": \"" + a.dtype + "\"}";
+    check(flame_model_create(ctx, a.arch.c_str(), config.c_str(), options.c_str(), &model), "flame_model_create");
+  }
   check(flame_model_set_checkpointing(model, a.checkpoint), "flame_model_set_checkpointing");
   flame_params_t params = nullptr;
   check(flame_model_params(model, &params), "flame_model_params");
-  check(flame_params_load_safetensors(params, a.weights.c_str(), FLAME_PARAMS_LOAD_CONVERT_DTYPE), "loading the weights");
+  if (a.load.empty())
+    check(flame_params_load_safetensors(params, a.weights.c_str(), FLAME_PARAMS_LOAD_CONVERT_DTYPE), "loading the weights");
 
   flame_params_t inputs = nullptr;
   check(flame_params_create(ctx, &inputs), "flame_params_create");

@@ -1,0 +1,271 @@
+// flame_model_load's work (model_loader.h): files -> component -> architecture and config -> a
+// plan naming, for every parameter, the stored tensor (and rows) it comes from -> the copies.
+#include "models/model_loader.h"
+#include <sys/stat.h>
+#include <algorithm>
+#include <map>
+#include <set>
+#include "core/error.h"
+#include "models/checkpoint_files.h"
+#include "models/flux_keys.h"
+#include "models/unet_keys.h"
+#include "ops/ops.h"
+
+namespace flame::models {
+
+namespace {
+
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Where one parameter comes from: rows [row_begin, row_begin + rows) of key's dim 0 (rows -1: all),
+// the two halves exchanged when swap_halves.
+struct ParamSource {
+  std::string key;
+  int64_t row_begin = 0;
+  int64_t rows = -1;
+  bool swap_halves = false;
+};
+
+struct LoadPlan {
+  std::string architecture;
+  nlohmann::json config;
+  std::map<std::string, ParamSource> sources;  // by parameter name; empty: the identity (same names)
+};
+
+// The prefix of a single file's component (SGM SDXL, SD 3.5 single files, ComfyUI Flux).
+std::string component_prefix(const CheckpointFiles& files, const std::string& component) {
+  const std::vector<std::string> present = files.component_prefixes();
+  auto first_present = [&](std::initializer_list<const char*> candidates) -> std::string {
+    for (const char* c : candidates)
+      if (std::find(present.begin(), present.end(), c) != present.end()) return c;
+    return std::string();
+  };
+  if (component.empty() || component == "unet" || component == "transformer") return first_present({"model.diffusion_model."});
+  if (component == "vae") return first_present({"first_stage_model."});
+  if (component == "text_encoder")
+    return first_present({"conditioner.embedders.0.transformer.", "text_encoders.clip_l.transformer."});
+  if (component == "text_encoder_2")
+    return first_present({"conditioner.embedders.1.model.", "text_encoders.clip_g.transformer."});
+  if (component == "text_encoder_3") return first_present({"text_encoders.t5xxl.transformer."});
+  fail(FLAME_ERROR_INVALID_ARGUMENT, "component \"", component,
+       "\" is not one of unet, transformer, vae, text_encoder, text_encoder_2, text_encoder_3");
+}
+
+nlohmann::json flux_config_json(const FluxConfig& c) {
+  return {{"_class_name", "FluxTransformer2DModel"},
+          {"patch_size", 1},
+          {"in_channels", c.in_channels},
+          {"out_channels", c.out_channels},
+          {"num_layers", c.num_layers},
+          {"num_single_layers", c.num_single_layers},
+          {"attention_head_dim", c.attention_head_dim},
+          {"num_attention_heads", c.num_attention_heads},
+          {"joint_attention_dim", c.joint_attention_dim},
+          {"pooled_projection_dim", c.pooled_projection_dim},
+          {"guidance_embeds", c.guidance_embeds},
+          {"axes_dims_rope", c.axes_dims_rope}};
+}
+
+nlohmann::json unet_config_json(const UNetConfig& c) {
+  const bool sdxl = c.projection_class_embeddings_input_dim > 0;
+  nlohmann::json down = nlohmann::json::array(), up = nlohmann::json::array(), heads = nlohmann::json::array();
+  for (size_t i = 0; i < c.block_out_channels.size(); ++i) {
+    down.push_back(c.down_block_has_attention[i] ? "CrossAttnDownBlock2D" : "DownBlock2D");
+    heads.push_back(c.block_out_channels[i] / 64);  // SDXL's 64-wide heads ("attention_head_dim" counts heads)
+  }
+  for (size_t i = c.block_out_channels.size(); i-- > 0;)
+    up.push_back(c.down_block_has_attention[i] ? "CrossAttnUpBlock2D" : "UpBlock2D");
+  nlohmann::json j = {{"_class_name", "UNet2DConditionModel"},
+                      {"in_channels", c.in_channels},
+                      {"out_channels", c.out_channels},
+                      {"block_out_channels", c.block_out_channels},
+                      {"down_block_types", down},
+                      {"up_block_types", up},
+                      {"mid_block_type", c.mid_block_has_attention ? nlohmann::json("UNetMidBlock2DCrossAttn") : nlohmann::json()},
+                      {"layers_per_block", c.layers_per_block},
+                      {"cross_attention_dim", c.cross_attention_dim},
+                      {"transformer_layers_per_block", c.transformer_layers_per_block},
+                      {"use_linear_projection", c.use_linear_projection},
+                      {"attention_head_dim", sdxl ? heads : nlohmann::json(8)}};
+  if (sdxl) {
+    j["addition_embed_type"] = "text_time";
+    j["addition_time_embed_dim"] = 256;
+    j["projection_class_embeddings_input_dim"] = c.projection_class_embeddings_input_dim;
+  }
+  return j;
+}
+
+// The architecture a config.json names: diffusers' "_class_name" or transformers' "architectures".
+std::string architecture_of_config(const nlohmann::json& config, const std::string& source) {
+  if (config.contains("_class_name") && config["_class_name"].is_string()) return config["_class_name"].get<std::string>();
+  if (config.contains("architectures") && config["architectures"].is_array() && !config["architectures"].empty() &&
+      config["architectures"][0].is_string())
+    return config["architectures"][0].get<std::string>();
+  fail(FLAME_ERROR_INVALID_FORMAT, source, "/config.json names no architecture (no \"_class_name\" or \"architectures\");",
+       " pass \"architecture\" in the options");
+}
+
+// Architecture, config and parameter sources of a single file's component (no config.json).
+LoadPlan plan_single_file(const CheckpointFiles& view, const nlohmann::json& options) {
+  LoadPlan plan;
+  const bool diffusion = !options.contains("component") || options["component"] == "unet" ||
+                         options["component"] == "transformer";
+  if (diffusion && is_flux_checkpoint(view.keys())) {
+    const FluxCheckpoint f = detect_flux_checkpoint(view.keys());
+    plan.architecture = "FluxTransformer2DModel";
+    plan.config = flux_config_json(f.config);
+    if (f.layout == FluxLayout::Original)
+      for (const FluxParameter& p : flux_parameter_map(f.config))
+        plan.sources[p.diffusers_name] = {f.prefix + p.original_name, p.row_begin, p.rows, p.swap_halves};
+    else
+      for (const KeyShape& k : flux_diffusers_tensors(f.config)) plan.sources[k.name] = {f.prefix + k.name};
+    return plan;
+  }
+  if (diffusion && is_unet_checkpoint(view.keys())) {
+    const UNetCheckpoint u = detect_unet_checkpoint(view.keys());
+    plan.architecture = "UNet2DConditionModel";
+    plan.config = unet_config_json(u.config);
+    for (const UNetParameter& p : unet_parameters(u.config))
+      plan.sources[p.diffusers_name] = {u.prefix + (u.layout == UNetLayout::Original ? p.original_name : p.diffusers_name)};
+    return plan;
+  }
+  FLAME_CHECK(options.contains("architecture"), FLAME_ERROR_INVALID_FORMAT, view.source(),
+              ": the architecture cannot be told from the tensors' names (",
+              view.keys().empty() ? std::string("no tensors") : "first: " + view.keys().front().name,
+              "); pass \"architecture\" (and \"config\") in the options");
+  plan.architecture = options["architecture"].get<std::string>();
+  return plan;  // same names as the architecture's parameters
+}
+
+// Buffers reference classes keep in their files but do not load as parameters.
+bool ignorable_extra(const std::string& key) {
+  return key.size() >= 12 && key.compare(key.size() - 12, 12, "position_ids") == 0;
+}
+
+// Other names under which files store a parameter: tied weights transformers may write under
+// either name (T5's shared embedding is also encoder.embed_tokens).
+std::vector<std::string> tied_aliases(const std::string& param) {
+  if (param == "shared.weight") return {"encoder.embed_tokens.weight"};
+  return {};
+}
+
+// The stored key of a parameter without an explicit source: its own name, a tied alias, or
+// transformers 5's CLIPTextModel names (without "text_model.").
+std::string same_name_key(const CheckpointFiles& view, const std::string& param) {
+  if (view.contains(param)) return param;
+  for (const std::string& alias : tied_aliases(param))
+    if (view.contains(alias)) return alias;
+  const std::string stripped = param.rfind("text_model.", 0) == 0 ? param.substr(11) : std::string();
+  if (!stripped.empty() && view.contains(stripped)) return stripped;
+  fail(FLAME_ERROR_INVALID_FORMAT, view.source(), " lacks the tensor ", param);
+}
+
+// Copies every parameter; checks shapes and that no stored tensor is left over.
+void copy_parameters(Model& model, const CheckpointFiles& view, const LoadPlan& plan) {
+  Context& ctx = model.ctx();
+  GradMode no_grad = ctx.mode;
+  no_grad.grad_enabled = false;
+  GradModeGuard guard(ctx, no_grad);
+  std::map<std::string, const KeyShape*> shapes;
+  for (const KeyShape& k : view.keys()) shapes[k.name] = &k;
+  std::set<std::string> used;
+  const ParamStore& store = model.params();
+  for (size_t i = 0; i < store.size(); ++i) {
+    const std::string& name = store.names()[i];
+    const Tensor& dst = store.tensors()[i];
+    ParamSource src;
+    auto it = plan.sources.find(name);
+    if (it != plan.sources.end()) src = it->second;
+    else src.key = same_name_key(view, name);
+    FLAME_CHECK(shapes.count(src.key), FLAME_ERROR_INVALID_FORMAT, view.source(), " lacks the tensor ", src.key,
+                " (parameter ", name, ")");
+    const KeyShape& k = *shapes[src.key];
+    std::vector<int64_t> expect = dst->shape;
+    std::vector<int64_t> stored = k.shape;
+    if (src.rows >= 0 && !stored.empty()) stored[0] = src.rows;
+    // Linear weights stored as 1x1 convolutions ([O, I, 1, 1]) and the reverse load as their reshape.
+    auto numel = [](const std::vector<int64_t>& s) {
+      int64_t n = 1;
+      for (int64_t d : s) n *= d;
+      return n;
+    };
+    const bool same = stored == expect;
+    const bool reshaped = !same && numel(stored) == numel(expect) && stored.size() != expect.size() && !expect.empty() &&
+                          !stored.empty() && stored[0] == expect[0];
+    FLAME_CHECK(same || reshaped, FLAME_ERROR_INVALID_FORMAT, view.source(), ": tensor ", src.key, " has shape ",
+                shape_str(k.shape), " but parameter ", name, " needs ", shape_str(expect),
+                src.rows >= 0 ? " (rows of a fused tensor)" : "");
+    if (src.swap_halves) {
+      const int64_t h = src.rows / 2;
+      view.read_into(src.key, ops::narrow(dst, 0, 0, h), src.row_begin + h, h);
+      view.read_into(src.key, ops::narrow(dst, 0, h, h), src.row_begin, h);
+    } else {
+      view.read_into(src.key, dst, src.row_begin, src.rows);
+    }
+    used.insert(src.key);
+    for (const std::string& alias : tied_aliases(name)) used.insert(alias);  // the same tensor written twice
+  }
+  std::vector<std::string> extra;
+  for (const KeyShape& k : view.keys())
+    if (!used.count(k.name) && !ignorable_extra(k.name)) extra.push_back(k.name);
+  if (!extra.empty()) {
+    std::string listed;
+    for (size_t i = 0; i < extra.size() && i < 8; ++i) listed += (i ? ", " : "") + extra[i];
+    fail(FLAME_ERROR_INVALID_FORMAT, view.source(), " holds ", extra.size(), " tensor(s) ", model.class_name(),
+         " has no parameter for: ", listed, extra.size() > 8 ? ", ..." : "");
+  }
+}
+
+// The options' dtype, else bf16 when every float tensor is stored in 16 or 8 bits, else f32.
+std::string default_dtype(const CheckpointFiles& view) {
+  bool any = false;
+  for (const KeyShape& k : view.keys()) {
+    const StoredTensor& s = view.stored(k.name);
+    if (s.dtype_name == "F32" || s.dtype_name == "F64") return "f32";
+    any = any || s.dtype_name == "BF16" || s.dtype_name == "F16" || s.dtype_name.rfind("F8", 0) == 0;
+  }
+  return any ? "bf16" : "f32";
+}
+
+}  // namespace
+
+std::shared_ptr<Model> load_model(Context& ctx, const std::string& path, const nlohmann::json& options_in) {
+  nlohmann::json options = options_in.is_null() ? nlohmann::json::object() : options_in;
+  FLAME_CHECK(options.is_object(), FLAME_ERROR_INVALID_ARGUMENT, "options must be a JSON object");
+  parse_model_options(options);  // unknown keys and bad values fail before any file is opened
+  for (const char* key : {"architecture", "component"})
+    FLAME_CHECK(!options.contains(key) || options[key].is_string(), FLAME_ERROR_INVALID_ARGUMENT, "options: \"", key,
+                "\" must be a string");
+  FLAME_CHECK(!options.contains("config") || options["config"].is_object(), FLAME_ERROR_INVALID_ARGUMENT,
+              "options: \"config\" must be a JSON object");
+  const std::string component = options.value("component", std::string());
+
+  const bool folder = is_directory(path);
+  const CheckpointFiles files = CheckpointFiles::open(path, folder ? component : std::string());
+  LoadPlan plan;
+  CheckpointFiles view = files;
+  if (files.layout() == CheckpointLayout::SingleFile) {
+    // A file holding several components (SDXL, SD 3.5 single files, ComfyUI repacks) is read
+    // through the chosen component's prefix; a file without component prefixes is the component.
+    const std::string prefix = component_prefix(files, component);
+    FLAME_CHECK(prefix.empty() ? component.empty() || files.component_prefixes().empty() : true,
+                FLAME_ERROR_INVALID_ARGUMENT, path, " holds no component \"", component, "\"");
+    if (!prefix.empty()) view = files.with_prefix(prefix);
+    plan = plan_single_file(view, options);
+  } else {
+    plan.config = nlohmann::json::parse(files.config_json());
+    plan.architecture = architecture_of_config(plan.config, files.source());
+  }
+  if (options.contains("architecture")) plan.architecture = options["architecture"].get<std::string>();
+  if (options.contains("config")) plan.config = options["config"];
+  if (!options.contains("dtype")) options["dtype"] = default_dtype(view);
+  const ModelOptions model_options = parse_model_options(options);
+  std::shared_ptr<Model> model = create_model(ctx, plan.architecture, plan.config, model_options);
+  copy_parameters(*model, view, plan);
+  return model;
+}
+
+}  // namespace flame::models
