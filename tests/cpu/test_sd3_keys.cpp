@@ -193,3 +193,34 @@ TEST(SD3Keys, IncompleteOrContradictoryListsAreErrorsNamingTheKey) {
   bad.qk_norm = "layer_norm";
   EXPECT_THROW(sd3_parameter_table(bad), Error);
 }
+
+TEST(SD3Keys, DiffusersOrderOfRegistration) {
+  const MappedTable t = sd3_parameter_table(flame::models::testing::tiny_sd3_config());
+  ASSERT_GE(t.parameters.size(), 3u);
+  EXPECT_EQ(t.parameters[0].diffusers_name, "pos_embed.pos_embed");  // PatchEmbed's own buffer before its proj
+  EXPECT_EQ(t.parameters[1].diffusers_name, "pos_embed.proj.weight");
+  EXPECT_EQ(t.parameters.back().diffusers_name, "proj_out.bias");
+  auto block_weights = [&](const std::string& head) {
+    std::vector<std::string> out;
+    for (const MappedParameter& p : t.parameters)
+      if (p.diffusers_name.rfind(head, 0) == 0 && p.diffusers_name.find(".weight") != std::string::npos)
+        out.push_back(p.diffusers_name.substr(head.size()));
+    return out;
+  };
+  // Block 0: dual attention (norm1 of 9 chunks, attn2); Attention registers add_k, add_v, then add_q.
+  const std::vector<std::string> block0 = {
+      "norm1.linear.weight", "norm1_context.linear.weight", "attn.norm_q.weight", "attn.norm_k.weight",
+      "attn.to_q.weight", "attn.to_k.weight", "attn.to_v.weight", "attn.add_k_proj.weight", "attn.add_v_proj.weight",
+      "attn.add_q_proj.weight", "attn.to_out.0.weight", "attn.to_add_out.weight", "attn.norm_added_q.weight",
+      "attn.norm_added_k.weight", "attn2.norm_q.weight", "attn2.norm_k.weight", "attn2.to_q.weight",
+      "attn2.to_k.weight", "attn2.to_v.weight", "attn2.to_out.0.weight", "ff.net.0.proj.weight", "ff.net.2.weight",
+      "ff_context.net.0.proj.weight", "ff_context.net.2.weight"};
+  EXPECT_EQ(block_weights("transformer_blocks.0."), block0);
+  // The last block: context_pre_only.
+  const std::vector<std::string> last = {
+      "norm1.linear.weight", "norm1_context.linear.weight", "attn.norm_q.weight", "attn.norm_k.weight",
+      "attn.to_q.weight", "attn.to_k.weight", "attn.to_v.weight", "attn.add_k_proj.weight", "attn.add_v_proj.weight",
+      "attn.add_q_proj.weight", "attn.to_out.0.weight", "attn.norm_added_q.weight", "attn.norm_added_k.weight",
+      "ff.net.0.proj.weight", "ff.net.2.weight"};
+  EXPECT_EQ(block_weights("transformer_blocks.2."), last);
+}

@@ -247,3 +247,24 @@ TEST(T5Keys, IncompleteOrContradictoryListsAreErrorsNamingTheKey) {
   bad.feed_forward_proj = "swish";
   EXPECT_THROW(t5_parameter_table(bad), Error);
 }
+
+TEST(ClipKeys, TransformersOrderOfRegistration) {
+  const MappedTable t = clip_parameter_table(flame::models::testing::tiny_clip_config());
+  std::vector<std::string> names;
+  for (const MappedParameter& p : t.parameters) names.push_back(p.diffusers_name);
+  ASSERT_GE(names.size(), 20u);
+  EXPECT_EQ(names[0], "text_model.embeddings.token_embedding.weight");
+  EXPECT_EQ(names[1], "text_model.embeddings.position_embedding.weight");
+  // CLIPAttention registers k, v, q, out; the layer: self_attn, layer_norm1, mlp, layer_norm2.
+  const std::vector<std::string> layer0 = {"self_attn.k_proj.weight", "self_attn.k_proj.bias",
+                                           "self_attn.v_proj.weight", "self_attn.v_proj.bias",
+                                           "self_attn.q_proj.weight", "self_attn.q_proj.bias",
+                                           "self_attn.out_proj.weight", "self_attn.out_proj.bias",
+                                           "layer_norm1.weight", "layer_norm1.bias",
+                                           "mlp.fc1.weight", "mlp.fc1.bias",
+                                           "mlp.fc2.weight", "mlp.fc2.bias",
+                                           "layer_norm2.weight", "layer_norm2.bias"};
+  for (size_t i = 0; i < layer0.size(); ++i) EXPECT_EQ(names[2 + i], "text_model.encoder.layers.0." + layer0[i]);
+  EXPECT_EQ(names[names.size() - 3], "text_model.final_layer_norm.weight");
+  EXPECT_EQ(names.back(), "text_projection.weight");
+}

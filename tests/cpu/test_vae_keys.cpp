@@ -169,3 +169,33 @@ TEST(VAEKeys, IncompleteOrContradictoryListsAreErrorsNamingTheKey) {
   bad.block_out_channels.clear();
   EXPECT_THROW(vae_parameter_table(bad), Error);
 }
+
+TEST(VAEKeys, DiffusersOrderOfRegistration) {
+  // Encoder and Decoder register their block list before the mid block; the mid block its attention
+  // before its resnets; AutoencoderKL the quant convs last.
+  std::vector<std::string> heads;
+  for (const MappedParameter& p : vae_parameter_table(flame::models::testing::tiny_vae_config()).parameters) {
+    size_t cut = p.diffusers_name.find('.');
+    if (p.diffusers_name.rfind("encoder.", 0) == 0 || p.diffusers_name.rfind("decoder.", 0) == 0)
+      cut = p.diffusers_name.find('.', cut + 1);
+    const std::string head = p.diffusers_name.substr(0, cut);
+    if (heads.empty() || heads.back() != head) heads.push_back(head);
+  }
+  const std::vector<std::string> want = {"encoder.conv_in", "encoder.down_blocks", "encoder.mid_block",
+                                         "encoder.conv_norm_out", "encoder.conv_out", "decoder.conv_in",
+                                         "decoder.up_blocks", "decoder.mid_block", "decoder.conv_norm_out",
+                                         "decoder.conv_out", "quant_conv", "post_quant_conv"};
+  EXPECT_EQ(heads, want);
+  const MappedTable t = vae_parameter_table(flame::models::testing::tiny_vae_config());
+  std::vector<std::string> mid;
+  for (const MappedParameter& p : t.parameters)
+    if (p.diffusers_name.rfind("encoder.mid_block.", 0) == 0 && p.diffusers_name.find(".weight") != std::string::npos)
+      mid.push_back(p.diffusers_name.substr(18));
+  const std::vector<std::string> want_mid = {
+      "attentions.0.group_norm.weight", "attentions.0.to_q.weight", "attentions.0.to_k.weight",
+      "attentions.0.to_v.weight",       "attentions.0.to_out.0.weight", "resnets.0.norm1.weight",
+      "resnets.0.conv1.weight",         "resnets.0.norm2.weight",  "resnets.0.conv2.weight",
+      "resnets.1.norm1.weight",         "resnets.1.conv1.weight",  "resnets.1.norm2.weight",
+      "resnets.1.conv2.weight"};
+  EXPECT_EQ(mid, want_mid);
+}
