@@ -8,7 +8,9 @@
 #include <vector>
 #include "core/error.h"
 #include "model_configs.h"
+#include "models/clip_keys.h"
 #include "models/sd3_keys.h"
+#include "models/vae_keys.h"
 
 using namespace flame;
 using namespace flame::models;
@@ -66,6 +68,14 @@ TEST(SD3Keys, Sd35MediumAndSd3MediumTotals) {
   // 2,243,171,520 + 384^2 x 1536, SD3-medium 2,028,328,000 + 192^2 x 1536.
   EXPECT_EQ(total(m35), 2243171520 + 384LL * 384 * 1536);
   EXPECT_EQ(total(m3), 2028328000 + 192LL * 192 * 1536);
+  // keras_hub's SD3 presets count the MMDiT with CLIP-L (with projection), bigG and the 16-channel VAE:
+  // 2,987,080,931 (SD3-medium) and 3,371,793,763 (SD3.5-medium), the positional tables included.
+  ClipTextConfig clip_l;
+  clip_l.with_projection = true;
+  const int64_t others = total(clip_parameter_table(clip_l)) + total(clip_parameter_table(clip_bigg_config())) +
+                         total(vae_parameter_table(sd3_vae_config()));
+  EXPECT_EQ(total(m3) + others, 2987080931);
+  EXPECT_EQ(total(m35) + others, 3371793763);
   EXPECT_EQ(m35.parameters.size(), 909u);
   EXPECT_EQ(m3.parameters.size(), 683u);
   // The 24 blocks' fused projections (x and context qkv), 13 dual attentions (attn2.qkv).
