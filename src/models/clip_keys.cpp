@@ -138,4 +138,6 @@ std::vector<ClipCheckpoint> detect_clip_checkpoints(const std::vector<KeyShape>&
   return out;
 }
 
+ClipCheckpoint detect_clip_checkpoint(const std::vector<KeyShape>& keys) { return detect_clip_checkpoints(keys).front(); }
+
 }  // namespace flame::models

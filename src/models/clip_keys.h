@@ -69,4 +69,7 @@ ClipCheckpoint detect_clip_checkpoint_at(const std::vector<KeyShape>& keys, cons
 // prefixes (transformers-named first). Fails (FLAME_ERROR_INVALID_FORMAT) when there is none.
 std::vector<ClipCheckpoint> detect_clip_checkpoints(const std::vector<KeyShape>& keys);
 
+// The first of detect_clip_checkpoints (the only one of a diffusers folder's text_encoder/).
+ClipCheckpoint detect_clip_checkpoint(const std::vector<KeyShape>& keys);
+
 }  // namespace flame::models

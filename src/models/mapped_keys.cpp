@@ -54,7 +54,7 @@ void MappedTableBuilder::weight_bias(const std::string& dname, const std::string
   same(dname + ".bias", oname + ".bias", {weight.at(0)});
 }
 
-KeyIndex::KeyIndex(const std::vector<KeyShape>& keys, std::string family) : keys_(keys), family_(std::move(family)) {
+KeyIndex::KeyIndex(const std::vector<KeyShape>& keys, std::string family) : family_(std::move(family)) {
   for (const KeyShape& k : keys) by_name_[k.name] = &k;
 }
 

@@ -85,7 +85,6 @@ class KeyIndex {
   void expect_all(const std::vector<KeyShape>& want, const std::string& prefix, const std::string& model) const;
 
  private:
-  const std::vector<KeyShape>& keys_;
   std::map<std::string, const KeyShape*> by_name_;
   std::string family_;
 };

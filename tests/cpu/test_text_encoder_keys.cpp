@@ -148,6 +148,7 @@ TEST(ClipKeys, DetectsEncodersOfSingleFilesAndFolders) {
   EXPECT_EQ(detect_clip_checkpoint_at(sd35, "text_encoders.clip_g.transformer.").config.num_hidden_layers, 32);
   // A diffusers folder's text_encoder/ (no prefix).
   EXPECT_EQ(detect_clip_checkpoints(clip_keys(ClipTextConfig{}, false, ""))[0].prefix, "");
+  EXPECT_EQ(detect_clip_checkpoint(sdxl).prefix, "conditioner.embedders.0.transformer.");
 }
 
 TEST(ClipKeys, IncompleteOrContradictoryListsAreErrorsNamingTheKey) {
