@@ -39,6 +39,7 @@ import json
 import os
 import subprocess
 import sys
+import traceback
 
 import torch
 
@@ -234,10 +235,20 @@ def check_mapped_families(tool, write):
     for family, (configs, written, _) in MAPPED_FAMILIES.items():
         for config in configs:
             tables = flame_tables(tool, family, config)
-            theirs = real_mapped_state(tables)
             library = "diffusers" if family in ("sd3", "vae") else "transformers"
+            try:  # one family's failure to build or convert must not hide the others' results
+                theirs = real_mapped_state(tables)
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                print(f"{family} {config}: building {tables['class']} FAILED: {type(e).__name__}: {e}")
+                failures += 1
+                continue
             problems = compare_lists(f"{family} {config} {library} list", tables["diffusers"], theirs)
-            problems += check_mapped_converter(family, tables, exact=(config == "tiny"))
+            try:
+                problems += check_mapped_converter(family, tables, exact=(config == "tiny"))
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                problems.append(f"the converter raised {type(e).__name__}: {e}")
             n = sum(torch.Size(s).numel() for _, s in theirs)
             print(f"{family} {config} ({tables['class']}): {len(theirs)} tensors, {n:,} elements, "
                   f"{len(tables['original'])} original tensors: {'ok' if not problems else 'FAILED'}")
