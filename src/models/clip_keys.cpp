@@ -110,7 +110,7 @@ ClipCheckpoint detect_clip_checkpoint_at(const std::vector<KeyShape>& keys, cons
   const std::string layers = pre + (open_clip ? "transformer.resblocks." : "text_model.encoder.layers.");
   c.num_hidden_layers = idx.count_indices(layers);
   c.intermediate_size = idx.need(layers + (open_clip ? "0.mlp.c_fc.weight" : "0.mlp.fc1.weight"), 2).shape[0];
-  FLAME_CHECK(c.hidden_size % 64 == 0, FLAME_ERROR_INVALID_FORMAT, "CLIP text checkpoint: width ", c.hidden_size,
+  FLAME_CHECK(c.hidden_size >= 64 && c.hidden_size % 64 == 0, FLAME_ERROR_INVALID_FORMAT, "CLIP text checkpoint: width ", c.hidden_size,
               " (", tokens.name, ") is not a multiple of the 64-wide heads");
   c.num_attention_heads = c.hidden_size / 64;
   c.hidden_act = open_clip || c.hidden_size != 768 ? "gelu" : "quick_gelu";

@@ -182,10 +182,12 @@ SD3Checkpoint detect_sd3_checkpoint(const std::vector<KeyShape>& keys) {
   const int64_t d = patch.shape[0];
   c.in_channels = patch.shape[1];
   c.patch_size = patch.shape[2];
-  FLAME_CHECK(patch.shape[2] == patch.shape[3], FLAME_ERROR_INVALID_FORMAT, "SD3 tensor ", pre + n.patch,
-              " has a non-square patch kernel ", patch.shape[2], "x", patch.shape[3]);
+  FLAME_CHECK(patch.shape[2] == patch.shape[3] && patch.shape[2] > 0 && d > 0, FLAME_ERROR_INVALID_FORMAT,
+              "SD3 tensor ", pre + n.patch, " has an empty or non-square patch kernel ", patch.shape[2], "x",
+              patch.shape[3], " or no output channels");
   const KeyShape& positions = idx.need(pre + n.positions, 3);
   const int64_t len = positions.shape[1];
+  FLAME_CHECK(len > 0, FLAME_ERROR_INVALID_FORMAT, "SD3 tensor ", pre + n.positions, " holds no positions");
   c.pos_embed_max_size = std::llround(std::sqrt(static_cast<double>(len)));
   FLAME_CHECK(c.pos_embed_max_size * c.pos_embed_max_size == len, FLAME_ERROR_INVALID_FORMAT, "SD3 tensor ",
               pre + n.positions, " holds ", len, " positions, not a square grid");

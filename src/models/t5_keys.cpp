@@ -80,7 +80,7 @@ T5Checkpoint detect_t5_checkpoint(const std::vector<KeyShape>& keys) {
   c.num_heads = bias.shape[1];
   const std::string first = pre + "encoder.block.0.layer.";
   const KeyShape& q = idx.need(first + "0.SelfAttention.q.weight", 2);
-  FLAME_CHECK(c.num_heads > 0 && q.shape[0] % c.num_heads == 0, FLAME_ERROR_INVALID_FORMAT, "T5 tensor ", q.name,
+  FLAME_CHECK(c.num_heads > 0 && q.shape[0] > 0 && q.shape[0] % c.num_heads == 0, FLAME_ERROR_INVALID_FORMAT, "T5 tensor ", q.name,
               " has ", q.shape[0], " rows, not a multiple of the ", c.num_heads, " heads of ", bias.name);
   c.d_kv = q.shape[0] / c.num_heads;
   const bool gated = idx.has(first + "1.DenseReluDense.wi_0.weight");

@@ -189,6 +189,16 @@ TEST(SD3Keys, IncompleteOrContradictoryListsAreErrorsNamingTheKey) {
     if (k.name == "pos_embed") k.shape[1] = 63;
   EXPECT_EQ(detect_status(not_square, &msg), FLAME_ERROR_INVALID_FORMAT);
   EXPECT_NE(msg.find("pos_embed"), std::string::npos) << msg;
+  std::vector<KeyShape> empty_patch = good;  // would divide by the patch area
+  for (KeyShape& k : empty_patch)
+    if (k.name == "x_embedder.proj.weight") k.shape[2] = k.shape[3] = 0;
+  EXPECT_EQ(detect_status(empty_patch, &msg), FLAME_ERROR_INVALID_FORMAT);
+  EXPECT_NE(msg.find("x_embedder.proj.weight"), std::string::npos) << msg;
+  std::vector<KeyShape> no_positions = good;
+  for (KeyShape& k : no_positions)
+    if (k.name == "pos_embed") k.shape[1] = 0;
+  EXPECT_EQ(detect_status(no_positions, &msg), FLAME_ERROR_INVALID_FORMAT);
+  EXPECT_NE(msg.find("pos_embed"), std::string::npos) << msg;
   std::vector<KeyShape> layer_norm = good;
   layer_norm.push_back({"joint_blocks.0.x_block.attn.ln_q.bias", {8}});
   EXPECT_EQ(detect_status(layer_norm, &msg), FLAME_ERROR_INVALID_FORMAT);

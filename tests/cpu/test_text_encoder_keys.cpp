@@ -173,6 +173,11 @@ TEST(ClipKeys, IncompleteOrContradictoryListsAreErrorsNamingTheKey) {
     if (k.name == pre + "transformer.resblocks.0.attn.in_proj_weight") k.shape[0] = 64;
   EXPECT_EQ(status_of([&] { detect_clip_checkpoints(wrong); }, &msg), FLAME_ERROR_INVALID_FORMAT);
   EXPECT_NE(msg.find("in_proj_weight"), std::string::npos) << msg;
+  std::vector<KeyShape> narrow = good;  // no 64-wide head fits
+  for (KeyShape& k : narrow)
+    if (k.name == pre + "token_embedding.weight") k.shape[1] = 0;
+  EXPECT_EQ(status_of([&] { detect_clip_checkpoints(narrow); }, &msg), FLAME_ERROR_INVALID_FORMAT);
+  EXPECT_NE(msg.find("token_embedding.weight"), std::string::npos) << msg;
   ClipTextConfig bad = flame::models::testing::tiny_clip_config();
   bad.num_attention_heads = 3;
   EXPECT_THROW(clip_parameter_table(bad), Error);
