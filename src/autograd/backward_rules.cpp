@@ -1,16 +1,16 @@
-// Every backward rule of FLAME, one per op of src/ops/op_list.h, each written with FLAME ops so
+// Every backward rule of FLAME, one per op of src/tensor/op_list.h, each written with FLAME ops so
 // that it is itself recorded when create_graph asks for it (higher-order gradients).
 // A rule gets the node (its saved tensors, attributes and input geometry) and the gradient of the
 // node's output, and returns one gradient per input (null where none is needed). Broadcasting and
 // dtype promotion are separate Expand and Cast nodes, so no rule undoes them.
-// Which rule an op has is the Backward column of its row in src/ops/op_list.h: the table at the end
+// Which rule an op has is the Backward column of its row in src/tensor/op_list.h: the table at the end
 // of the rules is generated from the rows (a RULE row names bw_<Id>, so a missing rule does not
 // compile). What an elementwise op saves is the row's Saves column; its rule reads the saved tensors
 // through saved_input / saved_output, which fail on a tensor the row does not save.
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/attention.h"
 #include "ops/nn.h"
@@ -562,7 +562,7 @@ Grads pointwise_loss_rule(Node& n, const Tensor& g) {
 RULE(MseLoss) { return pointwise_loss_rule(n, g); }
 RULE(L1Loss) { return pointwise_loss_rule(n, g); }
 
-// The rule table, generated from the Backward column of every row of src/ops/op_list.h.
+// The rule table, generated from the Backward column of every row of src/tensor/op_list.h.
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
 #define FLAME_RULE_RULE(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;

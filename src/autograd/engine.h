@@ -1,7 +1,7 @@
 // The reverse-mode engine: the one place where graphs are walked.
 #pragma once
 #include <vector>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 
 namespace flame {
 

@@ -22,7 +22,7 @@
 #pragma once
 #include <memory>
 #include <vector>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "dist/comm.h"
 
 namespace flame {

@@ -10,7 +10,7 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "ops/fused_expr.h"
 #include "runtime/kernel_key.h"
 #include "tensor/tensor.h"

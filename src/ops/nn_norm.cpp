@@ -8,7 +8,7 @@
 // finalize, an elementwise apply; a channel with few values per block is split over blocks.
 #include <algorithm>
 #include <cmath>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/nn.h"
 #include "ops/nn_rows.h"

@@ -12,7 +12,7 @@
 
 namespace flame {
 
-struct AutogradMeta;  // autograd/graph.h
+struct AutogradMeta;  // tensor/autograd_graph.h
 
 struct Storage {
   std::shared_ptr<Context> ctx;

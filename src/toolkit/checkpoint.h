@@ -15,7 +15,7 @@
 #pragma once
 #include <memory>
 #include <vector>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "flame.h"
 
 namespace flame {

@@ -25,21 +25,7 @@ set(LAYER_RANK
 # "<file relative to src/> -> <included path>" (issue 34, point 3: the graph's node type and the op
 # vocabulary move below the ops that record them; checkpointing hands its backward in through the node).
 set(KNOWN_UPWARD
-  "autograd/backward_rules.cpp -> toolkit/checkpoint.h"
-  "ops/attention.h -> autograd/graph.h"
-  "ops/conv.cpp -> autograd/graph.h"
-  "ops/dropout.cpp -> autograd/graph.h"
-  "ops/fused.h -> autograd/graph.h"
-  "ops/indexing.cpp -> autograd/graph.h"
-  "ops/indexing_extra.cpp -> autograd/graph.h"
-  "ops/loss.h -> autograd/graph.h"
-  "ops/nn_norm.cpp -> autograd/graph.h"
-  "ops/ops.h -> autograd/graph.h"
-  "ops/pooling.cpp -> autograd/graph.h"
-  "ops/rope.cpp -> autograd/graph.h"
-  "ops/softmax.cpp -> autograd/graph.h"
-  "ops/upsample.cpp -> autograd/graph.h"
-  "tensor/tensor.cpp -> autograd/graph.h")
+  "autograd/backward_rules.cpp -> toolkit/checkpoint.h")
 
 if(NOT SRC OR NOT IS_DIRECTORY "${SRC}")
   message(FATAL_ERROR "check_layers: pass -DSRC=<repository>/src")

@@ -6,7 +6,7 @@
 #pragma once
 #include <memory>
 #include <vector>
-#include "ops/op_list.h"
+#include "tensor/op_list.h"
 #include "tensor/tensor.h"
 
 namespace flame {

@@ -1,4 +1,4 @@
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 
 namespace flame {

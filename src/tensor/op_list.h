@@ -26,7 +26,7 @@
 //                        row does not save.
 //
 // How to add an elementwise op with its gradient (e.g. a unary MATH op `foo`):
-//   1. src/ops/op_list.h: one row, X(Foo, foo, MATH, RULE, INPUT), in FLAME_UNARY_OPS (C entry point
+//   1. src/tensor/op_list.h: one row, X(Foo, foo, MATH, RULE, INPUT), in FLAME_UNARY_OPS (C entry point
 //      flame_foo(t, out) generated in src/api/api_ops.cpp), FLAME_SCALAR_OPS (flame_foo(t, s, out);
 //      the scalar is a.s0), FLAME_BINARY_OPS (flame_foo(a, b, out)) or FLAME_INTERNAL_*_OPS (no C
 //      entry point).
