@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include "autograd/engine.h"
 #include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/attention.h"
@@ -20,8 +21,6 @@
 #include "ops/derivatives.h"
 #include "ops/nnops.h"
 #include "ops/ops.h"
-#include "toolkit/checkpoint.h"
-#include "ops/fused.h"
 
 namespace flame {
 
@@ -526,18 +525,15 @@ RULE(Rope) {  // the rotation is orthogonal: its transpose rotates back (saved: 
   p.inverse = !p.inverse;
   return {rope_apply(g, n.saved.empty() ? nullptr : saved(n, 0), p)};
 }
-// ---- gradient checkpointing (toolkit/checkpoint.h): re-run the function, walk the rebuilt graph ----
-RULE(Checkpoint) { return checkpoint_backward(n, {g}); }
-// ---- fused expressions (ops/fused.h): per input, the fused function g * d expr / d x_i of the
-// saved inputs it reads (ints: which inputs were saved); itself a fused call, so differentiable ----
-RULE(Fused) {
-  std::vector<Tensor> xs(n.next.size());
-  for (size_t k = 0; k < n.saved.size(); ++k) xs[static_cast<size_t>(n.ints.at(k))] = saved(n, k);
-  Grads out(n.next.size());
-  for (size_t i = 0; i < out.size(); ++i)
-    if (n.needs_input_grad(i)) out[i] = fused_of(n).input_grad(static_cast<int>(i), g, xs);
-  return out;
+// ---- ops that hand their backward in with the node (Node::backward, set when they record): gradient
+// checkpointing (toolkit/checkpoint.cpp: re-run the function, walk the rebuilt graph) and fused
+// expressions (ops/fused.cpp: per input, a fused function of g and the saved inputs) ----
+Grads node_backward(Node& n, const Grads& gs) {
+  if (!n.backward) fail(FLAME_ERROR_INTERNAL, "node of ", op_name(n.op), " was recorded without its backward");
+  return n.backward(n, gs);
 }
+RULE(Checkpoint) { return node_backward(n, {g}); }
+RULE(Fused) { return node_backward(n, {g}); }
 
 // ---- mse_loss / l1_loss with reduction mean or sum (ops/loss.h; inputs {input, target}, both saved;
 // ints {reduction}): the fused kernel, or under create_graph the same gradient composed of ops,
@@ -615,7 +611,7 @@ Grads linear_backward(Node& n, const Tensor& g, bool pre, Node* p, Tensor* p_dz,
 
 // Nodes with several outputs get one gradient per output (null where none arrived).
 Grads apply_backward_rule_multi(Node& n, const std::vector<Tensor>& gs) {
-  if (n.op == OpId::Checkpoint) return checkpoint_backward(n, gs);
+  if (n.backward) return n.backward(n, gs);
   fail(FLAME_ERROR_INTERNAL, "op ", op_name(n.op), " has ", n.num_outputs, " outputs but no backward for several");
 }
 

@@ -25,4 +25,8 @@ struct BackwardRequest {
 // gradient per input (null for unused inputs when allowed).
 std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req);
 
+// Whether the rule table of backward_rules.cpp has a rule for op (exactly the RULE rows of
+// tensor/op_list.h: tests/cpu/test_op_coverage.cpp checks it).
+bool has_backward(OpId op);
+
 }  // namespace flame

@@ -221,8 +221,8 @@
 #define FLAME_TOOLKIT_OPS(X) \
   X(Checkpoint, checkpoint, RULE)                     
 // ---- fused elementwise expressions (src/ops/fused.cpp, kernels in cuda/fused.cuh) ----
-// One node per flame_fused_call; its payload is the compiled function, whose backward is one fused
-// call per input (g * d expr / d x_i), so it is differentiable to any order.
+// One node per flame_fused_call, carrying its backward (Node::backward, bound to the compiled
+// function): one fused call per input (g * d expr / d x_i), so it is differentiable to any order.
 #define FLAME_FUSED_OPS(X) \
   X(Fused, fused, RULE)                               
 

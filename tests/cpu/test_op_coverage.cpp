@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include "autograd/engine.h"
 #include "tensor/autograd_graph.h"
 #include "ops/launch.h"
 #include "tensor/op_list.h"
