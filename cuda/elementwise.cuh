@@ -1,4 +1,4 @@
-// Elementwise kernels: one functor per op (cuda/functors.cuh, the name in src/ops/op_list.h), applied
+// Elementwise kernels: one functor per op (cuda/functors.cuh, the name in src/tensor/op_list.h), applied
 // by generic kernels over 0 to 3 operands of any element types. ew_contig moves V elements per thread with
 // aligned vector accesses (16 bytes for the widest operand) when every operand is dense; ew_rows
 // does the same for a dense output whose operands are dense or broadcast along the last axis (any

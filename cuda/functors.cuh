@@ -1,4 +1,4 @@
-// The math of every elementwise op: one functor per row of src/ops/op_list.h, of the same name.
+// The math of every elementwise op: one functor per row of src/tensor/op_list.h, of the same name.
 // The elementwise kernels (cuda/elementwise.cuh) apply them, and the fused-expression generator
 // (src/ops/fused_expr.cpp) calls the same functors in the code it writes for flame_fused_compile, so
 // each op's math is spelled once. Functors compute in compute_t (f32 for f16/bf16); scalar

@@ -1,4 +1,6 @@
 // C entry points of autograd: requires_grad, .grad, backward, grad, hooks.
+#include <functional>
+#include <string>
 #include "api/guard.h"
 #include "autograd/engine.h"
 #include "ops/ops.h"
@@ -19,6 +21,45 @@ std::vector<Tensor> optional_list(const flame_tensor_t* ts, int32_t n, const cha
   return v;
 }
 
+// The C hooks of flame.h adapted to the graph's C++ hooks (tensor/autograd_graph.h): each call lends
+// the callback a handle, and a failing status becomes a flame::Error with the callback's message.
+std::function<Tensor(const Tensor&)> c_tensor_hook(flame_tensor_hook_fn fn, void* user_data) {
+  return [fn, user_data](const Tensor& g) -> Tensor {
+    flame_tensor_t gh = wrap_lent(g);
+    flame_tensor_t replacement = nullptr;
+    clear_last_error();
+    flame_status_t st = fn(user_data, gh, &replacement);
+    release_handle(gh);
+    if (st != FLAME_OK) {
+      release_handle(replacement);
+      std::string msg = last_error();
+      fail(st, "a gradient hook failed: ", msg.empty() ? "(the hook gave no message)" : msg);
+    }
+    if (!replacement) return nullptr;
+    Tensor r;
+    try {
+      r = unwrap(replacement, "replacement");
+    } catch (...) {
+      fail(FLAME_ERROR_INVALID_HANDLE, "a gradient hook returned an invalid replacement handle");
+    }
+    release_handle(replacement);
+    return r;
+  };
+}
+
+std::function<void(const Tensor&)> c_post_accumulate_hook(flame_post_accumulate_hook_fn fn, void* user_data) {
+  return [fn, user_data](const Tensor& leaf) {
+    flame_tensor_t lh = wrap_lent(leaf);
+    clear_last_error();
+    flame_status_t st = fn(user_data, lh);
+    release_handle(lh);
+    if (st != FLAME_OK) {
+      std::string msg = last_error();
+      fail(st, "a post-accumulate hook failed: ", msg.empty() ? "(the hook gave no message)" : msg);
+    }
+  };
+}
+
 flame_status_t register_hook(const char* fn, flame_tensor_t t, flame_tensor_hook_fn tfn, flame_post_accumulate_hook_fn pfn,
                              void* user_data, flame_destroy_fn destroy, flame_hook_t* out) {
   return api_call(fn, [&] {
@@ -28,10 +69,9 @@ flame_status_t register_hook(const char* fn, flame_tensor_t t, flame_tensor_hook
     TensorScope s(x);
     FLAME_CHECK(requires_grad(*x), FLAME_ERROR_INVALID_ARGUMENT, "cannot register a hook on a tensor that does not require grad");
     auto rec = std::make_shared<HookRecord>();
-    rec->fn = tfn;
-    rec->post_fn = pfn;
-    rec->user_data = user_data;
-    rec->destroy = destroy;
+    if (tfn) rec->on_grad = c_tensor_hook(tfn, user_data);
+    if (pfn) rec->on_accumulated = c_post_accumulate_hook(pfn, user_data);
+    if (destroy) rec->on_finish = [destroy, user_data] { destroy(user_data); };
     rec->ctx = x->ctx().shared_from_this();
     auto& m = *x->autograd;
     if (pfn) {

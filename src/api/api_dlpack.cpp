@@ -9,7 +9,7 @@
 // with the caller. A FLAME export that comes back to its own context reuses its Storage: one
 // version counter, no second owner.
 #include "api/guard.h"
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "interop/dlpack.h"
 
 using namespace flame;

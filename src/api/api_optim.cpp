@@ -2,7 +2,7 @@
 // handle owns a shared Optimizer; its functions lock the optimizer's context like tensor calls.
 #include <cmath>
 #include "api/guard.h"
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"
 #include "api/toolkit_args.h"

@@ -1,12 +1,12 @@
 // C entry points: handle scopes (flame.h "Handle scopes").
 //
 // A scope is a vector of slots, one per handle it owns a reference of, in the order of making;
-// each handle names its scope and slot (tensor.h), so that a handle released by hand or kept leaves
+// each handle names its scope and slot (api/handles.h), so that a handle released by hand or kept leaves
 // its slot empty in O(1) and ending the scope releases the non-empty slots. When more than half the
 // slots of a large scope are empty, they are compacted (amortised O(1) per handle), so a long scope
 // whose handles are released by hand does not grow without bound. The open scopes of each thread
-// are a stack in the context (Context::open_scopes); wrap() (api/handles.cpp) records a new handle
-// in the innermost scope of the calling thread. Everything here runs under the context's lock.
+// are a stack in the context's handle state (ContextHandles::open_scopes, api/handles.h); wrap()
+// (api/handles.cpp) records a new handle in the innermost scope of the calling thread. Everything here runs under the context's lock.
 //
 // An ended scope is emptied, marked dead and parked in its context's dead_objects, so that passing
 // it again reports FLAME_ERROR_INVALID_HANDLE while the context lives, as for other handles.
@@ -65,14 +65,16 @@ namespace flame {
 
 bool scope_open_here(Context& c) {
   std::lock_guard<std::recursive_mutex> lock(c.mutex);
-  return c.open_scope_count != 0 && c.open_scopes.count(std::this_thread::get_id()) != 0;
+  const ContextHandles* hs = context_handles_if_any(c);
+  return hs && hs->open_scope_count != 0 && hs->open_scopes.count(std::this_thread::get_id()) != 0;
 }
 
 void scope_record(Context& c, flame_tensor_s* h) {
   std::lock_guard<std::recursive_mutex> lock(c.mutex);
-  if (c.open_scope_count == 0) return;
-  auto it = c.open_scopes.find(std::this_thread::get_id());
-  if (it == c.open_scopes.end()) return;
+  ContextHandles* hs = context_handles_if_any(c);
+  if (!hs || hs->open_scope_count == 0) return;
+  auto it = hs->open_scopes.find(std::this_thread::get_id());
+  if (it == hs->open_scopes.end()) return;
   flame_scope_s* s = it->second.back();
   s->slots.push_back(h);  // may throw bad_alloc: the caller then releases h
   h->scope = s;
@@ -101,8 +103,9 @@ FLAME_API flame_status_t flame_scope_begin(flame_ctx_t ctx, flame_scope_t* scope
     auto s = std::make_unique<flame_scope_s>();
     s->ctx = c.shared_from_this();
     s->thread = std::this_thread::get_id();
-    c.open_scopes[s->thread].push_back(s.get());
-    ++c.open_scope_count;
+    ContextHandles& hs = context_handles(c);
+    hs.open_scopes[s->thread].push_back(s.get());
+    ++hs.open_scope_count;
     s->magic = kScopeMagic;
     *scope = s.release();
   });
@@ -118,8 +121,9 @@ FLAME_API flame_status_t flame_scope_end(flame_scope_t scope) {
     std::shared_ptr<Context> keep = s.ctx;  // the context outlives this function
     Context& c = *keep;
     std::lock_guard<std::recursive_mutex> lock(c.mutex);
-    auto stack = c.open_scopes.find(s.thread);
-    FLAME_CHECK(stack != c.open_scopes.end() && !stack->second.empty(), FLAME_ERROR_INTERNAL,
+    ContextHandles& hs = context_handles(c);
+    auto stack = hs.open_scopes.find(s.thread);
+    FLAME_CHECK(stack != hs.open_scopes.end() && !stack->second.empty(), FLAME_ERROR_INTERNAL,
                 "an open scope is missing from its thread's stack");
     const auto pos = std::find(stack->second.begin(), stack->second.end(), scope);
     FLAME_CHECK(pos != stack->second.end(), FLAME_ERROR_INTERNAL, "an open scope is missing from its thread's stack");
@@ -130,8 +134,8 @@ FLAME_API flame_status_t flame_scope_end(flame_scope_t scope) {
     auto parked = std::make_shared<std::unique_ptr<flame_scope_s>>();
     c.dead_objects.push_back(nullptr);
     stack->second.pop_back();
-    if (stack->second.empty()) c.open_scopes.erase(stack);
-    --c.open_scope_count;
+    if (stack->second.empty()) hs.open_scopes.erase(stack);
+    --hs.open_scope_count;
     std::vector<flame_tensor_s*> slots = std::move(s.slots);
     s.slots.clear();
     s.held = 0;

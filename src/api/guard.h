@@ -5,7 +5,7 @@
 #include <new>
 #include <string>
 #include "core/error.h"
-#include "tensor/tensor.h"
+#include "api/handles.h"
 
 namespace flame {
 

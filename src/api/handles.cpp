@@ -10,8 +10,25 @@ namespace flame {
 
 constexpr size_t kQuarantine = 4096;
 
+ContextHandles::~ContextHandles() {
+  for (flame_tensor_s* h : dead) delete h;
+}
+
+ContextHandles& context_handles(Context& c) {
+  if (!c.api_handles) c.api_handles = std::make_shared<ContextHandles>();
+  return *static_cast<ContextHandles*>(c.api_handles.get());
+}
+
+ContextHandles* context_handles_if_any(Context& c) noexcept {
+  return static_cast<ContextHandles*>(c.api_handles.get());
+}
+
 flame_tensor_t wrap_lent(Tensor t) {
   Context& ctx = t->ctx();
+  {
+    std::lock_guard<std::recursive_mutex> lock(ctx.mutex);
+    context_handles(ctx);  // made now, so that retiring the handle later cannot fail
+  }
   auto* h = new flame_tensor_s;
   ++ctx.live_tensors;
   h->magic = kTensorMagic;
@@ -53,16 +70,21 @@ void retire_handle(flame_tensor_t h) noexcept {
   h->magic = kDeadMagic;
   h->t.reset();
   --keep->live_tensors;
-  keep->dead_handles.push_back(h);
-  if (keep->dead_handles.size() > kQuarantine) {
-    delete keep->dead_handles.front();
-    keep->dead_handles.pop_front();
+  ContextHandles* handles = context_handles_if_any(*keep);  // made by wrap_lent
+  if (!handles) {
+    delete h;
+    return;
   }
-}
-
-void release_dead_handles(Context& ctx) {
-  for (auto* h : ctx.dead_handles) delete h;
-  ctx.dead_handles.clear();
+  try {
+    handles->dead.push_back(h);
+  } catch (...) {  // out of host memory: free it now (its reuse then goes undetected)
+    delete h;
+    return;
+  }
+  if (handles->dead.size() > kQuarantine) {
+    delete handles->dead.front();
+    handles->dead.pop_front();
+  }
 }
 
 Context& context_of(flame_ctx_t ctx) {

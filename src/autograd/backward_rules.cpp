@@ -1,16 +1,17 @@
-// Every backward rule of FLAME, one per op of src/ops/op_list.h, each written with FLAME ops so
+// Every backward rule of FLAME, one per op of src/tensor/op_list.h, each written with FLAME ops so
 // that it is itself recorded when create_graph asks for it (higher-order gradients).
 // A rule gets the node (its saved tensors, attributes and input geometry) and the gradient of the
 // node's output, and returns one gradient per input (null where none is needed). Broadcasting and
 // dtype promotion are separate Expand and Cast nodes, so no rule undoes them.
-// Which rule an op has is the Backward column of its row in src/ops/op_list.h: the table at the end
+// Which rule an op has is the Backward column of its row in src/tensor/op_list.h: the table at the end
 // of the rules is generated from the rows (a RULE row names bw_<Id>, so a missing rule does not
 // compile). What an elementwise op saves is the row's Saves column; its rule reads the saved tensors
 // through saved_input / saved_output, which fail on a tensor the row does not save.
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include "autograd/graph.h"
+#include "autograd/engine.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/attention.h"
 #include "ops/nn.h"
@@ -20,8 +21,6 @@
 #include "ops/derivatives.h"
 #include "ops/nnops.h"
 #include "ops/ops.h"
-#include "toolkit/checkpoint.h"
-#include "ops/fused.h"
 
 namespace flame {
 
@@ -526,18 +525,15 @@ RULE(Rope) {  // the rotation is orthogonal: its transpose rotates back (saved: 
   p.inverse = !p.inverse;
   return {rope_apply(g, n.saved.empty() ? nullptr : saved(n, 0), p)};
 }
-// ---- gradient checkpointing (toolkit/checkpoint.h): re-run the function, walk the rebuilt graph ----
-RULE(Checkpoint) { return checkpoint_backward(n, {g}); }
-// ---- fused expressions (ops/fused.h): per input, the fused function g * d expr / d x_i of the
-// saved inputs it reads (ints: which inputs were saved); itself a fused call, so differentiable ----
-RULE(Fused) {
-  std::vector<Tensor> xs(n.next.size());
-  for (size_t k = 0; k < n.saved.size(); ++k) xs[static_cast<size_t>(n.ints.at(k))] = saved(n, k);
-  Grads out(n.next.size());
-  for (size_t i = 0; i < out.size(); ++i)
-    if (n.needs_input_grad(i)) out[i] = fused_of(n).input_grad(static_cast<int>(i), g, xs);
-  return out;
+// ---- ops that hand their backward in with the node (Node::backward, set when they record): gradient
+// checkpointing (toolkit/checkpoint.cpp: re-run the function, walk the rebuilt graph) and fused
+// expressions (ops/fused.cpp: per input, a fused function of g and the saved inputs) ----
+Grads node_backward(Node& n, const Grads& gs) {
+  if (!n.backward) fail(FLAME_ERROR_INTERNAL, "node of ", op_name(n.op), " was recorded without its backward");
+  return n.backward(n, gs);
 }
+RULE(Checkpoint) { return node_backward(n, {g}); }
+RULE(Fused) { return node_backward(n, {g}); }
 
 // ---- mse_loss / l1_loss with reduction mean or sum (ops/loss.h; inputs {input, target}, both saved;
 // ints {reduction}): the fused kernel, or under create_graph the same gradient composed of ops,
@@ -562,7 +558,7 @@ Grads pointwise_loss_rule(Node& n, const Tensor& g) {
 RULE(MseLoss) { return pointwise_loss_rule(n, g); }
 RULE(L1Loss) { return pointwise_loss_rule(n, g); }
 
-// The rule table, generated from the Backward column of every row of src/ops/op_list.h.
+// The rule table, generated from the Backward column of every row of src/tensor/op_list.h.
 constexpr std::array<Rule, kNumOps> make_rules() {
   std::array<Rule, kNumOps> r{};
 #define FLAME_RULE_RULE(Id) r[static_cast<int>(OpId::Id)] = bw_##Id;
@@ -615,7 +611,7 @@ Grads linear_backward(Node& n, const Tensor& g, bool pre, Node* p, Tensor* p_dz,
 
 // Nodes with several outputs get one gradient per output (null where none arrived).
 Grads apply_backward_rule_multi(Node& n, const std::vector<Tensor>& gs) {
-  if (n.op == OpId::Checkpoint) return checkpoint_backward(n, gs);
+  if (n.backward) return n.backward(n, gs);
   fail(FLAME_ERROR_INTERNAL, "op ", op_name(n.op), " has ", n.num_outputs, " outputs but no backward for several");
 }
 

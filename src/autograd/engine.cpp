@@ -35,28 +35,12 @@ void check_grad_geometry(const Tensor& g, const TensorInfo& want, const char* wh
               " but the tensor has dtype ", dtype_name(want.dtype));
 }
 
-// Calls the user's tensor hooks in order; each may replace the gradient.
+// Calls the tensor hooks in order; each may replace the gradient (a hook that fails throws).
 Tensor run_hooks(const HookList& hooks, Tensor g, const TensorInfo& info) {
   for (const auto& h : hooks) {
-    if (!h->alive || !h->fn) continue;
-    flame_tensor_t gh = wrap_lent(g);
-    flame_tensor_t replacement = nullptr;
-    clear_last_error();
-    flame_status_t st = h->fn(h->user_data, gh, &replacement);
-    release_handle(gh);
-    if (st != FLAME_OK) {
-      release_handle(replacement);
-      std::string msg = last_error();
-      fail(st, "a gradient hook failed: ", msg.empty() ? "(the hook gave no message)" : msg);
-    }
-    if (replacement) {
-      Tensor r;
-      try {
-        r = unwrap(replacement, "replacement");
-      } catch (...) {
-        fail(FLAME_ERROR_INVALID_HANDLE, "a gradient hook returned an invalid replacement handle");
-      }
-      release_handle(replacement);
+    if (!h->alive || !h->on_grad) continue;
+    Tensor r = h->on_grad(g);
+    if (r) {
       check_grad_geometry(r, info, "the gradient returned by a hook");
       g = r;
     }
@@ -67,17 +51,8 @@ Tensor run_hooks(const HookList& hooks, Tensor g, const TensorInfo& info) {
 void run_post_hooks(const Tensor& leaf) {
   if (!leaf->autograd) return;
   HookList hooks = leaf->autograd->post_hooks;  // a hook may register or remove hooks
-  for (const auto& h : hooks) {
-    if (!h->alive || !h->post_fn) continue;
-    flame_tensor_t lh = wrap_lent(leaf);
-    clear_last_error();
-    flame_status_t st = h->post_fn(h->user_data, lh);
-    release_handle(lh);
-    if (st != FLAME_OK) {
-      std::string msg = last_error();
-      fail(st, "a post-accumulate hook failed: ", msg.empty() ? "(the hook gave no message)" : msg);
-    }
-  }
+  for (const auto& h : hooks)
+    if (h->alive && h->on_accumulated) h->on_accumulated(leaf);
 }
 
 // .grad += g, in place when no graph is being built (the buffer is private to the leaf).

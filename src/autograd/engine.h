@@ -1,7 +1,7 @@
 // The reverse-mode engine: the one place where graphs are walked.
 #pragma once
 #include <vector>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 
 namespace flame {
 
@@ -24,5 +24,9 @@ struct BackwardRequest {
 // after the walk (a failing hook then leaves their .grad untouched). With inputs, returns one
 // gradient per input (null for unused inputs when allowed).
 std::vector<Tensor> run_backward(Context& ctx, const BackwardRequest& req);
+
+// Whether the rule table of backward_rules.cpp has a rule for op (exactly the RULE rows of
+// tensor/op_list.h: tests/cpu/test_op_coverage.cpp checks it).
+bool has_backward(OpId op);
 
 }  // namespace flame

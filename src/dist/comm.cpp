@@ -3,7 +3,7 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/ops.h"
 

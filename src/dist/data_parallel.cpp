@@ -8,24 +8,6 @@ namespace flame {
 
 namespace {
 
-// The post-accumulate hook: C calling convention, so nothing may escape.
-flame_status_t dp_post_hook(void* user_data, flame_tensor_t) noexcept {
-  auto* slot = static_cast<std::pair<DataParallel*, size_t>*>(user_data);
-  try {
-    slot->first->on_grad_ready(slot->second);
-    return FLAME_OK;
-  } catch (const Error& e) {
-    set_last_error(std::string("data-parallel gradient hook: ") + e.what());
-    return e.status();
-  } catch (const std::bad_alloc&) {
-    set_last_error("data-parallel gradient hook: out of host memory");
-    return FLAME_ERROR_OUT_OF_MEMORY;
-  } catch (...) {
-    set_last_error("data-parallel gradient hook: internal error");
-    return FLAME_ERROR_INTERNAL;
-  }
-}
-
 int64_t round_up(int64_t n) { return (n + 63) / 64 * 64; }
 
 uint64_t fnv1a(uint64_t h, uint64_t v) {
@@ -115,12 +97,15 @@ DataParallel::DataParallel(std::shared_ptr<Comm> comm, std::vector<Tensor> param
     b.pending = b.params.size();
     c.check(drv.cuEventCreate(&b.ready, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
   }
-  hook_args_.resize(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
-    hook_args_[i] = {this, i};
     auto rec = std::make_shared<HookRecord>();
-    rec->post_fn = dp_post_hook;
-    rec->user_data = &hook_args_[i];
+    rec->on_accumulated = [this, i](const Tensor&) {  // the hooks end with this object (hooks_)
+      try {
+        on_grad_ready(i);
+      } catch (const Error& e) {
+        fail(e.status(), "data-parallel gradient hook: ", e.what());
+      }
+    };
     rec->ctx = c.shared_from_this();
     autograd_meta(*params_[i]).post_hooks.push_back(rec);
     hooks_.push_back(rec);

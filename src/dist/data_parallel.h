@@ -22,7 +22,7 @@
 #pragma once
 #include <memory>
 #include <vector>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "dist/comm.h"
 
 namespace flame {
@@ -66,7 +66,6 @@ class DataParallel {
   std::shared_ptr<Comm> comm_;
   std::vector<Tensor> params_;
   std::vector<Slot> slots_;
-  std::vector<std::pair<DataParallel*, size_t>> hook_args_;  // sized once: hooks keep pointers into it
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<HookRecord>> hooks_;
   size_t next_launch_ = 0;

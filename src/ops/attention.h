@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "tensor/tensor.h"
 
 namespace flame::ops {

@@ -27,7 +27,7 @@
 #include "ops/conv.h"
 #include <algorithm>
 #include <climits>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/nn_rows.h"
 #include "ops/ops.h"

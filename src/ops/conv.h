@@ -1,4 +1,4 @@
-// Convolutions (FLAME_CONV_OPS of src/ops/op_list.h; kernels in cuda/conv.cuh).
+// Convolutions (FLAME_CONV_OPS of src/tensor/op_list.h; kernels in cuda/conv.cuh).
 //
 // Three recorded primitives share one geometry (ConvGeom) and are each other's backward:
 //   conv_forward      y  = conv(x, w) + b                     (Conv2d)

@@ -6,7 +6,7 @@
 // of the logical shape: a non-contiguous input is copied first, so its mask is the one its
 // contiguous copy would get.
 #include <cmath>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/nn_rows.h"
 #include "ops/nnops.h"

@@ -46,11 +46,6 @@ FusedFn::FusedFn(Context& ctx, fused::Expr e, int n_inputs)
   source_ = fused::device_source(expr_, n_);
 }
 
-FusedFn& fused_of(Node& n) {
-  FLAME_CHECK(n.op == OpId::Fused && n.payload, FLAME_ERROR_INTERNAL, "node is not a fused call");
-  return *static_cast<FusedFn*>(n.payload.get());
-}
-
 const FusedFn::Grad& FusedFn::grad(int i) {
   auto& slot = grads_.at(static_cast<size_t>(i));
   if (slot) return *slot;
@@ -86,6 +81,15 @@ Tensor FusedFn::input_grad(int i, const Tensor& g, const std::vector<Tensor>& xs
   return d.fn->call(operands);
 }
 
+std::vector<Tensor> FusedFn::node_backward(Node& n, const Tensor& g) {
+  std::vector<Tensor> xs(n.next.size());
+  for (size_t k = 0; k < n.saved.size(); ++k) xs[static_cast<size_t>(n.ints.at(k))] = n.saved[k].unpack(n);
+  std::vector<Tensor> out(n.next.size());
+  for (size_t i = 0; i < out.size(); ++i)
+    if (n.needs_input_grad(i)) out[i] = input_grad(static_cast<int>(i), g, xs);
+  return out;
+}
+
 Tensor FusedFn::call(const std::vector<Tensor>& in) {
   FLAME_CHECK(static_cast<int>(in.size()) == n_, FLAME_ERROR_INVALID_ARGUMENT, "the function takes ", n_,
               " inputs, got ", in.size());
@@ -109,7 +113,10 @@ Tensor FusedFn::call(const std::vector<Tensor>& in) {
   Tensor out = make_tensor(*ctx_, shape, cd);
   launch(out, ins);
   if (auto node = record(OpId::Fused, ins, {out})) {
-    node->payload = shared_from_this();
+    node->backward = [fn = shared_from_this()](Node& n, const std::vector<Tensor>& gs) {
+      FLAME_CHECK(gs.size() == 1 && gs[0], FLAME_ERROR_INTERNAL, "fused backward without its output's gradient");
+      return fn->node_backward(n, gs[0]);
+    };
     std::vector<bool> keep(ins.size(), false);  // only what the needed derivatives read
     for (int i = 0; i < n_; ++i)
       if (node->needs_input_grad(static_cast<size_t>(i)))

@@ -1,7 +1,7 @@
 // Fused elementwise functions (flame_fused_compile / flame_fused_call): one parsed expression
 // (ops/fused_expr.h) applied by one generated kernel (cuda/fused.cuh). A call broadcasts and
 // promotes its inputs as the binary ops do (explicit Expand and Cast nodes) and records one Fused
-// node whose payload is the function. Its backward (autograd/backward_rules.cpp) is, per input,
+// node, handing it its backward (Node::backward, which keeps the function alive): per input,
 // another fused function of (g, x0, ...) computing g * d expr / d x_i, built once from the
 // symbolic derivative and kept here; since that is a fused call too, gradients of any order work.
 #pragma once
@@ -10,7 +10,7 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "ops/fused_expr.h"
 #include "runtime/kernel_key.h"
 #include "tensor/tensor.h"
@@ -39,6 +39,9 @@ class FusedFn : public std::enable_shared_from_this<FusedFn> {
   // The gradient of input i of a Fused node of this function: g * d expr / d x_i, with xs the
   // node's inputs (null where not saved). g itself when the derivative is 1, zeros when it is 0.
   Tensor input_grad(int i, const Tensor& g, const std::vector<Tensor>& xs);
+  // The backward of a Fused node of this function (its Node::backward): the saved inputs (ints:
+  // which input each saved tensor is) and g give input_grad of every input that needs one.
+  std::vector<Tensor> node_backward(Node& n, const Tensor& g);
   // The inputs that input i's gradient reads (indices into xs).
   const std::vector<int>& grad_reads(int i);
 
@@ -62,8 +65,6 @@ class FusedFn : public std::enable_shared_from_this<FusedFn> {
   std::unordered_map<KernelKey, CUfunction, KernelKeyHash> functions_;
 };
 
-// The FusedFn of a recorded Fused node (its payload).
-FusedFn& fused_of(Node& n);
 // The kernels a fused function may launch for element type dtype (tests/cpu/test_kernels.cpp).
 std::vector<std::string> fused_instantiations(DType dtype);
 

@@ -7,7 +7,7 @@
 #include "ops/indexing.h"
 #include <algorithm>
 #include <cmath>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/ops.h"
 

@@ -11,7 +11,7 @@
 //    (output position j reads input position m(j - left)), which also covers negative amounts.
 #include <algorithm>
 #include <cmath>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/indexing.h"
 #include "ops/nn_rows.h"

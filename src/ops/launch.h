@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
-#include "ops/op_list.h"
+#include "tensor/op_list.h"
 #include "tensor/tensor.h"
 
 namespace flame {

@@ -4,7 +4,7 @@
 // (and mse / l1 with reduction none) are compositions of FLAME ops, differentiable through their parts.
 #pragma once
 #include <vector>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "tensor/tensor.h"
 
 namespace flame::ops {

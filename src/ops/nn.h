@@ -1,4 +1,4 @@
-// Neural-network ops of FLAME_NN_OPS (src/ops/op_list.h): softmax, log_softmax and the
+// Neural-network ops of FLAME_NN_OPS (src/tensor/op_list.h): softmax, log_softmax and the
 // normalisations. Each forward is one fused kernel (cuda/softmax.cuh, cuda/norm.cuh) and records one
 // node saving what its backward needs (softmax: the output; norms: x, the weight, and the mean and
 // rstd the kernel wrote, in f32, or f64 for f64 inputs). The backward rules

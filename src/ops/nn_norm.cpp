@@ -11,7 +11,7 @@
 // per block is split over blocks (RowOp::BatchNormChannels).
 #include <algorithm>
 #include <cmath>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/nn.h"
 #include "ops/nn_rows.h"

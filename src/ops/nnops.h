@@ -6,7 +6,7 @@
 //  - upsampling: nearest and bilinear (ops/upsample.cpp, kernels cuda/upsample.cuh);
 //  - rotary position embeddings (kernel cuda/rope.cuh) and timestep embeddings (ops/rope.cpp);
 //  - composite blocks: GEGLU, adaLN modulation, SiLU-gated MLP (ops/nn_composites.cpp).
-// Recorded nodes are the FLAME_NNOPS_OPS rows of ops/op_list.h; their backward rules live with all
+// Recorded nodes are the FLAME_NNOPS_OPS rows of tensor/op_list.h; their backward rules live with all
 // others in autograd/backward_rules.cpp. Everything else here is a composition of recorded ops.
 #pragma once
 #include <cstdint>

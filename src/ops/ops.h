@@ -4,8 +4,8 @@
 #pragma once
 #include <utility>
 #include <vector>
-#include "autograd/graph.h"
-#include "ops/op_list.h"
+#include "tensor/autograd_graph.h"
+#include "tensor/op_list.h"
 #include "tensor/tensor.h"
 
 namespace flame::ops {

@@ -10,7 +10,7 @@
 // A channels-last input (c stride 1) gives a channels-last output, walked in that order by the
 // kernels; any other layout gives a contiguous NCHW output.
 #include <algorithm>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/indexing.h"
 #include "ops/nn_rows.h"

@@ -6,7 +6,7 @@
 //    operations in the same order and precision as PyTorch runs them on CUDA (so the results agree
 //    to the last bit or nearly); being a composition it is differentiable in floating timesteps.
 #include <cmath>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/nn_rows.h"
 #include "ops/nnops.h"

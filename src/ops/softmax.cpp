@@ -6,7 +6,7 @@
 // dim is permuted to the end and made contiguous, the row kernel runs, and the result is permuted
 // back (the forward does this with recorded ops).
 #include <algorithm>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/nn.h"
 #include "ops/nn_rows.h"

@@ -7,7 +7,7 @@
 // channels-last input gives a channels-last output, walked in that order. Nearest by exactly 2 between
 // dense tensors takes the vector kernels of cuda/blocks2x2.cuh (launch_blocks2x2).
 #include <cmath>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/nn_rows.h"
 #include "ops/nnops.h"

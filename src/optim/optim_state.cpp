@@ -19,7 +19,7 @@
 #include <array>
 #include <map>
 #include <nlohmann/json.hpp>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "io/file.h"
 #include "io/safetensors.h"

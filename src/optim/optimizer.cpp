@@ -6,7 +6,7 @@
 #include <cstring>
 #include <map>
 #include <set>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/ops.h"
 #include "runtime/capture.h"

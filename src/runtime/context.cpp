@@ -12,7 +12,6 @@
 
 namespace flame {
 
-void release_dead_handles(Context& ctx);  // api/handles.cpp
 CUdeviceptr capture_allocate(Context& ctx, size_t bytes);  // runtime/capture.cpp
 void capture_deallocate(Context& ctx, CUdeviceptr p) noexcept;
 
@@ -77,7 +76,6 @@ Context::~Context() {
       if (e) drv.cuEventDestroy(e);
     drv.cuDevicePrimaryCtxRelease(device);
   }
-  release_dead_handles(*this);
 }
 
 void Context::bind() {

@@ -155,14 +155,13 @@ class Context : public std::enable_shared_from_this<Context> {
   GradMode mode;
   bool recording() const { return mode.recording(); }
 
-  // ---- released tensor handles kept readable so that reuse is detected (see api/handles.cpp) ----
-  std::deque<flame_tensor_s*> dead_handles;
-  // ---- released handles of other kinds (safetensors files, ...), kept readable the same way ----
+  // ---- released handles of kinds other than tensors (safetensors files, ...), kept readable so
+  // that reuse is detected ----
   std::deque<std::shared_ptr<void>> dead_objects;
-  // ---- handle scopes (api/api_scope.cpp): the scopes open on each thread, innermost last, and
-  // their total, so that making a handle while none is open costs one comparison ----
-  std::unordered_map<std::thread::id, std::vector<flame_scope_s*>> open_scopes;
-  size_t open_scope_count = 0;
+  // ---- what the API layer keeps for this context's tensor handles (api/handles.h: the quarantine
+  // of released handles and the handle scopes open on each thread); opaque below the API layer,
+  // made there on first use and destroyed with the context ----
+  std::shared_ptr<void> api_handles;
 
   // ---- errors found by kernels in the data they read (indices out of range) ----
   // Kernels that check indices write the first bad one into a small device record

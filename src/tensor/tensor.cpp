@@ -1,5 +1,5 @@
 #include "tensor/tensor.h"
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 
 namespace flame {

@@ -12,7 +12,7 @@
 
 namespace flame {
 
-struct AutogradMeta;  // autograd/graph.h
+struct AutogradMeta;  // tensor/autograd_graph.h
 
 struct Storage {
   std::shared_ptr<Context> ctx;
@@ -54,35 +54,4 @@ Tensor make_view(const Tensor& base, const Shape& shape, const Strides& strides,
 // The same storage and geometry without autograd history (detach).
 Tensor alias(const Tensor& t);
 
-}  // namespace flame
-
-// The C handle: a reference count of the caller's references to one Tensor. A handle made while a
-// handle scope was open on the calling thread (api/api_scope.cpp) has one of its references owned
-// by that scope: scope is the scope and scope_slot its index there (both guarded by the context's
-// lock); NULL once the scope ended, kept it, or the handle died.
-struct flame_tensor_s {
-  uint64_t magic;
-  std::atomic<int64_t> refs;
-  flame::Tensor t;
-  flame_scope_s* scope = nullptr;
-  size_t scope_slot = 0;
-};
-
-namespace flame {
-constexpr uint64_t kTensorMagic = 0xF1A3E7E450000001ull;
-// Wraps a tensor in a new handle (one reference) returned to the caller of an entry point: it is
-// recorded in the calling thread's innermost handle scope of the tensor's context, if one is open.
-flame_tensor_t wrap(Tensor t);
-// A new handle FLAME lends to a callback and releases itself (never recorded in a scope).
-flame_tensor_t wrap_lent(Tensor t);
-// The tensor of a handle; throws FLAME_ERROR_INVALID_ARGUMENT (NULL) or _INVALID_HANDLE naming arg.
-const Tensor& unwrap(flame_tensor_t h, const char* arg);
-void release_handle(flame_tensor_t h) noexcept;
-// The end of a handle whose last reference went: empties its scope slot, parks it (handles.cpp).
-void retire_handle(flame_tensor_t h) noexcept;
-// Handle scopes (api/api_scope.cpp): whether one is open on the calling thread for c; records h
-// in the innermost one (may throw bad_alloc); empties h's slot in its scope (context lock held).
-bool scope_open_here(Context& c);
-void scope_record(Context& c, flame_tensor_t h);
-void scope_forget(flame_tensor_t h) noexcept;
 }  // namespace flame

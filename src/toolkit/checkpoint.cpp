@@ -1,7 +1,7 @@
-// Gradient checkpointing (see checkpoint.h): calling the user's function through the C ABI, the
-// recorded node, and its backward (re-run with the RNG replayed, then a nested walk of the engine).
+// Gradient checkpointing (see checkpoint.h): calling the function, the recorded node, and its
+// backward (re-run with the RNG replayed, then a nested walk of the engine).
 #include "toolkit/checkpoint.h"
-#include <string>
+#include <new>
 #include "autograd/engine.h"
 #include "core/error.h"
 
@@ -9,9 +9,9 @@ namespace flame {
 
 namespace {
 
-// What a Checkpoint node keeps besides its saved inputs.
+// What a Checkpoint node's backward keeps besides the node's saved inputs.
 struct CheckpointState {
-  std::shared_ptr<CheckpointFn> fn;
+  CheckpointFunction fn;
   uint64_t seed = 0, offset = 0;     // the context's RNG state when the function first ran
   std::vector<TensorInfo> outputs;   // the geometry of its outputs
 };
@@ -33,65 +33,52 @@ class RngReplay {
   uint64_t seed_, offset_;
 };
 
-// Handles lent to the function and slots for what it returns, released on every path.
-struct Handles {
-  std::vector<flame_tensor_t> in, out;
-  ~Handles() {
-    for (flame_tensor_t h : in) release_handle(h);
-    for (flame_tensor_t h : out) release_handle(h);
-  }
-};
-
-// Calls the function; its outputs come back as tensors of ctx (phase names the call in messages).
-// detach: return fresh views without history (forward), else the tensors as they are (backward,
-// where their history is the rebuilt graph).
-std::vector<Tensor> call(Context& ctx, const CheckpointFn& f, const std::vector<Tensor>& inputs, int32_t n_outputs,
+// Calls the function and checks what it returned (phase names the call in messages). detach: return
+// fresh views without history (forward), else the tensors as they are (backward, where their
+// history is the rebuilt graph).
+std::vector<Tensor> call(Context& ctx, const CheckpointFunction& fn, const std::vector<Tensor>& inputs,
                          const char* phase, bool detach) {
-  Handles h;
-  for (const Tensor& t : inputs) h.in.push_back(wrap_lent(t));
-  h.out.assign(static_cast<size_t>(n_outputs), nullptr);
-  clear_last_error();
-  flame_status_t st = FLAME_ERROR_INTERNAL;
+  std::vector<Tensor> outs;
   try {
-    st = f.fn(f.user_data, h.in.data(), static_cast<int32_t>(h.in.size()), h.out.data(), n_outputs);
-  } catch (...) {  // a C++ callback that threw: the exception must not cross the ABI
+    outs = fn(inputs);
+  } catch (const Error& e) {
+    fail(e.status(), "the checkpoint function failed in ", phase, ": ", e.what());
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (...) {
     fail(FLAME_ERROR_INVALID_ARGUMENT, "the checkpoint function threw an exception in ", phase);
   }
-  if (st != FLAME_OK) {
-    std::string msg = last_error();
-    fail(st, "the checkpoint function failed in ", phase, ": ", msg.empty() ? "(it gave no message)" : msg);
-  }
-  std::vector<Tensor> outs;
-  for (int32_t i = 0; i < n_outputs; ++i) {
-    flame_tensor_t o = h.out[static_cast<size_t>(i)];
-    FLAME_CHECK(o, FLAME_ERROR_INVALID_ARGUMENT, "the checkpoint function left outputs[", i, "] NULL in ", phase);
-    Tensor t;
-    try {
-      t = unwrap(o, "output");
-    } catch (const Error&) {
-      h.out[static_cast<size_t>(i)] = nullptr;  // not ours to release
-      fail(FLAME_ERROR_INVALID_HANDLE, "the checkpoint function returned an invalid handle in outputs[", i, "] in ", phase);
-    }
-    FLAME_CHECK(&t->ctx() == &ctx, FLAME_ERROR_INVALID_ARGUMENT, "the checkpoint function returned outputs[", i,
+  FLAME_CHECK(!outs.empty(), FLAME_ERROR_INVALID_ARGUMENT, "the checkpoint function returned no outputs in ", phase);
+  for (size_t i = 0; i < outs.size(); ++i) {
+    FLAME_CHECK(outs[i], FLAME_ERROR_INVALID_ARGUMENT, "the checkpoint function returned outputs[", i, "] null in ", phase);
+    FLAME_CHECK(&outs[i]->ctx() == &ctx, FLAME_ERROR_INVALID_ARGUMENT, "the checkpoint function returned outputs[", i,
                 "] of another context in ", phase);
-    outs.push_back(detach ? alias(t) : t);  // forward: fresh views, whose autograd state is the node's alone
+    if (detach) outs[i] = alias(outs[i]);  // forward: fresh views, whose autograd state is the node's alone
   }
   return outs;
 }
 
+// The backward of a Checkpoint node: one gradient per output (null or missing where none arrived).
+std::vector<Tensor> checkpoint_backward(Node& n, const CheckpointState& st, const std::vector<Tensor>& grads);
+
 }  // namespace
 
-std::vector<Tensor> checkpoint(Context& ctx, const std::shared_ptr<CheckpointFn>& fn, const std::vector<Tensor>& inputs,
-                               int32_t n_outputs) {
+std::vector<Tensor> checkpoint(Context& ctx, CheckpointFunction fn, const std::vector<Tensor>& inputs) {
+  FLAME_CHECK(fn, FLAME_ERROR_INVALID_ARGUMENT, "the checkpoint function is empty");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    FLAME_CHECK(inputs[i], FLAME_ERROR_INVALID_ARGUMENT, "checkpoint: inputs[", i, "] is null");
+    FLAME_CHECK(&inputs[i]->ctx() == &ctx, FLAME_ERROR_INVALID_ARGUMENT, "checkpoint: inputs[", i,
+                "] belongs to another context");
+  }
   auto state = std::make_shared<CheckpointState>();
-  state->fn = fn;
+  state->fn = std::move(fn);
   state->seed = ctx.rng_seed;
   state->offset = ctx.rng_offset;
   const bool record = ctx.recording();
   std::vector<Tensor> outs;
   {
     GradModeGuard no_grad(ctx, ctx.mode.with_grad(false));
-    outs = call(ctx, *fn, inputs, n_outputs, "forward", true);
+    outs = call(ctx, state->fn, inputs, "forward", true);
   }
   if (!record) return outs;
   bool any_float = false;
@@ -99,7 +86,7 @@ std::vector<Tensor> checkpoint(Context& ctx, const std::shared_ptr<CheckpointFn>
   if (!any_float) return outs;
   auto node = std::make_shared<Node>();
   node->op = OpId::Checkpoint;
-  node->num_outputs = static_cast<uint32_t>(n_outputs);
+  node->num_outputs = static_cast<uint32_t>(outs.size());
   for (const Tensor& t : inputs) {
     node->next.push_back(gradient_edge(t));
     node->inputs.push_back({t->shape, t->dtype});
@@ -113,12 +100,15 @@ std::vector<Tensor> checkpoint(Context& ctx, const std::shared_ptr<CheckpointFn>
     m.grad_fn = node;
     m.output_nr = static_cast<uint32_t>(i);
   }
-  node->payload = state;
+  node->backward = [state](Node& self, const std::vector<Tensor>& grads) {
+    return checkpoint_backward(self, *state, grads);
+  };
   return outs;
 }
 
-std::vector<Tensor> checkpoint_backward(Node& n, const std::vector<Tensor>& grads) {
-  const auto& st = *static_cast<const CheckpointState*>(n.payload.get());
+namespace {
+
+std::vector<Tensor> checkpoint_backward(Node& n, const CheckpointState& st, const std::vector<Tensor>& grads) {
   std::vector<Tensor> inputs;
   for (size_t i = 0; i < n.saved.size(); ++i) inputs.push_back(n.saved[i].unpack(n));
   Context* cp = nullptr;
@@ -144,8 +134,11 @@ std::vector<Tensor> checkpoint_backward(Node& n, const std::vector<Tensor>& grad
   {
     RngReplay replay(ctx, st.seed, st.offset);  // the same random numbers as the first run
     GradModeGuard grad_on(ctx, ctx.mode.with_grad(true));
-    outs = call(ctx, *st.fn, det, static_cast<int32_t>(st.outputs.size()), "backward", false);
+    outs = call(ctx, st.fn, det, "backward", false);
   }
+  FLAME_CHECK(outs.size() == st.outputs.size(), FLAME_ERROR_INVALID_ARGUMENT, "the checkpoint function returned ",
+              outs.size(), " outputs in backward but ", st.outputs.size(),
+              " in forward (it must compute the same thing both times)");
   BackwardRequest req;
   for (size_t i = 0; i < outs.size(); ++i) {
     FLAME_CHECK(outs[i]->shape == st.outputs[i].shape && outs[i]->dtype == st.outputs[i].dtype, FLAME_ERROR_INVALID_ARGUMENT,
@@ -177,5 +170,7 @@ std::vector<Tensor> checkpoint_backward(Node& n, const std::vector<Tensor>& grad
     if (n.needs_input_grad(i)) result[i] = gs[k++];
   return result;
 }
+
+}  // namespace
 
 }  // namespace flame

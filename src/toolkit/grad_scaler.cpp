@@ -3,7 +3,7 @@
 #include "toolkit/grad_scaler.h"
 #include <algorithm>
 #include <cmath>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/ops.h"
 

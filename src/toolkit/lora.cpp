@@ -1,7 +1,7 @@
 // LoRA adapters (see lora.h): creation and validation, the recorded forward, merge and unmerge.
 #include "toolkit/lora.h"
 #include <cmath>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "ops/ops.h"
 

@@ -18,7 +18,7 @@
 #include "core/error.h"
 #include "ops/launch.h"
 #include "ops/nn.h"
-#include "ops/op_list.h"
+#include "tensor/op_list.h"
 #include "runtime/nvrtc_compiler.h"
 
 using namespace flame;

@@ -1,4 +1,4 @@
-// The op list (src/ops/op_list.h) against what is generated from it and what the rules read, with
+// The op list (src/tensor/op_list.h) against what is generated from it and what the rules read, with
 // no GPU: every op id has a backward rule exactly when its row says RULE, and is otherwise marked
 // NONDIFF or NOBACKWARD; comparisons and predicates (bool outputs) are NONDIFF; and the Saves
 // column of every elementwise row is exactly what its rule in src/autograd/backward_rules.cpp
@@ -13,9 +13,10 @@
 #include <set>
 #include <sstream>
 #include <string>
-#include "autograd/graph.h"
+#include "autograd/engine.h"
+#include "tensor/autograd_graph.h"
 #include "ops/launch.h"
-#include "ops/op_list.h"
+#include "tensor/op_list.h"
 
 namespace flame {
 namespace {

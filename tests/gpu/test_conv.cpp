@@ -1,4 +1,4 @@
-// conv2d, conv_transpose2d and conv1d (FLAME_CONV_OPS of src/ops/op_list.h) through the C ABI:
+// conv2d, conv_transpose2d and conv1d (FLAME_CONV_OPS of src/tensor/op_list.h) through the C ABI:
 //  - forward and the gradients of x, weight and bias against float64 host references computed
 //    from the values the device holds (rounded inputs), in f32, f64, f16 and bf16, for strides,
 //    padding, 'same' (odd, even and dilated kernels), dilation, groups, depthwise, with and without

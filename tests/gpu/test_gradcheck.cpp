@@ -2,7 +2,7 @@
 // differences of a host float64 reference (see gradcheck.h), in f64 and f32 (and f16/bf16 for a
 // subset), with broadcasting and non-contiguous inputs, plus a second-order (create_graph) check.
 // Ops that are not differentiable have rows in a second table. Both tables count for the op-list
-// coverage test (test_op_coverage.cpp), which fails when an op of src/ops/op_list.h has no row.
+// coverage test (test_op_coverage.cpp), which fails when an op of src/tensor/op_list.h has no row.
 //
 // Reproduce a failure with FLAME_GRADCHECK_SEED=<seed printed in the failure>.
 #include <cmath>

@@ -1,5 +1,5 @@
 // Softmax, log_softmax, layer_norm, rms_norm, group_norm and batch_norm (FLAME_NN_OPS of
-// src/ops/op_list.h) through the C ABI:
+// src/tensor/op_list.h) through the C ABI:
 //  - forward and first-order backward against float64 host references on fresh random inputs, for
 //    f32, f64, f16 and bf16, contiguous and transposed inputs, and row lengths that exercise every
 //    kernel path (1, 7, 33, 1000, 2500, 4097, 5000, 9000, 16384, 24576, 40000; many short rows; many long rows; columns of a

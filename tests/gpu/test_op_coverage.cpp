@@ -1,4 +1,4 @@
-// The op list's test coverage, in one test over every row of src/ops/op_list.h: an op with a
+// The op list's test coverage, in one test over every row of src/tensor/op_list.h: an op with a
 // backward rule (Backward RULE) has a gradient-check row (finite differences, gradcheck.h) in some
 // table of this suite, and an op marked NONDIFF has a not-differentiable row (test_gradcheck.cpp).
 // Ops marked NOBACKWARD (fused backward kernels) are checked through the rules that call them, and
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "../../src/ops/op_list.h"
+#include "../../src/tensor/op_list.h"
 #include "gradcheck.h"
 
 namespace {

@@ -1,6 +1,6 @@
 // Forward tests of every elementwise op of flame.h against a float64 host reference.
 //
-// One table row per op of src/ops/op_list.h (FLAME_UNARY_OPS, FLAME_SCALAR_OPS,
+// One table row per op of src/tensor/op_list.h (FLAME_UNARY_OPS, FLAME_SCALAR_OPS,
 // FLAME_SPECIAL_UNARY_OPS, FLAME_BINARY_OPS); ElementwiseOpList.EveryOpHasARow fails when an op
 // of those lists has no row here (or its Kind differs). Each row runs over every dtype its Kind
 // allows, contiguous inputs of odd sizes (vector tails), non-contiguous views (transpose, slice
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 #include "host_ref.h"
-#include "../../src/ops/op_list.h"  // the op list (macros and an enum only; nothing here calls op_name)
+#include "../../src/tensor/op_list.h"  // the op list (macros and an enum only; nothing here calls op_name)
 
 using namespace href;
 
@@ -442,13 +442,13 @@ TEST(ElementwiseOpList, EveryOpHasARow) {
   for (const Entry& e : entries) {
     if (e.binary) {
       const BinaryRow* r = find_binary(e.name);
-      EXPECT_NE(r, nullptr) << "binary op '" << e.name << "' of src/ops/op_list.h has no test row";
+      EXPECT_NE(r, nullptr) << "binary op '" << e.name << "' of src/tensor/op_list.h has no test row";
       if (r) {
         EXPECT_EQ(r->kind, e.kind) << e.name << ": Kind " << kind_name(e.kind) << " in op_list.h";
       }
     } else {
       const UnaryRow* r = find_unary(e.name);
-      EXPECT_NE(r, nullptr) << "unary op '" << e.name << "' of src/ops/op_list.h has no test row";
+      EXPECT_NE(r, nullptr) << "unary op '" << e.name << "' of src/tensor/op_list.h has no test row";
       if (r) {
         EXPECT_EQ(r->kind, e.kind) << e.name << ": Kind " << kind_name(e.kind) << " in op_list.h";
       }

@@ -1,4 +1,5 @@
-#include "autograd/graph.h"
+// The autograd graph (autograd_graph.h): nodes, saved tensors, leaf accumulators and record().
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 
 namespace flame {
@@ -71,7 +72,7 @@ std::shared_ptr<Node> record(OpId op, const std::vector<Tensor>& inputs, const s
   bool float_out = false;
   for (const auto& o : outputs) float_out = float_out || is_floating(o->dtype);
   if (!float_out) return nullptr;  // comparisons, argmax...: no gradient flows through integer outputs
-  if (!has_backward(op))
+  if (op_backward(op) != Backward::RULE)
     fail(FLAME_ERROR_NOT_DIFFERENTIABLE, "op ", op_name(op), " has no backward, but an input requires grad "
          "(disable grad mode or detach the input)");
   auto node = std::make_shared<Node>();

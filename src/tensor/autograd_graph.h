@@ -1,12 +1,15 @@
-// The autograd graph. A recorded op creates one Node holding edges to the nodes that produced its
-// inputs (or to an accumulator node for a leaf), the tensors its backward rule needs (SavedTensor,
-// version-checked), and small attributes. Nodes live as long as some tensor's grad_fn or a
-// downstream node refers to them; there is no global tape. The one engine is autograd/engine.cpp,
-// all backward rules are in autograd/backward_rules.cpp.
+// The autograd graph, as the ops see it when they record. A recorded op creates one Node holding
+// edges to the nodes that produced its inputs (or to an accumulator node for a leaf), the tensors
+// its backward rule needs (SavedTensor, version-checked), and small attributes. Nodes live as long
+// as some tensor's grad_fn or a downstream node refers to them; there is no global tape. It sits in
+// the tensor layer, below the ops that record nodes; the one engine that walks the graph is
+// autograd/engine.cpp, and all backward rules are in autograd/backward_rules.cpp, except those an op
+// hands in with its node (Node::backward: gradient checkpointing, fused functions).
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
-#include "ops/op_list.h"
+#include "tensor/op_list.h"
 #include "tensor/tensor.h"
 
 namespace flame {
@@ -18,19 +21,28 @@ struct Edge {
   uint32_t input_nr = 0;  // which output of fn this gradient belongs to
 };
 
-// A user hook (tensor hook or post-accumulate hook). finish() calls destroy(user_data) exactly once,
-// on flame_hook_remove or when its owner (tensor or node) goes, whichever is first.
+// A gradient hook: C++ callables, so that the graph knows nothing of C handles (the API layer
+// adapts flame.h's callbacks to them, api/api_autograd.cpp; data parallelism registers its own).
+// A hook reports failure by throwing flame::Error. finish() runs on_finish exactly once, on
+// flame_hook_remove or when its owner (tensor or node) goes, whichever is first; no callable of a
+// finished hook runs again.
 struct HookRecord {
-  flame_tensor_hook_fn fn = nullptr;
-  flame_post_accumulate_hook_fn post_fn = nullptr;
-  void* user_data = nullptr;
-  flame_destroy_fn destroy = nullptr;
+  // Tensor hook: sees the gradient flowing into the tensor; returns its replacement, or null to keep it.
+  std::function<Tensor(const Tensor& grad)> on_grad;
+  // Post-accumulate hook: sees the leaf once its .grad has been accumulated.
+  std::function<void(const Tensor& leaf)> on_accumulated;
+  // Releases what the hook holds (the user's data); must not throw.
+  std::function<void()> on_finish;
   bool alive = true;
   std::weak_ptr<Context> ctx;
   void finish() noexcept {
     if (!alive) return;
-    alive = false;
-    if (destroy) destroy(user_data);
+    alive = false;  // the callables stay (a hook may remove itself while it runs) but are never called again
+    if (on_finish) {
+      std::function<void()> f = std::move(on_finish);
+      on_finish = nullptr;
+      f();
+    }
   }
 };
 using HookList = std::vector<std::shared_ptr<HookRecord>>;
@@ -93,11 +105,15 @@ struct Node : std::enable_shared_from_this<Node> {
   std::vector<std::pair<uint32_t, std::weak_ptr<TensorImpl>>> retained;
   std::weak_ptr<TensorImpl> leaf;  // accumulator nodes only
   // ---- nodes with several outputs (gradient checkpointing) ----
-  // The engine keeps one gradient per output (Edge::input_nr) and, for num_outputs > 1, calls
-  // apply_backward_rule_multi; payload holds op-specific state that is neither tensor nor number
-  // (checkpoint: the user's function), freed with the node.
+  // The engine keeps one gradient per output (Edge::input_nr) and, for num_outputs > 1, hands all
+  // of them to the node's backward at once.
   uint32_t num_outputs = 1;
-  std::shared_ptr<void> payload;
+  // The backward of an op whose rule is not in autograd/backward_rules.cpp, handed in at record
+  // time by the layer that owns the op's state (gradient checkpointing: toolkit/checkpoint.cpp;
+  // fused functions: ops/fused.cpp); what it captures is freed with the node. It gets one gradient
+  // per output (null where none arrived) and returns one per input (null where none is needed).
+  using BackwardFn = std::function<std::vector<Tensor>(Node& self, const std::vector<Tensor>& output_grads)>;
+  BackwardFn backward;
 
   bool needs_input_grad(size_t i) const { return i < next.size() && next[i].fn != nullptr; }
   void release_saved() {
@@ -114,8 +130,7 @@ AutogradMeta& autograd_meta(TensorImpl& t);
 
 // Called by every op after computing its outputs: when grad mode is on and an input requires
 // grad, creates the node, wires the outputs to it and returns it (else null). Fails with
-// FLAME_ERROR_NOT_DIFFERENTIABLE for ops without a backward rule.
+// FLAME_ERROR_NOT_DIFFERENTIABLE for ops whose row of tensor/op_list.h has no backward (not RULE).
 std::shared_ptr<Node> record(OpId op, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs);
-bool has_backward(OpId op);
 
 }  // namespace flame

@@ -1,4 +1,4 @@
-#include "ops/op_list.h"
+#include "tensor/op_list.h"
 
 namespace flame {
 

@@ -26,7 +26,7 @@
 //                        row does not save.
 //
 // How to add an elementwise op with its gradient (e.g. a unary MATH op `foo`):
-//   1. src/ops/op_list.h: one row, X(Foo, foo, MATH, RULE, INPUT), in FLAME_UNARY_OPS (C entry point
+//   1. src/tensor/op_list.h: one row, X(Foo, foo, MATH, RULE, INPUT), in FLAME_UNARY_OPS (C entry point
 //      flame_foo(t, out) generated in src/api/api_ops.cpp), FLAME_SCALAR_OPS (flame_foo(t, s, out);
 //      the scalar is a.s0), FLAME_BINARY_OPS (flame_foo(a, b, out)) or FLAME_INTERNAL_*_OPS (no C
 //      entry point).
@@ -221,8 +221,8 @@
 #define FLAME_TOOLKIT_OPS(X) \
   X(Checkpoint, checkpoint, RULE)                     
 // ---- fused elementwise expressions (src/ops/fused.cpp, kernels in cuda/fused.cuh) ----
-// One node per flame_fused_call; its payload is the compiled function, whose backward is one fused
-// call per input (g * d expr / d x_i), so it is differentiable to any order.
+// One node per flame_fused_call, carrying its backward (Node::backward, bound to the compiled
+// function): one fused call per input (g * d expr / d x_i), so it is differentiable to any order.
 #define FLAME_FUSED_OPS(X) \
   X(Fused, fused, RULE)                               
 
