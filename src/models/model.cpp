@@ -2,7 +2,7 @@
 #include "models/model.h"
 #include <algorithm>
 #include <cmath>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "models/model_registry.h"
 #include "ops/ops.h"
@@ -159,37 +159,6 @@ void Model::initialize() {
   }
 }
 
-namespace {
-
-struct BlockCall {
-  std::function<std::vector<Tensor>(const std::vector<Tensor>&)> block;
-  std::shared_ptr<const Model> model;  // the block reads its parameters through the model
-};
-
-// The C-callback form toolkit checkpointing calls: unwraps the lent inputs, runs the block and
-// hands its outputs back as lent handles (checkpoint() unwraps and releases them).
-flame_status_t run_block_callback(void* user_data, const flame_tensor_t* in, int32_t n_in, flame_tensor_t* out,
-                                  int32_t n_out) {
-  try {
-    auto* call = static_cast<BlockCall*>(user_data);
-    std::vector<Tensor> inputs;
-    for (int32_t i = 0; i < n_in; ++i) inputs.push_back(unwrap(in[i], "input"));
-    std::vector<Tensor> outputs = call->block(inputs);
-    FLAME_CHECK(static_cast<int32_t>(outputs.size()) == n_out, FLAME_ERROR_INTERNAL, "a block returned ",
-                outputs.size(), " tensors, not ", n_out);
-    for (int32_t i = 0; i < n_out; ++i) out[i] = wrap_lent(outputs[i]);
-    return FLAME_OK;
-  } catch (const Error& e) {
-    set_last_error(e.what());
-    return e.status();
-  } catch (const std::bad_alloc&) {
-    set_last_error("out of host memory");
-    return FLAME_ERROR_OUT_OF_MEMORY;
-  }
-}
-
-}  // namespace
-
 std::vector<Tensor> Model::run_block(int64_t block_index,
                                      const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& block,
                                      const std::vector<Tensor>& inputs, int32_t n_outputs) {
@@ -200,10 +169,16 @@ std::vector<Tensor> Model::run_block(int64_t block_index,
                 " tensors, not ", n_outputs);
     return out;
   }
-  auto call = new BlockCall{block, shared_from_this()};
-  auto fn = std::make_shared<CheckpointFn>(run_block_callback, call,
-                                           [](void* u) { delete static_cast<BlockCall*>(u); });
-  return checkpoint(*ctx_, fn, inputs, n_outputs);
+  // The recomputation may run after forward() returned: the function keeps the model (whose
+  // parameters the block reads) alive, and checks the block's output count again.
+  std::shared_ptr<const Model> keep = shared_from_this();
+  CheckpointFunction fn = [keep, block, n_outputs](const std::vector<Tensor>& x) {
+    std::vector<Tensor> out = block(x);
+    FLAME_CHECK(static_cast<int32_t>(out.size()) == n_outputs, FLAME_ERROR_INTERNAL, "a block returned ", out.size(),
+                " tensors, not ", n_outputs);
+    return out;
+  };
+  return checkpoint(*ctx_, std::move(fn), inputs);
 }
 
 // ---- config readers ----
