@@ -341,6 +341,8 @@ bool launch_tall(Context& ctx, ReduceKind kind, const Tensor& x, const Tensor& o
 }  // namespace
 
 Tensor launch_reduce(const Tensor& x, const std::vector<int>& rdims, ReduceKind kind, DType out_dtype) {
+  check_compute_dtype(x->dtype, "reductions");  // empty inputs too, which need no kernel
+  check_compute_dtype(out_dtype, "reductions");
   Context& ctx = x->ctx();
   Shape out_shape = x->shape;
   std::vector<int> kept;
@@ -419,6 +421,7 @@ std::vector<std::string> arg_reduce_instantiations(DType in) {
 }
 
 Tensor launch_arg_reduce(const Tensor& x, const std::vector<int>& rdims, bool is_max) {
+  check_compute_dtype(x->dtype, is_max ? "argmax" : "argmin");
   Context& ctx = x->ctx();
   Shape out_shape = x->shape;
   std::vector<int> kept;
@@ -466,6 +469,8 @@ static KernelKey cumsum_key(DType in, DType out) {
 std::string cumsum_instantiation(DType in, DType out) { return kernel_name(cumsum_key(in, out)); }
 
 Tensor launch_cumsum(const Tensor& x, int dim, DType out_dtype) {
+  check_compute_dtype(x->dtype, "cumsum");
+  check_compute_dtype(out_dtype, "cumsum");
   Context& ctx = x->ctx();
   Tensor out = make_tensor(ctx, x->shape, out_dtype);
   int64_t n = x->numel();

@@ -183,7 +183,9 @@ TEST_F(F8, ConvertsBetweenF8FormatsAndIntegers) {
     std::vector<uint8_t> qc = download<uint8_t>(q, 7);
     for (size_t i = 0; i < 7; ++i) {
       const double v = f8ref::decode(f.ref, qc[i]);
-      if (std::isfinite(v)) EXPECT_EQ(back[i], static_cast<int32_t>(v)) << f.ref.name << " " << ints[i];
+      if (std::isfinite(v)) {
+        EXPECT_EQ(back[i], static_cast<int32_t>(v)) << f.ref.name << " " << ints[i];
+      }
     }
   }
 }
@@ -252,6 +254,13 @@ TEST_F(F8, ComputeOpsRefuseF8) {
     refused(flame_sum(a, nullptr, 0, 0, o.out()), "flame_sum");
     EXPECT_EQ(o.h, nullptr);
     refused(flame_matmul(a, b, o.out()), "flame_matmul");
+    EXPECT_EQ(o.h, nullptr);
+    T empty;  // empty tensors need no kernel, and are refused all the same
+    const int64_t zero = 0;
+    FLAME_ASSERT_OK(flame_zeros(ctx, &zero, 1, f.dtype, empty.out()));
+    refused(flame_sum(empty, nullptr, 0, 0, o.out()), "flame_sum");
+    EXPECT_EQ(o.h, nullptr);
+    refused(flame_exp(empty, o.out()), "flame_exp");
     EXPECT_EQ(o.h, nullptr);
     refused(flame_add(a, x32, o.out()), "flame_add");  // no promotion with f8
     EXPECT_EQ(o.h, nullptr);
