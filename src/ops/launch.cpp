@@ -50,11 +50,12 @@ constexpr KernelTemplate kEwTile{"elementwise.cuh", "flame::ew_tile", {A::Text, 
 
 // Storage-only (f8) operands are converted (Identity: casts and copies) and filled (Fill), never
 // computed on: any other functor with an f8 operand is FLAME_ERROR_UNSUPPORTED naming it.
+// Called on every launch: no allocation unless it fails.
 void check_storage_functor(std::string_view functor, DType out, const std::vector<DType>& ins) {
-  if (functor == "Identity" || functor == "Fill") return;
-  const std::string what = "the elementwise op " + std::string(functor);
-  check_compute_dtype(out, what.c_str());
-  for (DType d : ins) check_compute_dtype(d, what.c_str());
+  DType f8 = out;
+  for (DType d : ins) f8 = is_storage_only(f8) ? f8 : d;
+  if (!is_storage_only(f8) || functor == "Identity" || functor == "Fill") return;
+  check_compute_dtype(f8, ("the elementwise op " + std::string(functor)).c_str());
 }
 
 // first: the vector width (contig, rows) or whether the index type is 64-bit (strided).
