@@ -1,6 +1,6 @@
 // Shared device definitions for every FLAME kernel. Self-contained (no CUDA headers), so NVRTC
-// needs no include path: 16-bit float types with PTX conversions, the compute-type mapping
-// (f16/bf16 compute in f32), conversions between any two element types, aligned vectors for
+// needs no include path: 16-bit float types with PTX conversions, the 8-bit float storage types
+// with integer conversions, the compute-type mapping (f16/bf16/f8 compute in f32), conversions between any two element types, aligned vectors for
 // 16-byte accesses, and the scalar-argument block every functor carries.
 #pragma once
 
@@ -8,6 +8,10 @@ namespace flame {
 
 struct half_t { unsigned short x; };
 struct bf16_t { unsigned short x; };
+// The f8 storage dtypes (FLAME_DTYPE_F8_E4M3 / _E5M2): only the conversion and fill kernels see them
+// (kernel_name refuses them elsewhere).
+struct f8_e4m3_t { unsigned char x; };
+struct f8_e5m2_t { unsigned char x; };
 struct None {};  // an absent operand
 
 __device__ __forceinline__ float to_float(half_t h) {
@@ -33,14 +37,73 @@ __device__ __forceinline__ bf16_t to_bf16(float f) {
   return h;
 }
 
+// f8 <-> f32, bit for bit as PyTorch's c10::Float8_e4m3fn / Float8_e5m2 conversions and as the
+// host's (src/core/dtype.cpp, which these mirror line for line): round to nearest even; e4m3 turns
+// magnitudes past 448 (above 464), infinities and NaN into NaN (0x7f, sign kept), e5m2 magnitudes
+// past 57344 into infinity and NaN into 0x7f. Integer arithmetic only: no flush-to-zero or
+// rounding-mode option of the compilation can change a result. (cvt.rn.satfinite.e4m3x2.f32, sm_89
+// on, saturates instead, which PyTorch's .to() does not.)
+__device__ __forceinline__ unsigned f8_shift_round_even(unsigned sig, int shift) {
+  if (shift >= 32) return 0u;
+  const unsigned q = sig >> shift, rem = sig & ((1u << shift) - 1u), half = 1u << (shift - 1);
+  return q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);
+}
+// The unsigned code nearest to the finite magnitude with f32 bits a, without an upper limit.
+template <int MBITS, int BIAS>
+__device__ __forceinline__ unsigned f8_magnitude_code(unsigned a) {
+  const int e = static_cast<int>(a >> 23), e_eff = e ? e : 1;
+  const unsigned frac = a & 0x7fffffu;
+  if (e_eff - 127 < 1 - BIAS)
+    return f8_shift_round_even(frac | (e ? 0x800000u : 0u), (1 - BIAS - MBITS) - (e_eff - 150));
+  const unsigned head = (static_cast<unsigned>(e - 127 + BIAS) << MBITS) | (frac >> (23 - MBITS));
+  const unsigned rest = frac & ((1u << (23 - MBITS)) - 1u), half = 1u << (22 - MBITS);
+  return head + ((rest > half || (rest == half && (head & 1u))) ? 1u : 0u);
+}
+__device__ __forceinline__ f8_e4m3_t to_f8_e4m3(float f) {
+  const unsigned x = __float_as_uint(f), a = x & 0x7fffffffu, sign = (x >> 24) & 0x80u;
+  f8_e4m3_t r;
+  r.x = static_cast<unsigned char>(sign | (a >= 0x43f00000u ? 0x7fu : f8_magnitude_code<3, 7>(a)));
+  return r;
+}
+__device__ __forceinline__ float to_float(f8_e4m3_t v) {
+  const unsigned b = v.x, sign = (b & 0x80u) << 24, e = (b >> 3) & 0xfu, m = b & 7u;
+  if ((b & 0x7fu) == 0x7fu) return __uint_as_float(sign | 0x7ff00000u);
+  if (e == 0) {
+    const float mag = static_cast<float>(m) * 0.001953125f;  // m * 2^-9, exact
+    return sign ? -mag : mag;
+  }
+  return __uint_as_float(sign | ((e + 120u) << 23) | (m << 20));
+}
+__device__ __forceinline__ f8_e5m2_t to_f8_e5m2(float f) {
+  const unsigned x = __float_as_uint(f), a = x & 0x7fffffffu, sign = (x >> 24) & 0x80u;
+  f8_e5m2_t r;
+  r.x = static_cast<unsigned char>(sign | (a > 0x7f800000u    ? 0x7fu
+                                           : a >= 0x47800000u ? 0x7cu
+                                                              : f8_magnitude_code<2, 15>(a)));
+  return r;
+}
+__device__ __forceinline__ float to_float(f8_e5m2_t v) {
+  const unsigned b = v.x, sign = (b & 0x80u) << 24, e = (b >> 2) & 0x1fu, m = b & 3u;
+  if (e == 31) return __uint_as_float(sign | 0x7f800000u | (m << 21));
+  if (e == 0) {
+    const float mag = static_cast<float>(m) * 1.52587890625e-05f;  // m * 2^-16, exact
+    return sign ? -mag : mag;
+  }
+  return __uint_as_float(sign | ((e + 112u) << 23) | (m << 21));
+}
+
 template <class T> struct compute_type { using type = T; };
 template <> struct compute_type<half_t> { using type = float; };
 template <> struct compute_type<bf16_t> { using type = float; };
+template <> struct compute_type<f8_e4m3_t> { using type = float; };
+template <> struct compute_type<f8_e5m2_t> { using type = float; };
 template <class T> using compute_t = typename compute_type<T>::type;
 
 template <class T> __device__ __forceinline__ compute_t<T> to_compute(T x) { return x; }
 template <> __device__ __forceinline__ float to_compute<half_t>(half_t x) { return to_float(x); }
 template <> __device__ __forceinline__ float to_compute<bf16_t>(bf16_t x) { return to_float(x); }
+template <> __device__ __forceinline__ float to_compute<f8_e4m3_t>(f8_e4m3_t x) { return to_float(x); }
+template <> __device__ __forceinline__ float to_compute<f8_e5m2_t>(f8_e5m2_t x) { return to_float(x); }
 
 // cast<To>(x) for x of any arithmetic compute type.
 template <class To> struct Caster {
@@ -51,6 +114,12 @@ template <> struct Caster<half_t> {
 };
 template <> struct Caster<bf16_t> {
   template <class F> static __device__ __forceinline__ bf16_t from(F x) { return to_bf16(static_cast<float>(x)); }
+};
+template <> struct Caster<f8_e4m3_t> {
+  template <class F> static __device__ __forceinline__ f8_e4m3_t from(F x) { return to_f8_e4m3(static_cast<float>(x)); }
+};
+template <> struct Caster<f8_e5m2_t> {
+  template <class F> static __device__ __forceinline__ f8_e5m2_t from(F x) { return to_f8_e5m2(static_cast<float>(x)); }
 };
 template <> struct Caster<bool> {
   template <class F> static __device__ __forceinline__ bool from(F x) { return x != F(0); }

@@ -123,7 +123,26 @@ typedef enum flame_dtype_t {
   FLAME_DTYPE_I32 = 4,
   FLAME_DTYPE_I64 = 5,
   FLAME_DTYPE_U8 = 6,
-  FLAME_DTYPE_BOOL = 7
+  FLAME_DTYPE_BOOL = 7,
+  /* 8-bit floats (OCP FP8; safetensors' "F8_E4M3" and "F8_E5M2"; PyTorch's torch.float8_e4m3fn and
+   * torch.float8_e5m2), one byte per element. They are storage dtypes: tensors of them can be
+   * created (empty, zeros, ones, full, eye, from_host), copied (clone, contiguous), viewed,
+   * converted with flame_to_dtype (to and from every dtype; also FLAME_PARAMS_LOAD_CONVERT_DTYPE),
+   * moved to and from the host, saved and loaded (safetensors) and exchanged through DLPack. Every
+   * other op (arithmetic, reductions, matrix products, indexing kernels, optimizers, random
+   * numbers, reducing collectives) fails with FLAME_ERROR_UNSUPPORTED naming the dtype: convert to
+   * f32, f16 or bf16 first. Mixing an f8 dtype with another where dtypes are promoted (binary ops,
+   * flame_cat) is FLAME_ERROR_UNSUPPORTED too, as in PyTorch. Conversions to f8 round to nearest,
+   * ties to even, bit for bit as PyTorch's .to() (its CPU conversion): f64, integers and bool go
+   * through f32 first. Conversions from f8 are exact (f8 to integers: through f32). */
+  /* E4M3 "fn": sign, 4 exponent bits (bias 7), 3 mantissa bits; largest finite 448, smallest
+   * subnormal 2^-9; no infinities; NaN is 0x7F / 0xFF. Magnitudes above 464 (which round past 448;
+   * 464 itself rounds to 448), infinities and NaN become NaN, sign kept: nothing saturates. */
+  FLAME_DTYPE_F8_E4M3 = 8,
+  /* E5M2: sign, 5 exponent bits (bias 15), 2 mantissa bits (IEEE-like: the top byte of an f16);
+   * largest finite 57344, smallest subnormal 2^-16; magnitudes that round above 57344 (>= 61440)
+   * become +-infinity (0x7C / 0xFC); NaN becomes NaN (0x7F / 0xFF). */
+  FLAME_DTYPE_F8_E5M2 = 9
 } flame_dtype_t;
 
 /* @return size in bytes of one element of dtype, or 0 for an unknown value. */
@@ -351,7 +370,7 @@ FLAME_API flame_status_t flame_rand(flame_ctx_t ctx, const int64_t* shape, int32
 /* Standard normal from the context's Philox generator (floating dtypes only). */
 FLAME_API flame_status_t flame_randn(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out);
 /* Copies nbytes of host data (row-major, element type dtype; f16/bf16 as their 16-bit patterns,
- * bool as one byte 0/1) into a new tensor. nbytes must equal numel * dtype size. */
+ * f8 as their 8-bit patterns, bool as one byte 0/1) into a new tensor. nbytes must equal numel * dtype size. */
 FLAME_API flame_status_t flame_from_host(flame_ctx_t ctx, const void* data, size_t nbytes, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out);
 /* Copies t (any strides) to host memory in row-major order; waits for the copy.
  * nbytes must equal numel * dtype size: otherwise FLAME_ERROR_INVALID_ARGUMENT. */
@@ -393,7 +412,8 @@ FLAME_API flame_status_t flame_diagonal(flame_tensor_t t, int64_t offset, int32_
 FLAME_API flame_status_t flame_contiguous(flame_tensor_t t, flame_tensor_t* out);
 /* A contiguous copy with its own memory. */
 FLAME_API flame_status_t flame_clone(flame_tensor_t t, flame_tensor_t* out);
-/* Converts to dtype (a copy; t itself as a new reference when the dtype is already dtype). */
+/* Converts to dtype (a copy; t itself as a new reference when the dtype is already dtype). Any
+ * dtype to any other, f8 included (see flame_dtype_t for their rounding, NaN and overflow rules). */
 FLAME_API flame_status_t flame_to_dtype(flame_tensor_t t, flame_dtype_t dtype, flame_tensor_t* out);
 /* Joins n tensors along dim; all other sizes must agree; dtypes are promoted. */
 FLAME_API flame_status_t flame_cat(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out);
@@ -829,7 +849,9 @@ FLAME_API flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t l
  *  - Export: the DLManagedTensor points at t's memory (no copy) with shape and strides in
  *    elements as t has them (strides may be 0 or negative for views), device (kDLCUDA, the
  *    context's ordinal), byte_offset 0. Dtypes: f32/f16/f64 as kDLFloat, bf16 as kDLBfloat, i32/i64
- *    as kDLInt, u8 as kDLUInt 8, bool as kDLBool (code 6) 8 bits; lanes 1. The export waits for the
+ *    as kDLInt, u8 as kDLUInt 8, bool as kDLBool (code 6) 8 bits, f8_e4m3 as kDLFloat8_e4m3fn
+ *    (code 10) and f8_e5m2 as kDLFloat8_e5m2 (code 12) 8 bits (DLPack 1.1's codes; FLAME uses them
+ *    whatever dlpack.h it was built with); lanes 1. The export waits for the
  *    context's stream first, so the data is ready for work on any stream. It carries no autograd
  *    history (as flame_tensor_detach). The consumer calls the deleter exactly once, from any
  *    thread; until then the memory, and the context, stay alive even if every FLAME handle and the
@@ -851,7 +873,8 @@ FLAME_API flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t l
  *  - Errors: FLAME_ERROR_INVALID_ARGUMENT (NULL, bad shape/strides/alignment, another GPU than the
  *    context's), FLAME_ERROR_UNSUPPORTED (not CUDA device memory, e.g. kDLCPU; a read-only
  *    versioned tensor; versioned functions in a build whose dlpack.h predates DLPack 1.0),
- *    FLAME_ERROR_DTYPE_MISMATCH (a dtype FLAME does not have: complex, int8, float8, lanes > 1). */
+ *    FLAME_ERROR_DTYPE_MISMATCH (a dtype FLAME does not have: complex, int8, float8 other than
+ *    e4m3fn and e5m2, lanes > 1). */
 struct DLManagedTensor;
 struct DLManagedTensorVersioned;
 
@@ -872,8 +895,9 @@ FLAME_API flame_status_t flame_tensor_from_dlpack_versioned(flame_ctx_t ctx, str
 /* Reading and writing the safetensors format (as the Python package `safetensors` does): an 8-byte
  * little-endian header length N, N bytes of UTF-8 JSON mapping each tensor name to its dtype, shape
  * and byte range (plus an optional "__metadata__" object of strings), then the tensors' row-major
- * little-endian bytes. FLAME reads and writes the dtypes F32, F16, BF16, F64, I64, I32, U8 and
- * BOOL; tensors of the format's other dtypes (F8_E4M3, I16, U32, ...) are listed, but
+ * little-endian bytes. FLAME reads and writes the dtypes F32, F16, BF16, F64, I64, I32, U8, BOOL,
+ * F8_E4M3 (FLAME_DTYPE_F8_E4M3) and F8_E5M2 (FLAME_DTYPE_F8_E5M2); tensors of the format's other
+ * dtypes (F8_E8M0, I16, U32, ...) are listed, but
  * flame_safetensors_info and flame_safetensors_get return FLAME_ERROR_UNSUPPORTED for them. */
 
 typedef struct flame_safetensors_s* flame_safetensors_t; /* an open safetensors file */
@@ -939,7 +963,7 @@ FLAME_API flame_status_t flame_safetensors_metadata(flame_safetensors_t file, co
  * metadata_kv as 2 * n_metadata strings key0, value0, key1, value1, ... (distinct UTF-8 keys;
  * "__metadata__" is written only when n_metadata > 0). The layout is the Python package's: the JSON
  * header padded with spaces to a multiple of 8 bytes, then the tensors sorted by dtype (I64, F64,
- * F32, I32, BF16, F16, U8, BOOL) and then by name (byte order), so that every tensor starts at a
+ * F32, I32, BF16, F16, F8_E4M3, F8_E5M2, U8, BOOL) and then by name (byte order), so that every tensor starts at a
  * multiple of its element size; non-contiguous tensors are written in row-major order. Without
  * metadata the file is byte for byte the one the Python package writes for the same tensors. The bytes go to a new temporary file next
  * to path, which is flushed to disk and renamed over path at the end: path holds either its old
@@ -1842,7 +1866,8 @@ FLAME_API flame_status_t flame_comm_synchronize(flame_comm_t comm);
 /* The collectives: every rank calls the same one with tensors of the same shape and dtype (NCCL
  * does not check; a mismatch corrupts results or hangs until the timeout). Tensors (borrowed)
  * must belong to the communicator's context. Dtypes: f32, f16, bf16, f64, i32, i64, u8 (reductions
- * of f16/bf16 accumulate in their own precision, as NCCL does); bool for broadcast and all_gather.
+ * of f16/bf16 accumulate in their own precision, as NCCL does); bool, f8_e4m3 and f8_e5m2 for broadcast and all_gather (the f8 dtypes in
+ * reductions: FLAME_ERROR_UNSUPPORTED).
  * Autograd: collectives have no backward. The in-place ones (all_reduce, broadcast) refuse a tensor
  * that requires grad while grad mode is on (FLAME_ERROR_INVALID_ARGUMENT, as any in-place write
  * to it would) and move its version (a graph that saved it cannot be walked any more); the others

@@ -19,7 +19,8 @@
 # now warm cache (the cache-hit path) unless FLAME_SKIP_WARM_RUN=1; then the PyTorch parity suite
 # (tests/parity/run_parity.py) when it exists, the DLPack exchange with PyTorch
 # (tests/parity/test_dlpack_torch.py) and the safetensors interop check with the Python package
-# (tests/parity/test_safetensors_torch.py), and optimizer parity (tests/parity/test_optim_torch.py).
+# (tests/parity/test_safetensors_torch.py), optimizer parity (tests/parity/test_optim_torch.py) and
+# the f8 conversions against PyTorch's float8 dtypes (tests/parity/test_f8_torch.py).
 # Exits non-zero if any step fails; prints a summary.
 set -uo pipefail
 
@@ -143,6 +144,12 @@ if [[ -f $ROOT/tests/parity/test_optim_torch.py ]]; then
   export FLAME_LIBRARY=$BUILD_DIR/libflame.so
   run "optimizer parity (tests/parity/test_optim_torch.py)" "$LOG_DIR/optim-torch.log" \
     python3 "$ROOT/tests/parity/test_optim_torch.py"
+fi
+# f8 conversions (f32/f64/f16/bf16 -> f8 -> f32) bit for bit against torch.float8_e4m3fn / e5m2.
+if [[ -f $ROOT/tests/parity/test_f8_torch.py ]]; then
+  export FLAME_LIBRARY=$BUILD_DIR/libflame.so
+  run "f8 parity (tests/parity/test_f8_torch.py)" "$LOG_DIR/f8-torch.log" \
+    python3 "$ROOT/tests/parity/test_f8_torch.py"
 fi
 
 # Quote-able summary: the ctest result lines and timings.

@@ -67,6 +67,10 @@ namespace Flame.Interop
         FLAME_DTYPE_U8 = 6,
         /// <summary><c>FLAME_DTYPE_BOOL</c></summary>
         FLAME_DTYPE_BOOL = 7,
+        /// <summary><c>FLAME_DTYPE_F8_E4M3</c></summary>
+        FLAME_DTYPE_F8_E4M3 = 8,
+        /// <summary><c>FLAME_DTYPE_F8_E5M2</c></summary>
+        FLAME_DTYPE_F8_E5M2 = 9,
     }
 
     /// <summary><c>flame_log_level_t</c> (the safe layer uses <see cref="Flame.LogLevel"/>).</summary>

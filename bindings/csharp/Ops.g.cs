@@ -69,6 +69,10 @@ namespace Flame
         U8 = 6,
         /// <summary><c>FLAME_DTYPE_BOOL</c></summary>
         Bool = 7,
+        /// <summary><c>FLAME_DTYPE_F8_E4M3</c></summary>
+        F8E4M3 = 8,
+        /// <summary><c>FLAME_DTYPE_F8_E5M2</c></summary>
+        F8E5M2 = 9,
     }
 
     /// <summary><c>flame_log_level_t</c> with C# names; the values are the C values.</summary>

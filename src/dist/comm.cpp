@@ -48,12 +48,14 @@ ncclDataType_t nccl_dtype(DType d) {
     case FLAME_DTYPE_I64: return ncclInt64;
     case FLAME_DTYPE_U8: return ncclUint8;
     case FLAME_DTYPE_BOOL: return ncclUint8;  // one byte 0/1: broadcast and all_gather only
+    case FLAME_DTYPE_F8_E4M3: case FLAME_DTYPE_F8_E5M2: return ncclUint8;  // bytes: broadcast and all_gather only
     default: fail(FLAME_ERROR_DTYPE_MISMATCH, "dtype ", dtype_name(d), " has no NCCL type");
   }
 }
 
 ncclRedOp_t nccl_reduce_op(int32_t op, DType dtype) {
   FLAME_CHECK(dtype != FLAME_DTYPE_BOOL, FLAME_ERROR_DTYPE_MISMATCH, "reductions do not take bool tensors");
+  check_compute_dtype(dtype, "reducing collectives");
   switch (op) {
     case FLAME_REDUCE_SUM: return ncclSum;
     case FLAME_REDUCE_AVG:

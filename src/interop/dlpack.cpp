@@ -6,6 +6,10 @@
 
 namespace flame::dlpack {
 
+#if defined(DLPACK_MAJOR_VERSION) && (DLPACK_MAJOR_VERSION > 1 || (DLPACK_MAJOR_VERSION == 1 && DLPACK_MINOR_VERSION >= 1))
+static_assert(kDLFloat8_e4m3fn == kFloat8E4m3fnCode && kDLFloat8_e5m2 == kFloat8E5m2Code, "DLPack 1.1 float8 codes");
+#endif
+
 DLDataType to_dl(DType d) {
   DLDataType t;
   t.lanes = 1;
@@ -16,6 +20,8 @@ DLDataType to_dl(DType d) {
     case FLAME_DTYPE_I32: case FLAME_DTYPE_I64: t.code = kDLInt; break;
     case FLAME_DTYPE_U8: t.code = kDLUInt; break;
     case FLAME_DTYPE_BOOL: t.code = kBoolCode; break;
+    case FLAME_DTYPE_F8_E4M3: t.code = kFloat8E4m3fnCode; break;
+    case FLAME_DTYPE_F8_E5M2: t.code = kFloat8E5m2Code; break;
     default: fail(FLAME_ERROR_INTERNAL, "no DLPack dtype for dtype ", static_cast<int>(d));
   }
   return t;
@@ -42,12 +48,19 @@ DType from_dl(DLDataType t) {
       case kBoolCode:
         if (t.bits == 8) return FLAME_DTYPE_BOOL;
         break;
+      case kFloat8E4m3fnCode:
+        if (t.bits == 8) return FLAME_DTYPE_F8_E4M3;
+        break;
+      case kFloat8E5m2Code:
+        if (t.bits == 8) return FLAME_DTYPE_F8_E5M2;
+        break;
       default:
         break;
     }
   }
   fail(FLAME_ERROR_DTYPE_MISMATCH, "DLPack dtype (code ", static_cast<int>(t.code), ", bits ", static_cast<int>(t.bits),
-       ", lanes ", t.lanes, ") has no FLAME dtype (f32, f16, bf16, f64, i32, i64, u8, bool with 1 lane)");
+       ", lanes ", t.lanes,
+       ") has no FLAME dtype (f32, f16, bf16, f64, i32, i64, u8, bool, float8_e4m3fn, float8_e5m2 with 1 lane)");
 }
 
 const char* device_name(int device_type) {

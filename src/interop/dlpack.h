@@ -21,6 +21,10 @@ namespace flame::dlpack {
 
 // kDLBool: a type code since DLPack 0.8; 0.6 headers lack the name, the value is the protocol's.
 constexpr uint8_t kBoolCode = 6;
+// kDLFloat8_e4m3fn and kDLFloat8_e5m2 (8 bits): type codes since DLPack 1.1 (PyTorch exports its
+// float8 tensors with them); older headers lack the names, the values are the protocol's.
+constexpr uint8_t kFloat8E4m3fnCode = 10;
+constexpr uint8_t kFloat8E5m2Code = 12;
 
 DLDataType to_dl(DType d);
 // The FLAME dtype of a DLPack dtype; FLAME_ERROR_DTYPE_MISMATCH naming it when FLAME has none.

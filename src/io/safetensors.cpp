@@ -29,7 +29,7 @@ struct FormatDtype {
 };
 constexpr FormatDtype kFormatDtypes[] = {
     {"BOOL", 8, FLAME_DTYPE_BOOL}, {"F4", 4, -1},       {"F6_E2M3", 6, -1},           {"F6_E3M2", 6, -1},
-    {"U8", 8, FLAME_DTYPE_U8},     {"I8", 8, -1},       {"F8_E5M2", 8, -1},           {"F8_E4M3", 8, -1},
+    {"U8", 8, FLAME_DTYPE_U8},     {"I8", 8, -1},       {"F8_E5M2", 8, FLAME_DTYPE_F8_E5M2}, {"F8_E4M3", 8, FLAME_DTYPE_F8_E4M3},
     {"F8_E8M0", 8, -1},            {"I16", 16, -1},     {"U16", 16, -1},              {"F16", 16, FLAME_DTYPE_F16},
     {"BF16", 16, FLAME_DTYPE_BF16}, {"I32", 32, FLAME_DTYPE_I32}, {"U32", 32, -1},    {"F32", 32, FLAME_DTYPE_F32},
     {"C64", 64, -1},               {"F64", 64, FLAME_DTYPE_F64}, {"I64", 64, FLAME_DTYPE_I64}, {"U64", 64, -1},

@@ -98,6 +98,7 @@ Geometry check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const T
   for (const auto& [name, t] : qkv)
     FLAME_CHECK((*t)->ndim() == 4, FLAME_ERROR_SHAPE_MISMATCH, kOp, ": ", name, " must have 4 dims [B, H, L, E], got ",
                 shape_str((*t)->shape));
+  check_compute_dtype(q->dtype, kOp);
   FLAME_CHECK(is_floating(q->dtype), FLAME_ERROR_DTYPE_MISMATCH, kOp, ": q must be floating, got ", dtype_name(q->dtype));
   for (const auto& [name, t] : qkv) {
     FLAME_CHECK(&(*t)->ctx() == &q->ctx(), FLAME_ERROR_INVALID_ARGUMENT, kOp, ": ", name, " belongs to another context than q");

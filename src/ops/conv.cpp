@@ -386,6 +386,7 @@ constexpr int64_t kMaxArg = INT32_MAX;
 void check_tensors(const Tensor& x, const Tensor& w, const Tensor& b, int nd, const char* op) {
   FLAME_CHECK(&w->ctx() == &x->ctx() && (!b || &b->ctx() == &x->ctx()), FLAME_ERROR_INVALID_ARGUMENT, op,
               ": x, weight and bias belong to different contexts");
+  check_compute_dtype(x->dtype, op);
   FLAME_CHECK(is_floating(x->dtype), FLAME_ERROR_DTYPE_MISMATCH, op, ": x must be f32, f64, f16 or bf16, got ",
               dtype_name(x->dtype));
   FLAME_CHECK(w->dtype == x->dtype, FLAME_ERROR_DTYPE_MISMATCH, op, ": weight has dtype ", dtype_name(w->dtype),

@@ -38,18 +38,30 @@ struct ScanLayout {  // mirrors cuda/scan.cuh
 };
 
 // The elementwise kernels: <first, functor, out, up to 3 operand types> (ew_tile: one operand, no first).
+// They take the storage-only (f8) dtypes, for the functors check_storage_functor admits.
 using A = TArg;
 constexpr KernelTemplate kEwContig{"elementwise.cuh", "flame::ew_contig",
-                                   {A::Int, A::Text, A::Dtype, A::Dtype, A::Dtype, A::Dtype}};
+                                   {A::Int, A::Text, A::Dtype, A::Dtype, A::Dtype, A::Dtype}, true};
 constexpr KernelTemplate kEwRows{"elementwise.cuh", "flame::ew_rows",
-                                 {A::Int, A::Text, A::Dtype, A::Dtype, A::Dtype, A::Dtype}};
+                                 {A::Int, A::Text, A::Dtype, A::Dtype, A::Dtype, A::Dtype}, true};
 constexpr KernelTemplate kEwStrided{"elementwise.cuh", "flame::ew_strided",
-                                    {A::Index, A::Text, A::Dtype, A::Dtype, A::Dtype, A::Dtype}};
-constexpr KernelTemplate kEwTile{"elementwise.cuh", "flame::ew_tile", {A::Text, A::Dtype, A::Dtype}};
+                                    {A::Index, A::Text, A::Dtype, A::Dtype, A::Dtype, A::Dtype}, true};
+constexpr KernelTemplate kEwTile{"elementwise.cuh", "flame::ew_tile", {A::Text, A::Dtype, A::Dtype}, true};
+
+// Storage-only (f8) operands are converted (Identity: casts and copies) and filled (Fill), never
+// computed on: any other functor with an f8 operand is FLAME_ERROR_UNSUPPORTED naming it.
+// Called on every launch: no allocation unless it fails.
+void check_storage_functor(std::string_view functor, DType out, const std::vector<DType>& ins) {
+  DType f8 = out;
+  for (DType d : ins) f8 = is_storage_only(f8) ? f8 : d;
+  if (!is_storage_only(f8) || functor == "Identity" || functor == "Fill") return;
+  check_compute_dtype(f8, ("the elementwise op " + std::string(functor)).c_str());
+}
 
 // first: the vector width (contig, rows) or whether the index type is 64-bit (strided).
 KernelKey ew_key(const KernelTemplate& t, int first, std::string_view functor, DType out, const std::vector<DType>& ins) {
   FLAME_CHECK(ins.size() <= 3, FLAME_ERROR_INTERNAL, "elementwise kernels take at most 3 operands");
+  check_storage_functor(functor, out, ins);
   KernelKey k = make_key(t, first, functor, out);
   for (size_t i = 0; i < 3; ++i) k.ints[3 + i] = i < ins.size() ? static_cast<int32_t>(ins[i]) : KernelKey::kAbsent;
   return k;
@@ -228,10 +240,11 @@ bool launch_tile(Context& ctx, std::string_view functor, ScalarArgs& args, const
 
 void launch_elementwise(std::string_view functor, const ScalarArgs& s, const Tensor& out, const std::vector<Tensor>& ins) {
   Context& ctx = out->ctx();
-  int64_t n = out->numel();
-  if (n == 0) return;
   std::vector<DType> in_types;
   for (const auto& t : ins) in_types.push_back(t->dtype);
+  check_storage_functor(functor, out->dtype, in_types);  // empty tensors too: the same answer for every size
+  int64_t n = out->numel();
+  if (n == 0) return;
   CUdeviceptr ptr[4] = {out->data(), 0, 0, 0};
   for (size_t i = 0; i < ins.size(); ++i) ptr[i + 1] = ins[i]->data();
   ScalarArgs args = s;
@@ -329,6 +342,8 @@ bool launch_tall(Context& ctx, ReduceKind kind, const Tensor& x, const Tensor& o
 }  // namespace
 
 Tensor launch_reduce(const Tensor& x, const std::vector<int>& rdims, ReduceKind kind, DType out_dtype) {
+  check_compute_dtype(x->dtype, "reductions");  // empty inputs too, which need no kernel
+  check_compute_dtype(out_dtype, "reductions");
   Context& ctx = x->ctx();
   Shape out_shape = x->shape;
   std::vector<int> kept;
@@ -407,6 +422,7 @@ std::vector<std::string> arg_reduce_instantiations(DType in) {
 }
 
 Tensor launch_arg_reduce(const Tensor& x, const std::vector<int>& rdims, bool is_max) {
+  check_compute_dtype(x->dtype, is_max ? "argmax" : "argmin");
   Context& ctx = x->ctx();
   Shape out_shape = x->shape;
   std::vector<int> kept;
@@ -454,6 +470,8 @@ static KernelKey cumsum_key(DType in, DType out) {
 std::string cumsum_instantiation(DType in, DType out) { return kernel_name(cumsum_key(in, out)); }
 
 Tensor launch_cumsum(const Tensor& x, int dim, DType out_dtype) {
+  check_compute_dtype(x->dtype, "cumsum");
+  check_compute_dtype(out_dtype, "cumsum");
   Context& ctx = x->ctx();
   Tensor out = make_tensor(ctx, x->shape, out_dtype);
   int64_t n = x->numel();

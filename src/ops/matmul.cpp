@@ -25,6 +25,7 @@ void check_operands(const Tensor& a, const Tensor& b, const char* an, const char
   FLAME_CHECK(a->dtype == b->dtype, FLAME_ERROR_DTYPE_MISMATCH, an, " is ", dtype_name(a->dtype), " but ", bn, " is ",
               dtype_name(b->dtype), " (convert one with flame_to_dtype)");
   DType d = a->dtype;
+  check_compute_dtype(d, "matrix products");
   FLAME_CHECK(d == FLAME_DTYPE_F32 || d == FLAME_DTYPE_F64 || d == FLAME_DTYPE_F16 || d == FLAME_DTYPE_BF16,
               FLAME_ERROR_DTYPE_MISMATCH, "matrix products take f32, f64, f16 or bf16 tensors, not ", dtype_name(d));
 }

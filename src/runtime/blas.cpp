@@ -26,6 +26,7 @@ void check_blas(cublasStatus_t s, const char* what) {
 }
 
 cudaDataType_t cuda_type(DType d) {
+  check_compute_dtype(d, "cuBLASLt matrix products");
   switch (d) {
     case FLAME_DTYPE_F32: return CUDA_R_32F;
     case FLAME_DTYPE_F64: return CUDA_R_64F;

@@ -49,6 +49,7 @@ bool refused(cudnnStatus_t s) {
 }
 
 cudnnDataType_t cudnn_type(DType d) {
+  check_compute_dtype(d, "cuDNN convolutions");
   switch (d) {
     case FLAME_DTYPE_F32: return CUDNN_DATA_FLOAT;
     case FLAME_DTYPE_F16: return CUDNN_DATA_HALF;

@@ -15,7 +15,10 @@ std::string kernel_name(const KernelKey& k) {
       case TArg::End: break;
       case TArg::Int: s += std::to_string(v); break;
       case TArg::Bool: s += v ? "true" : "false"; break;
-      case TArg::Dtype: s += device_type(static_cast<DType>(v)); break;
+      case TArg::Dtype:
+        if (!k.tmpl->storage_dtypes) check_compute_dtype(static_cast<DType>(v), k.tmpl->name);
+        s += device_type(static_cast<DType>(v));
+        break;
       case TArg::Index: s += v ? "unsigned long long" : "unsigned int"; break;
       case TArg::Text: s += "flame::"; s.append(k.text.data(), k.text.size()); break;
     }

@@ -33,6 +33,10 @@ struct KernelTemplate {
   const char* file;                       // under cuda/
   const char* name;                       // qualified: "flame::norm_fwd"
   std::array<TArg, kKernelMaxArgs> args;  // End-terminated; none: a plain kernel (no "<>")
+  // Whether a Dtype argument may be a storage-only dtype (f8): only the elementwise kernels, whose
+  // launcher (ops/launch.cpp) admits f8 for conversions and fills alone. kernel_name refuses an
+  // f8 argument of any other template with FLAME_ERROR_UNSUPPORTED.
+  bool storage_dtypes = false;
 };
 
 struct KernelKey {
@@ -52,7 +56,8 @@ struct KernelKeyHash {
   }
 };
 
-// The name expression of an instantiation: "flame::norm_fwd<float, 0, 4, 8>".
+// The name expression of an instantiation: "flame::norm_fwd<float, 0, 4, 8>". A storage-only
+// dtype argument of a template without storage_dtypes: FLAME_ERROR_UNSUPPORTED (check_compute_dtype).
 std::string kernel_name(const KernelKey& k);
 
 namespace key_detail {

@@ -61,7 +61,8 @@ static_assert(FLAME_OK == 0 && FLAME_ERROR_INVALID_ARGUMENT == 1 && FLAME_ERROR_
                   FLAME_ERROR_INPLACE_MODIFIED == 17,
               "flame_status_t values are frozen");
 static_assert(FLAME_DTYPE_F32 == 0 && FLAME_DTYPE_F16 == 1 && FLAME_DTYPE_BF16 == 2 && FLAME_DTYPE_F64 == 3 &&
-                  FLAME_DTYPE_I32 == 4 && FLAME_DTYPE_I64 == 5 && FLAME_DTYPE_U8 == 6 && FLAME_DTYPE_BOOL == 7,
+                  FLAME_DTYPE_I32 == 4 && FLAME_DTYPE_I64 == 5 && FLAME_DTYPE_U8 == 6 && FLAME_DTYPE_BOOL == 7 &&
+                  FLAME_DTYPE_F8_E4M3 == 8 && FLAME_DTYPE_F8_E5M2 == 9,
               "flame_dtype_t values are frozen");
 static_assert(FLAME_BACKWARD_RETAIN_GRAPH == 1 && FLAME_BACKWARD_CREATE_GRAPH == 2 && FLAME_GRAD_ALLOW_UNUSED == 4,
               "backward flags are frozen");
@@ -155,7 +156,8 @@ TEST(Dtype, SizesAndNames) {
   };
   const D all[] = {{FLAME_DTYPE_F32, 4, "f32"}, {FLAME_DTYPE_F16, 2, "f16"}, {FLAME_DTYPE_BF16, 2, "bf16"},
                    {FLAME_DTYPE_F64, 8, "f64"}, {FLAME_DTYPE_I32, 4, "i32"}, {FLAME_DTYPE_I64, 8, "i64"},
-                   {FLAME_DTYPE_U8, 1, "u8"},   {FLAME_DTYPE_BOOL, 1, "bool"}};
+                   {FLAME_DTYPE_U8, 1, "u8"},   {FLAME_DTYPE_BOOL, 1, "bool"}, {FLAME_DTYPE_F8_E4M3, 1, "f8_e4m3"},
+                   {FLAME_DTYPE_F8_E5M2, 1, "f8_e5m2"}};
   std::set<std::string> names;
   for (const D& d : all) {
     EXPECT_EQ(flame_dtype_size(d.dt), d.size) << d.name;
@@ -163,11 +165,11 @@ TEST(Dtype, SizesAndNames) {
     EXPECT_STREQ(flame_dtype_name(d.dt), d.name);
     names.insert(flame_dtype_name(d.dt));
   }
-  EXPECT_EQ(names.size(), 8u);
+  EXPECT_EQ(names.size(), 10u);
 }
 
 TEST(Dtype, UnknownValues) {
-  for (int v : {-1, 8, 99, INT32_MAX}) {
+  for (int v : {-1, 10, 99, INT32_MAX}) {
     // A prvalue: reading an out-of-range value from an enum object is UB in C++ (UBSan says so).
     auto dt = [v] { return static_cast<flame_dtype_t>(v); };
     EXPECT_EQ(flame_dtype_size(dt()), 0u) << v;

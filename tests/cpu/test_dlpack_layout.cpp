@@ -51,9 +51,13 @@ TEST(DlpackLayout, DtypesMapBothWays) {
   }
   EXPECT_EQ(dlpack::to_dl(FLAME_DTYPE_BOOL).code, 6) << "kDLBool";
   EXPECT_EQ(dlpack::to_dl(FLAME_DTYPE_BF16).code, kDLBfloat);
+  EXPECT_EQ(dlpack::to_dl(FLAME_DTYPE_F8_E4M3).code, 10) << "kDLFloat8_e4m3fn";
+  EXPECT_EQ(dlpack::to_dl(FLAME_DTYPE_F8_E5M2).code, 12) << "kDLFloat8_e5m2";
   for (DLDataType bad : {DLDataType{kDLInt, 8, 1}, DLDataType{kDLInt, 16, 1}, DLDataType{kDLUInt, 16, 1},
                          DLDataType{kDLFloat, 8, 1}, DLDataType{kDLFloat, 32, 4}, DLDataType{5, 64, 1},
-                         DLDataType{kDLBfloat, 32, 1}, DLDataType{6, 1, 1}, DLDataType{200, 32, 1}}) {
+                         DLDataType{kDLBfloat, 32, 1}, DLDataType{6, 1, 1}, DLDataType{200, 32, 1},
+                         DLDataType{10, 16, 1}, DLDataType{12, 8, 2}, DLDataType{11, 8, 1}, DLDataType{13, 8, 1},
+                         DLDataType{14, 8, 1}}) {
     try {
       dlpack::from_dl(bad);
       ADD_FAILURE() << "accepted code " << int(bad.code) << " bits " << int(bad.bits) << " lanes " << bad.lanes;

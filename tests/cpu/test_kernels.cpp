@@ -28,6 +28,22 @@ namespace {
 const DType kAll[] = {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64,
                       FLAME_DTYPE_I32, FLAME_DTYPE_I64, FLAME_DTYPE_U8,  FLAME_DTYPE_BOOL};
 const DType kFloat[] = {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64};
+const DType kF8[] = {FLAME_DTYPE_F8_E4M3, FLAME_DTYPE_F8_E5M2};  // storage dtypes: casts and fills only
+
+// The elementwise kernels the f8 dtypes take: casts to and from every dtype (f8 to f8 too) and fills.
+std::vector<std::string> f8_names() {
+  std::set<std::string> names;
+  auto add = [&](const std::vector<std::string>& v) { names.insert(v.begin(), v.end()); };
+  for (DType q : kF8) {
+    add(elementwise_instantiations("Fill", q, {}));
+    for (DType d : kAll) {
+      add(elementwise_instantiations("Identity", q, {d}));
+      add(elementwise_instantiations("Identity", d, {q}));
+    }
+    for (DType r : kF8) add(elementwise_instantiations("Identity", q, {r}));
+  }
+  return {names.begin(), names.end()};
+}
 
 std::vector<std::string> elementwise_names() {
   std::set<std::string> names;
@@ -119,10 +135,10 @@ std::vector<std::string> template_parts(const std::string& inst) {
 
 // The sample of the default run: a name is kept when it brings a new (kernel template, dtype-family
 // signature) or a new (kernel template, argument position, non-dtype argument). Families: F for
-// float/double, H for half/bf16, I for the integers and bool.
+// float/double, H for half/bf16, Q for the f8 types, I for the integers and bool.
 std::vector<std::string> kernel_sample(const std::vector<std::string>& names) {
   static const std::regex wide(R"(\b(float|double)\b)"), narrow(R"(flame::(half_t|bf16_t))"),
-      integer(R"(\b(long long|unsigned char|int|bool)\b)");
+      integer(R"(\b(long long|unsigned char|int|bool)\b)"), f8(R"(flame::(f8_e4m3_t|f8_e5m2_t))");
   std::set<std::string> seen;
   std::vector<std::string> kept;
   for (const std::string& n : names) {
@@ -131,6 +147,7 @@ std::vector<std::string> kernel_sample(const std::vector<std::string>& names) {
     std::vector<std::string> keys;
     for (size_t i = 1; i < parts.size(); ++i) {
       std::string fam = std::regex_replace(parts[i], narrow, "H");
+      fam = std::regex_replace(fam, f8, "Q");
       fam = std::regex_replace(fam, wide, "F");
       fam = std::regex_replace(fam, integer, "I");
       if (fam != parts[i]) {
@@ -178,6 +195,11 @@ class KernelCompile : public ::testing::TestWithParam<int> {};
 TEST_P(KernelCompile, Elementwise) {
   auto names = elementwise_names();
   EXPECT_GT(names.size(), 500u);
+  compile_all("elementwise.cuh", names, GetParam());
+}
+TEST_P(KernelCompile, F8Conversions) {
+  auto names = f8_names();
+  EXPECT_GT(names.size(), 100u);
   compile_all("elementwise.cuh", names, GetParam());
 }
 TEST_P(KernelCompile, Reductions) { compile_all("reduce.cuh", reduce_names(), GetParam()); }

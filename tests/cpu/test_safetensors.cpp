@@ -154,7 +154,7 @@ TEST(Safetensors, EveryFormatDtypeIsListed) {
                   {"F64", "[3]", 24, FLAME_DTYPE_F64},   {"I64", "[3]", 24, FLAME_DTYPE_I64},  {"I32", "[3]", 12, FLAME_DTYPE_I32},
                   {"U8", "[3]", 3, FLAME_DTYPE_U8},      {"BOOL", "[3]", 3, FLAME_DTYPE_BOOL}, {"I8", "[3]", 3, -1},
                   {"I16", "[3]", 6, -1},                 {"U16", "[3]", 6, -1},                {"U32", "[3]", 12, -1},
-                  {"U64", "[3]", 24, -1},                {"F8_E4M3", "[3]", 3, -1},            {"F8_E5M2", "[3]", 3, -1},
+                  {"U64", "[3]", 24, -1},                {"F8_E4M3", "[3]", 3, FLAME_DTYPE_F8_E4M3}, {"F8_E5M2", "[3]", 3, FLAME_DTYPE_F8_E5M2},
                   {"F8_E8M0", "[3]", 3, -1},             {"C64", "[3]", 24, -1},               {"F4", "[4]", 2, -1},
                   {"F6_E2M3", "[4]", 3, -1},             {"F6_E3M2", "[2,2]", 3, -1}};
   std::string json = "{";
@@ -549,14 +549,15 @@ TEST(Safetensors, WrittenHeadersParseBack) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
   const DType dtypes[] = {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16, FLAME_DTYPE_F64,
-                          FLAME_DTYPE_I32, FLAME_DTYPE_I64, FLAME_DTYPE_U8,   FLAME_DTYPE_BOOL};
+                          FLAME_DTYPE_I32, FLAME_DTYPE_I64, FLAME_DTYPE_U8,   FLAME_DTYPE_BOOL,
+                          FLAME_DTYPE_F8_E4M3, FLAME_DTYPE_F8_E5M2};
   for (int round = 0; round < 200; ++round) {
     std::vector<st::TensorEntry> ts;
     const int n = static_cast<int>(rng() % 7);
     for (int i = 0; i < n; ++i) {
       Shape s(rng() % 4);
       for (auto& d : s) d = static_cast<int64_t>(rng() % 5);
-      ts.push_back(entry("t" + std::to_string(rng() % 1000) + "_" + std::to_string(i), dtypes[rng() % 8], s));
+      ts.push_back(entry("t" + std::to_string(rng() % 1000) + "_" + std::to_string(i), dtypes[rng() % (sizeof dtypes / sizeof dtypes[0])], s));
     }
     std::vector<std::pair<std::string, std::string>> md;
     if (rng() & 1) md = {{"format", "pt"}, {"\xe2\x82\xac", "quote \" backslash \\ newline \n"}};

@@ -95,7 +95,7 @@ void call_ops(FuzzedDataProvider& p) {
   for (int64_t& s : shape) s = p.ConsumeIntegral<int64_t>();
   std::vector<int32_t> dims(shape.size());
   for (int32_t& d : dims) d = p.ConsumeIntegral<int32_t>();
-  const int dt_raw = p.ConsumeIntegralInRange<int>(-1, 9);
+  const int dt_raw = p.ConsumeIntegralInRange<int>(-1, 10);
   // Passed as a prvalue: an out-of-range value is never read from an enum-typed object here.
   auto dt = [dt_raw] { return static_cast<flame_dtype_t>(dt_raw); };
   const double x = p.ConsumeFloatingPoint<double>();

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "f8_reference.h"
 #include "flame_test.h"
 
 namespace gc {
@@ -406,6 +407,8 @@ inline flame_status_t upload(flame_ctx_t ctx, const HT& x, flame_dtype_t dt, fla
       case FLAME_DTYPE_I64: { int64_t k = static_cast<int64_t>(e); std::memcpy(p, &k, 8); break; }
       case FLAME_DTYPE_U8: *p = static_cast<unsigned char>(e); break;
       case FLAME_DTYPE_BOOL: *p = e != 0 ? 1 : 0; break;
+      case FLAME_DTYPE_F8_E4M3: *p = f8ref::encode(f8ref::kE4M3, static_cast<float>(e)); break;
+      case FLAME_DTYPE_F8_E5M2: *p = f8ref::encode(f8ref::kE5M2, static_cast<float>(e)); break;
     }
   }
   return flame_from_host(ctx, buf.data(), n * dsize(dt), x.shape.empty() ? nullptr : x.shape.data(),
@@ -437,6 +440,8 @@ inline flame_status_t download(flame_tensor_t t, HT* out) {
       case FLAME_DTYPE_I64: { int64_t k; std::memcpy(&k, p, 8); e = static_cast<double>(k); break; }
       case FLAME_DTYPE_U8: e = *p; break;
       case FLAME_DTYPE_BOOL: e = *p ? 1.0 : 0.0; break;
+      case FLAME_DTYPE_F8_E4M3: e = f8ref::decode(f8ref::kE4M3, *p); break;
+      case FLAME_DTYPE_F8_E5M2: e = f8ref::decode(f8ref::kE5M2, *p); break;
     }
   }
   return FLAME_OK;

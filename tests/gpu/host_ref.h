@@ -20,6 +20,7 @@
 #include <sstream>
 #include <string>
 #include <vector>
+#include "f8_reference.h"
 #include "flame_test.h"
 
 namespace href {
@@ -42,7 +43,7 @@ inline size_t dsize(flame_dtype_t d) {
     case FLAME_DTYPE_F32: case FLAME_DTYPE_I32: return 4;
     case FLAME_DTYPE_F16: case FLAME_DTYPE_BF16: return 2;
     case FLAME_DTYPE_F64: case FLAME_DTYPE_I64: return 8;
-    case FLAME_DTYPE_U8: case FLAME_DTYPE_BOOL: return 1;
+    case FLAME_DTYPE_U8: case FLAME_DTYPE_BOOL: case FLAME_DTYPE_F8_E4M3: case FLAME_DTYPE_F8_E5M2: return 1;
   }
   return 0;
 }
@@ -56,6 +57,8 @@ inline const char* dname(flame_dtype_t d) {
     case FLAME_DTYPE_I64: return "i64";
     case FLAME_DTYPE_U8: return "u8";
     case FLAME_DTYPE_BOOL: return "bool";
+    case FLAME_DTYPE_F8_E4M3: return "f8_e4m3";
+    case FLAME_DTYPE_F8_E5M2: return "f8_e5m2";
   }
   return "unknown";
 }
@@ -70,6 +73,7 @@ inline int promo_rank(flame_dtype_t d) {
     case FLAME_DTYPE_F16: case FLAME_DTYPE_BF16: return 4;
     case FLAME_DTYPE_F32: return 5;
     case FLAME_DTYPE_F64: return 6;
+    case FLAME_DTYPE_F8_E4M3: case FLAME_DTYPE_F8_E5M2: return -1;  // storage only: never promoted
   }
   return -1;
 }
@@ -132,6 +136,8 @@ inline double round_to(double v, flame_dtype_t d) {
       return static_cast<double>(static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(static_cast<int64_t>(v)))));
     case FLAME_DTYPE_U8: return static_cast<double>(static_cast<uint8_t>(static_cast<uint64_t>(static_cast<int64_t>(v))));
     case FLAME_DTYPE_BOOL: return v != 0.0 ? 1.0 : 0.0;
+    case FLAME_DTYPE_F8_E4M3: return f8ref::decode(f8ref::kE4M3, f8ref::encode(f8ref::kE4M3, static_cast<float>(v)));
+    case FLAME_DTYPE_F8_E5M2: return f8ref::decode(f8ref::kE5M2, f8ref::encode(f8ref::kE5M2, static_cast<float>(v)));
   }
   return v;
 }
@@ -152,6 +158,8 @@ inline std::vector<unsigned char> encode(const std::vector<double>& v, flame_dty
       case FLAME_DTYPE_I64: { int64_t k = static_cast<int64_t>(x); std::memcpy(p, &k, 8); break; }
       case FLAME_DTYPE_U8: *p = static_cast<uint8_t>(round_to(x, d)); break;
       case FLAME_DTYPE_BOOL: *p = x != 0.0 ? 1 : 0; break;
+      case FLAME_DTYPE_F8_E4M3: *p = f8ref::encode(f8ref::kE4M3, static_cast<float>(x)); break;
+      case FLAME_DTYPE_F8_E5M2: *p = f8ref::encode(f8ref::kE5M2, static_cast<float>(x)); break;
     }
   }
   return out;
@@ -170,6 +178,8 @@ inline std::vector<double> decode(const unsigned char* bytes, size_t n, flame_dt
       case FLAME_DTYPE_I64: { int64_t k; std::memcpy(&k, p, 8); v[i] = static_cast<double>(k); break; }
       case FLAME_DTYPE_U8: v[i] = *p; break;
       case FLAME_DTYPE_BOOL: v[i] = *p; break;  // raw byte: anything but 0/1 shows up as a mismatch
+      case FLAME_DTYPE_F8_E4M3: v[i] = f8ref::decode(f8ref::kE4M3, *p); break;
+      case FLAME_DTYPE_F8_E5M2: v[i] = f8ref::decode(f8ref::kE5M2, *p); break;
     }
   }
   return v;

@@ -320,10 +320,11 @@ TEST_F(Safetensors, LargerThanOneCopyPiece) {
 }
 
 TEST_F(Safetensors, DtypesAndRanksFlameLacks) {
-  // A hand-made file: an F8 and an I16 tensor, a 9-d U8 tensor, and an I32 tensor at an odd offset.
+  // A hand-made file: an F8_E8M0 and an I16 tensor, a 9-d U8 tensor, and an I32 tensor at an odd offset
+  // (F8_E4M3 and F8_E5M2 are FLAME dtypes: test_f8.cpp reads them).
   TempDir dir;
   const std::string json =
-      "{\"f8\":{\"dtype\":\"F8_E4M3\",\"shape\":[4],\"data_offsets\":[0,4]},"
+      "{\"f8\":{\"dtype\":\"F8_E8M0\",\"shape\":[4],\"data_offsets\":[0,4]},"
       "\"i16\":{\"dtype\":\"I16\",\"shape\":[2],\"data_offsets\":[4,8]},"
       "\"u8_9d\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,2],\"data_offsets\":[8,10]},"
       "\"ok\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[10,18]}}";
@@ -340,7 +341,7 @@ TEST_F(Safetensors, DtypesAndRanksFlameLacks) {
   int64_t shape[9];
   int32_t nd = -1;
   EXPECT_EQ(flame_safetensors_info(f, "f8", &dt, shape, 9, &nd), FLAME_ERROR_UNSUPPORTED);
-  EXPECT_NE(std::string(flame_last_error_message()).find("F8_E4M3"), std::string::npos) << flame_last_error_message();
+  EXPECT_NE(std::string(flame_last_error_message()).find("F8_E8M0"), std::string::npos) << flame_last_error_message();
   EXPECT_EQ(flame_safetensors_info(f, "i16", &dt, shape, 9, &nd), FLAME_ERROR_UNSUPPORTED);
   flame_tensor_t out = sentinel();
   EXPECT_EQ(flame_safetensors_get(f, "f8", &out), FLAME_ERROR_UNSUPPORTED);

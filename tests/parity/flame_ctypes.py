@@ -15,9 +15,10 @@ c_int = ctypes.c_int         # enums: flame_status_t, flame_dtype_t
 i32, i64, u32, u64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint64
 f64, size_t = ctypes.c_double, ctypes.c_size_t
 
-DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "f64": 3, "i32": 4, "i64": 5, "u8": 6, "bool": 7}
+DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "f64": 3, "i32": 4, "i64": 5, "u8": 6, "bool": 7, "f8_e4m3": 8, "f8_e5m2": 9}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-DTYPE_SIZES = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8, "i32": 4, "i64": 8, "u8": 1, "bool": 1}
+DTYPE_SIZES = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8, "i32": 4, "i64": 8, "u8": 1, "bool": 1, "f8_e4m3": 1,
+               "f8_e5m2": 1}
 
 FLAME_OK = 0
 FLAME_ERROR_NO_DRIVER = 6

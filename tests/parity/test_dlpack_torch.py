@@ -8,7 +8,8 @@ elements for views, a write from torch is seen by FLAME, and FLAME's memory retu
 torch -> FLAME: flame_tensor_from_dlpack takes torch's DLManagedTensor (contiguous and not): same
 pointer, same strides and values, FLAME ops on it, writes from torch seen by FLAME, and torch's
 memory (torch.cuda.memory_allocated) is freed only once both sides let go. Bad input (a CPU tensor,
-complex, int8, another GPU) is an error and leaves the capsule to torch.
+complex, int8, another GPU) is an error and leaves the capsule to torch. float8_e4m3fn and
+float8_e5m2 go both ways as FLAME's f8 dtypes (skipped where this torch lacks them in DLPack).
 
 Usage: python3 tests/parity/test_dlpack_torch.py [-v]
 Env:   FLAME_LIBRARY (path to libflame.so.1), FLAME_REQUIRE_GPU=1 (a missing GPU/torch fails).
@@ -55,12 +56,14 @@ class Skip(Exception):
 
 def tdtype(name):
     return {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16,
-            "i32": torch.int32, "i64": torch.int64, "u8": torch.uint8, "bool": torch.bool}[name]
+            "i32": torch.int32, "i64": torch.int64, "u8": torch.uint8, "bool": torch.bool,
+            "f8_e4m3": torch.float8_e4m3fn, "f8_e5m2": torch.float8_e5m2}[name]
 
 
 def fname(tdt):
     return {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
-            torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8", torch.bool: "bool"}[tdt]
+            torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8", torch.bool: "bool",
+            torch.float8_e4m3fn: "f8_e4m3", torch.float8_e5m2: "f8_e5m2"}[tdt]
 
 
 class Env:
@@ -303,6 +306,31 @@ def t_torch_memory_freed_when_both_let_go(env):
     expect(torch.cuda.memory_allocated() == m0, f"torch's memory freed: {torch.cuda.memory_allocated()} vs {m0}")
 
 
+def t_float8_both_ways(env):
+    """float8_e4m3fn / float8_e5m2 (DLPack 1.1 codes 10 and 12) both ways, bytes compared."""
+    g = torch.Generator().manual_seed(8)
+    for tdt in (torch.float8_e4m3fn, torch.float8_e5m2):
+        ref = (torch.rand(3, 4, generator=g) * 8 - 4).to(tdt)
+        ft = env.upload(ref)
+        try:
+            x = torch.utils.dlpack.from_dlpack(env.capsule(ft))
+        except (RuntimeError, TypeError, BufferError) as e:
+            raise Skip(f"this PyTorch ({torch.__version__}) does not import {tdt} through DLPack: {e}")
+        expect(x.dtype == tdt, f"{tdt}: torch sees {x.dtype}")
+        expect(x.data_ptr() == env.data_ptr(ft), f"{tdt}: torch copied (data_ptr differs)")
+        same(x.view(torch.uint8), ref.view(torch.uint8), f"{tdt} bytes, FLAME -> torch")
+        t = ref.cuda()
+        torch.cuda.synchronize()
+        try:
+            cap = torch.utils.dlpack.to_dlpack(t)
+        except (RuntimeError, TypeError, BufferError) as e:
+            raise Skip(f"this PyTorch ({torch.__version__}) does not export {tdt} through DLPack: {e}")
+        st, back = env.import_capsule(cap)
+        expect(st == fc.FLAME_OK, f"{tdt}: status {st}: {env.error()}")
+        expect(env.fl.dtype(back) == fname(tdt), f"{tdt}: FLAME sees {env.fl.dtype(back)}")
+        same(env.download(back).view(torch.uint8), ref.view(torch.uint8), f"{tdt} bytes, torch -> FLAME")
+
+
 def t_round_trip_flame_torch_flame(env):
     ref = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     ft = env.upload(ref)
@@ -332,7 +360,7 @@ def t_bad_input_is_an_error(env):
 TESTS = [t_flame_to_torch_every_dtype, t_flame_to_torch_write_back, t_flame_to_torch_views,
          t_flame_to_torch_versioned, t_flame_memory_freed_when_both_let_go, t_torch_to_flame,
          t_torch_to_flame_versioned, t_torch_memory_freed_when_both_let_go, t_round_trip_flame_torch_flame,
-         t_bad_input_is_an_error]
+         t_float8_both_ways, t_bad_input_is_an_error]
 
 
 def main(argv=None):

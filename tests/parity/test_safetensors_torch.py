@@ -3,8 +3,9 @@
 package `safetensors`, in both directions.
 
 1. Python writes (safetensors.torch.save_file) tensors of every dtype FLAME has (0-d, empty, 1-3
-   dims, one of 1000x1000), tensors of dtypes FLAME lacks (int16, int8 and, when this torch and
-   safetensors have them, float8_e4m3fn and uint16) and metadata. FLAME lists every tensor in byte
+   dims, one of 1000x1000; float8_e4m3fn and float8_e5m2 among them), tensors of dtypes FLAME lacks
+   (int16, int8 and, when this torch and safetensors have them, float8_e8m0fnu and uint16) and
+   metadata. FLAME lists every tensor in byte
    order, reports dtypes and shapes, reads its own dtypes bit for bit, returns
    FLAME_ERROR_UNSUPPORTED for the others, and sees the same metadata.
 2. FLAME writes (flame_safetensors_save) tensors of every dtype, contiguous and views (transposed,
@@ -33,13 +34,14 @@ import flame_ctypes as fc  # noqa: E402
 
 H = fc.H
 FLAME_ERROR_UNSUPPORTED = 12
-FLAME_DTYPES = ("f32", "f16", "bf16", "f64", "i64", "i32", "u8", "bool")
+FLAME_DTYPES = ("f32", "f16", "bf16", "f64", "i64", "i32", "u8", "bool", "f8_e4m3", "f8_e5m2")
 torch = None  # imported in main()
 
 
 def torch_dtype(name):
     return {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64,
-            "i64": torch.int64, "i32": torch.int32, "u8": torch.uint8, "bool": torch.bool}[name]
+            "i64": torch.int64, "i32": torch.int32, "u8": torch.uint8, "bool": torch.bool,
+            "f8_e4m3": torch.float8_e4m3fn, "f8_e5m2": torch.float8_e5m2}[name]
 
 
 def random_tensor(dt, shape, gen):
@@ -163,7 +165,7 @@ def python_writes_flame_reads(fl, ctx, tmp, gen, rep):
     candidates = {  # dtypes FLAME lacks; makers, since older torch versions lack some of them
         "other.i16": lambda: torch.randint(-2**15, 2**15, (5,), generator=gen).to(torch.int16),
         "other.i8": lambda: torch.randint(-128, 128, (2, 2), generator=gen).to(torch.int8),
-        "other.f8": lambda: torch.randn(4, generator=gen).to(torch.float8_e4m3fn),
+        "other.f8e8m0": lambda: torch.rand(4, generator=gen).to(torch.float8_e8m0fnu),
         "other.u16": lambda: torch.randint(0, 2**15, (3,), generator=gen).to(torch.uint16),
     }
     unsupported = []

@@ -25,10 +25,14 @@ pub enum DType {
     U8 = 6,
     /// `FLAME_DTYPE_BOOL`
     Bool = 7,
+    /// `FLAME_DTYPE_F8_E4M3`
+    F8E4M3 = 8,
+    /// `FLAME_DTYPE_F8_E5M2`
+    F8E5M2 = 9,
 }
 impl DType {
     /// Every value, in header order.
-    pub const ALL: &'static [DType] = &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool];
+    pub const ALL: &'static [DType] = &[DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool, DType::F8E4M3, DType::F8E5M2];
     /// The C value.
     pub fn raw(self) -> sys::flame_dtype_t {
         self as sys::flame_dtype_t
@@ -44,6 +48,8 @@ impl DType {
             DType::I64 => "FLAME_DTYPE_I64",
             DType::U8 => "FLAME_DTYPE_U8",
             DType::Bool => "FLAME_DTYPE_BOOL",
+            DType::F8E4M3 => "FLAME_DTYPE_F8_E4M3",
+            DType::F8E5M2 => "FLAME_DTYPE_F8_E5M2",
         }
     }
 }
@@ -60,6 +66,8 @@ impl TryFrom<i32> for DType {
             5 => Ok(DType::I64),
             6 => Ok(DType::U8),
             7 => Ok(DType::Bool),
+            8 => Ok(DType::F8E4M3),
+            9 => Ok(DType::F8E5M2),
             _ => Err(Error::new(Status::ERROR_INVALID_ARGUMENT, format!("flame_dtype_t: unknown value {}", v))),
         }
     }

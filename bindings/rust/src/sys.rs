@@ -113,6 +113,8 @@ pub const FLAME_DTYPE_I32: flame_dtype_t = 4;
 pub const FLAME_DTYPE_I64: flame_dtype_t = 5;
 pub const FLAME_DTYPE_U8: flame_dtype_t = 6;
 pub const FLAME_DTYPE_BOOL: flame_dtype_t = 7;
+pub const FLAME_DTYPE_F8_E4M3: flame_dtype_t = 8;
+pub const FLAME_DTYPE_F8_E5M2: flame_dtype_t = 9;
 
 /// `flame_dtype_t` as a Rust newtype; unknown values are representable.
 #[repr(transparent)]
@@ -127,6 +129,8 @@ impl DType {
     pub const I64: DType = DType(5);
     pub const U8: DType = DType(6);
     pub const BOOL: DType = DType(7);
+    pub const F8_E4M3: DType = DType(8);
+    pub const F8_E5M2: DType = DType(9);
     /// Every value the header defines, with its C name.
     pub const ALL: &'static [(DType, &'static str)] = &[
         (DType(0), "FLAME_DTYPE_F32"),
@@ -137,6 +141,8 @@ impl DType {
         (DType(5), "FLAME_DTYPE_I64"),
         (DType(6), "FLAME_DTYPE_U8"),
         (DType(7), "FLAME_DTYPE_BOOL"),
+        (DType(8), "FLAME_DTYPE_F8_E4M3"),
+        (DType(9), "FLAME_DTYPE_F8_E5M2"),
     ];
     /// The C name of the value ("FLAME_DTYPE_F32"), or None for a value this header does not know.
     pub fn c_name(self) -> Option<&'static str> {

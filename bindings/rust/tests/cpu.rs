@@ -26,6 +26,9 @@ fn status_strings_match_header_names() {
 fn dtype_queries() {
     assert_eq!(DType::F32.size().unwrap(), 4);
     assert_eq!(DType::F32.name().unwrap(), "f32");
+    assert_eq!(DType::F8E4M3.size().unwrap(), 1);
+    assert_eq!(DType::F8E5M2.name().unwrap(), "f8_e5m2");
+    assert_eq!(DType::try_from(sys::FLAME_DTYPE_F8_E4M3).unwrap(), DType::F8E4M3);
     // Raw values convert with a check: an unknown one is an error, not undefined behaviour.
     assert_eq!(DType::try_from(sys::FLAME_DTYPE_BF16).unwrap(), DType::BF16);
     assert_eq!(DType::try_from(1234).unwrap_err().status, Status::ERROR_INVALID_ARGUMENT);
