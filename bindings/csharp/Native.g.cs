@@ -708,6 +708,8 @@ namespace Flame.Interop
             "flame_fused_release",
             "flame_model_known_architectures",
             "flame_model_create",
+            "flame_model_load",
+            "flame_model_save",
             "flame_model_release",
             "flame_model_architecture",
             "flame_model_config",
@@ -1876,6 +1878,14 @@ namespace Flame.Interop
         /// <summary><c>flame_status_t flame_model_create(flame_ctx_t ctx, const char* architecture, const char* config_json, const char* options_json, flame_model_t* model)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_create", ExactSpelling = true)]
         public static extern flame_status_t flame_model_create(IntPtr ctx, string architecture, string config_json, string options_json, IntPtr* model);
+
+        /// <summary><c>flame_status_t flame_model_load(flame_ctx_t ctx, const char* path, const char* options_json, flame_model_t* model)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_load", ExactSpelling = true)]
+        public static extern flame_status_t flame_model_load(IntPtr ctx, string path, string options_json, IntPtr* model);
+
+        /// <summary><c>flame_status_t flame_model_save(flame_model_t model, const char* path, const char* layout)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_save", ExactSpelling = true)]
+        public static extern flame_status_t flame_model_save(IntPtr model, string path, string layout);
 
         /// <summary><c>void flame_model_release(flame_model_t model)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_release", ExactSpelling = true)]
