@@ -7,6 +7,8 @@ const std::vector<ModelFactory>& model_factories() {
   static const std::vector<ModelFactory> kFactories = {
       {"CLIPTextModel", create_clip_text_model},
       {"CLIPTextModelWithProjection", create_clip_text_model_with_projection},
+      {"UNet2DConditionModel", create_unet2d_condition_model},
+      {"AutoencoderKL", create_autoencoder_kl},
   };
   return kFactories;
 }

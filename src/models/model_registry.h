@@ -23,4 +23,7 @@ std::shared_ptr<Model> create_clip_text_model(Context& ctx, const nlohmann::json
 std::shared_ptr<Model> create_clip_text_model_with_projection(Context& ctx, const nlohmann::json& config,
                                                               const ModelOptions& options);
 
+std::shared_ptr<Model> create_unet2d_condition_model(Context& ctx, const nlohmann::json& config, const ModelOptions& options);
+std::shared_ptr<Model> create_autoencoder_kl(Context& ctx, const nlohmann::json& config, const ModelOptions& options);
+
 }  // namespace flame::models
