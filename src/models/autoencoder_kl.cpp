@@ -11,7 +11,7 @@
 //           resnets with a nearest x2 upsampler but in the last, GroupNorm, silu, conv_out)
 //
 // Forward runs either or both: input "sample" [B, in_channels, H, W] gives "latent_mean" and
-// "latent_logvar" [B, latent_channels, H / f, W / f] (f = 2^(blocks - 1); sizes round up)
+// "latent_logvar" [B, latent_channels, H / f, W / f] (f = 2^(blocks - 1); odd sizes round down)
 // (sampling is the user's: mean + exp(logvar / 2) * noise); input "latent_sample"
 // [B, latent_channels, h, w] gives "sample" [B, out_channels, h * f, w * f]. scaling_factor and
 // shift_factor are config values the caller applies ((latent - shift) * scale), as in diffusers.
