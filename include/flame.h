@@ -2092,6 +2092,19 @@ FLAME_API flame_status_t flame_model_params(flame_model_t model, flame_params_t*
  *   Outputs: last_hidden_state [B, T, D], pooler_output [B, D] (at the end-of-text token),
  *   text_embeds [B, projection_dim] (WithProjection), hidden_states.<i> [B, T, D] for i in
  *   0..num_hidden_layers (the embeddings, then each layer's output; SDXL uses the second-to-last).
+ *   UNet2DConditionModel (SDXL base / refiner, SD 1.5): sample [B, in_channels, H, W], timestep
+ *   [B], [1] or a scalar (any number dtype), encoder_hidden_states [B, T, cross_attention_dim]; with
+ *   addition_embed_type "text_time" (SDXL) also text_embeds [B, P] and time_ids [B, K] (diffusers'
+ *   added_cond_kwargs; P + K * addition_time_embed_dim = projection_class_embeddings_input_dim).
+ *   Output: sample [B, out_channels, H, W].
+ *   AutoencoderKL (SD / SDXL 4-channel, Flux / SD3 16-channel): either or both of sample
+ *   [B, in_channels, H, W] (encode) and latent_sample [B, latent_channels, h, w] (decode).
+ *   Outputs: latent_mean and latent_logvar [B, latent_channels, H / f, W / f] (f = 2^(blocks - 1),
+ *   each halving rounding down; the posterior's parameters, logvar clamped to [-30, 20]; draw
+ *   mean + exp(logvar / 2) * noise yourself) for sample, and sample [B, out_channels, h * f, w * f]
+ *   for latent_sample. The config's scaling_factor / shift_factor are not applied: as with
+ *   diffusers, the caller scales latents ((latent - shift_factor) * scaling_factor) and unscales
+ *   them before decoding.
  * OUT *outputs: NULL on any error.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model, inputs or outputs NULL; a required input missing, an
  * unknown input name, an input of another context, a shape or dtype the architecture cannot take:

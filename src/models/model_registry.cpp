@@ -8,6 +8,8 @@ const std::vector<ModelFactory>& model_factories() {
       {"CLIPTextModel", create_clip_text_model},
       {"CLIPTextModelWithProjection", create_clip_text_model_with_projection},
       {"T5EncoderModel", create_t5_encoder_model},
+      {"UNet2DConditionModel", create_unet2d_condition_model},
+      {"AutoencoderKL", create_autoencoder_kl},
   };
   return kFactories;
 }

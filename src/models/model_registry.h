@@ -24,4 +24,7 @@ std::shared_ptr<Model> create_clip_text_model_with_projection(Context& ctx, cons
                                                               const ModelOptions& options);
 std::shared_ptr<Model> create_t5_encoder_model(Context& ctx, const nlohmann::json& config, const ModelOptions& options);
 
+std::shared_ptr<Model> create_unet2d_condition_model(Context& ctx, const nlohmann::json& config, const ModelOptions& options);
+std::shared_ptr<Model> create_autoencoder_kl(Context& ctx, const nlohmann::json& config, const ModelOptions& options);
+
 }  // namespace flame::models

@@ -154,6 +154,98 @@ def _t5_relu_mask():
     return t5_case("relu", True)
 
 
+def unet_case(sdxl):
+    from diffusers import UNet2DConditionModel
+    g = torch.Generator().manual_seed(2)
+    B, T = 2, 7
+    if sdxl:
+        # SDXL's layout: no attention in the first block, linear projections, transformer depths that
+        # differ per block (mirrored for the up blocks), heads per block, the "text_time" embedding.
+        cfg = dict(sample_size=16, in_channels=4, out_channels=4,
+                   down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+                   up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+                   block_out_channels=[32, 48, 64], layers_per_block=2, transformer_layers_per_block=[1, 2, 3],
+                   attention_head_dim=[1, 2, 4], cross_attention_dim=40, use_linear_projection=True,
+                   norm_num_groups=8, addition_embed_type="text_time", addition_time_embed_dim=8,
+                   projection_class_embeddings_input_dim=24 + 6 * 8)
+        H, W = 16, 16
+    else:
+        # SD 1.5's layout: attention in all but the last block, 1x1 conv projections, one head count;
+        # a sample size not divisible by 4 takes diffusers' forward_upsample_size path.
+        cfg = dict(sample_size=16, in_channels=4, out_channels=4,
+                   down_block_types=["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+                   up_block_types=["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
+                   block_out_channels=[32, 32, 64], layers_per_block=1, attention_head_dim=2,
+                   cross_attention_dim=24, norm_num_groups=8)
+        H, W = 10, 14
+    model = UNet2DConditionModel(**cfg)
+    add_noise(model)
+    inputs = {"sample": torch.randn(B, 4, H, W, generator=g), "timestep": torch.tensor([10, 700]),
+              "encoder_hidden_states": torch.randn(B, T, cfg["cross_attention_dim"], generator=g)}
+    if sdxl:
+        inputs["text_embeds"] = torch.randn(B, 24, generator=g)
+        inputs["time_ids"] = torch.randint(0, 64, (B, 6), generator=g).float()
+
+    def forward(m, x):
+        extra = {}
+        if sdxl:
+            extra["added_cond_kwargs"] = {"text_embeds": x["text_embeds"], "time_ids": x["time_ids"]}
+        return {"sample": m(x["sample"], x["timestep"], x["encoder_hidden_states"], **extra).sample}
+
+    return dict(arch="UNet2DConditionModel", config=cfg, model=model, inputs=inputs, forward=forward)
+
+
+@case("unet_sdxl_tiny")
+def _unet_sdxl_tiny():
+    return unet_case(True)
+
+
+@case("unet_sd15_tiny")
+def _unet_sd15_tiny():
+    return unet_case(False)
+
+
+def vae_case(latent_channels):
+    from diffusers import AutoencoderKL
+    g = torch.Generator().manual_seed(2)
+    B = 2
+    if latent_channels == 4:  # SD / SDXL: quant convs, two resnets a block
+        cfg = dict(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 3,
+                   up_block_types=["UpDecoderBlock2D"] * 3, block_out_channels=[16, 32, 32], layers_per_block=2,
+                   latent_channels=4, norm_num_groups=8, sample_size=16, scaling_factor=0.13025)
+        H, W = 16, 16
+    else:  # Flux / SD3: 16 channels, no quant convs; odd latent sizes
+        cfg = dict(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 3,
+                   up_block_types=["UpDecoderBlock2D"] * 3, block_out_channels=[16, 24, 32], layers_per_block=1,
+                   latent_channels=16, norm_num_groups=8, sample_size=16, scaling_factor=0.3611,
+                   shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False)
+        H, W = 20, 12
+    model = AutoencoderKL(**cfg)
+    add_noise(model)
+    f = 2 ** (len(cfg["block_out_channels"]) - 1)
+    inputs = {"sample": torch.randn(B, 3, H, W, generator=g),
+              "latent_sample": torch.randn(B, latent_channels, H // f, W // f, generator=g)}
+
+    def forward(m, x):
+        posterior = m.encode(x["sample"]).latent_dist
+        return {"latent_mean": posterior.mean, "latent_logvar": posterior.logvar,
+                "sample": m.decode(x["latent_sample"]).sample}
+
+    # The mid blocks' key projection bias adds q.b to every score of a row: softmax cancels it.
+    return dict(arch="AutoencoderKL", config=cfg, model=model, inputs=inputs, forward=forward,
+                zero_grads=["attentions.0.to_k.bias"])
+
+
+@case("vae_tiny")
+def _vae_tiny():
+    return vae_case(4)
+
+
+@case("vae16_tiny")
+def _vae16_tiny():
+    return vae_case(16)
+
+
 # ---- the comparison ----
 
 def rel_err(a, b, floor):
