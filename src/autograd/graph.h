@@ -4,8 +4,10 @@
 // downstream node refers to them; there is no global tape. The one engine is autograd/engine.cpp,
 // all backward rules are in autograd/backward_rules.cpp.
 #pragma once
+#include <any>
 #include <memory>
 #include <vector>
+#include "core/error.h"
 #include "ops/op_list.h"
 #include "tensor/tensor.h"
 
@@ -84,8 +86,7 @@ struct Node : std::enable_shared_from_this<Node> {
   std::vector<Edge> next;          // one per input; fn null when that input needs no gradient
   std::vector<TensorInfo> inputs;  // geometry of each input
   std::vector<SavedTensor> saved;
-  std::vector<int64_t> ints;       // op attributes
-  std::vector<double> reals;
+  std::any attributes;             // the op's attribute struct (defined beside the op), read through attrs<A>()
   ViewSpec view;
   bool graph_freed = false;        // saved tensors were released by a backward without retain_graph
   // Hooks and retain_grad of the tensors this node produced (non-leaves), keyed by output number.
@@ -99,6 +100,11 @@ struct Node : std::enable_shared_from_this<Node> {
   uint32_t num_outputs = 1;
   std::shared_ptr<void> payload;
 
+  template <class A> A& attrs() {
+    if (A* a = std::any_cast<A>(&attributes)) return *a;
+    fail(FLAME_ERROR_INTERNAL, "node of ", op_name(op), " does not hold the attributes its reader expects");
+  }
+  template <class A> const A& attrs() const { return const_cast<Node*>(this)->attrs<A>(); }
   bool needs_input_grad(size_t i) const { return i < next.size() && next[i].fn != nullptr; }
   void release_saved() {
     for (auto& s : saved) s.reset();

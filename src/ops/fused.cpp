@@ -114,11 +114,13 @@ Tensor FusedFn::call(const std::vector<Tensor>& in) {
     for (int i = 0; i < n_; ++i)
       if (node->needs_input_grad(static_cast<size_t>(i)))
         for (int r : grad(i).reads) keep[static_cast<size_t>(r)] = true;
+    FusedAttrs attrs;
     for (size_t k = 0; k < ins.size(); ++k)
       if (keep[k]) {
         node->saved.emplace_back(ins[k], false);
-        node->ints.push_back(static_cast<int64_t>(k));
+        attrs.saved_inputs.push_back(k);
       }
+    node->attributes = std::move(attrs);
   }
   return out;
 }

@@ -64,6 +64,9 @@ class FusedFn : public std::enable_shared_from_this<FusedFn> {
 
 // The FusedFn of a recorded Fused node (its payload).
 FusedFn& fused_of(Node& n);
+struct FusedAttrs {  // node attributes of Fused
+  std::vector<size_t> saved_inputs;  // the input number of each saved tensor
+};
 // The kernels a fused function may launch for element type dtype (tests/cpu/test_kernels.cpp).
 std::vector<std::string> fused_instantiations(DType dtype);
 

@@ -131,7 +131,7 @@ Tensor ops::softmax(const Tensor& x0, int64_t dim0, bool log) {
   Tensor y = make_tensor(x->ctx(), x->shape, x->dtype);
   if (x->numel() > 0) launch_forward(x, y, geo, log);
   if (auto node = record(log ? OpId::LogSoftmax : OpId::Softmax, {x}, {y})) {
-    node->ints = {dim};
+    node->attributes = ops::DimAttrs{dim};
     node->saved.emplace_back(y, true);
   }
   return y;
