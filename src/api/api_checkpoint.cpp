@@ -23,8 +23,7 @@ FLAME_API flame_status_t flame_checkpoint(flame_ctx_t ctx, flame_checkpoint_fn f
     std::vector<Tensor> ins = tensor_list(inputs, n_inputs, "inputs");
     for (size_t i = 0; i < ins.size(); ++i)
       FLAME_CHECK(&ins[i]->ctx() == &c, FLAME_ERROR_INVALID_ARGUMENT, "inputs[", i, "] belongs to another context");
-    ContextScope scope(c);
-    c.check_alive();
+    LiveScope scope(c);
     std::vector<Tensor> outs = checkpoint(c, f, ins, n_outputs);
     f.reset();
     std::vector<flame_tensor_t> hs;
