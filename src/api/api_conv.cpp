@@ -58,26 +58,35 @@ FLAME_API flame_status_t flame_conv_options_init(flame_conv_options_t* opts) {
 
 FLAME_API flame_status_t flame_conv2d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias,
                                       const flame_conv_options_t* opts, flame_tensor_t* out) {
-  return tensor_op("flame_conv2d", {{x, "x"}, {weight, "weight"}, {bias, "bias", true}}, out,
-                   [&](const Tensor& xt, const Tensor& wt, const Tensor& bt) {  // autocast: api/autocast.h
-                     return ops::conv2d(autocast_low(xt), autocast_low(wt), autocast_low(bt), read_options(opts));
-                   });
+  return api_call("flame_conv2d", [&] {
+    out_param(out, "out");
+    const ops::ConvArgs a = read_options(opts);  // before any handle is read
+    auto [xt, wt, bt] = unwrap_args({{x, "x"}, {weight, "weight"}, {bias, "bias", true}});
+    LiveScope s(xt);
+    *out = wrap(ops::conv2d(autocast_low(xt), autocast_low(wt), autocast_low(bt), a));  // api/autocast.h
+  });
 }
 
 FLAME_API flame_status_t flame_conv_transpose2d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias,
                                                 const flame_conv_options_t* opts, flame_tensor_t* out) {
-  return tensor_op("flame_conv_transpose2d", {{x, "x"}, {weight, "weight"}, {bias, "bias", true}}, out,
-                   [&](const Tensor& xt, const Tensor& wt, const Tensor& bt) {  // autocast: api/autocast.h
-                     return ops::conv_transpose2d(autocast_low(xt), autocast_low(wt), autocast_low(bt), read_options(opts));
-                   });
+  return api_call("flame_conv_transpose2d", [&] {
+    out_param(out, "out");
+    const ops::ConvArgs a = read_options(opts);  // before any handle is read
+    auto [xt, wt, bt] = unwrap_args({{x, "x"}, {weight, "weight"}, {bias, "bias", true}});
+    LiveScope s(xt);
+    *out = wrap(ops::conv_transpose2d(autocast_low(xt), autocast_low(wt), autocast_low(bt), a));  // api/autocast.h
+  });
 }
 
 FLAME_API flame_status_t flame_conv1d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias,
                                       const flame_conv_options_t* opts, flame_tensor_t* out) {
-  return tensor_op("flame_conv1d", {{x, "x"}, {weight, "weight"}, {bias, "bias", true}}, out,
-                   [&](const Tensor& xt, const Tensor& wt, const Tensor& bt) {  // autocast: api/autocast.h
-                     return ops::conv1d(autocast_low(xt), autocast_low(wt), autocast_low(bt), read_options(opts));
-                   });
+  return api_call("flame_conv1d", [&] {
+    out_param(out, "out");
+    const ops::ConvArgs a = read_options(opts);  // before any handle is read
+    auto [xt, wt, bt] = unwrap_args({{x, "x"}, {weight, "weight"}, {bias, "bias", true}});
+    LiveScope s(xt);
+    *out = wrap(ops::conv1d(autocast_low(xt), autocast_low(wt), autocast_low(bt), a));  // api/autocast.h
+  });
 }
 
 }  // extern "C"

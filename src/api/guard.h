@@ -74,20 +74,27 @@ struct TensorArg {
   bool optional = false;
 };
 
-// Runs an op's entry point: clears *out, unwraps the arguments in order (each in the first one's
-// context), locks that context, calls f with one Tensor per argument and stores the result in *out
-// (see same_or_wrap). Validation inside f reports through api_call like everything else.
+// Unwraps tensor arguments in order, each in the first one's context.
+template <size_t N>
+std::array<Tensor, N> unwrap_args(const TensorArg (&args)[N]) {
+  std::array<Tensor, N> ts;
+  for (size_t i = 0; i < N; ++i) {
+    if (args[i].optional && !args[i].handle) continue;
+    ts[i] = unwrap(args[i].handle, args[i].name);
+    FLAME_CHECK(i == 0 || &ts[i]->ctx() == &ts[0]->ctx(), FLAME_ERROR_INVALID_ARGUMENT, args[i].name,
+                " belongs to another context than ", args[0].name);
+  }
+  return ts;
+}
+
+// Runs an op's entry point: clears *out, unwraps the arguments (unwrap_args), locks their context,
+// calls f with one Tensor per argument and stores the result in *out (see same_or_wrap).
+// Validation inside f reports through api_call like everything else.
 template <size_t N, class F>
 flame_status_t tensor_op(const char* fn, const TensorArg (&args)[N], flame_tensor_t* out, F&& f) noexcept {
   return api_call(fn, [&] {
     out_param(out, "out");
-    std::array<Tensor, N> ts;
-    for (size_t i = 0; i < N; ++i) {
-      if (args[i].optional && !args[i].handle) continue;
-      ts[i] = unwrap(args[i].handle, args[i].name);
-      FLAME_CHECK(i == 0 || &ts[i]->ctx() == &ts[0]->ctx(), FLAME_ERROR_INVALID_ARGUMENT, args[i].name, " belongs to another context than ",
-                  args[0].name);
-    }
+    std::array<Tensor, N> ts = unwrap_args(args);
     LiveScope s(ts[0]);
     *out = same_or_wrap(args[0].handle, std::apply(f, ts));
   });

@@ -71,8 +71,6 @@ const FusedFn::Grad& FusedFn::grad(int i) {
   return *slot;
 }
 
-const std::vector<int>& FusedFn::grad_reads(int i) { return grad(i).reads; }
-
 Tensor FusedFn::input_grad(int i, const Tensor& g, const std::vector<Tensor>& xs) {
   const Grad& d = grad(i);
   if (d.uses.empty()) return zeros(g->ctx(), g->shape, g->dtype);  // expr does not depend on x_i

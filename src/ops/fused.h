@@ -39,8 +39,6 @@ class FusedFn : public std::enable_shared_from_this<FusedFn> {
   // The gradient of input i of a Fused node of this function: g * d expr / d x_i, with xs the
   // node's inputs (null where not saved). g itself when the derivative is 1, zeros when it is 0.
   Tensor input_grad(int i, const Tensor& g, const std::vector<Tensor>& xs);
-  // The inputs that input i's gradient reads (indices into xs).
-  const std::vector<int>& grad_reads(int i);
 
  private:
   struct Grad {
