@@ -605,7 +605,7 @@ FLAME_API flame_status_t flame_one_hot(flame_tensor_t index, int64_t num_classes
 FLAME_API flame_status_t flame_embedding(flame_tensor_t weight, flame_tensor_t indices, int64_t padding_idx, flame_tensor_t* out);
 
 /* ---- scatter, masked_select, repeat, pad ---- */
-/* More indexing ops, with the conventions of "Indexing" above: index tensors hold i64 or i32 values
+/* More indexing ops, with the conventions of this section's start: index tensors hold i64 or i32 values
  * checked on the device (a bad one is reported by the next call that synchronises), data may have any
  * strides, negative dims count from the end, gradients flow to floating data only. Results are new
  * contiguous tensors that share no memory with the inputs. */
@@ -749,11 +749,10 @@ FLAME_API flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t runni
  * cores (sm_80 and newer) with f32 accumulation; f32 is computed in IEEE f32 FMAs (TF32 only through
  * cuDNN in a context with allow_tf32), f64 in f64. OUT *out: a new reference; NULL on any error, and
  * nothing else changes. When libcudnn.so.9 is installed, f32/f16/bf16 convolutions (and their
- * gradients) run through cuDNN, else through FLAME's own kernels; see "cuDNN" at the end of this file.
+ * gradients) run through cuDNN, else through FLAME's own kernels; see the "cuDNN" section.
  * Gradients flow to x, weight and bias, to any order (each convolution's backward is made of
- * convolutions). Results are deterministic: FLAME's kernels split the weight gradient's sum over
- * N x H_out x W_out over blocks in f32 (f64 for f64) and add the parts in a fixed order, and only
- * cuDNN's deterministic algorithms are used.
+ * convolutions). Results are deterministic (every sum in a fixed order; only cuDNN's deterministic
+ * algorithms).
  * Errors: wrong ranks, x without channels, a weight shape that does not fit x and groups, a bias
  * that is not [O] (conv_transpose2d: [C_out]), an empty output: FLAME_ERROR_SHAPE_MISMATCH;
  * groups < 1 or not dividing the channels of x, stride or dilation < 1, padding or output_padding
@@ -804,7 +803,7 @@ FLAME_API flame_status_t flame_conv1d(flame_tensor_t x, flame_tensor_t weight, f
  * compute capability 8.0 or newer with head dims up to 128; other head dims and older GPUs compute
  * the same function from matrix products in f32 that store the scores. On H100/H200 (compute
  * capability 9.0) attention without mask or dropout, head dim 64 or 128 for q, k and v, and a
- * positive scale runs FlashAttention-3 style kernels on the warpgroup tensor cores (wgmma) instead,
+ * positive scale runs FlashAttention-3 style kernels instead,
  * forward and backward, with the same results up to rounding; FLAME_DISABLE_WGMMA=1 in the environment before
  * flame_ctx_create keeps a context on the FlashAttention-2 kernels. f32 and f64 are composed of
  * FLAME ops (matmul, softmax, where, ...), storing the scores, and differentiate through them. */
@@ -972,7 +971,7 @@ FLAME_API flame_status_t flame_rope_options_init(flame_rope_options_t* opts);
  * (long positions lose no accuracy to an f32 product; an f32 table as in Hugging Face's code agrees
  * to about 1e-4 at positions of some thousands) and cos / sin and the rotation are computed in f32
  * for f32, f16 and bf16 (f64 for f64). OUT *out: a new contiguous tensor of x's shape and dtype. The
- * backward rotates the gradient back (the same kernel with sin negated), itself differentiable;
+ * backward rotates the gradient back, itself differentiable;
  * positions get no gradient. Errors: FLAME_ERROR_INVALID_ARGUMENT (opts NULL or its struct_size too
  * small, theta not finite and > 0, rotary_dim odd, < 2 or above D, seq_dim out of range or the last
  * dim, interleaved other than 0 or 1, tensors of different contexts), FLAME_ERROR_SHAPE_MISMATCH (x

@@ -21,6 +21,9 @@
 // and cuDNN adds the convolution to it (beta = 1), one rounding as in FLAME's kernels. Only the
 // kernel behind the recorded primitive changes; what is recorded and saved is the same.
 //
+// Determinism (promised in flame.h): the weight gradient's partial sums (in f32, f64 for f64) are
+// added in a fixed order; only cuDNN's deterministic algorithms are used.
+//
 // Autograd: Conv2d saves x and w; ConvTranspose2d saves dy and w; ConvWeightGrad saves dy and x;
 // the geometry (ConvGeom) is the node's attributes. The rules (autograd/backward_rules.cpp) only call these
 // primitives and conv_bias_grad, so every order of derivative is available.
