@@ -58,12 +58,12 @@ extern "C" {
 FLAME_API flame_status_t flame_scatter(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src,
                                        flame_tensor_t* out) {
   return tensor_op("flame_scatter", {{t, "t"}, {index, "index"}, {src, "src"}}, out,
-               [&](const Tensor& x, const Tensor& a0, const Tensor& a1) { return ops::scatter(x, dim, a0, a1); });
+                   [&](const Tensor& x, const Tensor& idx, const Tensor& values) { return ops::scatter(x, dim, idx, values); });
 }
 
 FLAME_API flame_status_t flame_masked_select(flame_tensor_t t, flame_tensor_t mask, flame_tensor_t* out) {
   return tensor_op("flame_masked_select", {{t, "t"}, {mask, "mask"}}, out,
-               [&](const Tensor& x, const Tensor& a0) { return ops::masked_select(x, a0); });
+                   [&](const Tensor& x, const Tensor& m) { return ops::masked_select(x, m); });
 }
 
 FLAME_API flame_status_t flame_repeat(flame_tensor_t t, const int64_t* repeats, int32_t n, flame_tensor_t* out) {
@@ -92,7 +92,7 @@ FLAME_API flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_
 
 FLAME_API flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out) {
   return tensor_op("flame_dropout", {{t, "t"}}, out,
-               [&](const Tensor& x) { return ops::dropout(x, p, training != 0); });
+                   [&](const Tensor& x) { return ops::dropout(x, p, training != 0); });
 }
 
 // ---------------------------------------------------------------- pooling
@@ -111,17 +111,17 @@ FLAME_API flame_status_t flame_pool2d_options_init(flame_pool2d_options_t* opts,
 
 FLAME_API flame_status_t flame_max_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out) {
   return tensor_op("flame_max_pool2d", {{x, "x"}}, out,
-               [&](const Tensor& t) { return ops::max_pool2d(t, pool_options(opts)); });
+                   [&](const Tensor& t) { return ops::max_pool2d(t, pool_options(opts)); });
 }
 
 FLAME_API flame_status_t flame_avg_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out) {
   return tensor_op("flame_avg_pool2d", {{x, "x"}}, out,
-               [&](const Tensor& t) { return ops::avg_pool2d(t, pool_options(opts)); });
+                   [&](const Tensor& t) { return ops::avg_pool2d(t, pool_options(opts)); });
 }
 
 FLAME_API flame_status_t flame_adaptive_avg_pool2d(flame_tensor_t x, int64_t out_h, int64_t out_w, flame_tensor_t* out) {
   return tensor_op("flame_adaptive_avg_pool2d", {{x, "x"}}, out,
-               [&](const Tensor& t) { return ops::adaptive_avg_pool2d(t, out_h, out_w); });
+                   [&](const Tensor& t) { return ops::adaptive_avg_pool2d(t, out_h, out_w); });
 }
 
 // ---------------------------------------------------------------- upsampling
@@ -197,7 +197,7 @@ FLAME_API flame_status_t flame_adaln_modulate(flame_tensor_t x, flame_tensor_t s
 FLAME_API flame_status_t flame_swiglu_mlp(flame_tensor_t x, flame_tensor_t w1, flame_tensor_t w3, flame_tensor_t w2,
                                           flame_tensor_t* out) {
   return tensor_op("flame_swiglu_mlp", {{x, "x"}, {w1, "w1"}, {w3, "w3"}, {w2, "w2"}}, out,
-               [&](const Tensor& t, const Tensor& w1t, const Tensor& w3t, const Tensor& w2t) { return ops::swiglu_mlp(t, w1t, w3t, w2t); });
+                   [&](const Tensor& t, const Tensor& w1t, const Tensor& w3t, const Tensor& w2t) { return ops::swiglu_mlp(t, w1t, w3t, w2t); });
 }
 
 }  // extern "C"

@@ -110,11 +110,11 @@ FLAME_API flame_status_t flame_norm(flame_tensor_t t, double p, const int32_t* d
 }
 FLAME_API flame_status_t flame_argmax(flame_tensor_t t, int32_t dim, int32_t keepdim, flame_tensor_t* out) {
   return tensor_op("flame_argmax", {{t, "t"}}, out,
-             [&](const Tensor& x) { return ops::argmax(x, dim, dim == FLAME_DIM_ALL, keepdim != 0, true); });
+                   [&](const Tensor& x) { return ops::argmax(x, dim, dim == FLAME_DIM_ALL, keepdim != 0, true); });
 }
 FLAME_API flame_status_t flame_argmin(flame_tensor_t t, int32_t dim, int32_t keepdim, flame_tensor_t* out) {
   return tensor_op("flame_argmin", {{t, "t"}}, out,
-             [&](const Tensor& x) { return ops::argmax(x, dim, dim == FLAME_DIM_ALL, keepdim != 0, false); });
+                   [&](const Tensor& x) { return ops::argmax(x, dim, dim == FLAME_DIM_ALL, keepdim != 0, false); });
 }
 FLAME_API flame_status_t flame_cumsum(flame_tensor_t t, int32_t dim, flame_tensor_t* out) {
   return tensor_op("flame_cumsum", {{t, "t"}}, out, [&](const Tensor& x) { return ops::cumsum(x, dim); });

@@ -129,7 +129,7 @@ FLAME_API flame_status_t flame_randn(flame_ctx_t ctx, const int64_t* shape, int3
 FLAME_API flame_status_t flame_from_host(flame_ctx_t ctx, const void* data, size_t nbytes, const int64_t* shape, int32_t ndim,
                                          flame_dtype_t dtype, flame_tensor_t* out) {
   return tensor_op("flame_from_host", ctx, out,
-                [&](Context& c) { return ops::from_host(c, data, nbytes, shape_arg(shape, ndim), dtype_arg(dtype)); });
+                   [&](Context& c) { return ops::from_host(c, data, nbytes, shape_arg(shape, ndim), dtype_arg(dtype)); });
 }
 FLAME_API flame_status_t flame_to_host(flame_tensor_t t, void* data, size_t nbytes) {
   return api_call("flame_to_host", [&] {
