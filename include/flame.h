@@ -501,6 +501,54 @@ FLAME_API flame_status_t flame_square(flame_tensor_t t, flame_tensor_t* out);
 FLAME_API flame_status_t flame_isnan(flame_tensor_t t, flame_tensor_t* out);
 FLAME_API flame_status_t flame_isinf(flame_tensor_t t, flame_tensor_t* out);
 
+/* ============================== Fused elementwise expressions ============================== */
+/* A chain of elementwise math written as one expression and run as one kernel (compiled at run time
+ * by NVRTC through the context's kernel cache), forward and backward: gelu-tanh or adaLN modulation
+ * read their inputs and write their result once instead of once per op. The gradient of each input
+ * is another fused kernel made from the expression's symbolic derivative, itself differentiable, so
+ * FLAME_BACKWARD_CREATE_GRAPH works to any order.
+ *
+ * Expressions over the inputs x0 .. x{n_inputs-1}: decimal numbers (1, 0.5, 4.4715e-2), + - * /,
+ * unary minus, parentheses, and the functions exp log sqrt rsqrt tanh sigmoid sin cos abs sign erf,
+ * pow(e, number) (the exponent a literal), min(a, b) and max(a, b) (NaN propagates; at a tie each
+ * side gets half of the gradient, as torch.maximum). Whitespace is ignored. Examples:
+ *   "0.5 * x0 * (1 + tanh(0.7978845608028654 * (x0 + 0.044715 * x0 * x0 * x0)))"   (gelu, tanh form)
+ *   "x0 * (1 + x1) + x2"                                                              (adaLN modulation)
+ * The expression is simplified once (constants folded; x * 1, x + 0, x * 0 -> 0), so that results may
+ * differ from the same ops run one by one in the last bits (one rounding for the whole expression in
+ * the compute type instead of one per op). */
+
+typedef struct flame_fused_s* flame_fused_t; /* a compiled expression, bound to one context */
+
+/* The most inputs an expression may have. */
+#define FLAME_FUSED_MAX_INPUTS 8
+
+/* Parses expr (borrowed; NUL-terminated, at most 4096 characters, nesting at most 64 deep) over
+ * n_inputs in [1, FLAME_FUSED_MAX_INPUTS] inputs. Kernels are compiled at the first call for each
+ * dtype and memory layout. OUT *out: a new function of ctx; release it with flame_fused_release (it
+ * keeps the context alive, as tensors do).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx, expr or out NULL; n_inputs out of range; a syntax error,
+ * an unknown name, an input x<k> with k >= n_inputs, a non-literal pow exponent: the message gives the
+ * 1-based column and what was expected there), FLAME_ERROR_INVALID_HANDLE (ctx destroyed). */
+FLAME_API flame_status_t flame_fused_compile(flame_ctx_t ctx, const char* expr, int32_t n_inputs, flame_fused_t* out);
+
+/* Applies fn to inputs[0..n) (borrowed), n equal to fn's n_inputs. Inputs broadcast together (NumPy
+ * rules) and promote as the binary ops (bool < u8 < i32 < i64 < f16,bf16 < f32 < f64); integer and
+ * bool inputs compute in f32; f16 and bf16 compute in f32 and round once, f64 computes in f64. Any
+ * strides. OUT *out: a new tensor of the broadcast shape and the promoted dtype. With grad mode on and
+ * an input that requires grad, one node records the call (plus the casts and broadcasts, whose
+ * gradients are summed back as for every op).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (fn, inputs or out NULL, an element of inputs NULL, n not
+ * fn's n_inputs, an input of another context than fn), FLAME_ERROR_INVALID_HANDLE (fn or an input
+ * released), FLAME_ERROR_SHAPE_MISMATCH (shapes that do not broadcast), FLAME_ERROR_UNSUPPORTED (a
+ * derivative of very high order that would need more than 16 operands), FLAME_ERROR_KERNEL_COMPILE. */
+FLAME_API flame_status_t flame_fused_call(flame_fused_t fn, const flame_tensor_t* inputs, int32_t n, flame_tensor_t* out);
+
+/* Releases fn. Nodes recorded by its calls keep what their backward needs, so graphs built with fn
+ * stay differentiable. NULL is a no-op; a released handle is detected (nothing happens) while its
+ * context lives. */
+FLAME_API void flame_fused_release(flame_fused_t fn);
+
 /* ============================== Reductions ============================== */
 /* dims lists ndims axes (negative counts from the end); dims NULL with ndims 0 reduces all axes.
  * keepdim != 0 keeps reduced axes with size 1. f16/bf16 accumulate in f32; integer and bool sums
@@ -531,6 +579,107 @@ FLAME_API flame_status_t flame_sum_all(flame_tensor_t t, flame_tensor_t* out);
 FLAME_API flame_status_t flame_max_all(flame_tensor_t t, flame_tensor_t* out);
 FLAME_API flame_status_t flame_min_all(flame_tensor_t t, flame_tensor_t* out);
 
+/* ============================== Indexing ============================== */
+/* Index tensors hold i64 or i32 values. They are checked on the device like class indices (see
+ * Losses): an index out of range makes its element NaN (0 for integer data) and is reported by the
+ * next call that synchronises, as FLAME_ERROR_INVALID_ARGUMENT naming the op, the index and its
+ * position. Data may have any strides; results are new contiguous tensors. Gradients flow to
+ * floating data, never to indices. Negative dims count from the end.
+ * Accumulation is not deterministic: flame_scatter_add, flame_index_add and the backward of
+ * flame_gather, flame_index_select and flame_embedding add with atomics, so floating results may
+ * differ in their last bits between runs (as PyTorch's CUDA index_add_ and scatter_add_);
+ * f16/bf16 accumulate in f32. */
+
+/* Pass as padding_idx to flame_embedding for no padding row. */
+#define FLAME_NO_PADDING (-9223372036854775807LL - 1)
+
+/* out[..., k, ...] = t[..., index[k], ...] along dim. index: 1-D (or 0-d), values in [0, size of
+ * dim). out has t's shape with size numel(index) along dim; t (any dtype) has at least one dim.
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (index not i64/i32), FLAME_ERROR_SHAPE_MISMATCH (index not
+ * 1-D), FLAME_ERROR_INVALID_ARGUMENT (dim out of range, 0-d t). */
+FLAME_API flame_status_t flame_index_select(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out);
+/* torch.gather: out has index's shape and out[i][j] = t[i][index[i][j]] for dim 1 (likewise for any
+ * dim). index has as many dims as t and no larger size than t on the other dims. Errors as
+ * flame_index_select (SHAPE_MISMATCH when index does not fit t). */
+FLAME_API flame_status_t flame_gather(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out);
+/* torch.scatter_add, out of place: out = t, then out[i][index[i][j]] += src[i][j] for dim 1
+ * (likewise for any dim). src has index's shape and t's dtype (floating, i32 or i64); index fits t
+ * as for flame_gather. Gradients flow to t and src. */
+FLAME_API flame_status_t flame_scatter_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src,
+                                           flame_tensor_t* out);
+/* torch.index_add, out of place: out = t, then out[..., index[k], ...] += alpha * source[..., k, ...].
+ * index: 1-D; source: t's shape with size numel(index) along dim and t's dtype (floating, i32, i64);
+ * alpha finite, and whole for integer tensors. Gradients flow to t and source. */
+FLAME_API flame_status_t flame_index_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t source, double alpha,
+                                         flame_tensor_t* out);
+/* value where mask (bool, broadcast to t's shape; it may not enlarge it) is true, t elsewhere.
+ * value must be finite for integer t. Differentiable with respect to t. */
+FLAME_API flame_status_t flame_masked_fill(flame_tensor_t t, flame_tensor_t mask, double value, flame_tensor_t* out);
+/* An i64 tensor of shape [index's shape..., num_classes] holding 1 where the last coordinate equals
+ * the index value, else 0. num_classes: >= 1, or -1 for max(index) + 1 (this waits for the device).
+ * Not differentiable. */
+FLAME_API flame_status_t flame_one_hot(flame_tensor_t index, int64_t num_classes, flame_tensor_t* out);
+/* Rows of weight [V, D] (any dtype) at indices (any shape, values in [0, V)): out has shape
+ * [indices' shape..., D]. padding_idx (in [-V, V); negative counts from the end) names a row whose
+ * gradient stays zero, as in PyTorch; FLAME_NO_PADDING for none. */
+FLAME_API flame_status_t flame_embedding(flame_tensor_t weight, flame_tensor_t indices, int64_t padding_idx, flame_tensor_t* out);
+
+/* ---- scatter, masked_select, repeat, pad ---- */
+/* More indexing ops, with the conventions of this section's start: index tensors hold i64 or i32 values
+ * checked on the device (a bad one is reported by the next call that synchronises), data may have any
+ * strides, negative dims count from the end, gradients flow to floating data only. Results are new
+ * contiguous tensors that share no memory with the inputs. */
+
+/* torch.scatter, out of place: out = t, then out[i][index[i][j]] = src[i][j] for dim 1 (likewise for
+ * any dim). t: any dtype, at least one dim; index fits t as for flame_gather; src has t's dtype, as
+ * many dims as index and at least index's size on every dim (only that leading part of src is read).
+ * Where index names one position more than once along dim, which of those src values lands there is
+ * unspecified (as in PyTorch on CUDA). Gradients: t's is the incoming gradient with every scattered
+ * position set to 0; src's is the incoming gradient gathered at index (for repeated positions too).
+ * An out-of-range index is reported at the next synchronisation and its element not written.
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (index not i64/i32, src's dtype), FLAME_ERROR_SHAPE_MISMATCH
+ * (index does not fit t, src smaller than index), FLAME_ERROR_INVALID_ARGUMENT (dim out of range, 0-d
+ * t, tensors of different contexts). */
+FLAME_API flame_status_t flame_scatter(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src,
+                                       flame_tensor_t* out);
+/* torch.masked_select: the elements of t where mask (bool) is true, in row-major order, as a new 1-D
+ * tensor; t and mask broadcast together (NumPy rules). The result's length depends on the mask's
+ * values, so this call WAITS for the device (a device-to-host copy of the count), as PyTorch does.
+ * Differentiable with respect to t: the gradient goes back to the selected positions, 0 elsewhere.
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (mask not bool), FLAME_ERROR_SHAPE_MISMATCH (no broadcast),
+ * FLAME_ERROR_INVALID_ARGUMENT (tensors of different contexts). */
+FLAME_API flame_status_t flame_masked_select(flame_tensor_t t, flame_tensor_t mask, flame_tensor_t* out);
+/* torch.Tensor.repeat: t tiled repeats[d] times along each dim d. repeats holds n counts (>= 0), one
+ * per dim of t or more (n <= FLAME_MAX_DIMS): with n > ndim(t), t is first viewed with n - ndim(t)
+ * leading dims of size 1. The gradient sums the tiles. Errors: FLAME_ERROR_INVALID_ARGUMENT (repeats
+ * NULL, n < ndim(t) or > FLAME_MAX_DIMS, a negative count, a result whose size overflows). */
+FLAME_API flame_status_t flame_repeat(flame_tensor_t t, const int64_t* repeats, int32_t n, flame_tensor_t* out);
+/* torch.repeat_interleave with an integer count: each element of t repeated `repeats` (>= 0) times
+ * in a row along dim; dim FLAME_DIM_ALL flattens t first (PyTorch's dim=None) and the result is 1-D.
+ * The gradient sums the copies. Errors: FLAME_ERROR_INVALID_ARGUMENT (negative repeats, dim out of
+ * range, a result whose size overflows). */
+FLAME_API flame_status_t flame_repeat_interleave(flame_tensor_t t, int64_t repeats, int32_t dim, flame_tensor_t* out);
+
+/* Modes of flame_pad. */
+typedef enum flame_pad_mode_t {
+  FLAME_PAD_CONSTANT = 0,  /* the value: [a b c] padded (2, 1) -> [v v a b c v] */
+  FLAME_PAD_REFLECT = 1,   /* mirrored at the edge, which is not repeated: -> [c b a b c b] */
+  FLAME_PAD_REPLICATE = 2  /* the edge repeated: -> [a a a b c c] */
+} flame_pad_mode_t;
+
+/* torch.nn.functional.pad. pads holds npads amounts (npads even, >= 2): (left, right) of the last dim,
+ * then (left, right) of the dim before it, and so on. A negative amount removes that many elements
+ * (a crop), as in PyTorch. mode is a flame_pad_mode_t: CONSTANT pads any number of trailing dims
+ * (npads <= 2 ndim(t)) with value (finite for integer t; converted to t's dtype); REFLECT and
+ * REPLICATE pad the last 1 to 3 dims (npads 2, 4 or 6, and at most 2 ndim(t); unlike PyTorch no batch
+ * dim is required), REFLECT with amounts smaller than the dim's size, REPLICATE on non-empty dims.
+ * Any dtype. The gradient flows back to t; for REFLECT and REPLICATE it is accumulated with atomics
+ * (the last bits may vary between runs, as in PyTorch). Errors: FLAME_ERROR_INVALID_ARGUMENT (pads
+ * NULL, npads odd, 0 or too large, an unknown mode, a crop larger than its dim, a reflect amount not
+ * below the dim's size, value not finite for integer t). */
+FLAME_API flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_t npads, int32_t mode, double value,
+                                   flame_tensor_t* out);
+
 /* ============================== Matrix products ============================== */
 /* On cuBLASLt, with f32 accumulation for f16/bf16. Both operands must have the same dtype (f32,
  * f64, f16 or bf16; otherwise FLAME_ERROR_DTYPE_MISMATCH) and context. f32 is IEEE unless the
@@ -560,81 +709,410 @@ typedef enum flame_activation_t {
 FLAME_API flame_status_t flame_linear(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, int32_t activation,
                                       flame_tensor_t* out);
 
-/* ============================== Optimizers ============================== */
-/* Fused multi-tensor optimizers with the formulas of torch.optim (SGD, Adam, AdamW) and Lion
- * (Chen et al. 2023). A step updates every parameter that has a .grad, in place, with one kernel
- * launch per parameter group and dtype; parameters without a .grad are skipped. State (moments)
- * is kept in f32 for f16/bf16/f32 parameters (f64 for f64) inside the optimizer. */
+/* ============================== Neural networks: softmax and normalisation ============================== */
+/* Fused kernels with fused backward (first order) and differentiable backward (create_graph). x must
+ * be floating (otherwise FLAME_ERROR_DTYPE_MISMATCH); any strides are accepted; f16/bf16 compute in
+ * f32. weight, bias and running statistics, when given, must have x's context (otherwise
+ * FLAME_ERROR_INVALID_ARGUMENT), x's dtype (FLAME_ERROR_DTYPE_MISMATCH) and the documented shape
+ * (FLAME_ERROR_SHAPE_MISMATCH). eps must be finite and >= 0. OUT *out: a new reference of x's shape
+ * and dtype. On any error *out is NULL and nothing changes (running statistics included). */
 
-typedef struct flame_optimizer_s* flame_optimizer_t;
+/* exp(x - max) / sum(exp(x - max)) along dim (negative counts from the end; a 0-d x takes dim 0 or
+ * -1). A dim out of range: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out);
+/* x - max - log(sum(exp(x - max))) along dim, as flame_softmax. */
+FLAME_API flame_status_t flame_log_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out);
 
-typedef enum flame_optimizer_kind_t {
-  FLAME_OPTIMIZER_SGD = 0,
-  FLAME_OPTIMIZER_ADAM = 1,   /* weight_decay is an L2 term added to the gradient */
-  FLAME_OPTIMIZER_ADAMW = 2,  /* weight_decay is decoupled: p *= 1 - lr * weight_decay */
-  FLAME_OPTIMIZER_LION = 3    /* betas default (0.9, 0.99) */
-} flame_optimizer_kind_t;
+/* (x - mean) / sqrt(var + eps) * weight + bias over the last ndims dims of x, which must equal
+ * normalized_shape[0..ndims-1] (1 <= ndims <= FLAME_MAX_DIMS, else FLAME_ERROR_INVALID_ARGUMENT; a
+ * mismatch: FLAME_ERROR_SHAPE_MISMATCH). var is the biased variance, as torch.nn.functional.layer_norm.
+ * weight and bias have shape normalized_shape; each may be NULL (no scale / no shift). */
+FLAME_API flame_status_t flame_layer_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims,
+                                          flame_tensor_t weight, flame_tensor_t bias, double eps, flame_tensor_t* out);
+/* x / sqrt(mean(x^2) + eps) * weight over the last ndims dims, as flame_layer_norm (weight may be
+ * NULL). PyTorch's default eps is the dtype's epsilon: pass it explicitly (e.g. 1.1920929e-07 for f32). */
+FLAME_API flame_status_t flame_rms_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims,
+                                        flame_tensor_t weight, double eps, flame_tensor_t* out);
+/* Group normalisation of x [N, C, *] (channels_last 0) or [N, *, C] (channels_last 1; the result is
+ * channels-last too): the C channels form num_groups groups of C / num_groups consecutive channels,
+ * each (sample, group) is normalised over its channels and spatial positions, then scaled and
+ * shifted per channel by weight [C] and bias [C] (each may be NULL). x needs at least 2 dims
+ * (FLAME_ERROR_SHAPE_MISMATCH); num_groups must be positive and divide C, channels_last 0 or 1
+ * (FLAME_ERROR_INVALID_ARGUMENT). */
+FLAME_API flame_status_t flame_group_norm(flame_tensor_t x, int32_t num_groups, flame_tensor_t weight, flame_tensor_t bias,
+                                          double eps, int32_t channels_last, flame_tensor_t* out);
+/* Batch normalisation of x [N, C, *] per channel, as torch.nn.functional.batch_norm.
+ * training != 0: normalises with the batch statistics (biased variance) and, when running_mean and
+ * running_var are given, updates them IN PLACE: r = (1 - momentum) * r + momentum * s, with the
+ * unbiased variance for running_var; needs more than one value per channel (N * spatial > 1, else
+ * FLAME_ERROR_INVALID_ARGUMENT). training == 0: normalises with running_mean and running_var, which
+ * must be given. running_mean and running_var [C] are both given or both NULL, borrowed, and must
+ * not require grad (FLAME_ERROR_INVALID_ARGUMENT). weight [C] and bias [C] may be NULL. The gradient
+ * flows to x, weight and bias (in eval mode the statistics are constants). */
+FLAME_API flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t running_mean, flame_tensor_t running_var,
+                                          flame_tensor_t weight, flame_tensor_t bias, int32_t training, double momentum,
+                                          double eps, flame_tensor_t* out);
 
-/* Hyper-parameters of one parameter group. Set struct_size = sizeof(flame_optimizer_options_t)
- * (flame_optimizer_options_init does) so that later versions can grow the struct. */
-typedef struct flame_optimizer_options_t {
-  size_t struct_size;
-  int32_t kind;                /* a flame_optimizer_kind_t */
-  double lr;                   /* default 1e-3 */
-  double weight_decay;         /* default 1e-2 for AdamW, 0 otherwise */
-  double beta1;                /* Adam/AdamW (0.9, 0.999); Lion (0.9, 0.99) */
-  double beta2;
-  double eps;                  /* Adam/AdamW denominator term; default 1e-8 */
-  double momentum;             /* SGD; default 0 */
-  double dampening;            /* SGD; default 0 */
-  int32_t nesterov;            /* SGD: Nesterov momentum (needs momentum > 0, dampening 0) */
-  int32_t amsgrad;             /* Adam/AdamW: keep the maximum of the second moment */
-  int32_t maximize;            /* ascend instead of descend */
-  int32_t master_weights;      /* f16/bf16 parameters: keep an f32 master copy and update it */
-  int32_t stochastic_rounding; /* with master_weights: round bf16 parameters stochastically (bits from
-                                  the optimizer's own Philox stream, keyed from the context's generator
-                                  at the first rounding step; saved by flame_optimizer_save_state) */
-} flame_optimizer_options_t;
+/* ============================== Convolution ============================== */
+/* torch.nn.functional.conv2d, conv1d and conv_transpose2d. Shapes are logical NCHW as in PyTorch:
+ * x [N, C, H, W] (conv1d: [N, C, L]), weight [O, C / groups, kh, kw] ([O, C / groups, k]), bias [O];
+ * conv_transpose2d: x [N, C_in, H, W], weight [C_in, C_out / groups, kh, kw], bias [C_out].
+ * Channels-last is a memory format, not a shape: an x or weight whose strides are those of a dense
+ * [N, H, W, C] tensor (channel stride 1; e.g. flame_permute by {0, 3, 1, 2} of a contiguous NHWC
+ * tensor) is read in place and the result is channels-last too (as PyTorch does); any other strides
+ * are read through an internal channels-last copy and give a contiguous result. Channels-last is
+ * the fast layout.
+ *
+ * x, weight and bias are BORROWED; bias may be NULL (no bias); opts may be NULL (the defaults of
+ * flame_conv_options_init). All three tensors must share a context (FLAME_ERROR_INVALID_ARGUMENT)
+ * and a floating dtype: f32, f64, f16 or bf16 (FLAME_ERROR_DTYPE_MISMATCH). f16/bf16 run on tensor
+ * cores (sm_80 and newer) with f32 accumulation; f32 is computed in IEEE f32 FMAs (TF32 only through
+ * cuDNN in a context with allow_tf32), f64 in f64. OUT *out: a new reference; NULL on any error, and
+ * nothing else changes. When libcudnn.so.9 is installed, f32/f16/bf16 convolutions (and their
+ * gradients) run through cuDNN, else through FLAME's own kernels; see the "cuDNN" section.
+ * Gradients flow to x, weight and bias, to any order (each convolution's backward is made of
+ * convolutions). Results are deterministic (every sum in a fixed order; only cuDNN's deterministic
+ * algorithms).
+ * Errors: wrong ranks, x without channels, a weight shape that does not fit x and groups, a bias
+ * that is not [O] (conv_transpose2d: [C_out]), an empty output: FLAME_ERROR_SHAPE_MISMATCH;
+ * groups < 1 or not dividing the channels of x, stride or dilation < 1, padding or output_padding
+ * < 0, output_padding not 0 outside conv_transpose2d, padding_same with a stride other than 1 or
+ * with conv_transpose2d, padding_same not 0 or 1, a size above 2^31 - 1, opts->struct_size out of
+ * range: FLAME_ERROR_INVALID_ARGUMENT; the message names the argument. */
 
-/* Fills opts with the defaults of kind. opts NULL or kind unknown: FLAME_ERROR_INVALID_ARGUMENT. */
-FLAME_API flame_status_t flame_optimizer_options_init(flame_optimizer_options_t* opts, int32_t kind);
-/* Creates an optimizer whose first parameter group is params[0..n) (borrowed; the optimizer keeps
- * its own references) with opts. Parameters must be contiguous floating leaves of ctx, each at most
- * once in the optimizer. OUT *out: a new optimizer (release with flame_optimizer_release).
- * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, bad options, non-leaf or strided parameters),
- * FLAME_ERROR_DTYPE_MISMATCH (integer parameters). n may be 0. */
-FLAME_API flame_status_t flame_optimizer_create(flame_ctx_t ctx, const flame_optimizer_options_t* opts, const flame_tensor_t* params,
-                                                int64_t n, flame_optimizer_t* out);
-/* Adds a parameter group with its own options (same kind). OUT *group (may be NULL): its index. */
-FLAME_API flame_status_t flame_optimizer_add_param_group(flame_optimizer_t opt, const flame_optimizer_options_t* opts,
-                                                         const flame_tensor_t* params, int64_t n, int32_t* group);
-/* One update of every parameter with a gradient. A gradient whose shape or dtype differs from its
- * parameter's: FLAME_ERROR_SHAPE_MISMATCH (nothing is updated in that group). */
-FLAME_API flame_status_t flame_optimizer_step(flame_optimizer_t opt);
-/* Clears the gradients of all parameters: set_to_none != 0 drops them, else fills them with 0. */
-FLAME_API flame_status_t flame_optimizer_zero_grad(flame_optimizer_t opt, int32_t set_to_none);
-/* Learning rate of one group, or of all groups when group is -1 (schedules stay in user code).
- * lr negative or non-finite, or group out of range: FLAME_ERROR_INVALID_ARGUMENT. */
-FLAME_API flame_status_t flame_optimizer_set_lr(flame_optimizer_t opt, int32_t group, double lr);
-FLAME_API flame_status_t flame_optimizer_get_lr(flame_optimizer_t opt, int32_t group, double* lr);
-/* OUT *steps: number of completed steps. */
-FLAME_API flame_status_t flame_optimizer_step_count(flame_optimizer_t opt, int64_t* steps);
-/* Frees the optimizer and its state (parameters stay). NULL: no-op. */
-FLAME_API void flame_optimizer_release(flame_optimizer_t opt);
+/* Options of the convolutions. Fill with flame_conv_options_init, then change fields. The struct
+ * may grow at its end; the library reads only struct_size bytes of it. Pairs are (rows, columns);
+ * conv1d reads element 0 of each pair. */
+typedef struct flame_conv_options_t {
+  size_t struct_size;        /* sizeof(flame_conv_options_t), set by flame_conv_options_init */
+  int64_t stride[2];         /* default {1, 1}; >= 1 */
+  int64_t padding[2];        /* zeros added before and after each spatial dim; default {0, 0}; >= 0 */
+  int64_t dilation[2];       /* spacing of the kernel taps; default {1, 1}; >= 1 */
+  int64_t groups;            /* default 1; divides C (and O); groups == C with weight [C, 1, kh, kw] is depthwise */
+  int64_t output_padding[2]; /* conv_transpose2d only (must be 0 otherwise): extra rows / columns at the
+                                end of the output; default {0, 0}; below max(stride, dilation) per dim */
+  int32_t padding_same;      /* 1: PyTorch's padding='same' (stride 1 only, not for conv_transpose2d):
+                                the output has x's size; each dim is padded by dilation * (k - 1) in
+                                all, half before and the rest (one more when odd) after; padding is
+                                then ignored. Default 0 */
+} flame_conv_options_t;
 
-/* ============================== Gradient tools ============================== */
-/* These edit the .grad of params[0..n) (borrowed) in place; parameters without a .grad are skipped.
- * Usable from hooks. */
+/* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_conv_options_init(flame_conv_options_t* opts);
 
-/* Scales all gradients by min(1, max_norm / (total + 1e-6)), where total is the norm_type norm (2,
- * 1 or INFINITY) of all gradients together, as torch.nn.utils.clip_grad_norm_. OUT *total_norm
- * (may be NULL): a new 0-d f32 tensor holding the total norm (no host synchronisation unless
- * error_if_nonfinite). error_if_nonfinite and a NaN/Inf total: FLAME_ERROR_INVALID_ARGUMENT and no
- * gradient changes. */
-FLAME_API flame_status_t flame_clip_grad_norm(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double max_norm,
-                                             double norm_type, int32_t error_if_nonfinite, flame_tensor_t* total_norm);
-/* Clamps every gradient element to [-clip, clip] (clip >= 0), as torch.nn.utils.clip_grad_value_. */
-FLAME_API flame_status_t flame_clip_grad_value(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double clip);
+/* 2-D convolution (cross-correlation, as PyTorch): out [N, O, H_out, W_out] with
+ * H_out = (H + 2 padding[0] - dilation[0] (kh - 1) - 1) / stride[0] + 1 (rounded down; likewise W_out);
+ * out[n, o] = bias[o] + sum over the C / groups channels of o's group and the kernel taps. */
+FLAME_API flame_status_t flame_conv2d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias,
+                                      const flame_conv_options_t* opts, flame_tensor_t* out);
+/* 2-D transposed convolution (the gradient of flame_conv2d with respect to its input, plus bias):
+ * out [N, C_out, H_out, W_out], C_out = groups * weight's dim 1,
+ * H_out = (H - 1) stride[0] - 2 padding[0] + dilation[0] (kh - 1) + output_padding[0] + 1. */
+FLAME_API flame_status_t flame_conv_transpose2d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias,
+                                                const flame_conv_options_t* opts, flame_tensor_t* out);
+/* 1-D convolution of x [N, C, L] with weight [O, C / groups, k]: out [N, O, L_out], computed as
+ * flame_conv2d of the [N, C, 1, L] view; channels-last means channel stride 1 here. */
+FLAME_API flame_status_t flame_conv1d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias,
+                                      const flame_conv_options_t* opts, flame_tensor_t* out);
+
+/* ============================== Attention ============================== */
+/* Scaled-dot-product attention with the semantics of torch.nn.functional.scaled_dot_product_attention:
+ * per batch and head, out = dropout(softmax(scale * q k^T + mask terms)) v, the softmax over the keys.
+ * f16 and bf16 run FLAME's fused kernels (FlashAttention-2 style: tensor cores, f32 accumulation and
+ * softmax, the [Lq, Lk] scores never stored, so the extra memory grows with Lq alone) on GPUs of
+ * compute capability 8.0 or newer with head dims up to 128; other head dims and older GPUs compute
+ * the same function from matrix products in f32 that store the scores. On H100/H200 (compute
+ * capability 9.0) attention without mask or dropout, head dim 64 or 128 for q, k and v, and a
+ * positive scale runs FlashAttention-3 style kernels instead,
+ * forward and backward, with the same results up to rounding; FLAME_DISABLE_WGMMA=1 in the environment before
+ * flame_ctx_create keeps a context on the FlashAttention-2 kernels. f32 and f64 are composed of
+ * FLAME ops (matmul, softmax, where, ...), storing the scores, and differentiate through them. */
+
+/* Bits of flame_attention_options_t.flags. */
+enum {
+  FLAME_ATTENTION_CAUSAL = 1 /* query i attends to keys j <= i only (top-left aligned, as PyTorch's is_causal) */
+};
+
+/* Options of flame_scaled_dot_product_attention. Fill with flame_attention_options_init, then change
+ * fields. The struct may grow at its end; the library reads only struct_size bytes of it. */
+typedef struct flame_attention_options_t {
+  size_t struct_size; /* sizeof(flame_attention_options_t), set by flame_attention_options_init */
+  uint32_t flags;     /* FLAME_ATTENTION_* bits; default 0 */
+  double scale;       /* the factor of q k^T; 0 (default): 1 / sqrt(head dim); any other finite value is used as given */
+  double dropout_p;   /* probability of zeroing each attention weight, in [0, 1); default 0 */
+} flame_attention_options_t;
+
+/* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_attention_options_init(flame_attention_options_t* opts);
+
+/* Attention of q [B, H, Lq, D] over keys k [B, H, Lk, D] and values v [B, H, Lk, Dv] (BORROWED; one
+ * floating dtype and one context; Lq and Lk may differ, as in cross-attention). Any strides: views
+ * such as the heads split from one qkv projection and transposed are read in place (a copy is made
+ * only when the last dim is not contiguous). mask (BORROWED, may be NULL): bool (true: the pair takes
+ * part) or additive in q's dtype (added to the scaled scores; -INFINITY excludes a pair), of any shape
+ * that broadcasts to [B, H, Lq, Lk] without enlarging it ([Lq, Lk], [B, 1, 1, Lk], ...). With
+ * FLAME_ATTENTION_CAUSAL the causal mask applies as well. opts may be NULL (the defaults).
+ * OUT *out: a new reference, contiguous [B, H, Lq, Dv] in q's dtype. A query whose keys are all masked
+ * (and every query when Lk is 0) gets zeros and passes no gradient, as PyTorch's math path does.
+ * Dropout (dropout_p > 0) zeroes each attention weight with probability dropout_p and scales the others
+ * by 1 / (1 - dropout_p), from the context's Philox generator, whose offset advances by
+ * B * H * Lq * ceil(Lk / 4); the decision for each (b, h, i, j) depends only on the seed and that offset,
+ * is the same in every dtype and is applied again by the backward.
+ * Gradients flow to q, k, v and to an additive mask that requires grad (summed over its broadcast
+ * dims). The first-order backward of the f16/bf16 kernels is fused too; under
+ * FLAME_BACKWARD_CREATE_GRAPH it is composed of FLAME ops (differentiable again; it stores the scores).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (q, k, v or out NULL; tensors of different contexts;
+ * opts->struct_size below sizeof(flame_attention_options_t) or above 4096; unknown flags; scale not
+ * finite; dropout_p outside [0, 1)), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_SHAPE_MISMATCH (q, k or v
+ * not 4-D; their B or H differ; k's head dim differs from q's or is 0; v's Lk differs from k's; a mask
+ * that does not broadcast), FLAME_ERROR_DTYPE_MISMATCH (q not floating; k or v of another dtype; a mask
+ * neither bool nor q's dtype), FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_KERNEL_COMPILE, FLAME_ERROR_CUDA. */
+FLAME_API flame_status_t flame_scaled_dot_product_attention(flame_tensor_t q, flame_tensor_t k, flame_tensor_t v,
+                                                            flame_tensor_t mask, const flame_attention_options_t* opts,
+                                                            flame_tensor_t* out);
+
+/* ============================== Dropout ============================== */
+
+/* torch.nn.functional.dropout. With training != 0 and 0 < p < 1, each element of t is kept with
+ * probability 1 - p and multiplied by 1 / (1 - p), or multiplied by 0 (a dropped NaN or infinity gives
+ * NaN, as in PyTorch); f16/bf16 compute in f32. The keep mask comes from the context's Philox
+ * generator: the call reserves ceil(numel / 4) counters (flame_ctx_get_rng_state shows the offset
+ * advance) and element e of t in row-major order (whatever t's strides) is kept when the top 24 bits
+ * of word e % 4 of Philox4x32-10(seed, offset + e / 4), read as a fraction of 2^24, are >= p. So a
+ * given (seed, offset) gives the same mask on any GPU, for any dtype and layout. The backward
+ * regenerates that mask from the (seed, offset) kept in the graph node and applies it to the gradient;
+ * no mask tensor is stored. training == 0 or p == 0: OUT *out is t itself (a new reference, as PyTorch
+ * returns its input) and no counters are reserved. p == 1: t * 0 (zeros, NaN where t is not finite).
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (t not floating), FLAME_ERROR_INVALID_ARGUMENT (p outside [0, 1]
+ * or NaN). */
+FLAME_API flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out);
+
+/* ============================== Pooling ============================== */
+/* 2-D pooling of x [N, C, H, W] or unbatched [C, H, W] (floating; f16/bf16 compute in f32), with
+ * PyTorch's semantics, argument checks and output sizes. x may have any strides; a channels-last x
+ * (the C stride 1) gives a channels-last result, any other layout a contiguous one. N may be 0 (an
+ * empty result); C, H and W must be >= 1 (FLAME_ERROR_SHAPE_MISMATCH, as for any other rank). Not
+ * floating: FLAME_ERROR_DTYPE_MISMATCH. The result is a new tensor; the gradient flows to x. */
+
+/* Options of flame_max_pool2d and flame_avg_pool2d. Fill with flame_pool2d_options_init, then change
+ * fields. The struct may grow at its end; the library reads only struct_size bytes of it. Pairs are
+ * (height, width). */
+typedef struct flame_pool2d_options_t {
+  size_t struct_size;        /* sizeof(flame_pool2d_options_t), set by flame_pool2d_options_init */
+  int64_t kernel_size[2];    /* >= 1 */
+  int64_t stride[2];         /* >= 1; default: kernel_size (PyTorch's stride=None) */
+  int64_t padding[2];        /* >= 0 and <= kernel_size / 2; default 0. max: -inf; avg: zeros */
+  int64_t dilation[2];       /* >= 1; default 1. flame_avg_pool2d requires 1 */
+  int32_t ceil_mode;         /* 1: the output size rounds up (windows may start in the padding but
+                                never past it); default 0: down */
+  int32_t count_include_pad; /* flame_avg_pool2d: padded zeros count in the divisor; default 1 */
+  int64_t divisor_override;  /* flame_avg_pool2d: > 0 replaces the divisor; default 0 (none) */
+} flame_pool2d_options_t;
+
+/* Sets opts to the defaults above with the given kernel size (not checked here).
+ * opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_pool2d_options_init(flame_pool2d_options_t* opts, int64_t kernel_h, int64_t kernel_w);
+
+/* torch.nn.functional.max_pool2d: each output is the maximum of its window (kernel_size, stride,
+ * padding, dilation, ceil_mode of opts; count_include_pad and divisor_override are ignored). NaN
+ * propagates. The gradient goes to the maximum's position: the first maximum in row-major window
+ * order on ties, the last NaN when the window holds NaNs (as PyTorch); overlapping windows (stride
+ * below kernel_size) add their gradients with atomics, so the last bits may vary between runs.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (opts NULL or its struct_size too small, a size, stride or
+ * dilation < 1, padding < 0 or above half the kernel, ceil_mode or count_include_pad other than 0 or
+ * 1, an output size < 1). */
+FLAME_API flame_status_t flame_max_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out);
+
+/* torch.nn.functional.avg_pool2d: each output is the sum of its window over the divisor: the window's
+ * size including padding (count_include_pad 1, cut at the padded border) or its elements inside x
+ * (count_include_pad 0), or divisor_override when > 0; a window with no element inside x (possible
+ * with ceil_mode) gives 0. The backward is a deterministic gather (no atomics). Errors: as
+ * flame_max_pool2d, plus dilation other than 1 and a negative divisor_override
+ * (FLAME_ERROR_INVALID_ARGUMENT). */
+FLAME_API flame_status_t flame_avg_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out);
+
+/* torch.nn.functional.adaptive_avg_pool2d to an out_h x out_w output (>= 0; 0 gives an empty result):
+ * output (i, j) averages rows [floor(i H / out_h), ceil((i + 1) H / out_h)) and the columns likewise.
+ * The backward is a deterministic gather. Errors: FLAME_ERROR_INVALID_ARGUMENT (a negative or too large
+ * output size). */
+FLAME_API flame_status_t flame_adaptive_avg_pool2d(flame_tensor_t x, int64_t out_h, int64_t out_w, flame_tensor_t* out);
+
+/* ============================== Upsampling ============================== */
+/* torch.nn.functional.interpolate of x [N, C, H, W] (floating; f16/bf16 compute in f32) with modes
+ * 'nearest' and 'bilinear', matching PyTorch's CUDA kernels index for index. Sizes, per dim: out_h
+ * > 0 gives the output height, out_h == 0 takes floor(H * scale_h) (interpolate's scale_factor).
+ * scale_h > 0 is the scale factor, which also sets the source index scale to 1 / scale_h, as
+ * interpolate(scale_factor=...) does; scale_h == 0 means none (the index scale is then H / out_h, as
+ * interpolate(size=...)). Likewise for the width. x may have any strides; a channels-last x (the C
+ * stride 1) gives a channels-last result, any other layout a contiguous one. N may be 0 (an empty
+ * result). The backward is the exact adjoint, computed as a deterministic gather (no atomics), and is
+ * differentiable again. Errors: FLAME_ERROR_DTYPE_MISMATCH (x not floating), FLAME_ERROR_SHAPE_MISMATCH
+ * (x not 4-D, or C, H or W of size 0), FLAME_ERROR_INVALID_ARGUMENT (a negative out size, a scale that
+ * is negative or not finite, neither an out size nor a scale for a dim, an output size below 1 or not
+ * below 2^31). */
+
+/* 'nearest': output row i reads input row min(floor(i * s), H - 1), s the index scale in f32
+ * (PyTorch's 'nearest', not 'nearest-exact'); likewise for columns. */
+FLAME_API flame_status_t flame_upsample_nearest2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w,
+                                                  flame_tensor_t* out);
+/* 'bilinear': align_corners 1 maps the corner pixels' centres onto each other (index scale
+ * (H - 1) / (out_h - 1), scale factors only size the output); align_corners 0 samples at
+ * (i + 0.5) * s - 0.5, clamped at 0. The interpolation weights are computed in f32 (f64 for f64).
+ * align_corners other than 0 or 1: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_upsample_bilinear2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h,
+                                                   double scale_w, int32_t align_corners, flame_tensor_t* out);
+
+/* ============================== Positional embeddings ============================== */
+
+/* Options of flame_rope. Fill with flame_rope_options_init, then change fields. The struct may grow
+ * at its end; the library reads only struct_size bytes of it. */
+typedef struct flame_rope_options_t {
+  size_t struct_size;      /* sizeof(flame_rope_options_t), set by flame_rope_options_init */
+  double theta;            /* base of the frequencies theta^(-2i / rotary_dim); default 10000 */
+  int64_t rotary_dim;      /* leading features of the last dim that rotate (even, <= D); default 0: all D */
+  int64_t position_offset; /* without position ids, position t of x is position_offset + t (a KV cache's
+                              length when decoding); default 0 */
+  int32_t interleaved;     /* 0 (default): pairs (i, i + rotary_dim / 2), GPT-NeoX and Hugging Face's
+                              rotate_half; 1: pairs (2i, 2i + 1), GPT-J and Meta's llama */
+  int32_t seq_dim;         /* the dim of x that holds positions (negative counts from the end); default
+                              -2 for x [B, H, T, D]; -3 for x [B, T, H, D] */
+} flame_rope_options_t;
+
+/* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_rope_options_init(flame_rope_options_t* opts);
+
+/* Rotary position embeddings (Su et al. 2021), fused: x (floating, >= 2 dims, any strides) has head
+ * features D in its last dim and positions along opts->seq_dim. Each pair (i0, i1) of the first
+ * rotary_dim features (see opts->interleaved) at position p rotates by the angle
+ * a = p * theta^(-2i / rotary_dim), i the pair's index: y[i0] = x[i0] cos a - x[i1] sin a,
+ * y[i1] = x[i1] cos a + x[i0] sin a; the other features are copied. p is position_offset + t, or, when
+ * positions (i64 or i32; may be NULL) is given, positions[t] ([T]) or positions[b, t] ([B, T], b the
+ * index along dim 0 of x, which must then not be seq_dim). The angle is formed and reduced in f64
+ * (long positions lose no accuracy to an f32 product; an f32 table as in Hugging Face's code agrees
+ * to about 1e-4 at positions of some thousands) and cos / sin and the rotation are computed in f32
+ * for f32, f16 and bf16 (f64 for f64). OUT *out: a new contiguous tensor of x's shape and dtype. The
+ * backward rotates the gradient back, itself differentiable;
+ * positions get no gradient. Errors: FLAME_ERROR_INVALID_ARGUMENT (opts NULL or its struct_size too
+ * small, theta not finite and > 0, rotary_dim odd, < 2 or above D, seq_dim out of range or the last
+ * dim, interleaved other than 0 or 1, tensors of different contexts), FLAME_ERROR_SHAPE_MISMATCH (x
+ * with fewer than 2 dims, positions neither [T] nor [B, T]), FLAME_ERROR_DTYPE_MISMATCH (x not
+ * floating, positions not i64/i32). */
+FLAME_API flame_status_t flame_rope(flame_tensor_t x, flame_tensor_t positions, const flame_rope_options_t* opts,
+                                    flame_tensor_t* out);
+
+/* Sinusoidal timestep embeddings as diffusers' get_timestep_embedding: for timesteps [N] (any
+ * numeric dtype, converted to f32), with half = dim / 2 and f_i = exp(-ln(max_period) * i /
+ * (half - downscale_freq_shift)), out [N, dim] (f32) holds sin(scale * t f_i) in columns [0, half) and
+ * cos(scale * t f_i) in [half, 2 half), swapped when flip_sin_to_cos is 1, and a zero last column
+ * when dim is odd. Computed in f32 in diffusers' order of operations. A composition of FLAME ops:
+ * differentiable in floating timesteps (integer timesteps take no gradient). Errors:
+ * FLAME_ERROR_SHAPE_MISMATCH (timesteps not 1-D), FLAME_ERROR_DTYPE_MISMATCH (bool timesteps),
+ * FLAME_ERROR_INVALID_ARGUMENT (dim < 1 or > 2^30, max_period not finite and > 0,
+ * downscale_freq_shift or scale not finite, flip_sin_to_cos other than 0 or 1). */
+FLAME_API flame_status_t flame_timestep_embedding(flame_tensor_t timesteps, int64_t dim, double max_period,
+                                                  int32_t flip_sin_to_cos, double downscale_freq_shift, double scale,
+                                                  flame_tensor_t* out);
+
+/* ============================== Composite blocks ============================== */
+/* Building blocks of diffusion and transformer models made of the ops above, with no kernel of their
+ * own: each is differentiable, to any order, through its parts. Inputs are borrowed; OUT *out is a
+ * new tensor. */
+
+/* GEGLU (Shazeer 2020, as diffusers' GEGLU after its projection): x [..., 2 H] (floating) is split
+ * into its halves a = x[..., :H] and gate = x[..., H:]; out [..., H] = a * gelu(gate), gelu exact
+ * (approximate 0) or with the tanh approximation (approximate 1). Errors: FLAME_ERROR_DTYPE_MISMATCH
+ * (x not floating), FLAME_ERROR_SHAPE_MISMATCH (0-d x, odd last dim), FLAME_ERROR_INVALID_ARGUMENT
+ * (approximate other than 0 or 1). */
+FLAME_API flame_status_t flame_geglu(flame_tensor_t x, int32_t approximate, flame_tensor_t* out);
+
+/* adaLN modulation (DiT): out = x * (1 + scale) + shift for x [N, ..., C] (floating, >= 2 dims) and
+ * shift, scale [N, C] of x's dtype, applied per sample (broadcast over the middle dims, as
+ * x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1) for x [N, T, C]). shift and scale may each be NULL
+ * (no shift / no scale). Errors: FLAME_ERROR_DTYPE_MISMATCH (x not floating, another dtype),
+ * FLAME_ERROR_SHAPE_MISMATCH (x with fewer than 2 dims, shift or scale not [N, C]),
+ * FLAME_ERROR_INVALID_ARGUMENT (tensors of different contexts). */
+FLAME_API flame_status_t flame_adaln_modulate(flame_tensor_t x, flame_tensor_t shift, flame_tensor_t scale, flame_tensor_t* out);
+
+/* SiLU-gated MLP (SwiGLU, llama's feed-forward): out = (silu(x w1^T) * (x w3^T)) w2^T for x [..., in],
+ * w1 and w3 [hidden, in], w2 [out, hidden], all of one floating dtype (three flame_linear products
+ * without bias). Errors: FLAME_ERROR_DTYPE_MISMATCH, FLAME_ERROR_SHAPE_MISMATCH (0-d x, weights of
+ * other shapes), FLAME_ERROR_INVALID_ARGUMENT (tensors of different contexts). */
+FLAME_API flame_status_t flame_swiglu_mlp(flame_tensor_t x, flame_tensor_t w1, flame_tensor_t w3, flame_tensor_t w2,
+                                          flame_tensor_t* out);
+
+/* ============================== Losses ============================== */
+/* Every loss takes a reduction: NONE returns the per-element (per-sample) losses, MEAN their mean
+ * and SUM their sum, as 0-d tensors. Inputs are borrowed; the result is a new reference in the
+ * input's dtype (f16/bf16 are computed and accumulated in f32). Every loss has a backward, also
+ * twice (create_graph). A zero-size batch gives an empty result (NONE), 0 (SUM) or NaN (MEAN).
+ *
+ * Class indices are checked on the device, not copied to the host: an index outside [0, C) that is
+ * not ignore_index makes its sample's loss and gradient NaN, and the next call that synchronises
+ * with the context (flame_ctx_synchronize, flame_to_host, flame_tensor_item) returns
+ * FLAME_ERROR_INVALID_ARGUMENT with a message naming the op, the index and its position. The
+ * context stays usable. */
+
+typedef enum flame_reduction_t {
+  FLAME_REDUCTION_NONE = 0,
+  FLAME_REDUCTION_MEAN = 1,
+  FLAME_REDUCTION_SUM = 2
+} flame_reduction_t;
+
+/* Cross-entropy of logits [C], [N, C] or [N, C, d1, ...] (class dim 1, as PyTorch), fused: the
+ * forward reads the logits once and saves the logsumexp of each row; the backward reads them once
+ * more. With f32 or f64 logits, class indices and reduction MEAN or SUM, a forward that is recorded
+ * for backward (grad mode on, logits requiring grad) also computes the gradient with respect to the logits in the same
+ * read and keeps it (one more buffer of the logits' size and dtype, until backward): a backward that
+ * starts at this loss with a NULL gradient (flame_backward, flame_grad), with no hook on the loss
+ * and without RETAIN_GRAPH or CREATE_GRAPH, then costs no further pass; any other backward reads the
+ * logits again. For evaluation turn grad mode off (or use inference mode): nothing is computed for
+ * backward. target is either:
+ *  - class indices (i64 or i32) of shape [], [N] or [N, d1, ...]: entries equal to ignore_index
+ *    count for nothing; label_smoothing eps in [0, 1] mixes the one-hot target with the uniform
+ *    distribution ((1 - eps) onehot + eps / C). MEAN divides by the sum of weight[target] over the
+ *    samples that are not ignored (their count without weight); all ignored gives NaN, as PyTorch.
+ *  - class probabilities (floating, the logits' shape; converted to the logits' dtype), smoothed the
+ *    same way; ignore_index is not used. MEAN divides by the number of samples. target may require
+ *    grad.
+ * weight (may be NULL): per-class weights [C], floating; it must not require grad (its gradient is
+ * not implemented, as in PyTorch: FLAME_ERROR_NOT_DIFFERENTIABLE). [N, C, d1, ...] logits are
+ * permuted to rows (one copy); [N, C] logits that are not contiguous are copied.
+ * Errors: FLAME_ERROR_SHAPE_MISMATCH (no class dim, C = 0, target or weight shape),
+ * FLAME_ERROR_DTYPE_MISMATCH (non-floating logits, target neither i64/i32 nor floating),
+ * FLAME_ERROR_INVALID_ARGUMENT (label_smoothing outside [0, 1], bad reduction, tensors of different
+ * contexts). */
+FLAME_API flame_status_t flame_cross_entropy(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight,
+                                             int64_t ignore_index, double label_smoothing, flame_reduction_t reduction,
+                                             flame_tensor_t* out);
+/* Negative log-likelihood of log-probabilities [C], [N, C] or [N, C, d1, ...] (any strides) at
+ * class indices target (i64 or i32, shaped as for flame_cross_entropy): -weight[t] * input[n, t].
+ * weight (may be NULL) and ignore_index as for flame_cross_entropy; MEAN divides by the sum of the
+ * weights of the samples that are not ignored. Errors as flame_cross_entropy. */
+FLAME_API flame_status_t flame_nll_loss(flame_tensor_t input, flame_tensor_t target, flame_tensor_t weight,
+                                        int64_t ignore_index, flame_reduction_t reduction, flame_tensor_t* out);
+/* (input - target)^2. input and target: floating, the same shape (no broadcasting: expand the target
+ * yourself). Errors: FLAME_ERROR_SHAPE_MISMATCH, FLAME_ERROR_DTYPE_MISMATCH,
+ * FLAME_ERROR_INVALID_ARGUMENT (bad reduction). For per-sample weights use NONE, multiply, then
+ * reduce. */
+FLAME_API flame_status_t flame_mse_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out);
+/* |input - target|; as flame_mse_loss. */
+FLAME_API flame_status_t flame_l1_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out);
+/* 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta, with d = input - target; beta 0 is
+ * flame_l1_loss. beta must be finite and >= 0 (FLAME_ERROR_INVALID_ARGUMENT). As flame_mse_loss. */
+FLAME_API flame_status_t flame_smooth_l1_loss(flame_tensor_t input, flame_tensor_t target, double beta, flame_reduction_t reduction,
+                                              flame_tensor_t* out);
+/* 0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta). delta must be finite and > 0
+ * (FLAME_ERROR_INVALID_ARGUMENT). As flame_mse_loss. */
+FLAME_API flame_status_t flame_huber_loss(flame_tensor_t input, flame_tensor_t target, double delta, flame_reduction_t reduction,
+                                          flame_tensor_t* out);
+/* Binary cross-entropy of logits x with targets y in [0, 1] (the same shape, floating):
+ * weight * ((1 - y) x + (1 + (pos_weight - 1) y) log(1 + exp(-x))), computed without overflow.
+ * weight and pos_weight may be NULL; each must broadcast to the input's shape (pos_weight is usually
+ * [C], one per class along the last dim). Gradients flow to logits, target, weight and pos_weight.
+ * Errors: FLAME_ERROR_SHAPE_MISMATCH, FLAME_ERROR_DTYPE_MISMATCH, FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight,
+                                                                flame_tensor_t pos_weight, flame_reduction_t reduction,
+                                                                flame_tensor_t* out);
 
 /* ============================== Autograd ============================== */
 /* One reverse-mode engine with PyTorch semantics. Only floating tensors can require grad. Ops
@@ -724,122 +1202,311 @@ FLAME_API flame_status_t flame_tensor_register_post_accumulate_grad_hook(flame_t
 /* Detaches the hook (if its tensor still lives), calls destroy once, frees the handle. NULL: no-op. */
 FLAME_API void flame_hook_remove(flame_hook_t hook);
 
-/* ============================== Neural networks: softmax and normalisation ============================== */
-/* Fused kernels with fused backward (first order) and differentiable backward (create_graph). x must
- * be floating (otherwise FLAME_ERROR_DTYPE_MISMATCH); any strides are accepted; f16/bf16 compute in
- * f32. weight, bias and running statistics, when given, must have x's context (otherwise
- * FLAME_ERROR_INVALID_ARGUMENT), x's dtype (FLAME_ERROR_DTYPE_MISMATCH) and the documented shape
- * (FLAME_ERROR_SHAPE_MISMATCH). eps must be finite and >= 0. OUT *out: a new reference of x's shape
- * and dtype. On any error *out is NULL and nothing changes (running statistics included). */
+/* ============================== Gradient tools ============================== */
+/* These edit the .grad of params[0..n) (borrowed) in place; parameters without a .grad are skipped.
+ * Usable from hooks. */
 
-/* exp(x - max) / sum(exp(x - max)) along dim (negative counts from the end; a 0-d x takes dim 0 or
- * -1). A dim out of range: FLAME_ERROR_INVALID_ARGUMENT. */
-FLAME_API flame_status_t flame_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out);
-/* x - max - log(sum(exp(x - max))) along dim, as flame_softmax. */
-FLAME_API flame_status_t flame_log_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out);
+/* Scales all gradients by min(1, max_norm / (total + 1e-6)), where total is the norm_type norm (2,
+ * 1 or INFINITY) of all gradients together, as torch.nn.utils.clip_grad_norm_. OUT *total_norm
+ * (may be NULL): a new 0-d f32 tensor holding the total norm (no host synchronisation unless
+ * error_if_nonfinite). error_if_nonfinite and a NaN/Inf total: FLAME_ERROR_INVALID_ARGUMENT and no
+ * gradient changes. */
+FLAME_API flame_status_t flame_clip_grad_norm(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double max_norm,
+                                             double norm_type, int32_t error_if_nonfinite, flame_tensor_t* total_norm);
+/* Clamps every gradient element to [-clip, clip] (clip >= 0), as torch.nn.utils.clip_grad_value_. */
+FLAME_API flame_status_t flame_clip_grad_value(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double clip);
 
-/* (x - mean) / sqrt(var + eps) * weight + bias over the last ndims dims of x, which must equal
- * normalized_shape[0..ndims-1] (1 <= ndims <= FLAME_MAX_DIMS, else FLAME_ERROR_INVALID_ARGUMENT; a
- * mismatch: FLAME_ERROR_SHAPE_MISMATCH). var is the biased variance, as torch.nn.functional.layer_norm.
- * weight and bias have shape normalized_shape; each may be NULL (no scale / no shift). */
-FLAME_API flame_status_t flame_layer_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims,
-                                          flame_tensor_t weight, flame_tensor_t bias, double eps, flame_tensor_t* out);
-/* x / sqrt(mean(x^2) + eps) * weight over the last ndims dims, as flame_layer_norm (weight may be
- * NULL). PyTorch's default eps is the dtype's epsilon: pass it explicitly (e.g. 1.1920929e-07 for f32). */
-FLAME_API flame_status_t flame_rms_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims,
-                                        flame_tensor_t weight, double eps, flame_tensor_t* out);
-/* Group normalisation of x [N, C, *] (channels_last 0) or [N, *, C] (channels_last 1; the result is
- * channels-last too): the C channels form num_groups groups of C / num_groups consecutive channels,
- * each (sample, group) is normalised over its channels and spatial positions, then scaled and
- * shifted per channel by weight [C] and bias [C] (each may be NULL). x needs at least 2 dims
- * (FLAME_ERROR_SHAPE_MISMATCH); num_groups must be positive and divide C, channels_last 0 or 1
- * (FLAME_ERROR_INVALID_ARGUMENT). */
-FLAME_API flame_status_t flame_group_norm(flame_tensor_t x, int32_t num_groups, flame_tensor_t weight, flame_tensor_t bias,
-                                          double eps, int32_t channels_last, flame_tensor_t* out);
-/* Batch normalisation of x [N, C, *] per channel, as torch.nn.functional.batch_norm.
- * training != 0: normalises with the batch statistics (biased variance) and, when running_mean and
- * running_var are given, updates them IN PLACE: r = (1 - momentum) * r + momentum * s, with the
- * unbiased variance for running_var; needs more than one value per channel (N * spatial > 1, else
- * FLAME_ERROR_INVALID_ARGUMENT). training == 0: normalises with running_mean and running_var, which
- * must be given. running_mean and running_var [C] are both given or both NULL, borrowed, and must
- * not require grad (FLAME_ERROR_INVALID_ARGUMENT). weight [C] and bias [C] may be NULL. The gradient
- * flows to x, weight and bias (in eval mode the statistics are constants). */
-FLAME_API flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t running_mean, flame_tensor_t running_var,
-                                          flame_tensor_t weight, flame_tensor_t bias, int32_t training, double momentum,
-                                          double eps, flame_tensor_t* out);
-/* ============================== Losses ============================== */
-/* Every loss takes a reduction: NONE returns the per-element (per-sample) losses, MEAN their mean
- * and SUM their sum, as 0-d tensors. Inputs are borrowed; the result is a new reference in the
- * input's dtype (f16/bf16 are computed and accumulated in f32). Every loss has a backward, also
- * twice (create_graph). A zero-size batch gives an empty result (NONE), 0 (SUM) or NaN (MEAN).
- *
- * Class indices are checked on the device, not copied to the host: an index outside [0, C) that is
- * not ignore_index makes its sample's loss and gradient NaN, and the next call that synchronises
- * with the context (flame_ctx_synchronize, flame_to_host, flame_tensor_item) returns
- * FLAME_ERROR_INVALID_ARGUMENT with a message naming the op, the index and its position. The
- * context stays usable. */
+/* ---- gradient tools on tensor lists ---- */
+/* Fused over a whole list: a few kernel launches for all of tensors[0..n) (borrowed; floating, of
+ * ctx, any strides; n may be 0, tensors NULL when n is 0), whatever their sizes and dtypes
+ * (f16/bf16 compute in f32). Unlike flame_clip_grad_norm they take the tensors themselves, so that
+ * a hook can pass a gradient, or a loop the .grad of its parameters. In a tensor hook, edit a copy
+ * (flame_clone) and return it as the replacement: the gradient a hook receives may be shared with
+ * other parts of the graph. In a post-accumulate hook .grad belongs to the leaf: edit it in place.
+ * The in-place tools (normalize, add_noise) record nothing in the graph: a tensor that requires
+ * grad while grad mode is on, two tensors that overlap in memory, or a broadcast view (stride 0):
+ * FLAME_ERROR_INVALID_ARGUMENT, and nothing changes. They bump the version of every tensor they write
+ * (a tensor saved for backward then reports FLAME_ERROR_INPLACE_MODIFIED, as after any in-place write).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx NULL, tensors NULL with n > 0, n negative, a tensor of
+ * another context, bad scalars), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_DTYPE_MISMATCH (a
+ * non-floating tensor). None of them waits for the device except flame_grad_stats_host. */
 
-typedef enum flame_reduction_t {
-  FLAME_REDUCTION_NONE = 0,
-  FLAME_REDUCTION_MEAN = 1,
-  FLAME_REDUCTION_SUM = 2
-} flame_reduction_t;
+/* Per tensor: g = g * target_norm / (||g||_2 + eps). target_norm and eps finite and >= 0 (1 and 1e-6
+ * are usual); an all-zero g stays 0 for eps > 0. */
+FLAME_API flame_status_t flame_grad_normalize(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double target_norm,
+                                             double eps);
+/* g = g + std_dev * N(0, 1), in place, from the context's Philox generator: element e of the list
+ * (counting through the tensors in order, each in row-major order) uses counter offset + e, where
+ * offset is the generator's offset before the call, which then advances by the total element count;
+ * so flame_ctx_set_rng_state replays the same noise. std_dev finite and >= 0. */
+FLAME_API flame_status_t flame_grad_add_noise(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double std_dev);
 
-/* Cross-entropy of logits [C], [N, C] or [N, C, d1, ...] (class dim 1, as PyTorch), fused: the
- * forward reads the logits once and saves the logsumexp of each row; the backward reads them once
- * more. With f32 or f64 logits, class indices and reduction MEAN or SUM, a forward that is recorded
- * for backward (grad mode on, logits requiring grad) also computes the gradient with respect to the logits in the same
- * read and keeps it (one more buffer of the logits' size and dtype, until backward): a backward that
- * starts at this loss with a NULL gradient (flame_backward, flame_grad), with no hook on the loss
- * and without RETAIN_GRAPH or CREATE_GRAPH, then costs no further pass; any other backward reads the
- * logits again. For evaluation turn grad mode off (or use inference mode): nothing is computed for
- * backward. target is either:
- *  - class indices (i64 or i32) of shape [], [N] or [N, d1, ...]: entries equal to ignore_index
- *    count for nothing; label_smoothing eps in [0, 1] mixes the one-hot target with the uniform
- *    distribution ((1 - eps) onehot + eps / C). MEAN divides by the sum of weight[target] over the
- *    samples that are not ignored (their count without weight); all ignored gives NaN, as PyTorch.
- *  - class probabilities (floating, the logits' shape; converted to the logits' dtype), smoothed the
- *    same way; ignore_index is not used. MEAN divides by the number of samples. target may require
- *    grad.
- * weight (may be NULL): per-class weights [C], floating; it must not require grad (its gradient is
- * not implemented, as in PyTorch: FLAME_ERROR_NOT_DIFFERENTIABLE). [N, C, d1, ...] logits are
- * permuted to rows (one copy); [N, C] logits that are not contiguous are copied.
- * Errors: FLAME_ERROR_SHAPE_MISMATCH (no class dim, C = 0, target or weight shape),
- * FLAME_ERROR_DTYPE_MISMATCH (non-floating logits, target neither i64/i32 nor floating),
- * FLAME_ERROR_INVALID_ARGUMENT (label_smoothing outside [0, 1], bad reduction, tensors of different
- * contexts). */
-FLAME_API flame_status_t flame_cross_entropy(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight,
-                                             int64_t ignore_index, double label_smoothing, flame_reduction_t reduction,
-                                             flame_tensor_t* out);
-/* Negative log-likelihood of log-probabilities [C], [N, C] or [N, C, d1, ...] (any strides) at
- * class indices target (i64 or i32, shaped as for flame_cross_entropy): -weight[t] * input[n, t].
- * weight (may be NULL) and ignore_index as for flame_cross_entropy; MEAN divides by the sum of the
- * weights of the samples that are not ignored. Errors as flame_cross_entropy. */
-FLAME_API flame_status_t flame_nll_loss(flame_tensor_t input, flame_tensor_t target, flame_tensor_t weight,
-                                        int64_t ignore_index, flame_reduction_t reduction, flame_tensor_t* out);
-/* (input - target)^2. input and target: floating, the same shape (no broadcasting: expand the target
- * yourself). Errors: FLAME_ERROR_SHAPE_MISMATCH, FLAME_ERROR_DTYPE_MISMATCH,
- * FLAME_ERROR_INVALID_ARGUMENT (bad reduction). For per-sample weights use NONE, multiply, then
- * reduce. */
-FLAME_API flame_status_t flame_mse_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out);
-/* |input - target|; as flame_mse_loss. */
-FLAME_API flame_status_t flame_l1_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out);
-/* 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta, with d = input - target; beta 0 is
- * flame_l1_loss. beta must be finite and >= 0 (FLAME_ERROR_INVALID_ARGUMENT). As flame_mse_loss. */
-FLAME_API flame_status_t flame_smooth_l1_loss(flame_tensor_t input, flame_tensor_t target, double beta, flame_reduction_t reduction,
-                                              flame_tensor_t* out);
-/* 0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta). delta must be finite and > 0
- * (FLAME_ERROR_INVALID_ARGUMENT). As flame_mse_loss. */
-FLAME_API flame_status_t flame_huber_loss(flame_tensor_t input, flame_tensor_t target, double delta, flame_reduction_t reduction,
-                                          flame_tensor_t* out);
-/* Binary cross-entropy of logits x with targets y in [0, 1] (the same shape, floating):
- * weight * ((1 - y) x + (1 + (pos_weight - 1) y) log(1 + exp(-x))), computed without overflow.
- * weight and pos_weight may be NULL; each must broadcast to the input's shape (pos_weight is usually
- * [C], one per class along the last dim). Gradients flow to logits, target, weight and pos_weight.
- * Errors: FLAME_ERROR_SHAPE_MISMATCH, FLAME_ERROR_DTYPE_MISMATCH, FLAME_ERROR_INVALID_ARGUMENT. */
-FLAME_API flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight,
-                                                                flame_tensor_t pos_weight, flame_reduction_t reduction,
-                                                                flame_tensor_t* out);
+/* Columns of a statistics row (flame_grad_stats). */
+#define FLAME_STAT_NORM 0      /* L2 norm (NaN / Inf propagate) */
+#define FLAME_STAT_MIN 1       /* minimum of the non-NaN values; NaN when there is none */
+#define FLAME_STAT_MAX 2       /* maximum of the non-NaN values; NaN when there is none */
+#define FLAME_STAT_MEAN 3      /* mean (NaN / Inf propagate; NaN for no elements) */
+#define FLAME_STAT_NAN_COUNT 4 /* number of NaN values */
+#define FLAME_STAT_INF_COUNT 5 /* number of +Inf and -Inf values */
+#define FLAME_STAT_COLUMNS 6
+
+/* Statistics of each tensor and of the list as a whole, computed in f64 without waiting for the
+ * device: OUT *out, a new f64 tensor [n + 1, FLAME_STAT_COLUMNS] whose row i < n describes
+ * tensors[i] and whose row n describes all elements together (with n = 0 it is the row of an empty
+ * list: norm 0, counts 0, min, max and mean NaN). Read it when you need it (flame_to_host waits). */
+FLAME_API flame_status_t flame_grad_stats(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, flame_tensor_t* out);
+/* As flame_grad_stats, written to host memory: values[i * FLAME_STAT_COLUMNS + column] for rows
+ * i = 0 .. n. WAITS for the device (one synchronisation). capacity (in doubles) below
+ * (n + 1) * FLAME_STAT_COLUMNS, or values NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_grad_stats_host(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double* values,
+                                              int64_t capacity);
+
+/* ============================== Optimizers ============================== */
+/* Fused multi-tensor optimizers with the formulas of torch.optim (SGD, Adam, AdamW) and Lion
+ * (Chen et al. 2023). A step updates every parameter that has a .grad, in place, with one kernel
+ * launch per parameter group and dtype; parameters without a .grad are skipped. State (moments)
+ * is kept in f32 for f16/bf16/f32 parameters (f64 for f64) inside the optimizer. */
+
+typedef struct flame_optimizer_s* flame_optimizer_t;
+
+typedef enum flame_optimizer_kind_t {
+  FLAME_OPTIMIZER_SGD = 0,
+  FLAME_OPTIMIZER_ADAM = 1,   /* weight_decay is an L2 term added to the gradient */
+  FLAME_OPTIMIZER_ADAMW = 2,  /* weight_decay is decoupled: p *= 1 - lr * weight_decay */
+  FLAME_OPTIMIZER_LION = 3    /* betas default (0.9, 0.99) */
+} flame_optimizer_kind_t;
+
+/* Hyper-parameters of one parameter group. Set struct_size = sizeof(flame_optimizer_options_t)
+ * (flame_optimizer_options_init does) so that later versions can grow the struct. */
+typedef struct flame_optimizer_options_t {
+  size_t struct_size;
+  int32_t kind;                /* a flame_optimizer_kind_t */
+  double lr;                   /* default 1e-3 */
+  double weight_decay;         /* default 1e-2 for AdamW, 0 otherwise */
+  double beta1;                /* Adam/AdamW (0.9, 0.999); Lion (0.9, 0.99) */
+  double beta2;
+  double eps;                  /* Adam/AdamW denominator term; default 1e-8 */
+  double momentum;             /* SGD; default 0 */
+  double dampening;            /* SGD; default 0 */
+  int32_t nesterov;            /* SGD: Nesterov momentum (needs momentum > 0, dampening 0) */
+  int32_t amsgrad;             /* Adam/AdamW: keep the maximum of the second moment */
+  int32_t maximize;            /* ascend instead of descend */
+  int32_t master_weights;      /* f16/bf16 parameters: keep an f32 master copy and update it */
+  int32_t stochastic_rounding; /* with master_weights: round bf16 parameters stochastically (bits from
+                                  the optimizer's own Philox stream, keyed from the context's generator
+                                  at the first rounding step; saved by flame_optimizer_save_state) */
+} flame_optimizer_options_t;
+
+/* Fills opts with the defaults of kind. opts NULL or kind unknown: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_optimizer_options_init(flame_optimizer_options_t* opts, int32_t kind);
+/* Creates an optimizer whose first parameter group is params[0..n) (borrowed; the optimizer keeps
+ * its own references) with opts. Parameters must be contiguous floating leaves of ctx, each at most
+ * once in the optimizer. OUT *out: a new optimizer (release with flame_optimizer_release).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, bad options, non-leaf or strided parameters),
+ * FLAME_ERROR_DTYPE_MISMATCH (integer parameters). n may be 0. */
+FLAME_API flame_status_t flame_optimizer_create(flame_ctx_t ctx, const flame_optimizer_options_t* opts, const flame_tensor_t* params,
+                                                int64_t n, flame_optimizer_t* out);
+/* Adds a parameter group with its own options (same kind). OUT *group (may be NULL): its index. */
+FLAME_API flame_status_t flame_optimizer_add_param_group(flame_optimizer_t opt, const flame_optimizer_options_t* opts,
+                                                         const flame_tensor_t* params, int64_t n, int32_t* group);
+/* One update of every parameter with a gradient. A gradient whose shape or dtype differs from its
+ * parameter's: FLAME_ERROR_SHAPE_MISMATCH (nothing is updated in that group). */
+FLAME_API flame_status_t flame_optimizer_step(flame_optimizer_t opt);
+/* Clears the gradients of all parameters: set_to_none != 0 drops them, else fills them with 0. */
+FLAME_API flame_status_t flame_optimizer_zero_grad(flame_optimizer_t opt, int32_t set_to_none);
+/* Learning rate of one group, or of all groups when group is -1 (schedules stay in user code).
+ * lr negative or non-finite, or group out of range: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_optimizer_set_lr(flame_optimizer_t opt, int32_t group, double lr);
+FLAME_API flame_status_t flame_optimizer_get_lr(flame_optimizer_t opt, int32_t group, double* lr);
+/* OUT *steps: number of completed steps. */
+FLAME_API flame_status_t flame_optimizer_step_count(flame_optimizer_t opt, int64_t* steps);
+/* Frees the optimizer and its state (parameters stay). NULL: no-op. */
+FLAME_API void flame_optimizer_release(flame_optimizer_t opt);
+
+/* ---- optimizer state files ---- */
+
+/* Writes the complete state of opt to a safetensors file at path (NUL-terminated; replaced
+ * atomically, as flame_safetensors_save does): the step count, every group's hyper-parameters
+ * (learning rates included), the moments as f32 (f64 for f64 parameters) tensors
+ * "state.<i>.momentum_buffer" (SGD), "state.<i>.exp_avg", "state.<i>.exp_avg_sq",
+ * "state.<i>.max_exp_avg_sq" (Adam, AdamW; Lion has exp_avg only), the f32 master weights
+ * "master.<i>" and the stochastic-rounding generator, with the parameters numbered 0, 1, ... across
+ * the groups in order (as torch's state_dict); the rest is JSON in the metadata entry
+ * "flame.optimizer_state". A parameter never stepped has no tensors. The parameters themselves are
+ * not written: save them with flame_safetensors_save. Waits for the device.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (opt or path NULL), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_IO
+ * (the file cannot be written; no temporary file is left behind), FLAME_ERROR_CUDA. */
+FLAME_API flame_status_t flame_optimizer_save_state(flame_optimizer_t opt, const char* path);
+
+/* Replaces the state of opt with the one flame_optimizer_save_state wrote to path, so that training
+ * continues exactly as the saved optimizer would have (bit for bit, stochastic rounding included):
+ * create opt of the same kind over parameters of the same shapes and dtypes in the same groups and
+ * order, give the parameters their saved values, then load. Hyper-parameters and learning rates come
+ * from the file. The file is read and checked in full before opt changes: after any error opt is as
+ * it was. Waits for nothing (the copies to the device are queued on the context's stream).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (opt or path NULL; the file holds the state of another kind
+ * of optimizer or of other group or parameter counts), FLAME_ERROR_SHAPE_MISMATCH /
+ * FLAME_ERROR_DTYPE_MISMATCH (a parameter's shape / dtype differs from the one saved),
+ * FLAME_ERROR_INVALID_FORMAT (not an optimizer state file, or a state tensor of an unknown name, the
+ * wrong dtype or shape, an incomplete Adam state, invalid hyper-parameters), FLAME_ERROR_IO (the file
+ * cannot be read), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA. */
+FLAME_API flame_status_t flame_optimizer_load_state(flame_optimizer_t opt, const char* path);
+
+/* ============================== Training toolkit ============================== */
+/* Dynamic loss scaling (flame_grad_scaler_t), LoRA adapters (flame_lora_t) and gradient
+ * checkpointing. The general conventions at the top of this file hold. */
+
+/* ---- dynamic loss scaling (as torch.cuda.amp.GradScaler) ---- */
+/* A loop with f16 gradients: scaled = scale(loss); backward(scaled); [unscale(opt); clip...];
+ * step(opt); update(). The scale multiplies the loss so that small gradients survive f16; unscale
+ * divides the optimizer's gradients by it again in place, with a fused Inf/NaN check; step skips
+ * the optimizer step when the check found one; update backs the scale off (times backoff_factor)
+ * after a skipped step, or grows it (times growth_factor, unless that overflows f32) after
+ * growth_interval clean steps in a row. The scale, the growth tracker and the Inf flags live on the
+ * device: scale, unscale, unscale_tensors and update never wait for the GPU; step waits once, to read
+ * its optimizer's Inf flag (as torch's GradScaler.step does: a skipped step must not advance the
+ * optimizer's step count, which is kept on the host). */
+
+typedef struct flame_grad_scaler_s* flame_grad_scaler_t;
+
+/* Options of flame_grad_scaler_create. Set struct_size = sizeof(flame_grad_scaler_options_t)
+ * (flame_grad_scaler_options_init does) so that later versions can grow the struct. */
+typedef struct flame_grad_scaler_options_t {
+  size_t struct_size;
+  double init_scale;       /* default 65536 (2^16); positive, finite in f32 */
+  double growth_factor;    /* default 2; finite, > 1 */
+  double backoff_factor;   /* default 0.5; in (0, 1) */
+  int64_t growth_interval; /* default 2000 clean steps; in [1, 2^31 - 1] */
+  int32_t enabled;         /* default 1; 0 makes every call a pass-through (scale returns the loss,
+                              step steps, unscale and update do nothing, get_scale gives 1) */
+} flame_grad_scaler_options_t;
+
+/* Fills opts with the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_grad_scaler_options_init(flame_grad_scaler_options_t* opts);
+/* Creates a scaler on ctx; opts NULL means the defaults. OUT *out: a new scaler (release with
+ * flame_grad_scaler_release); it keeps ctx alive. Bad options: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_grad_scaler_create(flame_ctx_t ctx, const flame_grad_scaler_options_t* opts, flame_grad_scaler_t* out);
+/* Frees the scaler. NULL is a no-op; a released handle is detected (FLAME_ERROR_INVALID_HANDLE)
+ * while its context lives. */
+FLAME_API void flame_grad_scaler_release(flame_grad_scaler_t scaler);
+/* OUT *out: loss * scale, a new reference recorded in the graph (its backward multiplies the incoming
+ * gradient by the scale). loss (borrowed, floating, any shape) is multiplied in f32 (f64 for an f64
+ * loss), so *out is f32 for f32/f16/bf16 losses. Disabled: *out is loss itself (a new reference).
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (integer loss), FLAME_ERROR_INVALID_ARGUMENT (another context). */
+FLAME_API flame_status_t flame_grad_scaler_scale(flame_grad_scaler_t scaler, flame_tensor_t loss, flame_tensor_t* out);
+/* Divides the .grad of every parameter of opt (borrowed) by the scale, in place (the reciprocal is
+ * taken in f64 and rounded to f32, as torch), and records whether any gradient held an Inf or NaN.
+ * Call it before editing gradients (clipping) and before step; step calls it when you did not.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (called twice for opt, or after flame_grad_scaler_step for
+ * opt, without flame_grad_scaler_update in between; opt of another context; a gradient that requires
+ * grad while grad mode is on), FLAME_ERROR_INVALID_HANDLE. */
+FLAME_API flame_status_t flame_grad_scaler_unscale(flame_grad_scaler_t scaler, flame_optimizer_t opt);
+/* As flame_grad_scaler_unscale for tensors[0..n) (borrowed; floating, of the scaler's context; edited
+ * in place), for training loops with their own optimizer: their Inf/NaN check counts for update and
+ * for flame_grad_scaler_found_inf, not for flame_grad_scaler_step. Errors as flame_grad_normalize. */
+FLAME_API flame_status_t flame_grad_scaler_unscale_tensors(flame_grad_scaler_t scaler, const flame_tensor_t* tensors, int64_t n);
+/* Unscales opt's gradients unless flame_grad_scaler_unscale already did since the last update, then
+ * runs flame_optimizer_step(opt) unless an Inf or NaN was found in them. WAITS for the device once
+ * (to read that flag). OUT *stepped (may be NULL): 1 when the optimizer stepped, 0 when the step was
+ * skipped. Errors: FLAME_ERROR_INVALID_ARGUMENT (step called twice for opt without an update in
+ * between; opt of another context), the errors of flame_optimizer_step. */
+FLAME_API flame_status_t flame_grad_scaler_step(flame_grad_scaler_t scaler, flame_optimizer_t opt, int32_t* stepped);
+/* Updates the scale on the device from the Inf checks since the last update (as torch's
+ * GradScaler.update, without an explicit new scale: use flame_grad_scaler_set_state for that) and
+ * forgets them. No check since the last update: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_grad_scaler_update(flame_grad_scaler_t scaler);
+/* OUT *scale: the current scale (1 when disabled). WAITS for the device. */
+FLAME_API flame_status_t flame_grad_scaler_get_scale(flame_grad_scaler_t scaler, double* scale);
+/* OUT *out: a new 0-d f32 tensor, 1 when a gradient unscaled since the last update held an Inf or
+ * NaN, else 0 (a copy made on the device: no waiting). */
+FLAME_API flame_status_t flame_grad_scaler_found_inf(flame_grad_scaler_t scaler, flame_tensor_t* out);
+/* The state to checkpoint with the model (torch's "scale" and "_growth_tracker"): OUT *scale and
+ * *growth_tracker (clean steps since the scale last changed). WAITS for the device. */
+FLAME_API flame_status_t flame_grad_scaler_get_state(flame_grad_scaler_t scaler, double* scale, int64_t* growth_tracker);
+/* Restores a state saved with flame_grad_scaler_get_state (or sets a new scale). scale positive and
+ * finite in f32, growth_tracker in [0, growth_interval): otherwise FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_grad_scaler_set_state(flame_grad_scaler_t scaler, double scale, int64_t growth_tracker);
+
+/* ---- LoRA adapters over linear layers ---- */
+/* A low-rank adapter (Hu et al. 2021, as peft's LoRA) on a frozen linear layer weight [out, in]
+ * (f32, f16, bf16 or f64) with optional bias [out]: trainable A [rank, in] and B [out, rank] in f32
+ * (f64 for an f64 weight), A drawn from U(-1/sqrt(in), 1/sqrt(in)) (Kaiming-uniform with a = sqrt(5),
+ * as torch.nn.Linear) with the context's generator and B zero, so that a new adapter changes nothing;
+ * scale = alpha / rank. Train A and B (flame_lora_adapters gives them to an optimizer); merge folds
+ * the adapter into the weight for inference. */
+
+typedef struct flame_lora_s* flame_lora_t;
+
+/* Creates an adapter over weight and bias (borrowed; the adapter keeps references; bias may be NULL;
+ * weight must not require grad: it is the frozen base; bias may, to train it too). rank in
+ * [1, 65536], alpha finite. OUT *out: a new adapter (release with flame_lora_release).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, weight requires grad, rank, alpha, bias of another
+ * context), FLAME_ERROR_SHAPE_MISMATCH (weight not 2-D or empty, bias not [out]),
+ * FLAME_ERROR_DTYPE_MISMATCH (weight not floating, bias of another dtype). */
+FLAME_API flame_status_t flame_lora_create(flame_tensor_t weight, flame_tensor_t bias, int64_t rank, double alpha, flame_lora_t* out);
+/* Frees the adapter (its A and B stay alive as long as you hold them). NULL is a no-op; a released
+ * handle is detected (FLAME_ERROR_INVALID_HANDLE) while its context lives. */
+FLAME_API void flame_lora_release(flame_lora_t lora);
+/* OUT *out: linear(x, weight, bias) + scale * linear(linear(x, A), B), a new reference of x's
+ * leading dims and [out] last, in the weight's dtype; x [..., in] (borrowed) must have the weight's
+ * dtype. The adapter path runs in A's dtype (x cast to it, the result cast back), all recorded:
+ * gradients reach A, B and, when they require grad, x and bias; never the weight. While merged, out
+ * is linear(x, merged weight, bias) and nothing reaches A or B.
+ * Errors: FLAME_ERROR_DTYPE_MISMATCH (x of another dtype), FLAME_ERROR_SHAPE_MISMATCH (last dim of x
+ * not in), FLAME_ERROR_INVALID_ARGUMENT (x of another context). */
+FLAME_API flame_status_t flame_lora_forward(flame_lora_t lora, flame_tensor_t x, flame_tensor_t* out);
+/* OUT *a, *b: new references to the adapter's A [rank, in] and B [out, rank] themselves (leaves that
+ * require grad; pass them to flame_optimizer_create). Both NULL on failure. */
+FLAME_API flame_status_t flame_lora_adapters(flame_lora_t lora, flame_tensor_t* a, flame_tensor_t* b);
+/* Adds scale * B A to the weight in place (computed in A's dtype, rounded once to the weight's), after
+ * keeping a copy of the weight (memory of one weight while merged). The weight's version moves: a
+ * graph that saved it cannot be walked any more. Merged already: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_lora_merge(flame_lora_t lora);
+/* Writes the copy kept by flame_lora_merge back, so that the weight is bit for bit what it was.
+ * Not merged: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_lora_unmerge(flame_lora_t lora);
+/* OUT *merged: 1 while merged, else 0. */
+FLAME_API flame_status_t flame_lora_is_merged(flame_lora_t lora, int32_t* merged);
+
+/* ---- gradient checkpointing ---- */
+/* Trades compute for memory, as torch.utils.checkpoint: a block of the model runs without keeping
+ * its intermediate tensors, and runs again during backward to rebuild them. */
+
+/* The block: reads inputs[0..n_inputs) (borrowed) and writes n_outputs new references into
+ * outputs[0..n_outputs) (each NULL on entry), built with any FLAME ops on the same context, from the
+ * calling thread only. It runs twice: once in flame_checkpoint (grad mode off) and once during
+ * backward (grad mode on, inputs then detached copies of the originals), and must compute the same
+ * outputs (shapes and dtypes) from the same inputs both times; draws from the context's generator
+ * (dropout masks) repeat exactly, since the generator's state is replayed. Parameters may come as
+ * inputs or through user_data. A non-OK return stops the call with that status (set the text with
+ * flame_set_error_message); handles it wrote are released. It must not throw. */
+typedef flame_status_t (*flame_checkpoint_fn)(void* user_data, const flame_tensor_t* inputs, int32_t n_inputs,
+                                              flame_tensor_t* outputs, int32_t n_outputs);
+
+/* Runs fn(user_data, inputs, n_inputs, outputs, n_outputs) without recording its operations, and
+ * writes its results into outputs[0..n_outputs) (new references; all NULL on failure). When grad
+ * mode is on, one graph node records the call: it keeps the inputs (not fn's intermediates) and the
+ * generator's state, and the floating outputs require grad (also when no input does, so that
+ * parameters fn reaches through user_data get gradients). Its backward runs fn again with grad mode
+ * on, on detached copies of the inputs and with the generator's state replayed, then back-propagates
+ * the outputs' gradients through the rebuilt operations: with flame_backward, gradients accumulate
+ * into .grad of every leaf fn used (inputs, and parameters through user_data) as with any other
+ * operation, except that leaves inside a checkpoint receive their gradient when the walk reaches the
+ * checkpoint rather than at the end of the walk; with flame_grad, the inputs' gradients are returned,
+ * and a tensor used inside fn that requires grad without being one of its inputs gives
+ * FLAME_ERROR_UNSUPPORTED. Higher-order gradients through a checkpoint (FLAME_BACKWARD_CREATE_GRAPH):
+ * FLAME_ERROR_UNSUPPORTED. An error fn returns during backward stops the backward with fn's status
+ * and message. n_inputs may be 0 (inputs NULL); n_outputs in [1, 65536].
+ * destroy (may be NULL) is called exactly once with user_data when FLAME no longer needs fn: when the
+ * recorded node is freed (its outputs and the graph built on them released, or a backward without
+ * FLAME_BACKWARD_RETAIN_GRAPH done and the outputs released), or before flame_checkpoint returns when
+ * nothing was recorded (grad mode off) or the call failed, NULL arguments included.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx, fn or outputs NULL, inputs NULL with n_inputs > 0,
+ * counts out of range, an input of another context; fn left an output NULL or returned one of
+ * another context), FLAME_ERROR_INVALID_HANDLE, and any status fn returns. */
+FLAME_API flame_status_t flame_checkpoint(flame_ctx_t ctx, flame_checkpoint_fn fn, void* user_data, flame_destroy_fn destroy,
+                                          const flame_tensor_t* inputs, int32_t n_inputs, flame_tensor_t* outputs,
+                                          int32_t n_outputs);
 
 /* ============================== DLPack exchange ============================== */
 /* Zero-copy exchange of device tensors with PyTorch, JAX, CuPy and others through DLPack
@@ -1059,623 +1726,6 @@ FLAME_API flame_status_t flame_params_save_safetensors(flame_params_t params, co
  * FLAME_ERROR_OUT_OF_MEMORY (staging converted or strided entries), FLAME_ERROR_CUDA,
  * FLAME_ERROR_CONTEXT_FAILED. */
 FLAME_API flame_status_t flame_params_load_safetensors(flame_params_t params, const char* path, uint32_t flags);
-
-/* ============================== Indexing ============================== */
-/* Index tensors hold i64 or i32 values. They are checked on the device like class indices (see
- * Losses): an index out of range makes its element NaN (0 for integer data) and is reported by the
- * next call that synchronises, as FLAME_ERROR_INVALID_ARGUMENT naming the op, the index and its
- * position. Data may have any strides; results are new contiguous tensors. Gradients flow to
- * floating data, never to indices. Negative dims count from the end.
- * Accumulation is not deterministic: flame_scatter_add, flame_index_add and the backward of
- * flame_gather, flame_index_select and flame_embedding add with atomics, so floating results may
- * differ in their last bits between runs (as PyTorch's CUDA index_add_ and scatter_add_);
- * f16/bf16 accumulate in f32. */
-
-/* Pass as padding_idx to flame_embedding for no padding row. */
-#define FLAME_NO_PADDING (-9223372036854775807LL - 1)
-
-/* out[..., k, ...] = t[..., index[k], ...] along dim. index: 1-D (or 0-d), values in [0, size of
- * dim). out has t's shape with size numel(index) along dim; t (any dtype) has at least one dim.
- * Errors: FLAME_ERROR_DTYPE_MISMATCH (index not i64/i32), FLAME_ERROR_SHAPE_MISMATCH (index not
- * 1-D), FLAME_ERROR_INVALID_ARGUMENT (dim out of range, 0-d t). */
-FLAME_API flame_status_t flame_index_select(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out);
-/* torch.gather: out has index's shape and out[i][j] = t[i][index[i][j]] for dim 1 (likewise for any
- * dim). index has as many dims as t and no larger size than t on the other dims. Errors as
- * flame_index_select (SHAPE_MISMATCH when index does not fit t). */
-FLAME_API flame_status_t flame_gather(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out);
-/* torch.scatter_add, out of place: out = t, then out[i][index[i][j]] += src[i][j] for dim 1
- * (likewise for any dim). src has index's shape and t's dtype (floating, i32 or i64); index fits t
- * as for flame_gather. Gradients flow to t and src. */
-FLAME_API flame_status_t flame_scatter_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src,
-                                           flame_tensor_t* out);
-/* torch.index_add, out of place: out = t, then out[..., index[k], ...] += alpha * source[..., k, ...].
- * index: 1-D; source: t's shape with size numel(index) along dim and t's dtype (floating, i32, i64);
- * alpha finite, and whole for integer tensors. Gradients flow to t and source. */
-FLAME_API flame_status_t flame_index_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t source, double alpha,
-                                         flame_tensor_t* out);
-/* value where mask (bool, broadcast to t's shape; it may not enlarge it) is true, t elsewhere.
- * value must be finite for integer t. Differentiable with respect to t. */
-FLAME_API flame_status_t flame_masked_fill(flame_tensor_t t, flame_tensor_t mask, double value, flame_tensor_t* out);
-/* An i64 tensor of shape [index's shape..., num_classes] holding 1 where the last coordinate equals
- * the index value, else 0. num_classes: >= 1, or -1 for max(index) + 1 (this waits for the device).
- * Not differentiable. */
-FLAME_API flame_status_t flame_one_hot(flame_tensor_t index, int64_t num_classes, flame_tensor_t* out);
-/* Rows of weight [V, D] (any dtype) at indices (any shape, values in [0, V)): out has shape
- * [indices' shape..., D]. padding_idx (in [-V, V); negative counts from the end) names a row whose
- * gradient stays zero, as in PyTorch; FLAME_NO_PADDING for none. */
-FLAME_API flame_status_t flame_embedding(flame_tensor_t weight, flame_tensor_t indices, int64_t padding_idx, flame_tensor_t* out);
-
-/* ============================== Convolution ============================== */
-/* torch.nn.functional.conv2d, conv1d and conv_transpose2d. Shapes are logical NCHW as in PyTorch:
- * x [N, C, H, W] (conv1d: [N, C, L]), weight [O, C / groups, kh, kw] ([O, C / groups, k]), bias [O];
- * conv_transpose2d: x [N, C_in, H, W], weight [C_in, C_out / groups, kh, kw], bias [C_out].
- * Channels-last is a memory format, not a shape: an x or weight whose strides are those of a dense
- * [N, H, W, C] tensor (channel stride 1; e.g. flame_permute by {0, 3, 1, 2} of a contiguous NHWC
- * tensor) is read in place and the result is channels-last too (as PyTorch does); any other strides
- * are read through an internal channels-last copy and give a contiguous result. Channels-last is
- * the fast layout.
- *
- * x, weight and bias are BORROWED; bias may be NULL (no bias); opts may be NULL (the defaults of
- * flame_conv_options_init). All three tensors must share a context (FLAME_ERROR_INVALID_ARGUMENT)
- * and a floating dtype: f32, f64, f16 or bf16 (FLAME_ERROR_DTYPE_MISMATCH). f16/bf16 run on tensor
- * cores (sm_80 and newer) with f32 accumulation; f32 is computed in IEEE f32 FMAs (TF32 only through
- * cuDNN in a context with allow_tf32), f64 in f64. OUT *out: a new reference; NULL on any error, and
- * nothing else changes. When libcudnn.so.9 is installed, f32/f16/bf16 convolutions (and their
- * gradients) run through cuDNN, else through FLAME's own kernels; see "cuDNN" at the end of this file.
- * Gradients flow to x, weight and bias, to any order (each convolution's backward is made of
- * convolutions). Results are deterministic: FLAME's kernels split the weight gradient's sum over
- * N x H_out x W_out over blocks in f32 (f64 for f64) and add the parts in a fixed order, and only
- * cuDNN's deterministic algorithms are used.
- * Errors: wrong ranks, x without channels, a weight shape that does not fit x and groups, a bias
- * that is not [O] (conv_transpose2d: [C_out]), an empty output: FLAME_ERROR_SHAPE_MISMATCH;
- * groups < 1 or not dividing the channels of x, stride or dilation < 1, padding or output_padding
- * < 0, output_padding not 0 outside conv_transpose2d, padding_same with a stride other than 1 or
- * with conv_transpose2d, padding_same not 0 or 1, a size above 2^31 - 1, opts->struct_size out of
- * range: FLAME_ERROR_INVALID_ARGUMENT; the message names the argument. */
-
-/* Options of the convolutions. Fill with flame_conv_options_init, then change fields. The struct
- * may grow at its end; the library reads only struct_size bytes of it. Pairs are (rows, columns);
- * conv1d reads element 0 of each pair. */
-typedef struct flame_conv_options_t {
-  size_t struct_size;        /* sizeof(flame_conv_options_t), set by flame_conv_options_init */
-  int64_t stride[2];         /* default {1, 1}; >= 1 */
-  int64_t padding[2];        /* zeros added before and after each spatial dim; default {0, 0}; >= 0 */
-  int64_t dilation[2];       /* spacing of the kernel taps; default {1, 1}; >= 1 */
-  int64_t groups;            /* default 1; divides C (and O); groups == C with weight [C, 1, kh, kw] is depthwise */
-  int64_t output_padding[2]; /* conv_transpose2d only (must be 0 otherwise): extra rows / columns at the
-                                end of the output; default {0, 0}; below max(stride, dilation) per dim */
-  int32_t padding_same;      /* 1: PyTorch's padding='same' (stride 1 only, not for conv_transpose2d):
-                                the output has x's size; each dim is padded by dilation * (k - 1) in
-                                all, half before and the rest (one more when odd) after; padding is
-                                then ignored. Default 0 */
-} flame_conv_options_t;
-
-/* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
-FLAME_API flame_status_t flame_conv_options_init(flame_conv_options_t* opts);
-
-/* 2-D convolution (cross-correlation, as PyTorch): out [N, O, H_out, W_out] with
- * H_out = (H + 2 padding[0] - dilation[0] (kh - 1) - 1) / stride[0] + 1 (rounded down; likewise W_out);
- * out[n, o] = bias[o] + sum over the C / groups channels of o's group and the kernel taps. */
-FLAME_API flame_status_t flame_conv2d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias,
-                                      const flame_conv_options_t* opts, flame_tensor_t* out);
-/* 2-D transposed convolution (the gradient of flame_conv2d with respect to its input, plus bias):
- * out [N, C_out, H_out, W_out], C_out = groups * weight's dim 1,
- * H_out = (H - 1) stride[0] - 2 padding[0] + dilation[0] (kh - 1) + output_padding[0] + 1. */
-FLAME_API flame_status_t flame_conv_transpose2d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias,
-                                                const flame_conv_options_t* opts, flame_tensor_t* out);
-/* 1-D convolution of x [N, C, L] with weight [O, C / groups, k]: out [N, O, L_out], computed as
- * flame_conv2d of the [N, C, 1, L] view; channels-last means channel stride 1 here. */
-FLAME_API flame_status_t flame_conv1d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias,
-                                      const flame_conv_options_t* opts, flame_tensor_t* out);
-/* ============================== Attention ============================== */
-/* Scaled-dot-product attention with the semantics of torch.nn.functional.scaled_dot_product_attention:
- * per batch and head, out = dropout(softmax(scale * q k^T + mask terms)) v, the softmax over the keys.
- * f16 and bf16 run FLAME's fused kernels (FlashAttention-2 style: tensor cores, f32 accumulation and
- * softmax, the [Lq, Lk] scores never stored, so the extra memory grows with Lq alone) on GPUs of
- * compute capability 8.0 or newer with head dims up to 128; other head dims and older GPUs compute
- * the same function from matrix products in f32 that store the scores. On H100/H200 (compute
- * capability 9.0) attention without mask or dropout, head dim 64 or 128 for q, k and v, and a
- * positive scale runs FlashAttention-3 style kernels on the warpgroup tensor cores (wgmma) instead,
- * forward and backward, with the same results up to rounding; FLAME_DISABLE_WGMMA=1 in the environment before
- * flame_ctx_create keeps a context on the FlashAttention-2 kernels. f32 and f64 are composed of
- * FLAME ops (matmul, softmax, where, ...), storing the scores, and differentiate through them. */
-
-/* Bits of flame_attention_options_t.flags. */
-enum {
-  FLAME_ATTENTION_CAUSAL = 1 /* query i attends to keys j <= i only (top-left aligned, as PyTorch's is_causal) */
-};
-
-/* Options of flame_scaled_dot_product_attention. Fill with flame_attention_options_init, then change
- * fields. The struct may grow at its end; the library reads only struct_size bytes of it. */
-typedef struct flame_attention_options_t {
-  size_t struct_size; /* sizeof(flame_attention_options_t), set by flame_attention_options_init */
-  uint32_t flags;     /* FLAME_ATTENTION_* bits; default 0 */
-  double scale;       /* the factor of q k^T; 0 (default): 1 / sqrt(head dim); any other finite value is used as given */
-  double dropout_p;   /* probability of zeroing each attention weight, in [0, 1); default 0 */
-} flame_attention_options_t;
-
-/* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
-FLAME_API flame_status_t flame_attention_options_init(flame_attention_options_t* opts);
-
-/* Attention of q [B, H, Lq, D] over keys k [B, H, Lk, D] and values v [B, H, Lk, Dv] (BORROWED; one
- * floating dtype and one context; Lq and Lk may differ, as in cross-attention). Any strides: views
- * such as the heads split from one qkv projection and transposed are read in place (a copy is made
- * only when the last dim is not contiguous). mask (BORROWED, may be NULL): bool (true: the pair takes
- * part) or additive in q's dtype (added to the scaled scores; -INFINITY excludes a pair), of any shape
- * that broadcasts to [B, H, Lq, Lk] without enlarging it ([Lq, Lk], [B, 1, 1, Lk], ...). With
- * FLAME_ATTENTION_CAUSAL the causal mask applies as well. opts may be NULL (the defaults).
- * OUT *out: a new reference, contiguous [B, H, Lq, Dv] in q's dtype. A query whose keys are all masked
- * (and every query when Lk is 0) gets zeros and passes no gradient, as PyTorch's math path does.
- * Dropout (dropout_p > 0) zeroes each attention weight with probability dropout_p and scales the others
- * by 1 / (1 - dropout_p), from the context's Philox generator, whose offset advances by
- * B * H * Lq * ceil(Lk / 4); the decision for each (b, h, i, j) depends only on the seed and that offset,
- * is the same in every dtype and is applied again by the backward.
- * Gradients flow to q, k, v and to an additive mask that requires grad (summed over its broadcast
- * dims). The first-order backward of the f16/bf16 kernels is fused too; under
- * FLAME_BACKWARD_CREATE_GRAPH it is composed of FLAME ops (differentiable again; it stores the scores).
- * Errors: FLAME_ERROR_INVALID_ARGUMENT (q, k, v or out NULL; tensors of different contexts;
- * opts->struct_size below sizeof(flame_attention_options_t) or above 4096; unknown flags; scale not
- * finite; dropout_p outside [0, 1)), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_SHAPE_MISMATCH (q, k or v
- * not 4-D; their B or H differ; k's head dim differs from q's or is 0; v's Lk differs from k's; a mask
- * that does not broadcast), FLAME_ERROR_DTYPE_MISMATCH (q not floating; k or v of another dtype; a mask
- * neither bool nor q's dtype), FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_KERNEL_COMPILE, FLAME_ERROR_CUDA. */
-FLAME_API flame_status_t flame_scaled_dot_product_attention(flame_tensor_t q, flame_tensor_t k, flame_tensor_t v,
-                                                            flame_tensor_t mask, const flame_attention_options_t* opts,
-                                                            flame_tensor_t* out);
-
-/* ============================== Indexing: scatter, masked_select, repeat, pad ============================== */
-/* More indexing ops, with the conventions of "Indexing" above: index tensors hold i64 or i32 values
- * checked on the device (a bad one is reported by the next call that synchronises), data may have any
- * strides, negative dims count from the end, gradients flow to floating data only. Results are new
- * contiguous tensors that share no memory with the inputs. */
-
-/* torch.scatter, out of place: out = t, then out[i][index[i][j]] = src[i][j] for dim 1 (likewise for
- * any dim). t: any dtype, at least one dim; index fits t as for flame_gather; src has t's dtype, as
- * many dims as index and at least index's size on every dim (only that leading part of src is read).
- * Where index names one position more than once along dim, which of those src values lands there is
- * unspecified (as in PyTorch on CUDA). Gradients: t's is the incoming gradient with every scattered
- * position set to 0; src's is the incoming gradient gathered at index (for repeated positions too).
- * An out-of-range index is reported at the next synchronisation and its element not written.
- * Errors: FLAME_ERROR_DTYPE_MISMATCH (index not i64/i32, src's dtype), FLAME_ERROR_SHAPE_MISMATCH
- * (index does not fit t, src smaller than index), FLAME_ERROR_INVALID_ARGUMENT (dim out of range, 0-d
- * t, tensors of different contexts). */
-FLAME_API flame_status_t flame_scatter(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src,
-                                       flame_tensor_t* out);
-/* torch.masked_select: the elements of t where mask (bool) is true, in row-major order, as a new 1-D
- * tensor; t and mask broadcast together (NumPy rules). The result's length depends on the mask's
- * values, so this call WAITS for the device (a device-to-host copy of the count), as PyTorch does.
- * Differentiable with respect to t: the gradient goes back to the selected positions, 0 elsewhere.
- * Errors: FLAME_ERROR_DTYPE_MISMATCH (mask not bool), FLAME_ERROR_SHAPE_MISMATCH (no broadcast),
- * FLAME_ERROR_INVALID_ARGUMENT (tensors of different contexts). */
-FLAME_API flame_status_t flame_masked_select(flame_tensor_t t, flame_tensor_t mask, flame_tensor_t* out);
-/* torch.Tensor.repeat: t tiled repeats[d] times along each dim d. repeats holds n counts (>= 0), one
- * per dim of t or more (n <= FLAME_MAX_DIMS): with n > ndim(t), t is first viewed with n - ndim(t)
- * leading dims of size 1. The gradient sums the tiles. Errors: FLAME_ERROR_INVALID_ARGUMENT (repeats
- * NULL, n < ndim(t) or > FLAME_MAX_DIMS, a negative count, a result whose size overflows). */
-FLAME_API flame_status_t flame_repeat(flame_tensor_t t, const int64_t* repeats, int32_t n, flame_tensor_t* out);
-/* torch.repeat_interleave with an integer count: each element of t repeated `repeats` (>= 0) times
- * in a row along dim; dim FLAME_DIM_ALL flattens t first (PyTorch's dim=None) and the result is 1-D.
- * The gradient sums the copies. Errors: FLAME_ERROR_INVALID_ARGUMENT (negative repeats, dim out of
- * range, a result whose size overflows). */
-FLAME_API flame_status_t flame_repeat_interleave(flame_tensor_t t, int64_t repeats, int32_t dim, flame_tensor_t* out);
-
-/* Modes of flame_pad. */
-typedef enum flame_pad_mode_t {
-  FLAME_PAD_CONSTANT = 0,  /* the value: [a b c] padded (2, 1) -> [v v a b c v] */
-  FLAME_PAD_REFLECT = 1,   /* mirrored at the edge, which is not repeated: -> [c b a b c b] */
-  FLAME_PAD_REPLICATE = 2  /* the edge repeated: -> [a a a b c c] */
-} flame_pad_mode_t;
-
-/* torch.nn.functional.pad. pads holds npads amounts (npads even, >= 2): (left, right) of the last dim,
- * then (left, right) of the dim before it, and so on. A negative amount removes that many elements
- * (a crop), as in PyTorch. mode is a flame_pad_mode_t: CONSTANT pads any number of trailing dims
- * (npads <= 2 ndim(t)) with value (finite for integer t; converted to t's dtype); REFLECT and
- * REPLICATE pad the last 1 to 3 dims (npads 2, 4 or 6, and at most 2 ndim(t); unlike PyTorch no batch
- * dim is required), REFLECT with amounts smaller than the dim's size, REPLICATE on non-empty dims.
- * Any dtype. The gradient flows back to t; for REFLECT and REPLICATE it is accumulated with atomics
- * (the last bits may vary between runs, as in PyTorch). Errors: FLAME_ERROR_INVALID_ARGUMENT (pads
- * NULL, npads odd, 0 or too large, an unknown mode, a crop larger than its dim, a reflect amount not
- * below the dim's size, value not finite for integer t). */
-FLAME_API flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_t npads, int32_t mode, double value,
-                                   flame_tensor_t* out);
-
-/* ============================== Dropout ============================== */
-
-/* torch.nn.functional.dropout. With training != 0 and 0 < p < 1, each element of t is kept with
- * probability 1 - p and multiplied by 1 / (1 - p), or multiplied by 0 (a dropped NaN or infinity gives
- * NaN, as in PyTorch); f16/bf16 compute in f32. The keep mask comes from the context's Philox
- * generator: the call reserves ceil(numel / 4) counters (flame_ctx_get_rng_state shows the offset
- * advance) and element e of t in row-major order (whatever t's strides) is kept when the top 24 bits
- * of word e % 4 of Philox4x32-10(seed, offset + e / 4), read as a fraction of 2^24, are >= p. So a
- * given (seed, offset) gives the same mask on any GPU, for any dtype and layout. The backward
- * regenerates that mask from the (seed, offset) kept in the graph node and applies it to the gradient;
- * no mask tensor is stored. training == 0 or p == 0: OUT *out is t itself (a new reference, as PyTorch
- * returns its input) and no counters are reserved. p == 1: t * 0 (zeros, NaN where t is not finite).
- * Errors: FLAME_ERROR_DTYPE_MISMATCH (t not floating), FLAME_ERROR_INVALID_ARGUMENT (p outside [0, 1]
- * or NaN). */
-FLAME_API flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out);
-
-/* ============================== Pooling ============================== */
-/* 2-D pooling of x [N, C, H, W] or unbatched [C, H, W] (floating; f16/bf16 compute in f32), with
- * PyTorch's semantics, argument checks and output sizes. x may have any strides; a channels-last x
- * (the C stride 1) gives a channels-last result, any other layout a contiguous one. N may be 0 (an
- * empty result); C, H and W must be >= 1 (FLAME_ERROR_SHAPE_MISMATCH, as for any other rank). Not
- * floating: FLAME_ERROR_DTYPE_MISMATCH. The result is a new tensor; the gradient flows to x. */
-
-/* Options of flame_max_pool2d and flame_avg_pool2d. Fill with flame_pool2d_options_init, then change
- * fields. The struct may grow at its end; the library reads only struct_size bytes of it. Pairs are
- * (height, width). */
-typedef struct flame_pool2d_options_t {
-  size_t struct_size;        /* sizeof(flame_pool2d_options_t), set by flame_pool2d_options_init */
-  int64_t kernel_size[2];    /* >= 1 */
-  int64_t stride[2];         /* >= 1; default: kernel_size (PyTorch's stride=None) */
-  int64_t padding[2];        /* >= 0 and <= kernel_size / 2; default 0. max: -inf; avg: zeros */
-  int64_t dilation[2];       /* >= 1; default 1. flame_avg_pool2d requires 1 */
-  int32_t ceil_mode;         /* 1: the output size rounds up (windows may start in the padding but
-                                never past it); default 0: down */
-  int32_t count_include_pad; /* flame_avg_pool2d: padded zeros count in the divisor; default 1 */
-  int64_t divisor_override;  /* flame_avg_pool2d: > 0 replaces the divisor; default 0 (none) */
-} flame_pool2d_options_t;
-
-/* Sets opts to the defaults above with the given kernel size (not checked here).
- * opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
-FLAME_API flame_status_t flame_pool2d_options_init(flame_pool2d_options_t* opts, int64_t kernel_h, int64_t kernel_w);
-
-/* torch.nn.functional.max_pool2d: each output is the maximum of its window (kernel_size, stride,
- * padding, dilation, ceil_mode of opts; count_include_pad and divisor_override are ignored). NaN
- * propagates. The gradient goes to the maximum's position: the first maximum in row-major window
- * order on ties, the last NaN when the window holds NaNs (as PyTorch); overlapping windows (stride
- * below kernel_size) add their gradients with atomics, so the last bits may vary between runs.
- * Errors: FLAME_ERROR_INVALID_ARGUMENT (opts NULL or its struct_size too small, a size, stride or
- * dilation < 1, padding < 0 or above half the kernel, ceil_mode or count_include_pad other than 0 or
- * 1, an output size < 1). */
-FLAME_API flame_status_t flame_max_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out);
-
-/* torch.nn.functional.avg_pool2d: each output is the sum of its window over the divisor: the window's
- * size including padding (count_include_pad 1, cut at the padded border) or its elements inside x
- * (count_include_pad 0), or divisor_override when > 0; a window with no element inside x (possible
- * with ceil_mode) gives 0. The backward is a deterministic gather (no atomics). Errors: as
- * flame_max_pool2d, plus dilation other than 1 and a negative divisor_override
- * (FLAME_ERROR_INVALID_ARGUMENT). */
-FLAME_API flame_status_t flame_avg_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out);
-
-/* torch.nn.functional.adaptive_avg_pool2d to an out_h x out_w output (>= 0; 0 gives an empty result):
- * output (i, j) averages rows [floor(i H / out_h), ceil((i + 1) H / out_h)) and the columns likewise.
- * The backward is a deterministic gather. Errors: FLAME_ERROR_INVALID_ARGUMENT (a negative or too large
- * output size). */
-FLAME_API flame_status_t flame_adaptive_avg_pool2d(flame_tensor_t x, int64_t out_h, int64_t out_w, flame_tensor_t* out);
-
-/* ============================== Upsampling ============================== */
-/* torch.nn.functional.interpolate of x [N, C, H, W] (floating; f16/bf16 compute in f32) with modes
- * 'nearest' and 'bilinear', matching PyTorch's CUDA kernels index for index. Sizes, per dim: out_h
- * > 0 gives the output height, out_h == 0 takes floor(H * scale_h) (interpolate's scale_factor).
- * scale_h > 0 is the scale factor, which also sets the source index scale to 1 / scale_h, as
- * interpolate(scale_factor=...) does; scale_h == 0 means none (the index scale is then H / out_h, as
- * interpolate(size=...)). Likewise for the width. x may have any strides; a channels-last x (the C
- * stride 1) gives a channels-last result, any other layout a contiguous one. N may be 0 (an empty
- * result). The backward is the exact adjoint, computed as a deterministic gather (no atomics), and is
- * differentiable again. Errors: FLAME_ERROR_DTYPE_MISMATCH (x not floating), FLAME_ERROR_SHAPE_MISMATCH
- * (x not 4-D, or C, H or W of size 0), FLAME_ERROR_INVALID_ARGUMENT (a negative out size, a scale that
- * is negative or not finite, neither an out size nor a scale for a dim, an output size below 1 or not
- * below 2^31). */
-
-/* 'nearest': output row i reads input row min(floor(i * s), H - 1), s the index scale in f32
- * (PyTorch's 'nearest', not 'nearest-exact'); likewise for columns. */
-FLAME_API flame_status_t flame_upsample_nearest2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w,
-                                                  flame_tensor_t* out);
-/* 'bilinear': align_corners 1 maps the corner pixels' centres onto each other (index scale
- * (H - 1) / (out_h - 1), scale factors only size the output); align_corners 0 samples at
- * (i + 0.5) * s - 0.5, clamped at 0. The interpolation weights are computed in f32 (f64 for f64).
- * align_corners other than 0 or 1: FLAME_ERROR_INVALID_ARGUMENT. */
-FLAME_API flame_status_t flame_upsample_bilinear2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h,
-                                                   double scale_w, int32_t align_corners, flame_tensor_t* out);
-
-/* ============================== Positional embeddings ============================== */
-
-/* Options of flame_rope. Fill with flame_rope_options_init, then change fields. The struct may grow
- * at its end; the library reads only struct_size bytes of it. */
-typedef struct flame_rope_options_t {
-  size_t struct_size;      /* sizeof(flame_rope_options_t), set by flame_rope_options_init */
-  double theta;            /* base of the frequencies theta^(-2i / rotary_dim); default 10000 */
-  int64_t rotary_dim;      /* leading features of the last dim that rotate (even, <= D); default 0: all D */
-  int64_t position_offset; /* without position ids, position t of x is position_offset + t (a KV cache's
-                              length when decoding); default 0 */
-  int32_t interleaved;     /* 0 (default): pairs (i, i + rotary_dim / 2), GPT-NeoX and Hugging Face's
-                              rotate_half; 1: pairs (2i, 2i + 1), GPT-J and Meta's llama */
-  int32_t seq_dim;         /* the dim of x that holds positions (negative counts from the end); default
-                              -2 for x [B, H, T, D]; -3 for x [B, T, H, D] */
-} flame_rope_options_t;
-
-/* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
-FLAME_API flame_status_t flame_rope_options_init(flame_rope_options_t* opts);
-
-/* Rotary position embeddings (Su et al. 2021), fused: x (floating, >= 2 dims, any strides) has head
- * features D in its last dim and positions along opts->seq_dim. Each pair (i0, i1) of the first
- * rotary_dim features (see opts->interleaved) at position p rotates by the angle
- * a = p * theta^(-2i / rotary_dim), i the pair's index: y[i0] = x[i0] cos a - x[i1] sin a,
- * y[i1] = x[i1] cos a + x[i0] sin a; the other features are copied. p is position_offset + t, or, when
- * positions (i64 or i32; may be NULL) is given, positions[t] ([T]) or positions[b, t] ([B, T], b the
- * index along dim 0 of x, which must then not be seq_dim). The angle is formed and reduced in f64
- * (long positions lose no accuracy to an f32 product; an f32 table as in Hugging Face's code agrees
- * to about 1e-4 at positions of some thousands) and cos / sin and the rotation are computed in f32
- * for f32, f16 and bf16 (f64 for f64). OUT *out: a new contiguous tensor of x's shape and dtype. The
- * backward rotates the gradient back (the same kernel with sin negated), itself differentiable;
- * positions get no gradient. Errors: FLAME_ERROR_INVALID_ARGUMENT (opts NULL or its struct_size too
- * small, theta not finite and > 0, rotary_dim odd, < 2 or above D, seq_dim out of range or the last
- * dim, interleaved other than 0 or 1, tensors of different contexts), FLAME_ERROR_SHAPE_MISMATCH (x
- * with fewer than 2 dims, positions neither [T] nor [B, T]), FLAME_ERROR_DTYPE_MISMATCH (x not
- * floating, positions not i64/i32). */
-FLAME_API flame_status_t flame_rope(flame_tensor_t x, flame_tensor_t positions, const flame_rope_options_t* opts,
-                                    flame_tensor_t* out);
-
-/* Sinusoidal timestep embeddings as diffusers' get_timestep_embedding: for timesteps [N] (any
- * numeric dtype, converted to f32), with half = dim / 2 and f_i = exp(-ln(max_period) * i /
- * (half - downscale_freq_shift)), out [N, dim] (f32) holds sin(scale * t f_i) in columns [0, half) and
- * cos(scale * t f_i) in [half, 2 half), swapped when flip_sin_to_cos is 1, and a zero last column
- * when dim is odd. Computed in f32 in diffusers' order of operations. A composition of FLAME ops:
- * differentiable in floating timesteps (integer timesteps take no gradient). Errors:
- * FLAME_ERROR_SHAPE_MISMATCH (timesteps not 1-D), FLAME_ERROR_DTYPE_MISMATCH (bool timesteps),
- * FLAME_ERROR_INVALID_ARGUMENT (dim < 1 or > 2^30, max_period not finite and > 0,
- * downscale_freq_shift or scale not finite, flip_sin_to_cos other than 0 or 1). */
-FLAME_API flame_status_t flame_timestep_embedding(flame_tensor_t timesteps, int64_t dim, double max_period,
-                                                  int32_t flip_sin_to_cos, double downscale_freq_shift, double scale,
-                                                  flame_tensor_t* out);
-
-/* ============================== Composite blocks ============================== */
-/* Building blocks of diffusion and transformer models made of the ops above, with no kernel of their
- * own: each is differentiable, to any order, through its parts. Inputs are borrowed; OUT *out is a
- * new tensor. */
-
-/* GEGLU (Shazeer 2020, as diffusers' GEGLU after its projection): x [..., 2 H] (floating) is split
- * into its halves a = x[..., :H] and gate = x[..., H:]; out [..., H] = a * gelu(gate), gelu exact
- * (approximate 0) or with the tanh approximation (approximate 1). Errors: FLAME_ERROR_DTYPE_MISMATCH
- * (x not floating), FLAME_ERROR_SHAPE_MISMATCH (0-d x, odd last dim), FLAME_ERROR_INVALID_ARGUMENT
- * (approximate other than 0 or 1). */
-FLAME_API flame_status_t flame_geglu(flame_tensor_t x, int32_t approximate, flame_tensor_t* out);
-
-/* adaLN modulation (DiT): out = x * (1 + scale) + shift for x [N, ..., C] (floating, >= 2 dims) and
- * shift, scale [N, C] of x's dtype, applied per sample (broadcast over the middle dims, as
- * x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1) for x [N, T, C]). shift and scale may each be NULL
- * (no shift / no scale). Errors: FLAME_ERROR_DTYPE_MISMATCH (x not floating, another dtype),
- * FLAME_ERROR_SHAPE_MISMATCH (x with fewer than 2 dims, shift or scale not [N, C]),
- * FLAME_ERROR_INVALID_ARGUMENT (tensors of different contexts). */
-FLAME_API flame_status_t flame_adaln_modulate(flame_tensor_t x, flame_tensor_t shift, flame_tensor_t scale, flame_tensor_t* out);
-
-/* SiLU-gated MLP (SwiGLU, llama's feed-forward): out = (silu(x w1^T) * (x w3^T)) w2^T for x [..., in],
- * w1 and w3 [hidden, in], w2 [out, hidden], all of one floating dtype (three flame_linear products
- * without bias). Errors: FLAME_ERROR_DTYPE_MISMATCH, FLAME_ERROR_SHAPE_MISMATCH (0-d x, weights of
- * other shapes), FLAME_ERROR_INVALID_ARGUMENT (tensors of different contexts). */
-FLAME_API flame_status_t flame_swiglu_mlp(flame_tensor_t x, flame_tensor_t w1, flame_tensor_t w3, flame_tensor_t w2,
-                                          flame_tensor_t* out);
-/* ============================== Training toolkit ============================== */
-/* Optimizer state files, gradient tools, dynamic loss scaling (flame_grad_scaler_t), LoRA adapters
- * (flame_lora_t) and gradient checkpointing. The general conventions at the top of this file hold. */
-
-/* ---- optimizer state files ---- */
-
-/* Writes the complete state of opt to a safetensors file at path (NUL-terminated; replaced
- * atomically, as flame_safetensors_save does): the step count, every group's hyper-parameters
- * (learning rates included), the moments as f32 (f64 for f64 parameters) tensors
- * "state.<i>.momentum_buffer" (SGD), "state.<i>.exp_avg", "state.<i>.exp_avg_sq",
- * "state.<i>.max_exp_avg_sq" (Adam, AdamW; Lion has exp_avg only), the f32 master weights
- * "master.<i>" and the stochastic-rounding generator, with the parameters numbered 0, 1, ... across
- * the groups in order (as torch's state_dict); the rest is JSON in the metadata entry
- * "flame.optimizer_state". A parameter never stepped has no tensors. The parameters themselves are
- * not written: save them with flame_safetensors_save. Waits for the device.
- * Errors: FLAME_ERROR_INVALID_ARGUMENT (opt or path NULL), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_IO
- * (the file cannot be written; no temporary file is left behind), FLAME_ERROR_CUDA. */
-FLAME_API flame_status_t flame_optimizer_save_state(flame_optimizer_t opt, const char* path);
-
-/* Replaces the state of opt with the one flame_optimizer_save_state wrote to path, so that training
- * continues exactly as the saved optimizer would have (bit for bit, stochastic rounding included):
- * create opt of the same kind over parameters of the same shapes and dtypes in the same groups and
- * order, give the parameters their saved values, then load. Hyper-parameters and learning rates come
- * from the file. The file is read and checked in full before opt changes: after any error opt is as
- * it was. Waits for nothing (the copies to the device are queued on the context's stream).
- * Errors: FLAME_ERROR_INVALID_ARGUMENT (opt or path NULL; the file holds the state of another kind
- * of optimizer or of other group or parameter counts), FLAME_ERROR_SHAPE_MISMATCH /
- * FLAME_ERROR_DTYPE_MISMATCH (a parameter's shape / dtype differs from the one saved),
- * FLAME_ERROR_INVALID_FORMAT (not an optimizer state file, or a state tensor of an unknown name, the
- * wrong dtype or shape, an incomplete Adam state, invalid hyper-parameters), FLAME_ERROR_IO (the file
- * cannot be read), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA. */
-FLAME_API flame_status_t flame_optimizer_load_state(flame_optimizer_t opt, const char* path);
-
-/* ---- gradient tools on tensor lists ---- */
-/* Fused over a whole list: a few kernel launches for all of tensors[0..n) (borrowed; floating, of
- * ctx, any strides; n may be 0, tensors NULL when n is 0), whatever their sizes and dtypes
- * (f16/bf16 compute in f32). Unlike flame_clip_grad_norm they take the tensors themselves, so that
- * a hook can pass a gradient, or a loop the .grad of its parameters. In a tensor hook, edit a copy
- * (flame_clone) and return it as the replacement: the gradient a hook receives may be shared with
- * other parts of the graph. In a post-accumulate hook .grad belongs to the leaf: edit it in place.
- * The in-place tools (normalize, add_noise) record nothing in the graph: a tensor that requires
- * grad while grad mode is on, two tensors that overlap in memory, or a broadcast view (stride 0):
- * FLAME_ERROR_INVALID_ARGUMENT, and nothing changes. They bump the version of every tensor they write
- * (a tensor saved for backward then reports FLAME_ERROR_INPLACE_MODIFIED, as after any in-place write).
- * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx NULL, tensors NULL with n > 0, n negative, a tensor of
- * another context, bad scalars), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_DTYPE_MISMATCH (a
- * non-floating tensor). None of them waits for the device except flame_grad_stats_host. */
-
-/* Per tensor: g = g * target_norm / (||g||_2 + eps). target_norm and eps finite and >= 0 (1 and 1e-6
- * are usual); an all-zero g stays 0 for eps > 0. */
-FLAME_API flame_status_t flame_grad_normalize(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double target_norm,
-                                             double eps);
-/* g = g + std_dev * N(0, 1), in place, from the context's Philox generator: element e of the list
- * (counting through the tensors in order, each in row-major order) uses counter offset + e, where
- * offset is the generator's offset before the call, which then advances by the total element count;
- * so flame_ctx_set_rng_state replays the same noise. std_dev finite and >= 0. */
-FLAME_API flame_status_t flame_grad_add_noise(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double std_dev);
-
-/* Columns of a statistics row (flame_grad_stats). */
-#define FLAME_STAT_NORM 0      /* L2 norm (NaN / Inf propagate) */
-#define FLAME_STAT_MIN 1       /* minimum of the non-NaN values; NaN when there is none */
-#define FLAME_STAT_MAX 2       /* maximum of the non-NaN values; NaN when there is none */
-#define FLAME_STAT_MEAN 3      /* mean (NaN / Inf propagate; NaN for no elements) */
-#define FLAME_STAT_NAN_COUNT 4 /* number of NaN values */
-#define FLAME_STAT_INF_COUNT 5 /* number of +Inf and -Inf values */
-#define FLAME_STAT_COLUMNS 6
-
-/* Statistics of each tensor and of the list as a whole, computed in f64 without waiting for the
- * device: OUT *out, a new f64 tensor [n + 1, FLAME_STAT_COLUMNS] whose row i < n describes
- * tensors[i] and whose row n describes all elements together (with n = 0 it is the row of an empty
- * list: norm 0, counts 0, min, max and mean NaN). Read it when you need it (flame_to_host waits). */
-FLAME_API flame_status_t flame_grad_stats(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, flame_tensor_t* out);
-/* As flame_grad_stats, written to host memory: values[i * FLAME_STAT_COLUMNS + column] for rows
- * i = 0 .. n. WAITS for the device (one synchronisation). capacity (in doubles) below
- * (n + 1) * FLAME_STAT_COLUMNS, or values NULL: FLAME_ERROR_INVALID_ARGUMENT. */
-FLAME_API flame_status_t flame_grad_stats_host(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double* values,
-                                              int64_t capacity);
-
-/* ---- dynamic loss scaling (as torch.cuda.amp.GradScaler) ---- */
-/* A loop with f16 gradients: scaled = scale(loss); backward(scaled); [unscale(opt); clip...];
- * step(opt); update(). The scale multiplies the loss so that small gradients survive f16; unscale
- * divides the optimizer's gradients by it again in place, with a fused Inf/NaN check; step skips
- * the optimizer step when the check found one; update backs the scale off (times backoff_factor)
- * after a skipped step, or grows it (times growth_factor, unless that overflows f32) after
- * growth_interval clean steps in a row. The scale, the growth tracker and the Inf flags live on the
- * device: scale, unscale, unscale_tensors and update never wait for the GPU; step waits once, to read
- * its optimizer's Inf flag (as torch's GradScaler.step does: a skipped step must not advance the
- * optimizer's step count, which is kept on the host). */
-
-typedef struct flame_grad_scaler_s* flame_grad_scaler_t;
-
-/* Options of flame_grad_scaler_create. Set struct_size = sizeof(flame_grad_scaler_options_t)
- * (flame_grad_scaler_options_init does) so that later versions can grow the struct. */
-typedef struct flame_grad_scaler_options_t {
-  size_t struct_size;
-  double init_scale;       /* default 65536 (2^16); positive, finite in f32 */
-  double growth_factor;    /* default 2; finite, > 1 */
-  double backoff_factor;   /* default 0.5; in (0, 1) */
-  int64_t growth_interval; /* default 2000 clean steps; in [1, 2^31 - 1] */
-  int32_t enabled;         /* default 1; 0 makes every call a pass-through (scale returns the loss,
-                              step steps, unscale and update do nothing, get_scale gives 1) */
-} flame_grad_scaler_options_t;
-
-/* Fills opts with the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
-FLAME_API flame_status_t flame_grad_scaler_options_init(flame_grad_scaler_options_t* opts);
-/* Creates a scaler on ctx; opts NULL means the defaults. OUT *out: a new scaler (release with
- * flame_grad_scaler_release); it keeps ctx alive. Bad options: FLAME_ERROR_INVALID_ARGUMENT. */
-FLAME_API flame_status_t flame_grad_scaler_create(flame_ctx_t ctx, const flame_grad_scaler_options_t* opts, flame_grad_scaler_t* out);
-/* Frees the scaler. NULL is a no-op; a released handle is detected (FLAME_ERROR_INVALID_HANDLE)
- * while its context lives. */
-FLAME_API void flame_grad_scaler_release(flame_grad_scaler_t scaler);
-/* OUT *out: loss * scale, a new reference recorded in the graph (its backward multiplies the incoming
- * gradient by the scale). loss (borrowed, floating, any shape) is multiplied in f32 (f64 for an f64
- * loss), so *out is f32 for f32/f16/bf16 losses. Disabled: *out is loss itself (a new reference).
- * Errors: FLAME_ERROR_DTYPE_MISMATCH (integer loss), FLAME_ERROR_INVALID_ARGUMENT (another context). */
-FLAME_API flame_status_t flame_grad_scaler_scale(flame_grad_scaler_t scaler, flame_tensor_t loss, flame_tensor_t* out);
-/* Divides the .grad of every parameter of opt (borrowed) by the scale, in place (the reciprocal is
- * taken in f64 and rounded to f32, as torch), and records whether any gradient held an Inf or NaN.
- * Call it before editing gradients (clipping) and before step; step calls it when you did not.
- * Errors: FLAME_ERROR_INVALID_ARGUMENT (called twice for opt, or after flame_grad_scaler_step for
- * opt, without flame_grad_scaler_update in between; opt of another context; a gradient that requires
- * grad while grad mode is on), FLAME_ERROR_INVALID_HANDLE. */
-FLAME_API flame_status_t flame_grad_scaler_unscale(flame_grad_scaler_t scaler, flame_optimizer_t opt);
-/* As flame_grad_scaler_unscale for tensors[0..n) (borrowed; floating, of the scaler's context; edited
- * in place), for training loops with their own optimizer: their Inf/NaN check counts for update and
- * for flame_grad_scaler_found_inf, not for flame_grad_scaler_step. Errors as flame_grad_normalize. */
-FLAME_API flame_status_t flame_grad_scaler_unscale_tensors(flame_grad_scaler_t scaler, const flame_tensor_t* tensors, int64_t n);
-/* Unscales opt's gradients unless flame_grad_scaler_unscale already did since the last update, then
- * runs flame_optimizer_step(opt) unless an Inf or NaN was found in them. WAITS for the device once
- * (to read that flag). OUT *stepped (may be NULL): 1 when the optimizer stepped, 0 when the step was
- * skipped. Errors: FLAME_ERROR_INVALID_ARGUMENT (step called twice for opt without an update in
- * between; opt of another context), the errors of flame_optimizer_step. */
-FLAME_API flame_status_t flame_grad_scaler_step(flame_grad_scaler_t scaler, flame_optimizer_t opt, int32_t* stepped);
-/* Updates the scale on the device from the Inf checks since the last update (as torch's
- * GradScaler.update, without an explicit new scale: use flame_grad_scaler_set_state for that) and
- * forgets them. No check since the last update: FLAME_ERROR_INVALID_ARGUMENT. */
-FLAME_API flame_status_t flame_grad_scaler_update(flame_grad_scaler_t scaler);
-/* OUT *scale: the current scale (1 when disabled). WAITS for the device. */
-FLAME_API flame_status_t flame_grad_scaler_get_scale(flame_grad_scaler_t scaler, double* scale);
-/* OUT *out: a new 0-d f32 tensor, 1 when a gradient unscaled since the last update held an Inf or
- * NaN, else 0 (a copy made on the device: no waiting). */
-FLAME_API flame_status_t flame_grad_scaler_found_inf(flame_grad_scaler_t scaler, flame_tensor_t* out);
-/* The state to checkpoint with the model (torch's "scale" and "_growth_tracker"): OUT *scale and
- * *growth_tracker (clean steps since the scale last changed). WAITS for the device. */
-FLAME_API flame_status_t flame_grad_scaler_get_state(flame_grad_scaler_t scaler, double* scale, int64_t* growth_tracker);
-/* Restores a state saved with flame_grad_scaler_get_state (or sets a new scale). scale positive and
- * finite in f32, growth_tracker in [0, growth_interval): otherwise FLAME_ERROR_INVALID_ARGUMENT. */
-FLAME_API flame_status_t flame_grad_scaler_set_state(flame_grad_scaler_t scaler, double scale, int64_t growth_tracker);
-
-/* ---- LoRA adapters over linear layers ---- */
-/* A low-rank adapter (Hu et al. 2021, as peft's LoRA) on a frozen linear layer weight [out, in]
- * (f32, f16, bf16 or f64) with optional bias [out]: trainable A [rank, in] and B [out, rank] in f32
- * (f64 for an f64 weight), A drawn from U(-1/sqrt(in), 1/sqrt(in)) (Kaiming-uniform with a = sqrt(5),
- * as torch.nn.Linear) with the context's generator and B zero, so that a new adapter changes nothing;
- * scale = alpha / rank. Train A and B (flame_lora_adapters gives them to an optimizer); merge folds
- * the adapter into the weight for inference. */
-
-typedef struct flame_lora_s* flame_lora_t;
-
-/* Creates an adapter over weight and bias (borrowed; the adapter keeps references; bias may be NULL;
- * weight must not require grad: it is the frozen base; bias may, to train it too). rank in
- * [1, 65536], alpha finite. OUT *out: a new adapter (release with flame_lora_release).
- * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, weight requires grad, rank, alpha, bias of another
- * context), FLAME_ERROR_SHAPE_MISMATCH (weight not 2-D or empty, bias not [out]),
- * FLAME_ERROR_DTYPE_MISMATCH (weight not floating, bias of another dtype). */
-FLAME_API flame_status_t flame_lora_create(flame_tensor_t weight, flame_tensor_t bias, int64_t rank, double alpha, flame_lora_t* out);
-/* Frees the adapter (its A and B stay alive as long as you hold them). NULL is a no-op; a released
- * handle is detected (FLAME_ERROR_INVALID_HANDLE) while its context lives. */
-FLAME_API void flame_lora_release(flame_lora_t lora);
-/* OUT *out: linear(x, weight, bias) + scale * linear(linear(x, A), B), a new reference of x's
- * leading dims and [out] last, in the weight's dtype; x [..., in] (borrowed) must have the weight's
- * dtype. The adapter path runs in A's dtype (x cast to it, the result cast back), all recorded:
- * gradients reach A, B and, when they require grad, x and bias; never the weight. While merged, out
- * is linear(x, merged weight, bias) and nothing reaches A or B.
- * Errors: FLAME_ERROR_DTYPE_MISMATCH (x of another dtype), FLAME_ERROR_SHAPE_MISMATCH (last dim of x
- * not in), FLAME_ERROR_INVALID_ARGUMENT (x of another context). */
-FLAME_API flame_status_t flame_lora_forward(flame_lora_t lora, flame_tensor_t x, flame_tensor_t* out);
-/* OUT *a, *b: new references to the adapter's A [rank, in] and B [out, rank] themselves (leaves that
- * require grad; pass them to flame_optimizer_create). Both NULL on failure. */
-FLAME_API flame_status_t flame_lora_adapters(flame_lora_t lora, flame_tensor_t* a, flame_tensor_t* b);
-/* Adds scale * B A to the weight in place (computed in A's dtype, rounded once to the weight's), after
- * keeping a copy of the weight (memory of one weight while merged). The weight's version moves: a
- * graph that saved it cannot be walked any more. Merged already: FLAME_ERROR_INVALID_ARGUMENT. */
-FLAME_API flame_status_t flame_lora_merge(flame_lora_t lora);
-/* Writes the copy kept by flame_lora_merge back, so that the weight is bit for bit what it was.
- * Not merged: FLAME_ERROR_INVALID_ARGUMENT. */
-FLAME_API flame_status_t flame_lora_unmerge(flame_lora_t lora);
-/* OUT *merged: 1 while merged, else 0. */
-FLAME_API flame_status_t flame_lora_is_merged(flame_lora_t lora, int32_t* merged);
-
-/* ---- gradient checkpointing ---- */
-/* Trades compute for memory, as torch.utils.checkpoint: a block of the model runs without keeping
- * its intermediate tensors, and runs again during backward to rebuild them. */
-
-/* The block: reads inputs[0..n_inputs) (borrowed) and writes n_outputs new references into
- * outputs[0..n_outputs) (each NULL on entry), built with any FLAME ops on the same context, from the
- * calling thread only. It runs twice: once in flame_checkpoint (grad mode off) and once during
- * backward (grad mode on, inputs then detached copies of the originals), and must compute the same
- * outputs (shapes and dtypes) from the same inputs both times; draws from the context's generator
- * (dropout masks) repeat exactly, since the generator's state is replayed. Parameters may come as
- * inputs or through user_data. A non-OK return stops the call with that status (set the text with
- * flame_set_error_message); handles it wrote are released. It must not throw. */
-typedef flame_status_t (*flame_checkpoint_fn)(void* user_data, const flame_tensor_t* inputs, int32_t n_inputs,
-                                              flame_tensor_t* outputs, int32_t n_outputs);
-
-/* Runs fn(user_data, inputs, n_inputs, outputs, n_outputs) without recording its operations, and
- * writes its results into outputs[0..n_outputs) (new references; all NULL on failure). When grad
- * mode is on, one graph node records the call: it keeps the inputs (not fn's intermediates) and the
- * generator's state, and the floating outputs require grad (also when no input does, so that
- * parameters fn reaches through user_data get gradients). Its backward runs fn again with grad mode
- * on, on detached copies of the inputs and with the generator's state replayed, then back-propagates
- * the outputs' gradients through the rebuilt operations: with flame_backward, gradients accumulate
- * into .grad of every leaf fn used (inputs, and parameters through user_data) as with any other
- * operation, except that leaves inside a checkpoint receive their gradient when the walk reaches the
- * checkpoint rather than at the end of the walk; with flame_grad, the inputs' gradients are returned,
- * and a tensor used inside fn that requires grad without being one of its inputs gives
- * FLAME_ERROR_UNSUPPORTED. Higher-order gradients through a checkpoint (FLAME_BACKWARD_CREATE_GRAPH):
- * FLAME_ERROR_UNSUPPORTED. An error fn returns during backward stops the backward with fn's status
- * and message. n_inputs may be 0 (inputs NULL); n_outputs in [1, 65536].
- * destroy (may be NULL) is called exactly once with user_data when FLAME no longer needs fn: when the
- * recorded node is freed (its outputs and the graph built on them released, or a backward without
- * FLAME_BACKWARD_RETAIN_GRAPH done and the outputs released), or before flame_checkpoint returns when
- * nothing was recorded (grad mode off) or the call failed, NULL arguments included.
- * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx, fn or outputs NULL, inputs NULL with n_inputs > 0,
- * counts out of range, an input of another context; fn left an output NULL or returned one of
- * another context), FLAME_ERROR_INVALID_HANDLE, and any status fn returns. */
-FLAME_API flame_status_t flame_checkpoint(flame_ctx_t ctx, flame_checkpoint_fn fn, void* user_data, flame_destroy_fn destroy,
-                                          const flame_tensor_t* inputs, int32_t n_inputs, flame_tensor_t* outputs,
-                                          int32_t n_outputs);
 
 /* ============================== cuDNN ============================== */
 /* The convolutions (flame_conv2d, flame_conv_transpose2d, flame_conv1d and their gradients) run
@@ -1944,54 +1994,6 @@ FLAME_API flame_status_t flame_dp_wait(flame_dp_t dp);
  * the parameters and their .grad stay. NULL is a no-op; a released handle is detected (nothing
  * happens) while its context lives. */
 FLAME_API void flame_dp_release(flame_dp_t dp);
-
-/* ============================== Fused elementwise expressions ============================== */
-/* A chain of elementwise math written as one expression and run as one kernel (compiled at run time
- * by NVRTC through the context's kernel cache), forward and backward: gelu-tanh or adaLN modulation
- * read their inputs and write their result once instead of once per op. The gradient of each input
- * is another fused kernel made from the expression's symbolic derivative, itself differentiable, so
- * FLAME_BACKWARD_CREATE_GRAPH works to any order.
- *
- * Expressions over the inputs x0 .. x{n_inputs-1}: decimal numbers (1, 0.5, 4.4715e-2), + - * /,
- * unary minus, parentheses, and the functions exp log sqrt rsqrt tanh sigmoid sin cos abs sign erf,
- * pow(e, number) (the exponent a literal), min(a, b) and max(a, b) (NaN propagates; at a tie each
- * side gets half of the gradient, as torch.maximum). Whitespace is ignored. Examples:
- *   "0.5 * x0 * (1 + tanh(0.7978845608028654 * (x0 + 0.044715 * x0 * x0 * x0)))"   (gelu, tanh form)
- *   "x0 * (1 + x1) + x2"                                                              (adaLN modulation)
- * The expression is simplified once (constants folded; x * 1, x + 0, x * 0 -> 0), so that results may
- * differ from the same ops run one by one in the last bits (one rounding for the whole expression in
- * the compute type instead of one per op). */
-
-typedef struct flame_fused_s* flame_fused_t; /* a compiled expression, bound to one context */
-
-/* The most inputs an expression may have. */
-#define FLAME_FUSED_MAX_INPUTS 8
-
-/* Parses expr (borrowed; NUL-terminated, at most 4096 characters, nesting at most 64 deep) over
- * n_inputs in [1, FLAME_FUSED_MAX_INPUTS] inputs. Kernels are compiled at the first call for each
- * dtype and memory layout. OUT *out: a new function of ctx; release it with flame_fused_release (it
- * keeps the context alive, as tensors do).
- * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx, expr or out NULL; n_inputs out of range; a syntax error,
- * an unknown name, an input x<k> with k >= n_inputs, a non-literal pow exponent: the message gives the
- * 1-based column and what was expected there), FLAME_ERROR_INVALID_HANDLE (ctx destroyed). */
-FLAME_API flame_status_t flame_fused_compile(flame_ctx_t ctx, const char* expr, int32_t n_inputs, flame_fused_t* out);
-
-/* Applies fn to inputs[0..n) (borrowed), n equal to fn's n_inputs. Inputs broadcast together (NumPy
- * rules) and promote as the binary ops (bool < u8 < i32 < i64 < f16,bf16 < f32 < f64); integer and
- * bool inputs compute in f32; f16 and bf16 compute in f32 and round once, f64 computes in f64. Any
- * strides. OUT *out: a new tensor of the broadcast shape and the promoted dtype. With grad mode on and
- * an input that requires grad, one node records the call (plus the casts and broadcasts, whose
- * gradients are summed back as for every op).
- * Errors: FLAME_ERROR_INVALID_ARGUMENT (fn, inputs or out NULL, an element of inputs NULL, n not
- * fn's n_inputs, an input of another context than fn), FLAME_ERROR_INVALID_HANDLE (fn or an input
- * released), FLAME_ERROR_SHAPE_MISMATCH (shapes that do not broadcast), FLAME_ERROR_UNSUPPORTED (a
- * derivative of very high order that would need more than 16 operands), FLAME_ERROR_KERNEL_COMPILE. */
-FLAME_API flame_status_t flame_fused_call(flame_fused_t fn, const flame_tensor_t* inputs, int32_t n, flame_tensor_t* out);
-
-/* Releases fn. Nodes recorded by its calls keep what their backward needs, so graphs built with fn
- * stay differentiable. NULL is a no-op; a released handle is detected (nothing happens) while its
- * context lives. */
-FLAME_API void flame_fused_release(flame_fused_t fn);
 
 /* ============================== Models ============================== */
 /* A flame_model_t is a diffusion or text-encoder architecture built from FLAME's operations, with

@@ -88,6 +88,17 @@ namespace Flame.Interop
         FLAME_LOG_OFF = 4,
     }
 
+    /// <summary><c>flame_pad_mode_t</c> (the safe layer uses <see cref="Flame.PadMode"/>).</summary>
+    public enum flame_pad_mode_t : int
+    {
+        /// <summary><c>FLAME_PAD_CONSTANT</c></summary>
+        FLAME_PAD_CONSTANT = 0,
+        /// <summary><c>FLAME_PAD_REFLECT</c></summary>
+        FLAME_PAD_REFLECT = 1,
+        /// <summary><c>FLAME_PAD_REPLICATE</c></summary>
+        FLAME_PAD_REPLICATE = 2,
+    }
+
     /// <summary><c>flame_activation_t</c> (the safe layer uses <see cref="Flame.Activation"/>).</summary>
     public enum flame_activation_t : int
     {
@@ -97,19 +108,6 @@ namespace Flame.Interop
         FLAME_ACTIVATION_RELU = 1,
         /// <summary><c>FLAME_ACTIVATION_GELU_TANH</c></summary>
         FLAME_ACTIVATION_GELU_TANH = 2,
-    }
-
-    /// <summary><c>flame_optimizer_kind_t</c> (the safe layer uses <see cref="Flame.OptimizerKind"/>).</summary>
-    public enum flame_optimizer_kind_t : int
-    {
-        /// <summary><c>FLAME_OPTIMIZER_SGD</c></summary>
-        FLAME_OPTIMIZER_SGD = 0,
-        /// <summary><c>FLAME_OPTIMIZER_ADAM</c></summary>
-        FLAME_OPTIMIZER_ADAM = 1,
-        /// <summary><c>FLAME_OPTIMIZER_ADAMW</c></summary>
-        FLAME_OPTIMIZER_ADAMW = 2,
-        /// <summary><c>FLAME_OPTIMIZER_LION</c></summary>
-        FLAME_OPTIMIZER_LION = 3,
     }
 
     /// <summary><c>flame_reduction_t</c> (the safe layer uses <see cref="Flame.Reduction"/>).</summary>
@@ -123,15 +121,17 @@ namespace Flame.Interop
         FLAME_REDUCTION_SUM = 2,
     }
 
-    /// <summary><c>flame_pad_mode_t</c> (the safe layer uses <see cref="Flame.PadMode"/>).</summary>
-    public enum flame_pad_mode_t : int
+    /// <summary><c>flame_optimizer_kind_t</c> (the safe layer uses <see cref="Flame.OptimizerKind"/>).</summary>
+    public enum flame_optimizer_kind_t : int
     {
-        /// <summary><c>FLAME_PAD_CONSTANT</c></summary>
-        FLAME_PAD_CONSTANT = 0,
-        /// <summary><c>FLAME_PAD_REFLECT</c></summary>
-        FLAME_PAD_REFLECT = 1,
-        /// <summary><c>FLAME_PAD_REPLICATE</c></summary>
-        FLAME_PAD_REPLICATE = 2,
+        /// <summary><c>FLAME_OPTIMIZER_SGD</c></summary>
+        FLAME_OPTIMIZER_SGD = 0,
+        /// <summary><c>FLAME_OPTIMIZER_ADAM</c></summary>
+        FLAME_OPTIMIZER_ADAM = 1,
+        /// <summary><c>FLAME_OPTIMIZER_ADAMW</c></summary>
+        FLAME_OPTIMIZER_ADAMW = 2,
+        /// <summary><c>FLAME_OPTIMIZER_LION</c></summary>
+        FLAME_OPTIMIZER_LION = 3,
     }
 
     /// <summary><c>flame_reduce_op_t</c> (the safe layer uses <see cref="Flame.ReduceOp"/>).</summary>
@@ -181,40 +181,6 @@ namespace Flame.Interop
         public ulong peak_bytes_in_use;
         /// <summary><c>uint64_t live_tensors</c></summary>
         public ulong live_tensors;
-    }
-
-    /// <summary><c>flame_optimizer_options_t</c>, laid out as in C.</summary>
-    [StructLayout(LayoutKind.Sequential)]
-    public unsafe struct flame_optimizer_options_t
-    {
-        /// <summary><c>size_t struct_size</c></summary>
-        public UIntPtr struct_size;
-        /// <summary><c>int32_t kind</c></summary>
-        public int kind;
-        /// <summary><c>double lr</c></summary>
-        public double lr;
-        /// <summary><c>double weight_decay</c></summary>
-        public double weight_decay;
-        /// <summary><c>double beta1</c></summary>
-        public double beta1;
-        /// <summary><c>double beta2</c></summary>
-        public double beta2;
-        /// <summary><c>double eps</c></summary>
-        public double eps;
-        /// <summary><c>double momentum</c></summary>
-        public double momentum;
-        /// <summary><c>double dampening</c></summary>
-        public double dampening;
-        /// <summary><c>int32_t nesterov</c></summary>
-        public int nesterov;
-        /// <summary><c>int32_t amsgrad</c></summary>
-        public int amsgrad;
-        /// <summary><c>int32_t maximize</c></summary>
-        public int maximize;
-        /// <summary><c>int32_t master_weights</c></summary>
-        public int master_weights;
-        /// <summary><c>int32_t stochastic_rounding</c></summary>
-        public int stochastic_rounding;
     }
 
     /// <summary><c>flame_conv_options_t</c>, laid out as in C.</summary>
@@ -289,6 +255,40 @@ namespace Flame.Interop
         public int interleaved;
         /// <summary><c>int32_t seq_dim</c></summary>
         public int seq_dim;
+    }
+
+    /// <summary><c>flame_optimizer_options_t</c>, laid out as in C.</summary>
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct flame_optimizer_options_t
+    {
+        /// <summary><c>size_t struct_size</c></summary>
+        public UIntPtr struct_size;
+        /// <summary><c>int32_t kind</c></summary>
+        public int kind;
+        /// <summary><c>double lr</c></summary>
+        public double lr;
+        /// <summary><c>double weight_decay</c></summary>
+        public double weight_decay;
+        /// <summary><c>double beta1</c></summary>
+        public double beta1;
+        /// <summary><c>double beta2</c></summary>
+        public double beta2;
+        /// <summary><c>double eps</c></summary>
+        public double eps;
+        /// <summary><c>double momentum</c></summary>
+        public double momentum;
+        /// <summary><c>double dampening</c></summary>
+        public double dampening;
+        /// <summary><c>int32_t nesterov</c></summary>
+        public int nesterov;
+        /// <summary><c>int32_t amsgrad</c></summary>
+        public int amsgrad;
+        /// <summary><c>int32_t maximize</c></summary>
+        public int maximize;
+        /// <summary><c>int32_t master_weights</c></summary>
+        public int master_weights;
+        /// <summary><c>int32_t stochastic_rounding</c></summary>
+        public int stochastic_rounding;
     }
 
     /// <summary><c>flame_grad_scaler_options_t</c>, laid out as in C.</summary>
@@ -375,12 +375,14 @@ namespace Flame.Interop
         public const int FLAME_ABI_VERSION = 1;
         /// <summary><c>#define FLAME_MAX_DIMS 8</c></summary>
         public const int FLAME_MAX_DIMS = 8;
+        /// <summary><c>#define FLAME_FUSED_MAX_INPUTS 8</c></summary>
+        public const int FLAME_FUSED_MAX_INPUTS = 8;
         /// <summary><c>#define FLAME_DIM_ALL -2147483648</c></summary>
         public const int FLAME_DIM_ALL = -2147483648;
-        /// <summary><c>#define FLAME_AUTOCAST_OFF -1</c></summary>
-        public const int FLAME_AUTOCAST_OFF = -1;
         /// <summary><c>#define FLAME_NO_PADDING -9223372036854775808</c></summary>
         public const long FLAME_NO_PADDING = -9223372036854775808;
+        /// <summary><c>#define FLAME_AUTOCAST_OFF -1</c></summary>
+        public const int FLAME_AUTOCAST_OFF = -1;
         /// <summary><c>#define FLAME_STAT_NORM 0</c></summary>
         public const int FLAME_STAT_NORM = 0;
         /// <summary><c>#define FLAME_STAT_MIN 1</c></summary>
@@ -397,8 +399,8 @@ namespace Flame.Interop
         public const int FLAME_STAT_COLUMNS = 6;
         /// <summary><c>#define FLAME_COMM_ID_BYTES 128</c></summary>
         public const int FLAME_COMM_ID_BYTES = 128;
-        /// <summary><c>#define FLAME_FUSED_MAX_INPUTS 8</c></summary>
-        public const int FLAME_FUSED_MAX_INPUTS = 8;
+        /// <summary><c>FLAME_ATTENTION_CAUSAL</c></summary>
+        public const uint FLAME_ATTENTION_CAUSAL = 1;
         /// <summary><c>FLAME_BACKWARD_RETAIN_GRAPH</c></summary>
         public const uint FLAME_BACKWARD_RETAIN_GRAPH = 1;
         /// <summary><c>FLAME_BACKWARD_CREATE_GRAPH</c></summary>
@@ -413,8 +415,6 @@ namespace Flame.Interop
         public const uint FLAME_PARAMS_LOAD_NON_STRICT = 3;
         /// <summary><c>FLAME_PARAMS_LOAD_CONVERT_DTYPE</c></summary>
         public const uint FLAME_PARAMS_LOAD_CONVERT_DTYPE = 4;
-        /// <summary><c>FLAME_ATTENTION_CAUSAL</c></summary>
-        public const uint FLAME_ATTENTION_CAUSAL = 1;
 
         /// <summary>Every exported function, in header order.</summary>
         public static readonly string[] Symbols = {
@@ -538,6 +538,9 @@ namespace Flame.Interop
             "flame_square",
             "flame_isnan",
             "flame_isinf",
+            "flame_fused_compile",
+            "flame_fused_call",
+            "flame_fused_release",
             "flame_sum",
             "flame_mean",
             "flame_prod",
@@ -553,20 +556,53 @@ namespace Flame.Interop
             "flame_sum_all",
             "flame_max_all",
             "flame_min_all",
+            "flame_index_select",
+            "flame_gather",
+            "flame_scatter_add",
+            "flame_index_add",
+            "flame_masked_fill",
+            "flame_one_hot",
+            "flame_embedding",
+            "flame_scatter",
+            "flame_masked_select",
+            "flame_repeat",
+            "flame_repeat_interleave",
+            "flame_pad",
             "flame_matmul",
             "flame_bmm",
             "flame_linear",
-            "flame_optimizer_options_init",
-            "flame_optimizer_create",
-            "flame_optimizer_add_param_group",
-            "flame_optimizer_step",
-            "flame_optimizer_zero_grad",
-            "flame_optimizer_set_lr",
-            "flame_optimizer_get_lr",
-            "flame_optimizer_step_count",
-            "flame_optimizer_release",
-            "flame_clip_grad_norm",
-            "flame_clip_grad_value",
+            "flame_softmax",
+            "flame_log_softmax",
+            "flame_layer_norm",
+            "flame_rms_norm",
+            "flame_group_norm",
+            "flame_batch_norm",
+            "flame_conv_options_init",
+            "flame_conv2d",
+            "flame_conv_transpose2d",
+            "flame_conv1d",
+            "flame_attention_options_init",
+            "flame_scaled_dot_product_attention",
+            "flame_dropout",
+            "flame_pool2d_options_init",
+            "flame_max_pool2d",
+            "flame_avg_pool2d",
+            "flame_adaptive_avg_pool2d",
+            "flame_upsample_nearest2d",
+            "flame_upsample_bilinear2d",
+            "flame_rope_options_init",
+            "flame_rope",
+            "flame_timestep_embedding",
+            "flame_geglu",
+            "flame_adaln_modulate",
+            "flame_swiglu_mlp",
+            "flame_cross_entropy",
+            "flame_nll_loss",
+            "flame_mse_loss",
+            "flame_l1_loss",
+            "flame_smooth_l1_loss",
+            "flame_huber_loss",
+            "flame_binary_cross_entropy_with_logits",
             "flame_tensor_set_requires_grad",
             "flame_tensor_requires_grad",
             "flame_tensor_is_leaf",
@@ -585,19 +621,43 @@ namespace Flame.Interop
             "flame_tensor_register_hook",
             "flame_tensor_register_post_accumulate_grad_hook",
             "flame_hook_remove",
-            "flame_softmax",
-            "flame_log_softmax",
-            "flame_layer_norm",
-            "flame_rms_norm",
-            "flame_group_norm",
-            "flame_batch_norm",
-            "flame_cross_entropy",
-            "flame_nll_loss",
-            "flame_mse_loss",
-            "flame_l1_loss",
-            "flame_smooth_l1_loss",
-            "flame_huber_loss",
-            "flame_binary_cross_entropy_with_logits",
+            "flame_clip_grad_norm",
+            "flame_clip_grad_value",
+            "flame_grad_normalize",
+            "flame_grad_add_noise",
+            "flame_grad_stats",
+            "flame_grad_stats_host",
+            "flame_optimizer_options_init",
+            "flame_optimizer_create",
+            "flame_optimizer_add_param_group",
+            "flame_optimizer_step",
+            "flame_optimizer_zero_grad",
+            "flame_optimizer_set_lr",
+            "flame_optimizer_get_lr",
+            "flame_optimizer_step_count",
+            "flame_optimizer_release",
+            "flame_optimizer_save_state",
+            "flame_optimizer_load_state",
+            "flame_grad_scaler_options_init",
+            "flame_grad_scaler_create",
+            "flame_grad_scaler_release",
+            "flame_grad_scaler_scale",
+            "flame_grad_scaler_unscale",
+            "flame_grad_scaler_unscale_tensors",
+            "flame_grad_scaler_step",
+            "flame_grad_scaler_update",
+            "flame_grad_scaler_get_scale",
+            "flame_grad_scaler_found_inf",
+            "flame_grad_scaler_get_state",
+            "flame_grad_scaler_set_state",
+            "flame_lora_create",
+            "flame_lora_release",
+            "flame_lora_forward",
+            "flame_lora_adapters",
+            "flame_lora_merge",
+            "flame_lora_unmerge",
+            "flame_lora_is_merged",
+            "flame_checkpoint",
             "flame_tensor_to_dlpack",
             "flame_tensor_from_dlpack",
             "flame_tensor_to_dlpack_versioned",
@@ -622,63 +682,6 @@ namespace Flame.Interop
             "flame_params_find",
             "flame_params_save_safetensors",
             "flame_params_load_safetensors",
-            "flame_index_select",
-            "flame_gather",
-            "flame_scatter_add",
-            "flame_index_add",
-            "flame_masked_fill",
-            "flame_one_hot",
-            "flame_embedding",
-            "flame_conv_options_init",
-            "flame_conv2d",
-            "flame_conv_transpose2d",
-            "flame_conv1d",
-            "flame_attention_options_init",
-            "flame_scaled_dot_product_attention",
-            "flame_scatter",
-            "flame_masked_select",
-            "flame_repeat",
-            "flame_repeat_interleave",
-            "flame_pad",
-            "flame_dropout",
-            "flame_pool2d_options_init",
-            "flame_max_pool2d",
-            "flame_avg_pool2d",
-            "flame_adaptive_avg_pool2d",
-            "flame_upsample_nearest2d",
-            "flame_upsample_bilinear2d",
-            "flame_rope_options_init",
-            "flame_rope",
-            "flame_timestep_embedding",
-            "flame_geglu",
-            "flame_adaln_modulate",
-            "flame_swiglu_mlp",
-            "flame_optimizer_save_state",
-            "flame_optimizer_load_state",
-            "flame_grad_normalize",
-            "flame_grad_add_noise",
-            "flame_grad_stats",
-            "flame_grad_stats_host",
-            "flame_grad_scaler_options_init",
-            "flame_grad_scaler_create",
-            "flame_grad_scaler_release",
-            "flame_grad_scaler_scale",
-            "flame_grad_scaler_unscale",
-            "flame_grad_scaler_unscale_tensors",
-            "flame_grad_scaler_step",
-            "flame_grad_scaler_update",
-            "flame_grad_scaler_get_scale",
-            "flame_grad_scaler_found_inf",
-            "flame_grad_scaler_get_state",
-            "flame_grad_scaler_set_state",
-            "flame_lora_create",
-            "flame_lora_release",
-            "flame_lora_forward",
-            "flame_lora_adapters",
-            "flame_lora_merge",
-            "flame_lora_unmerge",
-            "flame_lora_is_merged",
-            "flame_checkpoint",
             "flame_ctx_cudnn_info",
             "flame_ctx_cudnn_attention_info",
             "flame_graph_capture_begin",
@@ -703,9 +706,6 @@ namespace Flame.Interop
             "flame_dp_set_sync",
             "flame_dp_wait",
             "flame_dp_release",
-            "flame_fused_compile",
-            "flame_fused_call",
-            "flame_fused_release",
             "flame_model_known_architectures",
             "flame_model_create",
             "flame_model_load",
@@ -1199,6 +1199,18 @@ namespace Flame.Interop
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_isinf", ExactSpelling = true)]
         public static extern flame_status_t flame_isinf(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_fused_compile(flame_ctx_t ctx, const char* expr, int32_t n_inputs, flame_fused_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_fused_compile", ExactSpelling = true)]
+        public static extern flame_status_t flame_fused_compile(IntPtr ctx, string expr, int n_inputs, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_fused_call(flame_fused_t fn, const flame_tensor_t* inputs, int32_t n, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_fused_call", ExactSpelling = true)]
+        public static extern flame_status_t flame_fused_call(IntPtr fn, IntPtr* inputs, int n, IntPtr* @out);
+
+        /// <summary><c>void flame_fused_release(flame_fused_t fn)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_fused_release", ExactSpelling = true)]
+        public static extern void flame_fused_release(IntPtr fn);
+
         /// <summary><c>flame_status_t flame_sum(flame_tensor_t t, const int32_t* dims, int32_t ndims, int32_t keepdim, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_sum", ExactSpelling = true)]
         public static extern flame_status_t flame_sum(IntPtr t, int* dims, int ndims, int keepdim, IntPtr* @out);
@@ -1259,6 +1271,54 @@ namespace Flame.Interop
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_min_all", ExactSpelling = true)]
         public static extern flame_status_t flame_min_all(IntPtr t, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_index_select(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_index_select", ExactSpelling = true)]
+        public static extern flame_status_t flame_index_select(IntPtr t, int dim, IntPtr index, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_gather(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_gather", ExactSpelling = true)]
+        public static extern flame_status_t flame_gather(IntPtr t, int dim, IntPtr index, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_scatter_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scatter_add", ExactSpelling = true)]
+        public static extern flame_status_t flame_scatter_add(IntPtr t, int dim, IntPtr index, IntPtr src, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_index_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t source, double alpha, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_index_add", ExactSpelling = true)]
+        public static extern flame_status_t flame_index_add(IntPtr t, int dim, IntPtr index, IntPtr source, double alpha, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_masked_fill(flame_tensor_t t, flame_tensor_t mask, double value, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_masked_fill", ExactSpelling = true)]
+        public static extern flame_status_t flame_masked_fill(IntPtr t, IntPtr mask, double value, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_one_hot(flame_tensor_t index, int64_t num_classes, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_one_hot", ExactSpelling = true)]
+        public static extern flame_status_t flame_one_hot(IntPtr index, long num_classes, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_embedding(flame_tensor_t weight, flame_tensor_t indices, int64_t padding_idx, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_embedding", ExactSpelling = true)]
+        public static extern flame_status_t flame_embedding(IntPtr weight, IntPtr indices, long padding_idx, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_scatter(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scatter", ExactSpelling = true)]
+        public static extern flame_status_t flame_scatter(IntPtr t, int dim, IntPtr index, IntPtr src, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_masked_select(flame_tensor_t t, flame_tensor_t mask, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_masked_select", ExactSpelling = true)]
+        public static extern flame_status_t flame_masked_select(IntPtr t, IntPtr mask, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_repeat(flame_tensor_t t, const int64_t* repeats, int32_t n, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_repeat", ExactSpelling = true)]
+        public static extern flame_status_t flame_repeat(IntPtr t, long* repeats, int n, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_repeat_interleave(flame_tensor_t t, int64_t repeats, int32_t dim, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_repeat_interleave", ExactSpelling = true)]
+        public static extern flame_status_t flame_repeat_interleave(IntPtr t, long repeats, int dim, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_t npads, int32_t mode, double value, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_pad", ExactSpelling = true)]
+        public static extern flame_status_t flame_pad(IntPtr t, long* pads, int npads, int mode, double value, IntPtr* @out);
+
         /// <summary><c>flame_status_t flame_matmul(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_matmul", ExactSpelling = true)]
         public static extern flame_status_t flame_matmul(IntPtr a, IntPtr b, IntPtr* @out);
@@ -1271,49 +1331,133 @@ namespace Flame.Interop
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_linear", ExactSpelling = true)]
         public static extern flame_status_t flame_linear(IntPtr x, IntPtr weight, IntPtr bias, int activation, IntPtr* @out);
 
-        /// <summary><c>flame_status_t flame_optimizer_options_init(flame_optimizer_options_t* opts, int32_t kind)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_options_init", ExactSpelling = true)]
-        public static extern flame_status_t flame_optimizer_options_init(flame_optimizer_options_t* opts, int kind);
+        /// <summary><c>flame_status_t flame_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_softmax", ExactSpelling = true)]
+        public static extern flame_status_t flame_softmax(IntPtr x, int dim, IntPtr* @out);
 
-        /// <summary><c>flame_status_t flame_optimizer_create(flame_ctx_t ctx, const flame_optimizer_options_t* opts, const flame_tensor_t* params, int64_t n, flame_optimizer_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_create", ExactSpelling = true)]
-        public static extern flame_status_t flame_optimizer_create(IntPtr ctx, flame_optimizer_options_t* opts, IntPtr* @params, long n, IntPtr* @out);
+        /// <summary><c>flame_status_t flame_log_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_log_softmax", ExactSpelling = true)]
+        public static extern flame_status_t flame_log_softmax(IntPtr x, int dim, IntPtr* @out);
 
-        /// <summary><c>flame_status_t flame_optimizer_add_param_group(flame_optimizer_t opt, const flame_optimizer_options_t* opts, const flame_tensor_t* params, int64_t n, int32_t* group)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_add_param_group", ExactSpelling = true)]
-        public static extern flame_status_t flame_optimizer_add_param_group(IntPtr opt, flame_optimizer_options_t* opts, IntPtr* @params, long n, int* group);
+        /// <summary><c>flame_status_t flame_layer_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, flame_tensor_t bias, double eps, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_layer_norm", ExactSpelling = true)]
+        public static extern flame_status_t flame_layer_norm(IntPtr x, long* normalized_shape, int ndims, IntPtr weight, IntPtr bias, double eps, IntPtr* @out);
 
-        /// <summary><c>flame_status_t flame_optimizer_step(flame_optimizer_t opt)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_step", ExactSpelling = true)]
-        public static extern flame_status_t flame_optimizer_step(IntPtr opt);
+        /// <summary><c>flame_status_t flame_rms_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, double eps, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rms_norm", ExactSpelling = true)]
+        public static extern flame_status_t flame_rms_norm(IntPtr x, long* normalized_shape, int ndims, IntPtr weight, double eps, IntPtr* @out);
 
-        /// <summary><c>flame_status_t flame_optimizer_zero_grad(flame_optimizer_t opt, int32_t set_to_none)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_zero_grad", ExactSpelling = true)]
-        public static extern flame_status_t flame_optimizer_zero_grad(IntPtr opt, int set_to_none);
+        /// <summary><c>flame_status_t flame_group_norm(flame_tensor_t x, int32_t num_groups, flame_tensor_t weight, flame_tensor_t bias, double eps, int32_t channels_last, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_group_norm", ExactSpelling = true)]
+        public static extern flame_status_t flame_group_norm(IntPtr x, int num_groups, IntPtr weight, IntPtr bias, double eps, int channels_last, IntPtr* @out);
 
-        /// <summary><c>flame_status_t flame_optimizer_set_lr(flame_optimizer_t opt, int32_t group, double lr)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_set_lr", ExactSpelling = true)]
-        public static extern flame_status_t flame_optimizer_set_lr(IntPtr opt, int group, double lr);
+        /// <summary><c>flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t running_mean, flame_tensor_t running_var, flame_tensor_t weight, flame_tensor_t bias, int32_t training, double momentum, double eps, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_batch_norm", ExactSpelling = true)]
+        public static extern flame_status_t flame_batch_norm(IntPtr x, IntPtr running_mean, IntPtr running_var, IntPtr weight, IntPtr bias, int training, double momentum, double eps, IntPtr* @out);
 
-        /// <summary><c>flame_status_t flame_optimizer_get_lr(flame_optimizer_t opt, int32_t group, double* lr)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_get_lr", ExactSpelling = true)]
-        public static extern flame_status_t flame_optimizer_get_lr(IntPtr opt, int group, double* lr);
+        /// <summary><c>flame_status_t flame_conv_options_init(flame_conv_options_t* opts)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_conv_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_conv_options_init(flame_conv_options_t* opts);
 
-        /// <summary><c>flame_status_t flame_optimizer_step_count(flame_optimizer_t opt, int64_t* steps)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_step_count", ExactSpelling = true)]
-        public static extern flame_status_t flame_optimizer_step_count(IntPtr opt, long* steps);
+        /// <summary><c>flame_status_t flame_conv2d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, const flame_conv_options_t* opts, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_conv2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_conv2d(IntPtr x, IntPtr weight, IntPtr bias, flame_conv_options_t* opts, IntPtr* @out);
 
-        /// <summary><c>void flame_optimizer_release(flame_optimizer_t opt)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_release", ExactSpelling = true)]
-        public static extern void flame_optimizer_release(IntPtr opt);
+        /// <summary><c>flame_status_t flame_conv_transpose2d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, const flame_conv_options_t* opts, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_conv_transpose2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_conv_transpose2d(IntPtr x, IntPtr weight, IntPtr bias, flame_conv_options_t* opts, IntPtr* @out);
 
-        /// <summary><c>flame_status_t flame_clip_grad_norm(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double max_norm, double norm_type, int32_t error_if_nonfinite, flame_tensor_t* total_norm)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_clip_grad_norm", ExactSpelling = true)]
-        public static extern flame_status_t flame_clip_grad_norm(IntPtr ctx, IntPtr* @params, long n, double max_norm, double norm_type, int error_if_nonfinite, IntPtr* total_norm);
+        /// <summary><c>flame_status_t flame_conv1d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, const flame_conv_options_t* opts, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_conv1d", ExactSpelling = true)]
+        public static extern flame_status_t flame_conv1d(IntPtr x, IntPtr weight, IntPtr bias, flame_conv_options_t* opts, IntPtr* @out);
 
-        /// <summary><c>flame_status_t flame_clip_grad_value(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double clip)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_clip_grad_value", ExactSpelling = true)]
-        public static extern flame_status_t flame_clip_grad_value(IntPtr ctx, IntPtr* @params, long n, double clip);
+        /// <summary><c>flame_status_t flame_attention_options_init(flame_attention_options_t* opts)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_attention_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_attention_options_init(flame_attention_options_t* opts);
+
+        /// <summary><c>flame_status_t flame_scaled_dot_product_attention(flame_tensor_t q, flame_tensor_t k, flame_tensor_t v, flame_tensor_t mask, const flame_attention_options_t* opts, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scaled_dot_product_attention", ExactSpelling = true)]
+        public static extern flame_status_t flame_scaled_dot_product_attention(IntPtr q, IntPtr k, IntPtr v, IntPtr mask, flame_attention_options_t* opts, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dropout", ExactSpelling = true)]
+        public static extern flame_status_t flame_dropout(IntPtr t, double p, int training, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_pool2d_options_init(flame_pool2d_options_t* opts, int64_t kernel_h, int64_t kernel_w)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_pool2d_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_pool2d_options_init(flame_pool2d_options_t* opts, long kernel_h, long kernel_w);
+
+        /// <summary><c>flame_status_t flame_max_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_max_pool2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_max_pool2d(IntPtr x, flame_pool2d_options_t* opts, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_avg_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_avg_pool2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_avg_pool2d(IntPtr x, flame_pool2d_options_t* opts, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_adaptive_avg_pool2d(flame_tensor_t x, int64_t out_h, int64_t out_w, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_adaptive_avg_pool2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_adaptive_avg_pool2d(IntPtr x, long out_h, long out_w, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_upsample_nearest2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_upsample_nearest2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_upsample_nearest2d(IntPtr x, long out_h, long out_w, double scale_h, double scale_w, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_upsample_bilinear2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w, int32_t align_corners, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_upsample_bilinear2d", ExactSpelling = true)]
+        public static extern flame_status_t flame_upsample_bilinear2d(IntPtr x, long out_h, long out_w, double scale_h, double scale_w, int align_corners, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_rope_options_init(flame_rope_options_t* opts)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rope_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_rope_options_init(flame_rope_options_t* opts);
+
+        /// <summary><c>flame_status_t flame_rope(flame_tensor_t x, flame_tensor_t positions, const flame_rope_options_t* opts, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rope", ExactSpelling = true)]
+        public static extern flame_status_t flame_rope(IntPtr x, IntPtr positions, flame_rope_options_t* opts, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_timestep_embedding(flame_tensor_t timesteps, int64_t dim, double max_period, int32_t flip_sin_to_cos, double downscale_freq_shift, double scale, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_timestep_embedding", ExactSpelling = true)]
+        public static extern flame_status_t flame_timestep_embedding(IntPtr timesteps, long dim, double max_period, int flip_sin_to_cos, double downscale_freq_shift, double scale, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_geglu(flame_tensor_t x, int32_t approximate, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_geglu", ExactSpelling = true)]
+        public static extern flame_status_t flame_geglu(IntPtr x, int approximate, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_adaln_modulate(flame_tensor_t x, flame_tensor_t shift, flame_tensor_t scale, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_adaln_modulate", ExactSpelling = true)]
+        public static extern flame_status_t flame_adaln_modulate(IntPtr x, IntPtr shift, IntPtr scale, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_swiglu_mlp(flame_tensor_t x, flame_tensor_t w1, flame_tensor_t w3, flame_tensor_t w2, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_swiglu_mlp", ExactSpelling = true)]
+        public static extern flame_status_t flame_swiglu_mlp(IntPtr x, IntPtr w1, IntPtr w3, IntPtr w2, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_cross_entropy(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, double label_smoothing, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_cross_entropy", ExactSpelling = true)]
+        public static extern flame_status_t flame_cross_entropy(IntPtr logits, IntPtr target, IntPtr weight, long ignore_index, double label_smoothing, flame_reduction_t reduction, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_nll_loss(flame_tensor_t input, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_nll_loss", ExactSpelling = true)]
+        public static extern flame_status_t flame_nll_loss(IntPtr input, IntPtr target, IntPtr weight, long ignore_index, flame_reduction_t reduction, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_mse_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_mse_loss", ExactSpelling = true)]
+        public static extern flame_status_t flame_mse_loss(IntPtr input, IntPtr target, flame_reduction_t reduction, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_l1_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_l1_loss", ExactSpelling = true)]
+        public static extern flame_status_t flame_l1_loss(IntPtr input, IntPtr target, flame_reduction_t reduction, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_smooth_l1_loss(flame_tensor_t input, flame_tensor_t target, double beta, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_smooth_l1_loss", ExactSpelling = true)]
+        public static extern flame_status_t flame_smooth_l1_loss(IntPtr input, IntPtr target, double beta, flame_reduction_t reduction, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_huber_loss(flame_tensor_t input, flame_tensor_t target, double delta, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_huber_loss", ExactSpelling = true)]
+        public static extern flame_status_t flame_huber_loss(IntPtr input, IntPtr target, double delta, flame_reduction_t reduction, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, flame_tensor_t pos_weight, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_binary_cross_entropy_with_logits", ExactSpelling = true)]
+        public static extern flame_status_t flame_binary_cross_entropy_with_logits(IntPtr logits, IntPtr target, IntPtr weight, IntPtr pos_weight, flame_reduction_t reduction, IntPtr* @out);
 
         /// <summary><c>flame_status_t flame_tensor_set_requires_grad(flame_tensor_t t, int32_t requires_grad)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_set_requires_grad", ExactSpelling = true)]
@@ -1387,57 +1531,153 @@ namespace Flame.Interop
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_hook_remove", ExactSpelling = true)]
         public static extern void flame_hook_remove(IntPtr hook);
 
-        /// <summary><c>flame_status_t flame_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_softmax", ExactSpelling = true)]
-        public static extern flame_status_t flame_softmax(IntPtr x, int dim, IntPtr* @out);
+        /// <summary><c>flame_status_t flame_clip_grad_norm(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double max_norm, double norm_type, int32_t error_if_nonfinite, flame_tensor_t* total_norm)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_clip_grad_norm", ExactSpelling = true)]
+        public static extern flame_status_t flame_clip_grad_norm(IntPtr ctx, IntPtr* @params, long n, double max_norm, double norm_type, int error_if_nonfinite, IntPtr* total_norm);
 
-        /// <summary><c>flame_status_t flame_log_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_log_softmax", ExactSpelling = true)]
-        public static extern flame_status_t flame_log_softmax(IntPtr x, int dim, IntPtr* @out);
+        /// <summary><c>flame_status_t flame_clip_grad_value(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double clip)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_clip_grad_value", ExactSpelling = true)]
+        public static extern flame_status_t flame_clip_grad_value(IntPtr ctx, IntPtr* @params, long n, double clip);
 
-        /// <summary><c>flame_status_t flame_layer_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, flame_tensor_t bias, double eps, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_layer_norm", ExactSpelling = true)]
-        public static extern flame_status_t flame_layer_norm(IntPtr x, long* normalized_shape, int ndims, IntPtr weight, IntPtr bias, double eps, IntPtr* @out);
+        /// <summary><c>flame_status_t flame_grad_normalize(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double target_norm, double eps)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_normalize", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_normalize(IntPtr ctx, IntPtr* tensors, long n, double target_norm, double eps);
 
-        /// <summary><c>flame_status_t flame_rms_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, double eps, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rms_norm", ExactSpelling = true)]
-        public static extern flame_status_t flame_rms_norm(IntPtr x, long* normalized_shape, int ndims, IntPtr weight, double eps, IntPtr* @out);
+        /// <summary><c>flame_status_t flame_grad_add_noise(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double std_dev)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_add_noise", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_add_noise(IntPtr ctx, IntPtr* tensors, long n, double std_dev);
 
-        /// <summary><c>flame_status_t flame_group_norm(flame_tensor_t x, int32_t num_groups, flame_tensor_t weight, flame_tensor_t bias, double eps, int32_t channels_last, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_group_norm", ExactSpelling = true)]
-        public static extern flame_status_t flame_group_norm(IntPtr x, int num_groups, IntPtr weight, IntPtr bias, double eps, int channels_last, IntPtr* @out);
+        /// <summary><c>flame_status_t flame_grad_stats(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_stats", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_stats(IntPtr ctx, IntPtr* tensors, long n, IntPtr* @out);
 
-        /// <summary><c>flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t running_mean, flame_tensor_t running_var, flame_tensor_t weight, flame_tensor_t bias, int32_t training, double momentum, double eps, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_batch_norm", ExactSpelling = true)]
-        public static extern flame_status_t flame_batch_norm(IntPtr x, IntPtr running_mean, IntPtr running_var, IntPtr weight, IntPtr bias, int training, double momentum, double eps, IntPtr* @out);
+        /// <summary><c>flame_status_t flame_grad_stats_host(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double* values, int64_t capacity)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_stats_host", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_stats_host(IntPtr ctx, IntPtr* tensors, long n, double* values, long capacity);
 
-        /// <summary><c>flame_status_t flame_cross_entropy(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, double label_smoothing, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_cross_entropy", ExactSpelling = true)]
-        public static extern flame_status_t flame_cross_entropy(IntPtr logits, IntPtr target, IntPtr weight, long ignore_index, double label_smoothing, flame_reduction_t reduction, IntPtr* @out);
+        /// <summary><c>flame_status_t flame_optimizer_options_init(flame_optimizer_options_t* opts, int32_t kind)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_options_init(flame_optimizer_options_t* opts, int kind);
 
-        /// <summary><c>flame_status_t flame_nll_loss(flame_tensor_t input, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_nll_loss", ExactSpelling = true)]
-        public static extern flame_status_t flame_nll_loss(IntPtr input, IntPtr target, IntPtr weight, long ignore_index, flame_reduction_t reduction, IntPtr* @out);
+        /// <summary><c>flame_status_t flame_optimizer_create(flame_ctx_t ctx, const flame_optimizer_options_t* opts, const flame_tensor_t* params, int64_t n, flame_optimizer_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_create", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_create(IntPtr ctx, flame_optimizer_options_t* opts, IntPtr* @params, long n, IntPtr* @out);
 
-        /// <summary><c>flame_status_t flame_mse_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_mse_loss", ExactSpelling = true)]
-        public static extern flame_status_t flame_mse_loss(IntPtr input, IntPtr target, flame_reduction_t reduction, IntPtr* @out);
+        /// <summary><c>flame_status_t flame_optimizer_add_param_group(flame_optimizer_t opt, const flame_optimizer_options_t* opts, const flame_tensor_t* params, int64_t n, int32_t* group)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_add_param_group", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_add_param_group(IntPtr opt, flame_optimizer_options_t* opts, IntPtr* @params, long n, int* group);
 
-        /// <summary><c>flame_status_t flame_l1_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_l1_loss", ExactSpelling = true)]
-        public static extern flame_status_t flame_l1_loss(IntPtr input, IntPtr target, flame_reduction_t reduction, IntPtr* @out);
+        /// <summary><c>flame_status_t flame_optimizer_step(flame_optimizer_t opt)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_step", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_step(IntPtr opt);
 
-        /// <summary><c>flame_status_t flame_smooth_l1_loss(flame_tensor_t input, flame_tensor_t target, double beta, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_smooth_l1_loss", ExactSpelling = true)]
-        public static extern flame_status_t flame_smooth_l1_loss(IntPtr input, IntPtr target, double beta, flame_reduction_t reduction, IntPtr* @out);
+        /// <summary><c>flame_status_t flame_optimizer_zero_grad(flame_optimizer_t opt, int32_t set_to_none)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_zero_grad", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_zero_grad(IntPtr opt, int set_to_none);
 
-        /// <summary><c>flame_status_t flame_huber_loss(flame_tensor_t input, flame_tensor_t target, double delta, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_huber_loss", ExactSpelling = true)]
-        public static extern flame_status_t flame_huber_loss(IntPtr input, IntPtr target, double delta, flame_reduction_t reduction, IntPtr* @out);
+        /// <summary><c>flame_status_t flame_optimizer_set_lr(flame_optimizer_t opt, int32_t group, double lr)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_set_lr", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_set_lr(IntPtr opt, int group, double lr);
 
-        /// <summary><c>flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, flame_tensor_t pos_weight, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_binary_cross_entropy_with_logits", ExactSpelling = true)]
-        public static extern flame_status_t flame_binary_cross_entropy_with_logits(IntPtr logits, IntPtr target, IntPtr weight, IntPtr pos_weight, flame_reduction_t reduction, IntPtr* @out);
+        /// <summary><c>flame_status_t flame_optimizer_get_lr(flame_optimizer_t opt, int32_t group, double* lr)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_get_lr", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_get_lr(IntPtr opt, int group, double* lr);
+
+        /// <summary><c>flame_status_t flame_optimizer_step_count(flame_optimizer_t opt, int64_t* steps)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_step_count", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_step_count(IntPtr opt, long* steps);
+
+        /// <summary><c>void flame_optimizer_release(flame_optimizer_t opt)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_release", ExactSpelling = true)]
+        public static extern void flame_optimizer_release(IntPtr opt);
+
+        /// <summary><c>flame_status_t flame_optimizer_save_state(flame_optimizer_t opt, const char* path)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_save_state", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_save_state(IntPtr opt, string path);
+
+        /// <summary><c>flame_status_t flame_optimizer_load_state(flame_optimizer_t opt, const char* path)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_load_state", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_load_state(IntPtr opt, string path);
+
+        /// <summary><c>flame_status_t flame_grad_scaler_options_init(flame_grad_scaler_options_t* opts)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_options_init(flame_grad_scaler_options_t* opts);
+
+        /// <summary><c>flame_status_t flame_grad_scaler_create(flame_ctx_t ctx, const flame_grad_scaler_options_t* opts, flame_grad_scaler_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_create", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_create(IntPtr ctx, flame_grad_scaler_options_t* opts, IntPtr* @out);
+
+        /// <summary><c>void flame_grad_scaler_release(flame_grad_scaler_t scaler)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_release", ExactSpelling = true)]
+        public static extern void flame_grad_scaler_release(IntPtr scaler);
+
+        /// <summary><c>flame_status_t flame_grad_scaler_scale(flame_grad_scaler_t scaler, flame_tensor_t loss, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_scale", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_scale(IntPtr scaler, IntPtr loss, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_grad_scaler_unscale(flame_grad_scaler_t scaler, flame_optimizer_t opt)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_unscale", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_unscale(IntPtr scaler, IntPtr opt);
+
+        /// <summary><c>flame_status_t flame_grad_scaler_unscale_tensors(flame_grad_scaler_t scaler, const flame_tensor_t* tensors, int64_t n)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_unscale_tensors", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_unscale_tensors(IntPtr scaler, IntPtr* tensors, long n);
+
+        /// <summary><c>flame_status_t flame_grad_scaler_step(flame_grad_scaler_t scaler, flame_optimizer_t opt, int32_t* stepped)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_step", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_step(IntPtr scaler, IntPtr opt, int* stepped);
+
+        /// <summary><c>flame_status_t flame_grad_scaler_update(flame_grad_scaler_t scaler)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_update", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_update(IntPtr scaler);
+
+        /// <summary><c>flame_status_t flame_grad_scaler_get_scale(flame_grad_scaler_t scaler, double* scale)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_get_scale", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_get_scale(IntPtr scaler, double* scale);
+
+        /// <summary><c>flame_status_t flame_grad_scaler_found_inf(flame_grad_scaler_t scaler, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_found_inf", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_found_inf(IntPtr scaler, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_grad_scaler_get_state(flame_grad_scaler_t scaler, double* scale, int64_t* growth_tracker)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_get_state", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_get_state(IntPtr scaler, double* scale, long* growth_tracker);
+
+        /// <summary><c>flame_status_t flame_grad_scaler_set_state(flame_grad_scaler_t scaler, double scale, int64_t growth_tracker)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_set_state", ExactSpelling = true)]
+        public static extern flame_status_t flame_grad_scaler_set_state(IntPtr scaler, double scale, long growth_tracker);
+
+        /// <summary><c>flame_status_t flame_lora_create(flame_tensor_t weight, flame_tensor_t bias, int64_t rank, double alpha, flame_lora_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_create", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_create(IntPtr weight, IntPtr bias, long rank, double alpha, IntPtr* @out);
+
+        /// <summary><c>void flame_lora_release(flame_lora_t lora)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_release", ExactSpelling = true)]
+        public static extern void flame_lora_release(IntPtr lora);
+
+        /// <summary><c>flame_status_t flame_lora_forward(flame_lora_t lora, flame_tensor_t x, flame_tensor_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_forward", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_forward(IntPtr lora, IntPtr x, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_lora_adapters(flame_lora_t lora, flame_tensor_t* a, flame_tensor_t* b)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_adapters", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_adapters(IntPtr lora, IntPtr* a, IntPtr* b);
+
+        /// <summary><c>flame_status_t flame_lora_merge(flame_lora_t lora)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_merge", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_merge(IntPtr lora);
+
+        /// <summary><c>flame_status_t flame_lora_unmerge(flame_lora_t lora)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_unmerge", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_unmerge(IntPtr lora);
+
+        /// <summary><c>flame_status_t flame_lora_is_merged(flame_lora_t lora, int32_t* merged)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_is_merged", ExactSpelling = true)]
+        public static extern flame_status_t flame_lora_is_merged(IntPtr lora, int* merged);
+
+        /// <summary><c>flame_status_t flame_checkpoint(flame_ctx_t ctx, flame_checkpoint_fn fn, void* user_data, flame_destroy_fn destroy, const flame_tensor_t* inputs, int32_t n_inputs, flame_tensor_t* outputs, int32_t n_outputs)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_checkpoint", ExactSpelling = true)]
+        public static extern flame_status_t flame_checkpoint(IntPtr ctx, flame_checkpoint_fn fn, IntPtr user_data, flame_destroy_fn destroy, IntPtr* inputs, int n_inputs, IntPtr* outputs, int n_outputs);
 
         /// <summary><c>flame_status_t flame_tensor_to_dlpack(flame_tensor_t t, struct DLManagedTensor** out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_tensor_to_dlpack", ExactSpelling = true)]
@@ -1535,234 +1775,6 @@ namespace Flame.Interop
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_params_load_safetensors", ExactSpelling = true)]
         public static extern flame_status_t flame_params_load_safetensors(IntPtr @params, string path, uint flags);
 
-        /// <summary><c>flame_status_t flame_index_select(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_index_select", ExactSpelling = true)]
-        public static extern flame_status_t flame_index_select(IntPtr t, int dim, IntPtr index, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_gather(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_gather", ExactSpelling = true)]
-        public static extern flame_status_t flame_gather(IntPtr t, int dim, IntPtr index, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_scatter_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scatter_add", ExactSpelling = true)]
-        public static extern flame_status_t flame_scatter_add(IntPtr t, int dim, IntPtr index, IntPtr src, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_index_add(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t source, double alpha, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_index_add", ExactSpelling = true)]
-        public static extern flame_status_t flame_index_add(IntPtr t, int dim, IntPtr index, IntPtr source, double alpha, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_masked_fill(flame_tensor_t t, flame_tensor_t mask, double value, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_masked_fill", ExactSpelling = true)]
-        public static extern flame_status_t flame_masked_fill(IntPtr t, IntPtr mask, double value, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_one_hot(flame_tensor_t index, int64_t num_classes, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_one_hot", ExactSpelling = true)]
-        public static extern flame_status_t flame_one_hot(IntPtr index, long num_classes, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_embedding(flame_tensor_t weight, flame_tensor_t indices, int64_t padding_idx, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_embedding", ExactSpelling = true)]
-        public static extern flame_status_t flame_embedding(IntPtr weight, IntPtr indices, long padding_idx, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_conv_options_init(flame_conv_options_t* opts)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_conv_options_init", ExactSpelling = true)]
-        public static extern flame_status_t flame_conv_options_init(flame_conv_options_t* opts);
-
-        /// <summary><c>flame_status_t flame_conv2d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, const flame_conv_options_t* opts, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_conv2d", ExactSpelling = true)]
-        public static extern flame_status_t flame_conv2d(IntPtr x, IntPtr weight, IntPtr bias, flame_conv_options_t* opts, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_conv_transpose2d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, const flame_conv_options_t* opts, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_conv_transpose2d", ExactSpelling = true)]
-        public static extern flame_status_t flame_conv_transpose2d(IntPtr x, IntPtr weight, IntPtr bias, flame_conv_options_t* opts, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_conv1d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, const flame_conv_options_t* opts, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_conv1d", ExactSpelling = true)]
-        public static extern flame_status_t flame_conv1d(IntPtr x, IntPtr weight, IntPtr bias, flame_conv_options_t* opts, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_attention_options_init(flame_attention_options_t* opts)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_attention_options_init", ExactSpelling = true)]
-        public static extern flame_status_t flame_attention_options_init(flame_attention_options_t* opts);
-
-        /// <summary><c>flame_status_t flame_scaled_dot_product_attention(flame_tensor_t q, flame_tensor_t k, flame_tensor_t v, flame_tensor_t mask, const flame_attention_options_t* opts, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scaled_dot_product_attention", ExactSpelling = true)]
-        public static extern flame_status_t flame_scaled_dot_product_attention(IntPtr q, IntPtr k, IntPtr v, IntPtr mask, flame_attention_options_t* opts, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_scatter(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_scatter", ExactSpelling = true)]
-        public static extern flame_status_t flame_scatter(IntPtr t, int dim, IntPtr index, IntPtr src, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_masked_select(flame_tensor_t t, flame_tensor_t mask, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_masked_select", ExactSpelling = true)]
-        public static extern flame_status_t flame_masked_select(IntPtr t, IntPtr mask, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_repeat(flame_tensor_t t, const int64_t* repeats, int32_t n, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_repeat", ExactSpelling = true)]
-        public static extern flame_status_t flame_repeat(IntPtr t, long* repeats, int n, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_repeat_interleave(flame_tensor_t t, int64_t repeats, int32_t dim, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_repeat_interleave", ExactSpelling = true)]
-        public static extern flame_status_t flame_repeat_interleave(IntPtr t, long repeats, int dim, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_t npads, int32_t mode, double value, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_pad", ExactSpelling = true)]
-        public static extern flame_status_t flame_pad(IntPtr t, long* pads, int npads, int mode, double value, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dropout", ExactSpelling = true)]
-        public static extern flame_status_t flame_dropout(IntPtr t, double p, int training, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_pool2d_options_init(flame_pool2d_options_t* opts, int64_t kernel_h, int64_t kernel_w)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_pool2d_options_init", ExactSpelling = true)]
-        public static extern flame_status_t flame_pool2d_options_init(flame_pool2d_options_t* opts, long kernel_h, long kernel_w);
-
-        /// <summary><c>flame_status_t flame_max_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_max_pool2d", ExactSpelling = true)]
-        public static extern flame_status_t flame_max_pool2d(IntPtr x, flame_pool2d_options_t* opts, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_avg_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_avg_pool2d", ExactSpelling = true)]
-        public static extern flame_status_t flame_avg_pool2d(IntPtr x, flame_pool2d_options_t* opts, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_adaptive_avg_pool2d(flame_tensor_t x, int64_t out_h, int64_t out_w, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_adaptive_avg_pool2d", ExactSpelling = true)]
-        public static extern flame_status_t flame_adaptive_avg_pool2d(IntPtr x, long out_h, long out_w, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_upsample_nearest2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_upsample_nearest2d", ExactSpelling = true)]
-        public static extern flame_status_t flame_upsample_nearest2d(IntPtr x, long out_h, long out_w, double scale_h, double scale_w, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_upsample_bilinear2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w, int32_t align_corners, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_upsample_bilinear2d", ExactSpelling = true)]
-        public static extern flame_status_t flame_upsample_bilinear2d(IntPtr x, long out_h, long out_w, double scale_h, double scale_w, int align_corners, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_rope_options_init(flame_rope_options_t* opts)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rope_options_init", ExactSpelling = true)]
-        public static extern flame_status_t flame_rope_options_init(flame_rope_options_t* opts);
-
-        /// <summary><c>flame_status_t flame_rope(flame_tensor_t x, flame_tensor_t positions, const flame_rope_options_t* opts, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_rope", ExactSpelling = true)]
-        public static extern flame_status_t flame_rope(IntPtr x, IntPtr positions, flame_rope_options_t* opts, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_timestep_embedding(flame_tensor_t timesteps, int64_t dim, double max_period, int32_t flip_sin_to_cos, double downscale_freq_shift, double scale, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_timestep_embedding", ExactSpelling = true)]
-        public static extern flame_status_t flame_timestep_embedding(IntPtr timesteps, long dim, double max_period, int flip_sin_to_cos, double downscale_freq_shift, double scale, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_geglu(flame_tensor_t x, int32_t approximate, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_geglu", ExactSpelling = true)]
-        public static extern flame_status_t flame_geglu(IntPtr x, int approximate, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_adaln_modulate(flame_tensor_t x, flame_tensor_t shift, flame_tensor_t scale, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_adaln_modulate", ExactSpelling = true)]
-        public static extern flame_status_t flame_adaln_modulate(IntPtr x, IntPtr shift, IntPtr scale, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_swiglu_mlp(flame_tensor_t x, flame_tensor_t w1, flame_tensor_t w3, flame_tensor_t w2, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_swiglu_mlp", ExactSpelling = true)]
-        public static extern flame_status_t flame_swiglu_mlp(IntPtr x, IntPtr w1, IntPtr w3, IntPtr w2, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_optimizer_save_state(flame_optimizer_t opt, const char* path)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_save_state", ExactSpelling = true)]
-        public static extern flame_status_t flame_optimizer_save_state(IntPtr opt, string path);
-
-        /// <summary><c>flame_status_t flame_optimizer_load_state(flame_optimizer_t opt, const char* path)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_load_state", ExactSpelling = true)]
-        public static extern flame_status_t flame_optimizer_load_state(IntPtr opt, string path);
-
-        /// <summary><c>flame_status_t flame_grad_normalize(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double target_norm, double eps)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_normalize", ExactSpelling = true)]
-        public static extern flame_status_t flame_grad_normalize(IntPtr ctx, IntPtr* tensors, long n, double target_norm, double eps);
-
-        /// <summary><c>flame_status_t flame_grad_add_noise(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double std_dev)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_add_noise", ExactSpelling = true)]
-        public static extern flame_status_t flame_grad_add_noise(IntPtr ctx, IntPtr* tensors, long n, double std_dev);
-
-        /// <summary><c>flame_status_t flame_grad_stats(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_stats", ExactSpelling = true)]
-        public static extern flame_status_t flame_grad_stats(IntPtr ctx, IntPtr* tensors, long n, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_grad_stats_host(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double* values, int64_t capacity)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_stats_host", ExactSpelling = true)]
-        public static extern flame_status_t flame_grad_stats_host(IntPtr ctx, IntPtr* tensors, long n, double* values, long capacity);
-
-        /// <summary><c>flame_status_t flame_grad_scaler_options_init(flame_grad_scaler_options_t* opts)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_options_init", ExactSpelling = true)]
-        public static extern flame_status_t flame_grad_scaler_options_init(flame_grad_scaler_options_t* opts);
-
-        /// <summary><c>flame_status_t flame_grad_scaler_create(flame_ctx_t ctx, const flame_grad_scaler_options_t* opts, flame_grad_scaler_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_create", ExactSpelling = true)]
-        public static extern flame_status_t flame_grad_scaler_create(IntPtr ctx, flame_grad_scaler_options_t* opts, IntPtr* @out);
-
-        /// <summary><c>void flame_grad_scaler_release(flame_grad_scaler_t scaler)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_release", ExactSpelling = true)]
-        public static extern void flame_grad_scaler_release(IntPtr scaler);
-
-        /// <summary><c>flame_status_t flame_grad_scaler_scale(flame_grad_scaler_t scaler, flame_tensor_t loss, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_scale", ExactSpelling = true)]
-        public static extern flame_status_t flame_grad_scaler_scale(IntPtr scaler, IntPtr loss, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_grad_scaler_unscale(flame_grad_scaler_t scaler, flame_optimizer_t opt)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_unscale", ExactSpelling = true)]
-        public static extern flame_status_t flame_grad_scaler_unscale(IntPtr scaler, IntPtr opt);
-
-        /// <summary><c>flame_status_t flame_grad_scaler_unscale_tensors(flame_grad_scaler_t scaler, const flame_tensor_t* tensors, int64_t n)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_unscale_tensors", ExactSpelling = true)]
-        public static extern flame_status_t flame_grad_scaler_unscale_tensors(IntPtr scaler, IntPtr* tensors, long n);
-
-        /// <summary><c>flame_status_t flame_grad_scaler_step(flame_grad_scaler_t scaler, flame_optimizer_t opt, int32_t* stepped)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_step", ExactSpelling = true)]
-        public static extern flame_status_t flame_grad_scaler_step(IntPtr scaler, IntPtr opt, int* stepped);
-
-        /// <summary><c>flame_status_t flame_grad_scaler_update(flame_grad_scaler_t scaler)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_update", ExactSpelling = true)]
-        public static extern flame_status_t flame_grad_scaler_update(IntPtr scaler);
-
-        /// <summary><c>flame_status_t flame_grad_scaler_get_scale(flame_grad_scaler_t scaler, double* scale)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_get_scale", ExactSpelling = true)]
-        public static extern flame_status_t flame_grad_scaler_get_scale(IntPtr scaler, double* scale);
-
-        /// <summary><c>flame_status_t flame_grad_scaler_found_inf(flame_grad_scaler_t scaler, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_found_inf", ExactSpelling = true)]
-        public static extern flame_status_t flame_grad_scaler_found_inf(IntPtr scaler, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_grad_scaler_get_state(flame_grad_scaler_t scaler, double* scale, int64_t* growth_tracker)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_get_state", ExactSpelling = true)]
-        public static extern flame_status_t flame_grad_scaler_get_state(IntPtr scaler, double* scale, long* growth_tracker);
-
-        /// <summary><c>flame_status_t flame_grad_scaler_set_state(flame_grad_scaler_t scaler, double scale, int64_t growth_tracker)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_grad_scaler_set_state", ExactSpelling = true)]
-        public static extern flame_status_t flame_grad_scaler_set_state(IntPtr scaler, double scale, long growth_tracker);
-
-        /// <summary><c>flame_status_t flame_lora_create(flame_tensor_t weight, flame_tensor_t bias, int64_t rank, double alpha, flame_lora_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_create", ExactSpelling = true)]
-        public static extern flame_status_t flame_lora_create(IntPtr weight, IntPtr bias, long rank, double alpha, IntPtr* @out);
-
-        /// <summary><c>void flame_lora_release(flame_lora_t lora)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_release", ExactSpelling = true)]
-        public static extern void flame_lora_release(IntPtr lora);
-
-        /// <summary><c>flame_status_t flame_lora_forward(flame_lora_t lora, flame_tensor_t x, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_forward", ExactSpelling = true)]
-        public static extern flame_status_t flame_lora_forward(IntPtr lora, IntPtr x, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_lora_adapters(flame_lora_t lora, flame_tensor_t* a, flame_tensor_t* b)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_adapters", ExactSpelling = true)]
-        public static extern flame_status_t flame_lora_adapters(IntPtr lora, IntPtr* a, IntPtr* b);
-
-        /// <summary><c>flame_status_t flame_lora_merge(flame_lora_t lora)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_merge", ExactSpelling = true)]
-        public static extern flame_status_t flame_lora_merge(IntPtr lora);
-
-        /// <summary><c>flame_status_t flame_lora_unmerge(flame_lora_t lora)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_unmerge", ExactSpelling = true)]
-        public static extern flame_status_t flame_lora_unmerge(IntPtr lora);
-
-        /// <summary><c>flame_status_t flame_lora_is_merged(flame_lora_t lora, int32_t* merged)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_lora_is_merged", ExactSpelling = true)]
-        public static extern flame_status_t flame_lora_is_merged(IntPtr lora, int* merged);
-
-        /// <summary><c>flame_status_t flame_checkpoint(flame_ctx_t ctx, flame_checkpoint_fn fn, void* user_data, flame_destroy_fn destroy, const flame_tensor_t* inputs, int32_t n_inputs, flame_tensor_t* outputs, int32_t n_outputs)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_checkpoint", ExactSpelling = true)]
-        public static extern flame_status_t flame_checkpoint(IntPtr ctx, flame_checkpoint_fn fn, IntPtr user_data, flame_destroy_fn destroy, IntPtr* inputs, int n_inputs, IntPtr* outputs, int n_outputs);
-
         /// <summary><c>flame_status_t flame_ctx_cudnn_info(flame_ctx_t ctx, int32_t* version, uint64_t* convolutions)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_cudnn_info", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_cudnn_info(IntPtr ctx, int* version, ulong* convolutions);
@@ -1858,18 +1870,6 @@ namespace Flame.Interop
         /// <summary><c>void flame_dp_release(flame_dp_t dp)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dp_release", ExactSpelling = true)]
         public static extern void flame_dp_release(IntPtr dp);
-
-        /// <summary><c>flame_status_t flame_fused_compile(flame_ctx_t ctx, const char* expr, int32_t n_inputs, flame_fused_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_fused_compile", ExactSpelling = true)]
-        public static extern flame_status_t flame_fused_compile(IntPtr ctx, string expr, int n_inputs, IntPtr* @out);
-
-        /// <summary><c>flame_status_t flame_fused_call(flame_fused_t fn, const flame_tensor_t* inputs, int32_t n, flame_tensor_t* out)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_fused_call", ExactSpelling = true)]
-        public static extern flame_status_t flame_fused_call(IntPtr fn, IntPtr* inputs, int n, IntPtr* @out);
-
-        /// <summary><c>void flame_fused_release(flame_fused_t fn)</c></summary>
-        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_fused_release", ExactSpelling = true)]
-        public static extern void flame_fused_release(IntPtr fn);
 
         /// <summary><c>flame_status_t flame_model_known_architectures(const char** names)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_known_architectures", ExactSpelling = true)]

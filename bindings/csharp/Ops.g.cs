@@ -90,6 +90,17 @@ namespace Flame
         Off = 4,
     }
 
+    /// <summary><c>flame_pad_mode_t</c> with C# names; the values are the C values.</summary>
+    public enum PadMode
+    {
+        /// <summary><c>FLAME_PAD_CONSTANT</c></summary>
+        Constant = 0,
+        /// <summary><c>FLAME_PAD_REFLECT</c></summary>
+        Reflect = 1,
+        /// <summary><c>FLAME_PAD_REPLICATE</c></summary>
+        Replicate = 2,
+    }
+
     /// <summary><c>flame_activation_t</c> with C# names; the values are the C values.</summary>
     public enum Activation
     {
@@ -99,19 +110,6 @@ namespace Flame
         Relu = 1,
         /// <summary><c>FLAME_ACTIVATION_GELU_TANH</c></summary>
         GeluTanh = 2,
-    }
-
-    /// <summary><c>flame_optimizer_kind_t</c> with C# names; the values are the C values.</summary>
-    public enum OptimizerKind
-    {
-        /// <summary><c>FLAME_OPTIMIZER_SGD</c></summary>
-        Sgd = 0,
-        /// <summary><c>FLAME_OPTIMIZER_ADAM</c></summary>
-        Adam = 1,
-        /// <summary><c>FLAME_OPTIMIZER_ADAMW</c></summary>
-        AdamW = 2,
-        /// <summary><c>FLAME_OPTIMIZER_LION</c></summary>
-        Lion = 3,
     }
 
     /// <summary><c>flame_reduction_t</c> with C# names; the values are the C values.</summary>
@@ -125,15 +123,17 @@ namespace Flame
         Sum = 2,
     }
 
-    /// <summary><c>flame_pad_mode_t</c> with C# names; the values are the C values.</summary>
-    public enum PadMode
+    /// <summary><c>flame_optimizer_kind_t</c> with C# names; the values are the C values.</summary>
+    public enum OptimizerKind
     {
-        /// <summary><c>FLAME_PAD_CONSTANT</c></summary>
-        Constant = 0,
-        /// <summary><c>FLAME_PAD_REFLECT</c></summary>
-        Reflect = 1,
-        /// <summary><c>FLAME_PAD_REPLICATE</c></summary>
-        Replicate = 2,
+        /// <summary><c>FLAME_OPTIMIZER_SGD</c></summary>
+        Sgd = 0,
+        /// <summary><c>FLAME_OPTIMIZER_ADAM</c></summary>
+        Adam = 1,
+        /// <summary><c>FLAME_OPTIMIZER_ADAMW</c></summary>
+        AdamW = 2,
+        /// <summary><c>FLAME_OPTIMIZER_LION</c></summary>
+        Lion = 3,
     }
 
     /// <summary><c>flame_reduce_op_t</c> with C# names; the values are the C values.</summary>
@@ -1526,327 +1526,6 @@ namespace Flame
             return new Tensor(o_out);
         }
 
-        /// <summary><c>flame_status_t flame_matmul(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
-        [Wraps("flame_matmul")]
-        public unsafe Tensor Matmul(Tensor b)
-        {
-            IntPtr o_out = IntPtr.Zero;
-            {
-                Status.Check(Native.flame_matmul(Raw, Tensor.RawOf(b), &o_out));
-            }
-            GC.KeepAlive(this);
-            GC.KeepAlive(b);
-            return new Tensor(o_out);
-        }
-
-        /// <summary><c>flame_status_t flame_bmm(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
-        [Wraps("flame_bmm")]
-        public unsafe Tensor Bmm(Tensor b)
-        {
-            IntPtr o_out = IntPtr.Zero;
-            {
-                Status.Check(Native.flame_bmm(Raw, Tensor.RawOf(b), &o_out));
-            }
-            GC.KeepAlive(this);
-            GC.KeepAlive(b);
-            return new Tensor(o_out);
-        }
-
-        /// <summary><c>flame_status_t flame_linear(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, int32_t activation, flame_tensor_t* out)</c></summary>
-        /// <param name="weight"><c>flame_tensor_t weight</c></param>
-        /// <param name="bias">May be null (NULL in C).</param>
-        /// <param name="activation"><c>int32_t activation</c></param>
-        [Wraps("flame_linear")]
-        public unsafe Tensor Linear(Tensor weight, Tensor bias, Activation activation)
-        {
-            IntPtr o_out = IntPtr.Zero;
-            {
-                Status.Check(Native.flame_linear(Raw, Tensor.RawOf(weight), Tensor.RawOf(bias), (int)activation, &o_out));
-            }
-            GC.KeepAlive(this);
-            GC.KeepAlive(weight);
-            GC.KeepAlive(bias);
-            return new Tensor(o_out);
-        }
-
-        /// <summary><c>flame_status_t flame_tensor_set_requires_grad(flame_tensor_t t, int32_t requires_grad)</c></summary>
-        [Wraps("flame_tensor_set_requires_grad")]
-        public unsafe void SetRequiresGrad(bool requires_grad)
-        {
-            {
-                Status.Check(Native.flame_tensor_set_requires_grad(Raw, (requires_grad ? 1 : 0)));
-            }
-            GC.KeepAlive(this);
-        }
-
-        /// <summary><c>flame_status_t flame_tensor_requires_grad(flame_tensor_t t, int32_t* requires_grad)</c></summary>
-        [Wraps("flame_tensor_requires_grad")]
-        public unsafe bool RequiresGrad()
-        {
-            int o_requires_grad = 0;
-            {
-                Status.Check(Native.flame_tensor_requires_grad(Raw, &o_requires_grad));
-            }
-            GC.KeepAlive(this);
-            return o_requires_grad != 0;
-        }
-
-        /// <summary><c>flame_status_t flame_tensor_is_leaf(flame_tensor_t t, int32_t* is_leaf)</c></summary>
-        [Wraps("flame_tensor_is_leaf")]
-        public unsafe bool IsLeaf()
-        {
-            int o_is_leaf = 0;
-            {
-                Status.Check(Native.flame_tensor_is_leaf(Raw, &o_is_leaf));
-            }
-            GC.KeepAlive(this);
-            return o_is_leaf != 0;
-        }
-
-        /// <summary><c>flame_status_t flame_tensor_detach(flame_tensor_t t, flame_tensor_t* out)</c></summary>
-        [Wraps("flame_tensor_detach")]
-        public unsafe Tensor Detach()
-        {
-            IntPtr o_out = IntPtr.Zero;
-            {
-                Status.Check(Native.flame_tensor_detach(Raw, &o_out));
-            }
-            GC.KeepAlive(this);
-            return new Tensor(o_out);
-        }
-
-        /// <summary><c>flame_status_t flame_tensor_zero_grad(flame_tensor_t t)</c></summary>
-        [Wraps("flame_tensor_zero_grad")]
-        public unsafe void ZeroGrad()
-        {
-            {
-                Status.Check(Native.flame_tensor_zero_grad(Raw));
-            }
-            GC.KeepAlive(this);
-        }
-
-        /// <summary><c>flame_status_t flame_tensor_retain_grad(flame_tensor_t t)</c></summary>
-        [Wraps("flame_tensor_retain_grad")]
-        public unsafe void RetainGrad()
-        {
-            {
-                Status.Check(Native.flame_tensor_retain_grad(Raw));
-            }
-            GC.KeepAlive(this);
-        }
-
-        /// <summary><c>flame_status_t flame_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)</c></summary>
-        [Wraps("flame_softmax")]
-        public unsafe Tensor Softmax(int dim)
-        {
-            IntPtr o_out = IntPtr.Zero;
-            {
-                Status.Check(Native.flame_softmax(Raw, dim, &o_out));
-            }
-            GC.KeepAlive(this);
-            return new Tensor(o_out);
-        }
-
-        /// <summary><c>flame_status_t flame_log_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)</c></summary>
-        [Wraps("flame_log_softmax")]
-        public unsafe Tensor LogSoftmax(int dim)
-        {
-            IntPtr o_out = IntPtr.Zero;
-            {
-                Status.Check(Native.flame_log_softmax(Raw, dim, &o_out));
-            }
-            GC.KeepAlive(this);
-            return new Tensor(o_out);
-        }
-
-        /// <summary><c>flame_status_t flame_layer_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, flame_tensor_t bias, double eps, flame_tensor_t* out)</c></summary>
-        /// <param name="normalized_shape"><c>const int64_t* normalized_shape</c></param>
-        /// <param name="weight">May be null (NULL in C).</param>
-        /// <param name="bias">May be null (NULL in C).</param>
-        /// <param name="eps"><c>double eps</c></param>
-        [Wraps("flame_layer_norm")]
-        public unsafe Tensor LayerNorm(long[] normalized_shape, Tensor weight, Tensor bias, double eps)
-        {
-            long[] normalized_shape_a = normalized_shape ?? new long[0];
-            IntPtr o_out = IntPtr.Zero;
-            fixed (long* normalized_shape_p = normalized_shape_a)
-            {
-                Status.Check(Native.flame_layer_norm(Raw, (normalized_shape_a.Length == 0 ? null : normalized_shape_p), (int)normalized_shape_a.Length, Tensor.RawOf(weight), Tensor.RawOf(bias), eps, &o_out));
-            }
-            GC.KeepAlive(this);
-            GC.KeepAlive(weight);
-            GC.KeepAlive(bias);
-            return new Tensor(o_out);
-        }
-
-        /// <summary><c>flame_status_t flame_rms_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, double eps, flame_tensor_t* out)</c></summary>
-        /// <param name="normalized_shape"><c>const int64_t* normalized_shape</c></param>
-        /// <param name="weight">May be null (NULL in C).</param>
-        /// <param name="eps"><c>double eps</c></param>
-        [Wraps("flame_rms_norm")]
-        public unsafe Tensor RmsNorm(long[] normalized_shape, Tensor weight, double eps)
-        {
-            long[] normalized_shape_a = normalized_shape ?? new long[0];
-            IntPtr o_out = IntPtr.Zero;
-            fixed (long* normalized_shape_p = normalized_shape_a)
-            {
-                Status.Check(Native.flame_rms_norm(Raw, (normalized_shape_a.Length == 0 ? null : normalized_shape_p), (int)normalized_shape_a.Length, Tensor.RawOf(weight), eps, &o_out));
-            }
-            GC.KeepAlive(this);
-            GC.KeepAlive(weight);
-            return new Tensor(o_out);
-        }
-
-        /// <summary><c>flame_status_t flame_group_norm(flame_tensor_t x, int32_t num_groups, flame_tensor_t weight, flame_tensor_t bias, double eps, int32_t channels_last, flame_tensor_t* out)</c></summary>
-        /// <param name="num_groups"><c>int32_t num_groups</c></param>
-        /// <param name="weight">May be null (NULL in C).</param>
-        /// <param name="bias">May be null (NULL in C).</param>
-        /// <param name="eps"><c>double eps</c></param>
-        /// <param name="channels_last"><c>int32_t channels_last</c></param>
-        [Wraps("flame_group_norm")]
-        public unsafe Tensor GroupNorm(int num_groups, Tensor weight, Tensor bias, double eps, int channels_last)
-        {
-            IntPtr o_out = IntPtr.Zero;
-            {
-                Status.Check(Native.flame_group_norm(Raw, num_groups, Tensor.RawOf(weight), Tensor.RawOf(bias), eps, channels_last, &o_out));
-            }
-            GC.KeepAlive(this);
-            GC.KeepAlive(weight);
-            GC.KeepAlive(bias);
-            return new Tensor(o_out);
-        }
-
-        /// <summary><c>flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t running_mean, flame_tensor_t running_var, flame_tensor_t weight, flame_tensor_t bias, int32_t training, double momentum, double eps, flame_tensor_t* out)</c></summary>
-        /// <param name="running_mean">May be null (NULL in C).</param>
-        /// <param name="running_var">May be null (NULL in C).</param>
-        /// <param name="weight">May be null (NULL in C).</param>
-        /// <param name="bias">May be null (NULL in C).</param>
-        /// <param name="training"><c>int32_t training</c></param>
-        /// <param name="momentum"><c>double momentum</c></param>
-        /// <param name="eps"><c>double eps</c></param>
-        [Wraps("flame_batch_norm")]
-        public unsafe Tensor BatchNorm(Tensor running_mean, Tensor running_var, Tensor weight, Tensor bias, int training, double momentum, double eps)
-        {
-            IntPtr o_out = IntPtr.Zero;
-            {
-                Status.Check(Native.flame_batch_norm(Raw, Tensor.RawOf(running_mean), Tensor.RawOf(running_var), Tensor.RawOf(weight), Tensor.RawOf(bias), training, momentum, eps, &o_out));
-            }
-            GC.KeepAlive(this);
-            GC.KeepAlive(running_mean);
-            GC.KeepAlive(running_var);
-            GC.KeepAlive(weight);
-            GC.KeepAlive(bias);
-            return new Tensor(o_out);
-        }
-
-        /// <summary><c>flame_status_t flame_cross_entropy(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, double label_smoothing, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
-        /// <param name="target"><c>flame_tensor_t target</c></param>
-        /// <param name="weight">May be null (NULL in C).</param>
-        /// <param name="ignore_index"><c>int64_t ignore_index</c></param>
-        /// <param name="label_smoothing"><c>double label_smoothing</c></param>
-        /// <param name="reduction"><c>flame_reduction_t reduction</c></param>
-        [Wraps("flame_cross_entropy")]
-        public unsafe Tensor CrossEntropy(Tensor target, Tensor weight, long ignore_index, double label_smoothing, Reduction reduction)
-        {
-            IntPtr o_out = IntPtr.Zero;
-            {
-                Status.Check(Native.flame_cross_entropy(Raw, Tensor.RawOf(target), Tensor.RawOf(weight), ignore_index, label_smoothing, (flame_reduction_t)reduction, &o_out));
-            }
-            GC.KeepAlive(this);
-            GC.KeepAlive(target);
-            GC.KeepAlive(weight);
-            return new Tensor(o_out);
-        }
-
-        /// <summary><c>flame_status_t flame_nll_loss(flame_tensor_t input, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
-        /// <param name="target"><c>flame_tensor_t target</c></param>
-        /// <param name="weight">May be null (NULL in C).</param>
-        /// <param name="ignore_index"><c>int64_t ignore_index</c></param>
-        /// <param name="reduction"><c>flame_reduction_t reduction</c></param>
-        [Wraps("flame_nll_loss")]
-        public unsafe Tensor NllLoss(Tensor target, Tensor weight, long ignore_index, Reduction reduction)
-        {
-            IntPtr o_out = IntPtr.Zero;
-            {
-                Status.Check(Native.flame_nll_loss(Raw, Tensor.RawOf(target), Tensor.RawOf(weight), ignore_index, (flame_reduction_t)reduction, &o_out));
-            }
-            GC.KeepAlive(this);
-            GC.KeepAlive(target);
-            GC.KeepAlive(weight);
-            return new Tensor(o_out);
-        }
-
-        /// <summary><c>flame_status_t flame_mse_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
-        [Wraps("flame_mse_loss")]
-        public unsafe Tensor MseLoss(Tensor target, Reduction reduction)
-        {
-            IntPtr o_out = IntPtr.Zero;
-            {
-                Status.Check(Native.flame_mse_loss(Raw, Tensor.RawOf(target), (flame_reduction_t)reduction, &o_out));
-            }
-            GC.KeepAlive(this);
-            GC.KeepAlive(target);
-            return new Tensor(o_out);
-        }
-
-        /// <summary><c>flame_status_t flame_l1_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
-        [Wraps("flame_l1_loss")]
-        public unsafe Tensor L1Loss(Tensor target, Reduction reduction)
-        {
-            IntPtr o_out = IntPtr.Zero;
-            {
-                Status.Check(Native.flame_l1_loss(Raw, Tensor.RawOf(target), (flame_reduction_t)reduction, &o_out));
-            }
-            GC.KeepAlive(this);
-            GC.KeepAlive(target);
-            return new Tensor(o_out);
-        }
-
-        /// <summary><c>flame_status_t flame_smooth_l1_loss(flame_tensor_t input, flame_tensor_t target, double beta, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
-        [Wraps("flame_smooth_l1_loss")]
-        public unsafe Tensor SmoothL1Loss(Tensor target, double beta, Reduction reduction)
-        {
-            IntPtr o_out = IntPtr.Zero;
-            {
-                Status.Check(Native.flame_smooth_l1_loss(Raw, Tensor.RawOf(target), beta, (flame_reduction_t)reduction, &o_out));
-            }
-            GC.KeepAlive(this);
-            GC.KeepAlive(target);
-            return new Tensor(o_out);
-        }
-
-        /// <summary><c>flame_status_t flame_huber_loss(flame_tensor_t input, flame_tensor_t target, double delta, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
-        [Wraps("flame_huber_loss")]
-        public unsafe Tensor HuberLoss(Tensor target, double delta, Reduction reduction)
-        {
-            IntPtr o_out = IntPtr.Zero;
-            {
-                Status.Check(Native.flame_huber_loss(Raw, Tensor.RawOf(target), delta, (flame_reduction_t)reduction, &o_out));
-            }
-            GC.KeepAlive(this);
-            GC.KeepAlive(target);
-            return new Tensor(o_out);
-        }
-
-        /// <summary><c>flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, flame_tensor_t pos_weight, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
-        /// <param name="target"><c>flame_tensor_t target</c></param>
-        /// <param name="weight">May be null (NULL in C).</param>
-        /// <param name="pos_weight">May be null (NULL in C).</param>
-        /// <param name="reduction"><c>flame_reduction_t reduction</c></param>
-        [Wraps("flame_binary_cross_entropy_with_logits")]
-        public unsafe Tensor BinaryCrossEntropyWithLogits(Tensor target, Tensor weight, Tensor pos_weight, Reduction reduction)
-        {
-            IntPtr o_out = IntPtr.Zero;
-            {
-                Status.Check(Native.flame_binary_cross_entropy_with_logits(Raw, Tensor.RawOf(target), Tensor.RawOf(weight), Tensor.RawOf(pos_weight), (flame_reduction_t)reduction, &o_out));
-            }
-            GC.KeepAlive(this);
-            GC.KeepAlive(target);
-            GC.KeepAlive(weight);
-            GC.KeepAlive(pos_weight);
-            return new Tensor(o_out);
-        }
-
         /// <summary><c>flame_status_t flame_index_select(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out)</c></summary>
         [Wraps("flame_index_select")]
         public unsafe Tensor IndexSelect(int dim, Tensor index)
@@ -2006,6 +1685,153 @@ namespace Flame
             return new Tensor(o_out);
         }
 
+        /// <summary><c>flame_status_t flame_matmul(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
+        [Wraps("flame_matmul")]
+        public unsafe Tensor Matmul(Tensor b)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_matmul(Raw, Tensor.RawOf(b), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(b);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_bmm(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)</c></summary>
+        [Wraps("flame_bmm")]
+        public unsafe Tensor Bmm(Tensor b)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_bmm(Raw, Tensor.RawOf(b), &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(b);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_linear(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, int32_t activation, flame_tensor_t* out)</c></summary>
+        /// <param name="weight"><c>flame_tensor_t weight</c></param>
+        /// <param name="bias">May be null (NULL in C).</param>
+        /// <param name="activation"><c>int32_t activation</c></param>
+        [Wraps("flame_linear")]
+        public unsafe Tensor Linear(Tensor weight, Tensor bias, Activation activation)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_linear(Raw, Tensor.RawOf(weight), Tensor.RawOf(bias), (int)activation, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(weight);
+            GC.KeepAlive(bias);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)</c></summary>
+        [Wraps("flame_softmax")]
+        public unsafe Tensor Softmax(int dim)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_softmax(Raw, dim, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_log_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)</c></summary>
+        [Wraps("flame_log_softmax")]
+        public unsafe Tensor LogSoftmax(int dim)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_log_softmax(Raw, dim, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_layer_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, flame_tensor_t bias, double eps, flame_tensor_t* out)</c></summary>
+        /// <param name="normalized_shape"><c>const int64_t* normalized_shape</c></param>
+        /// <param name="weight">May be null (NULL in C).</param>
+        /// <param name="bias">May be null (NULL in C).</param>
+        /// <param name="eps"><c>double eps</c></param>
+        [Wraps("flame_layer_norm")]
+        public unsafe Tensor LayerNorm(long[] normalized_shape, Tensor weight, Tensor bias, double eps)
+        {
+            long[] normalized_shape_a = normalized_shape ?? new long[0];
+            IntPtr o_out = IntPtr.Zero;
+            fixed (long* normalized_shape_p = normalized_shape_a)
+            {
+                Status.Check(Native.flame_layer_norm(Raw, (normalized_shape_a.Length == 0 ? null : normalized_shape_p), (int)normalized_shape_a.Length, Tensor.RawOf(weight), Tensor.RawOf(bias), eps, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(weight);
+            GC.KeepAlive(bias);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_rms_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, double eps, flame_tensor_t* out)</c></summary>
+        /// <param name="normalized_shape"><c>const int64_t* normalized_shape</c></param>
+        /// <param name="weight">May be null (NULL in C).</param>
+        /// <param name="eps"><c>double eps</c></param>
+        [Wraps("flame_rms_norm")]
+        public unsafe Tensor RmsNorm(long[] normalized_shape, Tensor weight, double eps)
+        {
+            long[] normalized_shape_a = normalized_shape ?? new long[0];
+            IntPtr o_out = IntPtr.Zero;
+            fixed (long* normalized_shape_p = normalized_shape_a)
+            {
+                Status.Check(Native.flame_rms_norm(Raw, (normalized_shape_a.Length == 0 ? null : normalized_shape_p), (int)normalized_shape_a.Length, Tensor.RawOf(weight), eps, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(weight);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_group_norm(flame_tensor_t x, int32_t num_groups, flame_tensor_t weight, flame_tensor_t bias, double eps, int32_t channels_last, flame_tensor_t* out)</c></summary>
+        /// <param name="num_groups"><c>int32_t num_groups</c></param>
+        /// <param name="weight">May be null (NULL in C).</param>
+        /// <param name="bias">May be null (NULL in C).</param>
+        /// <param name="eps"><c>double eps</c></param>
+        /// <param name="channels_last"><c>int32_t channels_last</c></param>
+        [Wraps("flame_group_norm")]
+        public unsafe Tensor GroupNorm(int num_groups, Tensor weight, Tensor bias, double eps, int channels_last)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_group_norm(Raw, num_groups, Tensor.RawOf(weight), Tensor.RawOf(bias), eps, channels_last, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(weight);
+            GC.KeepAlive(bias);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t running_mean, flame_tensor_t running_var, flame_tensor_t weight, flame_tensor_t bias, int32_t training, double momentum, double eps, flame_tensor_t* out)</c></summary>
+        /// <param name="running_mean">May be null (NULL in C).</param>
+        /// <param name="running_var">May be null (NULL in C).</param>
+        /// <param name="weight">May be null (NULL in C).</param>
+        /// <param name="bias">May be null (NULL in C).</param>
+        /// <param name="training"><c>int32_t training</c></param>
+        /// <param name="momentum"><c>double momentum</c></param>
+        /// <param name="eps"><c>double eps</c></param>
+        [Wraps("flame_batch_norm")]
+        public unsafe Tensor BatchNorm(Tensor running_mean, Tensor running_var, Tensor weight, Tensor bias, int training, double momentum, double eps)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_batch_norm(Raw, Tensor.RawOf(running_mean), Tensor.RawOf(running_var), Tensor.RawOf(weight), Tensor.RawOf(bias), training, momentum, eps, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(running_mean);
+            GC.KeepAlive(running_var);
+            GC.KeepAlive(weight);
+            GC.KeepAlive(bias);
+            return new Tensor(o_out);
+        }
+
         /// <summary><c>flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out)</c></summary>
         [Wraps("flame_dropout")]
         public unsafe Tensor Dropout(double p, int training)
@@ -2105,6 +1931,180 @@ namespace Flame
             GC.KeepAlive(w3);
             GC.KeepAlive(w2);
             return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_cross_entropy(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, double label_smoothing, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        /// <param name="target"><c>flame_tensor_t target</c></param>
+        /// <param name="weight">May be null (NULL in C).</param>
+        /// <param name="ignore_index"><c>int64_t ignore_index</c></param>
+        /// <param name="label_smoothing"><c>double label_smoothing</c></param>
+        /// <param name="reduction"><c>flame_reduction_t reduction</c></param>
+        [Wraps("flame_cross_entropy")]
+        public unsafe Tensor CrossEntropy(Tensor target, Tensor weight, long ignore_index, double label_smoothing, Reduction reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_cross_entropy(Raw, Tensor.RawOf(target), Tensor.RawOf(weight), ignore_index, label_smoothing, (flame_reduction_t)reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            GC.KeepAlive(weight);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_nll_loss(flame_tensor_t input, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        /// <param name="target"><c>flame_tensor_t target</c></param>
+        /// <param name="weight">May be null (NULL in C).</param>
+        /// <param name="ignore_index"><c>int64_t ignore_index</c></param>
+        /// <param name="reduction"><c>flame_reduction_t reduction</c></param>
+        [Wraps("flame_nll_loss")]
+        public unsafe Tensor NllLoss(Tensor target, Tensor weight, long ignore_index, Reduction reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_nll_loss(Raw, Tensor.RawOf(target), Tensor.RawOf(weight), ignore_index, (flame_reduction_t)reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            GC.KeepAlive(weight);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_mse_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        [Wraps("flame_mse_loss")]
+        public unsafe Tensor MseLoss(Tensor target, Reduction reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_mse_loss(Raw, Tensor.RawOf(target), (flame_reduction_t)reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_l1_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        [Wraps("flame_l1_loss")]
+        public unsafe Tensor L1Loss(Tensor target, Reduction reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_l1_loss(Raw, Tensor.RawOf(target), (flame_reduction_t)reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_smooth_l1_loss(flame_tensor_t input, flame_tensor_t target, double beta, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        [Wraps("flame_smooth_l1_loss")]
+        public unsafe Tensor SmoothL1Loss(Tensor target, double beta, Reduction reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_smooth_l1_loss(Raw, Tensor.RawOf(target), beta, (flame_reduction_t)reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_huber_loss(flame_tensor_t input, flame_tensor_t target, double delta, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        [Wraps("flame_huber_loss")]
+        public unsafe Tensor HuberLoss(Tensor target, double delta, Reduction reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_huber_loss(Raw, Tensor.RawOf(target), delta, (flame_reduction_t)reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, flame_tensor_t pos_weight, flame_reduction_t reduction, flame_tensor_t* out)</c></summary>
+        /// <param name="target"><c>flame_tensor_t target</c></param>
+        /// <param name="weight">May be null (NULL in C).</param>
+        /// <param name="pos_weight">May be null (NULL in C).</param>
+        /// <param name="reduction"><c>flame_reduction_t reduction</c></param>
+        [Wraps("flame_binary_cross_entropy_with_logits")]
+        public unsafe Tensor BinaryCrossEntropyWithLogits(Tensor target, Tensor weight, Tensor pos_weight, Reduction reduction)
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_binary_cross_entropy_with_logits(Raw, Tensor.RawOf(target), Tensor.RawOf(weight), Tensor.RawOf(pos_weight), (flame_reduction_t)reduction, &o_out));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(target);
+            GC.KeepAlive(weight);
+            GC.KeepAlive(pos_weight);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_tensor_set_requires_grad(flame_tensor_t t, int32_t requires_grad)</c></summary>
+        [Wraps("flame_tensor_set_requires_grad")]
+        public unsafe void SetRequiresGrad(bool requires_grad)
+        {
+            {
+                Status.Check(Native.flame_tensor_set_requires_grad(Raw, (requires_grad ? 1 : 0)));
+            }
+            GC.KeepAlive(this);
+        }
+
+        /// <summary><c>flame_status_t flame_tensor_requires_grad(flame_tensor_t t, int32_t* requires_grad)</c></summary>
+        [Wraps("flame_tensor_requires_grad")]
+        public unsafe bool RequiresGrad()
+        {
+            int o_requires_grad = 0;
+            {
+                Status.Check(Native.flame_tensor_requires_grad(Raw, &o_requires_grad));
+            }
+            GC.KeepAlive(this);
+            return o_requires_grad != 0;
+        }
+
+        /// <summary><c>flame_status_t flame_tensor_is_leaf(flame_tensor_t t, int32_t* is_leaf)</c></summary>
+        [Wraps("flame_tensor_is_leaf")]
+        public unsafe bool IsLeaf()
+        {
+            int o_is_leaf = 0;
+            {
+                Status.Check(Native.flame_tensor_is_leaf(Raw, &o_is_leaf));
+            }
+            GC.KeepAlive(this);
+            return o_is_leaf != 0;
+        }
+
+        /// <summary><c>flame_status_t flame_tensor_detach(flame_tensor_t t, flame_tensor_t* out)</c></summary>
+        [Wraps("flame_tensor_detach")]
+        public unsafe Tensor Detach()
+        {
+            IntPtr o_out = IntPtr.Zero;
+            {
+                Status.Check(Native.flame_tensor_detach(Raw, &o_out));
+            }
+            GC.KeepAlive(this);
+            return new Tensor(o_out);
+        }
+
+        /// <summary><c>flame_status_t flame_tensor_zero_grad(flame_tensor_t t)</c></summary>
+        [Wraps("flame_tensor_zero_grad")]
+        public unsafe void ZeroGrad()
+        {
+            {
+                Status.Check(Native.flame_tensor_zero_grad(Raw));
+            }
+            GC.KeepAlive(this);
+        }
+
+        /// <summary><c>flame_status_t flame_tensor_retain_grad(flame_tensor_t t)</c></summary>
+        [Wraps("flame_tensor_retain_grad")]
+        public unsafe void RetainGrad()
+        {
+            {
+                Status.Check(Native.flame_tensor_retain_grad(Raw));
+            }
+            GC.KeepAlive(this);
         }
 
         /// <summary><c>flame_status_t flame_cat(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out)</c></summary>
@@ -2325,34 +2325,6 @@ namespace Flame
             return new Tensor(o_out);
         }
 
-        /// <summary><c>flame_status_t flame_clip_grad_norm(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double max_norm, double norm_type, int32_t error_if_nonfinite, flame_tensor_t* total_norm)</c></summary>
-        [Wraps("flame_clip_grad_norm")]
-        public unsafe Tensor ClipGradNorm(Tensor[] @params, double max_norm, double norm_type, int error_if_nonfinite)
-        {
-            IntPtr[] params_raw = Tensor.RawArray(@params);
-            IntPtr o_total_norm = IntPtr.Zero;
-            fixed (IntPtr* params_p = params_raw)
-            {
-                Status.Check(Native.flame_clip_grad_norm(Raw, params_p, (long)params_raw.Length, max_norm, norm_type, error_if_nonfinite, &o_total_norm));
-            }
-            GC.KeepAlive(this);
-            GC.KeepAlive(@params);
-            return new Tensor(o_total_norm);
-        }
-
-        /// <summary><c>flame_status_t flame_clip_grad_value(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double clip)</c></summary>
-        [Wraps("flame_clip_grad_value")]
-        public unsafe void ClipGradValue(Tensor[] @params, double clip)
-        {
-            IntPtr[] params_raw = Tensor.RawArray(@params);
-            fixed (IntPtr* params_p = params_raw)
-            {
-                Status.Check(Native.flame_clip_grad_value(Raw, params_p, (long)params_raw.Length, clip));
-            }
-            GC.KeepAlive(this);
-            GC.KeepAlive(@params);
-        }
-
         /// <summary><c>flame_status_t flame_ctx_is_grad_enabled(flame_ctx_t ctx, int32_t* enabled)</c></summary>
         [Wraps("flame_ctx_is_grad_enabled")]
         public unsafe bool IsGradEnabled()
@@ -2387,6 +2359,34 @@ namespace Flame
             }
             GC.KeepAlive(this);
             return o_dtype;
+        }
+
+        /// <summary><c>flame_status_t flame_clip_grad_norm(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double max_norm, double norm_type, int32_t error_if_nonfinite, flame_tensor_t* total_norm)</c></summary>
+        [Wraps("flame_clip_grad_norm")]
+        public unsafe Tensor ClipGradNorm(Tensor[] @params, double max_norm, double norm_type, int error_if_nonfinite)
+        {
+            IntPtr[] params_raw = Tensor.RawArray(@params);
+            IntPtr o_total_norm = IntPtr.Zero;
+            fixed (IntPtr* params_p = params_raw)
+            {
+                Status.Check(Native.flame_clip_grad_norm(Raw, params_p, (long)params_raw.Length, max_norm, norm_type, error_if_nonfinite, &o_total_norm));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(@params);
+            return new Tensor(o_total_norm);
+        }
+
+        /// <summary><c>flame_status_t flame_clip_grad_value(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double clip)</c></summary>
+        [Wraps("flame_clip_grad_value")]
+        public unsafe void ClipGradValue(Tensor[] @params, double clip)
+        {
+            IntPtr[] params_raw = Tensor.RawArray(@params);
+            fixed (IntPtr* params_p = params_raw)
+            {
+                Status.Check(Native.flame_clip_grad_value(Raw, params_p, (long)params_raw.Length, clip));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(@params);
         }
 
         /// <summary><c>flame_status_t flame_grad_normalize(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double target_norm, double eps)</c></summary>

@@ -50,7 +50,7 @@ FLAME_API flame_status_t flame_scaled_dot_product_attention(flame_tensor_t q, fl
     FLAME_CHECK(&tk->ctx() == &tq->ctx(), FLAME_ERROR_INVALID_ARGUMENT, "k belongs to another context than q");
     FLAME_CHECK(&tv->ctx() == &tq->ctx(), FLAME_ERROR_INVALID_ARGUMENT, "v belongs to another context than q");
     FLAME_CHECK(!tm || &tm->ctx() == &tq->ctx(), FLAME_ERROR_INVALID_ARGUMENT, "mask belongs to another context than q");
-    TensorScope scope(tq);
+    LiveScope scope(tq);
     const ops::AttentionOptions o = options_arg(opts);
     // autocast (api/autocast.h): f32 q, k, v and an additive f32 mask in the low dtype
     *out = wrap(ops::scaled_dot_product_attention(autocast_low(tq), autocast_low(tk), autocast_low(tv), autocast_low(tm), o));

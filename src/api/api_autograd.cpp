@@ -66,7 +66,7 @@ flame_status_t register_hook(const char* fn, flame_tensor_t t, flame_tensor_hook
     out_param(out, "hook");
     const Tensor& x = unwrap(t, "t");
     FLAME_CHECK(tfn || pfn, FLAME_ERROR_INVALID_ARGUMENT, "fn is NULL");
-    TensorScope s(x);
+    LiveScope s(x);
     FLAME_CHECK(requires_grad(*x), FLAME_ERROR_INVALID_ARGUMENT, "cannot register a hook on a tensor that does not require grad");
     auto rec = std::make_shared<HookRecord>();
     if (tfn) rec->on_grad = c_tensor_hook(tfn, user_data);
@@ -93,7 +93,7 @@ extern "C" {
 FLAME_API flame_status_t flame_tensor_set_requires_grad(flame_tensor_t t, int32_t flag) {
   return api_call("flame_tensor_set_requires_grad", [&] {
     const Tensor& x = unwrap(t, "t");
-    TensorScope s(x);
+    LiveScope s(x);
     if (!flag && !requires_grad(*x)) return;
     if (flag) {
       FLAME_CHECK(is_floating(x->dtype), FLAME_ERROR_DTYPE_MISMATCH, "only floating tensors can require grad, not ",
@@ -125,7 +125,7 @@ FLAME_API flame_status_t flame_tensor_detach(flame_tensor_t t, flame_tensor_t* o
   return api_call("flame_tensor_detach", [&] {
     out_param(out, "out");
     const Tensor& x = unwrap(t, "t");
-    TensorScope s(x);
+    LiveScope s(x);
     *out = wrap(alias(x));
   });
 }
@@ -134,7 +134,7 @@ FLAME_API flame_status_t flame_tensor_grad(flame_tensor_t t, flame_tensor_t* out
   return api_call("flame_tensor_grad", [&] {
     out_param(out, "grad");
     const Tensor& x = unwrap(t, "t");
-    TensorScope s(x);
+    LiveScope s(x);
     if (x->autograd && x->autograd->grad) *out = wrap(x->autograd->grad);
   });
 }
@@ -142,7 +142,7 @@ FLAME_API flame_status_t flame_tensor_grad(flame_tensor_t t, flame_tensor_t* out
 FLAME_API flame_status_t flame_tensor_set_grad(flame_tensor_t t, flame_tensor_t grad) {
   return api_call("flame_tensor_set_grad", [&] {
     const Tensor& x = unwrap(t, "t");
-    TensorScope s(x);
+    LiveScope s(x);
     if (!grad) {
       if (x->autograd) x->autograd->grad.reset();
       return;
@@ -160,7 +160,7 @@ FLAME_API flame_status_t flame_tensor_set_grad(flame_tensor_t t, flame_tensor_t 
 FLAME_API flame_status_t flame_tensor_zero_grad(flame_tensor_t t) {
   return api_call("flame_tensor_zero_grad", [&] {
     const Tensor& x = unwrap(t, "t");
-    TensorScope s(x);
+    LiveScope s(x);
     if (x->autograd && x->autograd->grad) ops::fill_(x->autograd->grad, 0.0);
   });
 }
@@ -168,7 +168,7 @@ FLAME_API flame_status_t flame_tensor_zero_grad(flame_tensor_t t) {
 FLAME_API flame_status_t flame_tensor_retain_grad(flame_tensor_t t) {
   return api_call("flame_tensor_retain_grad", [&] {
     const Tensor& x = unwrap(t, "t");
-    TensorScope s(x);
+    LiveScope s(x);
     FLAME_CHECK(requires_grad(*x), FLAME_ERROR_INVALID_ARGUMENT, "retain_grad on a tensor that does not require grad");
     auto& m = *x->autograd;
     if (!m.grad_fn) return;  // leaves keep their gradient anyway
@@ -184,8 +184,7 @@ FLAME_API flame_status_t flame_backward(flame_ctx_t ctx, flame_tensor_t root, fl
     const Tensor& r = unwrap(root, "root");
     FLAME_CHECK(&r->ctx() == &c, FLAME_ERROR_INVALID_ARGUMENT, "root belongs to another context");
     FLAME_CHECK((flags & ~3u) == 0, FLAME_ERROR_INVALID_ARGUMENT, "unknown flags ", flags);
-    ContextScope s(c);
-    c.check_alive();
+    LiveScope s(c);
     BackwardRequest req;
     req.roots = {r};
     req.root_grads = {grad ? unwrap(grad, "grad") : nullptr};
@@ -215,8 +214,7 @@ FLAME_API flame_status_t flame_grad(flame_ctx_t ctx, const flame_tensor_t* outpu
     req.keep_graph = (flags & (FLAME_BACKWARD_RETAIN_GRAPH | FLAME_BACKWARD_CREATE_GRAPH)) != 0;
     req.create_graph = (flags & FLAME_BACKWARD_CREATE_GRAPH) != 0;
     req.allow_unused = (flags & FLAME_GRAD_ALLOW_UNUSED) != 0;
-    ContextScope s(c);
-    c.check_alive();
+    LiveScope s(c);
     std::vector<Tensor> g = run_backward(c, req);
     for (int32_t i = 0; i < n_inputs; ++i) results[i] = g[static_cast<size_t>(i)] ? wrap(g[static_cast<size_t>(i)]) : nullptr;
   });

@@ -85,8 +85,7 @@ FLAME_API flame_status_t flame_checkpoint(flame_ctx_t ctx, flame_checkpoint_fn f
     std::vector<Tensor> ins = tensor_list(inputs, n_inputs, "inputs");
     for (size_t i = 0; i < ins.size(); ++i)
       FLAME_CHECK(&ins[i]->ctx() == &c, FLAME_ERROR_INVALID_ARGUMENT, "inputs[", i, "] belongs to another context");
-    ContextScope scope(c);
-    c.check_alive();
+    LiveScope scope(c);
     CheckpointFunction adapted = [cb](const std::vector<Tensor>& in) { return call_c_checkpoint(*cb, in); };
     cb.reset();  // the adapter is the callback's only owner now
     std::vector<Tensor> outs = checkpoint(c, std::move(adapted), ins);

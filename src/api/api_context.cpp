@@ -95,8 +95,7 @@ FLAME_API void flame_ctx_destroy(flame_ctx_t ctx) {
 FLAME_API flame_status_t flame_ctx_synchronize(flame_ctx_t ctx) {
   return api_call("flame_ctx_synchronize", [&] {
     Context& c = context_of(ctx);
-    ContextScope s(c);
-    c.check_alive();
+    LiveScope s(c);
     c.synchronize();
   });
 }

@@ -45,22 +45,6 @@ ops::ConvArgs read_options(const flame_conv_options_t* opts) {
   return a;
 }
 
-template <class F>
-flame_status_t conv_call(const char* fn, flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias,
-                         const flame_conv_options_t* opts, flame_tensor_t* out, F&& op) {
-  return api_call(fn, [&] {
-    out_param(out, "out");
-    const ops::ConvArgs a = read_options(opts);
-    const Tensor& xt = unwrap(x, "x");
-    const Tensor& wt = unwrap(weight, "weight");
-    Tensor bt = bias ? unwrap(bias, "bias") : Tensor();
-    FLAME_CHECK(&xt->ctx() == &wt->ctx() && (!bt || &bt->ctx() == &xt->ctx()), FLAME_ERROR_INVALID_ARGUMENT,
-                "x, weight and bias belong to different contexts");
-    TensorScope s(xt);
-    *out = wrap(op(autocast_low(xt), autocast_low(wt), autocast_low(bt), a));  // api/autocast.h
-  });
-}
-
 }  // namespace
 
 extern "C" {
@@ -74,17 +58,35 @@ FLAME_API flame_status_t flame_conv_options_init(flame_conv_options_t* opts) {
 
 FLAME_API flame_status_t flame_conv2d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias,
                                       const flame_conv_options_t* opts, flame_tensor_t* out) {
-  return conv_call("flame_conv2d", x, weight, bias, opts, out, ops::conv2d);
+  return api_call("flame_conv2d", [&] {
+    out_param(out, "out");
+    const ops::ConvArgs a = read_options(opts);  // before any handle is read
+    auto [xt, wt, bt] = unwrap_args({{x, "x"}, {weight, "weight"}, {bias, "bias", true}});
+    LiveScope s(xt);
+    *out = wrap(ops::conv2d(autocast_low(xt), autocast_low(wt), autocast_low(bt), a));  // api/autocast.h
+  });
 }
 
 FLAME_API flame_status_t flame_conv_transpose2d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias,
                                                 const flame_conv_options_t* opts, flame_tensor_t* out) {
-  return conv_call("flame_conv_transpose2d", x, weight, bias, opts, out, ops::conv_transpose2d);
+  return api_call("flame_conv_transpose2d", [&] {
+    out_param(out, "out");
+    const ops::ConvArgs a = read_options(opts);  // before any handle is read
+    auto [xt, wt, bt] = unwrap_args({{x, "x"}, {weight, "weight"}, {bias, "bias", true}});
+    LiveScope s(xt);
+    *out = wrap(ops::conv_transpose2d(autocast_low(xt), autocast_low(wt), autocast_low(bt), a));  // api/autocast.h
+  });
 }
 
 FLAME_API flame_status_t flame_conv1d(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias,
                                       const flame_conv_options_t* opts, flame_tensor_t* out) {
-  return conv_call("flame_conv1d", x, weight, bias, opts, out, ops::conv1d);
+  return api_call("flame_conv1d", [&] {
+    out_param(out, "out");
+    const ops::ConvArgs a = read_options(opts);  // before any handle is read
+    auto [xt, wt, bt] = unwrap_args({{x, "x"}, {weight, "weight"}, {bias, "bias", true}});
+    LiveScope s(xt);
+    *out = wrap(ops::conv1d(autocast_low(xt), autocast_low(wt), autocast_low(bt), a));  // api/autocast.h
+  });
 }
 
 }  // extern "C"

@@ -12,8 +12,7 @@ FLAME_API flame_status_t flame_ctx_cudnn_info(flame_ctx_t ctx, int32_t* version,
     Context& c = context_of(ctx);
     out_param(version, "version");
     out_param(convolutions, "convolutions");
-    ContextScope s(c);
-    c.check_alive();
+    LiveScope s(c);
     Cudnn* dnn = cudnn(c);  // loads it on first use, as a convolution would
     *version = dnn ? dnn->version : 0;
     *convolutions = dnn ? dnn->convolutions : 0;
@@ -25,8 +24,7 @@ FLAME_API flame_status_t flame_ctx_cudnn_attention_info(flame_ctx_t ctx, uint64_
     Context& c = context_of(ctx);
     out_param(forward, "forward");
     out_param(backward, "backward");
-    ContextScope s(c);
-    c.check_alive();
+    LiveScope s(c);
     Cudnn* dnn = c.cudnn.get();  // counts only: loading cuDNN is left to the first convolution or attention
     *forward = dnn ? dnn->attentions : 0;
     *backward = dnn ? dnn->attention_grads : 0;

@@ -40,17 +40,6 @@ DataParallel& unwrap_dp(flame_dp_t d) {
   return *d->d;
 }
 
-// Runs body(comm) with the communicator's context locked, bound and checked.
-template <class F>
-flame_status_t comm_call(const char* fn, flame_comm_t c, F&& body) {
-  return api_call(fn, [&] {
-    Comm& comm = unwrap_comm(c);
-    ContextScope scope(comm.ctx());
-    comm.ctx().check_alive();
-    body(comm);
-  });
-}
-
 // Parks an emptied handle in its context, as flame_grad_scaler_release does.
 template <class H>
 void park(Context& ctx, H* h) {
@@ -93,8 +82,7 @@ FLAME_API flame_status_t flame_comm_unique_id(flame_ctx_t ctx, flame_comm_id_t* 
   return api_call("flame_comm_unique_id", [&] {
     Context& c = context_of(ctx);
     FLAME_CHECK(id, FLAME_ERROR_INVALID_ARGUMENT, "id is NULL");
-    ContextScope scope(c);
-    c.check_alive();
+    LiveScope scope(c);
     ncclUniqueId u = Comm::unique_id();
     std::memcpy(id->internal, &u, sizeof u);
   });
@@ -109,8 +97,7 @@ FLAME_API flame_status_t flame_comm_create(flame_ctx_t ctx, const flame_comm_id_
     FLAME_CHECK(world_size >= 1, FLAME_ERROR_INVALID_ARGUMENT, "world_size ", world_size, " is below 1");
     FLAME_CHECK(rank >= 0 && rank < world_size, FLAME_ERROR_INVALID_ARGUMENT, "rank ", rank, " is not in [0, ", world_size, ")");
     flame_comm_options_t o = comm_options(opts);
-    ContextScope scope(c);
-    c.check_alive();
+    LiveScope scope(c);
     ncclUniqueId u;
     std::memcpy(&u, id->internal, sizeof u);
     *out = new flame_comm_s{kCommMagic, Comm::create(c, u, rank, world_size, o.timeout_ms)};
@@ -156,7 +143,9 @@ FLAME_API void flame_comm_release(flame_comm_t comm) {
 
 FLAME_API flame_status_t flame_comm_rank(flame_comm_t comm, int32_t* rank) {
   if (rank) *rank = 0;
-  return comm_call("flame_comm_rank", comm, [&](Comm& c) {
+  return api_call("flame_comm_rank", [&] {
+    Comm& c = unwrap_comm(comm);
+    LiveScope live(c.ctx());
     FLAME_CHECK(rank, FLAME_ERROR_INVALID_ARGUMENT, "rank is NULL");
     *rank = c.rank();
   });
@@ -164,27 +153,43 @@ FLAME_API flame_status_t flame_comm_rank(flame_comm_t comm, int32_t* rank) {
 
 FLAME_API flame_status_t flame_comm_size(flame_comm_t comm, int32_t* size) {
   if (size) *size = 0;
-  return comm_call("flame_comm_size", comm, [&](Comm& c) {
+  return api_call("flame_comm_size", [&] {
+    Comm& c = unwrap_comm(comm);
+    LiveScope live(c.ctx());
     FLAME_CHECK(size, FLAME_ERROR_INVALID_ARGUMENT, "size is NULL");
     *size = c.world();
   });
 }
 
 FLAME_API flame_status_t flame_comm_synchronize(flame_comm_t comm) {
-  return comm_call("flame_comm_synchronize", comm, [&](Comm& c) { c.synchronize(); });
+  return api_call("flame_comm_synchronize", [&] {
+    Comm& c = unwrap_comm(comm);
+    LiveScope live(c.ctx());
+    c.synchronize();
+  });
 }
 
 FLAME_API flame_status_t flame_comm_all_reduce(flame_comm_t comm, flame_tensor_t t, int32_t op) {
-  return comm_call("flame_comm_all_reduce", comm, [&](Comm& c) { c.all_reduce(unwrap(t, "t"), op); });
+  return api_call("flame_comm_all_reduce", [&] {
+    Comm& c = unwrap_comm(comm);
+    LiveScope live(c.ctx());
+    c.all_reduce(unwrap(t, "t"), op);
+  });
 }
 
 FLAME_API flame_status_t flame_comm_broadcast(flame_comm_t comm, flame_tensor_t t, int32_t root) {
-  return comm_call("flame_comm_broadcast", comm, [&](Comm& c) { c.broadcast(unwrap(t, "t"), root); });
+  return api_call("flame_comm_broadcast", [&] {
+    Comm& c = unwrap_comm(comm);
+    LiveScope live(c.ctx());
+    c.broadcast(unwrap(t, "t"), root);
+  });
 }
 
 FLAME_API flame_status_t flame_comm_all_gather(flame_comm_t comm, flame_tensor_t in, flame_tensor_t* out) {
   if (out) *out = nullptr;
-  return comm_call("flame_comm_all_gather", comm, [&](Comm& c) {
+  return api_call("flame_comm_all_gather", [&] {
+    Comm& c = unwrap_comm(comm);
+    LiveScope live(c.ctx());
     out_param(out, "out");
     *out = wrap(c.all_gather(unwrap(in, "in")));
   });
@@ -192,7 +197,9 @@ FLAME_API flame_status_t flame_comm_all_gather(flame_comm_t comm, flame_tensor_t
 
 FLAME_API flame_status_t flame_comm_reduce_scatter(flame_comm_t comm, flame_tensor_t in, int32_t op, flame_tensor_t* out) {
   if (out) *out = nullptr;
-  return comm_call("flame_comm_reduce_scatter", comm, [&](Comm& c) {
+  return api_call("flame_comm_reduce_scatter", [&] {
+    Comm& c = unwrap_comm(comm);
+    LiveScope live(c.ctx());
     out_param(out, "out");
     *out = wrap(c.reduce_scatter(unwrap(in, "in"), op));
   });
@@ -228,8 +235,7 @@ FLAME_API flame_status_t flame_dp_create(flame_comm_t comm, const flame_tensor_t
       o.struct_size = sizeof o;
     }
     validate_dp_options(o);
-    ContextScope scope(c.ctx());
-    c.ctx().check_alive();
+    LiveScope scope(c.ctx());
     *out = new flame_dp_s{kDpMagic, std::make_shared<DataParallel>(comm->c, std::move(ps), o)};
   });
 }
@@ -245,8 +251,7 @@ FLAME_API flame_status_t flame_dp_set_sync(flame_dp_t dp, int32_t sync) {
 FLAME_API flame_status_t flame_dp_wait(flame_dp_t dp) {
   return api_call("flame_dp_wait", [&] {
     DataParallel& d = unwrap_dp(dp);
-    ContextScope scope(d.ctx());
-    d.ctx().check_alive();
+    LiveScope scope(d.ctx());
     d.wait();
   });
 }

@@ -141,7 +141,7 @@ FLAME_API flame_status_t flame_tensor_to_dlpack(flame_tensor_t t, DLManagedTenso
   return api_call("flame_tensor_to_dlpack", [&] {
     out_param(out, "out");
     const Tensor& x = unwrap(t, "t");
-    TensorScope s(x);
+    LiveScope s(x);
     *out = make_export<DLManagedTensor>(x);
   });
 }
@@ -151,8 +151,7 @@ FLAME_API flame_status_t flame_tensor_from_dlpack(flame_ctx_t ctx, DLManagedTens
     out_param(out, "out");
     Context& c = context_of(ctx);
     FLAME_CHECK(src, FLAME_ERROR_INVALID_ARGUMENT, "src is NULL");
-    ContextScope s(c);
-    c.check_alive();
+    LiveScope s(c);
     *out = import_managed(c, src, "src");
   });
 }
@@ -162,7 +161,7 @@ FLAME_API flame_status_t flame_tensor_to_dlpack_versioned(flame_tensor_t t, DLMa
     out_param(out, "out");
     const Tensor& x = unwrap(t, "t");
 #if FLAME_HAVE_DLPACK_VERSIONED
-    TensorScope s(x);
+    LiveScope s(x);
     DLManagedTensorVersioned* m = make_export<DLManagedTensorVersioned>(x);
     m->version.major = DLPACK_MAJOR_VERSION;
     m->version.minor = DLPACK_MINOR_VERSION;
@@ -183,8 +182,7 @@ FLAME_API flame_status_t flame_tensor_from_dlpack_versioned(flame_ctx_t ctx, DLM
     FLAME_CHECK(src, FLAME_ERROR_INVALID_ARGUMENT, "src is NULL");
 #if FLAME_HAVE_DLPACK_VERSIONED
     check_version(src);
-    ContextScope s(c);
-    c.check_alive();
+    LiveScope s(c);
     *out = import_managed(c, src, "src");
 #else
     (void)c;

@@ -49,8 +49,7 @@ FLAME_API flame_status_t flame_fused_call(flame_fused_t fn, const flame_tensor_t
       FLAME_CHECK(&ts.back()->ctx() == &f.ctx(), FLAME_ERROR_INVALID_ARGUMENT, name,
                   " belongs to a different context than fn");
     }
-    ContextScope scope(f.ctx());
-    f.ctx().check_alive();
+    LiveScope scope(f.ctx());
     *out = wrap(f.call(ts));
   });
 }

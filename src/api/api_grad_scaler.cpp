@@ -24,17 +24,6 @@ GradScaler& unwrap_scaler(flame_grad_scaler_t s) {
   return *s->s;
 }
 
-// Runs body(scaler) with the scaler's context locked and checked.
-template <class F>
-flame_status_t scaler_call(const char* fn, flame_grad_scaler_t s, F&& body) {
-  return api_call(fn, [&] {
-    GradScaler& g = unwrap_scaler(s);
-    ContextScope scope(g.ctx());
-    g.ctx().check_alive();
-    body(g);
-  });
-}
-
 }  // namespace
 
 extern "C" {
@@ -64,8 +53,7 @@ FLAME_API flame_status_t flame_grad_scaler_create(flame_ctx_t ctx, const flame_g
       flame_grad_scaler_options_init(&o);
     }
     validate_grad_scaler_options(o);
-    ContextScope scope(c);
-    c.check_alive();
+    LiveScope scope(c);
     *out = new flame_grad_scaler_s{kScalerMagic, std::make_shared<GradScaler>(c, o)};
   });
 }
@@ -86,7 +74,9 @@ FLAME_API void flame_grad_scaler_release(flame_grad_scaler_t s) {
 
 FLAME_API flame_status_t flame_grad_scaler_scale(flame_grad_scaler_t s, flame_tensor_t loss, flame_tensor_t* out) {
   if (out) *out = nullptr;
-  return scaler_call("flame_grad_scaler_scale", s, [&](GradScaler& g) {
+  return api_call("flame_grad_scaler_scale", [&] {
+    GradScaler& g = unwrap_scaler(s);
+    LiveScope live(g.ctx());
     out_param(out, "out");
     const Tensor& l = unwrap(loss, "loss");
     *out = same_or_wrap(loss, g.scale(l));
@@ -94,29 +84,44 @@ FLAME_API flame_status_t flame_grad_scaler_scale(flame_grad_scaler_t s, flame_te
 }
 
 FLAME_API flame_status_t flame_grad_scaler_unscale(flame_grad_scaler_t s, flame_optimizer_t opt) {
-  return scaler_call("flame_grad_scaler_unscale", s, [&](GradScaler& g) { g.unscale(optimizer_ref(opt)); });
+  return api_call("flame_grad_scaler_unscale", [&] {
+    GradScaler& g = unwrap_scaler(s);
+    LiveScope live(g.ctx());
+    g.unscale(optimizer_ref(opt));
+  });
 }
 
 FLAME_API flame_status_t flame_grad_scaler_unscale_tensors(flame_grad_scaler_t s, const flame_tensor_t* tensors, int64_t n) {
-  return scaler_call("flame_grad_scaler_unscale_tensors", s,
-                     [&](GradScaler& g) { g.unscale_tensors(tensor_list(tensors, n, "tensors")); });
+  return api_call("flame_grad_scaler_unscale_tensors", [&] {
+    GradScaler& g = unwrap_scaler(s);
+    LiveScope live(g.ctx());
+    g.unscale_tensors(tensor_list(tensors, n, "tensors"));
+  });
 }
 
 FLAME_API flame_status_t flame_grad_scaler_step(flame_grad_scaler_t s, flame_optimizer_t opt, int32_t* stepped) {
   if (stepped) *stepped = 0;
-  return scaler_call("flame_grad_scaler_step", s, [&](GradScaler& g) {
+  return api_call("flame_grad_scaler_step", [&] {
+    GradScaler& g = unwrap_scaler(s);
+    LiveScope live(g.ctx());
     const bool ran = g.step(optimizer_ref(opt));
     if (stepped) *stepped = ran ? 1 : 0;
   });
 }
 
 FLAME_API flame_status_t flame_grad_scaler_update(flame_grad_scaler_t s) {
-  return scaler_call("flame_grad_scaler_update", s, [&](GradScaler& g) { g.update(); });
+  return api_call("flame_grad_scaler_update", [&] {
+    GradScaler& g = unwrap_scaler(s);
+    LiveScope live(g.ctx());
+    g.update();
+  });
 }
 
 FLAME_API flame_status_t flame_grad_scaler_get_scale(flame_grad_scaler_t s, double* scale) {
   if (scale) *scale = 0;
-  return scaler_call("flame_grad_scaler_get_scale", s, [&](GradScaler& g) {
+  return api_call("flame_grad_scaler_get_scale", [&] {
+    GradScaler& g = unwrap_scaler(s);
+    LiveScope live(g.ctx());
     FLAME_CHECK(scale, FLAME_ERROR_INVALID_ARGUMENT, "scale is NULL");
     *scale = g.get_scale();
   });
@@ -124,14 +129,18 @@ FLAME_API flame_status_t flame_grad_scaler_get_scale(flame_grad_scaler_t s, doub
 
 FLAME_API flame_status_t flame_grad_scaler_found_inf(flame_grad_scaler_t s, flame_tensor_t* out) {
   if (out) *out = nullptr;
-  return scaler_call("flame_grad_scaler_found_inf", s, [&](GradScaler& g) {
+  return api_call("flame_grad_scaler_found_inf", [&] {
+    GradScaler& g = unwrap_scaler(s);
+    LiveScope live(g.ctx());
     out_param(out, "out");
     *out = wrap(g.found_inf());
   });
 }
 
 FLAME_API flame_status_t flame_grad_scaler_get_state(flame_grad_scaler_t s, double* scale, int64_t* growth_tracker) {
-  return scaler_call("flame_grad_scaler_get_state", s, [&](GradScaler& g) {
+  return api_call("flame_grad_scaler_get_state", [&] {
+    GradScaler& g = unwrap_scaler(s);
+    LiveScope live(g.ctx());
     FLAME_CHECK(scale, FLAME_ERROR_INVALID_ARGUMENT, "scale is NULL");
     FLAME_CHECK(growth_tracker, FLAME_ERROR_INVALID_ARGUMENT, "growth_tracker is NULL");
     g.get_state(scale, growth_tracker);
@@ -139,7 +148,11 @@ FLAME_API flame_status_t flame_grad_scaler_get_state(flame_grad_scaler_t s, doub
 }
 
 FLAME_API flame_status_t flame_grad_scaler_set_state(flame_grad_scaler_t s, double scale, int64_t growth_tracker) {
-  return scaler_call("flame_grad_scaler_set_state", s, [&](GradScaler& g) { g.set_state(scale, growth_tracker); });
+  return api_call("flame_grad_scaler_set_state", [&] {
+    GradScaler& g = unwrap_scaler(s);
+    LiveScope live(g.ctx());
+    g.set_state(scale, growth_tracker);
+  });
 }
 
 }  // extern "C"

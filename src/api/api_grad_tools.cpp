@@ -30,8 +30,7 @@ FLAME_API flame_status_t flame_grad_normalize(flame_ctx_t ctx, const flame_tenso
     Context& c = context_of(ctx);
     check_real(target_norm, "target_norm");
     check_real(eps, "eps");
-    ContextScope scope(c);
-    c.check_alive();
+    LiveScope scope(c);
     toolkit::normalize(c, tool_list(c, tensors, n, true), target_norm, eps);
   });
 }
@@ -40,8 +39,7 @@ FLAME_API flame_status_t flame_grad_add_noise(flame_ctx_t ctx, const flame_tenso
   return api_call("flame_grad_add_noise", [&] {
     Context& c = context_of(ctx);
     check_real(std_dev, "std_dev");
-    ContextScope scope(c);
-    c.check_alive();
+    LiveScope scope(c);
     toolkit::add_noise(c, tool_list(c, tensors, n, true), std_dev);
   });
 }
@@ -50,8 +48,7 @@ FLAME_API flame_status_t flame_grad_stats(flame_ctx_t ctx, const flame_tensor_t*
   return api_call("flame_grad_stats", [&] {
     out_param(out, "out");
     Context& c = context_of(ctx);
-    ContextScope scope(c);
-    c.check_alive();
+    LiveScope scope(c);
     *out = wrap(toolkit::stats(c, tool_list(c, tensors, n, false)));
   });
 }
@@ -63,8 +60,7 @@ FLAME_API flame_status_t flame_grad_stats_host(flame_ctx_t ctx, const flame_tens
     FLAME_CHECK(values, FLAME_ERROR_INVALID_ARGUMENT, "values is NULL");
     FLAME_CHECK(n < 0 || capacity / toolkit::kStatColumns > n, FLAME_ERROR_INVALID_ARGUMENT, "capacity ", capacity,
                 " holds fewer than n + 1 = ", n + 1, " rows of FLAME_STAT_COLUMNS values");
-    ContextScope scope(c);
-    c.check_alive();
+    LiveScope scope(c);
     Tensor s = toolkit::stats(c, tool_list(c, tensors, n, false));
     ops::to_host(s, values, static_cast<size_t>(s->numel()) * sizeof(double));
   });

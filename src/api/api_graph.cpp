@@ -74,7 +74,7 @@ FLAME_API void flame_graph_release(flame_graph_t graph) {
 FLAME_API flame_status_t flame_copy_from_host(flame_tensor_t dst, const void* data, size_t nbytes) {
   return api_call("flame_copy_from_host", [&] {
     const Tensor& t = unwrap(dst, "dst");
-    TensorScope scope(t);
+    LiveScope scope(t);
     Context& c = t->ctx();
     c.forbid_in_capture("a copy from the host");
     FLAME_CHECK(t->contiguous(), FLAME_ERROR_INVALID_ARGUMENT, "dst is not contiguous");

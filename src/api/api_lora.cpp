@@ -20,16 +20,6 @@ Lora& unwrap_lora(flame_lora_t l) {
   return *l->l;
 }
 
-template <class F>
-flame_status_t lora_call(const char* fn, flame_lora_t l, F&& body) {
-  return api_call(fn, [&] {
-    Lora& a = unwrap_lora(l);
-    ContextScope scope(a.ctx());
-    a.ctx().check_alive();
-    body(a);
-  });
-}
-
 }  // namespace
 
 extern "C" {
@@ -39,7 +29,7 @@ FLAME_API flame_status_t flame_lora_create(flame_tensor_t weight, flame_tensor_t
     out_param(out, "out");
     const Tensor& w = unwrap(weight, "weight");
     Tensor b = bias ? unwrap(bias, "bias") : Tensor();
-    TensorScope scope(w);
+    LiveScope scope(w);
     *out = new flame_lora_s{kLoraMagic, std::make_shared<Lora>(w, b, rank, alpha)};
   });
 }
@@ -60,7 +50,9 @@ FLAME_API void flame_lora_release(flame_lora_t l) {
 
 FLAME_API flame_status_t flame_lora_forward(flame_lora_t l, flame_tensor_t x, flame_tensor_t* out) {
   if (out) *out = nullptr;
-  return lora_call("flame_lora_forward", l, [&](Lora& a) {
+  return api_call("flame_lora_forward", [&] {
+    Lora& a = unwrap_lora(l);
+    LiveScope live(a.ctx());
     out_param(out, "out");
     *out = wrap(a.forward(unwrap(x, "x")));
   });
@@ -69,7 +61,9 @@ FLAME_API flame_status_t flame_lora_forward(flame_lora_t l, flame_tensor_t x, fl
 FLAME_API flame_status_t flame_lora_adapters(flame_lora_t l, flame_tensor_t* a_out, flame_tensor_t* b_out) {
   if (a_out) *a_out = nullptr;
   if (b_out) *b_out = nullptr;
-  return lora_call("flame_lora_adapters", l, [&](Lora& a) {
+  return api_call("flame_lora_adapters", [&] {
+    Lora& a = unwrap_lora(l);
+    LiveScope live(a.ctx());
     out_param(a_out, "a");
     out_param(b_out, "b");
     *a_out = wrap(a.a());
@@ -78,16 +72,26 @@ FLAME_API flame_status_t flame_lora_adapters(flame_lora_t l, flame_tensor_t* a_o
 }
 
 FLAME_API flame_status_t flame_lora_merge(flame_lora_t l) {
-  return lora_call("flame_lora_merge", l, [&](Lora& a) { a.merge(); });
+  return api_call("flame_lora_merge", [&] {
+    Lora& a = unwrap_lora(l);
+    LiveScope live(a.ctx());
+    a.merge();
+  });
 }
 
 FLAME_API flame_status_t flame_lora_unmerge(flame_lora_t l) {
-  return lora_call("flame_lora_unmerge", l, [&](Lora& a) { a.unmerge(); });
+  return api_call("flame_lora_unmerge", [&] {
+    Lora& a = unwrap_lora(l);
+    LiveScope live(a.ctx());
+    a.unmerge();
+  });
 }
 
 FLAME_API flame_status_t flame_lora_is_merged(flame_lora_t l, int32_t* merged) {
   if (merged) *merged = 0;
-  return lora_call("flame_lora_is_merged", l, [&](Lora& a) {
+  return api_call("flame_lora_is_merged", [&] {
+    Lora& a = unwrap_lora(l);
+    LiveScope live(a.ctx());
     FLAME_CHECK(merged, FLAME_ERROR_INVALID_ARGUMENT, "merged is NULL");
     *merged = a.merged() ? 1 : 0;
   });

@@ -12,23 +12,6 @@ using namespace flame;
 
 namespace {
 
-// t and the other tensor arguments (named in messages) must be live handles of one context.
-template <class F>
-flame_status_t nn_op(const char* fn, flame_tensor_t t, const char* t_name,
-                     std::initializer_list<std::pair<flame_tensor_t, const char*>> more, flame_tensor_t* out, F&& f) {
-  return api_call(fn, [&] {
-    out_param(out, "out");
-    const Tensor& x = unwrap(t, t_name);
-    std::vector<Tensor> args;
-    for (const auto& m : more) {
-      args.push_back(unwrap(m.first, m.second));
-      FLAME_CHECK(&args.back()->ctx() == &x->ctx(), FLAME_ERROR_INVALID_ARGUMENT, m.second, " belongs to another context");
-    }
-    TensorScope s(x);
-    *out = same_or_wrap(t, f(x, args));
-  });
-}
-
 std::vector<int64_t> array_arg(const int64_t* p, int32_t n, const char* name) {
   FLAME_CHECK(p, FLAME_ERROR_INVALID_ARGUMENT, name, " is NULL");
   FLAME_CHECK(n >= 0 && n <= 2 * FLAME_MAX_DIMS, FLAME_ERROR_INVALID_ARGUMENT, name, ": ", n, " values is not in [0, ",
@@ -66,13 +49,6 @@ ops::Pool2dOptions pool_options(const flame_pool2d_options_t* opts) {
 }
 
 // An optional tensor argument: NULL stays null; otherwise it must be live and of x's context.
-Tensor optional_arg(flame_tensor_t h, const char* name, const Tensor& x) {
-  if (!h) return nullptr;
-  const Tensor& t = unwrap(h, name);
-  FLAME_CHECK(&t->ctx() == &x->ctx(), FLAME_ERROR_INVALID_ARGUMENT, name, " belongs to another context");
-  return t;
-}
-
 }  // namespace
 
 extern "C" {
@@ -81,30 +57,30 @@ extern "C" {
 
 FLAME_API flame_status_t flame_scatter(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t src,
                                        flame_tensor_t* out) {
-  return nn_op("flame_scatter", t, "t", {{index, "index"}, {src, "src"}}, out,
-               [&](const Tensor& x, const std::vector<Tensor>& a) { return ops::scatter(x, dim, a[0], a[1]); });
+  return tensor_op("flame_scatter", {{t, "t"}, {index, "index"}, {src, "src"}}, out,
+                   [&](const Tensor& x, const Tensor& idx, const Tensor& values) { return ops::scatter(x, dim, idx, values); });
 }
 
 FLAME_API flame_status_t flame_masked_select(flame_tensor_t t, flame_tensor_t mask, flame_tensor_t* out) {
-  return nn_op("flame_masked_select", t, "t", {{mask, "mask"}}, out,
-               [&](const Tensor& x, const std::vector<Tensor>& a) { return ops::masked_select(x, a[0]); });
+  return tensor_op("flame_masked_select", {{t, "t"}, {mask, "mask"}}, out,
+                   [&](const Tensor& x, const Tensor& m) { return ops::masked_select(x, m); });
 }
 
 FLAME_API flame_status_t flame_repeat(flame_tensor_t t, const int64_t* repeats, int32_t n, flame_tensor_t* out) {
-  return nn_op("flame_repeat", t, "t", {}, out, [&](const Tensor& x, const std::vector<Tensor>&) {
+  return tensor_op("flame_repeat", {{t, "t"}}, out, [&](const Tensor& x) {
     return ops::repeat(x, array_arg(repeats, n, "repeats"));
   });
 }
 
 FLAME_API flame_status_t flame_repeat_interleave(flame_tensor_t t, int64_t repeats, int32_t dim, flame_tensor_t* out) {
-  return nn_op("flame_repeat_interleave", t, "t", {}, out, [&](const Tensor& x, const std::vector<Tensor>&) {
+  return tensor_op("flame_repeat_interleave", {{t, "t"}}, out, [&](const Tensor& x) {
     return ops::repeat_interleave(x, repeats, dim, dim == FLAME_DIM_ALL);
   });
 }
 
 FLAME_API flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_t npads, int32_t mode, double value,
                                    flame_tensor_t* out) {
-  return nn_op("flame_pad", t, "t", {}, out, [&](const Tensor& x, const std::vector<Tensor>&) {
+  return tensor_op("flame_pad", {{t, "t"}}, out, [&](const Tensor& x) {
     std::vector<int64_t> p = array_arg(pads, npads, "pads");
     FLAME_CHECK(mode >= FLAME_PAD_CONSTANT && mode <= FLAME_PAD_REPLICATE, FLAME_ERROR_INVALID_ARGUMENT,
                 "mode must be a flame_pad_mode_t (0, 1 or 2), got ", mode);
@@ -115,8 +91,8 @@ FLAME_API flame_status_t flame_pad(flame_tensor_t t, const int64_t* pads, int32_
 // ---------------------------------------------------------------- dropout
 
 FLAME_API flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out) {
-  return nn_op("flame_dropout", t, "t", {}, out,
-               [&](const Tensor& x, const std::vector<Tensor>&) { return ops::dropout(x, p, training != 0); });
+  return tensor_op("flame_dropout", {{t, "t"}}, out,
+                   [&](const Tensor& x) { return ops::dropout(x, p, training != 0); });
 }
 
 // ---------------------------------------------------------------- pooling
@@ -134,32 +110,32 @@ FLAME_API flame_status_t flame_pool2d_options_init(flame_pool2d_options_t* opts,
 }
 
 FLAME_API flame_status_t flame_max_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out) {
-  return nn_op("flame_max_pool2d", x, "x", {}, out,
-               [&](const Tensor& t, const std::vector<Tensor>&) { return ops::max_pool2d(t, pool_options(opts)); });
+  return tensor_op("flame_max_pool2d", {{x, "x"}}, out,
+                   [&](const Tensor& t) { return ops::max_pool2d(t, pool_options(opts)); });
 }
 
 FLAME_API flame_status_t flame_avg_pool2d(flame_tensor_t x, const flame_pool2d_options_t* opts, flame_tensor_t* out) {
-  return nn_op("flame_avg_pool2d", x, "x", {}, out,
-               [&](const Tensor& t, const std::vector<Tensor>&) { return ops::avg_pool2d(t, pool_options(opts)); });
+  return tensor_op("flame_avg_pool2d", {{x, "x"}}, out,
+                   [&](const Tensor& t) { return ops::avg_pool2d(t, pool_options(opts)); });
 }
 
 FLAME_API flame_status_t flame_adaptive_avg_pool2d(flame_tensor_t x, int64_t out_h, int64_t out_w, flame_tensor_t* out) {
-  return nn_op("flame_adaptive_avg_pool2d", x, "x", {}, out,
-               [&](const Tensor& t, const std::vector<Tensor>&) { return ops::adaptive_avg_pool2d(t, out_h, out_w); });
+  return tensor_op("flame_adaptive_avg_pool2d", {{x, "x"}}, out,
+                   [&](const Tensor& t) { return ops::adaptive_avg_pool2d(t, out_h, out_w); });
 }
 
 // ---------------------------------------------------------------- upsampling
 
 FLAME_API flame_status_t flame_upsample_nearest2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h, double scale_w,
                                                   flame_tensor_t* out) {
-  return nn_op("flame_upsample_nearest2d", x, "x", {}, out, [&](const Tensor& t, const std::vector<Tensor>&) {
+  return tensor_op("flame_upsample_nearest2d", {{x, "x"}}, out, [&](const Tensor& t) {
     return ops::upsample2d(t, out_h, out_w, scale_h, scale_w, false, false);
   });
 }
 
 FLAME_API flame_status_t flame_upsample_bilinear2d(flame_tensor_t x, int64_t out_h, int64_t out_w, double scale_h,
                                                    double scale_w, int32_t align_corners, flame_tensor_t* out) {
-  return nn_op("flame_upsample_bilinear2d", x, "x", {}, out, [&](const Tensor& t, const std::vector<Tensor>&) {
+  return tensor_op("flame_upsample_bilinear2d", {{x, "x"}}, out, [&](const Tensor& t) {
     FLAME_CHECK(align_corners == 0 || align_corners == 1, FLAME_ERROR_INVALID_ARGUMENT, "align_corners must be 0 or 1, got ",
                 align_corners);
     return ops::upsample2d(t, out_h, out_w, scale_h, scale_w, true, align_corners != 0);
@@ -180,8 +156,7 @@ FLAME_API flame_status_t flame_rope_options_init(flame_rope_options_t* opts) {
 
 FLAME_API flame_status_t flame_rope(flame_tensor_t x, flame_tensor_t positions, const flame_rope_options_t* opts,
                                     flame_tensor_t* out) {
-  return nn_op("flame_rope", x, "x", {}, out, [&](const Tensor& t, const std::vector<Tensor>&) {
-    Tensor pos = optional_arg(positions, "positions", t);
+  return tensor_op("flame_rope", {{x, "x"}, {positions, "positions", true}}, out, [&](const Tensor& t, const Tensor& pos) {
     flame_rope_options_t o = read_options(opts, "opts", sizeof(flame_rope_options_t));
     FLAME_CHECK(o.interleaved == 0 || o.interleaved == 1, FLAME_ERROR_INVALID_ARGUMENT, "opts->interleaved must be 0 or 1, got ",
                 o.interleaved);
@@ -198,7 +173,7 @@ FLAME_API flame_status_t flame_rope(flame_tensor_t x, flame_tensor_t positions, 
 FLAME_API flame_status_t flame_timestep_embedding(flame_tensor_t timesteps, int64_t dim, double max_period,
                                                   int32_t flip_sin_to_cos, double downscale_freq_shift, double scale,
                                                   flame_tensor_t* out) {
-  return nn_op("flame_timestep_embedding", timesteps, "timesteps", {}, out, [&](const Tensor& t, const std::vector<Tensor>&) {
+  return tensor_op("flame_timestep_embedding", {{timesteps, "timesteps"}}, out, [&](const Tensor& t) {
     FLAME_CHECK(flip_sin_to_cos == 0 || flip_sin_to_cos == 1, FLAME_ERROR_INVALID_ARGUMENT, "flip_sin_to_cos must be 0 or 1, got ",
                 flip_sin_to_cos);
     return ops::timestep_embedding(t, dim, max_period, flip_sin_to_cos != 0, downscale_freq_shift, scale);
@@ -208,22 +183,21 @@ FLAME_API flame_status_t flame_timestep_embedding(flame_tensor_t timesteps, int6
 // ---------------------------------------------------------------- composite blocks
 
 FLAME_API flame_status_t flame_geglu(flame_tensor_t x, int32_t approximate, flame_tensor_t* out) {
-  return nn_op("flame_geglu", x, "x", {}, out, [&](const Tensor& t, const std::vector<Tensor>&) {
+  return tensor_op("flame_geglu", {{x, "x"}}, out, [&](const Tensor& t) {
     FLAME_CHECK(approximate == 0 || approximate == 1, FLAME_ERROR_INVALID_ARGUMENT, "approximate must be 0 or 1, got ", approximate);
     return ops::geglu(t, approximate == 1);
   });
 }
 
 FLAME_API flame_status_t flame_adaln_modulate(flame_tensor_t x, flame_tensor_t shift, flame_tensor_t scale, flame_tensor_t* out) {
-  return nn_op("flame_adaln_modulate", x, "x", {}, out, [&](const Tensor& t, const std::vector<Tensor>&) {
-    return ops::adaln_modulate(t, optional_arg(shift, "shift", t), optional_arg(scale, "scale", t));
-  });
+  return tensor_op("flame_adaln_modulate", {{x, "x"}, {shift, "shift", true}, {scale, "scale", true}}, out,
+                   [&](const Tensor& t, const Tensor& sh, const Tensor& sc) { return ops::adaln_modulate(t, sh, sc); });
 }
 
 FLAME_API flame_status_t flame_swiglu_mlp(flame_tensor_t x, flame_tensor_t w1, flame_tensor_t w3, flame_tensor_t w2,
                                           flame_tensor_t* out) {
-  return nn_op("flame_swiglu_mlp", x, "x", {{w1, "w1"}, {w3, "w3"}, {w2, "w2"}}, out,
-               [&](const Tensor& t, const std::vector<Tensor>& a) { return ops::swiglu_mlp(t, a[0], a[1], a[2]); });
+  return tensor_op("flame_swiglu_mlp", {{x, "x"}, {w1, "w1"}, {w3, "w3"}, {w2, "w2"}}, out,
+                   [&](const Tensor& t, const Tensor& w1t, const Tensor& w3t, const Tensor& w2t) { return ops::swiglu_mlp(t, w1t, w3t, w2t); });
 }
 
 }  // extern "C"

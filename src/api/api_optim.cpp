@@ -81,8 +81,7 @@ FLAME_API flame_status_t flame_optimizer_create(flame_ctx_t ctx, const flame_opt
     out_param(out, "out");
     Context& c = context_of(ctx);
     FLAME_CHECK(opts, FLAME_ERROR_INVALID_ARGUMENT, "opts is NULL");
-    ContextScope scope(c);
-    c.check_alive();
+    LiveScope scope(c);
     std::vector<Tensor> ps = tensor_list(params, n, "params");
     validate_optimizer_options(*opts, -1);
     auto opt = std::make_shared<Optimizer>(c, opts->kind);
@@ -106,8 +105,7 @@ FLAME_API flame_status_t flame_optimizer_add_param_group(flame_optimizer_t o, co
 FLAME_API flame_status_t flame_optimizer_step(flame_optimizer_t o) {
   return api_call("flame_optimizer_step", [&] {
     Optimizer& opt = unwrap_opt(o);
-    ContextScope scope(opt.ctx());
-    opt.ctx().check_alive();
+    LiveScope scope(opt.ctx());
     opt.step();
   });
 }
@@ -126,8 +124,7 @@ FLAME_API flame_status_t flame_optimizer_set_lr(flame_optimizer_t o, int32_t gro
     FLAME_CHECK(std::isfinite(lr) && lr >= 0, FLAME_ERROR_INVALID_ARGUMENT, "lr must be finite and non-negative, got ", lr);
     const int32_t n = static_cast<int32_t>(opt.groups().size());
     FLAME_CHECK(group >= -1 && group < n, FLAME_ERROR_INVALID_ARGUMENT, "group ", group, " is not -1 or in [0, ", n, ")");
-    ContextScope scope(opt.ctx());
-    opt.ctx().check_alive();
+    LiveScope scope(opt.ctx());
     opt.set_lr(group, lr);  // host value and device record (stream-ordered; captured inside a graph)
   });
 }
@@ -173,8 +170,7 @@ FLAME_API flame_status_t flame_clip_grad_norm(flame_ctx_t ctx, const flame_tenso
     FLAME_CHECK(std::isfinite(max_norm) && max_norm >= 0, FLAME_ERROR_INVALID_ARGUMENT, "max_norm must be finite and >= 0");
     FLAME_CHECK(norm_type == 1 || norm_type == 2 || (std::isinf(norm_type) && norm_type > 0), FLAME_ERROR_INVALID_ARGUMENT,
                 "norm_type must be 1, 2 or INFINITY, got ", norm_type);
-    ContextScope scope(c);
-    c.check_alive();
+    LiveScope scope(c);
     std::vector<Tensor> gs = grads_of(c, tensor_list(params, n, "params"));
     Tensor total;
     if (gs.empty()) {
@@ -203,8 +199,7 @@ FLAME_API flame_status_t flame_clip_grad_value(flame_ctx_t ctx, const flame_tens
   return api_call("flame_clip_grad_value", [&] {
     Context& c = context_of(ctx);
     FLAME_CHECK(std::isfinite(clip) && clip >= 0, FLAME_ERROR_INVALID_ARGUMENT, "clip must be finite and >= 0, got ", clip);
-    ContextScope scope(c);
-    c.check_alive();
+    LiveScope scope(c);
     for (const Tensor& g : grads_of(c, tensor_list(params, n, "params")))
       ops::copy_into(g, ops::unary(OpId::Clamp, alias(g), -clip, clip));
   });
@@ -219,8 +214,7 @@ FLAME_API flame_status_t flame_optimizer_save_state(flame_optimizer_t o, const c
   return api_call("flame_optimizer_save_state", [&] {
     Optimizer& opt = unwrap_opt(o);
     FLAME_CHECK(path, FLAME_ERROR_INVALID_ARGUMENT, "path is NULL");
-    ContextScope scope(opt.ctx());
-    opt.ctx().check_alive();
+    LiveScope scope(opt.ctx());
     save_optimizer_state(opt, path);
   });
 }
@@ -229,8 +223,7 @@ FLAME_API flame_status_t flame_optimizer_load_state(flame_optimizer_t o, const c
   return api_call("flame_optimizer_load_state", [&] {
     Optimizer& opt = unwrap_opt(o);
     FLAME_CHECK(path, FLAME_ERROR_INVALID_ARGUMENT, "path is NULL");
-    ContextScope scope(opt.ctx());
-    opt.ctx().check_alive();
+    LiveScope scope(opt.ctx());
     load_optimizer_state(opt, path);
   });
 }

@@ -257,8 +257,7 @@ FLAME_API flame_status_t flame_params_load_safetensors(flame_params_t params, co
     FLAME_CHECK((flags & ~kParamsLoadFlags) == 0, FLAME_ERROR_INVALID_ARGUMENT, "flags 0x", std::hex, flags,
                 " has bits that are not FLAME_PARAMS_LOAD_* flags");
     Context& c = *p.ctx;
-    ContextScope scope(c);
-    c.check_alive();
+    LiveScope scope(c);
     c.forbid_in_capture("reading a safetensors file");
     const OpenSafetensors file = open_safetensors(source);
     std::vector<LoadStep> steps = plan_load(p, file.header, source, flags);

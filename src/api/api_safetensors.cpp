@@ -102,8 +102,7 @@ void save_safetensors(Context& c, const std::string& path, const std::vector<std
   const std::vector<size_t> order = st::layout(entries, metadata);
   const std::string header = st::serialize_header(entries, order, metadata);
 
-  ContextScope scope(c);
-  c.check_alive();
+  LiveScope scope(c);
   c.forbid_in_capture("writing a safetensors file");
   size_t largest = 0;
   for (const st::TensorEntry& e : entries) largest = std::max<size_t>(largest, e.bytes());
@@ -203,8 +202,7 @@ FLAME_API flame_status_t flame_safetensors_get(flame_safetensors_t file, const c
     FLAME_CHECK(e.shape.size() <= FLAME_MAX_DIMS, FLAME_ERROR_UNSUPPORTED, "tensor '", name, "' in ", f.path, " has ",
                 e.shape.size(), " dims; FLAME tensors have at most ", FLAME_MAX_DIMS);
     Context& c = *f.ctx;
-    ContextScope scope(c);
-    c.check_alive();
+    LiveScope scope(c);
     c.forbid_in_capture("reading a safetensors file");
     Tensor t = make_tensor(c, e.shape, e.dtype);
     const size_t bytes = static_cast<size_t>(t->numel()) * t->elem_size();

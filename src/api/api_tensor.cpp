@@ -28,30 +28,6 @@ DType dtype_arg(const flame_dtype_t& d) {  // by reference: see enum_arg
   return static_cast<DType>(v);
 }
 
-// Runs f(ctx) for creation functions and wraps the result.
-template <class F>
-flame_status_t create(const char* fn, flame_ctx_t ctx, flame_tensor_t* out, F&& f) {
-  return api_call(fn, [&] {
-    out_param(out, "out");
-    Context& c = context_of(ctx);
-    ContextScope s(c);
-    c.check_alive();
-    *out = wrap(f(c));
-  });
-}
-
-// Runs f(tensor) for one-input ops and wraps the result.
-template <class F>
-flame_status_t unary_call(const char* fn, flame_tensor_t t, flame_tensor_t* out, F&& f) {
-  return api_call(fn, [&] {
-    out_param(out, "out");
-    const Tensor& x = unwrap(t, "t");
-    TensorScope s(x);
-    Tensor r = f(x);
-    *out = same_or_wrap(t, r);
-  });
-}
-
 std::vector<Tensor> tensor_list(const flame_tensor_t* ts, int32_t n) {
   FLAME_CHECK(ts && n > 0, FLAME_ERROR_INVALID_ARGUMENT, "tensors is NULL or n is not positive");
   std::vector<Tensor> v;
@@ -123,42 +99,42 @@ FLAME_API flame_status_t flame_tensor_data_ptr(flame_tensor_t t, void** ptr) {
 
 // ---------------- creation ----------------
 FLAME_API flame_status_t flame_empty(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out) {
-  return create("flame_empty", ctx, out, [&](Context& c) { return ops::empty(c, shape_arg(shape, ndim), dtype_arg(dtype)); });
+  return tensor_op("flame_empty", ctx, out, [&](Context& c) { return ops::empty(c, shape_arg(shape, ndim), dtype_arg(dtype)); });
 }
 FLAME_API flame_status_t flame_zeros(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out) {
-  return create("flame_zeros", ctx, out, [&](Context& c) { return ops::zeros(c, shape_arg(shape, ndim), dtype_arg(dtype)); });
+  return tensor_op("flame_zeros", ctx, out, [&](Context& c) { return ops::zeros(c, shape_arg(shape, ndim), dtype_arg(dtype)); });
 }
 FLAME_API flame_status_t flame_ones(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out) {
-  return create("flame_ones", ctx, out, [&](Context& c) { return ops::full(c, shape_arg(shape, ndim), dtype_arg(dtype), 1.0); });
+  return tensor_op("flame_ones", ctx, out, [&](Context& c) { return ops::full(c, shape_arg(shape, ndim), dtype_arg(dtype), 1.0); });
 }
 FLAME_API flame_status_t flame_full(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, double value,
                                     flame_tensor_t* out) {
-  return create("flame_full", ctx, out, [&](Context& c) { return ops::full(c, shape_arg(shape, ndim), dtype_arg(dtype), value); });
+  return tensor_op("flame_full", ctx, out, [&](Context& c) { return ops::full(c, shape_arg(shape, ndim), dtype_arg(dtype), value); });
 }
 FLAME_API flame_status_t flame_arange(flame_ctx_t ctx, double start, double end, double step, flame_dtype_t dtype, flame_tensor_t* out) {
-  return create("flame_arange", ctx, out, [&](Context& c) { return ops::arange(c, start, end, step, dtype_arg(dtype)); });
+  return tensor_op("flame_arange", ctx, out, [&](Context& c) { return ops::arange(c, start, end, step, dtype_arg(dtype)); });
 }
 FLAME_API flame_status_t flame_linspace(flame_ctx_t ctx, double start, double end, int64_t steps, flame_dtype_t dtype, flame_tensor_t* out) {
-  return create("flame_linspace", ctx, out, [&](Context& c) { return ops::linspace(c, start, end, steps, dtype_arg(dtype)); });
+  return tensor_op("flame_linspace", ctx, out, [&](Context& c) { return ops::linspace(c, start, end, steps, dtype_arg(dtype)); });
 }
 FLAME_API flame_status_t flame_eye(flame_ctx_t ctx, int64_t n, int64_t m, flame_dtype_t dtype, flame_tensor_t* out) {
-  return create("flame_eye", ctx, out, [&](Context& c) { return ops::eye(c, n, m, dtype_arg(dtype)); });
+  return tensor_op("flame_eye", ctx, out, [&](Context& c) { return ops::eye(c, n, m, dtype_arg(dtype)); });
 }
 FLAME_API flame_status_t flame_rand(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out) {
-  return create("flame_rand", ctx, out, [&](Context& c) { return ops::rand(c, shape_arg(shape, ndim), dtype_arg(dtype)); });
+  return tensor_op("flame_rand", ctx, out, [&](Context& c) { return ops::rand(c, shape_arg(shape, ndim), dtype_arg(dtype)); });
 }
 FLAME_API flame_status_t flame_randn(flame_ctx_t ctx, const int64_t* shape, int32_t ndim, flame_dtype_t dtype, flame_tensor_t* out) {
-  return create("flame_randn", ctx, out, [&](Context& c) { return ops::randn(c, shape_arg(shape, ndim), dtype_arg(dtype)); });
+  return tensor_op("flame_randn", ctx, out, [&](Context& c) { return ops::randn(c, shape_arg(shape, ndim), dtype_arg(dtype)); });
 }
 FLAME_API flame_status_t flame_from_host(flame_ctx_t ctx, const void* data, size_t nbytes, const int64_t* shape, int32_t ndim,
                                          flame_dtype_t dtype, flame_tensor_t* out) {
-  return create("flame_from_host", ctx, out,
-                [&](Context& c) { return ops::from_host(c, data, nbytes, shape_arg(shape, ndim), dtype_arg(dtype)); });
+  return tensor_op("flame_from_host", ctx, out,
+                   [&](Context& c) { return ops::from_host(c, data, nbytes, shape_arg(shape, ndim), dtype_arg(dtype)); });
 }
 FLAME_API flame_status_t flame_to_host(flame_tensor_t t, void* data, size_t nbytes) {
   return api_call("flame_to_host", [&] {
     const Tensor& x = unwrap(t, "t");
-    TensorScope s(x);
+    LiveScope s(x);
     ops::to_host(x, data, nbytes);
   });
 }
@@ -166,72 +142,72 @@ FLAME_API flame_status_t flame_tensor_item(flame_tensor_t t, double* value) {
   return api_call("flame_tensor_item", [&] {
     out_param(value, "value");
     const Tensor& x = unwrap(t, "t");
-    TensorScope s(x);
+    LiveScope s(x);
     *value = ops::item(x);
   });
 }
 
 // ---------------- views and shape ops ----------------
 FLAME_API flame_status_t flame_reshape(flame_tensor_t t, const int64_t* shape, int32_t ndim, flame_tensor_t* out) {
-  return unary_call("flame_reshape", t, out, [&](const Tensor& x) { return ops::reshape(x, shape_arg(shape, ndim)); });
+  return tensor_op("flame_reshape", {{t, "t"}}, out, [&](const Tensor& x) { return ops::reshape(x, shape_arg(shape, ndim)); });
 }
 FLAME_API flame_status_t flame_view(flame_tensor_t t, const int64_t* shape, int32_t ndim, flame_tensor_t* out) {
-  return unary_call("flame_view", t, out, [&](const Tensor& x) { return ops::view(x, shape_arg(shape, ndim)); });
+  return tensor_op("flame_view", {{t, "t"}}, out, [&](const Tensor& x) { return ops::view(x, shape_arg(shape, ndim)); });
 }
 FLAME_API flame_status_t flame_permute(flame_tensor_t t, const int32_t* dims, int32_t ndim, flame_tensor_t* out) {
-  return unary_call("flame_permute", t, out, [&](const Tensor& x) { return ops::permute(x, dims_arg(dims, ndim)); });
+  return tensor_op("flame_permute", {{t, "t"}}, out, [&](const Tensor& x) { return ops::permute(x, dims_arg(dims, ndim)); });
 }
 FLAME_API flame_status_t flame_transpose(flame_tensor_t t, int32_t d0, int32_t d1, flame_tensor_t* out) {
-  return unary_call("flame_transpose", t, out, [&](const Tensor& x) { return ops::transpose(x, d0, d1); });
+  return tensor_op("flame_transpose", {{t, "t"}}, out, [&](const Tensor& x) { return ops::transpose(x, d0, d1); });
 }
 FLAME_API flame_status_t flame_expand(flame_tensor_t t, const int64_t* shape, int32_t ndim, flame_tensor_t* out) {
-  return unary_call("flame_expand", t, out, [&](const Tensor& x) { return ops::expand(x, shape_arg(shape, ndim)); });
+  return tensor_op("flame_expand", {{t, "t"}}, out, [&](const Tensor& x) { return ops::expand(x, shape_arg(shape, ndim)); });
 }
 FLAME_API flame_status_t flame_squeeze(flame_tensor_t t, int32_t dim, flame_tensor_t* out) {
-  return unary_call("flame_squeeze", t, out, [&](const Tensor& x) { return ops::squeeze(x, dim); });
+  return tensor_op("flame_squeeze", {{t, "t"}}, out, [&](const Tensor& x) { return ops::squeeze(x, dim); });
 }
 FLAME_API flame_status_t flame_squeeze_all(flame_tensor_t t, flame_tensor_t* out) {
-  return unary_call("flame_squeeze_all", t, out, [&](const Tensor& x) { return ops::squeeze_all(x); });
+  return tensor_op("flame_squeeze_all", {{t, "t"}}, out, [&](const Tensor& x) { return ops::squeeze_all(x); });
 }
 FLAME_API flame_status_t flame_unsqueeze(flame_tensor_t t, int32_t dim, flame_tensor_t* out) {
-  return unary_call("flame_unsqueeze", t, out, [&](const Tensor& x) { return ops::unsqueeze(x, dim); });
+  return tensor_op("flame_unsqueeze", {{t, "t"}}, out, [&](const Tensor& x) { return ops::unsqueeze(x, dim); });
 }
 FLAME_API flame_status_t flame_narrow(flame_tensor_t t, int32_t dim, int64_t start, int64_t length, flame_tensor_t* out) {
-  return unary_call("flame_narrow", t, out, [&](const Tensor& x) { return ops::narrow(x, dim, start, length); });
+  return tensor_op("flame_narrow", {{t, "t"}}, out, [&](const Tensor& x) { return ops::narrow(x, dim, start, length); });
 }
 FLAME_API flame_status_t flame_slice(flame_tensor_t t, int32_t dim, int64_t start, int64_t end, int64_t step, flame_tensor_t* out) {
-  return unary_call("flame_slice", t, out, [&](const Tensor& x) { return ops::slice(x, dim, start, end, step); });
+  return tensor_op("flame_slice", {{t, "t"}}, out, [&](const Tensor& x) { return ops::slice(x, dim, start, end, step); });
 }
 FLAME_API flame_status_t flame_select(flame_tensor_t t, int32_t dim, int64_t index, flame_tensor_t* out) {
-  return unary_call("flame_select", t, out, [&](const Tensor& x) { return ops::select(x, dim, index); });
+  return tensor_op("flame_select", {{t, "t"}}, out, [&](const Tensor& x) { return ops::select(x, dim, index); });
 }
 FLAME_API flame_status_t flame_flip(flame_tensor_t t, const int32_t* dims, int32_t ndims, flame_tensor_t* out) {
-  return unary_call("flame_flip", t, out, [&](const Tensor& x) { return ops::flip(x, dims_arg(dims, ndims)); });
+  return tensor_op("flame_flip", {{t, "t"}}, out, [&](const Tensor& x) { return ops::flip(x, dims_arg(dims, ndims)); });
 }
 FLAME_API flame_status_t flame_diagonal(flame_tensor_t t, int64_t offset, int32_t d1, int32_t d2, flame_tensor_t* out) {
-  return unary_call("flame_diagonal", t, out, [&](const Tensor& x) { return ops::diagonal(x, offset, d1, d2); });
+  return tensor_op("flame_diagonal", {{t, "t"}}, out, [&](const Tensor& x) { return ops::diagonal(x, offset, d1, d2); });
 }
 FLAME_API flame_status_t flame_contiguous(flame_tensor_t t, flame_tensor_t* out) {
-  return unary_call("flame_contiguous", t, out, [&](const Tensor& x) { return ops::contiguous(x); });
+  return tensor_op("flame_contiguous", {{t, "t"}}, out, [&](const Tensor& x) { return ops::contiguous(x); });
 }
 FLAME_API flame_status_t flame_clone(flame_tensor_t t, flame_tensor_t* out) {
-  return unary_call("flame_clone", t, out, [&](const Tensor& x) { return ops::clone(x); });
+  return tensor_op("flame_clone", {{t, "t"}}, out, [&](const Tensor& x) { return ops::clone(x); });
 }
 FLAME_API flame_status_t flame_to_dtype(flame_tensor_t t, flame_dtype_t dtype, flame_tensor_t* out) {
-  return unary_call("flame_to_dtype", t, out, [&](const Tensor& x) { return ops::to_dtype(x, dtype_arg(dtype)); });
+  return tensor_op("flame_to_dtype", {{t, "t"}}, out, [&](const Tensor& x) { return ops::to_dtype(x, dtype_arg(dtype)); });
 }
 FLAME_API flame_status_t flame_triu(flame_tensor_t t, int64_t diagonal, flame_tensor_t* out) {
-  return unary_call("flame_triu", t, out, [&](const Tensor& x) { return ops::triangle(x, diagonal, true); });
+  return tensor_op("flame_triu", {{t, "t"}}, out, [&](const Tensor& x) { return ops::triangle(x, diagonal, true); });
 }
 FLAME_API flame_status_t flame_tril(flame_tensor_t t, int64_t diagonal, flame_tensor_t* out) {
-  return unary_call("flame_tril", t, out, [&](const Tensor& x) { return ops::triangle(x, diagonal, false); });
+  return tensor_op("flame_tril", {{t, "t"}}, out, [&](const Tensor& x) { return ops::triangle(x, diagonal, false); });
 }
 
 FLAME_API flame_status_t flame_cat(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out) {
   return api_call("flame_cat", [&] {
     out_param(out, "out");
     auto v = tensor_list(tensors, n);
-    TensorScope s(v[0]);
+    LiveScope s(v[0]);
     *out = wrap(ops::cat(v, dim));
   });
 }
@@ -239,7 +215,7 @@ FLAME_API flame_status_t flame_stack(const flame_tensor_t* tensors, int32_t n, i
   return api_call("flame_stack", [&] {
     out_param(out, "out");
     auto v = tensor_list(tensors, n);
-    TensorScope s(v[0]);
+    LiveScope s(v[0]);
     *out = wrap(ops::stack(v, dim));
   });
 }
@@ -255,7 +231,7 @@ FLAME_API flame_status_t flame_split(flame_tensor_t t, int64_t split_size, int32
     const Tensor& x = unwrap(t, "t");
     FLAME_CHECK(outs, FLAME_ERROR_INVALID_ARGUMENT, "outs is NULL");
     FLAME_CHECK(split_size > 0, FLAME_ERROR_INVALID_ARGUMENT, "split_size must be positive, got ", split_size);
-    TensorScope s(x);
+    LiveScope s(x);
     int d = normalize_dim(dim, x->ndim());
     std::vector<int64_t> sizes;
     for (int64_t left = x->shape[d]; left > 0; left -= split_size) sizes.push_back(std::min(left, split_size));
@@ -272,7 +248,7 @@ FLAME_API flame_status_t flame_split_sizes(flame_tensor_t t, const int64_t* size
     const Tensor& x = unwrap(t, "t");
     FLAME_CHECK(outs && sizes && n > 0, FLAME_ERROR_INVALID_ARGUMENT, "outs or sizes is NULL, or n is not positive");
     for (int32_t i = 0; i < n; ++i) outs[i] = nullptr;
-    TensorScope s(x);
+    LiveScope s(x);
     write_pieces(ops::split_sizes(x, std::vector<int64_t>(sizes, sizes + n), dim), outs);
   });
 }
@@ -284,7 +260,7 @@ FLAME_API flame_status_t flame_chunk(flame_tensor_t t, int32_t chunks, int32_t d
     const Tensor& x = unwrap(t, "t");
     FLAME_CHECK(outs, FLAME_ERROR_INVALID_ARGUMENT, "outs is NULL");
     FLAME_CHECK(chunks > 0, FLAME_ERROR_INVALID_ARGUMENT, "chunks must be positive, got ", chunks);
-    TensorScope s(x);
+    LiveScope s(x);
     int d = normalize_dim(dim, x->ndim());
     int64_t size = x->shape[d], each = (size + chunks - 1) / chunks;
     std::vector<int64_t> sizes;

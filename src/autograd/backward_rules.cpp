@@ -43,14 +43,16 @@ Tensor saved_output(Node& n) {
 }
 Tensor like_scalar(const Tensor& t, double v) { return scalar(t->ctx(), v, t->dtype); }
 Tensor cmp(OpId op, const Tensor& x, double v) { return binary(op, x, like_scalar(x, v)); }
-double s0(const Node& n) { return n.reals.at(0); }
-double s1(const Node& n) { return n.reals.at(1); }
-// The reduced axes and keepdim flag stored by reductions, and g reshaped to keepdim geometry.
-std::vector<int> rdims(const Node& n) { return std::vector<int>(n.ints.begin(), n.ints.end() - 1); }
+// The scalars of a unary op (UnaryScalars).
+double s0(const Node& n) { return n.attrs<UnaryScalars>().s0; }
+double s1(const Node& n) { return n.attrs<UnaryScalars>().s1; }
+// The reduced axes stored by reductions, and g reshaped to keepdim geometry.
+const std::vector<int>& rdims(const Node& n) { return n.attrs<ReduceAttrs>().dims; }
 Tensor keep(const Node& n, const Tensor& g) {
-  if (n.ints.back()) return g;
+  if (n.attrs<ReduceAttrs>().keepdim) return g;
   return reshape(g, reduced_shape(n.inputs[0].shape, rdims(n), true));
 }
+int dim_of(const Node& n) { return n.attrs<DimAttrs>().dim; }
 
 // The algebra of ops/derivatives.h on tensors: each operation one FLAME op.
 struct TensorMath {
@@ -170,15 +172,16 @@ RULE(Cast) { return {to_dtype(g, n.inputs[0].dtype)}; }
 RULE(Copy) { return {g}; }
 RULE(Reshape) { return {reshape(g, n.inputs[0].shape)}; }
 RULE(Permute) {
-  std::vector<int> inv(n.ints.size());
-  for (size_t i = 0; i < n.ints.size(); ++i) inv[static_cast<size_t>(n.ints[i])] = static_cast<int>(i);
+  const std::vector<int>& dims = n.attrs<PermuteAttrs>().dims;
+  std::vector<int> inv(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) inv[static_cast<size_t>(dims[i])] = static_cast<int>(i);
   return {permute(g, inv)};
 }
 RULE(Expand) { return {sum_to(g, n.inputs[0].shape)}; }
 RULE(ViewSlice) { return {view_scatter(g, n.inputs[0].shape, n.view)}; }
 RULE(ViewScatter) { return {view_slice(g, n.view)}; }
 RULE(Cat) {
-  int dim = static_cast<int>(n.ints[0]);
+  const int dim = dim_of(n);
   Grads out;
   int64_t off = 0;
   for (size_t i = 0; i < n.inputs.size(); ++i) {
@@ -192,7 +195,7 @@ RULE(Cat) {
 RULE(Sum) { return {to_dtype(expand(keep(n, g), n.inputs[0].shape), n.inputs[0].dtype)}; }
 RULE(Prod) {  // handles zeros: with one zero in a group its gradient is the product of the rest
   Tensor x = saved(n, 0), out = keep(n, saved(n, 1)), gk = keep(n, g);
-  std::vector<int> rd = rdims(n);
+  const std::vector<int>& rd = rdims(n);
   Tensor is_zero = cmp(OpId::Eq, x, 0);
   Tensor nz_prod = prod(where(is_zero, like_scalar(x, 1), x), rd, true);
   Tensor zeros_in_group = sum(mask_as(is_zero, x), rd, true);
@@ -234,11 +237,12 @@ Grads linear_grads_from_pre(Node& n, const Tensor& dz, bool input_done, const st
 }
 // dz = g act'(z) for y = act(z).
 Tensor linear_pre_grad(Node& n, const Tensor& g) {
-  auto act = static_cast<Activation>(n.ints.at(0));
+  const LinearAttrs& a = n.attrs<LinearAttrs>();
+  const Activation act = a.act;
   if (act == Activation::Relu) return where(cmp(OpId::Gt, saved(n, 2), 0), g, like_scalar(g, 0));
   if (act == Activation::GeluTanh) {  // under create_graph, a pre-activation with history reaches x, W, b
     Tensor x = saved(n, 0), w = saved(n, 1);
-    Tensor z = g->ctx().recording() ? linear(x, w, n.ints.at(1) ? saved(n, 3) : nullptr, Activation::None) : saved(n, 2);
+    Tensor z = g->ctx().recording() ? linear(x, w, a.has_bias ? saved(n, 3) : nullptr, Activation::None) : saved(n, 2);
     return binary(OpId::GeluTanhBackward, g, z);
   }
   return g;
@@ -247,7 +251,7 @@ RULE(Linear) {  // y = act(z), z = x W^T + b: dz = g act'(z); gx = dz W; gW = dz
   return linear_grads_from_pre(n, linear_pre_grad(n, g), false);
 }
 RULE(CumSum) {
-  int dim = static_cast<int>(n.ints[0]);
+  const int dim = dim_of(n);
   return {flip(cumsum(flip(g, {dim}), dim), {dim})};
 }
 
@@ -288,7 +292,7 @@ Tensor per_channel(const Tensor& w, int nd) {
 
 Grads softmax_rule(Node& n, const Tensor& g, bool log) {
   Tensor y = saved(n, 0);
-  int dim = static_cast<int>(n.ints[0]);
+  const int dim = dim_of(n);
   if (!g->ctx().recording()) return {softmax_backward(g, y, dim, log)};
   if (log) return {sub(g, mul(exp(y), sum(g, {dim}, true)))};
   return {mul(y, sub(g, sum(mul(g, y), {dim}, true)))};
@@ -296,34 +300,35 @@ Grads softmax_rule(Node& n, const Tensor& g, bool log) {
 RULE(Softmax) { return softmax_rule(n, g, false); }
 RULE(LogSoftmax) { return softmax_rule(n, g, true); }
 
-// layer_norm / rms_norm (inputs x, weight[, bias]; ints {k, has weight, has bias}) and group_norm
-// (inputs x, weight, bias; ints {groups, ...}). Saved: x, weight, mean, rstd.
+// layer_norm / rms_norm (inputs x, weight[, bias]) and group_norm (inputs x, weight, bias); attributes
+// NormAttrs. Saved: x, weight, mean, rstd.
 Grads row_norm_rule(Node& n, const Tensor& g, NormKind kind) {
-  Tensor x = saved(n, 0), w = n.ints[1] ? saved(n, 1) : nullptr;
-  const bool has_b = kind != NormKind::Rms && n.ints[2];
+  const NormAttrs& a = n.attrs<NormAttrs>();
+  Tensor x = saved(n, 0), w = a.has_weight ? saved(n, 1) : nullptr;
+  const bool has_b = kind != NormKind::Rms && a.has_bias;
   const bool nx = n.needs_input_grad(0), nw = w && n.needs_input_grad(1), nb = has_b && n.needs_input_grad(2);
   Grads out(n.next.size());
   if (!g->ctx().recording()) {
     Tensor mu = kind == NormKind::Rms ? nullptr : saved(n, 2), rstd = saved(n, 3);
-    NormGrads r = norm_backward(kind, norm_geometry(kind, x->shape, n.ints[0]), g, x, w, mu, rstd, nx, nw, nb);
+    NormGrads r = norm_backward(kind, norm_geometry(kind, x->shape, a.k_or_groups), g, x, w, mu, rstd, nx, nw, nb);
     out[0] = r.dx;
     if (nw) out[1] = narrow_to(r.dw, n.inputs[1]);
     if (nb) out[2] = narrow_to(r.db, n.inputs[2]);
     return out;
   }
   const int nd = x->ndim();
-  const double eps = n.reals.at(0);
+  const double eps = a.eps;
   Tensor xf = wide(x), gf = wide(g), wf = wide(w), xhat;
   std::vector<int> wdims;  // the dims dw and db sum over
   if (kind == NormKind::Group) {
-    const int64_t N = x->shape[0], G = n.ints[0], D = N > 0 ? x->numel() / (N * G) : 0;
+    const int64_t N = x->shape[0], G = a.k_or_groups, D = N > 0 ? x->numel() / (N * G) : 0;
     Tensor gw = wf ? mul(gf, per_channel(wf, nd)) : gf;
     Grads r = composed_norm(reshape(xf, {N, G, D}), reshape(gw, {N, G, D}), {2}, true, eps);
     out[0] = nx ? to_dtype(reshape(r[0], x->shape), x->dtype) : nullptr;
     xhat = reshape(r[1], x->shape);
     wdims = dims_except(nd, {1});
   } else {
-    const int k = static_cast<int>(n.ints[0]);
+    const int k = static_cast<int>(a.k_or_groups);
     std::vector<int> dims;
     for (int d = nd - k; d < nd; ++d) dims.push_back(d);
     Grads r = composed_norm(xf, wf ? mul(gf, wf) : gf, dims, kind == NormKind::Layer, eps);
@@ -339,13 +344,14 @@ RULE(LayerNorm) { return row_norm_rule(n, g, NormKind::Layer); }
 RULE(RmsNorm) { return row_norm_rule(n, g, NormKind::Rms); }
 RULE(GroupNorm) { return row_norm_rule(n, g, NormKind::Group); }
 
-// batch_norm (inputs x, weight, bias; ints {training, has weight, has bias}); saved x, weight, and
+// batch_norm (inputs x, weight, bias; attributes BatchNormAttrs); saved x, weight, and
 // the statistics used: batch mean/rstd (training, recomputed when composing) or running ones (eval,
 // constants).
 RULE(BatchNorm) {
-  Tensor x = saved(n, 0), w = n.ints[1] ? saved(n, 1) : nullptr;
-  const bool training = n.ints[0] != 0;
-  const bool nx = n.needs_input_grad(0), nw = w && n.needs_input_grad(1), nb = n.ints[2] && n.needs_input_grad(2);
+  const BatchNormAttrs& a = n.attrs<BatchNormAttrs>();
+  Tensor x = saved(n, 0), w = a.has_weight ? saved(n, 1) : nullptr;
+  const bool training = a.training;
+  const bool nx = n.needs_input_grad(0), nw = w && n.needs_input_grad(1), nb = a.has_bias && n.needs_input_grad(2);
   Tensor mu = saved(n, 2), rstd = saved(n, 3);
   if (!g->ctx().recording()) {
     NormGrads r = batch_norm_backward(g, x, w, mu, rstd, training, nx, nw, nb);
@@ -357,7 +363,7 @@ RULE(BatchNorm) {
   Tensor gw = wf ? mul(gf, per_channel(wf, nd)) : gf;
   Tensor dx, xhat;
   if (training) {
-    Grads r = composed_norm(xf, gw, dims, true, n.reals.at(0));
+    Grads r = composed_norm(xf, gw, dims, true, a.eps);
     dx = r[0];
     xhat = r[1];
   } else {
@@ -440,16 +446,18 @@ RULE(NllLoss) {  // -coef w_t at (r, target[r])
 }
 
 // ---- indexing (ops/indexing.h): gather and scatter-add are each other's adjoint ----
-RULE(Gather) {  // ints: dim, skip, zero_skip
+RULE(Gather) {  // attributes IndexAttrs: dim, skip
   const TensorInfo& in = n.inputs[0];
+  const IndexAttrs& a = n.attrs<IndexAttrs>();
   Tensor zero = zeros(g->ctx(), in.shape, in.dtype);
-  return {scatter_add_index(zero, static_cast<int>(n.ints[0]), saved(n, 0), g, n.ints[1], 1.0, "gather (backward): index")};
+  return {scatter_add_index(zero, a.dim, saved(n, 0), g, a.skip, 1.0, "gather (backward): index")};
 }
-RULE(ScatterAdd) {  // ints: dim, skip; reals: alpha. The source's gradient reads 0 where it was skipped.
+RULE(ScatterAdd) {  // attributes IndexAttrs: dim, skip, alpha. The source's gradient reads 0 where it was skipped.
+  const IndexAttrs& a = n.attrs<IndexAttrs>();
   Tensor gs;
   if (n.needs_input_grad(1)) {
-    gs = gather_index(g, static_cast<int>(n.ints[0]), saved(n, 0), n.ints[1], true, "scatter_add (backward): index");
-    if (s0(n) != 1.0) gs = mul_scalar(gs, s0(n));
+    gs = gather_index(g, a.dim, saved(n, 0), a.skip, true, "scatter_add (backward): index");
+    if (a.alpha != 1.0) gs = mul_scalar(gs, a.alpha);
   }
   return {n.needs_input_grad(0) ? g : nullptr, gs};
 }
@@ -460,21 +468,21 @@ RULE(ScatterAdd) {  // ints: dim, skip; reals: alpha. The source's gradient read
 // ConvWeightGrad (d, x; saved d, x):      v = wgrad(d, x) is linear in each: dd = conv(x, g), dx = conv^T(d, g)
 // The weight gradient keeps the weight's memory format (channels-last or not).
 RULE(Conv2d) {
-  const ConvGeom geo = ConvGeom::from_ints(n.ints);
+  const ConvGeom& geo = n.attrs<ConvGeom>();
   Tensor x = saved(n, 0), w = saved(n, 1);
   return {n.needs_input_grad(0) ? conv_input_grad(g, w, nullptr, geo) : nullptr,
           n.needs_input_grad(1) ? conv_weight_grad(g, x, geo, is_channels_last(w)) : nullptr,
           n.needs_input_grad(2) ? conv_bias_grad(g) : nullptr};
 }
 RULE(ConvTranspose2d) {
-  const ConvGeom geo = ConvGeom::from_ints(n.ints);
+  const ConvGeom& geo = n.attrs<ConvGeom>();
   Tensor d = saved(n, 0), w = saved(n, 1);
   return {n.needs_input_grad(0) ? conv_forward(g, w, nullptr, geo) : nullptr,
           n.needs_input_grad(1) ? conv_weight_grad(d, g, geo, is_channels_last(w)) : nullptr,
           n.needs_input_grad(2) ? conv_bias_grad(g) : nullptr};
 }
 RULE(ConvWeightGrad) {
-  const ConvGeom geo = ConvGeom::from_ints(n.ints);
+  const ConvGeom& geo = n.attrs<ConvGeom>();
   Tensor d = saved(n, 0), x = saved(n, 1);
   return {n.needs_input_grad(0) ? conv_forward(x, g, nullptr, geo) : nullptr,
           n.needs_input_grad(1) ? conv_input_grad(d, g, nullptr, geo) : nullptr};
@@ -491,22 +499,24 @@ RULE(Attention) {
 }
 
 // ---- more nn ops (ops/nnops.h) ----
-RULE(Scatter) {  // ints: dim. t: g with the scattered positions zeroed; src: g gathered at index
-  const int dim = static_cast<int>(n.ints[0]);
+RULE(Scatter) {  // attribute: dim. t: g with the scattered positions zeroed; src: g gathered at index
+  const int dim = dim_of(n);
   Tensor index = saved(n, 0);
   Tensor gx, gs;
   if (n.needs_input_grad(0)) gx = scatter_index(g, dim, index, zeros(g->ctx(), index->shape, g->dtype), "scatter (backward): index");
   if (n.needs_input_grad(1)) gs = gather_index(g, dim, index, kNoIndex, false, "scatter (backward): index");
   return {gx, gs};
 }
-RULE(ConstantPad) {  // ints: the left pad of each dim; the gradient is g's interior
+RULE(ConstantPad) {  // attributes: the left pad of each dim; the gradient is g's interior
+  const std::vector<int64_t>& lefts = n.attrs<PadAttrs>().lefts;
   Tensor r = g;
   for (int d = 0; d < g->ndim(); ++d)
-    if (r->shape[d] != n.inputs[0].shape[d]) r = narrow(r, d, n.ints[static_cast<size_t>(d)], n.inputs[0].shape[d]);
+    if (r->shape[d] != n.inputs[0].shape[d]) r = narrow(r, d, lefts[static_cast<size_t>(d)], n.inputs[0].shape[d]);
   return {r};
 }
-RULE(Dropout) {  // ints: seed, offset; reals: p. The same mask (regenerated) and scale
-  return {dropout_apply(g, static_cast<uint64_t>(n.ints[0]), static_cast<uint64_t>(n.ints[1]), s0(n))};
+RULE(Dropout) {  // the same mask (regenerated from seed, offset, p) and scale
+  const DropoutAttrs& a = n.attrs<DropoutAttrs>();
+  return {dropout_apply(g, a.seed, a.offset, a.p)};
 }
 RULE(MaxPool2d) {  // saved: the winners' flat indices h * W + w [N, C, OH, OW] (-1: none); g goes there
   const Shape& xs = n.inputs[0].shape;
@@ -516,12 +526,12 @@ RULE(MaxPool2d) {  // saved: the winners' flat indices h * W + w [N, C, OH, OW] 
                                 reshape(g, {N, C, L}), -1, 1.0, "max_pool2d (backward): index");
   return {reshape(dx, xs)};
 }
-RULE(AvgPool2d) { return {avg_pool2d_adjoint(g, PoolParams::from_ints(n.ints))}; }
-RULE(AvgPool2dBackward) { return {avg_pool2d_apply(g, PoolParams::from_ints(n.ints))}; }
-RULE(Upsample2d) { return {upsample2d_adjoint(g, UpsampleParams::from_node(n.ints, n.reals))}; }
-RULE(Upsample2dBackward) { return {upsample2d_apply(g, UpsampleParams::from_node(n.ints, n.reals))}; }
+RULE(AvgPool2d) { return {avg_pool2d_adjoint(g, n.attrs<PoolParams>())}; }
+RULE(AvgPool2dBackward) { return {avg_pool2d_apply(g, n.attrs<PoolParams>())}; }
+RULE(Upsample2d) { return {upsample2d_adjoint(g, n.attrs<UpsampleParams>())}; }
+RULE(Upsample2dBackward) { return {upsample2d_apply(g, n.attrs<UpsampleParams>())}; }
 RULE(Rope) {  // the rotation is orthogonal: its transpose rotates back (saved: the position ids, if given)
-  RopeParams p = RopeParams::from_node(n.ints, n.reals);
+  RopeParams p = n.attrs<RopeParams>();
   p.inverse = !p.inverse;
   return {rope_apply(g, n.saved.empty() ? nullptr : saved(n, 0), p)};
 }
@@ -536,12 +546,12 @@ RULE(Checkpoint) { return node_backward(n, {g}); }
 RULE(Fused) { return node_backward(n, {g}); }
 
 // ---- mse_loss / l1_loss with reduction mean or sum (ops/loss.h; inputs {input, target}, both saved;
-// ints {reduction}): the fused kernel, or under create_graph the same gradient composed of ops,
+// attributes PointwiseLossAttrs): the fused kernel, or under create_graph the same gradient composed of ops,
 // g scale f'(input - target) for the input and its negation for the target, with f' = 2 d (mse) or
 // sign d (l1) and scale 1/N for mean, computed in f32 for f16/bf16 ----
 Grads pointwise_loss_rule(Node& n, const Tensor& g) {
   Tensor a = saved(n, 0), b = saved(n, 1);
-  const auto red = static_cast<Reduction>(n.ints.at(0));
+  const Reduction red = n.attrs<PointwiseLossAttrs>().reduction;
   const bool na = n.needs_input_grad(0), nb = n.needs_input_grad(1);
   if (!g->ctx().recording()) {
     PointwiseLossGrads r = pointwise_loss_backward(n.op, a, b, g, red, na, nb);
@@ -598,11 +608,11 @@ bool has_backward(OpId op) { return static_cast<int>(op) < kNumOps && kRules[sta
 // is returned null. Where no epilogue fits, *p_dz stays null and the gradients are the unfused ones.
 Grads linear_backward(Node& n, const Tensor& g, bool pre, Node* p, Tensor* p_dz, const std::array<bool, 3>& wide) {
   Tensor dz = pre ? g : linear_pre_grad(n, g);
-  if (p && n.needs_input_grad(0) && !g->ctx().recording() && p->op == OpId::Linear && p->ints.size() >= 3) {
-    auto act = static_cast<Activation>(p->ints[0]);
+  if (p && n.needs_input_grad(0) && !g->ctx().recording() && p->op == OpId::Linear) {
+    const Activation act = p->attrs<LinearAttrs>().act;
     Tensor aux;
     if (act == Activation::GeluTanh) aux = saved(*p, 2);
-    if (act == Activation::Relu && p->ints[2]) aux = saved(*p, p->saved.size() - 1);
+    if (act == Activation::Relu && p->attrs<LinearAttrs>().has_relu_mask) aux = saved(*p, p->saved.size() - 1);
     if (aux && linear_input_grad_through_activation(dz, saved(n, 1), act, aux, p_dz))
       return linear_grads_from_pre(n, dz, true, wide);
   }

@@ -36,7 +36,7 @@ Node* fusable_producer(WalkState& w, Node* n) {
   if (w.req.create_graph || n->op != OpId::Linear || !n->needs_input_grad(0)) return nullptr;
   Node* c = n->next[0].fn.get();
   while (c && c->op == OpId::Reshape && unobserved(w, c)) c = c->next[0].fn.get();
-  if (!c || c->op != OpId::Linear || !unobserved(w, c) || c->ints.at(0) == 0) return nullptr;
+  if (!c || c->op != OpId::Linear || !unobserved(w, c) || c->attrs<ops::LinearAttrs>().act == ops::Activation::None) return nullptr;
   Shape produced{c->inputs[0].shape[0], c->inputs[1].shape[0]};  // [rows, out_features]
   return n->inputs[0].shape == produced ? c : nullptr;
 }

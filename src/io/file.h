@@ -36,7 +36,6 @@ class AtomicFileWriter {
   AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
   void write(const void* data, size_t n);
   void commit();
-  const std::string& temp_path() const { return tmp_; }
 
  private:
   std::string path_, tmp_;

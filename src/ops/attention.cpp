@@ -25,7 +25,7 @@
 // cuDNN path (runtime/cudnn_sdpa.cpp): f16/bf16 without mask or dropout, D == Dv, D % 8 == 0,
 // D <= 128, 16-byte aligned views with strides in multiples of 8 elements, in a context that uses
 // cuDNN, run cuDNN's fused flash attention when it has a plan for the shapes (else the kernels
-// above). Its node saves cuDNN's Stats (natural-log log-sum-exp, ints[4] = 1); the backward runs
+// above). Its node saves cuDNN's Stats (natural-log log-sum-exp, attribute cudnn_stats); the backward runs
 // through cuDNN too, or FLAME's kernels with lse = Stats log2(e) should cuDNN refuse that plan. Its
 // output follows q's memory order (out_like_q): heads split from one projection give [B, Lq, H, Dv]
 // memory, so merging the heads back costs no copy.
@@ -463,9 +463,8 @@ Tensor ops::scaled_dot_product_attention(const Tensor& q0, const Tensor& k0, con
       node->saved.emplace_back(f.out, true);
       node->saved.emplace_back(f.lse, false);
       if (mask) node->saved.emplace_back(mask, false);
-      node->ints = {opts.causal ? 1 : 0, mask ? 1 : 0, static_cast<int64_t>(drop.seed), static_cast<int64_t>(drop.offset),
-                    via_cudnn ? 1 : 0};
-      node->reals = {scale, drop.on ? drop.p : 0.0};
+      node->attributes = AttentionAttrs{opts.causal, mask != nullptr, via_cudnn, drop.seed, drop.offset, scale,
+                                        drop.on ? drop.p : 0.0};
     }
     return f.out;
   } catch (...) {
@@ -481,13 +480,14 @@ AttentionSaved ops::unpack_attention(Node& n) {
   s.v = n.saved.at(2).unpack(n);
   s.out = n.saved.at(3).unpack(n);
   s.lse = n.saved.at(4).unpack(n);
-  if (n.ints.at(1)) s.mask = n.saved.at(5).unpack(n);
-  s.causal = n.ints.at(0) != 0;
-  s.cudnn_stats = n.ints.at(4) != 0;
-  s.seed = static_cast<uint64_t>(n.ints.at(2));
-  s.offset = static_cast<uint64_t>(n.ints.at(3));
-  s.scale = n.reals.at(0);
-  s.dropout_p = n.reals.at(1);
+  const AttentionAttrs& a = n.attrs<AttentionAttrs>();
+  if (a.has_mask) s.mask = n.saved.at(5).unpack(n);
+  s.causal = a.causal;
+  s.cudnn_stats = a.cudnn_stats;
+  s.seed = a.seed;
+  s.offset = a.offset;
+  s.scale = a.scale;
+  s.dropout_p = a.dropout_p;
   return s;
 }
 

@@ -38,6 +38,12 @@ struct AttentionSaved {
   uint64_t seed = 0, offset = 0;  // the Philox key and first counter of the dropout mask
 };
 AttentionSaved unpack_attention(Node& n);
+struct AttentionAttrs {  // node attributes of Attention (saved: q, k, v, out, lse, then the mask if any)
+  bool causal = false, has_mask = false;
+  bool cudnn_stats = false;  // lse holds cuDNN's Stats
+  uint64_t seed = 0, offset = 0;
+  double scale = 1, dropout_p = 0;
+};
 
 struct AttentionGrads {
   Tensor dq, dk, dv, dmask;  // dmask only when asked for (an additive mask that requires grad)

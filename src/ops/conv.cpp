@@ -21,8 +21,11 @@
 // and cuDNN adds the convolution to it (beta = 1), one rounding as in FLAME's kernels. Only the
 // kernel behind the recorded primitive changes; what is recorded and saved is the same.
 //
+// Determinism (promised in flame.h): the weight gradient's partial sums (in f32, f64 for f64) are
+// added in a fixed order; only cuDNN's deterministic algorithms are used.
+//
 // Autograd: Conv2d saves x and w; ConvTranspose2d saves dy and w; ConvWeightGrad saves dy and x;
-// the geometry is the node's ints. The rules (autograd/backward_rules.cpp) only call these
+// the geometry (ConvGeom) is the node's attributes. The rules (autograd/backward_rules.cpp) only call these
 // primitives and conv_bias_grad, so every order of derivative is available.
 #include "ops/conv.h"
 #include <algorithm>
@@ -282,7 +285,7 @@ Tensor cudnn_wgrad(const ops::ConvGeom& g, bool channels_last, const Tensor& dy,
 void record_conv(OpId op, const std::vector<Tensor>& ins, const Tensor& out, const ops::ConvGeom& g, const Tensor& s0,
                  const Tensor& s1) {
   if (auto node = record(op, ins, {out})) {
-    node->ints = g.to_ints();
+    node->attributes = g;
     node->saved.emplace_back(s0, false);
     node->saved.emplace_back(s1, false);
   }
@@ -291,16 +294,6 @@ void record_conv(OpId op, const std::vector<Tensor>& ins, const Tensor& out, con
 }  // namespace
 
 // ---------------------------------------------------------------- geometry
-
-std::vector<int64_t> ops::ConvGeom::to_ints() const { return {N, C, H, W, O, kh, kw, G, sh, sw, ph, pw, dh, dw, Ho, Wo}; }
-
-ops::ConvGeom ops::ConvGeom::from_ints(const std::vector<int64_t>& v) {
-  FLAME_CHECK(v.size() == 16, FLAME_ERROR_INTERNAL, "convolution node with ", v.size(), " attributes");
-  ConvGeom g;
-  g.N = v[0], g.C = v[1], g.H = v[2], g.W = v[3], g.O = v[4], g.kh = v[5], g.kw = v[6], g.G = v[7];
-  g.sh = v[8], g.sw = v[9], g.ph = v[10], g.pw = v[11], g.dh = v[12], g.dw = v[13], g.Ho = v[14], g.Wo = v[15];
-  return g;
-}
 
 bool ops::is_channels_last(const Tensor& t) {
   if (t->ndim() != 4 || t->contiguous()) return false;

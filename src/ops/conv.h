@@ -21,9 +21,7 @@ namespace flame::ops {
 struct ConvGeom {
   int64_t N = 0, C = 0, H = 0, W = 0, O = 0, kh = 0, kw = 0, G = 1;
   int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, Ho = 0, Wo = 0;
-  std::vector<int64_t> to_ints() const;  // node attributes
-  static ConvGeom from_ints(const std::vector<int64_t>& v);
-};
+};  // also the attributes of the Conv2d, ConvTranspose2d and ConvWeightGrad nodes
 
 // The arguments of flame_conv_options_t (PyTorch's names). conv1d uses element 0 of each pair.
 struct ConvArgs {

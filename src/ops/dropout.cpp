@@ -36,8 +36,7 @@ Tensor ops::dropout_apply(const Tensor& x0, uint64_t seed, uint64_t offset, doub
     launch_flat(ctx, ctx.function(dropout_key(x->dtype, vec)), (n + 3) / 4, args);
   }
   if (auto node = record(OpId::Dropout, {x}, {out})) {
-    node->ints = {static_cast<int64_t>(seed), static_cast<int64_t>(offset)};
-    node->reals = {p};
+    node->attributes = ops::DropoutAttrs{seed, offset, p};
   }
   return out;
 }

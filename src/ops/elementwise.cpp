@@ -78,7 +78,7 @@ Tensor ops::unary(OpId op, const Tensor& x0, double s0, double s1) {
   Tensor out = make_tensor(ctx, x->shape, out_dtype);
   launch_elementwise(in.functor, {s0, s1, 0}, out, {x});
   if (auto node = record(op, {x}, {out})) {
-    node->reals = {s0, s1};
+    node->attributes = ops::UnaryScalars{s0, s1};
     if (in.saves_input) node->saved.emplace_back(x, false);
     if (in.saves_output) node->saved.emplace_back(out, true);
   }

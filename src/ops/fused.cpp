@@ -66,8 +66,6 @@ const FusedFn::Grad& FusedFn::grad(int i) {
   return *slot;
 }
 
-const std::vector<int>& FusedFn::grad_reads(int i) { return grad(i).reads; }
-
 Tensor FusedFn::input_grad(int i, const Tensor& g, const std::vector<Tensor>& xs) {
   const Grad& d = grad(i);
   if (d.uses.empty()) return zeros(g->ctx(), g->shape, g->dtype);  // expr does not depend on x_i
@@ -83,7 +81,8 @@ Tensor FusedFn::input_grad(int i, const Tensor& g, const std::vector<Tensor>& xs
 
 std::vector<Tensor> FusedFn::node_backward(Node& n, const Tensor& g) {
   std::vector<Tensor> xs(n.next.size());
-  for (size_t k = 0; k < n.saved.size(); ++k) xs[static_cast<size_t>(n.ints.at(k))] = n.saved[k].unpack(n);
+  const std::vector<size_t>& slots = n.attrs<FusedAttrs>().saved_inputs;
+  for (size_t k = 0; k < n.saved.size(); ++k) xs[slots.at(k)] = n.saved[k].unpack(n);
   std::vector<Tensor> out(n.next.size());
   for (size_t i = 0; i < out.size(); ++i)
     if (n.needs_input_grad(i)) out[i] = input_grad(static_cast<int>(i), g, xs);
@@ -121,11 +120,13 @@ Tensor FusedFn::call(const std::vector<Tensor>& in) {
     for (int i = 0; i < n_; ++i)
       if (node->needs_input_grad(static_cast<size_t>(i)))
         for (int r : grad(i).reads) keep[static_cast<size_t>(r)] = true;
+    FusedAttrs attrs;
     for (size_t k = 0; k < ins.size(); ++k)
       if (keep[k]) {
         node->saved.emplace_back(ins[k], false);
-        node->ints.push_back(static_cast<int64_t>(k));
+        attrs.saved_inputs.push_back(k);
       }
+    node->attributes = std::move(attrs);
   }
   return out;
 }

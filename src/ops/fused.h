@@ -39,11 +39,9 @@ class FusedFn : public std::enable_shared_from_this<FusedFn> {
   // The gradient of input i of a Fused node of this function: g * d expr / d x_i, with xs the
   // node's inputs (null where not saved). g itself when the derivative is 1, zeros when it is 0.
   Tensor input_grad(int i, const Tensor& g, const std::vector<Tensor>& xs);
-  // The backward of a Fused node of this function (its Node::backward): the saved inputs (ints:
-  // which input each saved tensor is) and g give input_grad of every input that needs one.
+  // The backward of a Fused node of this function (its Node::backward): the saved inputs
+  // (FusedAttrs: which input each saved tensor is) and g give input_grad of every input that needs one.
   std::vector<Tensor> node_backward(Node& n, const Tensor& g);
-  // The inputs that input i's gradient reads (indices into xs).
-  const std::vector<int>& grad_reads(int i);
 
  private:
   struct Grad {
@@ -65,6 +63,9 @@ class FusedFn : public std::enable_shared_from_this<FusedFn> {
   std::unordered_map<KernelKey, CUfunction, KernelKeyHash> functions_;
 };
 
+struct FusedAttrs {  // node attributes of Fused
+  std::vector<size_t> saved_inputs;  // the input number of each saved tensor
+};
 // The kernels a fused function may launch for element type dtype (tests/cpu/test_kernels.cpp).
 std::vector<std::string> fused_instantiations(DType dtype);
 

@@ -107,7 +107,7 @@ Tensor ops::gather_index(const Tensor& x, int dim, const Tensor& index, int64_t 
   }
   if (auto node = record(OpId::Gather, {x}, {out})) {
     node->saved.emplace_back(index, false);
-    node->ints = {dim, skip, zero_skip ? 1 : 0};
+    node->attributes = ops::IndexAttrs{dim, skip, zero_skip, 1.0};
   }
   return out;
 }
@@ -130,8 +130,7 @@ Tensor ops::scatter_add_index(const Tensor& x, int dim, const Tensor& index, con
   Tensor out = to_dtype(acc, x->dtype);
   if (auto node = record(OpId::ScatterAdd, {x, src}, {out})) {
     node->saved.emplace_back(index, false);
-    node->ints = {dim, skip};
-    node->reals = {alpha};
+    node->attributes = ops::IndexAttrs{dim, skip, false, alpha};
   }
   return out;
 }

@@ -26,6 +26,13 @@ Tensor one_hot(const Tensor& index, int64_t num_classes);
 Tensor gather_index(const Tensor& x, int dim, const Tensor& index, int64_t skip, bool zero_skip, const std::string& what);
 Tensor scatter_add_index(const Tensor& x, int dim, const Tensor& index, const Tensor& src, int64_t skip, double alpha,
                          const std::string& what);
+// Node attributes of Gather (alpha unused) and ScatterAdd (zero_skip unused); the index is saved.
+struct IndexAttrs {
+  int dim = 0;
+  int64_t skip = 0;
+  bool zero_skip = false;
+  double alpha = 1.0;
+};
 
 // The kernel names the indexing ops can launch (for the CPU test that compiles every kernel).
 std::vector<std::string> indexing_instantiations();

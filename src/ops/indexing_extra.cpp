@@ -95,7 +95,7 @@ Tensor ops::scatter_index(const Tensor& x, int dim, const Tensor& index, const T
   }
   if (auto node = record(OpId::Scatter, {x, src}, {out})) {
     node->saved.emplace_back(index, false);
-    node->ints = {dim};
+    node->attributes = ops::DimAttrs{dim};
   }
   return out;
 }
@@ -190,7 +190,7 @@ Tensor ops::constant_pad(const Tensor& x, const std::vector<int64_t>& lefts, con
   int64_t off = out->offset;
   for (size_t d = 0; d < shape.size(); ++d) off += lefts[d] * out->strides[d];
   copy_into(make_view(out, x->shape, out->strides, off), x);
-  if (auto node = record(OpId::ConstantPad, {x}, {out})) node->ints.assign(lefts.begin(), lefts.end());
+  if (auto node = record(OpId::ConstantPad, {x}, {out})) node->attributes = ops::PadAttrs{lefts};
   return out;
 }
 

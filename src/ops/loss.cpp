@@ -159,8 +159,7 @@ void save_common(Node& node, const Tensor& weight, const Tensor& wsum, int64_t i
     node.saved.emplace_back(weight, false);
     node.saved.emplace_back(wsum, false);
   }
-  node.ints = {ignore_index, static_cast<int64_t>(red), weight ? 1 : 0, C, 0};  // ints[4]: a saved gradient follows
-  node.reals = {eps};
+  node.attributes = ops::LossAttrs{ignore_index, red, weight != nullptr, C, eps, false};
 }
 
 // ---- the fused cross-entropy ops on [M, C] rows ----
@@ -205,7 +204,7 @@ Tensor ce_index_with_grad(const Tensor& x, const Tensor& target, const Tensor& w
     if (denom) node->saved.emplace_back(denom, false);
     save_common(*node, weight, wsum, ignore_index, red, C, eps);
     node->saved.emplace_back(grad, false);
-    node->ints[4] = 1;
+    node->attrs<ops::LossAttrs>().saved_grad = true;
   }
   return out;
 }
@@ -367,11 +366,11 @@ Tensor ops::nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor
 ops::LossSaved ops::unpack_loss(Node& n) {
   LossSaved s;
   auto next = [&n, i = size_t{0}]() mutable { return n.saved.at(i++).unpack(n); };
-  s.ignore_index = n.ints.at(0);
-  s.reduction = static_cast<Reduction>(n.ints.at(1));
-  bool has_weight = n.ints.at(2) != 0;
-  s.classes = n.ints.at(3);
-  s.eps = n.reals.at(0);
+  const LossAttrs& a = n.attrs<LossAttrs>();
+  s.ignore_index = a.ignore_index;
+  s.reduction = a.reduction;
+  s.classes = a.classes;
+  s.eps = a.eps;
   bool mean = s.reduction == Reduction::Mean;
   switch (n.op) {
     case OpId::CrossEntropy:
@@ -388,11 +387,11 @@ ops::LossSaved ops::unpack_loss(Node& n) {
     default:
       fail(FLAME_ERROR_INTERNAL, "unpack_loss: ", op_name(n.op), " is not a loss");
   }
-  if (has_weight) {
+  if (a.has_weight) {
     s.weight = next();
     s.wsum = next();
   }
-  if (n.ints.at(4) != 0) s.grad = next();
+  if (a.saved_grad) s.grad = next();
   return s;
 }
 

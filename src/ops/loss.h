@@ -44,6 +44,15 @@ struct LossSaved {
   double eps = 0;     // label smoothing
   Reduction reduction = Reduction::Mean;
 };
+// Node attributes of CrossEntropy, CrossEntropyProbs and NllLoss.
+struct LossAttrs {
+  int64_t ignore_index = -100;
+  Reduction reduction = Reduction::Mean;
+  bool has_weight = false;  // weight and wsum are saved
+  int64_t classes = 0;
+  double eps = 0;
+  bool saved_grad = false;  // the forward's gradient is saved last
+};
 LossSaved unpack_loss(Node& n);
 
 // The fused backward kernels: the gradient of x given the gradient g of the node's output.
@@ -59,10 +68,13 @@ std::vector<std::string> loss_instantiations();
 // loss in messages.
 void check_loss_pair(const char* op, const Tensor& input, const Tensor& target);
 // Node layout: op MseLoss or L1Loss, inputs {input, target} (contiguous; a non-contiguous argument
-// went through a recorded copy), both saved; ints {reduction}. The output is 0-d, in
+// went through a recorded copy), both saved; attributes PointwiseLossAttrs. The output is 0-d, in
 // promote(input, target).
 // The fused backward kernel: the gradients of input and target (each only where asked, else null;
 // in its operand's dtype) for the gradient g of the node's output.
+struct PointwiseLossAttrs {
+  Reduction reduction = Reduction::Mean;
+};
 struct PointwiseLossGrads {
   Tensor input, target;
 };

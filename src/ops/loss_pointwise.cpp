@@ -84,7 +84,7 @@ Tensor fused_forward(OpId op, const Tensor& input, const Tensor& target, Reducti
   if (auto node = record(op, {a, b}, {out})) {
     node->saved.emplace_back(a, false);
     node->saved.emplace_back(b, false);
-    node->ints = {static_cast<int64_t>(red)};
+    node->attributes = ops::PointwiseLossAttrs{red};
   }
   return out;
 }

@@ -226,9 +226,9 @@ Tensor linear2d(const Tensor& x, const Tensor& w, const Tensor& bias, Activation
   if (auto node = record(OpId::Linear, {x, w, bias}, {out})) {
     // saved: x, W, then relu's output (its mask) or gelu's pre-activation, then gelu's bias (double
     // backward recomputes the pre-activation from x, W and b, since aux carries no history), then
-    // relu's bit mask when the fused path made one. ints: activation, has bias, has relu bit mask.
+    // relu's bit mask when the fused path made one.
     const bool relu_mask = act == Activation::Relu && aux;
-    node->ints = {static_cast<int64_t>(act), bias ? 1 : 0, relu_mask ? 1 : 0};
+    node->attributes = ops::LinearAttrs{act, bias != nullptr, relu_mask};
     node->saved.emplace_back(x, false);
     node->saved.emplace_back(w, false);
     if (act == Activation::Relu) node->saved.emplace_back(out, true);

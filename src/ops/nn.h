@@ -27,6 +27,18 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 // Gradient of softmax / log_softmax along dim given the output y.
 Tensor softmax_backward(const Tensor& g, const Tensor& y, int dim, bool log);
 
+// Node attributes of LayerNorm / RmsNorm / GroupNorm.
+struct NormAttrs {
+  int64_t k_or_groups = 0;  // layer/rms: how many trailing dims are normalised; group: the groups
+  bool has_weight = false, has_bias = false;
+  double eps = 0;
+};
+// Node attributes of BatchNorm.
+struct BatchNormAttrs {
+  bool training = false, has_weight = false, has_bias = false;
+  double eps = 0;
+};
+
 enum class NormKind { Layer, Rms, Group };
 // How a norm's rows map onto x: rows of D elements; Group: rows are (n, group), D = (C / G) * HW.
 struct NormGeometry {

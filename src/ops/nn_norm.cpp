@@ -1,6 +1,6 @@
 // layer_norm, rms_norm, group_norm and batch_norm: argument checks, the host side of cuda/norm.cuh,
 // and the recorded nodes. Saved per node: x, the weight (or nothing), mean (not for RMS), rstd;
-// ints = {k or groups or training, has weight, has bias}, reals = {eps}.
+// the attributes are ops::NormAttrs / ops::BatchNormAttrs (ops/nn.h).
 //
 // Row norms (layer/rms/group) run one kernel per direction (see cuda/norm.cuh); which one, and its
 // launch, is the row-kernel router's decision (ops/row_router.h: RowOp::NormForward / NormBackward);
@@ -146,8 +146,7 @@ Tensor record_norm(OpId op, const Tensor& x, const Tensor& w, const Tensor& b, b
   std::vector<Tensor> ins = {x, w};
   if (has_bias_input) ins.push_back(b);
   if (auto node = record(op, ins, {o.y})) {
-    node->ints = {attr, w ? 1 : 0, b ? 1 : 0};
-    node->reals = {eps};
+    node->attributes = ops::NormAttrs{attr, w != nullptr, b != nullptr, eps};
     node->saved.emplace_back(x, false);
     if (w) node->saved.emplace_back(w, false);
     else node->saved.emplace_back();
@@ -379,8 +378,7 @@ Tensor ops::batch_norm(const Tensor& x0, const Tensor& rm, const Tensor& rv, con
     launch_flat(ctx, apply, n, args);
   }
   if (auto node = record(OpId::BatchNorm, {x, w, b}, {y})) {
-    node->ints = {training ? 1 : 0, w ? 1 : 0, b ? 1 : 0};
-    node->reals = {eps};
+    node->attributes = ops::BatchNormAttrs{training, w != nullptr, b != nullptr, eps};
     node->saved.emplace_back(x, false);
     if (w) node->saved.emplace_back(w, false);
     else node->saved.emplace_back();

@@ -32,6 +32,9 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, PadMode mode, doub
 // The recorded constant pad: x placed at offsets `lefts` (one per dim, >= 0) of a tensor of shape
 // `shape` filled with value.
 Tensor constant_pad(const Tensor& x, const std::vector<int64_t>& lefts, const Shape& shape, double value);
+struct PadAttrs {  // node attributes of ConstantPad
+  std::vector<int64_t> lefts;  // the left pad of each dim
+};
 
 // ---- dropout (ops/dropout.cpp) ----
 // Identity (x itself) when !training or p == 0; x * 0 when p == 1; else draws from the context's
@@ -39,6 +42,10 @@ Tensor constant_pad(const Tensor& x, const std::vector<int64_t>& lefts, const Sh
 Tensor dropout(const Tensor& x, double p, bool training);
 // The recorded op: x times the keep mask of (seed, offset, p), scaled by 1 / (1 - p).
 Tensor dropout_apply(const Tensor& x, uint64_t seed, uint64_t offset, double p);
+struct DropoutAttrs {  // node attributes of Dropout: the mask's random stream and p
+  uint64_t seed = 0, offset = 0;
+  double p = 0;
+};
 
 // ---- pooling (ops/pooling.cpp) on [N, C, H, W] or [C, H, W] ----
 struct Pool2dOptions {  // flame_pool2d_options_t without its struct_size
@@ -47,15 +54,13 @@ struct Pool2dOptions {  // flame_pool2d_options_t without its struct_size
   bool count_include_pad = true;
   int64_t divisor_override = 0;  // 0: none
 };
-// The geometry of a recorded average pooling (fixed or adaptive windows), kept in node->ints.
+// The geometry of a recorded average pooling (fixed or adaptive windows), the node's attributes.
 struct PoolParams {
   int64_t N = 0, C = 0, H = 0, W = 0, OH = 0, OW = 0;
   int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
   bool count_include_pad = true;
   int64_t divisor = 0;
   bool adaptive = false;
-  std::vector<int64_t> to_ints() const;
-  static PoolParams from_ints(const std::vector<int64_t>& v);
 };
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& o);
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& o);
@@ -66,14 +71,12 @@ Tensor avg_pool2d_apply(const Tensor& x, const PoolParams& p);
 Tensor avg_pool2d_adjoint(const Tensor& g, const PoolParams& p);
 
 // ---- upsampling (ops/upsample.cpp) of [N, C, H, W] ----
-// The geometry of a recorded upsampling: sizes in node->ints, the caller's scale factors (0: none)
-// in node->reals.
+// The geometry of a recorded upsampling (the node's attributes): sizes and the caller's scale
+// factors (0: none).
 struct UpsampleParams {
   int64_t N = 0, C = 0, H = 0, W = 0, OH = 0, OW = 0;
   double scale_h = 0, scale_w = 0;
   bool bilinear = false, align_corners = false;
-  std::vector<int64_t> to_ints() const;
-  static UpsampleParams from_node(const std::vector<int64_t>& ints, const std::vector<double>& reals);
 };
 // out_h / out_w: > 0, or 0 for floor(in * scale); scale_h / scale_w: > 0, or 0 for none.
 Tensor upsample2d(const Tensor& x, int64_t out_h, int64_t out_w, double scale_h, double scale_w, bool bilinear,
@@ -83,14 +86,13 @@ Tensor upsample2d_apply(const Tensor& x, const UpsampleParams& p);
 Tensor upsample2d_adjoint(const Tensor& g, const UpsampleParams& p);
 
 // ---- positional embeddings (ops/rope.cpp) ----
-struct RopeParams {
+struct RopeParams {  // also the node's attributes
   double theta = 10000;
   int64_t rotary_dim = 0;  // 0: the whole last dim
   int64_t offset = 0;      // positions offset + t when no ids are given
   bool interleaved = false;
   int seq_dim = -2;        // normalised by rope()
   bool inverse = false;    // rotate backwards (the backward)
-  static RopeParams from_node(const std::vector<int64_t>& ints, const std::vector<double>& reals);
 };
 // positions: null, or i64/i32 ids of shape [T] or [B, T].
 Tensor rope(const Tensor& x, const Tensor& positions, RopeParams p);

@@ -30,6 +30,11 @@ void fill_(const Tensor& dst, double value);
 
 // ---- elementwise ----
 Tensor unary(OpId op, const Tensor& x, double s0 = 0, double s1 = 0);
+// Node attributes of a recorded unary op: its scalars as passed to unary() (MulScalar's factor,
+// PowScalar's exponent, LeakyRelu's slope, Elu's alpha, Softplus' beta and threshold, Clamp's bounds).
+struct UnaryScalars {
+  double s0 = 0, s1 = 0;
+};
 Tensor binary(OpId op, const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor to_dtype(const Tensor& t, DType dtype);
@@ -55,6 +60,9 @@ Tensor mask_as(const Tensor& mask, const Tensor& like);
 Tensor reshape(const Tensor& t, const Shape& shape);
 Tensor view(const Tensor& t, const Shape& shape);  // fails when no view exists
 Tensor permute(const Tensor& t, const std::vector<int>& dims);
+struct PermuteAttrs {  // node attributes of Permute: the normalised dims
+  std::vector<int> dims;
+};
 Tensor transpose(const Tensor& t, int d0, int d1);
 Tensor expand(const Tensor& t, const Shape& shape);
 Tensor squeeze(const Tensor& t, int dim);
@@ -70,6 +78,11 @@ Tensor view_slice(const Tensor& t, const ViewSpec& spec);
 Tensor view_scatter(const Tensor& g, const Shape& shape, const ViewSpec& spec);
 // Sums g down to shape (the backward of broadcasting).
 Tensor sum_to(const Tensor& g, const Shape& shape);
+
+// Node attributes of the ops recorded with one normalised dim (Cat, CumSum, Softmax, LogSoftmax, Scatter).
+struct DimAttrs {
+  int dim = 0;
+};
 
 // ---- joining and splitting ----
 Tensor cat(const std::vector<Tensor>& ts, int dim);
@@ -94,6 +107,10 @@ Tensor cumsum(const Tensor& t, int dim);
 // The normalised, sorted reduction axes (all axes when dims is empty).
 std::vector<int> reduction_dims(const Tensor& t, const std::vector<int>& dims);
 Shape reduced_shape(const Shape& shape, const std::vector<int>& rdims, bool keepdim);
+struct ReduceAttrs {  // node attributes of a recorded reduction
+  std::vector<int> dims;  // reduction_dims()
+  bool keepdim = false;
+};
 
 // ---- matrix products (ops/matmul.cpp, on cuBLASLt) ----
 enum class Activation : int { None = 0, Relu = 1, GeluTanh = 2 };  // values of flame_activation_t
@@ -103,6 +120,11 @@ Tensor bmm(const Tensor& a, const Tensor& b);
 Tensor mm(const Tensor& a, const Tensor& b);
 // act(x W^T + bias); bias may be null. Fused into the GEMM's epilogue where cuBLASLt can.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act);
+struct LinearAttrs {  // node attributes of Linear
+  Activation act = Activation::None;
+  bool has_bias = false;
+  bool has_relu_mask = false;  // the fused path saved relu's bit mask (last saved tensor)
+};
 // Gradients of W (dz^T x) and bias (column sums of dz) for dz [R, out], x [R, in]; one GEMM with a
 // bias-gradient epilogue when both are wanted and no graph is being recorded. out: their dtype, dz's
 // or (f16/bf16 dz, outside a recorded backward) f32, written by the GEMM itself.

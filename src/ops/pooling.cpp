@@ -4,7 +4,7 @@
 //    plane); its rule scatter-adds the gradient there (ops/indexing.h), so second order works and
 //    overlapping windows accumulate with atomics.
 //  - avg_pool2d and adaptive_avg_pool2d record AvgPool2d, whose rule is the adjoint kernel recorded as
-//    AvgPool2dBackward, whose rule is AvgPool2d again. The geometry travels in node->ints. Windows
+//    AvgPool2dBackward, whose rule is AvgPool2d again. The geometry is the node's attributes (PoolParams). Windows
 //    that are the input's 2x2 blocks, between dense tensors, run the vector kernels of
 //    cuda/blocks2x2.cuh (launch_blocks2x2).
 // A channels-last input (c stride 1) gives a channels-last output, walked in that order by the
@@ -138,32 +138,6 @@ bool avg_2x2(const ops::PoolParams& p) {
 
 }  // namespace
 
-std::vector<int64_t> ops::PoolParams::to_ints() const {
-  return {N, C, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, count_include_pad ? 1 : 0, divisor, adaptive ? 1 : 0};
-}
-
-ops::PoolParams ops::PoolParams::from_ints(const std::vector<int64_t>& v) {
-  PoolParams p;
-  p.N = v.at(0);
-  p.C = v.at(1);
-  p.H = v.at(2);
-  p.W = v.at(3);
-  p.OH = v.at(4);
-  p.OW = v.at(5);
-  p.kh = v.at(6);
-  p.kw = v.at(7);
-  p.sh = v.at(8);
-  p.sw = v.at(9);
-  p.ph = v.at(10);
-  p.pw = v.at(11);
-  p.dh = v.at(12);
-  p.dw = v.at(13);
-  p.count_include_pad = v.at(14) != 0;
-  p.divisor = v.at(15);
-  p.adaptive = v.at(16) != 0;
-  return p;
-}
-
 // ---------------------------------------------------------------- max
 
 Tensor ops::max_pool2d(const Tensor& x, const Pool2dOptions& o) {
@@ -198,7 +172,7 @@ Tensor ops::avg_pool2d_apply(const Tensor& x4, const PoolParams& p) {
     void* args[] = {&px, &py, &total, &g};
     launch_flat(ctx, ctx.function(make_key(kAvgPool, x4->dtype)), total, args);
   }
-  if (auto node = record(OpId::AvgPool2d, {x4}, {y})) node->ints = p.to_ints();
+  if (auto node = record(OpId::AvgPool2d, {x4}, {y})) node->attributes = p;
   return y;
 }
 
@@ -213,7 +187,7 @@ Tensor ops::avg_pool2d_adjoint(const Tensor& g4, const PoolParams& p) {
     void* args[] = {&pg, &px, &total, &g};
     launch_flat(ctx, ctx.function(make_key(kAvgPoolBackward, g4->dtype)), total, args);
   }
-  if (auto node = record(OpId::AvgPool2dBackward, {g4}, {gx})) node->ints = p.to_ints();
+  if (auto node = record(OpId::AvgPool2dBackward, {g4}, {gx})) node->attributes = p;
   return gx;
 }
 

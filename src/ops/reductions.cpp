@@ -45,8 +45,7 @@ static Tensor reduce_op(OpId op, ReduceKind kind, const Tensor& x, const std::ve
   std::vector<int> rd = ops::reduction_dims(x, dims);
   Tensor out = finish(launch_reduce(x, rd, kind, out_dtype), x, rd, keepdim);
   if (auto node = record(op, {x}, {out})) {
-    node->ints.assign(rd.begin(), rd.end());
-    node->ints.push_back(keepdim ? 1 : 0);
+    node->attributes = ops::ReduceAttrs{rd, keepdim};
     if (kind != ReduceKind::Sum) {
       node->saved.emplace_back(x, false);
       node->saved.emplace_back(out, true);
@@ -138,7 +137,7 @@ Tensor ops::cumsum(const Tensor& x, int dim0) {
   int dim = x->ndim() == 0 ? 0 : normalize_dim(dim0, x->ndim());
   if (x->ndim() == 0) return clone(x);
   Tensor out = launch_cumsum(x, dim, sum_result_dtype(x->dtype));
-  if (auto node = record(OpId::CumSum, {x}, {out})) node->ints = {dim};
+  if (auto node = record(OpId::CumSum, {x}, {out})) node->attributes = ops::DimAttrs{dim};
   return out;
 }
 

@@ -1,7 +1,7 @@
 // Rotary position embeddings (kernel: cuda/rope.cuh) and sinusoidal timestep embeddings.
 //  - rope records one Rope node; its rule is the same kernel rotating backwards (the rotation is
 //    orthogonal, so its transpose is its inverse), recorded as Rope again: gradients of any order. The
-//    position ids, when given, are saved in the node; the geometry is in node->ints, theta in reals.
+//    position ids, when given, are saved in the node; the parameters are the node's attributes.
 //  - timestep_embedding is diffusers' get_timestep_embedding composed of FLAME ops in f32, with the
 //    operations in the same order and precision as PyTorch runs them on CUDA (so the results agree
 //    to the last bit or nearly); being a composition it is differentiable in floating timesteps.
@@ -67,22 +67,10 @@ Tensor ops::rope_apply(const Tensor& x, const Tensor& positions, const RopeParam
     launch_flat(ctx, ctx.function(rope_key(x->dtype, idt)), items, args);
   }
   if (auto node = record(OpId::Rope, {x}, {y})) {
-    node->ints = {p.rotary_dim, p.interleaved ? 1 : 0, p.seq_dim, p.offset, p.inverse ? 1 : 0};
-    node->reals = {p.theta};
+    node->attributes = p;
     if (positions) node->saved.emplace_back(positions, false);
   }
   return y;
-}
-
-ops::RopeParams ops::RopeParams::from_node(const std::vector<int64_t>& v, const std::vector<double>& r) {
-  RopeParams p;
-  p.rotary_dim = v.at(0);
-  p.interleaved = v.at(1) != 0;
-  p.seq_dim = static_cast<int>(v.at(2));
-  p.offset = v.at(3);
-  p.inverse = v.at(4) != 0;
-  p.theta = r.at(0);
-  return p;
 }
 
 Tensor ops::rope(const Tensor& x, const Tensor& positions, RopeParams p) {

@@ -35,7 +35,7 @@ Tensor ops::cat(const std::vector<Tensor>& ts, int dim0) {
     off += t->shape[dim];
     inputs.push_back(t);
   }
-  if (auto node = record(OpId::Cat, inputs, {out})) node->ints = {dim};
+  if (auto node = record(OpId::Cat, inputs, {out})) node->attributes = ops::DimAttrs{dim};
   return out;
 }
 

@@ -128,7 +128,7 @@ Tensor ops::softmax(const Tensor& x0, int64_t dim0, bool log) {
   if (x->numel() > 0)
     launch_forward(x, y, geo, log, plan(x->ctx(), RowOp::SoftmaxForward, x->dtype, geo, {x->data(), y->data()}));
   if (auto node = record(log ? OpId::LogSoftmax : OpId::Softmax, {x}, {y})) {
-    node->ints = {dim};
+    node->attributes = ops::DimAttrs{dim};
     node->saved.emplace_back(y, true);
   }
   return y;

@@ -1,7 +1,7 @@
 // upsample_nearest2d and upsample_bilinear2d of [N, C, H, W] inputs of any strides: the host side of
 // cuda/upsample.cuh. The forward records Upsample2d; its rule is the adjoint kernel recorded as
 // Upsample2dBackward, whose rule is Upsample2d again (so gradients of any order work). The geometry
-// (sizes, mode, align_corners) travels in node->ints and the caller's scale factors in node->reals.
+// (sizes, mode, align_corners, the caller's scale factors) is the node's attributes (UpsampleParams).
 // Output sizes follow PyTorch: an explicit size, or floor(in * scale_factor); a given scale_factor
 // also sets the index scale (1 / scale_factor), as torch.nn.functional.interpolate passes it on. A
 // channels-last input gives a channels-last output, walked in that order. Nearest by exactly 2 between
@@ -73,23 +73,6 @@ bool nearest_by_2(const ops::UpsampleParams& p) {
 
 }  // namespace
 
-std::vector<int64_t> ops::UpsampleParams::to_ints() const { return {N, C, H, W, OH, OW, bilinear ? 1 : 0, align_corners ? 1 : 0}; }
-
-ops::UpsampleParams ops::UpsampleParams::from_node(const std::vector<int64_t>& v, const std::vector<double>& r) {
-  UpsampleParams p;
-  p.N = v.at(0);
-  p.C = v.at(1);
-  p.H = v.at(2);
-  p.W = v.at(3);
-  p.OH = v.at(4);
-  p.OW = v.at(5);
-  p.bilinear = v.at(6) != 0;
-  p.align_corners = v.at(7) != 0;
-  p.scale_h = r.at(0);
-  p.scale_w = r.at(1);
-  return p;
-}
-
 Tensor ops::upsample2d_apply(const Tensor& x, const UpsampleParams& p) {
   Context& ctx = x->ctx();
   const bool cl = spatial_channels_last(x);
@@ -102,8 +85,7 @@ Tensor ops::upsample2d_apply(const Tensor& x, const UpsampleParams& p) {
     launch_flat(ctx, ctx.function(make_key(kUpsample, x->dtype)), total, args);
   }
   if (auto node = record(OpId::Upsample2d, {x}, {y})) {
-    node->ints = p.to_ints();
-    node->reals = {p.scale_h, p.scale_w};
+    node->attributes = p;
   }
   return y;
 }
@@ -120,8 +102,7 @@ Tensor ops::upsample2d_adjoint(const Tensor& g4, const UpsampleParams& p) {
     launch_flat(ctx, ctx.function(make_key(kUpsampleBackward, g4->dtype)), total, args);
   }
   if (auto node = record(OpId::Upsample2dBackward, {g4}, {gx})) {
-    node->ints = p.to_ints();
-    node->reals = {p.scale_h, p.scale_w};
+    node->attributes = p;
   }
   return gx;
 }

@@ -104,7 +104,7 @@ Tensor ops::permute(const Tensor& t, const std::vector<int>& dims0) {
     st.push_back(t->strides[d]);
   }
   Tensor out = make_view(t, shape, st, t->offset);
-  if (auto node = record(OpId::Permute, {t}, {out})) node->ints.assign(dims.begin(), dims.end());
+  if (auto node = record(OpId::Permute, {t}, {out})) node->attributes = ops::PermuteAttrs{dims};
   return out;
 }
 

@@ -31,9 +31,6 @@ enum class Epilogue : int32_t {
 
 // Epilogues that read or write the aux buffer (relu: a bit mask; gelu: the pre-activation).
 inline bool uses_aux(Epilogue e) { return e >= Epilogue::GeluAux && e != Epilogue::BgradB; }
-inline bool relu_mask_aux(Epilogue e) {
-  return e == Epilogue::ReluAux || e == Epilogue::ReluAuxBias || e == Epilogue::DRelu;
-}
 
 // One operand as cuBLASLt stores it: a column-major rows x cols matrix with leading dim ld,
 // used transposed when trans is set, batch_stride elements between batch entries (0 = shared).

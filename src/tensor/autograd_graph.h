@@ -6,9 +6,11 @@
 // autograd/engine.cpp, and all backward rules are in autograd/backward_rules.cpp, except those an op
 // hands in with its node (Node::backward: gradient checkpointing, fused functions).
 #pragma once
+#include <any>
 #include <functional>
 #include <memory>
 #include <vector>
+#include "core/error.h"
 #include "tensor/op_list.h"
 #include "tensor/tensor.h"
 
@@ -96,8 +98,7 @@ struct Node : std::enable_shared_from_this<Node> {
   std::vector<Edge> next;          // one per input; fn null when that input needs no gradient
   std::vector<TensorInfo> inputs;  // geometry of each input
   std::vector<SavedTensor> saved;
-  std::vector<int64_t> ints;       // op attributes
-  std::vector<double> reals;
+  std::any attributes;             // the op's attribute struct (defined beside the op), read through attrs<A>()
   ViewSpec view;
   bool graph_freed = false;        // saved tensors were released by a backward without retain_graph
   // Hooks and retain_grad of the tensors this node produced (non-leaves), keyed by output number.
@@ -115,6 +116,11 @@ struct Node : std::enable_shared_from_this<Node> {
   using BackwardFn = std::function<std::vector<Tensor>(Node& self, const std::vector<Tensor>& output_grads)>;
   BackwardFn backward;
 
+  template <class A> A& attrs() {
+    if (A* a = std::any_cast<A>(&attributes)) return *a;
+    fail(FLAME_ERROR_INTERNAL, "node of ", op_name(op), " does not hold the attributes its reader expects");
+  }
+  template <class A> const A& attrs() const { return const_cast<Node*>(this)->attrs<A>(); }
   bool needs_input_grad(size_t i) const { return i < next.size() && next[i].fn != nullptr; }
   void release_saved() {
     for (auto& s : saved) s.reset();

@@ -121,6 +121,46 @@ impl TryFrom<i32> for LogLevel {
     }
 }
 
+/// `flame_pad_mode_t`. Convert raw values with `PadMode::try_from` (an unknown value is an error).
+#[repr(i32)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub enum PadMode {
+    /// `FLAME_PAD_CONSTANT`
+    Constant = 0,
+    /// `FLAME_PAD_REFLECT`
+    Reflect = 1,
+    /// `FLAME_PAD_REPLICATE`
+    Replicate = 2,
+}
+impl PadMode {
+    /// Every value, in header order.
+    pub const ALL: &'static [PadMode] = &[PadMode::Constant, PadMode::Reflect, PadMode::Replicate];
+    /// The C value.
+    pub fn raw(self) -> sys::flame_pad_mode_t {
+        self as sys::flame_pad_mode_t
+    }
+    /// The C name ("FLAME_PAD_CONSTANT").
+    pub fn c_name(self) -> &'static str {
+        match self {
+            PadMode::Constant => "FLAME_PAD_CONSTANT",
+            PadMode::Reflect => "FLAME_PAD_REFLECT",
+            PadMode::Replicate => "FLAME_PAD_REPLICATE",
+        }
+    }
+}
+impl TryFrom<i32> for PadMode {
+    type Error = Error;
+    /// `ERROR_INVALID_ARGUMENT` for a value this header does not define.
+    fn try_from(v: i32) -> Result<PadMode> {
+        match v {
+            0 => Ok(PadMode::Constant),
+            1 => Ok(PadMode::Reflect),
+            2 => Ok(PadMode::Replicate),
+            _ => Err(Error::new(Status::ERROR_INVALID_ARGUMENT, format!("flame_pad_mode_t: unknown value {}", v))),
+        }
+    }
+}
+
 /// `flame_activation_t`. Convert raw values with `Activation::try_from` (an unknown value is an error).
 #[repr(i32)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
@@ -157,50 +197,6 @@ impl TryFrom<i32> for Activation {
             1 => Ok(Activation::Relu),
             2 => Ok(Activation::GeluTanh),
             _ => Err(Error::new(Status::ERROR_INVALID_ARGUMENT, format!("flame_activation_t: unknown value {}", v))),
-        }
-    }
-}
-
-/// `flame_optimizer_kind_t`. Convert raw values with `OptimizerKind::try_from` (an unknown value is an error).
-#[repr(i32)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-pub enum OptimizerKind {
-    /// `FLAME_OPTIMIZER_SGD`
-    Sgd = 0,
-    /// `FLAME_OPTIMIZER_ADAM`
-    Adam = 1,
-    /// `FLAME_OPTIMIZER_ADAMW`
-    AdamW = 2,
-    /// `FLAME_OPTIMIZER_LION`
-    Lion = 3,
-}
-impl OptimizerKind {
-    /// Every value, in header order.
-    pub const ALL: &'static [OptimizerKind] = &[OptimizerKind::Sgd, OptimizerKind::Adam, OptimizerKind::AdamW, OptimizerKind::Lion];
-    /// The C value.
-    pub fn raw(self) -> sys::flame_optimizer_kind_t {
-        self as sys::flame_optimizer_kind_t
-    }
-    /// The C name ("FLAME_OPTIMIZER_SGD").
-    pub fn c_name(self) -> &'static str {
-        match self {
-            OptimizerKind::Sgd => "FLAME_OPTIMIZER_SGD",
-            OptimizerKind::Adam => "FLAME_OPTIMIZER_ADAM",
-            OptimizerKind::AdamW => "FLAME_OPTIMIZER_ADAMW",
-            OptimizerKind::Lion => "FLAME_OPTIMIZER_LION",
-        }
-    }
-}
-impl TryFrom<i32> for OptimizerKind {
-    type Error = Error;
-    /// `ERROR_INVALID_ARGUMENT` for a value this header does not define.
-    fn try_from(v: i32) -> Result<OptimizerKind> {
-        match v {
-            0 => Ok(OptimizerKind::Sgd),
-            1 => Ok(OptimizerKind::Adam),
-            2 => Ok(OptimizerKind::AdamW),
-            3 => Ok(OptimizerKind::Lion),
-            _ => Err(Error::new(Status::ERROR_INVALID_ARGUMENT, format!("flame_optimizer_kind_t: unknown value {}", v))),
         }
     }
 }
@@ -245,42 +241,46 @@ impl TryFrom<i32> for Reduction {
     }
 }
 
-/// `flame_pad_mode_t`. Convert raw values with `PadMode::try_from` (an unknown value is an error).
+/// `flame_optimizer_kind_t`. Convert raw values with `OptimizerKind::try_from` (an unknown value is an error).
 #[repr(i32)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-pub enum PadMode {
-    /// `FLAME_PAD_CONSTANT`
-    Constant = 0,
-    /// `FLAME_PAD_REFLECT`
-    Reflect = 1,
-    /// `FLAME_PAD_REPLICATE`
-    Replicate = 2,
+pub enum OptimizerKind {
+    /// `FLAME_OPTIMIZER_SGD`
+    Sgd = 0,
+    /// `FLAME_OPTIMIZER_ADAM`
+    Adam = 1,
+    /// `FLAME_OPTIMIZER_ADAMW`
+    AdamW = 2,
+    /// `FLAME_OPTIMIZER_LION`
+    Lion = 3,
 }
-impl PadMode {
+impl OptimizerKind {
     /// Every value, in header order.
-    pub const ALL: &'static [PadMode] = &[PadMode::Constant, PadMode::Reflect, PadMode::Replicate];
+    pub const ALL: &'static [OptimizerKind] = &[OptimizerKind::Sgd, OptimizerKind::Adam, OptimizerKind::AdamW, OptimizerKind::Lion];
     /// The C value.
-    pub fn raw(self) -> sys::flame_pad_mode_t {
-        self as sys::flame_pad_mode_t
+    pub fn raw(self) -> sys::flame_optimizer_kind_t {
+        self as sys::flame_optimizer_kind_t
     }
-    /// The C name ("FLAME_PAD_CONSTANT").
+    /// The C name ("FLAME_OPTIMIZER_SGD").
     pub fn c_name(self) -> &'static str {
         match self {
-            PadMode::Constant => "FLAME_PAD_CONSTANT",
-            PadMode::Reflect => "FLAME_PAD_REFLECT",
-            PadMode::Replicate => "FLAME_PAD_REPLICATE",
+            OptimizerKind::Sgd => "FLAME_OPTIMIZER_SGD",
+            OptimizerKind::Adam => "FLAME_OPTIMIZER_ADAM",
+            OptimizerKind::AdamW => "FLAME_OPTIMIZER_ADAMW",
+            OptimizerKind::Lion => "FLAME_OPTIMIZER_LION",
         }
     }
 }
-impl TryFrom<i32> for PadMode {
+impl TryFrom<i32> for OptimizerKind {
     type Error = Error;
     /// `ERROR_INVALID_ARGUMENT` for a value this header does not define.
-    fn try_from(v: i32) -> Result<PadMode> {
+    fn try_from(v: i32) -> Result<OptimizerKind> {
         match v {
-            0 => Ok(PadMode::Constant),
-            1 => Ok(PadMode::Reflect),
-            2 => Ok(PadMode::Replicate),
-            _ => Err(Error::new(Status::ERROR_INVALID_ARGUMENT, format!("flame_pad_mode_t: unknown value {}", v))),
+            0 => Ok(OptimizerKind::Sgd),
+            1 => Ok(OptimizerKind::Adam),
+            2 => Ok(OptimizerKind::AdamW),
+            3 => Ok(OptimizerKind::Lion),
+            _ => Err(Error::new(Status::ERROR_INVALID_ARGUMENT, format!("flame_optimizer_kind_t: unknown value {}", v))),
         }
     }
 }
@@ -946,157 +946,6 @@ impl Tensor {
         check(unsafe { (api.flame_min_all)(self.raw, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
-    /// `flame_status_t flame_matmul(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)`.
-    pub fn matmul(&self, b: &Tensor) -> Result<Tensor> {
-        let api = api()?;
-        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_matmul)(self.raw, b.raw, &mut o_out) })?;
-        Ok(unsafe { Tensor::from_raw(o_out) })
-    }
-    /// `flame_status_t flame_bmm(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)`.
-    pub fn bmm(&self, b: &Tensor) -> Result<Tensor> {
-        let api = api()?;
-        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_bmm)(self.raw, b.raw, &mut o_out) })?;
-        Ok(unsafe { Tensor::from_raw(o_out) })
-    }
-    /// `flame_status_t flame_linear(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, int32_t activation, flame_tensor_t* out)`.
-    pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>, activation: Activation) -> Result<Tensor> {
-        let api = api()?;
-        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_linear)(self.raw, weight.raw, bias.map_or(std::ptr::null_mut(), |t| t.raw), activation.raw(), &mut o_out) })?;
-        Ok(unsafe { Tensor::from_raw(o_out) })
-    }
-    /// `flame_status_t flame_tensor_set_requires_grad(flame_tensor_t t, int32_t requires_grad)`.
-    pub fn set_requires_grad(&self, requires_grad: bool) -> Result<()> {
-        let api = api()?;
-        check(unsafe { (api.flame_tensor_set_requires_grad)(self.raw, requires_grad as i32) })?;
-        Ok(())
-    }
-    /// `flame_status_t flame_tensor_requires_grad(flame_tensor_t t, int32_t* requires_grad)`.
-    pub fn requires_grad(&self) -> Result<bool> {
-        let api = api()?;
-        let mut o_requires_grad: i32 = 0;
-        check(unsafe { (api.flame_tensor_requires_grad)(self.raw, &mut o_requires_grad) })?;
-        Ok(o_requires_grad != 0)
-    }
-    /// `flame_status_t flame_tensor_is_leaf(flame_tensor_t t, int32_t* is_leaf)`.
-    pub fn is_leaf(&self) -> Result<bool> {
-        let api = api()?;
-        let mut o_is_leaf: i32 = 0;
-        check(unsafe { (api.flame_tensor_is_leaf)(self.raw, &mut o_is_leaf) })?;
-        Ok(o_is_leaf != 0)
-    }
-    /// `flame_status_t flame_tensor_detach(flame_tensor_t t, flame_tensor_t* out)`.
-    pub fn detach(&self) -> Result<Tensor> {
-        let api = api()?;
-        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_tensor_detach)(self.raw, &mut o_out) })?;
-        Ok(unsafe { Tensor::from_raw(o_out) })
-    }
-    /// `flame_status_t flame_tensor_zero_grad(flame_tensor_t t)`.
-    pub fn zero_grad(&self) -> Result<()> {
-        let api = api()?;
-        check(unsafe { (api.flame_tensor_zero_grad)(self.raw) })?;
-        Ok(())
-    }
-    /// `flame_status_t flame_tensor_retain_grad(flame_tensor_t t)`.
-    pub fn retain_grad(&self) -> Result<()> {
-        let api = api()?;
-        check(unsafe { (api.flame_tensor_retain_grad)(self.raw) })?;
-        Ok(())
-    }
-    /// `flame_status_t flame_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)`.
-    pub fn softmax(&self, dim: i32) -> Result<Tensor> {
-        let api = api()?;
-        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_softmax)(self.raw, dim, &mut o_out) })?;
-        Ok(unsafe { Tensor::from_raw(o_out) })
-    }
-    /// `flame_status_t flame_log_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)`.
-    pub fn log_softmax(&self, dim: i32) -> Result<Tensor> {
-        let api = api()?;
-        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_log_softmax)(self.raw, dim, &mut o_out) })?;
-        Ok(unsafe { Tensor::from_raw(o_out) })
-    }
-    /// `flame_status_t flame_layer_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, flame_tensor_t bias, double eps, flame_tensor_t* out)`.
-    pub fn layer_norm(&self, normalized_shape: &[i64], weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
-        let api = api()?;
-        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_layer_norm)(self.raw, slice_ptr(normalized_shape), len_as::<i32>(normalized_shape.len())?, weight.map_or(std::ptr::null_mut(), |t| t.raw), bias.map_or(std::ptr::null_mut(), |t| t.raw), eps, &mut o_out) })?;
-        Ok(unsafe { Tensor::from_raw(o_out) })
-    }
-    /// `flame_status_t flame_rms_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, double eps, flame_tensor_t* out)`.
-    pub fn rms_norm(&self, normalized_shape: &[i64], weight: Option<&Tensor>, eps: f64) -> Result<Tensor> {
-        let api = api()?;
-        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_rms_norm)(self.raw, slice_ptr(normalized_shape), len_as::<i32>(normalized_shape.len())?, weight.map_or(std::ptr::null_mut(), |t| t.raw), eps, &mut o_out) })?;
-        Ok(unsafe { Tensor::from_raw(o_out) })
-    }
-    /// `flame_status_t flame_group_norm(flame_tensor_t x, int32_t num_groups, flame_tensor_t weight, flame_tensor_t bias, double eps, int32_t channels_last, flame_tensor_t* out)`.
-    pub fn group_norm(&self, num_groups: i32, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64, channels_last: bool) -> Result<Tensor> {
-        let api = api()?;
-        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_group_norm)(self.raw, num_groups, weight.map_or(std::ptr::null_mut(), |t| t.raw), bias.map_or(std::ptr::null_mut(), |t| t.raw), eps, channels_last as i32, &mut o_out) })?;
-        Ok(unsafe { Tensor::from_raw(o_out) })
-    }
-    /// `flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t running_mean, flame_tensor_t running_var, flame_tensor_t weight, flame_tensor_t bias, int32_t training, double momentum, double eps, flame_tensor_t* out)`.
-    pub fn batch_norm(&self, running_mean: Option<&Tensor>, running_var: Option<&Tensor>, weight: Option<&Tensor>, bias: Option<&Tensor>, training: bool, momentum: f64, eps: f64) -> Result<Tensor> {
-        let api = api()?;
-        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_batch_norm)(self.raw, running_mean.map_or(std::ptr::null_mut(), |t| t.raw), running_var.map_or(std::ptr::null_mut(), |t| t.raw), weight.map_or(std::ptr::null_mut(), |t| t.raw), bias.map_or(std::ptr::null_mut(), |t| t.raw), training as i32, momentum, eps, &mut o_out) })?;
-        Ok(unsafe { Tensor::from_raw(o_out) })
-    }
-    /// `flame_status_t flame_cross_entropy(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, double label_smoothing, flame_reduction_t reduction, flame_tensor_t* out)`.
-    pub fn cross_entropy(&self, target: &Tensor, weight: Option<&Tensor>, ignore_index: i64, label_smoothing: f64, reduction: Reduction) -> Result<Tensor> {
-        let api = api()?;
-        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_cross_entropy)(self.raw, target.raw, weight.map_or(std::ptr::null_mut(), |t| t.raw), ignore_index, label_smoothing, reduction.raw(), &mut o_out) })?;
-        Ok(unsafe { Tensor::from_raw(o_out) })
-    }
-    /// `flame_status_t flame_nll_loss(flame_tensor_t input, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, flame_reduction_t reduction, flame_tensor_t* out)`.
-    pub fn nll_loss(&self, target: &Tensor, weight: Option<&Tensor>, ignore_index: i64, reduction: Reduction) -> Result<Tensor> {
-        let api = api()?;
-        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_nll_loss)(self.raw, target.raw, weight.map_or(std::ptr::null_mut(), |t| t.raw), ignore_index, reduction.raw(), &mut o_out) })?;
-        Ok(unsafe { Tensor::from_raw(o_out) })
-    }
-    /// `flame_status_t flame_mse_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)`.
-    pub fn mse_loss(&self, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
-        let api = api()?;
-        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_mse_loss)(self.raw, target.raw, reduction.raw(), &mut o_out) })?;
-        Ok(unsafe { Tensor::from_raw(o_out) })
-    }
-    /// `flame_status_t flame_l1_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)`.
-    pub fn l1_loss(&self, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
-        let api = api()?;
-        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_l1_loss)(self.raw, target.raw, reduction.raw(), &mut o_out) })?;
-        Ok(unsafe { Tensor::from_raw(o_out) })
-    }
-    /// `flame_status_t flame_smooth_l1_loss(flame_tensor_t input, flame_tensor_t target, double beta, flame_reduction_t reduction, flame_tensor_t* out)`.
-    pub fn smooth_l1_loss(&self, target: &Tensor, beta: f64, reduction: Reduction) -> Result<Tensor> {
-        let api = api()?;
-        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_smooth_l1_loss)(self.raw, target.raw, beta, reduction.raw(), &mut o_out) })?;
-        Ok(unsafe { Tensor::from_raw(o_out) })
-    }
-    /// `flame_status_t flame_huber_loss(flame_tensor_t input, flame_tensor_t target, double delta, flame_reduction_t reduction, flame_tensor_t* out)`.
-    pub fn huber_loss(&self, target: &Tensor, delta: f64, reduction: Reduction) -> Result<Tensor> {
-        let api = api()?;
-        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_huber_loss)(self.raw, target.raw, delta, reduction.raw(), &mut o_out) })?;
-        Ok(unsafe { Tensor::from_raw(o_out) })
-    }
-    /// `flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, flame_tensor_t pos_weight, flame_reduction_t reduction, flame_tensor_t* out)`.
-    pub fn binary_cross_entropy_with_logits(&self, target: &Tensor, weight: Option<&Tensor>, pos_weight: Option<&Tensor>, reduction: Reduction) -> Result<Tensor> {
-        let api = api()?;
-        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
-        check(unsafe { (api.flame_binary_cross_entropy_with_logits)(self.raw, target.raw, weight.map_or(std::ptr::null_mut(), |t| t.raw), pos_weight.map_or(std::ptr::null_mut(), |t| t.raw), reduction.raw(), &mut o_out) })?;
-        Ok(unsafe { Tensor::from_raw(o_out) })
-    }
     /// `flame_status_t flame_index_select(flame_tensor_t t, int32_t dim, flame_tensor_t index, flame_tensor_t* out)`.
     pub fn index_select(&self, dim: i32, index: &Tensor) -> Result<Tensor> {
         let api = api()?;
@@ -1181,6 +1030,69 @@ impl Tensor {
         check(unsafe { (api.flame_pad)(self.raw, slice_ptr(pads), len_as::<i32>(pads.len())?, mode.raw(), value, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
+    /// `flame_status_t flame_matmul(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)`.
+    pub fn matmul(&self, b: &Tensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_matmul)(self.raw, b.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_bmm(flame_tensor_t a, flame_tensor_t b, flame_tensor_t* out)`.
+    pub fn bmm(&self, b: &Tensor) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_bmm)(self.raw, b.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_linear(flame_tensor_t x, flame_tensor_t weight, flame_tensor_t bias, int32_t activation, flame_tensor_t* out)`.
+    pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>, activation: Activation) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_linear)(self.raw, weight.raw, bias.map_or(std::ptr::null_mut(), |t| t.raw), activation.raw(), &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)`.
+    pub fn softmax(&self, dim: i32) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_softmax)(self.raw, dim, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_log_softmax(flame_tensor_t x, int32_t dim, flame_tensor_t* out)`.
+    pub fn log_softmax(&self, dim: i32) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_log_softmax)(self.raw, dim, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_layer_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, flame_tensor_t bias, double eps, flame_tensor_t* out)`.
+    pub fn layer_norm(&self, normalized_shape: &[i64], weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_layer_norm)(self.raw, slice_ptr(normalized_shape), len_as::<i32>(normalized_shape.len())?, weight.map_or(std::ptr::null_mut(), |t| t.raw), bias.map_or(std::ptr::null_mut(), |t| t.raw), eps, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_rms_norm(flame_tensor_t x, const int64_t* normalized_shape, int32_t ndims, flame_tensor_t weight, double eps, flame_tensor_t* out)`.
+    pub fn rms_norm(&self, normalized_shape: &[i64], weight: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_rms_norm)(self.raw, slice_ptr(normalized_shape), len_as::<i32>(normalized_shape.len())?, weight.map_or(std::ptr::null_mut(), |t| t.raw), eps, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_group_norm(flame_tensor_t x, int32_t num_groups, flame_tensor_t weight, flame_tensor_t bias, double eps, int32_t channels_last, flame_tensor_t* out)`.
+    pub fn group_norm(&self, num_groups: i32, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64, channels_last: bool) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_group_norm)(self.raw, num_groups, weight.map_or(std::ptr::null_mut(), |t| t.raw), bias.map_or(std::ptr::null_mut(), |t| t.raw), eps, channels_last as i32, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_batch_norm(flame_tensor_t x, flame_tensor_t running_mean, flame_tensor_t running_var, flame_tensor_t weight, flame_tensor_t bias, int32_t training, double momentum, double eps, flame_tensor_t* out)`.
+    pub fn batch_norm(&self, running_mean: Option<&Tensor>, running_var: Option<&Tensor>, weight: Option<&Tensor>, bias: Option<&Tensor>, training: bool, momentum: f64, eps: f64) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_batch_norm)(self.raw, running_mean.map_or(std::ptr::null_mut(), |t| t.raw), running_var.map_or(std::ptr::null_mut(), |t| t.raw), weight.map_or(std::ptr::null_mut(), |t| t.raw), bias.map_or(std::ptr::null_mut(), |t| t.raw), training as i32, momentum, eps, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
     /// `flame_status_t flame_dropout(flame_tensor_t t, double p, int32_t training, flame_tensor_t* out)`.
     pub fn dropout(&self, p: f64, training: bool) -> Result<Tensor> {
         let api = api()?;
@@ -1236,6 +1148,94 @@ impl Tensor {
         let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
         check(unsafe { (api.flame_swiglu_mlp)(self.raw, w1.raw, w3.raw, w2.raw, &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_cross_entropy(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, double label_smoothing, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn cross_entropy(&self, target: &Tensor, weight: Option<&Tensor>, ignore_index: i64, label_smoothing: f64, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_cross_entropy)(self.raw, target.raw, weight.map_or(std::ptr::null_mut(), |t| t.raw), ignore_index, label_smoothing, reduction.raw(), &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_nll_loss(flame_tensor_t input, flame_tensor_t target, flame_tensor_t weight, int64_t ignore_index, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn nll_loss(&self, target: &Tensor, weight: Option<&Tensor>, ignore_index: i64, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_nll_loss)(self.raw, target.raw, weight.map_or(std::ptr::null_mut(), |t| t.raw), ignore_index, reduction.raw(), &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_mse_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn mse_loss(&self, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_mse_loss)(self.raw, target.raw, reduction.raw(), &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_l1_loss(flame_tensor_t input, flame_tensor_t target, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn l1_loss(&self, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_l1_loss)(self.raw, target.raw, reduction.raw(), &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_smooth_l1_loss(flame_tensor_t input, flame_tensor_t target, double beta, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn smooth_l1_loss(&self, target: &Tensor, beta: f64, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_smooth_l1_loss)(self.raw, target.raw, beta, reduction.raw(), &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_huber_loss(flame_tensor_t input, flame_tensor_t target, double delta, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn huber_loss(&self, target: &Tensor, delta: f64, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_huber_loss)(self.raw, target.raw, delta, reduction.raw(), &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_binary_cross_entropy_with_logits(flame_tensor_t logits, flame_tensor_t target, flame_tensor_t weight, flame_tensor_t pos_weight, flame_reduction_t reduction, flame_tensor_t* out)`.
+    pub fn binary_cross_entropy_with_logits(&self, target: &Tensor, weight: Option<&Tensor>, pos_weight: Option<&Tensor>, reduction: Reduction) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_binary_cross_entropy_with_logits)(self.raw, target.raw, weight.map_or(std::ptr::null_mut(), |t| t.raw), pos_weight.map_or(std::ptr::null_mut(), |t| t.raw), reduction.raw(), &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_tensor_set_requires_grad(flame_tensor_t t, int32_t requires_grad)`.
+    pub fn set_requires_grad(&self, requires_grad: bool) -> Result<()> {
+        let api = api()?;
+        check(unsafe { (api.flame_tensor_set_requires_grad)(self.raw, requires_grad as i32) })?;
+        Ok(())
+    }
+    /// `flame_status_t flame_tensor_requires_grad(flame_tensor_t t, int32_t* requires_grad)`.
+    pub fn requires_grad(&self) -> Result<bool> {
+        let api = api()?;
+        let mut o_requires_grad: i32 = 0;
+        check(unsafe { (api.flame_tensor_requires_grad)(self.raw, &mut o_requires_grad) })?;
+        Ok(o_requires_grad != 0)
+    }
+    /// `flame_status_t flame_tensor_is_leaf(flame_tensor_t t, int32_t* is_leaf)`.
+    pub fn is_leaf(&self) -> Result<bool> {
+        let api = api()?;
+        let mut o_is_leaf: i32 = 0;
+        check(unsafe { (api.flame_tensor_is_leaf)(self.raw, &mut o_is_leaf) })?;
+        Ok(o_is_leaf != 0)
+    }
+    /// `flame_status_t flame_tensor_detach(flame_tensor_t t, flame_tensor_t* out)`.
+    pub fn detach(&self) -> Result<Tensor> {
+        let api = api()?;
+        let mut o_out: sys::flame_tensor_t = std::ptr::null_mut();
+        check(unsafe { (api.flame_tensor_detach)(self.raw, &mut o_out) })?;
+        Ok(unsafe { Tensor::from_raw(o_out) })
+    }
+    /// `flame_status_t flame_tensor_zero_grad(flame_tensor_t t)`.
+    pub fn zero_grad(&self) -> Result<()> {
+        let api = api()?;
+        check(unsafe { (api.flame_tensor_zero_grad)(self.raw) })?;
+        Ok(())
+    }
+    /// `flame_status_t flame_tensor_retain_grad(flame_tensor_t t)`.
+    pub fn retain_grad(&self) -> Result<()> {
+        let api = api()?;
+        check(unsafe { (api.flame_tensor_retain_grad)(self.raw) })?;
+        Ok(())
     }
 }
 
@@ -1362,6 +1362,13 @@ impl Context {
         check(unsafe { (api.flame_randn)(self.raw, slice_ptr(shape), len_as::<i32>(shape.len())?, dtype.raw(), &mut o_out) })?;
         Ok(unsafe { Tensor::from_raw(o_out) })
     }
+    /// `flame_status_t flame_ctx_is_grad_enabled(flame_ctx_t ctx, int32_t* enabled)`.
+    pub fn is_grad_enabled(&self) -> Result<bool> {
+        let api = api()?;
+        let mut o_enabled: i32 = 0;
+        check(unsafe { (api.flame_ctx_is_grad_enabled)(self.raw, &mut o_enabled) })?;
+        Ok(o_enabled != 0)
+    }
     /// `flame_status_t flame_clip_grad_norm(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, double max_norm, double norm_type, int32_t error_if_nonfinite, flame_tensor_t* total_norm)`.
     pub fn clip_grad_norm(&self, params: &[&Tensor], max_norm: f64, norm_type: f64, error_if_nonfinite: bool) -> Result<Tensor> {
         let api = api()?;
@@ -1376,13 +1383,6 @@ impl Context {
         let params_raw: Vec<sys::flame_tensor_t> = params.iter().map(|t| t.raw).collect();
         check(unsafe { (api.flame_clip_grad_value)(self.raw, slice_ptr(&params_raw), len_as::<i64>(params.len())?, clip) })?;
         Ok(())
-    }
-    /// `flame_status_t flame_ctx_is_grad_enabled(flame_ctx_t ctx, int32_t* enabled)`.
-    pub fn is_grad_enabled(&self) -> Result<bool> {
-        let api = api()?;
-        let mut o_enabled: i32 = 0;
-        check(unsafe { (api.flame_ctx_is_grad_enabled)(self.raw, &mut o_enabled) })?;
-        Ok(o_enabled != 0)
     }
     /// `flame_status_t flame_grad_normalize(flame_ctx_t ctx, const flame_tensor_t* tensors, int64_t n, double target_norm, double eps)`.
     pub fn grad_normalize(&self, tensors: &[&Tensor], target_norm: f64, eps: f64) -> Result<()> {
@@ -1521,28 +1521,6 @@ pub const WRAPPED: &[(&str, &str)] = &[
     ("flame_sum_all", "Tensor::sum_all"),
     ("flame_max_all", "Tensor::max_all"),
     ("flame_min_all", "Tensor::min_all"),
-    ("flame_matmul", "Tensor::matmul"),
-    ("flame_bmm", "Tensor::bmm"),
-    ("flame_linear", "Tensor::linear"),
-    ("flame_tensor_set_requires_grad", "Tensor::set_requires_grad"),
-    ("flame_tensor_requires_grad", "Tensor::requires_grad"),
-    ("flame_tensor_is_leaf", "Tensor::is_leaf"),
-    ("flame_tensor_detach", "Tensor::detach"),
-    ("flame_tensor_zero_grad", "Tensor::zero_grad"),
-    ("flame_tensor_retain_grad", "Tensor::retain_grad"),
-    ("flame_softmax", "Tensor::softmax"),
-    ("flame_log_softmax", "Tensor::log_softmax"),
-    ("flame_layer_norm", "Tensor::layer_norm"),
-    ("flame_rms_norm", "Tensor::rms_norm"),
-    ("flame_group_norm", "Tensor::group_norm"),
-    ("flame_batch_norm", "Tensor::batch_norm"),
-    ("flame_cross_entropy", "Tensor::cross_entropy"),
-    ("flame_nll_loss", "Tensor::nll_loss"),
-    ("flame_mse_loss", "Tensor::mse_loss"),
-    ("flame_l1_loss", "Tensor::l1_loss"),
-    ("flame_smooth_l1_loss", "Tensor::smooth_l1_loss"),
-    ("flame_huber_loss", "Tensor::huber_loss"),
-    ("flame_binary_cross_entropy_with_logits", "Tensor::binary_cross_entropy_with_logits"),
     ("flame_index_select", "Tensor::index_select"),
     ("flame_gather", "Tensor::gather"),
     ("flame_scatter_add", "Tensor::scatter_add"),
@@ -1555,6 +1533,15 @@ pub const WRAPPED: &[(&str, &str)] = &[
     ("flame_repeat", "Tensor::repeat"),
     ("flame_repeat_interleave", "Tensor::repeat_interleave"),
     ("flame_pad", "Tensor::pad"),
+    ("flame_matmul", "Tensor::matmul"),
+    ("flame_bmm", "Tensor::bmm"),
+    ("flame_linear", "Tensor::linear"),
+    ("flame_softmax", "Tensor::softmax"),
+    ("flame_log_softmax", "Tensor::log_softmax"),
+    ("flame_layer_norm", "Tensor::layer_norm"),
+    ("flame_rms_norm", "Tensor::rms_norm"),
+    ("flame_group_norm", "Tensor::group_norm"),
+    ("flame_batch_norm", "Tensor::batch_norm"),
     ("flame_dropout", "Tensor::dropout"),
     ("flame_adaptive_avg_pool2d", "Tensor::adaptive_avg_pool2d"),
     ("flame_upsample_nearest2d", "Tensor::upsample_nearest2d"),
@@ -1563,6 +1550,19 @@ pub const WRAPPED: &[(&str, &str)] = &[
     ("flame_geglu", "Tensor::geglu"),
     ("flame_adaln_modulate", "Tensor::adaln_modulate"),
     ("flame_swiglu_mlp", "Tensor::swiglu_mlp"),
+    ("flame_cross_entropy", "Tensor::cross_entropy"),
+    ("flame_nll_loss", "Tensor::nll_loss"),
+    ("flame_mse_loss", "Tensor::mse_loss"),
+    ("flame_l1_loss", "Tensor::l1_loss"),
+    ("flame_smooth_l1_loss", "Tensor::smooth_l1_loss"),
+    ("flame_huber_loss", "Tensor::huber_loss"),
+    ("flame_binary_cross_entropy_with_logits", "Tensor::binary_cross_entropy_with_logits"),
+    ("flame_tensor_set_requires_grad", "Tensor::set_requires_grad"),
+    ("flame_tensor_requires_grad", "Tensor::requires_grad"),
+    ("flame_tensor_is_leaf", "Tensor::is_leaf"),
+    ("flame_tensor_detach", "Tensor::detach"),
+    ("flame_tensor_zero_grad", "Tensor::zero_grad"),
+    ("flame_tensor_retain_grad", "Tensor::retain_grad"),
     ("flame_cat", "Tensor::cat"),
     ("flame_stack", "Tensor::stack"),
     ("flame_ctx_synchronize", "Context::synchronize"),
@@ -1580,9 +1580,9 @@ pub const WRAPPED: &[(&str, &str)] = &[
     ("flame_eye", "Context::eye"),
     ("flame_rand", "Context::rand"),
     ("flame_randn", "Context::randn"),
+    ("flame_ctx_is_grad_enabled", "Context::is_grad_enabled"),
     ("flame_clip_grad_norm", "Context::clip_grad_norm"),
     ("flame_clip_grad_value", "Context::clip_grad_value"),
-    ("flame_ctx_is_grad_enabled", "Context::is_grad_enabled"),
     ("flame_grad_normalize", "Context::grad_normalize"),
     ("flame_grad_add_noise", "Context::grad_add_noise"),
     ("flame_grad_stats", "Context::grad_stats"),

@@ -11,9 +11,10 @@ pub const FLAME_VERSION_MINOR: i32 = 1;
 pub const FLAME_VERSION_PATCH: i32 = 0;
 pub const FLAME_ABI_VERSION: i32 = 1;
 pub const FLAME_MAX_DIMS: i32 = 8;
+pub const FLAME_FUSED_MAX_INPUTS: i32 = 8;
 pub const FLAME_DIM_ALL: i32 = -2147483648;
-pub const FLAME_AUTOCAST_OFF: i32 = -1;
 pub const FLAME_NO_PADDING: i64 = -9223372036854775808;
+pub const FLAME_AUTOCAST_OFF: i32 = -1;
 pub const FLAME_STAT_NORM: i32 = 0;
 pub const FLAME_STAT_MIN: i32 = 1;
 pub const FLAME_STAT_MAX: i32 = 2;
@@ -22,7 +23,6 @@ pub const FLAME_STAT_NAN_COUNT: i32 = 4;
 pub const FLAME_STAT_INF_COUNT: i32 = 5;
 pub const FLAME_STAT_COLUMNS: i32 = 6;
 pub const FLAME_COMM_ID_BYTES: i32 = 128;
-pub const FLAME_FUSED_MAX_INPUTS: i32 = 8;
 
 // ---- enums: C integer type, constants, and a newtype with associated constants ----
 // (a Rust enum would be undefined behaviour for values added by a newer library)
@@ -197,6 +197,39 @@ impl std::fmt::Debug for LogLevel {
     }
 }
 
+pub type flame_pad_mode_t = i32;
+pub const FLAME_PAD_CONSTANT: flame_pad_mode_t = 0;
+pub const FLAME_PAD_REFLECT: flame_pad_mode_t = 1;
+pub const FLAME_PAD_REPLICATE: flame_pad_mode_t = 2;
+
+/// `flame_pad_mode_t` as a Rust newtype; unknown values are representable.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct PadMode(pub flame_pad_mode_t);
+impl PadMode {
+    pub const PAD_CONSTANT: PadMode = PadMode(0);
+    pub const PAD_REFLECT: PadMode = PadMode(1);
+    pub const PAD_REPLICATE: PadMode = PadMode(2);
+    /// Every value the header defines, with its C name.
+    pub const ALL: &'static [(PadMode, &'static str)] = &[
+        (PadMode(0), "FLAME_PAD_CONSTANT"),
+        (PadMode(1), "FLAME_PAD_REFLECT"),
+        (PadMode(2), "FLAME_PAD_REPLICATE"),
+    ];
+    /// The C name of the value ("FLAME_PAD_CONSTANT"), or None for a value this header does not know.
+    pub fn c_name(self) -> Option<&'static str> {
+        Self::ALL.iter().find(|(v, _)| *v == self).map(|(_, n)| *n)
+    }
+}
+impl std::fmt::Debug for PadMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.c_name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "PadMode({})", self.0),
+        }
+    }
+}
+
 pub type flame_activation_t = i32;
 pub const FLAME_ACTIVATION_NONE: flame_activation_t = 0;
 pub const FLAME_ACTIVATION_RELU: flame_activation_t = 1;
@@ -229,6 +262,45 @@ impl std::fmt::Debug for Activation {
         }
     }
 }
+
+pub const FLAME_ATTENTION_CAUSAL: u32 = 1;
+
+pub type flame_reduction_t = i32;
+pub const FLAME_REDUCTION_NONE: flame_reduction_t = 0;
+pub const FLAME_REDUCTION_MEAN: flame_reduction_t = 1;
+pub const FLAME_REDUCTION_SUM: flame_reduction_t = 2;
+
+/// `flame_reduction_t` as a Rust newtype; unknown values are representable.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Reduction(pub flame_reduction_t);
+impl Reduction {
+    pub const NONE: Reduction = Reduction(0);
+    pub const MEAN: Reduction = Reduction(1);
+    pub const SUM: Reduction = Reduction(2);
+    /// Every value the header defines, with its C name.
+    pub const ALL: &'static [(Reduction, &'static str)] = &[
+        (Reduction(0), "FLAME_REDUCTION_NONE"),
+        (Reduction(1), "FLAME_REDUCTION_MEAN"),
+        (Reduction(2), "FLAME_REDUCTION_SUM"),
+    ];
+    /// The C name of the value ("FLAME_REDUCTION_NONE"), or None for a value this header does not know.
+    pub fn c_name(self) -> Option<&'static str> {
+        Self::ALL.iter().find(|(v, _)| *v == self).map(|(_, n)| *n)
+    }
+}
+impl std::fmt::Debug for Reduction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.c_name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "Reduction({})", self.0),
+        }
+    }
+}
+
+pub const FLAME_BACKWARD_RETAIN_GRAPH: u32 = 1;
+pub const FLAME_BACKWARD_CREATE_GRAPH: u32 = 2;
+pub const FLAME_GRAD_ALLOW_UNUSED: u32 = 4;
 
 pub type flame_optimizer_kind_t = i32;
 pub const FLAME_OPTIMIZER_SGD: flame_optimizer_kind_t = 0;
@@ -266,82 +338,10 @@ impl std::fmt::Debug for OptimizerKind {
     }
 }
 
-pub const FLAME_BACKWARD_RETAIN_GRAPH: u32 = 1;
-pub const FLAME_BACKWARD_CREATE_GRAPH: u32 = 2;
-pub const FLAME_GRAD_ALLOW_UNUSED: u32 = 4;
-
-pub type flame_reduction_t = i32;
-pub const FLAME_REDUCTION_NONE: flame_reduction_t = 0;
-pub const FLAME_REDUCTION_MEAN: flame_reduction_t = 1;
-pub const FLAME_REDUCTION_SUM: flame_reduction_t = 2;
-
-/// `flame_reduction_t` as a Rust newtype; unknown values are representable.
-#[repr(transparent)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct Reduction(pub flame_reduction_t);
-impl Reduction {
-    pub const NONE: Reduction = Reduction(0);
-    pub const MEAN: Reduction = Reduction(1);
-    pub const SUM: Reduction = Reduction(2);
-    /// Every value the header defines, with its C name.
-    pub const ALL: &'static [(Reduction, &'static str)] = &[
-        (Reduction(0), "FLAME_REDUCTION_NONE"),
-        (Reduction(1), "FLAME_REDUCTION_MEAN"),
-        (Reduction(2), "FLAME_REDUCTION_SUM"),
-    ];
-    /// The C name of the value ("FLAME_REDUCTION_NONE"), or None for a value this header does not know.
-    pub fn c_name(self) -> Option<&'static str> {
-        Self::ALL.iter().find(|(v, _)| *v == self).map(|(_, n)| *n)
-    }
-}
-impl std::fmt::Debug for Reduction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.c_name() {
-            Some(n) => f.write_str(n),
-            None => write!(f, "Reduction({})", self.0),
-        }
-    }
-}
-
 pub const FLAME_PARAMS_LOAD_ALLOW_MISSING: u32 = 1;
 pub const FLAME_PARAMS_LOAD_ALLOW_UNEXPECTED: u32 = 2;
 pub const FLAME_PARAMS_LOAD_NON_STRICT: u32 = 3;
 pub const FLAME_PARAMS_LOAD_CONVERT_DTYPE: u32 = 4;
-
-pub const FLAME_ATTENTION_CAUSAL: u32 = 1;
-
-pub type flame_pad_mode_t = i32;
-pub const FLAME_PAD_CONSTANT: flame_pad_mode_t = 0;
-pub const FLAME_PAD_REFLECT: flame_pad_mode_t = 1;
-pub const FLAME_PAD_REPLICATE: flame_pad_mode_t = 2;
-
-/// `flame_pad_mode_t` as a Rust newtype; unknown values are representable.
-#[repr(transparent)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct PadMode(pub flame_pad_mode_t);
-impl PadMode {
-    pub const PAD_CONSTANT: PadMode = PadMode(0);
-    pub const PAD_REFLECT: PadMode = PadMode(1);
-    pub const PAD_REPLICATE: PadMode = PadMode(2);
-    /// Every value the header defines, with its C name.
-    pub const ALL: &'static [(PadMode, &'static str)] = &[
-        (PadMode(0), "FLAME_PAD_CONSTANT"),
-        (PadMode(1), "FLAME_PAD_REFLECT"),
-        (PadMode(2), "FLAME_PAD_REPLICATE"),
-    ];
-    /// The C name of the value ("FLAME_PAD_CONSTANT"), or None for a value this header does not know.
-    pub fn c_name(self) -> Option<&'static str> {
-        Self::ALL.iter().find(|(v, _)| *v == self).map(|(_, n)| *n)
-    }
-}
-impl std::fmt::Debug for PadMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.c_name() {
-            Some(n) => f.write_str(n),
-            None => write!(f, "PadMode({})", self.0),
-        }
-    }
-}
 
 pub type flame_reduce_op_t = i32;
 pub const FLAME_REDUCE_SUM: flame_reduce_op_t = 0;
@@ -401,20 +401,15 @@ pub struct flame_scope_s {
 }
 pub type flame_scope_t = *mut flame_scope_s;
 #[repr(C)]
+pub struct flame_fused_s {
+    _opaque: [u8; 0],
+}
+pub type flame_fused_t = *mut flame_fused_s;
+#[repr(C)]
 pub struct flame_optimizer_s {
     _opaque: [u8; 0],
 }
 pub type flame_optimizer_t = *mut flame_optimizer_s;
-#[repr(C)]
-pub struct flame_safetensors_s {
-    _opaque: [u8; 0],
-}
-pub type flame_safetensors_t = *mut flame_safetensors_s;
-#[repr(C)]
-pub struct flame_params_s {
-    _opaque: [u8; 0],
-}
-pub type flame_params_t = *mut flame_params_s;
 #[repr(C)]
 pub struct flame_grad_scaler_s {
     _opaque: [u8; 0],
@@ -425,6 +420,16 @@ pub struct flame_lora_s {
     _opaque: [u8; 0],
 }
 pub type flame_lora_t = *mut flame_lora_s;
+#[repr(C)]
+pub struct flame_safetensors_s {
+    _opaque: [u8; 0],
+}
+pub type flame_safetensors_t = *mut flame_safetensors_s;
+#[repr(C)]
+pub struct flame_params_s {
+    _opaque: [u8; 0],
+}
+pub type flame_params_t = *mut flame_params_s;
 #[repr(C)]
 pub struct flame_graph_s {
     _opaque: [u8; 0],
@@ -440,11 +445,6 @@ pub struct flame_dp_s {
     _opaque: [u8; 0],
 }
 pub type flame_dp_t = *mut flame_dp_s;
-#[repr(C)]
-pub struct flame_fused_s {
-    _opaque: [u8; 0],
-}
-pub type flame_fused_t = *mut flame_fused_s;
 #[repr(C)]
 pub struct flame_model_s {
     _opaque: [u8; 0],
@@ -493,25 +493,6 @@ pub struct flame_memory_stats_t {
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub struct flame_optimizer_options_t {
-    pub struct_size: usize,
-    pub kind: i32,
-    pub lr: f64,
-    pub weight_decay: f64,
-    pub beta1: f64,
-    pub beta2: f64,
-    pub eps: f64,
-    pub momentum: f64,
-    pub dampening: f64,
-    pub nesterov: i32,
-    pub amsgrad: i32,
-    pub maximize: i32,
-    pub master_weights: i32,
-    pub stochastic_rounding: i32,
-}
-
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
 pub struct flame_conv_options_t {
     pub struct_size: usize,
     pub stride: [i64; 2],
@@ -553,6 +534,25 @@ pub struct flame_rope_options_t {
     pub position_offset: i64,
     pub interleaved: i32,
     pub seq_dim: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flame_optimizer_options_t {
+    pub struct_size: usize,
+    pub kind: i32,
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub momentum: f64,
+    pub dampening: f64,
+    pub nesterov: i32,
+    pub amsgrad: i32,
+    pub maximize: i32,
+    pub master_weights: i32,
+    pub stochastic_rounding: i32,
 }
 
 #[repr(C)]
@@ -710,6 +710,9 @@ pub const SYMBOLS: &[&str] = &[
     "flame_square",
     "flame_isnan",
     "flame_isinf",
+    "flame_fused_compile",
+    "flame_fused_call",
+    "flame_fused_release",
     "flame_sum",
     "flame_mean",
     "flame_prod",
@@ -725,20 +728,53 @@ pub const SYMBOLS: &[&str] = &[
     "flame_sum_all",
     "flame_max_all",
     "flame_min_all",
+    "flame_index_select",
+    "flame_gather",
+    "flame_scatter_add",
+    "flame_index_add",
+    "flame_masked_fill",
+    "flame_one_hot",
+    "flame_embedding",
+    "flame_scatter",
+    "flame_masked_select",
+    "flame_repeat",
+    "flame_repeat_interleave",
+    "flame_pad",
     "flame_matmul",
     "flame_bmm",
     "flame_linear",
-    "flame_optimizer_options_init",
-    "flame_optimizer_create",
-    "flame_optimizer_add_param_group",
-    "flame_optimizer_step",
-    "flame_optimizer_zero_grad",
-    "flame_optimizer_set_lr",
-    "flame_optimizer_get_lr",
-    "flame_optimizer_step_count",
-    "flame_optimizer_release",
-    "flame_clip_grad_norm",
-    "flame_clip_grad_value",
+    "flame_softmax",
+    "flame_log_softmax",
+    "flame_layer_norm",
+    "flame_rms_norm",
+    "flame_group_norm",
+    "flame_batch_norm",
+    "flame_conv_options_init",
+    "flame_conv2d",
+    "flame_conv_transpose2d",
+    "flame_conv1d",
+    "flame_attention_options_init",
+    "flame_scaled_dot_product_attention",
+    "flame_dropout",
+    "flame_pool2d_options_init",
+    "flame_max_pool2d",
+    "flame_avg_pool2d",
+    "flame_adaptive_avg_pool2d",
+    "flame_upsample_nearest2d",
+    "flame_upsample_bilinear2d",
+    "flame_rope_options_init",
+    "flame_rope",
+    "flame_timestep_embedding",
+    "flame_geglu",
+    "flame_adaln_modulate",
+    "flame_swiglu_mlp",
+    "flame_cross_entropy",
+    "flame_nll_loss",
+    "flame_mse_loss",
+    "flame_l1_loss",
+    "flame_smooth_l1_loss",
+    "flame_huber_loss",
+    "flame_binary_cross_entropy_with_logits",
     "flame_tensor_set_requires_grad",
     "flame_tensor_requires_grad",
     "flame_tensor_is_leaf",
@@ -757,19 +793,43 @@ pub const SYMBOLS: &[&str] = &[
     "flame_tensor_register_hook",
     "flame_tensor_register_post_accumulate_grad_hook",
     "flame_hook_remove",
-    "flame_softmax",
-    "flame_log_softmax",
-    "flame_layer_norm",
-    "flame_rms_norm",
-    "flame_group_norm",
-    "flame_batch_norm",
-    "flame_cross_entropy",
-    "flame_nll_loss",
-    "flame_mse_loss",
-    "flame_l1_loss",
-    "flame_smooth_l1_loss",
-    "flame_huber_loss",
-    "flame_binary_cross_entropy_with_logits",
+    "flame_clip_grad_norm",
+    "flame_clip_grad_value",
+    "flame_grad_normalize",
+    "flame_grad_add_noise",
+    "flame_grad_stats",
+    "flame_grad_stats_host",
+    "flame_optimizer_options_init",
+    "flame_optimizer_create",
+    "flame_optimizer_add_param_group",
+    "flame_optimizer_step",
+    "flame_optimizer_zero_grad",
+    "flame_optimizer_set_lr",
+    "flame_optimizer_get_lr",
+    "flame_optimizer_step_count",
+    "flame_optimizer_release",
+    "flame_optimizer_save_state",
+    "flame_optimizer_load_state",
+    "flame_grad_scaler_options_init",
+    "flame_grad_scaler_create",
+    "flame_grad_scaler_release",
+    "flame_grad_scaler_scale",
+    "flame_grad_scaler_unscale",
+    "flame_grad_scaler_unscale_tensors",
+    "flame_grad_scaler_step",
+    "flame_grad_scaler_update",
+    "flame_grad_scaler_get_scale",
+    "flame_grad_scaler_found_inf",
+    "flame_grad_scaler_get_state",
+    "flame_grad_scaler_set_state",
+    "flame_lora_create",
+    "flame_lora_release",
+    "flame_lora_forward",
+    "flame_lora_adapters",
+    "flame_lora_merge",
+    "flame_lora_unmerge",
+    "flame_lora_is_merged",
+    "flame_checkpoint",
     "flame_tensor_to_dlpack",
     "flame_tensor_from_dlpack",
     "flame_tensor_to_dlpack_versioned",
@@ -794,63 +854,6 @@ pub const SYMBOLS: &[&str] = &[
     "flame_params_find",
     "flame_params_save_safetensors",
     "flame_params_load_safetensors",
-    "flame_index_select",
-    "flame_gather",
-    "flame_scatter_add",
-    "flame_index_add",
-    "flame_masked_fill",
-    "flame_one_hot",
-    "flame_embedding",
-    "flame_conv_options_init",
-    "flame_conv2d",
-    "flame_conv_transpose2d",
-    "flame_conv1d",
-    "flame_attention_options_init",
-    "flame_scaled_dot_product_attention",
-    "flame_scatter",
-    "flame_masked_select",
-    "flame_repeat",
-    "flame_repeat_interleave",
-    "flame_pad",
-    "flame_dropout",
-    "flame_pool2d_options_init",
-    "flame_max_pool2d",
-    "flame_avg_pool2d",
-    "flame_adaptive_avg_pool2d",
-    "flame_upsample_nearest2d",
-    "flame_upsample_bilinear2d",
-    "flame_rope_options_init",
-    "flame_rope",
-    "flame_timestep_embedding",
-    "flame_geglu",
-    "flame_adaln_modulate",
-    "flame_swiglu_mlp",
-    "flame_optimizer_save_state",
-    "flame_optimizer_load_state",
-    "flame_grad_normalize",
-    "flame_grad_add_noise",
-    "flame_grad_stats",
-    "flame_grad_stats_host",
-    "flame_grad_scaler_options_init",
-    "flame_grad_scaler_create",
-    "flame_grad_scaler_release",
-    "flame_grad_scaler_scale",
-    "flame_grad_scaler_unscale",
-    "flame_grad_scaler_unscale_tensors",
-    "flame_grad_scaler_step",
-    "flame_grad_scaler_update",
-    "flame_grad_scaler_get_scale",
-    "flame_grad_scaler_found_inf",
-    "flame_grad_scaler_get_state",
-    "flame_grad_scaler_set_state",
-    "flame_lora_create",
-    "flame_lora_release",
-    "flame_lora_forward",
-    "flame_lora_adapters",
-    "flame_lora_merge",
-    "flame_lora_unmerge",
-    "flame_lora_is_merged",
-    "flame_checkpoint",
     "flame_ctx_cudnn_info",
     "flame_ctx_cudnn_attention_info",
     "flame_graph_capture_begin",
@@ -875,9 +878,6 @@ pub const SYMBOLS: &[&str] = &[
     "flame_dp_set_sync",
     "flame_dp_wait",
     "flame_dp_release",
-    "flame_fused_compile",
-    "flame_fused_call",
-    "flame_fused_release",
     "flame_model_known_architectures",
     "flame_model_create",
     "flame_model_load",
@@ -1013,6 +1013,9 @@ pub struct Api {
     pub flame_square: unsafe extern "C" fn(t: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_isnan: unsafe extern "C" fn(t: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_isinf: unsafe extern "C" fn(t: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_fused_compile: unsafe extern "C" fn(ctx: flame_ctx_t, expr: *const c_char, n_inputs: i32, out: *mut flame_fused_t) -> flame_status_t,
+    pub flame_fused_call: unsafe extern "C" fn(r#fn: flame_fused_t, inputs: *const flame_tensor_t, n: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_fused_release: unsafe extern "C" fn(r#fn: flame_fused_t),
     pub flame_sum: unsafe extern "C" fn(t: flame_tensor_t, dims: *const i32, ndims: i32, keepdim: i32, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_mean: unsafe extern "C" fn(t: flame_tensor_t, dims: *const i32, ndims: i32, keepdim: i32, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_prod: unsafe extern "C" fn(t: flame_tensor_t, dims: *const i32, ndims: i32, keepdim: i32, out: *mut flame_tensor_t) -> flame_status_t,
@@ -1028,20 +1031,53 @@ pub struct Api {
     pub flame_sum_all: unsafe extern "C" fn(t: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_max_all: unsafe extern "C" fn(t: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_min_all: unsafe extern "C" fn(t: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_index_select: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_gather: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_scatter_add: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, src: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_index_add: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, source: flame_tensor_t, alpha: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_masked_fill: unsafe extern "C" fn(t: flame_tensor_t, mask: flame_tensor_t, value: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_one_hot: unsafe extern "C" fn(index: flame_tensor_t, num_classes: i64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_embedding: unsafe extern "C" fn(weight: flame_tensor_t, indices: flame_tensor_t, padding_idx: i64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_scatter: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, src: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_masked_select: unsafe extern "C" fn(t: flame_tensor_t, mask: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_repeat: unsafe extern "C" fn(t: flame_tensor_t, repeats: *const i64, n: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_repeat_interleave: unsafe extern "C" fn(t: flame_tensor_t, repeats: i64, dim: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_pad: unsafe extern "C" fn(t: flame_tensor_t, pads: *const i64, npads: i32, mode: i32, value: f64, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_matmul: unsafe extern "C" fn(a: flame_tensor_t, b: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_bmm: unsafe extern "C" fn(a: flame_tensor_t, b: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_linear: unsafe extern "C" fn(x: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, activation: i32, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_optimizer_options_init: unsafe extern "C" fn(opts: *mut flame_optimizer_options_t, kind: i32) -> flame_status_t,
-    pub flame_optimizer_create: unsafe extern "C" fn(ctx: flame_ctx_t, opts: *const flame_optimizer_options_t, params: *const flame_tensor_t, n: i64, out: *mut flame_optimizer_t) -> flame_status_t,
-    pub flame_optimizer_add_param_group: unsafe extern "C" fn(opt: flame_optimizer_t, opts: *const flame_optimizer_options_t, params: *const flame_tensor_t, n: i64, group: *mut i32) -> flame_status_t,
-    pub flame_optimizer_step: unsafe extern "C" fn(opt: flame_optimizer_t) -> flame_status_t,
-    pub flame_optimizer_zero_grad: unsafe extern "C" fn(opt: flame_optimizer_t, set_to_none: i32) -> flame_status_t,
-    pub flame_optimizer_set_lr: unsafe extern "C" fn(opt: flame_optimizer_t, group: i32, lr: f64) -> flame_status_t,
-    pub flame_optimizer_get_lr: unsafe extern "C" fn(opt: flame_optimizer_t, group: i32, lr: *mut f64) -> flame_status_t,
-    pub flame_optimizer_step_count: unsafe extern "C" fn(opt: flame_optimizer_t, steps: *mut i64) -> flame_status_t,
-    pub flame_optimizer_release: unsafe extern "C" fn(opt: flame_optimizer_t),
-    pub flame_clip_grad_norm: unsafe extern "C" fn(ctx: flame_ctx_t, params: *const flame_tensor_t, n: i64, max_norm: f64, norm_type: f64, error_if_nonfinite: i32, total_norm: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_clip_grad_value: unsafe extern "C" fn(ctx: flame_ctx_t, params: *const flame_tensor_t, n: i64, clip: f64) -> flame_status_t,
+    pub flame_softmax: unsafe extern "C" fn(x: flame_tensor_t, dim: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_log_softmax: unsafe extern "C" fn(x: flame_tensor_t, dim: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_layer_norm: unsafe extern "C" fn(x: flame_tensor_t, normalized_shape: *const i64, ndims: i32, weight: flame_tensor_t, bias: flame_tensor_t, eps: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_rms_norm: unsafe extern "C" fn(x: flame_tensor_t, normalized_shape: *const i64, ndims: i32, weight: flame_tensor_t, eps: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_group_norm: unsafe extern "C" fn(x: flame_tensor_t, num_groups: i32, weight: flame_tensor_t, bias: flame_tensor_t, eps: f64, channels_last: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_batch_norm: unsafe extern "C" fn(x: flame_tensor_t, running_mean: flame_tensor_t, running_var: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, training: i32, momentum: f64, eps: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_conv_options_init: unsafe extern "C" fn(opts: *mut flame_conv_options_t) -> flame_status_t,
+    pub flame_conv2d: unsafe extern "C" fn(x: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, opts: *const flame_conv_options_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_conv_transpose2d: unsafe extern "C" fn(x: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, opts: *const flame_conv_options_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_conv1d: unsafe extern "C" fn(x: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, opts: *const flame_conv_options_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_attention_options_init: unsafe extern "C" fn(opts: *mut flame_attention_options_t) -> flame_status_t,
+    pub flame_scaled_dot_product_attention: unsafe extern "C" fn(q: flame_tensor_t, k: flame_tensor_t, v: flame_tensor_t, mask: flame_tensor_t, opts: *const flame_attention_options_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_dropout: unsafe extern "C" fn(t: flame_tensor_t, p: f64, training: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_pool2d_options_init: unsafe extern "C" fn(opts: *mut flame_pool2d_options_t, kernel_h: i64, kernel_w: i64) -> flame_status_t,
+    pub flame_max_pool2d: unsafe extern "C" fn(x: flame_tensor_t, opts: *const flame_pool2d_options_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_avg_pool2d: unsafe extern "C" fn(x: flame_tensor_t, opts: *const flame_pool2d_options_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_adaptive_avg_pool2d: unsafe extern "C" fn(x: flame_tensor_t, out_h: i64, out_w: i64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_upsample_nearest2d: unsafe extern "C" fn(x: flame_tensor_t, out_h: i64, out_w: i64, scale_h: f64, scale_w: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_upsample_bilinear2d: unsafe extern "C" fn(x: flame_tensor_t, out_h: i64, out_w: i64, scale_h: f64, scale_w: f64, align_corners: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_rope_options_init: unsafe extern "C" fn(opts: *mut flame_rope_options_t) -> flame_status_t,
+    pub flame_rope: unsafe extern "C" fn(x: flame_tensor_t, positions: flame_tensor_t, opts: *const flame_rope_options_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_timestep_embedding: unsafe extern "C" fn(timesteps: flame_tensor_t, dim: i64, max_period: f64, flip_sin_to_cos: i32, downscale_freq_shift: f64, scale: f64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_geglu: unsafe extern "C" fn(x: flame_tensor_t, approximate: i32, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_adaln_modulate: unsafe extern "C" fn(x: flame_tensor_t, shift: flame_tensor_t, scale: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_swiglu_mlp: unsafe extern "C" fn(x: flame_tensor_t, w1: flame_tensor_t, w3: flame_tensor_t, w2: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_cross_entropy: unsafe extern "C" fn(logits: flame_tensor_t, target: flame_tensor_t, weight: flame_tensor_t, ignore_index: i64, label_smoothing: f64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_nll_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, weight: flame_tensor_t, ignore_index: i64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_mse_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_l1_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_smooth_l1_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, beta: f64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_huber_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, delta: f64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_binary_cross_entropy_with_logits: unsafe extern "C" fn(logits: flame_tensor_t, target: flame_tensor_t, weight: flame_tensor_t, pos_weight: flame_tensor_t, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_tensor_set_requires_grad: unsafe extern "C" fn(t: flame_tensor_t, requires_grad: i32) -> flame_status_t,
     pub flame_tensor_requires_grad: unsafe extern "C" fn(t: flame_tensor_t, requires_grad: *mut i32) -> flame_status_t,
     pub flame_tensor_is_leaf: unsafe extern "C" fn(t: flame_tensor_t, is_leaf: *mut i32) -> flame_status_t,
@@ -1060,19 +1096,43 @@ pub struct Api {
     pub flame_tensor_register_hook: unsafe extern "C" fn(t: flame_tensor_t, r#fn: flame_tensor_hook_fn, user_data: *mut c_void, destroy: flame_destroy_fn, hook: *mut flame_hook_t) -> flame_status_t,
     pub flame_tensor_register_post_accumulate_grad_hook: unsafe extern "C" fn(t: flame_tensor_t, r#fn: flame_post_accumulate_hook_fn, user_data: *mut c_void, destroy: flame_destroy_fn, hook: *mut flame_hook_t) -> flame_status_t,
     pub flame_hook_remove: unsafe extern "C" fn(hook: flame_hook_t),
-    pub flame_softmax: unsafe extern "C" fn(x: flame_tensor_t, dim: i32, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_log_softmax: unsafe extern "C" fn(x: flame_tensor_t, dim: i32, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_layer_norm: unsafe extern "C" fn(x: flame_tensor_t, normalized_shape: *const i64, ndims: i32, weight: flame_tensor_t, bias: flame_tensor_t, eps: f64, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_rms_norm: unsafe extern "C" fn(x: flame_tensor_t, normalized_shape: *const i64, ndims: i32, weight: flame_tensor_t, eps: f64, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_group_norm: unsafe extern "C" fn(x: flame_tensor_t, num_groups: i32, weight: flame_tensor_t, bias: flame_tensor_t, eps: f64, channels_last: i32, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_batch_norm: unsafe extern "C" fn(x: flame_tensor_t, running_mean: flame_tensor_t, running_var: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, training: i32, momentum: f64, eps: f64, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_cross_entropy: unsafe extern "C" fn(logits: flame_tensor_t, target: flame_tensor_t, weight: flame_tensor_t, ignore_index: i64, label_smoothing: f64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_nll_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, weight: flame_tensor_t, ignore_index: i64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_mse_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_l1_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_smooth_l1_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, beta: f64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_huber_loss: unsafe extern "C" fn(input: flame_tensor_t, target: flame_tensor_t, delta: f64, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_binary_cross_entropy_with_logits: unsafe extern "C" fn(logits: flame_tensor_t, target: flame_tensor_t, weight: flame_tensor_t, pos_weight: flame_tensor_t, reduction: flame_reduction_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_clip_grad_norm: unsafe extern "C" fn(ctx: flame_ctx_t, params: *const flame_tensor_t, n: i64, max_norm: f64, norm_type: f64, error_if_nonfinite: i32, total_norm: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_clip_grad_value: unsafe extern "C" fn(ctx: flame_ctx_t, params: *const flame_tensor_t, n: i64, clip: f64) -> flame_status_t,
+    pub flame_grad_normalize: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, target_norm: f64, eps: f64) -> flame_status_t,
+    pub flame_grad_add_noise: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, std_dev: f64) -> flame_status_t,
+    pub flame_grad_stats: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_grad_stats_host: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, values: *mut f64, capacity: i64) -> flame_status_t,
+    pub flame_optimizer_options_init: unsafe extern "C" fn(opts: *mut flame_optimizer_options_t, kind: i32) -> flame_status_t,
+    pub flame_optimizer_create: unsafe extern "C" fn(ctx: flame_ctx_t, opts: *const flame_optimizer_options_t, params: *const flame_tensor_t, n: i64, out: *mut flame_optimizer_t) -> flame_status_t,
+    pub flame_optimizer_add_param_group: unsafe extern "C" fn(opt: flame_optimizer_t, opts: *const flame_optimizer_options_t, params: *const flame_tensor_t, n: i64, group: *mut i32) -> flame_status_t,
+    pub flame_optimizer_step: unsafe extern "C" fn(opt: flame_optimizer_t) -> flame_status_t,
+    pub flame_optimizer_zero_grad: unsafe extern "C" fn(opt: flame_optimizer_t, set_to_none: i32) -> flame_status_t,
+    pub flame_optimizer_set_lr: unsafe extern "C" fn(opt: flame_optimizer_t, group: i32, lr: f64) -> flame_status_t,
+    pub flame_optimizer_get_lr: unsafe extern "C" fn(opt: flame_optimizer_t, group: i32, lr: *mut f64) -> flame_status_t,
+    pub flame_optimizer_step_count: unsafe extern "C" fn(opt: flame_optimizer_t, steps: *mut i64) -> flame_status_t,
+    pub flame_optimizer_release: unsafe extern "C" fn(opt: flame_optimizer_t),
+    pub flame_optimizer_save_state: unsafe extern "C" fn(opt: flame_optimizer_t, path: *const c_char) -> flame_status_t,
+    pub flame_optimizer_load_state: unsafe extern "C" fn(opt: flame_optimizer_t, path: *const c_char) -> flame_status_t,
+    pub flame_grad_scaler_options_init: unsafe extern "C" fn(opts: *mut flame_grad_scaler_options_t) -> flame_status_t,
+    pub flame_grad_scaler_create: unsafe extern "C" fn(ctx: flame_ctx_t, opts: *const flame_grad_scaler_options_t, out: *mut flame_grad_scaler_t) -> flame_status_t,
+    pub flame_grad_scaler_release: unsafe extern "C" fn(scaler: flame_grad_scaler_t),
+    pub flame_grad_scaler_scale: unsafe extern "C" fn(scaler: flame_grad_scaler_t, loss: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_grad_scaler_unscale: unsafe extern "C" fn(scaler: flame_grad_scaler_t, opt: flame_optimizer_t) -> flame_status_t,
+    pub flame_grad_scaler_unscale_tensors: unsafe extern "C" fn(scaler: flame_grad_scaler_t, tensors: *const flame_tensor_t, n: i64) -> flame_status_t,
+    pub flame_grad_scaler_step: unsafe extern "C" fn(scaler: flame_grad_scaler_t, opt: flame_optimizer_t, stepped: *mut i32) -> flame_status_t,
+    pub flame_grad_scaler_update: unsafe extern "C" fn(scaler: flame_grad_scaler_t) -> flame_status_t,
+    pub flame_grad_scaler_get_scale: unsafe extern "C" fn(scaler: flame_grad_scaler_t, scale: *mut f64) -> flame_status_t,
+    pub flame_grad_scaler_found_inf: unsafe extern "C" fn(scaler: flame_grad_scaler_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_grad_scaler_get_state: unsafe extern "C" fn(scaler: flame_grad_scaler_t, scale: *mut f64, growth_tracker: *mut i64) -> flame_status_t,
+    pub flame_grad_scaler_set_state: unsafe extern "C" fn(scaler: flame_grad_scaler_t, scale: f64, growth_tracker: i64) -> flame_status_t,
+    pub flame_lora_create: unsafe extern "C" fn(weight: flame_tensor_t, bias: flame_tensor_t, rank: i64, alpha: f64, out: *mut flame_lora_t) -> flame_status_t,
+    pub flame_lora_release: unsafe extern "C" fn(lora: flame_lora_t),
+    pub flame_lora_forward: unsafe extern "C" fn(lora: flame_lora_t, x: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_lora_adapters: unsafe extern "C" fn(lora: flame_lora_t, a: *mut flame_tensor_t, b: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_lora_merge: unsafe extern "C" fn(lora: flame_lora_t) -> flame_status_t,
+    pub flame_lora_unmerge: unsafe extern "C" fn(lora: flame_lora_t) -> flame_status_t,
+    pub flame_lora_is_merged: unsafe extern "C" fn(lora: flame_lora_t, merged: *mut i32) -> flame_status_t,
+    pub flame_checkpoint: unsafe extern "C" fn(ctx: flame_ctx_t, r#fn: flame_checkpoint_fn, user_data: *mut c_void, destroy: flame_destroy_fn, inputs: *const flame_tensor_t, n_inputs: i32, outputs: *mut flame_tensor_t, n_outputs: i32) -> flame_status_t,
     pub flame_tensor_to_dlpack: unsafe extern "C" fn(t: flame_tensor_t, out: *mut *mut DLManagedTensor) -> flame_status_t,
     pub flame_tensor_from_dlpack: unsafe extern "C" fn(ctx: flame_ctx_t, src: *mut DLManagedTensor, out: *mut flame_tensor_t) -> flame_status_t,
     pub flame_tensor_to_dlpack_versioned: unsafe extern "C" fn(t: flame_tensor_t, out: *mut *mut DLManagedTensorVersioned) -> flame_status_t,
@@ -1097,63 +1157,6 @@ pub struct Api {
     pub flame_params_find: unsafe extern "C" fn(params: flame_params_t, name: *const c_char, t: *mut flame_tensor_t) -> flame_status_t,
     pub flame_params_save_safetensors: unsafe extern "C" fn(params: flame_params_t, path: *const c_char, metadata_kv: *const *const c_char, n_metadata: i64) -> flame_status_t,
     pub flame_params_load_safetensors: unsafe extern "C" fn(params: flame_params_t, path: *const c_char, flags: u32) -> flame_status_t,
-    pub flame_index_select: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_gather: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_scatter_add: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, src: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_index_add: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, source: flame_tensor_t, alpha: f64, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_masked_fill: unsafe extern "C" fn(t: flame_tensor_t, mask: flame_tensor_t, value: f64, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_one_hot: unsafe extern "C" fn(index: flame_tensor_t, num_classes: i64, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_embedding: unsafe extern "C" fn(weight: flame_tensor_t, indices: flame_tensor_t, padding_idx: i64, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_conv_options_init: unsafe extern "C" fn(opts: *mut flame_conv_options_t) -> flame_status_t,
-    pub flame_conv2d: unsafe extern "C" fn(x: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, opts: *const flame_conv_options_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_conv_transpose2d: unsafe extern "C" fn(x: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, opts: *const flame_conv_options_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_conv1d: unsafe extern "C" fn(x: flame_tensor_t, weight: flame_tensor_t, bias: flame_tensor_t, opts: *const flame_conv_options_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_attention_options_init: unsafe extern "C" fn(opts: *mut flame_attention_options_t) -> flame_status_t,
-    pub flame_scaled_dot_product_attention: unsafe extern "C" fn(q: flame_tensor_t, k: flame_tensor_t, v: flame_tensor_t, mask: flame_tensor_t, opts: *const flame_attention_options_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_scatter: unsafe extern "C" fn(t: flame_tensor_t, dim: i32, index: flame_tensor_t, src: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_masked_select: unsafe extern "C" fn(t: flame_tensor_t, mask: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_repeat: unsafe extern "C" fn(t: flame_tensor_t, repeats: *const i64, n: i32, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_repeat_interleave: unsafe extern "C" fn(t: flame_tensor_t, repeats: i64, dim: i32, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_pad: unsafe extern "C" fn(t: flame_tensor_t, pads: *const i64, npads: i32, mode: i32, value: f64, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_dropout: unsafe extern "C" fn(t: flame_tensor_t, p: f64, training: i32, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_pool2d_options_init: unsafe extern "C" fn(opts: *mut flame_pool2d_options_t, kernel_h: i64, kernel_w: i64) -> flame_status_t,
-    pub flame_max_pool2d: unsafe extern "C" fn(x: flame_tensor_t, opts: *const flame_pool2d_options_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_avg_pool2d: unsafe extern "C" fn(x: flame_tensor_t, opts: *const flame_pool2d_options_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_adaptive_avg_pool2d: unsafe extern "C" fn(x: flame_tensor_t, out_h: i64, out_w: i64, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_upsample_nearest2d: unsafe extern "C" fn(x: flame_tensor_t, out_h: i64, out_w: i64, scale_h: f64, scale_w: f64, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_upsample_bilinear2d: unsafe extern "C" fn(x: flame_tensor_t, out_h: i64, out_w: i64, scale_h: f64, scale_w: f64, align_corners: i32, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_rope_options_init: unsafe extern "C" fn(opts: *mut flame_rope_options_t) -> flame_status_t,
-    pub flame_rope: unsafe extern "C" fn(x: flame_tensor_t, positions: flame_tensor_t, opts: *const flame_rope_options_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_timestep_embedding: unsafe extern "C" fn(timesteps: flame_tensor_t, dim: i64, max_period: f64, flip_sin_to_cos: i32, downscale_freq_shift: f64, scale: f64, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_geglu: unsafe extern "C" fn(x: flame_tensor_t, approximate: i32, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_adaln_modulate: unsafe extern "C" fn(x: flame_tensor_t, shift: flame_tensor_t, scale: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_swiglu_mlp: unsafe extern "C" fn(x: flame_tensor_t, w1: flame_tensor_t, w3: flame_tensor_t, w2: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_optimizer_save_state: unsafe extern "C" fn(opt: flame_optimizer_t, path: *const c_char) -> flame_status_t,
-    pub flame_optimizer_load_state: unsafe extern "C" fn(opt: flame_optimizer_t, path: *const c_char) -> flame_status_t,
-    pub flame_grad_normalize: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, target_norm: f64, eps: f64) -> flame_status_t,
-    pub flame_grad_add_noise: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, std_dev: f64) -> flame_status_t,
-    pub flame_grad_stats: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_grad_stats_host: unsafe extern "C" fn(ctx: flame_ctx_t, tensors: *const flame_tensor_t, n: i64, values: *mut f64, capacity: i64) -> flame_status_t,
-    pub flame_grad_scaler_options_init: unsafe extern "C" fn(opts: *mut flame_grad_scaler_options_t) -> flame_status_t,
-    pub flame_grad_scaler_create: unsafe extern "C" fn(ctx: flame_ctx_t, opts: *const flame_grad_scaler_options_t, out: *mut flame_grad_scaler_t) -> flame_status_t,
-    pub flame_grad_scaler_release: unsafe extern "C" fn(scaler: flame_grad_scaler_t),
-    pub flame_grad_scaler_scale: unsafe extern "C" fn(scaler: flame_grad_scaler_t, loss: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_grad_scaler_unscale: unsafe extern "C" fn(scaler: flame_grad_scaler_t, opt: flame_optimizer_t) -> flame_status_t,
-    pub flame_grad_scaler_unscale_tensors: unsafe extern "C" fn(scaler: flame_grad_scaler_t, tensors: *const flame_tensor_t, n: i64) -> flame_status_t,
-    pub flame_grad_scaler_step: unsafe extern "C" fn(scaler: flame_grad_scaler_t, opt: flame_optimizer_t, stepped: *mut i32) -> flame_status_t,
-    pub flame_grad_scaler_update: unsafe extern "C" fn(scaler: flame_grad_scaler_t) -> flame_status_t,
-    pub flame_grad_scaler_get_scale: unsafe extern "C" fn(scaler: flame_grad_scaler_t, scale: *mut f64) -> flame_status_t,
-    pub flame_grad_scaler_found_inf: unsafe extern "C" fn(scaler: flame_grad_scaler_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_grad_scaler_get_state: unsafe extern "C" fn(scaler: flame_grad_scaler_t, scale: *mut f64, growth_tracker: *mut i64) -> flame_status_t,
-    pub flame_grad_scaler_set_state: unsafe extern "C" fn(scaler: flame_grad_scaler_t, scale: f64, growth_tracker: i64) -> flame_status_t,
-    pub flame_lora_create: unsafe extern "C" fn(weight: flame_tensor_t, bias: flame_tensor_t, rank: i64, alpha: f64, out: *mut flame_lora_t) -> flame_status_t,
-    pub flame_lora_release: unsafe extern "C" fn(lora: flame_lora_t),
-    pub flame_lora_forward: unsafe extern "C" fn(lora: flame_lora_t, x: flame_tensor_t, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_lora_adapters: unsafe extern "C" fn(lora: flame_lora_t, a: *mut flame_tensor_t, b: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_lora_merge: unsafe extern "C" fn(lora: flame_lora_t) -> flame_status_t,
-    pub flame_lora_unmerge: unsafe extern "C" fn(lora: flame_lora_t) -> flame_status_t,
-    pub flame_lora_is_merged: unsafe extern "C" fn(lora: flame_lora_t, merged: *mut i32) -> flame_status_t,
-    pub flame_checkpoint: unsafe extern "C" fn(ctx: flame_ctx_t, r#fn: flame_checkpoint_fn, user_data: *mut c_void, destroy: flame_destroy_fn, inputs: *const flame_tensor_t, n_inputs: i32, outputs: *mut flame_tensor_t, n_outputs: i32) -> flame_status_t,
     pub flame_ctx_cudnn_info: unsafe extern "C" fn(ctx: flame_ctx_t, version: *mut i32, convolutions: *mut u64) -> flame_status_t,
     pub flame_ctx_cudnn_attention_info: unsafe extern "C" fn(ctx: flame_ctx_t, forward: *mut u64, backward: *mut u64) -> flame_status_t,
     pub flame_graph_capture_begin: unsafe extern "C" fn(ctx: flame_ctx_t) -> flame_status_t,
@@ -1178,9 +1181,6 @@ pub struct Api {
     pub flame_dp_set_sync: unsafe extern "C" fn(dp: flame_dp_t, sync: i32) -> flame_status_t,
     pub flame_dp_wait: unsafe extern "C" fn(dp: flame_dp_t) -> flame_status_t,
     pub flame_dp_release: unsafe extern "C" fn(dp: flame_dp_t),
-    pub flame_fused_compile: unsafe extern "C" fn(ctx: flame_ctx_t, expr: *const c_char, n_inputs: i32, out: *mut flame_fused_t) -> flame_status_t,
-    pub flame_fused_call: unsafe extern "C" fn(r#fn: flame_fused_t, inputs: *const flame_tensor_t, n: i32, out: *mut flame_tensor_t) -> flame_status_t,
-    pub flame_fused_release: unsafe extern "C" fn(r#fn: flame_fused_t),
     pub flame_model_known_architectures: unsafe extern "C" fn(names: *mut *const c_char) -> flame_status_t,
     pub flame_model_create: unsafe extern "C" fn(ctx: flame_ctx_t, architecture: *const c_char, config_json: *const c_char, options_json: *const c_char, model: *mut flame_model_t) -> flame_status_t,
     pub flame_model_load: unsafe extern "C" fn(ctx: flame_ctx_t, path: *const c_char, options_json: *const c_char, model: *mut flame_model_t) -> flame_status_t,
@@ -1324,6 +1324,9 @@ impl Api {
             flame_square: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_square\0")?),
             flame_isnan: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_isnan\0")?),
             flame_isinf: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_isinf\0")?),
+            flame_fused_compile: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, i32, *mut flame_fused_t) -> flame_status_t>(resolve(b"flame_fused_compile\0")?),
+            flame_fused_call: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_fused_t, *const flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_fused_call\0")?),
+            flame_fused_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_fused_t)>(resolve(b"flame_fused_release\0")?),
             flame_sum: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i32, i32, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_sum\0")?),
             flame_mean: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i32, i32, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_mean\0")?),
             flame_prod: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i32, i32, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_prod\0")?),
@@ -1339,20 +1342,53 @@ impl Api {
             flame_sum_all: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_sum_all\0")?),
             flame_max_all: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_max_all\0")?),
             flame_min_all: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_min_all\0")?),
+            flame_index_select: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_index_select\0")?),
+            flame_gather: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_gather\0")?),
+            flame_scatter_add: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_scatter_add\0")?),
+            flame_index_add: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_index_add\0")?),
+            flame_masked_fill: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_masked_fill\0")?),
+            flame_one_hot: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_one_hot\0")?),
+            flame_embedding: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_embedding\0")?),
+            flame_scatter: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_scatter\0")?),
+            flame_masked_select: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_masked_select\0")?),
+            flame_repeat: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_repeat\0")?),
+            flame_repeat_interleave: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_repeat_interleave\0")?),
+            flame_pad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, i32, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_pad\0")?),
             flame_matmul: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_matmul\0")?),
             flame_bmm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_bmm\0")?),
             flame_linear: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_linear\0")?),
-            flame_optimizer_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_optimizer_options_t, i32) -> flame_status_t>(resolve(b"flame_optimizer_options_init\0")?),
-            flame_optimizer_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_optimizer_options_t, *const flame_tensor_t, i64, *mut flame_optimizer_t) -> flame_status_t>(resolve(b"flame_optimizer_create\0")?),
-            flame_optimizer_add_param_group: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *const flame_optimizer_options_t, *const flame_tensor_t, i64, *mut i32) -> flame_status_t>(resolve(b"flame_optimizer_add_param_group\0")?),
-            flame_optimizer_step: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t) -> flame_status_t>(resolve(b"flame_optimizer_step\0")?),
-            flame_optimizer_zero_grad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, i32) -> flame_status_t>(resolve(b"flame_optimizer_zero_grad\0")?),
-            flame_optimizer_set_lr: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, i32, f64) -> flame_status_t>(resolve(b"flame_optimizer_set_lr\0")?),
-            flame_optimizer_get_lr: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, i32, *mut f64) -> flame_status_t>(resolve(b"flame_optimizer_get_lr\0")?),
-            flame_optimizer_step_count: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *mut i64) -> flame_status_t>(resolve(b"flame_optimizer_step_count\0")?),
-            flame_optimizer_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t)>(resolve(b"flame_optimizer_release\0")?),
-            flame_clip_grad_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, f64, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_clip_grad_norm\0")?),
-            flame_clip_grad_value: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, f64) -> flame_status_t>(resolve(b"flame_clip_grad_value\0")?),
+            flame_softmax: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_softmax\0")?),
+            flame_log_softmax: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_log_softmax\0")?),
+            flame_layer_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, flame_tensor_t, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_layer_norm\0")?),
+            flame_rms_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_rms_norm\0")?),
+            flame_group_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_group_norm\0")?),
+            flame_batch_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, i32, f64, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_batch_norm\0")?),
+            flame_conv_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_conv_options_t) -> flame_status_t>(resolve(b"flame_conv_options_init\0")?),
+            flame_conv2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_conv_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_conv2d\0")?),
+            flame_conv_transpose2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_conv_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_conv_transpose2d\0")?),
+            flame_conv1d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_conv_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_conv1d\0")?),
+            flame_attention_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_attention_options_t) -> flame_status_t>(resolve(b"flame_attention_options_init\0")?),
+            flame_scaled_dot_product_attention: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_attention_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_scaled_dot_product_attention\0")?),
+            flame_dropout: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_dropout\0")?),
+            flame_pool2d_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_pool2d_options_t, i64, i64) -> flame_status_t>(resolve(b"flame_pool2d_options_init\0")?),
+            flame_max_pool2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const flame_pool2d_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_max_pool2d\0")?),
+            flame_avg_pool2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const flame_pool2d_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_avg_pool2d\0")?),
+            flame_adaptive_avg_pool2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_adaptive_avg_pool2d\0")?),
+            flame_upsample_nearest2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i64, f64, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_upsample_nearest2d\0")?),
+            flame_upsample_bilinear2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i64, f64, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_upsample_bilinear2d\0")?),
+            flame_rope_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_rope_options_t) -> flame_status_t>(resolve(b"flame_rope_options_init\0")?),
+            flame_rope: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, *const flame_rope_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_rope\0")?),
+            flame_timestep_embedding: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, f64, i32, f64, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_timestep_embedding\0")?),
+            flame_geglu: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_geglu\0")?),
+            flame_adaln_modulate: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_adaln_modulate\0")?),
+            flame_swiglu_mlp: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_swiglu_mlp\0")?),
+            flame_cross_entropy: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, i64, f64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_cross_entropy\0")?),
+            flame_nll_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, i64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_nll_loss\0")?),
+            flame_mse_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_mse_loss\0")?),
+            flame_l1_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_l1_loss\0")?),
+            flame_smooth_l1_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_smooth_l1_loss\0")?),
+            flame_huber_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_huber_loss\0")?),
+            flame_binary_cross_entropy_with_logits: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_binary_cross_entropy_with_logits\0")?),
             flame_tensor_set_requires_grad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32) -> flame_status_t>(resolve(b"flame_tensor_set_requires_grad\0")?),
             flame_tensor_requires_grad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut i32) -> flame_status_t>(resolve(b"flame_tensor_requires_grad\0")?),
             flame_tensor_is_leaf: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut i32) -> flame_status_t>(resolve(b"flame_tensor_is_leaf\0")?),
@@ -1371,19 +1407,43 @@ impl Api {
             flame_tensor_register_hook: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_hook_fn, *mut c_void, flame_destroy_fn, *mut flame_hook_t) -> flame_status_t>(resolve(b"flame_tensor_register_hook\0")?),
             flame_tensor_register_post_accumulate_grad_hook: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_post_accumulate_hook_fn, *mut c_void, flame_destroy_fn, *mut flame_hook_t) -> flame_status_t>(resolve(b"flame_tensor_register_post_accumulate_grad_hook\0")?),
             flame_hook_remove: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_hook_t)>(resolve(b"flame_hook_remove\0")?),
-            flame_softmax: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_softmax\0")?),
-            flame_log_softmax: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_log_softmax\0")?),
-            flame_layer_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, flame_tensor_t, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_layer_norm\0")?),
-            flame_rms_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_rms_norm\0")?),
-            flame_group_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_group_norm\0")?),
-            flame_batch_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, i32, f64, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_batch_norm\0")?),
-            flame_cross_entropy: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, i64, f64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_cross_entropy\0")?),
-            flame_nll_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, i64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_nll_loss\0")?),
-            flame_mse_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_mse_loss\0")?),
-            flame_l1_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_l1_loss\0")?),
-            flame_smooth_l1_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_smooth_l1_loss\0")?),
-            flame_huber_loss: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_huber_loss\0")?),
-            flame_binary_cross_entropy_with_logits: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_reduction_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_binary_cross_entropy_with_logits\0")?),
+            flame_clip_grad_norm: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, f64, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_clip_grad_norm\0")?),
+            flame_clip_grad_value: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, f64) -> flame_status_t>(resolve(b"flame_clip_grad_value\0")?),
+            flame_grad_normalize: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, f64, f64) -> flame_status_t>(resolve(b"flame_grad_normalize\0")?),
+            flame_grad_add_noise: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, f64) -> flame_status_t>(resolve(b"flame_grad_add_noise\0")?),
+            flame_grad_stats: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_grad_stats\0")?),
+            flame_grad_stats_host: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, *mut f64, i64) -> flame_status_t>(resolve(b"flame_grad_stats_host\0")?),
+            flame_optimizer_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_optimizer_options_t, i32) -> flame_status_t>(resolve(b"flame_optimizer_options_init\0")?),
+            flame_optimizer_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_optimizer_options_t, *const flame_tensor_t, i64, *mut flame_optimizer_t) -> flame_status_t>(resolve(b"flame_optimizer_create\0")?),
+            flame_optimizer_add_param_group: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *const flame_optimizer_options_t, *const flame_tensor_t, i64, *mut i32) -> flame_status_t>(resolve(b"flame_optimizer_add_param_group\0")?),
+            flame_optimizer_step: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t) -> flame_status_t>(resolve(b"flame_optimizer_step\0")?),
+            flame_optimizer_zero_grad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, i32) -> flame_status_t>(resolve(b"flame_optimizer_zero_grad\0")?),
+            flame_optimizer_set_lr: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, i32, f64) -> flame_status_t>(resolve(b"flame_optimizer_set_lr\0")?),
+            flame_optimizer_get_lr: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, i32, *mut f64) -> flame_status_t>(resolve(b"flame_optimizer_get_lr\0")?),
+            flame_optimizer_step_count: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *mut i64) -> flame_status_t>(resolve(b"flame_optimizer_step_count\0")?),
+            flame_optimizer_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t)>(resolve(b"flame_optimizer_release\0")?),
+            flame_optimizer_save_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *const c_char) -> flame_status_t>(resolve(b"flame_optimizer_save_state\0")?),
+            flame_optimizer_load_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *const c_char) -> flame_status_t>(resolve(b"flame_optimizer_load_state\0")?),
+            flame_grad_scaler_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_grad_scaler_options_t) -> flame_status_t>(resolve(b"flame_grad_scaler_options_init\0")?),
+            flame_grad_scaler_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_grad_scaler_options_t, *mut flame_grad_scaler_t) -> flame_status_t>(resolve(b"flame_grad_scaler_create\0")?),
+            flame_grad_scaler_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t)>(resolve(b"flame_grad_scaler_release\0")?),
+            flame_grad_scaler_scale: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_grad_scaler_scale\0")?),
+            flame_grad_scaler_unscale: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, flame_optimizer_t) -> flame_status_t>(resolve(b"flame_grad_scaler_unscale\0")?),
+            flame_grad_scaler_unscale_tensors: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *const flame_tensor_t, i64) -> flame_status_t>(resolve(b"flame_grad_scaler_unscale_tensors\0")?),
+            flame_grad_scaler_step: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, flame_optimizer_t, *mut i32) -> flame_status_t>(resolve(b"flame_grad_scaler_step\0")?),
+            flame_grad_scaler_update: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t) -> flame_status_t>(resolve(b"flame_grad_scaler_update\0")?),
+            flame_grad_scaler_get_scale: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *mut f64) -> flame_status_t>(resolve(b"flame_grad_scaler_get_scale\0")?),
+            flame_grad_scaler_found_inf: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_grad_scaler_found_inf\0")?),
+            flame_grad_scaler_get_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *mut f64, *mut i64) -> flame_status_t>(resolve(b"flame_grad_scaler_get_state\0")?),
+            flame_grad_scaler_set_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, f64, i64) -> flame_status_t>(resolve(b"flame_grad_scaler_set_state\0")?),
+            flame_lora_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, i64, f64, *mut flame_lora_t) -> flame_status_t>(resolve(b"flame_lora_create\0")?),
+            flame_lora_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t)>(resolve(b"flame_lora_release\0")?),
+            flame_lora_forward: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_lora_forward\0")?),
+            flame_lora_adapters: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t, *mut flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_lora_adapters\0")?),
+            flame_lora_merge: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t) -> flame_status_t>(resolve(b"flame_lora_merge\0")?),
+            flame_lora_unmerge: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t) -> flame_status_t>(resolve(b"flame_lora_unmerge\0")?),
+            flame_lora_is_merged: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t, *mut i32) -> flame_status_t>(resolve(b"flame_lora_is_merged\0")?),
+            flame_checkpoint: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, flame_checkpoint_fn, *mut c_void, flame_destroy_fn, *const flame_tensor_t, i32, *mut flame_tensor_t, i32) -> flame_status_t>(resolve(b"flame_checkpoint\0")?),
             flame_tensor_to_dlpack: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut *mut DLManagedTensor) -> flame_status_t>(resolve(b"flame_tensor_to_dlpack\0")?),
             flame_tensor_from_dlpack: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut DLManagedTensor, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_tensor_from_dlpack\0")?),
             flame_tensor_to_dlpack_versioned: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *mut *mut DLManagedTensorVersioned) -> flame_status_t>(resolve(b"flame_tensor_to_dlpack_versioned\0")?),
@@ -1408,63 +1468,6 @@ impl Api {
             flame_params_find: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_params_t, *const c_char, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_params_find\0")?),
             flame_params_save_safetensors: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_params_t, *const c_char, *const *const c_char, i64) -> flame_status_t>(resolve(b"flame_params_save_safetensors\0")?),
             flame_params_load_safetensors: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_params_t, *const c_char, u32) -> flame_status_t>(resolve(b"flame_params_load_safetensors\0")?),
-            flame_index_select: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_index_select\0")?),
-            flame_gather: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_gather\0")?),
-            flame_scatter_add: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_scatter_add\0")?),
-            flame_index_add: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_index_add\0")?),
-            flame_masked_fill: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_masked_fill\0")?),
-            flame_one_hot: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_one_hot\0")?),
-            flame_embedding: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_embedding\0")?),
-            flame_conv_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_conv_options_t) -> flame_status_t>(resolve(b"flame_conv_options_init\0")?),
-            flame_conv2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_conv_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_conv2d\0")?),
-            flame_conv_transpose2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_conv_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_conv_transpose2d\0")?),
-            flame_conv1d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_conv_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_conv1d\0")?),
-            flame_attention_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_attention_options_t) -> flame_status_t>(resolve(b"flame_attention_options_init\0")?),
-            flame_scaled_dot_product_attention: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, *const flame_attention_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_scaled_dot_product_attention\0")?),
-            flame_scatter: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_scatter\0")?),
-            flame_masked_select: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_masked_select\0")?),
-            flame_repeat: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_repeat\0")?),
-            flame_repeat_interleave: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_repeat_interleave\0")?),
-            flame_pad: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const i64, i32, i32, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_pad\0")?),
-            flame_dropout: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_dropout\0")?),
-            flame_pool2d_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_pool2d_options_t, i64, i64) -> flame_status_t>(resolve(b"flame_pool2d_options_init\0")?),
-            flame_max_pool2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const flame_pool2d_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_max_pool2d\0")?),
-            flame_avg_pool2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, *const flame_pool2d_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_avg_pool2d\0")?),
-            flame_adaptive_avg_pool2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_adaptive_avg_pool2d\0")?),
-            flame_upsample_nearest2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i64, f64, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_upsample_nearest2d\0")?),
-            flame_upsample_bilinear2d: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, i64, f64, f64, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_upsample_bilinear2d\0")?),
-            flame_rope_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_rope_options_t) -> flame_status_t>(resolve(b"flame_rope_options_init\0")?),
-            flame_rope: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, *const flame_rope_options_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_rope\0")?),
-            flame_timestep_embedding: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i64, f64, i32, f64, f64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_timestep_embedding\0")?),
-            flame_geglu: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_geglu\0")?),
-            flame_adaln_modulate: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_adaln_modulate\0")?),
-            flame_swiglu_mlp: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, flame_tensor_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_swiglu_mlp\0")?),
-            flame_optimizer_save_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *const c_char) -> flame_status_t>(resolve(b"flame_optimizer_save_state\0")?),
-            flame_optimizer_load_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *const c_char) -> flame_status_t>(resolve(b"flame_optimizer_load_state\0")?),
-            flame_grad_normalize: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, f64, f64) -> flame_status_t>(resolve(b"flame_grad_normalize\0")?),
-            flame_grad_add_noise: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, f64) -> flame_status_t>(resolve(b"flame_grad_add_noise\0")?),
-            flame_grad_stats: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_grad_stats\0")?),
-            flame_grad_stats_host: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_tensor_t, i64, *mut f64, i64) -> flame_status_t>(resolve(b"flame_grad_stats_host\0")?),
-            flame_grad_scaler_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_grad_scaler_options_t) -> flame_status_t>(resolve(b"flame_grad_scaler_options_init\0")?),
-            flame_grad_scaler_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_grad_scaler_options_t, *mut flame_grad_scaler_t) -> flame_status_t>(resolve(b"flame_grad_scaler_create\0")?),
-            flame_grad_scaler_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t)>(resolve(b"flame_grad_scaler_release\0")?),
-            flame_grad_scaler_scale: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_grad_scaler_scale\0")?),
-            flame_grad_scaler_unscale: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, flame_optimizer_t) -> flame_status_t>(resolve(b"flame_grad_scaler_unscale\0")?),
-            flame_grad_scaler_unscale_tensors: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *const flame_tensor_t, i64) -> flame_status_t>(resolve(b"flame_grad_scaler_unscale_tensors\0")?),
-            flame_grad_scaler_step: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, flame_optimizer_t, *mut i32) -> flame_status_t>(resolve(b"flame_grad_scaler_step\0")?),
-            flame_grad_scaler_update: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t) -> flame_status_t>(resolve(b"flame_grad_scaler_update\0")?),
-            flame_grad_scaler_get_scale: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *mut f64) -> flame_status_t>(resolve(b"flame_grad_scaler_get_scale\0")?),
-            flame_grad_scaler_found_inf: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_grad_scaler_found_inf\0")?),
-            flame_grad_scaler_get_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, *mut f64, *mut i64) -> flame_status_t>(resolve(b"flame_grad_scaler_get_state\0")?),
-            flame_grad_scaler_set_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_grad_scaler_t, f64, i64) -> flame_status_t>(resolve(b"flame_grad_scaler_set_state\0")?),
-            flame_lora_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_tensor_t, flame_tensor_t, i64, f64, *mut flame_lora_t) -> flame_status_t>(resolve(b"flame_lora_create\0")?),
-            flame_lora_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t)>(resolve(b"flame_lora_release\0")?),
-            flame_lora_forward: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t, flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_lora_forward\0")?),
-            flame_lora_adapters: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t, *mut flame_tensor_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_lora_adapters\0")?),
-            flame_lora_merge: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t) -> flame_status_t>(resolve(b"flame_lora_merge\0")?),
-            flame_lora_unmerge: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t) -> flame_status_t>(resolve(b"flame_lora_unmerge\0")?),
-            flame_lora_is_merged: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_lora_t, *mut i32) -> flame_status_t>(resolve(b"flame_lora_is_merged\0")?),
-            flame_checkpoint: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, flame_checkpoint_fn, *mut c_void, flame_destroy_fn, *const flame_tensor_t, i32, *mut flame_tensor_t, i32) -> flame_status_t>(resolve(b"flame_checkpoint\0")?),
             flame_ctx_cudnn_info: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut i32, *mut u64) -> flame_status_t>(resolve(b"flame_ctx_cudnn_info\0")?),
             flame_ctx_cudnn_attention_info: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut u64, *mut u64) -> flame_status_t>(resolve(b"flame_ctx_cudnn_attention_info\0")?),
             flame_graph_capture_begin: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t) -> flame_status_t>(resolve(b"flame_graph_capture_begin\0")?),
@@ -1489,9 +1492,6 @@ impl Api {
             flame_dp_set_sync: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_dp_t, i32) -> flame_status_t>(resolve(b"flame_dp_set_sync\0")?),
             flame_dp_wait: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_dp_t) -> flame_status_t>(resolve(b"flame_dp_wait\0")?),
             flame_dp_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_dp_t)>(resolve(b"flame_dp_release\0")?),
-            flame_fused_compile: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, i32, *mut flame_fused_t) -> flame_status_t>(resolve(b"flame_fused_compile\0")?),
-            flame_fused_call: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_fused_t, *const flame_tensor_t, i32, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_fused_call\0")?),
-            flame_fused_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_fused_t)>(resolve(b"flame_fused_release\0")?),
             flame_model_known_architectures: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut *const c_char) -> flame_status_t>(resolve(b"flame_model_known_architectures\0")?),
             flame_model_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, *const c_char, *const c_char, *mut flame_model_t) -> flame_status_t>(resolve(b"flame_model_create\0")?),
             flame_model_load: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, *const c_char, *mut flame_model_t) -> flame_status_t>(resolve(b"flame_model_load\0")?),
