@@ -14,9 +14,10 @@
 //
 // Inputs: sample [B, in_channels, H, W], timestep [B] / [1] / scalar (any number dtype),
 // encoder_hidden_states [B, T, cross_attention_dim], and with "text_time" text_embeds [B, P] and
-// time_ids [B, K] (P + K * addition_time_embed_dim = projection_class_embeddings_input_dim).
-// Output: sample. Config options diffusers offers beyond these models (class embeddings, other
-// block types, dual / only cross-attention, dropout, ...) are rejected by name.
+// time_ids [B, K] (P + K * addition_time_embed_dim = projection_class_embeddings_input_dim);
+// optional encoder_attention_mask [B, T] (nonzero = attend; diffusers' -10000 bias). Output: sample.
+// Config options diffusers offers beyond these models (class embeddings, other block types, dual /
+// only cross-attention, dropout, ...) are rejected by name.
 #include <string>
 #include "core/error.h"
 #include "core/shape.h"
@@ -268,7 +269,7 @@ class UNet2DConditionModel : public ConvNetModel {
     if (cfg_.text_time) r.insert(r.end(), {"text_embeds", "time_ids"});
     return r;
   }
-  std::vector<std::string> optional_inputs() const override { return {}; }
+  std::vector<std::string> optional_inputs() const override { return {"encoder_attention_mask"}; }
 
  protected:
   NamedTensors run(const NamedTensors& inputs) override {
@@ -282,6 +283,7 @@ class UNet2DConditionModel : public ConvNetModel {
                     is_floating(context->dtype),
                 FLAME_ERROR_INVALID_ARGUMENT, "encoder_hidden_states must be a float [", B, ", tokens, ",
                 cfg_.cross_attention_dim, "] tensor, not ", shape_str(context->shape));
+    const Tensor bias = context_bias(inputs, B, context->shape[1]);
     const Tensor temb = ops::unary(OpId::Silu, embedding(inputs, B));
     if (cfg_.center_input_sample) x = ops::add_scalar(ops::mul_scalar(x, 2.0), -1.0);
 
@@ -293,7 +295,8 @@ class UNet2DConditionModel : public ConvNetModel {
       const DownPlan& d = cfg_.down[i];
       for (int64_t l = 0; l < d.layers; ++l) {
         x = resnet_unit(x, temb, indexed(down_prefix(i), "resnets", l), 1.0);
-        if (d.attention) x = transformer2d(x, context, indexed(down_prefix(i), "attentions", l), transformer_args(d.heads, d.depth));
+        if (d.attention)
+          x = transformer2d(x, context, indexed(down_prefix(i), "attentions", l), transformer_args(d.heads, d.depth), bias);
         skips.push_back(x);
       }
       if (d.downsample) {
@@ -305,7 +308,7 @@ class UNet2DConditionModel : public ConvNetModel {
       const double scale = cfg_.mid_block_scale_factor;
       x = resnet_unit(x, temb, "mid_block.resnets.0.", scale);
       x = transformer2d(x, context, "mid_block.attentions.0.",
-                        transformer_args(cfg_.attention_head_dim.back(), cfg_.transformer_layers_per_block.back()));
+                        transformer_args(cfg_.attention_head_dim.back(), cfg_.transformer_layers_per_block.back()), bias);
       x = resnet_unit(x, temb, "mid_block.resnets.1.", scale);
     }
     for (size_t i = 0; i < cfg_.up.size(); ++i) {
@@ -314,7 +317,8 @@ class UNet2DConditionModel : public ConvNetModel {
         x = ops::cat({x, skips.back()}, 1);
         skips.pop_back();
         x = resnet_unit(x, temb, indexed(up_prefix(i), "resnets", l), 1.0);
-        if (u.attention) x = transformer2d(x, context, indexed(up_prefix(i), "attentions", l), transformer_args(u.heads, u.depth));
+        if (u.attention)
+          x = transformer2d(x, context, indexed(up_prefix(i), "attentions", l), transformer_args(u.heads, u.depth), bias);
       }
       if (u.upsample) {
         const int64_t oh = forward_upsample_size ? skips.back()->shape[2] : 0;
@@ -327,6 +331,18 @@ class UNet2DConditionModel : public ConvNetModel {
   }
 
  private:
+  // diffusers' encoder_attention_mask [B, T] (nonzero = attend) as its additive bias of the
+  // cross-attention scores, (1 - mask) * -10000, shaped [B, 1, 1, T]; null without a mask.
+  Tensor context_bias(const NamedTensors& inputs, int64_t B, int64_t T) const {
+    const Tensor* m = optional_input(inputs, "encoder_attention_mask");
+    if (!m) return nullptr;
+    FLAME_CHECK((*m)->ndim() == 2 && (*m)->shape[0] == B && (*m)->shape[1] == T, FLAME_ERROR_INVALID_ARGUMENT,
+                "encoder_attention_mask must be [", B, ", ", T, "] like encoder_hidden_states' tokens, not ",
+                shape_str((*m)->shape));
+    Tensor keep = ops::to_dtype(*m, options().compute_dtype);
+    return ops::reshape(ops::mul_scalar(ops::add_scalar(ops::neg(keep), 1.0), -10000.0), {B, 1, 1, T});
+  }
+
   TransformerArgs transformer_args(int64_t heads, int64_t depth) const {
     TransformerArgs a;
     a.heads = heads;

@@ -114,27 +114,29 @@ Tensor ConvNetModel::resnet(const Tensor& x, const Tensor& temb_act, const std::
 }
 
 Tensor ConvNetModel::attention(const Tensor& x, const Tensor& context, const std::string& p, int64_t heads,
-                               bool qkv_bias) const {
+                               bool qkv_bias, const Tensor& bias) const {
   Tensor q = split_heads(linear(x, p + "to_q", qkv_bias), heads);
   Tensor k = split_heads(linear(context, p + "to_k", qkv_bias), heads);
   Tensor v = split_heads(linear(context, p + "to_v", qkv_bias), heads);
-  Tensor a = merge_heads(ops::scaled_dot_product_attention(q, k, v, nullptr, ops::AttentionOptions{}));
+  Tensor a = merge_heads(ops::scaled_dot_product_attention(q, k, v, bias, ops::AttentionOptions{}));
   return linear(a, p + "to_out.0", true);
 }
 
-Tensor ConvNetModel::transformer_block(const Tensor& x, const Tensor& context, const std::string& p, int64_t heads) const {
+Tensor ConvNetModel::transformer_block(const Tensor& x, const Tensor& context, const std::string& p, int64_t heads,
+                                       const Tensor& context_bias) const {
   const int64_t C = x->shape[2];
   auto norm = [&](const Tensor& h, const char* name) {
     return ops::layer_norm(h, {C}, param(p + name + ".weight"), param(p + name + ".bias"), 1e-5);
   };
   Tensor n = norm(x, "norm1");
-  Tensor h = ops::add(attention(n, n, p + "attn1.", heads, false), x);
-  h = ops::add(attention(norm(h, "norm2"), context, p + "attn2.", heads, false), h);
+  Tensor h = ops::add(attention(n, n, p + "attn1.", heads, false, nullptr), x);
+  h = ops::add(attention(norm(h, "norm2"), context, p + "attn2.", heads, false, context_bias), h);
   Tensor ff = ops::geglu(linear(norm(h, "norm3"), p + "ff.net.0.proj", true), false);
   return ops::add(linear(ff, p + "ff.net.2", true), h);
 }
 
-Tensor ConvNetModel::transformer2d(const Tensor& x, const Tensor& context, const std::string& p, const TransformerArgs& a) {
+Tensor ConvNetModel::transformer2d(const Tensor& x, const Tensor& context, const std::string& p, const TransformerArgs& a,
+                                   const Tensor& context_bias) {
   const int64_t B = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
   Tensor h = group_norm(x, p + "norm", a.groups, 1e-6);
   h = ops::reshape(ops::permute(h, {0, 2, 3, 1}), {B, H * W, C});
@@ -142,8 +144,9 @@ Tensor ConvNetModel::transformer2d(const Tensor& x, const Tensor& context, const
   for (int64_t k = 0; k < a.depth; ++k) {
     const std::string block = p + "transformer_blocks." + std::to_string(k) + ".";
     const int64_t heads = a.heads;
-    h = run_unit([this, block, heads](const Tensor& t, const Tensor& c) { return transformer_block(t, c, block, heads); },
-                 h, context);
+    h = run_unit([this, block, heads, context_bias](const Tensor& t, const Tensor& c) {
+      return transformer_block(t, c, block, heads, context_bias);
+    }, h, context);
   }
   h = ops::linear(h, linear_weight(p + "proj_out"), param(p + "proj_out.bias"), ops::Activation::None);
   h = ops::permute(ops::reshape(h, {B, H, W, C}), {0, 3, 1, 2});
@@ -154,7 +157,7 @@ Tensor ConvNetModel::spatial_attention(const Tensor& x, const std::string& p, in
   const int64_t B = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
   Tensor h = group_norm(x, p + "group_norm", groups, eps);
   h = ops::reshape(ops::permute(h, {0, 2, 3, 1}), {B, H * W, C});
-  h = attention(h, h, p, 1, true);
+  h = attention(h, h, p, 1, true, nullptr);
   h = ops::permute(ops::reshape(h, {B, H, W, C}), {0, 3, 1, 2});
   return ops::add(h, x);
 }

@@ -75,9 +75,12 @@ class ConvNetModel : public Model {
     bool linear_projection = true;
   };
   // x [B, C, H, W], context [B, T, cross_attention_dim]; each BasicTransformerBlock is a unit.
-  Tensor transformer2d(const Tensor& x, const Tensor& context, const std::string& prefix, const TransformerArgs& a);
+  // context_bias: null, or an additive [B, 1, 1, T] bias of the cross-attention scores.
+  Tensor transformer2d(const Tensor& x, const Tensor& context, const std::string& prefix, const TransformerArgs& a,
+                       const Tensor& context_bias);
   // One BasicTransformerBlock on tokens [B, HW, C].
-  Tensor transformer_block(const Tensor& x, const Tensor& context, const std::string& prefix, int64_t heads) const;
+  Tensor transformer_block(const Tensor& x, const Tensor& context, const std::string& prefix, int64_t heads,
+                           const Tensor& context_bias) const;
   // The VAE mid block's single-head attention over the positions of x [B, C, H, W].
   Tensor spatial_attention(const Tensor& x, const std::string& prefix, int64_t groups, double eps) const;
 
@@ -89,7 +92,8 @@ class ConvNetModel : public Model {
  private:
   // prefix.weight of a Linear, or of a 1x1 Conv2d viewed as one.
   Tensor linear_weight(const std::string& prefix) const;
-  Tensor attention(const Tensor& x, const Tensor& context, const std::string& prefix, int64_t heads, bool qkv_bias) const;
+  Tensor attention(const Tensor& x, const Tensor& context, const std::string& prefix, int64_t heads, bool qkv_bias,
+                   const Tensor& bias) const;
 
   int64_t unit_index_ = 0;
 };

@@ -208,6 +208,27 @@ TEST_F(ModelsConv, UNetInputErrorsNameTheInput) {
   EXPECT_NE(std::string(flame_last_error_message()).find("class_labels"), std::string::npos) << flame_last_error_message();
 }
 
+TEST_F(ModelsConv, UNetEncoderAttentionMask) {
+  Fixture f;
+  ASSERT_TRUE(make(ctx, f, "UNet2DConditionModel", kUnetSdxl));
+  f.randn(ctx, "sample", {2, 4, 8, 8});
+  f.ints(ctx, "timestep", {1, 2});
+  f.randn(ctx, "encoder_hidden_states", {2, 7, 40});
+  f.randn(ctx, "text_embeds", {2, 24});
+  f.randn(ctx, "time_ids", {2, 6});
+  flame_tensor_t mask = nullptr;
+  const std::vector<int64_t> keep = {1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1};  // [2, 6]: one token short
+  const int64_t shape[2] = {2, 6};
+  FLAME_ASSERT_OK(flame_from_host(ctx, keep.data(), keep.size() * 8, shape, 2, FLAME_DTYPE_I64, &mask));
+  f.owned.push_back(mask);
+  FLAME_ASSERT_OK(flame_params_add(f.inputs, "encoder_attention_mask", mask));
+  flame_params_t out = nullptr;
+  FLAME_EXPECT_STATUS(flame_model_forward(f.model, f.inputs, &out), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flame_last_error_message()).find("encoder_attention_mask"), std::string::npos)
+      << flame_last_error_message();
+  EXPECT_EQ(out, nullptr);
+}
+
 TEST_F(ModelsConv, AutoencoderEncodeDecodeShapesAndCheckpointedGradients) {
   for (bool flux : {false, true}) {
     SCOPED_TRACE(flux ? "16 channels" : "4 channels");

@@ -154,7 +154,7 @@ def _t5_relu_mask():
     return t5_case("relu", True)
 
 
-def unet_case(sdxl):
+def unet_case(sdxl, mask=False):
     from diffusers import UNet2DConditionModel
     g = torch.Generator().manual_seed(2)
     B, T = 2, 7
@@ -185,11 +185,17 @@ def unet_case(sdxl):
     if sdxl:
         inputs["text_embeds"] = torch.randn(B, 24, generator=g)
         inputs["time_ids"] = torch.randint(0, 64, (B, 6), generator=g).float()
+    if mask:  # padding tokens the cross-attention skips
+        keep = torch.ones(B, T, dtype=torch.int64)
+        keep[0, 4:] = 0
+        inputs["encoder_attention_mask"] = keep
 
     def forward(m, x):
         extra = {}
         if sdxl:
             extra["added_cond_kwargs"] = {"text_embeds": x["text_embeds"], "time_ids": x["time_ids"]}
+        if mask:
+            extra["encoder_attention_mask"] = x["encoder_attention_mask"]
         return {"sample": m(x["sample"], x["timestep"], x["encoder_hidden_states"], **extra).sample}
 
     return dict(arch="UNet2DConditionModel", config=cfg, model=model, inputs=inputs, forward=forward)
@@ -203,6 +209,11 @@ def _unet_sdxl_tiny():
 @case("unet_sd15_tiny")
 def _unet_sd15_tiny():
     return unet_case(False)
+
+
+@case("unet_sd15_mask_tiny")
+def _unet_sd15_mask_tiny():
+    return unet_case(False, mask=True)
 
 
 def vae_case(latent_channels):
