@@ -7,6 +7,8 @@ const std::vector<ModelFactory>& model_factories() {
   static const std::vector<ModelFactory> kFactories = {
       {"CLIPTextModel", create_clip_text_model},
       {"CLIPTextModelWithProjection", create_clip_text_model_with_projection},
+      {"FluxTransformer2DModel", create_flux_transformer},
+      {"SD3Transformer2DModel", create_sd3_transformer},
   };
   return kFactories;
 }

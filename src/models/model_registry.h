@@ -22,5 +22,7 @@ const std::vector<ModelFactory>& model_factories();
 std::shared_ptr<Model> create_clip_text_model(Context& ctx, const nlohmann::json& config, const ModelOptions& options);
 std::shared_ptr<Model> create_clip_text_model_with_projection(Context& ctx, const nlohmann::json& config,
                                                               const ModelOptions& options);
+std::shared_ptr<Model> create_flux_transformer(Context& ctx, const nlohmann::json& config, const ModelOptions& options);
+std::shared_ptr<Model> create_sd3_transformer(Context& ctx, const nlohmann::json& config, const ModelOptions& options);
 
 }  // namespace flame::models
