@@ -1998,7 +1998,8 @@ FLAME_API void flame_dp_release(flame_dp_t dp);
 /* ============================== Models ============================== */
 /* A flame_model_t is a diffusion or text-encoder architecture built from FLAME's operations, with
  * the parameters and the forward pass of the reference implementation it is named after (diffusers'
- * or transformers' class: "CLIPTextModel", "CLIPTextModelWithProjection"; the list grows with
+ * or transformers' class: "CLIPTextModel", "CLIPTextModelWithProjection", "FluxTransformer2DModel",
+ * "SD3Transformer2DModel"; the list grows with
  * releases: flame_model_known_architectures). A program drives every architecture the same way:
  *  - parameters are ordinary tensors under the reference's state_dict names, in its order
  *    (flame_model_params): optimizers, hooks, freezing (flame_tensor_set_requires_grad), LoRA and
@@ -2107,6 +2108,19 @@ FLAME_API flame_status_t flame_model_params(flame_model_t model, flame_params_t*
  *   for latent_sample. The config's scaling_factor / shift_factor are not applied: as with
  *   diffusers, the caller scales latents ((latent - shift_factor) * scaling_factor) and unscales
  *   them before decoding.
+ *   FluxTransformer2DModel (Flux.1 dev / schnell; parameters under diffusers' unfused names):
+ *   hidden_states [B, L, in_channels] (packed 2x2 latent patches), encoder_hidden_states [B, T,
+ *   joint_attention_dim], pooled_projections [B, pooled_projection_dim], timestep [B] or a scalar
+ *   (in [0, 1]: multiplied by 1000 inside, as diffusers does), img_ids [L, 3] and txt_ids [T, 3]
+ *   (RoPE position ids, float or integer; of a [batch, n, 3] tensor the first is used), and with
+ *   guidance_embeds guidance [B] or a scalar (also times 1000). Output: sample [B, L, patch_size^2
+ *   * out_channels].
+ *   SD3Transformer2DModel (SD3, and SD3.5 with qk_norm "rms_norm" and dual_attention_layers):
+ *   hidden_states [B, in_channels, H, W] (H / patch_size and W / patch_size at most
+ *   pos_embed_max_size), encoder_hidden_states [B, T, joint_attention_dim], pooled_projections
+ *   [B, pooled_projection_dim], timestep [B] or a scalar (0..1000, not rescaled). Output: sample
+ *   [B, out_channels, H, W]. Its parameter "pos_embed.pos_embed" (the sin-cos position table, a
+ *   buffer in diffusers' state_dict) does not require grad.
  * OUT *outputs: NULL on any error.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model, inputs or outputs NULL; a required input missing, an
  * unknown input name, an input of another context, a shape or dtype the architecture cannot take:

@@ -1,14 +1,15 @@
 // Flux transformer checkpoints: which layout a key list is in, the configuration its shapes imply,
 // and the mapping between Black Forest Labs' original names and diffusers' names.
 //
-// FLAME's Flux model keeps the original (BFL) tensors, fused as they are stored: one QKV projection
-// per stream of a double block, and one `linear1` per single block holding q, k, v and the MLP's
-// input projection ([3 * inner + mlp_hidden, inner]). Diffusers splits those into to_q / to_k /
-// to_v / add_*_proj / proj_mlp, and stores the final modulation with its two halves swapped
-// ([scale; shift] where BFL has [shift; scale]). Every diffusers parameter is therefore a range of
-// rows of one original tensor, possibly with its halves swapped: flux_parameter_map lists them, and
-// the two directions of conversion (and reading a gradient under a diffusers name) are that table
-// read one way or the other. The mapping follows diffusers' own converter
+// FLAME's Flux model (flux_transformer.cpp) keeps its parameters under the diffusers names,
+// unfused: to_q / to_k / to_v / add_*_proj / proj_mlp, as FluxTransformer2DModel.state_dict() holds
+// them. The original (BFL) files store them fused: one QKV projection per stream of a double block,
+// and one `linear1` per single block holding q, k, v and the MLP's input projection
+// ([3 * inner + mlp_hidden, inner]); their final modulation has its two halves swapped ([shift;
+// scale] where diffusers has [scale; shift]). Every diffusers parameter is therefore a range of rows
+// of one original tensor, possibly with its halves swapped: flux_parameter_map lists them, and the
+// two directions of conversion (loading a BFL file into the model's parameters, saving them in BFL
+// layout) are that table read one way or the other. The mapping follows diffusers' own converter
 // (loaders/single_file_utils.py, convert_flux_transformer_checkpoint_to_diffusers).
 #pragma once
 #include <cstdint>

@@ -10,6 +10,8 @@ const std::vector<ModelFactory>& model_factories() {
       {"T5EncoderModel", create_t5_encoder_model},
       {"UNet2DConditionModel", create_unet2d_condition_model},
       {"AutoencoderKL", create_autoencoder_kl},
+      {"FluxTransformer2DModel", create_flux_transformer},
+      {"SD3Transformer2DModel", create_sd3_transformer},
   };
   return kFactories;
 }

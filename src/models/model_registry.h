@@ -26,5 +26,7 @@ std::shared_ptr<Model> create_t5_encoder_model(Context& ctx, const nlohmann::jso
 
 std::shared_ptr<Model> create_unet2d_condition_model(Context& ctx, const nlohmann::json& config, const ModelOptions& options);
 std::shared_ptr<Model> create_autoencoder_kl(Context& ctx, const nlohmann::json& config, const ModelOptions& options);
+std::shared_ptr<Model> create_flux_transformer(Context& ctx, const nlohmann::json& config, const ModelOptions& options);
+std::shared_ptr<Model> create_sd3_transformer(Context& ctx, const nlohmann::json& config, const ModelOptions& options);
 
 }  // namespace flame::models

@@ -48,8 +48,10 @@ def add_noise(model, scale=0.02, seed=1):
 # Each returns a dict: arch (FLAME's architecture name), config (config.json's object), model (the
 # reference module), inputs (name -> CPU tensor), forward (fn(model, inputs on the GPU) -> dict of
 # the outputs compared), and optionally rename (reference state_dict name -> FLAME's parameter name)
-# drop (state_dict names of tied aliases FLAME keeps once), and zero_grads (substrings of parameters whose gradient is zero in exact arithmetic: both sides
-# must be within 1e-6 of the case's largest gradient there, since either holds only rounding noise).
+# drop (state_dict names of tied aliases FLAME keeps once), zero_grads (substrings of parameters
+# whose gradient is zero in exact arithmetic: both sides must be within 1e-6 of the case's largest
+# gradient there, since either holds only rounding noise), and tolerances (substring of a compared
+# name -> a looser tolerance, each with its reason).
 
 def clip_case(with_projection, hidden_act, eos_token_id, use_mask):
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
@@ -257,6 +259,82 @@ def _vae16_tiny():
     return vae_case(16)
 
 
+# Flux: FluxTransformer2DModel (diffusers), packed latents with 3-axis position ids. guidance * 1000
+# feeds a sinusoid, so the guidance embedder's gradients carry f32 rounding of large angles
+# (../shared/reference/README.md): those tensors get 1e-3.
+def flux_case(guidance_embeds, int_ids):
+    from diffusers import FluxTransformer2DModel
+    cfg = dict(patch_size=1, in_channels=16, out_channels=None, num_layers=2, num_single_layers=2,
+               attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24, pooled_projection_dim=20,
+               guidance_embeds=guidance_embeds, axes_dims_rope=[4, 6, 6])
+    model = FluxTransformer2DModel(**cfg)
+    add_noise(model)
+    g = torch.Generator().manual_seed(2)
+    B, h, w, T = 2, 4, 3, 5
+    img_ids = torch.zeros(h, w, 3)
+    img_ids[..., 1] = torch.arange(h)[:, None]
+    img_ids[..., 2] = torch.arange(w)[None, :]
+    img_ids = img_ids.reshape(h * w, 3)
+    txt_ids = torch.zeros(T, 3)
+    if int_ids:
+        img_ids, txt_ids = img_ids.long(), txt_ids.long()
+    inputs = {"hidden_states": torch.randn(B, h * w, 16, generator=g),
+              "encoder_hidden_states": torch.randn(B, T, 24, generator=g),
+              "pooled_projections": torch.randn(B, 20, generator=g),
+              "timestep": torch.tensor([0.25, 0.8]), "img_ids": img_ids, "txt_ids": txt_ids}
+    if guidance_embeds:
+        inputs["guidance"] = torch.tensor([3.5, 2.0])
+
+    def forward(m, x):
+        return {"sample": m(**x).sample}
+
+    return dict(arch="FluxTransformer2DModel", config=cfg, model=model, inputs=inputs, forward=forward,
+                tolerances={"guidance_embedder": 1e-3, "grad_input.guidance": 1e-3})
+
+
+@case("flux_tiny")
+def _flux_tiny():
+    return flux_case(True, False)
+
+
+@case("flux_schnell_tiny")
+def _flux_schnell_tiny():
+    return flux_case(False, True)
+
+
+# SD3 / SD3.5: SD3Transformer2DModel (diffusers) on a non-square latent smaller than
+# pos_embed_max_size (the cropped table); SD3.5 adds QK RMS norms and dual attention, here on the
+# first layer and on the last (context_pre_only) one.
+def sd3_case(qk_norm, dual_attention_layers):
+    from diffusers import SD3Transformer2DModel
+    cfg = dict(sample_size=8, patch_size=2, in_channels=4, num_layers=3, attention_head_dim=8, num_attention_heads=4,
+               joint_attention_dim=24, caption_projection_dim=32, pooled_projection_dim=20, out_channels=4,
+               pos_embed_max_size=12, dual_attention_layers=dual_attention_layers, qk_norm=qk_norm)
+    model = SD3Transformer2DModel(**cfg)
+    add_noise(model)
+    g = torch.Generator().manual_seed(2)
+    B, T = 2, 5
+    inputs = {"hidden_states": torch.randn(B, 4, 8, 12, generator=g),
+              "encoder_hidden_states": torch.randn(B, T, 24, generator=g),
+              "pooled_projections": torch.randn(B, 20, generator=g),
+              "timestep": torch.tensor([500.0, 125.5])}
+
+    def forward(m, x):
+        return {"sample": m(**x).sample}
+
+    return dict(arch="SD3Transformer2DModel", config=cfg, model=model, inputs=inputs, forward=forward)
+
+
+@case("sd3_tiny")
+def _sd3_tiny():
+    return sd3_case(None, [])
+
+
+@case("sd35_tiny")
+def _sd35_tiny():
+    return sd3_case("rms_norm", [0, 2])
+
+
 # ---- the comparison ----
 
 def rel_err(a, b, floor):
@@ -276,6 +354,7 @@ def run_case(name, tool, workdir, checkpoint, tol, via):
     rename = c.get("rename", lambda n: n)
     zero_grads = c.get("zero_grads", [])
     drop = set(c.get("drop", []))  # tied aliases the state_dict lists twice
+    tolerances = c.get("tolerances", {})  # substring of a tensor's name -> its tolerance, where looser
     model = model.float().cuda().train(False)
     d = os.path.join(workdir, name)
     os.makedirs(d, exist_ok=True)
@@ -348,8 +427,9 @@ def run_case(name, tool, workdir, checkpoint, tol, via):
         e = rel_err(got[k], v, floor)
         if e > worst[0]:
             worst = (e, k)
-        if e > tol:
-            print(f"[{name}] FAIL: {k} rel err {e:.3e} > {tol:.0e}")
+        k_tol = max([tol] + [t for sub, t in tolerances.items() if sub in k])
+        if e > k_tol:
+            print(f"[{name}] FAIL: {k} rel err {e:.3e} > {k_tol:.0e}")
             ok = False
         elif e > 1e-6:
             print(f"[{name}]       {k} rel err {e:.3e}")
