@@ -18,7 +18,7 @@
 #include <cmath>
 #include <string>
 #include <vector>
-#include "autograd/graph.h"
+#include "tensor/autograd_graph.h"
 #include "core/error.h"
 #include "core/shape.h"
 #include "models/mmdit_blocks.h"
