@@ -9,7 +9,7 @@
  *            (default: the loader's choice, bf16 for 16-bit files). Without --model the program is
  *            self-contained: it makes a tiny CLIPTextModel and a tiny SDXL-shaped
  *            UNet2DConditionModel (flame_model_create, small configs), writes each as a diffusers
- *            model folder under a temporary directory (config.json with "_class_name", then the
+ *            model folder under a temporary directory (config.json naming the class, then the
  *            weights through flame_model_save), loads them back with flame_model_load (options
  *            {"architecture": ..., "config": ...}), trains both and removes the folder.
  *   train    --train attention (default): the attention projections' weights (to_q / to_k / to_v /
@@ -429,7 +429,7 @@ static flame_tensor_t step_loss(check* s, flame_ctx_t ctx, flame_model_t model, 
   if (s->st != FLAME_OK) return NULL;
   if (!strcmp(arch, "AutoencoderKL")) {
     /* reconstruction: z = mean + exp(logvar / 2) * noise, decoded, against the image */
-    flame_tensor_t mean = NULL, logvar = NULL, half, sd, noise, scaled, z, image = NULL;
+    flame_tensor_t mean = NULL, logvar = NULL, mean32, logvar32, half, sd, noise, scaled, z, image = NULL;
     flame_params_t latent = NULL;
     int64_t shape[4] = {0};
     check_fail(s, flame_params_find(out, "latent_mean", &mean), "flame_params_find(latent_mean)");
@@ -437,11 +437,13 @@ static flame_tensor_t step_loss(check* s, flame_ctx_t ctx, flame_model_t model, 
     check_fail(s, flame_params_find(inputs, "sample", &image), "flame_params_find(sample)");
     if (s->st == FLAME_OK && (!mean || !logvar)) check_fail(s, FLAME_ERROR_INVALID_ARGUMENT, "AutoencoderKL outputs (no latent_mean / latent_logvar)");
     if (s->st == FLAME_OK) check_fail(s, flame_tensor_shape(mean, shape, 4), "flame_tensor_shape");
-    DO(s, half, flame_mul_scalar(logvar, 0.5, &half));
+    DO(s, mean32, flame_to_dtype(mean, FLAME_DTYPE_F32, &mean32));
+    DO(s, logvar32, flame_to_dtype(logvar, FLAME_DTYPE_F32, &logvar32));
+    DO(s, half, flame_mul_scalar(logvar32, 0.5, &half));
     DO(s, sd, flame_exp(half, &sd));
     DO(s, noise, flame_randn(ctx, shape, 4, FLAME_DTYPE_F32, &noise));
     DO(s, scaled, flame_mul(sd, noise, &scaled));
-    DO(s, z, flame_add(mean, scaled, &z));
+    DO(s, z, flame_add(mean32, scaled, &z));
     if (s->st == FLAME_OK) check_fail(s, flame_params_create(ctx, &latent), "flame_params_create");
     if (s->st == FLAME_OK) check_fail(s, flame_params_add(latent, "latent_sample", z), "flame_params_add");
     if (s->st == FLAME_OK) check_fail(s, flame_model_forward(model, latent, &decoded), "flame_model_forward(decode)");
@@ -658,10 +660,14 @@ static int tiny_model_round_trip(flame_ctx_t ctx, const char* dir, const char* n
     fprintf(stderr, "model_train_step: flame_model_config failed: %s\n", flame_last_error_message());
     goto done;
   }
-  /* config.json as diffusers writes it: the complete config with "_class_name" first */
+  /* config.json as the reference libraries write it: the complete config, naming its class
+   * ("_class_name" for diffusers, "architectures" for transformers; added when missing) */
   class_config = (char*)malloc(strlen(full) + strlen(arch) + 32);
   if (!class_config || full[0] != '{') goto done;
-  sprintf(class_config, "{\"_class_name\": \"%s\"%s%s", arch, full[1] == '}' ? "" : ", ", full + 1);
+  if (json_value(full, "_class_name") || json_value(full, "architectures"))
+    strcpy(class_config, full);
+  else
+    sprintf(class_config, "{\"_class_name\": \"%s\"%s%s", arch, full[1] == '}' ? "" : ", ", full + 1);
   if (make_folder(folder) || write_text(config_path, class_config)) goto done;
   if (flame_model_save(made, weights_path, NULL) != FLAME_OK) {
     fprintf(stderr, "model_train_step: flame_model_save(%s) failed: %s\n", weights_path, flame_last_error_message());
