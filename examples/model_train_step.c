@@ -76,6 +76,14 @@
 #define EXIT_NO_GPU 2
 #define MAX_INPUT_DIMS 8
 
+/* Records a failure found by this program (not by the library) with its own message. */
+static void fail_here(check* s, flame_status_t st, const char* what) {
+  if (s->st != FLAME_OK) return;
+  s->st = st;
+  s->where = "a check of the example";
+  snprintf(s->msg, sizeof s->msg, "%s", what);
+}
+
 typedef struct config {
   const char* model;     /* NULL: self-contained (tiny models) */
   const char* component; /* pipeline folders and multi-component single files */
@@ -205,7 +213,7 @@ static void add_token_ids(check* s, flame_ctx_t ctx, flame_params_t inputs, int6
   int64_t shape[2] = {1, tokens}, i;
   int64_t* ids = (int64_t*)malloc((size_t)tokens * sizeof *ids);
   if (!ids) {
-    check_fail(s, FLAME_ERROR_OUT_OF_MEMORY, "malloc(input_ids)");
+    fail_here(s, FLAME_ERROR_OUT_OF_MEMORY, "out of host memory for input_ids");
     return;
   }
   for (i = 0; i < tokens; ++i) ids[i] = (i * 7919 + 13) % vocab;
@@ -260,7 +268,7 @@ static int flux_inputs(check* s, flame_ctx_t ctx, const char* json, const config
   if (!img_ids || !txt_ids) {
     free(img_ids);
     free(txt_ids);
-    check_fail(s, FLAME_ERROR_OUT_OF_MEMORY, "calloc(img_ids)");
+    fail_here(s, FLAME_ERROR_OUT_OF_MEMORY, "out of host memory for img_ids / txt_ids");
     return 0;
   }
   for (i = 0; i < seq; ++i) {
@@ -359,7 +367,7 @@ static void take_snapshot(check* s, flame_ctx_t ctx, flame_tensor_t t, snapshot*
   if (s->st != FLAME_OK) return;
   snap->values = (float*)malloc((size_t)snap->numel * sizeof(float));
   if (!snap->values) {
-    check_fail(s, FLAME_ERROR_OUT_OF_MEMORY, "malloc(snapshot)");
+    fail_here(s, FLAME_ERROR_OUT_OF_MEMORY, "out of host memory for a parameter's copy");
     return;
   }
   begin_scope(s, ctx, &scope);
@@ -435,7 +443,7 @@ static flame_tensor_t step_loss(check* s, flame_ctx_t ctx, flame_model_t model, 
     check_fail(s, flame_params_find(out, "latent_mean", &mean), "flame_params_find(latent_mean)");
     check_fail(s, flame_params_find(out, "latent_logvar", &logvar), "flame_params_find(latent_logvar)");
     check_fail(s, flame_params_find(inputs, "sample", &image), "flame_params_find(sample)");
-    if (s->st == FLAME_OK && (!mean || !logvar)) check_fail(s, FLAME_ERROR_INVALID_ARGUMENT, "AutoencoderKL outputs (no latent_mean / latent_logvar)");
+    if (s->st == FLAME_OK && (!mean || !logvar)) fail_here(s, FLAME_ERROR_INVALID_ARGUMENT, "the AutoencoderKL forward pass returned no latent_mean / latent_logvar");
     if (s->st == FLAME_OK) check_fail(s, flame_tensor_shape(mean, shape, 4), "flame_tensor_shape");
     DO(s, mean32, flame_to_dtype(mean, FLAME_DTYPE_F32, &mean32));
     DO(s, logvar32, flame_to_dtype(logvar, FLAME_DTYPE_F32, &logvar32));
@@ -449,24 +457,25 @@ static flame_tensor_t step_loss(check* s, flame_ctx_t ctx, flame_model_t model, 
     if (s->st == FLAME_OK) check_fail(s, flame_model_forward(model, latent, &decoded), "flame_model_forward(decode)");
     flame_params_release(latent);
     if (s->st == FLAME_OK) check_fail(s, flame_params_find(decoded, "sample", &y), "flame_params_find(sample)");
+    if (s->st == FLAME_OK && !y) fail_here(s, FLAME_ERROR_INVALID_ARGUMENT, "the AutoencoderKL decoder returned no \"sample\"");
     DO(s, y32, flame_to_dtype(y, FLAME_DTYPE_F32, &y32));
     DO(s, loss, flame_mse_loss(y32, image, FLAME_REDUCTION_MEAN, &loss));
   } else if (text_encoder) {
     flame_tensor_t h32, sq;
     check_fail(s, flame_params_find(out, "last_hidden_state", &y), "flame_params_find(last_hidden_state)");
-    if (s->st == FLAME_OK && !y) check_fail(s, FLAME_ERROR_INVALID_ARGUMENT, "the forward pass returned no last_hidden_state");
+    if (s->st == FLAME_OK && !y) fail_here(s, FLAME_ERROR_INVALID_ARGUMENT, "the forward pass returned no last_hidden_state");
     DO(s, h32, flame_to_dtype(y, FLAME_DTYPE_F32, &h32));
     DO(s, sq, flame_square(h32, &sq));
     DO(s, loss, flame_mean(sq, NULL, 0, 0, &loss));
   } else {
     check_fail(s, flame_params_find(out, "sample", &y), "flame_params_find(sample)");
-    if (s->st == FLAME_OK && !y) check_fail(s, FLAME_ERROR_INVALID_ARGUMENT, "the forward pass returned no \"sample\"");
+    if (s->st == FLAME_OK && !y) fail_here(s, FLAME_ERROR_INVALID_ARGUMENT, "the forward pass returned no \"sample\"");
     DO(s, y32, flame_to_dtype(y, FLAME_DTYPE_F32, &y32));
     if (s->st == FLAME_OK && !*target) {
       int64_t shape[MAX_INPUT_DIMS];
       int32_t nd = 0;
       check_fail(s, flame_tensor_ndim(y32, &nd), "flame_tensor_ndim");
-      if (s->st == FLAME_OK && nd > MAX_INPUT_DIMS) check_fail(s, FLAME_ERROR_SHAPE_MISMATCH, "the output has too many dims");
+      if (s->st == FLAME_OK && nd > MAX_INPUT_DIMS) fail_here(s, FLAME_ERROR_SHAPE_MISMATCH, "the output \"sample\" has more than 8 dims");
       if (s->st == FLAME_OK) check_fail(s, flame_tensor_shape(y32, shape, nd), "flame_tensor_shape");
       DO(s, *target, flame_randn(ctx, shape, nd, FLAME_DTYPE_F32, target));
       if (s->st == FLAME_OK) check_fail(s, flame_scope_keep(scope, *target), "flame_scope_keep");
@@ -502,7 +511,7 @@ static int train_model(flame_ctx_t ctx, flame_model_t model, const config* cfg, 
   if (s.st != FLAME_OK) goto done;
   trained = (flame_tensor_t*)malloc((size_t)(count > 0 ? count : 1) * sizeof *trained);
   if (!trained) {
-    check_fail(&s, FLAME_ERROR_OUT_OF_MEMORY, "malloc(trained)");
+    fail_here(&s, FLAME_ERROR_OUT_OF_MEMORY, "out of host memory for the parameter list");
     goto done;
   }
   select_trained(&s, params, count, !strcmp(cfg->train, "attention"), trained, &n_trained, &frozen, &first_trained);
@@ -563,7 +572,7 @@ static int train_model(flame_ctx_t ctx, flame_model_t model, const config* cfg, 
     const int64_t drift = fixed.values ? count_changed(&s, ctx, &fixed) : 0;
     if (s.st != FLAME_OK) goto done;
     printf("%s: %lld of %lld elements of %s changed; frozen parameters unchanged: %s\n", label, (long long)changed,
-           (long long)moved.numel, first_trained, drift == 0 ? "yes" : "NO");
+           (long long)moved.numel, first_trained, !fixed.values ? "none frozen" : drift == 0 ? "yes" : "NO");
     if (changed == 0 || drift != 0) {
       fprintf(stderr, "model_train_step: %s: CLAIM FAILED: %s\n", label,
               changed == 0 ? "the trained parameter did not change" : "a frozen parameter changed");
