@@ -9,7 +9,8 @@
 #   build     Release build of everything the parts need (library, examples, test programs, bench),
 #             -j$(nproc); reused when build/ is already there (a warm machine keeps it)
 #   gtest     the single-GPU gtest suite in $SHARDS (4) parallel shards, FLAME_REQUIRE_GPU=1
-#   examples  ctest -L examples (each example's claim), then every example with --help
+#   examples  ctest -L examples (each example's claim), then every example with --help;
+#             model_train_step in bf16 with checkpointing and --save
 #   models    tests/models/check_model_keys.py against diffusers (needs .ref/diffusers, carried;
 #             ../shared/reference/README.md); writes the reference lists to $OUT/models/
 #   parity    tests/parity/run_parity.py, optimizer parity
@@ -53,6 +54,13 @@ if has_part examples; then
   timeout 400 ctest --test-dir build -L examples -j4 --output-on-failure > "$OUT/examples.log" 2>&1
   say "ctest -L examples rc=$? $(grep -E 'tests passed|tests failed' "$OUT/examples.log")"
   grep -E "Failed|\*\*\*" "$OUT/examples.log" | head -20
+  # model_train_step's claim in its other configuration (ctest runs the f32 default): the tiny
+  # models in bf16 with checkpointing of every block and --save; every loss finite, trained
+  # parameters moved, frozen ones not (exit 0)
+  timeout 120 build/examples/model_train_step --steps 3 --dtype bf16 --checkpoint 1 \
+    --save build/model_train_step_unet.safetensors > "$OUT/model_train_step.log" 2>&1
+  say "model_train_step bf16 checkpointed rc=$? ($(grep -c ' step [0-9]*/3: loss' "$OUT/model_train_step.log") of 6 steps logged)"
+  grep -E " step |CLAIM|failed|changed" "$OUT/model_train_step.log" | head -12
 fi
 
 if has_part models; then
