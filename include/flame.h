@@ -2055,12 +2055,10 @@ FLAME_API flame_status_t flame_model_create(flame_ctx_t ctx, const char* archite
 FLAME_API flame_status_t flame_model_load(flame_ctx_t ctx, const char* path, const char* options_json, flame_model_t* model);
 
 /* Writes the model's parameters to one safetensors file at path (atomic replacement, as
- * flame_params_save_safetensors) in layout "diffusers" (NULL: the reference's names, as
- * flame_model_params lists them) or "original" (the single-file names of the architecture's original
- * release, without a component prefix: BFL for Flux, SGM for the SDXL UNet, LDM for the VAE, OpenCLIP
- * for CLIPTextModelWithProjection; fused tensors are joined). Waits for the device.
- * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or path NULL, an unknown layout), FLAME_ERROR_UNSUPPORTED
- * ("original" for an architecture whose original names equal diffusers' or are not known),
+ * flame_params_save_safetensors) in layout "diffusers" (or NULL): the reference's names, as
+ * flame_model_params lists them, which diffusers' from_pretrained / from_single_file and
+ * flame_model_load read back. Waits for the device.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or path NULL, a layout other than "diffusers"),
  * FLAME_ERROR_IO, FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA. */
 FLAME_API flame_status_t flame_model_save(flame_model_t model, const char* path, const char* layout);
 

@@ -155,18 +155,14 @@ FLAME_API flame_status_t flame_model_save(flame_model_t model, const char* path,
     flame_model_s& m = model_of(model);
     FLAME_CHECK(path, FLAME_ERROR_INVALID_ARGUMENT, "path is NULL");
     const std::string kind = layout ? layout : "diffusers";
-    FLAME_CHECK(kind == "diffusers" || kind == "original", FLAME_ERROR_INVALID_ARGUMENT, "layout \"", kind,
-                "\" is neither \"diffusers\" nor \"original\"");
+    FLAME_CHECK(kind == "diffusers", FLAME_ERROR_INVALID_ARGUMENT, "layout \"", kind,
+                "\" is not \"diffusers\", the one layout flame_model_save writes");
     ContextScope scope(*m.ctx);
     m.ctx->check_alive();
     m.ctx->forbid_in_capture("writing a safetensors file");
     models::NamedTensors entries;
-    if (kind == "original") {
-      entries = m.model->original_layout();
-    } else {
-      const models::ParamStore& store = m.model->params();
-      for (size_t i = 0; i < store.size(); ++i) entries.emplace_back(store.names()[i], store.tensors()[i]);
-    }
+    const models::ParamStore& store = m.model->params();
+    for (size_t i = 0; i < store.size(); ++i) entries.emplace_back(store.names()[i], store.tensors()[i]);
     std::vector<std::string> names;
     std::vector<Tensor> tensors;
     for (auto& [n, t] : entries) {

@@ -133,10 +133,6 @@ NamedTensors Model::forward(const NamedTensors& inputs) {
   return run(inputs);
 }
 
-NamedTensors Model::original_layout() const {
-  fail(FLAME_ERROR_UNSUPPORTED, class_name_, " has no original layout other than diffusers' names: save it as \"diffusers\"");
-}
-
 void Model::initialize() {
   // Linear / conv weights N(0, 0.02) (transformers' initializer_range), norm scales 1, biases and
   // everything else 0: the distributions the reference classes use, up to their per-layer scales.

@@ -86,11 +86,6 @@ class Model : public std::enable_shared_from_this<Model> {
   // (FLAME_ERROR_INVALID_ARGUMENT naming it), then calls run().
   NamedTensors forward(const NamedTensors& inputs);
 
-  // The parameters under the original release's single-file names (no component prefix), fused
-  // tensors joined: what flame_model_save writes for layout "original". The default fails with
-  // FLAME_ERROR_UNSUPPORTED: architectures whose original names differ override it.
-  virtual NamedTensors original_layout() const;
-
   // Fills every parameter with the reference class's default initialisation distribution family
   // (normal weights, unit norm scales, zero biases; documented per model), drawn from the context's
   // generator. Used by flame_model_create.

@@ -6,9 +6,14 @@
 #include <map>
 #include <set>
 #include "core/error.h"
+#include "models/architecture.h"
 #include "models/checkpoint_files.h"
+#include "models/clip_keys.h"
 #include "models/flux_keys.h"
+#include "models/sd3_keys.h"
+#include "models/t5_keys.h"
 #include "models/unet_keys.h"
+#include "models/vae_keys.h"
 #include "ops/ops.h"
 
 namespace flame::models {
@@ -21,12 +26,14 @@ bool is_directory(const std::string& path) {
 }
 
 // Where one parameter comes from: rows [row_begin, row_begin + rows) of key's dim 0 (rows -1: all),
-// the two halves exchanged when swap_halves.
+// the two halves exchanged when swap_halves, stored transposed ([in, out] for [out, in]) when
+// transposed.
 struct ParamSource {
   std::string key;
   int64_t row_begin = 0;
   int64_t rows = -1;
   bool swap_halves = false;
+  bool transposed = false;
 };
 
 struct LoadPlan {
@@ -108,6 +115,86 @@ std::string architecture_of_config(const nlohmann::json& config, const std::stri
        " pass \"architecture\" in the options");
 }
 
+nlohmann::json sd3_config_json(const SD3Config& c) {
+  return {{"_class_name", "SD3Transformer2DModel"},
+          {"sample_size", c.sample_size},
+          {"patch_size", c.patch_size},
+          {"in_channels", c.in_channels},
+          {"num_layers", c.num_layers},
+          {"attention_head_dim", c.attention_head_dim},
+          {"num_attention_heads", c.num_attention_heads},
+          {"joint_attention_dim", c.joint_attention_dim},
+          {"caption_projection_dim", c.caption_projection_dim},
+          {"pooled_projection_dim", c.pooled_projection_dim},
+          {"out_channels", c.out_channels},
+          {"pos_embed_max_size", c.pos_embed_max_size},
+          {"qk_norm", c.qk_norm.empty() ? nlohmann::json() : nlohmann::json(c.qk_norm)},
+          {"dual_attention_layers", c.dual_attention_layers}};
+}
+
+nlohmann::json vae_config_json(const VAEConfig& c) {
+  const size_t n = c.block_out_channels.size();
+  nlohmann::json j = {{"_class_name", "AutoencoderKL"},
+                      {"in_channels", c.in_channels},
+                      {"out_channels", c.out_channels},
+                      {"down_block_types", std::vector<std::string>(n, "DownEncoderBlock2D")},
+                      {"up_block_types", std::vector<std::string>(n, "UpDecoderBlock2D")},
+                      {"block_out_channels", c.block_out_channels},
+                      {"layers_per_block", c.layers_per_block},
+                      {"latent_channels", c.latent_channels},
+                      {"norm_num_groups", c.norm_num_groups},
+                      {"sample_size", c.sample_size},
+                      {"scaling_factor", c.scaling_factor},
+                      {"use_quant_conv", c.use_quant_conv},
+                      {"use_post_quant_conv", c.use_post_quant_conv},
+                      {"mid_block_add_attention", c.mid_block_add_attention},
+                      {"force_upcast", c.force_upcast}};
+  j["shift_factor"] = c.shift_factor ? nlohmann::json(*c.shift_factor) : nlohmann::json();
+  return j;
+}
+
+nlohmann::json clip_config_json(const ClipTextConfig& c) {
+  // Stability's and BFL's files hold the encoders SD, SDXL, SD3 and Flux ship, whose config.json
+  // set eos_token_id 2 (pooling at the highest token id, transformers' legacy rule).
+  return {{"architectures", {c.with_projection ? "CLIPTextModelWithProjection" : "CLIPTextModel"}},
+          {"vocab_size", c.vocab_size},
+          {"hidden_size", c.hidden_size},
+          {"intermediate_size", c.intermediate_size},
+          {"num_hidden_layers", c.num_hidden_layers},
+          {"num_attention_heads", c.num_attention_heads},
+          {"max_position_embeddings", c.max_position_embeddings},
+          {"hidden_act", c.hidden_act},
+          {"projection_dim", c.projection_dim},
+          {"layer_norm_eps", 1e-5},
+          {"eos_token_id", 2}};
+}
+
+nlohmann::json t5_config_json(const T5Config& c) {
+  return {{"architectures", {"T5EncoderModel"}},
+          {"vocab_size", c.vocab_size},
+          {"d_model", c.d_model},
+          {"d_kv", c.d_kv},
+          {"d_ff", c.d_ff},
+          {"num_layers", c.num_layers},
+          {"num_heads", c.num_heads},
+          {"relative_attention_num_buckets", c.relative_attention_num_buckets},
+          {"relative_attention_max_distance", c.relative_attention_max_distance},
+          {"feed_forward_proj", c.feed_forward_proj},
+          {"layer_norm_epsilon", 1e-6}};
+}
+
+// The sources of a key table: each parameter's piece of its stored tensor.
+void add_table_sources(const MappedTable& table, const std::string& prefix, LoadPlan& plan) {
+  for (const MappedParameter& p : table.parameters) {
+    ParamSource s{prefix + p.original_name, p.row_begin, p.rows, p.swap_halves, p.transposed};
+    const KeyShape* stored = nullptr;
+    for (const KeyShape& k : table.original)
+      if (k.name == p.original_name) stored = &k;
+    if (stored && !stored->shape.empty() && p.row_begin == 0 && p.rows == stored->shape[0]) s.rows = -1;
+    plan.sources[p.diffusers_name] = s;
+  }
+}
+
 // Architecture, config and parameter sources of a single file's component (no config.json).
 LoadPlan plan_single_file(const CheckpointFiles& view, const nlohmann::json& options) {
   LoadPlan plan;
@@ -130,6 +217,37 @@ LoadPlan plan_single_file(const CheckpointFiles& view, const nlohmann::json& opt
     plan.config = unet_config_json(u.config);
     for (const UNetParameter& p : unet_parameters(u.config))
       plan.sources[p.diffusers_name] = {u.prefix + (u.layout == UNetLayout::Original ? p.original_name : p.diffusers_name)};
+    return plan;
+  }
+  const std::vector<ArchitectureComponent> found = detect_components(view.keys());
+  if (!found.empty() && found.front().architecture == Architecture::SD3Transformer) {
+    const SD3Checkpoint c = detect_sd3_checkpoint(view.keys());
+    plan.architecture = "SD3Transformer2DModel";
+    plan.config = sd3_config_json(c.config);
+    add_table_sources(sd3_parameter_table(c.config), c.prefix, plan);
+    return plan;
+  }
+  if (!found.empty() && found.front().architecture == Architecture::AutoencoderKL) {
+    const VAECheckpoint c = detect_vae_checkpoint(view.keys());
+    plan.architecture = "AutoencoderKL";
+    plan.config = vae_config_json(c.config);
+    add_table_sources(vae_parameter_table(c.config), c.prefix, plan);
+    return plan;
+  }
+  if (!found.empty() && (found.front().architecture == Architecture::CLIPText ||
+                         found.front().architecture == Architecture::CLIPTextWithProjection)) {
+    const ClipCheckpoint c = detect_clip_checkpoint_at(view.keys(), found.front().prefix);
+    plan.architecture = c.config.with_projection ? "CLIPTextModelWithProjection" : "CLIPTextModel";
+    plan.config = clip_config_json(c.config);
+    add_table_sources(clip_parameter_table(c.config), c.prefix, plan);
+    return plan;
+  }
+  if (!found.empty() && found.front().architecture == Architecture::T5Encoder) {
+    const T5Checkpoint c = detect_t5_checkpoint(view.keys());
+    plan.architecture = "T5EncoderModel";
+    plan.config = t5_config_json(c.config);
+    add_table_sources(t5_parameter_table(c.config), c.prefix, plan);
+    if (c.embedding_name != "shared.weight") plan.sources["shared.weight"] = {c.prefix + c.embedding_name};
     return plan;
   }
   FLAME_CHECK(options.contains("architecture"), FLAME_ERROR_INVALID_FORMAT, view.source(),
@@ -184,6 +302,7 @@ void copy_parameters(Model& model, const CheckpointFiles& view, const LoadPlan& 
                 " (parameter ", name, ")");
     const KeyShape& k = *shapes[src.key];
     std::vector<int64_t> expect = dst->shape;
+    if (src.transposed && expect.size() == 2) std::swap(expect[0], expect[1]);
     std::vector<int64_t> stored = k.shape;
     if (src.rows >= 0 && !stored.empty()) stored[0] = src.rows;
     // Linear weights stored as 1x1 convolutions ([O, I, 1, 1]) and the reverse load as their reshape.
@@ -198,7 +317,12 @@ void copy_parameters(Model& model, const CheckpointFiles& view, const LoadPlan& 
     FLAME_CHECK(same || reshaped, FLAME_ERROR_INVALID_FORMAT, view.source(), ": tensor ", src.key, " has shape ",
                 shape_str(k.shape), " but parameter ", name, " needs ", shape_str(expect),
                 src.rows >= 0 ? " (rows of a fused tensor)" : "");
-    if (src.swap_halves) {
+    if (src.transposed) {
+      FLAME_CHECK(dst->ndim() == 2, FLAME_ERROR_INTERNAL, "a transposed source for a non-matrix parameter ", name);
+      Tensor staged = ops::empty(ctx, {dst->shape[1], dst->shape[0]}, dst->dtype);
+      view.read_into(src.key, staged, src.row_begin, src.rows);
+      ops::copy_into(dst, ops::transpose(staged, 0, 1));
+    } else if (src.swap_halves) {
       const int64_t h = src.rows / 2;
       view.read_into(src.key, ops::narrow(dst, 0, 0, h), src.row_begin + h, h);
       view.read_into(src.key, ops::narrow(dst, 0, h, h), src.row_begin, h);
