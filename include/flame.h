@@ -2096,7 +2096,8 @@ FLAME_API flame_status_t flame_model_params(flame_model_t model, flame_params_t*
  *   UNet2DConditionModel (SDXL base / refiner, SD 1.5): sample [B, in_channels, H, W], timestep
  *   [B], [1] or a scalar (any number dtype), encoder_hidden_states [B, T, cross_attention_dim]; with
  *   addition_embed_type "text_time" (SDXL) also text_embeds [B, P] and time_ids [B, K] (diffusers'
- *   added_cond_kwargs; P + K * addition_time_embed_dim = projection_class_embeddings_input_dim).
+ *   added_cond_kwargs; P + K * addition_time_embed_dim = projection_class_embeddings_input_dim);
+ *   optional encoder_attention_mask [B, T] (nonzero = attend; diffusers' -10000 score bias).
  *   Output: sample [B, out_channels, H, W].
  *   AutoencoderKL (SD / SDXL 4-channel, Flux / SD3 16-channel): either or both of sample
  *   [B, in_channels, H, W] (encode) and latent_sample [B, latent_channels, h, w] (decode).
