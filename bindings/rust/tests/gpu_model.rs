@@ -71,11 +71,12 @@ fn clip_save_and_load_round_trip() {
         assert_eq!(na, nb);
         assert_eq!(ta.to_vec::<f32>().unwrap(), tb.to_vec::<f32>().unwrap(), "{na}");
     }
-    // same weights, same outputs
+    // same weights, same outputs (up to the order of reductions)
     let ids = ctx.from_slice(&[4i64, 9, 2], &[1, 3]).unwrap();
     let ya = model.forward(&[("input_ids", &ids)]).unwrap().find("last_hidden_state").unwrap().unwrap();
     let yb = loaded.forward(&[("input_ids", &ids)]).unwrap().find("last_hidden_state").unwrap().unwrap();
-    assert_eq!(ya.to_vec::<f32>().unwrap(), yb.to_vec::<f32>().unwrap());
+    let (ya, yb) = (ya.to_vec::<f32>().unwrap(), yb.to_vec::<f32>().unwrap());
+    assert!(ya.iter().zip(&yb).all(|(a, b)| (a - b).abs() <= 1e-6 + 1e-6 * b.abs()), "{ya:?} vs {yb:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
