@@ -30,7 +30,7 @@ run)
   cd "$G"
   export FLAME_LIBRARY="$G/lib/libflame.so.1" FLAME_REQUIRE_GPU=1
   export LD_LIBRARY_PATH="$G/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-  ./cpu && ./gpu --test-threads=1 && ./gpu_toolkit --test-threads=1 && ./train_mlp && ./train_cnn && ./lora_finetune
+  ./cpu && ./gpu --test-threads=1 && ./gpu_toolkit --test-threads=1 && ./gpu_model --test-threads=1 && ./train_mlp && ./train_cnn && ./lora_finetune
   # unpack unless a complete Mono is there (System.dll included: the safetensors test needs it)
   { command -v mono >/dev/null && [ -f /usr/lib/mono/4.5/System.dll ]; } || tar xzf mono.tgz -C /
   mono Tests.exe && mono TrainMlp.exe && mono TrainCnn.exe && mono LoraFinetune.exe;;

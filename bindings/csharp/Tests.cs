@@ -845,6 +845,85 @@ static class Tests
         }
     }
 
+    // ---------------------------------------------------------------- Models
+
+    const string ClipConfig = "{\"vocab_size\":100,\"hidden_size\":32,\"intermediate_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,\"max_position_embeddings\":16}";
+
+    static void CpuModelArchitectures()
+    {
+        string[] names = Model.KnownArchitectures();
+        Assert(Array.IndexOf(names, "CLIPTextModel") >= 0 && Array.IndexOf(names, "CLIPTextModelWithProjection") >= 0,
+               "known architectures: " + string.Join(", ", names));
+        Eq(Model.ParseJsonStringArray(" [ ] ").Length, 0, "empty array");
+        string[] parsed = Model.ParseJsonStringArray("[\"a\", \"b\\\"c\\\\\", \"\\u00e9\\n\"]");
+        Eq(string.Join("|", parsed), "a|b\"c\\|\u00e9\n", "escapes");
+        foreach (string bad in new[] { "", "[", "[\"a\"", "[\"a\",]", "[1]", "{}", "[\"a\"] x", "[\"\\q\"]" })
+            Assert(Model.ParseJsonStringArray(bad) == null, "accepted " + bad);
+    }
+
+    static void GpuModelClip()
+    {
+        using (var ctx = Gpu())
+        using (var s = new Scope())
+        using (var model = Model.Create(ctx, "CLIPTextModel", ClipConfig))
+        using (var ps = model.Params())
+        {
+            Eq(model.Architecture, "CLIPTextModel", "architecture");
+            Assert(model.ConfigJson.Contains("hidden_size"), "config " + model.ConfigJson);
+            var emb = ps.Find("text_model.embeddings.token_embedding.weight");
+            Assert(emb != null, "the transformers name");
+            Eq(string.Join(",", emb.Shape()), "100,32", "embedding shape");
+            model.SetTraining(true);
+            model.SetCheckpointing(1);
+            var ids = ctx.FromArray(new long[] { 1, 5, 7, 99, 3, 2, 8, 4 }, 2, 4);
+            using (var outs = model.Forward(new Dictionary<string, Tensor> { { "input_ids", ids } }))
+            {
+                var hidden = outs.Find("last_hidden_state");
+                Eq(string.Join(",", hidden.Shape()), "2,4,32", "last_hidden_state shape");
+                Eq(string.Join(",", outs.Find("pooler_output").Shape()), "2,32", "pooler_output shape");
+                hidden.SumAll().Backward();
+            }
+            for (long i = 0; i < ps.Count; ++i)
+            {
+                var p = ps.TensorAt(i);
+                var g = p.Grad;
+                Assert(g != null, ps.Name(i) + " has a gradient");
+                Eq(string.Join(",", g.Shape()), string.Join(",", p.Shape()), ps.Name(i) + " gradient shape");
+            }
+            var ge = emb.Grad.ToFloatArray();
+            bool used = false, unused = true;
+            for (int j = 0; j < 32; ++j) { used |= ge[5 * 32 + j] != 0; unused &= ge[6 * 32 + j] == 0; }
+            Assert(used && unused, "token 5 has a gradient, token 6 none");
+
+            // save and load back (one diffusers-layout file: the architecture and config as options)
+            string dir = System.IO.Path.Combine(System.IO.Path.GetTempPath(), "flame_cs_model_" + System.Diagnostics.Process.GetCurrentProcess().Id);
+            System.IO.Directory.CreateDirectory(dir);
+            string file = System.IO.Path.Combine(dir, "clip.safetensors");
+            model.Save(file, ModelLayout.Diffusers);
+            using (var loaded = Model.Load(ctx, file, "{\"architecture\":\"CLIPTextModel\",\"config\":" + ClipConfig + "}"))
+            using (var lp = loaded.Params())
+            {
+                Eq(lp.Count, ps.Count, "parameter count");
+                for (long i = 0; i < ps.Count; ++i)
+                {
+                    Eq(lp.Name(i), ps.Name(i), "name " + i);
+                    Close(lp.TensorAt(i).ToFloatArray(), ps.TensorAt(i).ToFloatArray(), ps.Name(i));
+                }
+            }
+            System.IO.Directory.Delete(dir, true);
+
+            // errors: the message names what is wrong
+            var e = Throws(() => Model.Create(ctx, "NoSuchModel"), "unknown architecture");
+            Eq(e.Status, StatusCode.InvalidArgument, "status");
+            Assert(e.Message.Contains("NoSuchModel") && e.Message.Contains("CLIPTextModel"), e.Message);
+            var mask = ctx.Ones(new long[] { 1, 3 }, DType.F32);
+            e = Throws(() => model.Forward(new Dictionary<string, Tensor> { { "attention_mask", mask } }), "missing input");
+            Eq(e.Status, StatusCode.InvalidArgument, "status");
+            Assert(e.Message.Contains("input_ids"), e.Message);
+            Eq(Throws(() => model.SetCheckpointing(-1), "negative").Status, StatusCode.InvalidArgument, "status");
+        }
+    }
+
     static int Main(string[] args)
     {
         if (args.Length == 1 && args[0] == "--load-probe")

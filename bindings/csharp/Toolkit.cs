@@ -55,6 +55,7 @@ namespace Flame
         public static readonly Action<IntPtr> Graph = h => Native.flame_graph_release(h);
         public static readonly Action<IntPtr> Lora = h => Native.flame_lora_release(h);
         public static readonly Action<IntPtr> Params = h => Native.flame_params_release(h);
+        public static readonly Action<IntPtr> Model = h => Native.flame_model_release(h);
     }
 
     // ------------------------------------------------------------------------------------------
@@ -940,6 +941,12 @@ namespace Flame
             h = new ReleasingHandle(Create(ctx), Releasers.Params);
         }
 
+        // Takes over a list the library made (an OUT handle).
+        internal Params(IntPtr owned)
+        {
+            h = new ReleasingHandle(owned, Releasers.Params);
+        }
+
         [MethodImpl(MethodImplOptions.NoInlining)]
         static unsafe IntPtr Create(Context ctx)
         {
@@ -1056,6 +1063,237 @@ namespace Flame
         public void LoadSafetensors(string path, ParamsLoad flags = ParamsLoad.Strict)
         {
             Status.Check(Native.flame_params_load_safetensors(Raw, path, (uint)flags));
+            GC.KeepAlive(this);
+        }
+    }
+
+    // ------------------------------------------------------------------------------------------
+    // Models (flame.h "Models"): one handle for every architecture; parameters and forward inputs
+    // and outputs are named Params lists. KnownArchitectures parses the library's JSON array with a
+    // small reader (Mono's profile here has no JSON library).
+    // ------------------------------------------------------------------------------------------
+
+    /// <summary>The parameter names Model.Save writes.</summary>
+    public enum ModelLayout
+    {
+        /// <summary>The reference's names (diffusers / transformers), as Model.Params lists them.</summary>
+        Diffusers,
+        /// <summary>The single-file names of the architecture's original release (BFL for Flux, SGM for
+        /// the SDXL UNet, LDM for the VAE, OpenCLIP for CLIPTextModelWithProjection).</summary>
+        Original,
+    }
+
+    /// <summary>A diffusion or text-encoder model (flame_model_t): the architecture of diffusers' or
+    /// transformers' class of that name, made from a config or loaded from checkpoint files. Its
+    /// parameters are ordinary tensors under the reference's names; its forward pass takes and
+    /// returns named tensors and is recorded for backward:
+    /// <code>
+    /// using (var m = Model.Create(ctx, "CLIPTextModel", configJson))
+    /// using (var outs = m.Forward(new Dictionary&lt;string, Tensor&gt; { { "input_ids", ids } }))
+    ///     outs.Find("last_hidden_state").SumAll().Backward();
+    /// </code>
+    /// Use a model from one thread at a time; it keeps its context alive.</summary>
+    public sealed class Model : IDisposable
+    {
+        readonly ReleasingHandle h;
+
+        Model(IntPtr owned) { h = new ReleasingHandle(owned, Releasers.Model); }
+
+        /// <summary>The raw handle (borrowed).</summary>
+        public IntPtr Raw { get { return h.Get("Model"); } }
+
+        /// <summary>flame_model_release.</summary>
+        [Wraps("flame_model_release")]
+        public void Dispose() { h.Dispose(); }
+
+        /// <summary>flame_model_known_architectures as the library returns it: a JSON array of strings.</summary>
+        [Wraps("flame_model_known_architectures")]
+        public static unsafe string KnownArchitecturesJson()
+        {
+            Library.EnsureLoaded();
+            return Known();
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe string Known()
+        {
+            byte* p = null;
+            Status.Check(Native.flame_model_known_architectures(&p));
+            return Utf8.Read(p);
+        }
+
+        /// <summary>The architecture names Create knows ("CLIPTextModel", "UNet2DConditionModel", ...).
+        /// Needs no GPU.</summary>
+        public static string[] KnownArchitectures()
+        {
+            string json = KnownArchitecturesJson();
+            string[] names = ParseJsonStringArray(json);
+            if (names == null)
+                throw new FormatException("flame_model_known_architectures returned " + json);
+            return names;
+        }
+
+        /// <summary>Parses a JSON array of strings (escapes decoded); null for anything else.</summary>
+        public static string[] ParseJsonStringArray(string json)
+        {
+            var r = new List<string>();
+            int i = 0;
+            Func<bool> ws = () => { while (i < json.Length && char.IsWhiteSpace(json[i])) ++i; return i < json.Length; };
+            if (json == null || !ws() || json[i++] != '[') return null;
+            if (!ws()) return null;
+            if (json[i] == ']') { ++i; ws(); return i == json.Length ? r.ToArray() : null; }
+            while (true)
+            {
+                if (!ws() || json[i++] != '"') return null;
+                var sb = new System.Text.StringBuilder();
+                while (true)
+                {
+                    if (i >= json.Length) return null;
+                    char c = json[i++];
+                    if (c == '"') break;
+                    if (c < 0x20) return null;
+                    if (c != '\\') { sb.Append(c); continue; }
+                    if (i >= json.Length) return null;
+                    char e = json[i++];
+                    switch (e)
+                    {
+                        case '"': sb.Append('"'); break;
+                        case '\\': sb.Append('\\'); break;
+                        case '/': sb.Append('/'); break;
+                        case 'b': sb.Append('\b'); break;
+                        case 'f': sb.Append('\f'); break;
+                        case 'n': sb.Append('\n'); break;
+                        case 'r': sb.Append('\r'); break;
+                        case 't': sb.Append('\t'); break;
+                        case 'u':
+                            int v;
+                            if (i + 4 > json.Length || !int.TryParse(json.Substring(i, 4), System.Globalization.NumberStyles.AllowHexSpecifier, null, out v)) return null;
+                            i += 4;
+                            sb.Append((char)v); // UTF-16 code units: surrogate pairs join by themselves
+                            break;
+                        default: return null;
+                    }
+                }
+                r.Add(sb.ToString());
+                if (!ws()) return null;
+                char sep = json[i++];
+                if (sep == ']') break;
+                if (sep != ',') return null;
+            }
+            ws();
+            return i == json.Length ? r.ToArray() : null;
+        }
+
+        /// <summary>flame_model_create: a new model of architecture (a name KnownArchitectures lists) with
+        /// configJson (a JSON object as the reference's config.json; null for the class's defaults) and
+        /// optionsJson ({"dtype": "f32"|"f16"|"bf16"|"f64", "compute_dtype": ...}; null for f32).</summary>
+        [Wraps("flame_model_create")]
+        public static unsafe Model Create(Context ctx, string architecture, string configJson = null, string optionsJson = null)
+        {
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_model_create(ctx.Raw, architecture, configJson, optionsJson, &raw));
+            GC.KeepAlive(ctx);
+            return new Model(raw);
+        }
+
+        /// <summary>flame_model_load: a model from a diffusers model or pipeline folder, or a single
+        /// safetensors file; optionsJson may name "architecture", "config", "component" and "dtype".</summary>
+        [Wraps("flame_model_load")]
+        public static unsafe Model Load(Context ctx, string path, string optionsJson = null)
+        {
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_model_load(ctx.Raw, path, optionsJson, &raw));
+            GC.KeepAlive(ctx);
+            return new Model(raw);
+        }
+
+        /// <summary>flame_model_save: the parameters in one safetensors file at path (atomic
+        /// replacement) under the names of layout.</summary>
+        [Wraps("flame_model_save")]
+        public void Save(string path, ModelLayout layout = ModelLayout.Diffusers)
+        {
+            Status.Check(Native.flame_model_save(Raw, path, layout == ModelLayout.Original ? "original" : "diffusers"));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_model_architecture: the architecture's name.</summary>
+        [Wraps("flame_model_architecture")]
+        public unsafe string Architecture
+        {
+            get
+            {
+                byte* p = null;
+                Status.Check(Native.flame_model_architecture(Raw, &p));
+                string r = Utf8.Read(p);
+                GC.KeepAlive(this);
+                return r;
+            }
+        }
+
+        /// <summary>flame_model_config: the complete configuration as a JSON object.</summary>
+        [Wraps("flame_model_config")]
+        public unsafe string ConfigJson
+        {
+            get
+            {
+                byte* p = null;
+                Status.Check(Native.flame_model_config(Raw, &p));
+                string r = Utf8.Read(p);
+                GC.KeepAlive(this);
+                return r;
+            }
+        }
+
+        /// <summary>flame_model_params: the parameters under the reference's names, in state_dict order
+        /// (a new list: dispose it). The tensors are the model's own.</summary>
+        [Wraps("flame_model_params")]
+        public unsafe Params Params()
+        {
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_model_params(Raw, &raw));
+            GC.KeepAlive(this);
+            return new Params(raw);
+        }
+
+        /// <summary>flame_model_forward on an input list: the named outputs (dispose the list).</summary>
+        [Wraps("flame_model_forward")]
+        public unsafe Params Forward(Params inputs)
+        {
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_model_forward(Raw, inputs == null ? IntPtr.Zero : inputs.Raw, &raw));
+            GC.KeepAlive(this); GC.KeepAlive(inputs);
+            return new Params(raw);
+        }
+
+        /// <summary>flame_model_forward on named inputs (the names the reference's forward() takes,
+        /// e.g. input_ids, sample, timestep, encoder_hidden_states).</summary>
+        public Params Forward(IDictionary<string, Tensor> inputs)
+        {
+            if (inputs == null || inputs.Count == 0)
+                throw new ArgumentException("Model.Forward: no inputs");
+            Context ctx = null;
+            foreach (var e in inputs) { ctx = e.Value.GetContext(); break; }
+            using (var list = new Params(ctx))
+            {
+                foreach (var e in inputs) list.Add(e.Key, e.Value);
+                return Forward(list);
+            }
+        }
+
+        /// <summary>flame_model_set_training: training mode (true) or evaluation mode (false, initial).</summary>
+        [Wraps("flame_model_set_training")]
+        public void SetTraining(bool training)
+        {
+            Status.Check(Native.flame_model_set_training(Raw, training ? 1 : 0));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_model_set_checkpointing: gradient checkpointing of every everyNBlocks-th block
+        /// (0 off, the initial policy; 1 every block).</summary>
+        [Wraps("flame_model_set_checkpointing")]
+        public void SetCheckpointing(long everyNBlocks)
+        {
+            Status.Check(Native.flame_model_set_checkpointing(Raw, everyNBlocks));
             GC.KeepAlive(this);
         }
     }

@@ -102,8 +102,9 @@
 //! ([`RopeOptions`]), attention ([`AttentionOptions`]), LoRA adapters ([`Lora`]), safetensors files
 //! ([`SafetensorsFile`], [`save_safetensors`]), CUDA graphs ([`Context::capture_graph`], [`Graph`]),
 //! fused elementwise expressions ([`Fused`]), NCCL communicators and data parallelism ([`Comm`],
-//! [`DataParallel`]). Every export of the C ABI has a safe wrapper: [`WRAPPED`] (generated) and
-//! [`HAND_WRAPPED`] name it, and a test checks that none is missing. The raw table stays available
+//! [`DataParallel`]), models with named parameters and forward passes ([`Model`]). Every export of
+//! the C ABI has a safe wrapper: [`WRAPPED`] (generated) and [`HAND_WRAPPED`] name it, and a test
+//! checks that none is missing. The raw table stays available
 //! through [`api`] for what the safe layer does not express (the C log callback).
 //!
 //! Threads: the C contract serialises calls on one context with a lock inside the context, so
@@ -114,12 +115,14 @@
 
 pub mod sys;
 mod attention;
+mod model;
 mod ops;
 mod optim;
 mod safetensors;
 mod toolkit;
 
 pub use attention::AttentionOptions;
+pub use model::{known_architectures, known_architectures_json, parse_json_string_array, Model, ModelLayout};
 pub use ops::{Activation, DType, LogLevel, OptimizerKind, PadMode, ReduceOp, Reduction, WRAPPED};
 pub use optim::{Optimizer, OptimizerOptions};
 pub use safetensors::{save_safetensors, Params, ParamsLoad, SafetensorsFile};

@@ -182,6 +182,24 @@ pub struct Params {
 unsafe impl Send for Params {}
 
 impl Params {
+    /// Takes over a list the library made (an OUT handle of a raw call).
+    ///
+    /// # Safety
+    /// `raw` must be a valid, owned `flame_params_t` of the loaded library.
+    pub unsafe fn from_raw(raw: sys::flame_params_t) -> Params {
+        Params { raw }
+    }
+
+    /// The raw handle (borrowed).
+    pub fn as_raw(&self) -> sys::flame_params_t {
+        self.raw
+    }
+
+    /// Every entry as (name, tensor), in order (new references).
+    pub fn entries(&self) -> Result<Vec<(String, Tensor)>> {
+        (0..self.len()?).map(|i| Ok((self.name(i)?, self.tensor(i)?))).collect()
+    }
+
     /// `flame_params_create`: an empty list on `ctx`.
     pub fn new(ctx: &Context) -> Result<Params> {
         let mut raw = std::ptr::null_mut();

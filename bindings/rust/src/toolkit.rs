@@ -1011,6 +1011,18 @@ pub const HAND_WRAPPED: &[(&str, &str)] = &[
     ("flame_params_find", "Params::find"),
     ("flame_params_save_safetensors", "Params::save_safetensors"),
     ("flame_params_load_safetensors", "Params::load_safetensors"),
+    // model.rs
+    ("flame_model_known_architectures", "known_architectures"),
+    ("flame_model_create", "Model::create"),
+    ("flame_model_load", "Model::load"),
+    ("flame_model_save", "Model::save"),
+    ("flame_model_release", "Model::drop"),
+    ("flame_model_architecture", "Model::architecture"),
+    ("flame_model_config", "Model::config_json"),
+    ("flame_model_params", "Model::params"),
+    ("flame_model_forward", "Model::forward"),
+    ("flame_model_set_training", "Model::set_training"),
+    ("flame_model_set_checkpointing", "Model::set_checkpointing"),
     // attention.rs
     ("flame_attention_options_init", "AttentionOptions::to_raw"),
     ("flame_scaled_dot_product_attention", "Tensor::scaled_dot_product_attention"),

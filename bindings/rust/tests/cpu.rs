@@ -158,3 +158,29 @@ fn attention_options_defaults() {
     let c = AttentionOptions { causal: true, scale: 0.5, dropout_p: 0.1 }.to_raw().unwrap();
     assert_eq!((c.flags, c.scale, c.dropout_p), (sys::FLAME_ATTENTION_CAUSAL, 0.5, 0.1));
 }
+
+#[test]
+fn model_architectures_without_gpu() {
+    let names = flame::known_architectures().unwrap();
+    for want in ["CLIPTextModel", "CLIPTextModelWithProjection"] {
+        assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
+    }
+    assert_eq!(flame::parse_json_string_array(&flame::known_architectures_json().unwrap()).unwrap(), names);
+    // the reader of the JSON array: escapes decoded, anything else refused
+    let p = flame::parse_json_string_array;
+    assert_eq!(p(" [ ] ").unwrap(), Vec::<String>::new());
+    assert_eq!(p(r#"["a", "b\"c\\", "\u00e9\ud83d\ude00\n"]"#).unwrap(), vec!["a", "b\"c\\", "é😀\n"]);
+    for bad in ["", "[", "[\"a\"", "[\"a\",]", "[1]", "{}", "[\"a\"] x", "[\"\\q\"]", "[\"\\ud800\"]"] {
+        assert!(p(bad).is_none(), "{bad:?} accepted");
+    }
+    assert_eq!(flame::ModelLayout::Original.name(), "original");
+    // NULL handles through the raw table: errors, no crash; release(NULL) is a no-op
+    let api = flame::api().unwrap();
+    let mut m = std::ptr::null_mut();
+    let st = unsafe { (api.flame_model_create)(std::ptr::null_mut(), b"CLIPTextModel\0".as_ptr().cast(), std::ptr::null(), std::ptr::null(), &mut m) };
+    assert_eq!(Status(st), Status::ERROR_INVALID_ARGUMENT);
+    assert!(m.is_null());
+    unsafe { (api.flame_model_release)(std::ptr::null_mut()) };
+    let st = unsafe { (api.flame_model_set_checkpointing)(std::ptr::null_mut(), 1) };
+    assert_eq!(Status(st), Status::ERROR_INVALID_ARGUMENT);
+}
