@@ -899,7 +899,7 @@ static class Tests
             string dir = System.IO.Path.Combine(System.IO.Path.GetTempPath(), "flame_cs_model_" + System.Diagnostics.Process.GetCurrentProcess().Id);
             System.IO.Directory.CreateDirectory(dir);
             string file = System.IO.Path.Combine(dir, "clip.safetensors");
-            model.Save(file, ModelLayout.Diffusers);
+            model.Save(file);
             using (var loaded = Model.Load(ctx, file, "{\"architecture\":\"CLIPTextModel\",\"config\":" + ClipConfig + "}"))
             using (var lp = loaded.Params())
             {

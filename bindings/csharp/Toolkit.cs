@@ -1073,16 +1073,6 @@ namespace Flame
     // small reader (Mono's profile here has no JSON library).
     // ------------------------------------------------------------------------------------------
 
-    /// <summary>The parameter names Model.Save writes.</summary>
-    public enum ModelLayout
-    {
-        /// <summary>The reference's names (diffusers / transformers), as Model.Params lists them.</summary>
-        Diffusers,
-        /// <summary>The single-file names of the architecture's original release (BFL for Flux, SGM for
-        /// the SDXL UNet, LDM for the VAE, OpenCLIP for CLIPTextModelWithProjection).</summary>
-        Original,
-    }
-
     /// <summary>A diffusion or text-encoder model (flame_model_t): the architecture of diffusers' or
     /// transformers' class of that name, made from a config or loaded from checkpoint files. Its
     /// parameters are ordinary tensors under the reference's names; its forward pass takes and
@@ -1208,11 +1198,11 @@ namespace Flame
         }
 
         /// <summary>flame_model_save: the parameters in one safetensors file at path (atomic
-        /// replacement) under the names of layout.</summary>
+        /// replacement) under the reference's (diffusers / transformers) names, as Params lists them.</summary>
         [Wraps("flame_model_save")]
-        public void Save(string path, ModelLayout layout = ModelLayout.Diffusers)
+        public void Save(string path)
         {
-            Status.Check(Native.flame_model_save(Raw, path, layout == ModelLayout.Original ? "original" : "diffusers"));
+            Status.Check(Native.flame_model_save(Raw, path, null));
             GC.KeepAlive(this);
         }
 

@@ -45,27 +45,6 @@ fn c_path(p: &Path) -> Result<CString> {
         .map_err(|_| Error::new(Status::ERROR_INVALID_ARGUMENT, format!("path {p:?} contains NUL")))
 }
 
-/// The parameter names [`Model::save`] writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ModelLayout {
-    /// The reference's names (diffusers / transformers), as [`Model::params`] lists them.
-    Diffusers,
-    /// The single-file names of the architecture's original release (BFL for Flux, SGM for the SDXL
-    /// UNet, LDM for the VAE, OpenCLIP for CLIPTextModelWithProjection); `ERROR_UNSUPPORTED` where
-    /// the architecture has none of its own.
-    Original,
-}
-
-impl ModelLayout {
-    /// The layout's name in flame.h ("diffusers", "original").
-    pub fn name(self) -> &'static str {
-        match self {
-            ModelLayout::Diffusers => "diffusers",
-            ModelLayout::Original => "original",
-        }
-    }
-}
-
 /// `flame_model_known_architectures` as the library returns it: a JSON array of strings.
 pub fn known_architectures_json() -> Result<String> {
     let mut p: *const c_char = std::ptr::null();
@@ -210,11 +189,10 @@ impl Model {
     }
 
     /// `flame_model_save`: the parameters in one safetensors file at `path` (atomic replacement),
-    /// under the names of `layout`.
-    pub fn save(&self, path: impl AsRef<Path>, layout: ModelLayout) -> Result<()> {
+    /// under the reference's (diffusers / transformers) names, as [`Model::params`] lists them.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let p = c_path(path.as_ref())?;
-        let l = c_string(layout.name(), "layout")?;
-        check(unsafe { (api()?.flame_model_save)(self.raw, p.as_ptr(), l.as_ptr()) })
+        check(unsafe { (api()?.flame_model_save)(self.raw, p.as_ptr(), std::ptr::null()) })
     }
 
     /// `flame_model_architecture`: the architecture's name.

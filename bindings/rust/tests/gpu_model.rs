@@ -3,7 +3,7 @@
 //! FLAME_REQUIRE_GPU=1.
 mod common;
 
-use flame::{DType, Model, ModelLayout, Status};
+use flame::{DType, Model, Status};
 
 const CONFIG: &str = r#"{"vocab_size":100,"hidden_size":32,"intermediate_size":64,"num_hidden_layers":2,"num_attention_heads":4,"max_position_embeddings":16}"#;
 
@@ -61,7 +61,7 @@ fn clip_save_and_load_round_trip() {
     let dir = std::env::temp_dir().join(format!("flame-rs-model-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("clip.safetensors");
-    model.save(&file, ModelLayout::Diffusers).unwrap();
+    model.save(&file).unwrap();
     let options = format!(r#"{{"architecture":"CLIPTextModel","config":{CONFIG}}}"#);
     let loaded = Model::load(&ctx, &file, Some(&options)).unwrap();
     assert_eq!(loaded.architecture().unwrap(), "CLIPTextModel");
