@@ -568,6 +568,74 @@ class Args {
   }
   flame_scope_t* out_scope(const char* name) { return out_slot<flame_scope_t>(name, OutKind::Scope); }
 
+  // ---- models (Live: a.model is a tiny CLIPTextModel, kTinyModelConfig; a.model_path a file it
+  // saved, loaded with kTinyModelOptions) ----
+  static constexpr const char* kTinyModelConfig =
+      "{\"vocab_size\": 16, \"hidden_size\": 8, \"intermediate_size\": 16, \"num_hidden_layers\": 1, "
+      "\"num_attention_heads\": 2, \"max_position_embeddings\": 8}";
+  static constexpr const char* kTinyModelOptions =
+      "{\"architecture\": \"CLIPTextModel\", \"config\": {\"vocab_size\": 16, \"hidden_size\": 8, "
+      "\"intermediate_size\": 16, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
+      "\"max_position_embeddings\": 8}}";
+  flame_model_t model(const char* name) {
+    int h = handle_index(name, true, false);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_model_t>(garbage());
+    if (bad_now(h)) {
+      if (bad == Bad::Released) {  // released: parked by its context, detectably dead
+        flame_model_t m = live_model(ctx_, false);
+        flame_model_release(m);
+        return m;
+      }
+      if (bad == Bad::Foreign) return live_model(ctx2_, true);
+      return reinterpret_cast<flame_model_t>(garbage());
+    }
+    return live_model(ctx_, true);
+  }
+  flame_model_t release_model(const char* name) {
+    takes_released = true;
+    nullable(name);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_model_t>(garbage());
+    flame_model_t m = live_model(ctx_, false);
+    if (bad == Bad::Released) flame_model_release(m);
+    return m;
+  }
+  flame_model_t* out_model(const char* name) { return out_slot<flame_model_t>(name, OutKind::Model); }
+  // A model file (the tiny CLIPTextModel in diffusers names) for flame_model_load.
+  const char* model_path(const char* name) {
+    nullable(name);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return "/nonexistent/flame_argm/model.safetensors";
+    const std::string path = tmp_dir() + "/model.safetensors";
+    flame_model_t m = live_model(ctx_, false);
+    if (m) flame_model_save(m, path.c_str(), nullptr);
+    flame_model_release(m);
+    return keep_string(path);
+  }
+  // inputs of the tiny model's forward: input_ids [1, 4] (i64).
+  flame_params_t model_inputs(const char* name) {
+    int h = handle_index(name, true, false);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_params_t>(garbage());
+    flame_ctx_t c = bad_now(h) && bad == Bad::Foreign ? ctx2_ : ctx_;
+    if (bad_now(h) && bad == Bad::Garbage) return reinterpret_cast<flame_params_t>(garbage());
+    flame_params_t p = nullptr;
+    if (flame_params_create(c, &p) != FLAME_OK) return nullptr;
+    const int64_t ids[4] = {1, 5, 7, 3}, shape[2] = {1, 4};
+    flame_tensor_t t = nullptr;
+    if (flame_from_host(c, ids, sizeof(ids), shape, 2, FLAME_DTYPE_I64, &t) == FLAME_OK) {
+      flame_params_add(p, "input_ids", t);
+      flame_tensor_release(t);
+    }
+    if (bad_now(h) && bad == Bad::Released) {
+      flame_params_release(p);
+      return p;
+    }
+    params_.push_back(p);
+    return p;
+  }
+
   // ---- named parameter lists (Live: a.params is a list with one entry "x", a ones sp(), matching
   // the file of st_path) ----
   flame_params_t params(const char* name) {
@@ -630,7 +698,7 @@ class Args {
   Mode mode() const { return mode_; }
 
  private:
-  enum class OutKind { None, Tensor, Ctx, Hook, Dl, Dlv, Opt, St, Scaler, Lora, Graph, Comm, Dp, Fused, Scope, Params };
+  enum class OutKind { None, Tensor, Ctx, Hook, Dl, Dlv, Opt, St, Scaler, Lora, Graph, Comm, Dp, Fused, Scope, Params, Model };
   struct OutSlot {
     OutKind kind;
     void** slot;
@@ -793,6 +861,12 @@ class Args {
     scopes_.push_back(s);
     return s;
   }
+  flame_model_t live_model(flame_ctx_t c, bool keep) {
+    flame_model_t m = nullptr;
+    if (flame_model_create(c, "CLIPTextModel", kTinyModelConfig, nullptr, &m) != FLAME_OK) return nullptr;
+    if (keep) models_.push_back(m);
+    return m;
+  }
   flame_params_t live_params(flame_ctx_t c, bool keep) {
     flame_params_t p = nullptr;
     if (flame_params_create(c, &p) != FLAME_OK) return nullptr;
@@ -875,6 +949,7 @@ class Args {
   std::vector<flame_scope_t> scopes_;
   flame_scope_t row_scope_ = nullptr;
   std::vector<flame_params_t> params_;
+  std::vector<flame_model_t> models_;
   std::string tmp_dir_;
   bool st_written_ = false;
   struct DLManagedTensor* dl_in_ = nullptr;
@@ -954,6 +1029,7 @@ inline void Args::finish(flame_status_t status) {
       case OutKind::Fused: flame_fused_release(static_cast<flame_fused_t>(v)); break;
       case OutKind::Scope: flame_scope_end(static_cast<flame_scope_t>(v)); break;
       case OutKind::Params: flame_params_release(static_cast<flame_params_t>(v)); break;
+      case OutKind::Model: flame_model_release(static_cast<flame_model_t>(v)); break;
       case OutKind::None: break;
     }
   }
@@ -991,6 +1067,8 @@ inline void Args::finish(flame_status_t status) {
   fused_.clear();
   for (flame_params_t p : params_) flame_params_release(p);
   params_.clear();
+  for (flame_model_t m : models_) flame_model_release(m);
+  models_.clear();
   for (auto it = owned_.rbegin(); it != owned_.rend(); ++it) flame_tensor_release(*it);
   owned_.clear();
   for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) flame_scope_end(*it);  // innermost first
