@@ -1,6 +1,7 @@
 // Shared device definitions for every FLAME kernel. Self-contained (no CUDA headers), so NVRTC
 // needs no include path: 16-bit float types with PTX conversions, the 8-bit float storage types
-// with integer conversions, the compute-type mapping (f16/bf16/f8 compute in f32), conversions between any two element types, aligned vectors for
+// with integer conversions, the compute-type mapping (f16/bf16/f8 compute in f32), conversions between any two element types
+// (convert_element: bit-exact same-type copies, f8 to f16/bf16 as PyTorch), aligned vectors for
 // 16-byte accesses, and the scalar-argument block every functor carries.
 #pragma once
 
@@ -157,6 +158,43 @@ template <class T> struct is_bf16 { static constexpr bool value = false; };
 template <> struct is_bf16<bf16_t> { static constexpr bool value = true; };
 template <class T> struct is_half { static constexpr bool value = false; };
 template <> struct is_half<half_t> { static constexpr bool value = true; };
+template <class T> struct is_f8 { static constexpr bool value = false; };
+template <> struct is_f8<f8_e4m3_t> { static constexpr bool value = true; };
+template <> struct is_f8<f8_e5m2_t> { static constexpr bool value = true; };
+template <class A, class B> struct is_same_type { static constexpr bool value = false; };
+template <class A> struct is_same_type<A, A> { static constexpr bool value = true; };
+
+// f8 to f16 / bf16, exact (every f8 value is an f16 and a bf16 value) and bit for bit as PyTorch's
+// CPU conversion, c10::Half / c10::BFloat16 of the f32 value: NaN becomes 0x7E00 with the f8 sign
+// in f16 (fp16_ieee_from_fp32_value) and 0x7FC0 in bf16 (round_to_nearest_even drops the sign).
+// Integer arithmetic: cvt.rn.f16.f32 / cvt.rn.bf16.f32 would turn every NaN into 0x7FFF.
+__device__ __forceinline__ half_t f8_to_half(f8_e5m2_t v) {  // e5m2 is the top byte of an f16
+  half_t h;
+  h.x = static_cast<unsigned short>((v.x & 0x7fu) > 0x7cu ? ((v.x & 0x80u) << 8) | 0x7e00u : v.x << 8);
+  return h;
+}
+__device__ __forceinline__ half_t f8_to_half(f8_e4m3_t v) {
+  const unsigned a = __float_as_uint(to_float(v)) & 0x7fffffffu, sign = (v.x & 0x80u) << 8;
+  half_t h;  // every finite e4m3 value but 0 is a normal f16: rebias the exponent (127 -> 15)
+  h.x = static_cast<unsigned short>(sign | ((v.x & 0x7fu) == 0x7fu ? 0x7e00u : a ? (a >> 13) - (112u << 10) : 0u));
+  return h;
+}
+template <class Q> __device__ __forceinline__ bf16_t f8_to_bf16(Q v) {
+  const unsigned u = __float_as_uint(to_float(v));  // at most 3 mantissa bits: the low half is 0
+  bf16_t h;
+  h.x = static_cast<unsigned short>((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : u >> 16);
+  return h;
+}
+
+// One element of type A converted to R: the elementwise Identity (copies and casts). The same
+// type moves its bits unchanged (NaN payloads and signs too: a copy, as PyTorch's same-dtype
+// copy); f8 to f16 / bf16 as above; anything else through the compute type.
+template <class R, class A> __device__ __forceinline__ R convert_element(A x) {
+  if constexpr (is_same_type<R, A>::value) return x;
+  else if constexpr (is_f8<A>::value && is_half<R>::value) return f8_to_half(x);
+  else if constexpr (is_f8<A>::value && is_bf16<R>::value) return f8_to_bf16(x);
+  else return cast<R>(to_compute(x));
+}
 
 // Two floats rounded to T (bf16 or f16; sm_80 on) and packed: lo in the lower half (the lower
 // column), hi in the upper.

@@ -5,7 +5,9 @@
 // strides on the others: broadcasts, permuted outer axes); ew_tile
 // transposes through shared memory when one operand's unit stride is not the output's; ew_strided
 // handles any strides (broadcast 0, negative for flips) with 32- or 64-bit indexing.
-// Functors compute in compute_t (f32 for f16/bf16) and the result is converted to the output type.
+// Functors compute in compute_t (f32 for f16/bf16) and the result is converted to the output type;
+// Identity (copies and casts) converts each element directly (convert_element in common.cuh), so a
+// same-dtype copy moves bits unchanged.
 #pragma once
 #include "functors.cuh"
 
@@ -19,6 +21,14 @@ __device__ __forceinline__ auto apply(const Op& op, const A& a, const B& b, cons
   else return op(to_compute(a), to_compute(b), to_compute(c));
 }
 
+// op on one element's operands, converted to R. Identity of one operand is a copy or a cast:
+// convert_element (a same-type copy keeps the bits; f8 to f16 / bf16 keeps PyTorch's NaN bits).
+template <class R, class Op, class A, class B, class C>
+__device__ __forceinline__ R apply_to(const Op& op, const A& a, const B& b, const C& c) {
+  if constexpr (is_same_type<Op, Identity>::value && !is_none<A>::value && is_none<B>::value) return convert_element<R>(a);
+  else return cast<R>(apply(op, a, b, c));
+}
+
 // ---------------- dense operands ----------------
 template <int V, class T> __device__ __forceinline__ Vec<T, V> load_vec(const T* p, i64 i) {
   Vec<T, V> v;
@@ -30,7 +40,7 @@ template <int V, class Op, class R, class A, class B, class C>
 __device__ __forceinline__ Vec<R, V> apply_vec(const Op& op, const Vec<A, V>& a, const Vec<B, V>& b, const Vec<C, V>& c) {
   Vec<R, V> o;
 #pragma unroll
-  for (int k = 0; k < V; ++k) o.v[k] = cast<R>(apply(op, a.v[k], b.v[k], c.v[k]));
+  for (int k = 0; k < V; ++k) o.v[k] = apply_to<R>(op, a.v[k], b.v[k], c.v[k]);
   return o;
 }
 
@@ -59,7 +69,7 @@ __global__ void ew_contig(Op op, R* __restrict__ out, i64 n, const A* __restrict
     if constexpr (!is_none<A>::value) xa = a[e];
     if constexpr (!is_none<B>::value) xb = b[e];
     if constexpr (!is_none<C>::value) xc = c[e];
-    out[e] = cast<R>(apply(op, xa, xb, xc));
+    out[e] = apply_to<R>(op, xa, xb, xc);
   }
 }
 
@@ -91,7 +101,7 @@ __global__ void ew_strided(Op op, R* out, i64 n, const A* a, const B* b, const C
     if constexpr (!is_none<A>::value) xa = a[o1];
     if constexpr (!is_none<B>::value) xb = b[o2];
     if constexpr (!is_none<C>::value) xc = c[o3];
-    out[o0] = cast<R>(apply(op, xa, xb, xc));
+    out[o0] = apply_to<R>(op, xa, xb, xc);
   }
 }
 
@@ -141,7 +151,7 @@ __device__ __forceinline__ void ew_rows_loop(Op op, R* __restrict__ out, const A
     Vec<C, V> vc = load_row_vec<V>(c, off[2], col, 2, L);
     Vec<R, V> vo;
 #pragma unroll
-    for (int k = 0; k < V; ++k) vo.v[k] = cast<R>(apply(op, va.v[k], vb.v[k], vc.v[k]));
+    for (int k = 0; k < V; ++k) vo.v[k] = apply_to<R>(op, va.v[k], vb.v[k], vc.v[k]);
     *reinterpret_cast<Vec<R, V>*>(out + static_cast<i64>(r) * L.cols + col) = vo;
   }
 }
@@ -189,7 +199,7 @@ __global__ void ew_tile(Op op, R* __restrict__ out, const A* __restrict__ a, Til
     }
     for (int k = threadIdx.y; k < 32; k += blockDim.y) {
       i64 r = r0 + threadIdx.x, col = c0 + k;
-      if (r < L.rows && col < L.cols) tile[k][threadIdx.x] = cast<R>(apply(op, a[ib + r + col * L.in_col_stride], none, none));
+      if (r < L.rows && col < L.cols) tile[k][threadIdx.x] = apply_to<R>(op, a[ib + r + col * L.in_col_stride], none, none);
     }
     __syncthreads();
     for (int k = threadIdx.y; k < 32; k += blockDim.y) {

@@ -2,8 +2,9 @@
 // float64 reference of tests/common/f8_reference.h (every one of the 256 codes of each format
 // decoded to f32/f64/f16/bf16; edge values, random bit patterns and the values of f16/bf16 inputs
 // encoded from f32/f64/f16/bf16; dense, vectorised, transposed and strided layouts), creation,
-// host round trips, f8 to f8 and integer casts, safetensors and DLPack, and the refusals: compute
-// ops on f8 fail with FLAME_ERROR_UNSUPPORTED naming the function and the dtype, leaving *out NULL.
+// host round trips, same-dtype copies that keep every byte (f16 / bf16 NaN bits too), f8 to f8 and
+// integer casts, safetensors and DLPack, and the refusals: compute ops on f8 fail with
+// FLAME_ERROR_UNSUPPORTED naming the function and the dtype, leaving *out NULL.
 #include <unistd.h>
 #include <cmath>
 #include <cstdio>
@@ -50,17 +51,21 @@ std::vector<uint8_t> all_codes() {
   return c;
 }
 
-// f32 values equal to the reference's (NaN matches NaN; the sign of zero and NaN counts).
-void expect_decoded(const Fmt& f, const std::vector<uint8_t>& codes, const std::vector<float>& got, const std::string& how) {
+// f32 values equal to the reference's (NaN matches NaN; the sign of zero and NaN counts). NaN keeps
+// the code's sign unless nan_positive (bf16: PyTorch's c10::BFloat16 makes every NaN 0x7FC0).
+void expect_decoded(const Fmt& f, const std::vector<uint8_t>& codes, const std::vector<float>& got, const std::string& how,
+                    bool nan_positive = false) {
   ASSERT_EQ(codes.size(), got.size());
   for (size_t i = 0; i < codes.size(); ++i) {
     const double want = f8ref::decode(f.ref, codes[i]);
+    bool negative = (codes[i] & 0x80) != 0;
     if (std::isnan(want)) {
       EXPECT_TRUE(std::isnan(got[i])) << f.ref.name << " code " << int(codes[i]) << " " << how;
+      negative = negative && !nan_positive;
     } else {
       EXPECT_EQ(static_cast<double>(got[i]), want) << f.ref.name << " code " << int(codes[i]) << " " << how;
     }
-    EXPECT_EQ(std::signbit(got[i]), (codes[i] & 0x80) != 0) << f.ref.name << " code " << int(codes[i]) << " " << how;
+    EXPECT_EQ(std::signbit(got[i]), negative) << f.ref.name << " code " << int(codes[i]) << " " << how;
   }
 }
 
@@ -104,7 +109,17 @@ TEST_F(F8, DecodesEveryCodeToEveryFloatDtype) {
       // Every f8 value is exact in each of them, so going on to f32 loses nothing.
       T wide = convert(q, d);
       T back = convert(wide, FLAME_DTYPE_F32);
-      expect_decoded(f, codes, download<float>(back, 256), std::string("via ") + flame_dtype_name(d));
+      expect_decoded(f, codes, download<float>(back, 256), std::string("via ") + flame_dtype_name(d),
+                     d == FLAME_DTYPE_BF16);
+      if (d != FLAME_DTYPE_F16 && d != FLAME_DTYPE_BF16) continue;
+      // NaN bits as PyTorch's CPU conversion (c10::Half / c10::BFloat16 of the f32 value): f16
+      // 0x7E00 with the code's sign (fp16_ieee_from_fp32_value), bf16 0x7FC0 (round_to_nearest_even).
+      const std::vector<uint16_t> bits = download<uint16_t>(wide, 256);
+      for (int c = 0; c < 256; ++c) {
+        if (!f8ref::is_nan_code(f.ref, static_cast<uint8_t>(c))) continue;
+        const uint16_t want = d == FLAME_DTYPE_F16 ? static_cast<uint16_t>(((c & 0x80) << 8) | 0x7e00) : uint16_t{0x7fc0};
+        EXPECT_EQ(bits[c], want) << f.ref.name << " NaN code " << c << " to " << flame_dtype_name(d);
+      }
     }
     // A strided source (flipped view) and a transposed one take the strided and tile kernels.
     int32_t dim0 = 0;
@@ -162,6 +177,10 @@ TEST_F(F8, ConvertsBetweenF8FormatsAndIntegers) {
   for (const Fmt& from : kFmts) {
     T q = upload(ctx, codes.data(), 256, {256}, from.dtype);
     for (const Fmt& to : kFmts) {
+      if (&to == &from) {  // the same dtype: t itself, every byte as it was (NaN payloads included)
+        EXPECT_EQ(download<uint8_t>(convert(q, to.dtype), 256), codes) << from.ref.name;
+        continue;
+      }
       std::vector<float> values(256);
       for (int c = 0; c < 256; ++c) values[c] = static_cast<float>(f8ref::decode(from.ref, static_cast<uint8_t>(c)));
       for (int c = 0; c < 256; ++c)
@@ -226,10 +245,38 @@ TEST_F(F8, CreationAndHostRoundTrip) {
     std::vector<uint8_t> tc = download<uint8_t>(qtc, 256);
     for (int r = 0; r < 16; ++r)
       for (int k = 0; k < 16; ++k) EXPECT_EQ(tc[r * 16 + k], codes[k * 16 + r]);
+    // The strided kernel (a flipped view) and the rows kernel (a view permuting the outer axes).
+    int32_t dim0 = 0;
+    T q1 = upload(ctx, codes.data(), 256, {256}, f.dtype), flipped, fc;
+    FLAME_ASSERT_OK(flame_flip(q1, &dim0, 1, flipped.out()));
+    FLAME_ASSERT_OK(flame_contiguous(flipped, fc.out()));
+    EXPECT_EQ(download<uint8_t>(fc, 256), std::vector<uint8_t>(codes.rbegin(), codes.rend()));
+    T q3 = upload(ctx, codes.data(), 256, {4, 4, 16}, f.dtype), perm, pc;
+    FLAME_ASSERT_OK(flame_transpose(q3, 0, 1, perm.out()));
+    FLAME_ASSERT_OK(flame_contiguous(perm, pc.out()));
+    std::vector<uint8_t> pb = download<uint8_t>(pc, 256);
+    for (int a = 0; a < 4; ++a)
+      for (int b = 0; b < 4; ++b)
+        for (int k = 0; k < 16; ++k) EXPECT_EQ(pb[(a * 4 + b) * 16 + k], codes[(b * 4 + a) * 16 + k]);
     // Not computed on: rand of an f8 dtype is refused.
     T r;
     FLAME_EXPECT_STATUS(flame_rand(ctx, shape, 2, f.dtype, r.out()), FLAME_ERROR_UNSUPPORTED);
     EXPECT_EQ(r.h, nullptr);
+  }
+}
+
+// The copy kernels move the bits of a same-dtype copy without converting through f32, for every
+// dtype: f16 / bf16 NaN payloads and signs survive as f8's do (PyTorch copies bytes).
+TEST_F(F8, SameDtypeCopiesOfF16AndBf16KeepNaNBits) {
+  std::vector<uint16_t> bits(1024);
+  for (int i = 0; i < 1024; ++i) bits[i] = static_cast<uint16_t>(i * 64 + 1);  // NaNs with payloads among them
+  for (flame_dtype_t d : {FLAME_DTYPE_F16, FLAME_DTYPE_BF16}) {
+    T h = upload(ctx, bits.data(), bits.size() * 2, {32, 32}, d), ht, hc;
+    FLAME_ASSERT_OK(flame_transpose(h, 0, 1, ht.out()));
+    FLAME_ASSERT_OK(flame_contiguous(ht, hc.out()));
+    const std::vector<uint16_t> got = download<uint16_t>(hc, 1024);
+    for (int r = 0; r < 32; ++r)
+      for (int c = 0; c < 32; ++c) EXPECT_EQ(got[r * 32 + c], bits[c * 32 + r]) << flame_dtype_name(d) << " " << r << "," << c;
   }
 }
 
