@@ -2044,7 +2044,8 @@ FLAME_API flame_status_t flame_model_create(flame_ctx_t ctx, const char* archite
  *    Stability's SDXL / SD 1.5 / SD 3.5 single files, ComfyUI's "model.diffusion_model." prefix) or in
  *    the diffusers layout; single files holding several components take "component" as above.
  * The architecture and configuration come from config.json, or from the tensors' names and shapes
- * for single files; options_json's "architecture" and "config" override them. Tensors of any dtype
+ * for single files; options_json's "architecture" and "config" override them (a single file loaded
+ * with "architecture" must hold that architecture's own names, as flame_model_save writes them). Tensors of any dtype
  * FLAME has are converted on the GPU to the options' "dtype" (default: "bf16" for files stored in
  * f16/bf16/F8, else "f32"); files are memory-mapped and copied through a bounded staging buffer.
  * OUT *model: NULL on any error; nothing half-loaded is returned.

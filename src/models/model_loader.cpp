@@ -198,6 +198,10 @@ void add_table_sources(const MappedTable& table, const std::string& prefix, Load
 // Architecture, config and parameter sources of a single file's component (no config.json).
 LoadPlan plan_single_file(const CheckpointFiles& view, const nlohmann::json& options) {
   LoadPlan plan;
+  if (options.contains("architecture")) {  // the caller names it: the file holds its own names
+    plan.architecture = options["architecture"].get<std::string>();
+    return plan;
+  }
   const bool diffusion = !options.contains("component") || options["component"] == "unet" ||
                          options["component"] == "transformer";
   if (diffusion && is_flux_checkpoint(view.keys())) {
