@@ -13,6 +13,9 @@ struct DeviceErrorRecord {  // mirrors Context::DeviceErrorRecord
   unsigned int source;      // which launch reported it (a host-side table of descriptions)
   i64 value, position, limit;  // the bad index, its position in the index tensor, the valid range [0, limit)
 };
+// The host reads the record back byte for byte: 32 bytes, code at 0, source at 4, value at 8,
+// position at 16, limit at 24 (checked on the host side in src/runtime/context.cpp too).
+static_assert(sizeof(DeviceErrorRecord) == 32, "DeviceErrorRecord: the host mirror expects 32 bytes");
 
 __device__ __forceinline__ void report_bad_index(DeviceErrorRecord* rec, unsigned int source, i64 value, i64 position,
                                                  i64 limit) {

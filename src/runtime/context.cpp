@@ -10,6 +10,15 @@
 #include "runtime/nvrtc_compiler.h"
 #include "runtime/hash.h"
 
+#include <cstddef>
+
+// Context::DeviceErrorRecord mirrors cuda/device_error.cuh's DeviceErrorRecord byte for byte.
+static_assert(sizeof(flame::Context::DeviceErrorRecord) == 32, "DeviceErrorRecord: 32 bytes, as the device writes it");
+static_assert(offsetof(flame::Context::DeviceErrorRecord, code) == 0 && offsetof(flame::Context::DeviceErrorRecord, source) == 4 &&
+                  offsetof(flame::Context::DeviceErrorRecord, value) == 8 &&
+                  offsetof(flame::Context::DeviceErrorRecord, position) == 16 &&
+                  offsetof(flame::Context::DeviceErrorRecord, limit) == 24,
+              "DeviceErrorRecord: the device's field offsets");
 namespace flame {
 
 CUdeviceptr capture_allocate(Context& ctx, size_t bytes);  // runtime/capture.cpp
