@@ -25,17 +25,8 @@ bool is_directory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-// Where one parameter comes from: rows [row_begin, row_begin + rows) of key's dim 0 (rows -1: all),
-// the two halves exchanged when swap_halves, stored transposed ([in, out] for [out, in]) when
-// transposed.
-struct ParamSource {
-  std::string key;
-  int64_t row_begin = 0;
-  int64_t rows = -1;
-  bool swap_halves = false;
-  bool transposed = false;
-};
 
+// What plan_single_file finds: the architecture, its config and the parameters' sources.
 struct LoadPlan {
   std::string architecture;
   nlohmann::json config;
@@ -286,7 +277,8 @@ std::string same_name_key(const CheckpointFiles& view, const std::string& param)
 }
 
 // Copies every parameter; checks shapes and that no stored tensor is left over.
-void copy_parameters(Model& model, const CheckpointFiles& view, const LoadPlan& plan) {
+void copy_parameters(Model& model, const ModelLoadPlan& plan) {
+  const CheckpointFiles& view = plan.view;
   Context& ctx = model.ctx();
   GradMode no_grad = ctx.mode;
   no_grad.grad_enabled = false;
@@ -360,7 +352,7 @@ std::string default_dtype(const CheckpointFiles& view) {
 
 }  // namespace
 
-std::shared_ptr<Model> load_model(Context& ctx, const std::string& path, const nlohmann::json& options_in) {
+ModelLoadPlan plan_model_load(const std::string& path, const nlohmann::json& options_in) {
   nlohmann::json options = options_in.is_null() ? nlohmann::json::object() : options_in;
   FLAME_CHECK(options.is_object(), FLAME_ERROR_INVALID_ARGUMENT, "options must be a JSON object");
   parse_model_options(options);  // unknown keys and bad values fail before any file is opened
@@ -390,9 +382,13 @@ std::shared_ptr<Model> load_model(Context& ctx, const std::string& path, const n
   if (options.contains("architecture")) plan.architecture = options["architecture"].get<std::string>();
   if (options.contains("config")) plan.config = options["config"];
   if (!options.contains("dtype")) options["dtype"] = default_dtype(view);
-  const ModelOptions model_options = parse_model_options(options);
-  std::shared_ptr<Model> model = create_model(ctx, plan.architecture, plan.config, model_options);
-  copy_parameters(*model, view, plan);
+  return ModelLoadPlan{plan.architecture, plan.config, parse_model_options(options), std::move(plan.sources), view};
+}
+
+std::shared_ptr<Model> load_model(Context& ctx, const std::string& path, const nlohmann::json& options) {
+  const ModelLoadPlan plan = plan_model_load(path, options);
+  std::shared_ptr<Model> model = create_model(ctx, plan.architecture, plan.config, plan.options);
+  copy_parameters(*model, plan);
   return model;
 }
 
