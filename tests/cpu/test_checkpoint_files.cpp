@@ -293,7 +293,8 @@ TEST(CheckpointFiles, ParseShardIndex) {
     SCOPED_TRACE(text);
     std::vector<std::string> want = parts;
     want.push_back("idx.json");
-    expect_error([&] { parse_shard_index(text, "idx.json"); }, FLAME_ERROR_INVALID_FORMAT, want);
+    const std::string json = text;  // a structured binding cannot be captured in C++17
+    expect_error([&] { parse_shard_index(json, "idx.json"); }, FLAME_ERROR_INVALID_FORMAT, want);
   }
 }
 
@@ -319,7 +320,8 @@ TEST(CheckpointFiles, ParseModelIndex) {
     SCOPED_TRACE(text);
     std::vector<std::string> want = parts;
     want.push_back("mi.json");
-    expect_error([&] { parse_model_index(text, "mi.json"); }, FLAME_ERROR_INVALID_FORMAT, want);
+    const std::string json = text;  // a structured binding cannot be captured in C++17
+    expect_error([&] { parse_model_index(json, "mi.json"); }, FLAME_ERROR_INVALID_FORMAT, want);
   }
 }
 
