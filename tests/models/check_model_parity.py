@@ -109,6 +109,19 @@ def _clip_g():
     return clip_case(True, "gelu", 998, False)
 
 
+def relu_margin(model, inputs):
+    """The smallest |input| of a T5 model's relu (its DenseReluDense.wi outputs), in float64."""
+    import copy
+    m = copy.deepcopy(model).double()
+    seen = []
+    for n, mod in m.named_modules():
+        if n.endswith("DenseReluDense.wi"):
+            mod.register_forward_hook(lambda mod, i, o: seen.append(o.abs().min().item()))
+    with torch.no_grad():
+        m(**inputs)
+    return min(seen)
+
+
 def t5_case(feed_forward_proj, use_mask):
     from transformers import T5Config, T5EncoderModel
     cfg = dict(vocab_size=500, d_model=64, d_kv=16, d_ff=96, num_layers=3, num_heads=4,
@@ -118,13 +131,20 @@ def t5_case(feed_forward_proj, use_mask):
     config._attn_implementation = "eager"
     model = T5EncoderModel(config)
     add_noise(model)
-    g = torch.Generator().manual_seed(2)
     B, T = 2, 40  # beyond max_exact (8) and into the logarithmic buckets
-    inputs = {"input_ids": torch.randint(0, 500, (B, T), generator=g)}
-    if use_mask:
-        mask = torch.ones(B, T, dtype=torch.int64)
-        mask[1, 30:] = 0
-        inputs["attention_mask"] = mask
+    # relu's gradient jumps at 0: a pre-activation within float32 rounding of 0 (seen: 1.8e-7 with
+    # input seed 2 and the mask) may take the other side in FLAME's f32 GEMM than in PyTorch's, and
+    # the gradients of every earlier layer then differ by ~1e-2 while both are right. Take the first
+    # input seed whose pre-activations all stay 1e-5 away from 0 (checked in float64).
+    for seed in range(2, 50):
+        g = torch.Generator().manual_seed(seed)
+        inputs = {"input_ids": torch.randint(0, 500, (B, T), generator=g)}
+        if use_mask:
+            mask = torch.ones(B, T, dtype=torch.int64)
+            mask[1, 30:] = 0
+            inputs["attention_mask"] = mask
+        if feed_forward_proj != "relu" or relu_margin(model, inputs) > 1e-5:
+            break
 
     def forward(m, x):
         return {"last_hidden_state": m(**x).last_hidden_state}

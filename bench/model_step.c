@@ -1,0 +1,211 @@
+/* flame_bench_model_step: a model's load rate and its forward + backward time and peak memory, through
+ * the public C ABI only (bench/models_full.py runs it beside the same diffusers model in PyTorch).
+ *
+ *   flame_bench_model_step --load PATH --inputs IN.safetensors --grads G.safetensors
+ *                          [--options JSON] [--checkpoint N] [--warmup 2] [--steps 5] [--out OUT.safetensors]
+ *
+ * Loads PATH with flame_model_load (timed until the device is idle: the load rate is the file's size
+ * over that time), then runs warm-up and timed steps of: forward on every tensor of IN, loss =
+ * sum over the outputs o named in G of sum(o * G[o]), backward into every parameter that requires grad,
+ * the gradients dropped (PyTorch's zero_grad(set_to_none=True)). The peak is the context's
+ * peak_bytes_in_use over the timed steps (weights included). --out writes the first step's outputs
+ * as "out.<name>" for a closeness check. Prints one line "RESULT {json}"; exit 1 on any error (the
+ * library's message on stderr), 2 when there is no GPU. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include "bench_util.h"
+#include "flame.h"
+
+#define MAX_TENSORS 64
+
+typedef struct {
+  const char* load;
+  const char* options;
+  const char* inputs;
+  const char* grads;
+  const char* out;
+  long checkpoint, warmup, steps;
+} Args;
+
+typedef struct {
+  int64_t n;
+  const char* names[MAX_TENSORS];
+  flame_tensor_t tensors[MAX_TENSORS];
+  flame_safetensors_t file;
+} TensorFile;
+
+static int check(flame_status_t s, const char* what) {
+  if (s == FLAME_OK) return 0;
+  fprintf(stderr, "flame_bench_model_step: %s failed: %s: %s\n", what, flame_status_string(s), flame_last_error_message());
+  exit(s == FLAME_ERROR_NO_DEVICE || s == FLAME_ERROR_NO_DRIVER ? 2 : 1);
+}
+
+static void usage(void) {
+  fprintf(stderr, "usage: flame_bench_model_step --load PATH --inputs IN.safetensors --grads G.safetensors [--options JSON] "
+                  "[--checkpoint N] [--warmup N] [--steps N] [--out OUT.safetensors]\n");
+  exit(1);
+}
+
+static Args parse(int argc, char** argv) {
+  Args a = {NULL, NULL, NULL, NULL, NULL, 0, 2, 5};
+  for (int i = 1; i < argc; i += 2) {
+    const char* k = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!v) usage();
+    if (!strcmp(k, "--load")) a.load = v;
+    else if (!strcmp(k, "--options")) a.options = v;
+    else if (!strcmp(k, "--inputs")) a.inputs = v;
+    else if (!strcmp(k, "--grads")) a.grads = v;
+    else if (!strcmp(k, "--out")) a.out = v;
+    else if (!strcmp(k, "--checkpoint")) a.checkpoint = strtol(v, NULL, 10);
+    else if (!strcmp(k, "--warmup")) a.warmup = strtol(v, NULL, 10);
+    else if (!strcmp(k, "--steps")) a.steps = strtol(v, NULL, 10);
+    else usage();
+  }
+  if (!a.load || !a.inputs || !a.grads || a.steps < 1 || a.warmup < 0) usage();
+  return a;
+}
+
+/* Every tensor of a safetensors file (names borrowed from the open file). */
+static TensorFile read_tensors(flame_ctx_t ctx, const char* path) {
+  TensorFile f;
+  memset(&f, 0, sizeof f);
+  check(flame_safetensors_load(ctx, path, &f.file), path);
+  check(flame_safetensors_count(f.file, &f.n), "flame_safetensors_count");
+  if (f.n > MAX_TENSORS) {
+    fprintf(stderr, "flame_bench_model_step: %s holds more than %d tensors\n", path, MAX_TENSORS);
+    exit(1);
+  }
+  for (int64_t i = 0; i < f.n; ++i) {
+    check(flame_safetensors_name(f.file, i, &f.names[i]), "flame_safetensors_name");
+    check(flame_safetensors_get(f.file, f.names[i], &f.tensors[i]), "flame_safetensors_get");
+  }
+  return f;
+}
+
+static void release_tensors(TensorFile* f) {
+  for (int64_t i = 0; i < f->n; ++i) flame_tensor_release(f->tensors[i]);
+  flame_safetensors_release(f->file);
+}
+
+/* The size of the file at path, or of the *.safetensors files directly inside a folder (0 if unknown). */
+static double checkpoint_bytes(const char* path) {
+  struct stat st;
+  if (stat(path, &st) != 0) return 0;
+  if (S_ISREG(st.st_mode)) return (double)st.st_size;
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "du -cb '%s'/*.safetensors 2>/dev/null | tail -1", path);
+  FILE* p = popen(cmd, "r");
+  double total = 0;
+  if (p) {
+    if (fscanf(p, "%lf", &total) != 1) total = 0;
+    pclose(p);
+  }
+  return total;
+}
+
+/* One step: forward, the loss, backward, gradients dropped. With out_path, the outputs are saved. */
+static void step(flame_ctx_t ctx, flame_model_t model, flame_params_t inputs, const TensorFile* grads,
+                 flame_params_t params, const char* out_path) {
+  flame_params_t outputs = NULL;
+  check(flame_model_forward(model, inputs, &outputs), "flame_model_forward");
+  flame_tensor_t loss = NULL;
+  const char* out_names[MAX_TENSORS];
+  char name_buf[MAX_TENSORS][256];
+  flame_tensor_t out_tensors[MAX_TENSORS];
+  for (int64_t i = 0; i < grads->n; ++i) {
+    flame_tensor_t y = NULL, prod = NULL, s = NULL;
+    check(flame_params_find(outputs, grads->names[i], &y), "flame_params_find");
+    if (!y) {
+      fprintf(stderr, "flame_bench_model_step: the model has no output %s\n", grads->names[i]);
+      exit(1);
+    }
+    snprintf(name_buf[i], sizeof name_buf[i], "out.%s", grads->names[i]);
+    out_names[i] = name_buf[i];
+    out_tensors[i] = y;
+    check(flame_mul(y, grads->tensors[i], &prod), "flame_mul");
+    check(flame_sum_all(prod, &s), "flame_sum_all");
+    flame_tensor_release(prod);
+    if (loss) {
+      flame_tensor_t next = NULL;
+      check(flame_add(loss, s, &next), "flame_add");
+      flame_tensor_release(loss);
+      flame_tensor_release(s);
+      loss = next;
+    } else {
+      loss = s;
+    }
+  }
+  if (out_path)
+    check(flame_safetensors_save(ctx, out_path, out_names, out_tensors, grads->n, NULL, 0), "flame_safetensors_save");
+  check(flame_backward(ctx, loss, NULL, 0), "flame_backward");
+  flame_tensor_release(loss);
+  flame_params_release(outputs);
+  int64_t n = 0;
+  check(flame_params_count(params, &n), "flame_params_count");
+  for (int64_t i = 0; i < n; ++i) {
+    flame_tensor_t p = NULL;
+    check(flame_params_tensor(params, i, &p), "flame_params_tensor");
+    check(flame_tensor_set_grad(p, NULL), "flame_tensor_set_grad");
+  }
+}
+
+static int compare_doubles(const void* a, const void* b) {
+  const double x = *(const double*)a, y = *(const double*)b;
+  return (x > y) - (x < y);
+}
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  flame_ctx_options_t o;
+  check(flame_ctx_options_init(&o), "flame_ctx_options_init");
+  flame_ctx_t ctx = NULL;
+  check(flame_ctx_create(&o, &ctx), "flame_ctx_create");
+
+  double t0 = now_ms();
+  flame_model_t model = NULL;
+  check(flame_model_load(ctx, a.load, a.options, &model), "flame_model_load");
+  check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
+  const double load_ms = now_ms() - t0;
+  const double bytes = checkpoint_bytes(a.load);
+  check(flame_model_set_checkpointing(model, a.checkpoint), "flame_model_set_checkpointing");
+
+  flame_params_t params = NULL, inputs = NULL;
+  check(flame_model_params(model, &params), "flame_model_params");
+  TensorFile in = read_tensors(ctx, a.inputs), grads = read_tensors(ctx, a.grads);
+  check(flame_params_create(ctx, &inputs), "flame_params_create");
+  for (int64_t i = 0; i < in.n; ++i) check(flame_params_add(inputs, in.names[i], in.tensors[i]), "flame_params_add");
+
+  for (long i = 0; i < a.warmup; ++i) step(ctx, model, inputs, &grads, params, i == 0 ? a.out : NULL);
+  check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
+  check(flame_ctx_reset_peak_memory(ctx), "flame_ctx_reset_peak_memory");
+  double* ms = calloc((size_t)a.steps, sizeof(double));
+  if (!ms) return 1;
+  for (long i = 0; i < a.steps; ++i) {
+    t0 = now_ms();
+    step(ctx, model, inputs, &grads, params, a.warmup == 0 && i == 0 ? a.out : NULL);
+    check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
+    ms[i] = now_ms() - t0;
+  }
+  flame_memory_stats_t mem;
+  memset(&mem, 0, sizeof mem);
+  check(flame_ctx_memory_stats(ctx, &mem), "flame_ctx_memory_stats");
+  qsort(ms, (size_t)a.steps, sizeof(double), compare_doubles);
+  printf("RESULT {\"load_ms\": %.1f, \"checkpoint_bytes\": %.0f, \"load_gb_per_s\": %.3f, \"step_ms_median\": %.3f, "
+         "\"step_ms_min\": %.3f, \"peak_bytes\": %llu, \"steps\": %ld}\n",
+         load_ms, bytes, bytes > 0 ? bytes / 1e9 / (load_ms / 1e3) : 0.0, ms[a.steps / 2], ms[0],
+         (unsigned long long)mem.peak_bytes_in_use, a.steps);
+  free(ms);
+  flame_params_release(inputs);
+  release_tensors(&in);
+  release_tensors(&grads);
+  flame_params_release(params);
+  flame_model_release(model);
+  flame_ctx_destroy(ctx);
+  return 0;
+}
