@@ -194,6 +194,7 @@ int main(int argc, char** argv) {
   }
   flame_memory_stats_t mem;
   memset(&mem, 0, sizeof mem);
+  mem.struct_size = sizeof mem;
   check(flame_ctx_memory_stats(ctx, &mem), "flame_ctx_memory_stats");
   qsort(ms, (size_t)a.steps, sizeof(double), compare_doubles);
   printf("RESULT {\"load_ms\": %.1f, \"checkpoint_bytes\": %.0f, \"load_gb_per_s\": %.3f, \"step_ms_median\": %.3f, "

@@ -134,6 +134,9 @@ void expect_same_gradients(flame_ctx_t ctx, flame_model_t m, const Inputs& in, c
     for (const std::vector<HT>* other : {&every, &second}) {
       const HT& a = plain[i];
       const HT& b = (*other)[i];
+      // HT() (no data) stands for "no gradient" (SD3's sin-cos table does not require grad)
+      ASSERT_EQ(a.data->empty(), b.data->empty()) << "gradient " << i << " exists in one run only";
+      if (a.data->empty()) continue;
       ASSERT_EQ(a.shape, b.shape) << "gradient " << i;
       const std::vector<double> va = a.values(), vb = b.values();
       double scale = 0, diff = 0;
@@ -178,11 +181,7 @@ TEST_F(MMDiTModels, FluxShapesCheckpointingAndErrors) {
   EXPECT_NE(std::string(flame_last_error_message()).find("axes_dims_rope"), std::string::npos);
 }
 
-// DISABLED: this test crashed the process (SIGSEGV) on an H200 at ced8217, session 19, the first
-// time it ran, after MMDiTModels.Flux* passed; SD3's parity cases (tests/models/check_model_parity.py
-// sd3_tiny / sd35_tiny, with and without checkpointing) pass. Find the crash (gdb / compute-sanitizer)
-// before enabling it again: issue 35.
-TEST_F(MMDiTModels, DISABLED_SD3ShapesCheckpointingTableAndErrors) {
+TEST_F(MMDiTModels, SD3ShapesCheckpointingTableAndErrors) {
   ModelHolder m;
   FLAME_ASSERT_OK(flame_model_create(ctx, "SD3Transformer2DModel", kSD3Config, nullptr, &m.m));
   const Inputs in = sd3_inputs(ctx);
