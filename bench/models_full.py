@@ -78,8 +78,10 @@ def flux():
     def forward(m, x):
         return m(**x).sample
 
+    # PyTorch 2.11's cuDNN SDPA backend failed in this model's backward on an H200 (CUBLAS_STATUS_EXECUTION_FAILED,
+    # then an illegal address, 2026-11-28): PyTorch runs Flux with its other SDPA backends
     return dict(name="Flux-dev transformer", cls=FluxTransformer2DModel, cfg=cfg, inputs=inputs, forward=forward,
-                checkpoint=1)
+                checkpoint=1, torch_cudnn_sdp=False)
 
 
 def sd35():
@@ -130,6 +132,7 @@ def torch_steps(model, forward, x, grad, warmup, steps):
 
 def run_model(key, args, work):
     spec = MODELS[key]()
+    torch.backends.cuda.enable_cudnn_sdp(spec.get("torch_cudnn_sdp", True))
     folder = os.path.join(work, key)
     shutil.rmtree(folder, ignore_errors=True)
     torch.manual_seed(0)
@@ -140,6 +143,7 @@ def run_model(key, args, work):
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)  # zero-initialised layers get weights too
     model = model.to(torch.bfloat16)
+    torch.cuda.empty_cache()  # the float32 construction's blocks
     model.save_pretrained(folder, max_shard_size="5GB")
     write_s = time.perf_counter() - t0
     n_params = sum(p.numel() for p in model.parameters())
@@ -154,7 +158,15 @@ def run_model(key, args, work):
     if spec["checkpoint"]:
         model.enable_gradient_checkpointing()
     model.train()
-    out_bf16, torch_ms, torch_peak = torch_steps(model, spec["forward"], x, grad, args.warmup, args.steps)
+    try:
+        out_bf16, torch_ms, torch_peak = torch_steps(model, spec["forward"], x, grad, args.warmup, args.steps)
+        torch_error = None
+    except RuntimeError as e:  # recorded; FLAME still runs and is compared with the f32 reference
+        out_bf16, torch_ms, torch_peak, torch_error = None, float("nan"), float("nan"), str(e).splitlines()[0][:300]
+        print(f"[{key}] PyTorch failed: {torch_error}", flush=True)
+        for p in model.parameters():
+            p.grad = None
+        torch.cuda.empty_cache()
     # The float32 reference: the same (bf16-rounded) weights and inputs, upcast.
     model = model.float().eval()
     with torch.no_grad():
@@ -176,7 +188,7 @@ def run_model(key, args, work):
            "--out", os.path.join(side, "flame_out.safetensors")]
     r = subprocess.run(cmd, capture_output=True, text=True)
     row = dict(model=spec["name"], key=key, params=n_params, checkpoint=spec["checkpoint"], torch_ms=torch_ms,
-               torch_peak_gib=torch_peak / 2**30, write_s=write_s)
+               torch_peak_gib=torch_peak / 2**30, write_s=write_s, torch_error=torch_error)
     if r.returncode != 0:
         row["error"] = (r.stderr or r.stdout).strip()[-2000:]
         print(f"[{key}] FLAME failed: {row['error']}", flush=True)
@@ -185,10 +197,12 @@ def run_model(key, args, work):
     flame_out = load_file(os.path.join(side, "flame_out.safetensors"))["out.sample"].float()
     row.update(flame_ms=res["step_ms_median"], flame_peak_gib=res["peak_bytes"] / 2**30,
                load_gb_per_s=res["load_gb_per_s"], load_s=res["load_ms"] / 1e3, checkpoint_gb=res["checkpoint_bytes"] / 1e9,
-               flame_err=rel(flame_out, ref), torch_err=rel(out_bf16, ref),
+               flame_err=rel(flame_out, ref), torch_err=rel(out_bf16, ref) if out_bf16 is not None else float("nan"),
                finite=bool(torch.isfinite(flame_out).all().item()))
     row["ratio"] = row["flame_ms"] / row["torch_ms"]
-    row["close"] = row["finite"] and row["flame_err"] <= 1.5 * row["torch_err"]
+    # without a PyTorch bf16 output, the spread of the other models (2-3e-2) is the bound
+    spread = row["torch_err"] if out_bf16 is not None else 3e-2
+    row["close"] = row["finite"] and row["flame_err"] <= 1.5 * spread
     print(f"[{key}] {json.dumps(row)}", flush=True)
     shutil.rmtree(folder, ignore_errors=True)
     return row
