@@ -2142,6 +2142,52 @@ FLAME_API flame_status_t flame_model_set_training(flame_model_t model, int32_t t
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model NULL, every_n_blocks negative), FLAME_ERROR_INVALID_HANDLE. */
 FLAME_API flame_status_t flame_model_set_checkpointing(flame_model_t model, int64_t every_n_blocks);
 
+/* ---- LoRA adapters on a model ----
+ * A LoRA adapter (Hu et al. 2021, as peft's LoRA) adds to chosen linear layers of a model, beside
+ * their frozen weight W (never merged into it while training),
+ *   y = x W^T + b + multiplier * (alpha / rank) * ((dropout(x) A^T) B^T)
+ * with A [rank, in] (the "down" / lora_A matrix) and B [out, rank] ("up" / lora_B) trainable leaf
+ * tensors, cast to the model's compute dtype at use. Layers are chosen by target names matched
+ * against the diffusers / transformers module names (a module matches a target equal to it or
+ * ending with "." + target, as peft's target_modules: "to_q" matches "down_blocks.1.attentions.0.
+ * transformer_blocks.0.attn1.to_q"; "re:<regex>" must match the whole name). A model may hold
+ * several adapters by name; each forward applies all of them in the order added. */
+
+/* Adds a LoRA adapter to model. options_json (NULL or an object; every key optional):
+ *   "name": string ("default"); "targets": [strings] (default: the architecture's usual targets:
+ *   the attention projections as diffusers' training scripts choose them: UNet2DConditionModel and
+ *   AutoencoderKL to_q, to_k, to_v, to_out.0; FluxTransformer2DModel attn.to_{q,k,v}, attn.to_out.0,
+ *   attn.add_{q,k,v}_proj, attn.to_add_out, ff.net.{0.proj,2}, ff_context.net.{0.proj,2};
+ *   SD3Transformer2DModel the same attention projections; CLIP q_proj, k_proj, v_proj, out_proj;
+ *   T5 SelfAttention.{q,k,v,o}); "rank": integer in [1, 65536] (16); "alpha": number (= rank);
+ *   "rank_pattern" / "alpha_pattern": {target: value} overriding rank / alpha for the modules a key
+ *   matches (the longest matching key wins); "init": "kaiming" (A uniform in +-1/sqrt(in), as
+ *   torch.nn.Linear and peft) or "gaussian" (A normal with std 1/rank), B zero either way, so that a
+ *   new adapter changes no output; drawn from the context's generator; "dropout": [0, 1) (0), on the
+ *   adapter's input in training mode; "dtype": "f32" (default), "bf16", "f16" or "f64" of A and B;
+ *   "freeze_base": true (default) makes every parameter of the model stop requiring grad;
+ *   "multiplier": number (1).
+ * OUT *adapter_params: a new list (release with flame_params_release) of the adapter's tensors
+ * themselves, "<module>.lora_A.weight" and "<module>.lora_B.weight" per module in the model's
+ * order (hand it to flame_optimizer_create; writing into them changes the adapter). NULL on failure,
+ * and the model is unchanged.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or adapter_params NULL, options not valid JSON, an
+ * unknown key or a bad value naming it, a name in use, a target matching no linear layer),
+ * FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA, FLAME_ERROR_UNSUPPORTED
+ * (during a graph capture). */
+FLAME_API flame_status_t flame_model_add_lora(flame_model_t model, const char* options_json, flame_params_t* adapter_params);
+
+/* OUT *adapter_params: a new list of the tensors of the adapter called name (NULL: "default"), as
+ * flame_model_add_lora returns it. Errors: FLAME_ERROR_INVALID_ARGUMENT (model or adapter_params
+ * NULL, no adapter of that name), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_OUT_OF_MEMORY (host). */
+FLAME_API flame_status_t flame_model_lora_params(flame_model_t model, const char* name, flame_params_t* adapter_params);
+
+/* Removes the adapter called name (NULL: "default") from the model: later forwards run without it
+ * (its tensors live on while references to them are held). Parameters frozen when it was added stay
+ * frozen. Errors: FLAME_ERROR_INVALID_ARGUMENT (model NULL, no adapter of that name),
+ * FLAME_ERROR_INVALID_HANDLE. */
+FLAME_API flame_status_t flame_model_remove_lora(flame_model_t model, const char* name);
+
 #ifdef __cplusplus
 }
 #endif

@@ -188,4 +188,40 @@ FLAME_API flame_status_t flame_model_set_checkpointing(flame_model_t model, int6
   });
 }
 
+FLAME_API flame_status_t flame_model_add_lora(flame_model_t model, const char* options_json, flame_params_t* adapter_params) {
+  return api_call("flame_model_add_lora", [&] {
+    flame_params_t* out = out_param(adapter_params, "adapter_params");
+    flame_model_s& m = model_of(model);
+    const models::LoraAdapterOptions o = models::parse_lora_adapter_options(json_arg(options_json, "options_json"));
+    ContextScope scope(*m.ctx);
+    m.ctx->check_alive();
+    m.ctx->forbid_in_capture("creating a LoRA adapter");
+    const models::LoraAdapter& adapter = models::add_lora(*m.model, o);
+    try {
+      *out = make_params_list(*m.ctx, adapter.named_tensors());
+    } catch (...) {  // nothing half-done: the adapter goes again (the base stays frozen if asked)
+      m.model->remove_lora_adapter(o.name);
+      throw;
+    }
+  });
+}
+
+FLAME_API flame_status_t flame_model_lora_params(flame_model_t model, const char* name, flame_params_t* adapter_params) {
+  return api_call("flame_model_lora_params", [&] {
+    flame_params_t* out = out_param(adapter_params, "adapter_params");
+    flame_model_s& m = model_of(model);
+    const std::string n = name ? name : "default";
+    const models::LoraAdapter* adapter = m.model->find_lora_adapter(n);
+    FLAME_CHECK(adapter, FLAME_ERROR_INVALID_ARGUMENT, "the model has no LoRA adapter \"", n, "\"");
+    *out = make_params_list(*m.ctx, adapter->named_tensors());
+  });
+}
+
+FLAME_API flame_status_t flame_model_remove_lora(flame_model_t model, const char* name) {
+  return api_call("flame_model_remove_lora", [&] {
+    flame_model_s& m = model_of(model);
+    m.model->remove_lora_adapter(name ? name : "default");
+  });
+}
+
 }  // extern "C"

@@ -109,6 +109,11 @@ class ClipTextModel : public Model {
   }
 
   std::vector<std::string> required_inputs() const override { return {"input_ids"}; }
+  // transformers' CLIP attention projections (diffusers' text-encoder LoRA targets)
+  std::vector<std::string> default_lora_targets() const override { return {"q_proj", "k_proj", "v_proj", "out_proj"}; }
+  bool is_embedding(const std::string& module) const override {
+    return module == "text_model.embeddings.token_embedding" || module == "text_model.embeddings.position_embedding";
+  }
   std::vector<std::string> optional_inputs() const override { return {"attention_mask", "position_ids"}; }
 
  protected:
@@ -141,7 +146,7 @@ class ClipTextModel : public Model {
                                   param("text_model.final_layer_norm.bias"), cfg_.layer_norm_eps);
     Tensor pooled = pool(last, ids);
     NamedTensors result{{"last_hidden_state", last}, {"pooler_output", pooled}};
-    if (with_projection_) result.emplace_back("text_embeds", ops::linear(pooled, param("text_projection.weight"), nullptr, ops::Activation::None));
+    if (with_projection_) result.emplace_back("text_embeds", adapted_linear(pooled, "text_projection", param("text_projection.weight"), nullptr));
     for (auto& o : out) result.push_back(std::move(o));
     return result;
   }
@@ -150,7 +155,7 @@ class ClipTextModel : public Model {
   static std::string layer_prefix(int64_t i) { return "text_model.encoder.layers." + std::to_string(i) + "."; }
 
   Tensor lin(const Tensor& x, const std::string& name) const {
-    return ops::linear(x, param(name + ".weight"), param(name + ".bias"), ops::Activation::None);
+    return adapted_linear(x, name, param(name + ".weight"), param(name + ".bias"));
   }
 
   // Null for the plain causal mask; else a bool [B, 1, T, T] mask: causal and the key kept by

@@ -53,7 +53,7 @@ void MMDiTModel::add_two_layer_mlp(const std::string& prefix, int64_t hidden, in
 
 Tensor MMDiTModel::lin(const Tensor& x, const std::string& name, ops::Activation act) const {
   const std::string bias = name + ".bias";
-  return ops::linear(x, param(name + ".weight"), params().find(bias) ? param(bias) : nullptr, act);
+  return adapted_linear(x, name, param(name + ".weight"), params().find(bias) ? param(bias) : nullptr, act);
 }
 
 Tensor MMDiTModel::feed_forward(const Tensor& x, const std::string& prefix) const {

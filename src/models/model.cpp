@@ -10,9 +10,7 @@
 
 namespace flame::models {
 
-namespace {
-
-DType dtype_from_name(const std::string& s, const char* key) {
+DType float_dtype_from_name(const std::string& s, const char* key) {
   static const std::pair<const char*, DType> kNames[] = {
       {"f32", FLAME_DTYPE_F32},   {"float32", FLAME_DTYPE_F32}, {"f16", FLAME_DTYPE_F16},
       {"float16", FLAME_DTYPE_F16}, {"bf16", FLAME_DTYPE_BF16}, {"bfloat16", FLAME_DTYPE_BF16},
@@ -23,8 +21,6 @@ DType dtype_from_name(const std::string& s, const char* key) {
   fail(FLAME_ERROR_INVALID_ARGUMENT, "options: \"", key, "\" is \"", s,
               "\", not one of f32, f16, bf16, f64 (or float32, float16, bfloat16, float64)");
 }
-
-}  // namespace
 
 ModelOptions parse_model_options(const nlohmann::json& options) {
   ModelOptions o;
@@ -39,12 +35,12 @@ ModelOptions parse_model_options(const nlohmann::json& options) {
   bool compute_given = false;
   if (options.contains("dtype")) {
     FLAME_CHECK(options["dtype"].is_string(), FLAME_ERROR_INVALID_ARGUMENT, "options: \"dtype\" must be a string");
-    o.param_dtype = dtype_from_name(options["dtype"].get<std::string>(), "dtype");
+    o.param_dtype = float_dtype_from_name(options["dtype"].get<std::string>(), "dtype");
   }
   if (options.contains("compute_dtype")) {
     FLAME_CHECK(options["compute_dtype"].is_string(), FLAME_ERROR_INVALID_ARGUMENT,
                 "options: \"compute_dtype\" must be a string");
-    o.compute_dtype = dtype_from_name(options["compute_dtype"].get<std::string>(), "compute_dtype");
+    o.compute_dtype = float_dtype_from_name(options["compute_dtype"].get<std::string>(), "compute_dtype");
     compute_given = true;
   }
   if (!compute_given) o.compute_dtype = o.param_dtype;
@@ -92,6 +88,82 @@ Tensor Model::add_param(const std::string& name, const Shape& shape) {
 Tensor Model::param(const std::string& name) const {
   const Tensor& p = params_.get(name);
   return p->dtype == options_.compute_dtype ? p : ops::to_dtype(p, options_.compute_dtype);
+}
+
+std::vector<LinearModule> Model::linear_modules() const {
+  std::vector<LinearModule> out;
+  const std::string suffix = ".weight";
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const std::string& n = params_.names()[i];
+    const Tensor& t = params_.tensors()[i];
+    if (t->ndim() != 2 || n.size() <= suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string module = n.substr(0, n.size() - suffix.size());
+    if (!is_embedding(module)) out.push_back({module, t->shape[0], t->shape[1]});
+  }
+  return out;
+}
+
+const LoraAdapter* Model::find_lora_adapter(const std::string& name) const {
+  for (const auto& a : adapters_)
+    if (a->name == name) return a.get();
+  return nullptr;
+}
+
+void Model::add_lora_adapter(std::shared_ptr<LoraAdapter> adapter) {
+  FLAME_CHECK(adapter && !adapter->name.empty(), FLAME_ERROR_INVALID_ARGUMENT, "LoRA adapter without a name");
+  FLAME_CHECK(!find_lora_adapter(adapter->name), FLAME_ERROR_INVALID_ARGUMENT, "the model has a LoRA adapter \"",
+              adapter->name, "\" already");
+  const std::vector<LinearModule> linear = linear_modules();
+  for (const LoraModule& m : adapter->modules) {
+    const LinearModule* target = nullptr;
+    for (const LinearModule& l : linear)
+      if (l.name == m.module) target = &l;
+    FLAME_CHECK(target, FLAME_ERROR_INVALID_ARGUMENT, "LoRA module ", m.module, " is not a linear layer of ", class_name_);
+    FLAME_CHECK(m.down && m.up && m.down->ndim() == 2 && m.up->ndim() == 2 && m.down->shape[1] == target->in_features &&
+                    m.up->shape[0] == target->out_features && m.up->shape[1] == m.down->shape[0],
+                FLAME_ERROR_INVALID_ARGUMENT, "LoRA module ", m.module, ": A must be [rank, ", target->in_features,
+                "] and B [", target->out_features, ", rank]");
+    FLAME_CHECK(&m.down->ctx() == ctx_.get() && &m.up->ctx() == ctx_.get(), FLAME_ERROR_INVALID_ARGUMENT,
+                "LoRA module ", m.module, " belongs to another context");
+  }
+  adapters_.push_back(std::move(adapter));
+}
+
+void Model::remove_lora_adapter(const std::string& name) {
+  for (auto it = adapters_.begin(); it != adapters_.end(); ++it)
+    if ((*it)->name == name) {
+      adapters_.erase(it);
+      return;
+    }
+  fail(FLAME_ERROR_INVALID_ARGUMENT, "the model has no LoRA adapter \"", name, "\"");
+}
+
+const LoraAdapter& add_lora(Model& m, const LoraAdapterOptions& options) {
+  FLAME_CHECK(!m.find_lora_adapter(options.name), FLAME_ERROR_INVALID_ARGUMENT, "the model has a LoRA adapter \"",
+              options.name, "\" already");
+  const std::vector<std::string> targets = options.targets.empty() ? m.default_lora_targets() : options.targets;
+  std::shared_ptr<LoraAdapter> adapter = create_lora_adapter(m.ctx(), m.linear_modules(), targets, options);
+  m.add_lora_adapter(adapter);
+  if (options.freeze_base)
+    for (const Tensor& p : m.params().tensors()) autograd_meta(*p).requires_grad = false;
+  return *adapter;
+}
+
+Tensor Model::adapted_linear(const Tensor& x, const std::string& module, const Tensor& weight, const Tensor& bias,
+                             ops::Activation act) const {
+  std::vector<std::pair<const LoraAdapter*, const LoraModule*>> terms;
+  for (const auto& a : adapters_)
+    if (const LoraModule* m = a->find(module)) terms.emplace_back(a.get(), m);
+  if (terms.empty()) return ops::linear(x, weight, bias, act);
+  Tensor y = ops::linear(x, weight, bias, ops::Activation::None);
+  for (const auto& [adapter, m] : terms) y = ops::add(y, lora_delta(*adapter, *m, x, training_));
+  switch (act) {
+    case ops::Activation::None: return y;
+    case ops::Activation::Relu: return ops::unary(OpId::Relu, y);
+    case ops::Activation::GeluTanh: return ops::unary(OpId::GeluTanh, y);
+  }
+  fail(FLAME_ERROR_INTERNAL, "unknown activation of a linear layer");
 }
 
 Tensor Model::to_compute(const Tensor& t) const {

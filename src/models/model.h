@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 #include <nlohmann/json.hpp>
+#include "models/model_lora.h"
+#include "ops/ops.h"
 #include "tensor/tensor.h"
 
 namespace flame::models {
@@ -35,6 +37,9 @@ struct ModelOptions {
 // Parses {"dtype": "bf16", "compute_dtype": "bf16"} (both optional; compute_dtype defaults to
 // dtype, F8 storage computes in bf16). Unknown keys or values fail with FLAME_ERROR_INVALID_ARGUMENT.
 ModelOptions parse_model_options(const nlohmann::json& options);
+// "f32" / "float32", "f16" / "float16", "bf16" / "bfloat16", "f64" / "float64"; anything else fails
+// with FLAME_ERROR_INVALID_ARGUMENT naming the options key.
+DType float_dtype_from_name(const std::string& name, const char* key);
 
 // The parameters of a model in registration order, names unique.
 class ParamStore {
@@ -86,6 +91,20 @@ class Model : public std::enable_shared_from_this<Model> {
   // (FLAME_ERROR_INVALID_ARGUMENT naming it), then calls run().
   NamedTensors forward(const NamedTensors& inputs);
 
+  // The linear layers (every 2-D "<module>.weight" that is not an embedding), in parameter order.
+  std::vector<LinearModule> linear_modules() const;
+  // The modules LoRA adapts when no targets are given: the usual defaults of diffusers' training
+  // scripts for the architecture (its attention projections).
+  virtual std::vector<std::string> default_lora_targets() const = 0;
+
+  // LoRA adapters (model_lora.h), applied in every forward by adapted_linear in the order added.
+  const std::vector<std::shared_ptr<LoraAdapter>>& lora_adapters() const { return adapters_; }
+  const LoraAdapter* find_lora_adapter(const std::string& name) const;
+  // Adds an adapter whose modules are linear layers of this model with matching shapes (a name in
+  // use, an unknown module or a shape that is not [rank, in] / [out, rank]: FLAME_ERROR_INVALID_ARGUMENT).
+  void add_lora_adapter(std::shared_ptr<LoraAdapter> adapter);
+  void remove_lora_adapter(const std::string& name);  // FLAME_ERROR_INVALID_ARGUMENT when absent
+
   // Fills every parameter with the reference class's default initialisation distribution family
   // (normal weights, unit norm scales, zero biases; documented per model), drawn from the context's
   // generator. Used by flame_model_create.
@@ -98,6 +117,12 @@ class Model : public std::enable_shared_from_this<Model> {
   static const Tensor* optional_input(const NamedTensors& inputs, const std::string& name);
   // The parameter called name in compute_dtype (a recorded cast when the storage dtype differs).
   Tensor param(const std::string& name) const;
+  // linear(x, weight, bias) (bias may be null) plus the term of every LoRA adapter on module, then act:
+  // the one way an architecture runs a linear layer, so that adapters reach all of them.
+  Tensor adapted_linear(const Tensor& x, const std::string& module, const Tensor& weight, const Tensor& bias,
+                        ops::Activation act = ops::Activation::None) const;
+  // Embedding tables among the 2-D "<module>.weight" parameters (not linear layers).
+  virtual bool is_embedding(const std::string& module) const { (void)module; return false; }
   // A float input cast to compute_dtype (unchanged when it already is).
   Tensor to_compute(const Tensor& t) const;
   Tensor add_param(const std::string& name, const Shape& shape);
@@ -118,7 +143,13 @@ class Model : public std::enable_shared_from_this<Model> {
   ParamStore params_;
   bool training_ = false;
   CheckpointPolicy checkpoint_;
+  std::vector<std::shared_ptr<LoraAdapter>> adapters_;
 };
+
+// A new LoRA adapter on m made from options (the model's default targets when options.targets is
+// empty), added to m; with options.freeze_base every parameter of m stops requiring grad. Nothing
+// changes on an error (a name in use, a target matching nothing, a bad option).
+const LoraAdapter& add_lora(Model& m, const LoraAdapterOptions& options);
 
 // The architectures create_model knows, by class name ("CLIPTextModel", ...), in a stable order.
 std::vector<std::string> model_class_names();

@@ -130,6 +130,13 @@ class T5EncoderModel : public Model {
   }
 
   std::vector<std::string> required_inputs() const override { return {"input_ids"}; }
+  // the self-attention projections
+  std::vector<std::string> default_lora_targets() const override {
+    return {"SelfAttention.q", "SelfAttention.k", "SelfAttention.v", "SelfAttention.o"};
+  }
+  bool is_embedding(const std::string& module) const override {
+    return module == "shared" || module.find("relative_attention_bias") != std::string::npos;
+  }
   std::vector<std::string> optional_inputs() const override { return {"attention_mask"}; }
 
   void initialize() override {
@@ -180,7 +187,7 @@ class T5EncoderModel : public Model {
   static std::string block_prefix(int64_t i) { return "encoder.block." + std::to_string(i) + "."; }
 
   Tensor lin(const Tensor& x, const std::string& name) const {
-    return ops::linear(x, param(name), nullptr, ops::Activation::None);
+    return adapted_linear(x, name.substr(0, name.size() - 7), param(name), nullptr);  // module: name less ".weight"
   }
 
   // [1 or B, heads, T, T] in the compute dtype: the relative position bias, plus the dtype's lowest

@@ -91,7 +91,7 @@ Tensor ConvNetModel::group_norm(const Tensor& x, const std::string& p, int64_t g
 }
 
 Tensor ConvNetModel::linear(const Tensor& x, const std::string& p, bool bias) const {
-  return ops::linear(x, param(p + ".weight"), bias ? param(p + ".bias") : nullptr, ops::Activation::None);
+  return adapted_linear(x, p, param(p + ".weight"), bias ? param(p + ".bias") : nullptr);
 }
 
 Tensor ConvNetModel::linear_weight(const std::string& p) const {
@@ -140,7 +140,7 @@ Tensor ConvNetModel::transformer2d(const Tensor& x, const Tensor& context, const
   const int64_t B = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
   Tensor h = group_norm(x, p + "norm", a.groups, 1e-6);
   h = ops::reshape(ops::permute(h, {0, 2, 3, 1}), {B, H * W, C});
-  h = ops::linear(h, linear_weight(p + "proj_in"), param(p + "proj_in.bias"), ops::Activation::None);
+  h = adapted_linear(h, p + "proj_in", linear_weight(p + "proj_in"), param(p + "proj_in.bias"));
   for (int64_t k = 0; k < a.depth; ++k) {
     const std::string block = p + "transformer_blocks." + std::to_string(k) + ".";
     const int64_t heads = a.heads;
@@ -148,7 +148,7 @@ Tensor ConvNetModel::transformer2d(const Tensor& x, const Tensor& context, const
       return transformer_block(t, c, block, heads, context_bias);
     }, h, context);
   }
-  h = ops::linear(h, linear_weight(p + "proj_out"), param(p + "proj_out.bias"), ops::Activation::None);
+  h = adapted_linear(h, p + "proj_out", linear_weight(p + "proj_out"), param(p + "proj_out.bias"));
   h = ops::permute(ops::reshape(h, {B, H, W, C}), {0, 3, 1, 2});
   return ops::add(h, x);
 }

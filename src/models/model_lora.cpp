@@ -1,0 +1,183 @@
+// LoRA adapters on a model's linear layers: options, creation and the adapter's term (model_lora.h).
+#include "models/model_lora.h"
+#include <cmath>
+#include <regex>
+#include "core/error.h"
+#include "models/model.h"
+#include "ops/nnops.h"
+#include "ops/ops.h"
+#include "tensor/autograd_graph.h"
+
+namespace flame::models {
+
+bool lora_target_matches(const std::string& module, const std::string& target) {
+  if (target.rfind("re:", 0) == 0) {
+    try {
+      return std::regex_match(module, std::regex(target.substr(3)));
+    } catch (const std::regex_error& e) {
+      fail(FLAME_ERROR_INVALID_ARGUMENT, "LoRA target \"", target, "\" is not a valid regular expression: ", e.what());
+    }
+  }
+  if (module == target) return true;
+  return module.size() > target.size() && module.compare(module.size() - target.size(), target.size(), target) == 0 &&
+         module[module.size() - target.size() - 1] == '.';
+}
+
+namespace {
+
+int64_t rank_value(const nlohmann::json& v, const std::string& key) {
+  FLAME_CHECK(v.is_number_integer(), FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: \"", key, "\" must be an integer");
+  const int64_t r = v.get<int64_t>();
+  FLAME_CHECK(r >= 1 && r <= 65536, FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: \"", key, "\" is ", r,
+              ", not in [1, 65536]");
+  return r;
+}
+
+double finite_value(const nlohmann::json& v, const std::string& key) {
+  FLAME_CHECK(v.is_number(), FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: \"", key, "\" must be a number");
+  const double d = v.get<double>();
+  FLAME_CHECK(std::isfinite(d), FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: \"", key, "\" must be finite");
+  return d;
+}
+
+// The value of the most specific (longest) pattern that matches module, or fallback.
+template <typename V>
+V pattern_value(const std::vector<std::pair<std::string, V>>& patterns, const std::string& module, V fallback) {
+  size_t best = 0;
+  V value = fallback;
+  for (const auto& [pattern, v] : patterns)
+    if (pattern.size() > best && lora_target_matches(module, pattern)) {
+      best = pattern.size();
+      value = v;
+    }
+  return value;
+}
+
+}  // namespace
+
+LoraAdapterOptions parse_lora_adapter_options(const nlohmann::json& options) {
+  LoraAdapterOptions o;
+  if (options.is_null()) return o;
+  FLAME_CHECK(options.is_object(), FLAME_ERROR_INVALID_ARGUMENT, "LoRA options must be a JSON object");
+  static const char* const kKeys[] = {"name",    "targets", "rank",  "alpha",       "rank_pattern", "alpha_pattern",
+                                      "init",    "dropout", "dtype", "freeze_base", "multiplier"};
+  for (auto it = options.begin(); it != options.end(); ++it) {
+    bool known = false;
+    for (const char* k : kKeys) known = known || it.key() == k;
+    FLAME_CHECK(known, FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: unknown key \"", it.key(),
+                "\" (known: name, targets, rank, alpha, rank_pattern, alpha_pattern, init, dropout, dtype, "
+                "freeze_base, multiplier)");
+  }
+  if (options.contains("name")) {
+    FLAME_CHECK(options["name"].is_string() && !options["name"].get<std::string>().empty(),
+                FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: \"name\" must be a non-empty string");
+    o.name = options["name"].get<std::string>();
+  }
+  if (options.contains("targets")) {
+    const auto& t = options["targets"];
+    FLAME_CHECK(t.is_array(), FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: \"targets\" must be an array of strings");
+    for (const auto& s : t) {
+      FLAME_CHECK(s.is_string() && !s.get<std::string>().empty(), FLAME_ERROR_INVALID_ARGUMENT,
+                  "LoRA options: \"targets\" must hold non-empty strings");
+      o.targets.push_back(s.get<std::string>());
+    }
+  }
+  if (options.contains("rank")) o.rank = rank_value(options["rank"], "rank");
+  o.alpha = options.contains("alpha") ? finite_value(options["alpha"], "alpha") : static_cast<double>(o.rank);
+  for (const char* key : {"rank_pattern", "alpha_pattern"}) {
+    if (!options.contains(key)) continue;
+    const auto& p = options[key];
+    FLAME_CHECK(p.is_object(), FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: \"", key, "\" must be an object");
+    for (auto it = p.begin(); it != p.end(); ++it) {
+      const std::string k = std::string(key) + "." + it.key();
+      if (std::string(key) == "rank_pattern") o.rank_pattern.emplace_back(it.key(), rank_value(it.value(), k));
+      else o.alpha_pattern.emplace_back(it.key(), finite_value(it.value(), k));
+    }
+  }
+  if (options.contains("init")) {
+    FLAME_CHECK(options["init"].is_string(), FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: \"init\" must be a string");
+    o.init = options["init"].get<std::string>();
+    FLAME_CHECK(o.init == "kaiming" || o.init == "gaussian", FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: \"init\" is \"",
+                o.init, "\", not kaiming or gaussian");
+  }
+  if (options.contains("dropout")) {
+    o.dropout = finite_value(options["dropout"], "dropout");
+    FLAME_CHECK(o.dropout >= 0 && o.dropout < 1, FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: \"dropout\" must be in [0, 1)");
+  }
+  if (options.contains("dtype")) {
+    FLAME_CHECK(options["dtype"].is_string(), FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: \"dtype\" must be a string");
+    o.dtype = float_dtype_from_name(options["dtype"].get<std::string>(), "dtype");
+  }
+  if (options.contains("freeze_base")) {
+    FLAME_CHECK(options["freeze_base"].is_boolean(), FLAME_ERROR_INVALID_ARGUMENT,
+                "LoRA options: \"freeze_base\" must be true or false");
+    o.freeze_base = options["freeze_base"].get<bool>();
+  }
+  if (options.contains("multiplier")) o.multiplier = finite_value(options["multiplier"], "multiplier");
+  return o;
+}
+
+const LoraModule* LoraAdapter::find(const std::string& module) const {
+  for (const LoraModule& m : modules)
+    if (m.module == module) return &m;
+  return nullptr;
+}
+
+std::vector<std::pair<std::string, Tensor>> LoraAdapter::named_tensors() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const LoraModule& m : modules) {
+    out.emplace_back(m.module + ".lora_A.weight", m.down);
+    out.emplace_back(m.module + ".lora_B.weight", m.up);
+  }
+  return out;
+}
+
+std::shared_ptr<LoraAdapter> create_lora_adapter(Context& ctx, const std::vector<LinearModule>& modules,
+                                                 const std::vector<std::string>& targets,
+                                                 const LoraAdapterOptions& options) {
+  FLAME_CHECK(!targets.empty(), FLAME_ERROR_INVALID_ARGUMENT, "LoRA: no target modules");
+  for (const std::string& t : targets) {
+    bool any = false;
+    for (const LinearModule& m : modules) any = any || lora_target_matches(m.name, t);
+    FLAME_CHECK(any, FLAME_ERROR_INVALID_ARGUMENT, "LoRA target \"", t, "\" matches no linear layer of the model");
+  }
+  auto adapter = std::make_shared<LoraAdapter>();
+  adapter->name = options.name;
+  adapter->multiplier = options.multiplier;
+  adapter->dropout = options.dropout;
+  for (const LinearModule& m : modules) {
+    bool selected = false;
+    for (const std::string& t : targets) selected = selected || lora_target_matches(m.name, t);
+    if (!selected) continue;
+    const int64_t rank = pattern_value(options.rank_pattern, m.name, options.rank);
+    const double alpha = pattern_value(options.alpha_pattern, m.name, options.alpha);
+    LoraModule lm;
+    lm.module = m.name;
+    lm.alpha = alpha;
+    if (options.init == "gaussian") {
+      lm.down = ops::to_dtype(ops::mul_scalar(ops::randn(ctx, {rank, m.in_features}, FLAME_DTYPE_F32), 1.0 / rank),
+                              options.dtype);
+    } else {  // torch.nn.Linear's and peft's Kaiming-uniform (a = sqrt(5)): U(-1/sqrt(in), 1/sqrt(in))
+      const double bound = 1.0 / std::sqrt(static_cast<double>(m.in_features));
+      lm.down = ops::to_dtype(
+          ops::add_scalar(ops::mul_scalar(ops::rand(ctx, {rank, m.in_features}, FLAME_DTYPE_F32), 2 * bound), -bound),
+          options.dtype);
+    }
+    lm.up = ops::zeros(ctx, {m.out_features, rank}, options.dtype);
+    autograd_meta(*lm.down).requires_grad = true;  // fresh results of untracked ops: leaves now
+    autograd_meta(*lm.up).requires_grad = true;
+    adapter->modules.push_back(std::move(lm));
+  }
+  return adapter;
+}
+
+Tensor lora_delta(const LoraAdapter& adapter, const LoraModule& m, const Tensor& x, bool training) {
+  const DType d = x->dtype;
+  const Tensor a = m.down->dtype == d ? m.down : ops::to_dtype(m.down, d);
+  const Tensor b = m.up->dtype == d ? m.up : ops::to_dtype(m.up, d);
+  const Tensor in = training && adapter.dropout > 0 ? ops::dropout(x, adapter.dropout, true) : x;
+  const Tensor h = ops::mul_scalar(ops::linear(in, a, nullptr, ops::Activation::None), adapter.multiplier * m.scale());
+  return ops::linear(h, b, nullptr, ops::Activation::None);
+}
+
+}  // namespace flame::models

@@ -1,0 +1,82 @@
+// LoRA adapters on a model's linear layers (issue 36), as peft's LoraLayer applies them: beside the
+// frozen weight, never merged while training,
+//   y = linear(x, W, b) + multiplier * (alpha / rank) * linear(linear(dropout(x), A), B)
+// with A ("down", [rank, in]) and B ("up", [out, rank]) leaves of their own dtype (f32 by default),
+// cast to the model's compute dtype at use (recorded, so gradients reach them in their dtype).
+// A model holds any number of named adapters; each covers the linear modules its targets match
+// (diffusers / transformers module names, e.g. "transformer_blocks.0.attn.to_q"), with a rank and an
+// alpha per module (rank_pattern / alpha_pattern as peft's). Every architecture applies them through
+// Model::adapted_linear, so a new architecture gets LoRA by routing its linear layers there.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+#include <nlohmann/json.hpp>
+#include "tensor/tensor.h"
+
+namespace flame::models {
+
+// A linear layer of a model: its module name and its weight's [out, in].
+struct LinearModule {
+  std::string name;
+  int64_t out_features = 0;
+  int64_t in_features = 0;
+};
+
+// Whether a module name matches a target as peft's target_modules does: equal to it, or ending with
+// "." + target ("to_q" matches "transformer_blocks.0.attn.to_q"; "attn.to_q" as well). A target
+// starting with "re:" is an ECMAScript regular expression the whole name must match.
+bool lora_target_matches(const std::string& module, const std::string& target);
+
+struct LoraAdapterOptions {
+  std::string name = "default";
+  std::vector<std::string> targets;  // empty: the architecture's default targets
+  int64_t rank = 16;
+  double alpha = 16.0;  // absent from the JSON: alpha = rank (scale 1)
+  // The first matching entry (target syntax as above) sets a module's rank / alpha.
+  std::vector<std::pair<std::string, int64_t>> rank_pattern;
+  std::vector<std::pair<std::string, double>> alpha_pattern;
+  std::string init = "kaiming";  // "kaiming": A ~ U(-1/sqrt(in), 1/sqrt(in)); "gaussian": A ~ N(0, 1/rank); B = 0
+  double dropout = 0.0;          // on the adapter's input, in training mode only
+  DType dtype = FLAME_DTYPE_F32;  // of A and B
+  bool freeze_base = true;        // the model's own parameters stop requiring grad
+  double multiplier = 1.0;        // the adapter's strength (ComfyUI's / kohya's multiplier)
+};
+
+// Reads flame_model_add_lora's options JSON; unknown keys and bad values fail with
+// FLAME_ERROR_INVALID_ARGUMENT naming the key.
+LoraAdapterOptions parse_lora_adapter_options(const nlohmann::json& options);
+
+struct LoraModule {
+  std::string module;  // the linear module it adapts
+  Tensor down;         // A [rank, in]
+  Tensor up;           // B [out, rank]
+  double alpha = 0.0;
+  int64_t rank() const { return down->shape[0]; }
+  double scale() const { return alpha / static_cast<double>(rank()); }
+};
+
+struct LoraAdapter {
+  std::string name;
+  double multiplier = 1.0;
+  double dropout = 0.0;
+  std::vector<LoraModule> modules;  // in the model's module order
+  const LoraModule* find(const std::string& module) const;
+  // The adapter's tensors under peft's names: "<module>.lora_A.weight", "<module>.lora_B.weight".
+  std::vector<std::pair<std::string, Tensor>> named_tensors() const;
+};
+
+// The adapter a set of options makes for modules (the model's linear layers): the targets select
+// modules (a target that selects nothing is FLAME_ERROR_INVALID_ARGUMENT naming it), A and B are
+// created in options.dtype with the init asked for, drawn from ctx's generator.
+std::shared_ptr<LoraAdapter> create_lora_adapter(Context& ctx, const std::vector<LinearModule>& modules,
+                                                 const std::vector<std::string>& targets,
+                                                 const LoraAdapterOptions& options);
+
+// multiplier * scale * B(A(dropout(x))) in x's dtype, recorded.
+Tensor lora_delta(const LoraAdapter& adapter, const LoraModule& m, const Tensor& x, bool training);
+
+}  // namespace flame::models
