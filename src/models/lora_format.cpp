@@ -277,6 +277,11 @@ ComponentTable component_table(const std::string& class_name, const nlohmann::js
     case ModelKind::ClipG: add_mapped(t, clip_parameter_table(read_clip_config(config, t.kind == ModelKind::ClipG)), true); break;
     case ModelKind::T5: add_mapped(t, t5_parameter_table(read_t5_config(config)), true); break;
   }
+  // Members of a fused original in row order: the rank blocks of a saved up then follow the output
+  // rows, as diffusers' block-diagonal ("sparse") detection expects (q, k, v, mlp).
+  for (auto& [original, members] : t.by_original)
+    std::stable_sort(members.begin(), members.end(),
+                     [&](size_t a, size_t b) { return t.pieces[a].row_begin < t.pieces[b].row_begin; });
   t.kohya_saves_diffusers_names = !(t.kind == ModelKind::Flux || t.kind == ModelKind::SD3 || t.kind == ModelKind::SDXLUNet);
   if (denoiser) {
     t.kohya_prefix = "lora_unet";
@@ -487,8 +492,11 @@ const SuffixRule kSuffixes[] = {
     {".alpha", KeyRole::Alpha, false},
 };
 
-const char* const kUnsupportedMarks[] = {".dora_scale", ".lora_magnitude_vector", ".hada_w", ".lokr_w", ".lokr_t", ".hada_t",
-                                         ".lora_mid.", ".diff", ".diff_b", ".lora_B.bias", ".w_norm", ".b_norm"};
+// Keys of adapters FLAME cannot load yet (DoRA, LyCORIS, LoCon's mid, peft's lora bias, full diffs),
+// by a piece of their name (after ".") or their ending.
+const char* const kUnsupportedMarks[] = {".dora_scale", ".lora_magnitude_vector", ".hada_w", ".lokr_w", ".lokr_t",
+                                         ".hada_t", ".lora_mid.", ".lora_B.bias", ".w_norm", ".b_norm"};
+const char* const kUnsupportedEndings[] = {".diff", ".diff_b"};
 
 struct Pair {
   const KeyShape* down = nullptr;
@@ -649,8 +657,10 @@ LoraLoadPlan plan_lora_load(const std::string& class_name, const nlohmann::json&
         break;
       }
     if (!rule) {
-      for (const char* mark : kUnsupportedMarks)
-        if (k.name.find(mark) != std::string::npos)
+      bool unsupported = false;
+      for (const char* mark : kUnsupportedMarks) unsupported = unsupported || k.name.find(mark) != std::string::npos;
+      for (const char* ending : kUnsupportedEndings) unsupported = unsupported || ends_with(k.name, ending);
+      if (unsupported)
           fail(FLAME_ERROR_INVALID_FORMAT, "LoRA key ", k.name,
                ": DoRA, LyCORIS (LoHa, LoKr), LoCon mid, bias and diff tensors are not supported yet");
       fail(FLAME_ERROR_INVALID_FORMAT, "LoRA key ", k.name, ": not a LoRA down, up or alpha tensor");
