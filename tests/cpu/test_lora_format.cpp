@@ -10,7 +10,10 @@
 //    when missing), or "<name>.lora_B.weight" + "<name>.lora_A.weight"; up [out, r], down [r, in].
 //  - denoiser names: "lora_unet_" + the original weight's name under "diffusion_model." without
 //    ".weight", '.' -> '_' (for a UNet also the diffusers names, via unet_to_diffusers); diffusers names
-//    "transformer.<diffusers module>" (Flux, SD3) or "unet.<diffusers module>" (UNet).
+//    "transformer.<diffusers module>" (Flux, SD3: flux_to_diffusers / mmdit_to_diffusers). For a UNet
+//    ComfyUI maps only the old attention-processor names ("unet.<...>.processor.to_q"), not peft's
+//    "unet.<diffusers module>": a peft SDXL / SD 1.5 file is for diffusers, kohya is for ComfyUI. The
+//    peft keys of a UNet and of T5 are checked against the model's diffusers modules instead.
 //  - CLIP: "lora_te1_text_model_encoder_layers_<b>_<c>" (CLIP-L), "lora_te2_..." (bigG with CLIP-L
 //    present), c in LORA_CLIP_MAP (self_attn_{q,k,v,out}_proj, mlp_fc1, mlp_fc2); diffusers
 //    "text_encoder.text_model.encoder.layers.<b>.<c dotted>", "text_encoder_2...."
@@ -71,7 +74,7 @@ std::map<std::string, std::vector<int64_t>> comfy_lora_names(const std::string& 
     for (const UNetParameter& p : unet_parameters(c)) {
       add_original(p.original_name, p.shape);
       add_original(p.diffusers_name, p.shape);  // unet_to_diffusers: lora_unet_<diffusers name>
-      add_diffusers("unet.", p.diffusers_name, p.shape);
+      add_diffusers("unet.", p.diffusers_name, p.shape);  // not ComfyUI: diffusers' peft names (see above)
     }
   } else if (model == "sd3") {
     const MappedTable t = sd3_parameter_table(SD3Config());
@@ -95,7 +98,7 @@ std::map<std::string, std::vector<int64_t>> comfy_lora_names(const std::string& 
       const std::string m = strip(k.name, ".weight");
       if (!m.empty() && k.shape.size() == 2) {
         names["lora_te3_" + underscored(m)] = k.shape;
-        names["text_encoder_3." + m] = k.shape;  // diffusers' peft naming (SD3 pipeline); ComfyUI: not mapped
+        names["text_encoder_3." + m] = k.shape;  // not ComfyUI: diffusers' peft names (SD3 pipeline)
       }
     }
   }
@@ -106,6 +109,10 @@ std::map<std::string, std::vector<int64_t>> comfy_lora_names(const std::string& 
 // the weight it patches, and an alpha for every kohya pair.
 void expect_comfy_keys(const LoraSavePlan& plan, const std::string& model) {
   const auto names = comfy_lora_names(model);
+  const bool comfy_reads = plan.format == LoraFileFormat::Kohya || !(model == "sdxl" || model == "sd15" || model == "t5");
+  if (comfy_reads)
+    for (const LoraStoredTensor& t : plan.tensors)
+      EXPECT_TRUE(t.key.rfind("unet.", 0) != 0 && t.key.rfind("text_encoder_3.", 0) != 0) << t.key << ": a name ComfyUI does not map";
   std::map<std::string, std::map<std::string, const LoraStoredTensor*>> by_name;
   for (const LoraStoredTensor& t : plan.tensors) {
     std::string name, role;
