@@ -587,10 +587,16 @@ PeftConfigView read_peft_metadata(const ComponentTable& t, const std::map<std::s
   return v;
 }
 
-// peft's get_pattern_key: the first key (in the JSON's sorted order) the module name ends with.
+// peft's get_pattern_key: the first key (in the JSON's sorted order) that the module name ends with
+// after a '.', or equals when the key starts with '^' (diffusers writes "^<module>" rank patterns since
+// peft PR 2419). Keys are taken literally (peft reads them as regular expressions; module names
+// written by trainers are literal).
 const nlohmann::json* pattern_value(const nlohmann::json& pattern, const std::string& module) {
-  for (auto it = pattern.begin(); it != pattern.end(); ++it)
-    if (module == it.key() || ends_with(module, "." + it.key())) return &it.value();
+  for (auto it = pattern.begin(); it != pattern.end(); ++it) {
+    const std::string& key = it.key();
+    if (!key.empty() && key[0] == '^' ? module == key.substr(1) : module == key || ends_with(module, "." + key))
+      return &it.value();
+  }
   return nullptr;
 }
 

@@ -346,6 +346,12 @@ TEST(LoraFormat, LoadsPeftSdxlWithAdapterMetadata) {
   EXPECT_EQ(plan.modules[1].rank, 4);
   EXPECT_DOUBLE_EQ(plan.modules[1].alpha, 8.0);
   EXPECT_EQ(plan.other_component_keys.size(), 2u);
+  // diffusers' own rank patterns ("^<module>", from get_peft_kwargs) match the module exactly.
+  const std::string caret = R"({"unet.r": 4, "unet.lora_alpha": 2, "unet.rank_pattern": {"^)" + q +
+                            R"(": 8}, "unet.alpha_pattern": {"^)" + q + R"(": 16, "^down_blocks.1": 1}})";
+  const LoraLoadPlan caret_plan = plan_lora_load(m.class_name, m.config, "unet", keys, {{"lora_adapter_metadata", caret}});
+  EXPECT_DOUBLE_EQ(caret_plan.modules[0].alpha, 16.0);
+  EXPECT_DOUBLE_EQ(caret_plan.modules[1].alpha, 2.0);
   // Without metadata: alpha = rank.
   const LoraLoadPlan bare = plan_lora_load(m.class_name, m.config, "unet", keys, {});
   EXPECT_DOUBLE_EQ(bare.modules[0].alpha, 8.0);
