@@ -44,6 +44,7 @@ struct ComponentTable {
   std::map<std::string, std::vector<size_t>> by_original;
   std::map<std::string, std::string> kohya_to_original;  // underscored original name -> original
   std::map<std::string, std::string> kohya_to_module;    // underscored diffusers name -> module
+  std::set<std::string> convolutions;  // convolution weights' module names, dotted and underscored (both layouts)
   bool kohya_saves_diffusers_names = false;  // SD1.5 (sd-scripts' diffusers UNet), text encoders
   std::string peft_prefix;                   // "transformer", "unet", "text_encoder", ...
   std::string kohya_prefix;                  // "lora_unet", "lora_te1", ...
@@ -207,11 +208,21 @@ void add_piece(ComponentTable& t, LinearPiece p) {
   t.pieces.push_back(std::move(p));
 }
 
+// A convolution weight: remembered so that a LoRA key naming it gets a precise error.
+void add_convolution(ComponentTable& t, const std::string& diffusers_weight, const std::string& original_weight) {
+  for (const std::string& w : {diffusers_weight, original_weight}) {
+    if (!ends_with(w, ".weight")) continue;
+    t.convolutions.insert(strip_weight(w));
+    t.convolutions.insert(underscored(strip_weight(w)));
+  }
+}
+
 // The 2-D weights of a MappedTable (SD3; CLIP and T5 under their own names when identity).
 void add_mapped(ComponentTable& t, const MappedTable& m, bool identity) {
   std::map<std::string, std::vector<int64_t>> original_shape;
   for (const KeyShape& k : m.original) original_shape[k.name] = k.shape;
   for (const MappedParameter& p : m.parameters) {
+    if (p.shape.size() == 4) add_convolution(t, p.diffusers_name, p.original_name);
     if (!ends_with(p.diffusers_name, ".weight") || p.shape.size() != 2) continue;
     LinearPiece piece;
     piece.module = strip_weight(p.diffusers_name);
@@ -247,6 +258,7 @@ void add_flux(ComponentTable& t, const FluxConfig& cfg) {
 
 void add_unet(ComponentTable& t, const UNetConfig& cfg) {
   for (const UNetParameter& p : unet_parameters(cfg)) {
+    if (p.shape.size() == 4) add_convolution(t, p.diffusers_name, p.original_name);
     if (!ends_with(p.diffusers_name, ".weight") || p.shape.size() != 2) continue;
     add_piece(t, {strip_weight(p.diffusers_name), p.shape[0], p.shape[1], strip_weight(p.original_name), 0, p.shape[0],
                   p.shape[0], false, false});
@@ -482,14 +494,13 @@ enum class KeyRole { Down, Up, Alpha };
 struct SuffixRule {
   const char* suffix;
   KeyRole role;
-  bool peft_style;
 };
 const SuffixRule kSuffixes[] = {
-    {".lora_down.weight", KeyRole::Down, false}, {".lora_up.weight", KeyRole::Up, false},
-    {".lora_A.weight", KeyRole::Down, true},     {".lora_B.weight", KeyRole::Up, true},
-    {".lora.down.weight", KeyRole::Down, true},  {".lora.up.weight", KeyRole::Up, true},
-    {".lora_linear_layer.down.weight", KeyRole::Down, true}, {".lora_linear_layer.up.weight", KeyRole::Up, true},
-    {".alpha", KeyRole::Alpha, false},
+    {".lora_down.weight", KeyRole::Down},  {".lora_up.weight", KeyRole::Up},
+    {".lora_A.weight", KeyRole::Down},     {".lora_B.weight", KeyRole::Up},
+    {".lora.down.weight", KeyRole::Down},  {".lora.up.weight", KeyRole::Up},
+    {".lora_linear_layer.down.weight", KeyRole::Down}, {".lora_linear_layer.up.weight", KeyRole::Up},
+    {".alpha", KeyRole::Alpha},
 };
 
 // Keys of adapters FLAME cannot load yet (DoRA, LyCORIS, LoCon's mid, peft's lora bias, full diffs),
@@ -498,17 +509,17 @@ const char* const kUnsupportedMarks[] = {".dora_scale", ".lora_magnitude_vector"
                                          ".hada_t", ".lora_mid.", ".lora_B.bias", ".w_norm", ".b_norm"};
 const char* const kUnsupportedEndings[] = {".diff", ".diff_b"};
 
+// The tensors of one LoRA in a file (one base name).
 struct Pair {
   const KeyShape* down = nullptr;
   const KeyShape* up = nullptr;
   const KeyShape* alpha = nullptr;
-  bool kohya_name = false;
   std::string name;  // the module or original name it resolves to
   bool is_original = false;
 };
 
-// The own-component name a key's base names (module or original), "" when the base belongs to
-// another component; fails for an unknown base.
+// What a key's base names: this component's module (diffusers name) or original module, or another
+// component (own = false); resolve_base fails for a base no rule knows.
 struct Resolved {
   bool own = false;
   bool kohya_name = false;
@@ -516,13 +527,20 @@ struct Resolved {
   std::string name;
 };
 
+[[noreturn]] void fail_unknown_module(const ComponentTable& t, const std::string& key, const std::string& name) {
+  if (t.convolutions.count(name))
+    fail(FLAME_ERROR_INVALID_FORMAT, "LoRA key ", key, ": \"", name, "\" of ", t.class_name,
+         " is a convolution; LoRA on convolutions (kohya's conv / LoCon, SD 1.5's 1x1 proj_in / proj_out) is not supported yet");
+  fail(FLAME_ERROR_INVALID_FORMAT, "LoRA key ", key, ": ", t.class_name, " has no Linear module \"", name, "\"");
+}
+
 Resolved resolve_base(const ComponentTable& t, const std::string& base, const std::string& key) {
   for (const std::string& p : t.kohya_accepted) {
     if (!starts_with(base, p)) continue;
     const std::string rest = base.substr(p.size());
     if (auto it = t.kohya_to_original.find(rest); it != t.kohya_to_original.end()) return {true, true, true, it->second};
     if (auto it = t.kohya_to_module.find(rest); it != t.kohya_to_module.end()) return {true, true, false, it->second};
-    fail(FLAME_ERROR_INVALID_FORMAT, "LoRA key ", key, ": ", t.class_name, " has no module \"", rest, "\"");
+    fail_unknown_module(t, key, rest);
   }
   for (const std::string& p : kAllKohyaPrefixes)
     if (starts_with(base, p)) return {false, true, false, ""};
@@ -531,7 +549,7 @@ Resolved resolve_base(const ComponentTable& t, const std::string& base, const st
     const std::string rest = base.substr(p.size());
     if (t.by_module.count(rest)) return {true, false, false, rest};
     if (t.by_original.count(rest)) return {true, false, true, rest};
-    fail(FLAME_ERROR_INVALID_FORMAT, "LoRA key ", key, ": ", t.class_name, " has no module \"", rest, "\"");
+    fail_unknown_module(t, key, rest);
   }
   for (const std::string& p : kAllDottedPrefixes)
     if (starts_with(base, p)) return {false, false, false, ""};

@@ -466,6 +466,16 @@ TEST(LoraFormat, ErrorsNameTheKeyOrModule) {
   }, FLAME_ERROR_INVALID_FORMAT);
   EXPECT_NE(msg.find("lora_unet_double_blocks_0_img_attn_proj.alpha"), std::string::npos) << msg;
 
+  // SD 1.5's 1x1 convolution projections (in kohya's SD 1.5 defaults): named as convolutions.
+  const LoraTestModel sd15 = lora_test_model("sd15");
+  msg = error_of([&] {
+    plan_lora_load(sd15.class_name, sd15.config, "unet",
+                   {{"lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight", {4, 320, 1, 1}},
+                    {"lora_unet_down_blocks_0_attentions_0_proj_in.lora_up.weight", {320, 4, 1, 1}}}, {});
+  }, FLAME_ERROR_INVALID_FORMAT);
+  EXPECT_NE(msg.find("convolution"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight"), std::string::npos) << msg;
+
   auto save = [&](const std::vector<LoraModuleShape>& mods) {
     plan_lora_save(m.class_name, m.config, "transformer", mods, LoraFileFormat::Kohya);
   };
