@@ -1,10 +1,11 @@
 // flame_lora_plan: FLAME's LoRA file plans (src/models/lora_format.h) as JSON, for
 // check_lora_formats.py, which builds the files with PyTorch and runs diffusers' loaders on them.
 //
-//   flame_lora_plan save <model> <kohya|peft> <diffusers|kohya> [mixed] [unit] [modules=a,b,...]
+//   flame_lora_plan save <model> <kohya|peft> <diffusers|kohya> [mixed|mixedranks] [unit] [modules=a,b,...]
 //       model: flux, sdxl, sd15, sd3, clip_l, clip_g, t5 (full-size configs, tests/common/lora_model_configs.h).
 //       The modules are the default targets of diffusers' or kohya's trainers (or the listed ones),
-//       rank 16 alpha 8 (mixed: ranks 4/8/12, alphas 4/4/16 in turn; unit: alpha = rank). Prints the model, the modules,
+//       rank 16 alpha 8 (mixed: ranks 4/8/12, alphas 4/4/16 in turn; mixedranks: ranks 4/8/12, alpha 8;
+//       unit: alpha = rank). Prints the model, the modules,
 //       the save plan (tensors with their pieces, metadata) and the load plan of the saved keys.
 //   flame_lora_plan load <model> <keys.json>
 //       keys.json: {"keys": {"<name>": [shape...], ...}, "metadata": {"<key>": "<value>", ...}}.
@@ -64,8 +65,8 @@ json save_plan_json(const LoraSavePlan& plan) {
   return {{"format", plan.format == LoraFileFormat::Kohya ? "kohya" : "peft"}, {"tensors", tensors}, {"metadata", plan.metadata}};
 }
 
-std::vector<LoraModuleShape> chosen_modules(const LoraTestModel& m, LoraTargetConvention conv, bool mixed, bool unit,
-                                            const std::string& listed) {
+std::vector<LoraModuleShape> chosen_modules(const LoraTestModel& m, LoraTargetConvention conv, bool mixed, bool mixed_ranks,
+                                            bool unit, const std::string& listed) {
   const std::vector<LoraCandidate> all = lora_candidate_modules(m.class_name, m.config);
   std::vector<LoraCandidate> picked;
   if (listed.empty()) {
@@ -84,7 +85,7 @@ std::vector<LoraModuleShape> chosen_modules(const LoraTestModel& m, LoraTargetCo
   }
   std::vector<LoraModuleShape> out;
   for (size_t i = 0; i < picked.size(); ++i) {
-    const int64_t r = mixed ? 4 * static_cast<int64_t>(1 + i % 3) : 16;
+    const int64_t r = mixed || mixed_ranks ? 4 * static_cast<int64_t>(1 + i % 3) : 16;
     const double a = unit ? static_cast<double>(r) : mixed ? (i % 3 == 2 ? 16.0 : 4.0) : 8.0;
     out.push_back({picked[i].module, r, picked[i].in_features, picked[i].out_features, a});
   }
@@ -97,21 +98,22 @@ int run(int argc, char** argv) {
   const LoraTestModel m = flame::models::testing::lora_test_model(argv[2]);
   json out = {{"model", m.name}, {"class_name", m.class_name}, {"component", m.component}, {"config", m.config}};
   if (mode == "save") {
-    if (argc < 5) throw std::invalid_argument("usage: flame_lora_plan save <model> <kohya|peft> <diffusers|kohya> [mixed] [unit] [modules=...]");
+    if (argc < 5) throw std::invalid_argument("usage: flame_lora_plan save <model> <kohya|peft> <diffusers|kohya> [mixed|mixedranks] [unit] [modules=...]");
     const std::string fmt = argv[3], conv = argv[4];
     if ((fmt != "kohya" && fmt != "peft") || (conv != "kohya" && conv != "diffusers"))
       throw std::invalid_argument("format must be kohya or peft, targets diffusers or kohya");
-    bool mixed = false, unit = false;
+    bool mixed = false, mixed_ranks = false, unit = false;
     std::string listed;
     for (int i = 5; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "mixed") mixed = true;
       else if (a == "unit") unit = true;
+      else if (a == "mixedranks") mixed_ranks = true;
       else if (a.rfind("modules=", 0) == 0) listed = a.substr(8);
       else throw std::invalid_argument("unknown argument " + a);
     }
     const auto modules = chosen_modules(m, conv == "kohya" ? LoraTargetConvention::Kohya : LoraTargetConvention::DiffusersScripts,
-                                        mixed, unit, listed);
+                                        mixed, mixed_ranks, unit, listed);
     json mods = json::array();
     for (const LoraModuleShape& s : modules)
       mods.push_back({{"module", s.module}, {"rank", s.rank}, {"alpha", s.alpha}, {"in", s.in_features}, {"out", s.out_features}});
