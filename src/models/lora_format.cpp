@@ -50,6 +50,8 @@ struct ComponentTable {
   std::string kohya_prefix;                  // "lora_unet", "lora_te1", ...
   std::vector<std::string> kohya_accepted;   // prefixes (with '_') accepted on load for this component
   std::vector<std::string> dotted_accepted;  // prefixes (with '.') accepted on load
+  bool sd3_qk_norm = false;                  // SD3: the model version kohya's metadata names
+  bool sd3_dual_attention = false;
 };
 
 const std::vector<std::string> kAllKohyaPrefixes = {"lora_unet_", "lora_transformer_", "lora_te1_", "lora_te2_",
@@ -284,7 +286,13 @@ ComponentTable component_table(const std::string& class_name, const nlohmann::js
     case ModelKind::Flux: add_flux(t, read_flux_config(config)); break;
     case ModelKind::SDXLUNet:
     case ModelKind::SD15UNet: add_unet(t, read_unet_config(config)); break;
-    case ModelKind::SD3: add_mapped(t, sd3_parameter_table(read_sd3_config(config)), false); break;
+    case ModelKind::SD3: {
+      const SD3Config sd3 = read_sd3_config(config);
+      t.sd3_qk_norm = !sd3.qk_norm.empty();
+      t.sd3_dual_attention = !sd3.dual_attention_layers.empty();
+      add_mapped(t, sd3_parameter_table(sd3), false);
+      break;
+    }
     case ModelKind::ClipL:
     case ModelKind::ClipG: add_mapped(t, clip_parameter_table(read_clip_config(config, t.kind == ModelKind::ClipG)), true); break;
     case ModelKind::T5: add_mapped(t, t5_parameter_table(read_t5_config(config)), true); break;
@@ -429,12 +437,15 @@ void add_kohya_metadata(const ComponentTable& t, const std::vector<LoraModuleSha
       md["modelspec.architecture"] = "stable-diffusion-v1/lora";
       md["modelspec.implementation"] = "diffusers";
       break;
-    case ModelKind::SD3:
+    case ModelKind::SD3: {
+      // sd-scripts' sd3_utils: "medium" (no QK norm), "5-medium" (QK norm and dual attention), "5-large".
+      const std::string type = !t.sd3_qk_norm ? "medium" : t.sd3_dual_attention ? "5-medium" : "5-large";
       md["ss_network_module"] = "networks.lora_sd3";
-      md["ss_base_model_version"] = "sd3";
-      md["modelspec.architecture"] = "stable-diffusion-3/lora";
-      md["modelspec.implementation"] = "https://github.com/Stability-AI/SD3.5";
+      md["ss_base_model_version"] = type;
+      md["modelspec.architecture"] = "stable-diffusion-3-" + type + "/lora";
+      md["modelspec.implementation"] = "diffusers";
       break;
+    }
     default:
       md["ss_network_module"] = t.kind == ModelKind::T5 ? "networks.lora_flux" : "networks.lora";
       break;

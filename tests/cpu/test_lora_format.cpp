@@ -389,6 +389,13 @@ TEST(LoraFormat, LoadsKohyaUNetUnderDiffusersAndSgmNames) {
   EXPECT_EQ(sxl.tensors[0].key, "lora_unet_input_blocks_4_1_transformer_blocks_0_attn1_to_q.lora_down.weight");
   EXPECT_EQ(sxl.metadata.at("ss_base_model_version"), "sdxl_base_v1-0");
   EXPECT_EQ(sxl.metadata.at("modelspec.architecture"), "stable-diffusion-xl-v1-base/lora");
+  EXPECT_EQ(s15.metadata.at("ss_base_model_version"), "sd_v1");
+  const LoraTestModel sd3 = lora_test_model("sd3");
+  const LoraSavePlan s3 = plan_lora_save(sd3.class_name, sd3.config, "transformer",
+                                         {{"transformer_blocks.0.attn.to_q", 4, 1536, 1536, 4}}, LoraFileFormat::Kohya);
+  EXPECT_EQ(s3.tensors[0].key, "lora_unet_joint_blocks_0_x_block_attn_qkv.lora_down.weight");
+  EXPECT_EQ(s3.metadata.at("ss_base_model_version"), "5-medium");  // sd-scripts' sd3_utils model_type
+  EXPECT_EQ(s3.metadata.at("modelspec.architecture"), "stable-diffusion-3-5-medium/lora");
 }
 
 TEST(LoraFormat, LoadsComfyStyleNames) {
