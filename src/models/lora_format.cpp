@@ -8,7 +8,6 @@
 #include "models/lora_format.h"
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <set>
 #include <sstream>
 #include "core/error.h"
@@ -570,11 +569,12 @@ Resolved resolve_base(const ComponentTable& t, const std::string& base, const st
        ") and no known component prefix");
 }
 
-// Peft's alpha / rank for a module from lora_adapter_metadata (prefixed by the component).
+// Peft's alpha / rank for a module from lora_adapter_metadata (prefixed by the component). A field the
+// JSON lacks has peft's LoraConfig default (r = 8, lora_alpha = 8).
 struct PeftConfigView {
-  bool present = false;
-  std::optional<int64_t> r;
-  std::optional<double> lora_alpha;
+  bool present = false;  // the JSON has fields of this component
+  int64_t r = 8;
+  double lora_alpha = 8.0;
   nlohmann::json rank_pattern = nlohmann::json::object();
   nlohmann::json alpha_pattern = nlohmann::json::object();
 };
@@ -591,6 +591,7 @@ PeftConfigView read_peft_metadata(const ComponentTable& t, const std::map<std::s
   }
   FLAME_CHECK(j.is_object(), FLAME_ERROR_INVALID_FORMAT, "LoRA metadata lora_adapter_metadata is not a JSON object");
   const std::string p = t.peft_prefix + ".";
+  for (auto f = j.begin(); f != j.end(); ++f) v.present = v.present || starts_with(f.key(), p);
   auto field = [&](const std::string& name) -> const nlohmann::json* {
     auto f = j.find(p + name);
     return f == j.end() || f->is_null() ? nullptr : &*f;
@@ -598,12 +599,10 @@ PeftConfigView read_peft_metadata(const ComponentTable& t, const std::map<std::s
   if (const auto* r = field("r")) {
     FLAME_CHECK(r->is_number_integer(), FLAME_ERROR_INVALID_FORMAT, "LoRA metadata ", p, "r is not an integer");
     v.r = r->get<int64_t>();
-    v.present = true;
   }
   if (const auto* a = field("lora_alpha")) {
     FLAME_CHECK(a->is_number(), FLAME_ERROR_INVALID_FORMAT, "LoRA metadata ", p, "lora_alpha is not a number");
     v.lora_alpha = a->get<double>();
-    v.present = true;
   }
   if (const auto* rp = field("rank_pattern")) {
     FLAME_CHECK(rp->is_object(), FLAME_ERROR_INVALID_FORMAT, "LoRA metadata ", p, "rank_pattern is not an object");
@@ -696,8 +695,8 @@ LoraLoadPlan plan_lora_load(const std::string& class_name, const nlohmann::json&
       for (const char* mark : kUnsupportedMarks) unsupported = unsupported || k.name.find(mark) != std::string::npos;
       for (const char* ending : kUnsupportedEndings) unsupported = unsupported || ends_with(k.name, ending);
       if (unsupported)
-          fail(FLAME_ERROR_INVALID_FORMAT, "LoRA key ", k.name,
-               ": DoRA, LyCORIS (LoHa, LoKr), LoCon mid, bias and diff tensors are not supported yet");
+        fail(FLAME_ERROR_INVALID_FORMAT, "LoRA key ", k.name,
+             ": DoRA, LyCORIS (LoHa, LoKr), LoCon mid, bias and diff tensors are not supported yet");
       fail(FLAME_ERROR_INVALID_FORMAT, "LoRA key ", k.name, ": not a LoRA down, up or alpha tensor");
     }
     const std::string base = k.name.substr(0, k.name.size() - std::string(rule->suffix).size());
@@ -764,13 +763,13 @@ LoraLoadPlan plan_lora_load(const std::string& class_name, const nlohmann::json&
         if (const nlohmann::json* rv = pattern_value(peft.rank_pattern, m->module)) {
           FLAME_CHECK(rv->is_number_integer() && rv->get<int64_t>() == rank, FLAME_ERROR_INVALID_FORMAT, "LoRA key ",
                       p.down->name, ": rank ", rank, " but lora_adapter_metadata's rank_pattern says ", rv->dump());
-        } else if (peft.r) {
-          FLAME_CHECK(*peft.r == rank, FLAME_ERROR_INVALID_FORMAT, "LoRA key ", p.down->name, ": rank ", rank,
-                      " but lora_adapter_metadata says r = ", *peft.r);
+        } else {
+          FLAME_CHECK(peft.r == rank, FLAME_ERROR_INVALID_FORMAT, "LoRA key ", p.down->name, ": rank ", rank,
+                      " but lora_adapter_metadata says r = ", peft.r);
         }
         const nlohmann::json* av = pattern_value(peft.alpha_pattern, m->module);
         FLAME_CHECK(!av || av->is_number(), FLAME_ERROR_INVALID_FORMAT, "LoRA metadata alpha_pattern for ", m->module, " is not a number");
-        s.alpha = av ? av->get<double>() : peft.lora_alpha ? *peft.lora_alpha : static_cast<double>(rank);
+        s.alpha = av ? av->get<double>() : peft.lora_alpha;
       } else {
         s.alpha = static_cast<double>(rank);  // no alpha: scale 1 (ComfyUI, diffusers)
       }
