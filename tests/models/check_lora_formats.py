@@ -40,6 +40,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -281,13 +282,20 @@ def diffusers_write_and_flame_load(tool, model, component, view, kwargs, directo
 
 
 def run_case(tool, case, workdir):
+    directory = tempfile.mkdtemp(dir=workdir)
+    try:
+        return check_case(tool, case, directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)  # a full-size Flux file in float64 is about 1 GB
+
+
+def check_case(tool, case, directory):
     model, fmt, targets, extra = case
     label = f"{model} {fmt} ({targets} targets{' ' + ' '.join(extra) if extra else ''})"
     plan = flame_plan(tool, "save", model, fmt, targets, *extra)
     component = plan["component"]
     weights = module_weights(plan)
     tensors = build_file_tensors(plan["save"], weights)
-    directory = tempfile.mkdtemp(dir=workdir)
     save_file(tensors, os.path.join(directory, "flame.safetensors"), metadata=plan["save"]["metadata"])
     failures = compare(weights, flame_load_view(plan["load"], tensors), label + " [FLAME load]")
     if model == "t5" or (model == "sd3" and fmt == "kohya"):
