@@ -2150,16 +2150,17 @@ FLAME_API flame_status_t flame_model_set_checkpointing(flame_model_t model, int6
  * tensors, cast to the model's compute dtype at use. Layers are chosen by target names matched
  * against the diffusers / transformers module names (a module matches a target equal to it or
  * ending with "." + target, as peft's target_modules: "to_q" matches "down_blocks.1.attentions.0.
- * transformer_blocks.0.attn1.to_q"; "re:<regex>" must match the whole name). A model may hold
+ * transformer_blocks.0.attn1.to_q"; '*' matches any run of characters). A model may hold
  * several adapters by name; each forward applies all of them in the order added. */
 
 /* Adds a LoRA adapter to model. options_json (NULL or an object; every key optional):
- *   "name": string ("default"); "targets": [strings] (default: the architecture's usual targets:
- *   the attention projections as diffusers' training scripts choose them: UNet2DConditionModel and
- *   AutoencoderKL to_q, to_k, to_v, to_out.0; FluxTransformer2DModel attn.to_{q,k,v}, attn.to_out.0,
- *   attn.add_{q,k,v}_proj, attn.to_add_out, ff.net.{0.proj,2}, ff_context.net.{0.proj,2};
- *   SD3Transformer2DModel the same attention projections; CLIP q_proj, k_proj, v_proj, out_proj;
- *   T5 SelfAttention.{q,k,v,o}); "rank": integer in [1, 65536] (16); "alpha": number (= rank);
+ *   "name": string ("default"); "targets": [strings] (default: the architecture's usual targets of
+ *   "preset": "diffusers" (the default: diffusers' training scripts: UNet2DConditionModel to_q, to_k,
+ *   to_v, to_out.0; FluxTransformer2DModel attn.to_{q,k,v}, attn.to_out.0, attn.add_{q,k,v}_proj,
+ *   attn.to_add_out, ff.net.{0.proj,2}, ff_context.net.{0.proj,2}; SD3Transformer2DModel the same
+ *   attention projections; CLIP q_proj, k_proj, v_proj, out_proj; T5 q, k, v, o) or "kohya"
+ *   (sd-scripts': every linear layer of the transformer blocks; CLIP and T5 attention and MLP);
+ *   AutoencoderKL has no default); "rank": integer in [1, 65536] (16); "alpha": number (= rank);
  *   "rank_pattern" / "alpha_pattern": {target: value} overriding rank / alpha for the modules a key
  *   matches (the longest matching key wins); "init": "kaiming" (A uniform in +-1/sqrt(in), as
  *   torch.nn.Linear and peft) or "gaussian" (A normal with std 1/rank), B zero either way, so that a

@@ -109,8 +109,6 @@ class ClipTextModel : public Model {
   }
 
   std::vector<std::string> required_inputs() const override { return {"input_ids"}; }
-  // transformers' CLIP attention projections (diffusers' text-encoder LoRA targets)
-  std::vector<std::string> default_lora_targets() const override { return {"q_proj", "k_proj", "v_proj", "out_proj"}; }
   bool is_embedding(const std::string& module) const override {
     return module == "text_model.embeddings.token_embedding" || module == "text_model.embeddings.position_embedding";
   }

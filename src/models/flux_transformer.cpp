@@ -131,13 +131,6 @@ class FluxTransformer : public MMDiTModel {
     add_linear("proj_out", cfg.patch_size * cfg.patch_size * cfg.out_channels, D);
   }
 
-  // diffusers' train_dreambooth_lora_flux.py: the attention projections of both streams and the
-  // feed-forward layers of the double blocks
-  std::vector<std::string> default_lora_targets() const override {
-    return {"attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.add_k_proj", "attn.add_q_proj",
-            "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
-            "ff_context.net.2"};
-  }
   std::vector<std::string> required_inputs() const override {
     std::vector<std::string> r{"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "img_ids", "txt_ids"};
     if (cfg_.guidance_embeds) r.push_back("guidance");

@@ -4,6 +4,7 @@
 #include <cmath>
 #include "tensor/autograd_graph.h"
 #include "core/error.h"
+#include "models/lora_format.h"
 #include "models/model_registry.h"
 #include "ops/ops.h"
 #include "toolkit/checkpoint.h"
@@ -90,8 +91,8 @@ Tensor Model::param(const std::string& name) const {
   return p->dtype == options_.compute_dtype ? p : ops::to_dtype(p, options_.compute_dtype);
 }
 
-std::vector<LinearModule> Model::linear_modules() const {
-  std::vector<LinearModule> out;
+std::vector<LoraCandidate> Model::linear_modules() const {
+  std::vector<LoraCandidate> out;
   const std::string suffix = ".weight";
   for (size_t i = 0; i < params_.size(); ++i) {
     const std::string& n = params_.names()[i];
@@ -99,9 +100,13 @@ std::vector<LinearModule> Model::linear_modules() const {
     if (t->ndim() != 2 || n.size() <= suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0)
       continue;
     const std::string module = n.substr(0, n.size() - suffix.size());
-    if (!is_embedding(module)) out.push_back({module, t->shape[0], t->shape[1]});
+    if (!is_embedding(module)) out.push_back({module, t->shape[1], t->shape[0]});
   }
   return out;
+}
+
+std::vector<std::string> Model::default_lora_targets(bool kohya) const {
+  return models::default_lora_targets(class_name_, config_, kohya ? LoraTargetConvention::Kohya : LoraTargetConvention::DiffusersScripts);
 }
 
 const LoraAdapter* Model::find_lora_adapter(const std::string& name) const {
@@ -114,11 +119,11 @@ void Model::add_lora_adapter(std::shared_ptr<LoraAdapter> adapter) {
   FLAME_CHECK(adapter && !adapter->name.empty(), FLAME_ERROR_INVALID_ARGUMENT, "LoRA adapter without a name");
   FLAME_CHECK(!find_lora_adapter(adapter->name), FLAME_ERROR_INVALID_ARGUMENT, "the model has a LoRA adapter \"",
               adapter->name, "\" already");
-  const std::vector<LinearModule> linear = linear_modules();
+  const std::vector<LoraCandidate> linear = linear_modules();
   for (const LoraModule& m : adapter->modules) {
-    const LinearModule* target = nullptr;
-    for (const LinearModule& l : linear)
-      if (l.name == m.module) target = &l;
+    const LoraCandidate* target = nullptr;
+    for (const LoraCandidate& l : linear)
+      if (l.module == m.module) target = &l;
     FLAME_CHECK(target, FLAME_ERROR_INVALID_ARGUMENT, "LoRA module ", m.module, " is not a linear layer of ", class_name_);
     FLAME_CHECK(m.down && m.up && m.down->ndim() == 2 && m.up->ndim() == 2 && m.down->shape[1] == target->in_features &&
                     m.up->shape[0] == target->out_features && m.up->shape[1] == m.down->shape[0],
@@ -142,7 +147,7 @@ void Model::remove_lora_adapter(const std::string& name) {
 const LoraAdapter& add_lora(Model& m, const LoraAdapterOptions& options) {
   FLAME_CHECK(!m.find_lora_adapter(options.name), FLAME_ERROR_INVALID_ARGUMENT, "the model has a LoRA adapter \"",
               options.name, "\" already");
-  const std::vector<std::string> targets = options.targets.empty() ? m.default_lora_targets() : options.targets;
+  const std::vector<std::string> targets = options.targets.empty() ? m.default_lora_targets(options.kohya_preset) : options.targets;
   std::shared_ptr<LoraAdapter> adapter = create_lora_adapter(m.ctx(), m.linear_modules(), targets, options);
   m.add_lora_adapter(adapter);
   if (options.freeze_base)

@@ -92,10 +92,10 @@ class Model : public std::enable_shared_from_this<Model> {
   NamedTensors forward(const NamedTensors& inputs);
 
   // The linear layers (every 2-D "<module>.weight" that is not an embedding), in parameter order.
-  std::vector<LinearModule> linear_modules() const;
-  // The modules LoRA adapts when no targets are given: the usual defaults of diffusers' training
-  // scripts for the architecture (its attention projections).
-  virtual std::vector<std::string> default_lora_targets() const = 0;
+  std::vector<LoraCandidate> linear_modules() const;
+  // The modules LoRA adapts when no targets are given: the defaults of diffusers' training scripts
+  // for the architecture, or with kohya of sd-scripts' (lora_format.h default_lora_targets).
+  std::vector<std::string> default_lora_targets(bool kohya) const;
 
   // LoRA adapters (model_lora.h), applied in every forward by adapted_linear in the order added.
   const std::vector<std::shared_ptr<LoraAdapter>>& lora_adapters() const { return adapters_; }

@@ -1,7 +1,6 @@
 // LoRA adapters on a model's linear layers: options, creation and the adapter's term (model_lora.h).
 #include "models/model_lora.h"
 #include <cmath>
-#include <regex>
 #include "core/error.h"
 #include "models/model.h"
 #include "ops/nnops.h"
@@ -9,19 +8,6 @@
 #include "tensor/autograd_graph.h"
 
 namespace flame::models {
-
-bool lora_target_matches(const std::string& module, const std::string& target) {
-  if (target.rfind("re:", 0) == 0) {
-    try {
-      return std::regex_match(module, std::regex(target.substr(3)));
-    } catch (const std::regex_error& e) {
-      fail(FLAME_ERROR_INVALID_ARGUMENT, "LoRA target \"", target, "\" is not a valid regular expression: ", e.what());
-    }
-  }
-  if (module == target) return true;
-  return module.size() > target.size() && module.compare(module.size() - target.size(), target.size(), target) == 0 &&
-         module[module.size() - target.size() - 1] == '.';
-}
 
 namespace {
 
@@ -59,13 +45,13 @@ LoraAdapterOptions parse_lora_adapter_options(const nlohmann::json& options) {
   LoraAdapterOptions o;
   if (options.is_null()) return o;
   FLAME_CHECK(options.is_object(), FLAME_ERROR_INVALID_ARGUMENT, "LoRA options must be a JSON object");
-  static const char* const kKeys[] = {"name",    "targets", "rank",  "alpha",       "rank_pattern", "alpha_pattern",
-                                      "init",    "dropout", "dtype", "freeze_base", "multiplier"};
+  static const char* const kKeys[] = {"name", "targets",     "preset",     "rank",   "alpha", "rank_pattern",
+                                      "alpha_pattern", "init", "dropout", "dtype", "freeze_base", "multiplier"};
   for (auto it = options.begin(); it != options.end(); ++it) {
     bool known = false;
     for (const char* k : kKeys) known = known || it.key() == k;
     FLAME_CHECK(known, FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: unknown key \"", it.key(),
-                "\" (known: name, targets, rank, alpha, rank_pattern, alpha_pattern, init, dropout, dtype, "
+                "\" (known: name, targets, preset, rank, alpha, rank_pattern, alpha_pattern, init, dropout, dtype, "
                 "freeze_base, multiplier)");
   }
   if (options.contains("name")) {
@@ -81,6 +67,12 @@ LoraAdapterOptions parse_lora_adapter_options(const nlohmann::json& options) {
                   "LoRA options: \"targets\" must hold non-empty strings");
       o.targets.push_back(s.get<std::string>());
     }
+  }
+  if (options.contains("preset")) {
+    const auto& p = options["preset"];
+    FLAME_CHECK(p.is_string() && (p == "diffusers" || p == "kohya"), FLAME_ERROR_INVALID_ARGUMENT,
+                "LoRA options: \"preset\" must be \"diffusers\" or \"kohya\"");
+    o.kohya_preset = p == "kohya";
   }
   if (options.contains("rank")) o.rank = rank_value(options["rank"], "rank");
   o.alpha = options.contains("alpha") ? finite_value(options["alpha"], "alpha") : static_cast<double>(o.rank);
@@ -132,27 +124,27 @@ std::vector<std::pair<std::string, Tensor>> LoraAdapter::named_tensors() const {
   return out;
 }
 
-std::shared_ptr<LoraAdapter> create_lora_adapter(Context& ctx, const std::vector<LinearModule>& modules,
+std::shared_ptr<LoraAdapter> create_lora_adapter(Context& ctx, const std::vector<LoraCandidate>& modules,
                                                  const std::vector<std::string>& targets,
                                                  const LoraAdapterOptions& options) {
   FLAME_CHECK(!targets.empty(), FLAME_ERROR_INVALID_ARGUMENT, "LoRA: no target modules");
   for (const std::string& t : targets) {
     bool any = false;
-    for (const LinearModule& m : modules) any = any || lora_target_matches(m.name, t);
+    for (const LoraCandidate& m : modules) any = any || lora_target_matches(m.module, t);
     FLAME_CHECK(any, FLAME_ERROR_INVALID_ARGUMENT, "LoRA target \"", t, "\" matches no linear layer of the model");
   }
   auto adapter = std::make_shared<LoraAdapter>();
   adapter->name = options.name;
   adapter->multiplier = options.multiplier;
   adapter->dropout = options.dropout;
-  for (const LinearModule& m : modules) {
+  for (const LoraCandidate& m : modules) {
     bool selected = false;
-    for (const std::string& t : targets) selected = selected || lora_target_matches(m.name, t);
+    for (const std::string& t : targets) selected = selected || lora_target_matches(m.module, t);
     if (!selected) continue;
-    const int64_t rank = pattern_value(options.rank_pattern, m.name, options.rank);
-    const double alpha = pattern_value(options.alpha_pattern, m.name, options.alpha);
+    const int64_t rank = pattern_value(options.rank_pattern, m.module, options.rank);
+    const double alpha = pattern_value(options.alpha_pattern, m.module, options.alpha);
     LoraModule lm;
-    lm.module = m.name;
+    lm.module = m.module;
     lm.alpha = alpha;
     if (options.init == "gaussian") {
       lm.down = ops::to_dtype(ops::mul_scalar(ops::randn(ctx, {rank, m.in_features}, FLAME_DTYPE_F32), 1.0 / rank),

@@ -5,7 +5,8 @@
 // cast to the model's compute dtype at use (recorded, so gradients reach them in their dtype).
 // A model holds any number of named adapters; each covers the linear modules its targets match
 // (diffusers / transformers module names, e.g. "transformer_blocks.0.attn.to_q"), with a rank and an
-// alpha per module (rank_pattern / alpha_pattern as peft's). Every architecture applies them through
+// alpha per module (rank_pattern / alpha_pattern as peft's; targets match by lora_target_matches of
+// lora_format.h). Every architecture applies them through
 // Model::adapted_linear, so a new architecture gets LoRA by routing its linear layers there.
 #pragma once
 #include <cstdint>
@@ -15,25 +16,15 @@
 #include <utility>
 #include <vector>
 #include <nlohmann/json.hpp>
+#include "models/lora_format.h"  // LoraCandidate: a linear layer, lora_target_matches
 #include "tensor/tensor.h"
 
 namespace flame::models {
 
-// A linear layer of a model: its module name and its weight's [out, in].
-struct LinearModule {
-  std::string name;
-  int64_t out_features = 0;
-  int64_t in_features = 0;
-};
-
-// Whether a module name matches a target as peft's target_modules does: equal to it, or ending with
-// "." + target ("to_q" matches "transformer_blocks.0.attn.to_q"; "attn.to_q" as well). A target
-// starting with "re:" is an ECMAScript regular expression the whole name must match.
-bool lora_target_matches(const std::string& module, const std::string& target);
-
 struct LoraAdapterOptions {
   std::string name = "default";
-  std::vector<std::string> targets;  // empty: the architecture's default targets
+  std::vector<std::string> targets;  // empty: the architecture's default targets of the preset
+  bool kohya_preset = false;         // "preset": "kohya" (sd-scripts' lists) instead of "diffusers"
   int64_t rank = 16;
   double alpha = 16.0;  // absent from the JSON: alpha = rank (scale 1)
   // The first matching entry (target syntax as above) sets a module's rank / alpha.
@@ -72,7 +63,7 @@ struct LoraAdapter {
 // The adapter a set of options makes for modules (the model's linear layers): the targets select
 // modules (a target that selects nothing is FLAME_ERROR_INVALID_ARGUMENT naming it), A and B are
 // created in options.dtype with the init asked for, drawn from ctx's generator.
-std::shared_ptr<LoraAdapter> create_lora_adapter(Context& ctx, const std::vector<LinearModule>& modules,
+std::shared_ptr<LoraAdapter> create_lora_adapter(Context& ctx, const std::vector<LoraCandidate>& modules,
                                                  const std::vector<std::string>& targets,
                                                  const LoraAdapterOptions& options);
 

@@ -124,11 +124,6 @@ class SD3Transformer : public MMDiTModel {
     add_linear("proj_out", P * P * cfg.out_channels, D);
   }
 
-  // diffusers' train_dreambooth_lora_sd3.py: the attention projections of both streams
-  std::vector<std::string> default_lora_targets() const override {
-    return {"attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
-            "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v"};
-  }
   std::vector<std::string> required_inputs() const override {
     return {"hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"};
   }

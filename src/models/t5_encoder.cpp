@@ -130,10 +130,6 @@ class T5EncoderModel : public Model {
   }
 
   std::vector<std::string> required_inputs() const override { return {"input_ids"}; }
-  // the self-attention projections
-  std::vector<std::string> default_lora_targets() const override {
-    return {"SelfAttention.q", "SelfAttention.k", "SelfAttention.v", "SelfAttention.o"};
-  }
   bool is_embedding(const std::string& module) const override {
     return module == "shared" || module.find("relative_attention_bias") != std::string::npos;
   }

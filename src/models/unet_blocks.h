@@ -46,8 +46,6 @@ void add_spatial_attention_specs(ParamSpecs& s, const std::string& prefix, int64
 class ConvNetModel : public Model {
  public:
   using Model::Model;
-  // the attention projections (diffusers' train_dreambooth_lora_sdxl.py)
-  std::vector<std::string> default_lora_targets() const override { return {"to_q", "to_k", "to_v", "to_out.0"}; }
 
  protected:
   void register_params(const ParamSpecs& specs);
