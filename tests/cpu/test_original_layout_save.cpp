@@ -226,4 +226,72 @@ TEST(OriginalLayoutSave, LayoutsAndErrors) {
   EXPECT_EQ(save_plan_status("UNet2DConditionModel", flux, "sgm"), FLAME_ERROR_INVALID_ARGUMENT);
 }
 
+// The tiny configurations of tests/gpu/test_model_original_save.cpp (the GPU round trip with weights):
+// their layouts are read back by the loader's detection too.
+TEST(OriginalLayoutSave, TinyConfigsOfTheGpuTest) {
+  FluxConfig flux;
+  flux.in_channels = flux.out_channels = 16;
+  flux.num_layers = flux.num_single_layers = 2;
+  flux.attention_head_dim = 16;
+  flux.num_attention_heads = 2;
+  flux.joint_attention_dim = 24;
+  flux.pooled_projection_dim = 20;
+  flux.mlp_hidden_dim = 128;
+  expect_round_trip("FluxTransformer2DModel", flux_diffusers_tensors(flux), "original");
+  expect_round_trip("FluxTransformer2DModel", flux_diffusers_tensors(flux), "comfyui");
+  expect_round_trip("UNet2DConditionModel",
+                    specs_keys(unet2d_condition_param_specs(nlohmann::json::parse(R"({"block_out_channels": [32, 48, 64],
+      "layers_per_block": 2, "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+      "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+      "transformer_layers_per_block": [1, 2, 3], "attention_head_dim": [1, 2, 4], "cross_attention_dim": 40,
+      "use_linear_projection": true, "norm_num_groups": 8, "addition_embed_type": "text_time",
+      "addition_time_embed_dim": 8, "projection_class_embeddings_input_dim": 72})"))),
+                    "original");
+  SD3Config sd3;
+  sd3.in_channels = sd3.out_channels = 4;
+  sd3.num_layers = 3;
+  sd3.attention_head_dim = 8;
+  sd3.num_attention_heads = 4;
+  sd3.joint_attention_dim = 24;
+  sd3.caption_projection_dim = 32;
+  sd3.pooled_projection_dim = 20;
+  sd3.pos_embed_max_size = 12;
+  sd3.dual_attention_layers = {0, 2};
+  expect_round_trip("SD3Transformer2DModel", sd3_parameter_table(sd3).diffusers_tensors(), "original");
+  const std::string vae = R"({"block_out_channels": [16, 24, 32], "layers_per_block": 1,
+      "down_block_types": ["DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D"],
+      "up_block_types": ["UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D"], "norm_num_groups": 8, )";
+  expect_round_trip("AutoencoderKL", specs_keys(autoencoder_kl_param_specs(nlohmann::json::parse(vae + R"("latent_channels": 4})"))),
+                    "original");
+  expect_round_trip("AutoencoderKL",
+                    specs_keys(autoencoder_kl_param_specs(nlohmann::json::parse(
+                        vae + R"("latent_channels": 16, "use_quant_conv": false, "use_post_quant_conv": false})"))),
+                    "bfl");
+  ClipTextConfig clip;
+  clip.vocab_size = 100;
+  clip.hidden_size = 64;
+  clip.intermediate_size = 96;
+  clip.num_hidden_layers = 2;
+  clip.num_attention_heads = 1;
+  clip.max_position_embeddings = 16;
+  expect_round_trip("CLIPTextModel", clip_params(clip), "original");
+  expect_round_trip("CLIPTextModel", clip_params(clip), "sd3");
+  clip.hidden_size = 128;
+  clip.intermediate_size = 160;
+  clip.num_attention_heads = 2;
+  clip.projection_dim = 48;
+  clip.with_projection = true;
+  expect_round_trip("CLIPTextModelWithProjection", clip_params(clip), "original");
+  T5Config t5;
+  t5.vocab_size = 100;
+  t5.d_model = 32;
+  t5.d_kv = 8;
+  t5.d_ff = 48;
+  t5.num_layers = 2;
+  t5.num_heads = 4;
+  t5.relative_attention_num_buckets = 8;
+  expect_round_trip("T5EncoderModel", t5_parameter_table(t5).diffusers_tensors(), "original");
+  expect_round_trip("T5EncoderModel", t5_parameter_table(t5).diffusers_tensors(), "comfyui");
+}
+
 }  // namespace
