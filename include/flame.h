@@ -2058,11 +2058,31 @@ FLAME_API flame_status_t flame_model_create(flame_ctx_t ctx, const char* archite
 FLAME_API flame_status_t flame_model_load(flame_ctx_t ctx, const char* path, const char* options_json, flame_model_t* model);
 
 /* Writes the model's parameters to one safetensors file at path (atomic replacement, as
- * flame_params_save_safetensors) in layout "diffusers" (or NULL): the reference's names, as
- * flame_model_params lists them, which diffusers' from_pretrained / from_single_file and
- * flame_model_load read back. Waits for the device.
- * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or path NULL, a layout other than "diffusers"),
- * FLAME_ERROR_IO, FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA. */
+ * flame_params_save_safetensors) in layout:
+ *  - "diffusers" (or NULL): the reference's names, as flame_model_params lists them, which diffusers'
+ *    from_pretrained / from_single_file, transformers and flame_model_load read back;
+ *  - "original": the class's usual single-file layout, the exact inverse of what flame_model_load
+ *    reads (fused tensors concatenated on the GPU, halves swapped, projections transposed, 1x1
+ *    convolutions reshaped as the original files store them), or one named explicitly:
+ *      FluxTransformer2DModel: "bfl" (= original: Black Forest Labs' names, no prefix, as
+ *        flux1-dev.safetensors), "comfyui" (the same under "model.diffusion_model.");
+ *      UNet2DConditionModel: "sgm" (= original), "ldm": SGM / LDM names under "model.diffusion_model.";
+ *      SD3Transformer2DModel: "sd3" (= original): MMDiT names under "model.diffusion_model.";
+ *      AutoencoderKL: "sgm" (= original), "ldm": LDM names under "first_stage_model."; "bfl": the same
+ *        names without prefix (ae.safetensors);
+ *      CLIPTextModel: "sgm" (= original): under "conditioner.embedders.0.transformer." (SDXL's CLIP-L);
+ *        "sd3": under "text_encoders.clip_l.transformer.";
+ *      CLIPTextModelWithProjection: "sgm" (= original): OpenCLIP names under
+ *        "conditioner.embedders.1.model." (SDXL's bigG); "sd3": under "text_encoders.clip_l.transformer."
+ *        (width 768) or "text_encoders.clip_g.transformer." (width 1280);
+ *      T5EncoderModel: "sd3" (= original): under "text_encoders.t5xxl.transformer."; "comfyui": no prefix.
+ * The file holds this one model (no other component); its metadata has "format": "pt" (and
+ * "flame_layout": the explicit layout name for original layouts). Tensors keep the parameters' dtype.
+ * Builds at most one stored tensor at a time on the device beside the parameters. Waits for the device.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or path NULL; a layout the class does not have, or one
+ * that cannot hold this model, e.g. a shape the loader would not read back: the message names the
+ * layout and the class), FLAME_ERROR_IO, FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_OUT_OF_MEMORY,
+ * FLAME_ERROR_CUDA. Nothing is written on error (the previous file at path stays). */
 FLAME_API flame_status_t flame_model_save(flame_model_t model, const char* path, const char* layout);
 
 /* Releases the model and its references to its parameters (tensors taken from it live on while

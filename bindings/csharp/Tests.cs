@@ -921,6 +921,10 @@ static class Tests
             Eq(e.Status, StatusCode.InvalidArgument, "status");
             Assert(e.Message.Contains("input_ids"), e.Message);
             Eq(Throws(() => model.SetCheckpointing(-1), "negative").Status, StatusCode.InvalidArgument, "status");
+            e = Throws(() => model.Save(System.IO.Path.Combine(System.IO.Path.GetTempPath(), "flame_cs_bad.safetensors"), "bfl"),
+                       "a layout CLIPTextModel lacks");
+            Eq(e.Status, StatusCode.InvalidArgument, "status");
+            Assert(e.Message.Contains("bfl") && e.Message.Contains("CLIPTextModel"), e.Message);
         }
     }
 

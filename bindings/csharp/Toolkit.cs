@@ -1198,11 +1198,16 @@ namespace Flame
         }
 
         /// <summary>flame_model_save: the parameters in one safetensors file at path (atomic
-        /// replacement) under the reference's (diffusers / transformers) names, as Params lists them.</summary>
+        /// replacement) in layout: "diffusers" (the default: the reference's diffusers / transformers
+        /// names, as Params lists them), "original" (the class's usual single-file layout: BFL names for
+        /// Flux, SGM / LDM names for the UNet and the VAE, ...) or an explicit one ("bfl", "comfyui",
+        /// "sgm", "ldm", "sd3"; flame.h lists them per class). A layout the class does not have throws
+        /// naming the layout and the class.</summary>
         [Wraps("flame_model_save")]
-        public void Save(string path)
+        public void Save(string path, string layout = "diffusers")
         {
-            Status.Check(Native.flame_model_save(Raw, path, null));
+            if (layout == null) throw new ArgumentNullException(nameof(layout));
+            Status.Check(Native.flame_model_save(Raw, path, layout));
             GC.KeepAlive(this);
         }
 

@@ -6,6 +6,7 @@
 // naming the argument and the byte where it failed. A released model is emptied, marked dead and
 // parked in its context's dead_objects, so that passing it again reports FLAME_ERROR_INVALID_HANDLE.
 #include <memory>
+#include <optional>
 #include <string>
 #include <nlohmann/json.hpp>
 #include "api/guard.h"
@@ -13,6 +14,8 @@
 #include "api/safetensors_files.h"
 #include "models/model.h"
 #include "models/model_loader.h"
+#include "models/original_layout.h"
+#include "ops/ops.h"
 
 namespace flame {
 constexpr uint64_t kModelMagic = 0xF1A3E30DE1000001ull;
@@ -35,6 +38,47 @@ flame_model_s& model_of(flame_model_t m) {
   FLAME_CHECK(m, FLAME_ERROR_INVALID_ARGUMENT, "model is NULL");
   FLAME_CHECK(m->magic == kModelMagic, FLAME_ERROR_INVALID_HANDLE, "model is not a live model (released already?)");
   return *m;
+}
+
+std::vector<models::KeyShape> param_shapes(const models::ParamStore& store) {
+  std::vector<models::KeyShape> out;
+  for (size_t i = 0; i < store.size(); ++i) out.push_back({store.names()[i], store.tensors()[i]->shape});
+  return out;
+}
+
+// One stored tensor of an original-layout file from the parameters: each piece (transposed, halves
+// exchanged, reshaped to its rows' shape as the plan says) concatenated along dim 0 on the device.
+Tensor stored_tensor(const models::ParamStore& store, const models::SavedTensor& st) {
+  std::vector<Tensor> parts;
+  for (const models::SavedPiece& p : st.pieces) {
+    Tensor t = store.get(p.parameter);
+    if (p.transposed) t = ops::transpose(t, 0, 1);
+    if (p.swap_halves) {
+      const int64_t h = t->shape[0] / 2;
+      t = ops::cat({ops::narrow(t, 0, h, h), ops::narrow(t, 0, 0, h)}, 0);
+    }
+    Shape rows_shape = st.shape;
+    if (!rows_shape.empty()) rows_shape[0] = p.rows;
+    if (t->shape != rows_shape) t = ops::reshape(ops::contiguous(t), rows_shape);
+    parts.push_back(t);
+  }
+  return parts.size() == 1 ? parts.front() : ops::cat(parts, 0);
+}
+
+void save_original_layout(Context& c, const std::string& path, const models::ParamStore& store,
+                          const models::OriginalSavePlan& plan) {
+  GradMode no_grad = c.mode;
+  no_grad.grad_enabled = false;
+  GradModeGuard guard(c, no_grad);
+  std::vector<st::TensorEntry> entries(plan.tensors.size());
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    entries[i].name = plan.tensors[i].name;
+    entries[i].dtype = store.get(plan.tensors[i].pieces.at(0).parameter)->dtype;
+    entries[i].shape = plan.tensors[i].shape;
+  }
+  save_safetensors_streamed(
+      c, path, entries, [&](size_t i) { return stored_tensor(store, plan.tensors[i]); },
+      {{"format", "pt"}, {"flame_layout", plan.layout}});
 }
 
 nlohmann::json json_arg(const char* text, const char* name) {
@@ -155,21 +199,18 @@ FLAME_API flame_status_t flame_model_save(flame_model_t model, const char* path,
     flame_model_s& m = model_of(model);
     FLAME_CHECK(path, FLAME_ERROR_INVALID_ARGUMENT, "path is NULL");
     const std::string kind = layout ? layout : "diffusers";
-    FLAME_CHECK(kind == "diffusers", FLAME_ERROR_INVALID_ARGUMENT, "layout \"", kind,
-                "\" is not \"diffusers\", the one layout flame_model_save writes");
+    const models::ParamStore& store = m.model->params();
+    // The plan first: a bad layout fails before the device is touched.
+    std::optional<models::OriginalSavePlan> original;
+    if (kind != "diffusers") original = models::plan_original_save(m.model->class_name(), param_shapes(store), kind);
     ContextScope scope(*m.ctx);
     m.ctx->check_alive();
     m.ctx->forbid_in_capture("writing a safetensors file");
-    models::NamedTensors entries;
-    const models::ParamStore& store = m.model->params();
-    for (size_t i = 0; i < store.size(); ++i) entries.emplace_back(store.names()[i], store.tensors()[i]);
-    std::vector<std::string> names;
-    std::vector<Tensor> tensors;
-    for (auto& [n, t] : entries) {
-      names.push_back(n);
-      tensors.push_back(t);
+    if (!original) {
+      save_safetensors(*m.ctx, path, store.names(), store.tensors(), {{"format", "pt"}});
+      return;
     }
-    save_safetensors(*m.ctx, path, names, tensors, {{"format", "pt"}});
+    save_original_layout(*m.ctx, path, store, *original);
   });
 }
 

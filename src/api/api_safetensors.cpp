@@ -11,11 +11,13 @@
 // dead_objects (the latest 4096), so that passing it again reports FLAME_ERROR_INVALID_HANDLE while
 // the context lives, as for tensors.
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 #include "api/guard.h"
 #include "api/safetensors_files.h"
+#include "core/shape.h"
 #include "ops/ops.h"
 
 namespace flame {
@@ -91,14 +93,9 @@ OpenSafetensors open_safetensors(const std::string& path) {
   return f;
 }
 
-void save_safetensors(Context& c, const std::string& path, const std::vector<std::string>& names,
-                      const std::vector<Tensor>& tensors, const StMetadata& metadata) {
-  std::vector<st::TensorEntry> entries(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    entries[i].name = names[i];
-    entries[i].dtype = tensors[i]->dtype;
-    entries[i].shape = tensors[i]->shape;
-  }
+void save_safetensors_streamed(Context& c, const std::string& path, const std::vector<st::TensorEntry>& tensors,
+                               const std::function<Tensor(size_t)>& produce, const StMetadata& metadata) {
+  std::vector<st::TensorEntry> entries = tensors;
   const std::vector<size_t> order = st::layout(entries, metadata);
   const std::string header = st::serialize_header(entries, order, metadata);
 
@@ -110,7 +107,9 @@ void save_safetensors(Context& c, const std::string& path, const std::vector<std
   io::AtomicFileWriter out(path);
   out.write(header.data(), header.size());
   for (size_t i : order) {
-    Tensor t = tensors[i];
+    Tensor t = produce(i);
+    FLAME_CHECK(t->dtype == entries[i].dtype && t->shape == entries[i].shape, FLAME_ERROR_INTERNAL, "saving ",
+                entries[i].name, ": produced ", shape_str(t->shape), ", announced ", shape_str(entries[i].shape));
     if (!t->contiguous()) {  // row-major bytes on the device first
       Tensor dense = make_tensor(c, t->shape, t->dtype);
       ops::copy_into(dense, t);
@@ -125,6 +124,17 @@ void save_safetensors(Context& c, const std::string& path, const std::vector<std
     }
   }
   out.commit();
+}
+
+void save_safetensors(Context& c, const std::string& path, const std::vector<std::string>& names,
+                      const std::vector<Tensor>& tensors, const StMetadata& metadata) {
+  std::vector<st::TensorEntry> entries(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    entries[i].name = names[i];
+    entries[i].dtype = tensors[i]->dtype;
+    entries[i].shape = tensors[i]->shape;
+  }
+  save_safetensors_streamed(c, path, entries, [&](size_t i) { return tensors[i]; }, metadata);
 }
 
 }  // namespace flame

@@ -9,6 +9,7 @@
 #include <tuple>
 #include "core/error.h"
 #include "core/shape.h"
+#include "models/mapped_keys.h"
 
 namespace flame::models {
 
@@ -283,6 +284,20 @@ std::vector<KeyShape> flux_diffusers_tensors(const FluxConfig& cfg) {
     out.push_back({p.diffusers_name, std::move(shape)});
   }
   return out;
+}
+
+MappedTable flux_parameter_table(const FluxConfig& cfg) {
+  const std::vector<KeyShape> shapes = flux_diffusers_tensors(cfg);
+  const std::vector<FluxParameter> params = flux_parameter_map(cfg);
+  MappedTable t;
+  t.original = flux_original_tensors(cfg);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const FluxParameter& p = params[i];
+    FLAME_CHECK(shapes.at(i).name == p.diffusers_name, FLAME_ERROR_INTERNAL, "Flux key table: ", p.diffusers_name,
+                " and ", shapes.at(i).name, " out of step");
+    t.parameters.push_back({p.diffusers_name, shapes[i].shape, p.original_name, p.row_begin, p.rows, p.swap_halves, false});
+  }
+  return t;
 }
 
 }  // namespace flame::models

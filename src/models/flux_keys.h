@@ -19,6 +19,8 @@
 
 namespace flame::models {
 
+struct MappedTable;  // mapped_keys.h (which includes this header for KeyShape)
+
 // A tensor's name and shape as a checkpoint header lists them (no data needed).
 struct KeyShape {
   std::string name;
@@ -83,5 +85,10 @@ std::vector<KeyShape> flux_original_tensors(const FluxConfig& cfg);
 
 // The diffusers parameters with their shapes (what FluxTransformer2DModel.state_dict() holds).
 std::vector<KeyShape> flux_diffusers_tensors(const FluxConfig& cfg);
+
+// The same table as the other families' MappedTable (mapped_keys.h; include it to call this): the
+// original tensors in BFL order, the parameters in diffusers' order with their shapes and pieces. The
+// loader reads it one way, the original-layout save (original_layout.h) the other.
+MappedTable flux_parameter_table(const FluxConfig& cfg);
 
 }  // namespace flame::models

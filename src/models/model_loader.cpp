@@ -174,14 +174,20 @@ nlohmann::json t5_config_json(const T5Config& c) {
           {"layer_norm_epsilon", 1e-6}};
 }
 
-// The sources of a key table: each parameter's piece of its stored tensor.
-void add_table_sources(const MappedTable& table, const std::string& prefix, LoadPlan& plan) {
+// The sources of a key table: each parameter's piece of its stored tensor under prefix (a piece that
+// is the whole tensor reads all rows), or, for a file in the diffusers / transformers layout
+// (original_names false), each parameter under its own name.
+void add_table_sources(const MappedTable& table, const std::string& prefix, bool original_names, LoadPlan& plan) {
+  std::map<std::string, const KeyShape*> stored;
+  for (const KeyShape& k : table.original) stored[k.name] = &k;
   for (const MappedParameter& p : table.parameters) {
+    if (!original_names) {
+      plan.sources[p.diffusers_name] = ParamSource{prefix + p.diffusers_name};
+      continue;
+    }
     ParamSource s{prefix + p.original_name, p.row_begin, p.rows, p.swap_halves, p.transposed};
-    const KeyShape* stored = nullptr;
-    for (const KeyShape& k : table.original)
-      if (k.name == p.original_name) stored = &k;
-    if (stored && !stored->shape.empty() && p.row_begin == 0 && p.rows == stored->shape[0]) s.rows = -1;
+    const KeyShape* k = stored.at(p.original_name);
+    if (!k->shape.empty() && p.row_begin == 0 && p.rows == k->shape[0]) s.rows = -1;
     plan.sources[p.diffusers_name] = s;
   }
 }
@@ -199,19 +205,14 @@ LoadPlan plan_single_file(const CheckpointFiles& view, const nlohmann::json& opt
     const FluxCheckpoint f = detect_flux_checkpoint(view.keys());
     plan.architecture = "FluxTransformer2DModel";
     plan.config = flux_config_json(f.config);
-    if (f.layout == FluxLayout::Original)
-      for (const FluxParameter& p : flux_parameter_map(f.config))
-        plan.sources[p.diffusers_name] = {f.prefix + p.original_name, p.row_begin, p.rows, p.swap_halves};
-    else
-      for (const KeyShape& k : flux_diffusers_tensors(f.config)) plan.sources[k.name] = {f.prefix + k.name};
+    add_table_sources(flux_parameter_table(f.config), f.prefix, f.layout == FluxLayout::Original, plan);
     return plan;
   }
   if (diffusion && is_unet_checkpoint(view.keys())) {
     const UNetCheckpoint u = detect_unet_checkpoint(view.keys());
     plan.architecture = "UNet2DConditionModel";
     plan.config = unet_config_json(u.config);
-    for (const UNetParameter& p : unet_parameters(u.config))
-      plan.sources[p.diffusers_name] = {u.prefix + (u.layout == UNetLayout::Original ? p.original_name : p.diffusers_name)};
+    add_table_sources(unet_parameter_table(u.config), u.prefix, u.layout == UNetLayout::Original, plan);
     return plan;
   }
   const std::vector<ArchitectureComponent> found = detect_components(view.keys());
@@ -219,14 +220,14 @@ LoadPlan plan_single_file(const CheckpointFiles& view, const nlohmann::json& opt
     const SD3Checkpoint c = detect_sd3_checkpoint(view.keys());
     plan.architecture = "SD3Transformer2DModel";
     plan.config = sd3_config_json(c.config);
-    add_table_sources(sd3_parameter_table(c.config), c.prefix, plan);
+    add_table_sources(sd3_parameter_table(c.config), c.prefix, c.layout == SD3Layout::Original, plan);
     return plan;
   }
   if (!found.empty() && found.front().architecture == Architecture::AutoencoderKL) {
     const VAECheckpoint c = detect_vae_checkpoint(view.keys());
     plan.architecture = "AutoencoderKL";
     plan.config = vae_config_json(c.config);
-    add_table_sources(vae_parameter_table(c.config), c.prefix, plan);
+    add_table_sources(vae_parameter_table(c.config), c.prefix, c.layout == VAELayout::Original, plan);
     return plan;
   }
   if (!found.empty() && (found.front().architecture == Architecture::CLIPText ||
@@ -234,14 +235,14 @@ LoadPlan plan_single_file(const CheckpointFiles& view, const nlohmann::json& opt
     const ClipCheckpoint c = detect_clip_checkpoint_at(view.keys(), found.front().prefix);
     plan.architecture = c.config.with_projection ? "CLIPTextModelWithProjection" : "CLIPTextModel";
     plan.config = clip_config_json(c.config);
-    add_table_sources(clip_parameter_table(c.config), c.prefix, plan);
+    add_table_sources(clip_parameter_table(c.config), c.prefix, c.layout == ClipLayout::OpenCLIP, plan);
     return plan;
   }
   if (!found.empty() && found.front().architecture == Architecture::T5Encoder) {
     const T5Checkpoint c = detect_t5_checkpoint(view.keys());
     plan.architecture = "T5EncoderModel";
     plan.config = t5_config_json(c.config);
-    add_table_sources(t5_parameter_table(c.config), c.prefix, plan);
+    add_table_sources(t5_parameter_table(c.config), c.prefix, true, plan);
     if (c.embedding_name != "shared.weight") plan.sources["shared.weight"] = {c.prefix + c.embedding_name};
     return plan;
   }

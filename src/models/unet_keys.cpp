@@ -269,6 +269,12 @@ std::vector<UNetParameter> unet_parameters(const UNetConfig& cfg) {
   return UNetBuilder(cfg).build();
 }
 
+MappedTable unet_parameter_table(const UNetConfig& cfg) {
+  MappedTableBuilder b;
+  for (const UNetParameter& p : unet_parameters(cfg)) b.same(p.diffusers_name, p.original_name, p.shape);
+  return b.take();
+}
+
 bool is_unet_checkpoint(const std::vector<KeyShape>& keys) {
   for (const char* p : {kSgmPrefix, ""}) {
     const std::string pre(p);

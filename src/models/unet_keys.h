@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
-#include "models/flux_keys.h"  // KeyShape
+#include "models/mapped_keys.h"
 
 namespace flame::models {
 
@@ -57,6 +57,10 @@ struct UNetParameter {
 
 // Every parameter of the UNet in diffusers' state_dict order, with its SGM name.
 std::vector<UNetParameter> unet_parameters(const UNetConfig& cfg);
+
+// The same list as a MappedTable (every piece a whole tensor renamed), the form the loader and the
+// original-layout save (original_layout.h) read in either direction.
+MappedTable unet_parameter_table(const UNetConfig& cfg);
 
 // Whether keys hold a UNet2DConditionModel (either layout; single files may hold other components
 // under other prefixes).

@@ -195,6 +195,16 @@ impl Model {
         check(unsafe { (api()?.flame_model_save)(self.raw, p.as_ptr(), std::ptr::null()) })
     }
 
+    /// `flame_model_save` in `layout`: `"diffusers"` (as [`Model::save`]), `"original"` (the class's
+    /// usual single-file layout: BFL names for Flux, SGM / LDM names for the UNet and the VAE, ...)
+    /// or an explicit one (`"bfl"`, `"comfyui"`, `"sgm"`, `"ldm"`, `"sd3"`; flame.h lists them per
+    /// class). A layout the class does not have is an [`Error`] naming the layout and the class.
+    pub fn save_layout(&self, path: impl AsRef<Path>, layout: &str) -> Result<()> {
+        let p = c_path(path.as_ref())?;
+        let l = c_string(layout, "layout")?;
+        check(unsafe { (api()?.flame_model_save)(self.raw, p.as_ptr(), l.as_ptr()) })
+    }
+
     /// `flame_model_architecture`: the architecture's name.
     pub fn architecture(&self) -> Result<String> {
         let mut p: *const c_char = std::ptr::null();

@@ -99,3 +99,30 @@ fn model_errors() {
     let e = Model::load(&ctx, "/nonexistent/flame-model", None).err().expect("no such path");
     assert!(e.message.contains("/nonexistent/flame-model"), "{}", e.message);
 }
+
+#[test]
+fn clip_original_layout_round_trip() {
+    let ctx = ctx_or_skip!();
+    // 64-wide heads, as the loader's CLIP detection reads them back.
+    let config = r#"{"vocab_size":100,"hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":1,"max_position_embeddings":16}"#;
+    let model = Model::create(&ctx, "CLIPTextModel", Some(config), None).unwrap();
+    let dir = std::env::temp_dir().join(format!("flame-rs-model-orig-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("clip_sgm.safetensors");
+    model.save_layout(&file, "original").unwrap();
+    let loaded = Model::load(&ctx, &file, None).unwrap();  // detected from the SGM names
+    assert_eq!(loaded.architecture().unwrap(), "CLIPTextModel");
+    let (a, b) = (model.params().unwrap().entries().unwrap(), loaded.params().unwrap().entries().unwrap());
+    assert_eq!(a.len(), b.len());
+    for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
+        assert_eq!(na, nb);
+        assert_eq!(ta.to_vec::<f32>().unwrap(), tb.to_vec::<f32>().unwrap(), "{na}");
+    }
+    // A layout CLIPTextModel does not have, and a width the layout cannot hold: errors, no file.
+    let bad = dir.join("bad.safetensors");
+    assert!(model.save_layout(&bad, "bfl").is_err());
+    let narrow = Model::create(&ctx, "CLIPTextModel", Some(CONFIG), None).unwrap();
+    assert!(narrow.save_layout(&bad, "original").is_err());
+    assert!(!bad.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
