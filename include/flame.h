@@ -2203,6 +2203,46 @@ FLAME_API flame_status_t flame_model_add_lora(flame_model_t model, const char* o
  * NULL, no adapter of that name), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_OUT_OF_MEMORY (host). */
 FLAME_API flame_status_t flame_model_lora_params(flame_model_t model, const char* name, flame_params_t* adapter_params);
 
+/* Writes the adapter called name (NULL: "default") to one safetensors file at path (atomic
+ * replacement, as flame_safetensors_save), in the format kohya's sd-scripts, ComfyUI, A1111 and
+ * diffusers read. options_json (NULL or an object, every key optional):
+ *   "format": "kohya" (default: "lora_unet_<original module>" / "lora_te1_" / "lora_te2_" /
+ *   "lora_te3_" names with ".lora_down.weight", ".lora_up.weight" and a 0-d ".alpha"; Flux under
+ *   Black Forest Labs' names, SDXL under SGM names, SD3 under MMDiT names; where the original layout
+ *   fuses modules (Flux's img_attn.qkv, linear1) the file holds one pair for the fused module: the
+ *   downs stacked and a block-diagonal up, exact; ss_* and modelspec.* metadata) or "peft"
+ *   ("diffusers": "<component>.<module>.lora_A.weight" / ".lora_B.weight" with peft's LoraConfig in
+ *   the metadata "lora_adapter_metadata", as diffusers' save_lora_weights);
+ *   "component": the pipeline slot that prefixes the names ("unet", "transformer", "text_encoder",
+ *   "text_encoder_2", "text_encoder_3"; default by class: UNet2DConditionModel "unet", Flux and SD3
+ *   "transformer", CLIPTextModel "text_encoder", CLIPTextModelWithProjection and T5EncoderModel
+ *   "text_encoder_2"); "dtype": "f32" (default), "bf16" or "f16" of the stored matrices;
+ *   "metadata": {string: string} entries added to the file's metadata.
+ * The stored alphas include the adapter's multiplier. Waits for the device.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or path NULL, no adapter of that name, a bad option
+ * naming it, a module the format cannot express), FLAME_ERROR_IO, FLAME_ERROR_INVALID_HANDLE,
+ * FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA, FLAME_ERROR_UNSUPPORTED (during a graph capture). */
+FLAME_API flame_status_t flame_model_save_lora(flame_model_t model, const char* name, const char* path,
+                                               const char* options_json);
+
+/* Loads a LoRA file (kohya, peft / diffusers, or ComfyUI's diffusers-named keys; the key forms of
+ * lora_format.h, detected from the keys) as a new adapter of the model. Keys of other pipeline
+ * components are skipped, so one file holding a UNet's and its text encoders' LoRAs loads into each
+ * model in turn. A pair stored for a fused original module gives every member module the whole down
+ * and its rows of the up (exact). A missing kohya alpha means alpha = rank (scale 1).
+ * options_json (NULL or an object): "name" ("default"), "component" (as flame_model_save_lora),
+ * "multiplier" (1), "dtype" ("f32") of the adapter's tensors, "trainable" (false: the tensors do not
+ * require grad; true to go on training them).
+ * OUT *adapter_params: a new list of the adapter's tensors (as flame_model_add_lora). NULL on failure,
+ * and the model is unchanged.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (model, path or adapter_params NULL, a bad option, a name in
+ * use), FLAME_ERROR_IO, FLAME_ERROR_INVALID_FORMAT (not safetensors, a key no rule knows or whose
+ * module the model lacks, shapes contradicting the model, DoRA / LyCORIS keys, nothing for the
+ * component: the message names the file and key), FLAME_ERROR_INVALID_HANDLE,
+ * FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA, FLAME_ERROR_UNSUPPORTED (during a graph capture). */
+FLAME_API flame_status_t flame_model_load_lora(flame_model_t model, const char* path, const char* options_json,
+                                               flame_params_t* adapter_params);
+
 /* Removes the adapter called name (NULL: "default") from the model: later forwards run without it
  * (its tensors live on while references to them are held). Parameters frozen when it was added stay
  * frozen. Errors: FLAME_ERROR_INVALID_ARGUMENT (model NULL, no adapter of that name),

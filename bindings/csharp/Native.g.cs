@@ -717,6 +717,11 @@ namespace Flame.Interop
             "flame_model_forward",
             "flame_model_set_training",
             "flame_model_set_checkpointing",
+            "flame_model_add_lora",
+            "flame_model_lora_params",
+            "flame_model_save_lora",
+            "flame_model_load_lora",
+            "flame_model_remove_lora",
         };
 
         /// <summary><c>const char* flame_version_string(void)</c></summary>
@@ -1914,6 +1919,26 @@ namespace Flame.Interop
         /// <summary><c>flame_status_t flame_model_set_checkpointing(flame_model_t model, int64_t every_n_blocks)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_set_checkpointing", ExactSpelling = true)]
         public static extern flame_status_t flame_model_set_checkpointing(IntPtr model, long every_n_blocks);
+
+        /// <summary><c>flame_status_t flame_model_add_lora(flame_model_t model, const char* options_json, flame_params_t* adapter_params)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_add_lora", ExactSpelling = true)]
+        public static extern flame_status_t flame_model_add_lora(IntPtr model, string options_json, IntPtr* adapter_params);
+
+        /// <summary><c>flame_status_t flame_model_lora_params(flame_model_t model, const char* name, flame_params_t* adapter_params)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_lora_params", ExactSpelling = true)]
+        public static extern flame_status_t flame_model_lora_params(IntPtr model, string name, IntPtr* adapter_params);
+
+        /// <summary><c>flame_status_t flame_model_save_lora(flame_model_t model, const char* name, const char* path, const char* options_json)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_save_lora", ExactSpelling = true)]
+        public static extern flame_status_t flame_model_save_lora(IntPtr model, string name, string path, string options_json);
+
+        /// <summary><c>flame_status_t flame_model_load_lora(flame_model_t model, const char* path, const char* options_json, flame_params_t* adapter_params)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_load_lora", ExactSpelling = true)]
+        public static extern flame_status_t flame_model_load_lora(IntPtr model, string path, string options_json, IntPtr* adapter_params);
+
+        /// <summary><c>flame_status_t flame_model_remove_lora(flame_model_t model, const char* name)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_remove_lora", ExactSpelling = true)]
+        public static extern flame_status_t flame_model_remove_lora(IntPtr model, string name);
 
     }
 }

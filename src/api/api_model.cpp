@@ -14,6 +14,7 @@
 #include "api/safetensors_files.h"
 #include "models/model.h"
 #include "models/model_loader.h"
+#include "models/model_lora_files.h"
 #include "models/original_layout.h"
 #include "ops/ops.h"
 
@@ -255,6 +256,52 @@ FLAME_API flame_status_t flame_model_lora_params(flame_model_t model, const char
     const models::LoraAdapter* adapter = m.model->find_lora_adapter(n);
     FLAME_CHECK(adapter, FLAME_ERROR_INVALID_ARGUMENT, "the model has no LoRA adapter \"", n, "\"");
     *out = make_params_list(*m.ctx, adapter->named_tensors());
+  });
+}
+
+FLAME_API flame_status_t flame_model_save_lora(flame_model_t model, const char* name, const char* path,
+                                               const char* options_json) {
+  return api_call("flame_model_save_lora", [&] {
+    flame_model_s& m = model_of(model);
+    FLAME_CHECK(path, FLAME_ERROR_INVALID_ARGUMENT, "path is NULL");
+    const std::string n = name ? name : "default";
+    const models::LoraFileOptions o = models::parse_lora_file_options(json_arg(options_json, "options_json"));
+    const models::LoraAdapter* adapter = m.model->find_lora_adapter(n);
+    FLAME_CHECK(adapter, FLAME_ERROR_INVALID_ARGUMENT, "the model has no LoRA adapter \"", n, "\"");
+    ContextScope scope(*m.ctx);
+    m.ctx->check_alive();
+    m.ctx->forbid_in_capture("writing a safetensors file");
+    const models::LoraFileContents contents = models::lora_file_contents(*m.model, *adapter, o);
+    std::vector<std::string> names;
+    std::vector<Tensor> tensors;
+    for (const auto& [k, t] : contents.tensors) {
+      names.push_back(k);
+      tensors.push_back(t);
+    }
+    save_safetensors(*m.ctx, path, names, tensors, contents.metadata);
+  });
+}
+
+FLAME_API flame_status_t flame_model_load_lora(flame_model_t model, const char* path, const char* options_json,
+                                               flame_params_t* adapter_params) {
+  return api_call("flame_model_load_lora", [&] {
+    flame_params_t* out = out_param(adapter_params, "adapter_params");
+    flame_model_s& m = model_of(model);
+    FLAME_CHECK(path, FLAME_ERROR_INVALID_ARGUMENT, "path is NULL");
+    const models::LoraLoadOptions o = models::parse_lora_load_options(json_arg(options_json, "options_json"));
+    FLAME_CHECK(!m.model->find_lora_adapter(o.name), FLAME_ERROR_INVALID_ARGUMENT, "the model has a LoRA adapter \"",
+                o.name, "\" already");
+    ContextScope scope(*m.ctx);
+    m.ctx->check_alive();
+    m.ctx->forbid_in_capture("loading a LoRA file");
+    std::shared_ptr<models::LoraAdapter> adapter = models::read_lora_file(*m.model, path, o);
+    m.model->add_lora_adapter(adapter);
+    try {
+      *out = make_params_list(*m.ctx, adapter->named_tensors());
+    } catch (...) {
+      m.model->remove_lora_adapter(o.name);
+      throw;
+    }
   });
 }
 

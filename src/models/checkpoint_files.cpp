@@ -314,6 +314,13 @@ std::vector<std::string> CheckpointFiles::component_prefixes() const {
   return found;
 }
 
+std::map<std::string, std::string> CheckpointFiles::metadata() const {
+  std::map<std::string, std::string> out;
+  for (const MappedSafetensors& f : files_->files)
+    for (const auto& [k, v] : f.header.metadata) out.emplace(k, v);
+  return out;
+}
+
 LoadStats CheckpointFiles::load_stats() const {
   std::lock_guard<std::mutex> lock(files_->stats_mutex);
   return files_->stats;

@@ -45,6 +45,7 @@
 // copies): loading is not meant to overlap a training step.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -108,6 +109,10 @@ class CheckpointFiles {
   // element count), FLAME_ERROR_UNSUPPORTED (a dtype FLAME lacks), and those of the copy itself.
   // Not allowed during a graph capture. Bumps dst's version, like any in-place write.
   void read_into(const std::string& key, const Tensor& dst, int64_t row_begin = 0, int64_t rows = -1) const;
+
+  // The safetensors "__metadata__" entries of the files (a key in several files: the first file's
+  // value), sorted by key.
+  std::map<std::string, std::string> metadata() const;
 
   // What read_into has moved so far through this object and every view or copy sharing its files.
   LoadStats load_stats() const;

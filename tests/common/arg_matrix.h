@@ -602,6 +602,30 @@ class Args {
     return m;
   }
   flame_model_t* out_model(const char* name) { return out_slot<flame_model_t>(name, OutKind::Model); }
+  // a.model with a LoRA adapter "default" (rank 2, the default targets) added
+  flame_model_t lora_model(const char* name) {
+    flame_model_t m = model(name);
+    if (m && mode_ == Mode::Live) {
+      flame_params_t p = nullptr;
+      if (flame_model_add_lora(m, "{\"rank\": 2}", &p) == FLAME_OK) flame_params_release(p);
+    }
+    return m;
+  }
+  // A LoRA file (peft format) of the tiny model's adapter, for flame_model_load_lora.
+  const char* lora_path(const char* name) {
+    nullable(name);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return "/nonexistent/flame_argm/lora.safetensors";
+    const std::string path = tmp_dir() + "/lora.safetensors";
+    flame_model_t m = live_model(ctx_, false);
+    flame_params_t p = nullptr;
+    if (m && flame_model_add_lora(m, "{\"rank\": 2}", &p) == FLAME_OK) {
+      flame_params_release(p);
+      flame_model_save_lora(m, nullptr, path.c_str(), "{\"format\": \"peft\"}");
+    }
+    flame_model_release(m);
+    return keep_string(path);
+  }
   // A model file (the tiny CLIPTextModel in diffusers names) for flame_model_load.
   const char* model_path(const char* name) {
     nullable(name);

@@ -889,6 +889,11 @@ pub const SYMBOLS: &[&str] = &[
     "flame_model_forward",
     "flame_model_set_training",
     "flame_model_set_checkpointing",
+    "flame_model_add_lora",
+    "flame_model_lora_params",
+    "flame_model_save_lora",
+    "flame_model_load_lora",
+    "flame_model_remove_lora",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -1192,6 +1197,11 @@ pub struct Api {
     pub flame_model_forward: unsafe extern "C" fn(model: flame_model_t, inputs: flame_params_t, outputs: *mut flame_params_t) -> flame_status_t,
     pub flame_model_set_training: unsafe extern "C" fn(model: flame_model_t, training: i32) -> flame_status_t,
     pub flame_model_set_checkpointing: unsafe extern "C" fn(model: flame_model_t, every_n_blocks: i64) -> flame_status_t,
+    pub flame_model_add_lora: unsafe extern "C" fn(model: flame_model_t, options_json: *const c_char, adapter_params: *mut flame_params_t) -> flame_status_t,
+    pub flame_model_lora_params: unsafe extern "C" fn(model: flame_model_t, name: *const c_char, adapter_params: *mut flame_params_t) -> flame_status_t,
+    pub flame_model_save_lora: unsafe extern "C" fn(model: flame_model_t, name: *const c_char, path: *const c_char, options_json: *const c_char) -> flame_status_t,
+    pub flame_model_load_lora: unsafe extern "C" fn(model: flame_model_t, path: *const c_char, options_json: *const c_char, adapter_params: *mut flame_params_t) -> flame_status_t,
+    pub flame_model_remove_lora: unsafe extern "C" fn(model: flame_model_t, name: *const c_char) -> flame_status_t,
 }
 
 impl Api {
@@ -1503,6 +1513,11 @@ impl Api {
             flame_model_forward: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, flame_params_t, *mut flame_params_t) -> flame_status_t>(resolve(b"flame_model_forward\0")?),
             flame_model_set_training: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, i32) -> flame_status_t>(resolve(b"flame_model_set_training\0")?),
             flame_model_set_checkpointing: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, i64) -> flame_status_t>(resolve(b"flame_model_set_checkpointing\0")?),
+            flame_model_add_lora: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, *const c_char, *mut flame_params_t) -> flame_status_t>(resolve(b"flame_model_add_lora\0")?),
+            flame_model_lora_params: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, *const c_char, *mut flame_params_t) -> flame_status_t>(resolve(b"flame_model_lora_params\0")?),
+            flame_model_save_lora: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, *const c_char, *const c_char, *const c_char) -> flame_status_t>(resolve(b"flame_model_save_lora\0")?),
+            flame_model_load_lora: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, *const c_char, *const c_char, *mut flame_params_t) -> flame_status_t>(resolve(b"flame_model_load_lora\0")?),
+            flame_model_remove_lora: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, *const c_char) -> flame_status_t>(resolve(b"flame_model_remove_lora\0")?),
         })
     }
 }

@@ -18,5 +18,11 @@ FLAME_ARG_ROW(flame_model_params, a.model("model"), a.out_params("params"));
 FLAME_ARG_ROW(flame_model_forward, a.model("model"), a.model_inputs("inputs"), a.out_params("outputs"));
 FLAME_ARG_ROW(flame_model_set_training, a.model("model"), 1);
 FLAME_ARG_ROW(flame_model_set_checkpointing, a.model("model"), 1);
+FLAME_ARG_ROW(flame_model_add_lora, a.model("model"), "{\"rank\": 2}", a.out_params("adapter_params"));
+FLAME_ARG_ROW(flame_model_lora_params, a.lora_model("model"), "default", a.out_params("adapter_params"));
+FLAME_ARG_ROW(flame_model_save_lora, a.lora_model("model"), "default", a.out_path("path"), "{\"format\": \"peft\"}");
+FLAME_ARG_ROW(flame_model_load_lora, a.model("model"), a.lora_path("path"), "{\"name\": \"loaded\"}",
+              a.out_params("adapter_params"));
+FLAME_ARG_ROW(flame_model_remove_lora, a.lora_model("model"), "default");
 
 }  // namespace

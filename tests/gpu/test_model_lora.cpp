@@ -1,0 +1,328 @@
+// LoRA adapters on models through the C ABI (flame_model_add_lora / _save_lora / _load_lora), on tiny
+// Flux, SDXL UNet and CLIP models with distinct parameter values:
+//  - a new adapter changes no output (B = 0), freezes the base and trains only A and B;
+//  - with random A and B, the output equals that of a second model whose weights hold
+//    W + alpha / rank * B A (merged on the host in double): the adapter's math, independently;
+//  - backward reaches every A and B and no base parameter;
+//  - written as kohya and as peft files and loaded into a fresh model of the same base weights, the
+//    adapter gives the same output (Flux's kohya file stores fused qkv / linear1 pairs: the load
+//    splits them exactly);
+//  - removing the adapter restores the base output; bad requests fail and change nothing.
+// Conformance with diffusers' and ComfyUI's readers is tests/models/check_lora_formats.py's job.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+#include <unistd.h>
+#include <algorithm>
+#include "flame_test.h"
+
+namespace {
+
+class ModelLora : public GpuTest {};
+
+struct ModelHandle {
+  flame_model_t m = nullptr;
+  ~ModelHandle() { flame_model_release(m); }
+};
+struct ParamsHandle {
+  flame_params_t p = nullptr;
+  ~ParamsHandle() { flame_params_release(p); }
+};
+
+const char* const kFlux =
+    R"({"num_layers": 2, "num_single_layers": 2, "attention_head_dim": 16, "num_attention_heads": 2,
+        "in_channels": 16, "joint_attention_dim": 24, "pooled_projection_dim": 20, "guidance_embeds": true,
+        "axes_dims_rope": [4, 6, 6]})";
+const char* const kUnetSdxl = R"({"block_out_channels": [32, 48, 64], "layers_per_block": 2,
+  "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+  "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+  "transformer_layers_per_block": [1, 2, 3], "attention_head_dim": [1, 2, 4], "cross_attention_dim": 40,
+  "use_linear_projection": true, "norm_num_groups": 8, "addition_embed_type": "text_time",
+  "addition_time_embed_dim": 8, "projection_class_embeddings_input_dim": 72})";
+const char* const kClip = R"({"vocab_size": 100, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+      "num_attention_heads": 1, "max_position_embeddings": 16})";
+
+struct Case {
+  const char* arch;
+  const char* config;
+  const char* output;
+};
+
+std::vector<float> host_of(flame_tensor_t t) {
+  int64_t n = 0;
+  EXPECT_EQ(flame_tensor_numel(t, &n), FLAME_OK);
+  std::vector<float> v(static_cast<size_t>(n));
+  EXPECT_EQ(flame_to_host(t, v.data(), v.size() * sizeof(float)), FLAME_OK) << flame_last_error_message();
+  return v;
+}
+
+// Fills every tensor of a list with values of a fixed pseudo-random sequence times scale.
+void fill_list(flame_params_t list, uint32_t seed, float scale) {
+  int64_t count = 0;
+  ASSERT_EQ(flame_params_count(list, &count), FLAME_OK);
+  uint32_t state = seed;
+  for (int64_t i = 0; i < count; ++i) {
+    flame_tensor_t t = nullptr;
+    ASSERT_EQ(flame_params_tensor(list, i, &t), FLAME_OK);
+    int64_t n = 0;
+    ASSERT_EQ(flame_tensor_numel(t, &n), FLAME_OK);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) {
+      state = state * 1664525u + 1013904223u;
+      x = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * scale;
+    }
+    ASSERT_EQ(flame_copy_from_host(t, v.data(), v.size() * sizeof(float)), FLAME_OK) << flame_last_error_message();
+  }
+}
+
+void make_model(flame_ctx_t ctx, const Case& c, ModelHandle& m) {
+  ASSERT_EQ(flame_model_create(ctx, c.arch, c.config, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
+  ParamsHandle ps;
+  ASSERT_EQ(flame_model_params(m.m, &ps.p), FLAME_OK);
+  fill_list(ps.p, 12345, 0.2f);
+}
+
+flame_tensor_t host_tensor(flame_ctx_t ctx, const std::vector<int64_t>& shape, const std::vector<float>& v) {
+  flame_tensor_t t = nullptr;
+  EXPECT_EQ(flame_from_host(ctx, v.data(), v.size() * sizeof(float), shape.data(), static_cast<int32_t>(shape.size()),
+                            FLAME_DTYPE_F32, &t),
+            FLAME_OK);
+  return t;
+}
+
+std::vector<float> ramp(size_t n, float scale) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = std::sin(0.7f * static_cast<float>(i) + 0.3f) * scale;
+  return v;
+}
+
+// The inputs of each case's forward (owned by the list).
+void make_inputs(flame_ctx_t ctx, const Case& c, ParamsHandle& in) {
+  ASSERT_EQ(flame_params_create(ctx, &in.p), FLAME_OK);
+  auto add = [&](const char* name, flame_tensor_t t) {
+    ASSERT_EQ(flame_params_add(in.p, name, t), FLAME_OK);
+    flame_tensor_release(t);
+  };
+  const std::string arch = c.arch;
+  if (arch == "FluxTransformer2DModel") {
+    add("hidden_states", host_tensor(ctx, {1, 12, 16}, ramp(12 * 16, 1.0f)));
+    add("encoder_hidden_states", host_tensor(ctx, {1, 5, 24}, ramp(5 * 24, 1.0f)));
+    add("pooled_projections", host_tensor(ctx, {1, 20}, ramp(20, 1.0f)));
+    add("timestep", host_tensor(ctx, {1}, {0.5f}));
+    add("guidance", host_tensor(ctx, {1}, {3.5f}));
+    std::vector<float> ids(12 * 3, 0.0f);
+    for (int r = 0; r < 12; ++r) {
+      ids[r * 3 + 1] = static_cast<float>(r / 3);
+      ids[r * 3 + 2] = static_cast<float>(r % 3);
+    }
+    add("img_ids", host_tensor(ctx, {12, 3}, ids));
+    add("txt_ids", host_tensor(ctx, {5, 3}, std::vector<float>(15, 0.0f)));
+  } else if (arch == "UNet2DConditionModel") {
+    add("sample", host_tensor(ctx, {1, 4, 16, 16}, ramp(4 * 16 * 16, 1.0f)));
+    add("timestep", host_tensor(ctx, {1}, {10.0f}));
+    add("encoder_hidden_states", host_tensor(ctx, {1, 7, 40}, ramp(7 * 40, 1.0f)));
+    add("text_embeds", host_tensor(ctx, {1, 24}, ramp(24, 1.0f)));
+    add("time_ids", host_tensor(ctx, {1, 6}, {16, 16, 0, 0, 16, 16}));
+  } else {
+    const std::vector<int64_t> ids = {3, 17, 42, 8, 99, 5};
+    const int64_t shape[2] = {1, 6};
+    flame_tensor_t t = nullptr;
+    ASSERT_EQ(flame_from_host(ctx, ids.data(), ids.size() * sizeof(int64_t), shape, 2, FLAME_DTYPE_I64, &t), FLAME_OK);
+    add("input_ids", t);
+  }
+}
+
+std::vector<float> run(flame_model_t m, const Case& c, flame_params_t in) {
+  ParamsHandle out;
+  EXPECT_EQ(flame_model_forward(m, in, &out.p), FLAME_OK) << flame_last_error_message();
+  flame_tensor_t y = nullptr;
+  EXPECT_EQ(flame_params_find(out.p, c.output, &y), FLAME_OK);
+  if (!y) return {};
+  return host_of(y);
+}
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::fabs(static_cast<double>(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+// Writes W + scale * B A into model's weights for every module of the adapter list (host, double).
+void merge_on_host(flame_params_t adapter, flame_model_t into, double scale) {
+  ParamsHandle ps;
+  ASSERT_EQ(flame_model_params(into, &ps.p), FLAME_OK);
+  int64_t count = 0;
+  ASSERT_EQ(flame_params_count(adapter, &count), FLAME_OK);
+  for (int64_t i = 0; i + 1 < count; i += 2) {
+    const char *name_a = nullptr, *name_b = nullptr;
+    flame_tensor_t a = nullptr, b = nullptr, w = nullptr;
+    ASSERT_EQ(flame_params_name(adapter, i, &name_a), FLAME_OK);
+    ASSERT_EQ(flame_params_name(adapter, i + 1, &name_b), FLAME_OK);
+    const std::string module = std::string(name_a).substr(0, std::string(name_a).size() - std::string(".lora_A.weight").size());
+    ASSERT_EQ(std::string(name_b), module + ".lora_B.weight");
+    ASSERT_EQ(flame_params_tensor(adapter, i, &a), FLAME_OK);
+    ASSERT_EQ(flame_params_tensor(adapter, i + 1, &b), FLAME_OK);
+    ASSERT_EQ(flame_params_find(ps.p, (module + ".weight").c_str(), &w), FLAME_OK);
+    ASSERT_NE(w, nullptr) << module;
+    int64_t sa[2], sb[2];
+    ASSERT_EQ(flame_tensor_shape(a, sa, 2), FLAME_OK);
+    ASSERT_EQ(flame_tensor_shape(b, sb, 2), FLAME_OK);
+    const int64_t r = sa[0], in = sa[1], out = sb[0];
+    const std::vector<float> va = host_of(a), vb = host_of(b);
+    std::vector<float> vw = host_of(w);
+    ASSERT_EQ(static_cast<int64_t>(vw.size()), out * in) << module;
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t k = 0; k < in; ++k) {
+        double d = 0;
+        for (int64_t j = 0; j < r; ++j) d += static_cast<double>(vb[o * r + j]) * va[j * in + k];
+        vw[o * in + k] = static_cast<float>(vw[o * in + k] + scale * d);
+      }
+    ASSERT_EQ(flame_copy_from_host(w, vw.data(), vw.size() * sizeof(float)), FLAME_OK);
+  }
+}
+
+std::string temp_path(const char* tag) {
+  return std::string("/tmp/flame_model_lora_") + tag + "_" + std::to_string(static_cast<long>(getpid())) + ".safetensors";
+}
+
+void check_case(flame_ctx_t ctx, const Case& c) {
+  SCOPED_TRACE(c.arch);
+  ModelHandle m;
+  make_model(ctx, c, m);
+  ParamsHandle in;
+  make_inputs(ctx, c, in);
+  const std::vector<float> base = run(m.m, c, in.p);
+  ASSERT_FALSE(base.empty());
+
+  ParamsHandle adapter;
+  ASSERT_EQ(flame_model_add_lora(m.m, R"({"rank": 4, "alpha": 8})", &adapter.p), FLAME_OK) << flame_last_error_message();
+  int64_t n_adapter = 0;
+  ASSERT_EQ(flame_params_count(adapter.p, &n_adapter), FLAME_OK);
+  EXPECT_GE(n_adapter, 8);
+  EXPECT_LE(rel_diff(run(m.m, c, in.p), base), 1e-6) << "a new adapter (B = 0) changed the output";
+
+  // frozen base, trainable adapter
+  ParamsHandle params;
+  ASSERT_EQ(flame_model_params(m.m, &params.p), FLAME_OK);
+  int64_t n_params = 0;
+  ASSERT_EQ(flame_params_count(params.p, &n_params), FLAME_OK);
+  for (int64_t i = 0; i < n_params; ++i) {
+    flame_tensor_t t = nullptr;
+    int32_t rg = 1;
+    ASSERT_EQ(flame_params_tensor(params.p, i, &t), FLAME_OK);
+    ASSERT_EQ(flame_tensor_requires_grad(t, &rg), FLAME_OK);
+    EXPECT_EQ(rg, 0) << "base parameter " << i << " still requires grad";
+  }
+
+  fill_list(adapter.p, 777, 0.3f);
+  const std::vector<float> adapted = run(m.m, c, in.p);
+  EXPECT_GT(rel_diff(adapted, base), 1e-3) << "the adapter has no effect";
+
+  ModelHandle merged;
+  make_model(ctx, c, merged);
+  merge_on_host(adapter.p, merged.m, 8.0 / 4.0);
+  EXPECT_LE(rel_diff(adapted, run(merged.m, c, in.p)), 1e-4) << "adapter output differs from W + scale B A";
+
+  // backward: every A and B gets a gradient, no base parameter does
+  {
+    ParamsHandle out;
+    ASSERT_EQ(flame_model_forward(m.m, in.p, &out.p), FLAME_OK);
+    flame_tensor_t y = nullptr;
+    ASSERT_EQ(flame_params_find(out.p, c.output, &y), FLAME_OK);
+    T sq, loss;
+    ASSERT_EQ(flame_mul(y, y, sq.out()), FLAME_OK);
+    ASSERT_EQ(flame_sum_all(sq.h, loss.out()), FLAME_OK);
+    ASSERT_EQ(flame_backward(ctx, loss.h, nullptr, 0), FLAME_OK) << flame_last_error_message();
+    for (int64_t i = 0; i < n_adapter; ++i) {
+      flame_tensor_t t = nullptr;
+      T g;
+      ASSERT_EQ(flame_params_tensor(adapter.p, i, &t), FLAME_OK);
+      ASSERT_EQ(flame_tensor_grad(t, g.out()), FLAME_OK);
+      ASSERT_NE(g.h, nullptr) << "adapter tensor " << i << " got no gradient";
+      double mx = 0;
+      for (float v : host_of(g.h)) mx = std::max(mx, std::fabs(static_cast<double>(v)));
+      EXPECT_GT(mx, 0) << "adapter tensor " << i << " has a zero gradient";
+      ASSERT_EQ(flame_tensor_set_grad(t, nullptr), FLAME_OK);
+    }
+    for (int64_t i = 0; i < n_params; ++i) {
+      flame_tensor_t t = nullptr;
+      T g;
+      ASSERT_EQ(flame_params_tensor(params.p, i, &t), FLAME_OK);
+      ASSERT_EQ(flame_tensor_grad(t, g.out()), FLAME_OK);
+      EXPECT_EQ(g.h, nullptr) << "base parameter " << i << " got a gradient";
+    }
+  }
+
+  // files in both formats, read back into a fresh model of the same base weights
+  for (const char* format : {"kohya", "peft"}) {
+    SCOPED_TRACE(format);
+    const std::string path = temp_path(format);
+    const std::string opts = std::string(R"({"format": ")") + format + "\"}";
+    ASSERT_EQ(flame_model_save_lora(m.m, nullptr, path.c_str(), opts.c_str()), FLAME_OK) << flame_last_error_message();
+    ModelHandle fresh;
+    make_model(ctx, c, fresh);
+    ParamsHandle loaded;
+    ASSERT_EQ(flame_model_load_lora(fresh.m, path.c_str(), nullptr, &loaded.p), FLAME_OK) << flame_last_error_message();
+    EXPECT_LE(rel_diff(run(fresh.m, c, in.p), adapted), 1e-4) << "the " << format << " file means another adapter";
+    std::remove(path.c_str());
+  }
+
+  // errors change nothing
+  flame_params_t none = reinterpret_cast<flame_params_t>(1);
+  EXPECT_EQ(flame_model_add_lora(m.m, R"({"rank": 2})", &none), FLAME_ERROR_INVALID_ARGUMENT);  // "default" in use
+  EXPECT_EQ(none, nullptr);
+  none = reinterpret_cast<flame_params_t>(1);
+  EXPECT_EQ(flame_model_add_lora(m.m, R"({"name": "x", "targets": ["no_such_module"]})", &none), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flame_last_error_message()).find("no_such_module"), std::string::npos);
+  EXPECT_EQ(flame_model_add_lora(m.m, R"({"name": "x", "rank": 0})", &none), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(flame_model_add_lora(m.m, R"({"name": "x", "ranks": 4})", &none), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flame_last_error_message()).find("ranks"), std::string::npos);
+  EXPECT_EQ(flame_model_lora_params(m.m, "x", &none), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_LE(rel_diff(run(m.m, c, in.p), adapted), 1e-6);
+
+  ASSERT_EQ(flame_model_remove_lora(m.m, nullptr), FLAME_OK);
+  EXPECT_LE(rel_diff(run(m.m, c, in.p), base), 1e-6) << "removing the adapter did not restore the base";
+  EXPECT_EQ(flame_model_remove_lora(m.m, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+}
+
+TEST_F(ModelLora, FluxAdapterMatchesMergedWeightsAndFiles) {
+  check_case(ctx, {"FluxTransformer2DModel", kFlux, "sample"});
+}
+
+TEST_F(ModelLora, SdxlUnetAdapterMatchesMergedWeightsAndFiles) {
+  check_case(ctx, {"UNet2DConditionModel", kUnetSdxl, "sample"});
+}
+
+TEST_F(ModelLora, ClipAdapterMatchesMergedWeightsAndFiles) {
+  check_case(ctx, {"CLIPTextModel", kClip, "last_hidden_state"});
+}
+
+// Foreign files: a model checkpoint is no LoRA, and a Flux LoRA is none for a UNet.
+TEST_F(ModelLora, ForeignFilesAreClearErrors) {
+  ModelHandle flux, unet;
+  make_model(ctx, {"FluxTransformer2DModel", kFlux, "sample"}, flux);
+  make_model(ctx, {"UNet2DConditionModel", kUnetSdxl, "sample"}, unet);
+  const std::string model_path = temp_path("model"), lora_path = temp_path("flux");
+  ASSERT_EQ(flame_model_save(flux.m, model_path.c_str(), nullptr), FLAME_OK);
+  ParamsHandle adapter;
+  ASSERT_EQ(flame_model_add_lora(flux.m, nullptr, &adapter.p), FLAME_OK);
+  ASSERT_EQ(flame_model_save_lora(flux.m, nullptr, lora_path.c_str(), nullptr), FLAME_OK) << flame_last_error_message();
+  flame_params_t none = reinterpret_cast<flame_params_t>(1);
+  EXPECT_EQ(flame_model_load_lora(unet.m, model_path.c_str(), nullptr, &none), FLAME_ERROR_INVALID_FORMAT);
+  EXPECT_EQ(none, nullptr);
+  EXPECT_EQ(flame_model_load_lora(unet.m, lora_path.c_str(), nullptr, &none), FLAME_ERROR_INVALID_FORMAT);
+  EXPECT_NE(std::string(flame_last_error_message()).find("lora"), std::string::npos) << flame_last_error_message();
+  EXPECT_EQ(flame_model_load_lora(unet.m, "/nonexistent/lora.safetensors", nullptr, &none), FLAME_ERROR_IO);
+  EXPECT_EQ(flame_model_lora_params(unet.m, nullptr, &none), FLAME_ERROR_INVALID_ARGUMENT);  // nothing was added
+  std::remove(model_path.c_str());
+  std::remove(lora_path.c_str());
+}
+
+}  // namespace
