@@ -1291,6 +1291,56 @@ namespace Flame
             Status.Check(Native.flame_model_set_checkpointing(Raw, everyNBlocks));
             GC.KeepAlive(this);
         }
+
+        /// <summary>flame_model_add_lora: a LoRA adapter on the model's linear layers beside the frozen
+        /// weights (optionsJson as flame.h documents it, e.g. {"rank": 16, "alpha": 16}; null for the
+        /// defaults). Returns the adapter's tensors for an optimizer.</summary>
+        [Wraps("flame_model_add_lora")]
+        public unsafe Params AddLora(string optionsJson = null)
+        {
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_model_add_lora(Raw, optionsJson, &raw));
+            GC.KeepAlive(this);
+            return new Params(raw);
+        }
+
+        /// <summary>flame_model_lora_params: the tensors of the adapter name (null: "default").</summary>
+        [Wraps("flame_model_lora_params")]
+        public unsafe Params LoraParams(string name = null)
+        {
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_model_lora_params(Raw, name, &raw));
+            GC.KeepAlive(this);
+            return new Params(raw);
+        }
+
+        /// <summary>flame_model_save_lora: the adapter name (null: "default") as a LoRA file
+        /// (optionsJson: {"format": "kohya"|"peft", "component", "dtype", "metadata"}; null: kohya).</summary>
+        [Wraps("flame_model_save_lora")]
+        public void SaveLora(string name, string path, string optionsJson = null)
+        {
+            Status.Check(Native.flame_model_save_lora(Raw, name, path, optionsJson));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_model_load_lora: a LoRA file (kohya or peft) as a new adapter (optionsJson:
+        /// {"name", "component", "multiplier", "dtype", "trainable"}). Returns its tensors.</summary>
+        [Wraps("flame_model_load_lora")]
+        public unsafe Params LoadLora(string path, string optionsJson = null)
+        {
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_model_load_lora(Raw, path, optionsJson, &raw));
+            GC.KeepAlive(this);
+            return new Params(raw);
+        }
+
+        /// <summary>flame_model_remove_lora: removes the adapter name (null: "default").</summary>
+        [Wraps("flame_model_remove_lora")]
+        public void RemoveLora(string name = null)
+        {
+            Status.Check(Native.flame_model_remove_lora(Raw, name));
+            GC.KeepAlive(this);
+        }
     }
 
     /// <summary>Exports that have no C# wrapper on purpose, with the reason (Tests.cs CpuCoverage

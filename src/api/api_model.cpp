@@ -49,9 +49,9 @@ std::vector<models::KeyShape> param_shapes(const models::ParamStore& store) {
 
 // One stored tensor of an original-layout file from the parameters: each piece (transposed, halves
 // exchanged, reshaped to its rows' shape as the plan says) concatenated along dim 0 on the device.
-Tensor stored_tensor(const models::ParamStore& store, const models::SavedTensor& st) {
+Tensor stored_tensor(const models::ParamStore& store, const models::OriginalTensor& st) {
   std::vector<Tensor> parts;
-  for (const models::SavedPiece& p : st.pieces) {
+  for (const models::OriginalPiece& p : st.pieces) {
     Tensor t = store.get(p.parameter);
     if (p.transposed) t = ops::transpose(t, 0, 1);
     if (p.swap_halves) {

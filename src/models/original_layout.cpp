@@ -93,27 +93,27 @@ void expect_table_matches(const MappedTable& table, const std::vector<KeyShape>&
   }
 }
 
-std::vector<SavedTensor> under_own_names(const std::vector<KeyShape>& params, const std::string& prefix) {
-  std::vector<SavedTensor> out;
+std::vector<OriginalTensor> under_own_names(const std::vector<KeyShape>& params, const std::string& prefix) {
+  std::vector<OriginalTensor> out;
   for (const KeyShape& p : params) {
-    SavedPiece whole{p.name, p.shape, 0, p.shape.empty() ? 1 : p.shape[0], false, false};
+    OriginalPiece whole{p.name, p.shape, 0, p.shape.empty() ? 1 : p.shape[0], false, false};
     out.push_back({prefix + p.name, p.shape, {whole}});
   }
   return out;
 }
 
 // The table read backwards: each stored tensor with the pieces tiling its rows.
-std::vector<SavedTensor> under_original_names(const MappedTable& table, const std::string& prefix) {
-  std::map<std::string, std::vector<SavedPiece>> pieces;
+std::vector<OriginalTensor> under_original_names(const MappedTable& table, const std::string& prefix) {
+  std::map<std::string, std::vector<OriginalPiece>> pieces;
   for (const MappedParameter& p : table.parameters)
     pieces[p.original_name].push_back({p.diffusers_name, p.shape, p.row_begin, p.rows, p.swap_halves, p.transposed});
-  std::vector<SavedTensor> out;
+  std::vector<OriginalTensor> out;
   for (const KeyShape& stored : table.original) {
-    std::vector<SavedPiece>& ps = pieces[stored.name];
-    std::sort(ps.begin(), ps.end(), [](const SavedPiece& a, const SavedPiece& b) { return a.row_begin < b.row_begin; });
+    std::vector<OriginalPiece>& ps = pieces[stored.name];
+    std::sort(ps.begin(), ps.end(), [](const OriginalPiece& a, const OriginalPiece& b) { return a.row_begin < b.row_begin; });
     const int64_t total = stored.shape.empty() ? 1 : stored.shape[0];
     int64_t next = 0;
-    for (const SavedPiece& p : ps) {
+    for (const OriginalPiece& p : ps) {
       FLAME_CHECK(p.row_begin == next && p.rows > 0, FLAME_ERROR_INTERNAL, "key table: ", stored.name, " row ", next,
                   " is not covered exactly once (", p.parameter, " starts at ", p.row_begin, ")");
       next += p.rows;

@@ -37,7 +37,7 @@ namespace flame::models {
 // other dims whole) hold the parameter, transposed first when `transposed` (a 2-D [out, in] stored
 // [in, out]), its two halves exchanged when `swap_halves`, and reshaped to the stored rows' shape
 // (trailing 1-sized dims, e.g. a Linear's [C, C] stored as a 1x1 convolution's [C, C, 1, 1]).
-struct SavedPiece {
+struct OriginalPiece {
   std::string parameter;
   std::vector<int64_t> parameter_shape;
   int64_t row_begin = 0;
@@ -48,15 +48,15 @@ struct SavedPiece {
 
 // A tensor of the file: its full name (prefix included), its shape, and the pieces that tile its rows
 // in order.
-struct SavedTensor {
+struct OriginalTensor {
   std::string name;
   std::vector<int64_t> shape;
-  std::vector<SavedPiece> pieces;
+  std::vector<OriginalPiece> pieces;
 };
 
 struct OriginalSavePlan {
   std::string layout;  // the explicit name ("bfl", "sgm", ...), "original" resolved
-  std::vector<SavedTensor> tensors;
+  std::vector<OriginalTensor> tensors;
 };
 
 // The layout names class_name accepts, "original" first (empty for an unknown class).

@@ -52,7 +52,7 @@ void write_sparse_safetensors(const std::string& path, const std::vector<KeyShap
 
 std::vector<KeyShape> saved_keys(const OriginalSavePlan& plan) {
   std::vector<KeyShape> out;
-  for (const SavedTensor& t : plan.tensors) out.push_back({t.name, t.shape});
+  for (const OriginalTensor& t : plan.tensors) out.push_back({t.name, t.shape});
   return out;
 }
 
@@ -93,10 +93,10 @@ void expect_round_trip(const std::string& class_name, const std::vector<KeyShape
   EXPECT_EQ(loaded.config, expected.config);
 
   // Every parameter is read from the piece it was written to; every stored tensor is read.
-  std::map<std::string, std::pair<const SavedTensor*, const SavedPiece*>> written;
+  std::map<std::string, std::pair<const OriginalTensor*, const OriginalPiece*>> written;
   size_t pieces = 0;
-  for (const SavedTensor& t : plan.tensors)
-    for (const SavedPiece& p : t.pieces) {
+  for (const OriginalTensor& t : plan.tensors)
+    for (const OriginalPiece& p : t.pieces) {
       written[p.parameter] = {&t, &p};
       ++pieces;
     }
@@ -107,8 +107,8 @@ void expect_round_trip(const std::string& class_name, const std::vector<KeyShape
     SCOPED_TRACE(param.name);
     ASSERT_TRUE(loaded.sources.count(param.name));
     const ParamSource& src = loaded.sources.at(param.name);
-    const SavedTensor& t = *written.at(param.name).first;
-    const SavedPiece& p = *written.at(param.name).second;
+    const OriginalTensor& t = *written.at(param.name).first;
+    const OriginalPiece& p = *written.at(param.name).second;
     ASSERT_GE(t.name.size(), src.key.size());
     EXPECT_EQ(t.name.substr(t.name.size() - src.key.size()), src.key);
     EXPECT_TRUE(is_component_prefix(t.name.substr(0, t.name.size() - src.key.size())));
@@ -159,8 +159,8 @@ TEST(OriginalLayoutSave, FluxDevFromTheRealClassAndSchnell) {
     EXPECT_EQ(plan.tensors[i].name, bfl[i].name);
     EXPECT_EQ(plan.tensors[i].shape, bfl[i].shape);
   }
-  const SavedTensor* linear1 = nullptr;
-  for (const SavedTensor& t : plan.tensors)
+  const OriginalTensor* linear1 = nullptr;
+  for (const OriginalTensor& t : plan.tensors)
     if (t.name == "single_blocks.0.linear1.weight") linear1 = &t;
   ASSERT_TRUE(linear1);
   ASSERT_EQ(linear1->pieces.size(), 4u);

@@ -260,6 +260,60 @@ impl Model {
     pub fn set_checkpointing(&self, every_n_blocks: i64) -> Result<()> {
         check(unsafe { (api()?.flame_model_set_checkpointing)(self.raw, every_n_blocks) })
     }
+
+    /// `flame_model_add_lora`: a LoRA adapter on the model's linear layers, beside the frozen weights.
+    /// `options_json` (flame.h lists the keys): e.g. `{"rank": 16, "alpha": 16}`, `"targets"`,
+    /// `"preset": "kohya"`, `"name"`. Returns the adapter's tensors (`<module>.lora_A.weight`,
+    /// `<module>.lora_B.weight`) to hand to an optimizer.
+    ///
+    /// ```no_run
+    /// # let ctx = flame::Context::new()?;
+    /// # let flux = flame::Model::load(&ctx, "flux1-dev.safetensors", Some(r#"{"dtype":"bf16"}"#))?;
+    /// let lora = flux.add_lora(Some(r#"{"rank": 16, "alpha": 16}"#))?;
+    /// // ... train lora's tensors ...
+    /// flux.save_lora(None, "my_lora.safetensors", Some(r#"{"format": "kohya"}"#))?;
+    /// # Ok::<(), flame::Error>(())
+    /// ```
+    pub fn add_lora(&self, options_json: Option<&str>) -> Result<Params> {
+        let o = opt_c_string(options_json, "options")?;
+        let mut raw: sys::flame_params_t = std::ptr::null_mut();
+        check(unsafe { (api()?.flame_model_add_lora)(self.raw, opt_ptr(&o), &mut raw) })?;
+        Ok(unsafe { Params::from_raw(raw) })
+    }
+
+    /// `flame_model_lora_params`: the tensors of the adapter `name` (None: "default").
+    pub fn lora_params(&self, name: Option<&str>) -> Result<Params> {
+        let n = opt_c_string(name, "name")?;
+        let mut raw: sys::flame_params_t = std::ptr::null_mut();
+        check(unsafe { (api()?.flame_model_lora_params)(self.raw, opt_ptr(&n), &mut raw) })?;
+        Ok(unsafe { Params::from_raw(raw) })
+    }
+
+    /// `flame_model_save_lora`: the adapter `name` (None: "default") as a LoRA file ComfyUI,
+    /// diffusers and kohya read; `options_json`: `{"format": "kohya" | "peft", "component", "dtype",
+    /// "metadata"}` (None: kohya, f32).
+    pub fn save_lora(&self, name: Option<&str>, path: impl AsRef<Path>, options_json: Option<&str>) -> Result<()> {
+        let n = opt_c_string(name, "name")?;
+        let p = c_path(path.as_ref())?;
+        let o = opt_c_string(options_json, "options")?;
+        check(unsafe { (api()?.flame_model_save_lora)(self.raw, opt_ptr(&n), p.as_ptr(), opt_ptr(&o)) })
+    }
+
+    /// `flame_model_load_lora`: a LoRA file (kohya or peft) as a new adapter; `options_json`:
+    /// `{"name", "component", "multiplier", "dtype", "trainable"}`. Returns its tensors.
+    pub fn load_lora(&self, path: impl AsRef<Path>, options_json: Option<&str>) -> Result<Params> {
+        let p = c_path(path.as_ref())?;
+        let o = opt_c_string(options_json, "options")?;
+        let mut raw: sys::flame_params_t = std::ptr::null_mut();
+        check(unsafe { (api()?.flame_model_load_lora)(self.raw, p.as_ptr(), opt_ptr(&o), &mut raw) })?;
+        Ok(unsafe { Params::from_raw(raw) })
+    }
+
+    /// `flame_model_remove_lora`: removes the adapter `name` (None: "default").
+    pub fn remove_lora(&self, name: Option<&str>) -> Result<()> {
+        let n = opt_c_string(name, "name")?;
+        check(unsafe { (api()?.flame_model_remove_lora)(self.raw, opt_ptr(&n)) })
+    }
 }
 
 impl Drop for Model {

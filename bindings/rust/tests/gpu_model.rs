@@ -126,3 +126,52 @@ fn clip_original_layout_round_trip() {
     assert!(!bad.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn clip_lora_train_save_and_load() {
+    // CLIP widths in kohya's key tables are multiples of 64 (64-wide heads)
+    const LORA_CONFIG: &str = r#"{"vocab_size":100,"hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":1,"max_position_embeddings":16}"#;
+    let ctx = ctx_or_skip!();
+    let model = Model::create(&ctx, "CLIPTextModel", Some(LORA_CONFIG), None).unwrap();
+    let ids = ctx.from_slice(&[4i64, 9, 2, 17], &[1, 4]).unwrap();
+    let run = |m: &Model| -> Vec<f32> {
+        m.forward(&[("input_ids", &ids)]).unwrap().find("last_hidden_state").unwrap().unwrap().to_vec::<f32>().unwrap()
+    };
+    let base = run(&model);
+    let lora = model.add_lora(Some(r#"{"rank": 4, "alpha": 8}"#)).unwrap();
+    let entries = lora.entries().unwrap();
+    assert_eq!(entries.len(), 2 * 4 * 2, "q, k, v, out_proj of 2 layers, A and B each");
+    assert!(entries[0].0.ends_with(".lora_A.weight"), "{}", entries[0].0);
+    assert_eq!(run(&model), base, "a new adapter (B = 0) changes nothing");
+    for (name, p) in model.params().unwrap().entries().unwrap() {
+        assert!(!p.requires_grad().unwrap(), "{name} is frozen");
+    }
+    // give B values, then the adapter changes the output, and files carry it
+    for (name, t) in &entries {
+        if name.ends_with(".lora_B.weight") {
+            let n: usize = t.shape().unwrap().iter().product::<i64>() as usize;
+            let v: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.37).sin() * 0.2).collect();
+            t.copy_from_slice(&v).unwrap();
+        }
+    }
+    let adapted = run(&model);
+    assert!(adapted.iter().zip(&base).any(|(a, b)| (a - b).abs() > 1e-4));
+    let dir = std::env::temp_dir().join(format!("flame-rs-lora-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for format in ["kohya", "peft"] {
+        let file = dir.join(format!("{format}.safetensors"));
+        model.save_lora(None, &file, Some(&format!(r#"{{"format": "{format}"}}"#))).unwrap();
+        let fresh = Model::create(&ctx, "CLIPTextModel", Some(LORA_CONFIG), None).unwrap();
+        for ((_, dst), (_, src)) in fresh.params().unwrap().entries().unwrap().iter().zip(&model.params().unwrap().entries().unwrap()) {
+            dst.copy_from_slice(&src.to_vec::<f32>().unwrap()).unwrap();
+        }
+        fresh.load_lora(&file, None).unwrap();
+        let y = run(&fresh);
+        assert!(y.iter().zip(&adapted).all(|(a, b)| (a - b).abs() <= 1e-5 + 1e-5 * b.abs()), "{format}");
+    }
+    let err = model.add_lora(None).err().expect("\"default\" is in use");
+    assert_eq!(err.status, Status::ERROR_INVALID_ARGUMENT);
+    model.remove_lora(None).unwrap();
+    assert_eq!(run(&model), base);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
