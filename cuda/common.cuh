@@ -1,7 +1,7 @@
 // Shared device definitions for every FLAME kernel. Self-contained (no CUDA headers), so NVRTC
 // needs no include path: 16-bit float types with PTX conversions, the 8-bit float storage types
 // with integer conversions, the compute-type mapping (f16/bf16/f8 compute in f32), conversions between any two element types
-// (convert_element: bit-exact same-type copies, f8 to f16/bf16 as PyTorch), aligned vectors for
+// (convert_element: bit-exact same-type copies, f8 and NaN bits as PyTorch's CPU casts), aligned vectors for
 // 16-byte accesses, and the scalar-argument block every functor carries.
 #pragma once
 
@@ -85,7 +85,9 @@ __device__ __forceinline__ f8_e5m2_t to_f8_e5m2(float f) {
 }
 __device__ __forceinline__ float to_float(f8_e5m2_t v) {
   const unsigned b = v.x, sign = (b & 0x80u) << 24, e = (b >> 2) & 0x1fu, m = b & 3u;
-  if (e == 31) return __uint_as_float(sign | 0x7f800000u | (m << 21));
+  // Infinity, or NaN quiet with its sign and payload (c10 decodes e5m2 as the f16 it is the top
+  // byte of, and fp16_ieee_to_fp32_value's multiply quiets: 0x7D -> 0x7FE00000).
+  if (e == 31) return __uint_as_float(sign | 0x7f800000u | (m << 21) | (m ? 0x400000u : 0u));
   if (e == 0) {
     const float mag = static_cast<float>(m) * 1.52587890625e-05f;  // m * 2^-16, exact
     return sign ? -mag : mag;
@@ -106,6 +108,20 @@ template <> __device__ __forceinline__ float to_compute<bf16_t>(bf16_t x) { retu
 template <> __device__ __forceinline__ float to_compute<f8_e4m3_t>(f8_e4m3_t x) { return to_float(x); }
 template <> __device__ __forceinline__ float to_compute<f8_e5m2_t>(f8_e5m2_t x) { return to_float(x); }
 
+template <class A, class B> struct is_same_type { static constexpr bool value = false; };
+template <class A> struct is_same_type<A, A> { static constexpr bool value = true; };
+
+// The f32 value an f8 encoding starts from, NaN keeping its sign: PyTorch rounds f64 to f32 first
+// (C++'s double to float, which keeps a NaN's sign), and cvt.rn.f32.f64 need not keep it.
+template <class F> __device__ __forceinline__ float f8_source_float(F x) {
+  if constexpr (is_same_type<F, double>::value) {
+    const unsigned long long u = static_cast<unsigned long long>(__double_as_longlong(x));
+    if ((u & 0x7fffffffffffffffull) > 0x7ff0000000000000ull)
+      return __uint_as_float((static_cast<unsigned>(u >> 32) & 0x80000000u) | 0x7fc00000u);
+  }
+  return static_cast<float>(x);
+}
+
 // cast<To>(x) for x of any arithmetic compute type.
 template <class To> struct Caster {
   template <class F> static __device__ __forceinline__ To from(F x) { return static_cast<To>(x); }
@@ -117,10 +133,10 @@ template <> struct Caster<bf16_t> {
   template <class F> static __device__ __forceinline__ bf16_t from(F x) { return to_bf16(static_cast<float>(x)); }
 };
 template <> struct Caster<f8_e4m3_t> {
-  template <class F> static __device__ __forceinline__ f8_e4m3_t from(F x) { return to_f8_e4m3(static_cast<float>(x)); }
+  template <class F> static __device__ __forceinline__ f8_e4m3_t from(F x) { return to_f8_e4m3(f8_source_float(x)); }
 };
 template <> struct Caster<f8_e5m2_t> {
-  template <class F> static __device__ __forceinline__ f8_e5m2_t from(F x) { return to_f8_e5m2(static_cast<float>(x)); }
+  template <class F> static __device__ __forceinline__ f8_e5m2_t from(F x) { return to_f8_e5m2(f8_source_float(x)); }
 };
 template <> struct Caster<bool> {
   template <class F> static __device__ __forceinline__ bool from(F x) { return x != F(0); }
@@ -161,8 +177,6 @@ template <> struct is_half<half_t> { static constexpr bool value = true; };
 template <class T> struct is_f8 { static constexpr bool value = false; };
 template <> struct is_f8<f8_e4m3_t> { static constexpr bool value = true; };
 template <> struct is_f8<f8_e5m2_t> { static constexpr bool value = true; };
-template <class A, class B> struct is_same_type { static constexpr bool value = false; };
-template <class A> struct is_same_type<A, A> { static constexpr bool value = true; };
 
 // f8 to f16 / bf16, exact (every f8 value is an f16 and a bf16 value) and bit for bit as PyTorch's
 // CPU conversion, c10::Half / c10::BFloat16 of the f32 value: NaN becomes 0x7E00 with the f8 sign
@@ -186,13 +200,34 @@ template <class Q> __device__ __forceinline__ bf16_t f8_to_bf16(Q v) {
   return h;
 }
 
+// f16 to f32 and f32 to f64 as PyTorch's CPU conversions (fp16_ieee_to_fp32_value; C++'s float
+// to double): a NaN keeps its sign and payload and comes out quiet. cvt.f32.f16 gives the
+// canonical 0x7FFFFFFF for every f16 NaN, which lost the sign of f8 NaN decoded through f16 and of
+// f16 NaN encoded to f8 (0x7F where PyTorch gives 0xFF); cvt.f64.f32 is not relied on either.
+__device__ __forceinline__ float half_to_float_keep_nan(half_t h) {
+  if ((h.x & 0x7fffu) <= 0x7c00u) return to_float(h);
+  return __uint_as_float((static_cast<unsigned>(h.x & 0x8000u) << 16) | 0x7fc00000u | ((h.x & 0x3ffu) << 13));
+}
+__device__ __forceinline__ double float_to_double_keep_nan(float f) {
+  const unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) <= 0x7f800000u) return static_cast<double>(f);
+  return __longlong_as_double(static_cast<long long>((static_cast<unsigned long long>(u & 0x80000000u) << 32) |
+                                                     0x7ff8000000000000ull |
+                                                     (static_cast<unsigned long long>(u & 0x7fffffu) << 29)));
+}
+
 // One element of type A converted to R: the elementwise Identity (copies and casts). The same
 // type moves its bits unchanged (NaN payloads and signs too: a copy, as PyTorch's same-dtype
-// copy); f8 to f16 / bf16 as above; anything else through the compute type.
+// copy); f8 to f16 / bf16 as above; f16 sources and f64 results keep a NaN's sign as above (f16
+// to f8 goes through that f32, so -NaN gives 0xFF as PyTorch's); anything else through the
+// compute type.
 template <class R, class A> __device__ __forceinline__ R convert_element(A x) {
   if constexpr (is_same_type<R, A>::value) return x;
   else if constexpr (is_f8<A>::value && is_half<R>::value) return f8_to_half(x);
   else if constexpr (is_f8<A>::value && is_bf16<R>::value) return f8_to_bf16(x);
+  else if constexpr (is_half<A>::value) return convert_element<R>(half_to_float_keep_nan(x));
+  else if constexpr (is_same_type<R, double>::value && is_same_type<compute_t<A>, float>::value)
+    return float_to_double_keep_nan(to_compute(x));
   else return cast<R>(to_compute(x));
 }
 

@@ -134,7 +134,8 @@ typedef enum flame_dtype_t {
    * f32, f16 or bf16 first. Mixing an f8 dtype with another where dtypes are promoted (binary ops,
    * flame_cat) is FLAME_ERROR_UNSUPPORTED too, as in PyTorch. Conversions to f8 round to nearest,
    * ties to even, bit for bit as PyTorch's .to() (its CPU conversion): f64, integers and bool go
-   * through f32 first. Conversions from f8 are exact (f8 to integers: through f32); an f8 NaN
+   * through f32 first, and a NaN keeps its sign from every float dtype (-NaN gives 0xFF; f16 and f64
+   * NaN signs included). Conversions from f8 are exact (f8 to integers: through f32); an f8 NaN
    * becomes a NaN of its sign in f32, f64 and f16 (0x7E00 / 0xFE00) and 0x7FC0 in bf16, as PyTorch's
    * c10 conversions. Copies (clone, contiguous, cat) keep every byte, NaN codes included. */
   /* E4M3 "fn": sign, 4 exponent bits (bias 7), 3 mantissa bits; largest finite 448, smallest

@@ -117,7 +117,10 @@ float half_bits_to_float(uint16_t h) {
     f = std::ldexp(static_cast<float>(mant), -24);
     return sign ? -f : f;
   }
-  uint32_t x = exp == 31 ? (sign | 0x7f800000u | (mant << 13)) : (sign | ((exp + 112) << 23) | (mant << 13));
+  // Infinity, or NaN quiet with its sign and payload (as PyTorch's fp16_ieee_to_fp32_value and the
+  // device's half_to_float_keep_nan).
+  uint32_t x = exp == 31 ? (sign | 0x7f800000u | (mant << 13) | (mant ? 0x400000u : 0u))
+                         : (sign | ((exp + 112) << 23) | (mant << 13));
   std::memcpy(&f, &x, 4);
   return f;
 }
@@ -204,7 +207,8 @@ uint8_t float_to_f8_e5m2_bits(float f) {
 
 float f8_e5m2_bits_to_float(uint8_t b) {
   const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24, e = (b >> 2) & 0x1fu, m = b & 3u;
-  if (e == 31) return bits_float(sign | 0x7f800000u | (m << 21));  // infinity, or NaN with its payload
+  // Infinity, or NaN quiet with its sign and payload (c10 decodes the f16 whose top byte this is).
+  if (e == 31) return bits_float(sign | 0x7f800000u | (m << 21) | (m ? 0x400000u : 0u));
   if (e == 0) return std::copysign(std::ldexp(static_cast<float>(m), -16), sign ? -1.0f : 1.0f);
   return bits_float(sign | ((e + 112u) << 23) | (m << 21));
 }

@@ -71,6 +71,75 @@ inline uint8_t encode(const Format& f, float x) {
   return sign | best;
 }
 
+// ---- The exact bits of PyTorch's CPU casts (c10), where the value alone does not fix them ----
+// NaN bits: c10 decodes e4m3fn NaN to sign | 0x7FF00000 (fp8e4m3fn_to_fp32_value ORs the all-ones
+// exponent into the rebiased 0x7F); e5m2 as the f16 it is the top byte of, and f16 to f32 keeps
+// the NaN's sign and payload and sets the quiet bit (fp16_ieee_to_fp32_value's multiply, or the
+// hardware conversion); f32 to f64 (C++) keeps sign and payload; f32 to f16 gives sign | 0x7E00
+// (fp16_ieee_from_fp32_value); f32 to bf16 gives 0x7FC0 for every NaN (round_to_nearest_even).
+
+inline uint32_t bits32(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+inline uint64_t bits64(double d) {
+  uint64_t b;
+  std::memcpy(&b, &d, 8);
+  return b;
+}
+inline float float_of(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// An f16 bit pattern's value from its fields (NaN with the pattern's sign).
+inline float half_value(uint16_t h) {
+  const float sign = (h & 0x8000) ? -1.0f : 1.0f;
+  const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  if (e == 31) return m ? std::copysign(std::numeric_limits<float>::quiet_NaN(), sign) : sign * INFINITY;
+  if (e == 0) return sign * std::ldexp(static_cast<float>(m), -24);
+  return sign * std::ldexp(static_cast<float>(1024 + m), e - 25);
+}
+// PyTorch's f16 -> f32 bits.
+inline uint32_t torch_half_to_f32_bits(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, m = h & 0x3ff;
+  if ((h & 0x7c00) == 0x7c00 && m) return sign | 0x7fc00000u | (m << 13);
+  return bits32(half_value(h));
+}
+
+// PyTorch's f8 -> f32 bits of code c.
+inline uint32_t torch_f32_bits(const Format& f, uint8_t c) {
+  const uint32_t sign = static_cast<uint32_t>(c & 0x80) << 24;
+  if (is_nan_code(f, c)) return f.ieee_specials ? torch_half_to_f32_bits(static_cast<uint16_t>(c << 8)) : sign | 0x7ff00000u;
+  return bits32(static_cast<float>(decode(f, c)));  // exact; -0.0 for 0x80
+}
+// PyTorch's f8 -> f64 bits of code c (through the f32 value).
+inline uint64_t torch_f64_bits(const Format& f, uint8_t c) {
+  const uint32_t b = torch_f32_bits(f, c);
+  if (!is_nan_code(f, c)) return bits64(decode(f, c));
+  return (static_cast<uint64_t>(b & 0x80000000u) << 32) | 0x7ff0000000000000ull |
+         (static_cast<uint64_t>(b & 0x7fffffu) << 29);
+}
+// PyTorch's f8 -> f16 bits of code c: every f8 value is exact in f16.
+inline uint16_t torch_f16_bits(const Format& f, uint8_t c) {
+  const uint16_t sign = static_cast<uint16_t>((c & 0x80) << 8);
+  if (is_nan_code(f, c)) return sign | 0x7e00;
+  const double a = std::fabs(decode(f, c));
+  if (std::isinf(a)) return sign | 0x7c00;
+  if (a == 0) return sign;
+  int e = 0;
+  const double frac = std::frexp(a, &e);  // a = frac * 2^e, frac in [0.5, 1)
+  if (e - 1 < -14) return sign | static_cast<uint16_t>(std::ldexp(a, 24));  // an f16 subnormal
+  return sign | static_cast<uint16_t>(((e - 1 + 15) << 10) | static_cast<int>(std::ldexp(frac, 11) - 1024));
+}
+// PyTorch's f8 -> bf16 bits of code c: every f8 value is exact in bf16.
+inline uint16_t torch_bf16_bits(const Format& f, uint8_t c) {
+  if (is_nan_code(f, c)) return 0x7fc0;
+  return static_cast<uint16_t>(bits32(static_cast<float>(decode(f, c))) >> 16);
+}
+
 // Floats that exercise every rule of both formats: zeros, the smallest subnormals and the ties
 // around them, the subnormal/normal boundary, ties to even between normals, the largest values,
 // the ties and values just past them, infinities and NaN, each with both signs.

@@ -69,6 +69,8 @@ TEST(F8, DecodesEveryCode) {
         EXPECT_EQ(static_cast<double>(got), want) << h.fmt.name << " code " << c;
         EXPECT_EQ(std::signbit(got), (c & 0x80) != 0) << h.fmt.name << " code " << c;  // -0 included
       }
+      EXPECT_EQ(bits_of(got), f8ref::torch_f32_bits(h.fmt, static_cast<uint8_t>(c)))
+          << h.fmt.name << " code " << c << ": PyTorch's f32 bits (NaN: sign, payload, quiet bit)";
     }
   }
   // The documented landmarks.
@@ -104,14 +106,60 @@ TEST(F8, EncodesEdgeValues) {
   EXPECT_EQ(float_to_f8_e5m2_bits(-NAN), 0xff);
 }
 
+// Every f16 and bf16 pattern: the host's widening to f32 (the first step of FLAME's f16 / bf16 to
+// f8, as of PyTorch's) encoded, against the reference's encoding of the pattern's value taken from
+// its fields (so a NaN's sign comes from the pattern, not from the widening under test).
 TEST(F8, EncodesEveryHalfAndBfloat16Value) {
   for (const HostF8& h : kFormats) {
     for (uint32_t b = 0; b < 65536; ++b) {
-      expect_encodes(h, half_bits_to_float(static_cast<uint16_t>(b)));
-      expect_encodes(h, bf16_bits_to_float(static_cast<uint16_t>(b)));
+      const uint16_t p = static_cast<uint16_t>(b);
+      const float half = f8ref::half_value(p), bf16 = f8ref::float_of(b << 16);
+      EXPECT_EQ(int(h.encode(half_bits_to_float(p))), int(f8ref::encode(h.fmt, half)))
+          << h.fmt.name << " of the f16 0x" << std::hex << b;
+      EXPECT_EQ(int(h.encode(bf16_bits_to_float(p))), int(f8ref::encode(h.fmt, bf16)))
+          << h.fmt.name << " of the bf16 0x" << std::hex << b;
       if (HasFailure()) return;  // one message per kind of mistake is enough
     }
   }
+  // The NaN signs spelled out: PyTorch's torch.tensor([-nan], dtype=f16).to(float8_*) is 0xFF.
+  for (uint16_t nan16 : {uint16_t{0xfe00}, uint16_t{0xfc01}, uint16_t{0xffff}}) {
+    EXPECT_EQ(float_to_f8_e4m3_bits(half_bits_to_float(nan16)), 0xff) << std::hex << nan16;
+    EXPECT_EQ(float_to_f8_e5m2_bits(half_bits_to_float(nan16)), 0xff) << std::hex << nan16;
+    EXPECT_EQ(float_to_f8_e4m3_bits(half_bits_to_float(nan16 & 0x7fff)), 0x7f) << std::hex << nan16;
+    EXPECT_EQ(float_to_f8_e5m2_bits(half_bits_to_float(nan16 & 0x7fff)), 0x7f) << std::hex << nan16;
+  }
+}
+
+// f16 to f32 as PyTorch's (and the device's half_to_float_keep_nan): exact values, and a NaN keeps
+// its sign and payload and comes out quiet.
+TEST(F8, HalfWidensAsPyTorchBitForBit) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    EXPECT_EQ(bits_of(half_bits_to_float(static_cast<uint16_t>(b))), f8ref::torch_half_to_f32_bits(static_cast<uint16_t>(b)))
+        << "f16 0x" << std::hex << b;
+    if (HasFailure()) return;
+  }
+  EXPECT_EQ(bits_of(half_bits_to_float(0xfe00)), 0xffc00000u);
+  EXPECT_EQ(bits_of(half_bits_to_float(0x7c01)), 0x7fc02000u) << "a signalling NaN comes out quiet";
+}
+
+// The reference's PyTorch bit tables against values fixed by hand (the tables feed the GPU tests).
+TEST(F8, ReferenceBitTablesLandmarks) {
+  using namespace f8ref;
+  EXPECT_EQ(torch_f32_bits(kE4M3, 0xff), 0xfff00000u);
+  EXPECT_EQ(torch_f32_bits(kE5M2, 0x7d), 0x7fe00000u);
+  EXPECT_EQ(torch_f32_bits(kE5M2, 0xfe), 0xffc00000u);
+  EXPECT_EQ(torch_f32_bits(kE5M2, 0xfc), 0xff800000u);
+  EXPECT_EQ(torch_f32_bits(kE4M3, 0x80), 0x80000000u);
+  EXPECT_EQ(torch_f64_bits(kE4M3, 0xff), 0xfffe000000000000ull);
+  EXPECT_EQ(torch_f64_bits(kE5M2, 0x7f), 0x7ffc000000000000ull);
+  EXPECT_EQ(torch_f64_bits(kE4M3, 0x38), 0x3ff0000000000000ull);  // 1.0
+  EXPECT_EQ(torch_f16_bits(kE4M3, 0x7e), 0x5f00);                  // 448
+  EXPECT_EQ(torch_f16_bits(kE4M3, 0x01), 0x1800);                  // 2^-9
+  EXPECT_EQ(torch_f16_bits(kE4M3, 0xff), 0xfe00);
+  for (int c = 0; c < 256; ++c)  // e5m2 is the top byte of an f16
+    if (!is_nan_code(kE5M2, static_cast<uint8_t>(c))) EXPECT_EQ(torch_f16_bits(kE5M2, static_cast<uint8_t>(c)), c << 8) << c;
+  EXPECT_EQ(torch_bf16_bits(kE4M3, 0xff), 0x7fc0);
+  EXPECT_EQ(torch_bf16_bits(kE4M3, 0xb8), 0xbf80);  // -1.0
 }
 
 TEST(F8, EncodesRandomFloatsAndMidpoints) {

@@ -1,9 +1,10 @@
 // The f8 storage dtypes on the GPU, through the public C ABI: the conversion kernels against the
 // float64 reference of tests/common/f8_reference.h (every one of the 256 codes of each format
-// decoded to f32/f64/f16/bf16; edge values, random bit patterns and the values of f16/bf16 inputs
-// encoded from f32/f64/f16/bf16; dense, vectorised, transposed and strided layouts), creation,
-// host round trips, same-dtype copies that keep every byte (f16 / bf16 NaN bits too), f8 to f8 and
-// integer casts, safetensors and DLPack, and the refusals: compute ops on f8 fail with
+// decoded to f32/f64/f16/bf16, bit for bit as PyTorch's CPU casts, NaN signs included; edge
+// values, random bit patterns and the values of f16/bf16 inputs encoded from f32/f64/f16/bf16,
+// -NaN to 0xFF; dense, vectorised, transposed and strided layouts), creation (NaN fills keep their
+// sign), host round trips, same-dtype copies that keep every byte (f16 / bf16 NaN bits too), f8 to
+// f8 and integer casts, safetensors and DLPack, and the refusals: compute ops on f8 fail with
 // FLAME_ERROR_UNSUPPORTED naming the function and the dtype, leaving *out NULL.
 #include <unistd.h>
 #include <cmath>
@@ -103,6 +104,9 @@ class F8 : public GpuTest {};
 
 TEST_F(F8, DecodesEveryCodeToEveryFloatDtype) {
   const std::vector<uint8_t> codes = all_codes();
+  std::vector<uint32_t> f32_bits;
+  std::vector<uint64_t> f64_bits;
+  std::vector<uint16_t> h_bits;
   for (const Fmt& f : kFmts) {
     T q = upload(ctx, codes.data(), codes.size(), {256}, f.dtype);
     for (flame_dtype_t d : {FLAME_DTYPE_F32, FLAME_DTYPE_F64, FLAME_DTYPE_F16, FLAME_DTYPE_BF16}) {
@@ -111,14 +115,20 @@ TEST_F(F8, DecodesEveryCodeToEveryFloatDtype) {
       T back = convert(wide, FLAME_DTYPE_F32);
       expect_decoded(f, codes, download<float>(back, 256), std::string("via ") + flame_dtype_name(d),
                      d == FLAME_DTYPE_BF16);
-      if (d != FLAME_DTYPE_F16 && d != FLAME_DTYPE_BF16) continue;
-      // NaN bits as PyTorch's CPU conversion (c10::Half / c10::BFloat16 of the f32 value): f16
-      // 0x7E00 with the code's sign (fp16_ieee_from_fp32_value), bf16 0x7FC0 (round_to_nearest_even).
-      const std::vector<uint16_t> bits = download<uint16_t>(wide, 256);
+      // Every code's bits as PyTorch's CPU conversion (f8ref's tables from c10's rules): NaN keeps
+      // its sign in f32 / f64 / f16 (f16 0x7E00 | sign; e5m2 NaN quiet in f32), bf16 NaN is 0x7FC0.
+      if (d == FLAME_DTYPE_F32) f32_bits = download<uint32_t>(wide, 256);
+      if (d == FLAME_DTYPE_F64) f64_bits = download<uint64_t>(wide, 256);
+      if (d == FLAME_DTYPE_F16 || d == FLAME_DTYPE_BF16) h_bits = download<uint16_t>(wide, 256);
       for (int c = 0; c < 256; ++c) {
-        if (!f8ref::is_nan_code(f.ref, static_cast<uint8_t>(c))) continue;
-        const uint16_t want = d == FLAME_DTYPE_F16 ? static_cast<uint16_t>(((c & 0x80) << 8) | 0x7e00) : uint16_t{0x7fc0};
-        EXPECT_EQ(bits[c], want) << f.ref.name << " NaN code " << c << " to " << flame_dtype_name(d);
+        const uint8_t code = static_cast<uint8_t>(c);
+        const std::string what = std::string(f.ref.name) + " code " + std::to_string(c) + " to " + flame_dtype_name(d);
+        switch (d) {
+          case FLAME_DTYPE_F32: EXPECT_EQ(f32_bits[c], f8ref::torch_f32_bits(f.ref, code)) << what; break;
+          case FLAME_DTYPE_F64: EXPECT_EQ(f64_bits[c], f8ref::torch_f64_bits(f.ref, code)) << what; break;
+          case FLAME_DTYPE_F16: EXPECT_EQ(h_bits[c], f8ref::torch_f16_bits(f.ref, code)) << what; break;
+          default: EXPECT_EQ(h_bits[c], f8ref::torch_bf16_bits(f.ref, code)) << what; break;
+        }
       }
     }
     // A strided source (flipped view) and a transposed one take the strided and tile kernels.
@@ -160,13 +170,26 @@ TEST_F(F8, EncodesEdgeAndRandomValuesFromF32AndF64) {
 }
 
 TEST_F(F8, EncodesFromF16AndBf16) {
-  // Every 16-bit pattern: the f16 / bf16 value (read back as f32 through FLAME's exact widening)
-  // is what the reference encodes.
+  // Every 16-bit pattern: its value taken from its fields on the host (a NaN with the pattern's
+  // sign: PyTorch's f16 -> f8 of -NaN is 0xFF) is what the reference encodes. FLAME's widening to
+  // f32 (the first step of the encoding, as PyTorch's) must give PyTorch's bits: the value, or
+  // for NaN the sign and payload, quiet (cvt.f32.f16 alone would give 0x7FFFFFFF).
   std::vector<uint16_t> bits(65536);
   for (int i = 0; i < 65536; ++i) bits[i] = static_cast<uint16_t>(i);
   for (flame_dtype_t half : {FLAME_DTYPE_F16, FLAME_DTYPE_BF16}) {
+    const bool is_f16 = half == FLAME_DTYPE_F16;
     T h = upload(ctx, bits.data(), bits.size() * 2, {65536}, half);
-    const std::vector<float> xs = download<float>(convert(h, FLAME_DTYPE_F32), 65536);
+    std::vector<float> xs(65536);
+    for (int i = 0; i < 65536; ++i)
+      xs[i] = is_f16 ? f8ref::half_value(bits[i]) : f8ref::float_of(static_cast<uint32_t>(bits[i]) << 16);
+    const std::vector<uint32_t> wide = download<uint32_t>(convert(h, FLAME_DTYPE_F32), 65536);
+    int failures = 0;
+    for (int i = 0; i < 65536 && failures < 20; ++i) {
+      const uint32_t want = is_f16 ? f8ref::torch_half_to_f32_bits(bits[i]) : static_cast<uint32_t>(bits[i]) << 16;
+      if (wide[i] != want && ++failures)
+        ADD_FAILURE() << flame_dtype_name(half) << " 0x" << std::hex << bits[i] << " to f32: got 0x" << wide[i]
+                      << ", want 0x" << want;
+    }
     for (const Fmt& f : kFmts)
       expect_encoded(f, xs, download<uint8_t>(convert(h, f.dtype), 65536), std::string("from ") + flame_dtype_name(half));
   }
@@ -227,6 +250,12 @@ TEST_F(F8, CreationAndHostRoundTrip) {
     for (uint8_t b : download<uint8_t>(o, 15)) EXPECT_EQ(b, f8ref::encode(f.ref, 1.0f));
     for (uint8_t b : download<uint8_t>(full, 15)) EXPECT_EQ(b, f8ref::encode(f.ref, -2.75f));
     for (uint8_t b : download<uint8_t>(big, 15)) EXPECT_EQ(b, f8ref::encode(f.ref, 1.0e6f)) << "NaN / inf, not saturated";
+    // A NaN fill keeps its sign (the f64 scalar's sign bit, not whatever cvt.rn.f32.f64 makes of it).
+    for (double nan : {std::copysign(NAN, 1.0), std::copysign(NAN, -1.0)}) {
+      T fn;
+      FLAME_ASSERT_OK(flame_full(ctx, shape, 2, f.dtype, nan, fn.out()));
+      for (uint8_t b : download<uint8_t>(fn, 15)) EXPECT_EQ(b, std::signbit(nan) ? 0xff : 0x7f) << "full(" << nan << ")";
+    }
     std::vector<uint8_t> ey = download<uint8_t>(eye, 12);
     for (int i = 0; i < 12; ++i) EXPECT_EQ(ey[i], (i / 4 == i % 4) ? f8ref::encode(f.ref, 1.0f) : 0) << i;
     double item = 0;
