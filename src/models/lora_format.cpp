@@ -132,7 +132,15 @@ UNetConfig read_unet_config(const nlohmann::json& c) {
     u.transformer_layers_per_block.assign(n, json_int(c, "transformer_layers_per_block", 1));
   FLAME_CHECK(u.transformer_layers_per_block.size() == n, FLAME_ERROR_INVALID_ARGUMENT,
               "config: \"transformer_layers_per_block\" and \"block_out_channels\" differ in length");
-  u.layers_per_block = json_int(c, "layers_per_block", 2);
+  if (c.contains("layers_per_block") && c["layers_per_block"].is_array()) {  // FLAME's full configs list it per block
+    const std::vector<int64_t> per_block = json_ints(c, "layers_per_block", {});
+    FLAME_CHECK(!per_block.empty() && std::count(per_block.begin(), per_block.end(), per_block[0]) ==
+                                          static_cast<std::ptrdiff_t>(per_block.size()),
+                FLAME_ERROR_INVALID_ARGUMENT, "config: \"layers_per_block\" differs between blocks (the UNet's key tables need one value)");
+    u.layers_per_block = per_block[0];
+  } else {
+    u.layers_per_block = json_int(c, "layers_per_block", 2);
+  }
   u.cross_attention_dim = json_int(c, "cross_attention_dim", 1280);
   u.use_linear_projection = json_bool(c, "use_linear_projection", false);
   u.mid_block_has_attention = !(c.contains("mid_block_type") && c["mid_block_type"].is_null()) &&

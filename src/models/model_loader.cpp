@@ -320,7 +320,7 @@ void copy_parameters(Model& model, const ModelLoadPlan& plan) {
       view.read_into(src.key, staged, src.row_begin, src.rows);
       ops::copy_into(dst, ops::transpose(staged, 0, 1));
     } else if (src.swap_halves) {
-      const int64_t h = src.rows / 2;
+      const int64_t h = (src.rows >= 0 ? src.rows : dst->shape[0]) / 2;  // rows -1: the whole tensor
       view.read_into(src.key, ops::narrow(dst, 0, 0, h), src.row_begin + h, h);
       view.read_into(src.key, ops::narrow(dst, 0, h, h), src.row_begin, h);
     } else {

@@ -1023,6 +1023,11 @@ pub const HAND_WRAPPED: &[(&str, &str)] = &[
     ("flame_model_forward", "Model::forward"),
     ("flame_model_set_training", "Model::set_training"),
     ("flame_model_set_checkpointing", "Model::set_checkpointing"),
+    ("flame_model_add_lora", "Model::add_lora"),
+    ("flame_model_lora_params", "Model::lora_params"),
+    ("flame_model_save_lora", "Model::save_lora"),
+    ("flame_model_load_lora", "Model::load_lora"),
+    ("flame_model_remove_lora", "Model::remove_lora"),
     // attention.rs
     ("flame_attention_options_init", "AttentionOptions::to_raw"),
     ("flame_scaled_dot_product_attention", "Tensor::scaled_dot_product_attention"),
