@@ -74,8 +74,11 @@ CASES = [
     ("t5", "kohya", "kohya", []),
 ]
 
-PIPELINES = {"flux": "FluxPipeline", "sdxl": "StableDiffusionXLPipeline", "clip_l": "StableDiffusionXLPipeline",
-             "clip_g": "StableDiffusionXLPipeline", "sd15": "StableDiffusionPipeline", "sd3": "StableDiffusion3Pipeline"}
+# The pipelines' LoRA loader mixins (their lora_state_dict / save_lora_weights are classmethods; the
+# reference copy of diffusers has no pipelines/ folder, ../shared/reference/README.md).
+PIPELINES = {"flux": "FluxLoraLoaderMixin", "sdxl": "StableDiffusionXLLoraLoaderMixin",
+             "clip_l": "StableDiffusionXLLoraLoaderMixin", "clip_g": "StableDiffusionXLLoraLoaderMixin",
+             "sd15": "StableDiffusionLoraLoaderMixin", "sd3": "SD3LoraLoaderMixin"}
 REL_TOL = 1e-6
 PROBES = 3
 
@@ -228,10 +231,10 @@ def compare(expected, got, label, must_cover=True):
 
 
 def diffusers_read(model, plan, directory, weight_name):
-    import diffusers
     from diffusers.configuration_utils import FrozenDict
+    from diffusers.loaders import lora_pipeline
 
-    pipe = getattr(diffusers, PIPELINES[model])
+    pipe = getattr(lora_pipeline, PIPELINES[model])
     kwargs = {"weight_name": weight_name, "return_lora_metadata": True}
     if model == "flux":
         kwargs["return_alphas"] = True
@@ -254,9 +257,9 @@ def diffusers_read(model, plan, directory, weight_name):
 
 def diffusers_write_and_flame_load(tool, model, component, view, kwargs, directory):
     """The reverse direction: diffusers writes the peft LoRA it read; FLAME plans loading it."""
-    import diffusers
+    from diffusers.loaders import lora_pipeline
 
-    pipe = getattr(diffusers, PIPELINES[model])
+    pipe = getattr(lora_pipeline, PIPELINES[model])
     layers = {}
     for module, (_, a, b) in view.items():
         layers[f"{module}.lora_A.weight"] = a.contiguous()
