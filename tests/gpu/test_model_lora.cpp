@@ -18,19 +18,12 @@
 #include <unistd.h>
 #include <algorithm>
 #include "flame_test.h"
+#include "model_test_handles.h"
 
 namespace {
 
 class ModelLora : public GpuTest {};
 
-struct ModelHandle {
-  flame_model_t m = nullptr;
-  ~ModelHandle() { flame_model_release(m); }
-};
-struct ParamsHandle {
-  flame_params_t p = nullptr;
-  ~ParamsHandle() { flame_params_release(p); }
-};
 
 const char* const kFlux =
     R"({"num_layers": 2, "num_single_layers": 2, "attention_head_dim": 16, "num_attention_heads": 2,
@@ -51,13 +44,6 @@ struct Case {
   const char* output;
 };
 
-std::vector<float> host_of(flame_tensor_t t) {
-  int64_t n = 0;
-  EXPECT_EQ(flame_tensor_numel(t, &n), FLAME_OK);
-  std::vector<float> v(static_cast<size_t>(n));
-  EXPECT_EQ(flame_to_host(t, v.data(), v.size() * sizeof(float)), FLAME_OK) << flame_last_error_message();
-  return v;
-}
 
 // Fills every tensor of a list with values of a fixed pseudo-random sequence times scale.
 void fill_list(flame_params_t list, uint32_t seed, float scale) {

@@ -12,28 +12,14 @@
 #include <string>
 #include <vector>
 #include "flame_test.h"
+#include "model_test_handles.h"
 
 namespace {
 
 class ModelOriginalSave : public GpuTest {};
 
-struct ModelHandle {
-  flame_model_t m = nullptr;
-  ~ModelHandle() { flame_model_release(m); }
-};
 
-struct ParamsHandle {
-  flame_params_t p = nullptr;
-  ~ParamsHandle() { flame_params_release(p); }
-};
 
-std::vector<float> host_of(flame_tensor_t t) {
-  int64_t n = 0;
-  EXPECT_EQ(flame_tensor_numel(t, &n), FLAME_OK);
-  std::vector<float> v(static_cast<size_t>(n));
-  EXPECT_EQ(flame_to_host(t, v.data(), v.size() * sizeof(float)), FLAME_OK) << flame_last_error_message();
-  return v;
-}
 
 // Every parameter filled with values unique across the model (f32 parameters).
 void fill_distinct(flame_model_t m) {
