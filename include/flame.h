@@ -1887,6 +1887,23 @@ FLAME_API flame_status_t flame_comm_options_init(flame_comm_options_t* opts);
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs), FLAME_ERROR_UNSUPPORTED (no NCCL),
  * FLAME_ERROR_CUDA (NCCL failed: no network interface for its bootstrap, ...). */
 FLAME_API flame_status_t flame_comm_unique_id(flame_ctx_t ctx, flame_comm_id_t* id);
+/* Hands rank 0's *id to every rank of a job whose ranks are separate processes, over TCP (the
+ * torchrun convention: pass MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE). Needs no context and no GPU.
+ * Rank 0 listens on master_addr:master_port (an address or host name of rank 0's own host; it binds
+ * there, with SO_REUSEADDR) until world_size - 1 distinct ranks have said hello, then sends them *id
+ * (an INPUT on rank 0, unchanged). Every other rank connects (retrying while rank 0 is not up yet)
+ * and OUT: *id is written with rank 0's bytes (zeroed on failure). Clients that are not FLAME ranks
+ * are dropped; a rank with another world_size, a rank out of range or a rank already present is
+ * refused with a message (rank 0 goes on waiting). world_size 1: returns at once, no network.
+ * timeout_seconds in (0, 86400]: rank 0 waits that long for every rank, then fails naming the ranks
+ * that did not arrive and sends that message to the ranks that did (they fail with it too); a rank
+ * that cannot reach rank 0 in that time fails naming the address; a connected rank waits 5 s more
+ * for rank 0's verdict. The call blocks the calling thread throughout.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, empty address, port outside [1, 65535],
+ * world_size < 1, rank outside [0, world_size), bad timeout), FLAME_ERROR_IO (name resolution,
+ * listen/connect failures, timeouts, refusals: the message names the address and the ranks). */
+FLAME_API flame_status_t flame_comm_rendezvous(const char* master_addr, int32_t master_port, int32_t rank,
+                                               int32_t world_size, double timeout_seconds, flame_comm_id_t* id);
 /* Creates rank `rank` of world_size ranks on ctx's GPU, waiting (up to the timeout) until every rank
  * has joined. id (borrowed bytes) must be the same on every rank; opts may be NULL (defaults). OUT
  * *out: a new communicator (release with flame_comm_release); it keeps ctx alive. Two ranks of one

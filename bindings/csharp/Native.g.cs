@@ -691,6 +691,7 @@ namespace Flame.Interop
             "flame_copy_from_host",
             "flame_comm_options_init",
             "flame_comm_unique_id",
+            "flame_comm_rendezvous",
             "flame_comm_create",
             "flame_comm_create_group",
             "flame_comm_release",
@@ -1815,6 +1816,10 @@ namespace Flame.Interop
         /// <summary><c>flame_status_t flame_comm_unique_id(flame_ctx_t ctx, flame_comm_id_t* id)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_unique_id", ExactSpelling = true)]
         public static extern flame_status_t flame_comm_unique_id(IntPtr ctx, flame_comm_id_t* id);
+
+        /// <summary><c>flame_status_t flame_comm_rendezvous(const char* master_addr, int32_t master_port, int32_t rank, int32_t world_size, double timeout_seconds, flame_comm_id_t* id)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_rendezvous", ExactSpelling = true)]
+        public static extern flame_status_t flame_comm_rendezvous(string master_addr, int master_port, int rank, int world_size, double timeout_seconds, flame_comm_id_t* id);
 
         /// <summary><c>flame_status_t flame_comm_create(flame_ctx_t ctx, const flame_comm_id_t* id, int32_t rank, int32_t world_size, const flame_comm_options_t* opts, flame_comm_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_create", ExactSpelling = true)]

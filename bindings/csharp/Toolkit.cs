@@ -747,6 +747,30 @@ namespace Flame
             return r;
         }
 
+        /// <summary>flame_comm_rendezvous: hands rank 0's id (128 bytes) to every rank over TCP; needs
+        /// no GPU. Rank 0 listens on masterAddr:masterPort and returns id; every other rank returns
+        /// rank 0's bytes (id may be null there). Fails (FLAME_ERROR_IO) naming missing ranks.</summary>
+        [Wraps("flame_comm_rendezvous")]
+        public static byte[] Rendezvous(string masterAddr, int masterPort, int rank, int worldSize, double timeoutSeconds, byte[] id)
+        {
+            Library.EnsureLoaded();
+            return RendezvousImpl(masterAddr, masterPort, rank, worldSize, timeoutSeconds, id);
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe byte[] RendezvousImpl(string masterAddr, int masterPort, int rank, int worldSize, double timeoutSeconds, byte[] id)
+        {
+            if (masterAddr == null) throw new ArgumentNullException("masterAddr");
+            if (id != null && id.Length != Native.FLAME_COMM_ID_BYTES)
+                throw new ArgumentException("id must hold " + Native.FLAME_COMM_ID_BYTES + " bytes", "id");
+            flame_comm_id_t raw;
+            for (int i = 0; i < Native.FLAME_COMM_ID_BYTES; i++) raw.@internal[i] = id == null ? (byte)0 : id[i];
+            Status.Check(Native.flame_comm_rendezvous(masterAddr, masterPort, rank, worldSize, timeoutSeconds, &raw));
+            var r = new byte[Native.FLAME_COMM_ID_BYTES];
+            for (int i = 0; i < r.Length; i++) r[i] = raw.@internal[i];
+            return r;
+        }
+
         /// <summary>flame_comm_create: rank `rank` of worldSize ranks on ctx's GPU, waiting until all
         /// joined; id from <see cref="UniqueId"/>; options null means the defaults.</summary>
         [Wraps("flame_comm_create")]

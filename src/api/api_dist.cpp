@@ -8,6 +8,7 @@
 #include "api/guard.h"
 #include "api/toolkit_args.h"
 #include "dist/data_parallel.h"
+#include "dist/rendezvous.h"
 
 using namespace flame;
 
@@ -86,6 +87,21 @@ FLAME_API flame_status_t flame_comm_unique_id(flame_ctx_t ctx, flame_comm_id_t* 
     ncclUniqueId u = Comm::unique_id();
     std::memcpy(id->internal, &u, sizeof u);
   });
+}
+
+FLAME_API flame_status_t flame_comm_rendezvous(const char* master_addr, int32_t master_port, int32_t rank,
+                                               int32_t world_size, double timeout_seconds, flame_comm_id_t* id) {
+  flame_status_t st = api_call("flame_comm_rendezvous", [&] {
+    FLAME_CHECK(master_addr, FLAME_ERROR_INVALID_ARGUMENT, "master_addr is NULL");
+    FLAME_CHECK(id, FLAME_ERROR_INVALID_ARGUMENT, "id is NULL");
+    RendezvousId bytes;
+    std::memcpy(bytes.data(), id->internal, bytes.size());
+    RendezvousPeer peer{master_addr, master_port, rank, world_size, timeout_seconds};
+    RendezvousId got = rendezvous_exchange(peer, bytes);
+    std::memcpy(id->internal, got.data(), got.size());
+  });
+  if (st != FLAME_OK && id && rank != 0) std::memset(id, 0, sizeof *id);  // rank 0's input stays
+  return st;
 }
 
 FLAME_API flame_status_t flame_comm_create(flame_ctx_t ctx, const flame_comm_id_t* id, int32_t rank, int32_t world_size,

@@ -694,6 +694,17 @@ impl Context {
 }
 
 impl Comm {
+    /// Hands rank 0's `id` to every rank over TCP (`flame_comm_rendezvous`; needs no GPU). Rank 0
+    /// listens on `master_addr:master_port` and returns `id`; every other rank returns rank 0's
+    /// bytes (its `id` is ignored). Fails with `ERROR_IO` naming the ranks that did not arrive.
+    pub fn rendezvous(master_addr: &str, master_port: i32, rank: i32, world_size: i32, timeout_seconds: f64, id: &CommId) -> Result<CommId> {
+        let addr = CString::new(master_addr)
+            .map_err(|_| Error::new(Status::ERROR_INVALID_ARGUMENT, format!("master_addr {master_addr:?} contains NUL")))?;
+        let mut out = *id;
+        check(unsafe { (api()?.flame_comm_rendezvous)(addr.as_ptr(), master_port, rank, world_size, timeout_seconds, &mut out) })?;
+        Ok(out)
+    }
+
     /// Rank `rank` of `world_size` on `ctx`'s GPU (`flame_comm_create`; waits for every rank).
     pub fn new(ctx: &Context, id: &CommId, rank: i32, world_size: i32, opts: &CommOptions) -> Result<Comm> {
         let raw_opts = opts.to_raw();
@@ -922,6 +933,7 @@ pub const HAND_WRAPPED: &[(&str, &str)] = &[
     ("flame_copy_from_host", "Tensor::copy_from_slice"),
     ("flame_comm_options_init", "CommOptions::default"),
     ("flame_comm_unique_id", "Context::comm_unique_id"),
+    ("flame_comm_rendezvous", "Comm::rendezvous"),
     ("flame_comm_create", "Comm::new"),
     ("flame_comm_create_group", "Comm::create_group"),
     ("flame_comm_release", "Comm::drop"),

@@ -19,6 +19,8 @@ const flame_dp_options_t* dp_opts(Args& a) {
 
 FLAME_ARG_ROW(flame_comm_options_init, a.out<flame_comm_options_t>("opts"));
 FLAME_ARG_ROW(flame_comm_unique_id, a.ctx("ctx"), a.out<flame_comm_id_t>("id"));
+// world_size 1: returns at once, no network peer needed.
+FLAME_ARG_ROW(flame_comm_rendezvous, a.str("master_addr", "127.0.0.1"), 29500, 0, 1, 5.0, a.out<flame_comm_id_t>("id"));
 FLAME_ARG_ROW(flame_comm_create, a.ctx("ctx"), a.comm_id("id"), 0, 1, comm_opts(a), a.out_comm("out"));
 FLAME_ARG_ROW(flame_comm_create_group, a.ctx_array("ctxs"), 1, comm_opts(a), a.out_comm("comms"));
 FLAME_ARG_VOID(flame_comm_release, a.release_comm("comm"));
