@@ -72,6 +72,8 @@ std::string endpoint(const RendezvousPeer& p) {
   return (v6 ? "[" + p.master_addr + "]" : p.master_addr) + ":" + std::to_string(p.master_port);
 }
 
+Clock::duration seconds(double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); }
+
 int ms_until(Clock::time_point t) {
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
   return static_cast<int>(std::clamp<int64_t>(ms, 0, 1 << 30));
@@ -208,7 +210,7 @@ Socket listen_on(const RendezvousPeer& p) {
 // A connection that has not yet said a complete hello.
 struct Pending {
   Socket sock;
-  uint8_t hello[kHelloBytes];
+  uint8_t hello[kHelloBytes] = {};
   size_t got = 0;
   Clock::time_point hello_deadline;
 };
@@ -219,7 +221,7 @@ class Host {
 
   void run() {
     Socket listener = listen_on(p_);
-    auto deadline = Clock::now() + std::chrono::duration<double>(p_.timeout_seconds);
+    auto deadline = Clock::now() + seconds(p_.timeout_seconds);
     while (count_arrived() < p_.world_size - 1) {
       auto wake = deadline;
       for (auto& c : pending_) wake = std::min(wake, c.hello_deadline);
@@ -236,7 +238,7 @@ class Host {
       if (Clock::now() >= deadline && count_arrived() < p_.world_size - 1) fail_missing();
     }
     auto ok = answer_frame(kAnswerOk, id_.data(), id_.size());
-    auto send_deadline = Clock::now() + std::chrono::duration<double>(std::max(p_.timeout_seconds, 1.0));
+    auto send_deadline = Clock::now() + seconds(std::max(p_.timeout_seconds, 1.0));
     for (int32_t r = 1; r < p_.world_size; ++r)
       FLAME_CHECK(send_all(arrived_[r].fd(), ok.data(), ok.size(), send_deadline), FLAME_ERROR_IO, "rendezvous at ",
                   endpoint(p_), ": cannot send the id to rank ", r, ": ", std::strerror(errno));
@@ -372,7 +374,7 @@ Socket connect_to_host(const RendezvousPeer& p, Clock::time_point deadline) {
 }
 
 RendezvousId join(const RendezvousPeer& p) {
-  auto deadline = Clock::now() + std::chrono::duration<double>(p.timeout_seconds);
+  auto deadline = Clock::now() + seconds(p.timeout_seconds);
   Socket s = connect_to_host(p, deadline);
   uint8_t hello[kHelloBytes];
   std::memcpy(hello, kMagic, sizeof kMagic);
@@ -382,7 +384,7 @@ RendezvousId join(const RendezvousPeer& p) {
   std::string where = "rendezvous at " + endpoint(p) + ": rank " + std::to_string(p.rank);
   FLAME_CHECK(send_all(s.fd(), hello, sizeof hello, deadline), FLAME_ERROR_IO, where, " could not send its hello to rank 0");
   // Rank 0's clock started on its own: give it a grace to send its verdict past this rank's deadline.
-  auto verdict_deadline = deadline + std::chrono::duration<double>(kVerdictGraceS);
+  auto verdict_deadline = deadline + seconds(kVerdictGraceS);
   uint8_t head[5];
   auto describe = [&](RecvResult r) -> std::string {
     if (r == RecvResult::kClosed) return " lost the connection to rank 0 (rank 0 failed or exited)";
