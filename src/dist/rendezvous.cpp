@@ -319,7 +319,7 @@ class Host {
     std::ostringstream m;
     m << "rendezvous at " << endpoint(p_) << ": rank" << (missing.size() > 1 ? "s " : " ");
     for (size_t i = 0; i < missing.size(); ++i) m << (i ? ", " : "") << missing[i];
-    m << " of " << p_.world_size << (missing.size() > 1 ? " did" : " did") << " not arrive within "
+    m << " of " << p_.world_size << " did not arrive within "
       << seconds_text(p_.timeout_seconds);
     if (!refusals_.empty()) {
       m << " (refused:";

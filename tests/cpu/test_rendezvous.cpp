@@ -226,11 +226,13 @@ TEST(Rendezvous, ArgumentsAreChecked) {
   EXPECT_EQ(flame_comm_rendezvous("127.0.0.1", 1, 0, 1, 1, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(flame_comm_rendezvous("127.0.0.1", 0, 0, 2, 1, &id), FLAME_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(flame_comm_rendezvous("127.0.0.1", 70000, 0, 2, 1, &id), FLAME_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(flame_comm_rendezvous("127.0.0.1", 1, 2, 2, 1, &id), FLAME_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(flame_comm_rendezvous("127.0.0.1", 1, 0, 2, 0, &id), FLAME_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(flame_comm_rendezvous("", 1, 0, 2, 1, &id), FLAME_ERROR_INVALID_ARGUMENT);
   EXPECT_TRUE(same_id(id, pattern_id()));  // rank 0's id is never changed
   EXPECT_TRUE(contains(flame_last_error_message(), "master_addr is empty")) << flame_last_error_message();
+  EXPECT_EQ(flame_comm_rendezvous("127.0.0.1", 1, 2, 2, 1, &id), FLAME_ERROR_INVALID_ARGUMENT);
+  flame_comm_id_t zeros{};
+  EXPECT_TRUE(same_id(id, zeros));  // not rank 0: the OUT id is zeroed on failure
 }
 
 }  // namespace
