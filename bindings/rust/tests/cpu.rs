@@ -183,3 +183,16 @@ fn model_architectures_without_gpu() {
     let st = unsafe { (api.flame_model_set_checkpointing)(std::ptr::null_mut(), 1) };
     assert_eq!(Status(st), Status::ERROR_INVALID_ARGUMENT);
 }
+
+#[test]
+fn comm_rendezvous_of_one_rank_and_bad_arguments() {
+    let mut id = flame::CommId { internal: [0; 128] };
+    id.internal[5] = 42;
+    // world_size 1: returns rank 0's id at once, without a network peer.
+    let got = flame::Comm::rendezvous("127.0.0.1", 1, 0, 1, 1.0, &id).unwrap();
+    assert_eq!(got.internal, id.internal);
+    let e = flame::Comm::rendezvous("127.0.0.1", 0, 0, 2, 1.0, &id).unwrap_err();
+    assert_eq!(e.status, Status::ERROR_INVALID_ARGUMENT);
+    assert!(e.message.contains("master_port 0"), "{}", e.message);
+    assert!(flame::Comm::rendezvous("a\0b", 1, 0, 1, 1.0, &id).is_err());
+}
