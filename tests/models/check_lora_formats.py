@@ -262,8 +262,10 @@ def diffusers_write_and_flame_load(tool, model, component, view, kwargs, directo
     pipe = getattr(lora_pipeline, PIPELINES[model])
     layers = {}
     for module, (_, a, b) in view.items():
-        layers[f"{module}.lora_A.weight"] = a.contiguous()
-        layers[f"{module}.lora_B.weight"] = b.contiguous()
+        # Diffusers' Flux kohya conversion shares one down tensor among q, k, v (and proj_mlp);
+        # safetensors refuses shared storage, so each layer gets its own copy.
+        layers[f"{module}.lora_A.weight"] = a.clone().contiguous()
+        layers[f"{module}.lora_B.weight"] = b.clone().contiguous()
     meta = {k: v for k, v in kwargs.items() if k in ("r", "lora_alpha", "rank_pattern", "alpha_pattern", "target_modules",
                                                      "use_dora", "lora_bias")}
     if isinstance(meta.get("target_modules"), (set, list)):
