@@ -1,16 +1,24 @@
 /* flame_bench_model_step: a model's load rate and its forward + backward time and peak memory, through
- * the public C ABI only (bench/models_full.py runs it beside the same diffusers model in PyTorch).
+ * the public C ABI only (bench/models_full.py and bench/lora_full.py run it beside the same diffusers
+ * model in PyTorch).
  *
- *   flame_bench_model_step --load PATH --inputs IN.safetensors --grads G.safetensors
- *                          [--options JSON] [--checkpoint N] [--warmup 2] [--steps 5] [--out OUT.safetensors]
+ *   flame_bench_model_step (--load PATH | --arch CLASS --config JSON) --inputs IN.safetensors
+ *                          --grads G.safetensors [--options JSON] [--checkpoint N] [--warmup 2]
+ *                          [--steps 5] [--out OUT.safetensors] [--lora JSON [--lr 1e-4] [--graph 1]]
  *
+ * --arch / --config make the model with flame_model_create (random init; no load rate) instead.
+ * --lora adds an adapter with flame_model_add_lora(JSON) (freezing the base) and an AdamW optimizer
+ * over its tensors; a step then also runs the optimizer and drops the adapter's gradients (the LoRA
+ * training step). --graph 1 captures one such step after the warm-up as a CUDA graph
+ * (flame_graph_capture_*) and times its replays. 
  * Loads PATH with flame_model_load (timed until the device is idle: the load rate is the file's size
  * over that time), then runs warm-up and timed steps of: forward on every tensor of IN, loss =
  * sum over the outputs o named in G of sum(o * G[o]), backward into every parameter that requires grad,
  * the gradients dropped (PyTorch's zero_grad(set_to_none=True)). The peak is the context's
  * peak_bytes_in_use over the timed steps (weights included). --out writes the first step's outputs
  * as "out.<name>" for a closeness check. Prints one line "RESULT {json}"; exit 1 on any error (the
- * library's message on stderr), 2 when there is no GPU. */
+ * library's message on stderr), 2 when there is no GPU. A failed graph capture is reported in the
+ * JSON ("graph_error") and the eager step is timed instead. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>
@@ -25,11 +33,15 @@
 
 typedef struct {
   const char* load;
+  const char* arch;
+  const char* config;
+  const char* lora;
   const char* options;
   const char* inputs;
   const char* grads;
   const char* out;
-  long checkpoint, warmup, steps;
+  long checkpoint, warmup, steps, graph;
+  double lr;
 } Args;
 
 typedef struct {
@@ -46,18 +58,24 @@ static int check(flame_status_t s, const char* what) {
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: flame_bench_model_step --load PATH --inputs IN.safetensors --grads G.safetensors [--options JSON] "
-                  "[--checkpoint N] [--warmup N] [--steps N] [--out OUT.safetensors]\n");
+  fprintf(stderr, "usage: flame_bench_model_step (--load PATH | --arch CLASS --config JSON) --inputs IN.safetensors "
+                  "--grads G.safetensors [--options JSON] [--checkpoint N] [--warmup N] [--steps N] [--out OUT.safetensors] "
+                  "[--lora JSON [--lr LR] [--graph 1]]\n");
   exit(1);
 }
 
 static Args parse(int argc, char** argv) {
-  Args a = {NULL, NULL, NULL, NULL, NULL, 0, 2, 5};
+  Args a = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 2, 5, 0, 1e-4};
   for (int i = 1; i < argc; i += 2) {
     const char* k = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!v) usage();
     if (!strcmp(k, "--load")) a.load = v;
+    else if (!strcmp(k, "--arch")) a.arch = v;
+    else if (!strcmp(k, "--config")) a.config = v;
+    else if (!strcmp(k, "--lora")) a.lora = v;
+    else if (!strcmp(k, "--lr")) a.lr = strtod(v, NULL);
+    else if (!strcmp(k, "--graph")) a.graph = strtol(v, NULL, 10);
     else if (!strcmp(k, "--options")) a.options = v;
     else if (!strcmp(k, "--inputs")) a.inputs = v;
     else if (!strcmp(k, "--grads")) a.grads = v;
@@ -67,7 +85,8 @@ static Args parse(int argc, char** argv) {
     else if (!strcmp(k, "--steps")) a.steps = strtol(v, NULL, 10);
     else usage();
   }
-  if (!a.load || !a.inputs || !a.grads || a.steps < 1 || a.warmup < 0) usage();
+  if ((!a.load == !a.arch) || !a.inputs || !a.grads || a.steps < 1 || a.warmup < 0) usage();
+  if (a.graph && (!a.lora || a.warmup < 1)) usage();  /* a captured step needs the optimizer's state made */
   return a;
 }
 
@@ -109,9 +128,10 @@ static double checkpoint_bytes(const char* path) {
   return total;
 }
 
-/* One step: forward, the loss, backward, gradients dropped. With out_path, the outputs are saved. */
+/* One step: forward, the loss, backward, then the optimizer's step when there is one, gradients
+ * dropped. With out_path, the outputs are saved. */
 static void step(flame_ctx_t ctx, flame_model_t model, flame_params_t inputs, const TensorFile* grads,
-                 flame_params_t params, const char* out_path) {
+                 flame_params_t params, flame_optimizer_t opt, const char* out_path) {
   flame_params_t outputs = NULL;
   check(flame_model_forward(model, inputs, &outputs), "flame_model_forward");
   flame_tensor_t loss = NULL;
@@ -146,6 +166,11 @@ static void step(flame_ctx_t ctx, flame_model_t model, flame_params_t inputs, co
   check(flame_backward(ctx, loss, NULL, 0), "flame_backward");
   flame_tensor_release(loss);
   flame_params_release(outputs);
+  if (opt) {
+    check(flame_optimizer_step(opt), "flame_optimizer_step");
+    check(flame_optimizer_zero_grad(opt, 1), "flame_optimizer_zero_grad");
+    return;
+  }
   int64_t n = 0;
   check(flame_params_count(params, &n), "flame_params_count");
   for (int64_t i = 0; i < n; ++i) {
@@ -153,6 +178,37 @@ static void step(flame_ctx_t ctx, flame_model_t model, flame_params_t inputs, co
     check(flame_params_tensor(params, i, &p), "flame_params_tensor");
     check(flame_tensor_set_grad(p, NULL), "flame_tensor_set_grad");
   }
+}
+
+/* The step recorded into a graph: the same calls, but a failing call ends the capture instead of the
+ * program (capture_end then reports it). */
+static void step_captured(flame_ctx_t ctx, flame_model_t model, flame_params_t inputs, const TensorFile* grads,
+                          flame_params_t params, flame_optimizer_t opt) {
+  (void)params;
+  flame_params_t outputs = NULL;
+  if (flame_model_forward(model, inputs, &outputs) != FLAME_OK) return;
+  flame_tensor_t loss = NULL;
+  for (int64_t i = 0; i < grads->n; ++i) {
+    flame_tensor_t y = NULL, prod = NULL, s = NULL, next = NULL;
+    if (flame_params_find(outputs, grads->names[i], &y) != FLAME_OK || !y) break;
+    if (flame_mul(y, grads->tensors[i], &prod) != FLAME_OK) break;
+    flame_status_t st = flame_sum_all(prod, &s);
+    flame_tensor_release(prod);
+    if (st != FLAME_OK) break;
+    if (!loss) {
+      loss = s;
+      continue;
+    }
+    st = flame_add(loss, s, &next);
+    flame_tensor_release(loss);
+    flame_tensor_release(s);
+    loss = next;
+    if (st != FLAME_OK) break;
+  }
+  if (loss && flame_backward(ctx, loss, NULL, 0) == FLAME_OK && flame_optimizer_step(opt) == FLAME_OK)
+    flame_optimizer_zero_grad(opt, 1);
+  flame_tensor_release(loss);
+  flame_params_release(outputs);
 }
 
 static int compare_doubles(const void* a, const void* b) {
@@ -169,26 +225,63 @@ int main(int argc, char** argv) {
 
   double t0 = now_ms();
   flame_model_t model = NULL;
-  check(flame_model_load(ctx, a.load, a.options, &model), "flame_model_load");
+  if (a.load)
+    check(flame_model_load(ctx, a.load, a.options, &model), "flame_model_load");
+  else
+    check(flame_model_create(ctx, a.arch, a.config, a.options, &model), "flame_model_create");
   check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
   const double load_ms = now_ms() - t0;
-  const double bytes = checkpoint_bytes(a.load);
+  const double bytes = a.load ? checkpoint_bytes(a.load) : 0;
   check(flame_model_set_checkpointing(model, a.checkpoint), "flame_model_set_checkpointing");
+  check(flame_model_set_training(model, 1), "flame_model_set_training");
 
-  flame_params_t params = NULL, inputs = NULL;
+  flame_params_t params = NULL, inputs = NULL, adapter = NULL;
+  flame_optimizer_t opt = NULL;
+  int64_t adapter_elements = 0;
+  if (a.lora) {
+    check(flame_model_add_lora(model, a.lora, &adapter), "flame_model_add_lora");
+    int64_t n = 0;
+    check(flame_params_count(adapter, &n), "flame_params_count");
+    flame_tensor_t* list = calloc((size_t)n, sizeof(flame_tensor_t));
+    if (!list) return 1;
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t numel = 0;
+      check(flame_params_tensor(adapter, i, &list[i]), "flame_params_tensor");
+      check(flame_tensor_numel(list[i], &numel), "flame_tensor_numel");
+      adapter_elements += numel;
+    }
+    flame_optimizer_options_t oo;
+    check(flame_optimizer_options_init(&oo, FLAME_OPTIMIZER_ADAMW), "flame_optimizer_options_init");
+    oo.lr = a.lr;
+    check(flame_optimizer_create(ctx, &oo, list, n, &opt), "flame_optimizer_create");
+    free(list);
+  }
   check(flame_model_params(model, &params), "flame_model_params");
   TensorFile in = read_tensors(ctx, a.inputs), grads = read_tensors(ctx, a.grads);
   check(flame_params_create(ctx, &inputs), "flame_params_create");
   for (int64_t i = 0; i < in.n; ++i) check(flame_params_add(inputs, in.names[i], in.tensors[i]), "flame_params_add");
 
-  for (long i = 0; i < a.warmup; ++i) step(ctx, model, inputs, &grads, params, i == 0 ? a.out : NULL);
+  for (long i = 0; i < a.warmup; ++i) step(ctx, model, inputs, &grads, params, opt, i == 0 ? a.out : NULL);
   check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
   check(flame_ctx_reset_peak_memory(ctx), "flame_ctx_reset_peak_memory");
+  flame_graph_t graph = NULL;
+  char graph_error[512] = "";
+  if (a.graph) {
+    check(flame_graph_capture_begin(ctx), "flame_graph_capture_begin");
+    step_captured(ctx, model, inputs, &grads, params, opt);
+    if (flame_graph_capture_end(ctx, &graph) != FLAME_OK) {
+      snprintf(graph_error, sizeof graph_error, "%s", flame_last_error_message());
+      graph = NULL;
+    }
+  }
   double* ms = calloc((size_t)a.steps, sizeof(double));
   if (!ms) return 1;
   for (long i = 0; i < a.steps; ++i) {
     t0 = now_ms();
-    step(ctx, model, inputs, &grads, params, a.warmup == 0 && i == 0 ? a.out : NULL);
+    if (graph)
+      check(flame_graph_replay(graph), "flame_graph_replay");
+    else
+      step(ctx, model, inputs, &grads, params, opt, a.warmup == 0 && i == 0 ? a.out : NULL);
     check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
     ms[i] = now_ms() - t0;
   }
@@ -197,11 +290,17 @@ int main(int argc, char** argv) {
   mem.struct_size = sizeof mem;
   check(flame_ctx_memory_stats(ctx, &mem), "flame_ctx_memory_stats");
   qsort(ms, (size_t)a.steps, sizeof(double), compare_doubles);
+  for (const char* c = graph_error; *c; ++c)  /* the message goes into a JSON string */
+    if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) graph_error[c - graph_error] = ' ';
   printf("RESULT {\"load_ms\": %.1f, \"checkpoint_bytes\": %.0f, \"load_gb_per_s\": %.3f, \"step_ms_median\": %.3f, "
-         "\"step_ms_min\": %.3f, \"peak_bytes\": %llu, \"steps\": %ld}\n",
+         "\"step_ms_min\": %.3f, \"peak_bytes\": %llu, \"steps\": %ld, \"adapter_elements\": %lld, \"graph\": %d, "
+         "\"graph_error\": \"%s\"}\n",
          load_ms, bytes, bytes > 0 ? bytes / 1e9 / (load_ms / 1e3) : 0.0, ms[a.steps / 2], ms[0],
-         (unsigned long long)mem.peak_bytes_in_use, a.steps);
+         (unsigned long long)mem.peak_bytes_in_use, a.steps, (long long)adapter_elements, graph != NULL, graph_error);
   free(ms);
+  flame_graph_release(graph);
+  flame_optimizer_release(opt);
+  flame_params_release(adapter);
   flame_params_release(inputs);
   release_tensors(&in);
   release_tensors(&grads);

@@ -6,6 +6,8 @@
 //                   --inputs IN.safetensors --out OUT.safetensors
 //                   [--grads G.safetensors] [--dtype f32|bf16|f16] [--checkpoint N]
 //   flame_model_run --load PATH [--options JSON] --inputs ... (the same from here on)
+//   LoRA (tests/models/check_lora_conformance.py): [--lora-load L.safetensors] [--lora-save-kohya K]
+//                   [--lora-save-peft P]
 //
 // Weights load strictly (every parameter, no extra tensor) into flame_model_params' list; with
 // --load, flame_model_load reads PATH (a file or folder as users have them) instead. Inputs
@@ -13,6 +15,9 @@
 // tensor "<output>" of G of sum(output * G[output]), and backward runs once. OUT receives the
 // outputs named in G (or all outputs without --grads) as "out.<name>", and with --grads every
 // parameter gradient as "grad.<param>" and every float input gradient as "grad_input.<name>".
+// --lora-load reads a LoRA file (any format flame_model_load_lora knows) as the trainable adapter
+// "default"; its gradients are written as "lora_grad.<module>.lora_A.weight" / "...lora_B.weight".
+// --lora-save-kohya / --lora-save-peft write that adapter back with flame_model_save_lora.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +48,7 @@ std::string read_text(const std::string& path) {
 
 struct Args {
   std::string arch, config, weights, inputs, out, grads, dtype = "f32", load, options;
+  std::string lora_load, lora_save_kohya, lora_save_peft;
   long checkpoint = 0;
 };
 
@@ -64,6 +70,9 @@ Args parse(int argc, char** argv) {
     else if (k == "--dtype") a.dtype = v;
     else if (k == "--load") a.load = v;
     else if (k == "--options") a.options = v;
+    else if (k == "--lora-load") a.lora_load = v;
+    else if (k == "--lora-save-kohya") a.lora_save_kohya = v;
+    else if (k == "--lora-save-peft") a.lora_save_peft = v;
     else if (k == "--checkpoint") a.checkpoint = std::strtol(v.c_str(), nullptr, 10);
     else {
       std::fprintf(stderr, "flame_model_run: unknown argument %s\n", k.c_str());
@@ -72,7 +81,8 @@ Args parse(int argc, char** argv) {
   }
   if ((a.load.empty() && (a.arch.empty() || a.weights.empty())) || a.inputs.empty() || a.out.empty()) {
     std::fprintf(stderr, "usage: flame_model_run --arch CLASS [--config C.json] --weights W.safetensors --inputs IN.safetensors "
-                         "--out OUT.safetensors [--grads G.safetensors] [--dtype f32|bf16|f16] [--checkpoint N]\n");
+                         "--out OUT.safetensors [--grads G.safetensors] [--dtype f32|bf16|f16] [--checkpoint N] "
+                         "[--lora-load L.safetensors] [--lora-save-kohya K.safetensors] [--lora-save-peft P.safetensors]\n");
     std::exit(1);
   }
   return a;
@@ -125,6 +135,15 @@ int main(int argc, char** argv) {
   check(flame_model_params(model, &params), "flame_model_params");
   if (a.load.empty())
     check(flame_params_load_safetensors(params, a.weights.c_str(), FLAME_PARAMS_LOAD_CONVERT_DTYPE), "loading the weights");
+  flame_params_t lora = nullptr;
+  if (!a.lora_load.empty())
+    check(flame_model_load_lora(model, a.lora_load.c_str(), "{\"trainable\": true}", &lora), "flame_model_load_lora");
+  if (!a.lora_save_kohya.empty())
+    check(flame_model_save_lora(model, nullptr, a.lora_save_kohya.c_str(), "{\"format\": \"kohya\"}"),
+          "flame_model_save_lora (kohya)");
+  if (!a.lora_save_peft.empty())
+    check(flame_model_save_lora(model, nullptr, a.lora_save_peft.c_str(), "{\"format\": \"peft\"}"),
+          "flame_model_save_lora (peft)");
 
   flame_params_t inputs = nullptr;
   check(flame_params_create(ctx, &inputs), "flame_params_create");
@@ -191,6 +210,19 @@ int main(int argc, char** argv) {
       tensors.push_back(g);
       owned.push_back(g);
     }
+    int64_t n_lora = 0;
+    if (lora) check(flame_params_count(lora, &n_lora), "flame_params_count");
+    for (int64_t i = 0; i < n_lora; ++i) {
+      const char* name = nullptr;
+      flame_tensor_t p = nullptr, g = nullptr;
+      check(flame_params_name(lora, i, &name), "flame_params_name");
+      check(flame_params_tensor(lora, i, &p), "flame_params_tensor");
+      check(flame_tensor_grad(p, &g), "flame_tensor_grad");
+      if (!g) continue;
+      names.push_back(std::string("lora_grad.") + name);
+      tensors.push_back(g);
+      owned.push_back(g);
+    }
     for (auto& [name, t] : input_tensors) {
       flame_tensor_t g = nullptr;
       check(flame_tensor_grad(t, &g), "flame_tensor_grad");
@@ -210,6 +242,7 @@ int main(int argc, char** argv) {
   flame_params_release(outputs);
   flame_params_release(inputs);
   flame_params_release(params);
+  flame_params_release(lora);
   flame_model_release(model);
   flame_ctx_destroy(ctx);
   std::printf("flame_model_run: %s: wrote %zu tensors to %s\n", a.arch.c_str(), tensors.size(), a.out.c_str());

@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""LoRA training steps of full-size models on one GPU, FLAME beside diffusers + peft (tier "T6").
+
+Issue 36's rows: SDXL-base UNet (B=1 and B=4, with and without checkpointing), Flux-dev transformer
+(B=1, with and without checkpointing), SD3.5-medium transformer (B=1); bf16 weights, random init,
+1024x1024 (latents 128x128), a rank-16 LoRA (alpha 16, f32 A and B as diffusers' training scripts
+keep them under bf16 mixed precision) on diffusers' training-script targets, AdamW (lr 1e-4) on the
+adapter only. Step = forward + loss (sum(sample * G), fixed random G) + backward + optimizer step +
+gradients dropped; median of the timed steps after warm-up; peak = max allocated over the timed steps
+(weights included).
+
+  - PyTorch: the diffusers class, `add_adapter(LoraConfig(...))` (peft), torch.optim.AdamW (its
+    default foreach implementation), `enable_gradient_checkpointing()` where the row says; with
+    --compile also `compile_repeated_blocks(fullgraph=True)` (diffusers' regional compile), its first
+    step (the compile) timed separately.
+  - FLAME: build/bench/flame_bench_model_step --arch --config (flame_model_create) --lora (the same
+    targets by the architecture's default preset, checked by the adapter's element count) eager, and
+    with --graph 1 the whole step captured as one CUDA graph.
+
+    PYTHONPATH=$PWD/.ref python3 bench/lora_full.py [--rows sdxl-b1,...] [--compile] [--out DIR]
+
+Writes DIR/lora_full.json and DIR/lora_full.md (the tier's table for bench/RESULTS.md).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+from safetensors.torch import save_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import models_full  # noqa: E402  (the full-size configs and inputs)
+
+# row -> (model, batch, checkpointing)
+ROWS = {
+    "sdxl-b1": ("sdxl", 1, 0),
+    "sdxl-b4": ("sdxl", 4, 0),
+    "sdxl-b4-ckpt": ("sdxl", 4, 1),
+    "flux-b1-ckpt": ("flux", 1, 1),
+    "flux-b1": ("flux", 1, 0),
+    "sd35-b1": ("sd35", 1, 0),
+}
+ARCH = {"sdxl": "UNet2DConditionModel", "flux": "FluxTransformer2DModel", "sd35": "SD3Transformer2DModel"}
+# diffusers' training scripts' defaults (train_dreambooth_lora_{sdxl,flux,sd3}.py)
+TARGETS = {
+    "sdxl": ["to_q", "to_k", "to_v", "to_out.0"],
+    "flux": ["attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.add_k_proj", "attn.add_q_proj",
+             "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
+             "ff_context.net.2"],
+    "sd35": ["attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out", "attn.to_k",
+             "attn.to_out.0", "attn.to_q", "attn.to_v"],
+}
+UNBATCHED = ("img_ids", "txt_ids")
+RANK = 16
+
+
+def batched(inputs, b):
+    return {k: (v if k in UNBATCHED or b == 1 else v.repeat(b, *([1] * (v.dim() - 1)))) for k, v in inputs.items()}
+
+
+def torch_row(spec, key, batch, ckpt, args):
+    from peft import LoraConfig
+    torch.backends.cuda.enable_cudnn_sdp(spec.get("torch_cudnn_sdp", True))
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = spec["cls"](**spec["cfg"])
+    model = model.to(torch.bfloat16)
+    model.requires_grad_(False)
+    model.add_adapter(LoraConfig(r=RANK, lora_alpha=RANK, init_lora_weights="gaussian", target_modules=TARGETS[key]))
+    lora = [p for n, p in model.named_parameters() if "lora_" in n]
+    for p in lora:
+        p.data = p.data.float()  # diffusers' cast_training_params(model, torch.float32)
+    adapter_elements = sum(p.numel() for p in lora)
+    if ckpt:
+        model.enable_gradient_checkpointing()
+    model.train()
+    compile_s = None
+    if args.compile:
+        model.compile_repeated_blocks(fullgraph=True)
+    opt = torch.optim.AdamW(lora, lr=1e-4)
+    x = {k: (v.cuda().to(torch.bfloat16) if v.is_floating_point() and k not in UNBATCHED else v.cuda())
+         for k, v in batched(spec["inputs"], batch).items()}
+    with torch.no_grad():
+        shape = spec["forward"](model, x).shape
+    g = torch.Generator().manual_seed(3)
+    grad_cpu = torch.randn(shape, generator=g)
+    grad = grad_cpu.cuda().to(torch.bfloat16)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(args.warmup + args.steps):
+        if i == args.warmup:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        out = spec["forward"](model, x)
+        (out * grad).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del out
+        torch.cuda.synchronize()
+        if i == 0 and args.compile:
+            compile_s = time.perf_counter() - t0
+        if i >= args.warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    peak = torch.cuda.max_memory_allocated()
+    del model, opt, lora, x
+    torch.cuda.empty_cache()
+    return dict(ms=statistics.median(times), peak_gib=peak / 2**30, adapter_elements=adapter_elements,
+                compile_s=compile_s), grad_cpu
+
+
+def flame_row(spec, key, batch, ckpt, grad_cpu, args, graph):
+    side = os.path.join(args.work, f"{key}_b{batch}")
+    os.makedirs(side, exist_ok=True)
+    inputs = {k: (v.to(torch.bfloat16) if v.is_floating_point() and k not in UNBATCHED else v)
+              for k, v in batched(spec["inputs"], batch).items()}
+    save_file({k: v.contiguous() for k, v in inputs.items()}, os.path.join(side, "inputs.safetensors"))
+    save_file({"sample": grad_cpu.to(torch.bfloat16)}, os.path.join(side, "grads.safetensors"))
+    lora = {"rank": RANK, "alpha": RANK, "init": "gaussian"}
+    cmd = [args.tool, "--arch", ARCH[key], "--config", json.dumps(spec["cfg"]), "--options", json.dumps({"dtype": "bf16"}),
+           "--inputs", os.path.join(side, "inputs.safetensors"), "--grads", os.path.join(side, "grads.safetensors"),
+           "--checkpoint", str(ckpt), "--warmup", str(args.warmup), "--steps", str(args.steps),
+           "--lora", json.dumps(lora), "--graph", str(int(graph))]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        return dict(error=(r.stderr or r.stdout).strip()[-1500:])
+    res = json.loads(r.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    return dict(ms=res["step_ms_median"], peak_gib=res["peak_bytes"] / 2**30, adapter_elements=res["adapter_elements"],
+                graph=bool(res["graph"]), graph_error=res["graph_error"])
+
+
+def run_row(name, args):
+    key, batch, ckpt = ROWS[name]
+    spec = models_full.MODELS[key]()
+    row = dict(row=name, model=spec["name"], batch=batch, checkpoint=ckpt)
+    try:
+        row["torch"], grad_cpu = torch_row(spec, key, batch, ckpt, args)
+    except RuntimeError as e:
+        row["torch"] = dict(error=str(e).splitlines()[0][:300])
+        torch.cuda.empty_cache()
+        print(f"[{name}] PyTorch failed: {row['torch']['error']}", flush=True)
+        return row
+    row["flame"] = flame_row(spec, key, batch, ckpt, grad_cpu, args, graph=False)
+    if not args.no_graph:
+        row["flame_graph"] = flame_row(spec, key, batch, ckpt, grad_cpu, args, graph=True)
+    for k in ("flame", "flame_graph"):
+        if k in row and "ms" in row[k]:
+            row[k]["ratio"] = row[k]["ms"] / row["torch"]["ms"]
+            row[k]["mem_ratio"] = row[k]["peak_gib"] / row["torch"]["peak_gib"]
+            row[k]["same_adapter"] = row[k]["adapter_elements"] == row["torch"]["adapter_elements"]
+    print(f"[{name}] {json.dumps(row)}", flush=True)
+    return row
+
+
+def cell(r, k, fmt):
+    return format(r[k], fmt) if r and k in r and r[k] is not None else "-"
+
+
+def table(rows, device, commit, compiled):
+    lines = [f"{time.strftime('%Y-%m-%d')} · {device} · commit {commit} · torch {torch.__version__}"
+             f"{' · PyTorch with regional compile' if compiled else ' · PyTorch eager'}", "",
+             "bf16 weights, 1024x1024, rank-16 LoRA (f32 A/B) on diffusers' script targets, AdamW on the adapter; "
+             "step = forward + backward + optimizer step; median of the timed steps; peak = max allocated "
+             "(weights included). ratio = FLAME ms / PyTorch ms (lower is better).", "",
+             "| row | PyTorch ms | PyTorch GiB | FLAME eager ms | ratio | FLAME graph ms | ratio | FLAME GiB | mem ratio |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t, f, fg = r.get("torch", {}), r.get("flame", {}), r.get("flame_graph", {})
+        fe = f.get("error") or fg.get("graph_error")
+        lines.append(f"| {r['row']} | {cell(t, 'ms', '.1f')} | {cell(t, 'peak_gib', '.2f')} | {cell(f, 'ms', '.1f')} "
+                     f"| {cell(f, 'ratio', '.3f')} | {cell(fg, 'ms', '.1f') if fg.get('graph') else '-'} "
+                     f"| {cell(fg, 'ratio', '.3f') if fg.get('graph') else '-'} | {cell(f, 'peak_gib', '.2f')} "
+                     f"| {cell(f, 'mem_ratio', '.3f')} |" + (f" {fe[:120]}" if fe else ""))
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--tool", default=os.path.join(ROOT, "build", "bench", "flame_bench_model_step"))
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--compile", action="store_true", help="PyTorch with compile_repeated_blocks(fullgraph=True)")
+    ap.add_argument("--no-graph", action="store_true", help="FLAME eager only")
+    ap.add_argument("--work", default="/tmp/flame_lora_full")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--commit", default="")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    os.makedirs(args.work, exist_ok=True)
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+    for name in args.rows.split(","):
+        rows.append(run_row(name, args))
+        with open(os.path.join(args.out, "lora_full.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+    md = table(rows, torch.cuda.get_device_name(), args.commit, args.compile)
+    with open(os.path.join(args.out, "lora_full.md"), "w") as f:
+        f.write(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
