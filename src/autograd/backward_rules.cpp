@@ -217,16 +217,18 @@ Grads amax_amin(Node& n, const Tensor& g) {  // the gradient is split evenly bet
 RULE(Amax) { return amax_amin(n, g); }
 RULE(Amin) { return amax_amin(n, g); }
 RULE(Matmul) {  // a [..., M, K] @ b [..., K, N]: ga = g b^T, gb = a^T g, as products of transposed views
-  Tensor a = saved(n, 0), b = saved(n, 1);
-  const int r = a->ndim() - 2, c = a->ndim() - 1;
-  return {n.needs_input_grad(0) ? mm(g, transpose(b, r, c)) : nullptr,
-          n.needs_input_grad(1) ? mm(transpose(a, r, c), g) : nullptr};
+  // (each operand is saved only when the other needs its gradient)
+  const int r = static_cast<int>(n.inputs[0].shape.size()) - 2, c = r + 1;
+  return {n.needs_input_grad(0) ? mm(g, transpose(saved(n, 1), r, c)) : nullptr,
+          n.needs_input_grad(1) ? mm(transpose(saved(n, 0), r, c), g) : nullptr};
 }
 // Linear's gradients from dz, the gradient of its pre-activation z = x W^T + b. gx is null when
 // `input_done` (fused into the next GEMM). wide[i]: input i's gradient in f32, written by the GEMM
 // (f16/bf16 operands that autocast made from f32 tensors; engine.cpp skips those casts' backward).
 Grads linear_grads_from_pre(Node& n, const Tensor& dz, bool input_done, const std::array<bool, 3>& wide = {}) {
-  Tensor x = saved(n, 0), w = saved(n, 1);
+  // x is saved only when dW is needed, W only when dx is (ops/matmul.cpp linear2d)
+  Tensor x = n.needs_input_grad(1) ? saved(n, 0) : nullptr;
+  Tensor w = n.needs_input_grad(0) && !input_done ? saved(n, 1) : nullptr;
   const DType narrow = dz->dtype, f32 = FLAME_DTYPE_F32;
   const bool wide_wb = n.needs_input_grad(1) ? wide[1] : wide[2];  // dW and db come out of one GEMM
   auto [gw, gb] = linear_weight_grad(dz, x, n.needs_input_grad(1), n.needs_input_grad(2), wide_wb ? f32 : narrow);
@@ -467,18 +469,19 @@ RULE(ScatterAdd) {  // attributes IndexAttrs: dim, skip, alpha. The source's gra
 // ConvTranspose2d (d, w, b; saved d, w):  z = conv^T(d, w) + b, so dd = conv(g, w), dw = wgrad(d, g), db = sum g
 // ConvWeightGrad (d, x; saved d, x):      v = wgrad(d, x) is linear in each: dd = conv(x, g), dx = conv^T(d, g)
 // The weight gradient keeps the weight's memory format (channels-last or not).
+// Conv2d / ConvTranspose2d save their input only for the weight gradient (ops/conv.cpp record_conv).
 RULE(Conv2d) {
   const ConvGeom& geo = n.attrs<ConvGeom>();
-  Tensor x = saved(n, 0), w = saved(n, 1);
+  Tensor w = saved(n, 1);
   return {n.needs_input_grad(0) ? conv_input_grad(g, w, nullptr, geo) : nullptr,
-          n.needs_input_grad(1) ? conv_weight_grad(g, x, geo, is_channels_last(w)) : nullptr,
+          n.needs_input_grad(1) ? conv_weight_grad(g, saved(n, 0), geo, is_channels_last(w)) : nullptr,
           n.needs_input_grad(2) ? conv_bias_grad(g) : nullptr};
 }
 RULE(ConvTranspose2d) {
   const ConvGeom& geo = n.attrs<ConvGeom>();
-  Tensor d = saved(n, 0), w = saved(n, 1);
+  Tensor w = saved(n, 1);
   return {n.needs_input_grad(0) ? conv_forward(g, w, nullptr, geo) : nullptr,
-          n.needs_input_grad(1) ? conv_weight_grad(d, g, geo, is_channels_last(w)) : nullptr,
+          n.needs_input_grad(1) ? conv_weight_grad(saved(n, 0), g, geo, is_channels_last(w)) : nullptr,
           n.needs_input_grad(2) ? conv_bias_grad(g) : nullptr};
 }
 RULE(ConvWeightGrad) {

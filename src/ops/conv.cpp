@@ -286,7 +286,12 @@ void record_conv(OpId op, const std::vector<Tensor>& ins, const Tensor& out, con
                  const Tensor& s1) {
   if (auto node = record(op, ins, {out})) {
     node->attributes = g;
-    node->saved.emplace_back(s0, false);
+    // Conv2d / ConvTranspose2d: s0 (the input) is read only by the weight gradient, so a frozen
+    // conv keeps no copy of its input (an empty slot). The weight (s1) is always kept: a parameter,
+    // and its memory format picks the weight gradient's. ConvWeightGrad (double backward) keeps both.
+    const bool conv = op == OpId::Conv2d || op == OpId::ConvTranspose2d;
+    if (!conv || node->needs_input_grad(1)) node->saved.emplace_back(s0, false);
+    else node->saved.emplace_back();
     node->saved.emplace_back(s1, false);
   }
 }

@@ -101,8 +101,13 @@ Tensor ops::binary(OpId op, const Tensor& a0, const Tensor& b0) {
   launch_elementwise(in.functor, {}, out, {a, b});
   if (auto node = record(op, {a, b}, {out})) {
     if (in.saves_input) {
-      node->saved.emplace_back(a, false);
-      node->saved.emplace_back(b, false);
+      // Mul's gradient for one input reads only the other: an operand is kept only while the other
+      // input needs a gradient (x * a frozen scale saves the scale, not x), as PyTorch's MulBackward.
+      const bool mul = op == OpId::Mul;
+      if (!mul || node->needs_input_grad(1)) node->saved.emplace_back(a, false);
+      else node->saved.emplace_back();
+      if (!mul || node->needs_input_grad(0)) node->saved.emplace_back(b, false);
+      else node->saved.emplace_back();
     }
     if (in.saves_output) node->saved.emplace_back(out, true);
   }

@@ -122,8 +122,11 @@ Tensor mm(const Tensor& a, const Tensor& b) {
     else run_gemm(alias(a), alias(b), out, Epilogue::None, 0, 0, 0);
   }
   if (auto node = record(OpId::Matmul, {a, b}, {out})) {
-    node->saved.emplace_back(a, false);
-    node->saved.emplace_back(b, false);
+    // ga = g b^T reads b, gb = a^T g reads a: each operand is kept only for the other's gradient.
+    if (node->needs_input_grad(1)) node->saved.emplace_back(a, false);
+    else node->saved.emplace_back();
+    if (node->needs_input_grad(0)) node->saved.emplace_back(b, false);
+    else node->saved.emplace_back();
   }
   return out;
 }
@@ -226,11 +229,16 @@ Tensor linear2d(const Tensor& x, const Tensor& w, const Tensor& bias, Activation
   if (auto node = record(OpId::Linear, {x, w, bias}, {out})) {
     // saved: x, W, then relu's output (its mask) or gelu's pre-activation, then gelu's bias (double
     // backward recomputes the pre-activation from x, W and b, since aux carries no history), then
-    // relu's bit mask when the fused path made one.
+    // relu's bit mask when the fused path made one. x is read only by dW and W only by dx, so without
+    // gelu an empty slot stands for the one no gradient needs: a frozen weight's layer keeps no copy
+    // of its input (LoRA training of a frozen base), as PyTorch's addmm backward.
     const bool relu_mask = act == Activation::Relu && aux;
+    const bool recompute = act == Activation::GeluTanh;
     node->attributes = ops::LinearAttrs{act, bias != nullptr, relu_mask};
-    node->saved.emplace_back(x, false);
-    node->saved.emplace_back(w, false);
+    if (recompute || node->needs_input_grad(1)) node->saved.emplace_back(x, false);
+    else node->saved.emplace_back();
+    if (recompute || node->needs_input_grad(0)) node->saved.emplace_back(w, false);
+    else node->saved.emplace_back();
     if (act == Activation::Relu) node->saved.emplace_back(out, true);
     if (act == Activation::GeluTanh) node->saved.emplace_back(aux, false);
     if (act == Activation::GeluTanh && bias) node->saved.emplace_back(bias, false);

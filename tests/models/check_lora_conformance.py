@@ -18,8 +18,10 @@ TF32 off, the SDPA math backend) and each target set ("default": diffusers' trai
     `load_lora_into_transformer` / `load_lora_into_unet` into a fresh diffusers model with the same
     base weights, whose output must match FLAME's (1e-4).
 
-Known gap, reported as SKIP: diffusers has no loader for kohya SD3 files (SD3LoraLoaderMixin reads
-peft keys only).
+Known gaps, reported as SKIP: diffusers has no loader for kohya SD3 files (SD3LoraLoaderMixin reads
+peft keys only); its kohya Flux converter splits a single block's fused linear1 at Flux-dev's sizes
+(3072, 3072, 3072, 12288), so kohya Flux files are checked on "flux_wide" (Flux-dev's width, one
+block of each kind) and skipped on the tiny "flux".
 
 Runs on the GPU machine (PyTorch, peft, and diffusers from a copy of ../shared/reference/diffusers on
 PYTHONPATH):
@@ -42,18 +44,35 @@ import check_model_parity as parity  # noqa: E402  (the tiny model cases)
 
 TOL = 1e-4
 
-# case -> (parity case, pipeline mixin, component, loader function, diffusers' default targets)
+
+def flux_wide_case():
+    """Flux with Flux-dev's width (24 heads of 128: diffusers' kohya converter splits a single block's
+    linear1 at the hard-coded sizes 3072, 3072, 3072, 12288) and one block of each kind."""
+    from diffusers import FluxTransformer2DModel
+    c = parity.flux_case(True, False)
+    cfg = dict(c["config"], num_layers=1, num_single_layers=1, attention_head_dim=128, num_attention_heads=24,
+               axes_dims_rope=[16, 56, 56])
+    model = FluxTransformer2DModel(**cfg)
+    parity.add_noise(model)
+    return dict(c, config=cfg, model=model)
+
+
+# case -> (model builder, pipeline mixin, component, loader function, diffusers' default targets, kohya
+# checked: diffusers reads FLAME's kohya file for this case)
 CASES = {
     "flux": ("flux_tiny", "FluxLoraLoaderMixin", "transformer", "load_lora_into_transformer",
              ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
               "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
-              "ff_context.net.2"]),
+              "ff_context.net.2"], False),
+    "flux_wide": (flux_wide_case, "FluxLoraLoaderMixin", "transformer", "load_lora_into_transformer",
+                  ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
+                   "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
+                   "ff_context.net.2"], True),
     "sdxl": ("unet_sdxl_tiny", "StableDiffusionXLLoraLoaderMixin", "unet", "load_lora_into_unet",
-             ["to_q", "to_k", "to_v", "to_out.0"]),
+             ["to_q", "to_k", "to_v", "to_out.0"], True),
     "sd35": ("sd35_tiny", "SD3LoraLoaderMixin", "transformer", "load_lora_into_transformer",
-             ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0"]),
+             ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0"], False),
 }
-KOHYA_LOADERS = {"flux", "sdxl"}
 
 
 def rel_err(a, b):
@@ -63,22 +82,38 @@ def rel_err(a, b):
     return num / den if den > 0 else num
 
 
+# Target sets besides "default" and "all": groups of Flux's other linear layers, so that a failure
+# of "all" points at its modules.
+GROUPS = {
+    "embedders": ["x_embedder", "context_embedder", "time_text_embed.*"],
+    "modulation": ["*norm1.linear", "*norm1_context.linear", "*norm.linear", "norm_out.linear"],
+    "single": ["single_transformer_blocks.*.proj_mlp", "single_transformer_blocks.*.proj_out"],
+    "final": ["proj_out"],
+}
+
+
 def linear_names(model, targets):
-    """The nn.Linear modules a target list selects (peft's rule: the name or a '.'-suffix of it)."""
+    """The nn.Linear modules a target list selects (peft's rule: the name or a '.'-suffix of it;
+    GROUPS' entries are fnmatch patterns of whole names)."""
+    import fnmatch
     names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     if targets == "all":
         return names
+    if targets in GROUPS:
+        return [n for n in names if any(fnmatch.fnmatchcase(n, g) for g in GROUPS[targets])]
     return [n for n in names if any(n == t or n.endswith("." + t) for t in targets)]
 
 
-def add_reference_lora(model, modules, seed):
-    """A peft LoRA on modules with varied ranks and alphas, A and B drawn at random (B nonzero)."""
+def add_reference_lora(model, modules, seed, one_alpha):
+    """A peft LoRA on modules with varied ranks (and alphas unless one_alpha), A and B drawn at random
+    (B nonzero). UNet kohya files keep one alpha: diffusers' kohya UNet conversion names per-module
+    alphas so that get_peft_kwargs's alpha_pattern cannot match them (see check_lora_formats.py)."""
     from peft import LoraConfig
     ranks = {m: 2 + (i % 3) for i, m in enumerate(modules)}   # 2, 3, 4
-    alphas = {m: 1.5 + (i % 4) for i, m in enumerate(modules)}
-    config = LoraConfig(r=4, lora_alpha=4, target_modules=list(modules), init_lora_weights=False,
+    alphas = {m: 3.0 if one_alpha else 1.5 + (i % 4) for i, m in enumerate(modules)}
+    config = LoraConfig(r=4, lora_alpha=3.0 if one_alpha else 4, target_modules=list(modules), init_lora_weights=False,
                         rank_pattern={m: r for m, r in ranks.items() if r != 4},
-                        alpha_pattern={m: a for m, a in alphas.items()})
+                        alpha_pattern={} if one_alpha else {m: a for m, a in alphas.items()})
     model.add_adapter(config)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -147,9 +182,9 @@ def diffusers_output(base, c, mixin_name, loader, component, path, inputs):
 
 
 def run_case(name, targets_name, tool, workdir):
-    parity_case, mixin_name, component, loader, default_targets = CASES[name]
+    builder, mixin_name, component, loader, default_targets, kohya_checked = CASES[name]
     torch.manual_seed(0)
-    c = parity.CASES[parity_case]()
+    c = builder() if callable(builder) else parity.CASES[builder]()
     model = c["model"].float().cuda().train(False)
     rename = c.get("rename", lambda n: n)
     base = copy.deepcopy(model)
@@ -162,8 +197,11 @@ def run_case(name, targets_name, tool, workdir):
     save_file({rename(k): v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, p["weights.safetensors"])
     save_file({k: v.contiguous() for k, v in c["inputs"].items()}, p["inputs.safetensors"])
 
-    modules = linear_names(model, "all" if targets_name == "all" else default_targets)
-    config = add_reference_lora(model, modules, seed=7)
+    modules = linear_names(model, default_targets if targets_name == "default" else targets_name)
+    if not modules:
+        print(f"[{name}/{targets_name}] SKIP: no linear layer in this set")
+        return True
+    config = add_reference_lora(model, modules, seed=7, one_alpha=component == "unet")
     with torch.no_grad():
         outs = c["forward"](model, {k: v.cuda() for k, v in c["inputs"].items()})
     g = torch.Generator().manual_seed(3)
@@ -198,6 +236,12 @@ def run_case(name, targets_name, tool, workdir):
             ok = False
             continue
         got = load_file(p["flame.safetensors"])
+        if form == "old":
+            # no metadata: diffusers and FLAME both read alpha = rank (scale 1), so the reference is
+            # diffusers' own reading of the file
+            out, _ = diffusers_output(base, c, mixin_name, loader, component, path, c["inputs"])
+            ok &= compare(label, got, out, list(out))
+            continue
         lora_keys = [k for k in ref if k.startswith("lora_grad.")]
         if len([k for k in got if k.startswith("lora_grad.")]) != len(lora_keys):
             print(f"[{label}] FAIL: FLAME has {len([k for k in got if k.startswith('lora_grad.')])} LoRA gradients, "
@@ -209,14 +253,18 @@ def run_case(name, targets_name, tool, workdir):
         flame_out = {k: v for k, v in got.items() if k.startswith("out.")}
         for fmt in ("kohya", "peft"):
             label = f"{name}/{targets_name}/flame-{fmt}->diffusers"
-            if fmt == "kohya" and name not in KOHYA_LOADERS:
-                print(f"[{label}] SKIP: diffusers has no loader for this format")
+            if fmt == "kohya" and not kohya_checked:
+                print(f"[{label}] SKIP: " + ("diffusers' kohya Flux converter takes Flux-dev's widths only: flux_wide "
+                                             "checks it" if name == "flux" else "diffusers has no loader for this format"))
                 continue
             try:
                 out, n_lora = diffusers_output(base, c, mixin_name, loader, component, p[f"flame_{fmt}.safetensors"],
                                                c["inputs"])
             except Exception as e:  # a loader that rejects FLAME's file is a failure of this check
-                print(f"[{label}] FAIL: diffusers could not load FLAME's file: {type(e).__name__}: {e}")
+                import traceback
+                tb = traceback.format_exc().strip().splitlines()
+                print(f"[{label}] FAIL: diffusers could not load FLAME's file: {type(e).__name__}: {e}\n    "
+                      + "\n    ".join(tb[-8:]))
                 ok = False
                 continue
             if n_lora == 0:
@@ -231,7 +279,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tool", required=True, help="path of flame_model_run")
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
-    ap.add_argument("--targets", default="default,all", help="target sets: default (diffusers' scripts), all")
+    ap.add_argument("--targets", default="default,all,embedders,modulation,single,final",
+                    help="target sets: default (diffusers' scripts), all, " + ", ".join(GROUPS))
     ap.add_argument("--keep", help="directory to keep the files in (default: a temporary one)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -243,6 +292,8 @@ def main():
     results = {}
     for name in args.cases.split(","):
         for t in args.targets.split(","):
+            if t in GROUPS and name != "flux":
+                continue  # the groups split Flux's "all"; the other cases run default and all
             try:
                 results[f"{name}/{t}"] = run_case(name, t, args.tool, workdir)
             except Exception as e:
