@@ -387,14 +387,22 @@ LoraSavePlan plan_peft(const ComponentTable& t, const std::vector<LoraModuleShap
     alphas.push_back(m.alpha);
   }
   // peft's LoraConfig as diffusers writes it (_pack_dict_with_prefix): the most common rank and alpha,
-  // the others by full module name in rank_pattern / alpha_pattern (peft matches "(.*\.)?<key>$").
+  // the others by full module name in rank_pattern / alpha_pattern. peft matches a key as
+  // "(^|.*\.)<key>$" and takes the first matching key (the JSON's order is sorted), so a module whose
+  // name ends another's ("proj_out" and "single_transformer_blocks.0.proj_out") is written "^<name>",
+  // anchored at the start (peft PR 2419; diffusers' own rank keys do the same).
   const int64_t r = most_common(ranks);
   const double alpha = most_common(alphas);
+  std::set<std::string> suffix_of_another;
+  for (const LoraModuleShape& m : modules)
+    for (const LoraModuleShape& other : modules)
+      if (&m != &other && ends_with(other.module, "." + m.module)) suffix_of_another.insert(m.module);
   nlohmann::json rank_pattern = nlohmann::json::object(), alpha_pattern = nlohmann::json::object(),
                  targets = nlohmann::json::array();
   for (const LoraModuleShape& m : modules) {
-    if (m.rank != r) rank_pattern[m.module] = m.rank;
-    if (m.alpha != alpha) alpha_pattern[m.module] = json_number(m.alpha);
+    const std::string key = suffix_of_another.count(m.module) ? "^" + m.module : m.module;
+    if (m.rank != r) rank_pattern[key] = m.rank;
+    if (m.alpha != alpha) alpha_pattern[key] = json_number(m.alpha);
     targets.push_back(m.module);
   }
   const std::string p = t.peft_prefix + ".";

@@ -442,6 +442,27 @@ TEST(LoraFormat, PeftMetadataIsWhatDiffusersReads) {
   error_of([&] { merge_lora_save_plans({plan, plan}); }, FLAME_ERROR_INVALID_ARGUMENT);
 }
 
+// peft takes the first pattern key matching "(^|.*\.)<key>$" in the JSON's (sorted) order, so the
+// top-level proj_out's entry would also set a single block's proj_out: the writer anchors a module
+// name that ends another's with "^", and FLAME's reader gives each module its own value back.
+TEST(LoraFormat, PeftPatternKeysAreUnambiguous) {
+  const LoraTestModel m = lora_test_model("flux");
+  const std::vector<LoraModuleShape> modules = {{"single_transformer_blocks.0.proj_out", 8, 15360, 3072, 8},
+                                                {"single_transformer_blocks.1.proj_out", 8, 15360, 3072, 8},
+                                                {"proj_out", 4, 3072, 64, 2}};
+  const LoraSavePlan plan = plan_lora_save(m.class_name, m.config, "transformer", modules, LoraFileFormat::Peft);
+  const auto j = nlohmann::json::parse(plan.metadata.at("lora_adapter_metadata"));
+  EXPECT_EQ(j.at("transformer.r"), 8);
+  EXPECT_EQ(j.at("transformer.rank_pattern").size(), 1u);
+  EXPECT_EQ(j.at("transformer.rank_pattern").at("^proj_out"), 4);
+  EXPECT_EQ(j.at("transformer.alpha_pattern").at("^proj_out"), 2);
+  std::vector<KeyShape> keys;
+  for (const auto& t : plan.tensors) keys.push_back({t.key, t.shape});
+  const LoraLoadPlan back = plan_lora_load(m.class_name, m.config, "transformer", keys, plan.metadata);
+  ASSERT_EQ(back.modules.size(), 3u);
+  for (const auto& mod : back.modules) EXPECT_EQ(mod.alpha, mod.module == "proj_out" ? 2.0 : 8.0) << mod.module;
+}
+
 TEST(LoraFormat, ErrorsNameTheKeyOrModule) {
   const LoraTestModel m = lora_test_model("flux");
   auto load = [&](const std::vector<KeyShape>& keys) { plan_lora_load(m.class_name, m.config, "transformer", keys, {}); };

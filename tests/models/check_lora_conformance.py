@@ -99,7 +99,7 @@ def linear_names(model, targets):
     names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     if targets == "all":
         return names
-    if targets in GROUPS:
+    if isinstance(targets, str) and targets in GROUPS:
         return [n for n in names if any(fnmatch.fnmatchcase(n, g) for g in GROUPS[targets])]
     return [n for n in names if any(n == t or n.endswith("." + t) for t in targets)]
 
@@ -112,8 +112,10 @@ def add_reference_lora(model, modules, seed, one_alpha):
     ranks = {m: 2 + (i % 3) for i, m in enumerate(modules)}   # 2, 3, 4
     alphas = {m: 3.0 if one_alpha else 1.5 + (i % 4) for i, m in enumerate(modules)}
     config = LoraConfig(r=4, lora_alpha=3.0 if one_alpha else 4, target_modules=list(modules), init_lora_weights=False,
-                        rank_pattern={m: r for m, r in ranks.items() if r != 4},
-                        alpha_pattern={} if one_alpha else {m: a for m, a in alphas.items()})
+                        # "^name": the whole name (peft PR 2419), so that the top-level proj_out's entry
+                        # does not also match a single block's proj_out
+                        rank_pattern={f"^{m}": r for m, r in ranks.items() if r != 4},
+                        alpha_pattern={} if one_alpha else {f"^{m}": a for m, a in alphas.items()})
     model.add_adapter(config)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
