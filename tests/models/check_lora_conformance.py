@@ -111,6 +111,9 @@ def add_reference_lora(model, modules, seed, one_alpha):
     from peft import LoraConfig
     ranks = {m: 2 + (i % 3) for i, m in enumerate(modules)}   # 2, 3, 4
     alphas = {m: 3.0 if one_alpha else 1.5 + (i % 4) for i, m in enumerate(modules)}
+    for m in ("norm_out.linear", "proj_out"):  # diffusers' kohya Flux converter ignores final_layer alphas
+        if m in alphas and not one_alpha and type(model).__name__ == "FluxTransformer2DModel":
+            alphas[m] = float(ranks[m])
     config = LoraConfig(r=4, lora_alpha=3.0 if one_alpha else 4, target_modules=list(modules), init_lora_weights=False,
                         # "^name": the whole name (peft PR 2419), so that the top-level proj_out's entry
                         # does not also match a single block's proj_out
