@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 
 #include "image_writers.h"
@@ -60,6 +61,54 @@ TEST(TrainerImages, PngGrayIsReplicatedAndAlphaIsDropped) {
   ASSERT_EQ(a.pixels.size(), 12u);
   for (size_t i = 0; i < 4; ++i)
     for (int c = 0; c < 3; ++c) EXPECT_EQ(a.pixels[i * 3 + c], rgba[i * 4 + c]) << i;
+}
+
+TEST(TrainerImages, PalettePngIsExpanded) {
+  TempDir dir;
+  png_image image;
+  std::memset(&image, 0, sizeof image);
+  image.version = PNG_IMAGE_VERSION;
+  image.width = 3;
+  image.height = 1;
+  image.format = PNG_FORMAT_RGB_COLORMAP;
+  image.colormap_entries = 2;
+  const uint8_t colormap[6] = {255, 0, 0, 10, 200, 30};
+  const uint8_t indices[3] = {1, 0, 1};
+  ASSERT_TRUE(png_image_write_to_file(&image, dir.file("p.png").c_str(), 0, indices, 0, colormap)) << image.message;
+  ImageRGB8 p = decode_image(dir.file("p.png"));
+  EXPECT_EQ(p.pixels, (std::vector<uint8_t>{10, 200, 30, 255, 0, 0, 10, 200, 30}));
+}
+
+TEST(TrainerImages, CmykJpegIsRefusedClearly) {
+  TempDir dir;
+  const std::string path = dir.file("cmyk.jpg");
+  FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  jpeg_compress_struct cinfo;
+  jpeg_error_mgr jerr;
+  cinfo.err = jpeg_std_error(&jerr);
+  jpeg_create_compress(&cinfo);
+  jpeg_stdio_dest(&cinfo, f);
+  cinfo.image_width = 4;
+  cinfo.image_height = 2;
+  cinfo.input_components = 4;
+  cinfo.in_color_space = JCS_CMYK;
+  jpeg_set_defaults(&cinfo);
+  jpeg_start_compress(&cinfo, TRUE);
+  std::vector<uint8_t> row(16, 100);
+  while (cinfo.next_scanline < cinfo.image_height) {
+    JSAMPROW r = row.data();
+    jpeg_write_scanlines(&cinfo, &r, 1);
+  }
+  jpeg_finish_compress(&cinfo);
+  jpeg_destroy_compress(&cinfo);
+  std::fclose(f);
+  try {
+    decode_image(path);
+    ADD_FAILURE() << "a CMYK JPEG was decoded";
+  } catch (const ImageError& e) {
+    EXPECT_NE(std::string(e.what()).find("CMYK/YCCK images are not supported"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TrainerImages, JpegRgbAndGrayDecodeCloseToTheSource) {

@@ -75,6 +75,10 @@ TEST(TrainerProgram, DryRunPrintsTheBucketPlan) {
   EXPECT_NE(r.output.find("batch size 2"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("samples 4  batches 2"), std::string::npos) << r.output;  // 4_thing's 3:2 bucket
   EXPECT_NE(r.output.find("warning:"), std::string::npos) << r.output;            // b.jpg has no caption
+  // 5 samples: 4 in the 3:2 bucket (2 batches of 2), 1 in the 2:3 bucket (1 batch).
+  EXPECT_NE(r.output.find("batches per epoch: 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("steps: 1000 x 1 batches (gradient accumulation) = 1000 batches, 333.3 epochs of 3 batches"),
+            std::string::npos) << r.output;
   EXPECT_NE(r.output.find("dry run: configuration and data are valid"), std::string::npos) << r.output;
 }
 

@@ -200,20 +200,25 @@ LoadedBatch load_batch(const Dataset& dataset, const BucketPlan& plan, const Bat
   return out;
 }
 
+uint64_t batches_per_epoch(const BucketPlan& plan, int batch_size) {
+  const uint64_t bs = static_cast<uint64_t>(batch_size < 1 ? 1 : batch_size);
+  uint64_t batches = 0;
+  for (const auto& m : plan.members) batches += (m.size() + bs - 1) / bs;
+  return batches;
+}
+
 std::string describe_plan(const Dataset& dataset, const BucketPlan& plan, int batch_size) {
   std::ostringstream out;
   size_t missing = 0;
   for (const auto& e : dataset.images) missing += e.caption_missing ? 1 : 0;
   out << "images: " << dataset.images.size() << " (" << missing << " without a caption file), samples per epoch with "
       << "repeats: " << dataset.sample_count() << "\n";
-  uint64_t batches = 0;
   size_t used = 0;
   std::ostringstream rows;
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
     const size_t n = plan.members[b].size();
     if (n == 0) continue;
     const uint64_t nb = (n + static_cast<size_t>(batch_size) - 1) / static_cast<size_t>(batch_size);
-    batches += nb;
     ++used;
     rows << "  " << bucket_name(plan.buckets[b]) << "  aspect " << std::fixed;
     rows.precision(3);
@@ -221,7 +226,7 @@ std::string describe_plan(const Dataset& dataset, const BucketPlan& plan, int ba
          << nb << "\n";
   }
   out << "buckets: " << used << " used of " << plan.buckets.size() << "; batch size " << batch_size
-      << ", batches per epoch: " << batches << "\n"
+      << ", batches per epoch: " << batches_per_epoch(plan, batch_size) << "\n"
       << rows.str();
   return out.str();
 }

@@ -91,6 +91,9 @@ struct LoadedBatch {
 LoadedBatch load_batch(const Dataset& dataset, const BucketPlan& plan, const Batch& batch, const DataOptions& options,
                        uint64_t seed, uint64_t epoch);
 
+// Batches in one epoch: per bucket, ceil(samples / batch_size). batch_size >= 1.
+uint64_t batches_per_epoch(const BucketPlan& plan, int batch_size);
+
 // The --dry-run report: images, samples, buckets with their counts, batches per epoch.
 std::string describe_plan(const Dataset& dataset, const BucketPlan& plan, int batch_size);
 

@@ -48,6 +48,18 @@ void print_warnings(const Dataset& dataset) {
     std::fprintf(stderr, "flame-train: warning: ... and %zu more\n", dataset.warnings.size() - kWarningsShown);
 }
 
+// "steps: 1000 x 2 batches (gradient accumulation) = 2000 batches, 66.7 epochs of 30 batches"
+void print_schedule(const TrainConfig& config, const BucketPlan& plan) {
+  const uint64_t per_epoch = batches_per_epoch(plan, config.training.batch_size);
+  const uint64_t batches = static_cast<uint64_t>(config.training.max_train_steps) *
+                           static_cast<uint64_t>(config.training.gradient_accumulation_steps);
+  std::printf("steps: %lld x %d batches (gradient accumulation) = %llu batches, %.1f epochs of %llu batches\n",
+              static_cast<long long>(config.training.max_train_steps), config.training.gradient_accumulation_steps,
+              static_cast<unsigned long long>(batches),
+              per_epoch ? static_cast<double>(batches) / static_cast<double>(per_epoch) : 0.0,
+              static_cast<unsigned long long>(per_epoch));
+}
+
 // Opens the context; returns the exit status when it cannot (2: no GPU, 1: another error).
 int open_context(const TrainConfig& config, flame_ctx_t* ctx) {
   flame_ctx_options_t opts;
@@ -93,6 +105,7 @@ int run(int argc, char** argv) {
   print_warnings(dataset);
   const BucketPlan plan = plan_buckets(dataset, data.buckets);
   std::printf("%s", describe_plan(dataset, plan, config.training.batch_size).c_str());
+  print_schedule(config, plan);
   if (cmd.dry_run) {
     std::printf("dry run: configuration and data are valid (no memory estimate yet: it needs the model code)\n");
     return 0;
