@@ -93,6 +93,19 @@ TEST(TrainerConfig, FileThenOverridesWin) {
   EXPECT_EQ(cmd.config_file, file);
 }
 
+// The example in tools/flame-train (the README points at it) stays valid: only its paths, which
+// name files a user has, are replaced.
+TEST(TrainerConfig, TheShippedExampleLoads) {
+  Fixture f;
+  TrainConfig c = load_config(f.parse({"--config", FLAME_SOURCE_DIR "/tools/flame-train/example.json",
+                                       "--model.path=" + f.model, "--data.path=" + f.data,
+                                       "--output.dir=" + f.dir.file("out")}));
+  EXPECT_EQ(c.optimizer.lr_scheduler, "cosine");
+  EXPECT_EQ(c.sample.prompts.size(), 1u);
+  EXPECT_EQ(c.output.name, "my_lora");
+  EXPECT_EQ(c.data.captions.keep_tokens, 1);
+}
+
 TEST(TrainerConfig, UnknownKeysSuggestTheNearest) {
   Fixture f;
   EXPECT_TRUE(has_problem(f.problems({"--data.resoluton=512"}),

@@ -1,11 +1,11 @@
 // PNG / JPEG / WebP decoding through libpng, libjpeg(-turbo) and libwebp (see images.h).
 #include "images.h"
 
+#include <cerrno>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <memory>
 
 #include <jpeglib.h>
