@@ -112,6 +112,10 @@ TEST(TrainerConfig, UnknownKeysSuggestTheNearest) {
                           "unknown key 'data.resoluton' (did you mean 'data.resolution'?)"));
   EXPECT_TRUE(has_problem(f.problems({"--data.learning_rate=1"}), "(did you mean 'optimizer.learning_rate'?)"));
   EXPECT_TRUE(has_problem(f.problems({"--data.zzzzzzzzzzzz=1"}), "unknown key 'data.zzzzzzzzzzzz'"));
+  // "path" is a key of model and of data: no single suggestion, no "did you mean".
+  auto ambiguous = f.problems({"--sample.path=x"});
+  EXPECT_TRUE(has_problem(ambiguous, "unknown key 'sample.path'"));
+  EXPECT_FALSE(has_problem(ambiguous, "did you mean"));
   const std::string file = f.dir.file("bad.json");
   flame_train_test::write_text(file, R"({"optimiser": {"type": "adamw"}, "training": {"batchsize": 2}})");
   auto p = f.problems({"--config", file});

@@ -123,12 +123,17 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 std::string unknown_key_message(const std::string& where, const std::string& name) {
   std::string msg = where + "unknown key '" + name + "'";
   std::string suggestion = did_you_mean(name, config_key_names());
-  if (suggestion.empty()) {
+  if (suggestion.empty()) {  // the same key name under exactly one other group
     const std::string leaf = name.substr(name.find('.') == std::string::npos ? 0 : name.find('.') + 1);
+    int matches = 0;
     for (const auto& k : key_table()) {
       const std::string full = k.name;
-      if (full.substr(full.find('.') + 1) == leaf) suggestion = full;
+      if (full.substr(full.find('.') + 1) == leaf) {
+        suggestion = full;
+        ++matches;
+      }
     }
+    if (matches != 1) suggestion.clear();
   }
   if (!suggestion.empty()) msg += " (did you mean '" + suggestion + "'?)";
   return msg;
