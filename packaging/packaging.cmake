@@ -5,7 +5,9 @@
 #   cmake --build build && (cd build && cpack -G "DEB;RPM;TGZ")  # -> build/packages/
 #
 # Components:
-#   runtime  libflame.so.X.Y.Z + the SONAME link, license    -> libflame<ABI> (DEB and RPM)
+#   runtime  libflame.so.X.Y.Z + the SONAME link, license, and the flame-train program when it is
+#            built (FLAME_BUILD_TRAINER; its install rule is in tools/flame-train)
+#                                                             -> libflame<ABI> (DEB and RPM)
 #   dev      flame.h, the libflame.so namelink, CMake package, flame.pc, README, example sources
 #                                                             -> libflame-dev (DEB), flame-devel (RPM)
 # The CUDA libraries FLAME links (cuBLASLt, NVRTC) are named by package, never the driver package
@@ -53,6 +55,15 @@ set(FLAME_DEB_CUDA_DEPENDS "" CACHE STRING
     "Debian Depends: for the CUDA libraries libflame links, never the driver (empty: derived)")
 set(FLAME_DEB_SYSTEM_DEPENDS "libc6 (>= 2.34), libgcc-s1 (>= 3.0), libstdc++6 (>= 12)"
     CACHE STRING "Debian Depends: for the C and C++ runtime")
+# flame-train (tools/flame-train, in the runtime package when built) links the image codecs. Named
+# here because shlibdeps is off (below); each with its Ubuntu name as the alternative.
+set(FLAME_DEB_TRAINER_DEPENDS "libpng16-16 | libpng16-16t64, libjpeg62-turbo | libjpeg-turbo8, libwebp7"
+    CACHE STRING "Debian Depends: of flame-train (the image codec libraries), added when it is built")
+if(TARGET flame-train)
+  set(_flame_deb_system_depends "${FLAME_DEB_SYSTEM_DEPENDS}, ${FLAME_DEB_TRAINER_DEPENDS}")
+else()
+  set(_flame_deb_system_depends "${FLAME_DEB_SYSTEM_DEPENDS}")
+endif()
 set(FLAME_DEB_SUGGESTS "" CACHE STRING "Debian Suggests: of the runtime package (empty: derived)")
 set(FLAME_RPM_CUDA_REQUIRES "" CACHE STRING
     "RPM Requires: for the CUDA libraries libflame links, never the driver (empty: derived)")
@@ -254,9 +265,9 @@ set(CPACK_DEBIAN_DEV_DESCRIPTION "${FLAME_PKG_SUMMARY} - development files\n${CP
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME ${FLAME_RUNTIME_PACKAGE})
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION libs)
 if(FLAME_CUDA_PACKAGE_FIELD STREQUAL "Depends")
-  set(CPACK_DEBIAN_RUNTIME_PACKAGE_DEPENDS "${FLAME_DEB_SYSTEM_DEPENDS}, ${_flame_deb_cuda_depends}")
+  set(CPACK_DEBIAN_RUNTIME_PACKAGE_DEPENDS "${_flame_deb_system_depends}, ${_flame_deb_cuda_depends}")
 else()
-  set(CPACK_DEBIAN_RUNTIME_PACKAGE_DEPENDS "${FLAME_DEB_SYSTEM_DEPENDS}")
+  set(CPACK_DEBIAN_RUNTIME_PACKAGE_DEPENDS "${_flame_deb_system_depends}")
   set(CPACK_DEBIAN_RUNTIME_PACKAGE_RECOMMENDS "${_flame_deb_cuda_depends}")
 endif()
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SUGGESTS "${_flame_deb_suggests}")

@@ -23,6 +23,8 @@
 # them in the same first command as the compiler. GoogleTest is needed by the tests only and is
 # packaged likewise. nccl.h (types only; libnccl is dlopen'ed) must match the NCCL a user runs, so it
 # comes from NVIDIA's packages or the CUDA toolkit's directory, not from a copy kept here.
+# libpng-dev, libjpeg-dev (libjpeg-turbo) and libwebp-dev: the image codecs of flame-train
+# (tools/flame-train); without them CMake leaves the trainer out and builds the library as before.
 set -euo pipefail
 
 usage() {
@@ -56,6 +58,9 @@ REQUIREMENTS=(
   "build libdlpack-dev pkg -"
   "build nlohmann-json3-dev pkg -"
   "build libgtest-dev pkg -"
+  "build libpng-dev pkg -"
+  "build libjpeg-dev pkg -"
+  "build libwebp-dev pkg -"
   "packaging dpkg-dev cmd dpkg-architecture"
   "packaging file cmd file"
   "packaging gzip cmd gzip"
@@ -137,7 +142,7 @@ fi
 if (( ! DEBIAN )); then
   echo "setup: not Debian/Ubuntu (no apt-get or dpkg-query): install the equivalents yourself if CMake asks;"
   echo "       the build needs CMake >= $CMAKE_MIN, Ninja, a C/C++17 compiler, pkg-config, dlpack.h,"
-  echo "       nlohmann-json >= 3 and GoogleTest (for the tests)."
+  echo "       nlohmann-json >= 3 and GoogleTest (for the tests); libpng, libjpeg and libwebp headers for flame-train."
 fi
 if (( ${#missing[@]} )); then
   if [[ -n $cmake_too_old ]]; then echo "setup: cmake $cmake_too_old is older than $CMAKE_MIN"; fi

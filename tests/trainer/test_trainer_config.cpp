@@ -1,0 +1,212 @@
+// flame-train: the configuration (defaults, JSON file, overrides, every kind of error, --help).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "config.h"
+#include "image_writers.h"
+
+using namespace flame_train;
+using flame_train_test::TempDir;
+
+namespace {
+
+// A command line with a model file and a data folder that exist, plus extra arguments.
+struct Fixture {
+  TempDir dir;
+  std::string model, data;
+  Fixture() {
+    model = dir.file("model.safetensors");
+    data = dir.file("images");
+    flame_train_test::write_text(model, "{}");
+    flame_train_test::write_text(data + "/a.txt", "caption");
+  }
+  CommandLine parse(std::vector<std::string> extra) const {
+    std::vector<std::string> args = {"flame-train", "--model.path=" + model, "--data.path", data};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<const char*> argv;
+    for (const auto& a : args) argv.push_back(a.c_str());
+    return parse_command_line(static_cast<int>(argv.size()), argv.data());
+  }
+  // The problems load_config reports for extra arguments (empty when it succeeds).
+  std::vector<std::string> problems(std::vector<std::string> extra) const {
+    try {
+      load_config(parse(extra));
+      return {};
+    } catch (const ConfigError& e) {
+      return e.problems();
+    }
+  }
+};
+
+::testing::AssertionResult has_problem(const std::vector<std::string>& problems, const std::string& fragment) {
+  for (const auto& p : problems)
+    if (p.find(fragment) != std::string::npos) return ::testing::AssertionSuccess();
+  std::string all;
+  for (const auto& p : problems) all += "\n  " + p;
+  return ::testing::AssertionFailure() << "no problem contains '" << fragment << "'; problems:" << all;
+}
+
+}  // namespace
+
+TEST(TrainerConfig, DefaultsAndOverrides) {
+  Fixture f;
+  TrainConfig c = load_config(f.parse({}));
+  EXPECT_EQ(c.model.path, f.model);
+  EXPECT_EQ(c.data.path, f.data);
+  EXPECT_EQ(c.data.buckets.resolution, 1024);
+  EXPECT_EQ(c.data.buckets.step, 64);
+  EXPECT_EQ(c.training.batch_size, 1);
+  EXPECT_EQ(c.training.seed, 42u);
+  EXPECT_EQ(c.optimizer.type, "adamw");
+  EXPECT_EQ(c.output.format, "kohya");
+  EXPECT_TRUE(c.sample.prompts.empty());
+
+  c = load_config(f.parse({"--data.resolution=512", "--data.max_bucket_reso", "1024", "--data.shuffle_caption=true",
+                           "--optimizer.learning_rate=3e-4", "--sample.prompts=[\"a cat\", \"a dog\"]",
+                           "--sample.every_n_steps=100", "--training.seed=9000000000000000000"}));
+  EXPECT_EQ(c.data.buckets.resolution, 512);
+  EXPECT_EQ(c.data.buckets.max_side, 1024);
+  EXPECT_TRUE(c.data.captions.shuffle);
+  EXPECT_DOUBLE_EQ(c.optimizer.learning_rate, 3e-4);
+  EXPECT_EQ(c.sample.prompts, (std::vector<std::string>{"a cat", "a dog"}));
+  EXPECT_EQ(c.training.seed, 9000000000000000000ull);
+  c = load_config(f.parse({"--sample.prompts=one prompt, with a comma"}));
+  EXPECT_EQ(c.sample.prompts, (std::vector<std::string>{"one prompt, with a comma"}));
+}
+
+TEST(TrainerConfig, FileThenOverridesWin) {
+  Fixture f;
+  const std::string file = f.dir.file("train.json");
+  flame_train_test::write_text(file, R"({"data": {"resolution": 768, "flip_aug": true, "keep_tokens": 2},
+    "network": {"dim": 32, "alpha": 8},
+    "training": {"batch_size": 4}})");
+  TrainConfig c = load_config(f.parse({"--config", file, "--training.batch_size=2"}));
+  EXPECT_EQ(c.data.buckets.resolution, 768);
+  EXPECT_TRUE(c.data.flip_aug);
+  EXPECT_EQ(c.data.captions.keep_tokens, 2);
+  EXPECT_EQ(c.network.dim, 32);
+  EXPECT_DOUBLE_EQ(c.network.alpha, 8.0);  // an integer is a fine number
+  EXPECT_EQ(c.training.batch_size, 2);     // the command line wins
+  CommandLine cmd = f.parse({"--config=" + file, "--dry-run"});
+  EXPECT_TRUE(cmd.dry_run);
+  EXPECT_EQ(cmd.config_file, file);
+}
+
+// The example in tools/flame-train (the README points at it) stays valid: only its paths, which
+// name files a user has, are replaced.
+TEST(TrainerConfig, TheShippedExampleLoads) {
+  Fixture f;
+  TrainConfig c = load_config(f.parse({"--config", FLAME_SOURCE_DIR "/tools/flame-train/example.json",
+                                       "--model.path=" + f.model, "--data.path=" + f.data,
+                                       "--output.dir=" + f.dir.file("out")}));
+  EXPECT_EQ(c.optimizer.lr_scheduler, "cosine");
+  EXPECT_EQ(c.sample.prompts.size(), 1u);
+  EXPECT_EQ(c.output.name, "my_lora");
+  EXPECT_EQ(c.data.captions.keep_tokens, 1);
+}
+
+TEST(TrainerConfig, UnknownKeysSuggestTheNearest) {
+  Fixture f;
+  EXPECT_TRUE(has_problem(f.problems({"--data.resoluton=512"}),
+                          "unknown key 'data.resoluton' (did you mean 'data.resolution'?)"));
+  EXPECT_TRUE(has_problem(f.problems({"--data.learning_rate=1"}), "(did you mean 'optimizer.learning_rate'?)"));
+  EXPECT_TRUE(has_problem(f.problems({"--data.zzzzzzzzzzzz=1"}), "unknown key 'data.zzzzzzzzzzzz'"));
+  // "path" is a key of model and of data: no single suggestion, no "did you mean".
+  auto ambiguous = f.problems({"--sample.path=x"});
+  EXPECT_TRUE(has_problem(ambiguous, "unknown key 'sample.path'"));
+  EXPECT_FALSE(has_problem(ambiguous, "did you mean"));
+  const std::string file = f.dir.file("bad.json");
+  flame_train_test::write_text(file, R"({"optimiser": {"type": "adamw"}, "training": {"batchsize": 2}})");
+  auto p = f.problems({"--config", file});
+  EXPECT_TRUE(has_problem(p, "unknown group 'optimiser' (did you mean 'optimizer'?)"));
+  EXPECT_TRUE(has_problem(p, "unknown key 'training.batchsize' (did you mean 'training.batch_size'?)"));
+  EXPECT_EQ(p.size(), 2u);
+}
+
+TEST(TrainerConfig, TypesRangesAndChoices) {
+  Fixture f;
+  EXPECT_TRUE(has_problem(f.problems({"--data.resolution=big"}), "--data.resolution: 'big' is not an integer"));
+  EXPECT_TRUE(has_problem(f.problems({"--data.resolution=100000"}), "data.resolution: 100000 is out of range [64, 8192]"));
+  EXPECT_TRUE(has_problem(f.problems({"--optimizer.learning_rate=0"}), "out of range (0, 1]"));
+  EXPECT_TRUE(has_problem(f.problems({"--data.caption_dropout_rate=1.5"}), "out of range [0, 1]"));
+  EXPECT_TRUE(has_problem(f.problems({"--data.flip_aug=maybe"}), "'maybe' is not a boolean"));
+  EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=sgd"}), "\"sgd\" is not one of adamw, lion"));
+  EXPECT_TRUE(has_problem(f.problems({"--training.seed=-1"}), "out of range"));
+  EXPECT_TRUE(has_problem(f.problems({"--sample.prompts=[1, 2]"}), "expected a list of strings"));
+  const std::string file = f.dir.file("types.json");
+  flame_train_test::write_text(file, R"({"data": {"resolution": 512.5, "flip_aug": "yes", "path": 3}})");
+  auto p = f.problems({"--config", file});
+  EXPECT_TRUE(has_problem(p, "data.resolution: expected an integer, got 512.5"));
+  EXPECT_TRUE(has_problem(p, "data.flip_aug: expected true or false, got \"yes\""));
+  EXPECT_TRUE(has_problem(p, "data.path: expected a string, got 3"));
+  // All problems at once, not only the first.
+  EXPECT_EQ(f.problems({"--data.resolution=1", "--network.dim=0", "--optimizer.type=x"}).size(), 3u);
+}
+
+TEST(TrainerConfig, PathsAndConsistency) {
+  Fixture f;
+  EXPECT_TRUE(has_problem(f.problems({"--model.path=" + f.dir.file("nope.safetensors")}), "nope.safetensors does not exist"));
+  EXPECT_TRUE(has_problem(f.problems({"--data.path=" + f.model}), "is not a folder"));
+  EXPECT_TRUE(has_problem(f.problems({"--output.dir=" + f.dir.file("a/b/c")}), "its parent folder"));
+  EXPECT_TRUE(has_problem(f.problems({"--output.dir=" + f.model}), "exists and is not a folder"));
+  EXPECT_TRUE(f.problems({"--output.dir=" + f.dir.file("new_output")}).empty());
+  EXPECT_TRUE(has_problem(f.problems({"--data.resolution=4096"}), "must lie between data.min_bucket_reso"));
+  EXPECT_TRUE(has_problem(f.problems({"--data.min_bucket_reso=300"}), "must be multiples of data.bucket_reso_steps"));
+  EXPECT_TRUE(has_problem(f.problems({"--data.bucket_reso_steps=60"}), "not a multiple of 8"));
+  EXPECT_TRUE(has_problem(f.problems({"--data.resolution=1004"}), "not a multiple of 8"));
+  EXPECT_TRUE(f.problems({"--data.enable_bucket=false", "--data.resolution=4096"}).empty());
+  EXPECT_TRUE(has_problem(f.problems({"--sample.every_n_steps=10"}), "sample.prompts is empty"));
+  EXPECT_TRUE(has_problem(f.problems({"--optimizer.lr_warmup_steps=2000"}), "larger than training.max_train_steps"));
+  EXPECT_TRUE(has_problem(f.problems({"--data.caption_extension=txt"}), "must start with a dot"));
+  EXPECT_TRUE(has_problem(f.problems({"--output.name=a/b"}), "without '/'"));
+
+  CommandLine none;  // nothing given: both required keys are reported
+  try {
+    load_config(none);
+    ADD_FAILURE() << "no error without model.path and data.path";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(has_problem(e.problems(), "model.path: required"));
+    EXPECT_TRUE(has_problem(e.problems(), "data.path: required"));
+  }
+  const std::string file = f.dir.file("broken.json");
+  flame_train_test::write_text(file, "{\"data\": ");
+  EXPECT_TRUE(has_problem(f.problems({"--config", file}), "not valid JSON"));
+  EXPECT_TRUE(has_problem(f.problems({"--config", f.dir.file("absent.json")}), "cannot open the file"));
+}
+
+TEST(TrainerConfig, CommandLineErrors) {
+  auto parse = [](std::vector<std::string> args) -> std::vector<std::string> {
+    args.insert(args.begin(), "flame-train");
+    std::vector<const char*> argv;
+    for (const auto& a : args) argv.push_back(a.c_str());
+    try {
+      parse_command_line(static_cast<int>(argv.size()), argv.data());
+      return {};
+    } catch (const ConfigError& e) {
+      return e.problems();
+    }
+  };
+  EXPECT_TRUE(has_problem(parse({"--dryrun"}), "unknown option '--dryrun' (did you mean '--dry-run'?)"));
+  EXPECT_TRUE(has_problem(parse({"stray"}), "unexpected argument 'stray'"));
+  EXPECT_TRUE(has_problem(parse({"--config"}), "--config needs a file name"));
+  EXPECT_TRUE(has_problem(parse({"--data.resolution"}), "--data.resolution needs a value"));
+  EXPECT_TRUE(parse({"--help"}).empty());
+}
+
+TEST(TrainerConfig, HelpListsEveryKeyWithItsDefault) {
+  const std::string help = help_text();
+  const std::vector<std::string> keys = config_key_names();
+  EXPECT_GE(keys.size(), 40u);
+  for (const auto& k : keys) EXPECT_NE(help.find("--" + k + " ("), std::string::npos) << k;
+  EXPECT_NE(help.find("--data.resolution (integer, default 1024)"), std::string::npos);
+  EXPECT_NE(help.find("--model.path (string, required)"), std::string::npos);
+  EXPECT_NE(help.find("one of adamw, lion"), std::string::npos);
+  for (const char* group : {"[model]", "[data]", "[network]", "[optimizer]", "[training]", "[sample]", "[output]"})
+    EXPECT_NE(help.find(group), std::string::npos) << group;
+}
+
+TEST(TrainerConfig, DidYouMean) {
+  EXPECT_EQ(did_you_mean("resolutoin", {"resolution", "repeats"}), "resolution");
+  EXPECT_EQ(did_you_mean("completely_different", {"resolution", "repeats"}), "");
+}

@@ -1,0 +1,111 @@
+// flame-train, the program: --help, --dry-run, configuration and data errors (exit 1), and without
+// a driver (FLAME_CUDA_DRIVER_PATH pointing nowhere) exit 2 with the library's message.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+
+#include "image_writers.h"
+
+using flame_train_test::TempDir;
+
+namespace {
+
+struct RunResult {
+  int status = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs flame-train with args (each single-quoted for the shell) and no CUDA driver.
+RunResult run_trainer(const std::vector<std::string>& args) {
+  std::string cmd = "FLAME_CUDA_DRIVER_PATH=/nonexistent/libcuda.so.1 '" FLAME_TRAIN_EXE "'";
+  for (const auto& a : args) {
+    std::string quoted;
+    for (char c : a) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    cmd += " '" + quoted + "'";
+  }
+  cmd += " 2>&1";
+  RunResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+// A model file and a folder with two images in different buckets.
+struct TrainerFiles {
+  TempDir dir;
+  std::string model, data;
+  TrainerFiles() {
+    model = dir.file("model.safetensors");
+    data = dir.file("images");
+    flame_train_test::write_text(model, "{}");
+    flame_train_test::write_png(data + "/4_thing/a.png", flame_train_test::pattern_image(300, 200));
+    flame_train_test::write_text(data + "/4_thing/a.txt", "a thing, red");
+    flame_train_test::write_jpeg(data + "/b.jpg", flame_train_test::pattern_image(200, 300));
+  }
+  std::vector<std::string> args(std::vector<std::string> extra) const {
+    std::vector<std::string> a = {"--model.path=" + model, "--data.path=" + data, "--data.resolution=256",
+                                  "--data.min_bucket_reso=128", "--data.max_bucket_reso=512",
+                                  "--output.dir=" + dir.file("out")};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+};
+
+}  // namespace
+
+TEST(TrainerProgram, HelpExitsZeroAndListsKeys) {
+  RunResult r = run_trainer({"--help"});
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("Usage: flame-train"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--data.keep_tokens (integer, default 0)"), std::string::npos) << r.output;
+}
+
+TEST(TrainerProgram, DryRunPrintsTheBucketPlan) {
+  TrainerFiles s;
+  RunResult r = run_trainer(s.args({"--dry-run", "--training.batch_size=2"}));
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("images: 2 (1 without a caption file), samples per epoch with repeats: 5"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("batch size 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("samples 4  batches 2"), std::string::npos) << r.output;  // 4_thing's 3:2 bucket
+  EXPECT_NE(r.output.find("warning:"), std::string::npos) << r.output;            // b.jpg has no caption
+  // 5 samples: 4 in the 3:2 bucket (2 batches of 2), 1 in the 2:3 bucket (1 batch).
+  EXPECT_NE(r.output.find("batches per epoch: 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("steps: 1000 x 1 batches (gradient accumulation) = 1000 batches, 333.3 epochs of 3 batches"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dry run: configuration and data are valid"), std::string::npos) << r.output;
+}
+
+TEST(TrainerProgram, ConfigurationAndDataErrorsExitOneBeforeTheGpu) {
+  TrainerFiles s;
+  RunResult r = run_trainer(s.args({"--data.resoluton=512", "--network.dim=0"}));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("did you mean 'data.resolution'?"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("network.dim: 0 is out of range [1, 1024]"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("no GPU"), std::string::npos) << r.output;  // stopped before the context
+
+  flame_train_test::write_text(s.data + "/broken.webp", "RIFF....WEBPjunk");
+  r = run_trainer(s.args({}));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("data set errors"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("broken.webp: WebP"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("no GPU"), std::string::npos) << r.output;
+
+  r = run_trainer({"--bogus"});
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("unknown option '--bogus'"), std::string::npos) << r.output;
+}
+
+TEST(TrainerProgram, WithoutADriverExitsTwoWithTheLibraryMessage) {
+  TrainerFiles s;
+  RunResult r = run_trainer(s.args({}));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("flame-train: no GPU available (FLAME_ERROR_NO_DRIVER)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent/libcuda.so.1"), std::string::npos) << r.output;  // the library's text
+}

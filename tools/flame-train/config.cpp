@@ -1,0 +1,543 @@
+// The key table, file and override parsing, validation and --help (see config.h).
+#include "config.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace flame_train {
+namespace {
+
+using nlohmann::json;
+
+enum class KeyType { Bool, Int, Float, String, StringList };
+// What a string key must name on disk.
+enum class PathRule { None, Exists, Directory, CreatableDirectory };
+
+struct KeyDef {
+  const char* name;  // group.key
+  KeyType type;
+  json default_value;  // null: required, no default
+  const char* help;
+  double min = 0, max = 0;  // numbers: inclusive range (when min < max)
+  bool min_exclusive = false;
+  std::vector<std::string> choices = {};  // strings: the allowed values (empty: any)
+  PathRule path = PathRule::None;
+};
+
+constexpr double kMaxSeed = 9e18;  // below 2^63, exactly representable
+
+const std::vector<KeyDef>& key_table() {
+  static const std::vector<KeyDef> keys = {
+      {"model.path", KeyType::String, nullptr, "base model: a checkpoint file or a diffusers folder (required)", 0, 0,
+       false, {}, PathRule::Exists},
+      {"model.arch", KeyType::String, "auto", "model family; auto reads it from the checkpoint", 0, 0, false,
+       {"auto", "flux", "sdxl", "sd3"}},
+      {"data.path", KeyType::String, nullptr,
+       "folder of images (png, jpg, jpeg, webp) with same-name caption files; subfolders named N_name "
+       "are repeated N times (required)", 0, 0, false, {}, PathRule::Directory},
+      {"data.caption_extension", KeyType::String, ".txt", "extension of the caption files"},
+      {"data.repeats", KeyType::Int, 1, "repeats of the images outside N_name folders", 1, 10000},
+      {"data.resolution", KeyType::Int, 1024, "training resolution: buckets hold at most resolution^2 pixels", 64,
+       8192},
+      {"data.enable_bucket", KeyType::Bool, true, "aspect-ratio buckets (false: every image cropped square)"},
+      {"data.min_bucket_reso", KeyType::Int, 256, "smallest bucket side", 64, 8192},
+      {"data.max_bucket_reso", KeyType::Int, 2048, "largest bucket side", 64, 16384},
+      {"data.bucket_reso_steps", KeyType::Int, 64, "bucket sides are multiples of this (a multiple of 8)", 8, 1024},
+      {"data.caption_dropout_rate", KeyType::Float, 0.0, "probability of training on an empty caption", 0, 1},
+      {"data.caption_tag_dropout_rate", KeyType::Float, 0.0, "probability of dropping each non-fixed tag", 0, 1},
+      {"data.shuffle_caption", KeyType::Bool, false, "shuffle the comma-separated tags of each caption"},
+      {"data.keep_tokens", KeyType::Int, 0, "leading tags that stay in place when shuffling", 0, 1000},
+      {"data.caption_separator", KeyType::String, ",", "tag separator in captions"},
+      {"data.flip_aug", KeyType::Bool, false, "mirror images left-right at random"},
+      {"data.random_crop", KeyType::Bool, false, "crop at a random offset instead of the centre"},
+      {"network.dim", KeyType::Int, 16, "LoRA rank", 1, 1024},
+      {"network.alpha", KeyType::Float, 16.0, "LoRA alpha (scale = alpha / dim)", 0, 1e6, true},
+      {"network.dropout", KeyType::Float, 0.0, "dropout on the LoRA path", 0, 1},
+      {"optimizer.type", KeyType::String, "adamw", "optimizer", 0, 0, false, {"adamw", "lion"}},
+      {"optimizer.learning_rate", KeyType::Float, 1e-4, "peak learning rate", 0, 1, true},
+      {"optimizer.weight_decay", KeyType::Float, 0.01, "decoupled weight decay", 0, 1},
+      {"optimizer.max_grad_norm", KeyType::Float, 1.0, "gradient clipping norm (0: off)", 0, 1e6},
+      {"optimizer.lr_scheduler", KeyType::String, "constant", "schedule after the warm-up", 0, 0, false,
+       {"constant", "cosine"}},
+      {"optimizer.lr_warmup_steps", KeyType::Int, 0, "linear warm-up steps", 0, 1e9},
+      {"training.seed", KeyType::Int, 42, "seed of every random choice (data order, augmentation, noise)", 0, kMaxSeed},
+      {"training.batch_size", KeyType::Int, 1, "images per step and GPU", 1, 4096},
+      {"training.max_train_steps", KeyType::Int, 1000, "optimizer steps", 1, 1e9},
+      {"training.gradient_accumulation_steps", KeyType::Int, 1, "batches per optimizer step", 1, 4096},
+      {"training.mixed_precision", KeyType::String, "bf16", "compute precision", 0, 0, false, {"bf16", "fp16", "fp32"}},
+      {"training.gradient_checkpointing", KeyType::Bool, false, "recompute activations in backward"},
+      {"training.gpus", KeyType::Int, 1, "GPUs (data parallel)", 1, 64},
+      {"training.device", KeyType::Int, 0, "first CUDA device ordinal", 0, 63},
+      {"sample.every_n_steps", KeyType::Int, 0, "write sample images every N steps (0: never)", 0, 1e9},
+      {"sample.prompts", KeyType::StringList, json::array(), "prompts of the sample images"},
+      {"sample.steps", KeyType::Int, 20, "sampler steps", 1, 1000},
+      {"sample.guidance_scale", KeyType::Float, 3.5, "guidance (Flux) or CFG scale (SDXL, SD3)", 0, 100},
+      {"output.dir", KeyType::String, "output", "folder for LoRA files, samples and state (created)", 0, 0, false, {},
+       PathRule::CreatableDirectory},
+      {"output.name", KeyType::String, "lora", "base name of the LoRA files"},
+      {"output.save_every_n_steps", KeyType::Int, 0, "save the LoRA every N steps (0: only at the end)", 0, 1e9},
+      {"output.format", KeyType::String, "kohya", "LoRA file layout", 0, 0, false, {"kohya", "peft"}},
+  };
+  return keys;
+}
+
+const KeyDef* find_key(const std::string& name) {
+  for (const auto& k : key_table())
+    if (name == k.name) return &k;
+  return nullptr;
+}
+
+std::vector<std::string> group_names() {
+  std::vector<std::string> groups;
+  for (const auto& k : key_table()) {
+    std::string g = std::string(k.name).substr(0, std::string(k.name).find('.'));
+    if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+  }
+  return groups;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// "unknown key 'data.resoluton' (did you mean 'data.resolution'?)"; a known key name under another
+// group is suggested too ("data.learning_rate" -> "optimizer.learning_rate").
+std::string unknown_key_message(const std::string& where, const std::string& name) {
+  std::string msg = where + "unknown key '" + name + "'";
+  std::string suggestion = did_you_mean(name, config_key_names());
+  if (suggestion.empty()) {  // the same key name under exactly one other group
+    const std::string leaf = name.substr(name.find('.') == std::string::npos ? 0 : name.find('.') + 1);
+    int matches = 0;
+    for (const auto& k : key_table()) {
+      const std::string full = k.name;
+      if (full.substr(full.find('.') + 1) == leaf) {
+        suggestion = full;
+        ++matches;
+      }
+    }
+    if (matches != 1) suggestion.clear();
+  }
+  if (!suggestion.empty()) msg += " (did you mean '" + suggestion + "'?)";
+  return msg;
+}
+
+std::string type_name(KeyType t) {
+  switch (t) {
+    case KeyType::Bool: return "boolean";
+    case KeyType::Int: return "integer";
+    case KeyType::Float: return "number";
+    case KeyType::String: return "string";
+    case KeyType::StringList: return "list of strings";
+  }
+  return "value";
+}
+
+std::string format_number(double v) {
+  std::ostringstream s;
+  s.precision(10);
+  s << v;
+  return s.str();
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  return out;
+}
+
+// Checks a JSON value against the key's type, range and choices; returns "" or the problem.
+std::string check_value(const KeyDef& k, const json& v) {
+  const std::string name = k.name;
+  switch (k.type) {
+    case KeyType::Bool:
+      if (!v.is_boolean()) return name + ": expected true or false, got " + v.dump();
+      return "";
+    case KeyType::Int:
+      if (!v.is_number_integer()) return name + ": expected an integer, got " + v.dump();
+      break;
+    case KeyType::Float:
+      if (!v.is_number()) return name + ": expected a number, got " + v.dump();
+      break;
+    case KeyType::String:
+      if (!v.is_string()) return name + ": expected a string, got " + v.dump();
+      if (!k.choices.empty() &&
+          std::find(k.choices.begin(), k.choices.end(), v.get<std::string>()) == k.choices.end())
+        return name + ": " + v.dump() + " is not one of " + join(k.choices, ", ");
+      return "";
+    case KeyType::StringList:
+      if (!v.is_array()) return name + ": expected a list of strings, got " + v.dump();
+      for (const auto& e : v)
+        if (!e.is_string()) return name + ": expected a list of strings, got the element " + e.dump();
+      return "";
+  }
+  const double d = v.get<double>();
+  if (k.min < k.max) {
+    const bool below = k.min_exclusive ? !(d > k.min) : !(d >= k.min);
+    if (below || !(d <= k.max) || !std::isfinite(d))
+      return name + ": " + v.dump() + " is out of range " + (k.min_exclusive ? "(" : "[") + format_number(k.min) +
+             ", " + format_number(k.max) + "]";
+  }
+  return "";
+}
+
+// Parses a command-line text as the key's type (a JSON value of that type), or returns false.
+bool parse_override(const KeyDef& k, const std::string& text, json* out) {
+  switch (k.type) {
+    case KeyType::Bool:
+      if (text == "true" || text == "1" || text == "yes" || text == "on") { *out = true; return true; }
+      if (text == "false" || text == "0" || text == "no" || text == "off") { *out = false; return true; }
+      return false;
+    case KeyType::Int: {
+      if (text.empty()) return false;
+      errno = 0;
+      char* end = nullptr;
+      long long v = std::strtoll(text.c_str(), &end, 10);
+      if (errno != 0 || *end != '\0') return false;
+      *out = v;
+      return true;
+    }
+    case KeyType::Float: {
+      if (text.empty()) return false;
+      errno = 0;
+      char* end = nullptr;
+      double v = std::strtod(text.c_str(), &end);
+      if (errno != 0 || *end != '\0' || !std::isfinite(v)) return false;
+      *out = v;
+      return true;
+    }
+    case KeyType::String: *out = text; return true;
+    case KeyType::StringList:
+      // A JSON list, or one string (a single prompt).
+      if (!text.empty() && text[0] == '[') {
+        json parsed = json::parse(text, nullptr, false);
+        if (parsed.is_discarded()) return false;
+        *out = parsed;
+        return true;
+      }
+      *out = json::array({text});
+      return true;
+  }
+  return false;
+}
+
+using Values = std::map<std::string, json>;
+
+void apply_file(const std::string& path, Values& values, std::vector<std::string>& problems) {
+  std::ifstream in(path);
+  if (!in) {
+    problems.push_back("--config " + path + ": cannot open the file");
+    return;
+  }
+  json doc;
+  try {
+    doc = json::parse(in);
+  } catch (const json::parse_error& e) {
+    problems.push_back(path + ": not valid JSON: " + e.what());
+    return;
+  }
+  if (!doc.is_object()) {
+    problems.push_back(path + ": the top level must be an object of groups (" + join(group_names(), ", ") + ")");
+    return;
+  }
+  const std::vector<std::string> groups = group_names();
+  for (auto g = doc.begin(); g != doc.end(); ++g) {
+    if (std::find(groups.begin(), groups.end(), g.key()) == groups.end()) {
+      std::string msg = path + ": unknown group '" + g.key() + "'";
+      std::string s = did_you_mean(g.key(), groups);
+      if (!s.empty()) msg += " (did you mean '" + s + "'?)";
+      else if (find_key(g.key()) == nullptr) msg += " (groups: " + join(groups, ", ") + ")";
+      problems.push_back(msg);
+      continue;
+    }
+    if (!g.value().is_object()) {
+      problems.push_back(path + ": group '" + g.key() + "' must be an object, got " + g.value().dump());
+      continue;
+    }
+    for (auto kv = g.value().begin(); kv != g.value().end(); ++kv) {
+      const std::string name = g.key() + "." + kv.key();
+      const KeyDef* k = find_key(name);
+      if (!k) {
+        problems.push_back(unknown_key_message(path + ": ", name));
+        continue;
+      }
+      std::string problem = check_value(*k, kv.value());
+      if (!problem.empty()) problems.push_back(path + ": " + problem);
+      else values[name] = kv.value();
+    }
+  }
+}
+
+void apply_overrides(const CommandLine& cmd, Values& values, std::vector<std::string>& problems) {
+  for (const auto& [name, text] : cmd.overrides) {
+    const KeyDef* k = find_key(name);
+    if (!k) {
+      problems.push_back(unknown_key_message("--", name));
+      continue;
+    }
+    json v;
+    if (!parse_override(*k, text, &v)) {
+      const std::string type = type_name(k->type);
+      problems.push_back("--" + name + ": '" + text + "' is not " + (type == "integer" ? "an " : "a ") + type);
+      continue;
+    }
+    std::string problem = check_value(*k, v);
+    if (!problem.empty()) problems.push_back("--" + problem);
+    else values[name] = v;
+  }
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string parent_directory(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  size_t slash = p.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : p.substr(0, slash);
+}
+
+void check_paths(const Values& values, std::vector<std::string>& problems) {
+  for (const auto& k : key_table()) {
+    auto it = values.find(k.name);
+    if (k.path == PathRule::None || it == values.end()) continue;
+    const std::string p = it->second.get<std::string>();
+    const std::string name = k.name;
+    if (p.empty()) {
+      problems.push_back(name + ": the path is empty");
+    } else if (k.path == PathRule::Exists && !exists(p)) {
+      problems.push_back(name + ": " + p + " does not exist");
+    } else if (k.path == PathRule::Directory && !is_directory(p)) {
+      problems.push_back(name + ": " + p + (exists(p) ? " is not a folder" : " does not exist"));
+    } else if (k.path == PathRule::CreatableDirectory) {
+      if (exists(p) && !is_directory(p)) problems.push_back(name + ": " + p + " exists and is not a folder");
+      else if (!exists(p) && !is_directory(parent_directory(p)))
+        problems.push_back(name + ": cannot create " + p + ": its parent folder " + parent_directory(p) +
+                           " does not exist");
+    }
+  }
+}
+
+TrainConfig to_config(const Values& v) {
+  auto s = [&](const char* k) { return v.at(k).get<std::string>(); };
+  auto i = [&](const char* k) { return v.at(k).get<int64_t>(); };
+  auto f = [&](const char* k) { return v.at(k).get<double>(); };
+  auto b = [&](const char* k) { return v.at(k).get<bool>(); };
+  TrainConfig c;
+  c.model.path = s("model.path");
+  c.model.arch = s("model.arch");
+  c.data.path = s("data.path");
+  c.data.caption_extension = s("data.caption_extension");
+  c.data.repeats = static_cast<int>(i("data.repeats"));
+  c.data.buckets.enabled = b("data.enable_bucket");
+  c.data.buckets.resolution = static_cast<int>(i("data.resolution"));
+  c.data.buckets.min_side = static_cast<int>(i("data.min_bucket_reso"));
+  c.data.buckets.max_side = static_cast<int>(i("data.max_bucket_reso"));
+  c.data.buckets.step = static_cast<int>(i("data.bucket_reso_steps"));
+  c.data.captions.dropout_rate = f("data.caption_dropout_rate");
+  c.data.captions.tag_dropout_rate = f("data.caption_tag_dropout_rate");
+  c.data.captions.shuffle = b("data.shuffle_caption");
+  c.data.captions.keep_tokens = static_cast<int>(i("data.keep_tokens"));
+  c.data.captions.separator = s("data.caption_separator");
+  c.data.flip_aug = b("data.flip_aug");
+  c.data.random_crop = b("data.random_crop");
+  c.network.dim = static_cast<int>(i("network.dim"));
+  c.network.alpha = f("network.alpha");
+  c.network.dropout = f("network.dropout");
+  c.optimizer.type = s("optimizer.type");
+  c.optimizer.learning_rate = f("optimizer.learning_rate");
+  c.optimizer.weight_decay = f("optimizer.weight_decay");
+  c.optimizer.max_grad_norm = f("optimizer.max_grad_norm");
+  c.optimizer.lr_scheduler = s("optimizer.lr_scheduler");
+  c.optimizer.lr_warmup_steps = i("optimizer.lr_warmup_steps");
+  c.training.seed = static_cast<uint64_t>(i("training.seed"));
+  c.training.batch_size = static_cast<int>(i("training.batch_size"));
+  c.training.max_train_steps = i("training.max_train_steps");
+  c.training.gradient_accumulation_steps = static_cast<int>(i("training.gradient_accumulation_steps"));
+  c.training.mixed_precision = s("training.mixed_precision");
+  c.training.gradient_checkpointing = b("training.gradient_checkpointing");
+  c.training.gpus = static_cast<int>(i("training.gpus"));
+  c.training.device = static_cast<int>(i("training.device"));
+  c.sample.every_n_steps = i("sample.every_n_steps");
+  c.sample.prompts = v.at("sample.prompts").get<std::vector<std::string>>();
+  c.sample.steps = static_cast<int>(i("sample.steps"));
+  c.sample.guidance_scale = f("sample.guidance_scale");
+  c.output.dir = s("output.dir");
+  c.output.name = s("output.name");
+  c.output.save_every_n_steps = i("output.save_every_n_steps");
+  c.output.format = s("output.format");
+  return c;
+}
+
+// Rules between keys (each key is already valid on its own).
+void check_consistency(const TrainConfig& c, std::vector<std::string>& problems) {
+  const BucketOptions& b = c.data.buckets;
+  if (b.step % 8 != 0)
+    problems.push_back("data.bucket_reso_steps: " + std::to_string(b.step) + " is not a multiple of 8 (the VAE's factor)");
+  if (b.resolution % 8 != 0)
+    problems.push_back("data.resolution: " + std::to_string(b.resolution) + " is not a multiple of 8");
+  if (b.enabled) {
+    if (b.min_side > b.max_side)
+      problems.push_back("data.min_bucket_reso (" + std::to_string(b.min_side) + ") is larger than data.max_bucket_reso (" +
+                         std::to_string(b.max_side) + ")");
+    if (b.resolution < b.min_side || b.resolution > b.max_side)
+      problems.push_back("data.resolution (" + std::to_string(b.resolution) + ") must lie between data.min_bucket_reso (" +
+                         std::to_string(b.min_side) + ") and data.max_bucket_reso (" + std::to_string(b.max_side) + ")");
+    if (b.min_side % b.step != 0 || b.max_side % b.step != 0)
+      problems.push_back("data.min_bucket_reso (" + std::to_string(b.min_side) + ") and data.max_bucket_reso (" +
+                         std::to_string(b.max_side) + ") must be multiples of data.bucket_reso_steps (" +
+                         std::to_string(b.step) + ")");
+  }
+  if (c.data.caption_extension.empty() || c.data.caption_extension[0] != '.')
+    problems.push_back("data.caption_extension: '" + c.data.caption_extension + "' must start with a dot (e.g. .txt)");
+  if (c.data.captions.separator.empty()) problems.push_back("data.caption_separator: must not be empty");
+  if (c.output.name.empty() || c.output.name.find('/') != std::string::npos)
+    problems.push_back("output.name: '" + c.output.name + "' must be a non-empty file name without '/'");
+  if (c.optimizer.lr_warmup_steps > c.training.max_train_steps)
+    problems.push_back("optimizer.lr_warmup_steps (" + std::to_string(c.optimizer.lr_warmup_steps) +
+                       ") is larger than training.max_train_steps (" + std::to_string(c.training.max_train_steps) + ")");
+  if (c.sample.every_n_steps > 0 && c.sample.prompts.empty())
+    problems.push_back("sample.every_n_steps is " + std::to_string(c.sample.every_n_steps) +
+                       " but sample.prompts is empty: give at least one prompt");
+}
+
+}  // namespace
+
+ConfigError::ConfigError(const std::vector<std::string>& problems)
+    : std::runtime_error(problems.empty() ? std::string("configuration error") : problems.front()),
+      problems_(problems) {}
+
+std::vector<std::string> config_key_names() {
+  std::vector<std::string> names;
+  for (const auto& k : key_table()) names.push_back(k.name);
+  return names;
+}
+
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_distance = std::numeric_limits<size_t>::max();
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_distance) {
+      best_distance = d;
+      best = c;
+    }
+  }
+  const size_t limit = std::max<size_t>(2, word.size() / 4);
+  return best_distance <= limit ? best : "";
+}
+
+CommandLine parse_command_line(int argc, const char* const* argv) {
+  CommandLine cmd;
+  std::vector<std::string> problems;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      cmd.help = true;
+    } else if (arg == "--dry-run") {
+      cmd.dry_run = true;
+    } else if (arg == "--config" || arg.rfind("--config=", 0) == 0) {
+      if (arg == "--config") {
+        if (i + 1 >= argc) problems.push_back("--config needs a file name");
+        else cmd.config_file = argv[++i];
+      } else {
+        cmd.config_file = arg.substr(9);
+      }
+    } else if (arg.rfind("--", 0) == 0 && arg.find('.') != std::string::npos) {
+      const size_t eq = arg.find('=');
+      std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+      if (eq != std::string::npos) {
+        cmd.overrides.emplace_back(name, arg.substr(eq + 1));
+      } else if (i + 1 < argc) {
+        cmd.overrides.emplace_back(name, argv[++i]);
+      } else {
+        problems.push_back("--" + name + " needs a value (--" + name + "=VALUE)");
+      }
+    } else if (arg.rfind("--", 0) == 0) {
+      std::string msg = "unknown option '" + arg + "'";
+      std::string s = did_you_mean(arg, {"--help", "--dry-run", "--config"});
+      if (!s.empty()) msg += " (did you mean '" + s + "'?)";
+      else msg += " (options: --config FILE, --dry-run, --help, --group.key=value)";
+      problems.push_back(msg);
+    } else {
+      problems.push_back("unexpected argument '" + arg + "' (settings are --group.key=value, the file is --config FILE)");
+    }
+  }
+  if (!problems.empty()) throw ConfigError(problems);
+  return cmd;
+}
+
+TrainConfig load_config(const CommandLine& cmd) {
+  Values values;
+  for (const auto& k : key_table())
+    if (!k.default_value.is_null()) values[k.name] = k.default_value;
+  std::vector<std::string> problems;
+  if (!cmd.config_file.empty()) apply_file(cmd.config_file, values, problems);
+  apply_overrides(cmd, values, problems);
+  for (const auto& k : key_table())
+    if (values.find(k.name) == values.end())
+      problems.push_back(std::string(k.name) + ": required (set it in the file or with --" + k.name + "=...)");
+  if (!problems.empty()) throw ConfigError(problems);  // the rest needs every value
+  check_paths(values, problems);
+  TrainConfig config = to_config(values);
+  check_consistency(config, problems);
+  if (!problems.empty()) throw ConfigError(problems);
+  return config;
+}
+
+std::string help_text() {
+  std::ostringstream out;
+  out << "Usage: flame-train [--config FILE.json] [--group.key=value]... [--dry-run] [--help]\n"
+         "\n"
+         "Trains a LoRA for Flux, SDXL or SD3 with FLAME. Settings come from the defaults, then the JSON\n"
+         "file ({\"group\": {\"key\": value}}), then --group.key=value (or --group.key value) overrides.\n"
+         "\n"
+         "  --config FILE   JSON configuration file\n"
+         "  --dry-run       check the configuration and the data, print the bucket plan, and exit\n"
+         "  --help          this text\n"
+         "\n"
+         "Exit status: 0 done, 1 a configuration, data or training error, 2 no GPU (or no driver).\n";
+  std::string group;
+  for (const auto& k : key_table()) {
+    const std::string name = k.name;
+    const std::string g = name.substr(0, name.find('.'));
+    if (g != group) {
+      out << "\n[" << g << "]\n";
+      group = g;
+    }
+    std::string def = k.default_value.is_null() ? "required" : "default " + k.default_value.dump();
+    out << "  --" << name << " (" << type_name(k.type) << ", " << def << ")\n      " << k.help;
+    if (!k.choices.empty()) out << "; one of " << join(k.choices, ", ");
+    if (k.min < k.max && (k.type == KeyType::Int || k.type == KeyType::Float))
+      out << "; range " << (k.min_exclusive ? "(" : "[") << format_number(k.min) << ", " << format_number(k.max) << "]";
+    out << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace flame_train

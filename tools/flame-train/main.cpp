@@ -1,0 +1,134 @@
+// flame-train: the program. It reads the configuration (config.h), scans the images and plans the
+// buckets (dataset.h) and only then opens a FLAME context through the public C ABI (flame.h; the
+// trainer never includes the library's internals), so every configuration or data error is reported
+// before any GPU work, and a machine without a GPU gets the library's own message and exit status 2.
+//
+// Exit status: 0 success (or --help, --dry-run), 1 a configuration, data or FLAME error, 2 no GPU or
+// no NVIDIA driver. What exists so far (issue 37): configuration, data set, decoding, buckets and
+// captions; the training loop (caching, objectives, optimizer steps, LoRA files) comes next, and
+// until then a run on a GPU stops after opening the context with a message saying so.
+#include <flame.h>
+
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "config.h"
+#include "dataset.h"
+
+namespace {
+
+using namespace flame_train;
+
+constexpr int kExitError = 1;
+constexpr int kExitNoGpu = 2;
+constexpr size_t kWarningsShown = 10;
+
+DataOptions data_options(const TrainConfig& c) {
+  DataOptions d;
+  d.path = c.data.path;
+  d.caption_extension = c.data.caption_extension;
+  d.repeats = c.data.repeats;
+  d.buckets = c.data.buckets;
+  d.captions = c.data.captions;
+  d.flip_aug = c.data.flip_aug;
+  d.random_crop = c.data.random_crop;
+  return d;
+}
+
+void print_problems(const char* what, const std::vector<std::string>& problems) {
+  std::fprintf(stderr, "flame-train: %s:\n", what);
+  for (const auto& p : problems) std::fprintf(stderr, "  %s\n", p.c_str());
+}
+
+void print_warnings(const Dataset& dataset) {
+  for (size_t i = 0; i < dataset.warnings.size() && i < kWarningsShown; ++i)
+    std::fprintf(stderr, "flame-train: warning: %s\n", dataset.warnings[i].c_str());
+  if (dataset.warnings.size() > kWarningsShown)
+    std::fprintf(stderr, "flame-train: warning: ... and %zu more\n", dataset.warnings.size() - kWarningsShown);
+}
+
+// "steps: 1000 x 2 batches (gradient accumulation) = 2000 batches, 66.7 epochs of 30 batches"
+void print_schedule(const TrainConfig& config, const BucketPlan& plan) {
+  const uint64_t per_epoch = batches_per_epoch(plan, config.training.batch_size);
+  const uint64_t batches = static_cast<uint64_t>(config.training.max_train_steps) *
+                           static_cast<uint64_t>(config.training.gradient_accumulation_steps);
+  std::printf("steps: %lld x %d batches (gradient accumulation) = %llu batches, %.1f epochs of %llu batches\n",
+              static_cast<long long>(config.training.max_train_steps), config.training.gradient_accumulation_steps,
+              static_cast<unsigned long long>(batches),
+              per_epoch ? static_cast<double>(batches) / static_cast<double>(per_epoch) : 0.0,
+              static_cast<unsigned long long>(per_epoch));
+}
+
+// Opens the context; returns the exit status when it cannot (2: no GPU, 1: another error).
+int open_context(const TrainConfig& config, flame_ctx_t* ctx) {
+  flame_ctx_options_t opts;
+  flame_ctx_options_init(&opts);
+  opts.device = config.training.device;
+  opts.seed = config.training.seed;
+  flame_status_t st = flame_ctx_create(&opts, ctx);
+  if (st == FLAME_ERROR_NO_DRIVER || st == FLAME_ERROR_NO_DEVICE) {
+    std::fprintf(stderr, "flame-train: no GPU available (%s): %s\n", flame_status_string(st), flame_last_error_message());
+    return kExitNoGpu;
+  }
+  if (st != FLAME_OK) {
+    std::fprintf(stderr, "flame-train: flame_ctx_create failed (%s): %s\n", flame_status_string(st),
+                 flame_last_error_message());
+    return kExitError;
+  }
+  return 0;
+}
+
+int run(int argc, char** argv) {
+  CommandLine cmd;
+  TrainConfig config;
+  try {
+    cmd = parse_command_line(argc, argv);
+    if (cmd.help) {
+      std::fputs(help_text().c_str(), stdout);
+      return 0;
+    }
+    config = load_config(cmd);
+  } catch (const ConfigError& e) {
+    print_problems("configuration errors (see --help)", e.problems());
+    return kExitError;
+  }
+
+  const DataOptions data = data_options(config);
+  Dataset dataset;
+  try {
+    dataset = scan_dataset(data);
+  } catch (const DatasetError& e) {
+    print_problems("data set errors", e.problems());
+    return kExitError;
+  }
+  print_warnings(dataset);
+  const BucketPlan plan = plan_buckets(dataset, data.buckets);
+  std::printf("%s", describe_plan(dataset, plan, config.training.batch_size).c_str());
+  print_schedule(config, plan);
+  if (cmd.dry_run) {
+    std::printf("dry run: configuration and data are valid (no memory estimate yet: it needs the model code)\n");
+    return 0;
+  }
+
+  flame_ctx_t ctx = nullptr;
+  if (int rc = open_context(config, &ctx)) return rc;
+  char device[256] = {0};
+  if (flame_ctx_device_name(ctx, device, sizeof device) == FLAME_OK) std::printf("device: %s\n", device);
+  flame_ctx_destroy(ctx);
+  std::fprintf(stderr,
+               "flame-train: the training loop is not part of this build yet (issue 37): the configuration and "
+               "the data were checked, nothing was trained\n");
+  return kExitError;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flame-train: %s\n", e.what());
+    return kExitError;
+  }
+}
