@@ -221,8 +221,10 @@ def run_case(name, targets_name, tool, workdir):
     files = {"peft": os.path.join(d, "diffusers_peft.safetensors")}
     mixin.save_lora_weights(d, weight_name="diffusers_peft.safetensors", **{
         f"{component}_lora_layers": layers, f"{component}_lora_adapter_metadata": config.to_dict()})
-    if component == "unet":
-        # The SDXL training scripts' form: convert_state_dict_to_diffusers' "lora.down" keys, no metadata.
+    if component == "unet" and targets_name == "default":
+        # The SDXL training scripts' form: convert_state_dict_to_diffusers' "lora.down" keys, no metadata
+        # (its table renames attention projections only, the scripts' targets; other modules would
+        # keep peft names in a file no script writes).
         from diffusers.utils import convert_state_dict_to_diffusers
         files["old"] = os.path.join(d, "diffusers_old.safetensors")
         mixin.save_lora_weights(d, weight_name="diffusers_old.safetensors",
@@ -295,9 +297,10 @@ def main():
     torch.backends.cuda.enable_cudnn_sdp(False)
     workdir = args.keep or tempfile.mkdtemp(prefix="flame_lora_conf_")
     results = {}
+    explicit_targets = args.targets != ap.get_default("targets")
     for name in args.cases.split(","):
         for t in args.targets.split(","):
-            if t in GROUPS and name != "flux":
+            if t in GROUPS and not (name == "flux" or (name == "flux_wide" and explicit_targets)):
                 continue  # the groups split Flux's "all"; the other cases run default and all
             try:
                 results[f"{name}/{t}"] = run_case(name, t, args.tool, workdir)
