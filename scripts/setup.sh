@@ -23,6 +23,8 @@
 # them in the same first command as the compiler. GoogleTest is needed by the tests only and is
 # packaged likewise. nccl.h (types only; libnccl is dlopen'ed) must match the NCCL a user runs, so it
 # comes from NVIDIA's packages or the CUDA toolkit's directory, not from a copy kept here.
+# flame-train's tokenizers link SentencePiece (T5's spiece.model, through Google's own library so
+# that ids match transformers) and utf8proc (Unicode tables for CLIP's text cleanup), both packaged.
 set -euo pipefail
 
 usage() {
@@ -56,6 +58,8 @@ REQUIREMENTS=(
   "build libdlpack-dev pkg -"
   "build nlohmann-json3-dev pkg -"
   "build libgtest-dev pkg -"
+  "build libsentencepiece-dev pkg -"
+  "build libutf8proc-dev pkg -"
   "packaging dpkg-dev cmd dpkg-architecture"
   "packaging file cmd file"
   "packaging gzip cmd gzip"
