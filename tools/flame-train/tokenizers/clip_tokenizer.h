@@ -12,6 +12,7 @@
 // pre-tokenized, each piece's UTF-8 bytes mapped through bytes_to_unicode, BPE-merged with "</w>"
 // on the last symbol, and looked up (a missing symbol gives the UNK id). Then BOS + tokens[:max-2]
 // + EOS, padded with the PAD id; the attention mask marks the unpadded part.
+// A loaded tokenizer is immutable: its const methods may run from several threads at once.
 #pragma once
 
 #include "special_tokens.h"

@@ -110,9 +110,12 @@ bool read_tokenizer_config(const std::filesystem::path& folder, TokenizerConfig&
         !token_field(j, "pad_token", out.pad_token, path, error))
       return false;
     if (std::string(name) != "tokenizer_config.json") continue;
-    // model_max_length can be a huge float (1e30) in configs that set no limit: ignored then.
-    if (j.contains("model_max_length") && j["model_max_length"].is_number_integer())
-      out.model_max_length = j["model_max_length"].get<int64_t>() > 1000000 ? 1000000 : j["model_max_length"].get<int>();
+    // model_max_length is a huge number (1e30) in configs that set no limit: ignored then, like
+    // any value outside [1, 10^6] (the tokenizer's default applies).
+    if (j.contains("model_max_length") && j["model_max_length"].is_number_integer()) {
+      int64_t n = j["model_max_length"].get<int64_t>();
+      if (n >= 1 && n <= 1000000) out.model_max_length = static_cast<int>(n);
+    }
     if (j.contains("legacy") && j["legacy"].is_boolean()) out.legacy = j["legacy"].get<bool>();
     if (j.contains("add_prefix_space") && j["add_prefix_space"].is_boolean())
       out.add_prefix_space = j["add_prefix_space"].get<bool>();

@@ -17,6 +17,7 @@
 //
 // Then: ids[:max_length-1] + </s> (not added when the ids already end with </s>), padded with
 // the pad id (0 in T5's model), attention mask 1 on the unpadded part.
+// A loaded tokenizer is immutable: its const methods may run from several threads at once.
 #pragma once
 
 #include "special_tokens.h"
