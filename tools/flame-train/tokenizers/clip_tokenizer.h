@@ -9,10 +9,12 @@
 // tokenizer_2 sets pad_token "!", id 0) and model_max_length.
 //
 // Encoding: special tokens in the raw text become their ids (transformers 4.x registers every
-// special token as an added token, even one already in the vocabulary such as SDXL's pad "!"); the rest is cleaned (clip_text.h),
-// pre-tokenized, each piece's UTF-8 bytes mapped through bytes_to_unicode, BPE-merged with "</w>"
-// on the last symbol, and looked up (a missing symbol gives the UNK id). Then BOS + tokens[:max-2]
-// + EOS, padded with the PAD id; the attention mask marks the unpadded part.
+// special token as an added token, even one already in the vocabulary such as SDXL's pad "!");
+// the rest is cleaned (clip_text.h), pre-tokenized, each piece's UTF-8 bytes mapped through
+// bytes_to_unicode, BPE-merged with "</w>" on the last symbol, and looked up (a missing symbol
+// gives the UNK id). Then BOS + tokens[:max-2] + EOS, padded with the PAD id; the attention mask
+// marks the unpadded part.
+//
 // A loaded tokenizer is immutable: its const methods may run from several threads at once.
 #pragma once
 
