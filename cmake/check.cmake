@@ -1,6 +1,6 @@
 # The test command's targets, included by the top-level CMakeLists.txt after every subdirectory:
 #
-#   test_programs  every executable and library defined under tests/ and bench/ (and examples/), found
+#   test_programs  every executable and library defined under tests/, bench/, tools/ (and examples/), found
 #                  by walking the directories, so a new test program needs no entry here. They are
 #                  not in `all` (see FLAME_TESTS_IN_ALL), so that the first build is the library
 #                  and the examples only.
@@ -33,6 +33,13 @@ foreach(_dir tests bench examples)
     if(${PROJECT_SOURCE_DIR}/${_dir} IN_LIST _added)
       flame_collect_targets(_flame_test_targets ${PROJECT_SOURCE_DIR}/${_dir})
     endif()
+  endif()
+endforeach()
+# tools/ (flame-train): every directory added from under it, however deep the add_subdirectory.
+get_property(_added DIRECTORY ${PROJECT_SOURCE_DIR} PROPERTY SUBDIRECTORIES)
+foreach(_dir IN LISTS _added)
+  if(_dir MATCHES "^${PROJECT_SOURCE_DIR}/tools/")
+    flame_collect_targets(_flame_test_targets ${_dir})
   endif()
 endforeach()
 add_custom_target(test_programs)

@@ -25,6 +25,8 @@
 # comes from NVIDIA's packages or the CUDA toolkit's directory, not from a copy kept here.
 # libpng-dev, libjpeg-dev (libjpeg-turbo) and libwebp-dev: the image codecs of flame-train
 # (tools/flame-train); without them CMake leaves the trainer out and builds the library as before.
+# flame-train's tokenizers link SentencePiece (T5's spiece.model, through Google's own library so
+# that ids match transformers) and utf8proc (Unicode tables for CLIP's text cleanup), both packaged.
 set -euo pipefail
 
 usage() {
@@ -61,6 +63,8 @@ REQUIREMENTS=(
   "build libpng-dev pkg -"
   "build libjpeg-dev pkg -"
   "build libwebp-dev pkg -"
+  "build libsentencepiece-dev pkg -"
+  "build libutf8proc-dev pkg -"
   "packaging dpkg-dev cmd dpkg-architecture"
   "packaging file cmd file"
   "packaging gzip cmd gzip"
