@@ -1913,6 +1913,26 @@ FLAME_API flame_status_t flame_comm_rendezvous(const char* master_addr, int32_t 
  * before every rank joined). */
 FLAME_API flame_status_t flame_comm_create(flame_ctx_t ctx, const flame_comm_id_t* id, int32_t rank, int32_t world_size,
                                            const flame_comm_options_t* opts, flame_comm_t* out);
+/* Jobs started by a launcher (flame-run, torchrun, or any that sets the torchrun variables): each
+ * process reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from its environment, and
+ * optionally FLAME_RENDEZVOUS_TIMEOUT (seconds in (0, 86400], default 300).
+ * OUT *local_rank: LOCAL_RANK, the GPU ordinal this process should create its context on
+ * (flame_ctx_options_t.device), after every variable above was checked as in
+ * flame_comm_create_from_env. Needs no context and no GPU.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (local_rank NULL; a variable missing, empty, not a number or
+ * out of range: WORLD_SIZE >= 1, RANK and LOCAL_RANK in [0, WORLD_SIZE), MASTER_PORT in [1, 65535];
+ * the message names the variable and its value). *local_rank is 0 on failure. */
+FLAME_API flame_status_t flame_comm_env_local_rank(int32_t* local_rank);
+/* Creates this process's rank of the launcher's job: reads the variables above, checks that ctx is
+ * on device LOCAL_RANK (or on device 0 when the process sees exactly one GPU, as with a per-rank
+ * CUDA_VISIBLE_DEVICES), rank 0 makes a communicator identity, flame_comm_rendezvous hands it to
+ * every rank over MASTER_ADDR:MASTER_PORT (with FLAME_RENDEZVOUS_TIMEOUT), then flame_comm_create
+ * (rank RANK of WORLD_SIZE; opts may be NULL, as there). OUT *out: a new communicator (NULL on
+ * failure). Blocks until every rank arrived or a timeout passed.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, bad options, a bad variable as in
+ * flame_comm_env_local_rank, ctx on another device than LOCAL_RANK), FLAME_ERROR_IO (rendezvous:
+ * a rank that did not arrive is named), FLAME_ERROR_UNSUPPORTED (no NCCL), FLAME_ERROR_CUDA. */
+FLAME_API flame_status_t flame_comm_create_from_env(flame_ctx_t ctx, const flame_comm_options_t* opts, flame_comm_t* out);
 /* Creates the n ranks of one communicator from one thread: rank i on ctxs[i] (borrowed; n distinct
  * contexts on distinct GPUs), written into comms[i] (new references; all NULL on failure). n >= 1;
  * opts as flame_comm_create. Errors as flame_comm_create. */

@@ -693,6 +693,8 @@ namespace Flame.Interop
             "flame_comm_unique_id",
             "flame_comm_rendezvous",
             "flame_comm_create",
+            "flame_comm_env_local_rank",
+            "flame_comm_create_from_env",
             "flame_comm_create_group",
             "flame_comm_release",
             "flame_comm_rank",
@@ -1824,6 +1826,14 @@ namespace Flame.Interop
         /// <summary><c>flame_status_t flame_comm_create(flame_ctx_t ctx, const flame_comm_id_t* id, int32_t rank, int32_t world_size, const flame_comm_options_t* opts, flame_comm_t* out)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_create", ExactSpelling = true)]
         public static extern flame_status_t flame_comm_create(IntPtr ctx, flame_comm_id_t* id, int rank, int world_size, flame_comm_options_t* opts, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_comm_env_local_rank(int32_t* local_rank)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_env_local_rank", ExactSpelling = true)]
+        public static extern flame_status_t flame_comm_env_local_rank(int* local_rank);
+
+        /// <summary><c>flame_status_t flame_comm_create_from_env(flame_ctx_t ctx, const flame_comm_options_t* opts, flame_comm_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_create_from_env", ExactSpelling = true)]
+        public static extern flame_status_t flame_comm_create_from_env(IntPtr ctx, flame_comm_options_t* opts, IntPtr* @out);
 
         /// <summary><c>flame_status_t flame_comm_create_group(const flame_ctx_t* ctxs, int32_t n, const flame_comm_options_t* opts, flame_comm_t* comms)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_create_group", ExactSpelling = true)]

@@ -795,6 +795,45 @@ namespace Flame
             return raw;
         }
 
+        /// <summary>flame_comm_env_local_rank: LOCAL_RANK of a launched job (flame-run, torchrun),
+        /// the device to create this process's context on; needs no GPU. Fails naming a missing or
+        /// malformed launch variable.</summary>
+        [Wraps("flame_comm_env_local_rank")]
+        public static int EnvLocalRank()
+        {
+            Library.EnsureLoaded();
+            return EnvLocalRankImpl();
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe int EnvLocalRankImpl()
+        {
+            int v = 0;
+            Status.Check(Native.flame_comm_env_local_rank(&v));
+            return v;
+        }
+
+        /// <summary>flame_comm_create_from_env: this process's rank of a launched job (RANK,
+        /// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; FLAME_RENDEZVOUS_TIMEOUT), meeting the
+        /// other ranks over TCP; ctx must be on device LOCAL_RANK; options null means the defaults.</summary>
+        [Wraps("flame_comm_create_from_env")]
+        public static Communicator CreateFromEnv(Context ctx, CommOptions options = null)
+        {
+            Library.EnsureLoaded();
+            return new Communicator(CreateFromEnvImpl(ctx, options));
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe IntPtr CreateFromEnvImpl(Context ctx, CommOptions options)
+        {
+            if (ctx == null) throw new ArgumentNullException("ctx");
+            flame_comm_options_t o = options == null ? default(flame_comm_options_t) : options.O;
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_comm_create_from_env(ctx.Raw, options == null ? null : &o, &raw));
+            GC.KeepAlive(ctx);
+            return raw;
+        }
+
         /// <summary>flame_comm_create_group: the ranks of one communicator from one thread, rank i on
         /// contexts[i] (distinct GPUs).</summary>
         [Wraps("flame_comm_create_group")]

@@ -4,10 +4,12 @@
 // while the context lives. Every call locks the communicator's context; waits inside hold that
 // lock (a context serves one rank).
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include "api/guard.h"
 #include "api/toolkit_args.h"
 #include "dist/data_parallel.h"
+#include "dist/launch_env.h"
 #include "dist/rendezvous.h"
 
 using namespace flame;
@@ -65,6 +67,19 @@ flame_comm_options_t comm_options(const flame_comm_options_t* opts) {
   return o;
 }
 
+const char* process_env(const char* name) { return std::getenv(name); }
+
+// The launch environment's rank must drive the GPU its LOCAL_RANK names; a process that sees a
+// single GPU (CUDA_VISIBLE_DEVICES narrowed per rank, as Slurm and some launchers do) drives device 0.
+void check_device_matches(Context& c, const LaunchEnv& e) {
+  int count = 0;
+  c.check(c.drv.cuDeviceGetCount(&count), "cuDeviceGetCount");
+  const int expected = count == 1 ? 0 : e.local_rank;
+  FLAME_CHECK(c.ordinal == expected, FLAME_ERROR_INVALID_ARGUMENT, "ctx is on device ", c.ordinal, " but LOCAL_RANK=",
+              e.local_rank, " (of ", count, " visible devices) asks for device ", expected,
+              ": create the context with flame_ctx_options_t.device = LOCAL_RANK (flame_comm_env_local_rank)");
+}
+
 }  // namespace
 
 extern "C" {
@@ -117,6 +132,35 @@ FLAME_API flame_status_t flame_comm_create(flame_ctx_t ctx, const flame_comm_id_
     ncclUniqueId u;
     std::memcpy(&u, id->internal, sizeof u);
     *out = new flame_comm_s{kCommMagic, Comm::create(c, u, rank, world_size, o.timeout_ms)};
+  });
+}
+
+FLAME_API flame_status_t flame_comm_env_local_rank(int32_t* local_rank) {
+  if (local_rank) *local_rank = 0;
+  return api_call("flame_comm_env_local_rank", [&] {
+    FLAME_CHECK(local_rank, FLAME_ERROR_INVALID_ARGUMENT, "local_rank is NULL");
+    *local_rank = read_launch_env(process_env).local_rank;
+  });
+}
+
+FLAME_API flame_status_t flame_comm_create_from_env(flame_ctx_t ctx, const flame_comm_options_t* opts, flame_comm_t* out) {
+  return api_call("flame_comm_create_from_env", [&] {
+    out_param(out, "out");
+    Context& c = context_of(ctx);
+    flame_comm_options_t o = comm_options(opts);
+    const LaunchEnv e = read_launch_env(process_env);
+    LiveScope scope(c);
+    check_device_matches(c, e);
+    RendezvousId bytes{};
+    if (e.rank == 0) {
+      ncclUniqueId u = Comm::unique_id();
+      std::memcpy(bytes.data(), &u, sizeof u);
+    }
+    RendezvousPeer peer{e.master_addr, e.master_port, e.rank, e.world_size, e.rendezvous_timeout_seconds};
+    bytes = rendezvous_exchange(peer, bytes);
+    ncclUniqueId u;
+    std::memcpy(&u, bytes.data(), sizeof u);
+    *out = new flame_comm_s{kCommMagic, Comm::create(c, u, e.rank, e.world_size, o.timeout_ms)};
   });
 }
 

@@ -713,6 +713,24 @@ impl Comm {
         Ok(Comm { raw })
     }
 
+    /// `LOCAL_RANK` of a launched job (`flame_comm_env_local_rank`; needs no GPU): the device to
+    /// create this process's [`Context`] on. Fails naming a missing or malformed launch variable.
+    pub fn env_local_rank() -> Result<i32> {
+        let mut v = 0i32;
+        check(unsafe { (api()?.flame_comm_env_local_rank)(&mut v) })?;
+        Ok(v)
+    }
+
+    /// This process's rank of a launched job (`flame_comm_create_from_env`): reads RANK,
+    /// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (and FLAME_RENDEZVOUS_TIMEOUT), meets the
+    /// other ranks over TCP and creates the communicator on `ctx` (which must be on LOCAL_RANK).
+    pub fn from_env(ctx: &Context, opts: &CommOptions) -> Result<Comm> {
+        let raw_opts = opts.to_raw();
+        let mut raw = std::ptr::null_mut();
+        check(unsafe { (api()?.flame_comm_create_from_env)(ctx.raw, &raw_opts, &mut raw) })?;
+        Ok(Comm { raw })
+    }
+
     /// Every rank of one communicator, rank i on `ctxs[i]`, from one thread (`flame_comm_create_group`).
     pub fn create_group(ctxs: &[&Context], opts: &CommOptions) -> Result<Vec<Comm>> {
         let api = api()?;
@@ -936,6 +954,8 @@ pub const HAND_WRAPPED: &[(&str, &str)] = &[
     ("flame_comm_rendezvous", "Comm::rendezvous"),
     ("flame_comm_create", "Comm::new"),
     ("flame_comm_create_group", "Comm::create_group"),
+    ("flame_comm_env_local_rank", "Comm::env_local_rank"),
+    ("flame_comm_create_from_env", "Comm::from_env"),
     ("flame_comm_release", "Comm::drop"),
     ("flame_comm_rank", "Comm::rank"),
     ("flame_comm_size", "Comm::size"),

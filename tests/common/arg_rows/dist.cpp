@@ -17,11 +17,25 @@ const flame_dp_options_t* dp_opts(Args& a) {
   return o;
 }
 
+// The launch variables of a one-rank job on device 0 (no peer, no network): set before the rows of
+// the two functions that read them, whose valid call must succeed.
+template <class T>
+T launched_alone(T arg) {
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  setenv("LOCAL_RANK", "0", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  return arg;
+}
+
 FLAME_ARG_ROW(flame_comm_options_init, a.out<flame_comm_options_t>("opts"));
 FLAME_ARG_ROW(flame_comm_unique_id, a.ctx("ctx"), a.out<flame_comm_id_t>("id"));
 // world_size 1: returns at once, no network peer needed.
 FLAME_ARG_ROW(flame_comm_rendezvous, a.str("master_addr", "127.0.0.1"), 29500, 0, 1, 5.0, a.out<flame_comm_id_t>("id"));
 FLAME_ARG_ROW(flame_comm_create, a.ctx("ctx"), a.comm_id("id"), 0, 1, comm_opts(a), a.out_comm("out"));
+FLAME_ARG_ROW(flame_comm_env_local_rank, launched_alone(a.out<int32_t>("local_rank")));
+FLAME_ARG_ROW(flame_comm_create_from_env, launched_alone(a.ctx("ctx")), comm_opts(a), a.out_comm("out"));
 FLAME_ARG_ROW(flame_comm_create_group, a.ctx_array("ctxs"), 1, comm_opts(a), a.out_comm("comms"));
 FLAME_ARG_VOID(flame_comm_release, a.release_comm("comm"));
 FLAME_ARG_ROW(flame_comm_rank, a.comm("comm"), a.out<int32_t>("rank"));
