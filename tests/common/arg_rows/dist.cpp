@@ -52,4 +52,16 @@ FLAME_ARG_ROW(flame_dp_set_sync, a.dp("dp"), 0);
 FLAME_ARG_ROW(flame_dp_wait, a.dp("dp"));
 FLAME_ARG_VOID(flame_dp_release, a.release_dp("dp"));
 
+const flame_zero_options_t* zero_opts(Args& a) {  // may be NULL by contract: never NULLed
+  auto* o = a.opt_out<flame_zero_options_t>("opts");
+  if (o) flame_zero_options_init(o);
+  return o;
+}
+
+FLAME_ARG_ROW(flame_zero_options_init, a.out<flame_zero_options_t>("opts"));
+FLAME_ARG_ROW(flame_zero_create, a.comm("comm"), a.opt("opt"), zero_opts(a), a.out_zero("out"));
+FLAME_ARG_ROW(flame_zero_step, a.zero("zero"), a.opt_out_t("total_norm"));
+FLAME_ARG_VOID(flame_zero_release, a.release_zero("zero"));
+FLAME_ARG_ROW(flame_optimizer_state_bytes, a.opt("opt"), a.out<uint64_t>("bytes"));
+
 }  // namespace
