@@ -6,6 +6,9 @@
 //                   --inputs IN.safetensors --out OUT.safetensors
 //                   [--grads G.safetensors] [--dtype f32|bf16|f16] [--checkpoint N]
 //   flame_model_run --load PATH [--options JSON] --inputs ... (the same from here on)
+//   either form with --lora L.safetensors [--lora-options JSON]: flame_model_load_lora reads L
+//   (options default {"trainable": true}) before the forward; with --grads, the gradient of every
+//   adapter tensor comes back as "grad_lora.<name>" (tests/models/check_dora_parity.py).
 //
 // Weights load strictly (every parameter, no extra tensor) into flame_model_params' list; with
 // --load, flame_model_load reads PATH (a file or folder as users have them) instead. Inputs
@@ -42,7 +45,7 @@ std::string read_text(const std::string& path) {
 }
 
 struct Args {
-  std::string arch, config, weights, inputs, out, grads, dtype = "f32", load, options;
+  std::string arch, config, weights, inputs, out, grads, dtype = "f32", load, options, lora, lora_options;
   long checkpoint = 0;
 };
 
@@ -64,6 +67,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--dtype") a.dtype = v;
     else if (k == "--load") a.load = v;
     else if (k == "--options") a.options = v;
+    else if (k == "--lora") a.lora = v;
+    else if (k == "--lora-options") a.lora_options = v;
     else if (k == "--checkpoint") a.checkpoint = std::strtol(v.c_str(), nullptr, 10);
     else {
       std::fprintf(stderr, "flame_model_run: unknown argument %s\n", k.c_str());
@@ -125,6 +130,12 @@ int main(int argc, char** argv) {
   check(flame_model_params(model, &params), "flame_model_params");
   if (a.load.empty())
     check(flame_params_load_safetensors(params, a.weights.c_str(), FLAME_PARAMS_LOAD_CONVERT_DTYPE), "loading the weights");
+
+  flame_params_t adapter = nullptr;
+  if (!a.lora.empty()) {
+    const std::string lo = a.lora_options.empty() ? "{\"trainable\": true}" : a.lora_options;
+    check(flame_model_load_lora(model, a.lora.c_str(), lo.c_str(), &adapter), "flame_model_load_lora");
+  }
 
   flame_params_t inputs = nullptr;
   check(flame_params_create(ctx, &inputs), "flame_params_create");
@@ -191,6 +202,19 @@ int main(int argc, char** argv) {
       tensors.push_back(g);
       owned.push_back(g);
     }
+    int64_t n_adapter = 0;
+    if (adapter) check(flame_params_count(adapter, &n_adapter), "flame_params_count");
+    for (int64_t i = 0; i < n_adapter; ++i) {
+      const char* name = nullptr;
+      flame_tensor_t p = nullptr, g = nullptr;
+      check(flame_params_name(adapter, i, &name), "flame_params_name");
+      check(flame_params_tensor(adapter, i, &p), "flame_params_tensor");
+      check(flame_tensor_grad(p, &g), "flame_tensor_grad");
+      if (!g) continue;
+      names.push_back(std::string("grad_lora.") + name);
+      tensors.push_back(g);
+      owned.push_back(g);
+    }
     for (auto& [name, t] : input_tensors) {
       flame_tensor_t g = nullptr;
       check(flame_tensor_grad(t, &g), "flame_tensor_grad");
@@ -210,6 +234,7 @@ int main(int argc, char** argv) {
   flame_params_release(outputs);
   flame_params_release(inputs);
   flame_params_release(params);
+  flame_params_release(adapter);
   flame_model_release(model);
   flame_ctx_destroy(ctx);
   std::printf("flame_model_run: %s: wrote %zu tensors to %s\n", a.arch.c_str(), tensors.size(), a.out.c_str());
