@@ -15,7 +15,9 @@
 //   multiplier * ((m / n - 1) * (W x') + (m / n) * scale * B(A(x')))
 // where x' = dropout(x) in training with dropout (W x' then computed again) and x otherwise (W x is
 // the base output minus the bias): so y = (m / n) * (W x + scale B A x) + b for multiplier 1. A
-// multiplier other than 1 interpolates between the base and that output (ComfyUI's strength).
+// multiplier other than 1 interpolates between the base and that output (ComfyUI's strength). W x is
+// the layer's own output: with several adapters on one layer, peft would feed earlier adapters'
+// terms into a later DoRA adapter's (m / n - 1) factor; FLAME keeps each adapter's term independent.
 #pragma once
 #include <cstdint>
 #include <memory>
