@@ -333,10 +333,12 @@ void copy_parameters(Model& model, const ModelLoadPlan& plan) {
   }
 }
 
-// The options' dtype, else bf16 when every float tensor is stored in 16 or 8 bits, else f32.
+// The options' dtype, else bf16 when every float tensor is stored in 16 or 8 bits (the f32 scales
+// of scaled F8 weights aside), else f32.
 std::string default_dtype(const CheckpointFiles& view) {
   bool any = false;
   for (const KeyShape& k : view.keys()) {
+    if (is_scale_weight_name(k.name) || is_ignorable_quantization_key(k.name)) continue;
     const StoredTensor& s = view.stored(k.name);
     if (s.dtype_name == "F32" || s.dtype_name == "F64") return "f32";
     any = any || s.dtype_name == "BF16" || s.dtype_name == "F16" || s.dtype_name.rfind("F8", 0) == 0;
