@@ -21,6 +21,7 @@ enum class RandomPurpose : uint64_t {
   Crop = 4,
   Flip = 5,
   BatchOrder = 6,
+  Timestep = 7,  // the noise level of each sample of a training step
 };
 
 // splitmix64 stream: small, fast and statistically fine for shuffles and coin flips.
