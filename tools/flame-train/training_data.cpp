@@ -61,7 +61,9 @@ std::vector<TrainingSample> load_latent_cache(flame_ctx_t ctx, const std::string
     const std::string n = std::to_string(i);
     auto get = [&](const std::string& key, size_t ndim) {
       Tensor t;
-      if (flame_safetensors_get(file.get(), key.c_str(), t.out()) != FLAME_OK) fail("no tensor '" + key + "'");
+      const flame_status_t st = flame_safetensors_get(file.get(), key.c_str(), t.out());
+      if (st == FLAME_ERROR_INVALID_ARGUMENT) fail("no tensor '" + key + "'");
+      check(st, ("reading '" + key + "' of the latent cache " + path).c_str());
       if (shape_of(t.get()).size() != ndim) fail("'" + key + "' is " + shape_text(shape_of(t.get())) + ", expected " +
                                                  std::to_string(ndim) + " dimensions");
       return t;
