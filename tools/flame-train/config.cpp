@@ -542,9 +542,9 @@ void apply_demo_defaults(Values& values) {
   values["model.path"] = "demo:flux";
   values["training.max_train_steps"] = 60;
   values["training.batch_size"] = 4;
-  values["optimizer.learning_rate"] = 1e-2;
-  values["network.dim"] = 8;
-  values["network.alpha"] = 8.0;
+  values["optimizer.learning_rate"] = 2e-2;
+  values["network.dim"] = 16;
+  values["network.alpha"] = 16.0;
   values["output.name"] = "demo_lora";
 }
 

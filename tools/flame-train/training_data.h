@@ -43,8 +43,8 @@ struct TrainingSample {
 std::vector<TrainingSample> load_latent_cache(flame_ctx_t ctx, const std::string& path, const ModelShapes& shapes);
 
 // The --demo data set: count samples of latent size height x width with tokens text tokens, in the
-// model's shapes. Latents are smooth per-sample patterns (sums of a few sinusoids, unit scale),
-// embeddings standard normal: fixed by seed, so that a run overfits them and the loss falls.
+// model's shapes. Latents are smooth per-sample patterns (a sinusoid per channel plus an offset, std
+// about 0.3), embeddings standard normal: fixed by seed, so that a run overfits them and the loss falls.
 std::vector<TrainingSample> make_demo_samples(flame_ctx_t ctx, const ModelShapes& shapes, int count, int64_t height,
                                               int64_t width, int64_t tokens, uint64_t seed);
 
