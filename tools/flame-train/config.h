@@ -74,7 +74,7 @@ struct TrainConfig {
     double logit_mean = 0.0, logit_std = 1.0, mode_scale = 1.29;
     double flow_shift = 0.0;        // 0: Flux's resolution-dependent shift, SD3's 3.0; > 0: fixed
     std::string weighting_scheme;   // flow matching: none | sigma_sqrt | cosmap
-    double guidance_scale = 1.0;    // Flux-dev's guidance input
+    double guidance_scale = 3.5;    // Flux-dev's guidance input
     std::string prediction_type;    // SDXL: epsilon | v_prediction
     double min_snr_gamma = 0.0;     // SDXL: 0 off
     double noise_offset = 0.0;

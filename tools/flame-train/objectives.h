@@ -14,7 +14,9 @@
 //    noisy = (1 - sigma) x0 + sigma noise, target = noise - x0; the model's timestep is sigma
 //    (Flux: diffusers passes t / 1000, the model multiplies by 1000) or sigma * 1000 (SD3);
 //    loss weights compute_loss_weighting_for_sd3: none (1), sigma_sqrt (1 / sigma^2), cosmap
-//    (2 / (pi (1 - 2 sigma + 2 sigma^2))).
+//    (2 / (pi (1 - 2 sigma + 2 sigma^2))). (The SD3 script's default --precondition_outputs compares
+//    noisy - sigma pred with x0, i.e. this target with an extra factor sigma^2; flame-train uses the
+//    Flux script's form, target noise - x0, for both.)
 //  DDPM (SDXL; DDPMScheduler with beta_schedule "scaled_linear", 0.00085 .. 0.012, 1000 steps):
 //    betas = linspace(sqrt(b0), sqrt(b1), N)^2, alphas_cumprod = prod(1 - beta); t ~ U{0..999};
 //    noisy = sqrt(ac) x0 + sqrt(1 - ac) noise; target noise (epsilon) or sqrt(ac) noise -
