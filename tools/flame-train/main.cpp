@@ -15,7 +15,9 @@
 #include <string>
 
 #include "config.h"
+#ifndef FLAME_TRAIN_NO_IMAGES
 #include "dataset.h"
+#endif
 #include "flame_handles.h"
 #include "trainer.h"
 
@@ -27,6 +29,12 @@ constexpr int kExitError = 1;
 constexpr int kExitNoGpu = 2;
 constexpr size_t kWarningsShown = 10;
 
+void print_problems(const char* what, const std::vector<std::string>& problems) {
+  std::fprintf(stderr, "flame-train: %s:\n", what);
+  for (const auto& p : problems) std::fprintf(stderr, "  %s\n", p.c_str());
+}
+
+#ifndef FLAME_TRAIN_NO_IMAGES
 DataOptions data_options(const TrainConfig& c) {
   DataOptions d;
   d.path = c.data.path;
@@ -37,11 +45,6 @@ DataOptions data_options(const TrainConfig& c) {
   d.flip_aug = c.data.flip_aug;
   d.random_crop = c.data.random_crop;
   return d;
-}
-
-void print_problems(const char* what, const std::vector<std::string>& problems) {
-  std::fprintf(stderr, "flame-train: %s:\n", what);
-  for (const auto& p : problems) std::fprintf(stderr, "  %s\n", p.c_str());
 }
 
 void print_warnings(const Dataset& dataset) {
@@ -63,6 +66,8 @@ void print_schedule(const TrainConfig& config, const BucketPlan& plan) {
               static_cast<unsigned long long>(per_epoch));
 }
 
+#endif
+
 // Opens the context; returns the exit status when it cannot (2: no GPU, 1: another error).
 int open_context(const TrainConfig& config, flame_ctx_t* ctx) {
   flame_ctx_options_t opts;
@@ -82,6 +87,7 @@ int open_context(const TrainConfig& config, flame_ctx_t* ctx) {
   return 0;
 }
 
+#ifndef FLAME_TRAIN_NO_IMAGES
 // Scans the images and prints the bucket plan; returns an exit status when the data are bad (1).
 int check_data(const TrainConfig& config, bool dry_run) {
   const DataOptions data = data_options(config);
@@ -100,6 +106,16 @@ int check_data(const TrainConfig& config, bool dry_run) {
     std::printf("dry run: configuration and data are valid (no memory estimate yet: it needs the model code)\n");
   return 0;
 }
+
+#else
+// Built without the image libraries (FLAME_TRAINER_DEMO_ONLY): images cannot be read.
+int check_data(const TrainConfig&, bool) {
+  std::fprintf(stderr,
+               "flame-train: this build has no image input (built without libpng / libjpeg / libwebp / "
+               "SentencePiece / utf8proc): use --demo or data.cache_file\n");
+  return kExitError;
+}
+#endif
 
 int run(int argc, char** argv) {
   CommandLine cmd;
