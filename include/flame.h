@@ -1913,6 +1913,26 @@ FLAME_API flame_status_t flame_comm_rendezvous(const char* master_addr, int32_t 
  * before every rank joined). */
 FLAME_API flame_status_t flame_comm_create(flame_ctx_t ctx, const flame_comm_id_t* id, int32_t rank, int32_t world_size,
                                            const flame_comm_options_t* opts, flame_comm_t* out);
+/* Jobs started by a launcher (flame-run, torchrun, or any that sets the torchrun variables): each
+ * process reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT from its environment, and
+ * optionally FLAME_RENDEZVOUS_TIMEOUT (seconds in (0, 86400], default 300).
+ * OUT *local_rank: LOCAL_RANK, the GPU ordinal this process should create its context on
+ * (flame_ctx_options_t.device), after every variable above was checked as in
+ * flame_comm_create_from_env. Needs no context and no GPU.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (local_rank NULL; a variable missing, empty, not a number or
+ * out of range: WORLD_SIZE >= 1, RANK and LOCAL_RANK in [0, WORLD_SIZE), MASTER_PORT in [1, 65535];
+ * the message names the variable and its value). *local_rank is 0 on failure. */
+FLAME_API flame_status_t flame_comm_env_local_rank(int32_t* local_rank);
+/* Creates this process's rank of the launcher's job: reads the variables above, checks that ctx is
+ * on device LOCAL_RANK (or on device 0 when the process sees exactly one GPU, as with a per-rank
+ * CUDA_VISIBLE_DEVICES), rank 0 makes a communicator identity, flame_comm_rendezvous hands it to
+ * every rank over MASTER_ADDR:MASTER_PORT (with FLAME_RENDEZVOUS_TIMEOUT), then flame_comm_create
+ * (rank RANK of WORLD_SIZE; opts may be NULL, as there). OUT *out: a new communicator (NULL on
+ * failure). Blocks until every rank arrived or a timeout passed.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, bad options, a bad variable as in
+ * flame_comm_env_local_rank, ctx on another device than LOCAL_RANK), FLAME_ERROR_IO (rendezvous:
+ * a rank that did not arrive is named), FLAME_ERROR_UNSUPPORTED (no NCCL), FLAME_ERROR_CUDA. */
+FLAME_API flame_status_t flame_comm_create_from_env(flame_ctx_t ctx, const flame_comm_options_t* opts, flame_comm_t* out);
 /* Creates the n ranks of one communicator from one thread: rank i on ctxs[i] (borrowed; n distinct
  * contexts on distinct GPUs), written into comms[i] (new references; all NULL on failure). n >= 1;
  * opts as flame_comm_create. Errors as flame_comm_create. */
@@ -2014,6 +2034,70 @@ FLAME_API flame_status_t flame_dp_wait(flame_dp_t dp);
  * the parameters and their .grad stay. NULL is a no-op; a released handle is detected (nothing
  * happens) while its context lives. */
 FLAME_API void flame_dp_release(flame_dp_t dp);
+
+/* ---- sharded optimizer state (ZeRO-1 and ZeRO-2, as DeepSpeed's stages 1 and 2) ---- */
+/* Each rank keeps the whole model (parameters replicated, as with flame_dp) but only 1/world_size
+ * of the optimizer's state: the parameters of each dtype, in the optimizer's order (groups, then
+ * parameters), are flattened into one sequence, padded to a multiple of world_size and cut into
+ * world_size equal contiguous shards; rank r owns shard r (its moments and, with master_weights,
+ * its f32 master copy of bf16/f16 parameters). flame_zero_step replaces flame_dp_wait +
+ * flame_optimizer_step: it averages the gradients over the ranks (stage 1: all-reduce of all of
+ * them; stage 2: reduce-scatter, so that each rank receives only its shard's average), optionally
+ * clips them by the global 2-norm (over every rank's shard, as flame_clip_grad_norm over the whole
+ * model), steps the owned elements with the optimizer's fused kernel, and all-gathers the updated
+ * parameters, so that every rank ends the step with the same parameters as a replicated run (within
+ * rounding: the reductions sum in another order). Every rank must call every function of this
+ * part (except the release) in the same order.
+ * Gradients: backward accumulates into .grad as usual (several backwards accumulate; zero_grad and
+ * set_to_none work); the step reads .grad (a parameter without one counts as zeros). Stage 1 then
+ * leaves .grad as the averaged (and clipped) gradient, a view into the helper's gradient buffer (as
+ * flame_dp_wait);
+ * stage 2 sets every .grad to none after the reduce-scatter, so that full gradients live only
+ * between backward and step. Memory per rank (P parameter elements, AdamW with f32 master weights
+ * of bf16 parameters): replicated 2P + 2P + 12P bytes; stage 1 2P + 2P + 12P/world (+ a 2P
+ * gradient buffer kept across steps); stage 2 2P + 2P (during backward only) + 12P/world.
+ * The optimizer (flame_optimizer_*) keeps working for zero_grad, set_lr, get_lr and step_count;
+ * flame_optimizer_step, flame_optimizer_add_param_group, flame_optimizer_save_state and
+ * flame_optimizer_load_state refuse a sharded optimizer (use flame_zero_step; sharded state files
+ * are not supported yet: FLAME_ERROR_UNSUPPORTED). It stays sharded after flame_zero_release. */
+typedef struct flame_zero_s* flame_zero_t; /* the sharding of one optimizer over one communicator */
+
+/* Options of flame_zero_create. Fill with flame_zero_options_init; the struct may grow at its end. */
+typedef struct flame_zero_options_t {
+  size_t struct_size;           /* sizeof(flame_zero_options_t), set by flame_zero_options_init */
+  int32_t stage;                /* 1 (default): all-reduce the gradients; 2: reduce-scatter them */
+  int32_t broadcast_parameters; /* 1 (default): copy rank 0's parameter values to every rank at
+                                   creation; 0: leave them (the caller made them equal) */
+  double max_grad_norm;         /* > 0: flame_zero_step scales the gradients by
+                                   min(1, max_grad_norm / (norm + 1e-6)), norm the 2-norm of all
+                                   gradients of all ranks' shards; 0 (default): no clipping. Finite. */
+} flame_zero_options_t;
+
+/* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
+FLAME_API flame_status_t flame_zero_options_init(flame_zero_options_t* opts);
+/* Collective: shards opt (borrowed; the helper keeps it alive) over comm (kept alive too); opt must
+ * belong to comm's context and must not have stepped yet (nor hold loaded state). Every rank passes
+ * an optimizer with the same parameter list (counts, dtypes and shapes, in order), compared as in
+ * flame_dp_create. Broadcasts the parameters from rank 0 (opts). opts may be NULL (defaults).
+ * OUT *out: a new helper (release with flame_zero_release).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, bad options, optimizer of another context, stepped or
+ * sharded already, another rank failed its checks), FLAME_ERROR_SHAPE_MISMATCH (another rank's
+ * parameter list differs), FLAME_ERROR_CUDA (NCCL failed or timed out: the communicator is aborted). */
+FLAME_API flame_status_t flame_zero_create(flame_comm_t comm, flame_optimizer_t opt, const flame_zero_options_t* opts,
+                                           flame_zero_t* out);
+/* Collective: one optimizer step over all ranks, as described above. The collectives and kernels are
+ * queued on the context's stream (no wait; flame_comm_synchronize waits with the timeout).
+ * OUT *total_norm (may be NULL): a new 0-d f32 tensor, the global 2-norm of the averaged gradients
+ * before clipping (computed whenever it is asked for or max_grad_norm > 0).
+ * Errors: FLAME_ERROR_SHAPE_MISMATCH (a .grad of another shape or dtype than its parameter),
+ * FLAME_ERROR_CUDA (NCCL failed or timed out: aborted), the errors of flame_optimizer_step. */
+FLAME_API flame_status_t flame_zero_step(flame_zero_t zero, flame_tensor_t* total_norm);
+/* Frees the helper's buffers (the optimizer stays sharded: release it too). NULL is a no-op; a
+ * released handle is detected (nothing happens) while its context lives. */
+FLAME_API void flame_zero_release(flame_zero_t zero);
+/* OUT *bytes: device memory held by opt's state tensors on this rank (moments, master weights;
+ * 0 before the first step), to compare sharded and replicated runs. */
+FLAME_API flame_status_t flame_optimizer_state_bytes(flame_optimizer_t opt, uint64_t* bytes);
 
 /* ============================== Models ============================== */
 /* A flame_model_t is a diffusion or text-encoder architecture built from FLAME's operations, with

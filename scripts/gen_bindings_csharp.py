@@ -70,6 +70,8 @@ CS_HAND_WRITTEN = {
     "flame_lora_adapters", "flame_lora_merge", "flame_lora_unmerge", "flame_lora_is_merged", "flame_checkpoint",
     "flame_graph_capture_begin", "flame_graph_capture_end", "flame_graph_replay", "flame_graph_release",
     "flame_copy_from_host", "flame_comm_unique_id", "flame_comm_rendezvous", "flame_comm_create", "flame_comm_create_group",
+    "flame_comm_env_local_rank", "flame_comm_create_from_env", "flame_zero_create", "flame_zero_step",
+    "flame_zero_release", "flame_optimizer_state_bytes",
     "flame_comm_release", "flame_comm_rank", "flame_comm_size", "flame_comm_synchronize", "flame_comm_all_reduce",
     "flame_comm_broadcast", "flame_comm_all_gather", "flame_comm_reduce_scatter", "flame_dp_create",
     "flame_dp_set_sync", "flame_dp_wait", "flame_dp_release", "flame_fused_compile", "flame_fused_call",

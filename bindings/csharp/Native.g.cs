@@ -339,6 +339,20 @@ namespace Flame.Interop
         public int broadcast_parameters;
     }
 
+    /// <summary><c>flame_zero_options_t</c>, laid out as in C.</summary>
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct flame_zero_options_t
+    {
+        /// <summary><c>size_t struct_size</c></summary>
+        public UIntPtr struct_size;
+        /// <summary><c>int32_t stage</c></summary>
+        public int stage;
+        /// <summary><c>int32_t broadcast_parameters</c></summary>
+        public int broadcast_parameters;
+        /// <summary><c>double max_grad_norm</c></summary>
+        public double max_grad_norm;
+    }
+
     /// <summary>The C callback type <c>flame_log_fn</c>.</summary>
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate void flame_log_fn(IntPtr user_data, int level, string message);
@@ -693,6 +707,8 @@ namespace Flame.Interop
             "flame_comm_unique_id",
             "flame_comm_rendezvous",
             "flame_comm_create",
+            "flame_comm_env_local_rank",
+            "flame_comm_create_from_env",
             "flame_comm_create_group",
             "flame_comm_release",
             "flame_comm_rank",
@@ -707,6 +723,11 @@ namespace Flame.Interop
             "flame_dp_set_sync",
             "flame_dp_wait",
             "flame_dp_release",
+            "flame_zero_options_init",
+            "flame_zero_create",
+            "flame_zero_step",
+            "flame_zero_release",
+            "flame_optimizer_state_bytes",
             "flame_model_known_architectures",
             "flame_model_create",
             "flame_model_load",
@@ -1825,6 +1846,14 @@ namespace Flame.Interop
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_create", ExactSpelling = true)]
         public static extern flame_status_t flame_comm_create(IntPtr ctx, flame_comm_id_t* id, int rank, int world_size, flame_comm_options_t* opts, IntPtr* @out);
 
+        /// <summary><c>flame_status_t flame_comm_env_local_rank(int32_t* local_rank)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_env_local_rank", ExactSpelling = true)]
+        public static extern flame_status_t flame_comm_env_local_rank(int* local_rank);
+
+        /// <summary><c>flame_status_t flame_comm_create_from_env(flame_ctx_t ctx, const flame_comm_options_t* opts, flame_comm_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_create_from_env", ExactSpelling = true)]
+        public static extern flame_status_t flame_comm_create_from_env(IntPtr ctx, flame_comm_options_t* opts, IntPtr* @out);
+
         /// <summary><c>flame_status_t flame_comm_create_group(const flame_ctx_t* ctxs, int32_t n, const flame_comm_options_t* opts, flame_comm_t* comms)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_create_group", ExactSpelling = true)]
         public static extern flame_status_t flame_comm_create_group(IntPtr* ctxs, int n, flame_comm_options_t* opts, IntPtr* comms);
@@ -1880,6 +1909,26 @@ namespace Flame.Interop
         /// <summary><c>void flame_dp_release(flame_dp_t dp)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_dp_release", ExactSpelling = true)]
         public static extern void flame_dp_release(IntPtr dp);
+
+        /// <summary><c>flame_status_t flame_zero_options_init(flame_zero_options_t* opts)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_zero_options_init", ExactSpelling = true)]
+        public static extern flame_status_t flame_zero_options_init(flame_zero_options_t* opts);
+
+        /// <summary><c>flame_status_t flame_zero_create(flame_comm_t comm, flame_optimizer_t opt, const flame_zero_options_t* opts, flame_zero_t* out)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_zero_create", ExactSpelling = true)]
+        public static extern flame_status_t flame_zero_create(IntPtr comm, IntPtr opt, flame_zero_options_t* opts, IntPtr* @out);
+
+        /// <summary><c>flame_status_t flame_zero_step(flame_zero_t zero, flame_tensor_t* total_norm)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_zero_step", ExactSpelling = true)]
+        public static extern flame_status_t flame_zero_step(IntPtr zero, IntPtr* total_norm);
+
+        /// <summary><c>void flame_zero_release(flame_zero_t zero)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_zero_release", ExactSpelling = true)]
+        public static extern void flame_zero_release(IntPtr zero);
+
+        /// <summary><c>flame_status_t flame_optimizer_state_bytes(flame_optimizer_t opt, uint64_t* bytes)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_state_bytes", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_state_bytes(IntPtr opt, ulong* bytes);
 
         /// <summary><c>flame_status_t flame_model_known_architectures(const char** names)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_known_architectures", ExactSpelling = true)]

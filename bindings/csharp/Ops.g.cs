@@ -423,6 +423,37 @@ namespace Flame
         public bool BroadcastParameters { get { return O.broadcast_parameters != 0; } set { O.broadcast_parameters = value ? 1 : 0; } }
     }
 
+    /// <summary>Options <c>flame_zero_options_t</c>, starting from the defaults of <c>flame_zero_options_init</c>; pass it to the functions that take it.</summary>
+    public sealed class ZeroOptions
+    {
+        internal flame_zero_options_t O;
+
+        /// <summary>The defaults (<c>flame_status_t flame_zero_options_init(flame_zero_options_t* opts)</c>).</summary>
+        [Wraps("flame_zero_options_init")]
+        public ZeroOptions()
+        {
+            Library.EnsureLoaded();
+            O = Init();
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe flame_zero_options_t Init()
+        {
+            flame_zero_options_t o;
+            Status.Check(Native.flame_zero_options_init(&o));
+            return o;
+        }
+
+        /// <summary>A copy of the C struct (struct_size set by <c>flame_zero_options_init</c>).</summary>
+        public flame_zero_options_t Raw { get { return O; } }
+        /// <summary><c>int32_t stage</c></summary>
+        public int Stage { get { return O.stage; } set { O.stage = value; } }
+        /// <summary><c>int32_t broadcast_parameters</c></summary>
+        public bool BroadcastParameters { get { return O.broadcast_parameters != 0; } set { O.broadcast_parameters = value ? 1 : 0; } }
+        /// <summary><c>double max_grad_norm</c></summary>
+        public double MaxGradNorm { get { return O.max_grad_norm; } set { O.max_grad_norm = value; } }
+    }
+
     public sealed partial class Tensor
     {
         /// <summary><c>flame_status_t flame_tensor_dtype(flame_tensor_t t, flame_dtype_t* dtype)</c></summary>

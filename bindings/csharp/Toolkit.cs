@@ -50,6 +50,7 @@ namespace Flame
     {
         public static readonly Action<IntPtr> Comm = h => Native.flame_comm_release(h);
         public static readonly Action<IntPtr> Dp = h => Native.flame_dp_release(h);
+        public static readonly Action<IntPtr> Zero = h => Native.flame_zero_release(h);
         public static readonly Action<IntPtr> Fused = h => Native.flame_fused_release(h);
         public static readonly Action<IntPtr> GradScaler = h => Native.flame_grad_scaler_release(h);
         public static readonly Action<IntPtr> Graph = h => Native.flame_graph_release(h);
@@ -795,6 +796,45 @@ namespace Flame
             return raw;
         }
 
+        /// <summary>flame_comm_env_local_rank: LOCAL_RANK of a launched job (flame-run, torchrun),
+        /// the device to create this process's context on; needs no GPU. Fails naming a missing or
+        /// malformed launch variable.</summary>
+        [Wraps("flame_comm_env_local_rank")]
+        public static int EnvLocalRank()
+        {
+            Library.EnsureLoaded();
+            return EnvLocalRankImpl();
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe int EnvLocalRankImpl()
+        {
+            int v = 0;
+            Status.Check(Native.flame_comm_env_local_rank(&v));
+            return v;
+        }
+
+        /// <summary>flame_comm_create_from_env: this process's rank of a launched job (RANK,
+        /// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; FLAME_RENDEZVOUS_TIMEOUT), meeting the
+        /// other ranks over TCP; ctx must be on device LOCAL_RANK; options null means the defaults.</summary>
+        [Wraps("flame_comm_create_from_env")]
+        public static Communicator CreateFromEnv(Context ctx, CommOptions options = null)
+        {
+            Library.EnsureLoaded();
+            return new Communicator(CreateFromEnvImpl(ctx, options));
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe IntPtr CreateFromEnvImpl(Context ctx, CommOptions options)
+        {
+            if (ctx == null) throw new ArgumentNullException("ctx");
+            flame_comm_options_t o = options == null ? default(flame_comm_options_t) : options.O;
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_comm_create_from_env(ctx.Raw, options == null ? null : &o, &raw));
+            GC.KeepAlive(ctx);
+            return raw;
+        }
+
         /// <summary>flame_comm_create_group: the ranks of one communicator from one thread, rank i on
         /// contexts[i] (distinct GPUs).</summary>
         [Wraps("flame_comm_create_group")]
@@ -927,6 +967,67 @@ namespace Flame
         {
             Status.Check(Native.flame_dp_wait(Raw));
             GC.KeepAlive(this);
+        }
+    }
+
+    /// <summary>Optimizer state sharded over the ranks of a communicator (flame_zero_t, ZeRO-1 or
+    /// ZeRO-2); Step replaces DataParallel.Wait + Optimizer.Step. Dispose releases it (the optimizer
+    /// stays sharded).</summary>
+    public sealed class Zero : IDisposable
+    {
+        readonly ReleasingHandle h;
+
+        /// <summary>flame_zero_create (collective): shards opt (not stepped yet) over comm; options
+        /// null means the defaults (stage 1, parameters broadcast from rank 0, no clipping).</summary>
+        [Wraps("flame_zero_create")]
+        public Zero(Communicator comm, Optimizer opt, ZeroOptions options = null)
+        {
+            Library.EnsureLoaded();
+            h = new ReleasingHandle(Create(comm, opt, options), Releasers.Zero);
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe IntPtr Create(Communicator comm, Optimizer opt, ZeroOptions options)
+        {
+            if (comm == null) throw new ArgumentNullException("comm");
+            if (opt == null) throw new ArgumentNullException("opt");
+            flame_zero_options_t o = options == null ? default(flame_zero_options_t) : options.O;
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_zero_create(comm.Raw, opt.Raw, options == null ? null : &o, &raw));
+            GC.KeepAlive(comm); GC.KeepAlive(opt);
+            return raw;
+        }
+
+        /// <summary>The raw handle (borrowed).</summary>
+        public IntPtr Raw { get { return h.Get("Zero"); } }
+
+        /// <summary>flame_zero_release.</summary>
+        [Wraps("flame_zero_release")]
+        public void Dispose() { h.Dispose(); }
+
+        /// <summary>flame_zero_step (collective): averages the gradients over the ranks, clips them
+        /// (MaxGradNorm), steps this rank's shard and all-gathers the parameters. Returns the global
+        /// gradient norm (a 0-d f32 tensor) when wantNorm, else null.</summary>
+        [Wraps("flame_zero_step")]
+        public unsafe Tensor Step(bool wantNorm = false)
+        {
+            IntPtr norm = IntPtr.Zero;
+            Status.Check(Native.flame_zero_step(Raw, wantNorm ? &norm : null));
+            GC.KeepAlive(this);
+            return wantNorm ? new Tensor(norm) : null;
+        }
+    }
+
+    public sealed partial class Optimizer
+    {
+        /// <summary>flame_optimizer_state_bytes: device bytes of this rank's optimizer state.</summary>
+        [Wraps("flame_optimizer_state_bytes")]
+        public unsafe ulong StateBytes()
+        {
+            ulong n = 0;
+            Status.Check(Native.flame_optimizer_state_bytes(Raw, &n));
+            GC.KeepAlive(this);
+            return n;
         }
     }
 

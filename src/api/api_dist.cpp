@@ -4,16 +4,20 @@
 // while the context lives. Every call locks the communicator's context; waits inside hold that
 // lock (a context serves one rank).
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include "api/guard.h"
 #include "api/toolkit_args.h"
 #include "dist/data_parallel.h"
+#include "dist/launch_env.h"
 #include "dist/rendezvous.h"
+#include "toolkit/zero.h"
 
 using namespace flame;
 
 constexpr uint64_t kCommMagic = 0xF1A3EC0330000001ull;
 constexpr uint64_t kDpMagic = 0xF1A3ED9A00000001ull;
+constexpr uint64_t kZeroMagic = 0xF1A3E2E700000001ull;
 
 struct flame_comm_s {
   uint64_t magic;
@@ -23,6 +27,11 @@ struct flame_comm_s {
 struct flame_dp_s {
   uint64_t magic;
   std::shared_ptr<DataParallel> d;
+};
+
+struct flame_zero_s {
+  uint64_t magic;
+  std::shared_ptr<ZeroOptimizer> z;
 };
 
 namespace {
@@ -39,6 +48,12 @@ DataParallel& unwrap_dp(flame_dp_t d) {
   FLAME_CHECK(d, FLAME_ERROR_INVALID_ARGUMENT, "dp is NULL");
   FLAME_CHECK(d->magic == kDpMagic && d->d, FLAME_ERROR_INVALID_HANDLE, "dp is not a live data-parallel helper (released already?)");
   return *d->d;
+}
+
+ZeroOptimizer& unwrap_zero(flame_zero_t z) {
+  FLAME_CHECK(z, FLAME_ERROR_INVALID_ARGUMENT, "zero is NULL");
+  FLAME_CHECK(z->magic == kZeroMagic && z->z, FLAME_ERROR_INVALID_HANDLE, "zero is not a live ZeRO helper (released already?)");
+  return *z->z;
 }
 
 // Parks an emptied handle in its context, as flame_grad_scaler_release does.
@@ -63,6 +78,19 @@ flame_comm_options_t comm_options(const flame_comm_options_t* opts) {
   FLAME_CHECK(o.timeout_ms >= 1 && o.timeout_ms <= (int64_t{1} << 40), FLAME_ERROR_INVALID_ARGUMENT, "opts->timeout_ms ",
               o.timeout_ms, " is not in [1, 2^40]");
   return o;
+}
+
+const char* process_env(const char* name) { return std::getenv(name); }
+
+// The launch environment's rank must drive the GPU its LOCAL_RANK names; a process that sees a
+// single GPU (CUDA_VISIBLE_DEVICES narrowed per rank, as Slurm and some launchers do) drives device 0.
+void check_device_matches(Context& c, const LaunchEnv& e) {
+  int count = 0;
+  c.check(c.drv.cuDeviceGetCount(&count), "cuDeviceGetCount");
+  const int expected = count == 1 ? 0 : e.local_rank;
+  FLAME_CHECK(c.ordinal == expected, FLAME_ERROR_INVALID_ARGUMENT, "ctx is on device ", c.ordinal, " but LOCAL_RANK=",
+              e.local_rank, " (of ", count, " visible devices) asks for device ", expected,
+              ": create the context with flame_ctx_options_t.device = LOCAL_RANK (flame_comm_env_local_rank)");
 }
 
 }  // namespace
@@ -117,6 +145,35 @@ FLAME_API flame_status_t flame_comm_create(flame_ctx_t ctx, const flame_comm_id_
     ncclUniqueId u;
     std::memcpy(&u, id->internal, sizeof u);
     *out = new flame_comm_s{kCommMagic, Comm::create(c, u, rank, world_size, o.timeout_ms)};
+  });
+}
+
+FLAME_API flame_status_t flame_comm_env_local_rank(int32_t* local_rank) {
+  if (local_rank) *local_rank = 0;
+  return api_call("flame_comm_env_local_rank", [&] {
+    FLAME_CHECK(local_rank, FLAME_ERROR_INVALID_ARGUMENT, "local_rank is NULL");
+    *local_rank = read_launch_env(process_env).local_rank;
+  });
+}
+
+FLAME_API flame_status_t flame_comm_create_from_env(flame_ctx_t ctx, const flame_comm_options_t* opts, flame_comm_t* out) {
+  return api_call("flame_comm_create_from_env", [&] {
+    out_param(out, "out");
+    Context& c = context_of(ctx);
+    flame_comm_options_t o = comm_options(opts);
+    const LaunchEnv e = read_launch_env(process_env);
+    LiveScope scope(c);
+    check_device_matches(c, e);
+    RendezvousId bytes{};
+    if (e.rank == 0) {
+      ncclUniqueId u = Comm::unique_id();
+      std::memcpy(bytes.data(), &u, sizeof u);
+    }
+    RendezvousPeer peer{e.master_addr, e.master_port, e.rank, e.world_size, e.rendezvous_timeout_seconds};
+    bytes = rendezvous_exchange(peer, bytes);
+    ncclUniqueId u;
+    std::memcpy(&u, bytes.data(), sizeof u);
+    *out = new flame_comm_s{kCommMagic, Comm::create(c, u, e.rank, e.world_size, o.timeout_ms)};
   });
 }
 
@@ -280,6 +337,60 @@ FLAME_API void flame_dp_release(flame_dp_t dp) {
   dp->magic = kDeadMagic;
   dp->d.reset();
   park(*keep, dp);
+}
+
+// ---------------- sharded optimizer state (ZeRO-1, ZeRO-2) ----------------
+
+FLAME_API flame_status_t flame_zero_options_init(flame_zero_options_t* opts) {
+  return api_call("flame_zero_options_init", [&] {
+    FLAME_CHECK(opts, FLAME_ERROR_INVALID_ARGUMENT, "opts is NULL");
+    *opts = flame_zero_options_t{};
+    opts->struct_size = sizeof *opts;
+    opts->stage = 1;
+    opts->broadcast_parameters = 1;
+    opts->max_grad_norm = 0;
+  });
+}
+
+FLAME_API flame_status_t flame_zero_create(flame_comm_t comm, flame_optimizer_t opt, const flame_zero_options_t* opts,
+                                           flame_zero_t* out) {
+  if (out) *out = nullptr;
+  return api_call("flame_zero_create", [&] {
+    Comm& c = unwrap_comm(comm);
+    out_param(out, "out");
+    std::shared_ptr<Optimizer> o = optimizer_ref(opt);
+    flame_zero_options_t zo;
+    flame_zero_options_init(&zo);
+    if (opts) {  // read only what the caller's (possibly older, smaller) struct holds
+      FLAME_CHECK(opts->struct_size >= sizeof(size_t) && opts->struct_size <= 4096, FLAME_ERROR_INVALID_ARGUMENT,
+                  "opts->struct_size is ", opts->struct_size, "; set it with flame_zero_options_init");
+      std::memcpy(&zo, opts, std::min(opts->struct_size, sizeof zo));
+      zo.struct_size = sizeof zo;
+    }
+    validate_zero_options(zo);
+    LiveScope scope(c.ctx());
+    *out = new flame_zero_s{kZeroMagic, std::make_shared<ZeroOptimizer>(comm->c, std::move(o), zo)};
+  });
+}
+
+FLAME_API flame_status_t flame_zero_step(flame_zero_t zero, flame_tensor_t* total_norm) {
+  if (total_norm) *total_norm = nullptr;
+  return api_call("flame_zero_step", [&] {
+    ZeroOptimizer& z = unwrap_zero(zero);
+    LiveScope scope(z.ctx());
+    Tensor norm = z.step(total_norm != nullptr);
+    if (total_norm) *total_norm = wrap(norm);
+  });
+}
+
+FLAME_API void flame_zero_release(flame_zero_t zero) {
+  if (!zero || zero->magic != kZeroMagic || !zero->z) return;
+  std::shared_ptr<Context> keep = zero->z->ctx().shared_from_this();
+  std::lock_guard<std::recursive_mutex> lock(keep->mutex);
+  keep->bind();
+  zero->magic = kDeadMagic;
+  zero->z.reset();
+  park(*keep, zero);
 }
 
 }  // extern "C"

@@ -146,6 +146,16 @@ FLAME_API flame_status_t flame_optimizer_step_count(flame_optimizer_t o, int64_t
   });
 }
 
+FLAME_API flame_status_t flame_optimizer_state_bytes(flame_optimizer_t o, uint64_t* bytes) {
+  if (bytes) *bytes = 0;
+  return api_call("flame_optimizer_state_bytes", [&] {
+    Optimizer& opt = unwrap_opt(o);
+    FLAME_CHECK(bytes, FLAME_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+    LiveScope scope(opt.ctx());
+    *bytes = opt.state_bytes();
+  });
+}
+
 // A released optimizer frees its state at once; the emptied handle is parked in the context's
 // dead_objects (as tensors and safetensors files), so passing it again is FLAME_ERROR_INVALID_HANDLE.
 FLAME_API void flame_optimizer_release(flame_optimizer_t o) {

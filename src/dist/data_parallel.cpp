@@ -113,6 +113,12 @@ DataParallel::DataParallel(std::shared_ptr<Comm> comm, std::vector<Tensor> param
 }
 
 void DataParallel::verify_same_parameters(const std::vector<Tensor>& params, bool local_ok, flame_status_t local_status) {
+  verify_same_parameter_lists(*comm_, params, local_ok ? FLAME_OK : local_status, "set up data parallelism");
+}
+
+void verify_same_parameter_lists(Comm& comm, const std::vector<Tensor>& params, flame_status_t local_status,
+                                 const char* what) {
+  const bool local_ok = local_status == FLAME_OK;
   // [status, count, hash of (dtype, shape) in order, total elements] from every rank.
   uint64_t hash = 0xcbf29ce484222325ull, total = 0;
   if (local_ok)
@@ -124,19 +130,19 @@ void DataParallel::verify_same_parameters(const std::vector<Tensor>& params, boo
     }
   std::array<int64_t, 4> mine{static_cast<int64_t>(local_status), static_cast<int64_t>(params.size()),
                               static_cast<int64_t>(hash), static_cast<int64_t>(total)};
-  Tensor local = ops::from_host(ctx(), mine.data(), sizeof mine, {4}, FLAME_DTYPE_I64);
-  Tensor all = comm_->all_gather(local);
-  comm_->synchronize();
-  std::vector<int64_t> v(4 * static_cast<size_t>(comm_->world()));
+  Tensor local = ops::from_host(comm.ctx(), mine.data(), sizeof mine, {4}, FLAME_DTYPE_I64);
+  Tensor all = comm.all_gather(local);
+  comm.synchronize();
+  std::vector<int64_t> v(4 * static_cast<size_t>(comm.world()));
   ops::to_host(all, v.data(), v.size() * sizeof(int64_t));
   if (!local_ok) return;  // the caller reports its own error
-  for (int r = 0; r < comm_->world(); ++r) {
+  for (int r = 0; r < comm.world(); ++r) {
     const int64_t* f = &v[4 * static_cast<size_t>(r)];
-    FLAME_CHECK(f[0] == FLAME_OK, FLAME_ERROR_INVALID_ARGUMENT, "rank ", r, " failed to set up data parallelism (",
+    FLAME_CHECK(f[0] == FLAME_OK, FLAME_ERROR_INVALID_ARGUMENT, "rank ", r, " failed to ", what, " (",
                 flame_status_string(static_cast<flame_status_t>(f[0])), "); see its own error message");
     FLAME_CHECK(f[1] == mine[1] && f[2] == mine[2] && f[3] == mine[3], FLAME_ERROR_SHAPE_MISMATCH, "rank ", r,
                 " registered a different parameter list (", f[1], " tensors, ", f[3], " elements) than rank ",
-                comm_->rank(), " (", mine[1], " tensors, ", mine[3],
+                comm.rank(), " (", mine[1], " tensors, ", mine[3],
                 " elements), or the same counts with other shapes or dtypes; every rank must pass the same model");
   }
 }

@@ -76,4 +76,11 @@ class DataParallel {
 
 void validate_dp_options(const flame_dp_options_t& o);
 
+// Collective: exchanges every rank's local_status and (count, dtypes, shapes) of params; a rank
+// whose own checks failed returns (its caller reports its error); the others fail with
+// FLAME_ERROR_INVALID_ARGUMENT naming that rank ("failed to <what>"), or FLAME_ERROR_SHAPE_MISMATCH
+// when the lists differ. Waits with the communicator's timeout.
+void verify_same_parameter_lists(Comm& comm, const std::vector<Tensor>& params, flame_status_t local_status,
+                                 const char* what);
+
 }  // namespace flame

@@ -111,6 +111,8 @@ bool parse_name(const std::string& name, const std::vector<std::string>& slots, 
 
 void save_optimizer_state(Optimizer& opt, const std::string& path) {
   Context& c = opt.ctx();
+  FLAME_CHECK(!opt.sharded(), FLAME_ERROR_UNSUPPORTED,
+              "the optimizer is sharded over ranks (flame_zero_create): its state files are not supported yet");
   c.forbid_in_capture("writing an optimizer state file");
   const std::vector<std::string> slots = slot_names(opt.kind());
   std::vector<st::TensorEntry> entries;
@@ -161,6 +163,8 @@ void save_optimizer_state(Optimizer& opt, const std::string& path) {
 
 void load_optimizer_state(Optimizer& opt, const std::string& path) {
   Context& c = opt.ctx();
+  FLAME_CHECK(!opt.sharded(), FLAME_ERROR_UNSUPPORTED,
+              "the optimizer is sharded over ranks (flame_zero_create): its state files are not supported yet");
   c.forbid_in_capture("reading an optimizer state file");
   io::MappedFile file(path);
   st::Header h;

@@ -61,6 +61,8 @@ void validate_optimizer_options(const flame_optimizer_options_t& o, int32_t kind
 }
 
 void Optimizer::add_group(const flame_optimizer_options_t& opts, const std::vector<Tensor>& params) {
+  FLAME_CHECK(!sharded_, FLAME_ERROR_INVALID_ARGUMENT,
+              "the optimizer is sharded over ranks (flame_zero_create): add every group before sharding it");
   validate_optimizer_options(opts, kind_);
   std::set<const TensorImpl*> seen;
   for (auto& g : groups_)
@@ -76,7 +78,9 @@ void Optimizer::add_group(const flame_optimizer_options_t& opts, const std::vect
                 "] is not a leaf tensor");
     FLAME_CHECK(seen.insert(p.get()).second, FLAME_ERROR_INVALID_ARGUMENT, "params[", i,
                 "] appears twice in the optimizer");
-    g.params.push_back({p, nullptr, nullptr, nullptr, nullptr, 0});
+    OptimParam entry;
+    entry.param = p;
+    g.params.push_back(std::move(entry));
   }
   groups_.push_back(std::move(g));
   record_stale_ = true;  // one more learning rate in the device record
@@ -155,6 +159,41 @@ static Tensor zero_state(Context& ctx, const Shape& shape, DType dtype) {
 }
 
 void Optimizer::step() {
+  FLAME_CHECK(!sharded_, FLAME_ERROR_INVALID_ARGUMENT,
+              "the optimizer is sharded over ranks (flame_zero_create): step it with flame_zero_step");
+  run_step();
+}
+
+void Optimizer::step_shard() {
+  FLAME_CHECK(sharded_, FLAME_ERROR_INTERNAL, "step_shard on an optimizer that is not sharded");
+  run_step();
+}
+
+void Optimizer::make_sharded() {
+  check_shardable();
+  sharded_ = true;
+}
+
+void Optimizer::check_shardable() const {
+  FLAME_CHECK(steps_ == 0, FLAME_ERROR_INVALID_ARGUMENT, "the optimizer stepped already (", steps_,
+              " steps): shard it before its first step");
+  for (auto& g : groups_)
+    for (auto& p : g.params)
+      FLAME_CHECK(!p.m && !p.v && !p.vmax && !p.master, FLAME_ERROR_INVALID_ARGUMENT,
+                  "the optimizer holds state already (loaded from a file?): shard it before its first step");
+  FLAME_CHECK(!sharded_, FLAME_ERROR_INVALID_ARGUMENT, "the optimizer is sharded already (one ZeRO helper per optimizer)");
+}
+
+uint64_t Optimizer::state_bytes() const {
+  uint64_t n = 0;
+  for (auto& g : groups_)
+    for (auto& p : g.params)
+      for (const Tensor* t : {&p.m, &p.v, &p.vmax, &p.master})
+        if (*t) n += static_cast<uint64_t>((*t)->numel()) * (*t)->elem_size();
+  return n;
+}
+
+void Optimizer::run_step() {
   Context& ctx = *ctx_;
   const bool capturing = ctx.capture != nullptr;
   const int64_t t = steps_ + 1;  // the step the device record will hold after optim_tick
@@ -178,26 +217,46 @@ void Optimizer::step() {
                           (o.momentum > 0 ? kHasMomentum : 0) | (o.stochastic_rounding ? kStochastic : 0);
     for (auto& p : grp.params) {
       const Tensor& w = p.param;
-      if (!w->autograd || !w->autograd->grad) continue;  // no gradient: skipped, as torch.optim
-      Tensor g = w->autograd->grad;
-      FLAME_CHECK(g->shape == w->shape && g->dtype == w->dtype, FLAME_ERROR_SHAPE_MISMATCH, "the gradient of a parameter ",
-                  shape_str(w->shape), " ", dtype_name(w->dtype), " is ", shape_str(g->shape), " ", dtype_name(g->dtype));
-      if (!g->contiguous()) {
-        g = ops::contiguous(alias(g));
-        keep.push_back(g);
+      // Unsharded: the whole parameter from its .grad (none: skipped, as torch.optim). Sharded: the
+      // owned elements [lo, lo + numel) from shard_grad; the state holds those elements only.
+      int64_t lo = 0, numel = w->numel();
+      Shape state_shape = w->shape;
+      Tensor g;
+      if (sharded_) {
+        lo = p.shard_lo;
+        numel = p.shard_hi - p.shard_lo;
+        state_shape = {numel};
+        g = p.shard_grad;
+        FLAME_CHECK(numel >= 0 && lo >= 0 && p.shard_hi <= w->numel(), FLAME_ERROR_INTERNAL, "bad shard range");
+        if (numel == 0) {
+          rng_total += w->numel();
+          continue;  // owned by other ranks
+        }
+        FLAME_CHECK(g && g->numel() == numel && g->dtype == w->dtype && g->contiguous(), FLAME_ERROR_INTERNAL,
+                    "a sharded step without the shard's gradient");
+      } else {
+        if (!w->autograd || !w->autograd->grad) continue;  // no gradient: skipped, as torch.optim
+        g = w->autograd->grad;
+        FLAME_CHECK(g->shape == w->shape && g->dtype == w->dtype, FLAME_ERROR_SHAPE_MISMATCH, "the gradient of a parameter ",
+                    shape_str(w->shape), " ", dtype_name(w->dtype), " is ", shape_str(g->shape), " ", dtype_name(g->dtype));
+        if (!g->contiguous()) {
+          g = ops::contiguous(alias(g));
+          keep.push_back(g);
+        }
       }
       const DType cd = compute_dtype(w->dtype);
       const bool adam = o.kind == FLAME_OPTIMIZER_ADAM || o.kind == FLAME_OPTIMIZER_ADAMW;
       const bool needs_m = adam || o.kind == FLAME_OPTIMIZER_LION || (o.kind == FLAME_OPTIMIZER_SGD && o.momentum > 0);
       if (needs_m && !p.m) {
-        p.m = zero_state(ctx, w->shape, cd);
+        p.m = zero_state(ctx, state_shape, cd);
         p.first_step = t;
       }
-      if (adam && !p.v) p.v = zero_state(ctx, w->shape, cd);
-      if (adam && o.amsgrad && !p.vmax) p.vmax = zero_state(ctx, w->shape, cd);
+      if (adam && !p.v) p.v = zero_state(ctx, state_shape, cd);
+      if (adam && o.amsgrad && !p.vmax) p.vmax = zero_state(ctx, state_shape, cd);
       if (o.master_weights && w->dtype != cd && !p.master) {
         ctx.forbid_in_capture("creating f32 master weights (run one eager step before capturing)");
-        p.master = ops::to_dtype(alias(w), cd);
+        p.master = sharded_ ? ops::contiguous(ops::to_dtype(ops::narrow(ops::reshape(alias(w), {w->numel()}), 0, lo, numel), cd))
+                            : ops::to_dtype(alias(w), cd);
       }
       auto at = index.find(w->dtype);
       if (at == index.end()) {
@@ -205,12 +264,13 @@ void Optimizer::step() {
         launches.push_back({w->dtype, gi, {}, {}, flags, 0});
       }
       Launch& l = launches[at->second];
-      OptimTensor ot{w->data(), g->data(), p.m ? p.m->data() : 0, p.v ? p.v->data() : 0, p.vmax ? p.vmax->data() : 0,
-                     p.master ? p.master->data() : 0, w->numel(), rng_total, p.first_step};
+      const CUdeviceptr param_at = w->data() + static_cast<CUdeviceptr>(lo) * w->elem_size();
+      OptimTensor ot{param_at, g->data(), p.m ? p.m->data() : 0, p.v ? p.v->data() : 0, p.vmax ? p.vmax->data() : 0,
+                     p.master ? p.master->data() : 0, numel, rng_total + lo, p.first_step};
       rng_total += w->numel();
       const int64_t idx = static_cast<int64_t>(l.tensors.size());
       l.tensors.push_back(ot);
-      for (int64_t s = 0; s < w->numel(); s += kChunk) l.chunks.push_back({idx, s});
+      for (int64_t s = 0; s < numel; s += kChunk) l.chunks.push_back({idx, s});
     }
     if (o.stochastic_rounding && rng_total > 0) {
       ctx.forbid_in_capture("stochastic rounding (each replay would draw the same bits)");
@@ -261,7 +321,8 @@ void Optimizer::step() {
   }
   for (auto& grp : groups_)
     for (auto& p : grp.params)
-      if (p.param->autograd && p.param->autograd->grad) p.param->storage->version.fetch_add(1);
+      if (sharded_ ? p.shard_hi > p.shard_lo : p.param->autograd && p.param->autograd->grad)
+        p.param->storage->version.fetch_add(1);
   if (!capturing) {
     steps_ = t;
     return;

@@ -23,10 +23,16 @@
 
 namespace flame {
 
+// Sharded optimizers (ZeRO, toolkit/zero.h): a rank steps only the elements [shard_lo, shard_hi) of
+// each parameter (flat, row-major), reading their gradient from shard_grad (1-D, shard_hi - shard_lo
+// elements, set before every step); the state tensors then hold only those elements (1-D). Stochastic
+// rounding draws element i of a parameter from the same Philox counter as the unsharded step.
 struct OptimParam {
   Tensor param;
   Tensor m, v, vmax, master;  // created at the first step that sees a gradient
   int64_t first_step = 0;      // the step that created m (SGD's buffer starts as that step's gradient)
+  int64_t shard_lo = 0, shard_hi = 0;  // sharded optimizers only: the elements this rank steps
+  Tensor shard_grad;                   // sharded optimizers only: their gradient
 };
 
 struct OptimGroup {
@@ -46,7 +52,18 @@ class Optimizer : public std::enable_shared_from_this<Optimizer> {
   // Validates opts (same kind as the optimizer, finite non-negative values) and params (floating,
   // contiguous leaves of this context, no duplicates in the optimizer).
   void add_group(const flame_optimizer_options_t& opts, const std::vector<Tensor>& params);
+  // Steps every parameter with a .grad; FLAME_ERROR_INVALID_ARGUMENT on a sharded optimizer.
   void step();
+  // From now on the optimizer is sharded (see OptimParam): only step_shard steps it, no group can
+  // be added, and its state cannot be saved or loaded. Needs an optimizer that never stepped.
+  void make_sharded();
+  // Throws (FLAME_ERROR_INVALID_ARGUMENT) unless make_sharded may be called.
+  void check_shardable() const;
+  bool sharded() const { return sharded_; }
+  // Steps the owned elements of every parameter from their shard_grad (sharded optimizers).
+  void step_shard();
+  // Bytes of device memory held by the state tensors (moments, master weights).
+  uint64_t state_bytes() const;
   void zero_grad(bool set_to_none);
   // Sets the host value and, in stream order, the device record's (a memset, capturable).
   void set_lr(int32_t group, double lr);
@@ -69,6 +86,8 @@ class Optimizer : public std::enable_shared_from_this<Optimizer> {
   std::vector<OptimGroup> groups_;
   Tensor record_;              // [int64 step, f64 lr per group] on the device
   bool record_stale_ = true;   // host step count or groups changed: upload before the next step
+  bool sharded_ = false;
+  void run_step();
   uint64_t take_rounding_rng(uint64_t n);
   void sync_record();
 };

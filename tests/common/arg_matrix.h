@@ -480,6 +480,32 @@ class Args {
     return d;
   }
   flame_dp_t* out_dp(const char* name) { return out_slot<flame_dp_t>(name, OutKind::Dp); }
+  // a.zero: a ZeRO helper over a world-size-1 communicator and a fresh live optimizer (Live).
+  flame_zero_t zero(const char* name) {
+    int h = handle_index(name, true, false);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_zero_t>(garbage());
+    if (bad_now(h)) {
+      if (bad == Bad::Foreign) return live_zero(ctx2_, true);
+      if (bad == Bad::Released) {
+        flame_zero_t z = live_zero(ctx_, false);
+        flame_zero_release(z);
+        return z;
+      }
+      return reinterpret_cast<flame_zero_t>(garbage());
+    }
+    return live_zero(ctx_, true);
+  }
+  flame_zero_t release_zero(const char* name) {
+    takes_released = true;
+    nullable(name);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_zero_t>(garbage());
+    flame_zero_t z = live_zero(ctx_, false);
+    if (bad == Bad::Released) flame_zero_release(z);
+    return z;
+  }
+  flame_zero_t* out_zero(const char* name) { return out_slot<flame_zero_t>(name, OutKind::Zero); }
   const flame_comm_id_t* comm_id(const char* name) {
     nullable(name);
     if (null_now() || mode_ == Mode::Probe) return nullptr;
@@ -722,7 +748,7 @@ class Args {
   Mode mode() const { return mode_; }
 
  private:
-  enum class OutKind { None, Tensor, Ctx, Hook, Dl, Dlv, Opt, St, Scaler, Lora, Graph, Comm, Dp, Fused, Scope, Params, Model };
+  enum class OutKind { None, Tensor, Ctx, Hook, Dl, Dlv, Opt, St, Scaler, Lora, Graph, Comm, Dp, Zero, Fused, Scope, Params, Model };
   struct OutSlot {
     OutKind kind;
     void** slot;
@@ -867,6 +893,14 @@ class Args {
     if (keep) dps_.push_back(d);
     return d;
   }
+  flame_zero_t live_zero(flame_ctx_t c, bool keep) {
+    flame_comm_t comm = live_comm(c, true);
+    flame_optimizer_t opt = live_optimizer(c, true);
+    flame_zero_t z = nullptr;
+    if (!comm || !opt || flame_zero_create(comm, opt, nullptr, &z) != FLAME_OK) return nullptr;
+    if (keep) zeros_.push_back(z);
+    return z;
+  }
   flame_lora_t live_lora(flame_ctx_t c, bool keep) {
     flame_tensor_t w = live_tensor(c, sp({4, 3})), b = live_tensor(c, sp({4}));
     flame_lora_t l = nullptr;
@@ -969,6 +1003,7 @@ class Args {
   bool end_capture_ = false;
   std::vector<flame_comm_t> comms_;
   std::vector<flame_dp_t> dps_;
+  std::vector<flame_zero_t> zeros_;
   std::vector<flame_fused_t> fused_;
   std::vector<flame_scope_t> scopes_;
   flame_scope_t row_scope_ = nullptr;
@@ -1050,6 +1085,7 @@ inline void Args::finish(flame_status_t status) {
       case OutKind::Graph: flame_graph_release(static_cast<flame_graph_t>(v)); break;
       case OutKind::Comm: flame_comm_release(static_cast<flame_comm_t>(v)); break;
       case OutKind::Dp: flame_dp_release(static_cast<flame_dp_t>(v)); break;
+      case OutKind::Zero: flame_zero_release(static_cast<flame_zero_t>(v)); break;
       case OutKind::Fused: flame_fused_release(static_cast<flame_fused_t>(v)); break;
       case OutKind::Scope: flame_scope_end(static_cast<flame_scope_t>(v)); break;
       case OutKind::Params: flame_params_release(static_cast<flame_params_t>(v)); break;
@@ -1085,6 +1121,8 @@ inline void Args::finish(flame_status_t status) {
   }
   for (flame_dp_t d : dps_) flame_dp_release(d);  // before the communicators they hold
   dps_.clear();
+  for (flame_zero_t z : zeros_) flame_zero_release(z);
+  zeros_.clear();
   for (flame_comm_t c : comms_) flame_comm_release(c);
   comms_.clear();
   for (flame_fused_t f : fused_) flame_fused_release(f);

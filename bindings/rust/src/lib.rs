@@ -127,7 +127,7 @@ pub use ops::{Activation, DType, LogLevel, OptimizerKind, PadMode, ReduceOp, Red
 pub use optim::{Optimizer, OptimizerOptions};
 pub use safetensors::{save_safetensors, Params, ParamsLoad, SafetensorsFile};
 pub use toolkit::{
-    unwrapped, Comm, CommId, CommOptions, ConvOptions, DataParallel, DataParallelOptions, Fused, Graph, GradScaler,
+    unwrapped, Comm, CommId, CommOptions, ConvOptions, DataParallel, DataParallelOptions, Zero, ZeroOptions, Fused, Graph, GradScaler,
     GradScalerOptions, Lora, Pool2dOptions, RopeOptions, HAND_WRAPPED, NOT_WRAPPED_BY_DESIGN, STAT_COLUMNS,
 };
 pub use sys::Status;

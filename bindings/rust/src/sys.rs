@@ -446,6 +446,11 @@ pub struct flame_dp_s {
 }
 pub type flame_dp_t = *mut flame_dp_s;
 #[repr(C)]
+pub struct flame_zero_s {
+    _opaque: [u8; 0],
+}
+pub type flame_zero_t = *mut flame_zero_s;
+#[repr(C)]
 pub struct flame_model_s {
     _opaque: [u8; 0],
 }
@@ -585,6 +590,15 @@ pub struct flame_dp_options_t {
     pub struct_size: usize,
     pub bucket_bytes: u64,
     pub broadcast_parameters: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flame_zero_options_t {
+    pub struct_size: usize,
+    pub stage: i32,
+    pub broadcast_parameters: i32,
+    pub max_grad_norm: f64,
 }
 
 // ---- functions ----
@@ -865,6 +879,8 @@ pub const SYMBOLS: &[&str] = &[
     "flame_comm_unique_id",
     "flame_comm_rendezvous",
     "flame_comm_create",
+    "flame_comm_env_local_rank",
+    "flame_comm_create_from_env",
     "flame_comm_create_group",
     "flame_comm_release",
     "flame_comm_rank",
@@ -879,6 +895,11 @@ pub const SYMBOLS: &[&str] = &[
     "flame_dp_set_sync",
     "flame_dp_wait",
     "flame_dp_release",
+    "flame_zero_options_init",
+    "flame_zero_create",
+    "flame_zero_step",
+    "flame_zero_release",
+    "flame_optimizer_state_bytes",
     "flame_model_known_architectures",
     "flame_model_create",
     "flame_model_load",
@@ -1174,6 +1195,8 @@ pub struct Api {
     pub flame_comm_unique_id: unsafe extern "C" fn(ctx: flame_ctx_t, id: *mut flame_comm_id_t) -> flame_status_t,
     pub flame_comm_rendezvous: unsafe extern "C" fn(master_addr: *const c_char, master_port: i32, rank: i32, world_size: i32, timeout_seconds: f64, id: *mut flame_comm_id_t) -> flame_status_t,
     pub flame_comm_create: unsafe extern "C" fn(ctx: flame_ctx_t, id: *const flame_comm_id_t, rank: i32, world_size: i32, opts: *const flame_comm_options_t, out: *mut flame_comm_t) -> flame_status_t,
+    pub flame_comm_env_local_rank: unsafe extern "C" fn(local_rank: *mut i32) -> flame_status_t,
+    pub flame_comm_create_from_env: unsafe extern "C" fn(ctx: flame_ctx_t, opts: *const flame_comm_options_t, out: *mut flame_comm_t) -> flame_status_t,
     pub flame_comm_create_group: unsafe extern "C" fn(ctxs: *const flame_ctx_t, n: i32, opts: *const flame_comm_options_t, comms: *mut flame_comm_t) -> flame_status_t,
     pub flame_comm_release: unsafe extern "C" fn(comm: flame_comm_t),
     pub flame_comm_rank: unsafe extern "C" fn(comm: flame_comm_t, rank: *mut i32) -> flame_status_t,
@@ -1188,6 +1211,11 @@ pub struct Api {
     pub flame_dp_set_sync: unsafe extern "C" fn(dp: flame_dp_t, sync: i32) -> flame_status_t,
     pub flame_dp_wait: unsafe extern "C" fn(dp: flame_dp_t) -> flame_status_t,
     pub flame_dp_release: unsafe extern "C" fn(dp: flame_dp_t),
+    pub flame_zero_options_init: unsafe extern "C" fn(opts: *mut flame_zero_options_t) -> flame_status_t,
+    pub flame_zero_create: unsafe extern "C" fn(comm: flame_comm_t, opt: flame_optimizer_t, opts: *const flame_zero_options_t, out: *mut flame_zero_t) -> flame_status_t,
+    pub flame_zero_step: unsafe extern "C" fn(zero: flame_zero_t, total_norm: *mut flame_tensor_t) -> flame_status_t,
+    pub flame_zero_release: unsafe extern "C" fn(zero: flame_zero_t),
+    pub flame_optimizer_state_bytes: unsafe extern "C" fn(opt: flame_optimizer_t, bytes: *mut u64) -> flame_status_t,
     pub flame_model_known_architectures: unsafe extern "C" fn(names: *mut *const c_char) -> flame_status_t,
     pub flame_model_create: unsafe extern "C" fn(ctx: flame_ctx_t, architecture: *const c_char, config_json: *const c_char, options_json: *const c_char, model: *mut flame_model_t) -> flame_status_t,
     pub flame_model_load: unsafe extern "C" fn(ctx: flame_ctx_t, path: *const c_char, options_json: *const c_char, model: *mut flame_model_t) -> flame_status_t,
@@ -1491,6 +1519,8 @@ impl Api {
             flame_comm_unique_id: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut flame_comm_id_t) -> flame_status_t>(resolve(b"flame_comm_unique_id\0")?),
             flame_comm_rendezvous: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char, i32, i32, i32, f64, *mut flame_comm_id_t) -> flame_status_t>(resolve(b"flame_comm_rendezvous\0")?),
             flame_comm_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_comm_id_t, i32, i32, *const flame_comm_options_t, *mut flame_comm_t) -> flame_status_t>(resolve(b"flame_comm_create\0")?),
+            flame_comm_env_local_rank: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut i32) -> flame_status_t>(resolve(b"flame_comm_env_local_rank\0")?),
+            flame_comm_create_from_env: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const flame_comm_options_t, *mut flame_comm_t) -> flame_status_t>(resolve(b"flame_comm_create_from_env\0")?),
             flame_comm_create_group: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const flame_ctx_t, i32, *const flame_comm_options_t, *mut flame_comm_t) -> flame_status_t>(resolve(b"flame_comm_create_group\0")?),
             flame_comm_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_comm_t)>(resolve(b"flame_comm_release\0")?),
             flame_comm_rank: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_comm_t, *mut i32) -> flame_status_t>(resolve(b"flame_comm_rank\0")?),
@@ -1505,6 +1535,11 @@ impl Api {
             flame_dp_set_sync: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_dp_t, i32) -> flame_status_t>(resolve(b"flame_dp_set_sync\0")?),
             flame_dp_wait: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_dp_t) -> flame_status_t>(resolve(b"flame_dp_wait\0")?),
             flame_dp_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_dp_t)>(resolve(b"flame_dp_release\0")?),
+            flame_zero_options_init: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut flame_zero_options_t) -> flame_status_t>(resolve(b"flame_zero_options_init\0")?),
+            flame_zero_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_comm_t, flame_optimizer_t, *const flame_zero_options_t, *mut flame_zero_t) -> flame_status_t>(resolve(b"flame_zero_create\0")?),
+            flame_zero_step: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_zero_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_zero_step\0")?),
+            flame_zero_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_zero_t)>(resolve(b"flame_zero_release\0")?),
+            flame_optimizer_state_bytes: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *mut u64) -> flame_status_t>(resolve(b"flame_optimizer_state_bytes\0")?),
             flame_model_known_architectures: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut *const c_char) -> flame_status_t>(resolve(b"flame_model_known_architectures\0")?),
             flame_model_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, *const c_char, *const c_char, *mut flame_model_t) -> flame_status_t>(resolve(b"flame_model_create\0")?),
             flame_model_load: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, *const c_char, *mut flame_model_t) -> flame_status_t>(resolve(b"flame_model_load\0")?),

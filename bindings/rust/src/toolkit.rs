@@ -713,6 +713,24 @@ impl Comm {
         Ok(Comm { raw })
     }
 
+    /// `LOCAL_RANK` of a launched job (`flame_comm_env_local_rank`; needs no GPU): the device to
+    /// create this process's [`Context`] on. Fails naming a missing or malformed launch variable.
+    pub fn env_local_rank() -> Result<i32> {
+        let mut v = 0i32;
+        check(unsafe { (api()?.flame_comm_env_local_rank)(&mut v) })?;
+        Ok(v)
+    }
+
+    /// This process's rank of a launched job (`flame_comm_create_from_env`): reads RANK,
+    /// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (and FLAME_RENDEZVOUS_TIMEOUT), meets the
+    /// other ranks over TCP and creates the communicator on `ctx` (which must be on LOCAL_RANK).
+    pub fn from_env(ctx: &Context, opts: &CommOptions) -> Result<Comm> {
+        let raw_opts = opts.to_raw();
+        let mut raw = std::ptr::null_mut();
+        check(unsafe { (api()?.flame_comm_create_from_env)(ctx.raw, &raw_opts, &mut raw) })?;
+        Ok(Comm { raw })
+    }
+
     /// Every rank of one communicator, rank i on `ctxs[i]`, from one thread (`flame_comm_create_group`).
     pub fn create_group(ctxs: &[&Context], opts: &CommOptions) -> Result<Vec<Comm>> {
         let api = api()?;
@@ -836,6 +854,83 @@ impl Drop for DataParallel {
     }
 }
 
+/// Options of [`Zero`] (`flame_zero_options_t`); `Default` calls `flame_zero_options_init`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ZeroOptions {
+    /// 1: all-reduce the gradients; 2: reduce-scatter them (full gradients freed after the step).
+    pub stage: i32,
+    pub broadcast_parameters: bool,
+    /// > 0: clip the gradients by their global 2-norm; 0: no clipping.
+    pub max_grad_norm: f64,
+}
+
+impl Default for ZeroOptions {
+    fn default() -> Self {
+        let r: sys::flame_zero_options_t = init_raw(|a, p| unsafe { (a.flame_zero_options_init)(p) });
+        ZeroOptions { stage: r.stage, broadcast_parameters: r.broadcast_parameters != 0, max_grad_norm: r.max_grad_norm }
+    }
+}
+
+impl ZeroOptions {
+    /// The C struct with `struct_size` set.
+    pub fn to_raw(&self) -> sys::flame_zero_options_t {
+        sys::flame_zero_options_t {
+            struct_size: std::mem::size_of::<sys::flame_zero_options_t>(),
+            stage: self.stage,
+            broadcast_parameters: self.broadcast_parameters as i32,
+            max_grad_norm: self.max_grad_norm,
+        }
+    }
+}
+
+/// Optimizer state sharded over the ranks of a communicator (`flame_zero_t`, ZeRO-1 / ZeRO-2).
+/// [`Zero::step`] replaces [`DataParallel::wait`] + `Optimizer::step`. Drop releases it (the
+/// optimizer stays sharded).
+pub struct Zero {
+    raw: sys::flame_zero_t,
+}
+unsafe impl Send for Zero {}
+
+impl Zero {
+    /// Collective: shards `opt` (not stepped yet) over `comm` (`flame_zero_create`).
+    pub fn new(comm: &Comm, opt: &Optimizer, opts: &ZeroOptions) -> Result<Zero> {
+        let raw_opts = opts.to_raw();
+        let mut raw = std::ptr::null_mut();
+        check(unsafe { (api()?.flame_zero_create)(comm.raw, opt.as_raw(), &raw_opts, &mut raw) })?;
+        Ok(Zero { raw })
+    }
+
+    /// Collective: one sharded optimizer step (`flame_zero_step`); returns the global gradient
+    /// norm (0-d f32) when `want_norm`.
+    pub fn step(&self, want_norm: bool) -> Result<Option<Tensor>> {
+        let api = api()?;
+        if !want_norm {
+            check(unsafe { (api.flame_zero_step)(self.raw, std::ptr::null_mut()) })?;
+            return Ok(None);
+        }
+        let mut norm = std::ptr::null_mut();
+        check(unsafe { (api.flame_zero_step)(self.raw, &mut norm) })?;
+        Ok(Some(unsafe { Tensor::from_raw(norm) }))
+    }
+}
+
+impl Drop for Zero {
+    fn drop(&mut self) {
+        if let Ok(api) = api() {
+            unsafe { (api.flame_zero_release)(self.raw) };
+        }
+    }
+}
+
+impl Optimizer {
+    /// Device bytes of this rank's optimizer state (`flame_optimizer_state_bytes`).
+    pub fn state_bytes(&self) -> Result<u64> {
+        let mut n = 0u64;
+        check(unsafe { (api()?.flame_optimizer_state_bytes)(self.as_raw(), &mut n) })?;
+        Ok(n)
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fused expressions
 // ---------------------------------------------------------------------------------------------
@@ -936,6 +1031,8 @@ pub const HAND_WRAPPED: &[(&str, &str)] = &[
     ("flame_comm_rendezvous", "Comm::rendezvous"),
     ("flame_comm_create", "Comm::new"),
     ("flame_comm_create_group", "Comm::create_group"),
+    ("flame_comm_env_local_rank", "Comm::env_local_rank"),
+    ("flame_comm_create_from_env", "Comm::from_env"),
     ("flame_comm_release", "Comm::drop"),
     ("flame_comm_rank", "Comm::rank"),
     ("flame_comm_size", "Comm::size"),
@@ -949,6 +1046,11 @@ pub const HAND_WRAPPED: &[(&str, &str)] = &[
     ("flame_dp_set_sync", "DataParallel::set_sync"),
     ("flame_dp_wait", "DataParallel::wait"),
     ("flame_dp_release", "DataParallel::drop"),
+    ("flame_zero_options_init", "ZeroOptions::default"),
+    ("flame_zero_create", "Zero::new"),
+    ("flame_zero_step", "Zero::step"),
+    ("flame_zero_release", "Zero::drop"),
+    ("flame_optimizer_state_bytes", "Optimizer::state_bytes"),
     ("flame_fused_compile", "Fused::compile"),
     ("flame_fused_call", "Fused::call"),
     ("flame_fused_release", "Fused::drop"),

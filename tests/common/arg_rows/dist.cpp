@@ -17,11 +17,25 @@ const flame_dp_options_t* dp_opts(Args& a) {
   return o;
 }
 
+// The launch variables of a one-rank job on device 0 (no peer, no network): set before the rows of
+// the two functions that read them, whose valid call must succeed.
+template <class T>
+T launched_alone(T arg) {
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  setenv("LOCAL_RANK", "0", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  return arg;
+}
+
 FLAME_ARG_ROW(flame_comm_options_init, a.out<flame_comm_options_t>("opts"));
 FLAME_ARG_ROW(flame_comm_unique_id, a.ctx("ctx"), a.out<flame_comm_id_t>("id"));
 // world_size 1: returns at once, no network peer needed.
 FLAME_ARG_ROW(flame_comm_rendezvous, a.str("master_addr", "127.0.0.1"), 29500, 0, 1, 5.0, a.out<flame_comm_id_t>("id"));
 FLAME_ARG_ROW(flame_comm_create, a.ctx("ctx"), a.comm_id("id"), 0, 1, comm_opts(a), a.out_comm("out"));
+FLAME_ARG_ROW(flame_comm_env_local_rank, launched_alone(a.out<int32_t>("local_rank")));
+FLAME_ARG_ROW(flame_comm_create_from_env, launched_alone(a.ctx("ctx")), comm_opts(a), a.out_comm("out"));
 FLAME_ARG_ROW(flame_comm_create_group, a.ctx_array("ctxs"), 1, comm_opts(a), a.out_comm("comms"));
 FLAME_ARG_VOID(flame_comm_release, a.release_comm("comm"));
 FLAME_ARG_ROW(flame_comm_rank, a.comm("comm"), a.out<int32_t>("rank"));
@@ -37,5 +51,17 @@ FLAME_ARG_ROW(flame_dp_create, a.comm("comm"), a.ts("params", {param()}), 1, dp_
 FLAME_ARG_ROW(flame_dp_set_sync, a.dp("dp"), 0);
 FLAME_ARG_ROW(flame_dp_wait, a.dp("dp"));
 FLAME_ARG_VOID(flame_dp_release, a.release_dp("dp"));
+
+const flame_zero_options_t* zero_opts(Args& a) {  // may be NULL by contract: never NULLed
+  auto* o = a.opt_out<flame_zero_options_t>("opts");
+  if (o) flame_zero_options_init(o);
+  return o;
+}
+
+FLAME_ARG_ROW(flame_zero_options_init, a.out<flame_zero_options_t>("opts"));
+FLAME_ARG_ROW(flame_zero_create, a.comm("comm"), a.opt("opt"), zero_opts(a), a.out_zero("out"));
+FLAME_ARG_ROW(flame_zero_step, a.zero("zero"), a.opt_out_t("total_norm"));
+FLAME_ARG_VOID(flame_zero_release, a.release_zero("zero"));
+FLAME_ARG_ROW(flame_optimizer_state_bytes, a.opt("opt"), a.out<uint64_t>("bytes"));
 
 }  // namespace

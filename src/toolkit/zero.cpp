@@ -1,0 +1,212 @@
+#include "toolkit/zero.h"
+#include <cmath>
+#include <map>
+#include "core/error.h"
+#include "dist/data_parallel.h"
+#include "ops/ops.h"
+#include "tensor/autograd_graph.h"
+
+namespace flame {
+
+void validate_zero_options(const flame_zero_options_t& o) {
+  FLAME_CHECK(o.stage == 1 || o.stage == 2, FLAME_ERROR_INVALID_ARGUMENT, "opts->stage ", o.stage,
+              " is not 1 or 2 (parameter sharding, ZeRO-3, is not available)");
+  FLAME_CHECK(o.broadcast_parameters == 0 || o.broadcast_parameters == 1, FLAME_ERROR_INVALID_ARGUMENT,
+              "opts->broadcast_parameters must be 0 or 1");
+  FLAME_CHECK(std::isfinite(o.max_grad_norm) && o.max_grad_norm >= 0, FLAME_ERROR_INVALID_ARGUMENT,
+              "opts->max_grad_norm must be finite and >= 0 (0: no clipping), got ", o.max_grad_norm);
+}
+
+namespace {
+
+// A 1-D view of `count` elements of the 1-D contiguous `buf` (itself possibly a view) from its element `at`.
+Tensor flat_view(const Tensor& buf, int64_t at, int64_t count) { return make_view(buf, {count}, {1}, buf->offset + at); }
+
+// Parameter p's elements [lo, lo + count) as a 1-D view (p is contiguous).
+Tensor param_part(const Tensor& p, int64_t lo, int64_t count) {
+  return make_view(p, {count}, {1}, p->offset + lo);
+}
+
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, std::shared_ptr<Optimizer> opt, const flame_zero_options_t& o)
+    : comm_(std::move(comm)), opt_(std::move(opt)), opts_(o) {
+  Context& c = ctx();
+  comm_->check_usable();
+  // Local checks first; their outcome is exchanged with the parameter lists, so that a rank that
+  // fails here makes every rank fail at once instead of leaving the others in a collective.
+  std::vector<Tensor> params;
+  flame_status_t local_status = FLAME_OK;
+  std::string local_message;
+  try {
+    FLAME_CHECK(&opt_->ctx() == &c, FLAME_ERROR_INVALID_ARGUMENT, "opt belongs to another context than the communicator");
+    opt_->check_shardable();
+    for (auto& g : opt_->groups())
+      for (auto& p : g.params) params.push_back(p.param);
+  } catch (const Error& e) {
+    local_status = e.status();
+    local_message = e.what();
+    params.clear();
+  }
+  verify_same_parameter_lists(*comm_, params, local_status, "shard its optimizer");
+  if (local_status != FLAME_OK) fail(local_status, local_message);
+
+  if (o.broadcast_parameters && comm_->world() > 1) {  // every rank starts from rank 0's values
+    comm_->group_start();
+    for (const Tensor& p : params)
+      if (p->numel() > 0) comm_->enqueue_broadcast(p->data(), static_cast<size_t>(p->numel()), nccl_dtype(p->dtype), 0, c.stream);
+    comm_->group_end();
+    comm_->synchronize();
+    for (const Tensor& p : params) p->storage->version.fetch_add(1);
+  }
+
+  // One flat per dtype, in the order the dtypes first appear; shards and owned ranges.
+  std::map<DType, size_t> flat_of;
+  for (auto& g : opt_->groups())
+    for (auto& p : g.params) {
+      auto at = flat_of.find(p.param->dtype);
+      if (at == flat_of.end()) {
+        at = flat_of.emplace(p.param->dtype, flats_.size()).first;
+        flats_.emplace_back();
+        flats_.back().dtype = p.param->dtype;
+      }
+      Flat& f = flats_[at->second];
+      f.members.push_back({&p, f.total});
+      f.total += p.param->numel();
+    }
+  const int64_t world = comm_->world(), rank = comm_->rank();
+  for (Flat& f : flats_) {
+    f.shard = (f.total + world - 1) / world;
+    const int64_t first = rank * f.shard, end = first + f.shard;
+    for (Member& m : f.members) {
+      const int64_t lo = std::max(m.offset, first), hi = std::min(m.offset + m.param->param->numel(), end);
+      m.param->shard_lo = hi > lo ? lo - m.offset : 0;
+      m.param->shard_hi = hi > lo ? hi - m.offset : 0;
+    }
+  }
+  opt_->make_sharded();
+}
+
+Tensor ZeroOptimizer::pack_gradients(Flat& f) {
+  Context& c = ctx();
+  const int64_t padded = f.shard * comm_->world();
+  const bool keep = opts_.stage == 1;
+  Tensor g = keep ? f.grads : Tensor();
+  if (!g) {
+    g = make_tensor(c, {padded}, f.dtype);
+    if (padded > f.total) ops::fill_(flat_view(g, f.total, padded - f.total), 0.0);  // padding: zeros
+  }
+  for (const Member& m : f.members) {
+    const Tensor& p = m.param->param;
+    if (p->numel() == 0) continue;
+    Tensor view = make_view(g, p->shape, contiguous_strides(p->shape), m.offset);
+    const Tensor grad = p->autograd ? p->autograd->grad : Tensor();
+    if (!grad) {
+      ops::fill_(view, 0.0);  // no gradient on this rank: zeros in the average
+      continue;
+    }
+    FLAME_CHECK(grad->shape == p->shape && grad->dtype == p->dtype, FLAME_ERROR_SHAPE_MISMATCH, "the gradient of a parameter ",
+                shape_str(p->shape), " ", dtype_name(p->dtype), " is ", shape_str(grad->shape), " ", dtype_name(grad->dtype));
+    if (grad->data() == view->data() && grad->contiguous()) continue;  // last step's view, accumulated in place
+    ops::copy_into(view, alias(grad));
+  }
+  if (keep) f.grads = g;
+  return g;
+}
+
+Tensor ZeroOptimizer::reduce_gradients(Flat& f) {
+  Context& c = ctx();
+  if (f.shard == 0) return make_tensor(c, {0}, f.dtype);
+  Tensor g = pack_gradients(f);
+  const int64_t padded = f.shard * comm_->world();
+  if (opts_.stage == 1) {
+    comm_->enqueue_all_reduce(g->data(), static_cast<size_t>(padded), nccl_dtype(f.dtype), ncclAvg, c.stream);
+    g->storage->version.fetch_add(1);
+    for (const Member& m : f.members) {  // .grad: the average, a view into the kept buffer
+      const Tensor& p = m.param->param;
+      AutogradMeta& meta = autograd_meta(*p);
+      const CUdeviceptr at = g->data() + static_cast<CUdeviceptr>(m.offset) * p->elem_size();
+      if (!meta.grad || meta.grad->data() != at || !meta.grad->contiguous())
+        meta.grad = make_view(g, p->shape, contiguous_strides(p->shape), m.offset);
+    }
+    return flat_view(g, comm_->rank() * f.shard, f.shard);
+  }
+  Tensor shard = comm_->reduce_scatter(g, FLAME_REDUCE_AVG);
+  for (const Member& m : f.members)  // full gradients are no longer needed: only the shard is
+    if (m.param->param->autograd) m.param->param->autograd->grad.reset();
+  return shard;
+}
+
+Tensor ZeroOptimizer::clip(const std::vector<Tensor>& shards, const std::vector<Tensor>& scaled) {
+  Context& c = ctx();
+  std::vector<Tensor> squares;  // per flat, in f32
+  for (const Tensor& s : shards)
+    if (s->numel() > 0) squares.push_back(ops::square(ops::to_dtype(ops::norm(s, 2, {}, false), FLAME_DTYPE_F32)));
+  Tensor sum = squares.empty() ? ops::scalar(c, 0.0, FLAME_DTYPE_F32) : ops::sum(ops::stack(squares, 0), {}, false);
+  sum = ops::contiguous(sum);
+  comm_->all_reduce(sum, FLAME_REDUCE_SUM);
+  Tensor total = ops::sqrt(sum);
+  if (opts_.max_grad_norm > 0) {
+    // coef = min(1, max_norm / (total + 1e-6)) on the device, as flame_clip_grad_norm.
+    Tensor coef = ops::binary(OpId::Minimum,
+                              ops::div(ops::scalar(c, opts_.max_grad_norm, FLAME_DTYPE_F32), ops::add_scalar(total, 1e-6)),
+                              ops::scalar(c, 1.0, FLAME_DTYPE_F32));
+    for (const Tensor& s : scaled)
+      if (s->numel() > 0) ops::copy_into(s, ops::mul(s, ops::to_dtype(coef, s->dtype)));
+  }
+  return total;
+}
+
+void ZeroOptimizer::gather_parameters(Flat& f) {
+  Context& c = ctx();
+  if (f.shard == 0) return;
+  const int64_t padded = f.shard * comm_->world(), first = comm_->rank() * f.shard;
+  Tensor buf = make_tensor(c, {padded}, f.dtype);
+  for (const Member& m : f.members) {
+    const OptimParam& p = *m.param;
+    const int64_t count = p.shard_hi - p.shard_lo;
+    if (count > 0) ops::copy_into(flat_view(buf, m.offset + p.shard_lo, count), param_part(p.param, p.shard_lo, count));
+  }
+  const CUdeviceptr mine = buf->data() + static_cast<CUdeviceptr>(first) * buf->elem_size();
+  comm_->enqueue_all_gather(mine, buf->data(), static_cast<size_t>(f.shard), nccl_dtype(f.dtype), c.stream);
+  for (const Member& m : f.members) {
+    const Tensor& p = m.param->param;
+    if (p->numel() == 0) continue;
+    ops::copy_into(alias(p), make_view(buf, p->shape, contiguous_strides(p->shape), m.offset));
+    p->storage->version.fetch_add(1);
+  }
+}
+
+Tensor ZeroOptimizer::step(bool want_norm) {
+  comm_->check_usable();
+  std::vector<Tensor> shards;
+  for (Flat& f : flats_) shards.push_back(reduce_gradients(f));
+  Tensor norm;
+  if (want_norm || opts_.max_grad_norm > 0) {
+    // Stage 1 scales the whole averaged gradient (it stays in .grad); stage 2 only the shards.
+    std::vector<Tensor> scaled = shards;
+    if (opts_.stage == 1)
+      for (size_t i = 0; i < flats_.size(); ++i)
+        if (flats_[i].grads) scaled[i] = flats_[i].grads;
+    norm = clip(shards, scaled);
+  }
+  const int64_t rank = comm_->rank();
+  for (size_t i = 0; i < flats_.size(); ++i)
+    for (const Member& m : flats_[i].members) {
+      OptimParam& p = *m.param;
+      const int64_t count = p.shard_hi - p.shard_lo;
+      p.shard_grad = count > 0 ? flat_view(shards[i], m.offset + p.shard_lo - rank * flats_[i].shard, count) : Tensor();
+    }
+  struct DropShardGrads {  // the shard buffers go back to the pool after the step, even on a failure
+    std::vector<Flat>& flats;
+    ~DropShardGrads() {
+      for (Flat& f : flats)
+        for (Member& m : f.members) m.param->shard_grad.reset();
+    }
+  } drop{flats_};
+  opt_->step_shard();
+  for (Flat& f : flats_) gather_parameters(f);
+  return norm;
+}
+
+}  // namespace flame
