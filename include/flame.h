@@ -2266,10 +2266,16 @@ FLAME_API flame_status_t flame_model_set_checkpointing(flame_model_t model, int6
 
 /* ---- LoRA adapters on a model ----
  * A LoRA adapter (Hu et al. 2021, as peft's LoRA) adds to chosen linear layers of a model, beside
- * their frozen weight W (never merged into it while training),
+ * their frozen weight W (never merged into it while training; flame_model_merge_lora folds it in
+ * on request),
  *   y = x W^T + b + multiplier * (alpha / rank) * ((dropout(x) A^T) B^T)
  * with A [rank, in] (the "down" / lora_A matrix) and B [out, rank] ("up" / lora_B) trainable leaf
- * tensors, cast to the model's compute dtype at use. Layers are chosen by target names matched
+ * tensors, cast to the model's compute dtype at use. With DoRA (Liu et al. 2024, peft's use_dora)
+ * each layer also has a trainable magnitude vector m [out], initialised to the row norms of W, and
+ *   y = x W^T + b + multiplier * ((m / n - 1) * (x' W^T) + (m / n) * (alpha / rank) * ((x' A^T) B^T))
+ * with n = ||W + (alpha / rank) B A|| per output row, treated as a constant by backward (as peft),
+ * and x' = dropout(x) in training mode with dropout, x otherwise: for multiplier 1,
+ * y = (m / n) * x (W + (alpha / rank) B A)^T + b. Layers are chosen by target names matched
  * against the diffusers / transformers module names (a module matches a target equal to it or
  * ending with "." + target, as peft's target_modules: "to_q" matches "down_blocks.1.attentions.0.
  * transformer_blocks.0.attn1.to_q"; '*' matches any run of characters). A model may hold
@@ -2289,10 +2295,10 @@ FLAME_API flame_status_t flame_model_set_checkpointing(flame_model_t model, int6
  *   new adapter changes no output; drawn from the context's generator; "dropout": [0, 1) (0), on the
  *   adapter's input in training mode; "dtype": "f32" (default), "bf16", "f16" or "f64" of A and B;
  *   "freeze_base": true (default) makes every parameter of the model stop requiring grad;
- *   "multiplier": number (1).
+ *   "multiplier": number (1); "dora": true adds DoRA's magnitude vectors (false).
  * OUT *adapter_params: a new list (release with flame_params_release) of the adapter's tensors
- * themselves, "<module>.lora_A.weight" and "<module>.lora_B.weight" per module in the model's
- * order (hand it to flame_optimizer_create; writing into them changes the adapter). NULL on failure,
+ * themselves, "<module>.lora_A.weight" and "<module>.lora_B.weight" (and with DoRA
+ * "<module>.lora_magnitude_vector", [out]) per module in the model's order (hand it to flame_optimizer_create; writing into them changes the adapter). NULL on failure,
  * and the model is unchanged.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or adapter_params NULL, options not valid JSON, an
  * unknown key or a bad value naming it, a name in use, a target matching no linear layer),
@@ -2320,9 +2326,11 @@ FLAME_API flame_status_t flame_model_lora_params(flame_model_t model, const char
  *   "transformer", CLIPTextModel "text_encoder", CLIPTextModelWithProjection and T5EncoderModel
  *   "text_encoder_2"); "dtype": "f32" (default), "bf16" or "f16" of the stored matrices;
  *   "metadata": {string: string} entries added to the file's metadata.
- * The stored alphas include the adapter's multiplier. Waits for the device.
+ * The stored alphas include the adapter's multiplier. DoRA magnitudes are stored as
+ * "<component>.<module>.lora_magnitude_vector" [out] with "use_dora": true in peft files, and as
+ * LyCORIS' "<name>.dora_scale" [out, 1] in kohya files (ComfyUI reads it). Waits for the device.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or path NULL, no adapter of that name, a bad option
- * naming it, a module the format cannot express), FLAME_ERROR_IO, FLAME_ERROR_INVALID_HANDLE,
+ * naming it, a module the format cannot express, a DoRA adapter whose multiplier is not 1), FLAME_ERROR_IO, FLAME_ERROR_INVALID_HANDLE,
  * FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA, FLAME_ERROR_UNSUPPORTED (during a graph capture). */
 FLAME_API flame_status_t flame_model_save_lora(flame_model_t model, const char* name, const char* path,
                                                const char* options_json);
@@ -2331,7 +2339,8 @@ FLAME_API flame_status_t flame_model_save_lora(flame_model_t model, const char* 
  * lora_format.h, detected from the keys) as a new adapter of the model. Keys of other pipeline
  * components are skipped, so one file holding a UNet's and its text encoders' LoRAs loads into each
  * model in turn. A pair stored for a fused original module gives every member module the whole down
- * and its rows of the up (exact). A missing kohya alpha means alpha = rank (scale 1).
+ * and its rows of the up (exact). A missing kohya alpha means alpha = rank (scale 1). DoRA
+ * magnitudes (".lora_magnitude_vector" or ".dora_scale", [out] or [out, 1]) make DoRA modules.
  * options_json (NULL or an object): "name" ("default"), "component" (as flame_model_save_lora),
  * "multiplier" (1), "dtype" ("f32") of the adapter's tensors, "trainable" (false: the tensors do not
  * require grad; true to go on training them).
@@ -2339,7 +2348,8 @@ FLAME_API flame_status_t flame_model_save_lora(flame_model_t model, const char* 
  * and the model is unchanged.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model, path or adapter_params NULL, a bad option, a name in
  * use), FLAME_ERROR_IO, FLAME_ERROR_INVALID_FORMAT (not safetensors, a key no rule knows or whose
- * module the model lacks, shapes contradicting the model, DoRA / LyCORIS keys, nothing for the
+ * module the model lacks, shapes contradicting the model, LyCORIS keys (LoHa, LoKr, an input-axis
+ * dora_scale [1, in]), nothing for the
  * component: the message names the file and key), FLAME_ERROR_INVALID_HANDLE,
  * FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA, FLAME_ERROR_UNSUPPORTED (during a graph capture). */
 FLAME_API flame_status_t flame_model_load_lora(flame_model_t model, const char* path, const char* options_json,
@@ -2350,6 +2360,19 @@ FLAME_API flame_status_t flame_model_load_lora(flame_model_t model, const char* 
  * frozen. Errors: FLAME_ERROR_INVALID_ARGUMENT (model NULL, no adapter of that name),
  * FLAME_ERROR_INVALID_HANDLE. */
 FLAME_API flame_status_t flame_model_remove_lora(flame_model_t model, const char* name);
+
+/* Folds the adapter called name (NULL: "default") into the model's weights and removes it: each
+ * adapted weight becomes W + multiplier * (alpha / rank) * B A, or with DoRA
+ * W + multiplier * ((m / n) * (W + (alpha / rank) * B A) - W) (n as above), computed in f32 on the
+ * device and stored in the weight's dtype, so later forwards give the adapter's output up to that
+ * rounding without its cost. The weights keep their identity (handles to them see the new values);
+ * the adapter's tensors live on while references to them are held. Other adapters stay; a DoRA
+ * adapter on the same layers then normalises the merged weight (as peft).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (model NULL, no adapter of that name, a weight of a dtype a
+ * merge cannot write: nothing changed), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_UNSUPPORTED (during a
+ * graph capture), FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA (the layers merged before the failure
+ * stay merged and leave the adapter, the others keep it: the model computes the same function). */
+FLAME_API flame_status_t flame_model_merge_lora(flame_model_t model, const char* name);
 
 #ifdef __cplusplus
 }

@@ -744,6 +744,7 @@ namespace Flame.Interop
             "flame_model_save_lora",
             "flame_model_load_lora",
             "flame_model_remove_lora",
+            "flame_model_merge_lora",
         };
 
         /// <summary><c>const char* flame_version_string(void)</c></summary>
@@ -1993,6 +1994,10 @@ namespace Flame.Interop
         /// <summary><c>flame_status_t flame_model_remove_lora(flame_model_t model, const char* name)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_remove_lora", ExactSpelling = true)]
         public static extern flame_status_t flame_model_remove_lora(IntPtr model, string name);
+
+        /// <summary><c>flame_status_t flame_model_merge_lora(flame_model_t model, const char* name)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_merge_lora", ExactSpelling = true)]
+        public static extern flame_status_t flame_model_merge_lora(IntPtr model, string name);
 
     }
 }

@@ -1466,6 +1466,16 @@ namespace Flame
             Status.Check(Native.flame_model_remove_lora(Raw, name));
             GC.KeepAlive(this);
         }
+
+        /// <summary>flame_model_merge_lora: folds the adapter name (null: "default") into the model's
+        /// weights (W + multiplier * scale * B A, or DoRA's normalised weight; f32 on the device, stored
+        /// in the weight's dtype) and removes it.</summary>
+        [Wraps("flame_model_merge_lora")]
+        public void MergeLora(string name = null)
+        {
+            Status.Check(Native.flame_model_merge_lora(Raw, name));
+            GC.KeepAlive(this);
+        }
     }
 
     /// <summary>Exports that have no C# wrapper on purpose, with the reason (Tests.cs CpuCoverage

@@ -312,4 +312,16 @@ FLAME_API flame_status_t flame_model_remove_lora(flame_model_t model, const char
   });
 }
 
+FLAME_API flame_status_t flame_model_merge_lora(flame_model_t model, const char* name) {
+  return api_call("flame_model_merge_lora", [&] {
+    flame_model_s& m = model_of(model);
+    const std::string n = name ? name : "default";
+    FLAME_CHECK(m.model->find_lora_adapter(n), FLAME_ERROR_INVALID_ARGUMENT, "the model has no LoRA adapter \"", n, "\"");
+    ContextScope scope(*m.ctx);
+    m.ctx->check_alive();
+    m.ctx->forbid_in_capture("merging a LoRA adapter");
+    models::merge_lora(*m.model, n);
+  });
+}
+
 }  // extern "C"

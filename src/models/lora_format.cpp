@@ -375,6 +375,7 @@ T most_common(const std::vector<T>& values) {
 LoraSavePlan plan_peft(const ComponentTable& t, const std::vector<LoraModuleShape>& modules) {
   LoraSavePlan plan;
   plan.format = LoraFileFormat::Peft;
+  bool any_dora = false;
   std::vector<int64_t> ranks;
   std::vector<double> alphas;
   for (const LoraModuleShape& m : modules) {
@@ -383,6 +384,10 @@ LoraSavePlan plan_peft(const ComponentTable& t, const std::vector<LoraModuleShap
                             {{m.module, 0, m.rank, 0, m.in_features, false, 1.0}}, 0});
     plan.tensors.push_back({base + ".lora_B.weight", {m.out_features, m.rank}, LoraTensorKind::Up,
                             {{m.module, 0, m.out_features, 0, m.rank, false, 1.0}}, 0});
+    if (m.dora)
+      plan.tensors.push_back({base + ".lora_magnitude_vector", {m.out_features}, LoraTensorKind::Magnitude,
+                              {{m.module, 0, m.out_features, 0, 1, false, 1.0}}, 0});
+    any_dora = any_dora || m.dora;
     ranks.push_back(m.rank);
     alphas.push_back(m.alpha);
   }
@@ -411,7 +416,7 @@ LoraSavePlan plan_peft(const ComponentTable& t, const std::vector<LoraModuleShap
                          {p + "rank_pattern", rank_pattern},
                          {p + "alpha_pattern", alpha_pattern},
                          {p + "target_modules", targets},
-                         {p + "use_dora", false},
+                         {p + "use_dora", any_dora},
                          {p + "lora_bias", false},
                          {p + "init_lora_weights", true}};
   plan.metadata["format"] = "pt";
@@ -467,6 +472,25 @@ void add_kohya_metadata(const ComponentTable& t, const std::vector<LoraModuleSha
   }
 }
 
+// A kohya ".dora_scale" [rows, 1] for the members of one stored name (model_lora.h's layout notes in
+// lora_format.h): a DoRA member's magnitude in its rows, every other member's adapted row norms.
+LoraStoredTensor kohya_dora_scale(const std::string& key, const std::vector<const LinearPiece*>& members, int64_t rows,
+                                  const std::map<std::string, const LoraModuleShape*>& by_module, bool whole) {
+  LoraStoredTensor s{key + ".dora_scale", {rows, 1}, LoraTensorKind::Magnitude, {}, 0};
+  int64_t covered = 0;
+  for (const LinearPiece* p : members) {
+    auto it = by_module.find(p->module);
+    const bool own = it != by_module.end() && it->second->dora;
+    LoraTensorPiece piece{p->module, whole ? 0 : p->row_begin, whole ? p->out : p->rows, 0, 1, !whole && p->swap_halves, 1.0};
+    piece.adapted_row_norms = !own;
+    covered += piece.rows;
+    s.pieces.push_back(std::move(piece));
+  }
+  FLAME_CHECK(covered == rows, FLAME_ERROR_INVALID_ARGUMENT, "LoRA module \"", members.front()->module,
+              "\": its original tensor has rows no Linear module covers; the kohya format cannot express DoRA on it");
+  return s;
+}
+
 LoraSavePlan plan_kohya(const ComponentTable& t, const std::vector<LoraModuleShape>& modules) {
   LoraSavePlan plan;
   plan.format = LoraFileFormat::Kohya;
@@ -508,6 +532,10 @@ LoraSavePlan plan_kohya(const ComponentTable& t, const std::vector<LoraModuleSha
     plan.tensors.push_back(std::move(down));
     plan.tensors.push_back(std::move(up));
     plan.tensors.push_back({key + ".alpha", {}, LoraTensorKind::Alpha, {}, stored_scale * static_cast<double>(total_rank)});
+    if (std::any_of(members.begin(), members.end(), [&](const LinearPiece* p) {
+          return by_module.count(p->module) && by_module.at(p->module)->dora;
+        }))
+      plan.tensors.push_back(kohya_dora_scale(key, members, original_rows, by_module, t.kohya_saves_diffusers_names));
   }
   add_kohya_metadata(t, modules, plan);
   return plan;
@@ -515,7 +543,7 @@ LoraSavePlan plan_kohya(const ComponentTable& t, const std::vector<LoraModuleSha
 
 // ---- loading ----
 
-enum class KeyRole { Down, Up, Alpha };
+enum class KeyRole { Down, Up, Alpha, Magnitude };
 
 struct SuffixRule {
   const char* suffix;
@@ -527,11 +555,12 @@ const SuffixRule kSuffixes[] = {
     {".lora.down.weight", KeyRole::Down},  {".lora.up.weight", KeyRole::Up},
     {".lora_linear_layer.down.weight", KeyRole::Down}, {".lora_linear_layer.up.weight", KeyRole::Up},
     {".alpha", KeyRole::Alpha},
+    {".dora_scale", KeyRole::Magnitude},   {".lora_magnitude_vector", KeyRole::Magnitude},
 };
 
-// Keys of adapters FLAME cannot load yet (DoRA, LyCORIS, LoCon's mid, peft's lora bias, full diffs),
+// Keys of adapters FLAME cannot load yet (LyCORIS, LoCon's mid, peft's lora bias, full diffs),
 // by a piece of their name (after ".") or their ending.
-const char* const kUnsupportedMarks[] = {".dora_scale", ".lora_magnitude_vector", ".hada_w", ".lokr_w", ".lokr_t",
+const char* const kUnsupportedMarks[] = {".hada_w", ".lokr_w", ".lokr_t",
                                          ".hada_t", ".lora_mid.", ".lora_B.bias", ".w_norm", ".b_norm"};
 const char* const kUnsupportedEndings[] = {".diff", ".diff_b"};
 
@@ -540,6 +569,7 @@ struct Pair {
   const KeyShape* down = nullptr;
   const KeyShape* up = nullptr;
   const KeyShape* alpha = nullptr;
+  const KeyShape* magnitude = nullptr;  // DoRA
   std::string name;  // the module or original name it resolves to
   bool is_original = false;
 };
@@ -653,6 +683,17 @@ void check_shape(bool ok, const KeyShape& k, const std::string& what) {
   fail(FLAME_ERROR_INVALID_FORMAT, "LoRA key ", k.name, ": shape ", s.str(), " but ", what);
 }
 
+// DoRA's magnitude of an original with `rows` output rows: [rows] (peft) or [rows, 1] (LyCORIS'
+// wd_on_out); LyCORIS' input-axis [1, in] gets its own message.
+void check_magnitude_shape(const KeyShape& k, int64_t rows, int64_t in) {
+  const bool input_axis = k.shape.size() == 2 && k.shape[0] == 1 && k.shape[1] == in && !(rows == 1 && in == 1);
+  if (input_axis)
+    fail(FLAME_ERROR_INVALID_FORMAT, "LoRA key ", k.name, ": a DoRA scale over input columns [1, ", in,
+         "] (LyCORIS' wd_on_out=False) is not supported; peft's and LyCORIS' default layout is [", rows, ", 1]");
+  check_shape((k.shape.size() == 1 && k.shape[0] == rows) || (k.shape.size() == 2 && k.shape[0] == rows && k.shape[1] == 1),
+              k, "a DoRA magnitude is [" + std::to_string(rows) + "] or [" + std::to_string(rows) + ", 1]");
+}
+
 }  // namespace
 
 LoraSavePlan plan_lora_save(const std::string& class_name, const nlohmann::json& full_config, const std::string& component,
@@ -712,7 +753,7 @@ LoraLoadPlan plan_lora_load(const std::string& class_name, const nlohmann::json&
       for (const char* ending : kUnsupportedEndings) unsupported = unsupported || ends_with(k.name, ending);
       if (unsupported)
         fail(FLAME_ERROR_INVALID_FORMAT, "LoRA key ", k.name,
-             ": DoRA, LyCORIS (LoHa, LoKr), LoCon mid, bias and diff tensors are not supported yet");
+             ": LyCORIS (LoHa, LoKr), LoCon mid, bias and diff tensors are not supported yet");
       fail(FLAME_ERROR_INVALID_FORMAT, "LoRA key ", k.name, ": not a LoRA down, up or alpha tensor");
     }
     const std::string base = k.name.substr(0, k.name.size() - std::string(rule->suffix).size());
@@ -727,7 +768,10 @@ LoraLoadPlan plan_lora_load(const std::string& class_name, const nlohmann::json&
     Pair& p = it->second;
     p.name = r.name;
     p.is_original = r.is_original;
-    const KeyShape** slot = rule->role == KeyRole::Down ? &p.down : rule->role == KeyRole::Up ? &p.up : &p.alpha;
+    const KeyShape** slot = rule->role == KeyRole::Down        ? &p.down
+                            : rule->role == KeyRole::Up        ? &p.up
+                            : rule->role == KeyRole::Magnitude ? &p.magnitude
+                                                               : &p.alpha;
     FLAME_CHECK(*slot == nullptr, FLAME_ERROR_INVALID_FORMAT, "LoRA key ", k.name, ": the file also has ", (*slot)->name,
                 " for the same module");
     *slot = &k;
@@ -737,7 +781,7 @@ LoraLoadPlan plan_lora_load(const std::string& class_name, const nlohmann::json&
   std::map<std::string, std::string> module_key;  // module -> the down key that set it
   for (const std::string& base : order) {
     const Pair& p = pairs.at(base);
-    const KeyShape* any = p.down ? p.down : p.up ? p.up : p.alpha;
+    const KeyShape* any = p.down ? p.down : p.up ? p.up : p.alpha ? p.alpha : p.magnitude;
     FLAME_CHECK(p.down && p.up, FLAME_ERROR_INVALID_FORMAT, "LoRA key ", any->name, ": its ", p.down ? "up" : "down",
                 " tensor is missing");
     check_shape(p.down->shape.size() == 2 && p.down->shape[0] >= 1, *p.down, "a down is [rank, in] (Linear LoRA only)");
@@ -756,6 +800,7 @@ LoraLoadPlan plan_lora_load(const std::string& class_name, const nlohmann::json&
                 "the model's " + p.name + " has " + std::to_string(members.front()->in) + " inputs");
     check_shape(p.up->shape.size() == 2 && p.up->shape[0] == rows && p.up->shape[1] == rank, *p.up,
                 "expected [" + std::to_string(rows) + ", " + std::to_string(rank) + "] for " + p.name);
+    if (p.magnitude) check_magnitude_shape(*p.magnitude, rows, members.front()->in);
     for (const LinearPiece* m : members) {
       FLAME_CHECK(!(p.is_original && m->transposed), FLAME_ERROR_INVALID_FORMAT, "LoRA key ", p.down->name, ": ", p.name,
                   " is stored transposed in the original layout; a LoRA on it is not supported");
@@ -772,6 +817,7 @@ LoraLoadPlan plan_lora_load(const std::string& class_name, const nlohmann::json&
         s.up = {p.up->name, m->row_begin, m->rows, m->swap_halves};
       else
         s.up = {p.up->name, 0, m->out, false};
+      if (p.magnitude) s.magnitude = {p.magnitude->name, s.up.row_begin, s.up.rows, s.up.swap_halves};
       if (p.alpha) {
         s.alpha_key = p.alpha->name;
         s.alpha = static_cast<double>(rank);  // replaced by the tensor's value

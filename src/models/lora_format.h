@@ -32,6 +32,16 @@
 // diagonal ("sparse") up when the ranks are equal, and otherwise gives every module the whole down
 // and its rows of the up, which is also exact. ComfyUI applies the fused pair to the fused weight.
 //
+// DoRA (model_lora.h). Peft: "<component>.<module>.lora_magnitude_vector" [out] and "use_dora": true in
+// lora_adapter_metadata (peft's get_peft_model_state_dict names; diffusers reads them into peft).
+// Kohya: "<name>.dora_scale" [out, 1], LyCORIS' default layout (wd_on_out: the norm of each output
+// row, as peft), which ComfyUI reads (comfy/weight_adapter/base.py weight_decompose; note that it
+// divides by ||W||_row, not ||W + scale B A||_row, on that axis) and diffusers' kohya conversion
+// renames to lora_magnitude_vector. A fused original stores one dora_scale: each member's magnitude
+// in its rows (halves swapped as its up), and for a member without DoRA the row norms of its
+// W + scale B A (of W when it has no LoRA), which make its DoRA factor exactly 1. LyCORIS' other
+// layout, [1, in] (norms of input columns), is not a peft DoRA: loading it is an error.
+//
 // Loading. The rule that is exact for every stored pair, fused or not: module m gets the whole stored
 // down [R, in], the rows of the stored up that hold m's output rows (halves swapped where the original
 // stores them swapped, e.g. Flux's final adaLN), rank R and the stored alpha (R when absent: scale 1,
@@ -64,14 +74,18 @@ struct LoraModuleShape {
   int64_t in_features = 0;
   int64_t out_features = 0;
   double alpha = 0;  // scale = alpha / rank
+  bool dora = false;  // the module has DoRA's magnitude vector [out]
 };
 
-enum class LoraTensorKind { Down, Up, Alpha };
+enum class LoraTensorKind { Down, Up, Alpha, Magnitude };
 
 // Where one module's tensor goes inside a stored tensor. Down: the module's down [r, in] fills rows
 // [row_begin, row_begin + rows) (all columns). Up: the module's up [out, r], multiplied by scale and
 // with its two row halves exchanged when swap_halves, fills rows [row_begin, row_begin + rows) and
-// columns [col_begin, col_begin + cols). Everything of the stored tensor no piece covers is zero.
+// columns [col_begin, col_begin + cols). Magnitude: the module's DoRA magnitude [out] (with halves
+// exchanged when swap_halves) fills rows [row_begin, row_begin + rows) of a [rows, 1] or [rows]
+// tensor; with adapted_row_norms the rows hold ||W + scale B A||_row of the module instead (a member of
+// a fused original without DoRA: factor 1). Everything of the stored tensor no piece covers is zero.
 struct LoraTensorPiece {
   std::string module;
   int64_t row_begin = 0;
@@ -80,6 +94,7 @@ struct LoraTensorPiece {
   int64_t cols = 0;
   bool swap_halves = false;
   double scale = 1.0;
+  bool adapted_row_norms = false;
 };
 
 struct LoraStoredTensor {
@@ -131,6 +146,7 @@ struct LoraModuleSource {
   int64_t out_features = 0;
   LoraTensorSource down;  // [rank, in]
   LoraTensorSource up;    // [out, rank]
+  LoraTensorSource magnitude;  // DoRA's [out] (rows of a [rows] / [rows, 1] tensor); key empty: plain LoRA
 };
 
 struct LoraLoadPlan {
@@ -147,10 +163,11 @@ struct LoraLoadPlan {
 // ".lora_A.weight" / ".lora_B.weight", ".lora.down.weight" / ".lora.up.weight",
 // ".lora_linear_layer.down.weight" / ".lora_linear_layer.up.weight". Peft alphas come from
 // "lora_adapter_metadata" (lora_alpha, alpha_pattern; r / rank_pattern are checked against the
-// shapes), else alpha = rank. Errors (FLAME_ERROR_INVALID_FORMAT, naming the key): a key no rule
+// shapes), else alpha = rank. DoRA magnitudes: ".lora_magnitude_vector" and ".dora_scale" of shape
+// [out] or [out, 1]. Errors (FLAME_ERROR_INVALID_FORMAT, naming the key): a key no rule
 // knows or whose module the model lacks, a down without its up or the reverse, shapes that contradict
-// the model or each other, a non-0-d alpha, two pairs for one module, DoRA (dora_scale,
-// lora_magnitude_vector) and LyCORIS keys (unsupported for now), bad metadata JSON.
+// the model or each other, a non-0-d alpha, two pairs for one module, a magnitude without its pair or
+// of another shape (LyCORIS' [1, in] named as such), LyCORIS keys (unsupported for now), bad metadata JSON.
 LoraLoadPlan plan_lora_load(const std::string& class_name, const nlohmann::json& full_config, const std::string& component,
                             const std::vector<KeyShape>& file_keys, const std::map<std::string, std::string>& metadata);
 

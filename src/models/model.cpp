@@ -131,6 +131,10 @@ void Model::add_lora_adapter(std::shared_ptr<LoraAdapter> adapter) {
                 "] and B [", target->out_features, ", rank]");
     FLAME_CHECK(&m.down->ctx() == ctx_.get() && &m.up->ctx() == ctx_.get(), FLAME_ERROR_INVALID_ARGUMENT,
                 "LoRA module ", m.module, " belongs to another context");
+    FLAME_CHECK(!m.magnitude || (m.magnitude->ndim() == 1 && m.magnitude->shape[0] == target->out_features &&
+                                 &m.magnitude->ctx() == ctx_.get()),
+                FLAME_ERROR_INVALID_ARGUMENT, "LoRA module ", m.module, ": DoRA's magnitude must be [",
+                target->out_features, "] of the model's context");
   }
   adapters_.push_back(std::move(adapter));
 }
@@ -149,10 +153,46 @@ const LoraAdapter& add_lora(Model& m, const LoraAdapterOptions& options) {
               options.name, "\" already");
   const std::vector<std::string> targets = options.targets.empty() ? m.default_lora_targets(options.kohya_preset) : options.targets;
   std::shared_ptr<LoraAdapter> adapter = create_lora_adapter(m.ctx(), m.linear_modules(), targets, options);
+  if (options.dora)  // peft's DoraLinearLayer.update_layer: m = ||W + scale B A||_row (B = 0: ||W||_row)
+    for (LoraModule& lm : adapter->modules) {
+      lm.magnitude = ops::to_dtype(dora_row_norms(m.params().get(lm.module + ".weight"), lm), options.dtype);
+      autograd_meta(*lm.magnitude).requires_grad = true;
+    }
   m.add_lora_adapter(adapter);
   if (options.freeze_base)
     for (const Tensor& p : m.params().tensors()) autograd_meta(*p).requires_grad = false;
   return *adapter;
+}
+
+void merge_lora(Model& m, const std::string& name) {
+  const std::shared_ptr<LoraAdapter>* found = nullptr;
+  for (const auto& a : m.lora_adapters())
+    if (a->name == name) found = &a;
+  FLAME_CHECK(found, FLAME_ERROR_INVALID_ARGUMENT, "the model has no LoRA adapter \"", name, "\"");
+  const std::shared_ptr<LoraAdapter> adapter = *found;
+  std::vector<Tensor> weights;
+  for (const LoraModule& lm : adapter->modules) {
+    const Tensor* w = m.params().find(lm.module + ".weight");
+    FLAME_CHECK(w, FLAME_ERROR_INVALID_ARGUMENT, "LoRA module ", lm.module, " has no weight in ", m.class_name());
+    const DType d = (*w)->dtype;
+    FLAME_CHECK(d == FLAME_DTYPE_F32 || d == FLAME_DTYPE_BF16 || d == FLAME_DTYPE_F16 || d == FLAME_DTYPE_F64,
+                FLAME_ERROR_INVALID_ARGUMENT, "LoRA merge: the weight of ", lm.module, " is ", dtype_name(d),
+                ", not a float dtype a merge can write");
+    weights.push_back(*w);
+  }
+  // One module at a time (f32 temporaries of one weight). A device failure part way leaves the
+  // modules merged so far merged and out of the adapter, so the model computes the same function.
+  size_t done = 0;
+  try {
+    for (; done < adapter->modules.size(); ++done) {
+      const Tensor merged = merged_lora_weight(*adapter, adapter->modules[done], weights[done]);
+      ops::copy_into(weights[done], ops::to_dtype(merged, weights[done]->dtype));
+    }
+  } catch (...) {
+    adapter->modules.erase(adapter->modules.begin(), adapter->modules.begin() + static_cast<std::ptrdiff_t>(done));
+    throw;
+  }
+  m.remove_lora_adapter(name);
 }
 
 Tensor Model::adapted_linear(const Tensor& x, const std::string& module, const Tensor& weight, const Tensor& bias,
@@ -161,8 +201,9 @@ Tensor Model::adapted_linear(const Tensor& x, const std::string& module, const T
   for (const auto& a : adapters_)
     if (const LoraModule* m = a->find(module)) terms.emplace_back(a.get(), m);
   if (terms.empty()) return ops::linear(x, weight, bias, act);
-  Tensor y = ops::linear(x, weight, bias, ops::Activation::None);
-  for (const auto& [adapter, m] : terms) y = ops::add(y, lora_delta(*adapter, *m, x, training_));
+  const Tensor base = ops::linear(x, weight, bias, ops::Activation::None);
+  Tensor y = base;
+  for (const auto& [adapter, m] : terms) y = ops::add(y, lora_delta(*adapter, *m, x, {weight, bias, base}, training_));
   switch (act) {
     case ops::Activation::None: return y;
     case ops::Activation::Relu: return ops::unary(OpId::Relu, y);

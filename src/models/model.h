@@ -151,6 +151,14 @@ class Model : public std::enable_shared_from_this<Model> {
 // changes on an error (a name in use, a target matching nothing, a bad option).
 const LoraAdapter& add_lora(Model& m, const LoraAdapterOptions& options);
 
+// Folds the adapter called name into m's weights, W = merged_lora_weight (model_lora.h) computed in
+// f32 on the device and stored in the weight's dtype, then removes the adapter (later forwards give
+// the same output, up to that rounding). Other adapters on the same modules stay (a DoRA adapter's
+// norm then follows the merged weight, as in peft). Errors: no adapter of that name, a weight of a
+// dtype other than f32 / bf16 / f16 / f64 (FLAME_ERROR_INVALID_ARGUMENT, nothing changed); a device
+// failure part way leaves the modules merged so far merged and removed from the adapter.
+void merge_lora(Model& m, const std::string& name);
+
 // The architectures create_model knows, by class name ("CLIPTextModel", ...), in a stable order.
 std::vector<std::string> model_class_names();
 

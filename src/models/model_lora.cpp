@@ -5,6 +5,7 @@
 #include "models/model.h"
 #include "ops/nnops.h"
 #include "ops/ops.h"
+#include "runtime/context.h"
 #include "tensor/autograd_graph.h"
 
 namespace flame::models {
@@ -46,13 +47,13 @@ LoraAdapterOptions parse_lora_adapter_options(const nlohmann::json& options) {
   if (options.is_null()) return o;
   FLAME_CHECK(options.is_object(), FLAME_ERROR_INVALID_ARGUMENT, "LoRA options must be a JSON object");
   static const char* const kKeys[] = {"name", "targets",     "preset",     "rank",   "alpha", "rank_pattern",
-                                      "alpha_pattern", "init", "dropout", "dtype", "freeze_base", "multiplier"};
+                                      "alpha_pattern", "init", "dropout", "dtype", "freeze_base", "multiplier", "dora"};
   for (auto it = options.begin(); it != options.end(); ++it) {
     bool known = false;
     for (const char* k : kKeys) known = known || it.key() == k;
     FLAME_CHECK(known, FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: unknown key \"", it.key(),
                 "\" (known: name, targets, preset, rank, alpha, rank_pattern, alpha_pattern, init, dropout, dtype, "
-                "freeze_base, multiplier)");
+                "freeze_base, multiplier, dora)");
   }
   if (options.contains("name")) {
     FLAME_CHECK(options["name"].is_string() && !options["name"].get<std::string>().empty(),
@@ -106,6 +107,10 @@ LoraAdapterOptions parse_lora_adapter_options(const nlohmann::json& options) {
     o.freeze_base = options["freeze_base"].get<bool>();
   }
   if (options.contains("multiplier")) o.multiplier = finite_value(options["multiplier"], "multiplier");
+  if (options.contains("dora")) {
+    FLAME_CHECK(options["dora"].is_boolean(), FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: \"dora\" must be true or false");
+    o.dora = options["dora"].get<bool>();
+  }
   return o;
 }
 
@@ -120,6 +125,7 @@ std::vector<std::pair<std::string, Tensor>> LoraAdapter::named_tensors() const {
   for (const LoraModule& m : modules) {
     out.emplace_back(m.module + ".lora_A.weight", m.down);
     out.emplace_back(m.module + ".lora_B.weight", m.up);
+    if (m.magnitude) out.emplace_back(m.module + ".lora_magnitude_vector", m.magnitude);
   }
   return out;
 }
@@ -163,13 +169,71 @@ std::shared_ptr<LoraAdapter> create_lora_adapter(Context& ctx, const std::vector
   return adapter;
 }
 
-Tensor lora_delta(const LoraAdapter& adapter, const LoraModule& m, const Tensor& x, bool training) {
+namespace {
+
+// Grad mode off and autocast off for a scope: DoRA's norms and merges are plain f32 arithmetic.
+GradMode untracked_f32(const Context& ctx) {
+  GradMode m = ctx.mode.with_grad(false);
+  m.autocast = -1;
+  return m;
+}
+
+Tensor as_f32(const Tensor& t) { return t->dtype == FLAME_DTYPE_F32 ? t : ops::to_dtype(t, FLAME_DTYPE_F32); }
+
+// W + scale * B A in f32 [out, in] (untracked: the caller holds an untracked_f32 mode).
+Tensor adapted_weight_f32(const Tensor& weight, const LoraModule& m) {
+  return ops::add(as_f32(weight), ops::mul_scalar(ops::mm(as_f32(m.up), as_f32(m.down)), m.scale()));
+}
+
+// peft's DoRA term (model_lora.h), without the multiplier.
+Tensor dora_term(const LoraAdapter& adapter, const LoraModule& m, const Tensor& x, const LoraBaseLinear& base,
+                 bool training) {
+  const DType d = x->dtype;
+  const Tensor a = m.down->dtype == d ? m.down : ops::to_dtype(m.down, d);
+  const Tensor b = m.up->dtype == d ? m.up : ops::to_dtype(m.up, d);
+  const bool dropped = training && adapter.dropout > 0;
+  const Tensor in = dropped ? ops::dropout(x, adapter.dropout, true) : x;
+  const Tensor lora = ops::linear(ops::mul_scalar(ops::linear(in, a, nullptr, ops::Activation::None), m.scale()), b,
+                                  nullptr, ops::Activation::None);
+  const Tensor norm = dora_row_norms(base.weight, m);  // detached, as peft's weight_norm.detach()
+  const Tensor mag_norm_scale = ops::to_dtype(ops::div(as_f32(m.magnitude), norm), d);  // [out], reaches m
+  Tensor base_result;
+  if (dropped) base_result = ops::linear(in, base.weight, nullptr, ops::Activation::None);
+  else base_result = base.bias ? ops::sub(base.output, base.bias) : base.output;
+  return ops::add(ops::mul(ops::add_scalar(mag_norm_scale, -1.0), base_result), ops::mul(mag_norm_scale, lora));
+}
+
+}  // namespace
+
+Tensor dora_row_norms(const Tensor& weight, const LoraModule& m) {
+  GradModeGuard guard(weight->ctx(), untracked_f32(weight->ctx()));
+  return ops::norm(adapted_weight_f32(weight, m), 2.0, {1}, false);
+}
+
+Tensor lora_delta(const LoraAdapter& adapter, const LoraModule& m, const Tensor& x, const LoraBaseLinear& base,
+                  bool training) {
+  if (m.magnitude) {
+    const Tensor t = dora_term(adapter, m, x, base, training);
+    return adapter.multiplier == 1.0 ? t : ops::mul_scalar(t, adapter.multiplier);
+  }
   const DType d = x->dtype;
   const Tensor a = m.down->dtype == d ? m.down : ops::to_dtype(m.down, d);
   const Tensor b = m.up->dtype == d ? m.up : ops::to_dtype(m.up, d);
   const Tensor in = training && adapter.dropout > 0 ? ops::dropout(x, adapter.dropout, true) : x;
   const Tensor h = ops::mul_scalar(ops::linear(in, a, nullptr, ops::Activation::None), adapter.multiplier * m.scale());
   return ops::linear(h, b, nullptr, ops::Activation::None);
+}
+
+Tensor merged_lora_weight(const LoraAdapter& adapter, const LoraModule& m, const Tensor& weight) {
+  GradModeGuard guard(weight->ctx(), untracked_f32(weight->ctx()));
+  const Tensor w = as_f32(weight);
+  if (!m.magnitude)
+    return ops::add(w, ops::mul_scalar(ops::mm(as_f32(m.up), as_f32(m.down)), adapter.multiplier * m.scale()));
+  const Tensor adapted = adapted_weight_f32(weight, m);
+  const Tensor factor = ops::unsqueeze(ops::div(as_f32(m.magnitude), ops::norm(adapted, 2.0, {1}, false)), 1);  // [out, 1]
+  const Tensor dora = ops::mul(factor, adapted);
+  if (adapter.multiplier == 1.0) return dora;
+  return ops::add(w, ops::mul_scalar(ops::sub(dora, w), adapter.multiplier));
 }
 
 }  // namespace flame::models

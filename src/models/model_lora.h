@@ -8,6 +8,16 @@
 // alpha per module (rank_pattern / alpha_pattern as peft's; targets match by lora_target_matches of
 // lora_format.h). Every architecture applies them through
 // Model::adapted_linear, so a new architecture gets LoRA by routing its linear layers there.
+//
+// DoRA (Liu et al. 2024, peft's use_dora): a module may also hold a magnitude vector m [out], a
+// trainable leaf initialised to the row norms of W + scale B A (= ||W||_row, B being 0). Its term,
+// as peft's DoraLinearLayer computes it, with n = ||W + scale B A||_row detached from the graph,
+//   multiplier * ((m / n - 1) * (W x') + (m / n) * scale * B(A(x')))
+// where x' = dropout(x) in training with dropout (W x' then computed again) and x otherwise (W x is
+// the base output minus the bias): so y = (m / n) * (W x + scale B A x) + b for multiplier 1. A
+// multiplier other than 1 interpolates between the base and that output (ComfyUI's strength). W x is
+// the layer's own output: with several adapters on one layer, peft would feed earlier adapters'
+// terms into a later DoRA adapter's (m / n - 1) factor; FLAME keeps each adapter's term independent.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -35,6 +45,7 @@ struct LoraAdapterOptions {
   DType dtype = FLAME_DTYPE_F32;  // of A and B
   bool freeze_base = true;        // the model's own parameters stop requiring grad
   double multiplier = 1.0;        // the adapter's strength (ComfyUI's / kohya's multiplier)
+  bool dora = false;              // "dora": true: every module also gets DoRA's magnitude vector
 };
 
 // Reads flame_model_add_lora's options JSON; unknown keys and bad values fail with
@@ -45,6 +56,7 @@ struct LoraModule {
   std::string module;  // the linear module it adapts
   Tensor down;         // A [rank, in]
   Tensor up;           // B [out, rank]
+  Tensor magnitude;    // DoRA's m [out] in A's dtype; null for a plain LoRA module
   double alpha = 0.0;
   int64_t rank() const { return down->shape[0]; }
   double scale() const { return alpha / static_cast<double>(rank()); }
@@ -56,7 +68,8 @@ struct LoraAdapter {
   double dropout = 0.0;
   std::vector<LoraModule> modules;  // in the model's module order
   const LoraModule* find(const std::string& module) const;
-  // The adapter's tensors under peft's names: "<module>.lora_A.weight", "<module>.lora_B.weight".
+  // The adapter's tensors under peft's names: "<module>.lora_A.weight", "<module>.lora_B.weight" and,
+  // for a DoRA module, "<module>.lora_magnitude_vector".
   std::vector<std::pair<std::string, Tensor>> named_tensors() const;
 };
 
@@ -67,7 +80,25 @@ std::shared_ptr<LoraAdapter> create_lora_adapter(Context& ctx, const std::vector
                                                  const std::vector<std::string>& targets,
                                                  const LoraAdapterOptions& options);
 
-// multiplier * scale * B(A(dropout(x))) in x's dtype, recorded.
-Tensor lora_delta(const LoraAdapter& adapter, const LoraModule& m, const Tensor& x, bool training);
+// The linear layer an adapter term is added to: its weight and bias (may be null) as the forward
+// uses them (compute dtype) and its output x W^T + b.
+struct LoraBaseLinear {
+  Tensor weight;
+  Tensor bias;
+  Tensor output;
+};
+
+// The adapter's term for module m in x's dtype, recorded: multiplier * scale * B(A(dropout(x))), or
+// DoRA's term (above) when m has a magnitude.
+Tensor lora_delta(const LoraAdapter& adapter, const LoraModule& m, const Tensor& x, const LoraBaseLinear& base,
+                  bool training);
+
+// ||W + scale * B A|| of every row of weight [out, in] (f32 [out], computed in f32, not recorded):
+// DoRA's norm, and with B = 0 the initial magnitude.
+Tensor dora_row_norms(const Tensor& weight, const LoraModule& m);
+
+// The weight with the adapter's module folded in, in f32 (not recorded):
+// W + multiplier * scale * B A, or for DoRA W + multiplier * ((m / n) * (W + scale * B A) - W).
+Tensor merged_lora_weight(const LoraAdapter& adapter, const LoraModule& m, const Tensor& weight);
 
 }  // namespace flame::models

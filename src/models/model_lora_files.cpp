@@ -51,11 +51,36 @@ Tensor swap_row_halves(const Tensor& x) {
   return ops::cat({ops::narrow(x, 0, h, h), ops::narrow(x, 0, 0, h)}, 0);
 }
 
+// A DoRA magnitude piece's values [rows] in f32: the module's magnitude, or the row norms of its
+// weight with the adapter's LoRA on it (W alone when the adapter does not cover it).
+Tensor magnitude_piece(const Model& model, const LoraAdapter& adapter, const LoraTensorPiece& p) {
+  const LoraModule* m = adapter.find(p.module);
+  Tensor v;
+  if (!p.adapted_row_norms) {
+    FLAME_CHECK(m && m->magnitude, FLAME_ERROR_INTERNAL, "the LoRA save plan names DoRA module ", p.module,
+                " the adapter lacks");
+    v = ops::to_dtype(m->magnitude, FLAME_DTYPE_F32);
+  } else if (m) {
+    v = dora_row_norms(model.params().get(p.module + ".weight"), *m);
+  } else {
+    const Tensor& w = model.params().get(p.module + ".weight");
+    v = ops::norm(ops::to_dtype(w, FLAME_DTYPE_F32), 2.0, {1}, false);
+  }
+  return p.swap_halves ? swap_row_halves(v) : v;
+}
+
 // The stored tensor of a save plan, built from the adapter's modules.
-Tensor build_stored(Context& ctx, const LoraAdapter& adapter, const LoraStoredTensor& s, DType dtype) {
+Tensor build_stored(const Model& model, const LoraAdapter& adapter, const LoraStoredTensor& s, DType dtype) {
+  Context& ctx = model.ctx();
   if (s.kind == LoraTensorKind::Alpha) return ops::scalar(ctx, s.alpha, FLAME_DTYPE_F32);
   Shape shape(s.shape.begin(), s.shape.end());
   Tensor out = ops::zeros(ctx, shape, dtype);
+  if (s.kind == LoraTensorKind::Magnitude) {
+    const Tensor rows = ops::reshape(out, {shape[0]});
+    for (const LoraTensorPiece& p : s.pieces)
+      ops::copy_into(ops::narrow(rows, 0, p.row_begin, p.rows), ops::to_dtype(magnitude_piece(model, adapter, p), dtype));
+    return out;
+  }
   for (const LoraTensorPiece& p : s.pieces) {
     const LoraModule* m = adapter.find(p.module);
     FLAME_CHECK(m, FLAME_ERROR_INTERNAL, "the LoRA save plan names module ", p.module, " the adapter lacks");
@@ -98,11 +123,15 @@ LoraFileOptions parse_lora_file_options(const nlohmann::json& options) {
 LoraFileContents lora_file_contents(const Model& m, const LoraAdapter& adapter, const LoraFileOptions& options) {
   std::vector<LoraModuleShape> shapes;
   for (const LoraModule& lm : adapter.modules)
-    shapes.push_back({lm.module, lm.rank(), lm.down->shape[1], lm.up->shape[0], lm.alpha * adapter.multiplier});
+    FLAME_CHECK(!lm.magnitude || adapter.multiplier == 1.0, FLAME_ERROR_INVALID_ARGUMENT, "LoRA adapter \"", adapter.name,
+                "\" has DoRA modules and multiplier ", adapter.multiplier,
+                ": a file's alpha cannot express a DoRA multiplier (merge it, or save with multiplier 1)");
+  for (const LoraModule& lm : adapter.modules)
+    shapes.push_back({lm.module, lm.rank(), lm.down->shape[1], lm.up->shape[0], lm.alpha * adapter.multiplier, lm.magnitude != nullptr});
   const std::string component = options.component.empty() ? default_lora_component(m) : options.component;
   const LoraSavePlan plan = plan_lora_save(m.class_name(), m.config(), component, shapes, options.format);
   LoraFileContents out;
-  for (const LoraStoredTensor& s : plan.tensors) out.tensors.emplace_back(s.key, build_stored(m.ctx(), adapter, s, options.dtype));
+  for (const LoraStoredTensor& s : plan.tensors) out.tensors.emplace_back(s.key, build_stored(m, adapter, s, options.dtype));
   std::map<std::string, std::string> metadata = plan.metadata;
   for (const auto& [k, v] : options.metadata) metadata[k] = v;
   out.metadata.assign(metadata.begin(), metadata.end());
@@ -150,6 +179,12 @@ std::shared_ptr<LoraAdapter> read_lora_file(const Model& m, const std::string& p
     file.read_into(src.up.key, up, src.up.row_begin, src.up.rows);
     lm.up = src.up.swap_halves ? swap_row_halves(up) : up;
     lm.alpha = src.alpha;
+    if (!src.magnitude.key.empty()) {
+      Tensor magnitude = ops::empty(ctx, {src.out_features}, options.dtype);
+      file.read_into(src.magnitude.key, magnitude, src.magnitude.row_begin, src.magnitude.rows);
+      lm.magnitude = src.magnitude.swap_halves ? swap_row_halves(magnitude) : magnitude;
+      autograd_meta(*lm.magnitude).requires_grad = options.trainable;
+    }
     if (!src.alpha_key.empty()) {
       Tensor a = ops::empty(ctx, {1}, FLAME_DTYPE_F64);
       file.read_into(src.alpha_key, a);

@@ -35,7 +35,9 @@ struct LoraFileContents {
   std::vector<std::pair<std::string, std::string>> metadata;
 };
 // The tensors and metadata of adapter's file in options' format (new tensors; the adapter is read,
-// not changed). Errors: those of plan_lora_save (a module the format cannot express names it).
+// not changed). DoRA modules store their magnitudes (lora_format.h). Errors: those of plan_lora_save
+// (a module the format cannot express names it); an adapter with DoRA modules and a multiplier other
+// than 1 (FLAME_ERROR_INVALID_ARGUMENT: a file's alpha scales B A, not DoRA's interpolation).
 LoraFileContents lora_file_contents(const Model& m, const LoraAdapter& adapter, const LoraFileOptions& options);
 
 struct LoraLoadOptions {

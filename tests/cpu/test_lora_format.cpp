@@ -116,7 +116,8 @@ void expect_comfy_keys(const LoraSavePlan& plan, const std::string& model) {
   std::map<std::string, std::map<std::string, const LoraStoredTensor*>> by_name;
   for (const LoraStoredTensor& t : plan.tensors) {
     std::string name, role;
-    for (const char* s : {".lora_up.weight", ".lora_down.weight", ".alpha", ".lora_A.weight", ".lora_B.weight"})
+    for (const char* s : {".lora_up.weight", ".lora_down.weight", ".alpha", ".lora_A.weight", ".lora_B.weight", ".dora_scale",
+                          ".lora_magnitude_vector"})
       if (!(name = strip(t.key, s)).empty()) {
         role = s;
         break;
@@ -134,6 +135,14 @@ void expect_comfy_keys(const LoraSavePlan& plan, const std::string& model) {
     EXPECT_EQ(up->shape.at(0), w[0]) << name;
     EXPECT_EQ(down->shape.at(1), w[1]) << name;
     EXPECT_EQ(up->shape.at(1), down->shape.at(0)) << name;
+    if (roles.count(".dora_scale")) {  // LyCORIS' wd_on_out layout, the one ComfyUI's weight_decompose reads per row
+      EXPECT_TRUE(kohya) << name;
+      EXPECT_EQ(roles.at(".dora_scale")->shape, (std::vector<int64_t>{w[0], 1})) << name;
+    }
+    if (roles.count(".lora_magnitude_vector")) {
+      EXPECT_FALSE(kohya) << name;
+      EXPECT_EQ(roles.at(".lora_magnitude_vector")->shape, (std::vector<int64_t>{w[0]})) << name;
+    }
     if (kohya) {
       ASSERT_TRUE(roles.count(".alpha")) << name << ": no alpha";
       EXPECT_TRUE(roles.at(".alpha")->shape.empty()) << name;
@@ -149,7 +158,8 @@ std::vector<KeyShape> keys_of(const LoraSavePlan& plan) {
   return keys;
 }
 
-// Modules with ranks 4, 8, 12 and alphas 4, 4, 16 in turn (mixed scales inside fused groups).
+// Modules with ranks 4, 8, 12 and alphas 4, 4, 16 in turn (mixed scales inside fused groups), every
+// other one with DoRA (fused groups with and without magnitudes).
 std::vector<LoraModuleShape> modules_for(const LoraTestModel& m, LoraTargetConvention conv, bool mixed) {
   std::vector<LoraModuleShape> out;
   const auto selected = select_lora_modules(lora_candidate_modules(m.class_name, m.config),
@@ -157,7 +167,7 @@ std::vector<LoraModuleShape> modules_for(const LoraTestModel& m, LoraTargetConve
   for (size_t i = 0; i < selected.size(); ++i) {
     const int64_t r = mixed ? 4 * static_cast<int64_t>(1 + i % 3) : 16;
     const double a = mixed ? (i % 3 == 2 ? 16.0 : 4.0) : 8.0;
-    out.push_back({selected[i].module, r, selected[i].in_features, selected[i].out_features, a});
+    out.push_back({selected[i].module, r, selected[i].in_features, selected[i].out_features, a, mixed && i % 2 == 0});
   }
   return out;
 }
@@ -190,6 +200,23 @@ void expect_round_trip(const LoraTestModel& m, const LoraSavePlan& saved, const 
     EXPECT_EQ(piece->rows, s.up.rows) << mod.module;
     EXPECT_EQ(piece->swap_halves, s.up.swap_halves) << mod.module;
     EXPECT_NEAR(alpha / s.rank * piece->scale, mod.alpha / mod.rank, 1e-12) << mod.module;
+    // DoRA: the module's magnitude comes from its rows; a module of a fused group whose stored scale
+    // holds its adapted row norms (no DoRA of its own) also loads them (factor 1).
+    if (mod.dora || !s.magnitude.key.empty()) {
+      ASSERT_FALSE(s.magnitude.key.empty()) << mod.module << ": magnitude lost";
+      const LoraStoredTensor& mag = *stored.at(s.magnitude.key);
+      EXPECT_EQ(mag.kind, LoraTensorKind::Magnitude);
+      const LoraTensorPiece* mp = nullptr;
+      for (const LoraTensorPiece& p : mag.pieces)
+        if (p.module == mod.module) mp = &p;
+      ASSERT_NE(mp, nullptr) << mod.module;
+      EXPECT_EQ(mp->adapted_row_norms, !mod.dora) << mod.module;
+      EXPECT_EQ(mp->row_begin, s.magnitude.row_begin) << mod.module;
+      EXPECT_EQ(mp->rows, s.magnitude.rows) << mod.module;
+      EXPECT_EQ(mp->swap_halves, s.magnitude.swap_halves) << mod.module;
+      EXPECT_EQ(s.magnitude.row_begin, s.up.row_begin) << mod.module;
+      EXPECT_EQ(s.magnitude.rows, s.up.rows) << mod.module;
+    }
     if (saved.format == LoraFileFormat::Peft) {
       EXPECT_EQ(s.rank, mod.rank) << mod.module;
       EXPECT_NEAR(alpha, mod.alpha, 1e-12) << mod.module;
@@ -524,6 +551,71 @@ TEST(LoraFormat, ErrorsNameTheKeyOrModule) {
   // transformers' names, so it saves; bigG's candidates include it.
   const LoraTestModel g = lora_test_model("clip_g");
   EXPECT_NO_THROW(plan_lora_save(g.class_name, g.config, "text_encoder_2", {{"text_projection", 4, 1280, 1280, 4}}, LoraFileFormat::Kohya));
+}
+
+TEST(LoraFormat, DoraKeysInBothFormats) {
+  const LoraTestModel m = lora_test_model("flux");
+  const std::vector<LoraModuleShape> modules = {
+      {"transformer_blocks.0.attn.to_q", 4, 3072, 3072, 4.0, true},
+      {"transformer_blocks.0.attn.to_k", 8, 3072, 3072, 4.0, true},
+      {"single_transformer_blocks.0.attn.to_q", 2, 3072, 3072, 2.0, true},
+      {"single_transformer_blocks.0.proj_out", 2, 15360, 3072, 2.0, false},
+      {"norm_out.linear", 4, 3072, 6144, 4.0, true}};
+  const LoraSavePlan kohya = plan_lora_save(m.class_name, m.config, m.component, modules, LoraFileFormat::Kohya);
+  std::map<std::string, const LoraStoredTensor*> t;
+  for (const LoraStoredTensor& s : kohya.tensors) t[s.key] = &s;
+  EXPECT_FALSE(t.count("lora_unet_single_blocks_0_linear2.dora_scale")) << "proj_out has no DoRA";
+  const auto& qkv = *t.at("lora_unet_double_blocks_0_img_attn_qkv.dora_scale");
+  EXPECT_EQ(qkv.shape, (std::vector<int64_t>{9216, 1}));
+  ASSERT_EQ(qkv.pieces.size(), 3u);  // q and k their magnitudes, v (no LoRA) its row norms
+  EXPECT_FALSE(qkv.pieces[0].adapted_row_norms);
+  EXPECT_FALSE(qkv.pieces[1].adapted_row_norms);
+  EXPECT_EQ(qkv.pieces[2].module, "transformer_blocks.0.attn.to_v");
+  EXPECT_TRUE(qkv.pieces[2].adapted_row_norms);
+  EXPECT_EQ(qkv.pieces[2].row_begin, 6144);
+  const auto& linear1 = *t.at("lora_unet_single_blocks_0_linear1.dora_scale");
+  EXPECT_EQ(linear1.shape, (std::vector<int64_t>{3 * 3072 + 12288, 1}));
+  EXPECT_EQ(linear1.pieces.size(), 4u);
+  const auto& final_scale = *t.at("lora_unet_final_layer_adaLN_modulation_1.dora_scale");
+  ASSERT_EQ(final_scale.pieces.size(), 1u);
+  EXPECT_TRUE(final_scale.pieces[0].swap_halves);
+  expect_comfy_keys(kohya, "flux");
+  expect_round_trip(m, kohya, modules);
+
+  const LoraSavePlan peft = plan_lora_save(m.class_name, m.config, m.component, modules, LoraFileFormat::Peft);
+  std::map<std::string, const LoraStoredTensor*> p;
+  for (const LoraStoredTensor& s : peft.tensors) p[s.key] = &s;
+  EXPECT_EQ(p.at("transformer.transformer_blocks.0.attn.to_q.lora_magnitude_vector")->shape, (std::vector<int64_t>{3072}));
+  EXPECT_FALSE(p.count("transformer.single_transformer_blocks.0.proj_out.lora_magnitude_vector"));
+  EXPECT_EQ(nlohmann::json::parse(peft.metadata.at("lora_adapter_metadata")).at("transformer.use_dora"), true);
+  expect_comfy_keys(peft, "flux");
+  expect_round_trip(m, peft, modules);
+  const LoraSavePlan plain = plan_lora_save(m.class_name, m.config, m.component, {{"transformer_blocks.0.attn.to_q", 4, 3072, 3072, 4.0}},
+                                            LoraFileFormat::Peft);
+  EXPECT_EQ(nlohmann::json::parse(plain.metadata.at("lora_adapter_metadata")).at("transformer.use_dora"), false);
+
+  // Files of others: diffusers' kohya conversion keeps [out, 1]; peft writes [out].
+  const std::string q = "transformer.transformer_blocks.1.attn.to_q";
+  const LoraLoadPlan loaded = plan_lora_load(m.class_name, m.config, m.component,
+                                             {{q + ".lora_A.weight", {4, 3072}}, {q + ".lora_B.weight", {3072, 4}},
+                                              {q + ".lora_magnitude_vector", {3072, 1}}}, {});
+  ASSERT_EQ(loaded.modules.size(), 1u);
+  EXPECT_EQ(loaded.modules[0].magnitude.key, q + ".lora_magnitude_vector");
+  EXPECT_EQ(loaded.modules[0].magnitude.rows, 3072);
+
+  auto load = [&](const std::vector<KeyShape>& keys) { plan_lora_load(m.class_name, m.config, m.component, keys, {}); };
+  const std::string k = "lora_unet_double_blocks_0_img_attn_proj";
+  std::string msg = error_of([&] {
+    load({{k + ".lora_down.weight", {4, 3072}}, {k + ".lora_up.weight", {3072, 4}}, {k + ".dora_scale", {1, 3072}}});
+  }, FLAME_ERROR_INVALID_FORMAT);
+  EXPECT_NE(msg.find(k + ".dora_scale"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("wd_on_out"), std::string::npos) << msg;
+  msg = error_of([&] {
+    load({{k + ".lora_down.weight", {4, 3072}}, {k + ".lora_up.weight", {3072, 4}}, {k + ".dora_scale", {3000, 1}}});
+  }, FLAME_ERROR_INVALID_FORMAT);
+  EXPECT_NE(msg.find(k + ".dora_scale"), std::string::npos) << msg;
+  msg = error_of([&] { load({{k + ".dora_scale", {3072, 1}}}); }, FLAME_ERROR_INVALID_FORMAT);
+  EXPECT_NE(msg.find(k + ".dora_scale"), std::string::npos) << msg;
 }
 
 TEST(LoraFormat, TargetPatterns) {

@@ -29,7 +29,13 @@ using nlohmann::json;
 namespace {
 
 const char* kind_name(LoraTensorKind k) {
-  return k == LoraTensorKind::Down ? "down" : k == LoraTensorKind::Up ? "up" : "alpha";
+  switch (k) {
+    case LoraTensorKind::Down: return "down";
+    case LoraTensorKind::Up: return "up";
+    case LoraTensorKind::Alpha: return "alpha";
+    case LoraTensorKind::Magnitude: return "magnitude";
+  }
+  return "?";
 }
 
 json load_plan_json(const LoraLoadPlan& plan) {
@@ -42,7 +48,9 @@ json load_plan_json(const LoraLoadPlan& plan) {
                        {"in", s.in_features},
                        {"out", s.out_features},
                        {"down", {{"key", s.down.key}, {"row_begin", s.down.row_begin}, {"rows", s.down.rows}}},
-                       {"up", {{"key", s.up.key}, {"row_begin", s.up.row_begin}, {"rows", s.up.rows}, {"swap_halves", s.up.swap_halves}}}});
+                       {"up", {{"key", s.up.key}, {"row_begin", s.up.row_begin}, {"rows", s.up.rows}, {"swap_halves", s.up.swap_halves}}},
+                       {"magnitude", {{"key", s.magnitude.key}, {"row_begin", s.magnitude.row_begin}, {"rows", s.magnitude.rows},
+                                      {"swap_halves", s.magnitude.swap_halves}}}});
   return {{"format", plan.format == LoraFileFormat::Kohya ? "kohya" : "peft"},
           {"modules", modules},
           {"other_component_keys", plan.other_component_keys}};
@@ -59,7 +67,8 @@ json save_plan_json(const LoraSavePlan& plan) {
                         {"col_begin", p.col_begin},
                         {"cols", p.cols},
                         {"swap_halves", p.swap_halves},
-                        {"scale", p.scale}});
+                        {"scale", p.scale},
+                        {"adapted_row_norms", p.adapted_row_norms}});
     tensors.push_back({{"key", t.key}, {"shape", t.shape}, {"kind", kind_name(t.kind)}, {"alpha", t.alpha}, {"pieces", pieces}});
   }
   return {{"format", plan.format == LoraFileFormat::Kohya ? "kohya" : "peft"}, {"tensors", tensors}, {"metadata", plan.metadata}};

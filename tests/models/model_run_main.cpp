@@ -6,8 +6,8 @@
 //                   --inputs IN.safetensors --out OUT.safetensors
 //                   [--grads G.safetensors] [--dtype f32|bf16|f16] [--checkpoint N]
 //   flame_model_run --load PATH [--options JSON] --inputs ... (the same from here on)
-//   LoRA (tests/models/check_lora_conformance.py): [--lora-load L.safetensors] [--lora-save-kohya K]
-//                   [--lora-save-peft P]
+//   LoRA (tests/models/check_lora_conformance.py, check_dora_parity.py): [--lora-load L.safetensors
+//                   [--lora-options JSON]] [--lora-save-kohya K] [--lora-save-peft P]
 //
 // Weights load strictly (every parameter, no extra tensor) into flame_model_params' list; with
 // --load, flame_model_load reads PATH (a file or folder as users have them) instead. Inputs
@@ -15,8 +15,8 @@
 // tensor "<output>" of G of sum(output * G[output]), and backward runs once. OUT receives the
 // outputs named in G (or all outputs without --grads) as "out.<name>", and with --grads every
 // parameter gradient as "grad.<param>" and every float input gradient as "grad_input.<name>".
-// --lora-load reads a LoRA file (any format flame_model_load_lora knows) as the trainable adapter
-// "default"; its gradients are written as "lora_grad.<module>.lora_A.weight" / "...lora_B.weight".
+// --lora-load reads a LoRA file (any format flame_model_load_lora knows) as the adapter "default"
+// (load options --lora-options, default {"trainable": true}); its gradients are written as "lora_grad.<module>.lora_A.weight" / "...lora_B.weight".
 // --lora-save-kohya / --lora-save-peft write that adapter back with flame_model_save_lora.
 #include <cstdio>
 #include <cstdlib>
@@ -48,7 +48,7 @@ std::string read_text(const std::string& path) {
 
 struct Args {
   std::string arch, config, weights, inputs, out, grads, dtype = "f32", load, options;
-  std::string lora_load, lora_save_kohya, lora_save_peft;
+  std::string lora_load, lora_options, lora_save_kohya, lora_save_peft;
   long checkpoint = 0;
 };
 
@@ -71,6 +71,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--load") a.load = v;
     else if (k == "--options") a.options = v;
     else if (k == "--lora-load") a.lora_load = v;
+    else if (k == "--lora-options") a.lora_options = v;
     else if (k == "--lora-save-kohya") a.lora_save_kohya = v;
     else if (k == "--lora-save-peft") a.lora_save_peft = v;
     else if (k == "--checkpoint") a.checkpoint = std::strtol(v.c_str(), nullptr, 10);
@@ -137,7 +138,9 @@ int main(int argc, char** argv) {
     check(flame_params_load_safetensors(params, a.weights.c_str(), FLAME_PARAMS_LOAD_CONVERT_DTYPE), "loading the weights");
   flame_params_t lora = nullptr;
   if (!a.lora_load.empty())
-    check(flame_model_load_lora(model, a.lora_load.c_str(), "{\"trainable\": true}", &lora), "flame_model_load_lora");
+    check(flame_model_load_lora(model, a.lora_load.c_str(),
+                                a.lora_options.empty() ? "{\"trainable\": true}" : a.lora_options.c_str(), &lora),
+          "flame_model_load_lora");
   if (!a.lora_save_kohya.empty())
     check(flame_model_save_lora(model, nullptr, a.lora_save_kohya.c_str(), "{\"format\": \"kohya\"}"),
           "flame_model_save_lora (kohya)");

@@ -314,6 +314,14 @@ impl Model {
         let n = opt_c_string(name, "name")?;
         check(unsafe { (api()?.flame_model_remove_lora)(self.raw, opt_ptr(&n)) })
     }
+
+    /// `flame_model_merge_lora`: folds the adapter `name` (None: "default") into the model's
+    /// weights (W + multiplier * scale * B A, or DoRA's normalised weight; f32 on the device, stored
+    /// in the weight's dtype) and removes it.
+    pub fn merge_lora(&self, name: Option<&str>) -> Result<()> {
+        let n = opt_c_string(name, "name")?;
+        check(unsafe { (api()?.flame_model_merge_lora)(self.raw, opt_ptr(&n)) })
+    }
 }
 
 impl Drop for Model {

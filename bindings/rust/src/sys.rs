@@ -916,6 +916,7 @@ pub const SYMBOLS: &[&str] = &[
     "flame_model_save_lora",
     "flame_model_load_lora",
     "flame_model_remove_lora",
+    "flame_model_merge_lora",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -1232,6 +1233,7 @@ pub struct Api {
     pub flame_model_save_lora: unsafe extern "C" fn(model: flame_model_t, name: *const c_char, path: *const c_char, options_json: *const c_char) -> flame_status_t,
     pub flame_model_load_lora: unsafe extern "C" fn(model: flame_model_t, path: *const c_char, options_json: *const c_char, adapter_params: *mut flame_params_t) -> flame_status_t,
     pub flame_model_remove_lora: unsafe extern "C" fn(model: flame_model_t, name: *const c_char) -> flame_status_t,
+    pub flame_model_merge_lora: unsafe extern "C" fn(model: flame_model_t, name: *const c_char) -> flame_status_t,
 }
 
 impl Api {
@@ -1556,6 +1558,7 @@ impl Api {
             flame_model_save_lora: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, *const c_char, *const c_char, *const c_char) -> flame_status_t>(resolve(b"flame_model_save_lora\0")?),
             flame_model_load_lora: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, *const c_char, *const c_char, *mut flame_params_t) -> flame_status_t>(resolve(b"flame_model_load_lora\0")?),
             flame_model_remove_lora: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, *const c_char) -> flame_status_t>(resolve(b"flame_model_remove_lora\0")?),
+            flame_model_merge_lora: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, *const c_char) -> flame_status_t>(resolve(b"flame_model_merge_lora\0")?),
         })
     }
 }

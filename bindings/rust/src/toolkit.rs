@@ -1142,6 +1142,7 @@ pub const HAND_WRAPPED: &[(&str, &str)] = &[
     ("flame_model_save_lora", "Model::save_lora"),
     ("flame_model_load_lora", "Model::load_lora"),
     ("flame_model_remove_lora", "Model::remove_lora"),
+    ("flame_model_merge_lora", "Model::merge_lora"),
     // attention.rs
     ("flame_attention_options_init", "AttentionOptions::to_raw"),
     ("flame_scaled_dot_product_attention", "Tensor::scaled_dot_product_attention"),

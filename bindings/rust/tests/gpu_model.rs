@@ -173,5 +173,21 @@ fn clip_lora_train_save_and_load() {
     assert_eq!(err.status, Status::ERROR_INVALID_ARGUMENT);
     model.remove_lora(None).unwrap();
     assert_eq!(run(&model), base);
+    // a DoRA adapter folded into the weights: the same output without it
+    let dora = model.add_lora(Some(r#"{"name": "d", "rank": 4, "dora": true}"#)).unwrap();
+    for (name, t) in &dora.entries().unwrap() {
+        if name.ends_with(".lora_B.weight") {
+            let n: usize = t.shape().unwrap().iter().product::<i64>() as usize;
+            let v: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.53).cos() * 0.2).collect();
+            t.copy_from_slice(&v).unwrap();
+        }
+    }
+    let with_dora = run(&model);
+    assert!(with_dora.iter().zip(&base).any(|(a, b)| (a - b).abs() > 1e-4));
+    model.merge_lora(Some("d")).unwrap();
+    assert!(model.lora_params(Some("d")).is_err(), "a merged adapter is gone");
+    let merged = run(&model);
+    assert!(merged.iter().zip(&with_dora).all(|(a, b)| (a - b).abs() <= 1e-4 + 1e-4 * b.abs()));
+    assert_eq!(model.merge_lora(Some("d")).err().expect("no adapter d").status, Status::ERROR_INVALID_ARGUMENT);
     std::fs::remove_dir_all(&dir).unwrap();
 }

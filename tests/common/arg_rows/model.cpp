@@ -24,5 +24,6 @@ FLAME_ARG_ROW(flame_model_save_lora, a.lora_model("model"), "default", a.out_pat
 FLAME_ARG_ROW(flame_model_load_lora, a.model("model"), a.lora_path("path"), "{\"name\": \"loaded\"}",
               a.out_params("adapter_params"));
 FLAME_ARG_ROW(flame_model_remove_lora, a.lora_model("model"), "default");
+FLAME_ARG_ROW(flame_model_merge_lora, a.lora_model("model"), "default");
 
 }  // namespace
