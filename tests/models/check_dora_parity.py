@@ -107,7 +107,7 @@ def run(tool, d, tol):
         print(f"FAIL: flame_model_run exited {r.returncode}: {r.stderr.strip()}")
         return False
     got = load_file(paths["flame.safetensors"])
-    floor = 1e-6 * max(v.abs().max().item() for k, v in ref.items() if k.startswith("grad"))
+    floor = 1e-6 * max(v.abs().max().item() for k, v in ref.items() if k.startswith(("grad", "lora_grad")))
     ok, worst = True, (0.0, "")
     for k, v in ref.items():
         if k not in got:
