@@ -21,7 +21,9 @@ TF32 off, the SDPA math backend) and each target set ("default": diffusers' trai
 Known gaps, reported as SKIP: diffusers has no loader for kohya SD3 files (SD3LoraLoaderMixin reads
 peft keys only); its kohya Flux converter splits a single block's fused linear1 at Flux-dev's sizes
 (3072, 3072, 3072, 12288), so kohya Flux files are checked on "flux_wide" (Flux-dev's width, one
-block of each kind) and skipped on the tiny "flux".
+block of each kind) and skipped on the tiny "flux". That converter also leaves the embedders' and
+final layer's keys without the "transformer." prefix its loaders filter on (they would be dropped);
+the check gives them the prefix (a note says how many).
 
 Runs on the GPU machine (PyTorch, peft, and diffusers from a copy of ../shared/reference/diffusers on
 PYTHONPATH):
@@ -170,6 +172,13 @@ def diffusers_output(base, c, mixin_name, loader, component, path, inputs):
     model = copy.deepcopy(base)
     if mixin_name == "FluxLoraLoaderMixin":
         state_dict, alphas, metadata = mixin.lora_state_dict(path, return_alphas=True, return_lora_metadata=True)
+        # diffusers' kohya Flux converter names the embedders' and the final layer's LoRA keys without
+        # the "transformer." prefix, which its loaders then filter out (silently dropped): they are
+        # taken as the transformer's here, as check_lora_formats.py does, and counted in the report.
+        bare = [k for k in state_dict if not k.startswith(("transformer.", "text_encoder"))]
+        if bare:
+            print(f"  note: {len(bare)} keys without a component prefix from diffusers, taken as the transformer's")
+            state_dict = {(f"transformer.{k}" if k in bare else k): v for k, v in state_dict.items()}
     elif mixin_name == "StableDiffusionXLLoraLoaderMixin":
         state_dict, alphas, metadata = mixin.lora_state_dict(path, unet_config=model.config, return_lora_metadata=True)
     else:
