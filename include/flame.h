@@ -2107,7 +2107,8 @@ FLAME_API flame_status_t flame_optimizer_state_bytes(flame_optimizer_t opt, uint
  * releases: flame_model_known_architectures). A program drives every architecture the same way:
  *  - parameters are ordinary tensors under the reference's state_dict names, in its order
  *    (flame_model_params): optimizers, hooks, freezing (flame_tensor_set_requires_grad), LoRA and
- *    safetensors work on them as on any tensor; they require grad when the model is made;
+ *    safetensors work on them as on any tensor; they require grad when the model is made (the
+ *    quantised weights and scales of the "quantize" option excepted: frozen);
  *  - the forward pass takes and returns named tensors (flame_params_t lists) under the names the
  *    reference's forward() uses; its outputs are recorded like any operation's, so flame_backward
  *    works through them.
@@ -2115,7 +2116,19 @@ FLAME_API flame_status_t flame_optimizer_state_bytes(flame_optimizer_t opt, uint
  * class's defaults; flame_model_config returns the complete one). Options are a JSON object:
  *   "dtype": "f32" | "f16" | "bf16" | "f64" (the parameters' dtype; default "f32"),
  *   "compute_dtype": the dtype the forward computes in (default: dtype; parameters of another dtype
- *                    are cast at each use, float inputs are cast on entry).
+ *                    are cast at each use, float inputs are cast on entry),
+ *   "quantize": {"dtype": "f8_e4m3", "scale": "tensor" | "row"} (both keys optional, these defaults;
+ *               "float8_e4m3fn" is accepted for the dtype; null or false: off): a frozen fp8 base for
+ *               LoRA training in about half the memory. The weight of every linear layer (each 2-D
+ *               "<module>.weight" that is not an embedding table) is kept in FLAME_DTYPE_F8_E4M3 with
+ *               an f32 scale, W = weight * scale_weight (ComfyUI's "scaled fp8" convention): per
+ *               tensor a 0-d scale amax|W| / 448, per row an [out, 1] column of each row's amax / 448;
+ *               values are rounded to the nearest e4m3. Norms, biases, embeddings and convolutions
+ *               stay in "dtype". At each use the weight is dequantised to compute_dtype (f32 product,
+ *               rounded once): gradients reach the layer's input and its LoRA adapters, never the
+ *               quantised weight or its scale, which are made with requires_grad false (setting it
+ *               later is ignored: no gradient reaches them). An unknown key or value:
+ *               FLAME_ERROR_INVALID_ARGUMENT naming it ("quantize.scale", ...).
  * A model is used by one thread at a time; it keeps its context alive, as tensors do. */
 
 typedef struct flame_model_s* flame_model_t;
@@ -2128,7 +2141,9 @@ FLAME_API flame_status_t flame_model_known_architectures(const char** names);
  * config_json (a JSON object as the reference's config.json, or NULL / "{}" for the defaults) and
  * options_json (see above; NULL for the defaults). Parameters are initialised from the context's
  * generator: weights of linear, convolution and embedding layers N(0, 0.02), norm scales 1, biases 0
- * (load trained weights with flame_params_load_safetensors on flame_model_params' list).
+ * (load trained weights with flame_params_load_safetensors on flame_model_params' list). With
+ * "quantize" the model is initialised in "dtype", then its linear weights are quantised on the GPU one
+ * by one (the full-precision model exists briefly; flame_model_load never makes it).
  * OUT *model: a new model; release it with flame_model_release. NULL on any error.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx, architecture or model NULL; an unknown architecture, the
  * message listing the known ones; invalid JSON, a config value of the wrong type or out of range, an
@@ -2149,7 +2164,15 @@ FLAME_API flame_status_t flame_model_create(flame_ctx_t ctx, const char* archite
  * for single files; options_json's "architecture" and "config" override them (a single file loaded
  * with "architecture" must hold that architecture's own names, as flame_model_save writes them). Tensors of any dtype
  * FLAME has are converted on the GPU to the options' "dtype" (default: "bf16" for files stored in
- * f16/bf16/F8, else "f32"); files are memory-mapped and copied through a bounded staging buffer.
+ * f16/bf16/F8, f32 scales of scaled F8 weights aside, else "f32"); files are memory-mapped and copied
+ * through a bounded staging buffer. ComfyUI's scaled fp8 files (F8_E4M3 "*.weight" with f32
+ * "*.scale_weight": W = weight * scale_weight; a scalar, or here also one per row) load dequantised
+ * into "dtype"; their "scaled_fp8" marker and "*.scale_input" tensors are skipped. With "quantize",
+ * each linear weight goes straight to its final form: an F8_E4M3 tensor as stored with its scale
+ * (1 without one; bit for bit, never re-quantised; a per-row scale into a per-tensor model only when
+ * the rows' scales are equal, else FLAME_ERROR_INVALID_ARGUMENT asking for "scale": "row"), any
+ * other through a temporary f32 copy of that one tensor quantised on the GPU (never a full-precision
+ * copy of the model on the device).
  * OUT *model: NULL on any error; nothing half-loaded is returned.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx, path or model NULL; options as for flame_model_create; a
  * component missing or not named for a file that needs one), FLAME_ERROR_INVALID_FORMAT (malformed
@@ -2179,7 +2202,12 @@ FLAME_API flame_status_t flame_model_load(flame_ctx_t ctx, const char* path, con
  *        (width 768) or "text_encoders.clip_g.transformer." (width 1280);
  *      T5EncoderModel: "sd3" (= original): under "text_encoders.t5xxl.transformer."; "comfyui": no prefix.
  * The file holds this one model (no other component); its metadata has "format": "pt" (and
- * "flame_layout": the explicit layout name for original layouts). Tensors keep the parameters' dtype.
+ * "flame_layout": the explicit layout name for original layouts). Tensors keep the parameters' dtype:
+ * a quantised model writes its F8 weights and their f32 "<module>.scale_weight" scales (ComfyUI's
+ * convention; in original layouts a stored tensor fused from several weights, such as Flux's qkv,
+ * or with per-row scales gets an exact [rows, 1] scale column, which flame_model_load reads back but
+ * ComfyUI, reading scalars only, does not), and flame_model_load with the same "quantize" option
+ * reads the file back bit for bit.
  * Builds at most one stored tensor at a time on the device beside the parameters. Waits for the device.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or path NULL; a layout the class does not have, or one
  * that cannot hold this model, e.g. a shape the loader would not read back: the message names the
@@ -2201,7 +2229,10 @@ FLAME_API flame_status_t flame_model_config(flame_model_t model, const char** co
 
 /* OUT *params: a new list (release it with flame_params_release) of the model's parameters under
  * the reference's names, in its state_dict order. The tensors ARE the model's parameters: writing
- * into them (flame_params_load_safetensors, an optimizer step) changes the model.
+ * into them (flame_params_load_safetensors, an optimizer step) changes the model. With "quantize",
+ * each quantised "<module>.weight" is its FLAME_DTYPE_F8_E4M3 tensor and is followed by its f32 scale
+ * "<module>.scale_weight" (0-d, or [out, 1] per row), both not requiring grad; the list's bytes are
+ * the model's parameter memory (one byte per linear weight element).
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or params NULL), FLAME_ERROR_INVALID_HANDLE,
  * FLAME_ERROR_OUT_OF_MEMORY (host). */
 FLAME_API flame_status_t flame_model_params(flame_model_t model, flame_params_t* params);

@@ -16,6 +16,7 @@
 #include "models/model_loader.h"
 #include "models/model_lora_files.h"
 #include "models/original_layout.h"
+#include "models/quantized_files.h"
 #include "ops/ops.h"
 
 namespace flame {
@@ -41,9 +42,13 @@ flame_model_s& model_of(flame_model_t m) {
   return *m;
 }
 
-std::vector<models::KeyShape> param_shapes(const models::ParamStore& store) {
+// The parameters an original layout places (a quantised model's scales are added by
+// models::original_scales beside the weights they scale).
+std::vector<models::KeyShape> param_shapes(const models::Model& model) {
+  const models::ParamStore& store = model.params();
   std::vector<models::KeyShape> out;
-  for (size_t i = 0; i < store.size(); ++i) out.push_back({store.names()[i], store.tensors()[i]->shape});
+  for (size_t i = 0; i < store.size(); ++i)
+    if (!model.is_quantization_scale(store.names()[i])) out.push_back({store.names()[i], store.tensors()[i]->shape});
   return out;
 }
 
@@ -66,19 +71,31 @@ Tensor stored_tensor(const models::ParamStore& store, const models::OriginalTens
   return parts.size() == 1 ? parts.front() : ops::cat(parts, 0);
 }
 
-void save_original_layout(Context& c, const std::string& path, const models::ParamStore& store,
-                          const models::OriginalSavePlan& plan) {
+// The plan's tensors, then the scales of quantised weights (ComfyUI's "<module>.scale_weight").
+void save_original_layout(Context& c, const std::string& path, const models::Model& model,
+                          const models::OriginalSavePlan& plan, const std::vector<models::OriginalScale>& scales) {
+  const models::ParamStore& store = model.params();
   GradMode no_grad = c.mode;
   no_grad.grad_enabled = false;
   GradModeGuard guard(c, no_grad);
-  std::vector<st::TensorEntry> entries(plan.tensors.size());
+  std::vector<st::TensorEntry> entries(plan.tensors.size() + scales.size());
   for (size_t i = 0; i < plan.tensors.size(); ++i) {
     entries[i].name = plan.tensors[i].name;
     entries[i].dtype = store.get(plan.tensors[i].pieces.at(0).parameter)->dtype;
     entries[i].shape = plan.tensors[i].shape;
   }
+  for (size_t k = 0; k < scales.size(); ++k) {
+    st::TensorEntry& e = entries[plan.tensors.size() + k];
+    e.name = scales[k].name;
+    e.dtype = FLAME_DTYPE_F32;
+    e.shape = scales[k].shape;
+  }
   save_safetensors_streamed(
-      c, path, entries, [&](size_t i) { return stored_tensor(store, plan.tensors[i]); },
+      c, path, entries,
+      [&](size_t i) {
+        return i < plan.tensors.size() ? stored_tensor(store, plan.tensors[i])
+                                       : models::original_scale_tensor(model, plan, scales[i - plan.tensors.size()]);
+      },
       {{"format", "pt"}, {"flame_layout", plan.layout}});
 }
 
@@ -116,8 +133,7 @@ FLAME_API flame_status_t flame_model_create(flame_ctx_t ctx, const char* archite
     c.check_alive();
     auto m = std::make_unique<flame_model_s>();
     m->ctx = c.shared_from_this();
-    m->model = models::create_model(c, architecture, config, o);
-    m->model->initialize();
+    m->model = models::create_initialized_model(c, architecture, config, o);
     m->architecture = m->model->class_name();
     m->config_text = m->model->config().dump();
     m->magic = kModelMagic;
@@ -203,7 +219,11 @@ FLAME_API flame_status_t flame_model_save(flame_model_t model, const char* path,
     const models::ParamStore& store = m.model->params();
     // The plan first: a bad layout fails before the device is touched.
     std::optional<models::OriginalSavePlan> original;
-    if (kind != "diffusers") original = models::plan_original_save(m.model->class_name(), param_shapes(store), kind);
+    std::vector<models::OriginalScale> scales;
+    if (kind != "diffusers") {
+      original = models::plan_original_save(m.model->class_name(), param_shapes(*m.model), kind);
+      scales = models::original_scales(*m.model, *original);
+    }
     ContextScope scope(*m.ctx);
     m.ctx->check_alive();
     m.ctx->forbid_in_capture("writing a safetensors file");
@@ -211,7 +231,7 @@ FLAME_API flame_status_t flame_model_save(flame_model_t model, const char* path,
       save_safetensors(*m.ctx, path, store.names(), store.tensors(), {{"format", "pt"}});
       return;
     }
-    save_original_layout(*m.ctx, path, store, *original);
+    save_original_layout(*m.ctx, path, *m.model, *original, scales);
   });
 }
 

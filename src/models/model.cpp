@@ -29,9 +29,10 @@ ModelOptions parse_model_options(const nlohmann::json& options) {
   FLAME_CHECK(options.is_object(), FLAME_ERROR_INVALID_ARGUMENT, "options must be a JSON object");
   for (auto it = options.begin(); it != options.end(); ++it) {
     const std::string& k = it.key();
-    FLAME_CHECK(k == "dtype" || k == "compute_dtype" || k == "architecture" || k == "config" || k == "component",
+    FLAME_CHECK(k == "dtype" || k == "compute_dtype" || k == "quantize" || k == "architecture" || k == "config" ||
+                    k == "component",
                 FLAME_ERROR_INVALID_ARGUMENT, "options: unknown key \"", k,
-                "\" (known: dtype, compute_dtype, architecture, config, component)");
+                "\" (known: dtype, compute_dtype, quantize, architecture, config, component)");
   }
   bool compute_given = false;
   if (options.contains("dtype")) {
@@ -45,19 +46,25 @@ ModelOptions parse_model_options(const nlohmann::json& options) {
     compute_given = true;
   }
   if (!compute_given) o.compute_dtype = o.param_dtype;
+  if (options.contains("quantize")) o.quantize = parse_weight_quantization(options["quantize"]);
   return o;
 }
 
 // ---- ParamStore ----
 
-Tensor ParamStore::add(Context& ctx, const std::string& name, const Shape& shape, DType dtype) {
+Tensor ParamStore::add(Context& ctx, const std::string& name, const Shape& shape, DType dtype, bool requires_grad) {
   FLAME_CHECK(!index_.count(name), FLAME_ERROR_INTERNAL, "parameter ", name, " registered twice");
   Tensor t = ops::empty(ctx, shape, dtype);
-  autograd_meta(*t).requires_grad = true;
+  autograd_meta(*t).requires_grad = requires_grad;
+  insert(name, t);
+  return t;
+}
+
+void ParamStore::insert(const std::string& name, const Tensor& t) {
+  FLAME_CHECK(!index_.count(name), FLAME_ERROR_INTERNAL, "parameter ", name, " registered twice");
   index_.emplace(name, names_.size());
   names_.push_back(name);
   tensors_.push_back(t);
-  return t;
 }
 
 const Tensor* ParamStore::find(const std::string& name) const {
@@ -82,13 +89,80 @@ Model::Model(Context& ctx, std::string class_name, nlohmann::json config, const 
               dtype_name(options_.compute_dtype), " is not a float dtype FLAME computes in");
 }
 
+namespace {
+// The module of a "<module>.weight" name, or "" for any other name.
+std::string weight_module(const std::string& name) {
+  const std::string suffix = ".weight";
+  if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) return {};
+  return name.substr(0, name.size() - suffix.size());
+}
+}  // namespace
+
 Tensor Model::add_param(const std::string& name, const Shape& shape) {
-  return params_.add(*ctx_, name, shape, options_.param_dtype);
+  const WeightQuantization& q = options_.quantize;
+  const std::string module = shape.size() == 2 ? weight_module(name) : std::string();
+  if (!q.enabled || module.empty() || is_embedding(module)) return params_.add(*ctx_, name, shape, options_.param_dtype);
+  Tensor w = params_.add(*ctx_, name, shape, q.dtype, false);
+  const std::string scale = scale_weight_name(name);
+  params_.add(*ctx_, scale, scale_shape(q.scale, shape), FLAME_DTYPE_F32, false);
+  quantized_.emplace(name, scale);
+  return w;
 }
 
 Tensor Model::param(const std::string& name) const {
   const Tensor& p = params_.get(name);
+  if (!quantized_.empty()) {
+    auto it = quantized_.find(name);
+    if (it != quantized_.end()) return dequantize(p, params_.get(it->second), options_.compute_dtype);
+  }
   return p->dtype == options_.compute_dtype ? p : ops::to_dtype(p, options_.compute_dtype);
+}
+
+const Tensor* Model::quantization_scale(const std::string& weight_name) const {
+  auto it = quantized_.find(weight_name);
+  return it == quantized_.end() ? nullptr : params_.find(it->second);
+}
+
+bool Model::is_quantization_scale(const std::string& name) const {
+  if (quantized_.empty() || !is_scale_weight_name(name)) return false;
+  const std::string weight = name.substr(0, name.size() - std::char_traits<char>::length(".scale_weight")) + ".weight";
+  return quantized_.count(weight) != 0;
+}
+
+void Model::quantize_linear_weights(const WeightQuantization& q) {
+  FLAME_CHECK(q.enabled && !options_.quantize.enabled && quantized_.empty(), FLAME_ERROR_INTERNAL,
+              "quantize_linear_weights on a model that is quantised already, or without a quantisation");
+  std::vector<std::string> linear;
+  for (const LoraCandidate& l : linear_modules()) linear.push_back(l.module + ".weight");
+  std::sort(linear.begin(), linear.end());
+  std::vector<std::string> names = params_.names();
+  std::vector<Tensor> tensors = params_.tensors();
+  params_ = ParamStore();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!std::binary_search(linear.begin(), linear.end(), names[i])) {
+      params_.insert(names[i], tensors[i]);
+      continue;
+    }
+    Tensor w = ops::empty(*ctx_, tensors[i]->shape, q.dtype);
+    Tensor s = ops::empty(*ctx_, scale_shape(q.scale, tensors[i]->shape), FLAME_DTYPE_F32);
+    quantize_into(tensors[i], w, s);
+    tensors[i].reset();  // the full-precision weight goes as soon as its quantisation exists
+    const std::string scale = scale_weight_name(names[i]);
+    params_.insert(names[i], w);
+    params_.insert(scale, s);
+    quantized_.emplace(names[i], scale);
+  }
+  options_.quantize = q;
+}
+
+void Model::check_quantized_weights() const {
+  if (!options_.quantize.enabled) return;
+  const std::vector<LoraCandidate> linear = linear_modules();
+  FLAME_CHECK(linear.size() == quantized_.size(), FLAME_ERROR_INTERNAL, class_name_, " quantised ", quantized_.size(),
+              " weights but has ", linear.size(), " linear layers");
+  for (const LoraCandidate& l : linear)
+    FLAME_CHECK(quantized_.count(l.module + ".weight"), FLAME_ERROR_INTERNAL, class_name_, ": the linear layer ", l.module,
+                " was not quantised");
 }
 
 std::vector<LoraCandidate> Model::linear_modules() const {
@@ -360,10 +434,24 @@ std::shared_ptr<Model> create_model(Context& ctx, const std::string& class_name,
                                     const ModelOptions& options) {
   FLAME_CHECK(config.is_null() || config.is_object(), FLAME_ERROR_INVALID_ARGUMENT, "config must be a JSON object");
   for (const ModelFactory& f : model_factories())
-    if (class_name == f.class_name) return f.create(ctx, config, options);
+    if (class_name == f.class_name) {
+      std::shared_ptr<Model> m = f.create(ctx, config, options);
+      m->check_quantized_weights();
+      return m;
+    }
   std::string known;
   for (const auto& n : model_class_names()) known += (known.empty() ? "" : ", ") + n;
   fail(FLAME_ERROR_INVALID_ARGUMENT, "unknown architecture \"", class_name, "\" (known: ", known, ")");
+}
+
+std::shared_ptr<Model> create_initialized_model(Context& ctx, const std::string& class_name, const nlohmann::json& config,
+                                                const ModelOptions& options) {
+  ModelOptions full = options;
+  full.quantize = WeightQuantization{};
+  std::shared_ptr<Model> m = create_model(ctx, class_name, config, full);
+  m->initialize();
+  if (options.quantize.enabled) m->quantize_linear_weights(options.quantize);
+  return m;
 }
 
 }  // namespace flame::models

@@ -4,7 +4,8 @@
 // reference's forward() uses ("sample", "timestep", "encoder_hidden_states", "input_ids", ...).
 //
 // Parameters are ordinary leaf tensors that require grad (freeze them with flame_set_requires_grad),
-// so optimizers, hooks, LoRA and safetensors work on them unchanged. Every architecture registers
+// so optimizers, hooks, LoRA and safetensors work on them unchanged (with the "quantize" option the
+// linear layers' weights are frozen F8 tensors with scales beside them: quantized_weights.h). Every architecture registers
 // here by its class name (create_model) with a factory that reads its config.json. Each family's
 // forward lives in its own file (clip_text.cpp, ...); the building blocks they share (linear, norms,
 // attention heads) are in model_blocks.h.
@@ -18,6 +19,7 @@
 #include <vector>
 #include <nlohmann/json.hpp>
 #include "models/model_lora.h"
+#include "models/quantized_weights.h"
 #include "ops/ops.h"
 #include "tensor/tensor.h"
 
@@ -29,13 +31,17 @@ using NamedTensors = std::vector<NamedTensor>;
 // How parameters are kept and computed with. Parameters are stored in param_dtype; each use casts
 // them to compute_dtype when the two differ (storage dtypes such as F8 upcast at use). Inputs in
 // other float dtypes are cast to compute_dtype by the model.
+// With quantize enabled, the linear layers' weights (linear_modules()) are stored in F8 with a
+// scale beside them (quantized_weights.h) and the rest in param_dtype.
 struct ModelOptions {
   DType param_dtype = FLAME_DTYPE_F32;
   DType compute_dtype = FLAME_DTYPE_F32;
+  WeightQuantization quantize;
 };
 
-// Parses {"dtype": "bf16", "compute_dtype": "bf16"} (both optional; compute_dtype defaults to
-// dtype, F8 storage computes in bf16). Unknown keys or values fail with FLAME_ERROR_INVALID_ARGUMENT.
+// Parses {"dtype": "bf16", "compute_dtype": "bf16", "quantize": {...}} (all optional; compute_dtype
+// defaults to dtype; quantize as parse_weight_quantization). Unknown keys or values fail with
+// FLAME_ERROR_INVALID_ARGUMENT.
 ModelOptions parse_model_options(const nlohmann::json& options);
 // "f32" / "float32", "f16" / "float16", "bf16" / "bfloat16", "f64" / "float64"; anything else fails
 // with FLAME_ERROR_INVALID_ARGUMENT naming the options key.
@@ -44,8 +50,10 @@ DType float_dtype_from_name(const std::string& name, const char* key);
 // The parameters of a model in registration order, names unique.
 class ParamStore {
  public:
-  // A new uninitialised parameter (a leaf that requires grad) called name.
-  Tensor add(Context& ctx, const std::string& name, const Shape& shape, DType dtype);
+  // A new uninitialised parameter (a leaf that requires grad unless told otherwise) called name.
+  Tensor add(Context& ctx, const std::string& name, const Shape& shape, DType dtype, bool requires_grad = true);
+  // Registers an existing tensor as the parameter called name (a name in use: FLAME_ERROR_INTERNAL).
+  void insert(const std::string& name, const Tensor& t);
   const Tensor& get(const std::string& name) const;  // FLAME_ERROR_INTERNAL when absent
   const Tensor* find(const std::string& name) const;
   size_t size() const { return names_.size(); }
@@ -105,6 +113,20 @@ class Model : public std::enable_shared_from_this<Model> {
   void add_lora_adapter(std::shared_ptr<LoraAdapter> adapter);
   void remove_lora_adapter(const std::string& name);  // FLAME_ERROR_INVALID_ARGUMENT when absent
 
+  // The scale parameter ("<module>.scale_weight") of a quantised weight called weight_name; null
+  // when that weight is not quantised (or absent).
+  const Tensor* quantization_scale(const std::string& weight_name) const;
+  // Whether name is the scale parameter of a quantised weight.
+  bool is_quantization_scale(const std::string& name) const;
+  // Replaces every linear weight (stored in param_dtype, already initialised) by its quantisation q
+  // (quantize_into, one weight at a time, each freed once quantised) with its scale parameter right
+  // after it, and records q in options(). For a new model (flame_model_create); the model must not
+  // be quantised yet (FLAME_ERROR_INTERNAL). On an error the model is left half converted: drop it.
+  void quantize_linear_weights(const WeightQuantization& q);
+  // Checks that exactly the linear modules' weights are quantised (FLAME_ERROR_INTERNAL otherwise):
+  // run by create_model once an architecture registered its parameters.
+  void check_quantized_weights() const;
+
   // Fills every parameter with the reference class's default initialisation distribution family
   // (normal weights, unit norm scales, zero biases; documented per model), drawn from the context's
   // generator. Used by flame_model_create.
@@ -115,7 +137,8 @@ class Model : public std::enable_shared_from_this<Model> {
   virtual NamedTensors run(const NamedTensors& inputs) = 0;
   static const Tensor& input(const NamedTensors& inputs, const std::string& name);
   static const Tensor* optional_input(const NamedTensors& inputs, const std::string& name);
-  // The parameter called name in compute_dtype (a recorded cast when the storage dtype differs).
+  // The parameter called name in compute_dtype (a recorded cast when the storage dtype differs; a
+  // quantised weight dequantised, as a constant: quantized_weights.h dequantize).
   Tensor param(const std::string& name) const;
   // linear(x, weight, bias) (bias may be null) plus the term of every LoRA adapter on module, then act:
   // the one way an architecture runs a linear layer, so that adapters reach all of them.
@@ -125,6 +148,9 @@ class Model : public std::enable_shared_from_this<Model> {
   virtual bool is_embedding(const std::string& module) const { (void)module; return false; }
   // A float input cast to compute_dtype (unchanged when it already is).
   Tensor to_compute(const Tensor& t) const;
+  // A new parameter in param_dtype; with options().quantize enabled, a linear layer's weight (2-D,
+  // "<module>.weight", not an embedding) is made in F8, frozen, with its frozen f32 scale parameter
+  // "<module>.scale_weight" registered right after it.
   Tensor add_param(const std::string& name, const Shape& shape);
   // Runs block(x...) under the checkpoint policy for block index i: through toolkit checkpointing
   // when the policy selects it and a graph is being recorded, else directly. A checkpointed block
@@ -144,6 +170,7 @@ class Model : public std::enable_shared_from_this<Model> {
   bool training_ = false;
   CheckpointPolicy checkpoint_;
   std::vector<std::shared_ptr<LoraAdapter>> adapters_;
+  std::unordered_map<std::string, std::string> quantized_;  // quantised weight name -> its scale's name
 };
 
 // A new LoRA adapter on m made from options (the model's default targets when options.targets is
@@ -168,6 +195,10 @@ std::vector<std::string> model_class_names();
 // FLAME_ERROR_INVALID_ARGUMENT naming the key.
 std::shared_ptr<Model> create_model(Context& ctx, const std::string& class_name, const nlohmann::json& config,
                                     const ModelOptions& options);
+// create_model and initialize (flame_model_create): with options.quantize enabled, the model is
+// made and initialised in param_dtype, then its linear weights are quantised one by one.
+std::shared_ptr<Model> create_initialized_model(Context& ctx, const std::string& class_name, const nlohmann::json& config,
+                                                const ModelOptions& options);
 
 // Config reading shared by the factories: key's value, or fallback when absent or null; a value of
 // another type fails with FLAME_ERROR_INVALID_ARGUMENT naming the key.

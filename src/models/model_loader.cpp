@@ -10,6 +10,7 @@
 #include "models/checkpoint_files.h"
 #include "models/clip_keys.h"
 #include "models/flux_keys.h"
+#include "models/quantized_files.h"
 #include "models/sd3_keys.h"
 #include "models/t5_keys.h"
 #include "models/unet_keys.h"
@@ -254,9 +255,10 @@ LoadPlan plan_single_file(const CheckpointFiles& view, const nlohmann::json& opt
   return plan;  // same names as the architecture's parameters
 }
 
-// Buffers reference classes keep in their files but do not load as parameters.
+// Buffers reference classes keep in their files but do not load as parameters, and ComfyUI's
+// scaled-fp8 markers (quantized_files.h).
 bool ignorable_extra(const std::string& key) {
-  return key.size() >= 12 && key.compare(key.size() - 12, 12, "position_ids") == 0;
+  return (key.size() >= 12 && key.compare(key.size() - 12, 12, "position_ids") == 0) || is_ignorable_quantization_key(key);
 }
 
 // Other names under which files store a parameter: tied weights transformers may write under
@@ -280,10 +282,9 @@ std::string same_name_key(const CheckpointFiles& view, const std::string& param)
 // Copies every parameter; checks shapes and that no stored tensor is left over.
 void copy_parameters(Model& model, const ModelLoadPlan& plan) {
   const CheckpointFiles& view = plan.view;
-  Context& ctx = model.ctx();
-  GradMode no_grad = ctx.mode;
+  GradMode no_grad = model.ctx().mode;
   no_grad.grad_enabled = false;
-  GradModeGuard guard(ctx, no_grad);
+  GradModeGuard guard(model.ctx(), no_grad);
   std::map<std::string, const KeyShape*> shapes;
   for (const KeyShape& k : view.keys()) shapes[k.name] = &k;
   std::set<std::string> used;
@@ -291,6 +292,7 @@ void copy_parameters(Model& model, const ModelLoadPlan& plan) {
   for (size_t i = 0; i < store.size(); ++i) {
     const std::string& name = store.names()[i];
     const Tensor& dst = store.tensors()[i];
+    if (model.is_quantization_scale(name)) continue;  // read with its weight
     ParamSource src;
     auto it = plan.sources.find(name);
     if (it != plan.sources.end()) src = it->second;
@@ -314,18 +316,9 @@ void copy_parameters(Model& model, const ModelLoadPlan& plan) {
     FLAME_CHECK(same || reshaped, FLAME_ERROR_INVALID_FORMAT, view.source(), ": tensor ", src.key, " has shape ",
                 shape_str(k.shape), " but parameter ", name, " needs ", shape_str(expect),
                 src.rows >= 0 ? " (rows of a fused tensor)" : "");
-    if (src.transposed) {
-      FLAME_CHECK(dst->ndim() == 2, FLAME_ERROR_INTERNAL, "a transposed source for a non-matrix parameter ", name);
-      Tensor staged = ops::empty(ctx, {dst->shape[1], dst->shape[0]}, dst->dtype);
-      view.read_into(src.key, staged, src.row_begin, src.rows);
-      ops::copy_into(dst, ops::transpose(staged, 0, 1));
-    } else if (src.swap_halves) {
-      const int64_t h = (src.rows >= 0 ? src.rows : dst->shape[0]) / 2;  // rows -1: the whole tensor
-      view.read_into(src.key, ops::narrow(dst, 0, 0, h), src.row_begin + h, h);
-      view.read_into(src.key, ops::narrow(dst, 0, h, h), src.row_begin, h);
-    } else {
-      view.read_into(src.key, dst, src.row_begin, src.rows);
-    }
+    // Quantised weights (and files storing scaled F8 weights) go through quantized_files.h.
+    const std::string scale_key = read_weight(model, view, src, name, dst);
+    if (!scale_key.empty()) used.insert(scale_key);
     used.insert(src.key);
     for (const std::string& alias : tied_aliases(name)) used.insert(alias);  // the same tensor written twice
   }
@@ -340,10 +333,12 @@ void copy_parameters(Model& model, const ModelLoadPlan& plan) {
   }
 }
 
-// The options' dtype, else bf16 when every float tensor is stored in 16 or 8 bits, else f32.
+// The options' dtype, else bf16 when every float tensor is stored in 16 or 8 bits (the f32 scales
+// of scaled F8 weights aside), else f32.
 std::string default_dtype(const CheckpointFiles& view) {
   bool any = false;
   for (const KeyShape& k : view.keys()) {
+    if (is_scale_weight_name(k.name) || is_ignorable_quantization_key(k.name)) continue;
     const StoredTensor& s = view.stored(k.name);
     if (s.dtype_name == "F32" || s.dtype_name == "F64") return "f32";
     any = any || s.dtype_name == "BF16" || s.dtype_name == "F16" || s.dtype_name.rfind("F8", 0) == 0;
@@ -352,6 +347,21 @@ std::string default_dtype(const CheckpointFiles& view) {
 }
 
 }  // namespace
+
+void read_parameter(const CheckpointFiles& view, const ParamSource& src, const Tensor& dst) {
+  if (src.transposed) {
+    FLAME_CHECK(dst->ndim() == 2, FLAME_ERROR_INTERNAL, "a transposed source for a non-matrix parameter (", src.key, ")");
+    Tensor staged = ops::empty(dst->ctx(), {dst->shape[1], dst->shape[0]}, dst->dtype);
+    view.read_into(src.key, staged, src.row_begin, src.rows);
+    ops::copy_into(dst, ops::transpose(staged, 0, 1));
+  } else if (src.swap_halves) {
+    const int64_t h = (src.rows >= 0 ? src.rows : dst->shape[0]) / 2;  // rows -1: the whole tensor
+    view.read_into(src.key, ops::narrow(dst, 0, 0, h), src.row_begin + h, h);
+    view.read_into(src.key, ops::narrow(dst, 0, h, h), src.row_begin, h);
+  } else {
+    view.read_into(src.key, dst, src.row_begin, src.rows);
+  }
+}
 
 ModelLoadPlan plan_model_load(const std::string& path, const nlohmann::json& options_in) {
   nlohmann::json options = options_in.is_null() ? nlohmann::json::object() : options_in;

@@ -38,12 +38,18 @@ struct ModelLoadPlan {
   CheckpointFiles view;
 };
 
+// Reads a parameter's source into dst (any shape of the same element count for plain sources; any
+// dtype, converted on the GPU): the rows asked for, halves exchanged, transposed, as src says.
+void read_parameter(const CheckpointFiles& view, const ParamSource& src, const Tensor& dst);
+
 // Opens path and plans the load (no GPU needed): the errors of flame_model_load about files,
 // options, components and unknown architectures come from here.
 ModelLoadPlan plan_model_load(const std::string& path, const nlohmann::json& options);
 
-// options: the flame_model_load options object (dtype, compute_dtype, architecture, config,
-// component), already parsed as JSON (null: none).
+// options: the flame_model_load options object (dtype, compute_dtype, quantize, architecture,
+// config, component), already parsed as JSON (null: none). With "quantize", each linear weight is
+// read into its quantised form (quantized_files.h): quantised on the GPU from a temporary of that one
+// tensor, or taken as stored from an F8_E4M3 file with its scale.
 std::shared_ptr<Model> load_model(Context& ctx, const std::string& path, const nlohmann::json& options);
 
 }  // namespace flame::models
