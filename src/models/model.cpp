@@ -229,7 +229,11 @@ const LoraAdapter& add_lora(Model& m, const LoraAdapterOptions& options) {
   std::shared_ptr<LoraAdapter> adapter = create_lora_adapter(m.ctx(), m.linear_modules(), targets, options);
   if (options.dora)  // peft's DoraLinearLayer.update_layer: m = ||W + scale B A||_row (B = 0: ||W||_row)
     for (LoraModule& lm : adapter->modules) {
-      lm.magnitude = ops::to_dtype(dora_row_norms(m.params().get(lm.module + ".weight"), lm), options.dtype);
+      // the weight's value: an fp8 base's weight (quantize option) through its scale
+      const std::string w = lm.module + ".weight";
+      const Tensor* scale = m.quantization_scale(w);
+      const Tensor weight = scale ? dequantize(m.params().get(w), *scale, FLAME_DTYPE_F32) : m.params().get(w);
+      lm.magnitude = ops::to_dtype(dora_row_norms(weight, lm), options.dtype);
       autograd_meta(*lm.magnitude).requires_grad = true;
     }
   m.add_lora_adapter(adapter);
