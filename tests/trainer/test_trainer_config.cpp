@@ -210,3 +210,25 @@ TEST(TrainerConfig, DidYouMean) {
   EXPECT_EQ(did_you_mean("resolutoin", {"resolution", "repeats"}), "resolution");
   EXPECT_EQ(did_you_mean("completely_different", {"resolution", "repeats"}), "");
 }
+
+TEST(TrainerConfig, DemoDefaultsAndOverrides) {
+  CommandLine cmd;
+  cmd.demo = true;
+  cmd.overrides = {{"training.max_train_steps", "7"}, {"training.timestep_sampling", "logit_normal"},
+                   {"output.dir", "/tmp"}};
+  const TrainConfig c = load_config(cmd);
+  EXPECT_EQ(c.model.path, "demo:flux");
+  EXPECT_EQ(c.data.path, "");
+  EXPECT_EQ(c.training.max_train_steps, 7);  // the override wins over the demo's 60
+  EXPECT_EQ(c.training.batch_size, 4);
+  EXPECT_EQ(c.training.timestep_sampling, "logit_normal");
+  EXPECT_EQ(c.optimizer.beta2, 0.999);
+  CommandLine bad = cmd;
+  bad.overrides.push_back({"training.prediction_type", "sample"});
+  try {
+    load_config(bad);
+    ADD_FAILURE() << "prediction_type 'sample' accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.problems().front().find("training.prediction_type"), std::string::npos) << e.problems().front();
+  }
+}

@@ -109,3 +109,16 @@ TEST(TrainerProgram, WithoutADriverExitsTwoWithTheLibraryMessage) {
   EXPECT_NE(r.output.find("flame-train: no GPU available (FLAME_ERROR_NO_DRIVER)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("/nonexistent/libcuda.so.1"), std::string::npos) << r.output;  // the library's text
 }
+
+TEST(TrainerProgram, DemoNeedsNoFiles) {
+  RunResult dry = run_trainer({"--demo", "--dry-run", "--output.dir=/tmp"});
+  EXPECT_EQ(dry.status, 0) << dry.output;
+  EXPECT_NE(dry.output.find("demo: random data"), std::string::npos) << dry.output;
+  RunResult r = run_trainer({"--demo", "--model.path=demo:sd3", "--output.dir=/tmp"});
+  EXPECT_EQ(r.status, 2) << r.output;  // no driver here
+  EXPECT_NE(r.output.find("no GPU available"), std::string::npos) << r.output;
+  RunResult bad = run_trainer({"--demo", "--data.cache_file=/nonexistent/cache.safetensors", "--output.dir=/tmp"});
+  EXPECT_EQ(bad.status, 1) << bad.output;
+  EXPECT_NE(bad.output.find("data.cache_file: /nonexistent/cache.safetensors does not exist"), std::string::npos)
+      << bad.output;
+}

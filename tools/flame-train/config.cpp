@@ -38,13 +38,18 @@ constexpr double kMaxSeed = 9e18;  // below 2^63, exactly representable
 
 const std::vector<KeyDef>& key_table() {
   static const std::vector<KeyDef> keys = {
-      {"model.path", KeyType::String, nullptr, "base model: a checkpoint file or a diffusers folder (required)", 0, 0,
+      {"model.path", KeyType::String, nullptr,
+       "base model: a checkpoint file or a diffusers folder (required), or demo:flux / demo:sdxl / demo:sd3 "
+       "(a tiny random-init model)", 0, 0,
        false, {}, PathRule::Exists},
       {"model.arch", KeyType::String, "auto", "model family; auto reads it from the checkpoint", 0, 0, false,
        {"auto", "flux", "sdxl", "sd3"}},
       {"data.path", KeyType::String, nullptr,
        "folder of images (png, jpg, jpeg, webp) with same-name caption files; subfolders named N_name "
        "are repeated N times (required)", 0, 0, false, {}, PathRule::Directory},
+      {"data.cache_file", KeyType::String, "",
+       "latent cache (safetensors of latents and text embeddings; format in training_data.h): trains from it "
+       "instead of data.path"},
       {"data.caption_extension", KeyType::String, ".txt", "extension of the caption files"},
       {"data.repeats", KeyType::Int, 1, "repeats of the images outside N_name folders", 1, 10000},
       {"data.resolution", KeyType::Int, 1024, "training resolution: buckets hold at most resolution^2 pixels", 64,
@@ -62,13 +67,17 @@ const std::vector<KeyDef>& key_table() {
       {"data.random_crop", KeyType::Bool, false, "crop at a random offset instead of the centre"},
       {"network.dim", KeyType::Int, 16, "LoRA rank", 1, 1024},
       {"network.alpha", KeyType::Float, 16.0, "LoRA alpha (scale = alpha / dim)", 0, 1e6, true},
-      {"network.dropout", KeyType::Float, 0.0, "dropout on the LoRA path", 0, 1},
+      {"network.dropout", KeyType::Float, 0.0, "dropout on the LoRA path", 0, 0.999},
+      {"network.targets", KeyType::StringList, json::array(),
+       "module names the adapter targets (empty: the architecture's usual ones)"},
       {"optimizer.type", KeyType::String, "adamw", "optimizer", 0, 0, false, {"adamw", "lion"}},
       {"optimizer.learning_rate", KeyType::Float, 1e-4, "peak learning rate", 0, 1, true},
+      {"optimizer.beta1", KeyType::Float, 0.9, "AdamW beta1", 0, 1},
+      {"optimizer.beta2", KeyType::Float, 0.999, "AdamW beta2", 0, 1},
       {"optimizer.weight_decay", KeyType::Float, 0.01, "decoupled weight decay", 0, 1},
       {"optimizer.max_grad_norm", KeyType::Float, 1.0, "gradient clipping norm (0: off)", 0, 1e6},
       {"optimizer.lr_scheduler", KeyType::String, "constant", "schedule after the warm-up", 0, 0, false,
-       {"constant", "cosine"}},
+       {"constant", "constant_with_warmup", "cosine"}},
       {"optimizer.lr_warmup_steps", KeyType::Int, 0, "linear warm-up steps", 0, 1e9},
       {"training.seed", KeyType::Int, 42, "seed of every random choice (data order, augmentation, noise)", 0, kMaxSeed},
       {"training.batch_size", KeyType::Int, 1, "images per step and GPU", 1, 4096},
@@ -78,6 +87,21 @@ const std::vector<KeyDef>& key_table() {
       {"training.gradient_checkpointing", KeyType::Bool, false, "recompute activations in backward"},
       {"training.gpus", KeyType::Int, 1, "GPUs (data parallel)", 1, 64},
       {"training.device", KeyType::Int, 0, "first CUDA device ordinal", 0, 63},
+      {"training.timestep_sampling", KeyType::String, "sigmoid", "flow matching (Flux, SD3): noise-level density", 0, 0,
+       false, {"sigmoid", "logit_normal", "uniform", "mode"}},
+      {"training.logit_mean", KeyType::Float, 0.0, "logit_normal: mean", -10, 10},
+      {"training.logit_std", KeyType::Float, 1.0, "logit_normal: std; sigmoid: scale", 0, 100, true},
+      {"training.mode_scale", KeyType::Float, 1.29, "mode: scale", -10, 10},
+      {"training.flow_shift", KeyType::Float, 0.0,
+       "flow matching: 0 = Flux's resolution-dependent shift or SD3's 3.0; > 0 a fixed shift", 0, 100},
+      {"training.weighting_scheme", KeyType::String, "none", "flow matching: loss weighting", 0, 0, false,
+       {"none", "sigma_sqrt", "cosmap"}},
+      {"training.guidance_scale", KeyType::Float, 3.5,
+       "Flux-dev: the guidance input while training (diffusers' train_dreambooth_lora_flux.py default)", 0, 100},
+      {"training.prediction_type", KeyType::String, "epsilon", "SDXL: the model's target", 0, 0, false,
+       {"epsilon", "v_prediction"}},
+      {"training.min_snr_gamma", KeyType::Float, 0.0, "SDXL: min-SNR-gamma loss weighting (0: off)", 0, 1000},
+      {"training.noise_offset", KeyType::Float, 0.0, "noise offset (per-channel noise added to the noise)", 0, 10},
       {"sample.every_n_steps", KeyType::Int, 0, "write sample images every N steps (0: never)", 0, 1e9},
       {"sample.prompts", KeyType::StringList, json::array(), "prompts of the sample images"},
       {"sample.steps", KeyType::Int, 20, "sampler steps", 1, 1000},
@@ -322,12 +346,15 @@ std::string parent_directory(const std::string& path) {
   return slash == 0 ? "/" : p.substr(0, slash);
 }
 
-void check_paths(const Values& values, std::vector<std::string>& problems) {
+// images_not_needed: an empty data.path is fine (--demo, or a run from data.cache_file).
+void check_paths(const Values& values, bool images_not_needed, std::vector<std::string>& problems) {
   for (const auto& k : key_table()) {
     auto it = values.find(k.name);
     if (k.path == PathRule::None || it == values.end()) continue;
     const std::string p = it->second.get<std::string>();
     const std::string name = k.name;
+    if (name == "model.path" && p.rfind("demo:", 0) == 0) continue;  // a built-in tiny model
+    if (name == "data.path" && p.empty() && images_not_needed) continue;
     if (p.empty()) {
       problems.push_back(name + ": the path is empty");
     } else if (k.path == PathRule::Exists && !exists(p)) {
@@ -352,6 +379,7 @@ TrainConfig to_config(const Values& v) {
   c.model.path = s("model.path");
   c.model.arch = s("model.arch");
   c.data.path = s("data.path");
+  c.data.cache_file = s("data.cache_file");
   c.data.caption_extension = s("data.caption_extension");
   c.data.repeats = static_cast<int>(i("data.repeats"));
   c.data.buckets.enabled = b("data.enable_bucket");
@@ -369,8 +397,11 @@ TrainConfig to_config(const Values& v) {
   c.network.dim = static_cast<int>(i("network.dim"));
   c.network.alpha = f("network.alpha");
   c.network.dropout = f("network.dropout");
+  c.network.targets = v.at("network.targets").get<std::vector<std::string>>();
   c.optimizer.type = s("optimizer.type");
   c.optimizer.learning_rate = f("optimizer.learning_rate");
+  c.optimizer.beta1 = f("optimizer.beta1");
+  c.optimizer.beta2 = f("optimizer.beta2");
   c.optimizer.weight_decay = f("optimizer.weight_decay");
   c.optimizer.max_grad_norm = f("optimizer.max_grad_norm");
   c.optimizer.lr_scheduler = s("optimizer.lr_scheduler");
@@ -383,6 +414,16 @@ TrainConfig to_config(const Values& v) {
   c.training.gradient_checkpointing = b("training.gradient_checkpointing");
   c.training.gpus = static_cast<int>(i("training.gpus"));
   c.training.device = static_cast<int>(i("training.device"));
+  c.training.timestep_sampling = s("training.timestep_sampling");
+  c.training.logit_mean = f("training.logit_mean");
+  c.training.logit_std = f("training.logit_std");
+  c.training.mode_scale = f("training.mode_scale");
+  c.training.flow_shift = f("training.flow_shift");
+  c.training.weighting_scheme = s("training.weighting_scheme");
+  c.training.guidance_scale = f("training.guidance_scale");
+  c.training.prediction_type = s("training.prediction_type");
+  c.training.min_snr_gamma = f("training.min_snr_gamma");
+  c.training.noise_offset = f("training.noise_offset");
   c.sample.every_n_steps = i("sample.every_n_steps");
   c.sample.prompts = v.at("sample.prompts").get<std::vector<std::string>>();
   c.sample.steps = static_cast<int>(i("sample.steps"));
@@ -415,6 +456,8 @@ void check_consistency(const TrainConfig& c, std::vector<std::string>& problems)
   }
   if (c.data.caption_extension.empty() || c.data.caption_extension[0] != '.')
     problems.push_back("data.caption_extension: '" + c.data.caption_extension + "' must start with a dot (e.g. .txt)");
+  if (!c.data.cache_file.empty() && !exists(c.data.cache_file))
+    problems.push_back("data.cache_file: " + c.data.cache_file + " does not exist");
   if (c.data.captions.separator.empty()) problems.push_back("data.caption_separator: must not be empty");
   if (c.output.name.empty() || c.output.name.find('/') != std::string::npos)
     problems.push_back("output.name: '" + c.output.name + "' must be a non-empty file name without '/'");
@@ -461,6 +504,8 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
       cmd.help = true;
     } else if (arg == "--dry-run") {
       cmd.dry_run = true;
+    } else if (arg == "--demo") {
+      cmd.demo = true;
     } else if (arg == "--config" || arg.rfind("--config=", 0) == 0) {
       if (arg == "--config") {
         if (i + 1 >= argc) problems.push_back("--config needs a file name");
@@ -480,9 +525,9 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
       }
     } else if (arg.rfind("--", 0) == 0) {
       std::string msg = "unknown option '" + arg + "'";
-      std::string s = did_you_mean(arg, {"--help", "--dry-run", "--config"});
+      std::string s = did_you_mean(arg, {"--help", "--dry-run", "--demo", "--config"});
       if (!s.empty()) msg += " (did you mean '" + s + "'?)";
-      else msg += " (options: --config FILE, --dry-run, --help, --group.key=value)";
+      else msg += " (options: --config FILE, --dry-run, --demo, --help, --group.key=value)";
       problems.push_back(msg);
     } else {
       problems.push_back("unexpected argument '" + arg + "' (settings are --group.key=value, the file is --config FILE)");
@@ -492,18 +537,34 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   return cmd;
 }
 
+// The --demo settings, taken before the file and the overrides (which still win): the tiny Flux
+// model, random data (no data.path), a short run at a rate that overfits them.
+void apply_demo_defaults(Values& values) {
+  values["model.path"] = "demo:flux";
+  values["training.max_train_steps"] = 60;
+  values["training.batch_size"] = 4;
+  values["optimizer.learning_rate"] = 2e-2;
+  values["network.dim"] = 16;
+  values["network.alpha"] = 16.0;
+  values["output.name"] = "demo_lora";
+}
+
 TrainConfig load_config(const CommandLine& cmd) {
   Values values;
   for (const auto& k : key_table())
     if (!k.default_value.is_null()) values[k.name] = k.default_value;
+  if (cmd.demo) apply_demo_defaults(values);
   std::vector<std::string> problems;
   if (!cmd.config_file.empty()) apply_file(cmd.config_file, values, problems);
   apply_overrides(cmd, values, problems);
+  // The images are not read by a demo run or a run from a latent cache.
+  const bool images_not_needed = cmd.demo || (values.count("data.cache_file") && !values["data.cache_file"].get<std::string>().empty());
+  if (images_not_needed && values.find("data.path") == values.end()) values["data.path"] = "";
   for (const auto& k : key_table())
     if (values.find(k.name) == values.end())
       problems.push_back(std::string(k.name) + ": required (set it in the file or with --" + k.name + "=...)");
   if (!problems.empty()) throw ConfigError(problems);  // the rest needs every value
-  check_paths(values, problems);
+  check_paths(values, images_not_needed, problems);
   TrainConfig config = to_config(values);
   check_consistency(config, problems);
   if (!problems.empty()) throw ConfigError(problems);
@@ -512,13 +573,15 @@ TrainConfig load_config(const CommandLine& cmd) {
 
 std::string help_text() {
   std::ostringstream out;
-  out << "Usage: flame-train [--config FILE.json] [--group.key=value]... [--dry-run] [--help]\n"
+  out << "Usage: flame-train [--config FILE.json] [--group.key=value]... [--dry-run] [--demo] [--help]\n"
          "\n"
          "Trains a LoRA for Flux, SDXL or SD3 with FLAME. Settings come from the defaults, then the JSON\n"
          "file ({\"group\": {\"key\": value}}), then --group.key=value (or --group.key value) overrides.\n"
          "\n"
          "  --config FILE   JSON configuration file\n"
          "  --dry-run       check the configuration and the data, print the bucket plan, and exit\n"
+         "  --demo          train on random data, by default a tiny random-init Flux (model.path demo:flux;\n"
+         "                  also demo:sdxl, demo:sd3) for 60 steps: needs a GPU, no files\n"
          "  --help          this text\n"
          "\n"
          "Exit status: 0 done, 1 a configuration, data or training error, 2 no GPU (or no driver).\n";

@@ -1,7 +1,7 @@
 // flame-train's configuration: one table of keys (config.cpp, kConfigKeys) drives the JSON file,
 // the command-line overrides, --help and the validation, so that the four can never disagree.
 //
-//   flame-train [--config FILE.json] [--group.key=value | --group.key value]... [--dry-run] [--help]
+//   flame-train [--config FILE.json] [--group.key=value | --group.key value]... [--dry-run] [--demo] [--help]
 //
 // The file is JSON with kohya-like keys grouped as model / data / network / optimizer / training /
 // sample / output, e.g. {"data": {"path": "img", "resolution": 1024}, "training": {"batch_size": 2}}.
@@ -37,6 +37,7 @@ struct TrainConfig {
   } model;
   struct Data {
     std::string path;
+    std::string cache_file;  // latents and text embeddings (training_data.h); empty: none
     std::string caption_extension;
     int repeats = 1;  // for folders without the N_name prefix
     BucketOptions buckets;
@@ -48,10 +49,12 @@ struct TrainConfig {
     int dim = 16;
     double alpha = 16.0;
     double dropout = 0.0;
+    std::vector<std::string> targets;  // empty: the architecture's usual targets
   } network;
   struct Optimizer {
     std::string type;
     double learning_rate = 1e-4;
+    double beta1 = 0.9, beta2 = 0.999;
     double weight_decay = 0.01;
     double max_grad_norm = 1.0;
     std::string lr_scheduler;
@@ -66,6 +69,15 @@ struct TrainConfig {
     bool gradient_checkpointing = false;
     int gpus = 1;
     int device = 0;
+    // Objectives (objectives.h).
+    std::string timestep_sampling;  // flow matching: uniform | logit_normal | sigmoid | mode
+    double logit_mean = 0.0, logit_std = 1.0, mode_scale = 1.29;
+    double flow_shift = 0.0;        // 0: Flux's resolution-dependent shift, SD3's 3.0; > 0: fixed
+    std::string weighting_scheme;   // flow matching: none | sigma_sqrt | cosmap
+    double guidance_scale = 3.5;    // Flux-dev's guidance input
+    std::string prediction_type;    // SDXL: epsilon | v_prediction
+    double min_snr_gamma = 0.0;     // SDXL: 0 off
+    double noise_offset = 0.0;
   } training;
   struct Sample {
     int64_t every_n_steps = 0;
@@ -87,6 +99,9 @@ struct CommandLine {
   std::vector<std::pair<std::string, std::string>> overrides;  // (group.key, text) in order
   bool help = false;
   bool dry_run = false;
+  // --demo: no files needed; model.path defaults to "demo:flux" (a tiny random-init model: also
+  // demo:sdxl, demo:sd3), the data are random latents and embeddings, and the run is short.
+  bool demo = false;
 };
 
 // Parses argv. Throws ConfigError for an argument that is not an option, an option without a

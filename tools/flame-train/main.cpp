@@ -4,9 +4,10 @@
 // before any GPU work, and a machine without a GPU gets the library's own message and exit status 2.
 //
 // Exit status: 0 success (or --help, --dry-run), 1 a configuration, data or FLAME error, 2 no GPU or
-// no NVIDIA driver. What exists so far (issue 37): configuration, data set, decoding, buckets and
-// captions; the training loop (caching, objectives, optimizer steps, LoRA files) comes next, and
-// until then a run on a GPU stops after opening the context with a message saying so.
+// no NVIDIA driver. The training itself is trainer.h's: from a latent cache (data.cache_file) or,
+// with --demo, from random data in the model's shapes; the caching stage (images -> latents and
+// text embeddings) is not part of this build yet, so a run from data.path alone stops with a
+// message saying so once the data are checked.
 #include <flame.h>
 
 #include <cstdio>
@@ -14,7 +15,11 @@
 #include <string>
 
 #include "config.h"
+#ifndef FLAME_TRAIN_NO_IMAGES
 #include "dataset.h"
+#endif
+#include "flame_handles.h"
+#include "trainer.h"
 
 namespace {
 
@@ -24,6 +29,12 @@ constexpr int kExitError = 1;
 constexpr int kExitNoGpu = 2;
 constexpr size_t kWarningsShown = 10;
 
+void print_problems(const char* what, const std::vector<std::string>& problems) {
+  std::fprintf(stderr, "flame-train: %s:\n", what);
+  for (const auto& p : problems) std::fprintf(stderr, "  %s\n", p.c_str());
+}
+
+#ifndef FLAME_TRAIN_NO_IMAGES
 DataOptions data_options(const TrainConfig& c) {
   DataOptions d;
   d.path = c.data.path;
@@ -34,11 +45,6 @@ DataOptions data_options(const TrainConfig& c) {
   d.flip_aug = c.data.flip_aug;
   d.random_crop = c.data.random_crop;
   return d;
-}
-
-void print_problems(const char* what, const std::vector<std::string>& problems) {
-  std::fprintf(stderr, "flame-train: %s:\n", what);
-  for (const auto& p : problems) std::fprintf(stderr, "  %s\n", p.c_str());
 }
 
 void print_warnings(const Dataset& dataset) {
@@ -60,6 +66,8 @@ void print_schedule(const TrainConfig& config, const BucketPlan& plan) {
               static_cast<unsigned long long>(per_epoch));
 }
 
+#endif
+
 // Opens the context; returns the exit status when it cannot (2: no GPU, 1: another error).
 int open_context(const TrainConfig& config, flame_ctx_t* ctx) {
   flame_ctx_options_t opts;
@@ -79,6 +87,36 @@ int open_context(const TrainConfig& config, flame_ctx_t* ctx) {
   return 0;
 }
 
+#ifndef FLAME_TRAIN_NO_IMAGES
+// Scans the images and prints the bucket plan; returns an exit status when the data are bad (1).
+int check_data(const TrainConfig& config, bool dry_run) {
+  const DataOptions data = data_options(config);
+  Dataset dataset;
+  try {
+    dataset = scan_dataset(data);
+  } catch (const DatasetError& e) {
+    print_problems("data set errors", e.problems());
+    return kExitError;
+  }
+  print_warnings(dataset);
+  const BucketPlan plan = plan_buckets(dataset, data.buckets);
+  std::printf("%s", describe_plan(dataset, plan, config.training.batch_size).c_str());
+  print_schedule(config, plan);
+  if (dry_run)
+    std::printf("dry run: configuration and data are valid (no memory estimate yet: it needs the model code)\n");
+  return 0;
+}
+
+#else
+// Built without the image libraries (FLAME_TRAINER_DEMO_ONLY): images cannot be read.
+int check_data(const TrainConfig&, bool) {
+  std::fprintf(stderr,
+               "flame-train: this build has no image input (built without libpng / libjpeg / libwebp / "
+               "SentencePiece / utf8proc): use --demo or data.cache_file\n");
+  return kExitError;
+}
+#endif
+
 int run(int argc, char** argv) {
   CommandLine cmd;
   TrainConfig config;
@@ -94,32 +132,25 @@ int run(int argc, char** argv) {
     return kExitError;
   }
 
-  const DataOptions data = data_options(config);
-  Dataset dataset;
-  try {
-    dataset = scan_dataset(data);
-  } catch (const DatasetError& e) {
-    print_problems("data set errors", e.problems());
-    return kExitError;
+  const bool from_images = !cmd.demo && config.data.cache_file.empty();
+  if (from_images) {
+    if (int rc = check_data(config, cmd.dry_run)) return rc;
+  } else if (cmd.dry_run) {
+    std::printf("dry run: configuration is valid (%s)\n", cmd.demo ? "demo: random data" : "data from the latent cache");
   }
-  print_warnings(dataset);
-  const BucketPlan plan = plan_buckets(dataset, data.buckets);
-  std::printf("%s", describe_plan(dataset, plan, config.training.batch_size).c_str());
-  print_schedule(config, plan);
-  if (cmd.dry_run) {
-    std::printf("dry run: configuration and data are valid (no memory estimate yet: it needs the model code)\n");
-    return 0;
-  }
+  if (cmd.dry_run) return 0;
 
-  flame_ctx_t ctx = nullptr;
-  if (int rc = open_context(config, &ctx)) return rc;
+  Context ctx;
+  if (int rc = open_context(config, ctx.out())) return rc;
   char device[256] = {0};
-  if (flame_ctx_device_name(ctx, device, sizeof device) == FLAME_OK) std::printf("device: %s\n", device);
-  flame_ctx_destroy(ctx);
-  std::fprintf(stderr,
-               "flame-train: the training loop is not part of this build yet (issue 37): the configuration and "
-               "the data were checked, nothing was trained\n");
-  return kExitError;
+  if (flame_ctx_device_name(ctx.get(), device, sizeof device) == FLAME_OK) std::printf("device: %s\n", device);
+  try {
+    run_training(ctx.get(), config, cmd.demo);
+  } catch (const FlameError& e) {
+    std::fprintf(stderr, "flame-train: %s\n", e.what());
+    return e.status() == FLAME_ERROR_NO_DEVICE || e.status() == FLAME_ERROR_NO_DRIVER ? kExitNoGpu : kExitError;
+  }
+  return 0;
 }
 
 }  // namespace

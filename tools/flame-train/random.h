@@ -21,6 +21,8 @@ enum class RandomPurpose : uint64_t {
   Crop = 4,
   Flip = 5,
   BatchOrder = 6,
+  Timestep = 7,  // the noise level of each sample of a training step
+  DemoData = 8,  // the --demo data set
 };
 
 // splitmix64 stream: small, fast and statistically fine for shuffles and coin flips.

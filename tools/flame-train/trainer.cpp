@@ -1,0 +1,370 @@
+// The training loop (see trainer.h): setup, one optimizer step, LoRA files and the JSONL log.
+#include "trainer.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "flame_handles.h"
+#include "lr_schedule.h"
+#include "model_setup.h"
+#include "objectives.h"
+#include "random.h"
+#include "training_data.h"
+
+namespace flame_train {
+namespace {
+
+// The demo data set: a few fixed samples the adapter can overfit.
+constexpr int kDemoSamples = 4;
+constexpr int64_t kDemoLatentSide = 16;
+constexpr int64_t kDemoTokens = 8;
+
+using BinaryOp = flame_status_t (*)(flame_tensor_t, flame_tensor_t, flame_tensor_t*);
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* what) {
+  Tensor out;
+  check(op(a.get(), b.get(), out.out()), what);
+  return out;
+}
+
+Tensor host_tensor(flame_ctx_t ctx, const std::vector<float>& v, const std::vector<int64_t>& shape) {
+  Tensor t;
+  check(flame_from_host(ctx, v.data(), v.size() * sizeof(float), shape.data(), static_cast<int32_t>(shape.size()),
+                        FLAME_DTYPE_F32, t.out()),
+        "flame_from_host");
+  return t;
+}
+
+Tensor to_f32(flame_tensor_t t) {
+  Tensor out;
+  check(flame_to_dtype(t, FLAME_DTYPE_F32, out.out()), "flame_to_dtype");
+  return out;
+}
+
+// Stacks one member tensor of each sample of the batch along a new first axis.
+Tensor stack_member(const std::vector<TrainingSample>& samples, const std::vector<size_t>& batch,
+                    Tensor TrainingSample::*member) {
+  std::vector<flame_tensor_t> parts;
+  for (size_t i : batch) parts.push_back((samples[i].*member).get());
+  Tensor out;
+  check(flame_stack(parts.data(), static_cast<int32_t>(parts.size()), 0, out.out()), "flame_stack");
+  return out;
+}
+
+// diffusers' _pack_latents: [B, C, H, W] -> [B, (H / 2)(W / 2), 4C], channel-major within a patch.
+Tensor pack_latents(const Tensor& x, int64_t b, int64_t c, int64_t h, int64_t w) {
+  const int64_t split[6] = {b, c, h / 2, 2, w / 2, 2};
+  Tensor v, p, out;
+  check(flame_reshape(x.get(), split, 6, v.out()), "flame_reshape");
+  const int32_t order[6] = {0, 2, 4, 1, 3, 5};
+  check(flame_permute(v.get(), order, 6, p.out()), "flame_permute");
+  const int64_t packed[3] = {b, (h / 2) * (w / 2), c * 4};
+  check(flame_reshape(p.get(), packed, 3, out.out()), "flame_reshape");
+  return out;
+}
+
+// Flux's RoPE ids of the packed image tokens: (0, row, column), and zeros for the text tokens.
+Tensor flux_img_ids(flame_ctx_t ctx, int64_t h, int64_t w) {
+  std::vector<float> ids(static_cast<size_t>(h * w * 3), 0.0f);
+  for (int64_t r = 0; r < h; ++r)
+    for (int64_t col = 0; col < w; ++col) {
+      ids[static_cast<size_t>((r * w + col) * 3 + 1)] = static_cast<float>(r);
+      ids[static_cast<size_t>((r * w + col) * 3 + 2)] = static_cast<float>(col);
+    }
+  return host_tensor(ctx, ids, {h * w, 3});
+}
+
+// x * a + y * b with per-sample coefficients a, b of shape [B, 1, 1, 1] (b may hold zeros).
+Tensor combine(flame_ctx_t ctx, const Tensor& x, const std::vector<float>& a, const Tensor& y,
+               const std::vector<float>& b) {
+  const std::vector<int64_t> shape = {static_cast<int64_t>(a.size()), 1, 1, 1};
+  Tensor ta = host_tensor(ctx, a, shape), tb = host_tensor(ctx, b, shape);
+  Tensor xa = binary(flame_mul, x, ta, "flame_mul"), yb = binary(flame_mul, y, tb, "flame_mul");
+  return binary(flame_add, xa, yb, "flame_add");
+}
+
+// The objective's settings, resolved from the configuration for the model family.
+struct Objective {
+  ModelFamily family = ModelFamily::Flux;
+  FlowMatchOptions flow;
+  PredictionType prediction = PredictionType::Epsilon;
+  std::vector<double> alphas_cumprod;
+  double min_snr_gamma = 0, noise_offset = 0, guidance = 1;
+  bool guidance_embeds = false;
+};
+
+Objective make_objective(const TrainConfig& c, const ModelShapes& shapes) {
+  Objective o;
+  o.family = shapes.family;
+  o.flow.sampling = parse_timestep_sampling(c.training.timestep_sampling);
+  o.flow.logit_mean = c.training.logit_mean;
+  o.flow.logit_std = c.training.logit_std;
+  o.flow.mode_scale = c.training.mode_scale;
+  o.flow.weighting = parse_flow_weighting(c.training.weighting_scheme);
+  if (c.training.flow_shift > 0) {
+    o.flow.shift = FlowShift::Fixed;
+    o.flow.fixed_shift = c.training.flow_shift;
+  } else {
+    o.flow.shift = shapes.family == ModelFamily::Sd3 ? FlowShift::Fixed : FlowShift::Resolution;
+  }
+  o.prediction = parse_prediction_type(c.training.prediction_type);
+  if (shapes.family == ModelFamily::Sdxl) o.alphas_cumprod = scaled_linear_alphas_cumprod();
+  o.min_snr_gamma = c.training.min_snr_gamma;
+  o.noise_offset = c.training.noise_offset;
+  o.guidance = c.training.guidance_scale;
+  o.guidance_embeds = shapes.guidance_embeds;
+  return o;
+}
+
+struct Trainer {
+  flame_ctx_t ctx = nullptr;
+  const TrainConfig& config;
+  LoadedModel model;
+  Objective objective;
+  std::vector<TrainingSample> samples;
+  Params adapter;
+  Optimizer optimizer;
+  LrSchedule schedule;
+
+  Trainer(flame_ctx_t c, const TrainConfig& cfg) : ctx(c), config(cfg) {}
+
+  void add_adapter(bool demo) {
+    nlohmann::json lora = {{"rank", config.network.dim}, {"alpha", config.network.alpha},
+                           {"dropout", config.network.dropout}};
+    std::vector<std::string> targets = config.network.targets;
+    // The demo's tiny random model can only reach its targets through the output projection: the
+    // usual attention targets plus proj_out (and Flux's single-block MLP).
+    if (targets.empty() && demo && model.shapes.family != ModelFamily::Sdxl) {
+      targets = {"to_q", "to_k", "to_v", "to_out.0", "proj_out"};
+      if (model.shapes.family == ModelFamily::Flux) targets.push_back("proj_mlp");
+    }
+    if (!targets.empty()) lora["targets"] = targets;
+    check(flame_model_add_lora(model.model.get(), lora.dump().c_str(), adapter.out()), "flame_model_add_lora");
+  }
+
+  void make_optimizer() {
+    flame_optimizer_options_t o;
+    check(flame_optimizer_options_init(&o, FLAME_OPTIMIZER_ADAMW), "flame_optimizer_options_init");
+    o.lr = config.optimizer.learning_rate;
+    o.beta1 = config.optimizer.beta1;
+    o.beta2 = config.optimizer.beta2;
+    o.weight_decay = config.optimizer.weight_decay;
+    const flame_tensor_t* tensors = nullptr;
+    int64_t n = 0;
+    check(flame_params_count(adapter.get(), &n), "flame_params_count");
+    check(flame_params_tensors(adapter.get(), &tensors), "flame_params_tensors");
+    check(flame_optimizer_create(ctx, &o, tensors, n, optimizer.out()), "flame_optimizer_create");
+  }
+
+  // Forward and backward of one batch; returns its (weighted, undivided) loss tensor's value later.
+  Tensor batch_loss(const std::vector<size_t>& batch, uint64_t step, int micro) {
+    const TrainingSample& first = samples[batch.front()];
+    const int64_t b = static_cast<int64_t>(batch.size()), c = model.shapes.latent_channels, h = first.height,
+                  w = first.width;
+    Tensor x0 = to_f32(stack_member(samples, batch, &TrainingSample::latents).get());
+    Tensor noise;
+    const int64_t shape[4] = {b, c, h, w};
+    check(flame_randn(ctx, shape, 4, FLAME_DTYPE_F32, noise.out()), "flame_randn");
+    if (objective.noise_offset > 0) {  // diffusers: noise += offset * randn(B, C, 1, 1)
+      Tensor offset, scaled;
+      const int64_t per_channel[4] = {b, c, 1, 1};
+      check(flame_randn(ctx, per_channel, 4, FLAME_DTYPE_F32, offset.out()), "flame_randn");
+      check(flame_mul_scalar(offset.get(), objective.noise_offset, scaled.out()), "flame_mul_scalar");
+      noise = binary(flame_add, noise, scaled, "flame_add");
+    }
+
+    // Host draws: noise level, model timestep, weight per sample.
+    std::vector<float> timestep(b), weight(b), noisy_a(b), noisy_b(b), target_a(b), target_b(b);
+    for (int64_t i = 0; i < b; ++i) {
+      RandomStream rng(config.training.seed, RandomPurpose::Timestep, step,
+                       static_cast<uint64_t>(micro) * 65536u + static_cast<uint64_t>(i));
+      if (objective.family == ModelFamily::Sdxl) {
+        const DdpmSample d = draw_ddpm_sample(objective.alphas_cumprod, objective.prediction, objective.min_snr_gamma, rng);
+        timestep[i] = static_cast<float>(d.timestep);
+        weight[i] = static_cast<float>(d.weight);
+        noisy_a[i] = static_cast<float>(d.noisy_x0_coef);
+        noisy_b[i] = static_cast<float>(d.noisy_noise_coef);
+        target_a[i] = static_cast<float>(d.target_x0_coef);
+        target_b[i] = static_cast<float>(d.target_noise_coef);
+      } else {
+        const bool flux = objective.family == ModelFamily::Flux;
+        const FlowSample f = draw_flow_sample(objective.flow, flux ? FlowTimestepInput::Sigma : FlowTimestepInput::SigmaTimes1000,
+                                              static_cast<double>((h / 2) * (w / 2)), rng);
+        timestep[i] = static_cast<float>(f.timestep);
+        weight[i] = static_cast<float>(f.weight);
+        noisy_a[i] = static_cast<float>(1.0 - f.sigma);
+        noisy_b[i] = static_cast<float>(f.sigma);
+        target_a[i] = -1.0f;
+        target_b[i] = 1.0f;
+      }
+    }
+    Tensor noisy = combine(ctx, x0, noisy_a, noise, noisy_b);
+    Tensor target = combine(ctx, x0, target_a, noise, target_b);
+
+    Params inputs;
+    check(flame_params_create(ctx, inputs.out()), "flame_params_create");
+    auto add = [&](const char* name, const Tensor& t) { check(flame_params_add(inputs.get(), name, t.get()), name); };
+    Tensor embeds = stack_member(samples, batch, &TrainingSample::prompt_embeds);
+    Tensor pooled = stack_member(samples, batch, &TrainingSample::pooled);
+    Tensor timesteps = host_tensor(ctx, timestep, {b});
+    add("encoder_hidden_states", embeds);
+    add("timestep", timesteps);
+    Tensor hidden, img_ids, txt_ids, guidance, time_ids;
+    if (objective.family == ModelFamily::Flux) {
+      hidden = pack_latents(noisy, b, c, h, w);
+      target = pack_latents(target, b, c, h, w);
+      img_ids = flux_img_ids(ctx, h / 2, w / 2);
+      txt_ids = host_tensor(ctx, std::vector<float>(static_cast<size_t>(first.tokens * 3), 0.0f), {first.tokens, 3});
+      add("hidden_states", hidden);
+      add("pooled_projections", pooled);
+      add("img_ids", img_ids);
+      add("txt_ids", txt_ids);
+      if (objective.guidance_embeds) {
+        guidance = host_tensor(ctx, std::vector<float>(static_cast<size_t>(b), static_cast<float>(objective.guidance)), {b});
+        add("guidance", guidance);
+      }
+    } else if (objective.family == ModelFamily::Sd3) {
+      add("hidden_states", noisy);
+      add("pooled_projections", pooled);
+    } else {
+      time_ids = stack_member(samples, batch, &TrainingSample::time_ids);
+      add("sample", noisy);
+      add("text_embeds", pooled);
+      add("time_ids", time_ids);
+    }
+
+    Params outputs;
+    check(flame_model_forward(model.model.get(), inputs.get(), outputs.out()), "flame_model_forward");
+    flame_tensor_t sample = nullptr;
+    check(flame_params_find(outputs.get(), "sample", &sample), "flame_params_find");
+    if (!sample) throw std::runtime_error("the model returned no 'sample' output");
+    Tensor pred = to_f32(sample);
+
+    // Weighted MSE: mean over each sample's elements, times its weight, mean over the batch.
+    Tensor per_element;
+    check(flame_mse_loss(pred.get(), target.get(), FLAME_REDUCTION_NONE, per_element.out()), "flame_mse_loss");
+    int32_t nd = 0;
+    check(flame_tensor_ndim(per_element.get(), &nd), "flame_tensor_ndim");
+    std::vector<int32_t> dims;
+    for (int32_t d = 1; d < nd; ++d) dims.push_back(d);
+    Tensor per_sample, weighted, loss;
+    check(flame_mean(per_element.get(), dims.data(), static_cast<int32_t>(dims.size()), 0, per_sample.out()), "flame_mean");
+    Tensor weights = host_tensor(ctx, weight, {b});
+    weighted = binary(flame_mul, per_sample, weights, "flame_mul");
+    check(flame_mean(weighted.get(), nullptr, 0, 0, loss.out()), "flame_mean");
+    Tensor scaled;
+    check(flame_div_scalar(loss.get(), config.training.gradient_accumulation_steps, scaled.out()), "flame_div_scalar");
+    check(flame_backward(ctx, scaled.get(), nullptr, 0), "flame_backward");
+    return loss;
+  }
+
+  void optimizer_step(int64_t step) {
+    const double lr = config.optimizer.learning_rate * lr_multiplier(schedule, step);
+    check(flame_optimizer_set_lr(optimizer.get(), -1, lr), "flame_optimizer_set_lr");
+    if (config.optimizer.max_grad_norm > 0) {
+      const flame_tensor_t* tensors = nullptr;
+      int64_t n = 0;
+      check(flame_params_count(adapter.get(), &n), "flame_params_count");
+      check(flame_params_tensors(adapter.get(), &tensors), "flame_params_tensors");
+      check(flame_clip_grad_norm(ctx, tensors, n, config.optimizer.max_grad_norm, 2.0, 0, nullptr),
+            "flame_clip_grad_norm");
+    }
+    check(flame_optimizer_step(optimizer.get()), "flame_optimizer_step");
+    check(flame_optimizer_zero_grad(optimizer.get(), 1), "flame_optimizer_zero_grad");
+  }
+
+  void save_lora(const std::string& path) {
+    const nlohmann::json options = {{"format", config.output.format},
+                                    {"metadata", {{"ss_network_dim", std::to_string(config.network.dim)},
+                                                  {"ss_network_alpha", std::to_string(config.network.alpha)},
+                                                  {"flame_train_model", config.model.path}}}};
+    check(flame_model_save_lora(model.model.get(), nullptr, path.c_str(), options.dump().c_str()), "flame_model_save_lora");
+  }
+};
+
+std::string output_file(const TrainConfig& c, const std::string& suffix) {
+  return c.output.dir + "/" + c.output.name + suffix;
+}
+
+}  // namespace
+
+TrainResult run_training(flame_ctx_t ctx, const TrainConfig& config, bool demo) {
+  if (::mkdir(config.output.dir.c_str(), 0777) != 0 && errno != EEXIST)
+    throw std::runtime_error("cannot create " + config.output.dir);
+  Trainer t(ctx, config);
+  t.model = load_training_model(ctx, config.model.path, config.model.arch);
+  if (demo) {
+    t.samples = make_demo_samples(ctx, t.model.shapes, kDemoSamples, kDemoLatentSide, kDemoLatentSide, kDemoTokens,
+                                  config.training.seed);
+  } else if (!config.data.cache_file.empty()) {
+    t.samples = load_latent_cache(ctx, config.data.cache_file, t.model.shapes);
+  } else {
+    throw std::runtime_error("no latent cache: the caching stage (VAE and text encoders) is not part of this build yet; "
+                             "give data.cache_file (see tools/flame-train/training_data.h) or run --demo");
+  }
+  t.objective = make_objective(config, t.model.shapes);
+  check(flame_model_set_checkpointing(t.model.model.get(), config.training.gradient_checkpointing ? 1 : 0),
+        "flame_model_set_checkpointing");
+  check(flame_model_set_training(t.model.model.get(), 1), "flame_model_set_training");
+  t.add_adapter(demo);
+  t.make_optimizer();
+  t.schedule = make_lr_schedule(config.optimizer.lr_scheduler, config.optimizer.lr_warmup_steps,
+                                config.training.max_train_steps);
+
+  TrainResult result;
+  result.log_path = output_file(config, ".jsonl");
+  std::ofstream log(result.log_path, std::ios::trunc);
+  if (!log) throw std::runtime_error("cannot write " + result.log_path);
+  std::printf("training a %s LoRA (rank %d) on %zu samples for %lld steps\n", family_name(t.model.shapes.family),
+              config.network.dim, t.samples.size(), static_cast<long long>(config.training.max_train_steps));
+
+  uint64_t epoch = 0;
+  std::vector<std::vector<size_t>> batches;
+  size_t next_batch = 0;
+  for (int64_t step = 0; step < config.training.max_train_steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    double loss_sum = 0;
+    for (int micro = 0; micro < config.training.gradient_accumulation_steps; ++micro) {
+      if (next_batch == batches.size()) {
+        batches = plan_epoch_batches(t.samples, config.training.batch_size, config.training.seed, epoch++);
+        next_batch = 0;
+      }
+      Tensor loss = t.batch_loss(batches[next_batch++], static_cast<uint64_t>(step), micro);
+      double value = 0;
+      check(flame_tensor_item(loss.get(), &value), "flame_tensor_item");
+      loss_sum += value;
+    }
+    t.optimizer_step(step);
+    check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    const double loss = loss_sum / config.training.gradient_accumulation_steps;
+    const double lr = config.optimizer.learning_rate * lr_multiplier(t.schedule, step);
+    log << nlohmann::json{{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"ms", ms}}.dump() << "\n";
+    log.flush();
+    if ((step + 1) % 10 == 0 || step == 0 || step + 1 == config.training.max_train_steps)
+      std::printf("step %lld/%lld  loss %.5f  lr %.3g  %.1f ms\n", static_cast<long long>(step + 1),
+                  static_cast<long long>(config.training.max_train_steps), loss, lr, ms);
+    const int64_t every = config.output.save_every_n_steps;
+    if (every > 0 && (step + 1) % every == 0 && step + 1 < config.training.max_train_steps) {
+      char suffix[64];
+      std::snprintf(suffix, sizeof suffix, "-step%06lld.safetensors", static_cast<long long>(step + 1));
+      t.save_lora(output_file(config, suffix));
+    }
+    result.final_loss = loss;
+    result.steps = step + 1;
+  }
+  result.lora_path = output_file(config, ".safetensors");
+  t.save_lora(result.lora_path);
+  std::printf("saved %s (%s)\nlog: %s\n", result.lora_path.c_str(), config.output.format.c_str(), result.log_path.c_str());
+  return result;
+}
+
+}  // namespace flame_train

@@ -1,0 +1,40 @@
+// The training loop of flame-train (issue 37), over the public C ABI only.
+//
+//   model      load_training_model (bf16), training mode, gradient checkpointing per the config;
+//   adapter    flame_model_add_lora with network.dim / alpha / dropout / targets (the base frozen);
+//   optimizer  AdamW over the adapter's tensors (optimizer.learning_rate, beta1, beta2,
+//              weight_decay), its rate set before every step from the schedule (lr_schedule.h);
+//   data       the latent cache (training_data.h) or, with --demo, random data in the model's shapes;
+//   a step     gradient_accumulation_steps batches, each: noise (flame_randn; plus noise_offset
+//              times per-channel noise), the objective's noisy input, target and per-sample weight
+//              (objectives.h; Flux latents packed 2x2 as diffusers' _pack_latents with img_ids /
+//              txt_ids), forward, weighted MSE divided by the accumulation count, backward; then
+//              clipping (flame_clip_grad_norm, optimizer.max_grad_norm > 0), the optimizer step,
+//              the gradients dropped;
+//   output     the LoRA (output.format, kohya by default) every output.save_every_n_steps steps as
+//              <name>-step<N>.safetensors and at the end as <name>.safetensors in output.dir, and one
+//              JSON line per step in <name>.jsonl: {"step", "loss", "lr", "ms"} (loss: the mean of
+//              the step's batches' weighted losses; ms: the step's wall time, device included).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <flame.h>
+
+#include "config.h"
+
+namespace flame_train {
+
+struct TrainResult {
+  int64_t steps = 0;
+  double final_loss = 0;
+  std::string lora_path;  // the final LoRA file
+  std::string log_path;   // the JSONL log
+};
+
+// Runs the whole training on ctx. demo: random data in the model's shapes instead of the cache.
+// Throws FlameError (a library call failed) or std::runtime_error (bad data, files).
+TrainResult run_training(flame_ctx_t ctx, const TrainConfig& config, bool demo);
+
+}  // namespace flame_train
