@@ -45,6 +45,8 @@ ROWS = {
     "flux-b1-ckpt": ("flux", 1, 1),
     "flux-b1": ("flux", 1, 0),
     "sd35-b1": ("sd35", 1, 0),
+    # FLAME only (diffusers has no fp8 frozen base to train on): judged against FLAME's bf16 row
+    "flux-b1-ckpt-fp8": ("flux", 1, 1, {"quantize": {"dtype": "f8_e4m3", "scale": "tensor"}}),
 }
 ARCH = {"sdxl": "UNet2DConditionModel", "flux": "FluxTransformer2DModel", "sd35": "SD3Transformer2DModel"}
 # diffusers' training scripts' defaults (train_dreambooth_lora_{sdxl,flux,sd3}.py)
@@ -115,7 +117,7 @@ def torch_row(spec, key, batch, ckpt, args):
                 compile_s=compile_s), grad_cpu
 
 
-def flame_row(spec, key, batch, ckpt, grad_cpu, args, graph):
+def flame_row(spec, key, batch, ckpt, grad_cpu, args, graph, extra_options=None):
     side = os.path.join(args.work, f"{key}_b{batch}")
     os.makedirs(side, exist_ok=True)
     inputs = {k: (v.to(torch.bfloat16) if v.is_floating_point() and k not in UNBATCHED else v)
@@ -123,7 +125,8 @@ def flame_row(spec, key, batch, ckpt, grad_cpu, args, graph):
     save_file({k: v.contiguous() for k, v in inputs.items()}, os.path.join(side, "inputs.safetensors"))
     save_file({"sample": grad_cpu.to(torch.bfloat16)}, os.path.join(side, "grads.safetensors"))
     lora = {"rank": RANK, "alpha": RANK, "init": "gaussian"}
-    cmd = [args.tool, "--arch", ARCH[key], "--config", json.dumps(spec["cfg"]), "--options", json.dumps({"dtype": "bf16"}),
+    options = dict({"dtype": "bf16"}, **(extra_options or {}))
+    cmd = [args.tool, "--arch", ARCH[key], "--config", json.dumps(spec["cfg"]), "--options", json.dumps(options),
            "--inputs", os.path.join(side, "inputs.safetensors"), "--grads", os.path.join(side, "grads.safetensors"),
            "--checkpoint", str(ckpt), "--warmup", str(args.warmup), "--steps", str(args.steps),
            "--lora", json.dumps(lora), "--graph", str(int(graph))]
@@ -136,9 +139,19 @@ def flame_row(spec, key, batch, ckpt, grad_cpu, args, graph):
 
 
 def run_row(name, args):
-    key, batch, ckpt = ROWS[name]
+    key, batch, ckpt = ROWS[name][:3]
+    extra = ROWS[name][3] if len(ROWS[name]) > 3 else None
     spec = models_full.MODELS[key]()
-    row = dict(row=name, model=spec["name"], batch=batch, checkpoint=ckpt)
+    row = dict(row=name, model=spec["name"], batch=batch, checkpoint=ckpt, options=extra)
+    if extra:  # FLAME only; the output gradient has the latents' shape (Flux: packed hidden_states)
+        g = torch.Generator().manual_seed(3)
+        grad_cpu = torch.randn(batched(spec["inputs"], batch)["hidden_states"].shape, generator=g)
+        row["torch"] = {}
+        row["flame"] = flame_row(spec, key, batch, ckpt, grad_cpu, args, graph=False, extra_options=extra)
+        if not args.no_graph:
+            row["flame_graph"] = flame_row(spec, key, batch, ckpt, grad_cpu, args, graph=True, extra_options=extra)
+        print(f"[{name}] {json.dumps(row)}", flush=True)
+        return row
     try:
         row["torch"], grad_cpu = torch_row(spec, key, batch, ckpt, args)
     except RuntimeError as e:
