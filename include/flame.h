@@ -261,7 +261,7 @@ FLAME_API flame_status_t flame_ctx_reset_peak_memory(flame_ctx_t ctx);
  *    launches. Work recorded into a CUDA graph during a capture counts as it is captured (the
  *    capture's host calls are the same as an eager step's); a replay of a graph
  *    (flame_graph_replay) counts as ONE launch, whatever the graph holds, because the host issues
- *    one cuGraphLaunch. GEMM autotuning (flame_ctx_options_t.gemm_autotune) runs each candidate on
+ *    one cuGraphLaunch. GEMM autotuning (unless flame_ctx_options_t.gemm_heuristic_only) runs each candidate on
  *    the first call of a new shape: those launches count too.
  *  - cast_kernels: the launches among `launches` that convert a dtype (flame_to_dtype, and the
  *    conversions ops and autocast make through it); a conversion to the same dtype launches nothing.
