@@ -258,11 +258,10 @@ FLAME_API flame_status_t flame_ctx_reset_peak_memory(flame_ctx_t ctx);
  * are only ever appended. What counts is each call FLAME makes, counted when it is made:
  *  - launches: kernel launches (cuLaunchKernel), cuBLASLt matmuls, cuDNN executions, NCCL
  *    collectives, memsets and copies (host to device, device to host, device to device), and graph
- *    launches. Work recorded into a CUDA graph during a capture counts as it is captured (the
- *    capture's host calls are the same as an eager step's); a replay of a graph
- *    (flame_graph_replay) counts as ONE launch, whatever the graph holds, because the host issues
- *    one cuGraphLaunch. GEMM autotuning (unless flame_ctx_options_t.gemm_heuristic_only) runs each candidate on
- *    the first call of a new shape: those launches count too.
+ *    launches. Work recorded into a CUDA graph during a capture counts as it is captured (it runs
+ *    later, at each replay); a replay of a graph (flame_graph_replay) counts as ONE launch,
+ *    whatever the graph holds, because the host issues one cuGraphLaunch. GEMM autotuning (unless flame_ctx_options_t.gemm_heuristic_only) runs each
+ *    candidate on the first call of a new shape, as cuDNN's convolution search may: those count too.
  *  - cast_kernels: the launches among `launches` that convert a dtype (flame_to_dtype, and the
  *    conversions ops and autocast make through it); a conversion to the same dtype launches nothing.
  *  - host_syncs: each wait of the host for the device: stream and event synchronisations
@@ -281,7 +280,7 @@ typedef struct flame_ctx_counters_t {
 
 /* OUT *counters: ctx's counts (above). Fill counters->struct_size first; a smaller struct from an
  * older header gets the fields it has, struct_size is left as the caller set it. Reading changes
- * nothing. Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx NULL, counters NULL, or struct_size below the
+ * nothing and is allowed during a graph capture. Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx NULL, counters NULL, or struct_size below the
  * first field's end), FLAME_ERROR_INVALID_HANDLE (ctx destroyed). */
 FLAME_API flame_status_t flame_ctx_counters(flame_ctx_t ctx, flame_ctx_counters_t* counters);
 /* Sets every count of ctx to zero (a benchmark resets after warm-up and reads after the timed
