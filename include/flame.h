@@ -252,6 +252,41 @@ FLAME_API flame_status_t flame_ctx_memory_stats(flame_ctx_t ctx, flame_memory_st
 /* Resets peak_bytes_in_use to the current bytes_in_use. */
 FLAME_API flame_status_t flame_ctx_reset_peak_memory(flame_ctx_t ctx);
 
+/* Counts of the work a context has issued from the host, since its creation or the last
+ * flame_ctx_reset_counters: what a training step costs beyond its arithmetic (issue 36 asks for
+ * kernels, cast kernels and host syncs per step). Fill struct_size before the call (sizeof); fields
+ * are only ever appended. What counts is each call FLAME makes, counted when it is made:
+ *  - launches: kernel launches (cuLaunchKernel), cuBLASLt matmuls, cuDNN executions, NCCL
+ *    collectives, memsets and copies (host to device, device to host, device to device), and graph
+ *    launches. Work recorded into a CUDA graph during a capture counts as it is captured (it runs
+ *    later, at each replay); a replay of a graph (flame_graph_replay) counts as ONE launch,
+ *    whatever the graph holds, because the host issues one cuGraphLaunch. GEMM autotuning (unless flame_ctx_options_t.gemm_heuristic_only) runs each
+ *    candidate on the first call of a new shape, as cuDNN's convolution search may: those count too.
+ *  - cast_kernels: the launches among `launches` that convert a dtype (flame_to_dtype, and the
+ *    conversions ops and autocast make through it); a conversion to the same dtype launches nothing.
+ *  - host_syncs: each wait of the host for the device: stream and event synchronisations
+ *    (flame_ctx_synchronize, a copy to the host such as flame_to_host, reading a scalar, the
+ *    allocator's retry after the pool ran out, GEMM autotuning's timing, error checks) and waits for
+ *    NCCL collectives.
+ *  - driver_allocations: allocations asked of the CUDA driver's stream-ordered pool
+ *    (cuMemAllocFromPoolAsync); blocks FLAME reuses from its own free lists do not count. */
+typedef struct flame_ctx_counters_t {
+  size_t struct_size;
+  uint64_t launches;
+  uint64_t cast_kernels;
+  uint64_t host_syncs;
+  uint64_t driver_allocations;
+} flame_ctx_counters_t;
+
+/* OUT *counters: ctx's counts (above). Fill counters->struct_size first; a smaller struct from an
+ * older header gets the fields it has, struct_size is left as the caller set it. Reading changes
+ * nothing and is allowed during a graph capture. Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx NULL, counters NULL, or struct_size below the
+ * first field's end), FLAME_ERROR_INVALID_HANDLE (ctx destroyed). */
+FLAME_API flame_status_t flame_ctx_counters(flame_ctx_t ctx, flame_ctx_counters_t* counters);
+/* Sets every count of ctx to zero (a benchmark resets after warm-up and reads after the timed
+ * steps). Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx NULL), FLAME_ERROR_INVALID_HANDLE. */
+FLAME_API flame_status_t flame_ctx_reset_counters(flame_ctx_t ctx);
+
 /* Random number generator state: seed and a counter of values drawn so far. Setting the state
  * replays the same stream (same seed gives the same tensors on any GPU). */
 FLAME_API flame_status_t flame_ctx_manual_seed(flame_ctx_t ctx, uint64_t seed);
