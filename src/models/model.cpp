@@ -90,8 +90,11 @@ Tensor Model::add_param(const std::string& name, const Shape& shape) {
 }
 
 Tensor Model::param(const std::string& name) const {
-  const Tensor& stored = params_.get(name);
-  const Tensor p = offload_ ? offload_->use(name, stored) : stored;
+  const Tensor& p = params_.get(name);
+  if (offload_) {  // a view of the weight offload ring's slot while p's block runs (weight_offload.h)
+    Tensor w = offload_->use(name, p);
+    return w->dtype == options_.compute_dtype ? w : ops::to_dtype(w, options_.compute_dtype);
+  }
   return p->dtype == options_.compute_dtype ? p : ops::to_dtype(p, options_.compute_dtype);
 }
 

@@ -158,14 +158,18 @@ void train(flame_ctx_t ctx, const Case& c, const char* options, int64_t checkpoi
     int64_t n = 0;
     ASSERT_EQ(flame_params_count(adapter.p, &n), FLAME_OK);
     std::vector<flame_tensor_t> trainable(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(flame_params_tensor(adapter.p, i, &trainable[i]), FLAME_OK);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(flame_params_tensor(adapter.p, i, &trainable[i]), FLAME_OK);
+    }
     flame_optimizer_options_t o;
     ASSERT_EQ(flame_optimizer_options_init(&o, FLAME_OPTIMIZER_ADAMW), FLAME_OK);
     o.lr = 1e-2;
     flame_optimizer_t opt = nullptr;
     ASSERT_EQ(flame_optimizer_create(ctx, &o, trainable.data(), n, &opt), FLAME_OK) << flame_last_error_message();
     for (int step = 0; step < 3; ++step) {
-      if (step == 1) ASSERT_EQ(flame_ctx_reset_peak_memory(ctx), FLAME_OK);
+      if (step == 1) {
+        ASSERT_EQ(flame_ctx_reset_peak_memory(ctx), FLAME_OK);
+      }
       T loss;
       ASSERT_EQ(forward_loss(m.m, c, in.p, loss), FLAME_OK) << flame_last_error_message();
       r.losses.push_back(host_of(loss.h).at(0));
