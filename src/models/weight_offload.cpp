@@ -397,7 +397,11 @@ void WeightOffload::apply(const std::vector<Tensor>& tensors, const std::vector<
   }
   // ...then the parameters view their host buffers; their device memory goes back to the pool in
   // stream order, after the copies.
+  // A graph recorded before (a first forward without checkpointing) may hold the parameter itself as
+  // a saved tensor: it then reads the same values from host memory, and the version counter carries
+  // over so that its check still passes.
   for (auto& [t, storage] : swaps) {
+    storage->version.store(t->storage->version.load());
     t->storage = std::move(storage);
     t->offset = 0;
   }
