@@ -2039,9 +2039,10 @@ FLAME_API void flame_dp_release(flame_dp_t dp);
  *              parameters each repeated block (transformer layer, resnet / attention unit) reads;
  *              at its end (or a later forward's, while no block is wholly frozen yet), blocks whose
  *              parameters all have requires_grad 0 move to pinned host memory, in execution order,
- *              until the rest fits the budget. The parameter tensors stay the same handles (they
- *              then view the host memory through its device mapping: reading and saving them
- *              work). Each forward streams an offloaded block's weights into a ring of "slots"
+ *              until the rest fits the budget (so the model is made or loaded, and runs that first
+ *              forward, with all its weights on the device; the budget holds from then on). The
+ *              parameter tensors stay the same handles (they then view the host memory through its
+ *              device mapping: reading and saving them work). Each forward streams an offloaded block's weights into a ring of "slots"
  *              device buffers (sized for the largest offloaded block, allocated once) on a copy
  *              stream, the next block's copy overlapping the current block's kernels, with no host
  *              synchronisation. An offloaded block is always gradient-checkpointed while a graph is
