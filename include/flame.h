@@ -2163,7 +2163,29 @@ FLAME_API flame_status_t flame_optimizer_state_bytes(flame_optimizer_t opt, uint
  *               rounded once): gradients reach the layer's input and its LoRA adapters, never the
  *               quantised weight or its scale, which are made with requires_grad false (setting it
  *               later is ignored: no gradient reaches them). An unknown key or value:
- *               FLAME_ERROR_INVALID_ARGUMENT naming it ("quantize.scale", ...).
+ *               FLAME_ERROR_INVALID_ARGUMENT naming it ("quantize.scale", ...).,
+ *   "offload": {"budget_bytes": N} or {"budget_fraction": f} (exactly one; optional "slots": 2..64,
+ *              default 2): offload of frozen block weights for training in a fixed device budget.
+ *              N bytes, or the share f in [0, 1] of the parameters' bytes, of device memory for the
+ *              parameters (the ring below included). The model's first forward learns which
+ *              parameters each repeated block (transformer layer, resnet / attention unit) reads;
+ *              at its end (or a later forward's, while no block is wholly frozen yet), blocks whose
+ *              parameters all have requires_grad 0 move to pinned host memory, in execution order,
+ *              until the rest fits the budget (so the model is made or loaded, and runs that first
+ *              forward, with all its weights on the device; the budget holds from then on). The
+ *              parameter tensors stay the same handles (they then view the host memory through its
+ *              device mapping: reading and saving them work). Each forward streams an offloaded block's weights into a ring of "slots"
+ *              device buffers (sized for the largest offloaded block, allocated once) on a copy
+ *              stream, the next block's copy overlapping the current block's kernels, with no host
+ *              synchronisation. An offloaded block is always gradient-checkpointed while a graph is
+ *              recorded (its recompute in backward fetches the weights again), whatever
+ *              flame_model_set_checkpointing says. A budget that cannot be met even with every
+ *              frozen block offloaded fails that forward with FLAME_ERROR_INVALID_ARGUMENT (the
+ *              message gives the least budget). Using an offloaded parameter after its
+ *              requires_grad was turned on fails with FLAME_ERROR_INVALID_ARGUMENT (offloaded
+ *              weights stay frozen); writing an offloaded parameter in place is seen at its next
+ *              fetch. Not available during a CUDA graph capture (FLAME_ERROR_UNSUPPORTED). Not
+ *              together with "quantize" yet (FLAME_ERROR_INVALID_ARGUMENT).
  * A model is used by one thread at a time; it keeps its context alive, as tensors do. */
 
 typedef struct flame_model_s* flame_model_t;

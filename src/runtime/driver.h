@@ -27,7 +27,7 @@ namespace flame {
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing) \
   X(cuThreadExchangeStreamCaptureMode) X(cuGraphInstantiateWithFlags) \
   X(cuGraphExecDestroy) X(cuGraphDestroy) \
-  X(cuTensorMapEncodeTiled)
+  X(cuTensorMapEncodeTiled) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostGetDevicePointer)
 
 // The counted entry points, each with the DeviceWorkCounters field its calls bump.
 #define FLAME_COUNTED_DRIVER_FUNCTIONS(X) \
