@@ -17,6 +17,13 @@ gradients dropped; median of the timed steps after warm-up; peak = max allocated
     targets by the architecture's default preset, checked by the adapter's element count) eager, and
     with --graph 1 the whole step captured as one CUDA graph.
 
+  - Work per step (issue 36): kernels (every launch: kernels, GEMMs, memsets, copies; a replayed
+    FLAME graph is one), cast kernels (dtype conversions) and host syncs. FLAME: flame_ctx_counters
+    over the timed steps. PyTorch: torch.profiler over one more step after the timing (a separate
+    pass, so the timing is undisturbed): CUDA device events as kernels, those whose name is a copy
+    kernel with casting loads/stores as casts, and cudaStreamSynchronize / cudaDeviceSynchronize /
+    cudaEventSynchronize / blocking cudaMemcpy calls of the CPU activity as syncs.
+
     PYTHONPATH=$PWD/.ref python3 bench/lora_full.py [--rows sdxl-b1,...] [--compile] [--out DIR]
 
 Writes DIR/lora_full.json and DIR/lora_full.md (the tier's table for bench/RESULTS.md).
@@ -24,6 +31,7 @@ Writes DIR/lora_full.json and DIR/lora_full.md (the tier's table for bench/RESUL
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -66,6 +74,30 @@ def batched(inputs, b):
     return {k: (v if k in UNBATCHED or b == 1 else v.repeat(b, *([1] * (v.dim() - 1)))) for k, v in inputs.items()}
 
 
+TORCH_SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+                    "cudaMemcpy2D")
+CAST_KERNEL = re.compile(r"copy_kernel.*(WithCast|[Cc]ast)")
+
+
+def torch_counts(step):
+    """Kernels, cast kernels and host syncs of one PyTorch step, from torch.profiler. Syncs are the
+    runtime calls inside the step's own range (the profile's closing synchronize is outside it)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with record_function("lora_full_step"):
+            step()
+        torch.cuda.synchronize()
+    events = prof.events()
+    span = next(e.time_range for e in events if e.name == "lora_full_step")
+    device = [e for e in events if e.device_type == DeviceType.CUDA]
+    syncs = [e for e in events if e.device_type == DeviceType.CPU and e.name in TORCH_SYNC_CALLS
+             and span.start <= e.time_range.start <= span.end]
+    return dict(launches_per_step=len(device), cast_kernels_per_step=sum(1 for e in device if CAST_KERNEL.search(e.name)),
+                host_syncs_per_step=len(syncs))
+
+
 def torch_row(spec, key, batch, ckpt, args):
     from peft import LoraConfig
     torch.backends.cuda.enable_cudnn_sdp(spec.get("torch_cudnn_sdp", True))
@@ -95,26 +127,33 @@ def torch_row(spec, key, batch, ckpt, args):
     grad = grad_cpu.cuda().to(torch.bfloat16)
     torch.cuda.synchronize()
     times = []
+
+    def step():
+        out = spec["forward"](model, x)
+        (out * grad).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
     for i in range(args.warmup + args.steps):
         if i == args.warmup:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
-        out = spec["forward"](model, x)
-        (out * grad).sum().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        del out
+        step()
         torch.cuda.synchronize()
         if i == 0 and args.compile:
             compile_s = time.perf_counter() - t0
         if i >= args.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
     peak = torch.cuda.max_memory_allocated()
+    try:
+        counts = torch_counts(step)
+    except RuntimeError as e:  # no CUPTI: the row keeps its timing
+        counts = dict(counts_error=str(e).splitlines()[0][:200])
     del model, opt, lora, x
     torch.cuda.empty_cache()
     return dict(ms=statistics.median(times), peak_gib=peak / 2**30, adapter_elements=adapter_elements,
-                compile_s=compile_s), grad_cpu
+                compile_s=compile_s, **counts), grad_cpu
 
 
 def flame_row(spec, key, batch, ckpt, grad_cpu, args, graph, extra_options=None):
@@ -134,8 +173,10 @@ def flame_row(spec, key, batch, ckpt, grad_cpu, args, graph, extra_options=None)
     if r.returncode != 0:
         return dict(error=(r.stderr or r.stdout).strip()[-1500:])
     res = json.loads(r.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    counts = {k: res[k] for k in ("launches_per_step", "cast_kernels_per_step", "host_syncs_per_step",
+                                  "driver_allocations_per_step") if k in res}
     return dict(ms=res["step_ms_median"], peak_gib=res["peak_bytes"] / 2**30, adapter_elements=res["adapter_elements"],
-                graph=bool(res["graph"]), graph_error=res["graph_error"])
+                graph=bool(res["graph"]), graph_error=res["graph_error"], **counts)
 
 
 def run_row(name, args):
@@ -175,21 +216,31 @@ def cell(r, k, fmt):
     return format(r[k], fmt) if r and k in r and r[k] is not None else "-"
 
 
+def work_cell(r, casts=True):
+    keys = ("launches_per_step", "cast_kernels_per_step", "host_syncs_per_step") if casts else (
+        "launches_per_step", "host_syncs_per_step")
+    return " / ".join(cell(r, k, ".0f") for k in keys)
+
+
 def table(rows, device, commit, compiled):
     lines = [f"{time.strftime('%Y-%m-%d')} · {device} · commit {commit} · torch {torch.__version__}"
              f"{' · PyTorch with regional compile' if compiled else ' · PyTorch eager'}", "",
              "bf16 weights, 1024x1024, rank-16 LoRA (f32 A/B) on diffusers' script targets, AdamW on the adapter; "
              "step = forward + backward + optimizer step; median of the timed steps; peak = max allocated "
              "(weights included). ratio = FLAME ms / PyTorch ms (lower is better).", "",
-             "| row | PyTorch ms | PyTorch GiB | FLAME eager ms | ratio | FLAME graph ms | ratio | FLAME GiB | mem ratio |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "kernels / casts / syncs: per step (PyTorch: torch.profiler over one step; FLAME: flame_ctx_counters, "
+             "a replayed graph is one launch).", "",
+             "| row | PyTorch ms | PyTorch GiB | FLAME eager ms | ratio | FLAME graph ms | ratio | FLAME GiB | mem ratio "
+             "| PyTorch kernels / casts / syncs | FLAME eager kernels / casts / syncs | FLAME graph kernels / syncs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t, f, fg = r.get("torch", {}), r.get("flame", {}), r.get("flame_graph", {})
         fe = f.get("error") or fg.get("graph_error")
         lines.append(f"| {r['row']} | {cell(t, 'ms', '.1f')} | {cell(t, 'peak_gib', '.2f')} | {cell(f, 'ms', '.1f')} "
                      f"| {cell(f, 'ratio', '.3f')} | {cell(fg, 'ms', '.1f') if fg.get('graph') else '-'} "
                      f"| {cell(fg, 'ratio', '.3f') if fg.get('graph') else '-'} | {cell(f, 'peak_gib', '.2f')} "
-                     f"| {cell(f, 'mem_ratio', '.3f')} |" + (f" {fe[:120]}" if fe else ""))
+                     f"| {cell(f, 'mem_ratio', '.3f')} | {work_cell(t)} | {work_cell(f)} "
+                     f"| {work_cell(fg, casts=False) if fg.get('graph') else '-'} |" + (f" {fe[:120]}" if fe else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -18,7 +18,10 @@
  * peak_bytes_in_use over the timed steps (weights included). --out writes the first step's outputs
  * as "out.<name>" for a closeness check. Prints one line "RESULT {json}"; exit 1 on any error (the
  * library's message on stderr), 2 when there is no GPU. A failed graph capture is reported in the
- * JSON ("graph_error") and the eager step is timed instead. */
+ * JSON ("graph_error") and the eager step is timed instead. The RESULT also has the work each timed
+ * step issued (flame_ctx_counters, read before the step's closing flame_ctx_synchronize so that the
+ * benchmark's own wait is left out): launches, cast kernels, host syncs and driver allocations per
+ * step (a replayed graph is one launch). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>
@@ -276,14 +279,24 @@ int main(int argc, char** argv) {
   }
   double* ms = calloc((size_t)a.steps, sizeof(double));
   if (!ms) return 1;
+  flame_ctx_counters_t issued, total;
+  memset(&total, 0, sizeof total);
   for (long i = 0; i < a.steps; ++i) {
+    check(flame_ctx_reset_counters(ctx), "flame_ctx_reset_counters");
     t0 = now_ms();
     if (graph)
       check(flame_graph_replay(graph), "flame_graph_replay");
     else
       step(ctx, model, inputs, &grads, params, opt, a.warmup == 0 && i == 0 ? a.out : NULL);
+    memset(&issued, 0, sizeof issued);
+    issued.struct_size = sizeof issued;
+    check(flame_ctx_counters(ctx, &issued), "flame_ctx_counters");
     check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
     ms[i] = now_ms() - t0;
+    total.launches += issued.launches;
+    total.cast_kernels += issued.cast_kernels;
+    total.host_syncs += issued.host_syncs;
+    total.driver_allocations += issued.driver_allocations;
   }
   flame_memory_stats_t mem;
   memset(&mem, 0, sizeof mem);
@@ -294,9 +307,12 @@ int main(int argc, char** argv) {
     if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) graph_error[c - graph_error] = ' ';
   printf("RESULT {\"load_ms\": %.1f, \"checkpoint_bytes\": %.0f, \"load_gb_per_s\": %.3f, \"step_ms_median\": %.3f, "
          "\"step_ms_min\": %.3f, \"peak_bytes\": %llu, \"steps\": %ld, \"adapter_elements\": %lld, \"graph\": %d, "
-         "\"graph_error\": \"%s\"}\n",
+         "\"graph_error\": \"%s\", \"launches_per_step\": %.1f, \"cast_kernels_per_step\": %.1f, "
+         "\"host_syncs_per_step\": %.1f, \"driver_allocations_per_step\": %.1f}\n",
          load_ms, bytes, bytes > 0 ? bytes / 1e9 / (load_ms / 1e3) : 0.0, ms[a.steps / 2], ms[0],
-         (unsigned long long)mem.peak_bytes_in_use, a.steps, (long long)adapter_elements, graph != NULL, graph_error);
+         (unsigned long long)mem.peak_bytes_in_use, a.steps, (long long)adapter_elements, graph != NULL, graph_error,
+         (double)total.launches / a.steps, (double)total.cast_kernels / a.steps, (double)total.host_syncs / a.steps,
+         (double)total.driver_allocations / a.steps);
   free(ms);
   flame_graph_release(graph);
   flame_optimizer_release(opt);

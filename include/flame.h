@@ -252,6 +252,41 @@ FLAME_API flame_status_t flame_ctx_memory_stats(flame_ctx_t ctx, flame_memory_st
 /* Resets peak_bytes_in_use to the current bytes_in_use. */
 FLAME_API flame_status_t flame_ctx_reset_peak_memory(flame_ctx_t ctx);
 
+/* Counts of the work a context has issued from the host, since its creation or the last
+ * flame_ctx_reset_counters: what a training step costs beyond its arithmetic (issue 36 asks for
+ * kernels, cast kernels and host syncs per step). Fill struct_size before the call (sizeof); fields
+ * are only ever appended. What counts is each call FLAME makes, counted when it is made:
+ *  - launches: kernel launches (cuLaunchKernel), cuBLASLt matmuls, cuDNN executions, NCCL
+ *    collectives, memsets and copies (host to device, device to host, device to device), and graph
+ *    launches. Work recorded into a CUDA graph during a capture counts as it is captured (it runs
+ *    later, at each replay); a replay of a graph (flame_graph_replay) counts as ONE launch,
+ *    whatever the graph holds, because the host issues one cuGraphLaunch. GEMM autotuning (unless flame_ctx_options_t.gemm_heuristic_only) runs each
+ *    candidate on the first call of a new shape, as cuDNN's convolution search may: those count too.
+ *  - cast_kernels: the launches among `launches` that convert a dtype (flame_to_dtype, and the
+ *    conversions ops and autocast make through it); a conversion to the same dtype launches nothing.
+ *  - host_syncs: each wait of the host for the device: stream and event synchronisations
+ *    (flame_ctx_synchronize, a copy to the host such as flame_to_host, reading a scalar, the
+ *    allocator's retry after the pool ran out, GEMM autotuning's timing, error checks) and waits for
+ *    NCCL collectives.
+ *  - driver_allocations: allocations asked of the CUDA driver's stream-ordered pool
+ *    (cuMemAllocFromPoolAsync); blocks FLAME reuses from its own free lists do not count. */
+typedef struct flame_ctx_counters_t {
+  size_t struct_size;
+  uint64_t launches;
+  uint64_t cast_kernels;
+  uint64_t host_syncs;
+  uint64_t driver_allocations;
+} flame_ctx_counters_t;
+
+/* OUT *counters: ctx's counts (above). Fill counters->struct_size first; a smaller struct from an
+ * older header gets the fields it has, struct_size is left as the caller set it. Reading changes
+ * nothing and is allowed during a graph capture. Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx NULL, counters NULL, or struct_size below the
+ * first field's end), FLAME_ERROR_INVALID_HANDLE (ctx destroyed). */
+FLAME_API flame_status_t flame_ctx_counters(flame_ctx_t ctx, flame_ctx_counters_t* counters);
+/* Sets every count of ctx to zero (a benchmark resets after warm-up and reads after the timed
+ * steps). Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx NULL), FLAME_ERROR_INVALID_HANDLE. */
+FLAME_API flame_status_t flame_ctx_reset_counters(flame_ctx_t ctx);
+
 /* Random number generator state: seed and a counter of values drawn so far. Setting the state
  * replays the same stream (same seed gives the same tensors on any GPU). */
 FLAME_API flame_status_t flame_ctx_manual_seed(flame_ctx_t ctx, uint64_t seed);
@@ -2128,7 +2163,29 @@ FLAME_API flame_status_t flame_optimizer_state_bytes(flame_optimizer_t opt, uint
  *               rounded once): gradients reach the layer's input and its LoRA adapters, never the
  *               quantised weight or its scale, which are made with requires_grad false (setting it
  *               later is ignored: no gradient reaches them). An unknown key or value:
- *               FLAME_ERROR_INVALID_ARGUMENT naming it ("quantize.scale", ...).
+ *               FLAME_ERROR_INVALID_ARGUMENT naming it ("quantize.scale", ...),
+ *   "offload": {"budget_bytes": N} or {"budget_fraction": f} (exactly one; optional "slots": 2..64,
+ *              default 2): offload of frozen block weights for training in a fixed device budget.
+ *              N bytes, or the share f in [0, 1] of the parameters' bytes, of device memory for the
+ *              parameters (the ring below included). The model's first forward learns which
+ *              parameters each repeated block (transformer layer, resnet / attention unit) reads;
+ *              at its end (or a later forward's, while no block is wholly frozen yet), blocks whose
+ *              parameters all have requires_grad 0 move to pinned host memory, in execution order,
+ *              until the rest fits the budget (so the model is made or loaded, and runs that first
+ *              forward, with all its weights on the device; the budget holds from then on). The
+ *              parameter tensors stay the same handles (they then view the host memory through its
+ *              device mapping: reading and saving them work). Each forward streams an offloaded block's weights into a ring of "slots"
+ *              device buffers (sized for the largest offloaded block, allocated once) on a copy
+ *              stream, the next block's copy overlapping the current block's kernels, with no host
+ *              synchronisation. An offloaded block is always gradient-checkpointed while a graph is
+ *              recorded (its recompute in backward fetches the weights again), whatever
+ *              flame_model_set_checkpointing says. A budget that cannot be met even with every
+ *              frozen block offloaded fails that forward with FLAME_ERROR_INVALID_ARGUMENT (the
+ *              message gives the least budget). Using an offloaded parameter after its
+ *              requires_grad was turned on fails with FLAME_ERROR_INVALID_ARGUMENT (offloaded
+ *              weights stay frozen); writing an offloaded parameter in place is seen at its next
+ *              fetch. Not available during a CUDA graph capture (FLAME_ERROR_UNSUPPORTED). Not
+ *              together with "quantize" yet (FLAME_ERROR_INVALID_ARGUMENT).
  * A model is used by one thread at a time; it keeps its context alive, as tensors do. */
 
 typedef struct flame_model_s* flame_model_t;

@@ -634,7 +634,7 @@ HAND_WRITTEN = {
     "flame_tensor_strides", "flame_tensor_grad", "flame_tensor_set_grad", "flame_backward",
     "flame_grad", "flame_tensor_register_hook", "flame_tensor_register_post_accumulate_grad_hook",
     "flame_hook_remove", "flame_ctx_destroy", "flame_ctx_create", "flame_ctx_options_init",
-    "flame_ctx_device_name", "flame_ctx_memory_stats", "flame_from_host", "flame_to_host",
+    "flame_ctx_device_name", "flame_ctx_memory_stats", "flame_ctx_counters", "flame_from_host", "flame_to_host",
     "flame_split", "flame_split_sizes", "flame_chunk", "flame_tensor_context",
     "flame_ctx_set_grad_enabled", "flame_ctx_set_inference_mode", "flame_tensor_data_ptr",
     "flame_ctx_stream", "flame_version_string", "flame_abi_version", "flame_status_string",

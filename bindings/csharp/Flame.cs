@@ -330,6 +330,19 @@ namespace Flame
         public bool GemmHeuristicOnly;
     }
 
+    /// <summary>flame_ctx_counters_t: work a context issued from the host (flame.h: a graph replay is one launch).</summary>
+    public struct Counters
+    {
+        /// <summary>Kernels, GEMMs, cuDNN executions, memsets, copies and graph launches.</summary>
+        public ulong Launches;
+        /// <summary>The launches that convert a dtype.</summary>
+        public ulong CastKernels;
+        /// <summary>Waits of the host for the device.</summary>
+        public ulong HostSyncs;
+        /// <summary>Allocations asked of the driver's pool (FLAME's free-list hits excluded).</summary>
+        public ulong DriverAllocations;
+    }
+
     /// <summary>flame_memory_stats_t.</summary>
     public struct MemoryStats
     {
@@ -450,6 +463,17 @@ namespace Flame
             Status.Check(Native.flame_ctx_memory_stats(Raw, &s));
             GC.KeepAlive(this);
             return new MemoryStats { BytesInUse = s.bytes_in_use, BytesReserved = s.bytes_reserved, PeakBytesInUse = s.peak_bytes_in_use, LiveTensors = s.live_tensors };
+        }
+
+        /// <summary>flame_ctx_counters: the work issued since creation or the last ResetCounters.</summary>
+        [Wraps("flame_ctx_counters")]
+        public unsafe Counters GetCounters()
+        {
+            flame_ctx_counters_t s = default(flame_ctx_counters_t);
+            s.struct_size = (UIntPtr)Marshal.SizeOf(typeof(flame_ctx_counters_t));
+            Status.Check(Native.flame_ctx_counters(Raw, &s));
+            GC.KeepAlive(this);
+            return new Counters { Launches = s.launches, CastKernels = s.cast_kernels, HostSyncs = s.host_syncs, DriverAllocations = s.driver_allocations };
         }
 
         /// <summary>flame_ctx_stream: the context's CUstream (borrowed).</summary>

@@ -183,6 +183,22 @@ namespace Flame.Interop
         public ulong live_tensors;
     }
 
+    /// <summary><c>flame_ctx_counters_t</c>, laid out as in C.</summary>
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct flame_ctx_counters_t
+    {
+        /// <summary><c>size_t struct_size</c></summary>
+        public UIntPtr struct_size;
+        /// <summary><c>uint64_t launches</c></summary>
+        public ulong launches;
+        /// <summary><c>uint64_t cast_kernels</c></summary>
+        public ulong cast_kernels;
+        /// <summary><c>uint64_t host_syncs</c></summary>
+        public ulong host_syncs;
+        /// <summary><c>uint64_t driver_allocations</c></summary>
+        public ulong driver_allocations;
+    }
+
     /// <summary><c>flame_conv_options_t</c>, laid out as in C.</summary>
     [StructLayout(LayoutKind.Sequential)]
     public unsafe struct flame_conv_options_t
@@ -450,6 +466,8 @@ namespace Flame.Interop
             "flame_device_count",
             "flame_ctx_memory_stats",
             "flame_ctx_reset_peak_memory",
+            "flame_ctx_counters",
+            "flame_ctx_reset_counters",
             "flame_ctx_manual_seed",
             "flame_ctx_get_rng_state",
             "flame_ctx_set_rng_state",
@@ -818,6 +836,14 @@ namespace Flame.Interop
         /// <summary><c>flame_status_t flame_ctx_reset_peak_memory(flame_ctx_t ctx)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_reset_peak_memory", ExactSpelling = true)]
         public static extern flame_status_t flame_ctx_reset_peak_memory(IntPtr ctx);
+
+        /// <summary><c>flame_status_t flame_ctx_counters(flame_ctx_t ctx, flame_ctx_counters_t* counters)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_counters", ExactSpelling = true)]
+        public static extern flame_status_t flame_ctx_counters(IntPtr ctx, flame_ctx_counters_t* counters);
+
+        /// <summary><c>flame_status_t flame_ctx_reset_counters(flame_ctx_t ctx)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_reset_counters", ExactSpelling = true)]
+        public static extern flame_status_t flame_ctx_reset_counters(IntPtr ctx);
 
         /// <summary><c>flame_status_t flame_ctx_manual_seed(flame_ctx_t ctx, uint64_t seed)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_manual_seed", ExactSpelling = true)]

@@ -2203,6 +2203,16 @@ namespace Flame
             GC.KeepAlive(this);
         }
 
+        /// <summary><c>flame_status_t flame_ctx_reset_counters(flame_ctx_t ctx)</c></summary>
+        [Wraps("flame_ctx_reset_counters")]
+        public unsafe void ResetCounters()
+        {
+            {
+                Status.Check(Native.flame_ctx_reset_counters(Raw));
+            }
+            GC.KeepAlive(this);
+        }
+
         /// <summary><c>flame_status_t flame_ctx_manual_seed(flame_ctx_t ctx, uint64_t seed)</c></summary>
         [Wraps("flame_ctx_manual_seed")]
         public unsafe void ManualSeed(ulong seed)

@@ -172,6 +172,34 @@ FLAME_API flame_status_t flame_ctx_reset_peak_memory(flame_ctx_t ctx) {
   });
 }
 
+FLAME_API flame_status_t flame_ctx_counters(flame_ctx_t ctx, flame_ctx_counters_t* counters) {
+  return api_call("flame_ctx_counters", [&] {
+    Context& c = context_of(ctx);
+    FLAME_CHECK(counters, FLAME_ERROR_INVALID_ARGUMENT, "counters is NULL");
+    FLAME_CHECK(counters->struct_size >= offsetof(flame_ctx_counters_t, cast_kernels), FLAME_ERROR_INVALID_ARGUMENT,
+                "counters->struct_size must be set to sizeof(flame_ctx_counters_t)");
+    ContextScope s(c);
+    const DeviceWorkCounters& counted = c.drv.counters;
+    flame_ctx_counters_t v;
+    v.struct_size = sizeof v;
+    v.launches = counted.launches;
+    v.cast_kernels = counted.cast_kernels;
+    v.host_syncs = counted.host_syncs;
+    v.driver_allocations = counted.driver_allocations;
+    size_t n = std::min(counters->struct_size, sizeof v);
+    std::memcpy(reinterpret_cast<char*>(counters) + sizeof(size_t), reinterpret_cast<char*>(&v) + sizeof(size_t),
+                n - sizeof(size_t));
+  });
+}
+
+FLAME_API flame_status_t flame_ctx_reset_counters(flame_ctx_t ctx) {
+  return api_call("flame_ctx_reset_counters", [&] {
+    Context& c = context_of(ctx);
+    ContextScope s(c);
+    c.drv.counters = DeviceWorkCounters{};
+  });
+}
+
 FLAME_API flame_status_t flame_ctx_manual_seed(flame_ctx_t ctx, uint64_t seed) {
   return api_call("flame_ctx_manual_seed", [&] {
     Context& c = context_of(ctx);

@@ -199,6 +199,7 @@ void Comm::after(ncclResult_t r, const char* what) {
 
 void Comm::wait_stream(CUstream s, const char* what) {
   Driver& drv = ctx_->drv;
+  ++drv.counters.host_syncs;  // the polling below is one wait for the device
   poll_until(
       timeout_ms_,
       [&] {
@@ -241,17 +242,20 @@ void Comm::group_end() {
 void Comm::enqueue_all_reduce(CUdeviceptr buf, size_t count, ncclDataType_t t, ncclRedOp_t op, CUstream s) {
   check_usable();
   void* p = reinterpret_cast<void*>(buf);
+  ++ctx_->drv.counters.launches;
   after(nccl_->ncclAllReduce(p, p, count, t, op, comm_, s), "ncclAllReduce");
 }
 
 void Comm::enqueue_broadcast(CUdeviceptr buf, size_t count, ncclDataType_t t, int root, CUstream s) {
   check_usable();
   void* p = reinterpret_cast<void*>(buf);
+  ++ctx_->drv.counters.launches;
   after(nccl_->ncclBroadcast(p, p, count, t, root, comm_, s), "ncclBroadcast");
 }
 
 void Comm::enqueue_all_gather(CUdeviceptr in, CUdeviceptr out, size_t count, ncclDataType_t t, CUstream s) {
   check_usable();
+  ++ctx_->drv.counters.launches;
   after(nccl_->ncclAllGather(reinterpret_cast<void*>(in), reinterpret_cast<void*>(out), count, t, comm_, s),
         "ncclAllGather");
 }
@@ -332,6 +336,7 @@ Tensor Comm::reduce_scatter(const Tensor& in, int32_t op) {
   Tensor out = make_tensor(*ctx_, shape, in->dtype);
   if (out->numel() == 0) return out;
   check_usable();
+  ++ctx_->drv.counters.launches;
   after(nccl_->ncclReduceScatter(reinterpret_cast<void*>(src->data()), reinterpret_cast<void*>(out->data()),
                                  static_cast<size_t>(out->numel()), type, rop, comm_, ctx_->stream),
         "ncclReduceScatter");

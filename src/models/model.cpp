@@ -29,10 +29,10 @@ ModelOptions parse_model_options(const nlohmann::json& options) {
   FLAME_CHECK(options.is_object(), FLAME_ERROR_INVALID_ARGUMENT, "options must be a JSON object");
   for (auto it = options.begin(); it != options.end(); ++it) {
     const std::string& k = it.key();
-    FLAME_CHECK(k == "dtype" || k == "compute_dtype" || k == "quantize" || k == "architecture" || k == "config" ||
-                    k == "component",
+    FLAME_CHECK(k == "dtype" || k == "compute_dtype" || k == "quantize" || k == "offload" || k == "architecture" ||
+                    k == "config" || k == "component",
                 FLAME_ERROR_INVALID_ARGUMENT, "options: unknown key \"", k,
-                "\" (known: dtype, compute_dtype, quantize, architecture, config, component)");
+                "\" (known: dtype, compute_dtype, quantize, offload, architecture, config, component)");
   }
   bool compute_given = false;
   if (options.contains("dtype")) {
@@ -47,6 +47,9 @@ ModelOptions parse_model_options(const nlohmann::json& options) {
   }
   if (!compute_given) o.compute_dtype = o.param_dtype;
   if (options.contains("quantize")) o.quantize = parse_weight_quantization(options["quantize"]);
+  if (options.contains("offload")) o.offload = parse_offload_options(options["offload"]);
+  FLAME_CHECK(!(o.quantize.enabled && o.offload.enabled), FLAME_ERROR_INVALID_ARGUMENT,
+              "options: \"quantize\" and \"offload\" together are not supported yet");
   return o;
 }
 
@@ -87,6 +90,7 @@ Model::Model(Context& ctx, std::string class_name, nlohmann::json config, const 
   };
   FLAME_CHECK(is_float(options_.compute_dtype), FLAME_ERROR_INVALID_ARGUMENT, "compute dtype ",
               dtype_name(options_.compute_dtype), " is not a float dtype FLAME computes in");
+  if (options_.offload.enabled) offload_ = std::make_shared<WeightOffload>(ctx, options_.offload);
 }
 
 namespace {
@@ -111,11 +115,16 @@ Tensor Model::add_param(const std::string& name, const Shape& shape) {
 
 Tensor Model::param(const std::string& name) const {
   const Tensor& p = params_.get(name);
+  // an offloaded block's weight: a view of the offload ring's slot while its block runs (weight_offload.h)
+  const Tensor w = offload_ ? offload_->use(name, p) : p;
   if (!quantized_.empty()) {
     auto it = quantized_.find(name);
-    if (it != quantized_.end()) return dequantize(p, params_.get(it->second), options_.compute_dtype);
+    if (it != quantized_.end()) {
+      const Tensor& s = params_.get(it->second);
+      return dequantize(w, offload_ ? offload_->use(it->second, s) : s, options_.compute_dtype);
+    }
   }
-  return p->dtype == options_.compute_dtype ? p : ops::to_dtype(p, options_.compute_dtype);
+  return w->dtype == options_.compute_dtype ? w : ops::to_dtype(w, options_.compute_dtype);
 }
 
 const Tensor* Model::quantization_scale(const std::string& weight_name) const {
@@ -326,7 +335,11 @@ NamedTensors Model::forward(const NamedTensors& inputs) {
                 "\" belongs to another context");
   }
   for (const auto& n : required) input(inputs, n);
-  return run(inputs);
+  if (!offload_) return run(inputs);
+  offload_->begin_forward();
+  NamedTensors out = run(inputs);
+  offload_->end_forward(params_.names(), params_.tensors());
+  return out;
 }
 
 void Model::initialize() {
@@ -355,6 +368,7 @@ std::vector<Tensor> Model::run_block(int64_t block_index,
                                      const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& block,
                                      const std::vector<Tensor>& inputs, int32_t n_outputs) {
   if (n_outputs < 0) n_outputs = static_cast<int32_t>(inputs.size());
+  if (offload_) return run_offloaded_block(block_index, block, inputs, n_outputs);
   if (!checkpoint_.applies_to(block_index) || !ctx_->mode.grad_enabled) {
     std::vector<Tensor> out = block(inputs);
     FLAME_CHECK(static_cast<int32_t>(out.size()) == n_outputs, FLAME_ERROR_INTERNAL, "a block returned ", out.size(),
@@ -370,6 +384,27 @@ std::vector<Tensor> Model::run_block(int64_t block_index,
                 " tensors, not ", n_outputs);
     return out;
   };
+  return checkpoint(*ctx_, std::move(fn), inputs);
+}
+
+std::vector<Tensor> Model::run_offloaded_block(int64_t block_index,
+                                               const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& block,
+                                               const std::vector<Tensor>& inputs, int32_t n_outputs) {
+  // The block's body runs inside an offload scope (its weights fetched into a ring slot); an
+  // offloaded block is checkpointed whenever a graph is recorded, so that its forward keeps no
+  // weight and its recompute in backward (grad mode on) fetches them again, in reverse order.
+  std::shared_ptr<WeightOffload> offload = offload_;
+  auto body = [offload, block, block_index, n_outputs](const std::vector<Tensor>& x, bool recompute) {
+    OffloadedBlockScope scope(*offload, block_index, recompute);
+    std::vector<Tensor> out = block(x);
+    FLAME_CHECK(static_cast<int32_t>(out.size()) == n_outputs, FLAME_ERROR_INTERNAL, "a block returned ", out.size(),
+                " tensors, not ", n_outputs);
+    return out;
+  };
+  const bool checkpointed = checkpoint_.applies_to(block_index) || offload_->offloads(block_index);
+  if (!checkpointed || !ctx_->mode.grad_enabled) return body(inputs, false);
+  std::shared_ptr<const Model> keep = shared_from_this();
+  CheckpointFunction fn = [keep, body](const std::vector<Tensor>& x) { return body(x, keep->ctx().mode.grad_enabled); };
   return checkpoint(*ctx_, std::move(fn), inputs);
 }
 

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include "models/model_lora.h"
 #include "models/quantized_weights.h"
+#include "models/weight_offload.h"
 #include "ops/ops.h"
 #include "tensor/tensor.h"
 
@@ -37,11 +38,12 @@ struct ModelOptions {
   DType param_dtype = FLAME_DTYPE_F32;
   DType compute_dtype = FLAME_DTYPE_F32;
   WeightQuantization quantize;
+  OffloadOptions offload;  // weight_offload.h; disabled unless the options name it
 };
 
-// Parses {"dtype": "bf16", "compute_dtype": "bf16", "quantize": {...}} (all optional; compute_dtype
-// defaults to dtype; quantize as parse_weight_quantization). Unknown keys or values fail with
-// FLAME_ERROR_INVALID_ARGUMENT.
+// Parses {"dtype": "bf16", "compute_dtype": "bf16", "quantize": {...}, "offload": {...}} (all
+// optional; compute_dtype defaults to dtype; quantize as parse_weight_quantization, offload as
+// parse_offload_options). Unknown keys or values fail with FLAME_ERROR_INVALID_ARGUMENT.
 ModelOptions parse_model_options(const nlohmann::json& options);
 // "f32" / "float32", "f16" / "float16", "bf16" / "bfloat16", "f64" / "float64"; anything else fails
 // with FLAME_ERROR_INVALID_ARGUMENT naming the options key.
@@ -144,6 +146,9 @@ class Model : public std::enable_shared_from_this<Model> {
   // the one way an architecture runs a linear layer, so that adapters reach all of them.
   Tensor adapted_linear(const Tensor& x, const std::string& module, const Tensor& weight, const Tensor& bias,
                         ops::Activation act = ops::Activation::None) const;
+  // Whether the model offloads frozen block weights (weight_offload.h): every block must then run
+  // through run_block, checkpointed or not, so that its weights can be learnt and fetched.
+  bool weight_offload_enabled() const { return offload_ != nullptr; }
   // Embedding tables among the 2-D "<module>.weight" parameters (not linear layers).
   virtual bool is_embedding(const std::string& module) const { (void)module; return false; }
   // A float input cast to compute_dtype (unchanged when it already is).
@@ -156,13 +161,19 @@ class Model : public std::enable_shared_from_this<Model> {
   // when the policy selects it and a graph is being recorded, else directly. A checkpointed block
   // runs again during backward, possibly after forward() returned: it must capture everything by
   // value (tensors, indices; never references to locals). run_block keeps the model alive for it.
-  // block must return n_outputs tensors (-1: as many as it takes).
+  // block must return n_outputs tensors (-1: as many as it takes). With weight offload, a block
+  // whose weights live in host memory is always checkpointed while a graph is recorded.
   std::vector<Tensor> run_block(int64_t block_index, const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& block,
                                 const std::vector<Tensor>& inputs, int32_t n_outputs = -1);
 
   nlohmann::json config_;
 
  private:
+  // run_block for a model with weight offload (model.cpp).
+  std::vector<Tensor> run_offloaded_block(int64_t block_index,
+                                          const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& block,
+                                          const std::vector<Tensor>& inputs, int32_t n_outputs);
+
   std::shared_ptr<Context> ctx_;
   std::string class_name_;
   ModelOptions options_;
@@ -171,6 +182,7 @@ class Model : public std::enable_shared_from_this<Model> {
   CheckpointPolicy checkpoint_;
   std::vector<std::shared_ptr<LoraAdapter>> adapters_;
   std::unordered_map<std::string, std::string> quantized_;  // quantised weight name -> its scale's name
+  std::shared_ptr<WeightOffload> offload_;  // null unless options_.offload.enabled
 };
 
 // A new LoRA adapter on m made from options (the model's default targets when options.targets is

@@ -136,7 +136,10 @@ Tensor ops::to_dtype(const Tensor& t, DType dtype) {
   FLAME_CHECK(dtype_valid(dtype), FLAME_ERROR_INVALID_ARGUMENT, "invalid dtype ", static_cast<int>(dtype));
   if (t->dtype == dtype) return t;
   Tensor out = make_tensor(t->ctx(), t->shape, dtype);
+  DeviceWorkCounters& counted = t->ctx().drv.counters;
+  const uint64_t launches_before = counted.launches;
   launch_elementwise("Identity", {}, out, {t});
+  counted.cast_kernels += counted.launches - launches_before;
   record(OpId::Cast, {t}, {out});
   return out;
 }

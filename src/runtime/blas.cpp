@@ -142,6 +142,7 @@ struct Blas::Impl {
     const void* alpha = f64 ? static_cast<const void*>(&one_d) : &one_f;
     const void* beta = f64 ? static_cast<const void*>(&zero_d) : &zero_f;
     void* d = reinterpret_cast<void*>(c.d);
+    ++ctx.drv.counters.launches;
     return cublasLtMatmul(handle, p.desc, alpha, reinterpret_cast<const void*>(c.a.ptr), p.la,
                           reinterpret_cast<const void*>(c.b.ptr), p.lb, beta, d, p.ld, d, p.ld, &algo,
                           reinterpret_cast<void*>(workspace), kWorkspaceBytes, reinterpret_cast<cudaStream_t>(ctx.stream));

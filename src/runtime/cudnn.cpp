@@ -315,6 +315,7 @@ struct Cudnn::Impl {
     void* x = reinterpret_cast<void*>(c.x);
     void* w = reinterpret_cast<void*>(c.w);
     void* y = reinterpret_cast<void*>(c.y);
+    ++ctx.drv.counters.launches;
     switch (c.dir) {
       case CudnnDir::Forward:
         return cudnnConvolutionForward(handle, &one, p.x, x, p.w, w, p.conv, static_cast<cudnnConvolutionFwdAlgo_t>(cand.algo),

@@ -501,6 +501,7 @@ struct CudnnSdpaCache {
           what = "cudnnBackendFinalize(variant pack)";
         }
         if (st == CUDNN_STATUS_SUCCESS) {
+          ++ctx.drv.counters.launches;
           st = cudnnBackendExecute(handle, p.plan, pack);
           what = a.backward ? "cudnnBackendExecute(attention backward)" : "cudnnBackendExecute(attention forward)";
         }

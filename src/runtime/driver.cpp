@@ -27,6 +27,12 @@ void Driver::load() {
                   "; FLAME needs a driver for CUDA 12 or newer");
   FLAME_DRIVER_FUNCTIONS(FLAME_LOAD_FN)
 #undef FLAME_LOAD_FN
+#define FLAME_LOAD_COUNTED_FN(name, field)                                                   \
+  name.fn = reinterpret_cast<decltype(name.fn)>(dlsym(handle, FLAME_STR(name)));             \
+  if (!name.fn) fail(FLAME_ERROR_NO_DRIVER, "the CUDA driver lacks ", FLAME_STR(name),       \
+                     "; FLAME needs a driver for CUDA 12 or newer");
+  FLAME_COUNTED_DRIVER_FUNCTIONS(FLAME_LOAD_COUNTED_FN)
+#undef FLAME_LOAD_COUNTED_FN
   CUresult r = cuInit(0);
   if (r == CUDA_ERROR_NO_DEVICE) fail(FLAME_ERROR_NO_DEVICE, "the CUDA driver found no GPU");
   if (r != CUDA_SUCCESS) fail(FLAME_ERROR_NO_DRIVER, "cuInit failed: ", describe(r));

@@ -54,6 +54,20 @@ Tensor make_view(const Tensor& base, const Shape& shape, const Strides& strides,
   return t;
 }
 
+Tensor make_tensor_over(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype, int64_t offset) {
+  const size_t elem = dtype_size(dtype);
+  const size_t bytes = checked_shape_bytes(shape, elem);
+  FLAME_CHECK(storage && offset >= 0 && static_cast<size_t>(offset) * elem + bytes <= storage->bytes, FLAME_ERROR_INTERNAL,
+              "a tensor of ", bytes, " bytes at element ", offset, " does not fit its storage");
+  auto t = std::make_shared<TensorImpl>();
+  t->storage = std::move(storage);
+  t->shape = shape;
+  t->strides = contiguous_strides(shape);
+  t->offset = offset;
+  t->dtype = dtype;
+  return t;
+}
+
 Tensor alias(const Tensor& t) { return make_view(t, t->shape, t->strides, t->offset); }
 
 }  // namespace flame

@@ -51,6 +51,10 @@ using Tensor = std::shared_ptr<TensorImpl>;
 Tensor make_tensor(Context& ctx, const Shape& shape, DType dtype);
 // A view of base's storage with new geometry (no autograd history).
 Tensor make_view(const Tensor& base, const Shape& shape, const Strides& strides, int64_t offset);
+// A contiguous tensor of shape and dtype over storage, starting offset elements in (memory that
+// FLAME did not allocate as one tensor: a slot of the model layer's weight offload ring). The
+// extent must lie inside storage; FLAME_ERROR_INTERNAL otherwise.
+Tensor make_tensor_over(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype, int64_t offset);
 // The same storage and geometry without autograd history (detach).
 Tensor alias(const Tensor& t);
 

@@ -267,6 +267,11 @@ class Args {
     if (s) s->struct_size = sizeof(flame_memory_stats_t);
     return s;
   }
+  flame_ctx_counters_t* counters(const char* name) {
+    flame_ctx_counters_t* s = out<flame_ctx_counters_t>(name);
+    if (s) s->struct_size = sizeof(flame_ctx_counters_t);
+    return s;
+  }
 
   // ---- DLPack inputs (Live: exported from a fresh tensor; Cpu: an opaque buffer never read) ----
   struct DLManagedTensor* dl(const char* name) {

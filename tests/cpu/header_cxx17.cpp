@@ -9,6 +9,7 @@ static_assert(std::is_same<decltype(&flame_add), flame_status_t (*)(flame_tensor
 static_assert(std::is_standard_layout<flame_ctx_options_t>::value, "options struct is C layout");
 static_assert(offsetof(flame_ctx_options_t, struct_size) == 0, "struct_size comes first");
 static_assert(offsetof(flame_memory_stats_t, struct_size) == 0, "struct_size comes first");
+static_assert(offsetof(flame_ctx_counters_t, struct_size) == 0, "struct_size comes first");
 static_assert(sizeof(flame_status_t) == 4 && sizeof(flame_dtype_t) == 4, "enums are 32-bit");
 static_assert(FLAME_OK == 0, "FLAME_OK is zero");
 

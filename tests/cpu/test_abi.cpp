@@ -90,6 +90,11 @@ static_assert(offsetof(flame_memory_stats_t, bytes_in_use) == 8, "layout");
 static_assert(offsetof(flame_memory_stats_t, bytes_reserved) == 16, "layout");
 static_assert(offsetof(flame_memory_stats_t, peak_bytes_in_use) == 24, "layout");
 static_assert(offsetof(flame_memory_stats_t, live_tensors) == 32, "layout");
+static_assert(offsetof(flame_ctx_counters_t, struct_size) == 0, "layout");
+static_assert(offsetof(flame_ctx_counters_t, launches) == 8, "layout");
+static_assert(offsetof(flame_ctx_counters_t, cast_kernels) == 16, "layout");
+static_assert(offsetof(flame_ctx_counters_t, host_syncs) == 24, "layout");
+static_assert(offsetof(flame_ctx_counters_t, driver_allocations) == 32, "layout");
 #endif
 
 // ============================== Version ==============================
@@ -543,6 +548,8 @@ TEST(NullArguments, QueriesAndCommands) {
   void* stream = nullptr;
   flame_memory_stats_t stats;
   stats.struct_size = sizeof stats;
+  flame_ctx_counters_t counters;
+  counters.struct_size = sizeof counters;
   const std::vector<Case> cases = {
       {"flame_tensor_retain", [&] { return flame_tensor_retain(t); }},
       {"flame_tensor_context", [&] { return flame_tensor_context(t, &ctx_out); }},
@@ -563,6 +570,8 @@ TEST(NullArguments, QueriesAndCommands) {
       {"flame_ctx_cudnn_attention_info", [&] { return flame_ctx_cudnn_attention_info(c, &u64, &u64b); }},
       {"flame_ctx_memory_stats", [&] { return flame_ctx_memory_stats(c, &stats); }},
       {"flame_ctx_reset_peak_memory", [&] { return flame_ctx_reset_peak_memory(c); }},
+      {"flame_ctx_counters", [&] { return flame_ctx_counters(c, &counters); }},
+      {"flame_ctx_reset_counters", [&] { return flame_ctx_reset_counters(c); }},
       {"flame_ctx_manual_seed", [&] { return flame_ctx_manual_seed(c, 42); }},
       {"flame_ctx_get_rng_state", [&] { return flame_ctx_get_rng_state(c, &u64, &u64b); }},
       {"flame_ctx_set_rng_state", [&] { return flame_ctx_set_rng_state(c, 1, 2); }},
@@ -598,6 +607,7 @@ TEST(NullArguments, NullOutPointersOfQueries) {
   FLAME_EXPECT_STATUS(flame_tensor_item(t, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
   FLAME_EXPECT_STATUS(flame_to_host(t, nullptr, 0), FLAME_ERROR_INVALID_ARGUMENT);
   FLAME_EXPECT_STATUS(flame_ctx_memory_stats(nullptr, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_ctx_counters(nullptr, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
   FLAME_EXPECT_STATUS(flame_ctx_device_name(nullptr, nullptr, 0), FLAME_ERROR_INVALID_ARGUMENT);
 }
 

@@ -469,6 +469,16 @@ pub struct MemoryStats {
     pub live_tensors: u64,
 }
 
+/// Counts of the work a context issued from the host (`flame_ctx_counters_t`; flame.h says what
+/// each counts, and that a graph replay is one launch).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub launches: u64,
+    pub cast_kernels: u64,
+    pub host_syncs: u64,
+    pub driver_allocations: u64,
+}
+
 /// A FLAME context: one GPU, its stream, memory pool and kernels. Drop destroys the caller's
 /// reference; tensors keep the context alive.
 ///
@@ -564,6 +574,21 @@ impl Context {
             bytes_reserved: s.bytes_reserved,
             peak_bytes_in_use: s.peak_bytes_in_use,
             live_tensors: s.live_tensors,
+        })
+    }
+
+    /// `flame_ctx_counters`: launches, cast kernels, host syncs and driver allocations since the
+    /// context's creation or the last `reset_counters`.
+    pub fn counters(&self) -> Result<Counters> {
+        let api = api()?;
+        let mut s: sys::flame_ctx_counters_t = unsafe { std::mem::zeroed() };
+        s.struct_size = std::mem::size_of::<sys::flame_ctx_counters_t>();
+        check(unsafe { (api.flame_ctx_counters)(self.raw, &mut s) })?;
+        Ok(Counters {
+            launches: s.launches,
+            cast_kernels: s.cast_kernels,
+            host_syncs: s.host_syncs,
+            driver_allocations: s.driver_allocations,
         })
     }
 

@@ -1279,6 +1279,12 @@ impl Context {
         check(unsafe { (api.flame_ctx_reset_peak_memory)(self.raw) })?;
         Ok(())
     }
+    /// `flame_status_t flame_ctx_reset_counters(flame_ctx_t ctx)`.
+    pub fn reset_counters(&self) -> Result<()> {
+        let api = api()?;
+        check(unsafe { (api.flame_ctx_reset_counters)(self.raw) })?;
+        Ok(())
+    }
     /// `flame_status_t flame_ctx_manual_seed(flame_ctx_t ctx, uint64_t seed)`.
     pub fn manual_seed(&self, seed: u64) -> Result<()> {
         let api = api()?;
@@ -1568,6 +1574,7 @@ pub const WRAPPED: &[(&str, &str)] = &[
     ("flame_ctx_synchronize", "Context::synchronize"),
     ("flame_ctx_compute_capability", "Context::compute_capability"),
     ("flame_ctx_reset_peak_memory", "Context::reset_peak_memory"),
+    ("flame_ctx_reset_counters", "Context::reset_counters"),
     ("flame_ctx_manual_seed", "Context::manual_seed"),
     ("flame_ctx_get_rng_state", "Context::get_rng_state"),
     ("flame_ctx_set_rng_state", "Context::set_rng_state"),

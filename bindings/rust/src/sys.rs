@@ -498,6 +498,16 @@ pub struct flame_memory_stats_t {
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
+pub struct flame_ctx_counters_t {
+    pub struct_size: usize,
+    pub launches: u64,
+    pub cast_kernels: u64,
+    pub host_syncs: u64,
+    pub driver_allocations: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
 pub struct flame_conv_options_t {
     pub struct_size: usize,
     pub stride: [i64; 2],
@@ -622,6 +632,8 @@ pub const SYMBOLS: &[&str] = &[
     "flame_device_count",
     "flame_ctx_memory_stats",
     "flame_ctx_reset_peak_memory",
+    "flame_ctx_counters",
+    "flame_ctx_reset_counters",
     "flame_ctx_manual_seed",
     "flame_ctx_get_rng_state",
     "flame_ctx_set_rng_state",
@@ -939,6 +951,8 @@ pub struct Api {
     pub flame_device_count: unsafe extern "C" fn(count: *mut i32) -> flame_status_t,
     pub flame_ctx_memory_stats: unsafe extern "C" fn(ctx: flame_ctx_t, stats: *mut flame_memory_stats_t) -> flame_status_t,
     pub flame_ctx_reset_peak_memory: unsafe extern "C" fn(ctx: flame_ctx_t) -> flame_status_t,
+    pub flame_ctx_counters: unsafe extern "C" fn(ctx: flame_ctx_t, counters: *mut flame_ctx_counters_t) -> flame_status_t,
+    pub flame_ctx_reset_counters: unsafe extern "C" fn(ctx: flame_ctx_t) -> flame_status_t,
     pub flame_ctx_manual_seed: unsafe extern "C" fn(ctx: flame_ctx_t, seed: u64) -> flame_status_t,
     pub flame_ctx_get_rng_state: unsafe extern "C" fn(ctx: flame_ctx_t, seed: *mut u64, offset: *mut u64) -> flame_status_t,
     pub flame_ctx_set_rng_state: unsafe extern "C" fn(ctx: flame_ctx_t, seed: u64, offset: u64) -> flame_status_t,
@@ -1264,6 +1278,8 @@ impl Api {
             flame_device_count: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut i32) -> flame_status_t>(resolve(b"flame_device_count\0")?),
             flame_ctx_memory_stats: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut flame_memory_stats_t) -> flame_status_t>(resolve(b"flame_ctx_memory_stats\0")?),
             flame_ctx_reset_peak_memory: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t) -> flame_status_t>(resolve(b"flame_ctx_reset_peak_memory\0")?),
+            flame_ctx_counters: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut flame_ctx_counters_t) -> flame_status_t>(resolve(b"flame_ctx_counters\0")?),
+            flame_ctx_reset_counters: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t) -> flame_status_t>(resolve(b"flame_ctx_reset_counters\0")?),
             flame_ctx_manual_seed: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, u64) -> flame_status_t>(resolve(b"flame_ctx_manual_seed\0")?),
             flame_ctx_get_rng_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut u64, *mut u64) -> flame_status_t>(resolve(b"flame_ctx_get_rng_state\0")?),
             flame_ctx_set_rng_state: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, u64, u64) -> flame_status_t>(resolve(b"flame_ctx_set_rng_state\0")?),

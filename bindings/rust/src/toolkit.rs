@@ -1068,6 +1068,7 @@ pub const HAND_WRAPPED: &[(&str, &str)] = &[
     ("flame_ctx_destroy", "Context::drop"),
     ("flame_ctx_device_name", "Context::device_name"),
     ("flame_ctx_memory_stats", "Context::memory_stats"),
+    ("flame_ctx_counters", "Context::counters"),
     ("flame_ctx_stream", "Context::stream"),
     ("flame_ctx_set_grad_enabled", "Context::set_grad_enabled"),
     ("flame_ctx_set_inference_mode", "Context::set_inference_mode"),

@@ -29,6 +29,8 @@ FLAME_ARG_ROW(flame_ctx_stream, a.ctx("ctx"), a.out<void*>("stream"));
 FLAME_ARG_ROW(flame_device_count, a.out<int32_t>("count"));
 FLAME_ARG_ROW(flame_ctx_memory_stats, a.ctx("ctx"), a.stats("stats"));
 FLAME_ARG_ROW(flame_ctx_reset_peak_memory, a.ctx("ctx"));
+FLAME_ARG_ROW(flame_ctx_counters, a.ctx("ctx"), a.counters("counters"));
+FLAME_ARG_ROW(flame_ctx_reset_counters, a.ctx("ctx"));
 FLAME_ARG_ROW(flame_ctx_manual_seed, a.ctx("ctx"), 7);
 FLAME_ARG_ROW(flame_ctx_get_rng_state, a.ctx("ctx"), a.out<uint64_t>("seed"), a.out<uint64_t>("offset"));
 FLAME_ARG_ROW(flame_ctx_set_rng_state, a.ctx("ctx"), 1, 2);
