@@ -104,12 +104,14 @@ void make_inputs(flame_ctx_t ctx, const Case& c, ParamsHandle& in) {
 
 uint64_t bytes_in_use(flame_ctx_t ctx) {
   flame_memory_stats_t s{};
+  s.struct_size = sizeof s;
   EXPECT_EQ(flame_ctx_memory_stats(ctx, &s), FLAME_OK);
   return s.bytes_in_use;
 }
 
 uint64_t peak_bytes(flame_ctx_t ctx) {
   flame_memory_stats_t s{};
+  s.struct_size = sizeof s;
   EXPECT_EQ(flame_ctx_memory_stats(ctx, &s), FLAME_OK);
   return s.peak_bytes_in_use;
 }

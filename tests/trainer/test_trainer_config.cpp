@@ -223,6 +223,14 @@ TEST(TrainerConfig, DemoDefaultsAndOverrides) {
   EXPECT_EQ(c.training.batch_size, 4);
   EXPECT_EQ(c.training.timestep_sampling, "logit_normal");
   EXPECT_EQ(c.optimizer.beta2, 0.999);
+  EXPECT_EQ(c.optimizer.learning_rate, 2e-2);
+  // The SDXL demo runs at its own rate; a rate given on the command line still wins.
+  CommandLine sdxl = cmd;
+  sdxl.overrides.push_back({"model.path", "demo:sdxl"});
+  EXPECT_EQ(load_config(sdxl).model.path, "demo:sdxl");
+  EXPECT_EQ(load_config(sdxl).optimizer.learning_rate, 5e-3);
+  sdxl.overrides.push_back({"optimizer.learning_rate", "1e-3"});
+  EXPECT_EQ(load_config(sdxl).optimizer.learning_rate, 1e-3);
   CommandLine bad = cmd;
   bad.overrides.push_back({"training.prediction_type", "sample"});
   try {

@@ -119,8 +119,6 @@ TEST_P(TrainerDemo, LossFallsAndTheLoraLoadsBack) {
   flame_model_release(model);
 }
 
-// "sdxl" is left out until its demo is fixed: on the H200 (2026-11-28) its loss became NaN within 60
-// steps at the demo's settings (issue 37), while flux and sd3 passed.
-INSTANTIATE_TEST_SUITE_P(Families, TrainerDemo, ::testing::Values("flux", "sd3"));
+INSTANTIATE_TEST_SUITE_P(Families, TrainerDemo, ::testing::Values("flux", "sd3", "sdxl"));
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
@@ -352,6 +353,10 @@ TrainResult run_training(flame_ctx_t ctx, const TrainConfig& config, bool demo) 
     if ((step + 1) % 10 == 0 || step == 0 || step + 1 == config.training.max_train_steps)
       std::printf("step %lld/%lld  loss %.5f  lr %.3g  %.1f ms\n", static_cast<long long>(step + 1),
                   static_cast<long long>(config.training.max_train_steps), loss, lr, ms);
+    if (!std::isfinite(loss))
+      throw std::runtime_error("step " + std::to_string(step + 1) +
+                               ": the loss is not finite (NaN or infinite): training stopped (the files saved "
+                               "before this step are kept; try a lower optimizer.learning_rate)");
     const int64_t every = config.output.save_every_n_steps;
     if (every > 0 && (step + 1) % every == 0 && step + 1 < config.training.max_train_steps) {
       char suffix[64];
