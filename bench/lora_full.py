@@ -55,6 +55,9 @@ ROWS = {
     "sd35-b1": ("sd35", 1, 0),
     # FLAME only (diffusers has no fp8 frozen base to train on): judged against FLAME's bf16 row
     "flux-b1-ckpt-fp8": ("flux", 1, 1, {"quantize": {"dtype": "f8_e4m3", "scale": "tensor"}}),
+    # FLAME only: frozen blocks streamed from pinned host memory within 12 GiB of device memory for the
+    # parameters (offload is not captured into graphs: eager only), judged against the bf16 ckpt row
+    "flux-b1-ckpt-offload12": ("flux", 1, 1, {"offload": {"budget_bytes": 12 * 2**30}}),
 }
 ARCH = {"sdxl": "UNet2DConditionModel", "flux": "FluxTransformer2DModel", "sd35": "SD3Transformer2DModel"}
 # diffusers' training scripts' defaults (train_dreambooth_lora_{sdxl,flux,sd3}.py)
