@@ -11,8 +11,9 @@ gradients dropped; median of the timed steps after warm-up; peak = max allocated
 
   - PyTorch: the diffusers class, `add_adapter(LoraConfig(...))` (peft), torch.optim.AdamW (its
     default foreach implementation), `enable_gradient_checkpointing()` where the row says; with
-    --compile also `compile_repeated_blocks(fullgraph=True)` (diffusers' regional compile), its first
-    step (the compile) timed separately.
+    --compile also `compile_repeated_blocks(fullgraph=True)` (diffusers' regional compile; SD3, which
+    names no repeated blocks, gets each transformer block compiled the same way), its first step (the
+    compile) timed separately.
   - FLAME: build/bench/flame_bench_model_step --arch --config (flame_model_create) --lora (the same
     targets by the architecture's default preset, checked by the adapter's element count) eager, and
     with --graph 1 the whole step captured as one CUDA graph.
@@ -119,7 +120,17 @@ def torch_row(spec, key, batch, ckpt, args):
     model.train()
     compile_s = None
     if args.compile:
-        model.compile_repeated_blocks(fullgraph=True)
+        # each row compiles afresh; SDXL's blocks see a shape per resolution level (and per batch
+        # size), more than dynamo's default of 8 recompiles per code object
+        torch._dynamo.reset()
+        torch._dynamo.config.cache_size_limit = 64
+        if hasattr(torch._dynamo.config, "recompile_limit"):
+            torch._dynamo.config.recompile_limit = 64
+        if getattr(model, "_repeated_blocks", None):
+            model.compile_repeated_blocks(fullgraph=True)
+        else:  # SD3Transformer2DModel names no repeated blocks: compile each transformer block, the same regions
+            for block in model.transformer_blocks:
+                block.compile(fullgraph=True)
     opt = torch.optim.AdamW(lora, lr=1e-4)
     x = {k: (v.cuda().to(torch.bfloat16) if v.is_floating_point() and k not in UNBATCHED else v.cuda())
          for k, v in batched(spec["inputs"], batch).items()}
@@ -198,8 +209,8 @@ def run_row(name, args):
         return row
     try:
         row["torch"], grad_cpu = torch_row(spec, key, batch, ckpt, args)
-    except RuntimeError as e:
-        row["torch"] = dict(error=str(e).splitlines()[0][:300])
+    except Exception as e:  # out of memory, or a compile failure (torch._dynamo's own exceptions)
+        row["torch"] = dict(error=(str(e).splitlines() or [type(e).__name__])[0][:300])
         torch.cuda.empty_cache()
         print(f"[{name}] PyTorch failed: {row['torch']['error']}", flush=True)
         return row
