@@ -21,7 +21,8 @@
  * JSON ("graph_error") and the eager step is timed instead. The RESULT also has the work each timed
  * step issued (flame_ctx_counters, read before the step's closing flame_ctx_synchronize so that the
  * benchmark's own wait is left out): launches, cast kernels, host syncs and driver allocations per
- * step (a replayed graph is one launch). */
+ * step (a replayed graph is one launch), and the wall time from the process's start (main) to the end of
+ * the first warm-up step, the model loaded or made (start_to_first_step_ms; 0 without a warm-up). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>
@@ -220,6 +221,7 @@ static int compare_doubles(const void* a, const void* b) {
 }
 
 int main(int argc, char** argv) {
+  const double process_start = now_ms();
   const Args a = parse(argc, argv);
   flame_ctx_options_t o;
   check(flame_ctx_options_init(&o), "flame_ctx_options_init");
@@ -264,7 +266,14 @@ int main(int argc, char** argv) {
   check(flame_params_create(ctx, &inputs), "flame_params_create");
   for (int64_t i = 0; i < in.n; ++i) check(flame_params_add(inputs, in.names[i], in.tensors[i]), "flame_params_add");
 
-  for (long i = 0; i < a.warmup; ++i) step(ctx, model, inputs, &grads, params, opt, i == 0 ? a.out : NULL);
+  double start_to_first_step_ms = 0;
+  for (long i = 0; i < a.warmup; ++i) {
+    step(ctx, model, inputs, &grads, params, opt, i == 0 ? a.out : NULL);
+    if (i == 0) {
+      check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
+      start_to_first_step_ms = now_ms() - process_start;
+    }
+  }
   check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
   check(flame_ctx_reset_peak_memory(ctx), "flame_ctx_reset_peak_memory");
   flame_graph_t graph = NULL;
@@ -308,11 +317,11 @@ int main(int argc, char** argv) {
   printf("RESULT {\"load_ms\": %.1f, \"checkpoint_bytes\": %.0f, \"load_gb_per_s\": %.3f, \"step_ms_median\": %.3f, "
          "\"step_ms_min\": %.3f, \"peak_bytes\": %llu, \"steps\": %ld, \"adapter_elements\": %lld, \"graph\": %d, "
          "\"graph_error\": \"%s\", \"launches_per_step\": %.1f, \"cast_kernels_per_step\": %.1f, "
-         "\"host_syncs_per_step\": %.1f, \"driver_allocations_per_step\": %.1f}\n",
+         "\"host_syncs_per_step\": %.1f, \"driver_allocations_per_step\": %.1f, \"start_to_first_step_ms\": %.1f}\n",
          load_ms, bytes, bytes > 0 ? bytes / 1e9 / (load_ms / 1e3) : 0.0, ms[a.steps / 2], ms[0],
          (unsigned long long)mem.peak_bytes_in_use, a.steps, (long long)adapter_elements, graph != NULL, graph_error,
          (double)total.launches / a.steps, (double)total.cast_kernels / a.steps, (double)total.host_syncs / a.steps,
-         (double)total.driver_allocations / a.steps);
+         (double)total.driver_allocations / a.steps, start_to_first_step_ms);
   free(ms);
   flame_graph_release(graph);
   flame_optimizer_release(opt);
