@@ -22,7 +22,12 @@
  * step issued (flame_ctx_counters, read before the step's closing flame_ctx_synchronize so that the
  * benchmark's own wait is left out): launches, cast kernels, host syncs and driver allocations per
  * step (a replayed graph is one launch), and the wall time from the process's start (main) to the end of
- * the first warm-up step, the model loaded or made (start_to_first_step_ms; 0 without a warm-up). */
+ * the first warm-up step, the model loaded or made (start_to_first_step_ms; 0 without a warm-up).
+ * --zero STAGE (1 or 2) is a full fine-tune on one rank of a launcher's job (flame-run or torchrun:
+ * RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; the context on device LOCAL_RANK): AdamW with
+ * f32 master weights over every parameter that requires grad, sharded with flame_zero_create at that
+ * stage, each step ending in flame_zero_step; each rank prints its own RESULT (optimizer_state_bytes:
+ * this rank's share of the optimizer state). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>
@@ -44,7 +49,7 @@ typedef struct {
   const char* inputs;
   const char* grads;
   const char* out;
-  long checkpoint, warmup, steps, graph;
+  long checkpoint, warmup, steps, graph, zero;
   double lr;
 } Args;
 
@@ -64,12 +69,12 @@ static int check(flame_status_t s, const char* what) {
 static void usage(void) {
   fprintf(stderr, "usage: flame_bench_model_step (--load PATH | --arch CLASS --config JSON) --inputs IN.safetensors "
                   "--grads G.safetensors [--options JSON] [--checkpoint N] [--warmup N] [--steps N] [--out OUT.safetensors] "
-                  "[--lora JSON [--lr LR] [--graph 1]]\n");
+                  "[--lora JSON [--lr LR] [--graph 1] | --zero STAGE [--lr LR]]\n");
   exit(1);
 }
 
 static Args parse(int argc, char** argv) {
-  Args a = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 2, 5, 0, 1e-4};
+  Args a = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 2, 5, 0, 0, 1e-4};
   for (int i = 1; i < argc; i += 2) {
     const char* k = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -80,6 +85,7 @@ static Args parse(int argc, char** argv) {
     else if (!strcmp(k, "--lora")) a.lora = v;
     else if (!strcmp(k, "--lr")) a.lr = strtod(v, NULL);
     else if (!strcmp(k, "--graph")) a.graph = strtol(v, NULL, 10);
+    else if (!strcmp(k, "--zero")) a.zero = strtol(v, NULL, 10);
     else if (!strcmp(k, "--options")) a.options = v;
     else if (!strcmp(k, "--inputs")) a.inputs = v;
     else if (!strcmp(k, "--grads")) a.grads = v;
@@ -91,6 +97,7 @@ static Args parse(int argc, char** argv) {
   }
   if ((!a.load == !a.arch) || !a.inputs || !a.grads || a.steps < 1 || a.warmup < 0) usage();
   if (a.graph && (!a.lora || a.warmup < 1)) usage();  /* a captured step needs the optimizer's state made */
+  if (a.zero && (a.lora || a.graph || a.zero < 1 || a.zero > 2)) usage();
   return a;
 }
 
@@ -135,7 +142,7 @@ static double checkpoint_bytes(const char* path) {
 /* One step: forward, the loss, backward, then the optimizer's step when there is one, gradients
  * dropped. With out_path, the outputs are saved. */
 static void step(flame_ctx_t ctx, flame_model_t model, flame_params_t inputs, const TensorFile* grads,
-                 flame_params_t params, flame_optimizer_t opt, const char* out_path) {
+                 flame_params_t params, flame_optimizer_t opt, flame_zero_t zero, const char* out_path) {
   flame_params_t outputs = NULL;
   check(flame_model_forward(model, inputs, &outputs), "flame_model_forward");
   flame_tensor_t loss = NULL;
@@ -170,6 +177,11 @@ static void step(flame_ctx_t ctx, flame_model_t model, flame_params_t inputs, co
   check(flame_backward(ctx, loss, NULL, 0), "flame_backward");
   flame_tensor_release(loss);
   flame_params_release(outputs);
+  if (zero) {
+    check(flame_zero_step(zero, NULL), "flame_zero_step");
+    check(flame_optimizer_zero_grad(opt, 1), "flame_optimizer_zero_grad");
+    return;
+  }
   if (opt) {
     check(flame_optimizer_step(opt), "flame_optimizer_step");
     check(flame_optimizer_zero_grad(opt, 1), "flame_optimizer_zero_grad");
@@ -220,13 +232,47 @@ static int compare_doubles(const void* a, const void* b) {
   return (x > y) - (x < y);
 }
 
+/* --zero: AdamW (f32 master weights of the bf16 parameters) over every parameter that requires grad,
+ * sharded over the communicator at the given stage (rank 0's values broadcast to every rank). */
+static flame_optimizer_t full_finetune_optimizer(flame_ctx_t ctx, flame_comm_t comm, flame_params_t params, Args a,
+                                                 flame_zero_t* zero) {
+  int64_t n = 0, trainable = 0;
+  check(flame_params_count(params, &n), "flame_params_count");
+  flame_tensor_t* list = calloc((size_t)(n > 0 ? n : 1), sizeof(flame_tensor_t));
+  if (!list) exit(1);
+  for (int64_t i = 0; i < n; ++i) {
+    flame_tensor_t p = NULL;
+    int32_t requires = 0;
+    check(flame_params_tensor(params, i, &p), "flame_params_tensor");
+    check(flame_tensor_requires_grad(p, &requires), "flame_tensor_requires_grad");
+    if (requires) list[trainable++] = p;
+  }
+  flame_optimizer_options_t oo;
+  check(flame_optimizer_options_init(&oo, FLAME_OPTIMIZER_ADAMW), "flame_optimizer_options_init");
+  oo.lr = a.lr;
+  oo.master_weights = 1;
+  flame_optimizer_t opt = NULL;
+  check(flame_optimizer_create(ctx, &oo, list, trainable, &opt), "flame_optimizer_create");
+  free(list);
+  flame_zero_options_t zo;
+  check(flame_zero_options_init(&zo), "flame_zero_options_init");
+  zo.stage = (int32_t)a.zero;
+  check(flame_zero_create(comm, opt, &zo, zero), "flame_zero_create");
+  return opt;
+}
+
 int main(int argc, char** argv) {
   const double process_start = now_ms();
   const Args a = parse(argc, argv);
   flame_ctx_options_t o;
   check(flame_ctx_options_init(&o), "flame_ctx_options_init");
+  int32_t local_rank = 0;
+  if (a.zero) check(flame_comm_env_local_rank(&local_rank), "flame_comm_env_local_rank");
+  o.device = local_rank;
   flame_ctx_t ctx = NULL;
   check(flame_ctx_create(&o, &ctx), "flame_ctx_create");
+  flame_comm_t comm = NULL;
+  if (a.zero) check(flame_comm_create_from_env(ctx, NULL, &comm), "flame_comm_create_from_env");
 
   double t0 = now_ms();
   flame_model_t model = NULL;
@@ -262,13 +308,15 @@ int main(int argc, char** argv) {
     free(list);
   }
   check(flame_model_params(model, &params), "flame_model_params");
+  flame_zero_t zero = NULL;
+  if (a.zero) opt = full_finetune_optimizer(ctx, comm, params, a, &zero);
   TensorFile in = read_tensors(ctx, a.inputs), grads = read_tensors(ctx, a.grads);
   check(flame_params_create(ctx, &inputs), "flame_params_create");
   for (int64_t i = 0; i < in.n; ++i) check(flame_params_add(inputs, in.names[i], in.tensors[i]), "flame_params_add");
 
   double start_to_first_step_ms = 0;
   for (long i = 0; i < a.warmup; ++i) {
-    step(ctx, model, inputs, &grads, params, opt, i == 0 ? a.out : NULL);
+    step(ctx, model, inputs, &grads, params, opt, zero, i == 0 ? a.out : NULL);
     if (i == 0) {
       check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
       start_to_first_step_ms = now_ms() - process_start;
@@ -296,7 +344,7 @@ int main(int argc, char** argv) {
     if (graph)
       check(flame_graph_replay(graph), "flame_graph_replay");
     else
-      step(ctx, model, inputs, &grads, params, opt, a.warmup == 0 && i == 0 ? a.out : NULL);
+      step(ctx, model, inputs, &grads, params, opt, zero, a.warmup == 0 && i == 0 ? a.out : NULL);
     memset(&issued, 0, sizeof issued);
     issued.struct_size = sizeof issued;
     check(flame_ctx_counters(ctx, &issued), "flame_ctx_counters");
@@ -311,19 +359,23 @@ int main(int argc, char** argv) {
   memset(&mem, 0, sizeof mem);
   mem.struct_size = sizeof mem;
   check(flame_ctx_memory_stats(ctx, &mem), "flame_ctx_memory_stats");
+  uint64_t state_bytes = 0;
+  if (opt) check(flame_optimizer_state_bytes(opt, &state_bytes), "flame_optimizer_state_bytes");
   qsort(ms, (size_t)a.steps, sizeof(double), compare_doubles);
   for (const char* c = graph_error; *c; ++c)  /* the message goes into a JSON string */
     if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) graph_error[c - graph_error] = ' ';
   printf("RESULT {\"load_ms\": %.1f, \"checkpoint_bytes\": %.0f, \"load_gb_per_s\": %.3f, \"step_ms_median\": %.3f, "
          "\"step_ms_min\": %.3f, \"peak_bytes\": %llu, \"steps\": %ld, \"adapter_elements\": %lld, \"graph\": %d, "
          "\"graph_error\": \"%s\", \"launches_per_step\": %.1f, \"cast_kernels_per_step\": %.1f, "
-         "\"host_syncs_per_step\": %.1f, \"driver_allocations_per_step\": %.1f, \"start_to_first_step_ms\": %.1f}\n",
+         "\"host_syncs_per_step\": %.1f, \"driver_allocations_per_step\": %.1f, \"start_to_first_step_ms\": %.1f, "
+         "\"optimizer_state_bytes\": %llu, \"zero_stage\": %ld}\n",
          load_ms, bytes, bytes > 0 ? bytes / 1e9 / (load_ms / 1e3) : 0.0, ms[a.steps / 2], ms[0],
          (unsigned long long)mem.peak_bytes_in_use, a.steps, (long long)adapter_elements, graph != NULL, graph_error,
          (double)total.launches / a.steps, (double)total.cast_kernels / a.steps, (double)total.host_syncs / a.steps,
-         (double)total.driver_allocations / a.steps, start_to_first_step_ms);
+         (double)total.driver_allocations / a.steps, start_to_first_step_ms, (unsigned long long)state_bytes, a.zero);
   free(ms);
   flame_graph_release(graph);
+  flame_zero_release(zero);
   flame_optimizer_release(opt);
   flame_params_release(adapter);
   flame_params_release(inputs);
@@ -331,6 +383,7 @@ int main(int argc, char** argv) {
   release_tensors(&grads);
   flame_params_release(params);
   flame_model_release(model);
+  flame_comm_release(comm);
   flame_ctx_destroy(ctx);
   return 0;
 }
