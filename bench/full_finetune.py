@@ -122,9 +122,10 @@ def run_torch(key, args):
            "--steps", str(args.steps)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     s = summary(rank_results(r.stdout), args.gpus)
-    if s is None:
-        tail = (r.stderr or r.stdout).strip().splitlines()
-        return dict(error=next((l for l in reversed(tail) if "Error" in l), tail[-1] if tail else "failed")[:300])
+    if s is None:  # the first rank's own error line, not the launcher's ChildFailedError summary
+        tail = (r.stderr + "\n" + r.stdout).strip().splitlines()
+        own = [l for l in tail if re.search(r"(Error|error):", l) and "elastic" not in l and "ChildFailed" not in l]
+        return dict(error=(own[-1] if own else tail[-1] if tail else "failed").strip()[:300])
     return s
 
 
