@@ -1,9 +1,24 @@
 // C entry points: version, status strings, errors, dtypes, contexts.
+#include <algorithm>
 #include <cstring>
 #include "api/guard.h"
 #include "runtime/driver.h"
 
 using namespace flame;
+
+namespace {
+
+// Writes the fields of v (a struct that starts with size_t struct_size) that the caller's struct
+// has room for: its struct_size tells how long it is (an older caller's struct is shorter); the
+// caller's struct_size itself is left as it set it.
+template <class Struct>
+void copy_to_caller(const Struct& v, Struct* out) {
+  const size_t n = std::min(out->struct_size, sizeof v);
+  std::memcpy(reinterpret_cast<char*>(out) + sizeof(size_t), reinterpret_cast<const char*>(&v) + sizeof(size_t),
+              n - sizeof(size_t));
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -158,9 +173,7 @@ FLAME_API flame_status_t flame_ctx_memory_stats(flame_ctx_t ctx, flame_memory_st
     v.bytes_reserved = c.bytes_reserved();
     v.peak_bytes_in_use = c.peak_bytes;
     v.live_tensors = c.live_tensors;
-    size_t n = std::min(stats->struct_size, sizeof v);
-    std::memcpy(reinterpret_cast<char*>(stats) + sizeof(size_t), reinterpret_cast<char*>(&v) + sizeof(size_t),
-                n - sizeof(size_t));
+    copy_to_caller(v, stats);
   });
 }
 
@@ -186,9 +199,7 @@ FLAME_API flame_status_t flame_ctx_counters(flame_ctx_t ctx, flame_ctx_counters_
     v.cast_kernels = counted.cast_kernels;
     v.host_syncs = counted.host_syncs;
     v.driver_allocations = counted.driver_allocations;
-    size_t n = std::min(counters->struct_size, sizeof v);
-    std::memcpy(reinterpret_cast<char*>(counters) + sizeof(size_t), reinterpret_cast<char*>(&v) + sizeof(size_t),
-                n - sizeof(size_t));
+    copy_to_caller(v, counters);
   });
 }
 
