@@ -2090,7 +2090,9 @@ FLAME_API void flame_dp_release(flame_dp_t dp);
  * stage 2 sets every .grad to none after the reduce-scatter, so that full gradients live only
  * between backward and step. Memory per rank (P parameter elements, AdamW with f32 master weights
  * of bf16 parameters): replicated 2P + 2P + 12P bytes; stage 1 2P + 2P + 12P/world (+ a 2P
- * gradient buffer kept across steps); stage 2 2P + 2P (during backward only) + 12P/world.
+ * gradient buffer kept across steps); stage 2 2P + 2P (during backward only) + 12P/world. The
+ * reduce-scatter of stage 2 and every stage's parameter all-gather run in buckets of at most 256 MiB,
+ * so that no flat copy of all gradients or parameters is made during the step.
  * The optimizer (flame_optimizer_*) keeps working for zero_grad, set_lr, get_lr and step_count;
  * flame_optimizer_step, flame_optimizer_add_param_group, flame_optimizer_save_state and
  * flame_optimizer_load_state refuse a sharded optimizer (use flame_zero_step; sharded state files

@@ -260,6 +260,14 @@ void Comm::enqueue_all_gather(CUdeviceptr in, CUdeviceptr out, size_t count, ncc
         "ncclAllGather");
 }
 
+void Comm::enqueue_reduce_scatter(CUdeviceptr in, CUdeviceptr out, size_t count, ncclDataType_t t, ncclRedOp_t op,
+                                  CUstream s) {
+  check_usable();
+  ++ctx_->drv.counters.launches;
+  after(nccl_->ncclReduceScatter(reinterpret_cast<void*>(in), reinterpret_cast<void*>(out), count, t, op, comm_, s),
+        "ncclReduceScatter");
+}
+
 // ---------------- collectives on tensors ----------------
 
 namespace {

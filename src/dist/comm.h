@@ -52,6 +52,9 @@ class Comm {
   void enqueue_all_reduce(CUdeviceptr buf, size_t count, ncclDataType_t t, ncclRedOp_t op, CUstream s);
   void enqueue_broadcast(CUdeviceptr buf, size_t count, ncclDataType_t t, int root, CUstream s);
   void enqueue_all_gather(CUdeviceptr in, CUdeviceptr out, size_t count, ncclDataType_t t, CUstream s);
+  // in: world * count elements; out: this rank's count elements of the reduction.
+  void enqueue_reduce_scatter(CUdeviceptr in, CUdeviceptr out, size_t count, ncclDataType_t t, ncclRedOp_t op,
+                              CUstream s);
   void group_start();
   void group_end();
   // Polls stream s until it is idle; an NCCL error or the timeout aborts the communicator and throws.

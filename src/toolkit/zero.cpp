@@ -27,6 +27,16 @@ Tensor param_part(const Tensor& p, int64_t lo, int64_t count) {
   return make_view(p, {count}, {1}, p->offset + lo);
 }
 
+// Collective buffers hold at most this many bytes (all ranks' pieces together), so that a step never
+// needs a second copy of all gradients or parameters: stage 2's reduce-scatter and every stage's
+// parameter all-gather run bucket by bucket.
+constexpr int64_t kBucketBytes = int64_t{256} << 20;
+
+// Elements per rank in one bucket of a flat of element size elem over world ranks (at least 1).
+int64_t bucket_piece(int64_t elem, int64_t world, int64_t shard) {
+  return std::max<int64_t>(1, std::min(shard, kBucketBytes / (elem * world)));
+}
+
 }  // namespace
 
 ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, std::shared_ptr<Optimizer> opt, const flame_zero_options_t& o)
@@ -117,23 +127,83 @@ Tensor ZeroOptimizer::pack_gradients(Flat& f) {
 Tensor ZeroOptimizer::reduce_gradients(Flat& f) {
   Context& c = ctx();
   if (f.shard == 0) return make_tensor(c, {0}, f.dtype);
+  if (opts_.stage == 2) return reduce_scatter_in_buckets(f);
   Tensor g = pack_gradients(f);
   const int64_t padded = f.shard * comm_->world();
-  if (opts_.stage == 1) {
-    comm_->enqueue_all_reduce(g->data(), static_cast<size_t>(padded), nccl_dtype(f.dtype), ncclAvg, c.stream);
-    g->storage->version.fetch_add(1);
-    for (const Member& m : f.members) {  // .grad: the average, a view into the kept buffer
-      const Tensor& p = m.param->param;
-      AutogradMeta& meta = autograd_meta(*p);
-      const CUdeviceptr at = g->data() + static_cast<CUdeviceptr>(m.offset) * p->elem_size();
-      if (!meta.grad || meta.grad->data() != at || !meta.grad->contiguous())
-        meta.grad = make_view(g, p->shape, contiguous_strides(p->shape), m.offset);
-    }
-    return flat_view(g, comm_->rank() * f.shard, f.shard);
+  comm_->enqueue_all_reduce(g->data(), static_cast<size_t>(padded), nccl_dtype(f.dtype), ncclAvg, c.stream);
+  g->storage->version.fetch_add(1);
+  for (const Member& m : f.members) {  // .grad: the average, a view into the kept buffer
+    const Tensor& p = m.param->param;
+    AutogradMeta& meta = autograd_meta(*p);
+    const CUdeviceptr at = g->data() + static_cast<CUdeviceptr>(m.offset) * p->elem_size();
+    if (!meta.grad || meta.grad->data() != at || !meta.grad->contiguous())
+      meta.grad = make_view(g, p->shape, contiguous_strides(p->shape), m.offset);
   }
-  Tensor shard = comm_->reduce_scatter(g, FLAME_REDUCE_AVG);
+  return flat_view(g, comm_->rank() * f.shard, f.shard);
+}
+
+// The flat elements [lo, hi) of every member that has any (padding past the last member: zeros)
+// copied into dst (hi - lo elements): the gradients (want_grads; zeros for a parameter without one)
+// or the parameters themselves.
+void ZeroOptimizer::copy_flat_range(const Flat& f, int64_t lo, int64_t hi, const Tensor& dst, bool want_grads) {
+  int64_t filled = lo;
+  for (const Member& m : f.members) {
+    const Tensor& p = m.param->param;
+    const int64_t a = std::max(lo, m.offset), b = std::min(hi, m.offset + p->numel());
+    if (a >= b) continue;
+    Tensor into = flat_view(dst, a - lo, b - a);
+    if (!want_grads) {
+      ops::copy_into(into, param_part(p, a - m.offset, b - a));
+    } else {
+      const Tensor grad = p->autograd ? p->autograd->grad : Tensor();
+      if (!grad) {
+        ops::fill_(into, 0.0);  // no gradient on this rank: zeros in the average
+      } else {
+        FLAME_CHECK(grad->shape == p->shape && grad->dtype == p->dtype, FLAME_ERROR_SHAPE_MISMATCH,
+                    "the gradient of a parameter ", shape_str(p->shape), " ", dtype_name(p->dtype), " is ",
+                    shape_str(grad->shape), " ", dtype_name(grad->dtype));
+        const Tensor flat = grad->contiguous() ? grad : ops::contiguous(alias(grad));
+        ops::copy_into(into, make_view(flat, {b - a}, {1}, flat->offset + (a - m.offset)));
+      }
+    }
+    filled = b;
+  }
+  if (filled < hi) ops::fill_(flat_view(dst, filled - lo, hi - filled), 0.0);
+}
+
+// Stage 2: bucket k holds, for every rank r, the flat range [r*S + k*n, r*S + (k+1)*n) as its piece r,
+// so that one reduce-scatter of it hands each rank the next n averaged elements of its own shard. A
+// parameter's full .grad is dropped once every bucket that reads it is queued, so that at most one
+// bucket and the shard exist beside the gradients (no full flat copy).
+Tensor ZeroOptimizer::reduce_scatter_in_buckets(Flat& f) {
+  Context& c = ctx();
+  const int64_t world = comm_->world(), S = f.shard;
+  const int64_t n_max = bucket_piece(static_cast<int64_t>(dtype_size(f.dtype)), world, S);
+  Tensor shard = make_tensor(c, {S}, f.dtype);
+  Tensor bucket = make_tensor(c, {world * n_max}, f.dtype);
+  // The largest in-shard position of each member's elements: it is complete after the bucket past it.
+  std::vector<int64_t> last(f.members.size());
+  for (size_t i = 0; i < f.members.size(); ++i) {
+    const int64_t first = f.members[i].offset, end = first + f.members[i].param->param->numel();
+    last[i] = end == first ? -1 : (first / S == (end - 1) / S ? (end - 1) % S : S - 1);
+  }
+  for (int64_t k0 = 0; k0 < S; k0 += n_max) {
+    const int64_t n = std::min(n_max, S - k0);
+    for (int64_t r = 0; r < world; ++r)
+      copy_flat_range(f, r * S + k0, r * S + k0 + n, flat_view(bucket, r * n, n), true);
+    comm_->enqueue_reduce_scatter(bucket->data(), shard->data() + static_cast<CUdeviceptr>(k0) * shard->elem_size(),
+                                  static_cast<size_t>(n), nccl_dtype(f.dtype), ncclAvg, c.stream);
+    // Drop every gradient whose last bucket this was (host bookkeeping over the members).
+    for (size_t i = 0; i < f.members.size(); ++i)
+      if (last[i] >= 0 && last[i] < k0 + n) {
+        AutogradMeta* meta = f.members[i].param->param->autograd.get();
+        if (meta) meta->grad.reset();
+        last[i] = -1;
+      }
+  }
   for (const Member& m : f.members)  // full gradients are no longer needed: only the shard is
     if (m.param->param->autograd) m.param->param->autograd->grad.reset();
+  shard->storage->version.fetch_add(1);
   return shard;
 }
 
@@ -157,24 +227,31 @@ Tensor ZeroOptimizer::clip(const std::vector<Tensor>& shards, const std::vector<
   return total;
 }
 
+// Bucket k: each rank's owned elements [k*n, (k+1)*n) of its shard, all-gathered in place so that
+// piece r holds rank r's; every parameter element in those ranges is then copied back out. At most
+// one bucket exists (no full flat copy of the parameters).
 void ZeroOptimizer::gather_parameters(Flat& f) {
   Context& c = ctx();
   if (f.shard == 0) return;
-  const int64_t padded = f.shard * comm_->world(), first = comm_->rank() * f.shard;
-  Tensor buf = make_tensor(c, {padded}, f.dtype);
-  for (const Member& m : f.members) {
-    const OptimParam& p = *m.param;
-    const int64_t count = p.shard_hi - p.shard_lo;
-    if (count > 0) ops::copy_into(flat_view(buf, m.offset + p.shard_lo, count), param_part(p.param, p.shard_lo, count));
+  const int64_t world = comm_->world(), rank = comm_->rank(), S = f.shard;
+  const int64_t n_max = bucket_piece(static_cast<int64_t>(dtype_size(f.dtype)), world, S);
+  Tensor bucket = make_tensor(c, {world * n_max}, f.dtype);
+  for (int64_t k0 = 0; k0 < S; k0 += n_max) {
+    const int64_t n = std::min(n_max, S - k0);
+    copy_flat_range(f, rank * S + k0, rank * S + k0 + n, flat_view(bucket, rank * n, n), false);
+    const CUdeviceptr mine = bucket->data() + static_cast<CUdeviceptr>(rank * n) * bucket->elem_size();
+    comm_->enqueue_all_gather(mine, bucket->data(), static_cast<size_t>(n), nccl_dtype(f.dtype), c.stream);
+    for (int64_t r = 0; r < world; ++r) {
+      const int64_t lo = r * S + k0, hi = lo + n;
+      for (const Member& m : f.members) {
+        const Tensor& p = m.param->param;
+        const int64_t a = std::max(lo, m.offset), b = std::min(hi, m.offset + p->numel());
+        if (a < b) ops::copy_into(param_part(p, a - m.offset, b - a), flat_view(bucket, r * n + (a - lo), b - a));
+      }
+    }
   }
-  const CUdeviceptr mine = buf->data() + static_cast<CUdeviceptr>(first) * buf->elem_size();
-  comm_->enqueue_all_gather(mine, buf->data(), static_cast<size_t>(f.shard), nccl_dtype(f.dtype), c.stream);
-  for (const Member& m : f.members) {
-    const Tensor& p = m.param->param;
-    if (p->numel() == 0) continue;
-    ops::copy_into(alias(p), make_view(buf, p->shape, contiguous_strides(p->shape), m.offset));
-    p->storage->version.fetch_add(1);
-  }
+  for (const Member& m : f.members)
+    if (m.param->param->numel() > 0) m.param->param->storage->version.fetch_add(1);
 }
 
 Tensor ZeroOptimizer::step(bool want_norm) {

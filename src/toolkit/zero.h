@@ -7,16 +7,18 @@
 // [offset, offset + numel) with that range; the optimizer (made sharded) keeps state only for it.
 //
 // A step, per flat, all on the context's stream:
-//   1. pack every .grad into a flat gradient buffer G (zeros for a parameter without one);
+//   1. stage 1: pack every .grad into a flat gradient buffer G (zeros for a parameter without one);
 //   2. stage 1: all-reduce (average) G, which stays the parameters' .grad (views, as flame_dp_wait
-//      leaves them) and is kept across steps; stage 2: reduce-scatter (average) G into a shard
-//      buffer of S elements, free G and set every .grad to none;
+//      leaves them) and is kept across steps; stage 2: no G: bucket by bucket (at most 256 MiB),
+//      each rank's next piece of every shard is packed and reduce-scattered (average) into this
+//      rank's shard buffer of S elements, and each .grad is set to none once its last bucket is
+//      queued;
 //   3. optional clipping over the global 2-norm: squared norms of each rank's shard, summed over
 //      the flats, all-reduced, then the gradients scaled on the device (no host wait): stage 1 the
 //      whole averaged buffer (it stays .grad), stage 2 the shard;
 //   4. the optimizer steps the owned elements (their gradients: views into the shard);
-//   5. each rank copies its owned parameter elements into a flat parameter buffer at its shard,
-//      all-gathers it in place, and copies every parameter back out of it.
+//   5. bucket by bucket, each rank copies its next owned parameter elements into its piece of a
+//      bucket, all-gathers it in place, and copies every parameter element back out of it.
 // Everything every rank does is in the same order with the same sizes, so NCCL calls match.
 #pragma once
 #include <memory>
@@ -54,6 +56,8 @@ class ZeroOptimizer {
 
   Tensor pack_gradients(Flat& f);
   Tensor reduce_gradients(Flat& f);  // the shard's averaged gradients, [S]
+  Tensor reduce_scatter_in_buckets(Flat& f);  // stage 2's reduce_gradients
+  void copy_flat_range(const Flat& f, int64_t lo, int64_t hi, const Tensor& dst, bool want_grads);
   // The global 2-norm of the shards' gradients (all ranks); when max_grad_norm > 0, scales the
   // tensors `scaled` (the shards, or the whole flat gradients that contain them) by the clip factor.
   Tensor clip(const std::vector<Tensor>& shards, const std::vector<Tensor>& scaled);
