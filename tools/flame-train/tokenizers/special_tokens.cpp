@@ -116,9 +116,6 @@ bool read_tokenizer_config(const std::filesystem::path& folder, TokenizerConfig&
       int64_t n = j["model_max_length"].get<int64_t>();
       if (n >= 1 && n <= 1000000) out.model_max_length = static_cast<int>(n);
     }
-    if (j.contains("legacy") && j["legacy"].is_boolean()) out.legacy = j["legacy"].get<bool>();
-    if (j.contains("add_prefix_space") && j["add_prefix_space"].is_boolean())
-      out.add_prefix_space = j["add_prefix_space"].get<bool>();
     if (j.contains("extra_ids")) {
       if (!j["extra_ids"].is_number_integer() || j["extra_ids"].get<int64_t>() < 0 ||
           j["extra_ids"].get<int64_t>() > 100000) {

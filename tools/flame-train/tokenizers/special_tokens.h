@@ -38,7 +38,6 @@ std::vector<TextPiece> split_on_special_tokens(std::string_view text, const std:
 struct TokenizerConfig {
   std::optional<std::string> bos_token, eos_token, unk_token, pad_token;
   std::optional<int> model_max_length;
-  std::optional<bool> legacy, add_prefix_space;
   std::optional<int> extra_ids;
 };
 // Missing files give an empty config (every field unset); an unreadable or malformed one is an error.
