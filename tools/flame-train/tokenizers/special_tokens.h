@@ -1,10 +1,12 @@
 // What the CLIP and T5 tokenizers share: the split of a text on special tokens, the
 // tokenizer_config.json of a checkpoint folder, and truncation/padding into fixed-length rows.
 //
-// transformers' PreTrainedTokenizer.tokenize() first cuts the raw text at every occurrence of a
-// special token ("<|endoftext|>", "</s>", "<extra_id_3>", SDXL tokenizer_2's pad "!", ...): those
-// become their ids directly and only the text between them reaches the model's own tokenization.
-// An added token with lstrip / rstrip also eats the whitespace (Python str.isspace) on that side.
+// transformers 5 (the tokenizers library's added vocabulary) first cuts the raw text at every
+// occurrence of a special token, spelled exactly ("<|endoftext|>", "</s>", "<extra_id_3>", SDXL
+// tokenizer_2's pad "!", ...; special tokens are not normalized, so the match is case-sensitive):
+// those become their ids directly and only the text between them reaches the model's own
+// normalizer and tokenization. An added token with lstrip / rstrip also eats the whitespace
+// (Unicode White_Space) on that side.
 #pragma once
 
 #include <cstdint>

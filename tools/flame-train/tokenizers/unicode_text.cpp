@@ -1,4 +1,4 @@
-// UTF-8 and Unicode property helpers over utf8proc (see unicode_text.h for why these follow Python).
+// UTF-8 and Unicode property helpers over utf8proc (see unicode_text.h for whose definitions they follow).
 #include "unicode_text.h"
 
 #include <utf8proc.h>
@@ -52,13 +52,6 @@ CharClass char_class(char32_t c) {
     default:
       return CharClass::other;
   }
-}
-
-bool is_python_space(char32_t c) {
-  // CPython's _PyUnicode_IsWhitespace: bidirectional class WS, B or S, or category Zs.
-  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 std::u32string nfc(std::u32string_view text) {

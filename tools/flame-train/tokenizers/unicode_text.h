@@ -1,9 +1,9 @@
 // Unicode helpers for the tokenizers: strict UTF-8 decoding, general categories, whitespace, NFC
 // and per-character lowercasing. The tokenizers reproduce transformers 5 (its tokenizers-backed
 // classes, written in Rust with Oniguruma regexes), so these follow those definitions (White_Space
-// for \s, Rust's char::to_lowercase), not C's locale functions; is_python_space stays for the
-// lstrip/rstrip of added tokens. Category and case data come from utf8proc (Debian's
-// libutf8proc-dev, Unicode 15), chosen over ICU as far smaller for the few tables needed here.
+// for \s, Rust's char::to_lowercase), not Python's or C's locale functions. Category and case data
+// come from utf8proc (Debian's libutf8proc-dev, Unicode 15), chosen over ICU as far smaller for the
+// few tables needed here.
 #pragma once
 
 #include <string>
@@ -20,7 +20,6 @@ std::string encode_utf8(std::u32string_view text);
 
 enum class CharClass { letter, number, other };
 CharClass char_class(char32_t c);     // \p{L}, \p{N} or neither
-bool is_python_space(char32_t c);     // Python's str.isspace()
 bool is_white_space(char32_t c);      // Unicode White_Space: Oniguruma's \s, Rust's is_whitespace
 
 // Canonical composition (unicodedata.normalize("NFC", text)).
