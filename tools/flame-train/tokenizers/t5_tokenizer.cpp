@@ -53,7 +53,9 @@ std::unique_ptr<T5Tokenizer> T5Tokenizer::load(const std::filesystem::path& fold
     tok->specials_.push_back({name, id, false, false});
   }
   const int extra_ids = config.extra_ids.value_or(100);
-  for (int k = 0; k < extra_ids; ++k)  // sentinels eat the whitespace around them (lstrip, rstrip)
+  // Sentinels eat the White_Space around them (lstrip, rstrip, as transformers registered them
+  // before version 5); words are split on White_Space anyway, so the ids are the same either way.
+  for (int k = 0; k < extra_ids; ++k)
     tok->specials_.push_back({"<extra_id_" + std::to_string(k) + ">", pieces + extra_ids - 1 - k, true, true});
   return tok;
 }
