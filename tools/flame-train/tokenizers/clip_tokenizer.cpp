@@ -120,14 +120,11 @@ int32_t ClipTokenizer::lookup(const std::string& token) const {
   return it == encoder_.end() ? unk_id() : it->second;
 }
 
-// CLIPTokenizer.bpe(): repeatedly merge every occurrence (left to right, non-overlapping) of the
-// adjacent pair with the lowest rank, until no adjacent pair has a rank.
+// BPE of one pre-tokenized word: repeatedly merge every occurrence (left to right, non-overlapping)
+// of the adjacent pair with the lowest rank, until no adjacent pair has a rank. The tokenizers
+// library's BPE (a priority queue of (rank, position)) reaches the same symbols.
 void ClipTokenizer::bpe_word(const std::u32string& word, std::vector<int32_t>& ids) const {
   std::string utf8 = encode_utf8(word);
-  if (word == U"<|startoftext|>" || word == U"<|endoftext|>") {  // the bpe() cache's two entries
-    ids.push_back(lookup(utf8));
-    return;
-  }
   std::vector<std::string> symbols;
   for (unsigned char b : utf8) symbols.push_back(byte_symbols()[b]);
   symbols.back() += "</w>";
@@ -169,7 +166,7 @@ bool ClipTokenizer::tokenize(std::string_view text, std::vector<int32_t>& ids, s
     }
     std::u32string decoded;
     decode_utf8(piece.text, decoded, error);
-    for (const std::u32string& word : clip_pre_tokenize(clean_clip_text(decoded))) {
+    for (const std::u32string& word : clip_pre_tokenize(normalize_clip_text(decoded))) {
       if (limit >= 0 && static_cast<long>(ids.size()) >= limit) break;
       bpe_word(word, ids);
     }

@@ -1,6 +1,9 @@
-// CLIP's byte-level BPE tokenizer, id for id as transformers' slow CLIPTokenizer (non-ftfy path)
-// called as the diffusers pipelines call it: tokenizer(prompt, padding="max_length",
-// max_length=77, truncation=True).
+// CLIP's byte-level BPE tokenizer, id for id as transformers 5's CLIPTokenizer (the
+// tokenizers-backed class, the only one under that name since transformers 5, and what diffusers
+// runs today) called as the diffusers pipelines call it: tokenizer(prompt, padding="max_length",
+// max_length=77, truncation=True). transformers 4's slow Python class cleaned the text
+// differently (dropped control characters, spaced out CJK ideographs, Python's str.lower());
+// that behaviour is not reproduced.
 //
 // Files, from a checkpoint's tokenizer folder (tokenizer/, tokenizer_2/ of a diffusers pipeline):
 // vocab.json (token -> id), merges.txt (first line skipped as transformers does, then at most
@@ -8,9 +11,9 @@
 // for the special tokens (defaults: <|startoftext|>, <|endoftext|> as EOS, UNK and PAD; SDXL's
 // tokenizer_2 sets pad_token "!", id 0) and model_max_length.
 //
-// Encoding: special tokens in the raw text become their ids (transformers 4.x registers every
-// special token as an added token, even one already in the vocabulary such as SDXL's pad "!");
-// the rest is cleaned (clip_text.h), pre-tokenized, each piece's UTF-8 bytes mapped through
+// Encoding: special tokens in the raw text, spelled exactly (added tokens with normalized=false,
+// so case-sensitive), become their ids; every special token is registered, even one already in
+// the vocabulary such as SDXL's pad "!". The rest is normalized (clip_text.h), pre-tokenized, each piece's UTF-8 bytes mapped through
 // bytes_to_unicode, BPE-merged with "</w>" on the last symbol, and looked up (a missing symbol
 // gives the UNK id). Then BOS + tokens[:max-2] + EOS, padded with the PAD id; the attention mask
 // marks the unpadded part.

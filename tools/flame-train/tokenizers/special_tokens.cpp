@@ -23,13 +23,13 @@ static size_t longest_special_at(std::string_view text, size_t pos, const std::v
   return best;
 }
 
-static std::string strip_python_space(const std::string& s, bool left, bool right) {
+static std::string strip_white_space(const std::string& s, bool left, bool right) {
   std::u32string u;
   std::string error;
   decode_utf8(s, u, error);  // the caller validated the whole text
   size_t b = 0, e = u.size();
-  while (left && b < e && is_python_space(u[b])) ++b;
-  while (right && e > b && is_python_space(u[e - 1])) --e;
+  while (left && b < e && is_white_space(u[b])) ++b;
+  while (right && e > b && is_white_space(u[e - 1])) --e;
   return encode_utf8(std::u32string_view(u).substr(b, e - b));
 }
 
@@ -51,14 +51,15 @@ std::vector<TextPiece> split_on_special_tokens(std::string_view text, const std:
   if (start < text.size()) pieces.push_back({std::string(text.substr(start)), -1});
 
   // lstrip eats the whitespace left of the token (the end of the previous piece), rstrip the
-  // whitespace right of it, as PreTrainedTokenizer.tokenize does with its neighbours.
+  // whitespace right of it, as the tokenizers library's added vocabulary does (Unicode
+  // White_Space, Rust's char::is_whitespace).
   for (size_t i = 0; i < pieces.size(); ++i) {
     if (pieces[i].special < 0) continue;
     const SpecialToken& tok = specials[static_cast<size_t>(pieces[i].special)];
     if (tok.rstrip && i + 1 < pieces.size() && pieces[i + 1].special < 0)
-      pieces[i + 1].text = strip_python_space(pieces[i + 1].text, true, false);
+      pieces[i + 1].text = strip_white_space(pieces[i + 1].text, true, false);
     if (tok.lstrip && i > 0 && pieces[i - 1].special < 0)
-      pieces[i - 1].text = strip_python_space(pieces[i - 1].text, false, true);
+      pieces[i - 1].text = strip_white_space(pieces[i - 1].text, false, true);
   }
   std::vector<TextPiece> kept;
   for (auto& p : pieces)
@@ -116,9 +117,6 @@ bool read_tokenizer_config(const std::filesystem::path& folder, TokenizerConfig&
       int64_t n = j["model_max_length"].get<int64_t>();
       if (n >= 1 && n <= 1000000) out.model_max_length = static_cast<int>(n);
     }
-    if (j.contains("legacy") && j["legacy"].is_boolean()) out.legacy = j["legacy"].get<bool>();
-    if (j.contains("add_prefix_space") && j["add_prefix_space"].is_boolean())
-      out.add_prefix_space = j["add_prefix_space"].get<bool>();
     if (j.contains("extra_ids")) {
       if (!j["extra_ids"].is_number_integer() || j["extra_ids"].get<int64_t>() < 0 ||
           j["extra_ids"].get<int64_t>() > 100000) {

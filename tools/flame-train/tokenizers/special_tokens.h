@@ -1,10 +1,12 @@
 // What the CLIP and T5 tokenizers share: the split of a text on special tokens, the
 // tokenizer_config.json of a checkpoint folder, and truncation/padding into fixed-length rows.
 //
-// transformers' PreTrainedTokenizer.tokenize() first cuts the raw text at every occurrence of a
-// special token ("<|endoftext|>", "</s>", "<extra_id_3>", SDXL tokenizer_2's pad "!", ...): those
-// become their ids directly and only the text between them reaches the model's own tokenization.
-// An added token with lstrip / rstrip also eats the whitespace (Python str.isspace) on that side.
+// transformers 5 (the tokenizers library's added vocabulary) first cuts the raw text at every
+// occurrence of a special token, spelled exactly ("<|endoftext|>", "</s>", "<extra_id_3>", SDXL
+// tokenizer_2's pad "!", ...; special tokens are not normalized, so the match is case-sensitive):
+// those become their ids directly and only the text between them reaches the model's own
+// normalizer and tokenization. An added token with lstrip / rstrip also eats the whitespace
+// (Unicode White_Space) on that side.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +40,6 @@ std::vector<TextPiece> split_on_special_tokens(std::string_view text, const std:
 struct TokenizerConfig {
   std::optional<std::string> bos_token, eos_token, unk_token, pad_token;
   std::optional<int> model_max_length;
-  std::optional<bool> legacy, add_prefix_space;
   std::optional<int> extra_ids;
 };
 // Missing files give an empty config (every field unset); an unreadable or malformed one is an error.

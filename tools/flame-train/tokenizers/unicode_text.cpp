@@ -1,4 +1,4 @@
-// UTF-8 and Unicode property helpers over utf8proc (see unicode_text.h for why these follow Python).
+// UTF-8 and Unicode property helpers over utf8proc (see unicode_text.h for whose definitions they follow).
 #include "unicode_text.h"
 
 #include <utf8proc.h>
@@ -54,25 +54,6 @@ CharClass char_class(char32_t c) {
   }
 }
 
-bool is_category_c(char32_t c) {
-  switch (category(c)) {
-    case UTF8PROC_CATEGORY_CC: case UTF8PROC_CATEGORY_CF: case UTF8PROC_CATEGORY_CS:
-    case UTF8PROC_CATEGORY_CO: case UTF8PROC_CATEGORY_CN:
-      return true;
-    default:
-      return false;
-  }
-}
-
-bool is_category_zs(char32_t c) { return category(c) == UTF8PROC_CATEGORY_ZS; }
-
-bool is_python_space(char32_t c) {
-  // CPython's _PyUnicode_IsWhitespace: bidirectional class WS, B or S, or category Zs.
-  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202F || c == 0x205F || c == 0x3000;
-}
-
 std::u32string nfc(std::u32string_view text) {
   std::string utf8 = encode_utf8(text);
   utf8proc_uint8_t* composed = nullptr;
@@ -87,55 +68,20 @@ std::u32string nfc(std::u32string_view text) {
   return out;
 }
 
-// Python's Cased: Lowercase, Uppercase or Lt. Approximated as "a cased letter, or anything that
-// has a case mapping" (covers Other_Lowercase/Other_Uppercase such as circled letters).
-static bool is_cased(char32_t c) {
-  auto cat = category(c);
-  if (cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LL || cat == UTF8PROC_CATEGORY_LT) return true;
-  auto cp = static_cast<utf8proc_int32_t>(c);
-  return utf8proc_tolower(cp) != cp || utf8proc_toupper(cp) != cp;
+bool is_white_space(char32_t c) {
+  // Unicode White_Space (PropList.txt): what Oniguruma's \s and Rust's char::is_whitespace test.
+  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
 }
 
-// Case_Ignorable: Mn, Me, Cf, Lm, Sk, or Word_Break MidLetter / MidNumLet / Single_Quote.
-static bool is_case_ignorable(char32_t c) {
-  switch (category(c)) {
-    case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_CF:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_SK:
-      return true;
-    default:
-      break;
-  }
-  switch (c) {
-    case 0x27: case 0x2E: case 0x3A: case 0xB7: case 0x387: case 0x55F: case 0x5F4:
-    case 0x2018: case 0x2019: case 0x2024: case 0x2027: case 0xFE13: case 0xFE52:
-    case 0xFE55: case 0xFF07: case 0xFF0E: case 0xFF1A:
-      return true;
-    default:
-      return false;
-  }
-}
-
-// CPython's handle_capital_sigma: final sigma when preceded by a cased character and not followed
-// by one (case-ignorable characters skipped on both sides).
-static bool is_final_sigma(std::u32string_view text, size_t i) {
-  size_t j = i;
-  while (j > 0 && is_case_ignorable(text[j - 1])) --j;
-  if (j == 0 || !is_cased(text[j - 1])) return false;
-  size_t k = i + 1;
-  while (k < text.size() && is_case_ignorable(text[k])) ++k;
-  return k == text.size() || !is_cased(text[k]);
-}
-
-std::u32string python_lower(std::u32string_view text) {
+std::u32string lowercase_each_char(std::u32string_view text) {
   std::u32string out;
   out.reserve(text.size());
-  for (size_t i = 0; i < text.size(); ++i) {
-    char32_t c = text[i];
+  for (char32_t c : text) {
     if (c == 0x130) {  // the only unconditional multi-character lowercase mapping (SpecialCasing)
       out.push_back(U'i');
       out.push_back(0x307);
-    } else if (c == 0x3A3) {
-      out.push_back(is_final_sigma(text, i) ? char32_t{0x3C2} : char32_t{0x3C3});
     } else {
       out.push_back(static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c))));
     }

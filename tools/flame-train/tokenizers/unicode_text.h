@@ -1,8 +1,9 @@
-// Unicode helpers for the tokenizers: strict UTF-8 decoding, general categories, NFC and the
-// lowercasing of Python's str.lower(). The tokenizers must reproduce what transformers does in
-// Python, so these follow Python's definitions (str.isspace, str.lower with its Final_Sigma rule),
-// not C's locale functions. Category and case data come from utf8proc (Debian's libutf8proc-dev,
-// Unicode 15), chosen over ICU as far smaller for the few tables needed here.
+// Unicode helpers for the tokenizers: strict UTF-8 decoding, general categories, whitespace, NFC
+// and per-character lowercasing. The tokenizers reproduce transformers 5 (its tokenizers-backed
+// classes, written in Rust with Oniguruma regexes), so these follow those definitions (White_Space
+// for \s, Rust's char::to_lowercase), not Python's or C's locale functions. Category and case data
+// come from utf8proc (Debian's libutf8proc-dev, Unicode 15), chosen over ICU as far smaller for the
+// few tables needed here.
 #pragma once
 
 #include <string>
@@ -19,14 +20,13 @@ std::string encode_utf8(std::u32string_view text);
 
 enum class CharClass { letter, number, other };
 CharClass char_class(char32_t c);     // \p{L}, \p{N} or neither
-bool is_category_c(char32_t c);       // general category C* (Cc, Cf, Cs, Co, Cn)
-bool is_category_zs(char32_t c);      // space separator
-bool is_python_space(char32_t c);     // Python's str.isspace()
+bool is_white_space(char32_t c);      // Unicode White_Space: Oniguruma's \s, Rust's is_whitespace
 
 // Canonical composition (unicodedata.normalize("NFC", text)).
 std::u32string nfc(std::u32string_view text);
-// Python's str.lower() of `text`: full lowercase mapping (U+0130 -> "i" + U+0307) and the
-// Final_Sigma rule for U+03A3, with Cased and Case_Ignorable derived from categories and case maps.
-std::u32string python_lower(std::u32string_view text);
+// Each character lowercased on its own, as the tokenizers library's Lowercase normalizer does
+// (Rust's char::to_lowercase): the full mapping (U+0130 -> "i" + U+0307) but no context, so a
+// final capital sigma becomes U+03C3, not U+03C2 as Python's str.lower() would give.
+std::u32string lowercase_each_char(std::u32string_view text);
 
 }  // namespace flame_train

@@ -82,14 +82,17 @@ TEST(ClipTokenizer, HandVocabularyMergesAndSplits) {
   EXPECT_EQ(ids_of(*tok, "Hello, cat!"), (Ids{515, 256 + 11, 517, 256}));
   EXPECT_EQ(ids_of(*tok, "it's"), (Ids{72, 256 + 83, 6, 256 + 82}));       // "it" "'s"
   EXPECT_EQ(ids_of(*tok, "  A \t b\nC\u00a0"), (Ids{320, 321, 322}));      // whitespace, case
-  EXPECT_EQ(ids_of(*tok, "a\x01" "b\u200b"), (Ids{64, 321}));              // controls dropped
+  // Controls and format characters are kept: each its own punctuation-class word, BPE over its
+  // UTF-8 bytes (\x01 is byte symbol 189; U+200B is E2 80 8B).
+  EXPECT_EQ(ids_of(*tok, "a\x01" "b\u200b"), (Ids{320, 256 + 189, 321, 158, 222, 256 + 233}));
   EXPECT_EQ(ids_of(*tok, "12"), (Ids{256 + 16, 256 + 17}));                // one digit per token
   EXPECT_EQ(ids_of(*tok, "!!"), (Ids{0, 256}));                            // one punctuation run
   EXPECT_EQ(ids_of(*tok, "\u00e9"), (Ids{127, 358}));                      // bytes C3 A9
   EXPECT_EQ(ids_of(*tok, "e\u0301"), (Ids{127, 358}));                     // NFC first
-  EXPECT_EQ(ids_of(*tok, "\u6771\u6771"), (Ids{162, 251, 365, 162, 251, 365}));  // CJK split apart
+  EXPECT_EQ(ids_of(*tok, "\u6771\u6771"), (Ids{162, 251, 109, 162, 251, 365}));  // one \p{L}+ word
   EXPECT_EQ(ids_of(*tok, "a<|endoftext|>b"), (Ids{320, 519, 321}));        // special token in text
-  EXPECT_EQ(ids_of(*tok, "<|ENDOFTEXT|>"), (Ids{519}));                    // lowercased, then matched
+  // Special tokens match only as spelled: in another case they are text, "<|" "endoftext" "|>".
+  EXPECT_EQ(ids_of(*tok, "<|ENDOFTEXT|>"), (Ids{27, 256 + 91, 68, 77, 67, 78, 69, 83, 68, 87, 256 + 83, 91, 256 + 29}));
   EXPECT_EQ(ids_of(*tok, ""), Ids{});
   EXPECT_EQ(ids_of(*tok, " \t\n"), Ids{});
 }

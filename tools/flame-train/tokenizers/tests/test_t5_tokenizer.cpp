@@ -1,7 +1,8 @@
 // T5 SentencePiece tokenizer on the small unigram model in data/t5 (400 pieces: <pad> 0, </s> 1,
 // <unk> 2). Expected ids of plain text are what Debian's spm_encode prints for the same model
-// (transformers' legacy T5Tokenizer calls SentencePiece the same way); special tokens, </s>,
-// truncation and padding follow T5Tokenizer's rules and are checked by hand.
+// (transformers 5's T5Tokenizer agrees on such text); special tokens, </s>, truncation and padding
+// follow T5Tokenizer's rules and are checked by hand, and so are the two places where transformers
+// 5 departs from SentencePiece (White_Space splitting, the charsmap per grapheme cluster).
 #include "t5_tokenizer.h"
 
 #include "test_helpers.h"
@@ -14,9 +15,9 @@ using Ids = std::vector<int32_t>;
 
 namespace {
 
-std::unique_ptr<T5Tokenizer> load_t5(const T5Overrides& overrides = {}) {
+std::unique_ptr<T5Tokenizer> load_t5() {
   std::string error;
-  auto tok = T5Tokenizer::load(test::data_dir() / "t5", error, overrides);
+  auto tok = T5Tokenizer::load(test::data_dir() / "t5", error);
   EXPECT_TRUE(tok) << error;
   return tok;
 }
@@ -30,10 +31,9 @@ Ids ids_of(const T5Tokenizer& tok, const std::string& text) {
 
 }  // namespace
 
-TEST(T5Tokenizer, LegacyIdsMatchSentencePiece) {
+TEST(T5Tokenizer, PlainTextIdsMatchSentencePiece) {
   auto tok = load_t5();
   ASSERT_TRUE(tok);
-  EXPECT_TRUE(tok->legacy());
   EXPECT_EQ(tok->piece_count(), 400);
   EXPECT_EQ(tok->eos_id(), 1);
   EXPECT_EQ(tok->pad_id(), 0);
@@ -51,8 +51,8 @@ TEST(T5Tokenizer, SpecialTokensInText) {
   ASSERT_TRUE(tok);
   EXPECT_EQ(ids_of(*tok, "a cat</s>"), (Ids{168, 109, 1}));
   EXPECT_EQ(ids_of(*tok, "<pad><unk>"), (Ids{0, 2}));
-  // Sentinels: id = 400 + 100 - 1 - K. They eat the spaces around them; legacy mode then encodes
-  // "photo" with SentencePiece's dummy prefix: "▁photo".
+  // Sentinels: id = 400 + 100 - 1 - K. They eat the spaces around them; "photo" still gets its
+  // "▁" (every word does): "▁photo".
   EXPECT_EQ(ids_of(*tok, "a cat <extra_id_0> photo"), (Ids{168, 109, 499, 153}));
   EXPECT_EQ(ids_of(*tok, "<extra_id_99><extra_id_10>"), (Ids{400, 489}));  // longest match
   EXPECT_NE(ids_of(*tok, "<extra_id_100>").size(), 1u);  // only 0..99 exist: plain text
@@ -90,19 +90,15 @@ TEST(T5Tokenizer, EncodeAppendsEosTruncatesAndPads) {
   EXPECT_NE(error.find("invalid UTF-8"), std::string::npos) << error;
 }
 
-TEST(T5Tokenizer, NonLegacyMode) {
-  auto tok = load_t5({false, true});
+TEST(T5Tokenizer, Transformers5TextPreparation) {
+  auto tok = load_t5();
   ASSERT_TRUE(tok);
-  EXPECT_FALSE(tok->legacy());
-  // Plain text: "▁" + text, encoded behind "<unk>" with the dummy prefix off: same pieces.
-  EXPECT_EQ(ids_of(*tok, "a cat"), (Ids{168, 109}));
-  // After a sentinel that ate the space, "photo" gets no "▁" in non-legacy mode.
-  Ids ids = ids_of(*tok, "a cat <extra_id_0> photo");
-  ASSERT_GE(ids.size(), 4u);
-  EXPECT_EQ(Ids(ids.begin(), ids.begin() + 3), (Ids{168, 109, 499}));
-  EXPECT_NE(ids[3], 153);
-  // A lone "▁" before a leading special token is dropped.
-  EXPECT_EQ(ids_of(*tok, "</s>"), (Ids{1}));
+  // NEL (U+0085) is White_Space: it separates words (SentencePiece alone gives <unk> for it).
+  EXPECT_EQ(ids_of(*tok, "para\u0085nel"), ids_of(*tok, "para nel"));
+  EXPECT_EQ(ids_of(*tok, "a\u2028cat\u3000"), (Ids{168, 109}));
+  // e + two combining acutes is one cluster: "é" and nothing more (SentencePiece: "▁é" <unk>).
+  EXPECT_EQ(ids_of(*tok, "e\u0301\u0301"), ids_of(*tok, "\u00e9"));
+  EXPECT_EQ(ids_of(*tok, "cafe\u0301"), (Ids{126}));  // "▁café"
 }
 
 TEST(T5Tokenizer, FileErrorsAreClear) {

@@ -1,30 +1,29 @@
 #!/usr/bin/env python3
-"""Writes reference_ids.json: the ids transformers gives for the test vocabularies in this folder.
+"""Writes reference_ids_transformers5.json: the ids transformers 5 gives for the test vocabularies here.
 
-Run on a machine with transformers 4.x (its slow, pure-Python tokenizers; transformers 5 dropped
-some of them) and sentencepiece, from the repository root:
+Run on a machine with transformers 5 (tested: 5.17.0 with tokenizers 0.23.2) and sentencepiece,
+from the repository root:
 
     python3 tools/flame-train/tokenizers/tests/data/make_reference_ids.py
 
-then commit tools/flame-train/tokenizers/tests/data/reference_ids.json and re-run CMake: the ctest
-flame_train_tokenizers_reference exists only when the file does, and compares every case.
+then commit tools/flame-train/tokenizers/tests/data/reference_ids_transformers5.json: the ctest
+flame_train_tokenizers_reference compares every case with flame-train's tokenizers.
 
-What it does: loads clip_l/, clip_g/ (CLIPTokenizer.from_pretrained, so tokenizer_config.json's
-pad_token applies as in the diffusers pipelines) and t5/ (T5Tokenizer, legacy and non-legacy),
-encodes each text of CORPUS as the pipelines do -- tok(text, padding="max_length",
-max_length=N, truncation=True) -- and stores the unpadded ids and their count (the script checks
-that the rest is padding with the pad id and a 0 mask). ftfy is blocked so that CLIPTokenizer
-takes its BasicTokenizer path, the one flame-train reproduces (ftfy is an optional extra of
-transformers; with it, CLIPTokenizer's cleanup differs). The fast tokenizers (CLIPTokenizerFast,
-T5TokenizerFast, made from the same files) run too: where their ids differ from the slow ones the
-file keeps them as fast_input_ids, for information only (diffusers uses the slow CLIPTokenizer
-and T5TokenizerFast; the tests compare against the slow tokenizers).
+Why transformers 5: since version 5, CLIPTokenizer and T5Tokenizer are the tokenizers-backed (fast)
+classes (the slow Python ones are gone), and that is what diffusers users run today, so
+flame-train matches them. What it does: loads clip_l/, clip_g/ (CLIPTokenizer.from_pretrained, so
+tokenizer_config.json's pad_token applies as in the diffusers pipelines) and t5/ (T5Tokenizer with
+the legacy / add_prefix_space settings of T5_SUITES; transformers 5 ignores both, so all T5 suites
+hold the same ids up to truncation), encodes each text of CORPUS as the pipelines do --
+tok(text, padding="max_length", max_length=N, truncation=True) -- and stores the unpadded ids (the
+script checks that the rest is padding with the pad id and a 0 mask). ftfy is blocked as it was
+for the recorded file (transformers 5's CLIPTokenizer does not use it either way).
 """
 import json
 import os
 import sys
 
-sys.modules["ftfy"] = None  # `import ftfy` now raises ImportError: CLIPTokenizer's non-ftfy path
+sys.modules["ftfy"] = None  # as when the committed file was recorded (no effect in transformers 5)
 
 import sentencepiece  # noqa: E402
 import transformers  # noqa: E402
@@ -70,59 +69,29 @@ def encode(tok, text, max_length):
     return ids[:n]
 
 
-# FLAME_REFERENCE_ALLOW_FAST=1: transformers 5, whose CLIPTokenizer / T5Tokenizer are the fast
-# (tokenizers-backed) classes diffusers users now get; the file then records them instead (compare
-# it with FLAME's ids by hand before committing it: the tests target the slow tokenizers).
-ALLOW_FAST = os.environ.get("FLAME_REFERENCE_ALLOW_FAST") == "1"
-OUT_PATH = os.environ.get("FLAME_REFERENCE_OUT", os.path.join(HERE, "reference_ids.json"))
+OUT_PATH = os.environ.get("FLAME_REFERENCE_OUT", os.path.join(HERE, "reference_ids_transformers5.json"))
 
 
-def run_suite(name, kind, folder, max_length, slow, fast, extra):
-    if slow.is_fast and not ALLOW_FAST:
-        sys.exit(f"{type(slow).__name__} is a fast tokenizer in transformers {transformers.__version__}: "
-                 "install transformers 4.x (pip install 'transformers<5') for the slow reference")
-    cases, differ = [], 0
-    for text in CORPUS:
-        ids = encode(slow, text, max_length)
-        case = {"text": text, "input_ids": ids}
-        if fast is not None:
-            fast_ids = encode(fast, text, max_length)
-            if fast_ids != ids:
-                case["fast_input_ids"] = fast_ids
-                differ += 1
-        cases.append(case)
-    print(f"{name}: {len(cases)} cases, fast tokenizer differs on {differ}", file=sys.stderr)
-    return dict(name=name, kind=kind, folder=folder, max_length=max_length, pad_id=slow.pad_token_id,
+def run_suite(name, kind, folder, max_length, tok, extra):
+    cases = [{"text": text, "input_ids": encode(tok, text, max_length)} for text in CORPUS]
+    print(f"{name}: {len(cases)} cases", file=sys.stderr)
+    return dict(name=name, kind=kind, folder=folder, max_length=max_length, pad_id=tok.pad_token_id,
                 cases=cases, **extra)
 
 
-def try_fast(make):
-    try:
-        return make()
-    except Exception as e:  # the fast tokenizer is for comparison only
-        print(f"fast tokenizer unavailable: {e}", file=sys.stderr)
-        return None
-
-
 def main():
+    if int(transformers.__version__.split(".")[0]) < 5:
+        sys.exit(f"transformers {transformers.__version__}: flame-train matches transformers 5 "
+                 "(pip install 'transformers>=5')")
     suites = []
     for folder, max_length in CLIP_SUITES:
-        path = os.path.join(HERE, folder)
-        slow = CLIPTokenizer.from_pretrained(path)
-        assert getattr(slow, "fix_text", None) is None, "ftfy was not blocked"
-        fast = try_fast(lambda: transformers.CLIPTokenizerFast.from_pretrained(path, from_slow=True))
-        suites.append(run_suite(f"{folder}/{max_length}", "clip", folder, max_length, slow, fast, {}))
+        tok = CLIPTokenizer.from_pretrained(os.path.join(HERE, folder))
+        suites.append(run_suite(f"{folder}/{max_length}", "clip", folder, max_length, tok, {}))
     path = os.path.join(HERE, "t5")
     for legacy, prefix, max_length in T5_SUITES:
-        slow = T5Tokenizer.from_pretrained(path, legacy=legacy, add_prefix_space=prefix)
-        if getattr(slow, "add_prefix_space", True) != prefix:  # transformers before add_prefix_space
-            print(f"skipping add_prefix_space={prefix}: not supported by this transformers", file=sys.stderr)
-            continue
-        fast = try_fast(lambda: transformers.T5TokenizerFast.from_pretrained(
-            path, legacy=legacy, add_prefix_space=prefix, from_slow=True))
+        tok = T5Tokenizer.from_pretrained(path, legacy=legacy, add_prefix_space=prefix)
         name = f"t5/legacy={legacy}/add_prefix_space={prefix}/{max_length}"
-        suites.append(run_suite(name, "t5", "t5", max_length, slow, fast,
-                                {"legacy": legacy, "add_prefix_space": prefix}))
+        suites.append(run_suite(name, "t5", "t5", max_length, tok, {"legacy": legacy, "add_prefix_space": prefix}))
     try:
         import tokenizers
         tokenizers_version = tokenizers.__version__
