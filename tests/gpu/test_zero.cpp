@@ -293,6 +293,72 @@ void check_against_replicated(flame_dtype_t d) {
 
 }  // namespace
 
+// Parameters of several hundred MB, so that a step runs in several buckets (256 MiB) with parameters
+// split across bucket and shard boundaries: one SGD step (lr 1) from zeros on rank-dependent constant
+// gradients gives every element minus the average gradient, and the step's memory beyond the
+// parameters and gradients is one shard of gradients plus one bucket — no flat copy of all
+// gradients or parameters (which needed shard + 2x the parameter bytes).
+TEST(Zero2, LargeParametersStepInBucketsWithoutFlatCopies) {
+  ZERO_NEED_GPUS(2);
+  World w(2);
+  ASSERT_TRUE(w.ok());
+  const std::vector<int64_t> sizes = {30000001, 50000000, 7, 45000000};
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  const int64_t shard_bytes = (total + 1) / 2 * 4;
+  std::vector<int64_t> extra(2, 0);
+  on_ranks(2, [&](int r) {
+    flame_ctx_t ctx = w.ctxs[static_cast<size_t>(r)];
+    std::vector<T> params(sizes.size());
+    std::vector<flame_tensor_t> raw;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      ASSERT_EQ(flame_zeros(ctx, &sizes[i], 1, FLAME_DTYPE_F32, params[i].out()), FLAME_OK);
+      ASSERT_EQ(flame_tensor_set_requires_grad(params[i].h, 1), FLAME_OK);
+      raw.push_back(params[i].h);
+    }
+    flame_optimizer_options_t oo;
+    flame_optimizer_options_init(&oo, FLAME_OPTIMIZER_SGD);
+    oo.lr = 1.0;
+    flame_optimizer_t opt = nullptr;
+    ASSERT_EQ(flame_optimizer_create(ctx, &oo, raw.data(), static_cast<int64_t>(raw.size()), &opt), FLAME_OK);
+    flame_zero_options_t zo;
+    flame_zero_options_init(&zo);
+    zo.stage = 2;
+    flame_zero_t zero = nullptr;
+    ASSERT_EQ(flame_zero_create(w.comms[static_cast<size_t>(r)], opt, &zo, &zero), FLAME_OK) << flame_last_error_message();
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      T g;
+      ASSERT_EQ(flame_full(ctx, &sizes[i], 1, FLAME_DTYPE_F32, static_cast<double>((i + 1) * (r + 1)), g.out()), FLAME_OK);
+      ASSERT_EQ(flame_tensor_set_grad(params[i].h, g.h), FLAME_OK);
+    }
+    flame_memory_stats_t before{}, after{};
+    before.struct_size = after.struct_size = sizeof before;
+    ASSERT_EQ(flame_ctx_synchronize(ctx), FLAME_OK);
+    ASSERT_EQ(flame_ctx_memory_stats(ctx, &before), FLAME_OK);
+    ASSERT_EQ(flame_ctx_reset_peak_memory(ctx), FLAME_OK);
+    EXPECT_EQ(flame_zero_step(zero, nullptr), FLAME_OK) << flame_last_error_message();
+    ASSERT_EQ(flame_ctx_synchronize(ctx), FLAME_OK);
+    ASSERT_EQ(flame_ctx_memory_stats(ctx, &after), FLAME_OK);
+    extra[static_cast<size_t>(r)] = static_cast<int64_t>(after.peak_bytes_in_use) - static_cast<int64_t>(before.bytes_in_use);
+    for (size_t i = 0; i < sizes.size(); ++i) {  // every element: -(average gradient) = -1.5 (i + 1)
+      T lo, hi;
+      double vlo = 0, vhi = 0;
+      ASSERT_EQ(flame_min_all(params[i].h, lo.out()), FLAME_OK);
+      ASSERT_EQ(flame_max_all(params[i].h, hi.out()), FLAME_OK);
+      ASSERT_EQ(flame_tensor_item(lo.h, &vlo), FLAME_OK);
+      ASSERT_EQ(flame_tensor_item(hi.h, &vhi), FLAME_OK);
+      EXPECT_EQ(vlo, -1.5 * static_cast<double>(i + 1)) << "rank " << r << " parameter " << i;
+      EXPECT_EQ(vhi, -1.5 * static_cast<double>(i + 1)) << "rank " << r << " parameter " << i;
+    }
+    flame_zero_release(zero);
+    flame_optimizer_release(opt);
+  });
+  const int64_t bound = shard_bytes + (int64_t{256} << 20) + (int64_t{16} << 20);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_LE(extra[static_cast<size_t>(r)], bound) << "rank " << r << ": the step allocated " << extra[r]
+                                                    << " bytes beyond its parameters and gradients";
+}
+
 TEST(Zero2, ShardedStepsEqualReplicatedF32) {
   ZERO_NEED_GPUS(2);
   check_against_replicated(FLAME_DTYPE_F32);
