@@ -93,6 +93,22 @@ TEST(TrainerConfig, FileThenOverridesWin) {
   EXPECT_EQ(cmd.config_file, file);
 }
 
+// The caching stage's source keys: empty by default (model.path's subfolders), set by overrides.
+TEST(TrainerConfig, CachingStageSourceKeys) {
+  Fixture f;
+  TrainConfig c = load_config(f.parse({}));
+  EXPECT_TRUE(c.model.vae.empty());
+  EXPECT_TRUE(c.model.tokenizer_dir.empty());
+  c = load_config(f.parse({"--model.vae=ae.safetensors", "--model.text_encoder=clip_l.safetensors",
+                           "--model.text_encoder_2=t5xxl.safetensors", "--model.text_encoder_3=t5.safetensors",
+                           "--model.tokenizer_dir=tokenizers"}));
+  EXPECT_EQ(c.model.vae, "ae.safetensors");
+  EXPECT_EQ(c.model.text_encoder, "clip_l.safetensors");
+  EXPECT_EQ(c.model.text_encoder_2, "t5xxl.safetensors");
+  EXPECT_EQ(c.model.text_encoder_3, "t5.safetensors");
+  EXPECT_EQ(c.model.tokenizer_dir, "tokenizers");
+}
+
 // The example in tools/flame-train (the README points at it) stays valid: only its paths, which
 // name files a user has, are replaced.
 TEST(TrainerConfig, TheShippedExampleLoads) {

@@ -66,6 +66,17 @@ TEST(TrainerProgram, HelpExitsZeroAndListsKeys) {
   EXPECT_NE(r.output.find("--data.keep_tokens (integer, default 0)"), std::string::npos) << r.output;
 }
 
+// A single-file model with a known family needs the caching stage's sources named: exit 1, before
+// any GPU work, naming each key to set.
+TEST(TrainerProgram, DryRunNamesMissingCachingStageSources) {
+  TrainerFiles s;
+  RunResult r = run_trainer(s.args({"--dry-run", "--model.arch=flux"}));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("model.vae is required"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.text_encoder_2 is required"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.tokenizer_dir is required"), std::string::npos) << r.output;
+}
+
 TEST(TrainerProgram, DryRunPrintsTheBucketPlan) {
   TrainerFiles s;
   RunResult r = run_trainer(s.args({"--dry-run", "--training.batch_size=2"}));

@@ -44,6 +44,20 @@ const std::vector<KeyDef>& key_table() {
        false, {}, PathRule::Exists},
       {"model.arch", KeyType::String, "auto", "model family; auto reads it from the checkpoint", 0, 0, false,
        {"auto", "flux", "sdxl", "sd3"}},
+      {"model.vae", KeyType::String, "",
+       "caching stage: the VAE (file or diffusers folder); default: model.path's vae subfolder (required for a "
+       "single-file model.path; may name model.path itself when it bundles the VAE)"},
+      {"model.text_encoder", KeyType::String, "",
+       "caching stage: CLIP-L (file or folder); default: model.path's text_encoder subfolder (required for a "
+       "single file)"},
+      {"model.text_encoder_2", KeyType::String, "",
+       "caching stage: T5-XXL (Flux) or CLIP-G (SDXL, SD3); default: model.path's text_encoder_2 subfolder "
+       "(required for a single file)"},
+      {"model.text_encoder_3", KeyType::String, "",
+       "caching stage, SD3: T5-XXL; default: model.path's text_encoder_3 subfolder (required for a single file)"},
+      {"model.tokenizer_dir", KeyType::String, "",
+       "caching stage: folder with diffusers' tokenizer, tokenizer_2 (, tokenizer_3) subfolders; default: "
+       "model.path when it is a diffusers folder"},
       {"data.path", KeyType::String, nullptr,
        "folder of images (png, jpg, jpeg, webp) with same-name caption files; subfolders named N_name "
        "are repeated N times (required)", 0, 0, false, {}, PathRule::Directory},
@@ -378,6 +392,11 @@ TrainConfig to_config(const Values& v) {
   TrainConfig c;
   c.model.path = s("model.path");
   c.model.arch = s("model.arch");
+  c.model.vae = s("model.vae");
+  c.model.text_encoder = s("model.text_encoder");
+  c.model.text_encoder_2 = s("model.text_encoder_2");
+  c.model.text_encoder_3 = s("model.text_encoder_3");
+  c.model.tokenizer_dir = s("model.tokenizer_dir");
   c.data.path = s("data.path");
   c.data.cache_file = s("data.cache_file");
   c.data.caption_extension = s("data.caption_extension");

@@ -34,6 +34,8 @@ struct TrainConfig {
   struct Model {
     std::string path;  // checkpoint file or diffusers folder
     std::string arch;  // auto | flux | sdxl | sd3
+    // The caching stage's sources (conditioning_sources.h); empty: model.path's subfolder.
+    std::string vae, text_encoder, text_encoder_2, text_encoder_3, tokenizer_dir;
   } model;
   struct Data {
     std::string path;

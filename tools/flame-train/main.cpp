@@ -14,6 +14,7 @@
 #include <exception>
 #include <string>
 
+#include "conditioning_sources.h"
 #include "config.h"
 #ifndef FLAME_TRAIN_NO_IMAGES
 #include "dataset.h"
@@ -88,6 +89,19 @@ int open_context(const TrainConfig& config, flame_ctx_t* ctx) {
 }
 
 #ifndef FLAME_TRAIN_NO_IMAGES
+// The caching stage's VAE / text encoders / tokenizers (conditioning_sources.h), checked before any
+// GPU work when the family is known (model.arch set; auto needs the checkpoint read on the GPU side).
+int check_conditioning_sources(const TrainConfig& config) {
+  if (config.model.arch == "auto") return 0;
+  const ConditioningPaths paths{config.model.path,         config.model.vae,           config.model.text_encoder,
+                                config.model.text_encoder_2, config.model.text_encoder_3, config.model.tokenizer_dir};
+  std::vector<std::string> problems;
+  resolve_conditioning_sources(config.model.arch, paths, problems);
+  if (problems.empty()) return 0;
+  print_problems("caching stage: missing VAE / text encoder / tokenizer sources", problems);
+  return kExitError;
+}
+
 // Scans the images and prints the bucket plan; returns an exit status when the data are bad (1).
 int check_data(const TrainConfig& config, bool dry_run) {
   const DataOptions data = data_options(config);
@@ -99,6 +113,7 @@ int check_data(const TrainConfig& config, bool dry_run) {
     return kExitError;
   }
   print_warnings(dataset);
+  if (int rc = check_conditioning_sources(config)) return rc;
   const BucketPlan plan = plan_buckets(dataset, data.buckets);
   std::printf("%s", describe_plan(dataset, plan, config.training.batch_size).c_str());
   print_schedule(config, plan);

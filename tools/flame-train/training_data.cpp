@@ -41,16 +41,22 @@ std::string metadata(flame_safetensors_t file, const char* key) {
   return value;
 }
 
+// Throws unless file is a flame-train cache made for the model's family.
+void check_cache_header(flame_safetensors_t file, const std::string& path, const ModelShapes& shapes) {
+  auto fail = [&](const std::string& why) { throw std::runtime_error("latent cache " + path + ": " + why); };
+  if (metadata(file, "flame_train_cache") != "1") fail("not a flame-train cache (metadata flame_train_cache is not \"1\")");
+  const std::string family = metadata(file, "family");
+  if (family != family_name(shapes.family))
+    fail("made for a '" + family + "' model, this model is " + family_name(shapes.family));
+}
+
 }  // namespace
 
 std::vector<TrainingSample> load_latent_cache(flame_ctx_t ctx, const std::string& path, const ModelShapes& shapes) {
   SafetensorsFile file;
   check(flame_safetensors_load(ctx, path.c_str(), file.out()), ("reading the latent cache " + path).c_str());
   auto fail = [&](const std::string& why) { throw std::runtime_error("latent cache " + path + ": " + why); };
-  if (metadata(file.get(), "flame_train_cache") != "1") fail("not a flame-train cache (metadata flame_train_cache is not \"1\")");
-  const std::string family = metadata(file.get(), "family");
-  if (family != family_name(shapes.family))
-    fail("made for a '" + family + "' model, this model is " + family_name(shapes.family));
+  check_cache_header(file.get(), path, shapes);
   const std::string count_text = metadata(file.get(), "count");
   char* end = nullptr;
   const long long count = std::strtoll(count_text.c_str(), &end, 10);
@@ -91,6 +97,42 @@ std::vector<TrainingSample> load_latent_cache(flame_ctx_t ctx, const std::string
     samples.push_back(std::move(s));
   }
   return samples;
+}
+
+SampleConditioning load_sample_conditioning(flame_ctx_t ctx, const std::string& path, const ModelShapes& shapes) {
+  SafetensorsFile file;
+  check(flame_safetensors_load(ctx, path.c_str(), file.out()), ("reading the latent cache " + path).c_str());
+  auto fail = [&](const std::string& why) { throw std::runtime_error("latent cache " + path + ": " + why); };
+  check_cache_header(file.get(), path, shapes);
+  const std::string count_text = metadata(file.get(), "sample_prompts");
+  SampleConditioning out;
+  if (count_text.empty()) return out;
+  char* end = nullptr;
+  const long long count = std::strtoll(count_text.c_str(), &end, 10);
+  if (*end != '\0' || count < 0) fail("metadata sample_prompts '" + count_text + "' is not a count");
+  if (count == 0) return out;
+  // A tensor of the expected width (last dimension) and rank, or a clear error.
+  auto get = [&](const std::string& key, size_t ndim, int64_t width) {
+    Tensor t;
+    const flame_status_t st = flame_safetensors_get(file.get(), key.c_str(), t.out());
+    if (st == FLAME_ERROR_INVALID_ARGUMENT) fail("no tensor '" + key + "'");
+    check(st, ("reading '" + key + "' of the latent cache " + path).c_str());
+    const std::vector<int64_t> shape = shape_of(t.get());
+    if (shape.size() != ndim || shape.back() != width)
+      fail("'" + key + "' is " + shape_text(shape) + ", the model takes " + std::to_string(ndim) +
+           " dimensions, the last " + std::to_string(width));
+    return t;
+  };
+  for (long long k = 0; k < count; ++k) {
+    const std::string n = std::to_string(k);
+    out.prompt_embeds.push_back(get("sample_prompt_embeds." + n, 2, shapes.text_dim));
+    out.pooled.push_back(get("sample_pooled_prompt_embeds." + n, 1, shapes.pooled_dim));
+  }
+  if (shapes.family != ModelFamily::Flux) {
+    out.negative_prompt_embeds = get("negative_prompt_embeds", 2, shapes.text_dim);
+    out.negative_pooled = get("negative_pooled_prompt_embeds", 1, shapes.pooled_dim);
+  }
+  return out;
 }
 
 // The demo latents' scale: small next to the unit noise, so that the flow-matching target (noise - x0)

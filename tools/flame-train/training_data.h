@@ -18,6 +18,16 @@
 //                              (2048); SDXL: CLIP-G's projected text_embeds (1280)
 //   "time_ids.<i>"             [6] f32, SDXL only: original height, width, crop top, left, target
 //                              height, width in pixels (add_time_ids)
+//   "fingerprint"              metadata: cache_fingerprint.h's hash of every input and setting;
+//                              the caching stage reuses the file when it matches, else rewrites it
+// The sampler's conditioning (optional; metadata "sample_prompts": S, decimal, 0 or absent for none),
+// for k in 0 .. S-1 over the configuration's sample.prompts in order:
+//   "sample_prompt_embeds.<k>"        [T, D] as prompt_embeds
+//   "sample_pooled_prompt_embeds.<k>" [P] as pooled_prompt_embeds
+// and for SDXL and SD3 (classifier-free guidance), the empty prompt's, as diffusers' pipelines
+// encode negative_prompt = "" (not zeroed; force_zeros_for_empty_prompt is not applied):
+//   "negative_prompt_embeds"          [T, D]
+//   "negative_pooled_prompt_embeds"   [P]
 // Every shape is checked against the model (ModelShapes) when the file is read.
 #pragma once
 
@@ -41,6 +51,19 @@ struct TrainingSample {
 // Reads the cache file (format above) onto ctx. Throws std::runtime_error naming the file and the
 // key for a missing key, a wrong family or a shape the model cannot take; FlameError for I/O.
 std::vector<TrainingSample> load_latent_cache(flame_ctx_t ctx, const std::string& path, const ModelShapes& shapes);
+
+// The sample prompts' conditioning of the cache file (format above): one entry per sample prompt;
+// negatives empty for Flux (it samples with distilled guidance, without a negative prompt).
+struct SampleConditioning {
+  std::vector<Tensor> prompt_embeds;  // [T, D] per prompt
+  std::vector<Tensor> pooled;         // [P] per prompt
+  Tensor negative_prompt_embeds;      // [T, D], SDXL / SD3
+  Tensor negative_pooled;             // [P], SDXL / SD3
+};
+
+// Reads the sample conditioning onto ctx; no prompts (and no negatives) when the file has metadata
+// sample_prompts 0 or none. Throws like load_latent_cache (missing key, wrong family, bad shape).
+SampleConditioning load_sample_conditioning(flame_ctx_t ctx, const std::string& path, const ModelShapes& shapes);
 
 // The --demo data set: count samples of latent size height x width with tokens text tokens, in the
 // model's shapes. Latents are smooth per-sample patterns (a sinusoid per channel plus an offset, std
