@@ -105,9 +105,7 @@ CUdeviceptr capture_allocate(Context& c, size_t bytes) {
     RelaxedCaptureMode relaxed(c);  // an ordinary allocation on the side stream, not a graph node
     r = c.drv.cuMemAllocFromPoolAsync(&p, bytes, c.pool, c.side_stream);
   }
-  if (r == CUDA_ERROR_OUT_OF_MEMORY)
-    fail(FLAME_ERROR_OUT_OF_MEMORY, "out of device memory allocating ", bytes, " bytes during a graph capture (",
-         c.bytes_in_use, " in use)");
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) c.fail_out_of_memory(bytes, Context::OomCause::Capture);
   c.check(r, "cuMemAllocFromPoolAsync");
   try {
     pool.sizes.emplace(p, bytes);

@@ -2,6 +2,7 @@
 #include "runtime/blas.h"
 #include "runtime/cudnn.h"
 #include "runtime/capture.h"
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -142,9 +143,7 @@ CUdeviceptr Context::allocate(size_t bytes) {
   ++alloc_count;
   if (fail_alloc_at && alloc_count == fail_alloc_at)
     fail(FLAME_ERROR_OUT_OF_MEMORY, "allocation of ", bytes, " bytes failed (fault injected by FLAME_FAIL_ALLOC_AT)");
-  if (memory_limit && bytes_in_use + bytes > memory_limit)
-    fail(FLAME_ERROR_OUT_OF_MEMORY, "allocating ", bytes, " bytes would exceed the context's memory limit of ",
-         memory_limit, " bytes (", bytes_in_use, " in use)");
+  if (memory_limit && bytes_in_use + bytes > memory_limit) fail_out_of_memory(bytes, OomCause::MemoryLimit);
   CUdeviceptr p = 0;
   if (capture) {  // from the capture's private pool (runtime/capture.cpp)
     p = capture_allocate(*this, bytes);
@@ -169,8 +168,7 @@ CUdeviceptr Context::allocate(size_t bytes) {
     drv.cuMemPoolTrimTo(pool, 0);
     r = drv.cuMemAllocFromPoolAsync(&p, size, pool, stream);
   }
-  if (r == CUDA_ERROR_OUT_OF_MEMORY)
-    fail(FLAME_ERROR_OUT_OF_MEMORY, "out of device memory allocating ", bytes, " bytes (", bytes_in_use, " in use)");
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) fail_out_of_memory(bytes, OomCause::Device);
   check(r, "cuMemAllocFromPoolAsync");
   if (cls >= 0) {
     try {
@@ -210,6 +208,82 @@ void Context::release_small_blocks() noexcept {
     for (CUdeviceptr p : list) drv.cuMemFreeAsync(p, stream);
     list.clear();
   }
+}
+
+namespace {
+// "1.50 GiB" / "12.0 MiB" / "512 B" into buf (no allocation).
+void format_size(char* buf, size_t n, uint64_t bytes) {
+  const double v = static_cast<double>(bytes);
+  if (bytes >= (uint64_t(1) << 30)) std::snprintf(buf, n, "%.2f GiB", v / double(uint64_t(1) << 30));
+  else if (bytes >= (uint64_t(1) << 20)) std::snprintf(buf, n, "%.1f MiB", v / double(uint64_t(1) << 20));
+  else if (bytes >= 1024) std::snprintf(buf, n, "%.1f KiB", v / 1024.0);
+  else std::snprintf(buf, n, "%llu B", static_cast<unsigned long long>(bytes));
+}
+}  // namespace
+
+size_t Context::describe_pool_state(char* buf, size_t n) noexcept {
+  // Driver queries only: nothing here allocates, so the description cannot fail in turn.
+  size_t dev_free = 0, dev_total = 0;
+  const bool have_device = drv.cuMemGetInfo && drv.cuMemGetInfo(&dev_free, &dev_total) == CUDA_SUCCESS;
+  cuuint64_t reserved = 0, pool_used = 0;
+  const bool have_pool = pool && drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == CUDA_SUCCESS &&
+                         drv.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &pool_used) == CUDA_SUCCESS;
+  uint64_t small_cached = 0, largest_small = 0;
+  for (int c = 0; c < kSmallClasses; ++c) {
+    const uint64_t block = uint64_t(kSmallMin) << c;
+    small_cached += block * small_free_[c].size();
+    if (!small_free_[c].empty()) largest_small = block;
+  }
+  char in_use[32], peak[32], total[32], free_b[32], res[32], cached[32], small[32], largest[32];
+  format_size(in_use, sizeof in_use, bytes_in_use);
+  format_size(peak, sizeof peak, peak_bytes);
+  format_size(total, sizeof total, dev_total);
+  format_size(free_b, sizeof free_b, dev_free);
+  format_size(res, sizeof res, reserved);
+  format_size(cached, sizeof cached, reserved > pool_used ? reserved - pool_used : 0);
+  format_size(small, sizeof small, small_cached);
+  format_size(largest, sizeof largest, largest_small);
+  int w = std::snprintf(buf, n, "pool: %s in use by tensors and workspaces (%llu live tensors), peak %s", in_use,
+                        static_cast<unsigned long long>(live_tensors), peak);
+  if (w < 0 || static_cast<size_t>(w) >= n) return n ? std::strlen(buf) : 0;
+  size_t used = static_cast<size_t>(w);
+  if (have_pool) {
+    w = std::snprintf(buf + used, n - used,
+                      "; reserved from the device %s, of it cached and free %s (the driver pool does not report its"
+                      " free blocks' sizes; the largest free block is at most that); small-block lists %s, largest %s",
+                      res, cached, small, largest);
+    if (w > 0) used = std::min(n - 1, used + static_cast<size_t>(w));
+  }
+  if (have_device) {
+    w = std::snprintf(buf + used, n - used, "; device %s total, %s free", total, free_b);
+    if (w > 0) used = std::min(n - 1, used + static_cast<size_t>(w));
+  }
+  return used;
+}
+
+void Context::fail_out_of_memory(uint64_t bytes, OomCause cause) {
+  char request[32], limit[32], state[768];
+  format_size(request, sizeof request, bytes);
+  format_size(limit, sizeof limit, memory_limit);
+  describe_pool_state(state, sizeof state);
+  char msg[1024];
+  switch (cause) {
+    case OomCause::MemoryLimit:
+      std::snprintf(msg, sizeof msg, "allocating %s (%llu bytes) would exceed the context's memory limit of %s (%llu bytes); %s",
+                    request, static_cast<unsigned long long>(bytes), limit, static_cast<unsigned long long>(memory_limit), state);
+      break;
+    case OomCause::Device:
+      std::snprintf(msg, sizeof msg,
+                    "out of device memory allocating %s (%llu bytes), after returning the pool's cached blocks to the"
+                    " device; %s",
+                    request, static_cast<unsigned long long>(bytes), state);
+      break;
+    case OomCause::Capture:
+      std::snprintf(msg, sizeof msg, "out of device memory allocating %s (%llu bytes) during a graph capture; %s", request,
+                    static_cast<unsigned long long>(bytes), state);
+      break;
+  }
+  fail(FLAME_ERROR_OUT_OF_MEMORY, static_cast<const char*>(msg));
 }
 
 uint64_t Context::bytes_reserved() {

@@ -103,6 +103,16 @@ class Context : public std::enable_shared_from_this<Context> {
   uint64_t live_tensors = 0;
   uint64_t alloc_count = 0, fail_alloc_at = 0;  // fault injection: $FLAME_FAIL_ALLOC_AT=N fails the Nth allocation
   uint64_t bytes_reserved();
+  // Why an allocation failed, for fail_out_of_memory's message.
+  enum class OomCause { MemoryLimit, Device, Capture };
+  // Throws FLAME_ERROR_OUT_OF_MEMORY for a request of `bytes`, the message naming the request and
+  // the pool state (describe_pool_state). Formats into stack buffers: the failure path makes no
+  // device allocation and no host allocation beyond the exception's own message.
+  [[noreturn]] void fail_out_of_memory(uint64_t bytes, OomCause cause);
+  // Writes "pool: <in use> in use ... peak ...; reserved ..., cached ...; device <total> total,
+  // <free> free" into buf (NUL-terminated, truncated to n) from driver queries only; never throws or
+  // allocates. Returns the length written.
+  size_t describe_pool_state(char* buf, size_t n) noexcept;
   // Gives the blocks on the small-block free lists back to the pool (out of memory, destruction).
   void release_small_blocks() noexcept;
   static constexpr int kSmallClasses = 12;      // see small_free_

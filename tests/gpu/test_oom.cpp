@@ -166,4 +166,53 @@ TEST_F(OutOfMemory, EveryAllocationOfATrainingStepFailsCleanly) {
   std::printf("[OutOfMemory] %d injected allocation failures, each reported and survived\n", injected);
 }
 
+// A request larger than the whole device (1 TiB; the largest GPUs have under 200 GB) fails with
+// FLAME_ERROR_OUT_OF_MEMORY and a message naming the request and the pool state (issue 36); the
+// context keeps working and nothing leaked.
+TEST_F(OutOfMemory, RequestBeyondTheDeviceNamesRequestAndPoolState) {
+  T kept, filled;
+  const int64_t small[1] = {1024};
+  ASSERT_EQ(flame_full(ctx, small, 1, FLAME_DTYPE_F32, 2.0, kept.out()), FLAME_OK) << flame_last_error_message();
+  const flame_memory_stats_t before = stats(ctx);
+  const int64_t huge[2] = {int64_t(1) << 18, int64_t(1) << 20};  // 2^38 f32 elements = 1 TiB
+  T big;
+  ASSERT_EQ(flame_empty(ctx, huge, 2, FLAME_DTYPE_F32, big.out()), FLAME_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(big.h, nullptr);
+  const std::string msg = flame_last_error_message();
+  for (const char* piece : {"out of device memory allocating", "1099511627776 bytes", "1024.00 GiB", "in use",
+                            "peak", "reserved", "device", "total", "free"})
+    EXPECT_NE(msg.find(piece), std::string::npos) << "missing \"" << piece << "\" in: " << msg;
+  const flame_memory_stats_t after = stats(ctx);
+  EXPECT_EQ(after.bytes_in_use, before.bytes_in_use);
+  EXPECT_EQ(after.live_tensors, before.live_tensors);
+  // The context still works: a new allocation and a computation on the kept tensor.
+  T sum;
+  ASSERT_EQ(flame_sum_all(kept, sum.out()), FLAME_OK) << flame_last_error_message();
+  double v = 0;
+  ASSERT_EQ(flame_tensor_item(sum, &v), FLAME_OK) << flame_last_error_message();
+  EXPECT_EQ(v, 2048.0);
+}
+
+// The context's memory_limit: the message names the request, the limit and the pool state.
+TEST_F(OutOfMemory, MemoryLimitMessageNamesLimitAndPoolState) {
+  flame_ctx_options_t o;
+  ASSERT_EQ(flame_ctx_options_init(&o), FLAME_OK);
+  o.memory_limit = uint64_t(1) << 20;  // 1 MiB
+  flame_ctx_t limited = nullptr;
+  ASSERT_EQ(flame_ctx_create(&o, &limited), FLAME_OK) << flame_last_error_message();
+  {
+    const int64_t shape[1] = {int64_t(1) << 19};  // 2 MiB of f32
+    T t;
+    EXPECT_EQ(flame_empty(limited, shape, 1, FLAME_DTYPE_F32, t.out()), FLAME_ERROR_OUT_OF_MEMORY);
+    const std::string msg = flame_last_error_message();
+    for (const char* piece : {"2097152 bytes", "memory limit of 1.0 MiB (1048576 bytes)", "in use", "peak", "device"})
+      EXPECT_NE(msg.find(piece), std::string::npos) << "missing \"" << piece << "\" in: " << msg;
+    const int64_t ok_shape[1] = {1024};
+    EXPECT_EQ(flame_full(limited, ok_shape, 1, FLAME_DTYPE_F32, 1.0, t.out()), FLAME_OK) << flame_last_error_message();
+  }
+  flame_memory_stats_t s = stats(limited);
+  EXPECT_EQ(s.bytes_in_use, 0u);
+  flame_ctx_destroy(limited);
+}
+
 }  // namespace
