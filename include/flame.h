@@ -2464,6 +2464,72 @@ FLAME_API flame_status_t flame_model_remove_lora(flame_model_t model, const char
  * stay merged and leave the adapter, the others keep it: the model computes the same function). */
 FLAME_API flame_status_t flame_model_merge_lora(flame_model_t model, const char* name);
 
+/* ---- Preflight memory estimate ----
+ * The device memory a training step of a denoiser is expected to need at its peak, computed on the
+ * host from the architecture's configuration before any weight is read (no context, no GPU): what
+ * flame_ctx_memory_stats' peak_bytes_in_use reaches over a steady step (forward, backward, optimizer
+ * step; after the first step, which makes the optimizer state). Fields, in bytes: */
+typedef struct flame_memory_estimate_t {
+  size_t struct_size;         /* set by the caller: sizeof(flame_memory_estimate_t) */
+  uint64_t weights_bytes;     /* the model's parameters on the device: exact (its own parameter table, in
+                                 the options' dtype; "quantize": 1 byte per linear weight element plus its
+                                 f32 scale; "offload": what stays resident after the offload plan, the ring
+                                 of slots included) */
+  uint64_t adapter_bytes;     /* the LoRA tensors (A, B, DoRA magnitudes): exact */
+  uint64_t gradient_bytes;    /* gradients of what is trained: exact */
+  uint64_t optimizer_bytes;   /* optimizer state (AdamW / Adam: 2 moments, Lion: 1, SGD: none; f32, f64 for
+                                 f64 tensors): exact */
+  uint64_t activation_bytes;  /* what the forward keeps for backward plus backward's transients: estimated */
+  uint64_t workspace_bytes;   /* cuBLASLt's workspace (32 MiB) */
+  uint64_t total_bytes;       /* the sum of the above: the expected peak */
+  uint64_t parameter_count;   /* elements of the model's parameters */
+  uint64_t trainable_count;   /* elements trained (the adapter's, or every unquantised parameter) */
+} flame_memory_estimate_t;
+
+/* Estimates the peak device memory of a training step. request_json is an object:
+ *   "architecture" (a flame_model_create name) with "config" (config.json's object; missing keys take
+ *   the class's defaults), or "path" (a file or folder flame_model_load takes: only headers and
+ *   config.json are read);
+ *   "options": the model options of flame_model_create / flame_model_load ("dtype", "compute_dtype",
+ *   "quantize", "offload"; with "path" also "component", "architecture", "config"; dtype default: f32
+ *   with "architecture", the file's as flame_model_load with "path");
+ *   "lora": flame_model_add_lora's options object (default {}: the architecture's default targets,
+ *   rank 16, f32); null or false: a full fine-tune (every unquantised parameter trained);
+ *   "batch" (1), "height" and "width" in pixels (1024; multiples of 8: latents are 1/8 of the image),
+ *   "text_tokens" (77 for the UNet, 512 for Flux, 333 for SD3), "checkpointing" (every_n_blocks of
+ *   flame_model_set_checkpointing, 0), "optimizer": "adamw" (default), "adam", "lion" or "sgd".
+ * Architectures: UNet2DConditionModel, FluxTransformer2DModel, SD3Transformer2DModel.
+ * How activations are estimated: a structural count, per block, of the tensors its operations keep
+ * for backward (per token or pixel position, from the config's widths and the request's shapes),
+ * times one factor per family for what FLAME's fused operations keep of it (the UNet 0.845; Flux and
+ * SD3 0.68: fitted to the measured peaks below); a checkpointed block keeps its inputs and the
+ * largest one is recomputed in backward; on a "quantize" base, a block's linear layers also keep their
+ * dequantised weights until backward (so without checkpointing a quantised base saves little);
+ * offloaded blocks are checkpointed. Against FLAME's measured peaks on an H200 (bf16, rank-16 LoRA on
+ * diffusers' script targets, f32 A/B, AdamW, 1024x1024; bench/RESULTS.md T6):
+ *   SDXL B=1 10.21 GiB vs 10.20 measured (fitted), SDXL B=4 25.39 vs 25.47 (-0.3%),
+ *   SDXL B=4 checkpointed 7.61 vs 7.51 (+1.3%), Flux-dev B=1 checkpointed ESTIMATE_FLUX_CKPT,
+ *   Flux-dev B=1 ESTIMATE_FLUX, SD3.5-medium B=1 ESTIMATE_SD3, Flux-dev fp8 base checkpointed
+ *   ESTIMATE_FLUX_FP8, Flux-dev offload 12 GiB checkpointed ESTIMATE_FLUX_OFFLOAD.
+ * Not counted: the first forward of an "offload" model, which runs with every weight on the device
+ * before the plan moves blocks out; other libraries' memory (cuDNN's own workspaces are small); a
+ * full fine-tune's peak is counted as if gradients and activations peaked together (an upper bound,
+ * not validated). Other resolutions, batches and text lengths scale the same per-token counts.
+ * OUT *estimate: the fields up to estimate->struct_size (which must be set: at least this version's
+ * size); zeros on failure. No other state is read or changed (thread-safe).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (estimate or request_json NULL, struct_size too small, invalid
+ * JSON, an unknown key or a bad value naming it, model and LoRA option errors as flame_model_create and
+ * flame_model_add_lora give them, a LoRA target matching nothing, an offload budget that cannot be
+ * met: the message gives the least), FLAME_ERROR_UNSUPPORTED (another architecture), and with "path"
+ * flame_model_load's file errors (FLAME_ERROR_IO, FLAME_ERROR_INVALID_FORMAT). */
+FLAME_API flame_status_t flame_model_estimate_memory(const char* request_json, flame_memory_estimate_t* estimate);
+
+/* OUT *free_bytes, *total_bytes: the device's free and total memory now (cuMemGetInfo on ctx's GPU:
+ * every process's use counted, this context's pool included; what flame_model_estimate_memory's
+ * total is compared with before a run). Either pointer may be NULL when that value is not wanted.
+ * Errors: FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_CUDA, FLAME_ERROR_CONTEXT_FAILED. */
+FLAME_API flame_status_t flame_ctx_device_memory(flame_ctx_t ctx, uint64_t* free_bytes, uint64_t* total_bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -267,6 +267,11 @@ class Args {
     if (s) s->struct_size = sizeof(flame_memory_stats_t);
     return s;
   }
+  flame_memory_estimate_t* estimate(const char* name) {
+    flame_memory_estimate_t* s = out<flame_memory_estimate_t>(name);
+    if (s) s->struct_size = sizeof(flame_memory_estimate_t);
+    return s;
+  }
   flame_ctx_counters_t* counters(const char* name) {
     flame_ctx_counters_t* s = out<flame_ctx_counters_t>(name);
     if (s) s->struct_size = sizeof(flame_ctx_counters_t);

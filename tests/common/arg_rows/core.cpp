@@ -29,6 +29,7 @@ FLAME_ARG_ROW(flame_ctx_stream, a.ctx("ctx"), a.out<void*>("stream"));
 FLAME_ARG_ROW(flame_device_count, a.out<int32_t>("count"));
 FLAME_ARG_ROW(flame_ctx_memory_stats, a.ctx("ctx"), a.stats("stats"));
 FLAME_ARG_ROW(flame_ctx_reset_peak_memory, a.ctx("ctx"));
+FLAME_ARG_ROW(flame_ctx_device_memory, a.ctx("ctx"), a.opt_out<uint64_t>("free_bytes"), a.opt_out<uint64_t>("total_bytes"));
 FLAME_ARG_ROW(flame_ctx_counters, a.ctx("ctx"), a.counters("counters"));
 FLAME_ARG_ROW(flame_ctx_reset_counters, a.ctx("ctx"));
 FLAME_ARG_ROW(flame_ctx_manual_seed, a.ctx("ctx"), 7);

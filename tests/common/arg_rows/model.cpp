@@ -9,6 +9,12 @@ using namespace argm;
 FLAME_ARG_ROW(flame_model_known_architectures, a.out_str("names"));
 FLAME_ARG_ROW(flame_model_create, a.ctx("ctx"), a.str("architecture", "CLIPTextModel"), Args::kTinyModelConfig,
               "{\"dtype\": \"f32\"}", a.out_model("model"));
+FLAME_ARG_ROW(flame_model_estimate_memory,
+              a.str("request_json", "{\"architecture\": \"FluxTransformer2DModel\", \"config\": {\"num_layers\": 1, "
+                                    "\"num_single_layers\": 1, \"attention_head_dim\": 16, \"num_attention_heads\": 2, "
+                                    "\"joint_attention_dim\": 32, \"pooled_projection_dim\": 16, \"in_channels\": 16, "
+                                    "\"axes_dims_rope\": [4, 6, 6]}, \"height\": 64, \"width\": 64}"),
+              a.estimate("estimate"));
 FLAME_ARG_ROW(flame_model_load, a.ctx("ctx"), a.model_path("path"), Args::kTinyModelOptions, a.out_model("model"));
 FLAME_ARG_ROW(flame_model_save, a.model("model"), a.out_path("path"), "diffusers");
 FLAME_ARG_VOID(flame_model_release, a.release_model("model"));
