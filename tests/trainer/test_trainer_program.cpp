@@ -133,3 +133,18 @@ TEST(TrainerProgram, DemoNeedsNoFiles) {
   EXPECT_NE(bad.output.find("data.cache_file: /nonexistent/cache.safetensors does not exist"), std::string::npos)
       << bad.output;
 }
+
+// --dry-run prints the library's memory estimate (CPU only: the demo model's architecture and config).
+TEST(TrainerProgram, DryRunPrintsTheMemoryEstimate) {
+  RunResult dry = run_trainer({"--demo", "--dry-run", "--output.dir=/tmp", "--training.batch_size=2"});
+  EXPECT_EQ(dry.status, 0) << dry.output;
+  EXPECT_NE(dry.output.find("memory estimate: "), std::string::npos) << dry.output;
+  EXPECT_NE(dry.output.find(" GiB peak (weights "), std::string::npos) << dry.output;
+  EXPECT_EQ(dry.output.find("not available"), std::string::npos) << dry.output;
+  // An unreadable model file: reported, the dry run still checks the rest.
+  TrainerFiles s;
+  RunResult r = run_trainer(s.args({"--dry-run"}));
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("memory estimate: not available: flame_model_estimate_memory failed"), std::string::npos)
+      << r.output;
+}

@@ -99,6 +99,8 @@ const std::vector<KeyDef>& key_table() {
       {"training.gradient_accumulation_steps", KeyType::Int, 1, "batches per optimizer step", 1, 4096},
       {"training.mixed_precision", KeyType::String, "bf16", "compute precision", 0, 0, false, {"bf16", "fp16", "fp32"}},
       {"training.gradient_checkpointing", KeyType::Bool, false, "recompute activations in backward"},
+      {"training.ignore_memory_estimate", KeyType::Bool, false,
+       "train even when the memory estimate exceeds the device's free memory"},
       {"training.gpus", KeyType::Int, 1, "GPUs (data parallel)", 1, 64},
       {"training.device", KeyType::Int, 0, "first CUDA device ordinal", 0, 63},
       {"training.timestep_sampling", KeyType::String, "sigmoid", "flow matching (Flux, SD3): noise-level density", 0, 0,
@@ -431,6 +433,7 @@ TrainConfig to_config(const Values& v) {
   c.training.gradient_accumulation_steps = static_cast<int>(i("training.gradient_accumulation_steps"));
   c.training.mixed_precision = s("training.mixed_precision");
   c.training.gradient_checkpointing = b("training.gradient_checkpointing");
+  c.training.ignore_memory_estimate = b("training.ignore_memory_estimate");
   c.training.gpus = static_cast<int>(i("training.gpus"));
   c.training.device = static_cast<int>(i("training.device"));
   c.training.timestep_sampling = s("training.timestep_sampling");

@@ -69,6 +69,7 @@ struct TrainConfig {
     int gradient_accumulation_steps = 1;
     std::string mixed_precision;
     bool gradient_checkpointing = false;
+    bool ignore_memory_estimate = false;  // train even when the memory estimate exceeds the free memory
     int gpus = 1;
     int device = 0;
     // Objectives (objectives.h).

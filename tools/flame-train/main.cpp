@@ -20,6 +20,7 @@
 #include "dataset.h"
 #endif
 #include "flame_handles.h"
+#include "memory_check.h"
 #include "trainer.h"
 
 namespace {
@@ -117,8 +118,7 @@ int check_data(const TrainConfig& config, bool dry_run) {
   const BucketPlan plan = plan_buckets(dataset, data.buckets);
   std::printf("%s", describe_plan(dataset, plan, config.training.batch_size).c_str());
   print_schedule(config, plan);
-  if (dry_run)
-    std::printf("dry run: configuration and data are valid (no memory estimate yet: it needs the model code)\n");
+  if (dry_run) std::printf("dry run: configuration and data are valid\n");
   return 0;
 }
 
@@ -131,6 +131,18 @@ int check_data(const TrainConfig&, bool) {
   return kExitError;
 }
 #endif
+
+// --dry-run: the library's estimate of a step's peak memory (memory_check.h), from the model's
+// headers and config only. A model the estimate cannot read is reported, not fatal here: loading it
+// reports the same problem when training starts.
+int print_memory_estimate(const TrainConfig& config) {
+  try {
+    std::printf("%s\n", describe_memory_estimate(estimate_training_memory(config)).c_str());
+  } catch (const FlameError& e) {
+    std::printf("memory estimate: not available: %s\n", e.what());
+  }
+  return 0;
+}
 
 int run(int argc, char** argv) {
   CommandLine cmd;
@@ -153,7 +165,7 @@ int run(int argc, char** argv) {
   } else if (cmd.dry_run) {
     std::printf("dry run: configuration is valid (%s)\n", cmd.demo ? "demo: random data" : "data from the latent cache");
   }
-  if (cmd.dry_run) return 0;
+  if (cmd.dry_run) return print_memory_estimate(config);
 
   Context ctx;
   if (int rc = open_context(config, ctx.out())) return rc;

@@ -15,6 +15,7 @@
 
 #include "flame_handles.h"
 #include "lr_schedule.h"
+#include "memory_check.h"
 #include "model_setup.h"
 #include "objectives.h"
 #include "random.h"
@@ -301,6 +302,7 @@ TrainResult run_training(flame_ctx_t ctx, const TrainConfig& config, bool demo) 
   if (::mkdir(config.output.dir.c_str(), 0777) != 0 && errno != EEXIST)
     throw std::runtime_error("cannot create " + config.output.dir);
   Trainer t(ctx, config);
+  check_memory_estimate(ctx, config);  // memory_check.h: before any weight is read
   t.model = load_training_model(ctx, config.model.path, config.model.arch);
   if (demo) {
     t.samples = make_demo_samples(ctx, t.model.shapes, kDemoSamples, kDemoLatentSide, kDemoLatentSide, kDemoTokens,
