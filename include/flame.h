@@ -2504,13 +2504,16 @@ typedef struct flame_memory_estimate_t {
  * times one factor per family for what FLAME's fused operations keep of it (the UNet 0.845; Flux and
  * SD3 0.68: fitted to the measured peaks below); a checkpointed block keeps its inputs and the
  * largest one is recomputed in backward; on a "quantize" base, a block's linear layers also keep their
- * dequantised weights until backward (so without checkpointing a quantised base saves little);
- * offloaded blocks are checkpointed. Against FLAME's measured peaks on an H200 (bf16, rank-16 LoRA on
- * diffusers' script targets, f32 A/B, AdamW, 1024x1024; bench/RESULTS.md T6):
- *   SDXL B=1 10.21 GiB vs 10.20 measured (fitted), SDXL B=4 25.39 vs 25.47 (-0.3%),
- *   SDXL B=4 checkpointed 7.61 vs 7.51 (+1.3%), Flux-dev B=1 checkpointed ESTIMATE_FLUX_CKPT,
- *   Flux-dev B=1 ESTIMATE_FLUX, SD3.5-medium B=1 ESTIMATE_SD3, Flux-dev fp8 base checkpointed
- *   ESTIMATE_FLUX_FP8, Flux-dev offload 12 GiB checkpointed ESTIMATE_FLUX_OFFLOAD.
+ * dequantised weights until backward (so without checkpointing a quantised base saves little), as
+ * every block keeps cast copies of its weights when compute_dtype differs from dtype; offloaded
+ * blocks are checkpointed. Against FLAME's measured peaks on an H200 (bf16, rank-16 LoRA on
+ * diffusers' script targets, f32 A/B, AdamW, 1024x1024, T = 77 / 512 / 333; bench/RESULTS.md T6),
+ * estimate vs measured in GiB: SDXL B=1 10.24 vs 10.20 (+0.4%, the UNet factor's fit), SDXL B=4
+ * 25.47 vs 25.47 (0.0%), SDXL B=4 checkpointed 7.61 vs 7.51 (+1.3%), Flux-dev B=1 checkpointed 24.83
+ * vs 25.14 (-1.2%), Flux-dev B=1 44.38 vs 44.84 (-1.0%), SD3.5-medium B=1 10.48 vs 10.30 (+1.7%; these
+ * two fit the MMDiT factor together), Flux-dev fp8 base checkpointed 14.39 vs 14.51 (-0.9%),
+ * Flux-dev offload 12 GiB checkpointed 14.07 vs 14.38 (-2.1%). Expect a few percent at these sizes;
+ * small models (a few hundred MB) are checked within 25% (fixed costs weigh more there).
  * Not counted: the first forward of an "offload" model, which runs with every weight on the device
  * before the plan moves blocks out; other libraries' memory (cuDNN's own workspaces are small); a
  * full fine-tune's peak is counted as if gradients and activations peaked together (an upper bound,

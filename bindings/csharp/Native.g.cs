@@ -369,6 +369,32 @@ namespace Flame.Interop
         public double max_grad_norm;
     }
 
+    /// <summary><c>flame_memory_estimate_t</c>, laid out as in C.</summary>
+    [StructLayout(LayoutKind.Sequential)]
+    public unsafe struct flame_memory_estimate_t
+    {
+        /// <summary><c>size_t struct_size</c></summary>
+        public UIntPtr struct_size;
+        /// <summary><c>uint64_t weights_bytes</c></summary>
+        public ulong weights_bytes;
+        /// <summary><c>uint64_t adapter_bytes</c></summary>
+        public ulong adapter_bytes;
+        /// <summary><c>uint64_t gradient_bytes</c></summary>
+        public ulong gradient_bytes;
+        /// <summary><c>uint64_t optimizer_bytes</c></summary>
+        public ulong optimizer_bytes;
+        /// <summary><c>uint64_t activation_bytes</c></summary>
+        public ulong activation_bytes;
+        /// <summary><c>uint64_t workspace_bytes</c></summary>
+        public ulong workspace_bytes;
+        /// <summary><c>uint64_t total_bytes</c></summary>
+        public ulong total_bytes;
+        /// <summary><c>uint64_t parameter_count</c></summary>
+        public ulong parameter_count;
+        /// <summary><c>uint64_t trainable_count</c></summary>
+        public ulong trainable_count;
+    }
+
     /// <summary>The C callback type <c>flame_log_fn</c>.</summary>
     [UnmanagedFunctionPointer(CallingConvention.Cdecl)]
     public unsafe delegate void flame_log_fn(IntPtr user_data, int level, string message);
@@ -763,6 +789,8 @@ namespace Flame.Interop
             "flame_model_load_lora",
             "flame_model_remove_lora",
             "flame_model_merge_lora",
+            "flame_model_estimate_memory",
+            "flame_ctx_device_memory",
         };
 
         /// <summary><c>const char* flame_version_string(void)</c></summary>
@@ -2024,6 +2052,14 @@ namespace Flame.Interop
         /// <summary><c>flame_status_t flame_model_merge_lora(flame_model_t model, const char* name)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_merge_lora", ExactSpelling = true)]
         public static extern flame_status_t flame_model_merge_lora(IntPtr model, string name);
+
+        /// <summary><c>flame_status_t flame_model_estimate_memory(const char* request_json, flame_memory_estimate_t* estimate)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_estimate_memory", ExactSpelling = true)]
+        public static extern flame_status_t flame_model_estimate_memory(string request_json, flame_memory_estimate_t* estimate);
+
+        /// <summary><c>flame_status_t flame_ctx_device_memory(flame_ctx_t ctx, uint64_t* free_bytes, uint64_t* total_bytes)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_ctx_device_memory", ExactSpelling = true)]
+        public static extern flame_status_t flame_ctx_device_memory(IntPtr ctx, ulong* free_bytes, ulong* total_bytes);
 
     }
 }

@@ -2497,6 +2497,19 @@ namespace Flame
             return Tuple.Create(o_forward, o_backward);
         }
 
+        /// <summary><c>flame_status_t flame_ctx_device_memory(flame_ctx_t ctx, uint64_t* free_bytes, uint64_t* total_bytes)</c></summary>
+        [Wraps("flame_ctx_device_memory")]
+        public unsafe Tuple<ulong, ulong> DeviceMemory()
+        {
+            ulong o_free_bytes = default(ulong);
+            ulong o_total_bytes = default(ulong);
+            {
+                Status.Check(Native.flame_ctx_device_memory(Raw, &o_free_bytes, &o_total_bytes));
+            }
+            GC.KeepAlive(this);
+            return Tuple.Create(o_free_bytes, o_total_bytes);
+        }
+
     }
 
 }

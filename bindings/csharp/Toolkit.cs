@@ -1198,6 +1198,29 @@ namespace Flame
     // small reader (Mono's profile here has no JSON library).
     // ------------------------------------------------------------------------------------------
 
+    /// <summary>flame_memory_estimate_t: Model.EstimateMemory's parts of a training step's peak, in bytes.</summary>
+    public struct MemoryEstimate
+    {
+        /// <summary>The model's parameters on the device (exact).</summary>
+        public ulong WeightsBytes;
+        /// <summary>The LoRA tensors (exact).</summary>
+        public ulong AdapterBytes;
+        /// <summary>Gradients of what is trained (exact).</summary>
+        public ulong GradientBytes;
+        /// <summary>Optimizer state (exact).</summary>
+        public ulong OptimizerBytes;
+        /// <summary>What the forward keeps for backward, and backward's transients (estimated).</summary>
+        public ulong ActivationBytes;
+        /// <summary>cuBLASLt's workspace.</summary>
+        public ulong WorkspaceBytes;
+        /// <summary>The expected peak: the sum of the parts.</summary>
+        public ulong TotalBytes;
+        /// <summary>Elements of the model's parameters.</summary>
+        public ulong ParameterCount;
+        /// <summary>Elements trained.</summary>
+        public ulong TrainableCount;
+    }
+
     /// <summary>A diffusion or text-encoder model (flame_model_t): the architecture of diffusers' or
     /// transformers' class of that name, made from a config or loaded from checkpoint files. Its
     /// parameters are ordinary tensors under the reference's names; its forward pass takes and
@@ -1235,6 +1258,32 @@ namespace Flame
             byte* p = null;
             Status.Check(Native.flame_model_known_architectures(&p));
             return Utf8.Read(p);
+        }
+
+        /// <summary>flame_model_estimate_memory: the expected peak device memory of a training step
+        /// (bytes per part; TotalBytes the peak), from a request JSON object ("architecture" and
+        /// "config", or "path"; "options", "lora", "batch", "height", "width", "text_tokens",
+        /// "checkpointing", "optimizer": flame.h documents them). Needs no GPU and reads no weights.</summary>
+        [Wraps("flame_model_estimate_memory")]
+        public static MemoryEstimate EstimateMemory(string requestJson)
+        {
+            Library.EnsureLoaded();
+            return Estimate(requestJson);
+        }
+
+        [MethodImpl(MethodImplOptions.NoInlining)]
+        static unsafe MemoryEstimate Estimate(string requestJson)
+        {
+            flame_memory_estimate_t e = default(flame_memory_estimate_t);
+            e.struct_size = (UIntPtr)sizeof(flame_memory_estimate_t);
+            Status.Check(Native.flame_model_estimate_memory(requestJson, &e));
+            return new MemoryEstimate
+            {
+                WeightsBytes = e.weights_bytes, AdapterBytes = e.adapter_bytes, GradientBytes = e.gradient_bytes,
+                OptimizerBytes = e.optimizer_bytes, ActivationBytes = e.activation_bytes,
+                WorkspaceBytes = e.workspace_bytes, TotalBytes = e.total_bytes, ParameterCount = e.parameter_count,
+                TrainableCount = e.trainable_count,
+            };
         }
 
         /// <summary>The architecture names Create knows ("CLIPTextModel", "UNet2DConditionModel", ...).

@@ -164,7 +164,6 @@ ActivationPlan unet_plan(const ShapeIndex& ix, const Sizes& z) {
     const Shape& w = ix.at(prefix + "conv1.weight");  // [out, in, 3, 3]
     const double ci = static_cast<double>(w[1]), co = static_cast<double>(w[0]), pos = positions(level);
     plan.units.push_back({prefix, (3 * ci + 3 * co) * pos * z.elem, ci * pos * z.elem});
-    return w[0];
   };
   auto attention = [&](const std::string& prefix) {
     const int64_t depth = ix.count(prefix + "transformer_blocks.", ".norm1.weight");
@@ -185,9 +184,8 @@ ActivationPlan unet_plan(const ShapeIndex& ix, const Sizes& z) {
     const std::string p = "down_blocks." + std::to_string(i) + ".";
     const int64_t layers = ix.count(p + "resnets.", ".conv1.weight");
     for (int64_t j = 0; j < layers; ++j) {
-      const int64_t c = resnet(p + "resnets." + std::to_string(j) + ".");
+      resnet(p + "resnets." + std::to_string(j) + ".");
       if (ix.has(p + "attentions." + std::to_string(j) + ".norm.weight")) attention(p + "attentions." + std::to_string(j) + ".");
-      (void)c;
     }
     if (ix.has(p + "downsamplers.0.conv.weight")) {
       plan.other += static_cast<double>(ix.at(p + "downsamplers.0.conv.weight")[1]) * positions(level) * z.elem;
@@ -380,7 +378,11 @@ TrainingMemoryEstimate estimate_training_memory(const TrainingMemoryRequest& q) 
   };
   uint64_t total_param_bytes = 0;
   std::vector<uint64_t> unit_bytes(plan.units.size(), 0), unit_slot_bytes(plan.units.size(), 0);
-  std::vector<double> unit_linear(plan.units.size(), 0);
+  // Elements of each unit's weights that its forward keeps as copies in the compute dtype until
+  // backward: a quantised base's dequantised linear weights, or every weight cast from another
+  // storage dtype (Model::param records the cast).
+  std::vector<double> unit_copies(plan.units.size(), 0);
+  const bool cast_params = o.param_dtype != o.compute_dtype;
   for (const ParamInfo& p : params) {
     const uint64_t b = stored_bytes(p);
     total_param_bytes += b;
@@ -389,7 +391,7 @@ TrainingMemoryEstimate estimate_training_memory(const TrainingMemoryRequest& q) 
       if (starts_with(p.name, plan.units[u].prefix)) {
         unit_bytes[u] += b;
         unit_slot_bytes[u] += (b + 255) / 256 * 256;  // weight_offload.cpp: 256-byte aligned in a slot
-        if (is_linear_weight(p)) unit_linear[u] += static_cast<double>(p.numel());
+        if (o.quantize.enabled ? is_linear_weight(p) : cast_params) unit_copies[u] += static_cast<double>(p.numel());
         break;
       }
   }
@@ -463,15 +465,14 @@ TrainingMemoryEstimate estimate_training_memory(const TrainingMemoryRequest& q) 
     }
   }
 
-  // Activations: uncheckpointed blocks keep their share of the structural count (and, on a quantised
-  // base, the dequantised weights their linear layers keep for backward); checkpointed ones keep
-  // their inputs, and the largest of them is recomputed during backward.
+  // Activations: uncheckpointed blocks keep their share of the structural count (and the weight
+  // copies above); checkpointed ones keep their inputs, and the largest of them is recomputed during
+  // backward.
   const CheckpointPolicy policy{q.checkpoint_every};
   double activations = plan.fraction * plan.other, recompute = 0;
   for (size_t u = 0; u < plan.units.size(); ++u) {
     const Unit& unit = plan.units[u];
-    const double dequantised = o.quantize.enabled ? unit_linear[u] * elem : 0;
-    const double full = plan.fraction * unit.saved + dequantised;
+    const double full = plan.fraction * unit.saved + unit_copies[u] * elem;
     if (offloaded[u] || policy.applies_to(static_cast<int64_t>(u))) {
       activations += unit.inputs;
       recompute = std::max(recompute, full);

@@ -18,7 +18,9 @@
 //    for the UNet, kMMDiTSavedFraction for Flux and SD3 (both fitted to FLAME's measured H200 peaks,
 //    bench/RESULTS.md T6). With checkpointing, a checkpointed block keeps its inputs only and the
 //    largest one is recomputed during backward (its activations, and with "quantize" its dequantised
-//    weights, come back for that block alone).
+//    weights, come back for that block alone). A block's forward keeps the compute-dtype copies of
+//    its weights that backward reads: a quantised base's dequantised linear weights, or every weight
+//    when the storage dtype differs from compute_dtype.
 //  - Workspace: cuBLASLt's 32 MiB.
 // Accuracy against the measured peaks: flame.h (flame_estimate_training_memory) gives the table.
 #pragma once

@@ -113,13 +113,13 @@ TEST(MemoryEstimate, ActivationsGrowWithBatchAndResolutionAndShrinkWithCheckpoin
     auto act = [&](int b, int res, int ckpt) {
       const std::string extra = R"("options": {"dtype": "bf16"}, "batch": )" + std::to_string(b) +
                                 ", \"height\": " + std::to_string(res) + ", \"width\": " + std::to_string(res) +
-                                ", \"checkpointing\": " + std::to_string(ckpt);
+                                ", \"checkpointing\": " + std::to_string(ckpt) + ", \"text_tokens\": 16";
       return estimate_of(request(arch, config, extra));
     };
     const flame_memory_estimate_t base = act(1, 256, 0), b2 = act(2, 256, 0), big = act(1, 512, 0), ck = act(1, 256, 1);
     EXPECT_GT(b2.activation_bytes, base.activation_bytes);
     EXPECT_NEAR(static_cast<double>(b2.activation_bytes) / static_cast<double>(base.activation_bytes), 2.0, 0.01);
-    EXPECT_GT(big.activation_bytes, 3 * base.activation_bytes);
+    EXPECT_GT(big.activation_bytes, 3 * base.activation_bytes);  // 4x the image tokens, 16 text tokens
     EXPECT_LT(ck.activation_bytes, base.activation_bytes);
     EXPECT_LT(act(1, 256, 2).activation_bytes, base.activation_bytes);
     EXPECT_EQ(ck.weights_bytes, base.weights_bytes);

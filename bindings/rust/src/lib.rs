@@ -122,7 +122,7 @@ mod safetensors;
 mod toolkit;
 
 pub use attention::AttentionOptions;
-pub use model::{known_architectures, known_architectures_json, parse_json_string_array, Model};
+pub use model::{estimate_memory, known_architectures, known_architectures_json, parse_json_string_array, MemoryEstimate, Model};
 pub use ops::{Activation, DType, LogLevel, OptimizerKind, PadMode, ReduceOp, Reduction, WRAPPED};
 pub use optim::{Optimizer, OptimizerOptions};
 pub use safetensors::{save_safetensors, Params, ParamsLoad, SafetensorsFile};

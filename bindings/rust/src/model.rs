@@ -52,6 +52,45 @@ pub fn known_architectures_json() -> Result<String> {
     Ok(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
+/// The preflight memory estimate of a training step (`flame_memory_estimate_t`), in bytes: see
+/// [`estimate_memory`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryEstimate {
+    pub weights_bytes: u64,
+    pub adapter_bytes: u64,
+    pub gradient_bytes: u64,
+    pub optimizer_bytes: u64,
+    pub activation_bytes: u64,
+    pub workspace_bytes: u64,
+    /// The expected peak of `peak_bytes_in_use` over a step: the sum of the above.
+    pub total_bytes: u64,
+    pub parameter_count: u64,
+    pub trainable_count: u64,
+}
+
+/// `flame_model_estimate_memory`: the expected peak device memory of a training step, from a request
+/// JSON object ("architecture" and "config", or "path"; "options", "lora", "batch", "height",
+/// "width", "text_tokens", "checkpointing", "optimizer": flame.h documents them). Needs no GPU and
+/// reads no weights.
+pub fn estimate_memory(request_json: &str) -> Result<MemoryEstimate> {
+    let api = api()?;
+    let r = c_string(request_json, "request_json")?;
+    let mut e: sys::flame_memory_estimate_t = unsafe { std::mem::zeroed() };
+    e.struct_size = std::mem::size_of::<sys::flame_memory_estimate_t>();
+    check(unsafe { (api.flame_model_estimate_memory)(r.as_ptr(), &mut e) })?;
+    Ok(MemoryEstimate {
+        weights_bytes: e.weights_bytes,
+        adapter_bytes: e.adapter_bytes,
+        gradient_bytes: e.gradient_bytes,
+        optimizer_bytes: e.optimizer_bytes,
+        activation_bytes: e.activation_bytes,
+        workspace_bytes: e.workspace_bytes,
+        total_bytes: e.total_bytes,
+        parameter_count: e.parameter_count,
+        trainable_count: e.trainable_count,
+    })
+}
+
 /// The architecture names [`Model::create`] knows ("CLIPTextModel", "UNet2DConditionModel", ...).
 /// Needs no GPU.
 pub fn known_architectures() -> Result<Vec<String>> {

@@ -1434,6 +1434,14 @@ impl Context {
         check(unsafe { (api.flame_graph_capture_begin)(self.raw) })?;
         Ok(())
     }
+    /// `flame_status_t flame_ctx_device_memory(flame_ctx_t ctx, uint64_t* free_bytes, uint64_t* total_bytes)`.
+    pub fn device_memory(&self) -> Result<(u64, u64)> {
+        let api = api()?;
+        let mut o_free_bytes: u64 = Default::default();
+        let mut o_total_bytes: u64 = Default::default();
+        check(unsafe { (api.flame_ctx_device_memory)(self.raw, &mut o_free_bytes, &mut o_total_bytes) })?;
+        Ok((o_free_bytes, o_total_bytes))
+    }
 }
 
 /// (export, safe wrapper) for every function with a generated method; the hand-written ones
@@ -1596,4 +1604,5 @@ pub const WRAPPED: &[(&str, &str)] = &[
     ("flame_ctx_cudnn_info", "Context::cudnn_info"),
     ("flame_ctx_cudnn_attention_info", "Context::cudnn_attention_info"),
     ("flame_graph_capture_begin", "Context::graph_capture_begin"),
+    ("flame_ctx_device_memory", "Context::device_memory"),
 ];

@@ -611,6 +611,21 @@ pub struct flame_zero_options_t {
     pub max_grad_norm: f64,
 }
 
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct flame_memory_estimate_t {
+    pub struct_size: usize,
+    pub weights_bytes: u64,
+    pub adapter_bytes: u64,
+    pub gradient_bytes: u64,
+    pub optimizer_bytes: u64,
+    pub activation_bytes: u64,
+    pub workspace_bytes: u64,
+    pub total_bytes: u64,
+    pub parameter_count: u64,
+    pub trainable_count: u64,
+}
+
 // ---- functions ----
 /// Every exported function, in header order.
 pub const SYMBOLS: &[&str] = &[
@@ -929,6 +944,8 @@ pub const SYMBOLS: &[&str] = &[
     "flame_model_load_lora",
     "flame_model_remove_lora",
     "flame_model_merge_lora",
+    "flame_model_estimate_memory",
+    "flame_ctx_device_memory",
 ];
 
 /// The function table: every symbol of the header, resolved once when the library loads.
@@ -1248,6 +1265,8 @@ pub struct Api {
     pub flame_model_load_lora: unsafe extern "C" fn(model: flame_model_t, path: *const c_char, options_json: *const c_char, adapter_params: *mut flame_params_t) -> flame_status_t,
     pub flame_model_remove_lora: unsafe extern "C" fn(model: flame_model_t, name: *const c_char) -> flame_status_t,
     pub flame_model_merge_lora: unsafe extern "C" fn(model: flame_model_t, name: *const c_char) -> flame_status_t,
+    pub flame_model_estimate_memory: unsafe extern "C" fn(request_json: *const c_char, estimate: *mut flame_memory_estimate_t) -> flame_status_t,
+    pub flame_ctx_device_memory: unsafe extern "C" fn(ctx: flame_ctx_t, free_bytes: *mut u64, total_bytes: *mut u64) -> flame_status_t,
 }
 
 impl Api {
@@ -1575,6 +1594,8 @@ impl Api {
             flame_model_load_lora: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, *const c_char, *const c_char, *mut flame_params_t) -> flame_status_t>(resolve(b"flame_model_load_lora\0")?),
             flame_model_remove_lora: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, *const c_char) -> flame_status_t>(resolve(b"flame_model_remove_lora\0")?),
             flame_model_merge_lora: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_model_t, *const c_char) -> flame_status_t>(resolve(b"flame_model_merge_lora\0")?),
+            flame_model_estimate_memory: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char, *mut flame_memory_estimate_t) -> flame_status_t>(resolve(b"flame_model_estimate_memory\0")?),
+            flame_ctx_device_memory: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *mut u64, *mut u64) -> flame_status_t>(resolve(b"flame_ctx_device_memory\0")?),
         })
     }
 }

@@ -1128,6 +1128,7 @@ pub const HAND_WRAPPED: &[(&str, &str)] = &[
     ("flame_params_load_safetensors", "Params::load_safetensors"),
     // model.rs
     ("flame_model_known_architectures", "known_architectures"),
+    ("flame_model_estimate_memory", "estimate_memory"),
     ("flame_model_create", "Model::create"),
     ("flame_model_load", "Model::load"),
     ("flame_model_save", "Model::save"),

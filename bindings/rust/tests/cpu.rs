@@ -160,6 +160,20 @@ fn attention_options_defaults() {
 }
 
 #[test]
+fn memory_estimate_without_gpu() {
+    let tiny = r#"{"architecture": "FluxTransformer2DModel", "config": {"num_layers": 1, "num_single_layers": 1,
+        "attention_head_dim": 16, "num_attention_heads": 2, "joint_attention_dim": 32, "pooled_projection_dim": 16,
+        "in_channels": 16, "axes_dims_rope": [4, 6, 6]}, "options": {"dtype": "bf16"}, "height": 64, "width": 64}"#;
+    let e = flame::estimate_memory(tiny).unwrap();
+    assert_eq!(e.weights_bytes, 2 * e.parameter_count);
+    assert!(e.trainable_count > 0 && e.activation_bytes > 0);
+    let parts = e.weights_bytes + e.adapter_bytes + e.gradient_bytes + e.optimizer_bytes + e.activation_bytes + e.workspace_bytes;
+    assert_eq!(e.total_bytes, parts);
+    let err = flame::estimate_memory(r#"{"architecture": "CLIPTextModel"}"#).unwrap_err();
+    assert_eq!(err.status, Status::ERROR_UNSUPPORTED);
+}
+
+#[test]
 fn model_architectures_without_gpu() {
     let names = flame::known_architectures().unwrap();
     for want in ["CLIPTextModel", "CLIPTextModelWithProjection"] {
