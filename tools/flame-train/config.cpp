@@ -122,6 +122,11 @@ const std::vector<KeyDef>& key_table() {
       {"sample.prompts", KeyType::StringList, json::array(), "prompts of the sample images"},
       {"sample.steps", KeyType::Int, 20, "sampler steps", 1, 1000},
       {"sample.guidance_scale", KeyType::Float, 3.5, "guidance (Flux) or CFG scale (SDXL, SD3)", 0, 100},
+      {"sample.seed", KeyType::Int, 0, "noise seed of the sample images (prompt k: seed + k)", 0, kMaxSeed},
+      {"sample.width", KeyType::Int, 0, "sample width in pixels (0: the first training image's bucket)", 0, 16384},
+      {"sample.height", KeyType::Int, 0, "sample height in pixels (0: the first training image's bucket)", 0, 16384},
+      {"sample.sampler", KeyType::String, "euler", "SDXL sampler (Flux and SD3 use the flow-matching Euler sampler)",
+       0, 0, false, {"euler", "ddim"}},
       {"output.dir", KeyType::String, "output", "folder for LoRA files, samples and state (created)", 0, 0, false, {},
        PathRule::CreatableDirectory},
       {"output.name", KeyType::String, "lora", "base name of the LoRA files"},
@@ -450,6 +455,10 @@ TrainConfig to_config(const Values& v) {
   c.sample.prompts = v.at("sample.prompts").get<std::vector<std::string>>();
   c.sample.steps = static_cast<int>(i("sample.steps"));
   c.sample.guidance_scale = f("sample.guidance_scale");
+  c.sample.seed = static_cast<uint64_t>(i("sample.seed"));
+  c.sample.width = i("sample.width");
+  c.sample.height = i("sample.height");
+  c.sample.sampler = s("sample.sampler");
   c.output.dir = s("output.dir");
   c.output.name = s("output.name");
   c.output.save_every_n_steps = i("output.save_every_n_steps");
@@ -489,6 +498,11 @@ void check_consistency(const TrainConfig& c, std::vector<std::string>& problems)
   if (c.sample.every_n_steps > 0 && c.sample.prompts.empty())
     problems.push_back("sample.every_n_steps is " + std::to_string(c.sample.every_n_steps) +
                        " but sample.prompts is empty: give at least one prompt");
+  if ((c.sample.width == 0) != (c.sample.height == 0))
+    problems.push_back("sample.width and sample.height: set both (pixels) or neither (the first training image's size)");
+  if (c.sample.width % 8 != 0 || c.sample.height % 8 != 0)
+    problems.push_back("sample.width x sample.height (" + std::to_string(c.sample.width) + "x" +
+                       std::to_string(c.sample.height) + ") must be multiples of 8 (the VAE's factor)");
 }
 
 }  // namespace

@@ -87,6 +87,9 @@ struct TrainConfig {
     std::vector<std::string> prompts;
     int steps = 20;
     double guidance_scale = 3.5;
+    uint64_t seed = 0;           // prompt k's noise: seed + k, the same every round
+    int64_t width = 0, height = 0;  // pixels; 0: the first training sample's size
+    std::string sampler;         // SDXL: euler | ddim
   } sample;
   struct Output {
     std::string dir;

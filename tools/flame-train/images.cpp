@@ -258,4 +258,16 @@ ImageRGB8 decode_image(const std::string& path) {
   throw ImageError(path + ": not a PNG, JPEG or WebP file");
 }
 
+void write_png_rgb8(const std::string& path, const ImageRGB8& img) {
+  if (img.width <= 0 || img.height <= 0 || img.pixels.size() != static_cast<size_t>(img.width) * img.height * 3)
+    throw ImageError(path + ": cannot write an image of " + std::to_string(img.width) + "x" +
+                     std::to_string(img.height) + " pixels from " + std::to_string(img.pixels.size()) + " bytes");
+  PngImage png;
+  png.image.width = static_cast<png_uint_32>(img.width);
+  png.image.height = static_cast<png_uint_32>(img.height);
+  png.image.format = PNG_FORMAT_RGB;
+  if (!png_image_write_to_file(&png.image, path.c_str(), 0, img.pixels.data(), 0, nullptr))
+    throw ImageError(path + ": PNG: " + png.image.message);
+}
+
 }  // namespace flame_train

@@ -1,5 +1,6 @@
 // Image files for flame-train: PNG, JPEG and WebP decoded to 8-bit RGB through the distribution's
 // codec libraries (libpng's simplified API, libjpeg(-turbo), libwebp); nothing is decoded by hand.
+// PNG is also written (the sample images).
 //
 // The format is told by the file's first bytes, not by its name. What comes out matches what
 // kohya's trainer gets from PIL's Image.convert("RGB"): grayscale is replicated to three channels,
@@ -53,5 +54,9 @@ ImageSize read_image_size(const std::string& path);
 
 // The whole image as RGB8. Throws ImageError (unreadable, unknown format, corrupt, too large).
 ImageRGB8 decode_image(const std::string& path);
+
+// Writes img as an 8-bit RGB PNG at path (libpng's simplified API). Throws ImageError naming the
+// file (pixels not width * height * 3 bytes, a write error).
+void write_png_rgb8(const std::string& path, const ImageRGB8& img);
 
 }  // namespace flame_train

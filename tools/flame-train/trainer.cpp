@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <stdexcept>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "model_setup.h"
 #include "objectives.h"
 #include "random.h"
+#include "sample_images.h"
 #include "training_data.h"
 
 namespace flame_train {
@@ -322,6 +324,13 @@ TrainResult run_training(flame_ctx_t ctx, const TrainConfig& config, bool demo) 
   t.schedule = make_lr_schedule(config.optimizer.lr_scheduler, config.optimizer.lr_warmup_steps,
                                 config.training.max_train_steps);
 
+  std::unique_ptr<SampleImages> sample_images;  // sample.every_n_steps > 0: checked before the first step
+  if (config.sample.every_n_steps > 0)
+    sample_images = std::make_unique<SampleImages>(ctx, config, t.model.shapes, demo, t.samples);
+  auto write_samples = [&](int64_t steps_done) {
+    std::printf("samples: %s\n", sample_images->write(t.model.model.get(), steps_done).c_str());
+  };
+
   TrainResult result;
   result.log_path = output_file(config, ".jsonl");
   std::ofstream log(result.log_path, std::ios::trunc);
@@ -365,11 +374,14 @@ TrainResult run_training(flame_ctx_t ctx, const TrainConfig& config, bool demo) 
       std::snprintf(suffix, sizeof suffix, "-step%06lld.safetensors", static_cast<long long>(step + 1));
       t.save_lora(output_file(config, suffix));
     }
+    if (sample_images && (step + 1) % config.sample.every_n_steps == 0 && step + 1 < config.training.max_train_steps)
+      write_samples(step + 1);
     result.final_loss = loss;
     result.steps = step + 1;
   }
   result.lora_path = output_file(config, ".safetensors");
   t.save_lora(result.lora_path);
+  if (sample_images) write_samples(result.steps);
   std::printf("saved %s (%s)\nlog: %s\n", result.lora_path.c_str(), config.output.format.c_str(), result.log_path.c_str());
   return result;
 }

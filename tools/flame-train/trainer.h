@@ -15,6 +15,8 @@
 //              <name>-step<N>.safetensors and at the end as <name>.safetensors in output.dir, and one
 //              JSON line per step in <name>.jsonl: {"step", "loss", "lr", "ms"} (loss: the mean of
 //              the step's batches' weighted losses; ms: the step's wall time, device included).
+//   samples    with sample.every_n_steps > 0, a row of sample images every that many steps and at the
+//              end, in output.dir/samples (sample_images.h; the model in evaluation mode meanwhile).
 #pragma once
 
 #include <cstdint>
