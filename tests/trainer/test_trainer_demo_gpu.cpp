@@ -7,10 +7,15 @@
 //    not target) the ratio is printed, and the run and the file are checked;
 //  - the LoRA file exists and loads back (flame_model_load_lora) into a fresh model of the same
 //    demo configuration, and an intermediate file is written by output.save_every_n_steps.
+//  - sample images (sample.every_n_steps 30, two prompts, the demo's random-init VAE): a row of two
+//    128 x 128 images at steps 30 and 60 in out/samples (PNG, or PPM in builds without codecs), with
+//    pixels that vary and no warning about non-finite values; and SDXL's DDIM sampler the same way
+//    in a 2-step run.
 // Without a GPU the cases skip (exit 77 for CTest) unless FLAME_REQUIRE_GPU=1.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +28,9 @@
 
 #include "flame_test.h"
 #include "model_setup.h"
+#ifndef FLAME_TRAIN_NO_IMAGES
+#include "images.h"
+#endif
 
 namespace {
 
@@ -55,10 +63,14 @@ struct DemoRun {
   std::string output;
 };
 
-DemoRun run_demo(const std::string& family, const std::string& out_dir) {
+constexpr const char* kSampleOptions =
+    " --sample.every_n_steps=30 --sample.prompts='[\"a red square\", \"a blue circle\"]'";
+
+DemoRun run_demo(const std::string& family, const std::string& out_dir, const std::string& extra = kSampleOptions,
+                 int steps = 60) {
   const std::string cmd = std::string("'") + FLAME_TRAIN_EXE + "' --demo --model.path=demo:" + family +
-                          " --training.max_train_steps=60 --output.save_every_n_steps=30 --output.dir='" + out_dir +
-                          "' 2>&1";
+                          " --training.max_train_steps=" + std::to_string(steps) +
+                          " --output.save_every_n_steps=30 --output.dir='" + out_dir + "'" + extra + " 2>&1";
   DemoRun r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -71,6 +83,70 @@ DemoRun run_demo(const std::string& family, const std::string& out_dir) {
 }
 
 bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
+
+struct SampleFile {
+  int width = 0, height = 0;
+  std::vector<uint8_t> pixels;  // RGB
+  std::string error;
+};
+
+#ifdef FLAME_TRAIN_NO_IMAGES
+constexpr const char* kSampleExtension = ".ppm";
+// A binary PPM as flame-train writes it: "P6\n<w> <h>\n255\n" then the pixels.
+SampleFile read_sample(const std::string& path) {
+  SampleFile f;
+  std::ifstream in(path, std::ios::binary);
+  std::string magic;
+  int maxval = 0;
+  if (!(in >> magic >> f.width >> f.height >> maxval) || magic != "P6" || maxval != 255) {
+    f.error = path + ": not a P6 PPM of maxval 255";
+    return f;
+  }
+  in.get();  // the single whitespace after maxval
+  f.pixels.resize(static_cast<size_t>(f.width) * f.height * 3);
+  in.read(reinterpret_cast<char*>(f.pixels.data()), static_cast<std::streamsize>(f.pixels.size()));
+  if (in.gcount() != static_cast<std::streamsize>(f.pixels.size())) f.error = path + ": pixels cut short";
+  return f;
+}
+#else
+constexpr const char* kSampleExtension = ".png";
+SampleFile read_sample(const std::string& path) {
+  SampleFile f;
+  try {
+    flame_train::ImageRGB8 img = flame_train::decode_image(path);
+    f.width = img.width;
+    f.height = img.height;
+    f.pixels = std::move(img.pixels);
+  } catch (const std::exception& e) {
+    f.error = e.what();
+  }
+  return f;
+}
+#endif
+
+// The sample row of step: two 128 x 128 images side by side, pixels that vary in each.
+void expect_sample_row(const std::string& out, int step, const std::string& log) {
+  char name[64];
+  std::snprintf(name, sizeof name, "/samples/demo_lora-step%06d%s", step, kSampleExtension);
+  const std::string path = out + name;
+  ASSERT_TRUE(file_exists(path)) << path << "\n" << log;
+  const SampleFile f = read_sample(path);
+  ASSERT_TRUE(f.error.empty()) << f.error;
+  EXPECT_EQ(f.width, 2 * 128) << path;
+  EXPECT_EQ(f.height, 128) << path;
+  for (int image = 0; image < 2; ++image) {
+    int lo = 255, hi = 0;
+    for (int y = 0; y < f.height; ++y)
+      for (int x = image * 128; x < (image + 1) * 128; ++x)
+        for (int c = 0; c < 3; ++c) {
+          const int v = f.pixels[(static_cast<size_t>(y) * f.width + x) * 3 + c];
+          lo = std::min(lo, v);
+          hi = std::max(hi, v);
+        }
+    EXPECT_LT(lo, hi) << path << ": image " << image << " is constant";
+  }
+  EXPECT_EQ(log.find("non-finite"), std::string::npos) << log;
+}
 
 TEST_P(TrainerDemo, LossFallsAndTheLoraLoadsBack) {
   const std::string family = GetParam();
@@ -103,6 +179,8 @@ TEST_P(TrainerDemo, LossFallsAndTheLoraLoadsBack) {
   if (family == "flux") EXPECT_LT(last, 0.7 * first) << r.output;
 
   EXPECT_TRUE(file_exists(out + "/demo_lora-step000030.safetensors")) << r.output;
+  expect_sample_row(out, 30, r.output);
+  expect_sample_row(out, 60, r.output);
   const std::string lora = out + "/demo_lora.safetensors";
   ASSERT_TRUE(file_exists(lora)) << r.output;
   const char* architecture = nullptr;
@@ -120,5 +198,20 @@ TEST_P(TrainerDemo, LossFallsAndTheLoraLoadsBack) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, TrainerDemo, ::testing::Values("flux", "sd3", "sdxl"));
+
+class TrainerDemoSampler : public GpuTest {};
+
+TEST_F(TrainerDemoSampler, SdxlDdimWritesSamples) {
+  TempFolder dir;
+  ASSERT_FALSE(dir.path().empty()) << "mkdtemp failed";
+  const std::string out = dir.path() + "/out";
+  const DemoRun r = run_demo("sdxl", out,
+                             " --sample.sampler=ddim --sample.steps=10 --sample.every_n_steps=1"
+                             " --sample.prompts='[\"one\", \"two\"]'",
+                             2);
+  ASSERT_EQ(r.status, 0) << r.output;
+  expect_sample_row(out, 1, r.output);
+  expect_sample_row(out, 2, r.output);
+}
 
 }  // namespace

@@ -3,7 +3,9 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <stdexcept>
@@ -229,7 +231,13 @@ std::string SampleImages::write(flame_model_t model, int64_t step) {
       prompt.negative_embeds = conditioning_.negative_prompt_embeds.get();
       prompt.negative_pooled = conditioning_.negative_pooled.get();
       const Tensor latent = sample_latent(ctx_, model, shapes_, settings_, prompt, config_.sample.seed + k);
-      images.push_back(decoded_to_rgb8(decode(vae.get(), latent), static_cast<int>(settings_.pixel_height),
+      const std::vector<float> pixels = decode(vae.get(), latent);
+      const size_t bad = static_cast<size_t>(
+          std::count_if(pixels.begin(), pixels.end(), [](float v) { return !std::isfinite(v); }));
+      if (bad > 0)  // written as black; said so, since the image then shows a diverged model
+        std::fprintf(stderr, "flame-train: warning: sample %zu of step %lld has %zu non-finite values (shown black)\n",
+                     k, static_cast<long long>(step), bad);
+      images.push_back(decoded_to_rgb8(pixels, static_cast<int>(settings_.pixel_height),
                                        static_cast<int>(settings_.pixel_width)));
     }
   }
