@@ -2070,7 +2070,8 @@ FLAME_API flame_status_t flame_dp_wait(flame_dp_t dp);
  * happens) while its context lives. */
 FLAME_API void flame_dp_release(flame_dp_t dp);
 
-/* ---- sharded optimizer state (ZeRO-1 and ZeRO-2, as DeepSpeed's stages 1 and 2) ---- */
+/* ---- sharded optimizer state (ZeRO-1 and ZeRO-2, as DeepSpeed's stages 1 and 2) and sharded
+ * model parameters (ZeRO-3, as PyTorch FSDP; stage 3 below) ---- */
 /* Each rank keeps the whole model (parameters replicated, as with flame_dp) but only 1/world_size
  * of the optimizer's state: the parameters of each dtype, in the optimizer's order (groups, then
  * parameters), are flattened into one sequence, padded to a multiple of world_size and cut into
@@ -2108,7 +2109,49 @@ typedef struct flame_zero_options_t {
   double max_grad_norm;         /* > 0: flame_zero_step scales the gradients by
                                    min(1, max_grad_norm / (norm + 1e-6)), norm the 2-norm of all
                                    gradients of all ranks' shards; 0 (default): no clipping. Finite. */
+  struct flame_model_s* model;  /* stage 3: the model whose block parameters are sharded (borrowed;
+                                   the helper keeps it alive); NULL (default) for stages 1 and 2 */
+  int32_t gather_slots;         /* stage 3: device buffers of gathered blocks, in [2, 64]; default 2 */
 } flame_zero_options_t;
+
+/* Stage 3 (parameter sharding, ZeRO-3 / FSDP) shards a model's parameters too: set opts->stage 3
+ * and opts->model (a flame_model_t; the optimizer's parameters are usually flame_model_params of
+ * it, plus any adapters). The model must have run one forward before (any inputs of the shapes it
+ * will train on; gradients may be off), in which it learns which parameters each repeated block
+ * (transformer layer, resnet / attention unit) reads, as the model option "offload" does. Then,
+ * collectively: every rank's model must have learnt the same blocks (else FLAME_ERROR_INVALID_ARGUMENT
+ * on every rank, nothing changed); rank 0's values are broadcast (opts->broadcast_parameters); each
+ * block whose parameters share one dtype becomes one flat, each parameter starting on a 256-byte
+ * boundary, padded and cut into world_size shards; rank r keeps shard r and the parameter tensors
+ * give their memory up. They stay the same handles with their name, shape, dtype and
+ * requires_grad (flame_tensor_shape, _dtype, _numel, _requires_grad, _set_requires_grad, _grad work),
+ * but hold no values: passing one to any other entry point, or in a flame_params_t list, fails
+ * with FLAME_ERROR_INVALID_ARGUMENT, and flame_model_save, flame_model_add_lora, _load_lora and
+ * _merge_lora refuse the model (FLAME_ERROR_INVALID_ARGUMENT); flame_zero_gather_params returns the
+ * whole values. Parameters read outside blocks or by two blocks (embeddings, final norms and
+ * projections) and parameters that are not the model's (adapters) stay whole on every rank and are
+ * handled as in stage 2 (their gradients reduce-scattered at the step, their optimizer state
+ * sharded, the updated values all-gathered).
+ * Forward: each sharded block's parameters are all-gathered into one of gather_slots device
+ * buffers on a stream of the communicator's context of its own just before the block runs (the next
+ * block's gather overlaps the current block's kernels; no host synchronisation), and the buffer is
+ * reused once the block's views are gone. Sharded blocks always run gradient-checkpointed while a
+ * graph is recorded (whatever flame_model_set_checkpointing says): the forward keeps no gathered
+ * weight; backward gathers each block again for its recompute (in reverse order, prefetching the
+ * block before), then reduce-scatters (average) the block's gradients on the context's stream as
+ * soon as its backward is done, adding them to this rank's gradient shard; those accumulate over
+ * several backwards and flame_zero_step consumes them (flame_optimizer_zero_grad does not reach
+ * them). Every rank must run the same forwards and backwards (same blocks, same order), as with
+ * every collective. flame_grad through the model does not compute the sharded parameters'
+ * gradients; create_graph through them fails (FLAME_ERROR_UNSUPPORTED); not during a CUDA graph
+ * capture (FLAME_ERROR_UNSUPPORTED).
+ * Step: the optimizer steps each rank's owned elements in place in its shard (f32 master copies of
+ * bf16/f16 parameters with master_weights, moments: 1/world_size each); max_grad_norm and the
+ * returned norm cover every gradient of the shards (those of block parameters outside the
+ * optimizer included). Memory per rank (P block parameter elements in bf16, AdamW with f32 master
+ * weights): 2P/world + 2P/world (gradient shards) + 12P/world, plus gather_slots buffers of the
+ * largest block and, during backward, one block's whole gradients. Not with the model options
+ * "offload" or "quantize" (FLAME_ERROR_INVALID_ARGUMENT). */
 
 /* Sets opts to the defaults above. opts NULL: FLAME_ERROR_INVALID_ARGUMENT. */
 FLAME_API flame_status_t flame_zero_options_init(flame_zero_options_t* opts);
@@ -2116,9 +2159,14 @@ FLAME_API flame_status_t flame_zero_options_init(flame_zero_options_t* opts);
  * belong to comm's context and must not have stepped yet (nor hold loaded state). Every rank passes
  * an optimizer with the same parameter list (counts, dtypes and shapes, in order), compared as in
  * flame_dp_create. Broadcasts the parameters from rank 0 (opts). opts may be NULL (defaults).
+ * Stage 3 also shards opts->model's block parameters, as described above (the model keeps being
+ * sharded after flame_zero_release: the helper's shards stay with it).
  * OUT *out: a new helper (release with flame_zero_release).
- * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, bad options, optimizer of another context, stepped or
- * sharded already, another rank failed its checks), FLAME_ERROR_SHAPE_MISMATCH (another rank's
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, bad options: stage outside [1, 3], opts->model NULL
+ * with stage 3 or set with stage 1 or 2, gather_slots outside [2, 64]; optimizer of another context,
+ * stepped or sharded already; stage 3: a model handle that is not live, of another context, sharded
+ * already, made with "offload" or "quantize", that has not run a forward, or whose blocks differ
+ * from another rank's; another rank failed its checks), FLAME_ERROR_SHAPE_MISMATCH (another rank's
  * parameter list differs), FLAME_ERROR_CUDA (NCCL failed or timed out: the communicator is aborted). */
 FLAME_API flame_status_t flame_zero_create(flame_comm_t comm, flame_optimizer_t opt, const flame_zero_options_t* opts,
                                            flame_zero_t* out);
@@ -2132,6 +2180,14 @@ FLAME_API flame_status_t flame_zero_step(flame_zero_t zero, flame_tensor_t* tota
 /* Frees the helper's buffers (the optimizer stays sharded: release it too). NULL is a no-op; a
  * released handle is detected (nothing happens) while its context lives. */
 FLAME_API void flame_zero_release(flame_zero_t zero);
+/* Collective (stage 3): every parameter of the helper's model with the values all ranks hold, for
+ * saving or comparing: OUT *params, a new list (release with flame_params_release) of the model's
+ * parameters by name in flame_model_params' order; the sharded ones are all-gathered into new
+ * tensors (so the call needs the memory of the whole model's sharded parameters on every rank), the
+ * others are the model's own tensors. Queued on the context's stream; no wait.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, a helper of stage 1 or 2, its model released),
+ * FLAME_ERROR_CUDA (NCCL failed or timed out: aborted). */
+FLAME_API flame_status_t flame_zero_gather_params(flame_zero_t zero, flame_params_t* params);
 /* OUT *bytes: device memory held by opt's state tensors on this rank (moments, master weights;
  * 0 before the first step), to compare sharded and replicated runs. */
 FLAME_API flame_status_t flame_optimizer_state_bytes(flame_optimizer_t opt, uint64_t* bytes);

@@ -92,7 +92,7 @@ extern "C" {
 
 FLAME_API flame_status_t flame_tensor_set_requires_grad(flame_tensor_t t, int32_t flag) {
   return api_call("flame_tensor_set_requires_grad", [&] {
-    const Tensor& x = unwrap(t, "t");
+    const Tensor& x = unwrap_any(t, "t");
     LiveScope s(x);
     if (!flag && !requires_grad(*x)) return;
     if (flag) {
@@ -110,12 +110,12 @@ FLAME_API flame_status_t flame_tensor_set_requires_grad(flame_tensor_t t, int32_
 
 FLAME_API flame_status_t flame_tensor_requires_grad(flame_tensor_t t, int32_t* out) {
   return api_call("flame_tensor_requires_grad", [&] { auto* out_ = out_param(out, "requires_grad");
-    *out_ = requires_grad(*unwrap(t, "t")); });
+    *out_ = requires_grad(*unwrap_any(t, "t")); });
 }
 
 FLAME_API flame_status_t flame_tensor_is_leaf(flame_tensor_t t, int32_t* out) {
   return api_call("flame_tensor_is_leaf", [&] {
-    const Tensor& x = unwrap(t, "t");
+    const Tensor& x = unwrap_any(t, "t");
     auto* out_ = out_param(out, "is_leaf");
     *out_ = !(x->autograd && x->autograd->grad_fn);
   });
@@ -133,7 +133,7 @@ FLAME_API flame_status_t flame_tensor_detach(flame_tensor_t t, flame_tensor_t* o
 FLAME_API flame_status_t flame_tensor_grad(flame_tensor_t t, flame_tensor_t* out) {
   return api_call("flame_tensor_grad", [&] {
     out_param(out, "grad");
-    const Tensor& x = unwrap(t, "t");
+    const Tensor& x = unwrap_any(t, "t");
     LiveScope s(x);
     if (x->autograd && x->autograd->grad) *out = wrap(x->autograd->grad);
   });

@@ -11,6 +11,8 @@
 #include "dist/data_parallel.h"
 #include "dist/launch_env.h"
 #include "dist/rendezvous.h"
+#include "api/params_list.h"
+#include "models/param_sharding.h"
 #include "toolkit/zero.h"
 
 using namespace flame;
@@ -32,6 +34,7 @@ struct flame_dp_s {
 struct flame_zero_s {
   uint64_t magic;
   std::shared_ptr<ZeroOptimizer> z;
+  std::shared_ptr<models::ParamSharding> sharding;  // stage 3 only
 };
 
 namespace {
@@ -339,7 +342,7 @@ FLAME_API void flame_dp_release(flame_dp_t dp) {
   park(*keep, dp);
 }
 
-// ---------------- sharded optimizer state (ZeRO-1, ZeRO-2) ----------------
+// ---------------- sharded optimizer state and parameters (ZeRO-1, 2 and 3) ----------------
 
 FLAME_API flame_status_t flame_zero_options_init(flame_zero_options_t* opts) {
   return api_call("flame_zero_options_init", [&] {
@@ -349,6 +352,8 @@ FLAME_API flame_status_t flame_zero_options_init(flame_zero_options_t* opts) {
     opts->stage = 1;
     opts->broadcast_parameters = 1;
     opts->max_grad_norm = 0;
+    opts->model = nullptr;
+    opts->gather_slots = 2;
   });
 }
 
@@ -368,8 +373,11 @@ FLAME_API flame_status_t flame_zero_create(flame_comm_t comm, flame_optimizer_t 
       zo.struct_size = sizeof zo;
     }
     validate_zero_options(zo);
+    std::shared_ptr<models::ParamSharding> sharding;
+    if (zo.stage == 3) sharding = std::make_shared<models::ParamSharding>(model_ref(zo.model, "opts->model"), comm->c, zo.gather_slots);
     LiveScope scope(c.ctx());
-    *out = new flame_zero_s{kZeroMagic, std::make_shared<ZeroOptimizer>(comm->c, std::move(o), zo)};
+    auto z = std::make_shared<ZeroOptimizer>(comm->c, std::move(o), zo, sharding);
+    *out = new flame_zero_s{kZeroMagic, std::move(z), std::move(sharding)};
   });
 }
 
@@ -390,7 +398,20 @@ FLAME_API void flame_zero_release(flame_zero_t zero) {
   keep->bind();
   zero->magic = kDeadMagic;
   zero->z.reset();
+  zero->sharding.reset();
   park(*keep, zero);
+}
+
+FLAME_API flame_status_t flame_zero_gather_params(flame_zero_t zero, flame_params_t* params) {
+  if (params) *params = nullptr;
+  return api_call("flame_zero_gather_params", [&] {
+    ZeroOptimizer& z = unwrap_zero(zero);
+    flame_params_t* out = out_param(params, "params");
+    FLAME_CHECK(zero->sharding, FLAME_ERROR_INVALID_ARGUMENT,
+                "zero shards no model's parameters (stage 1 or 2): read the parameters themselves");
+    LiveScope scope(z.ctx());
+    *out = make_params_list(z.ctx(), zero->sharding->gather_params());
+  });
 }
 
 }  // extern "C"

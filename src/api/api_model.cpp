@@ -12,6 +12,7 @@
 #include "api/guard.h"
 #include "api/params_list.h"
 #include "api/safetensors_files.h"
+#include "api/toolkit_args.h"
 #include "models/model.h"
 #include "models/model_loader.h"
 #include "models/model_lora_files.h"
@@ -109,6 +110,12 @@ nlohmann::json json_arg(const char* text, const char* name) {
 }
 
 }  // namespace
+
+std::shared_ptr<models::Model> flame::model_ref(flame_model_t m, const char* arg) {
+  FLAME_CHECK(m, FLAME_ERROR_INVALID_ARGUMENT, arg, " is NULL");
+  FLAME_CHECK(m->magic == kModelMagic && m->model, FLAME_ERROR_INVALID_HANDLE, arg, " is not a live model (released already?)");
+  return m->model;
+}
 
 extern "C" {
 
@@ -214,6 +221,7 @@ FLAME_API flame_status_t flame_model_forward(flame_model_t model, flame_params_t
 FLAME_API flame_status_t flame_model_save(flame_model_t model, const char* path, const char* layout) {
   return api_call("flame_model_save", [&] {
     flame_model_s& m = model_of(model);
+    m.model->check_not_sharded("save the model");
     FLAME_CHECK(path, FLAME_ERROR_INVALID_ARGUMENT, "path is NULL");
     const std::string kind = layout ? layout : "diffusers";
     const models::ParamStore& store = m.model->params();
@@ -254,6 +262,7 @@ FLAME_API flame_status_t flame_model_add_lora(flame_model_t model, const char* o
   return api_call("flame_model_add_lora", [&] {
     flame_params_t* out = out_param(adapter_params, "adapter_params");
     flame_model_s& m = model_of(model);
+    m.model->check_not_sharded("add a LoRA adapter (add adapters before sharding)");
     const models::LoraAdapterOptions o = models::parse_lora_adapter_options(json_arg(options_json, "options_json"));
     ContextScope scope(*m.ctx);
     m.ctx->check_alive();
@@ -307,6 +316,7 @@ FLAME_API flame_status_t flame_model_load_lora(flame_model_t model, const char* 
   return api_call("flame_model_load_lora", [&] {
     flame_params_t* out = out_param(adapter_params, "adapter_params");
     flame_model_s& m = model_of(model);
+    m.model->check_not_sharded("load a LoRA adapter (add adapters before sharding)");
     FLAME_CHECK(path, FLAME_ERROR_INVALID_ARGUMENT, "path is NULL");
     const models::LoraLoadOptions o = models::parse_lora_load_options(json_arg(options_json, "options_json"));
     FLAME_CHECK(!m.model->find_lora_adapter(o.name), FLAME_ERROR_INVALID_ARGUMENT, "the model has a LoRA adapter \"",
@@ -335,6 +345,7 @@ FLAME_API flame_status_t flame_model_remove_lora(flame_model_t model, const char
 FLAME_API flame_status_t flame_model_merge_lora(flame_model_t model, const char* name) {
   return api_call("flame_model_merge_lora", [&] {
     flame_model_s& m = model_of(model);
+    m.model->check_not_sharded("merge a LoRA adapter");
     const std::string n = name ? name : "default";
     FLAME_CHECK(m.model->find_lora_adapter(n), FLAME_ERROR_INVALID_ARGUMENT, "the model has no LoRA adapter \"", n, "\"");
     ContextScope scope(*m.ctx);

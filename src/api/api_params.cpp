@@ -137,7 +137,12 @@ std::vector<std::pair<std::string, Tensor>> flame::params_list_entries(flame_par
               " is not a live parameter list (released already?)");
   std::vector<std::pair<std::string, Tensor>> out;
   out.reserve(params->names.size());
-  for (size_t i = 0; i < params->names.size(); ++i) out.emplace_back(params->names[i], params->handles[i]->t);
+  for (size_t i = 0; i < params->names.size(); ++i) {
+    FLAME_CHECK(!holds_no_data(*params->handles[i]->t), FLAME_ERROR_INVALID_ARGUMENT, arg, " entry \"", params->names[i],
+                "\" is a model parameter sharded over ranks (flame_zero_create stage 3): it holds no values of its own "
+                "(flame_zero_gather_params gathers them)");
+    out.emplace_back(params->names[i], params->handles[i]->t);
+  }
   return out;
 }
 

@@ -45,7 +45,7 @@ extern "C" {
 
 FLAME_API flame_status_t flame_tensor_retain(flame_tensor_t t) {
   return api_call("flame_tensor_retain", [&] {
-    unwrap(t, "t");
+    unwrap_any(t, "t");
     t->refs.fetch_add(1);
   });
 }
@@ -54,21 +54,21 @@ FLAME_API void flame_tensor_release(flame_tensor_t t) { release_handle(t); }
 
 FLAME_API flame_status_t flame_tensor_context(flame_tensor_t t, flame_ctx_t* ctx) {
   return api_call("flame_tensor_context", [&] { auto* out_ = out_param(ctx, "ctx");
-    *out_ = &unwrap(t, "t")->ctx().handle; });
+    *out_ = &unwrap_any(t, "t")->ctx().handle; });
 }
 FLAME_API flame_status_t flame_tensor_dtype(flame_tensor_t t, flame_dtype_t* dtype) {
   return api_call("flame_tensor_dtype", [&] {
     FLAME_CHECK(dtype, FLAME_ERROR_INVALID_ARGUMENT, "dtype is NULL");
-    *dtype = unwrap(t, "t")->dtype;
+    *dtype = unwrap_any(t, "t")->dtype;
   });
 }
 FLAME_API flame_status_t flame_tensor_ndim(flame_tensor_t t, int32_t* ndim) {
   return api_call("flame_tensor_ndim", [&] { auto* out_ = out_param(ndim, "ndim");
-    *out_ = unwrap(t, "t")->ndim(); });
+    *out_ = unwrap_any(t, "t")->ndim(); });
 }
 FLAME_API flame_status_t flame_tensor_shape(flame_tensor_t t, int64_t* dims, int32_t capacity) {
   return api_call("flame_tensor_shape", [&] {
-    const Tensor& x = unwrap(t, "t");
+    const Tensor& x = unwrap_any(t, "t");
     FLAME_CHECK(dims || x->ndim() == 0, FLAME_ERROR_INVALID_ARGUMENT, "dims is NULL");
     FLAME_CHECK(capacity >= x->ndim(), FLAME_ERROR_INVALID_ARGUMENT, "capacity ", capacity, " is below ndim ", x->ndim());
     for (int i = 0; i < x->ndim(); ++i) dims[i] = x->shape[i];
@@ -76,7 +76,7 @@ FLAME_API flame_status_t flame_tensor_shape(flame_tensor_t t, int64_t* dims, int
 }
 FLAME_API flame_status_t flame_tensor_strides(flame_tensor_t t, int64_t* strides, int32_t capacity) {
   return api_call("flame_tensor_strides", [&] {
-    const Tensor& x = unwrap(t, "t");
+    const Tensor& x = unwrap_any(t, "t");
     FLAME_CHECK(strides || x->ndim() == 0, FLAME_ERROR_INVALID_ARGUMENT, "strides is NULL");
     FLAME_CHECK(capacity >= x->ndim(), FLAME_ERROR_INVALID_ARGUMENT, "capacity ", capacity, " is below ndim ", x->ndim());
     for (int i = 0; i < x->ndim(); ++i) strides[i] = x->strides[i];
@@ -84,11 +84,11 @@ FLAME_API flame_status_t flame_tensor_strides(flame_tensor_t t, int64_t* strides
 }
 FLAME_API flame_status_t flame_tensor_numel(flame_tensor_t t, int64_t* numel) {
   return api_call("flame_tensor_numel", [&] { auto* out_ = out_param(numel, "numel");
-    *out_ = unwrap(t, "t")->numel(); });
+    *out_ = unwrap_any(t, "t")->numel(); });
 }
 FLAME_API flame_status_t flame_tensor_is_contiguous(flame_tensor_t t, int32_t* contiguous) {
   return api_call("flame_tensor_is_contiguous", [&] { auto* out_ = out_param(contiguous, "contiguous");
-    *out_ = unwrap(t, "t")->contiguous(); });
+    *out_ = unwrap_any(t, "t")->contiguous(); });
 }
 FLAME_API flame_status_t flame_tensor_data_ptr(flame_tensor_t t, void** ptr) {
   return api_call("flame_tensor_data_ptr", [&] {

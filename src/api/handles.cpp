@@ -49,11 +49,19 @@ flame_tensor_t wrap(Tensor t) {
   return h;
 }
 
-const Tensor& unwrap(flame_tensor_t h, const char* arg) {
+const Tensor& unwrap_any(flame_tensor_t h, const char* arg) {
   FLAME_CHECK(h, FLAME_ERROR_INVALID_ARGUMENT, arg, " is NULL");
   FLAME_CHECK(h->magic == kTensorMagic && h->t, FLAME_ERROR_INVALID_HANDLE, arg,
               " is not a live tensor handle (released already?)");
   return h->t;
+}
+
+const Tensor& unwrap(flame_tensor_t h, const char* arg) {
+  const Tensor& t = unwrap_any(h, arg);
+  FLAME_CHECK(!holds_no_data(*t), FLAME_ERROR_INVALID_ARGUMENT, arg,
+              " is a model parameter sharded over ranks (flame_zero_create stage 3): it holds no values of its own "
+              "(flame_zero_gather_params gathers them)");
+  return t;
 }
 
 void release_handle(flame_tensor_t h) noexcept {

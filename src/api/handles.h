@@ -52,8 +52,13 @@ ContextHandles* context_handles_if_any(Context& c) noexcept;
 flame_tensor_t wrap(Tensor t);
 // A new handle FLAME lends to a callback and releases itself (never recorded in a scope).
 flame_tensor_t wrap_lent(Tensor t);
-// The tensor of a handle; throws FLAME_ERROR_INVALID_ARGUMENT (NULL) or _INVALID_HANDLE naming arg.
+// The tensor of a handle; throws FLAME_ERROR_INVALID_ARGUMENT (NULL) or _INVALID_HANDLE naming arg,
+// and FLAME_ERROR_INVALID_ARGUMENT for a parameter whose values are sharded over ranks (it holds
+// no memory: holds_no_data).
 const Tensor& unwrap(flame_tensor_t h, const char* arg);
+// The same without the sharded check: for entry points that read only a tensor's geometry and
+// autograd flags (shape, dtype, requires_grad, ...), which a sharded parameter keeps.
+const Tensor& unwrap_any(flame_tensor_t h, const char* arg);
 void release_handle(flame_tensor_t h) noexcept;
 // The end of a handle whose last reference went: empties its scope slot, parks it (handles.cpp).
 void retire_handle(flame_tensor_t h) noexcept;

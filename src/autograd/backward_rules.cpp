@@ -547,6 +547,7 @@ Grads node_backward(Node& n, const Grads& gs) {
 }
 RULE(Checkpoint) { return node_backward(n, {g}); }
 RULE(Fused) { return node_backward(n, {g}); }
+RULE(ShardGather) { return node_backward(n, {g}); }
 
 // ---- mse_loss / l1_loss with reduction mean or sum (ops/loss.h; inputs {input, target}, both saved;
 // attributes PointwiseLossAttrs): the fused kernel, or under create_graph the same gradient composed of ops,

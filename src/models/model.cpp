@@ -7,6 +7,7 @@
 #include "models/lora_format.h"
 #include "models/model_registry.h"
 #include "ops/ops.h"
+#include "models/param_sharding.h"
 #include "toolkit/checkpoint.h"
 
 namespace flame::models {
@@ -113,16 +114,25 @@ Tensor Model::add_param(const std::string& name, const Shape& shape) {
   return w;
 }
 
+Tensor Model::fetched(const std::string& name, const Tensor& stored) const {
+  block_params_.record_use(name);  // the first forward learns which block reads it
+  // an offloaded block's weight: a view of the offload ring's slot while its block runs (weight_offload.h);
+  // a sharded block's: a view of its gathered parameters (param_sharding.h)
+  if (offload_) return offload_->use(name, stored);
+  if (sharding_) return sharding_->use(name, stored);
+  return stored;
+}
+
+void Model::check_not_sharded(const char* what) const {
+  FLAME_CHECK(!sharding_, FLAME_ERROR_INVALID_ARGUMENT, "cannot ", what, ": the model's block parameters are sharded over ranks "
+              "(flame_zero_create stage 3) and hold no memory on their own (flame_zero_gather_params gathers them)");
+}
+
 Tensor Model::param(const std::string& name) const {
-  const Tensor& p = params_.get(name);
-  // an offloaded block's weight: a view of the offload ring's slot while its block runs (weight_offload.h)
-  const Tensor w = offload_ ? offload_->use(name, p) : p;
+  const Tensor w = fetched(name, params_.get(name));
   if (!quantized_.empty()) {
     auto it = quantized_.find(name);
-    if (it != quantized_.end()) {
-      const Tensor& s = params_.get(it->second);
-      return dequantize(w, offload_ ? offload_->use(it->second, s) : s, options_.compute_dtype);
-    }
+    if (it != quantized_.end()) return dequantize(w, fetched(it->second, params_.get(it->second)), options_.compute_dtype);
   }
   return w->dtype == options_.compute_dtype ? w : ops::to_dtype(w, options_.compute_dtype);
 }
@@ -335,10 +345,10 @@ NamedTensors Model::forward(const NamedTensors& inputs) {
                 "\" belongs to another context");
   }
   for (const auto& n : required) input(inputs, n);
-  if (!offload_) return run(inputs);
-  offload_->begin_forward();
+  block_params_.begin_forward();
   NamedTensors out = run(inputs);
-  offload_->end_forward(params_.names(), params_.tensors());
+  block_params_.end_forward();
+  if (offload_) offload_->end_forward(block_params_, params_.names(), params_.tensors());
   return out;
 }
 
@@ -368,7 +378,8 @@ std::vector<Tensor> Model::run_block(int64_t block_index,
                                      const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& block,
                                      const std::vector<Tensor>& inputs, int32_t n_outputs) {
   if (n_outputs < 0) n_outputs = static_cast<int32_t>(inputs.size());
-  if (offload_) return run_offloaded_block(block_index, block, inputs, n_outputs);
+  BlockLearnScope learn(block_params_, block_index);
+  if ((offload_ && offload_->fetch()) || sharding_) return run_fetched_block(block_index, block, inputs, n_outputs);
   if (!checkpoint_.applies_to(block_index) || !ctx_->mode.grad_enabled) {
     std::vector<Tensor> out = block(inputs);
     FLAME_CHECK(static_cast<int32_t>(out.size()) == n_outputs, FLAME_ERROR_INTERNAL, "a block returned ", out.size(),
@@ -387,21 +398,29 @@ std::vector<Tensor> Model::run_block(int64_t block_index,
   return checkpoint(*ctx_, std::move(fn), inputs);
 }
 
-std::vector<Tensor> Model::run_offloaded_block(int64_t block_index,
-                                               const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& block,
-                                               const std::vector<Tensor>& inputs, int32_t n_outputs) {
-  // The block's body runs inside an offload scope (its weights fetched into a ring slot); an
-  // offloaded block is checkpointed whenever a graph is recorded, so that its forward keeps no
+std::vector<Tensor> Model::run_fetched_block(int64_t block_index,
+                                             const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& block,
+                                             const std::vector<Tensor>& inputs, int32_t n_outputs) {
+  // The block's body runs inside a fetch scope (its weights fetched into a ring slot or gathered);
+  // a fetched block is checkpointed whenever a graph is recorded, so that its forward keeps no
   // weight and its recompute in backward (grad mode on) fetches them again, in reverse order.
-  std::shared_ptr<WeightOffload> offload = offload_;
-  auto body = [offload, block, block_index, n_outputs](const std::vector<Tensor>& x, bool recompute) {
-    OffloadedBlockScope scope(*offload, block_index, recompute);
-    std::vector<Tensor> out = block(x);
+  std::shared_ptr<BlockFetch> fetch = offload_ ? offload_->fetch() : nullptr;
+  std::shared_ptr<ParamSharding> sharding = sharding_;
+  auto body = [fetch, sharding, block, block_index, n_outputs](const std::vector<Tensor>& x, bool recompute) {
+    std::vector<Tensor> out;
+    if (sharding) {
+      ShardedBlockScope scope(*sharding, block_index, recompute);
+      out = block(x);
+    } else {
+      FetchedBlockScope scope(*fetch, block_index, recompute);
+      out = block(x);
+    }
     FLAME_CHECK(static_cast<int32_t>(out.size()) == n_outputs, FLAME_ERROR_INTERNAL, "a block returned ", out.size(),
                 " tensors, not ", n_outputs);
     return out;
   };
-  const bool checkpointed = checkpoint_.applies_to(block_index) || offload_->offloads(block_index);
+  const bool fetched_block = sharding ? sharding->shards(block_index) : fetch->fetches(block_index);
+  const bool checkpointed = checkpoint_.applies_to(block_index) || fetched_block;
   if (!checkpointed || !ctx_->mode.grad_enabled) return body(inputs, false);
   std::shared_ptr<const Model> keep = shared_from_this();
   CheckpointFunction fn = [keep, body](const std::vector<Tensor>& x) { return body(x, keep->ctx().mode.grad_enabled); };

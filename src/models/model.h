@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 #include <nlohmann/json.hpp>
+#include "models/block_params.h"
 #include "models/model_lora.h"
 #include "models/quantized_weights.h"
 #include "models/weight_offload.h"
@@ -25,6 +26,8 @@
 #include "tensor/tensor.h"
 
 namespace flame::models {
+
+class ParamSharding;  // param_sharding.h
 
 using NamedTensor = std::pair<std::string, Tensor>;
 using NamedTensors = std::vector<NamedTensor>;
@@ -129,6 +132,15 @@ class Model : public std::enable_shared_from_this<Model> {
   // run by create_model once an architecture registered its parameters.
   void check_quantized_weights() const;
 
+  // Which parameters each block reads, learnt in the model's first forward (block_params.h).
+  const BlockParams& block_params() const { return block_params_; }
+  // Parameter sharding over ranks (param_sharding.h; ZeRO-3), installed once by ParamSharding::shard.
+  void set_sharding(std::shared_ptr<ParamSharding> s) { sharding_ = std::move(s); }
+  bool sharded() const { return sharding_ != nullptr; }
+  // Fails with FLAME_ERROR_INVALID_ARGUMENT naming what when the model's block parameters are
+  // sharded over ranks (their tensors hold no memory: reading or writing them is impossible).
+  void check_not_sharded(const char* what) const;
+
   // Fills every parameter with the reference class's default initialisation distribution family
   // (normal weights, unit norm scales, zero biases; documented per model), drawn from the context's
   // generator. Used by flame_model_create.
@@ -146,9 +158,10 @@ class Model : public std::enable_shared_from_this<Model> {
   // the one way an architecture runs a linear layer, so that adapters reach all of them.
   Tensor adapted_linear(const Tensor& x, const std::string& module, const Tensor& weight, const Tensor& bias,
                         ops::Activation act = ops::Activation::None) const;
-  // Whether the model offloads frozen block weights (weight_offload.h): every block must then run
-  // through run_block, checkpointed or not, so that its weights can be learnt and fetched.
-  bool weight_offload_enabled() const { return offload_ != nullptr; }
+  // Whether every block must run through run_block, checkpointed or not: while the first forward
+  // learns which parameters each block reads, and when block weights are fetched (the "offload"
+  // option, parameter sharding).
+  bool block_scopes_needed() const { return block_params_.learning() || offload_ || sharding_; }
   // Embedding tables among the 2-D "<module>.weight" parameters (not linear layers).
   virtual bool is_embedding(const std::string& module) const { (void)module; return false; }
   // A float input cast to compute_dtype (unchanged when it already is).
@@ -161,18 +174,22 @@ class Model : public std::enable_shared_from_this<Model> {
   // when the policy selects it and a graph is being recorded, else directly. A checkpointed block
   // runs again during backward, possibly after forward() returned: it must capture everything by
   // value (tensors, indices; never references to locals). run_block keeps the model alive for it.
-  // block must return n_outputs tensors (-1: as many as it takes). With weight offload, a block
-  // whose weights live in host memory is always checkpointed while a graph is recorded.
+  // block must return n_outputs tensors (-1: as many as it takes). A block whose weights are
+  // fetched (offloaded to host memory, or sharded over ranks) is always checkpointed while a graph
+  // is recorded.
   std::vector<Tensor> run_block(int64_t block_index, const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& block,
                                 const std::vector<Tensor>& inputs, int32_t n_outputs = -1);
 
   nlohmann::json config_;
 
  private:
-  // run_block for a model with weight offload (model.cpp).
-  std::vector<Tensor> run_offloaded_block(int64_t block_index,
-                                          const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& block,
-                                          const std::vector<Tensor>& inputs, int32_t n_outputs);
+  // run_block for a block whose weights are fetched (offloaded or sharded; model.cpp).
+  std::vector<Tensor> run_fetched_block(int64_t block_index,
+                                        const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& block,
+                                        const std::vector<Tensor>& inputs, int32_t n_outputs);
+  // The tensor computed with for the stored parameter name: the fetched weights while its block
+  // runs (offload ring, sharded gather), else stored.
+  Tensor fetched(const std::string& name, const Tensor& stored) const;
 
   std::shared_ptr<Context> ctx_;
   std::string class_name_;
@@ -183,6 +200,8 @@ class Model : public std::enable_shared_from_this<Model> {
   std::vector<std::shared_ptr<LoraAdapter>> adapters_;
   std::unordered_map<std::string, std::string> quantized_;  // quantised weight name -> its scale's name
   std::shared_ptr<WeightOffload> offload_;  // null unless options_.offload.enabled
+  mutable BlockParams block_params_;        // learnt by param() and run_block in the first forward
+  std::shared_ptr<ParamSharding> sharding_;  // null unless sharded over ranks
 };
 
 // A new LoRA adapter on m made from options (the model's default targets when options.targets is

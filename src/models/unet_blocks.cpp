@@ -66,7 +66,7 @@ void ConvNetModel::register_params(const ParamSpecs& specs) {
 Tensor ConvNetModel::run_unit(const std::function<Tensor(const Tensor&, const Tensor&)>& unit, const Tensor& x,
                               const Tensor& extra) {
   const int64_t index = unit_index_++;
-  if (!checkpointing().applies_to(index) && !weight_offload_enabled()) return unit(x, extra);
+  if (!checkpointing().applies_to(index) && !block_scopes_needed()) return unit(x, extra);
   // run_block takes and returns as many tensors: the unit's result, and a copy of extra standing for
   // it (nothing reads that copy; extra's gradient comes through the result).
   if (!extra) {

@@ -234,6 +234,9 @@ void Optimizer::run_step() {
         }
         FLAME_CHECK(g && g->numel() == numel && g->dtype == w->dtype && g->contiguous(), FLAME_ERROR_INTERNAL,
                     "a sharded step without the shard's gradient");
+        FLAME_CHECK(!p.shard_value || (p.shard_value->numel() == numel && p.shard_value->dtype == w->dtype &&
+                                       p.shard_value->contiguous()),
+                    FLAME_ERROR_INTERNAL, "a sharded parameter's shard does not match its owned range");
       } else {
         if (!w->autograd || !w->autograd->grad) continue;  // no gradient: skipped, as torch.optim
         g = w->autograd->grad;
@@ -255,8 +258,11 @@ void Optimizer::run_step() {
       if (adam && o.amsgrad && !p.vmax) p.vmax = zero_state(ctx, state_shape, cd);
       if (o.master_weights && w->dtype != cd && !p.master) {
         ctx.forbid_in_capture("creating f32 master weights (run one eager step before capturing)");
-        p.master = sharded_ ? ops::contiguous(ops::to_dtype(ops::narrow(ops::reshape(alias(w), {w->numel()}), 0, lo, numel), cd))
-                            : ops::to_dtype(alias(w), cd);
+        if (p.shard_value)
+          p.master = ops::contiguous(ops::to_dtype(alias(p.shard_value), cd));
+        else
+          p.master = sharded_ ? ops::contiguous(ops::to_dtype(ops::narrow(ops::reshape(alias(w), {w->numel()}), 0, lo, numel), cd))
+                              : ops::to_dtype(alias(w), cd);
       }
       auto at = index.find(w->dtype);
       if (at == index.end()) {
@@ -264,7 +270,8 @@ void Optimizer::run_step() {
         launches.push_back({w->dtype, gi, {}, {}, flags, 0});
       }
       Launch& l = launches[at->second];
-      const CUdeviceptr param_at = w->data() + static_cast<CUdeviceptr>(lo) * w->elem_size();
+      const CUdeviceptr param_at =
+          p.shard_value ? p.shard_value->data() : w->data() + static_cast<CUdeviceptr>(lo) * w->elem_size();
       OptimTensor ot{param_at, g->data(), p.m ? p.m->data() : 0, p.v ? p.v->data() : 0, p.vmax ? p.vmax->data() : 0,
                      p.master ? p.master->data() : 0, numel, rng_total + lo, p.first_step};
       rng_total += w->numel();
@@ -322,7 +329,7 @@ void Optimizer::run_step() {
   for (auto& grp : groups_)
     for (auto& p : grp.params)
       if (sharded_ ? p.shard_hi > p.shard_lo : p.param->autograd && p.param->autograd->grad)
-        p.param->storage->version.fetch_add(1);
+        (p.shard_value ? p.shard_value : p.param)->storage->version.fetch_add(1);
   if (!capturing) {
     steps_ = t;
     return;

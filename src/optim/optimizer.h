@@ -27,12 +27,15 @@ namespace flame {
 // each parameter (flat, row-major), reading their gradient from shard_grad (1-D, shard_hi - shard_lo
 // elements, set before every step); the state tensors then hold only those elements (1-D). Stochastic
 // rounding draws element i of a parameter from the same Philox counter as the unsharded step.
+// With parameter sharding (ZeRO-3) the owned elements live in shard_value instead of in param
+// (whose tensor then holds no memory): the step reads and writes them there.
 struct OptimParam {
   Tensor param;
   Tensor m, v, vmax, master;  // created at the first step that sees a gradient
   int64_t first_step = 0;      // the step that created m (SGD's buffer starts as that step's gradient)
   int64_t shard_lo = 0, shard_hi = 0;  // sharded optimizers only: the elements this rank steps
   Tensor shard_grad;                   // sharded optimizers only: their gradient
+  Tensor shard_value;                  // sharded optimizers only, when set: those elements (1-D, contiguous)
 };
 
 struct OptimGroup {

@@ -220,6 +220,12 @@
 // multi-output path).
 #define FLAME_TOOLKIT_OPS(X) \
   X(Checkpoint, checkpoint, RULE)                     
+// ---- parameter sharding of a model's blocks (src/models/param_sharding.cpp) ----
+// One node per entry of a sharded block that records, with one output per parameter of the block:
+// the gathered views of its parameters. Its backward (Node::backward) reduce-scatters their
+// gradients into the block's gradient shard and returns nothing (the node has no inputs).
+#define FLAME_MODEL_OPS(X) \
+  X(ShardGather, shard_gather, RULE)                  
 // ---- fused elementwise expressions (src/ops/fused.cpp, kernels in cuda/fused.cuh) ----
 // One node per flame_fused_call, carrying its backward (Node::backward, bound to the compiled
 // function): one fused call per input (g * d expr / d x_i), so it is differentiable to any order.
@@ -233,7 +239,7 @@
 #define FLAME_GRAPH_OPS(X)                                                                           \
   FLAME_STRUCTURAL_OPS(X) FLAME_NN_OPS(X) FLAME_NN_INTERNAL_OPS(X) FLAME_LOSS_OPS(X) FLAME_INDEXING_OPS(X) \
   FLAME_CONV_OPS(X) FLAME_ATTENTION_OPS(X) FLAME_ATTENTION_INTERNAL_OPS(X) FLAME_NNOPS_OPS(X)           \
-  FLAME_TOOLKIT_OPS(X) FLAME_FUSED_OPS(X)
+  FLAME_TOOLKIT_OPS(X) FLAME_MODEL_OPS(X) FLAME_FUSED_OPS(X)
 #define FLAME_ALL_OPS(X) FLAME_ELEMENTWISE_OPS(X) FLAME_GRAPH_OPS(X)
 
 namespace flame {

@@ -54,6 +54,10 @@ Tensor make_view(const Tensor& base, const Shape& shape, const Strides& strides,
   return t;
 }
 
+std::shared_ptr<Storage> empty_storage(std::shared_ptr<Context> ctx) {
+  return std::make_shared<Storage>(std::move(ctx), CUdeviceptr{0}, size_t{0}, [] {});
+}
+
 Tensor make_tensor_over(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype, int64_t offset) {
   const size_t elem = dtype_size(dtype);
   const size_t bytes = checked_shape_bytes(shape, elem);

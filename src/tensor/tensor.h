@@ -58,4 +58,9 @@ Tensor make_tensor_over(std::shared_ptr<Storage> storage, const Shape& shape, DT
 // The same storage and geometry without autograd history (detach).
 Tensor alias(const Tensor& t);
 
+// A parameter whose values live elsewhere (sharded over ranks: models/param_sharding.h) keeps its
+// geometry over an empty Storage (no memory, null pointer). Such a tensor cannot be read or written.
+std::shared_ptr<Storage> empty_storage(std::shared_ptr<Context> ctx);
+inline bool holds_no_data(const TensorImpl& t) { return t.storage->ptr == 0 && t.storage->bytes == 0 && t.numel() > 0; }
+
 }  // namespace flame

@@ -9,8 +9,12 @@
 namespace flame {
 
 void validate_zero_options(const flame_zero_options_t& o) {
-  FLAME_CHECK(o.stage == 1 || o.stage == 2, FLAME_ERROR_INVALID_ARGUMENT, "opts->stage ", o.stage,
-              " is not 1 or 2 (parameter sharding, ZeRO-3, is not available)");
+  FLAME_CHECK(o.stage >= 1 && o.stage <= 3, FLAME_ERROR_INVALID_ARGUMENT, "opts->stage ", o.stage, " is not 1, 2 or 3");
+  FLAME_CHECK((o.stage == 3) == (o.model != nullptr), FLAME_ERROR_INVALID_ARGUMENT,
+              o.stage == 3 ? "opts->stage 3 shards the parameters of a model: set opts->model"
+                           : "opts->model is for stage 3 only (parameter sharding): leave it NULL");
+  FLAME_CHECK(o.gather_slots >= 2 && o.gather_slots <= 64, FLAME_ERROR_INVALID_ARGUMENT,
+              "opts->gather_slots must lie in [2, 64], got ", o.gather_slots);
   FLAME_CHECK(o.broadcast_parameters == 0 || o.broadcast_parameters == 1, FLAME_ERROR_INVALID_ARGUMENT,
               "opts->broadcast_parameters must be 0 or 1");
   FLAME_CHECK(std::isfinite(o.max_grad_norm) && o.max_grad_norm >= 0, FLAME_ERROR_INVALID_ARGUMENT,
@@ -39,8 +43,9 @@ int64_t bucket_piece(int64_t elem, int64_t world, int64_t shard) {
 
 }  // namespace
 
-ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, std::shared_ptr<Optimizer> opt, const flame_zero_options_t& o)
-    : comm_(std::move(comm)), opt_(std::move(opt)), opts_(o) {
+ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, std::shared_ptr<Optimizer> opt, const flame_zero_options_t& o,
+                             std::shared_ptr<ShardedParameters> sharded)
+    : comm_(std::move(comm)), opt_(std::move(opt)), opts_(o), sharded_(std::move(sharded)) {
   Context& c = ctx();
   comm_->check_usable();
   // Local checks first; their outcome is exchanged with the parameter lists, so that a rank that
@@ -51,6 +56,8 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, std::shared_ptr<Optimiz
   try {
     FLAME_CHECK(&opt_->ctx() == &c, FLAME_ERROR_INVALID_ARGUMENT, "opt belongs to another context than the communicator");
     opt_->check_shardable();
+    FLAME_CHECK((o.stage == 3) == (sharded_ != nullptr), FLAME_ERROR_INTERNAL, "stage 3 without its sharded parameters");
+    if (sharded_) sharded_->check(*comm_);
     for (auto& g : opt_->groups())
       for (auto& p : g.params) params.push_back(p.param);
   } catch (const Error& e) {
@@ -61,6 +68,14 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, std::shared_ptr<Optimiz
   verify_same_parameter_lists(*comm_, params, local_status, "shard its optimizer");
   if (local_status != FLAME_OK) fail(local_status, local_message);
 
+  if (sharded_) {  // stage 3: the sharded parameters leave the list (they hold no memory any more)
+    sharded_->shard(o.broadcast_parameters && comm_->world() > 1);
+    std::vector<Tensor> rest;
+    ShardedParameters::Part part;
+    for (const Tensor& p : params)
+      if (!sharded_->part(*p, &part)) rest.push_back(p);
+    params = std::move(rest);
+  }
   if (o.broadcast_parameters && comm_->world() > 1) {  // every rank starts from rank 0's values
     comm_->group_start();
     for (const Tensor& p : params)
@@ -74,6 +89,14 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<Comm> comm, std::shared_ptr<Optimiz
   std::map<DType, size_t> flat_of;
   for (auto& g : opt_->groups())
     for (auto& p : g.params) {
+      ShardedParameters::Part part;
+      if (sharded_ && sharded_->part(*p.param, &part)) {  // stage 3: stepped in place in its shard
+        p.shard_lo = part.lo;
+        p.shard_hi = part.hi;
+        p.shard_value = part.value;
+        sharded_members_.emplace_back(&p, part);
+        continue;
+      }
       auto at = flat_of.find(p.param->dtype);
       if (at == flat_of.end()) {
         at = flat_of.emplace(p.param->dtype, flats_.size()).first;
@@ -127,7 +150,7 @@ Tensor ZeroOptimizer::pack_gradients(Flat& f) {
 Tensor ZeroOptimizer::reduce_gradients(Flat& f) {
   Context& c = ctx();
   if (f.shard == 0) return make_tensor(c, {0}, f.dtype);
-  if (opts_.stage == 2) return reduce_scatter_in_buckets(f);
+  if (opts_.stage >= 2) return reduce_scatter_in_buckets(f);
   Tensor g = pack_gradients(f);
   const int64_t padded = f.shard * comm_->world();
   comm_->enqueue_all_reduce(g->data(), static_cast<size_t>(padded), nccl_dtype(f.dtype), ncclAvg, c.stream);
@@ -256,16 +279,26 @@ void ZeroOptimizer::gather_parameters(Flat& f) {
 
 Tensor ZeroOptimizer::step(bool want_norm) {
   comm_->check_usable();
+  struct ConsumeShardGradients {  // stage 3: the next backward starts from zero, even after a failure
+    ShardedParameters* sharded;
+    ~ConsumeShardGradients() {
+      if (sharded) sharded->consume_gradients();
+    }
+  } consume{sharded_.get()};
   std::vector<Tensor> shards;
   for (Flat& f : flats_) shards.push_back(reduce_gradients(f));
+  const std::vector<Tensor> sharded_grads = sharded_ ? sharded_->gradient_shards() : std::vector<Tensor>{};
   Tensor norm;
   if (want_norm || opts_.max_grad_norm > 0) {
-    // Stage 1 scales the whole averaged gradient (it stays in .grad); stage 2 only the shards.
+    // Stage 1 scales the whole averaged gradient (it stays in .grad); stages 2 and 3 only the shards.
     std::vector<Tensor> scaled = shards;
     if (opts_.stage == 1)
       for (size_t i = 0; i < flats_.size(); ++i)
         if (flats_[i].grads) scaled[i] = flats_[i].grads;
-    norm = clip(shards, scaled);
+    std::vector<Tensor> all = shards;
+    all.insert(all.end(), sharded_grads.begin(), sharded_grads.end());
+    scaled.insert(scaled.end(), sharded_grads.begin(), sharded_grads.end());
+    norm = clip(all, scaled);
   }
   const int64_t rank = comm_->rank();
   for (size_t i = 0; i < flats_.size(); ++i)
@@ -274,13 +307,20 @@ Tensor ZeroOptimizer::step(bool want_norm) {
       const int64_t count = p.shard_hi - p.shard_lo;
       p.shard_grad = count > 0 ? flat_view(shards[i], m.offset + p.shard_lo - rank * flats_[i].shard, count) : Tensor();
     }
+  for (auto& [p, part] : sharded_members_) {
+    const int64_t count = part.hi - part.lo;
+    p->shard_grad = count > 0 ? flat_view(sharded_grads.at(part.flat), part.at, count) : Tensor();
+  }
   struct DropShardGrads {  // the shard buffers go back to the pool after the step, even on a failure
     std::vector<Flat>& flats;
+    std::vector<std::pair<OptimParam*, ShardedParameters::Part>>& sharded;
     ~DropShardGrads() {
       for (Flat& f : flats)
         for (Member& m : f.members) m.param->shard_grad.reset();
+      for (auto& s : sharded) s.first->shard_grad.reset();
     }
-  } drop{flats_};
+  } drop{flats_, sharded_members_};
+  if (sharded_) sharded_->before_step();
   opt_->step_shard();
   for (Flat& f : flats_) gather_parameters(f);
   return norm;

@@ -20,6 +20,13 @@
 //   5. bucket by bucket, each rank copies its next owned parameter elements into its piece of a
 //      bucket, all-gathers it in place, and copies every parameter element back out of it.
 // Everything every rank does is in the same order with the same sizes, so NCCL calls match.
+//
+// Stage 3 (parameter sharding, ZeRO-3): the parameters a ShardedParameters object holds (the model
+// layer's blocks, models/param_sharding.h) are not in any flat: their values live as each rank's
+// shard, their averaged gradients arrive as shards during backward (reduce-scattered block by
+// block), and the optimizer steps the owned elements in place in the shard (OptimParam::shard_value);
+// nothing is gathered after the step (the next forward gathers each block). Every other parameter
+// of the optimizer is treated as in stage 2.
 #pragma once
 #include <memory>
 #include <vector>
@@ -31,11 +38,41 @@ namespace flame {
 
 void validate_zero_options(const flame_zero_options_t& o);
 
+// Stage 3: parameters whose values live sharded over the ranks, kept by a layer above the toolkit.
+// Their tensors hold no memory once sharded; each rank owns a contiguous range of each one's
+// elements (possibly empty), which the optimizer updates in place.
+class ShardedParameters {
+ public:
+  virtual ~ShardedParameters() = default;
+  // Local checks, made before any collective (their outcome is exchanged: a rank that fails here
+  // makes every rank fail). Throws flame::Error.
+  virtual void check(Comm& comm) = 0;
+  // Collective: shards the parameters (after copying rank 0's values to every rank when broadcast).
+  virtual void shard(bool broadcast) = 0;
+  struct Part {
+    int64_t lo = 0, hi = 0;  // the elements of the parameter this rank owns
+    Tensor value;            // those elements in place (1-D, hi - lo; null when hi == lo)
+    size_t flat = 0;         // the gradient shard (gradient_shards()) that holds their gradient
+    int64_t at = 0;          // from this element of it
+  };
+  // Whether p is one of the sharded parameters (after shard()); its part in *out.
+  virtual bool part(const TensorImpl& p, Part* out) const = 0;
+  // Before the optimizer writes the shards: orders the compute stream after every gather in flight.
+  virtual void before_step() = 0;
+  // This rank's averaged gradient shards, one per flat (zeros where no gradient arrived since the
+  // last step): contiguous 1-D tensors the step may scale in place.
+  virtual std::vector<Tensor> gradient_shards() = 0;
+  // After the step: the gradient shards were used; the next backward starts from zero.
+  virtual void consume_gradients() noexcept = 0;
+};
+
 class ZeroOptimizer {
  public:
   // Collective: checks, compares the parameter lists of all ranks, broadcasts the parameters (option)
   // and makes the optimizer sharded.
-  ZeroOptimizer(std::shared_ptr<Comm> comm, std::shared_ptr<Optimizer> opt, const flame_zero_options_t& o);
+  // Stage 3 needs sharded (the parameters it shards; null for stages 1 and 2).
+  ZeroOptimizer(std::shared_ptr<Comm> comm, std::shared_ptr<Optimizer> opt, const flame_zero_options_t& o,
+                std::shared_ptr<ShardedParameters> sharded = nullptr);
   // Collective: one step (see above). Returns the global gradient norm (0-d f32) when want_norm or
   // clipping asked for it, else an empty tensor.
   Tensor step(bool want_norm);
@@ -67,6 +104,8 @@ class ZeroOptimizer {
   std::shared_ptr<Optimizer> opt_;
   flame_zero_options_t opts_;
   std::vector<Flat> flats_;
+  std::shared_ptr<ShardedParameters> sharded_;
+  std::vector<std::pair<OptimParam*, ShardedParameters::Part>> sharded_members_;  // stage 3
 };
 
 }  // namespace flame
