@@ -2099,6 +2099,7 @@ FLAME_API void flame_dp_release(flame_dp_t dp);
  * flame_optimizer_load_state refuse a sharded optimizer (use flame_zero_step; sharded state files
  * are not supported yet: FLAME_ERROR_UNSUPPORTED). It stays sharded after flame_zero_release. */
 typedef struct flame_zero_s* flame_zero_t; /* the sharding of one optimizer over one communicator */
+typedef struct flame_model_s* flame_model_t; /* a model: see "Models" below */
 
 /* Options of flame_zero_create. Fill with flame_zero_options_init; the struct may grow at its end. */
 typedef struct flame_zero_options_t {
@@ -2109,7 +2110,7 @@ typedef struct flame_zero_options_t {
   double max_grad_norm;         /* > 0: flame_zero_step scales the gradients by
                                    min(1, max_grad_norm / (norm + 1e-6)), norm the 2-norm of all
                                    gradients of all ranks' shards; 0 (default): no clipping. Finite. */
-  struct flame_model_s* model;  /* stage 3: the model whose block parameters are sharded (borrowed;
+  flame_model_t model;          /* stage 3: the model whose block parameters are sharded (borrowed;
                                    the helper keeps it alive); NULL (default) for stages 1 and 2 */
   int32_t gather_slots;         /* stage 3: device buffers of gathered blocks, in [2, 64]; default 2 */
 } flame_zero_options_t;
@@ -2246,7 +2247,7 @@ FLAME_API flame_status_t flame_optimizer_state_bytes(flame_optimizer_t opt, uint
  *              together with "quantize" yet (FLAME_ERROR_INVALID_ARGUMENT).
  * A model is used by one thread at a time; it keeps its context alive, as tensors do. */
 
-typedef struct flame_model_s* flame_model_t;
+/* flame_model_t (a model) is declared above, before the ZeRO options that name it. */
 
 /* OUT *names: a JSON array of the architecture names flame_model_create knows, BORROWED (static
  * storage of the library). Errors: FLAME_ERROR_INVALID_ARGUMENT (names NULL). */

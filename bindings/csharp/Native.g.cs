@@ -367,6 +367,10 @@ namespace Flame.Interop
         public int broadcast_parameters;
         /// <summary><c>double max_grad_norm</c></summary>
         public double max_grad_norm;
+        /// <summary><c>flame_model_t model</c></summary>
+        public IntPtr model;
+        /// <summary><c>int32_t gather_slots</c></summary>
+        public int gather_slots;
     }
 
     /// <summary><c>flame_memory_estimate_t</c>, laid out as in C.</summary>
@@ -771,6 +775,7 @@ namespace Flame.Interop
             "flame_zero_create",
             "flame_zero_step",
             "flame_zero_release",
+            "flame_zero_gather_params",
             "flame_optimizer_state_bytes",
             "flame_model_known_architectures",
             "flame_model_create",
@@ -1980,6 +1985,10 @@ namespace Flame.Interop
         /// <summary><c>void flame_zero_release(flame_zero_t zero)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_zero_release", ExactSpelling = true)]
         public static extern void flame_zero_release(IntPtr zero);
+
+        /// <summary><c>flame_status_t flame_zero_gather_params(flame_zero_t zero, flame_params_t* params)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_zero_gather_params", ExactSpelling = true)]
+        public static extern flame_status_t flame_zero_gather_params(IntPtr zero, IntPtr* @params);
 
         /// <summary><c>flame_status_t flame_optimizer_state_bytes(flame_optimizer_t opt, uint64_t* bytes)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_state_bytes", ExactSpelling = true)]

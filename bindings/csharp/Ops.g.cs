@@ -452,6 +452,8 @@ namespace Flame
         public bool BroadcastParameters { get { return O.broadcast_parameters != 0; } set { O.broadcast_parameters = value ? 1 : 0; } }
         /// <summary><c>double max_grad_norm</c></summary>
         public double MaxGradNorm { get { return O.max_grad_norm; } set { O.max_grad_norm = value; } }
+        /// <summary><c>int32_t gather_slots</c></summary>
+        public int GatherSlots { get { return O.gather_slots; } set { O.gather_slots = value; } }
     }
 
     public sealed partial class Tensor

@@ -971,8 +971,8 @@ namespace Flame
     }
 
     /// <summary>Optimizer state sharded over the ranks of a communicator (flame_zero_t, ZeRO-1 or
-    /// ZeRO-2); Step replaces DataParallel.Wait + Optimizer.Step. Dispose releases it (the optimizer
-    /// stays sharded).</summary>
+    /// ZeRO-2), and with a model a model's block parameters too (ZeRO-3); Step replaces
+    /// DataParallel.Wait + Optimizer.Step. Dispose releases it (the optimizer stays sharded).</summary>
     public sealed class Zero : IDisposable
     {
         readonly ReleasingHandle h;
@@ -986,16 +986,44 @@ namespace Flame
             h = new ReleasingHandle(Create(comm, opt, options), Releasers.Zero);
         }
 
+        /// <summary>flame_zero_create with stage 3 (collective): shards model's block parameters as
+        /// well as opt over comm. The model must have run one forward (gradients may be off) so that
+        /// it knows its blocks; its sharded parameters then hold no values of their own (GatherParams
+        /// gathers them). options null means the defaults; its Stage is ignored (3).</summary>
+        [Wraps("flame_zero_create")]
+        public Zero(Communicator comm, Optimizer opt, Model model, ZeroOptions options = null)
+        {
+            Library.EnsureLoaded();
+            if (model == null) throw new ArgumentNullException("model");
+            h = new ReleasingHandle(Create(comm, opt, options, model), Releasers.Zero);
+        }
+
         [MethodImpl(MethodImplOptions.NoInlining)]
-        static unsafe IntPtr Create(Communicator comm, Optimizer opt, ZeroOptions options)
+        static unsafe IntPtr Create(Communicator comm, Optimizer opt, ZeroOptions options, Model model = null)
         {
             if (comm == null) throw new ArgumentNullException("comm");
             if (opt == null) throw new ArgumentNullException("opt");
-            flame_zero_options_t o = options == null ? default(flame_zero_options_t) : options.O;
+            flame_zero_options_t o = options == null ? new ZeroOptions().O : options.O;
+            if (model != null)
+            {
+                o.stage = 3;
+                o.model = model.Raw;
+            }
             IntPtr raw = IntPtr.Zero;
-            Status.Check(Native.flame_zero_create(comm.Raw, opt.Raw, options == null ? null : &o, &raw));
-            GC.KeepAlive(comm); GC.KeepAlive(opt);
+            Status.Check(Native.flame_zero_create(comm.Raw, opt.Raw, options == null && model == null ? null : &o, &raw));
+            GC.KeepAlive(comm); GC.KeepAlive(opt); GC.KeepAlive(model);
             return raw;
+        }
+
+        /// <summary>flame_zero_gather_params (collective, stage 3): every parameter of the model with
+        /// its values, the sharded ones gathered into new tensors (dispose the list).</summary>
+        [Wraps("flame_zero_gather_params")]
+        public unsafe Params GatherParams()
+        {
+            IntPtr raw = IntPtr.Zero;
+            Status.Check(Native.flame_zero_gather_params(Raw, &raw));
+            GC.KeepAlive(this);
+            return new Params(raw);
         }
 
         /// <summary>The raw handle (borrowed).</summary>

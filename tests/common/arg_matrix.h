@@ -515,6 +515,22 @@ class Args {
     if (bad == Bad::Released) flame_zero_release(z);
     return z;
   }
+  // a.zero3: a stage-3 helper sharding a tiny live model over a world-size-1 communicator (Live).
+  flame_zero_t zero3(const char* name) {
+    int h = handle_index(name, true, false);
+    if (null_now() || mode_ == Mode::Probe) return nullptr;
+    if (mode_ == Mode::Cpu) return reinterpret_cast<flame_zero_t>(garbage());
+    if (bad_now(h)) {
+      if (bad == Bad::Foreign) return live_zero3(ctx2_, true);
+      if (bad == Bad::Released) {
+        flame_zero_t z = live_zero3(ctx_, false);
+        flame_zero_release(z);
+        return z;
+      }
+      return reinterpret_cast<flame_zero_t>(garbage());
+    }
+    return live_zero3(ctx_, true);
+  }
   flame_zero_t* out_zero(const char* name) { return out_slot<flame_zero_t>(name, OutKind::Zero); }
   const flame_comm_id_t* comm_id(const char* name) {
     nullable(name);
@@ -908,6 +924,37 @@ class Args {
     flame_optimizer_t opt = live_optimizer(c, true);
     flame_zero_t z = nullptr;
     if (!comm || !opt || flame_zero_create(comm, opt, nullptr, &z) != FLAME_OK) return nullptr;
+    if (keep) zeros_.push_back(z);
+    return z;
+  }
+  // Stage 3: a tiny CLIP text model that ran one forward with gradients off (so that it knows its
+  // blocks), sharded over a world-size-1 communicator beside a live optimizer.
+  flame_zero_t live_zero3(flame_ctx_t c, bool keep) {
+    flame_comm_t comm = live_comm(c, true);
+    flame_optimizer_t opt = live_optimizer(c, true);
+    flame_model_t m = live_model(c, true);
+    if (!comm || !opt || !m) return nullptr;
+    flame_params_t in = nullptr, out = nullptr;
+    if (flame_params_create(c, &in) != FLAME_OK) return nullptr;
+    const int64_t ids[4] = {1, 5, 7, 3}, shape[2] = {1, 4};
+    flame_tensor_t t = nullptr;
+    if (flame_from_host(c, ids, sizeof(ids), shape, 2, FLAME_DTYPE_I64, &t) == FLAME_OK) {
+      flame_params_add(in, "input_ids", t);
+      flame_tensor_release(t);
+    }
+    int32_t grad = 1;
+    flame_ctx_set_grad_enabled(c, 0, &grad);
+    const flame_status_t st = flame_model_forward(m, in, &out);
+    flame_ctx_set_grad_enabled(c, grad, nullptr);
+    flame_params_release(in);
+    flame_params_release(out);
+    if (st != FLAME_OK) return nullptr;
+    flame_zero_options_t o;
+    flame_zero_options_init(&o);
+    o.stage = 3;
+    o.model = m;
+    flame_zero_t z = nullptr;
+    if (flame_zero_create(comm, opt, &o, &z) != FLAME_OK) return nullptr;
     if (keep) zeros_.push_back(z);
     return z;
   }

@@ -1129,6 +1129,24 @@ TEST(Distributed, OptionsDefaultsWithoutADriver) {
   FLAME_EXPECT_STATUS(flame_dp_options_init(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
 }
 
+// ZeRO options, stage 3 fields included; a ZeRO-3 call without a helper fails cleanly.
+TEST(Distributed, ZeroOptionsDefaultsWithoutADriver) {
+  flame_zero_options_t zo;
+  std::memset(&zo, 0xab, sizeof zo);
+  FLAME_EXPECT_STATUS(flame_zero_options_init(&zo), FLAME_OK);
+  EXPECT_EQ(zo.struct_size, sizeof zo);
+  EXPECT_EQ(zo.stage, 1);
+  EXPECT_EQ(zo.broadcast_parameters, 1);
+  EXPECT_EQ(zo.max_grad_norm, 0.0);
+  EXPECT_EQ(zo.model, nullptr);
+  EXPECT_EQ(zo.gather_slots, 2);
+  FLAME_EXPECT_STATUS(flame_zero_options_init(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  flame_params_t p = reinterpret_cast<flame_params_t>(static_cast<uintptr_t>(0x40));
+  FLAME_EXPECT_STATUS(flame_zero_gather_params(nullptr, &p), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(p, nullptr);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_zero_gather_params")) << flame_last_error_message();
+}
+
 TEST(Distributed, NullArgumentsWithoutADriver) {
   flame_comm_id_t id;
   std::memset(&id, 0x5a, sizeof id);

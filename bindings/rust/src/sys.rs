@@ -609,6 +609,8 @@ pub struct flame_zero_options_t {
     pub stage: i32,
     pub broadcast_parameters: i32,
     pub max_grad_norm: f64,
+    pub model: flame_model_t,
+    pub gather_slots: i32,
 }
 
 #[repr(C)]
@@ -926,6 +928,7 @@ pub const SYMBOLS: &[&str] = &[
     "flame_zero_create",
     "flame_zero_step",
     "flame_zero_release",
+    "flame_zero_gather_params",
     "flame_optimizer_state_bytes",
     "flame_model_known_architectures",
     "flame_model_create",
@@ -1247,6 +1250,7 @@ pub struct Api {
     pub flame_zero_create: unsafe extern "C" fn(comm: flame_comm_t, opt: flame_optimizer_t, opts: *const flame_zero_options_t, out: *mut flame_zero_t) -> flame_status_t,
     pub flame_zero_step: unsafe extern "C" fn(zero: flame_zero_t, total_norm: *mut flame_tensor_t) -> flame_status_t,
     pub flame_zero_release: unsafe extern "C" fn(zero: flame_zero_t),
+    pub flame_zero_gather_params: unsafe extern "C" fn(zero: flame_zero_t, params: *mut flame_params_t) -> flame_status_t,
     pub flame_optimizer_state_bytes: unsafe extern "C" fn(opt: flame_optimizer_t, bytes: *mut u64) -> flame_status_t,
     pub flame_model_known_architectures: unsafe extern "C" fn(names: *mut *const c_char) -> flame_status_t,
     pub flame_model_create: unsafe extern "C" fn(ctx: flame_ctx_t, architecture: *const c_char, config_json: *const c_char, options_json: *const c_char, model: *mut flame_model_t) -> flame_status_t,
@@ -1576,6 +1580,7 @@ impl Api {
             flame_zero_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_comm_t, flame_optimizer_t, *const flame_zero_options_t, *mut flame_zero_t) -> flame_status_t>(resolve(b"flame_zero_create\0")?),
             flame_zero_step: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_zero_t, *mut flame_tensor_t) -> flame_status_t>(resolve(b"flame_zero_step\0")?),
             flame_zero_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_zero_t)>(resolve(b"flame_zero_release\0")?),
+            flame_zero_gather_params: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_zero_t, *mut flame_params_t) -> flame_status_t>(resolve(b"flame_zero_gather_params\0")?),
             flame_optimizer_state_bytes: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *mut u64) -> flame_status_t>(resolve(b"flame_optimizer_state_bytes\0")?),
             flame_model_known_architectures: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut *const c_char) -> flame_status_t>(resolve(b"flame_model_known_architectures\0")?),
             flame_model_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, *const c_char, *const c_char, *mut flame_model_t) -> flame_status_t>(resolve(b"flame_model_create\0")?),

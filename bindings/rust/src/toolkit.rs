@@ -12,7 +12,7 @@
 //! other hand-written modules; the coverage test checks it together with the generated
 //! [`crate::WRAPPED`] against [`crate::sys::SYMBOLS`].
 
-use crate::{api, check, len_as, slice_ptr, sys, Context, DType, Error, Optimizer, ReduceOp, Result, Status, Tensor};
+use crate::{api, check, len_as, slice_ptr, sys, Context, DType, Error, Model, Optimizer, Params, ReduceOp, Result, Status, Tensor};
 use std::ffi::CString;
 use std::os::raw::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -854,38 +854,49 @@ impl Drop for DataParallel {
     }
 }
 
-/// Options of [`Zero`] (`flame_zero_options_t`); `Default` calls `flame_zero_options_init`.
+/// Options of [`Zero`] (`flame_zero_options_t`); `Default` calls `flame_zero_options_init`. The
+/// model of stage 3 is an argument of [`Zero::with_model`], not an option.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ZeroOptions {
-    /// 1: all-reduce the gradients; 2: reduce-scatter them (full gradients freed after the step).
+    /// 1: all-reduce the gradients; 2: reduce-scatter them (full gradients freed after the step);
+    /// 3: also shard a model's block parameters ([`Zero::with_model`] sets it).
     pub stage: i32,
     pub broadcast_parameters: bool,
     /// > 0: clip the gradients by their global 2-norm; 0: no clipping.
     pub max_grad_norm: f64,
+    /// Stage 3: device buffers of gathered blocks, in [2, 64].
+    pub gather_slots: i32,
 }
 
 impl Default for ZeroOptions {
     fn default() -> Self {
         let r: sys::flame_zero_options_t = init_raw(|a, p| unsafe { (a.flame_zero_options_init)(p) });
-        ZeroOptions { stage: r.stage, broadcast_parameters: r.broadcast_parameters != 0, max_grad_norm: r.max_grad_norm }
+        ZeroOptions {
+            stage: r.stage,
+            broadcast_parameters: r.broadcast_parameters != 0,
+            max_grad_norm: r.max_grad_norm,
+            gather_slots: r.gather_slots,
+        }
     }
 }
 
 impl ZeroOptions {
-    /// The C struct with `struct_size` set.
+    /// The C struct with `struct_size` set (and no model).
     pub fn to_raw(&self) -> sys::flame_zero_options_t {
         sys::flame_zero_options_t {
             struct_size: std::mem::size_of::<sys::flame_zero_options_t>(),
             stage: self.stage,
             broadcast_parameters: self.broadcast_parameters as i32,
             max_grad_norm: self.max_grad_norm,
+            model: std::ptr::null_mut(),
+            gather_slots: self.gather_slots,
         }
     }
 }
 
-/// Optimizer state sharded over the ranks of a communicator (`flame_zero_t`, ZeRO-1 / ZeRO-2).
-/// [`Zero::step`] replaces [`DataParallel::wait`] + `Optimizer::step`. Drop releases it (the
-/// optimizer stays sharded).
+/// Optimizer state sharded over the ranks of a communicator (`flame_zero_t`, ZeRO-1 / ZeRO-2),
+/// and with [`Zero::with_model`] a model's parameters too (ZeRO-3). [`Zero::step`] replaces
+/// [`DataParallel::wait`] + `Optimizer::step`. Drop releases it (the optimizer stays sharded).
 pub struct Zero {
     raw: sys::flame_zero_t,
 }
@@ -898,6 +909,27 @@ impl Zero {
         let mut raw = std::ptr::null_mut();
         check(unsafe { (api()?.flame_zero_create)(comm.raw, opt.as_raw(), &raw_opts, &mut raw) })?;
         Ok(Zero { raw })
+    }
+
+    /// Collective, stage 3 (`flame_zero_create` with `opts->model`): shards `model`'s block
+    /// parameters as well as `opt` over `comm`. The model must have run one forward (gradients
+    /// may be off) so that it knows its blocks; its sharded parameters then hold no values of their
+    /// own ([`Zero::gather_params`] gathers them). `opts.stage` is ignored (3).
+    pub fn with_model(comm: &Comm, opt: &Optimizer, model: &Model, opts: &ZeroOptions) -> Result<Zero> {
+        let mut raw_opts = opts.to_raw();
+        raw_opts.stage = 3;
+        raw_opts.model = model.as_raw();
+        let mut raw = std::ptr::null_mut();
+        check(unsafe { (api()?.flame_zero_create)(comm.raw, opt.as_raw(), &raw_opts, &mut raw) })?;
+        Ok(Zero { raw })
+    }
+
+    /// Collective, stage 3 (`flame_zero_gather_params`): every parameter of the model with its
+    /// values, the sharded ones gathered into new tensors.
+    pub fn gather_params(&self) -> Result<Params> {
+        let mut raw: sys::flame_params_t = std::ptr::null_mut();
+        check(unsafe { (api()?.flame_zero_gather_params)(self.raw, &mut raw) })?;
+        Ok(unsafe { Params::from_raw(raw) })
     }
 
     /// Collective: one sharded optimizer step (`flame_zero_step`); returns the global gradient
@@ -1050,6 +1082,7 @@ pub const HAND_WRAPPED: &[(&str, &str)] = &[
     ("flame_zero_create", "Zero::new"),
     ("flame_zero_step", "Zero::step"),
     ("flame_zero_release", "Zero::drop"),
+    ("flame_zero_gather_params", "Zero::gather_params"),
     ("flame_optimizer_state_bytes", "Optimizer::state_bytes"),
     ("flame_fused_compile", "Fused::compile"),
     ("flame_fused_call", "Fused::call"),

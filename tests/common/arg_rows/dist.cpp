@@ -1,5 +1,5 @@
 // Argument-matrix rows (tests/common/arg_matrix.h) for the distributed section: communicators,
-// collectives and the data-parallel helper. Live handles are world-size-1 communicators (NCCL must
+// collectives, the data-parallel helper and ZeRO (a.zero3: stage 3 over a tiny model). Live handles are world-size-1 communicators (NCCL must
 // be present where the GPU matrix runs).
 #include "arg_matrix.h"
 
@@ -62,6 +62,7 @@ FLAME_ARG_ROW(flame_zero_options_init, a.out<flame_zero_options_t>("opts"));
 FLAME_ARG_ROW(flame_zero_create, a.comm("comm"), a.opt("opt"), zero_opts(a), a.out_zero("out"));
 FLAME_ARG_ROW(flame_zero_step, a.zero("zero"), a.opt_out_t("total_norm"));
 FLAME_ARG_VOID(flame_zero_release, a.release_zero("zero"));
+FLAME_ARG_ROW(flame_zero_gather_params, a.zero3("zero"), a.out_params("params"));
 FLAME_ARG_ROW(flame_optimizer_state_bytes, a.opt("opt"), a.out<uint64_t>("bytes"));
 
 }  // namespace
