@@ -19,8 +19,9 @@
 //    the block's weights another way (offload: none, the block reads host memory in place;
 //    sharding: a one-off buffer gathered on the compute stream).
 // The host's decisions (which block goes to which slot, when to fetch) depend only on the order of
-// calls and tensor lifetimes, so ranks running the same program make the same ones, in the same
-// order: the sharding's collectives on the fetch stream match across ranks.
+// calls, tensor lifetimes and the Sources' versions, so ranks running the same program make the
+// same ones, in the same order, as long as a Source whose fetch is a collective reports the same
+// versions on every rank: the sharding's collectives on the fetch stream then match across ranks.
 #pragma once
 #include <cstdint>
 #include <functional>

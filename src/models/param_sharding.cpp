@@ -124,12 +124,15 @@ std::shared_ptr<BlockFetch> ParamSharding::make_fetch() {
   auto fetch = std::make_shared<BlockFetch>(*ctx_, slots_, slot_bytes_, "parameter sharding (flame_zero_create stage 3)");
   std::shared_ptr<Comm> comm = comm_;
   for (const Flat& f : flats_) {
-    const Tensor value = f.value;
+    const Tensor value = f.value;  // kept alive by the Source
     const size_t count = static_cast<size_t>(f.shard);
     const ncclDataType_t dt = nccl_dtype(f.dtype);
     BlockFetch::Source src;
     src.fetch = [comm, value, count, dt](CUdeviceptr dst, CUstream s) { comm->enqueue_all_gather(value->data(), dst, count, dt, s); };
-    src.version = [value] { return value->storage->version.load(); };  // the optimizer's writes move it
+    // The shards change only at a step, on every rank at once: a count of steps, the same on every
+    // rank (a local version counter would not be: a rank whose part of a block is frozen would keep
+    // its gathered copy while the others gather again, and the collectives would no longer match).
+    src.version = [this] { return epoch_; };
     fetch->add_block(f.block, std::move(src));
     for (const Member& m : f.members) fetch->place(m.name, BlockFetch::Placement{f.block, m.offset});
   }
@@ -221,6 +224,7 @@ bool ParamSharding::part(const TensorImpl& p, Part* out) const {
 }
 
 void ParamSharding::before_step() {
+  ++epoch_;  // every gathered block is stale from now on
   if (fetch_) fetch_->compute_after_fetch();  // no gather in flight reads a shard the step writes
 }
 

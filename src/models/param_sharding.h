@@ -102,6 +102,7 @@ class ParamSharding : public ShardedParameters, public std::enable_shared_from_t
   std::unordered_map<const TensorImpl*, Where> where_tensor_;
   size_t slot_bytes_ = 0;
   std::shared_ptr<BlockFetch> fetch_;  // set by shard()
+  uint64_t epoch_ = 0;                 // steps so far: the version of every block's gathered weights
   std::vector<ActiveGather> active_;   // nested block entries, innermost last
 };
 
