@@ -2327,7 +2327,8 @@ FLAME_API flame_status_t flame_model_load(flame_ctx_t ctx, const char* path, con
  * Builds at most one stored tensor at a time on the device beside the parameters. Waits for the device.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or path NULL; a layout the class does not have, or one
  * that cannot hold this model, e.g. a shape the loader would not read back: the message names the
- * layout and the class), FLAME_ERROR_IO, FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_OUT_OF_MEMORY,
+ * layout and the class; a model whose parameters are sharded over ranks by flame_zero_create stage 3:
+ * save flame_zero_gather_params' list instead), FLAME_ERROR_IO, FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_OUT_OF_MEMORY,
  * FLAME_ERROR_CUDA. Nothing is written on error (the previous file at path stays). */
 FLAME_API flame_status_t flame_model_save(flame_model_t model, const char* path, const char* layout);
 
@@ -2448,7 +2449,8 @@ FLAME_API flame_status_t flame_model_set_checkpointing(flame_model_t model, int6
  * "<module>.lora_magnitude_vector", [out]) per module in the model's order (hand it to flame_optimizer_create; writing into them changes the adapter). NULL on failure,
  * and the model is unchanged.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or adapter_params NULL, options not valid JSON, an
- * unknown key or a bad value naming it, a name in use, a target matching no linear layer),
+ * unknown key or a bad value naming it, a name in use, a target matching no linear layer, a model
+ * sharded over ranks by flame_zero_create stage 3: add adapters before sharding),
  * FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA, FLAME_ERROR_UNSUPPORTED
  * (during a graph capture). */
 FLAME_API flame_status_t flame_model_add_lora(flame_model_t model, const char* options_json, flame_params_t* adapter_params);
@@ -2494,7 +2496,7 @@ FLAME_API flame_status_t flame_model_save_lora(flame_model_t model, const char* 
  * OUT *adapter_params: a new list of the adapter's tensors (as flame_model_add_lora). NULL on failure,
  * and the model is unchanged.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model, path or adapter_params NULL, a bad option, a name in
- * use), FLAME_ERROR_IO, FLAME_ERROR_INVALID_FORMAT (not safetensors, a key no rule knows or whose
+ * use, a model sharded over ranks by flame_zero_create stage 3), FLAME_ERROR_IO, FLAME_ERROR_INVALID_FORMAT (not safetensors, a key no rule knows or whose
  * module the model lacks, shapes contradicting the model, LyCORIS keys (LoHa, LoKr, an input-axis
  * dora_scale [1, in]), nothing for the
  * component: the message names the file and key), FLAME_ERROR_INVALID_HANDLE,
@@ -2516,7 +2518,7 @@ FLAME_API flame_status_t flame_model_remove_lora(flame_model_t model, const char
  * the adapter's tensors live on while references to them are held. Other adapters stay; a DoRA
  * adapter on the same layers then normalises the merged weight (as peft).
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model NULL, no adapter of that name, a weight of a dtype a
- * merge cannot write: nothing changed), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_UNSUPPORTED (during a
+ * merge cannot write, a model sharded over ranks by flame_zero_create stage 3: nothing changed), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_UNSUPPORTED (during a
  * graph capture), FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA (the layers merged before the failure
  * stay merged and leave the adapter, the others keep it: the model computes the same function). */
 FLAME_API flame_status_t flame_model_merge_lora(flame_model_t model, const char* name);
