@@ -23,11 +23,12 @@
  * benchmark's own wait is left out): launches, cast kernels, host syncs and driver allocations per
  * step (a replayed graph is one launch), and the wall time from the process's start (main) to the end of
  * the first warm-up step, the model loaded or made (start_to_first_step_ms; 0 without a warm-up).
- * --zero STAGE (1 or 2) is a full fine-tune on one rank of a launcher's job (flame-run or torchrun:
+ * --zero STAGE (1, 2 or 3) is a full fine-tune on one rank of a launcher's job (flame-run or torchrun:
  * RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; the context on device LOCAL_RANK): AdamW with
  * f32 master weights over every parameter that requires grad, sharded with flame_zero_create at that
- * stage, each step ending in flame_zero_step; each rank prints its own RESULT (optimizer_state_bytes:
- * this rank's share of the optimizer state). */
+ * stage (3: the model's block parameters too, after one forward without gradients so that the model
+ * knows its blocks), each step ending in flame_zero_step; each rank prints its own RESULT
+ * (optimizer_state_bytes: this rank's share of the optimizer state). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>
@@ -97,7 +98,7 @@ static Args parse(int argc, char** argv) {
   }
   if ((!a.load == !a.arch) || !a.inputs || !a.grads || a.steps < 1 || a.warmup < 0) usage();
   if (a.graph && (!a.lora || a.warmup < 1)) usage();  /* a captured step needs the optimizer's state made */
-  if (a.zero && (a.lora || a.graph || a.zero < 1 || a.zero > 2)) usage();
+  if (a.zero && (a.lora || a.graph || a.zero < 1 || a.zero > 3)) usage();
   return a;
 }
 
@@ -233,9 +234,11 @@ static int compare_doubles(const void* a, const void* b) {
 }
 
 /* --zero: AdamW (f32 master weights of the bf16 parameters) over every parameter that requires grad,
- * sharded over the communicator at the given stage (rank 0's values broadcast to every rank). */
-static flame_optimizer_t full_finetune_optimizer(flame_ctx_t ctx, flame_comm_t comm, flame_params_t params, Args a,
-                                                 flame_zero_t* zero) {
+ * sharded over the communicator at the given stage (rank 0's values broadcast to every rank). Stage 3
+ * first runs one forward on inputs without gradients: the model learns which parameters each block
+ * reads, which flame_zero_create then shards. */
+static flame_optimizer_t full_finetune_optimizer(flame_ctx_t ctx, flame_comm_t comm, flame_model_t model,
+                                                 flame_params_t params, flame_params_t inputs, Args a, flame_zero_t* zero) {
   int64_t n = 0, trainable = 0;
   check(flame_params_count(params, &n), "flame_params_count");
   flame_tensor_t* list = calloc((size_t)(n > 0 ? n : 1), sizeof(flame_tensor_t));
@@ -257,6 +260,15 @@ static flame_optimizer_t full_finetune_optimizer(flame_ctx_t ctx, flame_comm_t c
   flame_zero_options_t zo;
   check(flame_zero_options_init(&zo), "flame_zero_options_init");
   zo.stage = (int32_t)a.zero;
+  if (a.zero == 3) {
+    flame_params_t outputs = NULL;
+    int32_t grad_mode = 1;
+    check(flame_ctx_set_grad_enabled(ctx, 0, &grad_mode), "flame_ctx_set_grad_enabled");
+    check(flame_model_forward(model, inputs, &outputs), "flame_model_forward");
+    flame_params_release(outputs);
+    check(flame_ctx_set_grad_enabled(ctx, grad_mode, NULL), "flame_ctx_set_grad_enabled");
+    zo.model = model;
+  }
   check(flame_zero_create(comm, opt, &zo, zero), "flame_zero_create");
   return opt;
 }
@@ -309,10 +321,10 @@ int main(int argc, char** argv) {
   }
   check(flame_model_params(model, &params), "flame_model_params");
   flame_zero_t zero = NULL;
-  if (a.zero) opt = full_finetune_optimizer(ctx, comm, params, a, &zero);
   TensorFile in = read_tensors(ctx, a.inputs), grads = read_tensors(ctx, a.grads);
   check(flame_params_create(ctx, &inputs), "flame_params_create");
   for (int64_t i = 0; i < in.n; ++i) check(flame_params_add(inputs, in.names[i], in.tensors[i]), "flame_params_add");
+  if (a.zero) opt = full_finetune_optimizer(ctx, comm, model, params, inputs, a, &zero);
 
   double start_to_first_step_ms = 0;
   for (long i = 0; i < a.warmup; ++i) {
