@@ -88,7 +88,7 @@ class ParamSharding : public ShardedParameters, public std::enable_shared_from_t
   void lay_out(const Model& m);
   void check_same_layout_on_every_rank();
   std::shared_ptr<BlockFetch> make_fetch();
-  // The flat range [lo, hi) of f (in this rank's shard or anywhere) as a 1-D view of buf starting at buf_lo.
+  // This rank's elements of f's flat, copied from the whole parameters into shard (zeros elsewhere).
   void copy_member_parts(const Flat& f, const Tensor& shard);
   void reduce_gradients(size_t flat, const std::vector<Tensor>& grads);
   std::shared_ptr<Node> gather_node(size_t flat);
