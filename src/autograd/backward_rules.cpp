@@ -21,6 +21,7 @@
 #include "ops/derivatives.h"
 #include "ops/nnops.h"
 #include "ops/ops.h"
+#include "ops/quantized.h"
 
 namespace flame {
 
@@ -548,6 +549,14 @@ Grads node_backward(Node& n, const Grads& gs) {
 RULE(Checkpoint) { return node_backward(n, {g}); }
 RULE(Fused) { return node_backward(n, {g}); }
 RULE(ShardGather) { return node_backward(n, {g}); }
+
+// ---- the frozen fp8 base's linear layer (ops/quantized.h; inputs {x, bias}, saved {q, scale}) ----
+RULE(QuantizedLinear) {  // y = x W^T + b, W = q * scale frozen: gx = g W with W dequantised again; gb = column sums of g
+  Tensor gx, gb;
+  if (n.needs_input_grad(0)) gx = mm(g, dequantize(saved(n, 0), saved(n, 1), g->dtype));
+  if (n.needs_input_grad(1)) gb = linear_weight_grad(g, nullptr, false, true, n.inputs[1].dtype).second;
+  return {gx, gb};
+}
 
 // ---- mse_loss / l1_loss with reduction mean or sum (ops/loss.h; inputs {input, target}, both saved;
 // attributes PointwiseLossAttrs): the fused kernel, or under create_graph the same gradient composed of ops,

@@ -8,6 +8,7 @@
 #include "models/model_registry.h"
 #include "ops/ops.h"
 #include "models/param_sharding.h"
+#include "ops/quantized.h"
 #include "toolkit/checkpoint.h"
 
 namespace flame::models {
@@ -130,10 +131,8 @@ void Model::check_not_sharded(const char* what) const {
 
 Tensor Model::param(const std::string& name) const {
   const Tensor w = fetched(name, params_.get(name));
-  if (!quantized_.empty()) {
-    auto it = quantized_.find(name);
-    if (it != quantized_.end()) return dequantize(w, fetched(it->second, params_.get(it->second)), options_.compute_dtype);
-  }
+  // a quantised linear weight as stored (F8): adapted_linear runs it through ops::quantized_linear
+  if (!quantized_.empty() && quantized_.count(name)) return w;
   return w->dtype == options_.compute_dtype ? w : ops::to_dtype(w, options_.compute_dtype);
 }
 
@@ -249,10 +248,7 @@ const LoraAdapter& add_lora(Model& m, const LoraAdapterOptions& options) {
   if (options.dora)  // peft's DoraLinearLayer.update_layer: m = ||W + scale B A||_row (B = 0: ||W||_row)
     for (LoraModule& lm : adapter->modules) {
       // the weight's value: an fp8 base's weight (quantize option) through its scale
-      const std::string w = lm.module + ".weight";
-      const Tensor* scale = m.quantization_scale(w);
-      const Tensor weight = scale ? dequantize(m.params().get(w), *scale, FLAME_DTYPE_F32) : m.params().get(w);
-      lm.magnitude = ops::to_dtype(dora_row_norms(weight, lm), options.dtype);
+      lm.magnitude = ops::to_dtype(dora_row_norms(weight_value_f32(m, lm.module + ".weight"), lm), options.dtype);
       autograd_meta(*lm.magnitude).requires_grad = true;
     }
   m.add_lora_adapter(adapter);
@@ -292,21 +288,58 @@ void merge_lora(Model& m, const std::string& name) {
   m.remove_lora_adapter(name);
 }
 
-Tensor Model::adapted_linear(const Tensor& x, const std::string& module, const Tensor& weight, const Tensor& bias,
-                             ops::Activation act) const {
-  std::vector<std::pair<const LoraAdapter*, const LoraModule*>> terms;
-  for (const auto& a : adapters_)
-    if (const LoraModule* m = a->find(module)) terms.emplace_back(a.get(), m);
-  if (terms.empty()) return ops::linear(x, weight, bias, act);
-  const Tensor base = ops::linear(x, weight, bias, ops::Activation::None);
-  Tensor y = base;
-  for (const auto& [adapter, m] : terms) y = ops::add(y, lora_delta(*adapter, *m, x, {weight, bias, base}, training_));
+namespace {
+Tensor activate(const Tensor& y, ops::Activation act) {
   switch (act) {
     case ops::Activation::None: return y;
     case ops::Activation::Relu: return ops::unary(OpId::Relu, y);
     case ops::Activation::GeluTanh: return ops::unary(OpId::GeluTanh, y);
   }
   fail(FLAME_ERROR_INTERNAL, "unknown activation of a linear layer");
+}
+}  // namespace
+
+Tensor weight_value_f32(const Model& m, const std::string& weight_name) {
+  const Tensor& w = m.params().get(weight_name);
+  if (const Tensor* scale = m.quantization_scale(weight_name)) return dequantize(w, *scale, FLAME_DTYPE_F32);
+  return w;
+}
+
+Tensor Model::adapted_linear(const Tensor& x, const std::string& module, const Tensor& weight, const Tensor& bias,
+                             ops::Activation act) const {
+  std::vector<std::pair<const LoraAdapter*, const LoraModule*>> terms;
+  bool dora = false;
+  for (const auto& a : adapters_)
+    if (const LoraModule* m = a->find(module)) {
+      terms.emplace_back(a.get(), m);
+      dora = dora || m->magnitude;
+    }
+  // A quantised weight arrives as stored (param()): the layer keeps it, not a dequantised copy, for backward.
+  const bool quantized = weight->dtype == FLAME_DTYPE_F8_E4M3 || weight->dtype == FLAME_DTYPE_F8_E5M2;
+  Tensor scale;  // fetched as the weight was: an offloaded or sharded block's scale lives in its slot
+  if (quantized) {
+    auto it = quantized_.find(module + ".weight");
+    if (it != quantized_.end()) scale = fetched(it->second, params_.get(it->second));
+  }
+  FLAME_CHECK(!quantized || scale, FLAME_ERROR_INTERNAL, "the F8 weight of ", module, " is not a quantised parameter of ",
+              class_name_);
+  if (terms.empty())
+    return scale ? activate(ops::quantized_linear(x, weight, scale, bias), act) : ops::linear(x, weight, bias, act);
+  LoraBaseLinear base_linear;
+  base_linear.bias = bias;
+  if (scale) {
+    base_linear.quantized = weight;
+    base_linear.scale = scale;
+    // DoRA's norms read the weight's value: dequantised here as param() did before, for this call only
+    if (dora) base_linear.weight = dequantize(weight, scale, options_.compute_dtype);
+    base_linear.output = ops::quantized_linear(x, weight, scale, bias);
+  } else {
+    base_linear.weight = weight;
+    base_linear.output = ops::linear(x, weight, bias, ops::Activation::None);
+  }
+  Tensor y = base_linear.output;
+  for (const auto& [adapter, m] : terms) y = ops::add(y, lora_delta(*adapter, *m, x, base_linear, training_));
+  return activate(y, act);
 }
 
 Tensor Model::to_compute(const Tensor& t) const {

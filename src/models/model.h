@@ -151,11 +151,13 @@ class Model : public std::enable_shared_from_this<Model> {
   virtual NamedTensors run(const NamedTensors& inputs) = 0;
   static const Tensor& input(const NamedTensors& inputs, const std::string& name);
   static const Tensor* optional_input(const NamedTensors& inputs, const std::string& name);
-  // The parameter called name in compute_dtype (a recorded cast when the storage dtype differs; a
-  // quantised weight dequantised, as a constant: quantized_weights.h dequantize).
+  // The parameter called name in compute_dtype (a recorded cast when the storage dtype differs). A
+  // quantised linear weight comes back as stored (F8) for adapted_linear, the one place it goes.
   Tensor param(const std::string& name) const;
   // linear(x, weight, bias) (bias may be null) plus the term of every LoRA adapter on module, then act:
-  // the one way an architecture runs a linear layer, so that adapters reach all of them.
+  // the one way an architecture runs a linear layer, so that adapters reach all of them. A quantised
+  // weight (F8, from param()) runs through ops::quantized_linear with its scale: the graph keeps the
+  // F8 weight for the input gradient, not a dequantised copy (ops/quantized.h).
   Tensor adapted_linear(const Tensor& x, const std::string& module, const Tensor& weight, const Tensor& bias,
                         ops::Activation act = ops::Activation::None) const;
   // Whether every block must run through run_block, checkpointed or not: while the first forward
@@ -203,6 +205,10 @@ class Model : public std::enable_shared_from_this<Model> {
   mutable BlockParams block_params_;        // learnt by param() and run_block in the first forward
   std::shared_ptr<ParamSharding> sharding_;  // null unless sharded over ranks
 };
+
+// The value of m's weight called weight_name in f32 when quantised (dequantised, not recorded), else
+// the stored tensor itself: what DoRA's norms read.
+Tensor weight_value_f32(const Model& m, const std::string& weight_name);
 
 // A new LoRA adapter on m made from options (the model's default targets when options.targets is
 // empty), added to m; with options.freeze_base every parameter of m stops requiring grad. Nothing

@@ -81,11 +81,15 @@ std::shared_ptr<LoraAdapter> create_lora_adapter(Context& ctx, const std::vector
                                                  const LoraAdapterOptions& options);
 
 // The linear layer an adapter term is added to: its weight and bias (may be null) as the forward
-// uses them (compute dtype) and its output x W^T + b.
+// uses them (compute dtype) and its output x W^T + b. Over a quantised weight, `quantized` and `scale`
+// hold it as stored (F8 and its f32 scale; ops/quantized.h) and `weight` is its dequantised value,
+// set only when a DoRA term reads it (the norms), else null.
 struct LoraBaseLinear {
   Tensor weight;
   Tensor bias;
   Tensor output;
+  Tensor quantized;
+  Tensor scale;
 };
 
 // The adapter's term for module m in x's dtype, recorded: multiplier * scale * B(A(dropout(x))), or

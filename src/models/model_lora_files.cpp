@@ -61,9 +61,9 @@ Tensor magnitude_piece(const Model& model, const LoraAdapter& adapter, const Lor
                 " the adapter lacks");
     v = ops::to_dtype(m->magnitude, FLAME_DTYPE_F32);
   } else if (m) {
-    v = dora_row_norms(model.params().get(p.module + ".weight"), *m);
+    v = dora_row_norms(weight_value_f32(model, p.module + ".weight"), *m);  // an fp8 base through its scale
   } else {
-    const Tensor& w = model.params().get(p.module + ".weight");
+    const Tensor w = weight_value_f32(model, p.module + ".weight");
     v = ops::norm(ops::to_dtype(w, FLAME_DTYPE_F32), 2.0, {1}, false);
   }
   return p.swap_halves ? swap_row_halves(v) : v;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include "core/error.h"
 #include "ops/ops.h"
+#include "ops/quantized.h"
 
 namespace flame::models {
 
@@ -87,7 +88,12 @@ void read_dequantized(const CheckpointFiles& view, const ParamSource& src, const
     per_row[0] = dst->shape[0];
     s = ops::reshape(s, per_row);
   }
-  ops::copy_into(dst, dequantize(q, s, dst->dtype));
+  const bool f8 = q->dtype == FLAME_DTYPE_F8_E4M3 || q->dtype == FLAME_DTYPE_F8_E5M2;
+  if (f8 && dst->contiguous() && (dst->dtype == FLAME_DTYPE_F32 || dst->dtype == FLAME_DTYPE_BF16 ||
+                                  dst->dtype == FLAME_DTYPE_F16 || dst->dtype == FLAME_DTYPE_F64))
+    ops::dequantize_into(q, s, dst);  // straight into the parameter, one kernel
+  else
+    ops::copy_into(dst, dequantize(q, s, dst->dtype));
 }
 
 }  // namespace

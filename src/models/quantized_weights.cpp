@@ -2,6 +2,7 @@
 #include "models/quantized_weights.h"
 #include "core/error.h"
 #include "ops/ops.h"
+#include "ops/quantized.h"
 #include "runtime/context.h"
 
 namespace flame::models {
@@ -14,6 +15,8 @@ const char kWeightSuffix[] = ".weight";
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
+
+bool is_f8(DType d) { return d == FLAME_DTYPE_F8_E4M3 || d == FLAME_DTYPE_F8_E5M2; }
 
 // Runs the enclosed ops without recording them.
 struct NoGradScope {
@@ -86,6 +89,8 @@ void quantize_into(const Tensor& w, const Tensor& q, const Tensor& scale) {
 Tensor dequantize(const Tensor& q, const Tensor& scale, DType dtype) {
   NoGradScope no_grad(q->ctx());
   const Tensor s = scale->dtype == FLAME_DTYPE_F32 ? scale : ops::to_dtype(scale, FLAME_DTYPE_F32);
+  if (is_f8(q->dtype)) return ops::dequantize(q, s, dtype);  // one kernel, no f32 temporary
+  // a scaled weight of another dtype (a file's bf16 weight with a scale): the same arithmetic, composed
   const Tensor w = ops::mul(ops::to_dtype(q, FLAME_DTYPE_F32), s);
   return dtype == FLAME_DTYPE_F32 ? w : ops::to_dtype(w, dtype);
 }

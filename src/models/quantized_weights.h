@@ -7,7 +7,9 @@
 //
 // This file holds the option ("quantize" of the model options), the names, and the two tensor
 // operations: quantize_into (any float weight -> F8 + scale, on the GPU, not recorded) and
-// dequantize (F8 + scale -> the compute dtype, computed in f32 and rounded once).
+// dequantize (F8 + scale -> the compute dtype, computed in f32 and rounded once). A model's linear
+// layer runs over its quantised weight through ops::quantized_linear (ops/quantized.h), which saves
+// the F8 weight and its scale for backward rather than a dequantised copy (Model::adapted_linear).
 #pragma once
 #include <string>
 #include <nlohmann/json.hpp>
@@ -46,8 +48,8 @@ Shape scale_shape(QuantScale scale, const Shape& weight_shape);
 // rounded to nearest even. Runs on the GPU without recording; bumps q's and scale's versions.
 void quantize_into(const Tensor& w, const Tensor& q, const Tensor& scale);
 
-// q (F8) * scale (f32, 0-d or [out, 1]) in dtype: computed in f32, rounded once to dtype. Computed
-// without recording (the quantised weights are frozen: no gradient reaches q or scale even if one
+// q (F8) * scale (f32, 0-d or [out, 1]) in dtype: computed in f32, rounded once to dtype, by one
+// kernel for an fp8 q (ops::dequantize; any other q dtype is composed of ops). Computed without recording (the quantised weights are frozen: no gradient reaches q or scale even if one
 // was asked for), so the result is a constant of the graph; the linear layer that uses it still
 // passes gradients to its input and to the LoRA adapters beside it.
 Tensor dequantize(const Tensor& q, const Tensor& scale, DType dtype);

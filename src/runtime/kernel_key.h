@@ -34,7 +34,8 @@ struct KernelTemplate {
   const char* name;                       // qualified: "flame::norm_fwd"
   std::array<TArg, kKernelMaxArgs> args;  // End-terminated; none: a plain kernel (no "<>")
   // Whether a Dtype argument may be a storage-only dtype (f8): only the elementwise kernels, whose
-  // launcher (ops/launch.cpp) admits f8 for conversions and fills alone. kernel_name refuses an
+  // launcher (ops/launch.cpp) admits f8 for conversions and fills alone, and the dequantisation
+  // kernel (ops/quantized.cpp), which decodes f8 into a float dtype. kernel_name refuses an
   // f8 argument of any other template with FLAME_ERROR_UNSUPPORTED.
   bool storage_dtypes = false;
 };

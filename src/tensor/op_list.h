@@ -231,6 +231,12 @@
 // function): one fused call per input (g * d expr / d x_i), so it is differentiable to any order.
 #define FLAME_FUSED_OPS(X) \
   X(Fused, fused, RULE)                               
+// ---- the frozen fp8 base's linear layer (src/ops/quantized.cpp, kernel cuda/dequantize.cuh) ----
+// y = x W^T + b with W = q * scale frozen in fp8: one node over (x, bias) that saves q and scale, not
+// the dequantised W; its rule dequantises them again for the input gradient. No C entry point (the
+// model layer's "quantize" option uses it).
+#define FLAME_QUANTIZED_OPS(X) \
+  X(QuantizedLinear, quantized_linear, RULE)          
 
 // Every elementwise row (5 columns), then every other row (3 columns), in OpId order.
 #define FLAME_ELEMENTWISE_OPS(X)                                                                  \
@@ -239,7 +245,7 @@
 #define FLAME_GRAPH_OPS(X)                                                                           \
   FLAME_STRUCTURAL_OPS(X) FLAME_NN_OPS(X) FLAME_NN_INTERNAL_OPS(X) FLAME_LOSS_OPS(X) FLAME_INDEXING_OPS(X) \
   FLAME_CONV_OPS(X) FLAME_ATTENTION_OPS(X) FLAME_ATTENTION_INTERNAL_OPS(X) FLAME_NNOPS_OPS(X)           \
-  FLAME_TOOLKIT_OPS(X) FLAME_MODEL_OPS(X) FLAME_FUSED_OPS(X)
+  FLAME_TOOLKIT_OPS(X) FLAME_MODEL_OPS(X) FLAME_FUSED_OPS(X) FLAME_QUANTIZED_OPS(X)
 #define FLAME_ALL_OPS(X) FLAME_ELEMENTWISE_OPS(X) FLAME_GRAPH_OPS(X)
 
 namespace flame {

@@ -310,6 +310,15 @@ TEST_P(KernelCompile, NnopsRope) {
   compile_all("rope.cuh", names, GetParam());
 }
 
+// ---- the frozen fp8 base: dequantisation (cuda/dequantize.cuh, src/ops/quantized.cpp) ----
+#include "ops/quantized.h"
+
+TEST_P(KernelCompile, Dequantize) {
+  auto names = flame::ops::dequantize_instantiations();
+  EXPECT_EQ(names.size(), 16u);  // {e4m3, e5m2} x {f32, f16, bf16, f64} x {1, 8} elements per thread
+  compile_all("dequantize.cuh", names, GetParam());
+}
+
 // ---- training toolkit: fused gradient tools and loss scaling (cuda/grad_tools.cuh) ----
 #include "toolkit/grad_tools.h"
 
