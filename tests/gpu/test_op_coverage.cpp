@@ -41,6 +41,10 @@ const std::map<std::string, std::string>& checked_elsewhere() {
                                        "(host reference) and Attention.CreateGraphComposesTheBackwardAndDifferentiatesIt"},
       {"checkpoint", "test_checkpoint.cpp: the same gradients as without checkpointing, several outputs, hooks"},
       {"shard_gather", "test_zero3.cpp: a model trained with sharded parameters (ZeRO-3) equals the replicated run"},
+      {"quantized_linear", "no C entry point (the fp8 base of the model layer): tests/gpu/models/test_quantized_linear.cpp "
+                           "QuantizedOps.LinearEqualsLinearOverTheDequantizedWeight (x and bias gradients against "
+                           "linear over the dequantised weight) and ...UnderCreateGraph; LoRA gradients through "
+                           "models in test_model_quantized.cpp"},
   };
   return m;
 }
