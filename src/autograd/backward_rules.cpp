@@ -550,11 +550,22 @@ RULE(Checkpoint) { return node_backward(n, {g}); }
 RULE(Fused) { return node_backward(n, {g}); }
 RULE(ShardGather) { return node_backward(n, {g}); }
 
-// ---- the frozen fp8 base's linear layer (ops/quantized.h; inputs {x, bias}, saved {q, scale}) ----
-RULE(QuantizedLinear) {  // y = x W^T + b, W = q * scale frozen: gx = g W with W dequantised again; gb = column sums of g
+// ---- the frozen fp8 base's linear layer (ops/quantized.h; inputs {x, bias}; saved q, scale, then relu's
+// output, or gelu's pre-activation, x and the bias, as ops/quantized.cpp lays them out) ----
+RULE(QuantizedLinear) {  // y = act(z), z = x W^T + b, W = q * scale frozen: dz = g act'(z); gx = dz W (W dequantised again); gb = column sums of dz
+  const LinearAttrs& a = n.attrs<LinearAttrs>();
+  const Tensor q = saved(n, 0), s = saved(n, 1);
+  Tensor dz = g;
+  if (a.act == Activation::Relu) dz = where(cmp(OpId::Gt, saved(n, 2), 0), g, like_scalar(g, 0));
+  if (a.act == Activation::GeluTanh) {  // under create_graph the pre-activation is recomputed with its history
+    const Tensor z = g->ctx().recording()
+                         ? quantized_linear(saved(n, 3), q, s, a.has_bias ? saved(n, 4) : nullptr, Activation::None)
+                         : saved(n, 2);
+    dz = binary(OpId::GeluTanhBackward, g, z);
+  }
   Tensor gx, gb;
-  if (n.needs_input_grad(0)) gx = mm(g, dequantize(saved(n, 0), saved(n, 1), g->dtype));
-  if (n.needs_input_grad(1)) gb = linear_weight_grad(g, nullptr, false, true, n.inputs[1].dtype).second;
+  if (n.needs_input_grad(0)) gx = mm(dz, dequantize(q, s, dz->dtype));
+  if (n.needs_input_grad(1)) gb = linear_weight_grad(dz, nullptr, false, true, n.inputs[1].dtype).second;
   return {gx, gb};
 }
 

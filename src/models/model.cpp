@@ -324,7 +324,7 @@ Tensor Model::adapted_linear(const Tensor& x, const std::string& module, const T
   FLAME_CHECK(!quantized || scale, FLAME_ERROR_INTERNAL, "the F8 weight of ", module, " is not a quantised parameter of ",
               class_name_);
   if (terms.empty())
-    return scale ? activate(ops::quantized_linear(x, weight, scale, bias), act) : ops::linear(x, weight, bias, act);
+    return scale ? ops::quantized_linear(x, weight, scale, bias, act) : ops::linear(x, weight, bias, act);
   LoraBaseLinear base_linear;
   base_linear.bias = bias;
   if (scale) {

@@ -189,15 +189,16 @@ Epilogue forward_epilogue(Activation act, bool has_bias, bool keep_aux) {
   return Epilogue::None;
 }
 
-// The core recorded linear: x [R, in], w [out, in], bias [out] or null.
-Tensor linear2d(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) {
+}  // namespace
+
+std::pair<Tensor, Tensor> linear2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act,
+                                           bool keep_aux) {
   Context& ctx = x->ctx();
   const int64_t R = x->shape[0], O = w->shape[0];
   Tensor wt = transpose(alias(w), 0, 1);  // [in, out] view: the GEMM reads W as op T
   Tensor out = make_tensor(ctx, {R, O}, x->dtype);
   Tensor aux;  // gelu: the pre-activation; relu: the fused path's bit mask (see forward_epilogue)
-  const bool keep_aux = act != Activation::None && ctx.recording() &&
-                        (requires_grad(*x) || requires_grad(*w) || (bias && requires_grad(*bias)));
+  keep_aux = keep_aux && act != Activation::None;
   if (out->numel() > 0) {
     bool fused = false;
     const int64_t K = x->shape[1];
@@ -226,6 +227,16 @@ Tensor linear2d(const Tensor& x, const Tensor& w, const Tensor& bias, Activation
   } else if (keep_aux && act == Activation::GeluTanh) {
     aux = make_tensor(ctx, {R, O}, x->dtype);
   }
+  return {out, aux};
+}
+
+namespace {
+
+// The core recorded linear: x [R, in], w [out, in], bias [out] or null.
+Tensor linear2d(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act) {
+  const bool keep_aux = act != Activation::None && x->ctx().recording() &&
+                        (requires_grad(*x) || requires_grad(*w) || (bias && requires_grad(*bias)));
+  auto [out, aux] = linear2d_forward(x, w, bias, act, keep_aux);
   if (auto node = record(OpId::Linear, {x, w, bias}, {out})) {
     // saved: x, W, then relu's output (its mask) or gelu's pre-activation, then gelu's bias (double
     // backward recomputes the pre-activation from x, W and b, since aux carries no history), then

@@ -120,7 +120,12 @@ Tensor bmm(const Tensor& a, const Tensor& b);
 Tensor mm(const Tensor& a, const Tensor& b);
 // act(x W^T + bias); bias may be null. Fused into the GEMM's epilogue where cuBLASLt can.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act);
-struct LinearAttrs {  // node attributes of Linear
+// linear's forward over x [R, in] without recording anything: act(x W^T + bias) and, with keep_aux and
+// an activation, what a backward reads (gelu: the pre-activation; relu, when fused: its bit mask; else
+// null). For ops that record their own node over the same GEMM and epilogue (quantized_linear).
+std::pair<Tensor, Tensor> linear2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Activation act,
+                                           bool keep_aux);
+struct LinearAttrs {  // node attributes of Linear and QuantizedLinear
   Activation act = Activation::None;
   bool has_bias = false;
   bool has_relu_mask = false;  // the fused path saved relu's bit mask (last saved tensor)

@@ -1,8 +1,9 @@
 // Dequantisation and the linear layer over a frozen fp8 weight (ops/quantized.h; kernel:
-// cuda/dequantize.cuh). quantized_linear computes its forward with linear() over a temporary
-// dequantised weight, without recording, and records one QuantizedLinear node over (x, bias) that
-// saves q and scale; the rule (autograd/backward_rules.cpp) dequantises them again.
+// cuda/dequantize.cuh). quantized_linear computes its forward with linear's GEMM and epilogue
+// (linear2d_forward) over a temporary dequantised weight, and records one QuantizedLinear node over
+// (x, bias) that saves q and scale; the rule (autograd/backward_rules.cpp) dequantises them again.
 #include "ops/quantized.h"
+#include <tuple>
 #include "core/error.h"
 #include "ops/nn_rows.h"
 #include "ops/ops.h"
@@ -79,24 +80,34 @@ Tensor ops::dequantize(const Tensor& q, const Tensor& scale, DType dtype) {
 
 namespace {
 
-// The recorded 2-D layer: x [R, in], q [out, in].
-Tensor quantized_linear2d(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor& bias) {
+// The recorded 2-D layer: x [R, in], q [out, in]. Saved: q, scale, then relu's output, or gelu's
+// pre-activation followed by x and the bias (create_graph recomputes the pre-activation with history).
+Tensor quantized_linear2d(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor& bias, ops::Activation act) {
   Context& ctx = x->ctx();
-  Tensor out;
+  const bool gelu = act == ops::Activation::GeluTanh;
+  const bool keep_aux = gelu && ctx.recording() && (requires_grad(*x) || (bias && requires_grad(*bias)));
+  Tensor out, aux;
   {
-    GradModeGuard untracked(ctx, ctx.mode.with_grad(false));
-    out = ops::linear(x, ops::dequantize(q, scale, x->dtype), bias, ops::Activation::None);
+    const Tensor w = ops::dequantize(q, scale, x->dtype);
+    std::tie(out, aux) = ops::linear2d_forward(x, w, bias, act, keep_aux);
   }  // the dequantised weight goes here; the node keeps q and scale
   if (auto node = record(OpId::QuantizedLinear, {x, bias}, {out})) {
+    node->attributes = ops::LinearAttrs{act, bias != nullptr, false};
     node->saved.emplace_back(q, false);
     node->saved.emplace_back(scale, false);
+    if (act == ops::Activation::Relu) node->saved.emplace_back(out, true);
+    if (gelu) {
+      node->saved.emplace_back(aux, false);
+      node->saved.emplace_back(x, false);
+      if (bias) node->saved.emplace_back(bias, false);
+    }
   }
   return out;
 }
 
 }  // namespace
 
-Tensor ops::quantized_linear(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor& bias) {
+Tensor ops::quantized_linear(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor& bias, Activation act) {
   check_quantized(q, scale, "quantized_linear");
   FLAME_CHECK(&x->ctx() == &q->ctx(), FLAME_ERROR_INVALID_ARGUMENT, "quantized_linear: x and the weight belong to different contexts");
   FLAME_CHECK(is_compute_float(x->dtype), FLAME_ERROR_DTYPE_MISMATCH, "quantized_linear: x must be f32, f16, bf16 or f64, not ",
@@ -112,11 +123,11 @@ Tensor ops::quantized_linear(const Tensor& x, const Tensor& q, const Tensor& sca
     FLAME_CHECK(bias->ndim() == 1 && bias->shape[0] == q->shape[0], FLAME_ERROR_SHAPE_MISMATCH, "quantized_linear: bias ",
                 shape_str(bias->shape), " must be [", q->shape[0], "]");
   }
-  if (x->ndim() == 2) return quantized_linear2d(x, q, scale, bias);
+  if (x->ndim() == 2) return quantized_linear2d(x, q, scale, bias, act);
   Shape lead(x->shape.begin(), x->shape.end() - 1);
   int64_t rows = 1;
   for (int64_t s : lead) rows *= s;
-  const Tensor out = quantized_linear2d(reshape(x, {rows, q->shape[1]}), q, scale, bias);
+  const Tensor out = quantized_linear2d(reshape(x, {rows, q->shape[1]}), q, scale, bias, act);
   lead.push_back(q->shape[0]);
   return reshape(out, lead);
 }

@@ -13,6 +13,7 @@
 #pragma once
 #include <string>
 #include <vector>
+#include "ops/ops.h"
 #include "tensor/tensor.h"
 
 namespace flame::ops {
@@ -26,11 +27,15 @@ Tensor dequantize(const Tensor& q, const Tensor& scale, DType dtype);
 // The same into out (contiguous, q's shape, a float dtype as above): bumps out's version.
 void dequantize_into(const Tensor& q, const Tensor& scale, const Tensor& out);
 
-// x [..., in] (f32, f16, bf16 or f64) times W^T plus bias ([out] of x's dtype, or null), with W
-// [out, in] = q * scale dequantised to x's dtype (q fp8 [out, in], scale as dequantize's). The output
-// equals linear(x, dequantize(q, scale, x->dtype), bias) bit for bit; the recorded node reaches x and
-// bias only. Errors: dequantize's, and FLAME_ERROR_SHAPE_MISMATCH / DTYPE_MISMATCH for x or bias.
-Tensor quantized_linear(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor& bias);
+// act(x W^T + bias) for x [..., in] (f32, f16, bf16 or f64) and bias ([out] of x's dtype, or null),
+// with W [out, in] = q * scale dequantised to x's dtype (q fp8 [out, in], scale as dequantize's). The
+// GEMM and its fused epilogue are linear's (ops::linear2d_forward), so the output equals
+// linear(x, dequantize(q, scale, x->dtype), bias, act). The recorded node reaches x and bias only; it
+// saves q and scale, and as Linear does relu's output or gelu's pre-activation (with x and bias, which
+// create_graph recomputes it from). Errors: dequantize's, and FLAME_ERROR_SHAPE_MISMATCH /
+// DTYPE_MISMATCH for x or bias.
+Tensor quantized_linear(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor& bias,
+                        Activation act = Activation::None);
 
 // The kernel instantiations dequantize may launch (tests/cpu/test_kernels.cpp compiles them).
 std::vector<std::string> dequantize_instantiations();
