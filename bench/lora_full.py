@@ -240,9 +240,10 @@ def run_row(name, args):
     extra = ROWS[name][3] if len(ROWS[name]) > 3 else None
     spec = models_full.MODELS[key]()
     row = dict(row=name, model=spec["name"], batch=batch, checkpoint=ckpt, options=extra)
-    if extra:  # FLAME only; the output gradient has the latents' shape (Flux: packed hidden_states)
+    if extra or args.flame_only:  # FLAME only; the output gradient has the latents' shape (Flux: packed hidden_states)
         g = torch.Generator().manual_seed(3)
-        grad_cpu = torch.randn(batched(spec["inputs"], batch)["hidden_states"].shape, generator=g)
+        latents = batched(spec["inputs"], batch)["sample" if key == "sdxl" else "hidden_states"]
+        grad_cpu = torch.randn(latents.shape, generator=g)
         row["torch"] = {}
         row["flame"] = flame_row(spec, key, batch, ckpt, grad_cpu, args, graph=False, extra_options=extra)
         if not args.no_graph:
@@ -308,6 +309,8 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--compile", action="store_true", help="PyTorch with compile_repeated_blocks(fullgraph=True)")
     ap.add_argument("--no-graph", action="store_true", help="FLAME eager only")
+    ap.add_argument("--flame-only", action="store_true",
+                    help="FLAME's rows without PyTorch's (no ratios): FLAME-only rows judged against FLAME's bf16 row")
     ap.add_argument("--work", default="/tmp/flame_lora_full")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--commit", default="")
