@@ -2562,16 +2562,17 @@ typedef struct flame_memory_estimate_t {
  * for backward (per token or pixel position, from the config's widths and the request's shapes),
  * times one factor per family for what FLAME's fused operations keep of it (the UNet 0.845; Flux and
  * SD3 0.68: fitted to the measured peaks below); a checkpointed block keeps its inputs and the
- * largest one is recomputed in backward; on a "quantize" base, a block's linear layers also keep their
- * dequantised weights until backward (so without checkpointing a quantised base saves little), as
- * every block keeps cast copies of its weights when compute_dtype differs from dtype; offloaded
- * blocks are checkpointed. Against FLAME's measured peaks on an H200 (bf16, rank-16 LoRA on
+ * largest one is recomputed in backward; Flux adds backward's working set inside its largest block
+ * (0.6 of its count); a "quantize" base keeps no dequantised weights (its linear layers save the fp8
+ * weight and scale), only the largest one dequantised for one product at a time; every block keeps
+ * cast copies of its weights when compute_dtype differs from dtype; offloaded blocks are checkpointed. Against FLAME's measured peaks on an H200 (bf16, rank-16 LoRA on
  * diffusers' script targets, f32 A/B, AdamW, 1024x1024, T = 77 / 512 / 333; bench/RESULTS.md T6),
  * estimate vs measured in GiB: SDXL B=1 10.24 vs 10.20 (+0.4%, the UNet factor's fit), SDXL B=4
- * 25.47 vs 25.47 (0.0%), SDXL B=4 checkpointed 7.61 vs 7.51 (+1.3%), Flux-dev B=1 checkpointed 24.83
- * vs 25.14 (-1.2%), Flux-dev B=1 44.38 vs 44.84 (-1.0%), SD3.5-medium B=1 10.48 vs 10.30 (+1.7%; these
- * two fit the MMDiT factor together), Flux-dev fp8 base checkpointed 14.39 vs 14.51 (-0.9%),
- * Flux-dev offload 12 GiB checkpointed 14.07 vs 14.38 (-2.1%). Expect a few percent at these sizes;
+ * 25.47 vs 25.47 (0.0%), SDXL B=4 checkpointed 7.61 vs 7.51 (+1.3%), Flux-dev B=1 checkpointed 25.20
+ * vs 25.14 (+0.2%), Flux-dev B=1 44.74 vs 44.84 (-0.2%), SD3.5-medium B=1 10.48 vs 10.30 (+1.7%; these
+ * two fit the MMDiT factor together; Flux's backward transient is fitted to a mid-sized Flux), Flux-dev
+ * fp8 base checkpointed 14.22 vs 14.13 (+0.6%), Flux-dev offload 12 GiB checkpointed 14.44 vs 14.38
+ * (+0.4%). Expect a few percent at these sizes;
  * small models (a few hundred MB) are checked within 25% (fixed costs weigh more there).
  * Not counted: the first forward of an "offload" model, which runs with every weight on the device
  * before the plan moves blocks out; other libraries' memory (cuDNN's own workspaces are small); a

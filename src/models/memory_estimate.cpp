@@ -116,6 +116,7 @@ struct ActivationPlan {
   std::vector<Unit> units;
   double other = 0;      // structural bytes kept outside blocks
   double fraction = 1;   // of the structural count that FLAME keeps (memory_estimate.h)
+  double transient = 0;  // backward's working set within one block, as a share of its structural count
 };
 
 class ShapeIndex {
@@ -225,6 +226,7 @@ double mmdit_stream(double d, double mlp) { return 15 * d + 2 * mlp; }
 ActivationPlan flux_plan(const ShapeIndex& ix, const Sizes& z) {
   ActivationPlan plan;
   plan.fraction = kMMDiTSavedFraction;
+  plan.transient = kFluxBackwardTransientFraction;
   const Shape& x_embedder = ix.at("x_embedder.weight");  // [D, in]
   const double d = static_cast<double>(x_embedder[0]);
   const double L = static_cast<double>(z.batch * ceil_div(z.latent_h, 2) * ceil_div(z.latent_w, 2));
@@ -379,9 +381,11 @@ TrainingMemoryEstimate estimate_training_memory(const TrainingMemoryRequest& q) 
   uint64_t total_param_bytes = 0;
   std::vector<uint64_t> unit_bytes(plan.units.size(), 0), unit_slot_bytes(plan.units.size(), 0);
   // Elements of each unit's weights that its forward keeps as copies in the compute dtype until
-  // backward: a quantised base's dequantised linear weights, or every weight cast from another
-  // storage dtype (Model::param records the cast).
+  // backward: every weight cast from another storage dtype (Model::param records the cast). A
+  // quantised base keeps none (ops::quantized_linear saves q and scale): its largest linear weight,
+  // dequantised for one GEMM at a time, is a transient.
   std::vector<double> unit_copies(plan.units.size(), 0);
+  double largest_dequantized = 0;
   const bool cast_params = o.param_dtype != o.compute_dtype;
   for (const ParamInfo& p : params) {
     const uint64_t b = stored_bytes(p);
@@ -391,7 +395,10 @@ TrainingMemoryEstimate estimate_training_memory(const TrainingMemoryRequest& q) 
       if (starts_with(p.name, plan.units[u].prefix)) {
         unit_bytes[u] += b;
         unit_slot_bytes[u] += (b + 255) / 256 * 256;  // weight_offload.cpp: 256-byte aligned in a slot
-        if (o.quantize.enabled ? is_linear_weight(p) : cast_params) unit_copies[u] += static_cast<double>(p.numel());
+        if (o.quantize.enabled && is_linear_weight(p))
+          largest_dequantized = std::max(largest_dequantized, static_cast<double>(p.numel()));
+        else if (cast_params)
+          unit_copies[u] += static_cast<double>(p.numel());
         break;
       }
   }
@@ -467,11 +474,13 @@ TrainingMemoryEstimate estimate_training_memory(const TrainingMemoryRequest& q) 
 
   // Activations: uncheckpointed blocks keep their share of the structural count (and the weight
   // copies above); checkpointed ones keep their inputs, and the largest of them is recomputed during
-  // backward.
+  // backward. On top, backward's working set inside the largest block (the gradients of its widest
+  // tensors and the attention's) and a quantised base's one dequantised weight.
   const CheckpointPolicy policy{q.checkpoint_every};
-  double activations = plan.fraction * plan.other, recompute = 0;
+  double activations = plan.fraction * plan.other, recompute = 0, transient = largest_dequantized * elem;
   for (size_t u = 0; u < plan.units.size(); ++u) {
     const Unit& unit = plan.units[u];
+    transient = std::max(transient, plan.transient * unit.saved + largest_dequantized * elem);
     const double full = plan.fraction * unit.saved + unit_copies[u] * elem;
     if (offloaded[u] || policy.applies_to(static_cast<int64_t>(u))) {
       activations += unit.inputs;
@@ -480,7 +489,7 @@ TrainingMemoryEstimate estimate_training_memory(const TrainingMemoryRequest& q) 
       activations += full;
     }
   }
-  e.activations = static_cast<uint64_t>(std::llround(activations + recompute));
+  e.activations = static_cast<uint64_t>(std::llround(activations + recompute + transient));
   e.workspace = kEstimateWorkspaceBytes;
   e.total = e.weights + e.adapter + e.gradients + e.optimizer + e.activations + e.workspace;
   return e;

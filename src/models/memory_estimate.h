@@ -17,10 +17,11 @@
 //    FLAME's fused ops and need-based saving drop and for backward's transients: kConvNetSavedFraction
 //    for the UNet, kMMDiTSavedFraction for Flux and SD3 (both fitted to FLAME's measured H200 peaks,
 //    bench/RESULTS.md T6). With checkpointing, a checkpointed block keeps its inputs only and the
-//    largest one is recomputed during backward (its activations, and with "quantize" its dequantised
-//    weights, come back for that block alone). A block's forward keeps the compute-dtype copies of
-//    its weights that backward reads: a quantised base's dequantised linear weights, or every weight
-//    when the storage dtype differs from compute_dtype.
+//    largest one is recomputed during backward (its activations come back for that block alone).
+//    Flux adds backward's working set inside its largest block (kFluxBackwardTransientFraction). A
+//    block's forward keeps the compute-dtype copies of its weights when the storage dtype differs
+//    from compute_dtype; a quantised base keeps none (quantized_linear saves the fp8 weight), only
+//    its largest linear weight is dequantised at a time.
 //  - Workspace: cuBLASLt's 32 MiB.
 // Accuracy against the measured peaks: flame.h (flame_estimate_training_memory) gives the table.
 #pragma once
@@ -36,6 +37,12 @@ namespace flame::models {
 // checkpointing, one shared value, for the MMDiT family).
 constexpr double kConvNetSavedFraction = 0.845;
 constexpr double kMMDiTSavedFraction = 0.68;
+// Backward's working set inside one Flux block (the gradients of the single blocks' concatenated
+// [attention, MLP] width, of the GELU and of the attention), as a share of the block's structural
+// count: fitted to the mid-sized Flux model's measured peaks with and without checkpointing
+// (tests/gpu/test_memory_estimate.cpp), where one block weighs more than in Flux-dev. SD3's blocks
+// have no such wide tensor: kMMDiTSavedFraction alone meets its peaks.
+constexpr double kFluxBackwardTransientFraction = 0.6;
 constexpr uint64_t kEstimateWorkspaceBytes = uint64_t(32) << 20;  // runtime/blas.cpp kWorkspaceBytes
 
 // A parsed request (flame_estimate_training_memory's JSON; see flame.h).
