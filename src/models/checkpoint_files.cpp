@@ -3,6 +3,7 @@
 // against the shards, and streaming a stored tensor (or a range of its rows) to the GPU in bounded
 // pieces.
 #include "models/checkpoint_files.h"
+#include "models/pinned_upload.h"
 #include <dirent.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -115,6 +116,8 @@ const std::vector<std::string>& known_component_prefixes() {
 struct CheckpointFiles::Files {
   std::vector<MappedSafetensors> files;
   mutable std::mutex stats_mutex;
+  std::mutex pinned_mutex;              // guards pinned (CheckpointFiles::PinnedUploads sets it)
+  PinnedUploader* pinned = nullptr;
   LoadStats stats;
 };
 
@@ -345,7 +348,8 @@ Tensor flat_piece(const Tensor& t, int64_t first, int64_t n) { return make_view(
 // Moves `bytes` bytes of the file's dtype `file_dtype` from src into the contiguous tensor dst
 // (same element count), in pieces of at most kStagingBytes, converting on the GPU when the dtypes
 // differ. Stream order keeps a piece's upload after the previous piece's conversion.
-void upload_pieces(Context& c, const unsigned char* src, uint64_t bytes, DType file_dtype, const Tensor& dst) {
+void upload_pieces(Context& c, const unsigned char* src, uint64_t bytes, DType file_dtype, const Tensor& dst,
+                   PinnedUploader* pinned) {
   const size_t elem = dtype_size(file_dtype);
   const int64_t piece_elems = static_cast<int64_t>(kStagingBytes / elem);
   const int64_t total = static_cast<int64_t>(bytes / elem);
@@ -357,13 +361,12 @@ void upload_pieces(Context& c, const unsigned char* src, uint64_t bytes, DType f
     const size_t piece_bytes = static_cast<size_t>(n) * elem;
     if (first + n < total)
       advise_will_need(from + piece_bytes, static_cast<size_t>(std::min(piece_elems, total - first - n)) * elem);
-    if (!staging) {
-      c.check(c.drv.cuMemcpyHtoDAsync(dst->data() + static_cast<CUdeviceptr>(first) * elem, from, piece_bytes, c.stream),
-              "cuMemcpyHtoDAsync");
-    } else {
-      c.check(c.drv.cuMemcpyHtoDAsync(staging->data(), from, piece_bytes, c.stream), "cuMemcpyHtoDAsync");
-      ops::copy_into(flat_piece(dst, first, n), flat_piece(staging, 0, n));
-    }
+    const CUdeviceptr to = staging ? staging->data() : dst->data() + static_cast<CUdeviceptr>(first) * elem;
+    if (pinned && piece_bytes >= kPinnedMinBytes)
+      pinned->upload(from, piece_bytes, to);
+    else
+      c.check(c.drv.cuMemcpyHtoDAsync(to, from, piece_bytes, c.stream), "cuMemcpyHtoDAsync");
+    if (staging) ops::copy_into(flat_piece(dst, first, n), flat_piece(staging, 0, n));
   }
   if (!staging) dst->storage->version.fetch_add(1);  // an in-place write, as copy_into counts one
 }
@@ -396,11 +399,13 @@ void CheckpointFiles::read_into(const std::string& key, const Tensor& dst, int64
     c.forbid_in_capture("reading a checkpoint file");
     const unsigned char* src = f.map->data() + f.header.data_start + e.begin +
                                static_cast<uint64_t>(row_begin) * static_cast<uint64_t>(row_elems) * dtype_size(e.dtype);
+    std::lock_guard<std::mutex> pinned_lock(files_->pinned_mutex);
+    PinnedUploader* pinned = files_->pinned && &files_->pinned->ctx() == &c ? files_->pinned : nullptr;
     if (dst->contiguous()) {
-      upload_pieces(c, src, bytes, e.dtype, dst);
+      upload_pieces(c, src, bytes, e.dtype, dst, pinned);
     } else {  // strided destination: read densely, then scatter with one copy
       const Tensor dense = ops::empty(c, dst->shape, dst->dtype);
-      upload_pieces(c, src, bytes, e.dtype, dense);
+      upload_pieces(c, src, bytes, e.dtype, dense, pinned);
       ops::copy_into(dst, dense);
     }
   } catch (const Error& err) {
@@ -411,5 +416,18 @@ void CheckpointFiles::read_into(const std::string& key, const Tensor& dst, int64
   files_->stats.bytes += bytes;
   files_->stats.seconds += seconds;
 }
+
+CheckpointFiles::PinnedUploads::PinnedUploads(const CheckpointFiles& files, Context& ctx)
+    : files_(files.files_), uploader_(PinnedUploader::try_create(ctx)) {
+  std::lock_guard<std::mutex> lock(files_->pinned_mutex);
+  FLAME_CHECK(!files_->pinned, FLAME_ERROR_INTERNAL, "checkpoint files: pinned uploads are already open on ",
+              files.source());
+  files_->pinned = uploader_.get();
+}
+
+CheckpointFiles::PinnedUploads::~PinnedUploads() {
+  std::lock_guard<std::mutex> lock(files_->pinned_mutex);
+  files_->pinned = nullptr;
+}  // uploader_'s destructor waits for its uploads and frees the buffers
 
 }  // namespace flame::models

@@ -25,8 +25,10 @@
 // go from the mapping (page cache) to the device in pieces of at most kStagingBytes: straight into
 // the destination when it is dense and of the file's dtype, else through a device staging buffer
 // of the file's dtype and ops::copy_into. The driver stages pageable copies through its own pinned
-// buffers, so no host memory beyond the page cache and a bounded staging area is ever used, even
-// for a 24 GB checkpoint. Files must not be shrunk in place while open (the mapping would fault).
+// buffers, in one thread; while a PinnedUploads scope is open (a model's load), large tensors go
+// through two pinned buffers of FLAME's instead, filled by several threads (pinned_upload.h). Either
+// way no host memory beyond the page cache and a bounded staging area is ever used, even for a 24 GB
+// checkpoint. Files must not be shrunk in place while open (the mapping would fault).
 //
 // Prefix views: single files hold several components under key prefixes (known_component_prefixes
 // lists them); with_prefix returns a view of the keys under one, with the prefix stripped, that
@@ -77,10 +79,14 @@ struct LoadStats {
   double gb_per_s() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
 };
 
+class PinnedUploader;  // pinned_upload.h
+
 constexpr size_t kStagingBytes = size_t(64) << 20;     // the most read_into moves per piece
 constexpr size_t kMaxJsonFileBytes = size_t(64) << 20;  // config / index / model_index files
 
 class CheckpointFiles {
+  struct Files;  // the mapped files, their headers, the shared statistics and the pinned uploader
+
  public:
   // Opens path (a file or a folder, see above); component selects a pipeline folder's component
   // and must be empty otherwise.
@@ -117,8 +123,23 @@ class CheckpointFiles {
   // What read_into has moved so far through this object and every view or copy sharing its files.
   LoadStats load_stats() const;
 
+  // While one is alive, read_into moves tensors of at least kPinnedMinBytes bound for ctx's device
+  // through pinned host buffers (pinned_upload.h), for these files and every view or copy sharing
+  // them; the destructor waits for those uploads to have read the buffers and frees them. When
+  // pinned memory cannot be had, it changes nothing. One at a time per set of files.
+  class PinnedUploads {
+   public:
+    PinnedUploads(const CheckpointFiles& files, Context& ctx);
+    ~PinnedUploads();
+    PinnedUploads(const PinnedUploads&) = delete;
+    PinnedUploads& operator=(const PinnedUploads&) = delete;
+
+   private:
+    std::shared_ptr<Files> files_;
+    std::unique_ptr<PinnedUploader> uploader_;
+  };
+
  private:
-  struct Files;  // the mapped files, their headers and the shared statistics
   struct Entry {
     size_t file = 0;   // index into Files::files
     size_t tensor = 0; // index into that file's header.tensors

@@ -288,6 +288,7 @@ void copy_parameters(Model& model, const ModelLoadPlan& plan) {
   std::map<std::string, const KeyShape*> shapes;
   for (const KeyShape& k : view.keys()) shapes[k.name] = &k;
   std::set<std::string> used;
+  const CheckpointFiles::PinnedUploads pinned(view, model.ctx());  // multi-threaded, pinned uploads
   const ParamStore& store = model.params();
   for (size_t i = 0; i < store.size(); ++i) {
     const std::string& name = store.names()[i];

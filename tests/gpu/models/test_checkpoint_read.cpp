@@ -3,7 +3,7 @@
 // shape or strided, 0-d and integer tensors, tensors larger than the staging piece (several pieces,
 // with and without conversion), reads through a prefix view and from a second shard, F8 storage
 // (converted when FLAME has the dtype, else a clear error), errors that leave the destination
-// untouched, and the load statistics. Without a GPU the tests skip unless FLAME_REQUIRE_GPU=1.
+// untouched, the load statistics, and the same reads through pinned uploads (pinned_upload.h). Without a GPU the tests skip unless FLAME_REQUIRE_GPU=1.
 #include <gtest/gtest.h>
 #include <cmath>
 #include <cstring>
@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "flame_test.h"
 #include "models/checkpoint_files.h"
+#include "models/pinned_upload.h"
 #include "ops/ops.h"
 #include "synthetic_checkpoint.h"
 
@@ -196,6 +197,59 @@ TEST_F(CheckpointRead, SeveralStagingPieces) {
   EXPECT_EQ(st.bytes, static_cast<uint64_t>(m) * 4 + 100);
   EXPECT_GT(st.seconds, 0.0);
   EXPECT_GT(st.gb_per_s(), 0.0);
+}
+
+// The same reads while a PinnedUploads scope is open (model_loader.cpp opens one around a model's
+// parameters): tensors go through two pinned buffers of kPinnedPieceBytes filled by several threads.
+TEST_F(CheckpointRead, PinnedUploadsEqualThePageablePath) {
+  ContextScope scope(context());
+  const int64_t n = static_cast<int64_t>(kStagingBytes / 2) * 2 + 777;  // several staging and pinned pieces
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) bits[static_cast<size_t>(i)] = float_to_half_bits(static_cast<float>((i * 7) % 2039 - 1000));
+  const int64_t m = n / 7 * 7;
+  const std::string big = dir.sub("pinned.safetensors");
+  synth::write_safetensors(big, {{"x", "F16", {m / 7, 7}, bytes_of(bits.data(), static_cast<size_t>(m) * 2)},
+                                 {"small", "F16", {3}, bytes_of(bits.data(), 6)}});
+  const CheckpointFiles cf = CheckpointFiles::open(big);
+  const std::vector<uint16_t> want(bits.begin(), bits.begin() + m);
+  {
+    const CheckpointFiles::PinnedUploads pinned(cf, context());
+    EXPECT_THROW(CheckpointFiles::PinnedUploads second(cf, context()), Error);  // one at a time
+    Tensor same = empty({m}, FLAME_DTYPE_F16);
+    cf.read_into("x", same);
+    EXPECT_TRUE(host<uint16_t>(same) == want);
+    Tensor wide = empty({m / 7, 7}, FLAME_DTYPE_F32);  // converted through the device staging buffer
+    cf.with_prefix("").read_into("x", wide);           // a copy of the view shares the scope
+    const std::vector<float> got = host<float>(wide);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < m; ++i) bad += got[static_cast<size_t>(i)] != static_cast<float>((i * 7) % 2039 - 1000);
+    EXPECT_EQ(bad, 0);
+    Tensor t = empty({7, m / 7}, FLAME_DTYPE_F16);  // strided destination
+    cf.read_into("x", ops::transpose(t, 0, 1));
+    const std::vector<uint16_t> tv = host<uint16_t>(t);
+    bad = 0;
+    for (int64_t r = 0; r < m / 7; ++r)
+      for (int64_t k = 0; k < 7; ++k) bad += tv[static_cast<size_t>(k * (m / 7) + r)] != want[static_cast<size_t>(r * 7 + k)];
+    EXPECT_EQ(bad, 0);
+    Tensor small = empty({3}, FLAME_DTYPE_F16);  // below kPinnedMinBytes: straight from the mapping
+    cf.read_into("small", small);
+    EXPECT_TRUE(host<uint16_t>(small) == std::vector<uint16_t>(bits.begin(), bits.begin() + 3));
+  }
+  Tensor after = empty({m}, FLAME_DTYPE_F16);  // the scope closed: the pageable path again
+  cf.read_into("x", after);
+  EXPECT_TRUE(host<uint16_t>(after) == want);
+}
+
+TEST(PinnedUpload, ParallelCopyJoinsItsPartsExactly) {
+  for (size_t n : {size_t(0), size_t(1), size_t(4) << 20, (size_t(17) << 20) + 3}) {
+    std::vector<unsigned char> src(n), dst(n, 0);
+    for (size_t i = 0; i < n; ++i) src[i] = static_cast<unsigned char>(i * 131 + (i >> 12));
+    for (unsigned threads : {1u, 3u, 8u}) {
+      std::fill(dst.begin(), dst.end(), 0);
+      parallel_copy(dst.data(), src.data(), n, threads);
+      EXPECT_TRUE(dst == src) << n << " bytes, " << threads << " threads";
+    }
+  }
 }
 
 TEST_F(CheckpointRead, F8Storage) {
