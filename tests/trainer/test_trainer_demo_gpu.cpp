@@ -11,6 +11,9 @@
 //    128 x 128 images at steps 30 and 60 in out/samples (PNG, or PPM in builds without codecs), with
 //    pixels that vary and no warning about non-finite values; and SDXL's DDIM sampler the same way
 //    in a 2-step run.
+// Resume (TrainerResume): a 6-step run against 3 steps, then --resume from the state saved at step 3:
+// the logged losses, the final LoRA / EMA files and the final state are equal bit for bit. EMA
+// (TrainerEma): each step's EMA equals the host's EMAModel update of the saved adapters.
 // Without a GPU the cases skip (exit 77 for CTest) unless FLAME_REQUIRE_GPU=1.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -19,13 +22,18 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "ema.h"
 #include "flame_test.h"
 #include "model_setup.h"
 #ifndef FLAME_TRAIN_NO_IMAGES
@@ -212,6 +220,163 @@ TEST_F(TrainerDemoSampler, SdxlDdimWritesSamples) {
   ASSERT_EQ(r.status, 0) << r.output;
   expect_sample_row(out, 1, r.output);
   expect_sample_row(out, 2, r.output);
+}
+
+}  // namespace
+
+namespace {
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The losses of a JSONL log, in order, with their steps.
+std::vector<std::pair<int64_t, double>> logged_losses(const std::string& path) {
+  std::vector<std::pair<int64_t, double>> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    out.emplace_back(j.at("step").get<int64_t>(), j.at("loss").get<double>());
+  }
+  return out;
+}
+
+// The tensors of a safetensors file on the host as float (F32 or BF16), with their dtypes.
+struct HostTensors {
+  std::map<std::string, std::vector<float>> values;
+  std::map<std::string, std::string> dtypes;
+  std::string error;
+};
+
+HostTensors read_host_tensors(const std::string& path) {
+  HostTensors t;
+  const std::string bytes = read_bytes(path);
+  uint64_t header_size = 0;
+  if (bytes.size() >= 8) std::memcpy(&header_size, bytes.data(), 8);
+  if (bytes.size() < 8 || 8 + header_size > bytes.size()) {
+    t.error = path + ": not a safetensors file (too short)";
+    return t;
+  }
+  const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_size));
+  const char* data = bytes.data() + 8 + header_size;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const std::string dtype = it.value().at("dtype").get<std::string>();
+    const size_t begin = it.value().at("data_offsets")[0].get<size_t>(), end = it.value().at("data_offsets")[1].get<size_t>();
+    std::vector<float>& v = t.values[it.key()];
+    t.dtypes[it.key()] = dtype;
+    if (dtype == "F32") {
+      v.resize((end - begin) / 4);
+      std::memcpy(v.data(), data + begin, end - begin);
+    } else if (dtype == "BF16") {
+      v.resize((end - begin) / 2);
+      for (size_t i = 0; i < v.size(); ++i) {
+        uint16_t h = 0;
+        std::memcpy(&h, data + begin + 2 * i, 2);
+        const uint32_t bits = static_cast<uint32_t>(h) << 16;
+        std::memcpy(&v[i], &bits, 4);
+      }
+    } else {
+      t.error = path + ": " + it.key() + " has dtype " + dtype + " (the test reads F32 and BF16)";
+    }
+  }
+  return t;
+}
+
+class TrainerResume : public GpuTest {};
+
+// An uninterrupted 6-step run against one stopped after step 3 (its end saves the state) and resumed
+// from that state folder in the same output folder: the log's losses, the final LoRA and EMA files
+// and the final state's tensors are equal bit for bit.
+TEST_F(TrainerResume, ResumedRunEqualsTheUninterruptedOne) {
+  TempFolder dir;
+  ASSERT_FALSE(dir.path().empty()) << "mkdtemp failed";
+  const std::string whole = dir.path() + "/whole", parts = dir.path() + "/parts";
+  const std::string options = " --output.save_state_every_n_steps=3 --training.ema_decay=0.9";
+  const DemoRun a = run_demo("flux", whole, options, 6);
+  ASSERT_EQ(a.status, 0) << a.output;
+  const DemoRun first = run_demo("flux", parts, options, 3);
+  ASSERT_EQ(first.status, 0) << first.output;
+  const std::string state = parts + "/demo_lora-state-step000003";
+  ASSERT_TRUE(file_exists(state + "/state.json")) << first.output;
+  EXPECT_EQ(read_bytes(state + "/adapter.safetensors"), read_bytes(whole + "/demo_lora-state-step000003/adapter.safetensors"));
+  const DemoRun second = run_demo("flux", parts, options + " --resume='" + state + "'", 6);
+  ASSERT_EQ(second.status, 0) << second.output;
+  EXPECT_NE(second.output.find("resuming from"), std::string::npos) << second.output;
+
+  const auto expected = logged_losses(whole + "/demo_lora.jsonl"), resumed = logged_losses(parts + "/demo_lora.jsonl");
+  ASSERT_EQ(expected.size(), 6u);
+  ASSERT_EQ(resumed.size(), 6u) << second.output;
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(resumed[i].first, static_cast<int64_t>(i) + 1);
+    EXPECT_EQ(resumed[i].second, expected[i].second) << "step " << i + 1;
+  }
+  for (const char* file : {"/demo_lora.safetensors", "/demo_lora-ema.safetensors",
+                           "/demo_lora-state-step000006/adapter.safetensors",
+                           "/demo_lora-state-step000006/optimizer.safetensors",
+                           "/demo_lora-state-step000006/ema.safetensors"}) {
+    const std::string want = read_bytes(whole + file);
+    ASSERT_FALSE(want.empty()) << whole + file;
+    EXPECT_TRUE(read_bytes(parts + file) == want) << file << " differs from the uninterrupted run's";
+  }
+  const auto rng = [](const std::string& folder) {
+    return nlohmann::json::parse(read_bytes(folder + "/state.json")).at("rng");
+  };
+  EXPECT_EQ(rng(parts + "/demo_lora-state-step000006"), rng(whole + "/demo_lora-state-step000006"));
+}
+
+class TrainerEma : public GpuTest {};
+
+// A 3-step run with ema_decay 0.9 and the state saved every step: each step's EMA equals the host's
+// EMAModel update from the previous EMA and that step's adapter (decays 0, 2/11, 3/12), and the EMA
+// LoRA file is a LoRA of the same layout that differs from the trained one.
+TEST_F(TrainerEma, EmaFollowsTheAdapterAsTheHostRecomputes) {
+  TempFolder dir;
+  ASSERT_FALSE(dir.path().empty()) << "mkdtemp failed";
+  const std::string out = dir.path() + "/out";
+  const DemoRun r = run_demo("flux", out, " --output.save_state_every_n_steps=1 --training.ema_decay=0.9", 3);
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::map<std::string, std::vector<float>> previous;
+  for (int step = 1; step <= 3; ++step) {
+    char folder[64];
+    std::snprintf(folder, sizeof folder, "/demo_lora-state-step%06d", step);
+    const HostTensors adapter = read_host_tensors(out + folder + "/adapter.safetensors");
+    const HostTensors ema = read_host_tensors(out + folder + "/ema.safetensors");
+    ASSERT_TRUE(adapter.error.empty()) << adapter.error;
+    ASSERT_TRUE(ema.error.empty()) << ema.error;
+    ASSERT_EQ(adapter.values.size(), ema.values.size());
+    ASSERT_FALSE(adapter.values.empty());
+    const double d = flame_train::ema_decay_at(0.9, false, step);
+    bool differs = false;
+    for (const auto& [name, p] : adapter.values) {
+      ASSERT_TRUE(ema.values.count(name)) << name;
+      const std::vector<float>& e = ema.values.at(name);
+      ASSERT_EQ(e.size(), p.size()) << name;
+      const bool f32 = adapter.dtypes.at(name) == "F32";
+      for (size_t i = 0; i < p.size(); ++i) {
+        const double s = step == 1 ? p[i] : previous.at(name)[i];
+        const double want = s - (1.0 - d) * (s - p[i]);
+        const double tol = f32 ? 1e-6 + 1e-6 * std::fabs(want) : 1e-3 + 1e-2 * std::fabs(want);
+        ASSERT_NEAR(e[i], want, tol) << name << "[" << i << "] at step " << step;
+        differs = differs || e[i] != p[i];
+      }
+    }
+    if (step > 1) {
+      EXPECT_TRUE(differs) << "the EMA equals the adapter at step " << step;
+    }
+    previous = ema.values;
+  }
+  const std::string lora = read_bytes(out + "/demo_lora.safetensors"), ema = read_bytes(out + "/demo_lora-ema.safetensors");
+  ASSERT_FALSE(lora.empty());
+  EXPECT_EQ(ema.size(), lora.size());  // the same names, shapes and metadata
+  EXPECT_NE(ema, lora);
+  const HostTensors lora_tensors = read_host_tensors(out + "/demo_lora.safetensors");
+  const HostTensors ema_tensors = read_host_tensors(out + "/demo_lora-ema.safetensors");
+  ASSERT_TRUE(lora_tensors.error.empty()) << lora_tensors.error;
+  ASSERT_TRUE(ema_tensors.error.empty()) << ema_tensors.error;
+  for (const auto& [name, v] : lora_tensors.values) EXPECT_TRUE(ema_tensors.values.count(name)) << name;
 }
 
 }  // namespace

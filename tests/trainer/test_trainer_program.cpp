@@ -5,7 +5,9 @@
 
 #include <cstdio>
 
+#include "config.h"
 #include "image_writers.h"
+#include "train_state.h"
 
 using flame_train_test::TempDir;
 
@@ -147,4 +149,36 @@ TEST(TrainerProgram, DryRunPrintsTheMemoryEstimate) {
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("memory estimate: not available: flame_model_estimate_memory failed"), std::string::npos)
       << r.output;
+}
+
+// training.resume is checked before any GPU work: a state of other settings is exit 1 (not 2, the
+// no-driver status), naming the setting; a matching one gets as far as the GPU (exit 2 here).
+TEST(TrainerProgram, ResumeIsCheckedBeforeTheGpu) {
+  TempDir dir;
+  const std::string out = dir.file("out"), state = out + "/demo_lora-state-step000002";
+  RunResult r = run_trainer({"--demo", "--output.dir=" + out, "--resume", state});
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("training.resume: " + state + " does not exist"), std::string::npos) << r.output;
+
+  flame_train_test::write_text(state + "/state.json", "{\"format\": \"flame-train-state\", \"version\": 1, \"step\": ");
+  flame_train_test::write_text(state + "/adapter.safetensors", "x");
+  flame_train_test::write_text(state + "/optimizer.safetensors", "x");
+  r = run_trainer({"--demo", "--output.dir=" + out, "--resume", state});
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("state.json is not valid JSON"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("device"), std::string::npos) << r.output;
+
+  const char* argv[] = {"flame-train", "--demo"};
+  flame_train::TrainConfig config = flame_train::load_config(flame_train::parse_command_line(2, argv));
+  config.output.dir = out;
+  flame_train::TrainState saved;
+  saved.step = 2;
+  saved.epoch = 1;
+  saved.next_batch = 1;
+  flame_train_test::write_text(state + "/state.json", flame_train::state_document(saved, config, true).dump());
+  r = run_trainer({"--demo", "--output.dir=" + out, "--network.dim=8", "--resume", state});
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("network.dim: 16 -> 8"), std::string::npos) << r.output;
+  r = run_trainer({"--demo", "--output.dir=" + out, "--resume", state});
+  EXPECT_EQ(r.status, 2) << r.output;  // accepted: stopped by the missing driver
 }

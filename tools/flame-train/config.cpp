@@ -118,6 +118,13 @@ const std::vector<KeyDef>& key_table() {
        {"epsilon", "v_prediction"}},
       {"training.min_snr_gamma", KeyType::Float, 0.0, "SDXL: min-SNR-gamma loss weighting (0: off)", 0, 1000},
       {"training.noise_offset", KeyType::Float, 0.0, "noise offset (per-channel noise added to the noise)", 0, 10},
+      {"training.ema_decay", KeyType::Float, 0.0,
+       "EMA of the adapter (0: off): also writes <output.name>-ema.safetensors beside each LoRA file", 0, 0.999999},
+      {"training.ema_warmup", KeyType::Bool, false,
+       "EMA decay min(ema_decay, 1 - (1 + s)^(-2/3)) instead of min(ema_decay, (1 + s) / (10 + s))"},
+      {"training.resume", KeyType::String, "",
+       "a state folder (<output.dir>/<output.name>-state-stepNNNNNN) to continue from, with the same settings "
+       "(also --resume PATH)"},
       {"sample.every_n_steps", KeyType::Int, 0, "write sample images every N steps (0: never)", 0, 1e9},
       {"sample.prompts", KeyType::StringList, json::array(), "prompts of the sample images"},
       {"sample.steps", KeyType::Int, 20, "sampler steps", 1, 1000},
@@ -131,6 +138,9 @@ const std::vector<KeyDef>& key_table() {
        PathRule::CreatableDirectory},
       {"output.name", KeyType::String, "lora", "base name of the LoRA files"},
       {"output.save_every_n_steps", KeyType::Int, 0, "save the LoRA every N steps (0: only at the end)", 0, 1e9},
+      {"output.save_state_every_n_steps", KeyType::Int, 0,
+       "save the resumable state (adapter, optimizer, EMA, generator, data order, step) every N steps and at the end "
+       "(0: never)", 0, 1e9},
       {"output.format", KeyType::String, "kohya", "LoRA file layout", 0, 0, false, {"kohya", "peft"}},
   };
   return keys;
@@ -451,6 +461,9 @@ TrainConfig to_config(const Values& v) {
   c.training.prediction_type = s("training.prediction_type");
   c.training.min_snr_gamma = f("training.min_snr_gamma");
   c.training.noise_offset = f("training.noise_offset");
+  c.training.ema_decay = f("training.ema_decay");
+  c.training.ema_warmup = b("training.ema_warmup");
+  c.training.resume = s("training.resume");
   c.sample.every_n_steps = i("sample.every_n_steps");
   c.sample.prompts = v.at("sample.prompts").get<std::vector<std::string>>();
   c.sample.steps = static_cast<int>(i("sample.steps"));
@@ -462,6 +475,7 @@ TrainConfig to_config(const Values& v) {
   c.output.dir = s("output.dir");
   c.output.name = s("output.name");
   c.output.save_every_n_steps = i("output.save_every_n_steps");
+  c.output.save_state_every_n_steps = i("output.save_state_every_n_steps");
   c.output.format = s("output.format");
   return c;
 }
@@ -495,6 +509,10 @@ void check_consistency(const TrainConfig& c, std::vector<std::string>& problems)
   if (c.optimizer.lr_warmup_steps > c.training.max_train_steps)
     problems.push_back("optimizer.lr_warmup_steps (" + std::to_string(c.optimizer.lr_warmup_steps) +
                        ") is larger than training.max_train_steps (" + std::to_string(c.training.max_train_steps) + ")");
+  if (!c.training.resume.empty() && !is_directory(c.training.resume))
+    problems.push_back("training.resume: " + c.training.resume +
+                       (exists(c.training.resume) ? " is not a folder" : " does not exist") +
+                       " (expected a state folder <output.dir>/<output.name>-state-stepNNNNNN)");
   if (c.sample.every_n_steps > 0 && c.sample.prompts.empty())
     problems.push_back("sample.every_n_steps is " + std::to_string(c.sample.every_n_steps) +
                        " but sample.prompts is empty: give at least one prompt");
@@ -542,6 +560,10 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
       cmd.dry_run = true;
     } else if (arg == "--demo") {
       cmd.demo = true;
+    } else if (arg == "--resume" || arg.rfind("--resume=", 0) == 0) {  // training.resume
+      if (arg != "--resume") cmd.overrides.emplace_back("training.resume", arg.substr(9));
+      else if (i + 1 < argc) cmd.overrides.emplace_back("training.resume", argv[++i]);
+      else problems.push_back("--resume needs a state folder (--resume PATH)");
     } else if (arg == "--config" || arg.rfind("--config=", 0) == 0) {
       if (arg == "--config") {
         if (i + 1 >= argc) problems.push_back("--config needs a file name");
@@ -561,9 +583,9 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
       }
     } else if (arg.rfind("--", 0) == 0) {
       std::string msg = "unknown option '" + arg + "'";
-      std::string s = did_you_mean(arg, {"--help", "--dry-run", "--demo", "--config"});
+      std::string s = did_you_mean(arg, {"--help", "--dry-run", "--demo", "--config", "--resume"});
       if (!s.empty()) msg += " (did you mean '" + s + "'?)";
-      else msg += " (options: --config FILE, --dry-run, --demo, --help, --group.key=value)";
+      else msg += " (options: --config FILE, --dry-run, --demo, --resume PATH, --help, --group.key=value)";
       problems.push_back(msg);
     } else {
       problems.push_back("unexpected argument '" + arg + "' (settings are --group.key=value, the file is --config FILE)");
@@ -621,7 +643,7 @@ TrainConfig load_config(const CommandLine& cmd) {
 
 std::string help_text() {
   std::ostringstream out;
-  out << "Usage: flame-train [--config FILE.json] [--group.key=value]... [--dry-run] [--demo] [--help]\n"
+  out << "Usage: flame-train [--config FILE.json] [--group.key=value]... [--dry-run] [--demo] [--resume PATH] [--help]\n"
          "\n"
          "Trains a LoRA for Flux, SDXL or SD3 with FLAME. Settings come from the defaults, then the JSON\n"
          "file ({\"group\": {\"key\": value}}), then --group.key=value (or --group.key value) overrides.\n"
@@ -630,6 +652,8 @@ std::string help_text() {
          "  --dry-run       check the configuration and the data, print the bucket plan, and exit\n"
          "  --demo          train on random data, by default a tiny random-init Flux (model.path demo:flux;\n"
          "                  also demo:sdxl, demo:sd3) for 60 steps: needs a GPU, no files\n"
+         "  --resume PATH   continue from a state folder (training.resume; written by\n"
+         "                  output.save_state_every_n_steps) with the same settings, bit for bit\n"
          "  --help          this text\n"
          "\n"
          "Exit status: 0 done, 1 a configuration, data or training error, 2 no GPU (or no driver).\n";

@@ -1,7 +1,8 @@
 // flame-train's configuration: one table of keys (config.cpp, kConfigKeys) drives the JSON file,
 // the command-line overrides, --help and the validation, so that the four can never disagree.
 //
-//   flame-train [--config FILE.json] [--group.key=value | --group.key value]... [--dry-run] [--demo] [--help]
+//   flame-train [--config FILE.json] [--group.key=value | --group.key value]... [--dry-run] [--demo]
+//               [--resume PATH] [--help]
 //
 // The file is JSON with kohya-like keys grouped as model / data / network / optimizer / training /
 // sample / output, e.g. {"data": {"path": "img", "resolution": 1024}, "training": {"batch_size": 2}}.
@@ -81,6 +82,10 @@ struct TrainConfig {
     std::string prediction_type;    // SDXL: epsilon | v_prediction
     double min_snr_gamma = 0.0;     // SDXL: 0 off
     double noise_offset = 0.0;
+    // EMA of the adapter (ema.h): 0 off.
+    double ema_decay = 0.0;
+    bool ema_warmup = false;
+    std::string resume;  // a state folder (train_state.h); empty: a fresh start
   } training;
   struct Sample {
     int64_t every_n_steps = 0;
@@ -95,6 +100,7 @@ struct TrainConfig {
     std::string dir;
     std::string name;
     int64_t save_every_n_steps = 0;
+    int64_t save_state_every_n_steps = 0;  // the resumable state (train_state.h); 0: never
     std::string format;  // kohya | peft
   } output;
 };

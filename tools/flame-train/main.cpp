@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <string>
 
 #include "conditioning_sources.h"
@@ -21,6 +22,7 @@
 #endif
 #include "flame_handles.h"
 #include "memory_check.h"
+#include "train_state.h"
 #include "trainer.h"
 
 namespace {
@@ -165,6 +167,15 @@ int run(int argc, char** argv) {
   } else if (cmd.dry_run) {
     std::printf("dry run: configuration is valid (%s)\n", cmd.demo ? "demo: random data" : "data from the latent cache");
   }
+  std::unique_ptr<TrainState> resume_from;  // training.resume: checked before any GPU work
+  if (!config.training.resume.empty()) {
+    try {
+      resume_from = std::make_unique<TrainState>(read_train_state(config.training.resume, config, cmd.demo));
+    } catch (const std::runtime_error& e) {
+      std::fprintf(stderr, "flame-train: %s\n", e.what());
+      return kExitError;
+    }
+  }
   if (cmd.dry_run) return print_memory_estimate(config);
 
   Context ctx;
@@ -172,7 +183,7 @@ int run(int argc, char** argv) {
   char device[256] = {0};
   if (flame_ctx_device_name(ctx.get(), device, sizeof device) == FLAME_OK) std::printf("device: %s\n", device);
   try {
-    run_training(ctx.get(), config, cmd.demo);
+    run_training(ctx.get(), config, cmd.demo, resume_from.get());
   } catch (const FlameError& e) {
     std::fprintf(stderr, "flame-train: %s\n", e.what());
     return e.status() == FLAME_ERROR_NO_DEVICE || e.status() == FLAME_ERROR_NO_DRIVER ? kExitNoGpu : kExitError;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <stdexcept>
@@ -14,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ema.h"
 #include "flame_handles.h"
 #include "lr_schedule.h"
 #include "memory_check.h"
@@ -21,6 +23,7 @@
 #include "objectives.h"
 #include "random.h"
 #include "sample_images.h"
+#include "train_state.h"
 #include "training_data.h"
 
 namespace flame_train {
@@ -128,6 +131,26 @@ Objective make_objective(const TrainConfig& c, const ModelShapes& shapes) {
   return o;
 }
 
+std::string output_file(const TrainConfig& c, const std::string& suffix) {
+  return c.output.dir + "/" + c.output.name + suffix;
+}
+
+// "-step000030" for an intermediate file, "" for the final one.
+std::string step_suffix(int64_t steps_done, bool final) {
+  if (final) return "";
+  char suffix[32];
+  std::snprintf(suffix, sizeof suffix, "-step%06lld", static_cast<long long>(steps_done));
+  return suffix;
+}
+
+// Where the data order stands: the epochs planned so far (the current one is epoch - 1), its batches
+// and the next of them.
+struct DataPosition {
+  uint64_t epoch = 0;
+  std::vector<std::vector<size_t>> batches;
+  size_t next_batch = 0;
+};
+
 struct Trainer {
   flame_ctx_t ctx = nullptr;
   const TrainConfig& config;
@@ -137,8 +160,35 @@ struct Trainer {
   Params adapter;
   Optimizer optimizer;
   LrSchedule schedule;
+  std::unique_ptr<AdapterEma> ema;  // training.ema_decay > 0
+  DataPosition data;
 
   Trainer(flame_ctx_t c, const TrainConfig& cfg) : ctx(c), config(cfg) {}
+
+  // The next batch of the data order, planning the next epoch when the current one is used up.
+  const std::vector<size_t>& next_batch() {
+    if (data.next_batch == data.batches.size()) {
+      data.batches = plan_epoch_batches(samples, config.training.batch_size, config.training.seed, data.epoch++);
+      data.next_batch = 0;
+    }
+    return data.batches[data.next_batch++];
+  }
+
+  // One optimizer step (0-based step): the accumulated batches, the update, the EMA; returns the mean
+  // of the batches' weighted losses.
+  double train_step(int64_t step) {
+    double loss_sum = 0;
+    for (int micro = 0; micro < config.training.gradient_accumulation_steps; ++micro) {
+      Tensor loss = batch_loss(next_batch(), static_cast<uint64_t>(step), micro);
+      double value = 0;
+      check(flame_tensor_item(loss.get(), &value), "flame_tensor_item");
+      loss_sum += value;
+    }
+    optimizer_step(step);
+    if (ema) ema->update(adapter.get(), step + 1);
+    check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
+    return loss_sum / config.training.gradient_accumulation_steps;
+  }
 
   void add_adapter(bool demo) {
     nlohmann::json lora = {{"rank", config.network.dim}, {"alpha", config.network.alpha},
@@ -292,25 +342,68 @@ struct Trainer {
                                                   {"flame_train_model", config.model.path}}}};
     check(flame_model_save_lora(model.model.get(), nullptr, path.c_str(), options.dump().c_str()), "flame_model_save_lora");
   }
+
+  // The EMA's LoRA file: the shadow swapped into the adapter through two safetensors files beside
+  // path (the ABI copies tensors in place only from files), saved as the LoRA, the adapter restored.
+  void save_ema_lora(const std::string& path) {
+    const std::string trained = path + ".adapter.tmp", shadow = path + ".ema.tmp";
+    check(flame_params_save_safetensors(adapter.get(), trained.c_str(), nullptr, 0), "flame_params_save_safetensors");
+    Params shadow_params = ema->as_params();
+    check(flame_params_save_safetensors(shadow_params.get(), shadow.c_str(), nullptr, 0), "flame_params_save_safetensors");
+    check(flame_params_load_safetensors(adapter.get(), shadow.c_str(), 0), "flame_params_load_safetensors (EMA)");
+    std::string failure;
+    try {
+      save_lora(path);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    check(flame_params_load_safetensors(adapter.get(), trained.c_str(), 0), "flame_params_load_safetensors (adapter)");
+    std::error_code ec;
+    std::filesystem::remove(trained, ec);
+    std::filesystem::remove(shadow, ec);
+    if (!failure.empty()) throw std::runtime_error(failure);
+  }
+
+  // <name><suffix>.safetensors and, with the EMA, <name><suffix>-ema.safetensors; returns the first.
+  std::string save_lora_files(const std::string& suffix) {
+    const std::string path = output_file(config, suffix + ".safetensors");
+    save_lora(path);
+    if (ema) save_ema_lora(output_file(config, suffix + "-ema.safetensors"));
+    return path;
+  }
+
+  std::string save_state(int64_t steps_done, bool demo) {
+    TrainState state;
+    state.step = steps_done;
+    state.epoch = data.epoch;
+    state.next_batch = data.next_batch;
+    return save_train_state({ctx, adapter.get(), optimizer.get(), ema.get()}, config, demo, state);
+  }
+
+  // Restores the state that read_train_state accepted; returns the first step (0-based) to train.
+  int64_t resume(const std::string& path, const TrainState& state) {
+    load_train_state({ctx, adapter.get(), optimizer.get(), ema.get()}, path, state);
+    data.epoch = state.epoch;
+    data.batches = plan_epoch_batches(samples, config.training.batch_size, config.training.seed, state.epoch - 1);
+    if (state.next_batch > data.batches.size())
+      throw std::runtime_error("training.resume " + path + ": next_batch " + std::to_string(state.next_batch) +
+                               " is beyond the " + std::to_string(data.batches.size()) + " batches of epoch " +
+                               std::to_string(state.epoch - 1) + " (the data changed?)");
+    data.next_batch = static_cast<size_t>(state.next_batch);
+    return state.step;
+  }
 };
 
-std::string output_file(const TrainConfig& c, const std::string& suffix) {
-  return c.output.dir + "/" + c.output.name + suffix;
-}
-
-}  // namespace
-
-TrainResult run_training(flame_ctx_t ctx, const TrainConfig& config, bool demo) {
-  if (::mkdir(config.output.dir.c_str(), 0777) != 0 && errno != EEXIST)
-    throw std::runtime_error("cannot create " + config.output.dir);
-  Trainer t(ctx, config);
-  check_memory_estimate(ctx, config);  // memory_check.h: before any weight is read
-  t.model = load_training_model(ctx, config.model.path, config.model.arch);
+// Model, data, objective, adapter, optimizer, EMA and schedule, as trainer.h describes.
+void set_up(Trainer& t, bool demo) {
+  const TrainConfig& config = t.config;
+  check_memory_estimate(t.ctx, config);  // memory_check.h: before any weight is read
+  t.model = load_training_model(t.ctx, config.model.path, config.model.arch);
   if (demo) {
-    t.samples = make_demo_samples(ctx, t.model.shapes, kDemoSamples, kDemoLatentSide, kDemoLatentSide, kDemoTokens,
+    t.samples = make_demo_samples(t.ctx, t.model.shapes, kDemoSamples, kDemoLatentSide, kDemoLatentSide, kDemoTokens,
                                   config.training.seed);
   } else if (!config.data.cache_file.empty()) {
-    t.samples = load_latent_cache(ctx, config.data.cache_file, t.model.shapes);
+    t.samples = load_latent_cache(t.ctx, config.data.cache_file, t.model.shapes);
   } else {
     throw std::runtime_error("no latent cache: the caching stage (VAE and text encoders) is not part of this build yet; "
                              "give data.cache_file (see tools/flame-train/training_data.h) or run --demo");
@@ -321,69 +414,74 @@ TrainResult run_training(flame_ctx_t ctx, const TrainConfig& config, bool demo) 
   check(flame_model_set_training(t.model.model.get(), 1), "flame_model_set_training");
   t.add_adapter(demo);
   t.make_optimizer();
+  if (config.training.ema_decay > 0)
+    t.ema = std::make_unique<AdapterEma>(t.ctx, t.adapter.get(), config.training.ema_decay, config.training.ema_warmup);
   t.schedule = make_lr_schedule(config.optimizer.lr_scheduler, config.optimizer.lr_warmup_steps,
                                 config.training.max_train_steps);
+}
 
+bool every(int64_t n, int64_t steps_done) { return n > 0 && steps_done % n == 0; }
+
+// The files of a step: LoRA (and EMA) files, sample images, the state; final: the end of training.
+void save_outputs(Trainer& t, SampleImages* sample_images, int64_t steps_done, bool final, bool demo) {
+  const TrainConfig& c = t.config;
+  if (final || every(c.output.save_every_n_steps, steps_done)) t.save_lora_files(step_suffix(steps_done, final));
+  if (sample_images && (final || every(c.sample.every_n_steps, steps_done)))
+    std::printf("samples: %s\n", sample_images->write(t.model.model.get(), steps_done).c_str());
+  if (c.output.save_state_every_n_steps > 0 && (final || every(c.output.save_state_every_n_steps, steps_done)))
+    std::printf("state: %s\n", t.save_state(steps_done, demo).c_str());
+}
+
+void log_step(std::ofstream& log, const TrainConfig& config, int64_t steps_done, double loss, double lr, double ms) {
+  log << nlohmann::json{{"step", steps_done}, {"loss", loss}, {"lr", lr}, {"ms", ms}}.dump() << "\n";
+  log.flush();
+  if (steps_done % 10 == 0 || steps_done == 1 || steps_done == config.training.max_train_steps)
+    std::printf("step %lld/%lld  loss %.5f  lr %.3g  %.1f ms\n", static_cast<long long>(steps_done),
+                static_cast<long long>(config.training.max_train_steps), loss, lr, ms);
+  if (!std::isfinite(loss))
+    throw std::runtime_error("step " + std::to_string(steps_done) +
+                             ": the loss is not finite (NaN or infinite): training stopped (the files saved "
+                             "before this step are kept; try a lower optimizer.learning_rate)");
+}
+
+}  // namespace
+
+TrainResult run_training(flame_ctx_t ctx, const TrainConfig& config, bool demo, const TrainState* resume_from) {
+  if (::mkdir(config.output.dir.c_str(), 0777) != 0 && errno != EEXIST)
+    throw std::runtime_error("cannot create " + config.output.dir);
+  Trainer t(ctx, config);
+  set_up(t, demo);
   std::unique_ptr<SampleImages> sample_images;  // sample.every_n_steps > 0: checked before the first step
   if (config.sample.every_n_steps > 0)
     sample_images = std::make_unique<SampleImages>(ctx, config, t.model.shapes, demo, t.samples);
-  auto write_samples = [&](int64_t steps_done) {
-    std::printf("samples: %s\n", sample_images->write(t.model.model.get(), steps_done).c_str());
-  };
 
   TrainResult result;
   result.log_path = output_file(config, ".jsonl");
-  std::ofstream log(result.log_path, std::ios::trunc);
+  int64_t first_step = 0;
+  if (resume_from) {  // after every random draw of the set-up, so that the generator is the saved one
+    first_step = t.resume(config.training.resume, *resume_from);
+    truncate_log_after(result.log_path, first_step);
+    std::printf("resuming from %s at step %lld\n", config.training.resume.c_str(), static_cast<long long>(first_step + 1));
+  }
+  std::ofstream log(result.log_path, resume_from ? std::ios::app : std::ios::trunc);
   if (!log) throw std::runtime_error("cannot write " + result.log_path);
   std::printf("training a %s LoRA (rank %d) on %zu samples for %lld steps\n", family_name(t.model.shapes.family),
               config.network.dim, t.samples.size(), static_cast<long long>(config.training.max_train_steps));
 
-  uint64_t epoch = 0;
-  std::vector<std::vector<size_t>> batches;
-  size_t next_batch = 0;
-  for (int64_t step = 0; step < config.training.max_train_steps; ++step) {
+  for (int64_t step = first_step; step < config.training.max_train_steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
-    double loss_sum = 0;
-    for (int micro = 0; micro < config.training.gradient_accumulation_steps; ++micro) {
-      if (next_batch == batches.size()) {
-        batches = plan_epoch_batches(t.samples, config.training.batch_size, config.training.seed, epoch++);
-        next_batch = 0;
-      }
-      Tensor loss = t.batch_loss(batches[next_batch++], static_cast<uint64_t>(step), micro);
-      double value = 0;
-      check(flame_tensor_item(loss.get(), &value), "flame_tensor_item");
-      loss_sum += value;
-    }
-    t.optimizer_step(step);
-    check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
+    const double loss = t.train_step(step);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    const double loss = loss_sum / config.training.gradient_accumulation_steps;
-    const double lr = config.optimizer.learning_rate * lr_multiplier(t.schedule, step);
-    log << nlohmann::json{{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"ms", ms}}.dump() << "\n";
-    log.flush();
-    if ((step + 1) % 10 == 0 || step == 0 || step + 1 == config.training.max_train_steps)
-      std::printf("step %lld/%lld  loss %.5f  lr %.3g  %.1f ms\n", static_cast<long long>(step + 1),
-                  static_cast<long long>(config.training.max_train_steps), loss, lr, ms);
-    if (!std::isfinite(loss))
-      throw std::runtime_error("step " + std::to_string(step + 1) +
-                               ": the loss is not finite (NaN or infinite): training stopped (the files saved "
-                               "before this step are kept; try a lower optimizer.learning_rate)");
-    const int64_t every = config.output.save_every_n_steps;
-    if (every > 0 && (step + 1) % every == 0 && step + 1 < config.training.max_train_steps) {
-      char suffix[64];
-      std::snprintf(suffix, sizeof suffix, "-step%06lld.safetensors", static_cast<long long>(step + 1));
-      t.save_lora(output_file(config, suffix));
-    }
-    if (sample_images && (step + 1) % config.sample.every_n_steps == 0 && step + 1 < config.training.max_train_steps)
-      write_samples(step + 1);
+    log_step(log, config, step + 1, loss, config.optimizer.learning_rate * lr_multiplier(t.schedule, step), ms);
     result.final_loss = loss;
     result.steps = step + 1;
+    if (step + 1 < config.training.max_train_steps) save_outputs(t, sample_images.get(), step + 1, false, demo);
   }
+  save_outputs(t, sample_images.get(), result.steps, true, demo);
   result.lora_path = output_file(config, ".safetensors");
-  t.save_lora(result.lora_path);
-  if (sample_images) write_samples(result.steps);
   std::printf("saved %s (%s)\nlog: %s\n", result.lora_path.c_str(), config.output.format.c_str(), result.log_path.c_str());
   return result;
 }
 
 }  // namespace flame_train
+

@@ -15,8 +15,13 @@
 //              <name>-step<N>.safetensors and at the end as <name>.safetensors in output.dir, and one
 //              JSON line per step in <name>.jsonl: {"step", "loss", "lr", "ms"} (loss: the mean of
 //              the step's batches' weighted losses; ms: the step's wall time, device included).
+//              With training.ema_decay > 0 each LoRA file has a twin <name>[-step<N>]-ema.safetensors
+//              in the same format holding the EMA of the adapter (ema.h), updated after every step.
 //   samples    with sample.every_n_steps > 0, a row of sample images every that many steps and at the
 //              end, in output.dir/samples (sample_images.h; the model in evaluation mode meanwhile).
+//   state      with output.save_state_every_n_steps > 0, the resumable state every that many steps
+//              and at the end (train_state.h); training.resume continues from one, the log's lines
+//              after its step dropped, so that files and losses equal an uninterrupted run's.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +30,7 @@
 #include <flame.h>
 
 #include "config.h"
+#include "train_state.h"
 
 namespace flame_train {
 
@@ -36,7 +42,8 @@ struct TrainResult {
 };
 
 // Runs the whole training on ctx. demo: random data in the model's shapes instead of the cache.
+// resume_from: NULL for a fresh start, or what read_train_state returned for config.training.resume.
 // Throws FlameError (a library call failed) or std::runtime_error (bad data, files).
-TrainResult run_training(flame_ctx_t ctx, const TrainConfig& config, bool demo);
+TrainResult run_training(flame_ctx_t ctx, const TrainConfig& config, bool demo, const TrainState* resume_from = nullptr);
 
 }  // namespace flame_train
