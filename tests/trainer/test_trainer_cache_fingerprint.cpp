@@ -109,6 +109,8 @@ TEST_F(CacheFingerprintTest, EverySettingChangesIt) {
   EXPECT_NE(changed([](CacheSettings& s) { s.captions.separator = ";"; }), before);
   EXPECT_NE(changed([](CacheSettings& s) { s.flip_aug = true; }), before);
   EXPECT_NE(changed([](CacheSettings& s) { s.random_crop = true; }), before);
+  EXPECT_NE(changed([](CacheSettings& s) { s.seed = 7; }), before);
+  EXPECT_NE(changed([](CacheSettings& s) { s.sample_prompts.push_back("a cat"); }), before);
   EXPECT_EQ(changed([](CacheSettings&) {}), before);
 }
 

@@ -19,7 +19,7 @@ uint64_t fnv1a64(const void* bytes, size_t count, uint64_t state) {
 
 namespace {
 
-constexpr int kFingerprintVersion = 1;
+constexpr int kFingerprintVersion = 2;
 
 class FieldHasher {
  public:
@@ -74,6 +74,9 @@ void add_settings(FieldHasher& hasher, const CacheSettings& settings) {
   hasher.add(captions.separator);
   hasher.add_integer(settings.flip_aug ? 1 : 0);
   hasher.add_integer(settings.random_crop ? 1 : 0);
+  hasher.add_integer(static_cast<int64_t>(settings.seed));
+  hasher.add_integer(static_cast<int64_t>(settings.sample_prompts.size()));
+  for (const std::string& prompt : settings.sample_prompts) hasher.add(prompt);
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // later run reuses the file when the hash matches and recomputes it (saying so) when it does not.
 //
 // Hashed, in this order, each field length-prefixed (so "ab" + "c" never equals "a" + "bc"):
-//   format version; family; dtype; resolution and bucket options; caption options;
+//   format version; family; dtype; resolution and bucket options; caption options; flip / random
+//   crop; the seed of the cached augmentation draws; the sample prompts (their conditioning is cached);
 //   per image in dataset order: path, byte size, modification time (ns), caption, repeats;
 //   per model file (denoiser, VAE, text encoders, tokenizer files; in the given order): path, byte
 //   size, modification time (ns); a missing model file hashes as size -1, mtime 0.
@@ -27,6 +28,8 @@ struct CacheSettings {
   CaptionOptions captions;
   bool flip_aug = false;
   bool random_crop = false;
+  uint64_t seed = 0;                        // training.seed: keys the cached caption / crop / flip draws
+  std::vector<std::string> sample_prompts;  // sample.prompts, whose embeddings the cache holds
   std::vector<std::string> model_files;  // every file the conditioning comes from
 };
 

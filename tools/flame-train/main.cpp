@@ -5,9 +5,8 @@
 //
 // Exit status: 0 success (or --help, --dry-run), 1 a configuration, data or FLAME error, 2 no GPU or
 // no NVIDIA driver. The training itself is trainer.h's: from a latent cache (data.cache_file) or,
-// with --demo, from random data in the model's shapes; the caching stage (images -> latents and
-// text embeddings) is not part of this build yet, so a run from data.path alone stops with a
-// message saying so once the data are checked.
+// with --demo, from random data in the model's shapes; a run from data.path first runs the caching
+// stage (cache_writer.h: images -> latents, captions -> text embeddings, reused when unchanged).
 #include <flame.h>
 
 #include <cstdio>

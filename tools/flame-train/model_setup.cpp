@@ -1,6 +1,7 @@
 // Loading or creating the denoiser (see model_setup.h).
 #include "model_setup.h"
 
+#include <filesystem>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -92,6 +93,16 @@ ModelShapes shapes_from_config(const std::string& architecture, const std::strin
     throw std::runtime_error("flame-train trains Flux, SDXL and SD3 denoisers, not " + architecture);
   }
   return s;
+}
+
+std::string component_load_options(const std::string& source, const std::string& model_path,
+                                   const std::string& component) {
+  nlohmann::json o = nlohmann::json::parse(kModelOptions);
+  namespace fs = std::filesystem;
+  const bool bundled_file = fs::is_regular_file(source) && source == model_path;
+  const bool pipeline_folder = fs::is_directory(source) && fs::exists(fs::path(source) / "model_index.json");
+  if (bundled_file || pipeline_folder) o["component"] = component;
+  return o.dump();
 }
 
 LoadedModel load_training_model(flame_ctx_t ctx, const std::string& path, const std::string& arch) {

@@ -43,6 +43,12 @@ struct LoadedModel {
 // ("auto" or a family that must match what was loaded). Throws FlameError or std::runtime_error.
 LoadedModel load_training_model(flame_ctx_t ctx, const std::string& path, const std::string& arch);
 
+// flame_model_load's options for one component (the VAE, a text encoder) at source:
+// {"dtype": "bf16"}, plus "component" (diffusers' slot name: "vae", "text_encoder", ...) when source
+// is model_path itself (a single file bundling components) or a diffusers pipeline folder.
+std::string component_load_options(const std::string& source, const std::string& model_path,
+                                   const std::string& component);
+
 // Shapes from an architecture name and its complete configuration JSON. Throws std::runtime_error
 // for an architecture flame-train does not train.
 ModelShapes shapes_from_config(const std::string& architecture, const std::string& config_json);

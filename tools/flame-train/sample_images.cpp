@@ -65,16 +65,6 @@ std::string vae_source(const TrainConfig& config) {
                            " is a single file, so set model.vae (it may name model.path when the file bundles its VAE)");
 }
 
-// {"dtype": "bf16"}, with "component": "vae" where the file or folder holds several components.
-std::string vae_load_options(const std::string& source, const std::string& model_path) {
-  nlohmann::json o = nlohmann::json::parse(kVaeOptions);
-  namespace fs = std::filesystem;
-  const bool bundled_file = fs::is_regular_file(source) && source == model_path;
-  const bool pipeline_folder = fs::is_directory(source) && fs::exists(fs::path(source) / "model_index.json");
-  if (bundled_file || pipeline_folder) o["component"] = "vae";
-  return o.dump();
-}
-
 void make_directory(const std::string& path) {
   if (::mkdir(path.c_str(), 0777) != 0 && errno != EEXIST) throw std::runtime_error("cannot create " + path);
 }
@@ -116,6 +106,17 @@ std::string demo_vae_config(ModelFamily family, int64_t latent_channels) {
     case ModelFamily::Sdxl: c["scaling_factor"] = 0.13025; break;
   }
   return c.dump();
+}
+
+Model load_vae(flame_ctx_t ctx, const std::string& source, const std::string& model_path) {
+  Model vae;
+  check(flame_model_load(ctx, source.c_str(), component_load_options(source, model_path, "vae").c_str(), vae.out()),
+        ("loading the VAE " + source).c_str());
+  const char* architecture = nullptr;
+  check(flame_model_architecture(vae.get(), &architecture), "flame_model_architecture");
+  if (std::string(architecture) != "AutoencoderKL")
+    throw std::runtime_error(std::string("the VAE ") + source + " is a " + architecture + ", not an AutoencoderKL");
+  return vae;
 }
 
 std::string sample_image_path(const TrainConfig& config, int64_t step) {
@@ -183,16 +184,9 @@ Model SampleImages::open_vae() const {
     const std::string vae_config = demo_vae_config(shapes_.family, shapes_.latent_channels);
     check(flame_model_create(ctx_, "AutoencoderKL", vae_config.c_str(), kVaeOptions, vae.out()),
           "flame_model_create (demo VAE)");
-  } else {
-    const std::string source = vae_source(config_);
-    check(flame_model_load(ctx_, source.c_str(), vae_load_options(source, config_.model.path).c_str(), vae.out()),
-          ("loading the VAE " + source).c_str());
+    return vae;
   }
-  const char* architecture = nullptr;
-  check(flame_model_architecture(vae.get(), &architecture), "flame_model_architecture");
-  if (std::string(architecture) != "AutoencoderKL")
-    throw std::runtime_error(std::string("sampling: the VAE is a ") + architecture + ", not an AutoencoderKL");
-  return vae;
+  return load_vae(ctx_, vae_source(config_), config_.model.path);
 }
 
 // latent [1, C, h, w] in the denoiser's scale -> the image [3, H, W] f32 on the host.

@@ -44,6 +44,11 @@ VaeFacts vae_facts_from_config(const std::string& config_json);
 // The demo's tiny AutoencoderKL configuration for a model with latent_channels channels of family.
 std::string demo_vae_config(ModelFamily family, int64_t latent_channels);
 
+// Loads the VAE at source (a file or folder) in bf16, with "component": "vae" where source holds
+// several components (component_load_options), and checks that it is an AutoencoderKL (also the
+// caching stage's encoder). Throws FlameError or std::runtime_error.
+Model load_vae(flame_ctx_t ctx, const std::string& source, const std::string& model_path);
+
 // The sample file's path for step (extension .png, or .ppm in builds without codecs).
 std::string sample_image_path(const TrainConfig& config, int64_t step);
 

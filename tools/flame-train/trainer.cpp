@@ -15,6 +15,9 @@
 
 #include <nlohmann/json.hpp>
 
+#ifndef FLAME_TRAIN_NO_IMAGES
+#include "cache_writer.h"
+#endif
 #include "ema.h"
 #include "flame_handles.h"
 #include "lr_schedule.h"
@@ -153,7 +156,8 @@ struct DataPosition {
 
 struct Trainer {
   flame_ctx_t ctx = nullptr;
-  const TrainConfig& config;
+  const TrainConfig& config;       // what this run trains from (data.cache_file set by the caching stage)
+  const TrainConfig& user_config;  // as given: the resumable state's settings fingerprint
   LoadedModel model;
   Objective objective;
   std::vector<TrainingSample> samples;
@@ -163,7 +167,7 @@ struct Trainer {
   std::unique_ptr<AdapterEma> ema;  // training.ema_decay > 0
   DataPosition data;
 
-  Trainer(flame_ctx_t c, const TrainConfig& cfg) : ctx(c), config(cfg) {}
+  Trainer(flame_ctx_t c, const TrainConfig& cfg, const TrainConfig& given) : ctx(c), config(cfg), user_config(given) {}
 
   // The next batch of the data order, planning the next epoch when the current one is used up.
   const std::vector<size_t>& next_batch() {
@@ -377,7 +381,7 @@ struct Trainer {
     state.step = steps_done;
     state.epoch = data.epoch;
     state.next_batch = data.next_batch;
-    return save_train_state({ctx, adapter.get(), optimizer.get(), ema.get()}, config, demo, state);
+    return save_train_state({ctx, adapter.get(), optimizer.get(), ema.get()}, user_config, demo, state);
   }
 
   // Restores the state that read_train_state accepted; returns the first step (0-based) to train.
@@ -394,19 +398,29 @@ struct Trainer {
   }
 };
 
-// Model, data, objective, adapter, optimizer, EMA and schedule, as trainer.h describes.
+// The cache file to train from: data.cache_file, or the caching stage's (cache_writer.h), run before
+// the denoiser is loaded so that the encoders and the VAE are gone when it is.
+std::string training_cache_file(flame_ctx_t ctx, const TrainConfig& config) {
+  if (!config.data.cache_file.empty()) return config.data.cache_file;
+#ifdef FLAME_TRAIN_NO_IMAGES
+  (void)ctx;
+  throw std::runtime_error("no latent cache: this build has no image input, so it cannot run the caching stage; "
+                           "give data.cache_file (see tools/flame-train/training_data.h) or run --demo");
+#else
+  return prepare_latent_cache(ctx, config);
+#endif
+}
+
+// Model, data, objective, adapter, optimizer, EMA and schedule, as trainer.h describes (the memory
+// check and the caching stage ran before: run_training).
 void set_up(Trainer& t, bool demo) {
   const TrainConfig& config = t.config;
-  check_memory_estimate(t.ctx, config);  // memory_check.h: before any weight is read
   t.model = load_training_model(t.ctx, config.model.path, config.model.arch);
   if (demo) {
     t.samples = make_demo_samples(t.ctx, t.model.shapes, kDemoSamples, kDemoLatentSide, kDemoLatentSide, kDemoTokens,
                                   config.training.seed);
-  } else if (!config.data.cache_file.empty()) {
-    t.samples = load_latent_cache(t.ctx, config.data.cache_file, t.model.shapes);
   } else {
-    throw std::runtime_error("no latent cache: the caching stage (VAE and text encoders) is not part of this build yet; "
-                             "give data.cache_file (see tools/flame-train/training_data.h) or run --demo");
+    t.samples = load_latent_cache(t.ctx, config.data.cache_file, t.model.shapes);
   }
   t.objective = make_objective(config, t.model.shapes);
   check(flame_model_set_checkpointing(t.model.model.get(), config.training.gradient_checkpointing ? 1 : 0),
@@ -446,10 +460,13 @@ void log_step(std::ofstream& log, const TrainConfig& config, int64_t steps_done,
 
 }  // namespace
 
-TrainResult run_training(flame_ctx_t ctx, const TrainConfig& config, bool demo, const TrainState* resume_from) {
-  if (::mkdir(config.output.dir.c_str(), 0777) != 0 && errno != EEXIST)
-    throw std::runtime_error("cannot create " + config.output.dir);
-  Trainer t(ctx, config);
+TrainResult run_training(flame_ctx_t ctx, const TrainConfig& user_config, bool demo, const TrainState* resume_from) {
+  if (::mkdir(user_config.output.dir.c_str(), 0777) != 0 && errno != EEXIST)
+    throw std::runtime_error("cannot create " + user_config.output.dir);
+  check_memory_estimate(ctx, user_config);  // memory_check.h: before any weight is read
+  TrainConfig config = user_config;          // data.cache_file: the cache this run trains from
+  if (!demo) config.data.cache_file = training_cache_file(ctx, user_config);
+  Trainer t(ctx, config, user_config);
   set_up(t, demo);
   std::unique_ptr<SampleImages> sample_images;  // sample.every_n_steps > 0: checked before the first step
   if (config.sample.every_n_steps > 0)
