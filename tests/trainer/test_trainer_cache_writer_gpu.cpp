@@ -1,0 +1,240 @@
+// The caching stage end to end on a GPU (label gpu; flame_trainer_gpu_tests, builds with image
+// input): tiny random-init CLIP-L, T5 and VAE saved as diffusers folders (config.json + weights), the
+// tokenizer test vocabularies, two generated PNGs with captions, and the demo Flux denoiser
+// (model.path demo:flux, model.arch flux):
+//  - run 1 encodes ("latent cache: encoding", the encoders loaded) and writes
+//    out/latent_cache.safetensors; run 2 reuses it without loading any encoder and trains to the
+//    same losses; a changed caption makes run 3 encode again;
+//  - the cached T5 embeddings and CLIP pooled output equal a direct forward of the same tokens
+//    through the saved encoders, and the latents have the VAE's shape (4 channels, pixels / 8).
+// Without a GPU the cases skip unless FLAME_REQUIRE_GPU=1.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "clip_tokenizer.h"
+#include "flame_test.h"
+#include "image_writers.h"
+#include "model_setup.h"
+#include "sample_images.h"
+#include "t5_tokenizer.h"
+
+namespace flame_train {
+namespace {
+
+namespace fs = std::filesystem;
+using flame_train_test::TempDir;
+
+const std::string kTokenizerData = std::string(FLAME_SOURCE_DIR) + "/tools/flame-train/tokenizers/tests/data";
+
+struct ProgramRun {
+  int status = -1;
+  std::string output;
+};
+
+ProgramRun run_program(const std::string& config_path) {
+  const std::string cmd = std::string("'") + FLAME_TRAIN_EXE + "' --config '" + config_path + "' 2>&1";
+  ProgramRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::vector<double> losses_of(const std::string& jsonl) {
+  std::ifstream in(jsonl);
+  std::vector<double> losses;
+  std::string line;
+  while (std::getline(in, line)) losses.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  return losses;
+}
+
+std::vector<float> to_host_f32(flame_tensor_t t) {
+  flame_tensor_t f = nullptr;
+  EXPECT_EQ(flame_to_dtype(t, FLAME_DTYPE_F32, &f), FLAME_OK);
+  int64_t numel = 0;
+  EXPECT_EQ(flame_tensor_numel(f, &numel), FLAME_OK);
+  std::vector<float> v(static_cast<size_t>(numel));
+  EXPECT_EQ(flame_to_host(f, v.data(), v.size() * sizeof(float)), FLAME_OK);
+  flame_tensor_release(f);
+  return v;
+}
+
+std::vector<int64_t> shape_of(flame_tensor_t t) {
+  int32_t nd = 0;
+  flame_tensor_ndim(t, &nd);
+  std::vector<int64_t> dims(static_cast<size_t>(nd));
+  if (nd > 0) flame_tensor_shape(t, dims.data(), nd);
+  return dims;
+}
+
+class CacheWriterGpu : public GpuTest {
+ protected:
+  // Creates architecture from config (random init, bf16) and saves it as a diffusers folder.
+  void save_model(const std::string& architecture, const nlohmann::json& config, const std::string& folder,
+                  const char* weights_file) {
+    fs::create_directories(folder);
+    flame_model_t model = nullptr;
+    ASSERT_EQ(flame_model_create(ctx, architecture.c_str(), config.dump().c_str(), R"({"dtype": "bf16"})", &model),
+              FLAME_OK)
+        << flame_last_error_message();
+    const char* full = nullptr;
+    ASSERT_EQ(flame_model_config(model, &full), FLAME_OK);
+    std::ofstream(folder + "/config.json") << full;
+    ASSERT_EQ(flame_model_save(model, (folder + "/" + weights_file).c_str(), "diffusers"), FLAME_OK)
+        << flame_last_error_message();
+    flame_model_release(model);
+  }
+
+  void make_inputs(const TempDir& dir) {
+    std::string error;
+    const auto clip = ClipTokenizer::load(kTokenizerData + "/clip_l", error);
+    ASSERT_TRUE(clip) << error;
+    const auto t5 = T5Tokenizer::load(kTokenizerData + "/t5", error);
+    ASSERT_TRUE(t5) << error;
+    // The demo Flux takes T5 width 24 (joint_attention_dim) and CLIP pooled 20 (pooled_projection_dim).
+    save_model("CLIPTextModel",
+               {{"vocab_size", clip->vocab_size() + 8}, {"hidden_size", 20}, {"intermediate_size", 40},
+                {"projection_dim", 20}, {"num_hidden_layers", 2}, {"num_attention_heads", 2},
+                {"max_position_embeddings", 77}, {"eos_token_id", clip->eos_id()}},
+               dir.file("clip_l"), "model.safetensors");
+    save_model("T5EncoderModel",
+               {{"vocab_size", t5->piece_count() + 128}, {"d_model", 24}, {"d_kv", 8}, {"d_ff", 48},
+                {"num_layers", 2}, {"num_heads", 3}},
+               dir.file("t5"), "model.safetensors");
+    save_model("AutoencoderKL", nlohmann::json::parse(demo_vae_config(ModelFamily::Flux, 4)), dir.file("vae"),
+               "diffusion_pytorch_model.safetensors");
+    fs::create_directories(dir.file("tokenizers"));
+    fs::copy(kTokenizerData + "/clip_l", dir.file("tokenizers/tokenizer"), fs::copy_options::recursive);
+    fs::copy(kTokenizerData + "/t5", dir.file("tokenizers/tokenizer_2"), fs::copy_options::recursive);
+    flame_train_test::write_png(dir.file("images/a.png"), flame_train_test::pattern_image(64, 64));
+    flame_train_test::write_png(dir.file("images/b.png"), flame_train_test::pattern_image(64, 48));
+    flame_train_test::write_text(dir.file("images/a.txt"), "a red square, Small");
+    flame_train_test::write_text(dir.file("images/b.txt"), "a blue circle!");
+    const nlohmann::json config = {
+        {"model", {{"path", "demo:flux"}, {"arch", "flux"}, {"vae", dir.file("vae")}, {"text_encoder", dir.file("clip_l")},
+                   {"text_encoder_2", dir.file("t5")}, {"tokenizer_dir", dir.file("tokenizers")}}},
+        {"data", {{"path", dir.file("images")}, {"resolution", 64}, {"min_bucket_reso", 64}, {"max_bucket_reso", 128}}},
+        {"training", {{"max_train_steps", 6}, {"seed", 3}}},
+        {"optimizer", {{"learning_rate", 1e-3}}},
+        {"output", {{"dir", dir.file("out")}, {"name", "cached"}}}};
+    std::ofstream(dir.file("train.json")) << config.dump(2);
+  }
+
+  // The saved encoder's output row 0 of name for ids, as f32 on the host.
+  std::vector<float> direct_encode(const std::string& folder, const std::vector<int32_t>& ids32, const char* name) {
+    flame_model_t model = nullptr;
+    EXPECT_EQ(flame_model_load(ctx, folder.c_str(), R"({"dtype": "bf16"})", &model), FLAME_OK) << flame_last_error_message();
+    const std::vector<int64_t> ids(ids32.begin(), ids32.end());
+    const int64_t shape[2] = {1, static_cast<int64_t>(ids.size())};
+    flame_tensor_t input = nullptr, row = nullptr, found = nullptr;
+    flame_params_t inputs = nullptr, outputs = nullptr;
+    EXPECT_EQ(flame_from_host(ctx, ids.data(), ids.size() * 8, shape, 2, FLAME_DTYPE_I64, &input), FLAME_OK);
+    EXPECT_EQ(flame_params_create(ctx, &inputs), FLAME_OK);
+    EXPECT_EQ(flame_params_add(inputs, "input_ids", input), FLAME_OK);
+    EXPECT_EQ(flame_model_forward(model, inputs, &outputs), FLAME_OK) << flame_last_error_message();
+    EXPECT_EQ(flame_params_find(outputs, name, &found), FLAME_OK);
+    EXPECT_NE(found, nullptr);
+    EXPECT_EQ(flame_select(found, 0, 0, &row), FLAME_OK);
+    std::vector<float> v = to_host_f32(row);
+    flame_tensor_release(row);
+    flame_params_release(outputs);
+    flame_params_release(inputs);
+    flame_tensor_release(input);
+    flame_model_release(model);
+    return v;
+  }
+
+  std::vector<float> cached(const std::string& path, const std::string& key, std::vector<int64_t>* shape = nullptr) {
+    flame_safetensors_t file = nullptr;
+    EXPECT_EQ(flame_safetensors_load(ctx, path.c_str(), &file), FLAME_OK) << flame_last_error_message();
+    flame_tensor_t t = nullptr;
+    EXPECT_EQ(flame_safetensors_get(file, key.c_str(), &t), FLAME_OK) << key;
+    if (shape) *shape = shape_of(t);
+    std::vector<float> v = to_host_f32(t);
+    flame_tensor_release(t);
+    flame_safetensors_release(file);
+    return v;
+  }
+};
+
+void expect_equal(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  size_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) bad += a[i] != b[i];
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << a.size() << " values differ";
+}
+
+TEST_F(CacheWriterGpu, WritesReusesAndInvalidatesTheCache) {
+  TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(make_inputs(dir));
+  const ProgramRun first = run_program(dir.file("train.json"));
+  ASSERT_EQ(first.status, 0) << first.output;
+  EXPECT_NE(first.output.find("latent cache: encoding 2 texts and 2 images"), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find("loading text encoder"), std::string::npos) << first.output;
+  const std::string cache = dir.file("out/latent_cache.safetensors");
+  ASSERT_TRUE(fs::exists(cache));
+  const std::vector<double> losses1 = losses_of(dir.file("out/cached.jsonl"));
+
+  const ProgramRun second = run_program(dir.file("train.json"));
+  ASSERT_EQ(second.status, 0) << second.output;
+  EXPECT_NE(second.output.find("latent cache: reusing"), std::string::npos) << second.output;
+  EXPECT_EQ(second.output.find("loading text encoder"), std::string::npos) << second.output;
+  EXPECT_EQ(second.output.find("loading the VAE"), std::string::npos) << second.output;
+  const std::vector<double> losses2 = losses_of(dir.file("out/cached.jsonl"));
+  ASSERT_EQ(losses1.size(), 6u);
+  ASSERT_EQ(losses2.size(), 6u);
+  for (size_t i = 0; i < losses1.size(); ++i)
+    EXPECT_NEAR(losses1[i], losses2[i], 1e-6 * std::max(1.0, std::fabs(losses1[i]))) << "step " << i + 1;
+
+  // The cache's conditioning equals a direct encode of the same tokens (entry 0: a.png, sorted first).
+  std::string error;
+  const auto t5 = T5Tokenizer::load(dir.file("tokenizers/tokenizer_2"), error);
+  const auto clip = ClipTokenizer::load(dir.file("tokenizers/tokenizer"), error);
+  ASSERT_TRUE(t5 && clip) << error;
+  TokenizedText t5_ids, clip_ids;
+  ASSERT_TRUE(t5->encode("a red square, Small", 512, t5_ids, error)) << error;
+  ASSERT_TRUE(clip->encode("a red square, Small", 77, clip_ids, error)) << error;
+  std::vector<int64_t> embeds_shape, latent_shape;
+  const std::vector<float> embeds = cached(cache, "prompt_embeds.0", &embeds_shape);
+  EXPECT_EQ(embeds_shape, (std::vector<int64_t>{512, 24}));
+  expect_equal(embeds, direct_encode(dir.file("t5"), t5_ids.input_ids, "last_hidden_state"), "T5 embeddings");
+  expect_equal(cached(cache, "pooled_prompt_embeds.0"),
+               direct_encode(dir.file("clip_l"), clip_ids.input_ids, "pooler_output"), "CLIP pooled");
+  cached(cache, "latents.1", &latent_shape);
+  EXPECT_EQ(latent_shape[0], 4);
+  EXPECT_EQ(latent_shape[1] * 8 * latent_shape[2] * 8, 64 * 64) << "a bucket of 64 x 64 pixels";
+
+  flame_train_test::write_text(dir.file("images/b.txt"), "a green circle");
+  const ProgramRun third = run_program(dir.file("train.json"));
+  ASSERT_EQ(third.status, 0) << third.output;
+  EXPECT_NE(third.output.find("latent cache: encoding"), std::string::npos) << third.output;
+}
+
+TEST_F(CacheWriterGpu, ForeignFileAtTheCachePathIsRefused) {
+  TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(make_inputs(dir));
+  fs::create_directories(dir.file("out"));
+  flame_train_test::write_text(dir.file("out/latent_cache.safetensors"), "not a safetensors file");
+  const ProgramRun run = run_program(dir.file("train.json"));
+  EXPECT_EQ(run.status, 1) << run.output;
+  EXPECT_NE(run.output.find("not a safetensors file"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("loading text encoder"), std::string::npos) << run.output;
+  std::ifstream in(dir.file("out/latent_cache.safetensors"));
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "not a safetensors file");  // untouched
+}
+
+}  // namespace
+}  // namespace flame_train
