@@ -1,6 +1,7 @@
 // The caching stage's plan and reuse decision (tools/flame-train/cache_plan.h), no GPU: which
 // entries, texts and VAE encodes a data set needs (deduplicated, augmentations frozen at epoch 0),
-// and whether an existing file is reused, re-encoded or refused (corrupt or foreign files).
+// and whether an existing file is reused, re-encoded or refused (corrupt or foreign files); the
+// family the caching stage encodes for (cache_writer.h's caching_family).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "cache_plan.h"
+#include "cache_writer.h"
 
 namespace flame_train {
 namespace {
@@ -135,6 +137,21 @@ TEST_F(CacheDecisionTest, CorruptFilesAreRefused) {
   EXPECT_THROW(decide_cache_use(path(), "flux", "0123456789abcdef"), CacheFileError);
   write_header(R"({"__metadata__": {"flame_train_cache": 1}})");  // a metadata value that is not a string
   EXPECT_THROW(decide_cache_use(path(), "flux", "0123456789abcdef"), CacheFileError);
+}
+
+TEST_F(CacheDecisionTest, FamilyFromArchDemoPathOrPipelineIndex) {
+  TrainConfig c;
+  c.model.arch = "sdxl";
+  c.model.path = "demo:flux";
+  EXPECT_EQ(caching_family(c), "sdxl");
+  c.model.arch = "auto";
+  EXPECT_EQ(caching_family(c), "flux");
+  c.model.path = folder_.string();
+  EXPECT_THROW(caching_family(c), std::runtime_error);  // no model_index.json: set model.arch
+  std::ofstream(folder_ / "model_index.json") << R"({"_class_name": "StableDiffusion3Pipeline"})";
+  EXPECT_EQ(caching_family(c), "sd3");
+  c.output.dir = "/out";
+  EXPECT_EQ(latent_cache_path(c), "/out/latent_cache.safetensors");
 }
 
 }  // namespace
