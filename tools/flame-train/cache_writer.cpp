@@ -329,11 +329,13 @@ std::string caching_family(const TrainConfig& config) {
 
 TextConditioning encode_texts(flame_ctx_t ctx, const std::string& family, const ConditioningSources& sources,
                               const std::string& model_path, const std::vector<std::string>& texts) {
+  const size_t expected = family == "sd3" ? 3 : 2;
+  if (sources.encoders.size() != expected)
+    throw std::runtime_error("the " + family + " family takes " + std::to_string(expected) + " text encoders, not " +
+                             std::to_string(sources.encoders.size()));
   std::vector<EncoderOutputs> outputs;
   for (const TextEncoderSource& source : sources.encoders)
     outputs.push_back(run_encoder(ctx, family, source, model_path, texts));
-  const size_t expected = family == "sd3" ? 3 : 2;
-  if (outputs.size() != expected) throw std::runtime_error("the " + family + " family takes " + std::to_string(expected) + " text encoders");
   return combine(family, outputs, texts.size());
 }
 
