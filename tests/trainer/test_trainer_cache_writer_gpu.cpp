@@ -6,7 +6,10 @@
 //    out/latent_cache.safetensors; run 2 reuses it without loading any encoder and trains to the
 //    same losses; a changed caption makes run 3 encode again;
 //  - the cached T5 embeddings and CLIP pooled output equal a direct forward of the same tokens
-//    through the saved encoders, and the latents have the VAE's shape (4 channels, pixels / 8).
+//    through the saved encoders, and the latents have the VAE's shape (4 channels, pixels / 8);
+//  - SDXL (demo:sdxl, tiny CLIP-L and CLIP-G): the concatenated penultimate states, CLIP-G's
+//    text_embeds, the sample prompt's and the empty negative's conditioning, and the time ids;
+//  - a file at the cache path that is not a flame-train cache is refused and left as it was.
 // Without a GPU the cases skip unless FLAME_REQUIRE_GPU=1.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -133,6 +136,39 @@ class CacheWriterGpu : public GpuTest {
     std::ofstream(dir.file("train.json")) << config.dump(2);
   }
 
+  // SDXL: CLIP-L (width 16) and CLIP-G (width 24, projection 24) for the demo UNet (cross-attention
+  // 40 = 16 + 24, text_embeds 24), the demo VAE with 4 channels, sample prompt "a cat".
+  void make_sdxl_inputs(const TempDir& dir) {
+    std::string error;
+    const auto clip_l = ClipTokenizer::load(kTokenizerData + "/clip_l", error);
+    const auto clip_g = ClipTokenizer::load(kTokenizerData + "/clip_g", error);
+    ASSERT_TRUE(clip_l && clip_g) << error;
+    auto clip_config = [](const ClipTokenizer& t, int width) {
+      return nlohmann::json{{"vocab_size", t.vocab_size() + 8}, {"hidden_size", width}, {"intermediate_size", 2 * width},
+                            {"projection_dim", 24}, {"num_hidden_layers", 2}, {"num_attention_heads", 2},
+                            {"max_position_embeddings", 77}, {"eos_token_id", t.eos_id()}};
+    };
+    save_model("CLIPTextModel", clip_config(*clip_l, 16), dir.file("clip_l"), "model.safetensors");
+    save_model("CLIPTextModelWithProjection", clip_config(*clip_g, 24), dir.file("clip_g"), "model.safetensors");
+    save_model("AutoencoderKL", nlohmann::json::parse(demo_vae_config(ModelFamily::Sdxl, 4)), dir.file("vae"),
+               "diffusion_pytorch_model.safetensors");
+    fs::create_directories(dir.file("tokenizers"));
+    fs::copy(kTokenizerData + "/clip_l", dir.file("tokenizers/tokenizer"), fs::copy_options::recursive);
+    fs::copy(kTokenizerData + "/clip_g", dir.file("tokenizers/tokenizer_2"), fs::copy_options::recursive);
+    flame_train_test::write_png(dir.file("images/a.png"), flame_train_test::pattern_image(64, 64));
+    flame_train_test::write_png(dir.file("images/b.png"), flame_train_test::pattern_image(64, 48));
+    flame_train_test::write_text(dir.file("images/a.txt"), "a red square, Small");
+    flame_train_test::write_text(dir.file("images/b.txt"), "a blue circle!");
+    const nlohmann::json config = {
+        {"model", {{"path", "demo:sdxl"}, {"arch", "sdxl"}, {"vae", dir.file("vae")}, {"text_encoder", dir.file("clip_l")},
+                   {"text_encoder_2", dir.file("clip_g")}, {"tokenizer_dir", dir.file("tokenizers")}}},
+        {"data", {{"path", dir.file("images")}, {"resolution", 64}, {"min_bucket_reso", 64}, {"max_bucket_reso", 128}}},
+        {"training", {{"max_train_steps", 3}, {"seed", 3}}},
+        {"sample", {{"prompts", {"a cat"}}}},
+        {"output", {{"dir", dir.file("out")}, {"name", "cached"}}}};
+    std::ofstream(dir.file("train.json")) << config.dump(2);
+  }
+
   // The saved encoder's output row 0 of name for ids, as f32 on the host.
   std::vector<float> direct_encode(const std::string& folder, const std::vector<int32_t>& ids32, const char* name) {
     flame_model_t model = nullptr;
@@ -221,6 +257,45 @@ TEST_F(CacheWriterGpu, WritesReusesAndInvalidatesTheCache) {
   const ProgramRun third = run_program(dir.file("train.json"));
   ASSERT_EQ(third.status, 0) << third.output;
   EXPECT_NE(third.output.find("latent cache: encoding"), std::string::npos) << third.output;
+}
+
+// SDXL: prompt_embeds = [CLIP-L hidden_states[-2], CLIP-G hidden_states[-2]] on D, pooled = CLIP-G
+// text_embeds, time_ids from the original size and the centre crop, the sample prompt and the empty
+// negative prompt encoded too.
+TEST_F(CacheWriterGpu, SdxlConcatenatesPenultimateStatesAndWritesTimeIds) {
+  TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(make_sdxl_inputs(dir));
+  const ProgramRun run = run_program(dir.file("train.json"));
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("latent cache: encoding 4 texts and 2 images"), std::string::npos) << run.output;
+  const std::string cache = dir.file("out/latent_cache.safetensors");
+  std::string error;
+  const auto clip_l = ClipTokenizer::load(dir.file("tokenizers/tokenizer"), error);
+  const auto clip_g = ClipTokenizer::load(dir.file("tokenizers/tokenizer_2"), error);
+  ASSERT_TRUE(clip_l && clip_g) << error;
+  auto check_text = [&](const std::string& text, const std::string& embeds_key, const std::string& pooled_key) {
+    TokenizedText l_ids, g_ids;
+    ASSERT_TRUE(clip_l->encode(text, 77, l_ids, error)) << error;
+    ASSERT_TRUE(clip_g->encode(text, 77, g_ids, error)) << error;
+    const std::vector<float> l = direct_encode(dir.file("clip_l"), l_ids.input_ids, "hidden_states.1");
+    const std::vector<float> g = direct_encode(dir.file("clip_g"), g_ids.input_ids, "hidden_states.1");
+    std::vector<float> expected;
+    for (size_t t = 0; t < 77; ++t) {
+      expected.insert(expected.end(), l.begin() + t * 16, l.begin() + (t + 1) * 16);
+      expected.insert(expected.end(), g.begin() + t * 24, g.begin() + (t + 1) * 24);
+    }
+    std::vector<int64_t> shape;
+    expect_equal(cached(cache, embeds_key, &shape), expected, embeds_key.c_str());
+    EXPECT_EQ(shape, (std::vector<int64_t>{77, 40}));
+    expect_equal(cached(cache, pooled_key), direct_encode(dir.file("clip_g"), g_ids.input_ids, "text_embeds"),
+                 pooled_key.c_str());
+  };
+  check_text("a red square, Small", "prompt_embeds.0", "pooled_prompt_embeds.0");
+  check_text("a cat", "sample_prompt_embeds.0", "sample_pooled_prompt_embeds.0");
+  check_text("", "negative_prompt_embeds", "negative_pooled_prompt_embeds");
+  // a.png 64 x 64: no crop; b.png 64 x 48 covers the 64 x 64 bucket at 85 x 64, centre crop left 10.
+  EXPECT_EQ(cached(cache, "time_ids.0"), (std::vector<float>{64, 64, 0, 0, 64, 64}));
+  EXPECT_EQ(cached(cache, "time_ids.1"), (std::vector<float>{48, 64, 0, 10, 64, 64}));
 }
 
 TEST_F(CacheWriterGpu, ForeignFileAtTheCachePathIsRefused) {
