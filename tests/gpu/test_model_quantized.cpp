@@ -141,47 +141,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 // ---- models and inputs ----
 
-flame_tensor_t host_tensor(flame_ctx_t ctx, const std::vector<int64_t>& shape, const std::vector<float>& v) {
-  flame_tensor_t t = nullptr;
-  EXPECT_EQ(flame_from_host(ctx, v.data(), v.size() * sizeof(float), shape.data(), static_cast<int32_t>(shape.size()),
-                            FLAME_DTYPE_F32, &t),
-            FLAME_OK);
-  return t;
-}
-
-std::vector<float> ramp(size_t n, float scale) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = std::sin(0.7f * static_cast<float>(i) + 0.3f) * scale;
-  return v;
-}
-
-void make_inputs(flame_ctx_t ctx, const Case& c, ParamsHandle& in) {
-  ASSERT_EQ(flame_params_create(ctx, &in.p), FLAME_OK);
-  auto add = [&](const char* name, flame_tensor_t t) {
-    ASSERT_EQ(flame_params_add(in.p, name, t), FLAME_OK);
-    flame_tensor_release(t);
-  };
-  if (std::string(c.arch) == "FluxTransformer2DModel") {
-    add("hidden_states", host_tensor(ctx, {1, 12, 16}, ramp(12 * 16, 1.0f)));
-    add("encoder_hidden_states", host_tensor(ctx, {1, 5, 24}, ramp(5 * 24, 1.0f)));
-    add("pooled_projections", host_tensor(ctx, {1, 20}, ramp(20, 1.0f)));
-    add("timestep", host_tensor(ctx, {1}, {0.5f}));
-    add("guidance", host_tensor(ctx, {1}, {3.5f}));
-    std::vector<float> ids(12 * 3, 0.0f);
-    for (int r = 0; r < 12; ++r) {
-      ids[r * 3 + 1] = static_cast<float>(r / 3);
-      ids[r * 3 + 2] = static_cast<float>(r % 3);
-    }
-    add("img_ids", host_tensor(ctx, {12, 3}, ids));
-    add("txt_ids", host_tensor(ctx, {5, 3}, std::vector<float>(15, 0.0f)));
-  } else {
-    add("sample", host_tensor(ctx, {1, 4, 16, 16}, ramp(4 * 16 * 16, 1.0f)));
-    add("timestep", host_tensor(ctx, {1}, {10.0f}));
-    add("encoder_hidden_states", host_tensor(ctx, {1, 7, 40}, ramp(7 * 40, 1.0f)));
-    add("text_embeds", host_tensor(ctx, {1, 24}, ramp(24, 1.0f)));
-    add("time_ids", host_tensor(ctx, {1, 6}, {16, 16, 0, 0, 16, 16}));
-  }
-}
+void make_inputs(flame_ctx_t ctx, const Case& c, ParamsHandle& in) { make_tiny_model_inputs(ctx, c.arch, in); }
 
 std::string quantize_options(const Case& c) {
   return std::string(R"({"dtype": "bf16", "quantize": {"dtype": "f8_e4m3", "scale": ")") + c.scale + "\"}}";

@@ -105,14 +105,7 @@ const char* const kFlux =
         "in_channels": 16, "joint_attention_dim": 24, "pooled_projection_dim": 20, "guidance_embeds": true,
         "axes_dims_rope": [4, 6, 6]})";
 
-flame_tensor_t host_tensor(flame_ctx_t ctx, const std::vector<int64_t>& shape, const std::vector<float>& v) {
-  flame_tensor_t t = nullptr;
-  EXPECT_EQ(flame_from_host(ctx, v.data(), v.size() * sizeof(float), shape.data(), static_cast<int32_t>(shape.size()),
-                            FLAME_DTYPE_F32, &t),
-            FLAME_OK);
-  return t;
-}
-
+// ramp (model_test_handles.h) with a phase: each rank its own inputs.
 std::vector<float> ramp(size_t n, float scale, float phase) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = std::sin(0.7f * static_cast<float>(i) + phase) * scale;
