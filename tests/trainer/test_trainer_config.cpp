@@ -3,8 +3,12 @@
 
 #include <algorithm>
 
+#include <nlohmann/json.hpp>
+
 #include "config.h"
 #include "image_writers.h"
+#include "memory_check.h"
+#include "model_setup.h"
 
 using namespace flame_train;
 using flame_train_test::TempDir;
@@ -107,6 +111,27 @@ TEST(TrainerConfig, CachingStageSourceKeys) {
   EXPECT_EQ(c.model.text_encoder_2, "t5xxl.safetensors");
   EXPECT_EQ(c.model.text_encoder_3, "t5.safetensors");
   EXPECT_EQ(c.model.tokenizer_dir, "tokenizers");
+}
+
+// The denoiser's memory options and the model options they make (model_setup.h), and the memory
+// estimate's request built from the same options.
+TEST(TrainerConfig, MemoryOptionsReachTheModelOptions) {
+  Fixture f;
+  TrainConfig c = load_config(f.parse({}));
+  EXPECT_EQ(c.model.quantize, "none");
+  EXPECT_EQ(nlohmann::json::parse(denoiser_model_options(c)), nlohmann::json::parse(R"({"dtype": "bf16"})"));
+  c = load_config(f.parse({"--model.quantize=f8_e4m3", "--model.quantize_scale=row"}));
+  EXPECT_EQ(nlohmann::json::parse(denoiser_model_options(c)),
+            nlohmann::json::parse(R"({"dtype": "bf16", "quantize": {"dtype": "f8_e4m3", "scale": "row"}})"));
+  EXPECT_EQ(nlohmann::json::parse(memory_estimate_request(c)).at("options"),
+            nlohmann::json::parse(denoiser_model_options(c)));
+  c = load_config(f.parse({"--model.offload_budget_gib=12"}));
+  EXPECT_EQ(nlohmann::json::parse(denoiser_model_options(c)).at("offload").at("budget_bytes").get<uint64_t>(),
+            uint64_t(12) << 30);
+  EXPECT_TRUE(has_problem(f.problems({"--model.quantize=nf4"}), "\"nf4\" is not one of none, f8_e4m3"));
+  EXPECT_TRUE(has_problem(f.problems({"--model.offload_budget_gib=-1"}), "out of range"));
+  EXPECT_TRUE(has_problem(f.problems({"--model.quantize=f8_e4m3", "--model.offload_budget_gib=8"}),
+                          "does not combine an fp8 base with offload"));
 }
 
 // The example in tools/flame-train (the README points at it) stays valid: only its paths, which

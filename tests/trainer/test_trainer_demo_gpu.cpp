@@ -380,3 +380,74 @@ TEST_F(TrainerEma, EmaFollowsTheAdapterAsTheHostRecomputes) {
 }
 
 }  // namespace
+
+// The memory options: the Flux demo on an fp8 base (model.quantize) and with its frozen blocks
+// partly in host memory (model.offload_budget_gib at 60% of the weights' bytes), against the bf16,
+// resident run of the same seed: offload computes the same values (every step's loss equal up to
+// rounding), the fp8 base starts within a few percent and learns as much.
+class TrainerMemoryOptions : public GpuTest {};
+
+static std::vector<double> demo_losses(const std::string& out) {
+  std::vector<double> losses;
+  std::ifstream log(out + "/demo_lora.jsonl");
+  std::string line;
+  while (std::getline(log, line)) losses.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  return losses;
+}
+
+// Bytes of the demo model's parameters in bf16.
+static uint64_t demo_weight_bytes(flame_ctx_t ctx, const std::string& family) {
+  const char* architecture = nullptr;
+  const char* config = flame_train::demo_model_config(family, &architecture);
+  flame_model_t model = nullptr;
+  EXPECT_EQ(flame_model_create(ctx, architecture, config, R"({"dtype": "bf16"})", &model), FLAME_OK);
+  flame_params_t params = nullptr;
+  uint64_t bytes = 0;
+  if (model && flame_model_params(model, &params) == FLAME_OK) {
+    int64_t n = 0;
+    flame_params_count(params, &n);
+    for (int64_t i = 0; i < n; ++i) {
+      flame_tensor_t t = nullptr;
+      int64_t numel = 0;
+      flame_params_tensor(params, i, &t);
+      flame_tensor_numel(t, &numel);
+      bytes += static_cast<uint64_t>(numel) * 2;
+    }
+  }
+  flame_params_release(params);
+  flame_model_release(model);
+  return bytes;
+}
+
+TEST_F(TrainerMemoryOptions, Fp8AndOffloadBasesTrainLikeTheBf16Base) {
+  TempFolder dir;
+  ASSERT_FALSE(dir.path().empty()) << "mkdtemp failed";
+  const int steps = 40;
+  const DemoRun plain = run_demo("flux", dir.path() + "/bf16", "", steps);
+  ASSERT_EQ(plain.status, 0) << plain.output;
+  const DemoRun fp8 = run_demo("flux", dir.path() + "/fp8", " --model.quantize=f8_e4m3", steps);
+  ASSERT_EQ(fp8.status, 0) << fp8.output;
+  const uint64_t weights = demo_weight_bytes(ctx, "flux");
+  ASSERT_GT(weights, 0u);
+  char budget[64];
+  std::snprintf(budget, sizeof budget, " --model.offload_budget_gib=%.9f", 0.6 * static_cast<double>(weights) / 1073741824.0);
+  const DemoRun offload = run_demo("flux", dir.path() + "/offload", budget, steps);
+  ASSERT_EQ(offload.status, 0) << offload.output;
+
+  const std::vector<double> a = demo_losses(dir.path() + "/bf16"), q = demo_losses(dir.path() + "/fp8"),
+                            o = demo_losses(dir.path() + "/offload");
+  ASSERT_EQ(a.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(q.size(), a.size()) << fp8.output;
+  ASSERT_EQ(o.size(), a.size()) << offload.output;
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(o[i], a[i], 1e-5 * std::fabs(a[i]) + 1e-7) << "step " << i + 1;
+  EXPECT_NEAR(q[0], a[0], 0.05 * std::fabs(a[0])) << "the fp8 base's first loss";
+  auto mean = [](const std::vector<double>& v, size_t from) {
+    double s = 0;
+    for (size_t i = from; i < from + 10; ++i) s += v[i] / 10;
+    return s;
+  };
+  std::printf("[ flux ] first / last 10 steps: bf16 %.5f / %.5f, fp8 %.5f / %.5f, offload %.5f / %.5f\n", mean(a, 0),
+              mean(a, a.size() - 10), mean(q, 0), mean(q, q.size() - 10), mean(o, 0), mean(o, o.size() - 10));
+  EXPECT_LT(mean(q, q.size() - 10), 0.8 * mean(q, 0)) << "the fp8 base learns";
+  EXPECT_LT(mean(q, q.size() - 10), 1.25 * mean(a, a.size() - 10)) << "as much as the bf16 base, about";
+}

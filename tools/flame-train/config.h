@@ -37,6 +37,9 @@ struct TrainConfig {
     std::string arch;  // auto | flux | sdxl | sd3
     // The caching stage's sources (conditioning_sources.h); empty: model.path's subfolder.
     std::string vae, text_encoder, text_encoder_2, text_encoder_3, tokenizer_dir;
+    std::string quantize = "none";        // none | f8_e4m3: the frozen base in fp8
+    std::string quantize_scale = "tensor";  // tensor | row
+    double offload_budget_gib = 0;        // > 0: frozen blocks beyond this budget in host memory
   } model;
   struct Data {
     std::string path;

@@ -32,7 +32,7 @@ std::string memory_estimate_request(const TrainConfig& config) {
   } else {
     r["path"] = config.model.path;
   }
-  r["options"] = {{"dtype", "bf16"}};  // as load_training_model
+  r["options"] = nlohmann::json::parse(denoiser_model_options(config));  // as the trainer loads it
   nlohmann::json lora = {{"rank", config.network.dim}, {"alpha", config.network.alpha}, {"dropout", config.network.dropout}};
   if (!config.network.targets.empty()) lora["targets"] = config.network.targets;
   r["lora"] = lora;

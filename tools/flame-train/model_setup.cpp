@@ -105,14 +105,23 @@ std::string component_load_options(const std::string& source, const std::string&
   return o.dump();
 }
 
-LoadedModel load_training_model(flame_ctx_t ctx, const std::string& path, const std::string& arch) {
+std::string denoiser_model_options(const TrainConfig& config) {
+  nlohmann::json o = nlohmann::json::parse(kModelOptions);
+  if (config.model.quantize != "none") o["quantize"] = {{"dtype", config.model.quantize}, {"scale", config.model.quantize_scale}};
+  if (config.model.offload_budget_gib > 0)
+    o["offload"] = {{"budget_bytes", static_cast<uint64_t>(config.model.offload_budget_gib * 1073741824.0)}};
+  return o.dump();
+}
+
+LoadedModel load_training_model(flame_ctx_t ctx, const std::string& path, const std::string& arch,
+                                const std::string& options) {
   LoadedModel m;
   if (is_demo_model_path(path)) {
     const char* architecture = nullptr;
     const char* config = demo_model_config(path.substr(5), &architecture);
-    check(flame_model_create(ctx, architecture, config, kModelOptions, m.model.out()), "flame_model_create");
+    check(flame_model_create(ctx, architecture, config, options.c_str(), m.model.out()), "flame_model_create");
   } else {
-    check(flame_model_load(ctx, path.c_str(), kModelOptions, m.model.out()), "flame_model_load");
+    check(flame_model_load(ctx, path.c_str(), options.c_str(), m.model.out()), "flame_model_load");
   }
   const char* architecture = nullptr;
   const char* config = nullptr;

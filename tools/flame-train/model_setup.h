@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "config.h"
 #include "flame_handles.h"
 
 namespace flame_train {
@@ -39,9 +40,15 @@ struct LoadedModel {
   ModelShapes shapes;
 };
 
-// Loads (or, for demo paths, creates) the model in bf16. arch: the configuration's model.arch
-// ("auto" or a family that must match what was loaded). Throws FlameError or std::runtime_error.
-LoadedModel load_training_model(flame_ctx_t ctx, const std::string& path, const std::string& arch);
+// The denoiser's model options (flame_model_load): bf16, and the configuration's memory options
+// (model.quantize: "quantize"; model.offload_budget_gib: "offload"), as a JSON object.
+std::string denoiser_model_options(const TrainConfig& config);
+
+// Loads (or, for demo paths, creates) the model with options (denoiser_model_options). arch: the
+// configuration's model.arch ("auto" or a family that must match what was loaded). Throws
+// FlameError or std::runtime_error.
+LoadedModel load_training_model(flame_ctx_t ctx, const std::string& path, const std::string& arch,
+                                const std::string& options);
 
 // flame_model_load's options for one component (the VAE, a text encoder) at source:
 // {"dtype": "bf16"}, plus "component" (diffusers' slot name: "vae", "text_encoder", ...) when source

@@ -56,6 +56,8 @@ json config_fingerprint(const TrainConfig& c, bool demo) {
   json f = {{"demo", demo},
             {"model.path", c.model.path},
             {"model.arch", c.model.arch},
+            {"model.quantize", c.model.quantize},
+            {"model.quantize_scale", c.model.quantize_scale},
             {"data.path", c.data.path},
             {"data.cache_file", c.data.cache_file},
             {"network.dim", c.network.dim},

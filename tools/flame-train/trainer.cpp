@@ -415,7 +415,7 @@ std::string training_cache_file(flame_ctx_t ctx, const TrainConfig& config) {
 // check and the caching stage ran before: run_training).
 void set_up(Trainer& t, bool demo) {
   const TrainConfig& config = t.config;
-  t.model = load_training_model(t.ctx, config.model.path, config.model.arch);
+  t.model = load_training_model(t.ctx, config.model.path, config.model.arch, denoiser_model_options(config));
   if (demo) {
     t.samples = make_demo_samples(t.ctx, t.model.shapes, kDemoSamples, kDemoLatentSide, kDemoLatentSide, kDemoTokens,
                                   config.training.seed);
