@@ -128,6 +128,13 @@ TEST(TrainerConfig, MemoryOptionsReachTheModelOptions) {
   c = load_config(f.parse({"--model.offload_budget_gib=12"}));
   EXPECT_EQ(nlohmann::json::parse(denoiser_model_options(c)).at("offload").at("budget_bytes").get<uint64_t>(),
             uint64_t(12) << 30);
+  // A pipeline folder's denoiser is its component.
+  const std::string pipeline = f.dir.file("pipeline");
+  flame_train_test::write_text(pipeline + "/model_index.json", R"({"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"]})");
+  c = load_config(f.parse({"--model.path=" + pipeline}));
+  EXPECT_EQ(nlohmann::json::parse(denoiser_model_options(c)).at("component"), "transformer");
+  flame_train_test::write_text(pipeline + "/model_index.json", R"({"_class_name": "StableDiffusionXLPipeline", "unet": ["diffusers", "UNet2DConditionModel"]})");
+  EXPECT_EQ(nlohmann::json::parse(denoiser_model_options(c)).at("component"), "unet");
   EXPECT_TRUE(has_problem(f.problems({"--model.quantize=nf4"}), "\"nf4\" is not one of none, f8_e4m3"));
   EXPECT_TRUE(has_problem(f.problems({"--model.offload_budget_gib=-1"}), "out of range"));
   EXPECT_TRUE(has_problem(f.problems({"--model.quantize=f8_e4m3", "--model.offload_budget_gib=8"}),

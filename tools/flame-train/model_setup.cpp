@@ -2,6 +2,7 @@
 #include "model_setup.h"
 
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -105,8 +106,27 @@ std::string component_load_options(const std::string& source, const std::string&
   return o.dump();
 }
 
+namespace {
+
+// A diffusers pipeline folder's denoiser: "transformer" (Flux, SD3) or "unet" (SDXL), as its
+// model_index.json lists them; empty for anything else (a model folder, a single file, a demo).
+std::string pipeline_denoiser(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path index = fs::path(path) / "model_index.json";
+  if (!fs::is_directory(path) || !fs::exists(index)) return std::string();
+  std::ifstream in(index);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_object() && j.contains("transformer")) return "transformer";
+  if (j.is_object() && j.contains("unet")) return "unet";
+  throw std::runtime_error("model.path: " + index.string() + " names neither a transformer nor a unet component");
+}
+
+}  // namespace
+
 std::string denoiser_model_options(const TrainConfig& config) {
   nlohmann::json o = nlohmann::json::parse(kModelOptions);
+  const std::string component = pipeline_denoiser(config.model.path);
+  if (!component.empty()) o["component"] = component;
   if (config.model.quantize != "none") o["quantize"] = {{"dtype", config.model.quantize}, {"scale", config.model.quantize_scale}};
   if (config.model.offload_budget_gib > 0)
     o["offload"] = {{"budget_bytes", static_cast<uint64_t>(config.model.offload_budget_gib * 1073741824.0)}};

@@ -40,7 +40,8 @@ struct LoadedModel {
   ModelShapes shapes;
 };
 
-// The denoiser's model options (flame_model_load): bf16, and the configuration's memory options
+// The denoiser's model options (flame_model_load): bf16, the component of a diffusers pipeline folder
+// ("transformer" or "unet", from its model_index.json), and the configuration's memory options
 // (model.quantize: "quantize"; model.offload_budget_gib: "offload"), as a JSON object.
 std::string denoiser_model_options(const TrainConfig& config);
 
