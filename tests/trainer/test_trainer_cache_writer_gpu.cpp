@@ -9,7 +9,8 @@
 //    through the saved encoders, and the latents have the VAE's shape (4 channels, pixels / 8);
 //  - SDXL (demo:sdxl, tiny CLIP-L and CLIP-G): the concatenated penultimate states, CLIP-G's
 //    text_embeds, the sample prompt's and the empty negative's conditioning, and the time ids;
-//  - a file at the cache path that is not a flame-train cache is refused and left as it was.
+//  - a file at the cache path that is not a flame-train cache is refused and left as it was;
+//  - model.path a diffusers pipeline folder alone (the README walkthrough's form) trains end to end.
 // Without a GPU the cases skip unless FLAME_REQUIRE_GPU=1.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -309,6 +310,43 @@ TEST_F(CacheWriterGpu, ForeignFileAtTheCachePathIsRefused) {
   EXPECT_EQ(run.output.find("loading text encoder"), std::string::npos) << run.output;
   std::ifstream in(dir.file("out/latent_cache.safetensors"));
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "not a safetensors file");  // untouched
+}
+
+// The walkthrough's form: model.path a diffusers pipeline folder (model_index.json, transformer, vae,
+// text_encoder, text_encoder_2, tokenizer, tokenizer_2) and nothing else about the model: the
+// denoiser loads as the pipeline's transformer component, the caching stage finds the rest.
+TEST_F(CacheWriterGpu, PipelineFolderAloneTrainsEndToEnd) {
+  TempDir dir;
+  ASSERT_NO_FATAL_FAILURE(make_inputs(dir));
+  const std::string pipe = dir.file("FLUX.1-tiny");
+  fs::create_directories(pipe);
+  fs::rename(dir.file("vae"), pipe + "/vae");
+  fs::rename(dir.file("clip_l"), pipe + "/text_encoder");
+  fs::rename(dir.file("t5"), pipe + "/text_encoder_2");
+  fs::rename(dir.file("tokenizers/tokenizer"), pipe + "/tokenizer");
+  fs::rename(dir.file("tokenizers/tokenizer_2"), pipe + "/tokenizer_2");
+  const char* architecture = nullptr;
+  const char* config = demo_model_config("flux", &architecture);
+  ASSERT_NO_FATAL_FAILURE(save_model(architecture, nlohmann::json::parse(config), pipe + "/transformer",
+                                     "diffusion_pytorch_model.safetensors"));
+  std::ofstream(pipe + "/model_index.json") << R"({"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"],
+    "vae": ["diffusers", "AutoencoderKL"], "text_encoder": ["transformers", "CLIPTextModel"],
+    "text_encoder_2": ["transformers", "T5EncoderModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
+    "tokenizer_2": ["transformers", "T5TokenizerFast"]})";
+  const nlohmann::json train = {
+      {"model", {{"path", pipe}}},
+      {"data", {{"path", dir.file("images")}, {"resolution", 64}, {"min_bucket_reso", 64}, {"max_bucket_reso", 128}}},
+      {"training", {{"max_train_steps", 4}, {"seed", 3}}},
+      {"optimizer", {{"learning_rate", 1e-3}}},
+      {"output", {{"dir", dir.file("pipe_out")}, {"name", "piped"}}}};
+  std::ofstream(dir.file("pipe.json")) << train.dump(2);
+  const ProgramRun run = run_program(dir.file("pipe.json"));
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("latent cache: encoding 2 texts and 2 images"), std::string::npos) << run.output;
+  const std::vector<double> losses = losses_of(dir.file("pipe_out/piped.jsonl"));
+  ASSERT_EQ(losses.size(), 4u) << run.output;
+  for (double l : losses) EXPECT_TRUE(std::isfinite(l));
+  EXPECT_TRUE(fs::exists(dir.file("pipe_out/piped.safetensors"))) << run.output;
 }
 
 }  // namespace
