@@ -382,7 +382,8 @@ TEST_F(TrainerEma, EmaFollowsTheAdapterAsTheHostRecomputes) {
 }  // namespace
 
 // The memory options: the Flux demo on an fp8 base (model.quantize) and with its frozen blocks
-// partly in host memory (model.offload_budget_gib at 60% of the weights' bytes), against the bf16,
+// in host memory (model.offload_budget_gib at 85% of the weights' bytes: the tiny model's 4 blocks
+// all move out, since the ring of 2 block-sized slots stays), against the bf16,
 // resident run of the same seed: offload computes the same values (every step's loss equal up to
 // rounding), the fp8 base starts within a few percent and learns as much.
 class TrainerMemoryOptions : public GpuTest {};
@@ -430,7 +431,7 @@ TEST_F(TrainerMemoryOptions, Fp8AndOffloadBasesTrainLikeTheBf16Base) {
   const uint64_t weights = demo_weight_bytes(ctx, "flux");
   ASSERT_GT(weights, 0u);
   char budget[64];
-  std::snprintf(budget, sizeof budget, " --model.offload_budget_gib=%.9f", 0.6 * static_cast<double>(weights) / 1073741824.0);
+  std::snprintf(budget, sizeof budget, " --model.offload_budget_gib=%.9f", 0.85 * static_cast<double>(weights) / 1073741824.0);
   const DemoRun offload = run_demo("flux", dir.path() + "/offload", budget, steps);
   ASSERT_EQ(offload.status, 0) << offload.output;
 
