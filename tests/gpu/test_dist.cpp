@@ -23,22 +23,14 @@
 #include <thread>
 #include <vector>
 #include "flame_test.h"
+#include "rank_test_helpers.h"
 
 extern char** environ;
 
 namespace {
 
-int required_gpus() {
-  const char* v = std::getenv("FLAME_REQUIRE_GPUS");
-  return v ? std::atoi(v) : 0;
-}
 
-bool nccl_required() { return flame_gpu_required() || required_gpus() > 0; }
 
-int device_count() {
-  int32_t n = 0;
-  return flame_device_count(&n) == FLAME_OK ? n : 0;
-}
 
 flame_ctx_t make_ctx(int device, uint64_t seed = 1234) {
   flame_ctx_options_t o;
@@ -48,39 +40,6 @@ flame_ctx_t make_ctx(int device, uint64_t seed = 1234) {
   o.gemm_heuristic_only = 1;  // the same GEMM algorithm in every context: comparable results
   flame_ctx_t c = nullptr;
   return flame_ctx_create(&o, &c) == FLAME_OK ? c : nullptr;
-}
-
-// Skips (or fails, when required) unless `n` GPUs and NCCL are present.
-#define DIST_NEED_GPUS(n)                                                                           \
-  do {                                                                                              \
-    const int have_ = device_count();                                                               \
-    if (have_ < (n)) {                                                                              \
-      if (required_gpus() >= (n) || ((n) == 1 && flame_gpu_required()))                             \
-        FAIL() << "needs " << (n) << " GPUs (FLAME_REQUIRE_GPUS / FLAME_REQUIRE_GPU set), found " << have_; \
-      GTEST_SKIP() << "needs " << (n) << " GPUs, found " << have_;                                  \
-    }                                                                                               \
-    if (!nccl_available()) {                                                                        \
-      if (nccl_required()) FAIL() << "NCCL is not available: " << nccl_why();                       \
-      GTEST_SKIP() << "NCCL is not available: " << nccl_why();                                      \
-    }                                                                                               \
-  } while (0)
-
-std::string& nccl_why() {
-  static std::string why;
-  return why;
-}
-
-bool nccl_available() {
-  flame_ctx_t c = make_ctx(0);
-  if (!c) {
-    nccl_why() = flame_last_error_message();
-    return false;
-  }
-  flame_comm_id_t id;
-  flame_status_t st = flame_comm_unique_id(c, &id);
-  if (st != FLAME_OK) nccl_why() = flame_last_error_message();
-  flame_ctx_destroy(c);
-  return st == FLAME_OK;
 }
 
 flame_comm_options_t comm_opts(int64_t timeout_ms) {
@@ -98,11 +57,6 @@ struct World {
   ~World();
 };
 
-void on_ranks(int world, const std::function<void(int)>& body) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
-  for (auto& t : threads) t.join();
-}
 
 World::~World() {  // communicators are released on every rank concurrently, as they are created
   on_ranks(static_cast<int>(comms.size()), [&](int r) { flame_comm_release(comms[static_cast<size_t>(r)]); });
@@ -139,27 +93,8 @@ bool make_world(World& w, int world, int64_t timeout_ms = 60000) {
   return true;
 }
 
-// ---- tensors from / to host doubles in any dtype (values are small integers: exact everywhere) ----
-flame_tensor_t from_doubles(flame_ctx_t c, const std::vector<double>& v, std::vector<int64_t> shape, flame_dtype_t d) {
-  flame_tensor_t f64 = nullptr, out = nullptr;
-  if (flame_from_host(c, v.data(), v.size() * sizeof(double), shape.data(), static_cast<int32_t>(shape.size()),
-                      FLAME_DTYPE_F64, &f64) != FLAME_OK)
-    return nullptr;
-  flame_to_dtype(f64, d, &out);
-  flame_tensor_release(f64);
-  return out;
-}
-
-std::vector<double> to_doubles(flame_tensor_t t) {
-  int64_t n = 0;
-  flame_tensor_numel(t, &n);
-  std::vector<double> v(static_cast<size_t>(n));
-  flame_tensor_t f64 = nullptr;
-  if (flame_to_dtype(t, FLAME_DTYPE_F64, &f64) != FLAME_OK) return {};
-  flame_status_t st = flame_to_host(f64, v.data(), v.size() * sizeof(double));
-  flame_tensor_release(f64);
-  return st == FLAME_OK ? v : std::vector<double>{};
-}
+// ---- tensors and host values (from_doubles / to_doubles: rank_test_helpers.h; the values are small
+// integers, exact in every dtype) ----
 
 std::vector<int64_t> shape_of(flame_tensor_t t) {
   int32_t nd = 0;
@@ -218,7 +153,7 @@ TEST(Dist, UnsupportedWithoutNccl) {
 }
 
 TEST(Dist, World1CollectivesAndArgumentErrors) {
-  DIST_NEED_GPUS(1);
+  NEED_GPUS_AND_NCCL(1);
   World w;
   ASSERT_TRUE(make_world(w, 1));
   flame_ctx_t ctx = w.ctxs[0];
@@ -296,7 +231,7 @@ TEST(Dist, World1CollectivesAndArgumentErrors) {
 }
 
 TEST(Dist, World1CreateGroup) {
-  DIST_NEED_GPUS(1);
+  NEED_GPUS_AND_NCCL(1);
   flame_ctx_t ctx = make_ctx(0);
   ASSERT_NE(ctx, nullptr);
   flame_comm_t comm = nullptr;
@@ -394,7 +329,7 @@ std::vector<double> rows_of(const std::vector<double>& v, size_t cols, size_t fi
 }
 
 TEST(Dist, World1DataParallelGradientsAreLocalGradients) {
-  DIST_NEED_GPUS(1);
+  NEED_GPUS_AND_NCCL(1);
   World w;
   ASSERT_TRUE(make_world(w, 1));
   flame_ctx_t ctx = w.ctxs[0];
@@ -457,7 +392,7 @@ TEST(Dist, World1DataParallelGradientsAreLocalGradients) {
 // ================= two GPUs =================
 
 TEST(Dist2, CollectivesMatchHostReference) {
-  DIST_NEED_GPUS(2);
+  NEED_GPUS_AND_NCCL(2);
   World w;
   ASSERT_TRUE(make_world(w, 2));
   const int world = 2;
@@ -516,7 +451,7 @@ TEST(Dist2, CollectivesMatchHostReference) {
 }
 
 TEST(Dist2, CreateGroupFromOneThread) {
-  DIST_NEED_GPUS(2);
+  NEED_GPUS_AND_NCCL(2);
   flame_ctx_t ctxs[2] = {make_ctx(0), make_ctx(1)};
   ASSERT_NE(ctxs[0], nullptr);
   ASSERT_NE(ctxs[1], nullptr);
@@ -540,7 +475,7 @@ TEST(Dist2, CreateGroupFromOneThread) {
 // 2 GPUs x batch B (each rank in two micro-steps of B/2, sync off on the first) must train the
 // same parameters as 1 GPU with batch B accumulated twice (rank 0's rows, then rank 1's).
 TEST(Dist2, DataParallelMatchesGradientAccumulation) {
-  DIST_NEED_GPUS(2);
+  NEED_GPUS_AND_NCCL(2);
   const size_t B = 8, H = B / 2;
   const int steps = 3;
   std::vector<std::vector<double>> xs, ys;  // per step: 2B rows (rank 0's B, then rank 1's B)
@@ -609,7 +544,7 @@ TEST(Dist2, DataParallelMatchesGradientAccumulation) {
 // A rank whose model differs makes every rank fail, quickly (no timeout needed), and the
 // communicator stays usable.
 TEST(Dist2, MismatchedParametersFailOnEveryRank) {
-  DIST_NEED_GPUS(2);
+  NEED_GPUS_AND_NCCL(2);
   World w;
   ASSERT_TRUE(make_world(w, 2, /*timeout_ms=*/20000));
   std::vector<flame_status_t> st(2, FLAME_OK), st_local(2, FLAME_OK);
@@ -646,7 +581,7 @@ TEST(Dist2, MismatchedParametersFailOnEveryRank) {
 // A rank that fails before its collective (a bad argument) leaves its peer waiting: the peer's
 // wait times out, aborts the communicator and reports FLAME_ERROR_CUDA instead of hanging.
 TEST(Dist2, PeerFailureTimesOutAndAborts) {
-  DIST_NEED_GPUS(2);
+  NEED_GPUS_AND_NCCL(2);
   World w;
   ASSERT_TRUE(make_world(w, 2, /*timeout_ms=*/3000));
   std::vector<flame_status_t> st(2, FLAME_OK);
@@ -755,7 +690,7 @@ pid_t spawn_rank(int rank, const std::string& id_file, std::string* why) {
 
 TEST(Dist2, OneProcessPerGpu) {
   ASSERT_FALSE(g_dist_child_ran);
-  DIST_NEED_GPUS(2);
+  NEED_GPUS_AND_NCCL(2);
   flame_ctx_t ctx = make_ctx(0);
   ASSERT_NE(ctx, nullptr) << flame_last_error_message();
   flame_comm_id_t id;

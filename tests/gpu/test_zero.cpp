@@ -24,102 +24,13 @@
 #include <thread>
 #include <vector>
 #include "flame_test.h"
+#include "rank_test_helpers.h"
 
 extern char** environ;
 
 namespace {
 
-int required_gpus() {
-  const char* v = std::getenv("FLAME_REQUIRE_GPUS");
-  return v ? std::atoi(v) : 0;
-}
 
-int device_count() {
-  int32_t n = 0;
-  return flame_device_count(&n) == FLAME_OK ? n : 0;
-}
-
-flame_ctx_t make_ctx(int device) {
-  flame_ctx_options_t o;
-  flame_ctx_options_init(&o);
-  o.device = device;
-  o.seed = 77;
-  o.gemm_heuristic_only = 1;  // the same GEMM algorithm in every context: comparable results
-  flame_ctx_t c = nullptr;
-  return flame_ctx_create(&o, &c) == FLAME_OK ? c : nullptr;
-}
-
-std::string nccl_missing() {  // "" when NCCL loads
-  flame_ctx_t c = make_ctx(0);
-  if (!c) return flame_last_error_message();
-  flame_comm_id_t id;
-  std::string why = flame_comm_unique_id(c, &id) == FLAME_OK ? "" : flame_last_error_message();
-  flame_ctx_destroy(c);
-  return why;
-}
-
-#define ZERO_NEED_GPUS(n)                                                                              \
-  do {                                                                                                 \
-    const int have_ = device_count();                                                                  \
-    if (have_ < (n)) {                                                                                 \
-      if (required_gpus() >= (n) || ((n) == 1 && flame_gpu_required()))                                \
-        FAIL() << "needs " << (n) << " GPUs (FLAME_REQUIRE_GPUS / FLAME_REQUIRE_GPU set), found " << have_; \
-      GTEST_SKIP() << "needs " << (n) << " GPUs, found " << have_;                                     \
-    }                                                                                                  \
-    const std::string why_ = nccl_missing();                                                           \
-    if (!why_.empty()) {                                                                               \
-      if (flame_gpu_required() || required_gpus() > 0) FAIL() << "NCCL is not available: " << why_;   \
-      GTEST_SKIP() << "NCCL is not available: " << why_;                                               \
-    }                                                                                                  \
-  } while (0)
-
-void on_ranks(int world, const std::function<void(int)>& body) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
-  for (auto& t : threads) t.join();
-}
-
-// Contexts on GPUs 0..world-1 and one communicator (flame_comm_create_group), released at the end.
-struct World {
-  std::vector<flame_ctx_t> ctxs;
-  std::vector<flame_comm_t> comms;
-  explicit World(int world) {
-    for (int r = 0; r < world; ++r) ctxs.push_back(make_ctx(r));
-    comms.assign(static_cast<size_t>(world), nullptr);
-    for (flame_ctx_t c : ctxs)
-      if (!c) return;
-    flame_comm_options_t o;
-    flame_comm_options_init(&o);
-    o.timeout_ms = 60000;
-    if (flame_comm_create_group(ctxs.data(), world, &o, comms.data()) != FLAME_OK) ADD_FAILURE() << flame_last_error_message();
-  }
-  bool ok() const { return !comms.empty() && comms[0]; }
-  ~World() {
-    on_ranks(static_cast<int>(comms.size()), [&](int r) { flame_comm_release(comms[static_cast<size_t>(r)]); });
-    for (flame_ctx_t c : ctxs) flame_ctx_destroy(c);
-  }
-};
-
-flame_tensor_t from_doubles(flame_ctx_t c, const std::vector<double>& v, std::vector<int64_t> shape, flame_dtype_t d) {
-  flame_tensor_t f64 = nullptr, out = nullptr;
-  if (flame_from_host(c, v.data(), v.size() * sizeof(double), shape.data(), static_cast<int32_t>(shape.size()),
-                      FLAME_DTYPE_F64, &f64) != FLAME_OK)
-    return nullptr;
-  flame_to_dtype(f64, d, &out);
-  flame_tensor_release(f64);
-  return out;
-}
-
-std::vector<double> to_doubles(flame_tensor_t t) {
-  int64_t n = 0;
-  flame_tensor_numel(t, &n);
-  std::vector<double> v(static_cast<size_t>(n));
-  flame_tensor_t f64 = nullptr;
-  if (flame_to_dtype(t, FLAME_DTYPE_F64, &f64) != FLAME_OK) return {};
-  flame_status_t st = flame_to_host(f64, v.data(), v.size() * sizeof(double));
-  flame_tensor_release(f64);
-  return st == FLAME_OK ? v : std::vector<double>{};
-}
 
 std::vector<double> uniform(size_t n, uint32_t seed, double scale) {
   std::mt19937 g(seed);
@@ -194,7 +105,7 @@ struct RunResult {
 
 // Trains kSteps on every rank of w: replicated (stage 0: flame_dp + flame_clip_grad_norm +
 // flame_optimizer_step) or sharded (stage 1, 2: flame_zero_step with max_grad_norm).
-RunResult train(World& w, int stage, flame_dtype_t d) {
+RunResult train(RankWorld& w, int stage, flame_dtype_t d) {
   const int world = static_cast<int>(w.ctxs.size());
   RunResult res;
   res.params.resize(static_cast<size_t>(world));
@@ -264,7 +175,7 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
 // Sharded (stage 1 and 2) equals replicated for f32 parameters and for bf16 parameters with f32
 // master weights; the ranks end equal; each rank holds about half of the optimizer state.
 void check_against_replicated(flame_dtype_t d) {
-  World w(2);
+  RankWorld w(2);
   ASSERT_TRUE(w.ok());
   const RunResult ref = train(w, 0, d);
   ASSERT_EQ(ref.params[0], ref.params[1]) << "the replicated ranks differ";
@@ -299,8 +210,8 @@ void check_against_replicated(flame_dtype_t d) {
 // parameters and gradients is one shard of gradients plus one bucket — no flat copy of all
 // gradients or parameters (which needed shard + 2x the parameter bytes).
 TEST(Zero2, LargeParametersStepInBucketsWithoutFlatCopies) {
-  ZERO_NEED_GPUS(2);
-  World w(2);
+  NEED_GPUS_AND_NCCL(2);
+  RankWorld w(2);
   ASSERT_TRUE(w.ok());
   const std::vector<int64_t> sizes = {30000001, 50000000, 7, 45000000};
   int64_t total = 0;
@@ -360,20 +271,20 @@ TEST(Zero2, LargeParametersStepInBucketsWithoutFlatCopies) {
 }
 
 TEST(Zero2, ShardedStepsEqualReplicatedF32) {
-  ZERO_NEED_GPUS(2);
+  NEED_GPUS_AND_NCCL(2);
   check_against_replicated(FLAME_DTYPE_F32);
 }
 
 TEST(Zero2, ShardedStepsEqualReplicatedBf16MasterWeights) {
-  ZERO_NEED_GPUS(2);
+  NEED_GPUS_AND_NCCL(2);
   check_against_replicated(FLAME_DTYPE_BF16);
 }
 
 // One rank: the sharded step is the plain step (the shard is everything), and the optimizer refuses
 // what a sharded optimizer cannot do.
 TEST(Zero, OneRankEqualsPlainStepAndRefusesUnshardedUse) {
-  ZERO_NEED_GPUS(1);
-  World w(1);
+  NEED_GPUS_AND_NCCL(1);
+  RankWorld w(1);
   ASSERT_TRUE(w.ok());
   flame_ctx_t ctx = w.ctxs[0];
   std::vector<double> want;
@@ -445,8 +356,8 @@ TEST(Zero, OneRankEqualsPlainStepAndRefusesUnshardedUse) {
 
 // A rank whose optimizer cannot be sharded makes the other rank fail too, at once.
 TEST(Zero2, OneRankFailingItsChecksFailsEveryRank) {
-  ZERO_NEED_GPUS(2);
-  World w(2);
+  NEED_GPUS_AND_NCCL(2);
+  RankWorld w(2);
   ASSERT_TRUE(w.ok());
   std::vector<flame_status_t> sts(2);
   std::vector<std::string> msgs(2);
@@ -483,7 +394,7 @@ int env_child_main() {
   };
   int32_t local_rank = -1;
   if (flame_comm_env_local_rank(&local_rank) != FLAME_OK) return fail("flame_comm_env_local_rank");
-  flame_ctx_t ctx = make_ctx(local_rank);
+  flame_ctx_t ctx = make_rank_ctx(local_rank);
   if (!ctx) return fail("flame_ctx_create");
   flame_comm_t comm = nullptr;
   if (flame_comm_create_from_env(ctx, nullptr, &comm) != FLAME_OK) return fail("flame_comm_create_from_env");
@@ -561,7 +472,7 @@ pid_t spawn_env_rank(int rank, int port, std::string* why) {
 
 TEST(Zero2, CommFromLaunchEnvironmentInTwoProcesses) {
   ASSERT_FALSE(g_env_child_ran);
-  ZERO_NEED_GPUS(2);
+  NEED_GPUS_AND_NCCL(2);
   const int port = free_port();
   std::string why;
   pid_t pids[2];
@@ -580,8 +491,8 @@ TEST(Zero2, CommFromLaunchEnvironmentInTwoProcesses) {
 
 // flame_comm_create_from_env with a context on the wrong device fails before any network wait.
 TEST(Zero2, CommFromLaunchEnvironmentChecksTheDevice) {
-  ZERO_NEED_GPUS(2);
-  flame_ctx_t ctx = make_ctx(1);
+  NEED_GPUS_AND_NCCL(2);
+  flame_ctx_t ctx = make_rank_ctx(1);
   ASSERT_NE(ctx, nullptr);
   setenv("RANK", "0", 1);
   setenv("WORLD_SIZE", "2", 1);

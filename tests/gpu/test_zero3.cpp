@@ -23,80 +23,11 @@
 #include <thread>
 #include <vector>
 #include "flame_test.h"
+#include "rank_test_helpers.h"
 #include "model_test_handles.h"
 
 namespace {
 
-int required_gpus() {
-  const char* v = std::getenv("FLAME_REQUIRE_GPUS");
-  return v ? std::atoi(v) : 0;
-}
-
-int device_count() {
-  int32_t n = 0;
-  return flame_device_count(&n) == FLAME_OK ? n : 0;
-}
-
-flame_ctx_t make_ctx(int device) {
-  flame_ctx_options_t o;
-  flame_ctx_options_init(&o);
-  o.device = device;
-  o.seed = 77;
-  o.gemm_heuristic_only = 1;  // the same GEMM algorithm in every context: comparable results
-  flame_ctx_t c = nullptr;
-  return flame_ctx_create(&o, &c) == FLAME_OK ? c : nullptr;
-}
-
-std::string nccl_missing() {  // "" when NCCL loads
-  flame_ctx_t c = make_ctx(0);
-  if (!c) return flame_last_error_message();
-  flame_comm_id_t id;
-  std::string why = flame_comm_unique_id(c, &id) == FLAME_OK ? "" : flame_last_error_message();
-  flame_ctx_destroy(c);
-  return why;
-}
-
-#define ZERO3_NEED_GPUS(n)                                                                             \
-  do {                                                                                                 \
-    const int have_ = device_count();                                                                  \
-    if (have_ < (n)) {                                                                                 \
-      if (required_gpus() >= (n) || ((n) == 1 && flame_gpu_required()))                                \
-        FAIL() << "needs " << (n) << " GPUs (FLAME_REQUIRE_GPUS / FLAME_REQUIRE_GPU set), found " << have_; \
-      GTEST_SKIP() << "needs " << (n) << " GPUs, found " << have_;                                     \
-    }                                                                                                  \
-    const std::string why_ = nccl_missing();                                                           \
-    if (!why_.empty()) {                                                                               \
-      if (flame_gpu_required() || required_gpus() > 0) FAIL() << "NCCL is not available: " << why_;   \
-      GTEST_SKIP() << "NCCL is not available: " << why_;                                               \
-    }                                                                                                  \
-  } while (0)
-
-void on_ranks(int world, const std::function<void(int)>& body) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
-  for (auto& t : threads) t.join();
-}
-
-// Contexts on GPUs 0..world-1 and one communicator (flame_comm_create_group), released at the end.
-struct World {
-  std::vector<flame_ctx_t> ctxs;
-  std::vector<flame_comm_t> comms;
-  explicit World(int world) {
-    for (int r = 0; r < world; ++r) ctxs.push_back(make_ctx(r));
-    comms.assign(static_cast<size_t>(world), nullptr);
-    for (flame_ctx_t c : ctxs)
-      if (!c) return;
-    flame_comm_options_t o;
-    flame_comm_options_init(&o);
-    o.timeout_ms = 60000;
-    if (flame_comm_create_group(ctxs.data(), world, &o, comms.data()) != FLAME_OK) ADD_FAILURE() << flame_last_error_message();
-  }
-  bool ok() const { return !comms.empty() && comms[0]; }
-  ~World() {
-    on_ranks(static_cast<int>(comms.size()), [&](int r) { flame_comm_release(comms[static_cast<size_t>(r)]); });
-    for (flame_ctx_t c : ctxs) flame_ctx_destroy(c);
-  }
-};
 
 // A Flux transformer of 2 double and 4 single blocks (width 32): 6 sharded blocks; the embedders,
 // norm_out and proj_out are read outside blocks and stay whole.
@@ -227,7 +158,7 @@ struct RunResult {
 
 // Trains kSteps on every rank of w: replicated (flame_dp + flame_clip_grad_norm + optimizer step,
 // checkpointing on) or sharded (ZeRO-3 with max_grad_norm).
-RunResult train(World& w, bool sharded) {
+RunResult train(RankWorld& w, bool sharded) {
   const int world = static_cast<int>(w.ctxs.size());
   RunResult res;
   res.params.resize(static_cast<size_t>(world));
@@ -308,8 +239,8 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
 // Two ranks: the same parameters and losses as the replicated run, and half the optimizer state and
 // well under the replicated bytes per rank.
 TEST(Zero3, TwoRanksTrainAsReplicatedWithShardedParameters) {
-  ZERO3_NEED_GPUS(2);
-  World w(2);
+  NEED_GPUS_AND_NCCL(2);
+  RankWorld w(2);
   ASSERT_TRUE(w.ok());
   // The replicated run twice around the sharded one: the first also allocates the workspaces the
   // contexts keep (GEMM, ...), so that neither measured run counts them.
@@ -340,8 +271,8 @@ TEST(Zero3, TwoRanksTrainAsReplicatedWithShardedParameters) {
 
 // One rank: the shard is everything; training equals the plain optimizer on an unsharded model.
 TEST(Zero3, OneRankTrainsAsThePlainOptimizer) {
-  ZERO3_NEED_GPUS(1);
-  World w(1);
+  NEED_GPUS_AND_NCCL(1);
+  RankWorld w(1);
   ASSERT_TRUE(w.ok());
   flame_ctx_t ctx = w.ctxs[0];
   std::vector<double> want, want_losses;
@@ -444,8 +375,8 @@ TEST(Zero3, OneRankTrainsAsThePlainOptimizer) {
 
 // Bad input: clear errors, nothing changed (the model still trains unsharded afterwards).
 TEST(Zero3, BadInputFailsAndChangesNothing) {
-  ZERO3_NEED_GPUS(1);
-  World w(1);
+  NEED_GPUS_AND_NCCL(1);
+  RankWorld w(1);
   ASSERT_TRUE(w.ok());
   flame_ctx_t ctx = w.ctxs[0];
   ModelHandle m;
