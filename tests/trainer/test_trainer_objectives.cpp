@@ -10,6 +10,7 @@
 
 #include "lr_schedule.h"
 #include "objectives.h"
+#include "progress.h"
 #include "random.h"
 
 using namespace flame_train;
@@ -152,4 +153,30 @@ TEST(TrainerLrSchedule, CosineWithWarmup) {
   LrSchedule nowarm = make_lr_schedule("cosine", 0, 4);
   EXPECT_NEAR(lr_multiplier(nowarm, 0), 1.0, 1e-12);
   EXPECT_NEAR(lr_multiplier(nowarm, 2), 0.5, 1e-12);
+}
+
+// ---- the progress line (progress.h) ----
+
+TEST(TrainerProgress, SmoothedLossRateEtaAndLine) {
+  flame_train::Progress p(100);
+  p.record(1, 2.0, 500);
+  EXPECT_DOUBLE_EQ(p.smoothed_loss(), 2.0);  // bias-corrected: the first step is its own average
+  p.record(2, 1.0, 500);
+  // (0.9 * 0.1 * 2 + 0.1 * 1) / (1 - 0.81) = 0.28 / 0.19
+  EXPECT_NEAR(p.smoothed_loss(), 0.28 / 0.19, 1e-12);
+  EXPECT_DOUBLE_EQ(p.steps_per_second(), 2.0);
+  EXPECT_DOUBLE_EQ(p.seconds_left(), 49.0);  // 98 steps at 2 it/s
+  for (int64_t s = 3; s <= 30; ++s) p.record(s, 1.0, 250);  // the window keeps the last 20 steps
+  EXPECT_DOUBLE_EQ(p.steps_per_second(), 4.0);
+  EXPECT_DOUBLE_EQ(p.seconds_left(), 17.5);
+  EXPECT_TRUE(p.prints_in_log());
+  EXPECT_EQ(p.line(1e-4, uint64_t(3) << 30, uint64_t(7) << 29),
+            "step 30/100  4.00 it/s  ETA 0:18  loss 1.00000 (avg 1.00492)  lr 0.0001  GPU 3.0 GiB (peak 3.5)");  // 1 + 0.1 * 0.9^29 / (1 - 0.9^30)
+  p.record(31, 1.0, 250);
+  EXPECT_FALSE(p.prints_in_log());
+  EXPECT_EQ(flame_train::format_duration(3725.4), "1:02:05");
+  EXPECT_EQ(flame_train::format_duration(59.6), "1:00");
+  flame_train::Progress resumed(10, 6);  // a resumed run prints its first step
+  resumed.record(7, 1.0, 10);
+  EXPECT_TRUE(resumed.prints_in_log());
 }

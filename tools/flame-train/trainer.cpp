@@ -2,6 +2,7 @@
 #include "trainer.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -24,6 +25,7 @@
 #include "memory_check.h"
 #include "model_setup.h"
 #include "objectives.h"
+#include "progress.h"
 #include "random.h"
 #include "sample_images.h"
 #include "train_state.h"
@@ -446,12 +448,26 @@ void save_outputs(Trainer& t, SampleImages* sample_images, int64_t steps_done, b
     std::printf("state: %s\n", t.save_state(steps_done, demo).c_str());
 }
 
-void log_step(std::ofstream& log, const TrainConfig& config, int64_t steps_done, double loss, double lr, double ms) {
-  log << nlohmann::json{{"step", steps_done}, {"loss", loss}, {"lr", lr}, {"ms", ms}}.dump() << "\n";
+// The step's JSON line (with the GPU memory at peak so far) and the progress line: on a terminal every
+// step over the last one, else every 10 steps, the first and the last (progress.h).
+void log_step(flame_ctx_t ctx, std::ofstream& log, Progress& progress, int64_t steps_done, double loss, double lr,
+              double ms) {
+  progress.record(steps_done, loss, ms);
+  flame_memory_stats_t mem;
+  mem.struct_size = sizeof mem;
+  check(flame_ctx_memory_stats(ctx, &mem), "flame_ctx_memory_stats");
+  log << nlohmann::json{{"step", steps_done}, {"loss", loss}, {"lr", lr}, {"ms", ms},
+                        {"peak_gib", static_cast<double>(mem.peak_bytes_in_use) / 1073741824.0}}
+             .dump()
+      << "\n";
   log.flush();
-  if (steps_done % 10 == 0 || steps_done == 1 || steps_done == config.training.max_train_steps)
-    std::printf("step %lld/%lld  loss %.5f  lr %.3g  %.1f ms\n", static_cast<long long>(steps_done),
-                static_cast<long long>(config.training.max_train_steps), loss, lr, ms);
+  const std::string line = progress.line(lr, mem.bytes_in_use, mem.peak_bytes_in_use);
+  if (::isatty(STDOUT_FILENO)) {
+    std::printf("\r%s\x1b[K", line.c_str());
+    std::fflush(stdout);
+  } else if (progress.prints_in_log()) {
+    std::printf("%s\n", line.c_str());
+  }
   if (!std::isfinite(loss))
     throw std::runtime_error("step " + std::to_string(steps_done) +
                              ": the loss is not finite (NaN or infinite): training stopped (the files saved "
@@ -485,15 +501,17 @@ TrainResult run_training(flame_ctx_t ctx, const TrainConfig& user_config, bool d
   std::printf("training a %s LoRA (rank %d) on %zu samples for %lld steps\n", family_name(t.model.shapes.family),
               config.network.dim, t.samples.size(), static_cast<long long>(config.training.max_train_steps));
 
+  Progress progress(config.training.max_train_steps, first_step);
   for (int64_t step = first_step; step < config.training.max_train_steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     const double loss = t.train_step(step);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    log_step(log, config, step + 1, loss, config.optimizer.learning_rate * lr_multiplier(t.schedule, step), ms);
+    log_step(ctx, log, progress, step + 1, loss, config.optimizer.learning_rate * lr_multiplier(t.schedule, step), ms);
     result.final_loss = loss;
     result.steps = step + 1;
     if (step + 1 < config.training.max_train_steps) save_outputs(t, sample_images.get(), step + 1, false, demo);
   }
+  if (::isatty(STDOUT_FILENO)) std::printf("\n");  // end the progress line
   save_outputs(t, sample_images.get(), result.steps, true, demo);
   result.lora_path = output_file(config, ".safetensors");
   std::printf("saved %s (%s)\nlog: %s\n", result.lora_path.c_str(), config.output.format.c_str(), result.log_path.c_str());
