@@ -17,7 +17,8 @@ Step time: the JSONL log's per-step "ms" (flame-train times train_step on the ho
 over the steps after the first 2. Peak memory: flame-train reports none (its JSONL holds step, loss,
 lr, ms), so a thread polls `nvidia-smi --query-gpu=memory.used` every 0.2 s during the run; peak =
 max minus the reading before the run (the whole process: CUDA context, weights, caches; a poll can
-miss a short spike), marked "nvidia-smi" in the table.
+miss a short spike), marked "nvidia-smi" in the table; beside it flame-train's own memory estimate
+(the "memory estimate: X GiB peak" line it prints before loading the model).
 The T6 rows (bench/RESULTS.md, commit T6_COMMIT) are given beside each row: FLAME eager / graph ms
 and GiB of the bench harness's step for the same model, batch and checkpointing.
 
@@ -29,6 +30,7 @@ Writes DIR/trainer_full.json and DIR/trainer_full.md (DIR: --out, default $OUT o
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -79,7 +81,8 @@ def write_model(key, folder):
     os.rename(tmp, folder)
     n = sum(p.numel() for p in model.parameters())
     del model
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     print(f"{key}: wrote {folder} ({n / 1e9:.2f} B parameters, {time.time() - t0:.0f} s)", flush=True)
 
 
@@ -192,12 +195,14 @@ def run_row(row, args):
     steps = step_times(log_path) if os.path.exists(log_path) else []
     timed = [ms for _, ms, _ in steps[WARMUP_STEPS:]]
     median_s = statistics.median(timed) / 1000 if timed else None
+    estimate = re.search(r"memory estimate: ([0-9.]+) GiB peak", output)  # memory_check.cpp's line
     eager, graph, t6_gib = T6[t6_row]
     return {"row": row, "model": key, "checkpointing": checkpointing, "rc": rc, "wall_s": round(wall, 1),
             "steps": len(steps), "median_s_per_step": median_s, "step_ms": [ms for _, ms, _ in steps],
             "losses": [loss for _, _, loss in steps],
             "peak_gib": round((poller.peak - baseline) / 1024, 2) if poller.peak else None,
             "peak_source": "nvidia-smi memory.used, max minus before-run",
+            "estimate_gib": float(estimate.group(1)) if estimate else None,
             "t6_row": t6_row, "t6_flame_eager_ms": eager, "t6_flame_graph_ms": graph, "t6_flame_gib": t6_gib,
             "t6_commit": T6_COMMIT}
 
@@ -205,12 +210,13 @@ def run_row(row, args):
 def markdown(results, header):
     lines = [header, "",
              f"| row | rc | steps | median s/step (steps {WARMUP_STEPS + 1}+) | peak GiB (nvidia-smi) | "
-             f"T6 row ({T6_COMMIT}) | T6 FLAME eager / graph ms | T6 FLAME GiB |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"flame-train estimate GiB | T6 row ({T6_COMMIT}) | T6 FLAME eager / graph ms | T6 FLAME GiB |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         med = f"{r['median_s_per_step']:.3f}" if r["median_s_per_step"] is not None else "-"
         peak = f"{r['peak_gib']:.2f}" if r["peak_gib"] is not None else "-"
-        lines.append(f"| {r['row']} | {r['rc']} | {r['steps']} | {med} | {peak} | {r['t6_row']} | "
+        est = f"{r['estimate_gib']:.2f}" if r.get("estimate_gib") is not None else "-"
+        lines.append(f"| {r['row']} | {r['rc']} | {r['steps']} | {med} | {peak} | {est} | {r['t6_row']} | "
                      f"{r['t6_flame_eager_ms']} / {r['t6_flame_graph_ms']} | {r['t6_flame_gib']} |")
     return "\n".join(lines) + "\n"
 
