@@ -227,7 +227,7 @@ def main():
     ap.add_argument("--tool", default="build-gpu/tools/flame-train/flame-train", help="the flame-train binary")
     ap.add_argument("--work", default="/tmp/flame_trainer_full", help="model folders, caches and runs")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="where the table and JSON go")
-    ap.add_argument("--timeout", type=int, default=900, help="seconds per flame-train run")
+    ap.add_argument("--timeout", type=int, default=400, help="seconds per flame-train run")
     args = ap.parse_args()
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in models:
@@ -238,7 +238,6 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     os.makedirs(args.out, exist_ok=True)
 
-    results = [run_row(row, args) for row, (key, _, _) in ROWS.items() if key in models]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=HERE).stdout.strip()
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "--id=0"],
@@ -246,12 +245,17 @@ def main():
     header = (f"flame-train, full size (issue 37) · {time.strftime('%Y-%m-%d')} · {gpu} · commit {commit} · "
               f"`bench/trainer_full.py` · {SAMPLES} cached 1024x1024 samples, rank 16, AdamW, batch 1, "
               f"{STEPS} steps; peak memory from nvidia-smi polling (flame-train reports none)")
-    md = markdown(results, header)
+    results = []
+    for row, (key, _, _) in ROWS.items():
+        if key not in models:
+            continue
+        results.append(run_row(row, args))
+        md = markdown(results, header)  # rewritten after every row: a later timeout keeps the earlier ones
+        with open(os.path.join(args.out, "trainer_full.md"), "w") as f:
+            f.write(md)
+        with open(os.path.join(args.out, "trainer_full.json"), "w") as f:
+            json.dump({"commit": commit, "gpu": gpu, "rows": results}, f, indent=1)
     print(md)
-    with open(os.path.join(args.out, "trainer_full.md"), "w") as f:
-        f.write(md)
-    with open(os.path.join(args.out, "trainer_full.json"), "w") as f:
-        json.dump({"commit": commit, "gpu": gpu, "rows": results}, f, indent=1)
     return 0 if all(r["rc"] == 0 for r in results) else 1
 
 
