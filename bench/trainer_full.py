@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -76,7 +77,8 @@ def write_model(key, folder):
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init on the GPU: fast
         model = spec["cls"](**spec["cfg"])
     model = model.to(torch.bfloat16)
-    tmp = folder + ".partial"
+    tmp = folder + ".partial"  # renamed when complete: an interrupted save is not reused
+    shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     os.rename(tmp, folder)
     n = sum(p.numel() for p in model.parameters())
@@ -230,6 +232,8 @@ def main():
     ap.add_argument("--timeout", type=int, default=400, help="seconds per flame-train run")
     args = ap.parse_args()
     models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models:
+        ap.error("--models: name at least one of flux, sdxl")
     for m in models:
         if m not in CACHE_SHAPES:
             ap.error(f"--models: unknown model {m!r} (flux, sdxl)")
