@@ -14,11 +14,11 @@ For each model:
      sampling, LoRA saved only at the end) run as `flame-train --config FILE` under a timeout.
 Rows: Flux-dev with gradient checkpointing; SDXL without and with checkpointing.
 Step time: the JSONL log's per-step "ms" (flame-train times train_step on the host clock), median
-over the steps after the first 2. Peak memory: flame-train reports none (its JSONL holds step, loss,
-lr, ms), so a thread polls `nvidia-smi --query-gpu=memory.used` every 0.2 s during the run; peak =
-max minus the reading before the run (the whole process: CUDA context, weights, caches; a poll can
-miss a short spike), marked "nvidia-smi" in the table; beside it flame-train's own memory estimate
-(the "memory estimate: X GiB peak" line it prints before loading the model).
+over the steps after the first 2. Peak memory: the JSONL's "peak_gib" (FLAME's pool, peak bytes in
+use, weights included: what T6 reports); beside it the whole process's as a thread polls
+`nvidia-smi --query-gpu=memory.used` every 0.2 s (max minus the reading before the run: CUDA context,
+pool reserve and caches; a poll can miss a short spike), and flame-train's own memory estimate (the
+"memory estimate: X GiB peak" line it prints before loading the model).
 The T6 rows (bench/RESULTS.md, commit T6_COMMIT) are given beside each row: FLAME eager / graph ms
 and GiB of the bench harness's step for the same model, batch and checkpointing.
 
@@ -157,7 +157,7 @@ def step_times(log_path):
             if line:
                 rec = json.loads(line)
                 if "ms" in rec and "step" in rec:
-                    steps.append((rec["step"], rec["ms"], rec.get("loss")))
+                    steps.append((rec["step"], rec["ms"], rec.get("loss"), rec.get("peak_gib")))
     steps.sort()
     return steps
 
@@ -195,15 +195,17 @@ def run_row(row, args):
     print(f"--- {row}: flame-train rc {rc}, {wall:.1f} s\n{output[-3000:]}", flush=True)
 
     steps = step_times(log_path) if os.path.exists(log_path) else []
-    timed = [ms for _, ms, _ in steps[WARMUP_STEPS:]]
+    timed = [ms for _, ms, _, _ in steps[WARMUP_STEPS:]]
+    pool_peaks = [p for _, _, _, p in steps if p is not None]  # flame-train's pool counter (JSONL peak_gib)
     median_s = statistics.median(timed) / 1000 if timed else None
     estimate = re.search(r"memory estimate: ([0-9.]+) GiB peak", output)  # memory_check.cpp's line
     eager, graph, t6_gib = T6[t6_row]
     return {"row": row, "model": key, "checkpointing": checkpointing, "rc": rc, "wall_s": round(wall, 1),
-            "steps": len(steps), "median_s_per_step": median_s, "step_ms": [ms for _, ms, _ in steps],
-            "losses": [loss for _, _, loss in steps],
-            "peak_gib": round((poller.peak - baseline) / 1024, 2) if poller.peak else None,
-            "peak_source": "nvidia-smi memory.used, max minus before-run",
+            "steps": len(steps), "median_s_per_step": median_s, "step_ms": [ms for _, ms, _, _ in steps],
+            "losses": [loss for _, _, loss, _ in steps],
+            "peak_gib": round(max(pool_peaks), 2) if pool_peaks else None,
+            "peak_source": "flame-train's JSONL peak_gib (the pool's peak bytes in use, weights included)",
+            "process_peak_gib": round((poller.peak - baseline) / 1024, 2) if poller.peak else None,
             "estimate_gib": float(estimate.group(1)) if estimate else None,
             "t6_row": t6_row, "t6_flame_eager_ms": eager, "t6_flame_graph_ms": graph, "t6_flame_gib": t6_gib,
             "t6_commit": T6_COMMIT}
@@ -211,14 +213,16 @@ def run_row(row, args):
 
 def markdown(results, header):
     lines = [header, "",
-             f"| row | rc | steps | median s/step (steps {WARMUP_STEPS + 1}+) | peak GiB (nvidia-smi) | "
-             f"flame-train estimate GiB | T6 row ({T6_COMMIT}) | T6 FLAME eager / graph ms | T6 FLAME GiB |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"| row | rc | steps | median s/step (steps {WARMUP_STEPS + 1}+) | peak GiB (pool) | "
+             f"process GiB (nvidia-smi) | flame-train estimate GiB | T6 row ({T6_COMMIT}) | "
+             f"T6 FLAME eager / graph ms | T6 FLAME GiB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         med = f"{r['median_s_per_step']:.3f}" if r["median_s_per_step"] is not None else "-"
         peak = f"{r['peak_gib']:.2f}" if r["peak_gib"] is not None else "-"
         est = f"{r['estimate_gib']:.2f}" if r.get("estimate_gib") is not None else "-"
-        lines.append(f"| {r['row']} | {r['rc']} | {r['steps']} | {med} | {peak} | {est} | {r['t6_row']} | "
+        proc = f"{r['process_peak_gib']:.2f}" if r.get("process_peak_gib") is not None else "-"
+        lines.append(f"| {r['row']} | {r['rc']} | {r['steps']} | {med} | {peak} | {proc} | {est} | {r['t6_row']} | "
                      f"{r['t6_flame_eager_ms']} / {r['t6_flame_graph_ms']} | {r['t6_flame_gib']} |")
     return "\n".join(lines) + "\n"
 
@@ -248,7 +252,7 @@ def main():
                          capture_output=True, text=True).stdout.strip()
     header = (f"flame-train, full size (issue 37) · {time.strftime('%Y-%m-%d')} · {gpu} · commit {commit} · "
               f"`bench/trainer_full.py` · {SAMPLES} cached 1024x1024 samples, rank 16, AdamW, batch 1, "
-              f"{STEPS} steps; peak memory from nvidia-smi polling (flame-train reports none)")
+              f"{STEPS} steps; peak = FLAME's pool peak (JSONL peak_gib), process = nvidia-smi polling")
     results = []
     for row, (key, _, _) in ROWS.items():
         if key not in models:
