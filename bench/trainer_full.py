@@ -232,6 +232,8 @@ def main():
     ap.add_argument("--models", default="flux,sdxl", help="comma list of flux, sdxl")
     ap.add_argument("--tool", default="build-gpu/tools/flame-train/flame-train", help="the flame-train binary")
     ap.add_argument("--work", default="/tmp/flame_trainer_full", help="model folders, caches and runs")
+    ap.add_argument("--commit", default="", help="the commit measured (default: git rev-parse of this tree; the GPU "
+                    "machine's copy has no .git)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="where the table and JSON go")
     ap.add_argument("--timeout", type=int, default=400, help="seconds per flame-train run")
     args = ap.parse_args()
@@ -246,8 +248,8 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     os.makedirs(args.out, exist_ok=True)
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=HERE).stdout.strip()
+    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                           cwd=HERE).stdout.strip()
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "--id=0"],
                          capture_output=True, text=True).stdout.strip()
     header = (f"flame-train, full size (issue 37) · {time.strftime('%Y-%m-%d')} · {gpu} · commit {commit} · "
