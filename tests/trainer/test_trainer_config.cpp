@@ -180,6 +180,7 @@ TEST(TrainerConfig, TypesRangesAndChoices) {
   EXPECT_TRUE(has_problem(f.problems({"--data.caption_dropout_rate=1.5"}), "out of range [0, 1]"));
   EXPECT_TRUE(has_problem(f.problems({"--data.flip_aug=maybe"}), "'maybe' is not a boolean"));
   EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=sgd"}), "\"sgd\" is not one of adamw, lion"));
+  EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=lion"}), "lion is not wired into flame-train yet"));
   EXPECT_TRUE(has_problem(f.problems({"--training.seed=-1"}), "out of range"));
   EXPECT_TRUE(has_problem(f.problems({"--sample.prompts=[1, 2]"}), "expected a list of strings"));
   const std::string file = f.dir.file("types.json");

@@ -92,7 +92,8 @@ const std::vector<KeyDef>& key_table() {
       {"network.dropout", KeyType::Float, 0.0, "dropout on the LoRA path", 0, 0.999},
       {"network.targets", KeyType::StringList, json::array(),
        "module names the adapter targets (empty: the architecture's usual ones)"},
-      {"optimizer.type", KeyType::String, "adamw", "optimizer", 0, 0, false, {"adamw", "lion"}},
+      {"optimizer.type", KeyType::String, "adamw", "optimizer (lion: not wired into flame-train yet)", 0, 0, false,
+       {"adamw", "lion"}},
       {"optimizer.learning_rate", KeyType::Float, 1e-4, "peak learning rate", 0, 1, true},
       {"optimizer.beta1", KeyType::Float, 0.9, "AdamW beta1", 0, 1},
       {"optimizer.beta2", KeyType::Float, 0.999, "AdamW beta2", 0, 1},
@@ -510,6 +511,9 @@ void check_consistency(const TrainConfig& c, std::vector<std::string>& problems)
                          std::to_string(b.max_side) + ") must be multiples of data.bucket_reso_steps (" +
                          std::to_string(b.step) + ")");
   }
+  if (c.optimizer.type == "lion")  // the trainer built AdamW for every type; refuse rather than train the wrong one
+    problems.push_back("optimizer.type: lion is not wired into flame-train yet (the library has it: "
+                       "FLAME_OPTIMIZER_LION); use adamw");
   if (c.model.quantize != "none" && c.model.offload_budget_gib > 0)
     problems.push_back("model.quantize and model.offload_budget_gib: the library does not combine an fp8 base with "
                        "offload yet; choose one");
