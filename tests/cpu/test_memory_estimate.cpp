@@ -106,9 +106,12 @@ TEST(MemoryEstimate, AdapterSizesOfDiffusersDefaultTargets) {
 }
 
 TEST(MemoryEstimate, ActivationsGrowWithBatchAndResolutionAndShrinkWithCheckpointing) {
-  for (const auto& [arch, config] : {std::pair<const char*, const char*>{"UNet2DConditionModel", kTinyUnetConfig},
-                                     {"FluxTransformer2DModel", kTinyFluxConfig},
-                                     {"SD3Transformer2DModel", kSd35MediumConfig}}) {
+  for (const auto& model : {std::pair<const char*, const char*>{"UNet2DConditionModel", kTinyUnetConfig},
+                            {"FluxTransformer2DModel", kTinyFluxConfig},
+                            {"SD3Transformer2DModel", kSd35MediumConfig}}) {
+    // Named copies, not structured bindings: C++17 lambdas cannot capture those (clang refuses).
+    const char* const arch = model.first;
+    const char* const config = model.second;
     SCOPED_TRACE(arch);
     auto act = [&](int b, int res, int ckpt) {
       const std::string extra = R"("options": {"dtype": "bf16"}, "batch": )" + std::to_string(b) +
