@@ -1,5 +1,5 @@
 // Test images written with the codec libraries' own encoders (libpng's simplified API, libjpeg,
-// libwebp), so that no binary file is committed, plus a temporary folder that removes itself.
+// libwebp), so that no binary file is committed (TempDir and write_text: trainer_test_support.h).
 #pragma once
 
 #include <unistd.h>
@@ -18,39 +18,9 @@
 #include <webp/encode.h>
 
 #include "images.h"
+#include "trainer_test_support.h"
 
 namespace flame_train_test {
-
-// A folder under $TMPDIR (or /tmp), removed with everything in it at the end of the scope.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string templ = std::string(base && *base ? base : "/tmp") + "/flame_train_test_XXXXXX";
-    std::vector<char> buf(templ.begin(), templ.end());
-    buf.push_back('\0');
-    if (!mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = buf.data();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
-inline void write_text(const std::string& path, const std::string& text) {
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-  if (!out) throw std::runtime_error("cannot write " + path);
-}
 
 // A deterministic RGB pattern: smooth ramps with a diagonal term, so that rows and columns differ.
 inline flame_train::ImageRGB8 pattern_image(int width, int height) {

@@ -13,7 +13,6 @@
 //  - model.path a diffusers pipeline folder alone (the README walkthrough's form) trains end to end.
 // Without a GPU the cases skip unless FLAME_REQUIRE_GPU=1.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
@@ -35,33 +34,18 @@ namespace flame_train {
 namespace {
 
 namespace fs = std::filesystem;
+using flame_train_test::ProgramRun;
 using flame_train_test::TempDir;
 
 const std::string kTokenizerData = std::string(FLAME_SOURCE_DIR) + "/tools/flame-train/tokenizers/tests/data";
 
-struct ProgramRun {
-  int status = -1;
-  std::string output;
-};
-
-ProgramRun run_program(const std::string& config_path) {
-  const std::string cmd = std::string("'") + FLAME_TRAIN_EXE + "' --config '" + config_path + "' 2>&1";
-  ProgramRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+flame_train_test::ProgramRun run_program(const std::string& config_path) {
+  return flame_train_test::run_shell(std::string("'") + FLAME_TRAIN_EXE + "' --config '" + config_path + "' 2>&1");
 }
 
 std::vector<double> losses_of(const std::string& jsonl) {
-  std::ifstream in(jsonl);
   std::vector<double> losses;
-  std::string line;
-  while (std::getline(in, line)) losses.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  for (const auto& [step, loss] : flame_train_test::logged_losses(jsonl)) losses.push_back(loss);
   return losses;
 }
 

@@ -11,6 +11,7 @@
 #include "model_setup.h"
 
 using namespace flame_train;
+using flame_train_test::has_problem;
 using flame_train_test::TempDir;
 
 namespace {
@@ -25,31 +26,17 @@ struct Fixture {
     flame_train_test::write_text(model, "{}");
     flame_train_test::write_text(data + "/a.txt", "caption");
   }
-  CommandLine parse(std::vector<std::string> extra) const {
-    std::vector<std::string> args = {"flame-train", "--model.path=" + model, "--data.path", data};
-    args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<const char*> argv;
-    for (const auto& a : args) argv.push_back(a.c_str());
-    return parse_command_line(static_cast<int>(argv.size()), argv.data());
+  std::vector<std::string> args(std::vector<std::string> extra) const {
+    std::vector<std::string> all = {"--model.path=" + model, "--data.path", data};
+    all.insert(all.end(), extra.begin(), extra.end());
+    return all;
   }
+  CommandLine parse(std::vector<std::string> extra) const { return flame_train_test::command_line(args(extra)); }
   // The problems load_config reports for extra arguments (empty when it succeeds).
   std::vector<std::string> problems(std::vector<std::string> extra) const {
-    try {
-      load_config(parse(extra));
-      return {};
-    } catch (const ConfigError& e) {
-      return e.problems();
-    }
+    return flame_train_test::config_problems(args(extra));
   }
 };
-
-::testing::AssertionResult has_problem(const std::vector<std::string>& problems, const std::string& fragment) {
-  for (const auto& p : problems)
-    if (p.find(fragment) != std::string::npos) return ::testing::AssertionSuccess();
-  std::string all;
-  for (const auto& p : problems) all += "\n  " + p;
-  return ::testing::AssertionFailure() << "no problem contains '" << fragment << "'; problems:" << all;
-}
 
 }  // namespace
 

@@ -16,7 +16,6 @@
 // (TrainerEma): each step's EMA equals the host's EMAModel update of the saved adapters.
 // Without a GPU the cases skip (exit 77 for CTest) unless FLAME_REQUIRE_GPU=1.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
@@ -36,40 +35,16 @@
 #include "ema.h"
 #include "flame_test.h"
 #include "model_setup.h"
+#include "trainer_test_support.h"
 #ifndef FLAME_TRAIN_NO_IMAGES
 #include "images.h"
 #endif
 
 namespace {
 
-// A fresh folder under $TMPDIR (or /tmp), removed with everything in it.
-class TempFolder {
- public:
-  TempFolder() {
-    const char* base = std::getenv("TMPDIR");
-    std::string templ = std::string(base && *base ? base : "/tmp") + "/flame_train_demo_XXXXXX";
-    std::vector<char> buf(templ.begin(), templ.end());
-    buf.push_back('\0');
-    if (mkdtemp(buf.data())) path_ = buf.data();
-  }
-  ~TempFolder() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  TempFolder(const TempFolder&) = delete;
-  TempFolder& operator=(const TempFolder&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 class TrainerDemo : public GpuTest, public ::testing::WithParamInterface<const char*> {};
 
-struct DemoRun {
-  int status = -1;
-  std::string output;
-};
+using DemoRun = flame_train_test::ProgramRun;
 
 constexpr const char* kSampleOptions =
     " --sample.every_n_steps=30 --sample.prompts='[\"a red square\", \"a blue circle\"]'";
@@ -79,15 +54,7 @@ DemoRun run_demo(const std::string& family, const std::string& out_dir, const st
   const std::string cmd = std::string("'") + FLAME_TRAIN_EXE + "' --demo --model.path=demo:" + family +
                           " --training.max_train_steps=" + std::to_string(steps) +
                           " --output.save_every_n_steps=30 --output.dir='" + out_dir + "'" + extra + " 2>&1";
-  DemoRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  return flame_train_test::run_shell(cmd);
 }
 
 bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
@@ -158,7 +125,7 @@ void expect_sample_row(const std::string& out, int step, const std::string& log)
 
 TEST_P(TrainerDemo, LossFallsAndTheLoraLoadsBack) {
   const std::string family = GetParam();
-  TempFolder dir;
+  flame_train_test::TempDir dir;
   ASSERT_FALSE(dir.path().empty()) << "mkdtemp failed";
   const std::string out = dir.path() + "/out";
   const DemoRun r = run_demo(family, out);
@@ -210,7 +177,7 @@ INSTANTIATE_TEST_SUITE_P(Families, TrainerDemo, ::testing::Values("flux", "sd3",
 class TrainerDemoSampler : public GpuTest {};
 
 TEST_F(TrainerDemoSampler, SdxlDdimWritesSamples) {
-  TempFolder dir;
+  flame_train_test::TempDir dir;
   ASSERT_FALSE(dir.path().empty()) << "mkdtemp failed";
   const std::string out = dir.path() + "/out";
   const DemoRun r = run_demo("sdxl", out,
@@ -226,22 +193,8 @@ TEST_F(TrainerDemoSampler, SdxlDdimWritesSamples) {
 
 namespace {
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-// The losses of a JSONL log, in order, with their steps.
-std::vector<std::pair<int64_t, double>> logged_losses(const std::string& path) {
-  std::vector<std::pair<int64_t, double>> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    out.emplace_back(j.at("step").get<int64_t>(), j.at("loss").get<double>());
-  }
-  return out;
-}
+using flame_train_test::logged_losses;
+using flame_train_test::read_bytes;
 
 // The tensors of a safetensors file on the host as float (F32 or BF16), with their dtypes.
 struct HostTensors {
@@ -291,7 +244,7 @@ class TrainerResume : public GpuTest {};
 // from that state folder in the same output folder: the log's losses, the final LoRA and EMA files
 // and the final state's tensors are equal bit for bit.
 TEST_F(TrainerResume, ResumedRunEqualsTheUninterruptedOne) {
-  TempFolder dir;
+  flame_train_test::TempDir dir;
   ASSERT_FALSE(dir.path().empty()) << "mkdtemp failed";
   const std::string whole = dir.path() + "/whole", parts = dir.path() + "/parts";
   const std::string options = " --output.save_state_every_n_steps=3 --training.ema_decay=0.9";
@@ -333,7 +286,7 @@ class TrainerEma : public GpuTest {};
 // EMAModel update from the previous EMA and that step's adapter (decays 0, 2/11, 3/12), and the EMA
 // LoRA file is a LoRA of the same layout that differs from the trained one.
 TEST_F(TrainerEma, EmaFollowsTheAdapterAsTheHostRecomputes) {
-  TempFolder dir;
+  flame_train_test::TempDir dir;
   ASSERT_FALSE(dir.path().empty()) << "mkdtemp failed";
   const std::string out = dir.path() + "/out";
   const DemoRun r = run_demo("flux", out, " --output.save_state_every_n_steps=1 --training.ema_decay=0.9", 3);
@@ -421,7 +374,7 @@ static uint64_t demo_weight_bytes(flame_ctx_t ctx, const std::string& family) {
 }
 
 TEST_F(TrainerMemoryOptions, Fp8AndOffloadBasesTrainLikeTheBf16Base) {
-  TempFolder dir;
+  flame_train_test::TempDir dir;
   ASSERT_FALSE(dir.path().empty()) << "mkdtemp failed";
   const int steps = 40;
   const DemoRun plain = run_demo("flux", dir.path() + "/bf16", "", steps);

@@ -16,38 +16,24 @@
 
 #include "config.h"
 #include "ema.h"
-#include "image_writers.h"
+#include "trainer_test_support.h"
 #include "train_state.h"
 
 using namespace flame_train;
+using flame_train_test::has_problem;
 using flame_train_test::TempDir;
 using flame_train_test::write_text;
 
 namespace {
 
 CommandLine demo_command(std::vector<std::string> extra) {
-  std::vector<std::string> args = {"flame-train", "--demo"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  std::vector<const char*> argv;
-  for (const auto& a : args) argv.push_back(a.c_str());
-  return parse_command_line(static_cast<int>(argv.size()), argv.data());
+  extra.insert(extra.begin(), "--demo");
+  return flame_train_test::command_line(extra);
 }
 
 std::vector<std::string> problems_of(std::vector<std::string> extra) {
-  try {
-    load_config(demo_command(extra));
-    return {};
-  } catch (const ConfigError& e) {
-    return e.problems();
-  }
-}
-
-::testing::AssertionResult has_problem(const std::vector<std::string>& problems, const std::string& fragment) {
-  for (const auto& p : problems)
-    if (p.find(fragment) != std::string::npos) return ::testing::AssertionSuccess();
-  std::string all;
-  for (const auto& p : problems) all += "\n  " + p;
-  return ::testing::AssertionFailure() << "no problem contains '" << fragment << "'; problems:" << all;
+  extra.insert(extra.begin(), "--demo");
+  return flame_train_test::config_problems(extra);
 }
 
 // The error message read_train_state throws, or "" when it accepts the folder.

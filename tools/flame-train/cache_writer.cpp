@@ -168,18 +168,6 @@ TextConditioning combine(const std::string& family, std::vector<EncoderOutputs>&
   return c;
 }
 
-DataOptions data_options_of(const TrainConfig& c) {
-  DataOptions d;
-  d.path = c.data.path;
-  d.caption_extension = c.data.caption_extension;
-  d.repeats = c.data.repeats;
-  d.buckets = c.data.buckets;
-  d.captions = c.data.captions;
-  d.flip_aug = c.data.flip_aug;
-  d.random_crop = c.data.random_crop;
-  return d;
-}
-
 // Every file a source is read from: the file, or a folder's files (recursive, sorted).
 void add_source_files(const std::string& source, std::vector<std::string>& files) {
   if (!fs::is_directory(source)) {

@@ -124,6 +124,18 @@ bool parse_repeat_folder(const std::string& folder_name, int* repeats, std::stri
   return true;
 }
 
+DataOptions data_options_of(const TrainConfig& c) {
+  DataOptions d;
+  d.path = c.data.path;
+  d.caption_extension = c.data.caption_extension;
+  d.repeats = c.data.repeats;
+  d.buckets = c.data.buckets;
+  d.captions = c.data.captions;
+  d.flip_aug = c.data.flip_aug;
+  d.random_crop = c.data.random_crop;
+  return d;
+}
+
 Dataset scan_dataset(const DataOptions& options) {
   Dataset dataset;
   std::vector<std::string> problems;

@@ -24,6 +24,7 @@
 
 #include "buckets.h"
 #include "captions.h"
+#include "config.h"
 #include "images.h"
 
 namespace flame_train {
@@ -65,6 +66,9 @@ struct Dataset {
 bool parse_repeat_folder(const std::string& folder_name, int* repeats, std::string* name);
 
 // Scans options.path. Throws DatasetError (no images, unreadable files, ...).
+// The data set options of a configuration (its data.* keys).
+DataOptions data_options_of(const TrainConfig& c);
+
 Dataset scan_dataset(const DataOptions& options);
 
 struct BucketPlan {

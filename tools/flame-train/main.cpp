@@ -38,18 +38,6 @@ void print_problems(const char* what, const std::vector<std::string>& problems) 
 }
 
 #ifndef FLAME_TRAIN_NO_IMAGES
-DataOptions data_options(const TrainConfig& c) {
-  DataOptions d;
-  d.path = c.data.path;
-  d.caption_extension = c.data.caption_extension;
-  d.repeats = c.data.repeats;
-  d.buckets = c.data.buckets;
-  d.captions = c.data.captions;
-  d.flip_aug = c.data.flip_aug;
-  d.random_crop = c.data.random_crop;
-  return d;
-}
-
 void print_warnings(const Dataset& dataset) {
   for (size_t i = 0; i < dataset.warnings.size() && i < kWarningsShown; ++i)
     std::fprintf(stderr, "flame-train: warning: %s\n", dataset.warnings[i].c_str());
@@ -106,7 +94,7 @@ int check_conditioning_sources(const TrainConfig& config) {
 
 // Scans the images and prints the bucket plan; returns an exit status when the data are bad (1).
 int check_data(const TrainConfig& config, bool dry_run) {
-  const DataOptions data = data_options(config);
+  const DataOptions data = data_options_of(config);
   Dataset dataset;
   try {
     dataset = scan_dataset(data);

@@ -6,22 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "tensor_helpers.h"
+
 namespace flame_train {
 namespace {
-
-Tensor host_f32(flame_ctx_t ctx, const std::vector<float>& v, const std::vector<int64_t>& shape) {
-  Tensor t;
-  check(flame_from_host(ctx, v.data(), v.size() * sizeof(float), shape.data(), static_cast<int32_t>(shape.size()),
-                        FLAME_DTYPE_F32, t.out()),
-        "flame_from_host");
-  return t;
-}
-
-Tensor f32(flame_tensor_t t) {
-  Tensor out;
-  check(flame_to_dtype(t, FLAME_DTYPE_F32, out.out()), "flame_to_dtype");
-  return out;
-}
 
 Tensor scaled(flame_tensor_t t, double s) {
   Tensor out;
@@ -48,41 +36,6 @@ Tensor unsqueezed(flame_tensor_t t) {
   return out;
 }
 
-// diffusers' _pack_latents: [1, C, H, W] -> [1, (H / 2)(W / 2), 4C].
-Tensor pack_latents(flame_tensor_t x, int64_t c, int64_t h, int64_t w) {
-  const int64_t split[6] = {1, c, h / 2, 2, w / 2, 2};
-  const int32_t order[6] = {0, 2, 4, 1, 3, 5};
-  const int64_t packed[3] = {1, (h / 2) * (w / 2), c * 4};
-  Tensor v, p, out;
-  check(flame_reshape(x, split, 6, v.out()), "flame_reshape");
-  check(flame_permute(v.get(), order, 6, p.out()), "flame_permute");
-  check(flame_reshape(p.get(), packed, 3, out.out()), "flame_reshape");
-  return out;
-}
-
-// diffusers' _unpack_latents: [1, (H / 2)(W / 2), 4C] -> [1, C, H, W].
-Tensor unpack_latents(flame_tensor_t x, int64_t c, int64_t h, int64_t w) {
-  const int64_t split[6] = {1, h / 2, w / 2, c, 2, 2};
-  const int32_t order[6] = {0, 3, 1, 4, 2, 5};
-  const int64_t image[4] = {1, c, h, w};
-  Tensor v, p, out;
-  check(flame_reshape(x, split, 6, v.out()), "flame_reshape");
-  check(flame_permute(v.get(), order, 6, p.out()), "flame_permute");
-  check(flame_reshape(p.get(), image, 4, out.out()), "flame_reshape");
-  return out;
-}
-
-// Flux's RoPE ids of the packed image tokens: (0, row, column).
-Tensor flux_img_ids(flame_ctx_t ctx, int64_t h, int64_t w) {
-  std::vector<float> ids(static_cast<size_t>(h * w * 3), 0.0f);
-  for (int64_t r = 0; r < h; ++r)
-    for (int64_t col = 0; col < w; ++col) {
-      ids[static_cast<size_t>((r * w + col) * 3 + 1)] = static_cast<float>(r);
-      ids[static_cast<size_t>((r * w + col) * 3 + 2)] = static_cast<float>(col);
-    }
-  return host_f32(ctx, ids, {h * w, 3});
-}
-
 int64_t first_dim(flame_tensor_t t) {
   int32_t nd = 0;
   check(flame_tensor_ndim(t, &nd), "flame_tensor_ndim");
@@ -100,7 +53,7 @@ Tensor forward(flame_model_t model, flame_ctx_t ctx, const std::vector<std::pair
   flame_tensor_t sample = nullptr;
   check(flame_params_find(outputs.get(), "sample", &sample), "flame_params_find");
   if (!sample) throw std::runtime_error("the model returned no 'sample' output");
-  return f32(sample);
+  return to_f32(sample);
 }
 
 // The seeded starting noise [1, C, h, w], times scale.
@@ -142,8 +95,8 @@ struct TextBatch {
 TextBatch text_batch(const PromptConditioning& p, bool use_guidance) {
   TextBatch b;
   if (!use_guidance) {
-    b.embeds = unsqueezed(f32(p.embeds).get());
-    b.pooled = unsqueezed(f32(p.pooled).get());
+    b.embeds = unsqueezed(to_f32(p.embeds).get());
+    b.pooled = unsqueezed(to_f32(p.pooled).get());
     return b;
   }
   if (!p.negative_embeds || !p.negative_pooled)
@@ -153,7 +106,7 @@ TextBatch text_batch(const PromptConditioning& p, bool use_guidance) {
                              " text tokens, the prompt " + std::to_string(first_dim(p.embeds)) +
                              ": guidance batches them together and needs the same count");
   // f32 on both sides: the cache may hold bf16, the demo's zeros are f32.
-  const Tensor ne = f32(p.negative_embeds), e = f32(p.embeds), np = f32(p.negative_pooled), pp = f32(p.pooled);
+  const Tensor ne = to_f32(p.negative_embeds), e = to_f32(p.embeds), np = to_f32(p.negative_pooled), pp = to_f32(p.pooled);
   b.embeds = stacked({ne.get(), e.get()});
   b.pooled = stacked({np.get(), pp.get()});
   b.guided = true;
@@ -166,7 +119,7 @@ Tensor sample_flux(flame_ctx_t ctx, flame_model_t model, const ModelShapes& shap
   const std::vector<double> sigmas = flux_sampling_sigmas(s.steps, static_cast<double>((h / 2) * (w / 2)));
   const SamplerPlan plan = flow_euler_plan(sigmas, FlowTimestepInput::Sigma);
   Tensor noise = seeded_noise(ctx, c, h, w, seed, plan.init_noise_scale);
-  Tensor x = pack_latents(noise.get(), c, h, w);
+  Tensor x = pack_latents(noise.get(), 1, c, h, w);
   const TextBatch text = text_batch(p, false);
   Tensor img_ids = flux_img_ids(ctx, h / 2, w / 2);
   Tensor txt_ids = host_f32(ctx, std::vector<float>(static_cast<size_t>(first_dim(p.embeds) * 3), 0.0f),
@@ -182,7 +135,7 @@ Tensor sample_flux(flame_ctx_t ctx, flame_model_t model, const ModelShapes& shap
     Tensor m = forward(model, ctx, in);
     x = euler_update(x, m, step);
   }
-  return unpack_latents(x.get(), c, h, w);
+  return unpack_latents(x.get(), 1, c, h, w);
 }
 
 // SD3 and SDXL: latents [B, C, h, w] as they are, optional guidance.

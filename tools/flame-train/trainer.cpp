@@ -28,6 +28,7 @@
 #include "progress.h"
 #include "random.h"
 #include "sample_images.h"
+#include "tensor_helpers.h"
 #include "train_state.h"
 #include "training_data.h"
 
@@ -47,20 +48,6 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* what) {
   return out;
 }
 
-Tensor host_tensor(flame_ctx_t ctx, const std::vector<float>& v, const std::vector<int64_t>& shape) {
-  Tensor t;
-  check(flame_from_host(ctx, v.data(), v.size() * sizeof(float), shape.data(), static_cast<int32_t>(shape.size()),
-                        FLAME_DTYPE_F32, t.out()),
-        "flame_from_host");
-  return t;
-}
-
-Tensor to_f32(flame_tensor_t t) {
-  Tensor out;
-  check(flame_to_dtype(t, FLAME_DTYPE_F32, out.out()), "flame_to_dtype");
-  return out;
-}
-
 // Stacks one member tensor of each sample of the batch along a new first axis.
 Tensor stack_member(const std::vector<TrainingSample>& samples, const std::vector<size_t>& batch,
                     Tensor TrainingSample::*member) {
@@ -71,34 +58,11 @@ Tensor stack_member(const std::vector<TrainingSample>& samples, const std::vecto
   return out;
 }
 
-// diffusers' _pack_latents: [B, C, H, W] -> [B, (H / 2)(W / 2), 4C], channel-major within a patch.
-Tensor pack_latents(const Tensor& x, int64_t b, int64_t c, int64_t h, int64_t w) {
-  const int64_t split[6] = {b, c, h / 2, 2, w / 2, 2};
-  Tensor v, p, out;
-  check(flame_reshape(x.get(), split, 6, v.out()), "flame_reshape");
-  const int32_t order[6] = {0, 2, 4, 1, 3, 5};
-  check(flame_permute(v.get(), order, 6, p.out()), "flame_permute");
-  const int64_t packed[3] = {b, (h / 2) * (w / 2), c * 4};
-  check(flame_reshape(p.get(), packed, 3, out.out()), "flame_reshape");
-  return out;
-}
-
-// Flux's RoPE ids of the packed image tokens: (0, row, column), and zeros for the text tokens.
-Tensor flux_img_ids(flame_ctx_t ctx, int64_t h, int64_t w) {
-  std::vector<float> ids(static_cast<size_t>(h * w * 3), 0.0f);
-  for (int64_t r = 0; r < h; ++r)
-    for (int64_t col = 0; col < w; ++col) {
-      ids[static_cast<size_t>((r * w + col) * 3 + 1)] = static_cast<float>(r);
-      ids[static_cast<size_t>((r * w + col) * 3 + 2)] = static_cast<float>(col);
-    }
-  return host_tensor(ctx, ids, {h * w, 3});
-}
-
 // x * a + y * b with per-sample coefficients a, b of shape [B, 1, 1, 1] (b may hold zeros).
 Tensor combine(flame_ctx_t ctx, const Tensor& x, const std::vector<float>& a, const Tensor& y,
                const std::vector<float>& b) {
   const std::vector<int64_t> shape = {static_cast<int64_t>(a.size()), 1, 1, 1};
-  Tensor ta = host_tensor(ctx, a, shape), tb = host_tensor(ctx, b, shape);
+  Tensor ta = host_f32(ctx, a, shape), tb = host_f32(ctx, b, shape);
   Tensor xa = binary(flame_mul, x, ta, "flame_mul"), yb = binary(flame_mul, y, tb, "flame_mul");
   return binary(flame_add, xa, yb, "flame_add");
 }
@@ -274,21 +238,21 @@ struct Trainer {
     auto add = [&](const char* name, const Tensor& t) { check(flame_params_add(inputs.get(), name, t.get()), name); };
     Tensor embeds = stack_member(samples, batch, &TrainingSample::prompt_embeds);
     Tensor pooled = stack_member(samples, batch, &TrainingSample::pooled);
-    Tensor timesteps = host_tensor(ctx, timestep, {b});
+    Tensor timesteps = host_f32(ctx, timestep, {b});
     add("encoder_hidden_states", embeds);
     add("timestep", timesteps);
     Tensor hidden, img_ids, txt_ids, guidance, time_ids;
     if (objective.family == ModelFamily::Flux) {
-      hidden = pack_latents(noisy, b, c, h, w);
-      target = pack_latents(target, b, c, h, w);
+      hidden = pack_latents(noisy.get(), b, c, h, w);
+      target = pack_latents(target.get(), b, c, h, w);
       img_ids = flux_img_ids(ctx, h / 2, w / 2);
-      txt_ids = host_tensor(ctx, std::vector<float>(static_cast<size_t>(first.tokens * 3), 0.0f), {first.tokens, 3});
+      txt_ids = host_f32(ctx, std::vector<float>(static_cast<size_t>(first.tokens * 3), 0.0f), {first.tokens, 3});
       add("hidden_states", hidden);
       add("pooled_projections", pooled);
       add("img_ids", img_ids);
       add("txt_ids", txt_ids);
       if (objective.guidance_embeds) {
-        guidance = host_tensor(ctx, std::vector<float>(static_cast<size_t>(b), static_cast<float>(objective.guidance)), {b});
+        guidance = host_f32(ctx, std::vector<float>(static_cast<size_t>(b), static_cast<float>(objective.guidance)), {b});
         add("guidance", guidance);
       }
     } else if (objective.family == ModelFamily::Sd3) {
@@ -317,7 +281,7 @@ struct Trainer {
     for (int32_t d = 1; d < nd; ++d) dims.push_back(d);
     Tensor per_sample, weighted, loss;
     check(flame_mean(per_element.get(), dims.data(), static_cast<int32_t>(dims.size()), 0, per_sample.out()), "flame_mean");
-    Tensor weights = host_tensor(ctx, weight, {b});
+    Tensor weights = host_f32(ctx, weight, {b});
     weighted = binary(flame_mul, per_sample, weights, "flame_mul");
     check(flame_mean(weighted.get(), nullptr, 0, 0, loss.out()), "flame_mean");
     Tensor scaled;
