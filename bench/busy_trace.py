@@ -7,6 +7,10 @@ Busy fraction = the length of the union of the device intervals of every kernel,
 first measured step to the end, device synchronised, of the last. The intervals come from the Chrome
 trace that torch.profiler exports (events of category kernel, gpu_memcpy, gpu_memset; user annotations
 projected onto the GPU timeline, category gpu_user_annotation, are not device work and are left out).
+With a marker (a substring of a kernel's name), only the work that starts after the last marker kernel
+ends counts: lora_full.py traces one untimed step, then a marker kernel, synchronises and only then
+starts the wall clock, so that the trace's start-up and the untimed step stay out (the profiler's and
+the device's clocks need not agree).
 
 No torch needed here: `python3 bench/busy_trace.py` runs the self-check of the merging and the trace
 reading on hand-made intervals (exit 0 when every check holds).
@@ -34,22 +38,32 @@ def union_length(intervals):
     return total
 
 
-def device_intervals(trace):
+def device_intervals(trace, marker=None):
     """(start_us, end_us) of the kernel / memcpy / memset events of a Chrome trace (a dict as json.load
-    gives it; torch.profiler's ts and dur are in microseconds)."""
-    out = []
+    gives it; torch.profiler's ts and dur are in microseconds). With marker: only those starting at or
+    after the end of the last kernel whose name holds marker, and None when there is no such kernel."""
+    out, marker_end = [], None
     for e in trace.get("traceEvents", []):
         if e.get("ph") == "X" and str(e.get("cat", "")).lower() in DEVICE_CATEGORIES:
             ts, dur = float(e["ts"]), float(e.get("dur", 0))
+            if marker and marker in str(e.get("name", "")):
+                marker_end = ts + dur if marker_end is None else max(marker_end, ts + dur)
+                continue
             out.append((ts, ts + dur))
-    return out
+    if not marker:
+        return out
+    if marker_end is None:
+        return None
+    return [(s, e) for s, e in out if s >= marker_end]
 
 
-def summary(trace, wall_ms, steps):
+def summary(trace, wall_ms, steps, marker=None):
     """The busy fields of a row (the names of flame_bench_model_step's RESULT) for `steps` steps that took
-    wall_ms of wall-clock time, or busy_error when the trace holds no device work or more than the wall
-    time (clocks that disagree)."""
-    intervals = device_intervals(trace)
+    wall_ms of wall-clock time (after the marker kernel, when given), or busy_error when the trace holds
+    no marker, no device work or more than the wall time (clocks that disagree)."""
+    intervals = device_intervals(trace, marker)
+    if intervals is None:
+        return dict(busy_steps=steps, busy_error=f"no marker kernel ({marker}) in the profile")
     busy_ms = union_length(intervals) / 1e3
     row = dict(busy_steps=steps, busy_wall_ms_per_step=wall_ms / steps, busy_records_per_step=len(intervals) / steps)
     if not intervals:
@@ -87,6 +101,15 @@ def _self_check():
     expect("fraction", s.get("busy_fraction", -1), 0.65)
     expect("device ms per step", s.get("busy_device_ms_per_step", -1), 0.325)
     expect("records per step", s["busy_records_per_step"], 2)
+    marked = {"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "untimed_step", "ts": 100.0, "dur": 300.0},
+        {"ph": "X", "cat": "kernel", "name": "spin_kernel(long)", "ts": 500.0, "dur": 100.0},
+        {"ph": "X", "cat": "kernel", "name": "late_overlap", "ts": 550.0, "dur": 100.0},  # starts inside the marker
+    ] + trace["traceEvents"]}
+    expect("marked device events", len(device_intervals(marked, "spin_kernel")), 4)
+    expect("marked fraction", summary(marked, 1.0, 2, "spin_kernel").get("busy_fraction", -1), 0.65)
+    if device_intervals(trace, "spin_kernel") is not None or "busy_error" not in summary(trace, 1.0, 2, "spin_kernel"):
+        failures.append("a missing marker must give None / busy_error")
     if "busy_error" not in summary({"traceEvents": []}, 1.0, 1):
         failures.append("an empty trace must give busy_error")
     if "busy_error" not in summary(trace, wall_ms=0.5, steps=1):

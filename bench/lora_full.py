@@ -30,10 +30,11 @@ gradients dropped; median of the timed steps after warm-up; peak = max allocated
     sides measure N more steps after the timed ones, so the timed rows carry no tracing cost. FLAME:
     flame_bench_model_step --busy N (CUPTI activity trace, bench/cupti_busy.c; eager and graph replay,
     whose kernels CUPTI reports one by one), after one untimed step under the trace. PyTorch:
-    torch.profiler with the CUDA activity only (no CPU op tracing), after the counts' profile (so CUPTI
-    is attached already), its Chrome trace's kernel / gpu_memcpy / gpu_memset events merged
-    (bench/busy_trace.py). Tracing costs host time per launch on both sides, which lowers a host-bound
-    step's fraction a little: busy_wall_ms_per_step (in the JSON) against the timed ms shows how much.
+    torch.profiler with the CUDA activity only (no CPU op tracing), after one untimed step under the
+    trace and a marker kernel, its Chrome trace's kernel / gpu_memcpy / gpu_memset events after the
+    marker merged (bench/busy_trace.py). Tracing costs host time per launch on both sides, which
+    lowers a host-bound step's fraction a little: busy_wall_ms_per_step (in the JSON) against the timed
+    ms shows how much.
 
     PYTHONPATH=$PWD/.ref python3 bench/lora_full.py [--rows sdxl-b1,...] [--compile] [--busy-steps 3] [--out DIR]
 
@@ -113,13 +114,23 @@ def torch_counts(step):
                 host_syncs_per_step=len(syncs))
 
 
+TORCH_BUSY_MARKER = "spin_kernel"  # torch.cuda._sleep's kernel: the device work after it is measured
+
+
 def torch_busy(step, steps, work):
     """GPU busy fraction of `steps` more PyTorch steps (bench/busy_trace.py's definition): torch.profiler
-    with the CUDA activity only, the wall time from just before the first step to the synchronised end of
-    the last, the device intervals from the exported Chrome trace."""
+    with the CUDA activity only. Inside the profile one untimed step (the trace's start-up, as
+    flame_bench_model_step --busy does), then a marker kernel (torch.cuda._sleep) and a synchronize, then
+    the wall clock from just before the first measured step to the synchronised end of the last; the
+    device intervals that start after the marker, from the exported Chrome trace."""
     from torch.profiler import ProfilerActivity, profile
+    marker = TORCH_BUSY_MARKER if hasattr(torch.cuda, "_sleep") else None
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        if marker:
+            step()
+            torch.cuda._sleep(1000)
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
@@ -132,7 +143,7 @@ def torch_busy(step, steps, work):
             trace = json.load(f)
     finally:
         os.remove(path)
-    return busy_trace.summary(trace, wall_ms, steps)
+    return busy_trace.summary(trace, wall_ms, steps, marker)
 
 
 def torch_row(spec, key, batch, ckpt, args):

@@ -293,7 +293,9 @@ typedef struct {
 
 /* --busy: one untimed step with CUPTI's trace on (its start-up), then `steps` steps in the window from
  * the host's start of the first to the synchronised end of the last; the union of the device intervals
- * inside that window over its length. A CUPTI failure is reported in the result, not fatal. */
+ * inside that window over its length. A CUPTI failure, or a replay or synchronize failing under the
+ * trace, is reported in the result (the timed fields stay printable); a failing eager step still ends
+ * the program as in the timed loop. */
 static BusyResult measure_busy(flame_ctx_t ctx, flame_model_t model, flame_params_t inputs, const TensorFile* grads,
                                flame_params_t params, flame_optimizer_t opt, flame_zero_t zero, flame_graph_t graph,
                                long steps) {
@@ -302,21 +304,31 @@ static BusyResult measure_busy(flame_ctx_t ctx, flame_model_t model, flame_param
   r.fraction = -1;
   if (busy_trace_start(r.error, sizeof r.error) != 0) return r;
   uint64_t window_start = 0;
-  for (long i = -1; i < steps; ++i) {
+  for (long i = -1; i < steps && !r.error[0]; ++i) {
     if (i == 0) {
-      check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
+      if (flame_ctx_synchronize(ctx) != FLAME_OK) {
+        snprintf(r.error, sizeof r.error, "flame_ctx_synchronize under CUPTI: %s", flame_last_error_message());
+        break;
+      }
       window_start = busy_timestamp_ns();
     }
-    if (graph)
-      check(flame_graph_replay(graph), "flame_graph_replay");
-    else
+    if (!graph)
       step(ctx, model, inputs, grads, params, opt, zero, NULL);
+    else if (flame_graph_replay(graph) != FLAME_OK)
+      snprintf(r.error, sizeof r.error, "flame_graph_replay under CUPTI: %s", flame_last_error_message());
   }
-  check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
+  if (!r.error[0] && flame_ctx_synchronize(ctx) != FLAME_OK)
+    snprintf(r.error, sizeof r.error, "flame_ctx_synchronize under CUPTI: %s", flame_last_error_message());
   const uint64_t window_end = busy_timestamp_ns();
   BusyInterval* v = NULL;
   size_t n = 0, untimed = 0, dropped = 0;
-  if (busy_trace_stop(&v, &n, &untimed, &dropped, r.error, sizeof r.error) != 0) return r;
+  char stop_error[256] = "";
+  const int stopped = busy_trace_stop(&v, &n, &untimed, &dropped, stop_error, sizeof stop_error) == 0;
+  if (!r.error[0] && !stopped) snprintf(r.error, sizeof r.error, "%s", stop_error);
+  if (r.error[0]) {
+    free(v);
+    return r;
+  }
   n = busy_clip(v, n, window_start, window_end);
   if (window_start == 0 || window_end <= window_start)
     snprintf(r.error, sizeof r.error, "cuptiGetTimestamp gave no window (%llu..%llu)",
@@ -327,11 +339,11 @@ static BusyResult measure_busy(flame_ctx_t ctx, flame_model_t model, flame_param
     snprintf(r.error, sizeof r.error, "CUPTI recorded no kernel, memcpy or memset in the measured steps");
   else {
     const double window_ns = (double)(window_end - window_start);
-    r.records_per_step = (double)n / steps;
     const double busy_ns = (double)busy_union_ns(v, n);
     r.fraction = busy_ns / window_ns;
     r.device_ms_per_step = busy_ns / 1e6 / steps;
     r.wall_ms_per_step = window_ns / 1e6 / steps;
+    r.records_per_step = (double)n / steps;
   }
   free(v);
   return r;
