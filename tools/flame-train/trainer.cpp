@@ -25,6 +25,7 @@
 #include "memory_check.h"
 #include "model_setup.h"
 #include "objectives.h"
+#include "optimizer_setup.h"
 #include "progress.h"
 #include "random.h"
 #include "sample_images.h"
@@ -175,12 +176,7 @@ struct Trainer {
   }
 
   void make_optimizer() {
-    flame_optimizer_options_t o;
-    check(flame_optimizer_options_init(&o, FLAME_OPTIMIZER_ADAMW), "flame_optimizer_options_init");
-    o.lr = config.optimizer.learning_rate;
-    o.beta1 = config.optimizer.beta1;
-    o.beta2 = config.optimizer.beta2;
-    o.weight_decay = config.optimizer.weight_decay;
+    const flame_optimizer_options_t o = adapter_optimizer_options(config);  // AdamW or Lion: optimizer_setup.h
     const flame_tensor_t* tensors = nullptr;
     int64_t n = 0;
     check(flame_params_count(adapter.get(), &n), "flame_params_count");

@@ -2,8 +2,9 @@
 //
 //   model      load_training_model (bf16), training mode, gradient checkpointing per the config;
 //   adapter    flame_model_add_lora with network.dim / alpha / dropout / targets (the base frozen);
-//   optimizer  AdamW over the adapter's tensors (optimizer.learning_rate, beta1, beta2,
-//              weight_decay), its rate set before every step from the schedule (lr_schedule.h);
+//   optimizer  AdamW or Lion (optimizer.type; optimizer_setup.h) over the adapter's tensors
+//              (optimizer.learning_rate, beta1, beta2, weight_decay), its rate set before every step
+//              from the schedule (lr_schedule.h);
 //   data       the latent cache (training_data.h) or, with --demo, random data in the model's shapes;
 //   a step     gradient_accumulation_steps batches, each: noise (flame_randn; plus noise_offset
 //              times per-channel noise), the objective's noisy input, target and per-sample weight
