@@ -112,14 +112,18 @@ const std::vector<KeyDef>& key_table() {
        {"constant", "constant_with_warmup", "cosine"}},
       {"optimizer.lr_warmup_steps", KeyType::Int, 0, "linear warm-up steps", 0, 1e9},
       {"training.seed", KeyType::Int, 42, "seed of every random choice (data order, augmentation, noise)", 0, kMaxSeed},
-      {"training.batch_size", KeyType::Int, 1, "images per step and GPU", 1, 4096},
+      {"training.batch_size", KeyType::Int, 1,
+       "images per batch and GPU: the global batch is batch_size x training.gpus (as kohya / accelerate)", 1, 4096},
       {"training.max_train_steps", KeyType::Int, 1000, "optimizer steps", 1, 1e9},
       {"training.gradient_accumulation_steps", KeyType::Int, 1, "batches per optimizer step", 1, 4096},
       {"training.mixed_precision", KeyType::String, "bf16", "compute precision", 0, 0, false, {"bf16", "fp16", "fp32"}},
       {"training.gradient_checkpointing", KeyType::Bool, false, "recompute activations in backward"},
       {"training.ignore_memory_estimate", KeyType::Bool, false,
        "train even when the memory estimate exceeds the device's free memory"},
-      {"training.gpus", KeyType::Int, 1, "GPUs (data parallel)", 1, 64},
+      {"training.gpus", KeyType::Int, 1,
+       "GPUs trained data parallel in this process (also --gpus N; more than 1 needs NCCL): GPUs training.device "
+       "and on, each training batch_size images of every global batch of batch_size x gpus, gradients averaged "
+       "before clipping and the step; rank 0 writes the files, the log and the samples", 1, 64},
       {"training.device", KeyType::Int, 0, "first CUDA device ordinal", 0, 63},
       {"training.timestep_sampling", KeyType::String, "sigmoid", "flow matching (Flux, SD3): noise-level density", 0, 0,
        false, {"sigmoid", "logit_normal", "uniform", "mode"}},
@@ -591,6 +595,10 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
       if (arg != "--resume") cmd.overrides.emplace_back("training.resume", arg.substr(9));
       else if (i + 1 < argc) cmd.overrides.emplace_back("training.resume", argv[++i]);
       else problems.push_back("--resume needs a state folder (--resume PATH)");
+    } else if (arg == "--gpus" || arg.rfind("--gpus=", 0) == 0) {  // training.gpus
+      if (arg != "--gpus") cmd.overrides.emplace_back("training.gpus", arg.substr(7));
+      else if (i + 1 < argc) cmd.overrides.emplace_back("training.gpus", argv[++i]);
+      else problems.push_back("--gpus needs a number of GPUs (--gpus N)");
     } else if (arg == "--config" || arg.rfind("--config=", 0) == 0) {
       if (arg == "--config") {
         if (i + 1 >= argc) problems.push_back("--config needs a file name");
@@ -610,9 +618,9 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
       }
     } else if (arg.rfind("--", 0) == 0) {
       std::string msg = "unknown option '" + arg + "'";
-      std::string s = did_you_mean(arg, {"--help", "--dry-run", "--demo", "--config", "--resume"});
+      std::string s = did_you_mean(arg, {"--help", "--dry-run", "--demo", "--config", "--resume", "--gpus"});
       if (!s.empty()) msg += " (did you mean '" + s + "'?)";
-      else msg += " (options: --config FILE, --dry-run, --demo, --resume PATH, --help, --group.key=value)";
+      else msg += " (options: --config FILE, --dry-run, --demo, --resume PATH, --gpus N, --help, --group.key=value)";
       problems.push_back(msg);
     } else {
       problems.push_back("unexpected argument '" + arg + "' (settings are --group.key=value, the file is --config FILE)");
@@ -686,7 +694,8 @@ TrainConfig load_config(const CommandLine& cmd) {
 
 std::string help_text() {
   std::ostringstream out;
-  out << "Usage: flame-train [--config FILE.json] [--group.key=value]... [--dry-run] [--demo] [--resume PATH] [--help]\n"
+  out << "Usage: flame-train [--config FILE.json] [--group.key=value]... [--dry-run] [--demo] [--resume PATH] [--gpus N]\n"
+         "                   [--help]\n"
          "\n"
          "Trains a LoRA for Flux, SDXL or SD3 with FLAME. Settings come from the defaults, then the JSON\n"
          "file ({\"group\": {\"key\": value}}), then --group.key=value (or --group.key value) overrides.\n"
@@ -697,6 +706,8 @@ std::string help_text() {
          "                  also demo:sdxl, demo:sd3) for 60 steps: needs a GPU, no files\n"
          "  --resume PATH   continue from a state folder (training.resume; written by\n"
          "                  output.save_state_every_n_steps) with the same settings, bit for bit\n"
+         "  --gpus N        data parallel on N GPUs of this machine (training.gpus): the global batch is\n"
+         "                  training.batch_size x N, each GPU trains its part, gradients are averaged\n"
          "  --help          this text\n"
          "\n"
          "Exit status: 0 done, 1 a configuration, data or training error, 2 no GPU (or no driver).\n";

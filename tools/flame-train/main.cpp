@@ -16,6 +16,7 @@
 
 #include "conditioning_sources.h"
 #include "config.h"
+#include "data_parallel.h"
 #ifndef FLAME_TRAIN_NO_IMAGES
 #include "dataset.h"
 #endif
@@ -133,6 +134,21 @@ int print_memory_estimate(const TrainConfig& config) {
   return 0;
 }
 
+// training.gpus > 1 (data_parallel.h): too few GPUs or no NCCL is a clear error (exit 1), no GPU or
+// driver exit 2, as on one GPU.
+int train_data_parallel(const TrainConfig& config, bool demo, const TrainState* resume_from) {
+  try {
+    run_data_parallel_training(config, demo, resume_from);
+  } catch (const FlameError& e) {
+    std::fprintf(stderr, "flame-train: %s\n", e.what());
+    return e.status() == FLAME_ERROR_NO_DEVICE || e.status() == FLAME_ERROR_NO_DRIVER ? kExitNoGpu : kExitError;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flame-train: %s\n", e.what());
+    return kExitError;
+  }
+  return 0;
+}
+
 int run(int argc, char** argv) {
   CommandLine cmd;
   TrainConfig config;
@@ -164,6 +180,7 @@ int run(int argc, char** argv) {
     }
   }
   if (cmd.dry_run) return print_memory_estimate(config);
+  if (config.training.gpus > 1) return train_data_parallel(config, cmd.demo, resume_from.get());
 
   Context ctx;
   if (int rc = open_context(config, ctx.out())) return rc;

@@ -20,6 +20,7 @@
 //              in the same format holding the EMA of the adapter (ema.h), updated after every step.
 //   samples    with sample.every_n_steps > 0, a row of sample images every that many steps and at the
 //              end, in output.dir/samples (sample_images.h; the model in evaluation mode meanwhile).
+//   data parallel  training.gpus > 1: data_parallel.h (global batch = batch_size x gpus).
 //   state      with output.save_state_every_n_steps > 0, the resumable state every that many steps
 //              and at the end (train_state.h); training.resume continues from one, the log's lines
 //              after its step dropped, so that files and losses equal an uninterrupted run's.
@@ -42,9 +43,21 @@ struct TrainResult {
   std::string log_path;   // the JSONL log
 };
 
+class DataParallelRank;  // data_parallel.h
+
 // Runs the whole training on ctx. demo: random data in the model's shapes instead of the cache.
 // resume_from: NULL for a fresh start, or what read_train_state returned for config.training.resume.
+// dp: NULL on one GPU; else this rank of a data-parallel run (data_parallel.h, which calls this once
+// per rank on its own thread): the memory check and the caching stage were done (dp's cache file),
+// the step trains the rank's part of each global batch with averaged gradients, and only rank 0
+// writes files, logs and samples.
 // Throws FlameError (a library call failed) or std::runtime_error (bad data, files).
-TrainResult run_training(flame_ctx_t ctx, const TrainConfig& config, bool demo, const TrainState* resume_from = nullptr);
+TrainResult run_training(flame_ctx_t ctx, const TrainConfig& config, bool demo, const TrainState* resume_from = nullptr,
+                         DataParallelRank* dp = nullptr);
+
+// The cache file to train from: data.cache_file, or the caching stage's (cache_writer.h) on ctx, run
+// before the denoiser is loaded so that the encoders and the VAE are gone when it is. Throws without
+// image input (FLAME_TRAIN_NO_IMAGES) when data.cache_file is empty.
+std::string training_cache_file(flame_ctx_t ctx, const TrainConfig& config);
 
 }  // namespace flame_train
