@@ -300,6 +300,21 @@ TEST(TrainerConfig, LionBadValues) {
   EXPECT_TRUE(has_problem(f.problems({"--optimizer.beta2=1"}), "optimizer.beta2: 1 is out of range"));  // AdamW too
 }
 
+// --gpus N is training.gpus; the help says that the global batch is batch_size x gpus.
+TEST(TrainerConfig, GpusOptionAndGlobalBatch) {
+  Fixture f;
+  EXPECT_EQ(load_config(f.parse({})).training.gpus, 1);
+  EXPECT_EQ(load_config(f.parse({"--gpus", "2"})).training.gpus, 2);
+  EXPECT_EQ(load_config(f.parse({"--gpus=4"})).training.gpus, 4);
+  EXPECT_EQ(load_config(f.parse({"--training.gpus=3"})).training.gpus, 3);
+  EXPECT_TRUE(has_problem(f.problems({"--gpus=0"}), "training.gpus: 0 is out of range [1, 64]"));
+  EXPECT_TRUE(has_problem(f.problems({"--gpus=two"}), "--training.gpus: 'two' is not an integer"));
+  EXPECT_THROW(flame_train_test::command_line({"--gpus"}), ConfigError);
+  const std::string help = help_text();
+  EXPECT_NE(help.find("--gpus N"), std::string::npos);
+  EXPECT_NE(help.find("global batch is batch_size x training.gpus"), std::string::npos);
+}
+
 TEST(TrainerConfig, DemoDefaultsAndOverrides) {
   CommandLine cmd;
   cmd.demo = true;

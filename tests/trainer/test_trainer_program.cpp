@@ -130,6 +130,10 @@ TEST(TrainerProgram, DemoNeedsNoFiles) {
   RunResult r = run_trainer({"--demo", "--model.path=demo:sd3", "--output.dir=/tmp"});
   EXPECT_EQ(r.status, 2) << r.output;  // no driver here
   EXPECT_NE(r.output.find("no GPU available"), std::string::npos) << r.output;
+  RunResult two = run_trainer({"--demo", "--gpus", "2", "--output.dir=/tmp"});  // data parallel: the same
+  EXPECT_EQ(two.status, 2) << two.output;
+  EXPECT_NE(two.output.find("no GPU available"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("/nonexistent/libcuda.so.1"), std::string::npos) << two.output;
   RunResult bad = run_trainer({"--demo", "--data.cache_file=/nonexistent/cache.safetensors", "--output.dir=/tmp"});
   EXPECT_EQ(bad.status, 1) << bad.output;
   EXPECT_NE(bad.output.find("data.cache_file: /nonexistent/cache.safetensors does not exist"), std::string::npos)

@@ -140,8 +140,9 @@ int train_data_parallel(const TrainConfig& config, bool demo, const TrainState* 
   try {
     run_data_parallel_training(config, demo, resume_from);
   } catch (const FlameError& e) {
-    std::fprintf(stderr, "flame-train: %s\n", e.what());
-    return e.status() == FLAME_ERROR_NO_DEVICE || e.status() == FLAME_ERROR_NO_DRIVER ? kExitNoGpu : kExitError;
+    const bool no_gpu = e.status() == FLAME_ERROR_NO_DEVICE || e.status() == FLAME_ERROR_NO_DRIVER;
+    std::fprintf(stderr, "flame-train: %s%s\n", no_gpu ? "no GPU available: " : "", e.what());
+    return no_gpu ? kExitNoGpu : kExitError;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "flame-train: %s\n", e.what());
     return kExitError;
