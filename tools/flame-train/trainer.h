@@ -6,8 +6,9 @@
 //              (optimizer.learning_rate, beta1, beta2, weight_decay), its rate set before every step
 //              from the schedule (lr_schedule.h);
 //   data       the latent cache (training_data.h) or, with --demo, random data in the model's shapes;
-//   a step     gradient_accumulation_steps batches, each: noise (flame_randn; plus noise_offset
-//              times per-channel noise), the objective's noisy input, target and per-sample weight
+//   a step     gradient_accumulation_steps batches, each: noise (flame_randn keyed per sample by
+//              its place in the global batch, plus noise_offset times per-channel noise:
+//              batch_noise.h), the objective's noisy input, target and per-sample weight
 //              (objectives.h; Flux latents packed 2x2 as diffusers' _pack_latents with img_ids /
 //              txt_ids), forward, weighted MSE divided by the accumulation count, backward; then
 //              clipping (flame_clip_grad_norm, optimizer.max_grad_norm > 0), the optimizer step,
