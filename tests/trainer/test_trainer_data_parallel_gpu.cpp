@@ -17,7 +17,8 @@
 //     gradient is within rounding of zero may step the other way: a few such elements, not more);
 //   - the control's LoRA differs from the one GPU's by more than 4x that tolerance, so that the
 //     comparison can fail.
-// Rank 0 alone writes: one JSONL log with one line per step, one LoRA file.
+// Both ranks end with the same adapter bits (flame-train compares their hashes and says so); rank 0
+// alone writes: one JSONL log with one line per step, one LoRA file.
 // Skips without two GPUs or NCCL unless FLAME_REQUIRE_GPUS=2 (or FLAME_REQUIRE_GPU) makes that a failure.
 #include <gtest/gtest.h>
 
@@ -73,6 +74,7 @@ TEST(TrainerDataParallel, TwoGpusEqualOneWithTheSameGlobalBatch) {
   const auto r2 = run_demo(two, 2, 1);
   ASSERT_EQ(r2.status, 0) << r2.output;
   EXPECT_NE(r2.output.find("data parallel: 2 GPUs"), std::string::npos) << r2.output;
+  EXPECT_NE(r2.output.find("data parallel: the 2 ranks' adapters are identical"), std::string::npos) << r2.output;
   const auto r1 = run_demo(one, 1, 2);
   ASSERT_EQ(r1.status, 0) << r1.output;
   const auto rc = run_demo(other, 1, 1);

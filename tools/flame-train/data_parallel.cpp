@@ -2,6 +2,8 @@
 #include "data_parallel.h"
 
 #include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <cstdio>
 #include <functional>
 #include <exception>
@@ -43,6 +45,53 @@ double DataParallelRank::mean_over_ranks(flame_ctx_t ctx, double value) {
   double mean = 0;
   check(flame_tensor_item(t.get(), &mean), "flame_tensor_item");
   return mean;
+}
+
+namespace {
+
+// FNV-1a over bytes, continuing from hash.
+uint64_t fnv1a(uint64_t hash, const std::vector<unsigned char>& bytes) {
+  for (unsigned char b : bytes) hash = (hash ^ b) * 0x100000001b3ULL;
+  return hash;
+}
+
+// The 64-bit hash of every tensor of params, in order, as their bytes on the host.
+uint64_t params_hash(flame_params_t params) {
+  const flame_tensor_t* tensors = nullptr;
+  int64_t n = 0;
+  check(flame_params_count(params, &n), "flame_params_count");
+  check(flame_params_tensors(params, &tensors), "flame_params_tensors");
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t numel = 0;
+    flame_dtype_t dtype;
+    check(flame_tensor_numel(tensors[i], &numel), "flame_tensor_numel");
+    check(flame_tensor_dtype(tensors[i], &dtype), "flame_tensor_dtype");
+    std::vector<unsigned char> bytes(static_cast<size_t>(numel) * flame_dtype_size(dtype));
+    check(flame_to_host(tensors[i], bytes.data(), bytes.size()), "flame_to_host");
+    hash = fnv1a(hash, bytes);
+  }
+  return hash;
+}
+
+}  // namespace
+
+bool DataParallelRank::adapters_identical(flame_ctx_t ctx, flame_params_t adapter) {
+  check(flame_comm_synchronize(comm_.get()), "flame_comm_synchronize");  // the step's work, with the timeout
+  const uint64_t hash = params_hash(adapter);
+  int64_t bits = 0;
+  std::memcpy(&bits, &hash, sizeof bits);
+  const int64_t shape[1] = {1};
+  Tensor lowest, highest;
+  check(flame_from_host(ctx, &bits, sizeof bits, shape, 1, FLAME_DTYPE_I64, lowest.out()), "flame_from_host");
+  check(flame_from_host(ctx, &bits, sizeof bits, shape, 1, FLAME_DTYPE_I64, highest.out()), "flame_from_host");
+  check(flame_comm_all_reduce(comm_.get(), lowest.get(), FLAME_REDUCE_MIN), "flame_comm_all_reduce");
+  check(flame_comm_all_reduce(comm_.get(), highest.get(), FLAME_REDUCE_MAX), "flame_comm_all_reduce");
+  check(flame_comm_synchronize(comm_.get()), "flame_comm_synchronize");
+  int64_t low = 0, high = 0;
+  check(flame_to_host(lowest.get(), &low, sizeof low), "flame_to_host");
+  check(flame_to_host(highest.get(), &high, sizeof high), "flame_to_host");
+  return low == high;
 }
 
 namespace {

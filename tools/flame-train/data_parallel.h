@@ -16,6 +16,8 @@
 //              averages the gradients before clipping and the optimizer step, which are then the same
 //              on every rank: every rank's adapter stays identical. The logged loss is the global
 //              batch's mean (an all-reduce of each rank's share).
+//   end        the ranks' adapters are compared (a hash of their bits): a difference is an error on
+//              every rank, before rank 0 writes the final files.
 //   output     rank 0 alone writes the LoRA files, the state, the JSONL log, the progress line and
 //              the sample images; the others wait at the next collective.
 // A rank that fails makes the others fail at their next collective after the communicator's
@@ -56,6 +58,9 @@ class DataParallelRank {
   void wait();
   // Collective: the mean over the ranks of value (each rank's loss share: global_batch.h).
   double mean_over_ranks(flame_ctx_t ctx, double value);
+  // Collective: whether every rank's adapter holds the same bits (a 64-bit FNV-1a hash of each rank's
+  // tensors, its minimum and maximum over the ranks compared). The same answer on every rank.
+  bool adapters_identical(flame_ctx_t ctx, flame_params_t adapter);
 
  private:
   using Comm = Owned<flame_comm_t, flame_comm_release>;

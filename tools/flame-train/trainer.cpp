@@ -408,6 +408,15 @@ void save_outputs(Trainer& t, SampleImages* sample_images, int64_t steps_done, b
     std::printf("state: %s\n", t.save_state(steps_done, demo).c_str());
 }
 
+// Data parallel: every rank's adapter must hold the same bits at the end (data_parallel.h); rank 0
+// says so, every rank throws otherwise.
+void check_ranks_agree(DataParallelRank& dp, flame_ctx_t ctx, flame_params_t adapter) {
+  if (!dp.adapters_identical(ctx, adapter))
+    throw std::runtime_error("data parallel: the ranks' adapters differ after training (they must stay identical); "
+                             "no final files written");
+  if (dp.main()) std::printf("data parallel: the %d ranks' adapters are identical\n", dp.world());
+}
+
 // The step's JSON line (with the GPU memory at peak so far) and the progress line: on a terminal every
 // step over the last one, else every 10 steps, the first and the last (progress.h).
 void log_step(flame_ctx_t ctx, std::ofstream& log, Progress& progress, int64_t steps_done, double loss, double lr,
@@ -498,6 +507,7 @@ TrainResult run_training(flame_ctx_t ctx, const TrainConfig& user_config, bool d
     result.steps = step + 1;
     if (main && step + 1 < config.training.max_train_steps) save_outputs(t, sample_images.get(), step + 1, false, demo);
   }
+  if (dp) check_ranks_agree(*dp, ctx, t.adapter.get());
   result.lora_path = output_file(config, ".safetensors");
   if (!main) return result;
   if (::isatty(STDOUT_FILENO)) std::printf("\n");  // end the progress line
