@@ -1,12 +1,15 @@
 // Data parallel training in one process, one thread per GPU (see data_parallel.h).
 #include "data_parallel.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <cstdio>
-#include <functional>
+#include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <thread>
@@ -161,7 +164,9 @@ TrainResult run_data_parallel_training(const TrainConfig& config, bool demo, con
   std::printf("data parallel: %d GPUs (devices %d..%d), global batch %d x %d = %d\n", world, config.training.device,
               config.training.device + world - 1, config.training.batch_size, world, config.training.batch_size * world);
 
-  // Once, on rank 0's GPU, before any rank loads its denoiser.
+  // Once, on rank 0's GPU, before any rank loads its denoiser (the cache goes into output.dir).
+  if (::mkdir(config.output.dir.c_str(), 0777) != 0 && errno != EEXIST)
+    throw std::runtime_error("cannot create " + config.output.dir);
   check_memory_estimate(contexts[0].get(), config);
   const std::string cache_file = demo ? std::string() : training_cache_file(contexts[0].get(), config);
 
