@@ -19,6 +19,7 @@
 //     comparison can fail.
 // Both ranks end with the same adapter bits (flame-train compares their hashes and says so); rank 0
 // alone writes: one JSONL log with one line per step, one LoRA file.
+// Also: more GPUs than the machine has, and (two GPUs) no NCCL, are clear errors before any model loads.
 // Skips without two GPUs or NCCL unless FLAME_REQUIRE_GPUS=2 (or FLAME_REQUIRE_GPU) makes that a failure.
 #include <gtest/gtest.h>
 
@@ -121,6 +122,29 @@ TEST(TrainerDataParallel, MoreGpusThanTheMachineHasIsAClearError) {
   const std::string want = "this machine has " + std::to_string(have) + " GPU";
   EXPECT_NE(r.output.find(want), std::string::npos) << r.output;
   EXPECT_FALSE(std::ifstream(dir.path() + "/out/demo_lora.safetensors").good());
+}
+
+}  // namespace
+
+namespace {
+
+// Without NCCL (FLAME_NCCL_PATH naming a file that does not exist): a clear error naming NCCL and
+// the loader's reason, exit status 1, before any model is loaded. Needs two GPUs (the GPU count is
+// checked first), not NCCL.
+TEST(TrainerDataParallel, WithoutNcclIsAClearError) {
+  const int have = device_count();
+  if (have < 2) {
+    if (required_gpus() >= 2) FAIL() << "needs 2 GPUs (FLAME_REQUIRE_GPUS set), found " << have;
+    GTEST_SKIP() << "needs 2 GPUs, found " << have;
+  }
+  flame_train_test::TempDir dir;
+  const std::string cmd = std::string("FLAME_NCCL_PATH=/nonexistent/libnccl.so.2 '") + FLAME_TRAIN_EXE +
+                          "' --demo --gpus 2 --training.max_train_steps=1 --output.dir='" + dir.path() + "/out' 2>&1";
+  const auto r = flame_train_test::run_shell(cmd);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("trains through NCCL, which could not be loaded"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent/libnccl.so.2"), std::string::npos) << r.output;  // the loader's reason
+  EXPECT_EQ(r.output.find("training a"), std::string::npos) << "no model may be loaded\n" << r.output;
 }
 
 }  // namespace

@@ -129,7 +129,7 @@ void check_nccl(flame_ctx_t ctx, int gpus) {
   throw std::runtime_error("training.gpus " + std::to_string(gpus) + " trains through NCCL, which " +
                            (st == FLAME_ERROR_UNSUPPORTED ? "could not be loaded" : "failed") + " (" +
                            flame_status_string(st) + "): " + flame_last_error_message() +
-                           " (install libnccl2, or set FLAME_NCCL_PATH to libnccl.so.2; or train with --gpus 1)");
+                           " (or train on one GPU: --gpus 1)");
 }
 
 // What one rank's thread ended with.
