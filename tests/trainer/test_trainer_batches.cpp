@@ -1,10 +1,14 @@
 // flame-train's epoch batches (training_data.h, plan_epoch_batches): host logic only, on samples
 // whose tensors are empty (no GPU): equal shapes together, at most batch_size each, every sample
-// once per epoch, the same plan for the same (seed, epoch) and another for another epoch.
+// once per epoch, the same plan for the same (seed, epoch) and another for another epoch; and the
+// data-parallel split of a global batch among the GPUs (global_batch.h, batch_noise.h's keys).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <stdexcept>
 
+#include "batch_noise.h"
+#include "global_batch.h"
 #include "training_data.h"
 
 using namespace flame_train;
@@ -45,4 +49,53 @@ TEST(TrainerBatches, GroupedBoundedCompleteAndDeterministic) {
   bool differs = false;
   for (uint64_t e = 1; e < 6 && !differs; ++e) differs = plan_epoch_batches(s, 2, 42, e) != plan;
   EXPECT_TRUE(differs);
+}
+
+// Data parallel (global_batch.h): each rank's part of a global batch is contiguous, the parts are
+// disjoint and cover it in rank order, the places are the parts' offsets, and the loss scales make
+// the ranks' average of scaled part means the global batch's mean (short batches included, where a
+// rank may get nothing).
+TEST(TrainerGlobalBatch, RankSharesSplitTheGlobalBatchExactly) {
+  for (int world = 1; world <= 4; ++world) {
+    for (size_t k = 0; k <= 9; ++k) {
+      std::vector<size_t> global(k);
+      for (size_t i = 0; i < k; ++i) global[i] = 100 + 7 * i;
+      std::vector<size_t> joined;
+      double scaled_means = 0, global_mean = 0;
+      for (size_t i = 0; i < k; ++i) global_mean += static_cast<double>(global[i]) / static_cast<double>(k);
+      for (int r = 0; r < world; ++r) {
+        const RankShare s = rank_share(global, r, world);
+        EXPECT_EQ(s.first_position, joined.size()) << "world " << world << " k " << k << " rank " << r;
+        joined.insert(joined.end(), s.batch.begin(), s.batch.end());
+        double mean = 0;
+        for (size_t i : s.batch) mean += static_cast<double>(i) / static_cast<double>(s.batch.size());
+        if (!s.batch.empty()) scaled_means += s.loss_scale * mean / world;
+        if (s.batch.empty()) EXPECT_EQ(s.loss_scale, 0.0);
+        EXPECT_EQ(rank_share(global, r, world).batch, s.batch);  // deterministic
+      }
+      EXPECT_EQ(joined, global) << "world " << world << " k " << k;
+      if (k > 0) EXPECT_NEAR(scaled_means, global_mean, 1e-9) << "world " << world << " k " << k;
+    }
+  }
+  // Equal parts: every scale exactly 1 (the single-GPU loss is unchanged bit for bit).
+  const std::vector<size_t> four = {3, 1, 2, 0};
+  EXPECT_EQ(rank_share(four, 1, 2).batch, (std::vector<size_t>{2, 0}));
+  EXPECT_EQ(rank_share(four, 1, 2).first_position, 2u);
+  EXPECT_EQ(rank_share(four, 1, 2).loss_scale, 1.0);
+  EXPECT_EQ(rank_share(four, 0, 1).loss_scale, 1.0);
+  // A short global batch of 3 on 2 GPUs: 1 and 2 samples, scales 2/3 and 4/3.
+  const std::vector<size_t> three = {5, 6, 7};
+  EXPECT_EQ(rank_share(three, 0, 2).batch, (std::vector<size_t>{5}));
+  EXPECT_DOUBLE_EQ(rank_share(three, 0, 2).loss_scale, 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(rank_share(three, 1, 2).loss_scale, 4.0 / 3.0);
+  EXPECT_THROW(rank_share(four, 2, 2), std::invalid_argument);
+  EXPECT_THROW(rank_share(four, 0, 0), std::invalid_argument);
+}
+
+// The random-stream item of a sample depends on the micro-step and its place in the global batch
+// only: sample 1 of rank 0's batch at place 0 and sample 0 of rank 1's batch at place 1 share it.
+TEST(TrainerGlobalBatch, SampleKeysFollowTheGlobalPlace) {
+  EXPECT_EQ(batch_sample_item(BatchPlace{5, 0, 0}, 1), batch_sample_item(BatchPlace{5, 0, 1}, 0));
+  EXPECT_EQ(batch_sample_item(BatchPlace{5, 2, 3}, 1), 2u * 65536u + 4u);
+  EXPECT_NE(batch_sample_item(BatchPlace{5, 1, 0}, 0), batch_sample_item(BatchPlace{5, 0, 0}, 0));
 }

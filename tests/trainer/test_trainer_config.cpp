@@ -9,6 +9,7 @@
 #include "image_writers.h"
 #include "memory_check.h"
 #include "model_setup.h"
+#include "optimizer_setup.h"
 
 using namespace flame_train;
 using flame_train_test::has_problem;
@@ -167,7 +168,6 @@ TEST(TrainerConfig, TypesRangesAndChoices) {
   EXPECT_TRUE(has_problem(f.problems({"--data.caption_dropout_rate=1.5"}), "out of range [0, 1]"));
   EXPECT_TRUE(has_problem(f.problems({"--data.flip_aug=maybe"}), "'maybe' is not a boolean"));
   EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=sgd"}), "\"sgd\" is not one of adamw, lion"));
-  EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=lion"}), "lion is not wired into flame-train yet"));
   EXPECT_TRUE(has_problem(f.problems({"--training.seed=-1"}), "out of range"));
   EXPECT_TRUE(has_problem(f.problems({"--sample.prompts=[1, 2]"}), "expected a list of strings"));
   const std::string file = f.dir.file("types.json");
@@ -238,6 +238,7 @@ TEST(TrainerConfig, HelpListsEveryKeyWithItsDefault) {
   EXPECT_NE(help.find("--data.resolution (integer, default 1024)"), std::string::npos);
   EXPECT_NE(help.find("--model.path (string, required)"), std::string::npos);
   EXPECT_NE(help.find("one of adamw, lion"), std::string::npos);
+  EXPECT_NE(help.find("0.99 for lion"), std::string::npos);  // optimizer.beta2 depends on optimizer.type
   for (const char* group : {"[model]", "[data]", "[network]", "[optimizer]", "[training]", "[sample]", "[output]"})
     EXPECT_NE(help.find(group), std::string::npos) << group;
 }
@@ -245,6 +246,73 @@ TEST(TrainerConfig, HelpListsEveryKeyWithItsDefault) {
 TEST(TrainerConfig, DidYouMean) {
   EXPECT_EQ(did_you_mean("resolutoin", {"resolution", "repeats"}), "resolution");
   EXPECT_EQ(did_you_mean("completely_different", {"resolution", "repeats"}), "");
+}
+
+// Lion: accepted; beta2 0.99 unless set (in the file or on the command line), AdamW's 0.999 stays;
+// the rate and weight decay are the user's; the optimizer options carry the kind and the values.
+TEST(TrainerConfig, LionOptimizerAndItsDefaults) {
+  Fixture f;
+  TrainConfig c = load_config(f.parse({"--optimizer.type=lion"}));
+  EXPECT_EQ(c.optimizer.type, "lion");
+  EXPECT_EQ(c.optimizer.beta1, 0.9);
+  EXPECT_EQ(c.optimizer.beta2, 0.99);
+  EXPECT_EQ(c.optimizer.learning_rate, 1e-4);  // not scaled for Lion: the user's
+  EXPECT_EQ(c.optimizer.weight_decay, 0.01);
+  EXPECT_EQ(load_config(f.parse({})).optimizer.beta2, 0.999);
+  EXPECT_EQ(load_config(f.parse({"--optimizer.type=lion", "--optimizer.beta2=0.98"})).optimizer.beta2, 0.98);
+  EXPECT_EQ(load_config(f.parse({"--optimizer.type=adamw", "--optimizer.beta2=0.99"})).optimizer.beta2, 0.99);
+  // A beta2 of 0.999 set explicitly stays 0.999 with Lion; from the file as from the command line.
+  const std::string file = f.dir.file("lion.json");
+  flame_train_test::write_text(file, R"({"optimizer": {"type": "lion", "beta2": 0.999, "weight_decay": 0.1}})");
+  c = load_config(f.parse({"--config", file}));
+  EXPECT_EQ(c.optimizer.beta2, 0.999);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.1);
+  flame_train_test::write_text(file, R"({"optimizer": {"type": "lion"}})");
+  EXPECT_EQ(load_config(f.parse({"--config", file})).optimizer.beta2, 0.99);
+  EXPECT_EQ(load_config(f.parse({"--config", file, "--optimizer.type=adamw"})).optimizer.beta2, 0.999);
+
+  flame_optimizer_options_t o = adapter_optimizer_options(load_config(
+      f.parse({"--optimizer.type=lion", "--optimizer.learning_rate=3e-5", "--optimizer.weight_decay=0.2"})));
+  EXPECT_EQ(o.kind, FLAME_OPTIMIZER_LION);
+  EXPECT_EQ(o.lr, 3e-5);
+  EXPECT_EQ(o.beta1, 0.9);
+  EXPECT_EQ(o.beta2, 0.99);
+  EXPECT_EQ(o.weight_decay, 0.2);
+  o = adapter_optimizer_options(load_config(f.parse({})));
+  EXPECT_EQ(o.kind, FLAME_OPTIMIZER_ADAMW);
+  EXPECT_EQ(o.beta2, 0.999);
+  EXPECT_THROW(optimizer_kind("sgd"), std::invalid_argument);
+
+  // The memory estimate counts Lion's single moment.
+  EXPECT_EQ(nlohmann::json::parse(memory_estimate_request(c)).at("optimizer"), "lion");
+}
+
+TEST(TrainerConfig, LionBadValues) {
+  Fixture f;
+  EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=Lion"}), "\"Lion\" is not one of adamw, lion"));
+  EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=lion", "--optimizer.beta1=1"}),
+                          "optimizer.beta1: 1 is out of range (it must be below 1)"));
+  EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=lion", "--optimizer.beta2=1"}),
+                          "optimizer.beta2: 1 is out of range (it must be below 1)"));
+  EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=lion", "--optimizer.beta2=1.5"}), "out of range [0, 1]"));
+  EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=lion", "--optimizer.weight_decay=-0.1"}), "out of range [0, 1]"));
+  EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=lion", "--optimizer.learning_rate=0"}), "out of range (0, 1]"));
+  EXPECT_TRUE(has_problem(f.problems({"--optimizer.beta2=1"}), "optimizer.beta2: 1 is out of range"));  // AdamW too
+}
+
+// --gpus N is training.gpus; the help says that the global batch is batch_size x gpus.
+TEST(TrainerConfig, GpusOptionAndGlobalBatch) {
+  Fixture f;
+  EXPECT_EQ(load_config(f.parse({})).training.gpus, 1);
+  EXPECT_EQ(load_config(f.parse({"--gpus", "2"})).training.gpus, 2);
+  EXPECT_EQ(load_config(f.parse({"--gpus=4"})).training.gpus, 4);
+  EXPECT_EQ(load_config(f.parse({"--training.gpus=3"})).training.gpus, 3);
+  EXPECT_TRUE(has_problem(f.problems({"--gpus=0"}), "training.gpus: 0 is out of range [1, 64]"));
+  EXPECT_TRUE(has_problem(f.problems({"--gpus=two"}), "--training.gpus: 'two' is not an integer"));
+  EXPECT_THROW(flame_train_test::command_line({"--gpus"}), ConfigError);
+  const std::string help = help_text();
+  EXPECT_NE(help.find("--gpus N"), std::string::npos);
+  EXPECT_NE(help.find("global batch is batch_size x training.gpus"), std::string::npos);
 }
 
 TEST(TrainerConfig, DemoDefaultsAndOverrides) {
@@ -267,6 +335,13 @@ TEST(TrainerConfig, DemoDefaultsAndOverrides) {
   EXPECT_EQ(load_config(sdxl).optimizer.learning_rate, 5e-3);
   sdxl.overrides.push_back({"optimizer.learning_rate", "1e-3"});
   EXPECT_EQ(load_config(sdxl).optimizer.learning_rate, 1e-3);
+  // Lion's demo rate is a quarter of AdamW's; beta2 its 0.99.
+  CommandLine lion = cmd;
+  lion.overrides.push_back({"optimizer.type", "lion"});
+  EXPECT_EQ(load_config(lion).optimizer.learning_rate, 5e-3);
+  EXPECT_EQ(load_config(lion).optimizer.beta2, 0.99);
+  lion.overrides.push_back({"model.path", "demo:sdxl"});
+  EXPECT_EQ(load_config(lion).optimizer.learning_rate, 1.25e-3);
   CommandLine bad = cmd;
   bad.overrides.push_back({"training.prediction_type", "sample"});
   try {

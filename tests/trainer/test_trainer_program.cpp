@@ -93,6 +93,12 @@ TEST(TrainerProgram, DryRunPrintsTheBucketPlan) {
   EXPECT_NE(r.output.find("steps: 1000 x 1 batches (gradient accumulation) = 1000 batches, 333.3 epochs of 3 batches"),
             std::string::npos) << r.output;
   EXPECT_NE(r.output.find("dry run: configuration and data are valid"), std::string::npos) << r.output;
+  // --gpus 2 with batch_size 1: the same global batches of 2 (data parallel), planned as above.
+  RunResult two = run_trainer(s.args({"--dry-run", "--training.batch_size=1", "--gpus", "2"}));
+  EXPECT_EQ(two.status, 0) << two.output;
+  EXPECT_NE(two.output.find("data parallel: 2 GPUs x batch_size 1 = global batch 2"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("samples 4  batches 2"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("333.3 epochs of 3 batches"), std::string::npos) << two.output;
 }
 
 TEST(TrainerProgram, ConfigurationAndDataErrorsExitOneBeforeTheGpu) {
@@ -130,6 +136,10 @@ TEST(TrainerProgram, DemoNeedsNoFiles) {
   RunResult r = run_trainer({"--demo", "--model.path=demo:sd3", "--output.dir=/tmp"});
   EXPECT_EQ(r.status, 2) << r.output;  // no driver here
   EXPECT_NE(r.output.find("no GPU available"), std::string::npos) << r.output;
+  RunResult two = run_trainer({"--demo", "--gpus", "2", "--output.dir=/tmp"});  // data parallel: the same
+  EXPECT_EQ(two.status, 2) << two.output;
+  EXPECT_NE(two.output.find("no GPU available"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("/nonexistent/libcuda.so.1"), std::string::npos) << two.output;
   RunResult bad = run_trainer({"--demo", "--data.cache_file=/nonexistent/cache.safetensors", "--output.dir=/tmp"});
   EXPECT_EQ(bad.status, 1) << bad.output;
   EXPECT_NE(bad.output.find("data.cache_file: /nonexistent/cache.safetensors does not exist"), std::string::npos)

@@ -1,6 +1,7 @@
 // What flame-train's CPU and GPU tests share, with no codec and no GPU: a temporary folder that
 // removes itself, a text file writer, command lines for the configuration, the problem matcher of
-// ConfigError lists, running the flame-train program through the shell, and reading its JSONL log.
+// ConfigError lists, running the flame-train program through the shell, reading its JSONL log, and
+// reading a safetensors file's F32 / BF16 tensors on the host.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,9 +10,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -115,6 +118,48 @@ inline std::vector<std::pair<int64_t, double>> logged_losses(const std::string& 
     out.emplace_back(j.at("step").get<int64_t>(), j.at("loss").get<double>());
   }
   return out;
+}
+
+// The tensors of a safetensors file on the host as float (F32 or BF16), with their dtypes.
+struct HostTensors {
+  std::map<std::string, std::vector<float>> values;
+  std::map<std::string, std::string> dtypes;
+  std::string error;
+};
+
+inline HostTensors read_host_tensors(const std::string& path) {
+  HostTensors t;
+  const std::string bytes = read_bytes(path);
+  uint64_t header_size = 0;
+  if (bytes.size() >= 8) std::memcpy(&header_size, bytes.data(), 8);
+  if (bytes.size() < 8 || 8 + header_size > bytes.size()) {
+    t.error = path + ": not a safetensors file (too short)";
+    return t;
+  }
+  const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_size));
+  const char* data = bytes.data() + 8 + header_size;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const std::string dtype = it.value().at("dtype").get<std::string>();
+    const size_t begin = it.value().at("data_offsets")[0].get<size_t>(), end = it.value().at("data_offsets")[1].get<size_t>();
+    std::vector<float>& v = t.values[it.key()];
+    t.dtypes[it.key()] = dtype;
+    if (dtype == "F32") {
+      v.resize((end - begin) / 4);
+      std::memcpy(v.data(), data + begin, end - begin);
+    } else if (dtype == "BF16") {
+      v.resize((end - begin) / 2);
+      for (size_t i = 0; i < v.size(); ++i) {
+        uint16_t h = 0;
+        std::memcpy(&h, data + begin + 2 * i, 2);
+        const uint32_t bits = static_cast<uint32_t>(h) << 16;
+        std::memcpy(&v[i], &bits, 4);
+      }
+    } else {
+      t.error = path + ": " + it.key() + " has dtype " + dtype + " (the test reads F32 and BF16)";
+    }
+  }
+  return t;
 }
 
 }  // namespace flame_train_test

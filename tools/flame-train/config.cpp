@@ -35,6 +35,7 @@ struct KeyDef {
 };
 
 constexpr double kMaxSeed = 9e18;  // below 2^63, exactly representable
+constexpr double kLionBeta2 = 0.99;  // optimizer.beta2's default for Lion
 
 const std::vector<KeyDef>& key_table() {
   static const std::vector<KeyDef> keys = {
@@ -92,25 +93,37 @@ const std::vector<KeyDef>& key_table() {
       {"network.dropout", KeyType::Float, 0.0, "dropout on the LoRA path", 0, 0.999},
       {"network.targets", KeyType::StringList, json::array(),
        "module names the adapter targets (empty: the architecture's usual ones)"},
-      {"optimizer.type", KeyType::String, "adamw", "optimizer (lion: not wired into flame-train yet)", 0, 0, false,
-       {"adamw", "lion"}},
+      {"optimizer.type", KeyType::String, "adamw",
+       "adamw, or lion (Chen et al. 2023: the sign of an interpolated momentum, one moment per weight instead of "
+       "two; usually wants a 3-10x smaller optimizer.learning_rate than AdamW, which flame-train does not apply "
+       "for you)", 0, 0, false, {"adamw", "lion"}},
       {"optimizer.learning_rate", KeyType::Float, 1e-4, "peak learning rate", 0, 1, true},
-      {"optimizer.beta1", KeyType::Float, 0.9, "AdamW beta1", 0, 1},
-      {"optimizer.beta2", KeyType::Float, 0.999, "AdamW beta2", 0, 1},
-      {"optimizer.weight_decay", KeyType::Float, 0.01, "decoupled weight decay", 0, 1},
+      {"optimizer.beta1", KeyType::Float, 0.9,
+       "AdamW: first-moment decay; Lion: the interpolation of momentum and gradient whose sign is the update "
+       "(below 1)", 0, 1},
+      {"optimizer.beta2", KeyType::Float, 0.999,
+       "AdamW: second-moment decay; Lion: the momentum's decay (below 1; when not set, 0.99 for lion, the "
+       "default shown for adamw)", 0, 1},
+      {"optimizer.weight_decay", KeyType::Float, 0.01,
+       "decoupled weight decay for both (p *= 1 - lr * weight_decay before the update, as AdamW, the Lion paper "
+       "and lion-pytorch)", 0, 1},
       {"optimizer.max_grad_norm", KeyType::Float, 1.0, "gradient clipping norm (0: off)", 0, 1e6},
       {"optimizer.lr_scheduler", KeyType::String, "constant", "schedule after the warm-up", 0, 0, false,
        {"constant", "constant_with_warmup", "cosine"}},
       {"optimizer.lr_warmup_steps", KeyType::Int, 0, "linear warm-up steps", 0, 1e9},
       {"training.seed", KeyType::Int, 42, "seed of every random choice (data order, augmentation, noise)", 0, kMaxSeed},
-      {"training.batch_size", KeyType::Int, 1, "images per step and GPU", 1, 4096},
+      {"training.batch_size", KeyType::Int, 1,
+       "images per batch and GPU: the global batch is batch_size x training.gpus (as kohya / accelerate)", 1, 4096},
       {"training.max_train_steps", KeyType::Int, 1000, "optimizer steps", 1, 1e9},
       {"training.gradient_accumulation_steps", KeyType::Int, 1, "batches per optimizer step", 1, 4096},
       {"training.mixed_precision", KeyType::String, "bf16", "compute precision", 0, 0, false, {"bf16", "fp16", "fp32"}},
       {"training.gradient_checkpointing", KeyType::Bool, false, "recompute activations in backward"},
       {"training.ignore_memory_estimate", KeyType::Bool, false,
        "train even when the memory estimate exceeds the device's free memory"},
-      {"training.gpus", KeyType::Int, 1, "GPUs (data parallel)", 1, 64},
+      {"training.gpus", KeyType::Int, 1,
+       "GPUs trained data parallel in this process (also --gpus N; more than 1 needs NCCL): GPUs training.device "
+       "and on, each training batch_size images of every global batch of batch_size x gpus, gradients averaged "
+       "before clipping and the step; rank 0 writes the files, the log and the samples", 1, 64},
       {"training.device", KeyType::Int, 0, "first CUDA device ordinal", 0, 63},
       {"training.timestep_sampling", KeyType::String, "sigmoid", "flow matching (Flux, SD3): noise-level density", 0, 0,
        false, {"sigmoid", "logit_normal", "uniform", "mode"}},
@@ -511,9 +524,9 @@ void check_consistency(const TrainConfig& c, std::vector<std::string>& problems)
                          std::to_string(b.max_side) + ") must be multiples of data.bucket_reso_steps (" +
                          std::to_string(b.step) + ")");
   }
-  if (c.optimizer.type == "lion")  // the trainer built AdamW for every type; refuse rather than train the wrong one
-    problems.push_back("optimizer.type: lion is not wired into flame-train yet (the library has it: "
-                       "FLAME_OPTIMIZER_LION); use adamw");
+  // The key table's ranges include 1; the optimizers (flame_optimizer_create) take betas in [0, 1).
+  if (c.optimizer.beta1 >= 1) problems.push_back("optimizer.beta1: 1 is out of range (it must be below 1)");
+  if (c.optimizer.beta2 >= 1) problems.push_back("optimizer.beta2: 1 is out of range (it must be below 1)");
   if (c.model.quantize != "none" && c.model.offload_budget_gib > 0)
     problems.push_back("model.quantize and model.offload_budget_gib: the library does not combine an fp8 base with "
                        "offload yet; choose one");
@@ -582,6 +595,10 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
       if (arg != "--resume") cmd.overrides.emplace_back("training.resume", arg.substr(9));
       else if (i + 1 < argc) cmd.overrides.emplace_back("training.resume", argv[++i]);
       else problems.push_back("--resume needs a state folder (--resume PATH)");
+    } else if (arg == "--gpus" || arg.rfind("--gpus=", 0) == 0) {  // training.gpus
+      if (arg != "--gpus") cmd.overrides.emplace_back("training.gpus", arg.substr(7));
+      else if (i + 1 < argc) cmd.overrides.emplace_back("training.gpus", argv[++i]);
+      else problems.push_back("--gpus needs a number of GPUs (--gpus N)");
     } else if (arg == "--config" || arg.rfind("--config=", 0) == 0) {
       if (arg == "--config") {
         if (i + 1 >= argc) problems.push_back("--config needs a file name");
@@ -601,9 +618,9 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
       }
     } else if (arg.rfind("--", 0) == 0) {
       std::string msg = "unknown option '" + arg + "'";
-      std::string s = did_you_mean(arg, {"--help", "--dry-run", "--demo", "--config", "--resume"});
+      std::string s = did_you_mean(arg, {"--help", "--dry-run", "--demo", "--config", "--resume", "--gpus"});
       if (!s.empty()) msg += " (did you mean '" + s + "'?)";
-      else msg += " (options: --config FILE, --dry-run, --demo, --resume PATH, --help, --group.key=value)";
+      else msg += " (options: --config FILE, --dry-run, --demo, --resume PATH, --gpus N, --help, --group.key=value)";
       problems.push_back(msg);
     } else {
       problems.push_back("unexpected argument '" + arg + "' (settings are --group.key=value, the file is --config FILE)");
@@ -617,20 +634,33 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
 // demo_path (demo:flux unless the file or the overrides name another), random data (no data.path), a
 // short run at a rate that overfits them. SDXL's tiny UNet takes 5e-3: at 2e-2 its bf16 gradients
 // overflowed after about 30 steps on the H200 (loss NaN from step 33), at 5e-3 and 1e-3 none did.
-void apply_demo_defaults(Values& values, const std::string& demo_path) {
+// With optimizer.type lion (named in the file or the overrides) the rate is 4x smaller: Lion's
+// update is +-lr on every element, where AdamW's shrinks once the gradients stop agreeing.
+void apply_demo_defaults(Values& values, const std::string& demo_path, bool lion) {
   values["model.path"] = demo_path;
   values["training.max_train_steps"] = 60;
   values["training.batch_size"] = 4;
-  values["optimizer.learning_rate"] = demo_path == "demo:sdxl" ? 5e-3 : 2e-2;
+  const double adamw_rate = demo_path == "demo:sdxl" ? 5e-3 : 2e-2;
+  values["optimizer.learning_rate"] = lion ? adamw_rate / 4 : adamw_rate;
   values["network.dim"] = 16;
   values["network.alpha"] = 16.0;
   values["output.name"] = "demo_lora";
+}
+
+// optimizer.beta2 when neither the file nor the overrides set it: the optimizer's own default, 0.99
+// for Lion (as FLAME_OPTIMIZER_LION, the Lion paper and lion-pytorch), the key table's 0.999 for AdamW.
+void apply_optimizer_defaults(Values& values) {
+  if (values.count("optimizer.beta2")) return;
+  const auto type = values.find("optimizer.type");
+  const bool lion = type != values.end() && type->second.is_string() && type->second.get<std::string>() == "lion";
+  values["optimizer.beta2"] = lion ? json(kLionBeta2) : find_key("optimizer.beta2")->default_value;
 }
 
 TrainConfig load_config(const CommandLine& cmd) {
   Values values;
   for (const auto& k : key_table())
     if (!k.default_value.is_null()) values[k.name] = k.default_value;
+  values.erase("optimizer.beta2");  // its default depends on optimizer.type: apply_optimizer_defaults
   std::vector<std::string> problems;
   if (cmd.demo) {
     // The demo's defaults depend on the model the file or the overrides name: look first.
@@ -641,10 +671,13 @@ TrainConfig load_config(const CommandLine& cmd) {
     const auto path = named.find("model.path");
     const bool demo_named = path != named.end() && path->second.is_string() &&
                             path->second.get<std::string>().rfind("demo:", 0) == 0;
-    apply_demo_defaults(values, demo_named ? path->second.get<std::string>() : "demo:flux");
+    const auto type = named.find("optimizer.type");
+    const bool lion = type != named.end() && type->second == "lion";
+    apply_demo_defaults(values, demo_named ? path->second.get<std::string>() : "demo:flux", lion);
   }
   if (!cmd.config_file.empty()) apply_file(cmd.config_file, values, problems);
   apply_overrides(cmd, values, problems);
+  apply_optimizer_defaults(values);
   // The images are not read by a demo run or a run from a latent cache.
   const bool images_not_needed = cmd.demo || (values.count("data.cache_file") && !values["data.cache_file"].get<std::string>().empty());
   if (images_not_needed && values.find("data.path") == values.end()) values["data.path"] = "";
@@ -661,7 +694,8 @@ TrainConfig load_config(const CommandLine& cmd) {
 
 std::string help_text() {
   std::ostringstream out;
-  out << "Usage: flame-train [--config FILE.json] [--group.key=value]... [--dry-run] [--demo] [--resume PATH] [--help]\n"
+  out << "Usage: flame-train [--config FILE.json] [--group.key=value]... [--dry-run] [--demo] [--resume PATH] [--gpus N]\n"
+         "                   [--help]\n"
          "\n"
          "Trains a LoRA for Flux, SDXL or SD3 with FLAME. Settings come from the defaults, then the JSON\n"
          "file ({\"group\": {\"key\": value}}), then --group.key=value (or --group.key value) overrides.\n"
@@ -672,6 +706,8 @@ std::string help_text() {
          "                  also demo:sdxl, demo:sd3) for 60 steps: needs a GPU, no files\n"
          "  --resume PATH   continue from a state folder (training.resume; written by\n"
          "                  output.save_state_every_n_steps) with the same settings, bit for bit\n"
+         "  --gpus N        data parallel on N GPUs of this machine (training.gpus): the global batch is\n"
+         "                  training.batch_size x N, each GPU trains its part, gradients are averaged\n"
          "  --help          this text\n"
          "\n"
          "Exit status: 0 done, 1 a configuration, data or training error, 2 no GPU (or no driver).\n";

@@ -2,7 +2,7 @@
 // the command-line overrides, --help and the validation, so that the four can never disagree.
 //
 //   flame-train [--config FILE.json] [--group.key=value | --group.key value]... [--dry-run] [--demo]
-//               [--resume PATH] [--help]
+//               [--resume PATH] [--gpus N] [--help]
 //
 // The file is JSON with kohya-like keys grouped as model / data / network / optimizer / training /
 // sample / output, e.g. {"data": {"path": "img", "resolution": 1024}, "training": {"batch_size": 2}}.

@@ -16,6 +16,7 @@
 
 #include "conditioning_sources.h"
 #include "config.h"
+#include "data_parallel.h"
 #ifndef FLAME_TRAIN_NO_IMAGES
 #include "dataset.h"
 #endif
@@ -45,9 +46,12 @@ void print_warnings(const Dataset& dataset) {
     std::fprintf(stderr, "flame-train: warning: ... and %zu more\n", dataset.warnings.size() - kWarningsShown);
 }
 
+// Samples per global batch: training.batch_size on each of training.gpus GPUs (data_parallel.h).
+int global_batch_size(const TrainConfig& config) { return config.training.batch_size * config.training.gpus; }
+
 // "steps: 1000 x 2 batches (gradient accumulation) = 2000 batches, 66.7 epochs of 30 batches"
 void print_schedule(const TrainConfig& config, const BucketPlan& plan) {
-  const uint64_t per_epoch = batches_per_epoch(plan, config.training.batch_size);
+  const uint64_t per_epoch = batches_per_epoch(plan, global_batch_size(config));
   const uint64_t batches = static_cast<uint64_t>(config.training.max_train_steps) *
                            static_cast<uint64_t>(config.training.gradient_accumulation_steps);
   std::printf("steps: %lld x %d batches (gradient accumulation) = %llu batches, %.1f epochs of %llu batches\n",
@@ -105,7 +109,10 @@ int check_data(const TrainConfig& config, bool dry_run) {
   print_warnings(dataset);
   if (int rc = check_conditioning_sources(config)) return rc;
   const BucketPlan plan = plan_buckets(dataset, data.buckets);
-  std::printf("%s", describe_plan(dataset, plan, config.training.batch_size).c_str());
+  std::printf("%s", describe_plan(dataset, plan, global_batch_size(config)).c_str());
+  if (config.training.gpus > 1)
+    std::printf("data parallel: %d GPUs x batch_size %d = global batch %d (batches above are global)\n",
+                config.training.gpus, config.training.batch_size, global_batch_size(config));
   print_schedule(config, plan);
   if (dry_run) std::printf("dry run: configuration and data are valid\n");
   return 0;
@@ -129,6 +136,22 @@ int print_memory_estimate(const TrainConfig& config) {
     std::printf("%s\n", describe_memory_estimate(estimate_training_memory(config)).c_str());
   } catch (const FlameError& e) {
     std::printf("memory estimate: not available: %s\n", e.what());
+  }
+  return 0;
+}
+
+// training.gpus > 1 (data_parallel.h): too few GPUs or no NCCL is a clear error (exit 1), no GPU or
+// driver exit 2, as on one GPU.
+int train_data_parallel(const TrainConfig& config, bool demo, const TrainState* resume_from) {
+  try {
+    run_data_parallel_training(config, demo, resume_from);
+  } catch (const FlameError& e) {
+    const bool no_gpu = e.status() == FLAME_ERROR_NO_DEVICE || e.status() == FLAME_ERROR_NO_DRIVER;
+    std::fprintf(stderr, "flame-train: %s%s\n", no_gpu ? "no GPU available: " : "", e.what());
+    return no_gpu ? kExitNoGpu : kExitError;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flame-train: %s\n", e.what());
+    return kExitError;
   }
   return 0;
 }
@@ -164,6 +187,7 @@ int run(int argc, char** argv) {
     }
   }
   if (cmd.dry_run) return print_memory_estimate(config);
+  if (config.training.gpus > 1) return train_data_parallel(config, cmd.demo, resume_from.get());
 
   Context ctx;
   if (int rc = open_context(config, ctx.out())) return rc;

@@ -40,7 +40,7 @@ std::string memory_estimate_request(const TrainConfig& config) {
   r["height"] = config.data.buckets.resolution;
   r["width"] = config.data.buckets.resolution;
   r["checkpointing"] = config.training.gradient_checkpointing ? 1 : 0;
-  r["optimizer"] = "adamw";
+  r["optimizer"] = config.optimizer.type;  // adamw: two moments per weight, lion: one
   return r.dump();
 }
 

@@ -16,7 +16,8 @@ namespace flame_train {
 
 // The request JSON for this run: model.path (or the demo model's architecture and config) loaded as
 // bf16, the network's LoRA options, training.batch_size at data.resolution^2 (the largest bucket's
-// pixel count), gradient checkpointing every block or none, AdamW.
+// pixel count), gradient checkpointing every block or none, optimizer.type (AdamW: two moments,
+// Lion: one).
 std::string memory_estimate_request(const TrainConfig& config);
 
 // The estimate for this run. Throws FlameError with the library's message when it cannot be made.

@@ -19,12 +19,16 @@
 #ifndef FLAME_TRAIN_NO_IMAGES
 #include "cache_writer.h"
 #endif
+#include "batch_noise.h"
+#include "data_parallel.h"
 #include "ema.h"
 #include "flame_handles.h"
+#include "global_batch.h"
 #include "lr_schedule.h"
 #include "memory_check.h"
 #include "model_setup.h"
 #include "objectives.h"
+#include "optimizer_setup.h"
 #include "progress.h"
 #include "random.h"
 #include "sample_images.h"
@@ -132,16 +136,25 @@ struct Trainer {
   LrSchedule schedule;
   std::unique_ptr<AdapterEma> ema;  // training.ema_decay > 0
   DataPosition data;
+  // Data parallel (data_parallel.h): this rank; null on one GPU. next_batch returns the rank's part of
+  // each global batch (global_batch.h), with its place and loss scale for batch_loss.
+  DataParallelRank* dp = nullptr;
+  RankShare share;
 
   Trainer(flame_ctx_t c, const TrainConfig& cfg, const TrainConfig& given) : ctx(c), config(cfg), user_config(given) {}
 
-  // The next batch of the data order, planning the next epoch when the current one is used up.
+  // Samples per global batch: training.batch_size on each of the training.gpus GPUs.
+  int global_batch_size() const { return config.training.batch_size * (dp ? dp->world() : 1); }
+
+  // This rank's part of the next global batch of the data order (all of it on one GPU), planning the
+  // next epoch when the current one is used up.
   const std::vector<size_t>& next_batch() {
     if (data.next_batch == data.batches.size()) {
-      data.batches = plan_epoch_batches(samples, config.training.batch_size, config.training.seed, data.epoch++);
+      data.batches = plan_epoch_batches(samples, global_batch_size(), config.training.seed, data.epoch++);
       data.next_batch = 0;
     }
-    return data.batches[data.next_batch++];
+    share = rank_share(data.batches[data.next_batch++], dp ? dp->rank() : 0, dp ? dp->world() : 1);
+    return share.batch;
   }
 
   // One optimizer step (0-based step): the accumulated batches, the update, the EMA; returns the mean
@@ -149,11 +162,15 @@ struct Trainer {
   double train_step(int64_t step) {
     double loss_sum = 0;
     for (int micro = 0; micro < config.training.gradient_accumulation_steps; ++micro) {
-      Tensor loss = batch_loss(next_batch(), static_cast<uint64_t>(step), micro);
+      const std::vector<size_t>& batch = next_batch();
+      if (dp) dp->set_sync(micro + 1 == config.training.gradient_accumulation_steps);
+      if (batch.empty()) continue;  // data parallel: no part of a short global batch for this rank
+      Tensor loss = batch_loss(batch, static_cast<uint64_t>(step), micro);
       double value = 0;
       check(flame_tensor_item(loss.get(), &value), "flame_tensor_item");
       loss_sum += value;
     }
+    if (dp) dp->wait();  // the gradients averaged over the ranks, before clipping
     optimizer_step(step);
     if (ema) ema->update(adapter.get(), step + 1);
     check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
@@ -175,12 +192,7 @@ struct Trainer {
   }
 
   void make_optimizer() {
-    flame_optimizer_options_t o;
-    check(flame_optimizer_options_init(&o, FLAME_OPTIMIZER_ADAMW), "flame_optimizer_options_init");
-    o.lr = config.optimizer.learning_rate;
-    o.beta1 = config.optimizer.beta1;
-    o.beta2 = config.optimizer.beta2;
-    o.weight_decay = config.optimizer.weight_decay;
+    const flame_optimizer_options_t o = adapter_optimizer_options(config);  // AdamW or Lion: optimizer_setup.h
     const flame_tensor_t* tensors = nullptr;
     int64_t n = 0;
     check(flame_params_count(adapter.get(), &n), "flame_params_count");
@@ -194,22 +206,14 @@ struct Trainer {
     const int64_t b = static_cast<int64_t>(batch.size()), c = model.shapes.latent_channels, h = first.height,
                   w = first.width;
     Tensor x0 = to_f32(stack_member(samples, batch, &TrainingSample::latents).get());
-    Tensor noise;
-    const int64_t shape[4] = {b, c, h, w};
-    check(flame_randn(ctx, shape, 4, FLAME_DTYPE_F32, noise.out()), "flame_randn");
-    if (objective.noise_offset > 0) {  // diffusers: noise += offset * randn(B, C, 1, 1)
-      Tensor offset, scaled;
-      const int64_t per_channel[4] = {b, c, 1, 1};
-      check(flame_randn(ctx, per_channel, 4, FLAME_DTYPE_F32, offset.out()), "flame_randn");
-      check(flame_mul_scalar(offset.get(), objective.noise_offset, scaled.out()), "flame_mul_scalar");
-      noise = binary(flame_add, noise, scaled, "flame_add");
-    }
+    // Noise and timesteps keyed by each sample's place in the global batch (batch_noise.h).
+    const BatchPlace place{step, micro, share.first_position};
+    Tensor noise = draw_batch_noise(ctx, config.training.seed, place, b, c, h, w, objective.noise_offset);
 
     // Host draws: noise level, model timestep, weight per sample.
     std::vector<float> timestep(b), weight(b), noisy_a(b), noisy_b(b), target_a(b), target_b(b);
     for (int64_t i = 0; i < b; ++i) {
-      RandomStream rng(config.training.seed, RandomPurpose::Timestep, step,
-                       static_cast<uint64_t>(micro) * 65536u + static_cast<uint64_t>(i));
+      RandomStream rng(config.training.seed, RandomPurpose::Timestep, step, batch_sample_item(place, i));
       if (objective.family == ModelFamily::Sdxl) {
         const DdpmSample d = draw_ddpm_sample(objective.alphas_cumprod, objective.prediction, objective.min_snr_gamma, rng);
         timestep[i] = static_cast<float>(d.timestep);
@@ -284,6 +288,11 @@ struct Trainer {
     Tensor weights = host_f32(ctx, weight, {b});
     weighted = binary(flame_mul, per_sample, weights, "flame_mul");
     check(flame_mean(weighted.get(), nullptr, 0, 0, loss.out()), "flame_mean");
+    if (share.loss_scale != 1.0) {  // data parallel, a short global batch: this rank's share of its mean
+      Tensor part;
+      check(flame_mul_scalar(loss.get(), share.loss_scale, part.out()), "flame_mul_scalar");
+      loss = std::move(part);
+    }
     Tensor scaled;
     check(flame_div_scalar(loss.get(), config.training.gradient_accumulation_steps, scaled.out()), "flame_div_scalar");
     check(flame_backward(ctx, scaled.get(), nullptr, 0), "flame_backward");
@@ -354,7 +363,7 @@ struct Trainer {
   int64_t resume(const std::string& path, const TrainState& state) {
     load_train_state({ctx, adapter.get(), optimizer.get(), ema.get()}, path, state);
     data.epoch = state.epoch;
-    data.batches = plan_epoch_batches(samples, config.training.batch_size, config.training.seed, state.epoch - 1);
+    data.batches = plan_epoch_batches(samples, global_batch_size(), config.training.seed, state.epoch - 1);
     if (state.next_batch > data.batches.size())
       throw std::runtime_error("training.resume " + path + ": next_batch " + std::to_string(state.next_batch) +
                                " is beyond the " + std::to_string(data.batches.size()) + " batches of epoch " +
@@ -363,19 +372,6 @@ struct Trainer {
     return state.step;
   }
 };
-
-// The cache file to train from: data.cache_file, or the caching stage's (cache_writer.h), run before
-// the denoiser is loaded so that the encoders and the VAE are gone when it is.
-std::string training_cache_file(flame_ctx_t ctx, const TrainConfig& config) {
-  if (!config.data.cache_file.empty()) return config.data.cache_file;
-#ifdef FLAME_TRAIN_NO_IMAGES
-  (void)ctx;
-  throw std::runtime_error("no latent cache: this build has no image input, so it cannot run the caching stage; "
-                           "give data.cache_file (see tools/flame-train/training_data.h) or run --demo");
-#else
-  return prepare_latent_cache(ctx, config);
-#endif
-}
 
 // Model, data, objective, adapter, optimizer, EMA and schedule, as trainer.h describes (the memory
 // check and the caching stage ran before: run_training).
@@ -412,6 +408,15 @@ void save_outputs(Trainer& t, SampleImages* sample_images, int64_t steps_done, b
     std::printf("state: %s\n", t.save_state(steps_done, demo).c_str());
 }
 
+// Data parallel: every rank's adapter must hold the same bits at the end (data_parallel.h); rank 0
+// says so, every rank throws otherwise.
+void check_ranks_agree(DataParallelRank& dp, flame_ctx_t ctx, flame_params_t adapter) {
+  if (!dp.adapters_identical(ctx, adapter))
+    throw std::runtime_error("data parallel: the ranks' adapters differ after training (they must stay identical); "
+                             "no final files written");
+  if (dp.main()) std::printf("data parallel: the %d ranks' adapters are identical\n", dp.world());
+}
+
 // The step's JSON line (with the GPU memory at peak so far) and the progress line: on a terminal every
 // step over the last one, else every 10 steps, the first and the last (progress.h).
 void log_step(flame_ctx_t ctx, std::ofstream& log, Progress& progress, int64_t steps_done, double loss, double lr,
@@ -440,16 +445,33 @@ void log_step(flame_ctx_t ctx, std::ofstream& log, Progress& progress, int64_t s
 
 }  // namespace
 
-TrainResult run_training(flame_ctx_t ctx, const TrainConfig& user_config, bool demo, const TrainState* resume_from) {
-  if (::mkdir(user_config.output.dir.c_str(), 0777) != 0 && errno != EEXIST)
+// The cache file to train from: data.cache_file, or the caching stage's (cache_writer.h), run before
+// the denoiser is loaded so that the encoders and the VAE are gone when it is.
+std::string training_cache_file(flame_ctx_t ctx, const TrainConfig& config) {
+  if (!config.data.cache_file.empty()) return config.data.cache_file;
+#ifdef FLAME_TRAIN_NO_IMAGES
+  (void)ctx;
+  throw std::runtime_error("no latent cache: this build has no image input, so it cannot run the caching stage; "
+                           "give data.cache_file (see tools/flame-train/training_data.h) or run --demo");
+#else
+  return prepare_latent_cache(ctx, config);
+#endif
+}
+
+TrainResult run_training(flame_ctx_t ctx, const TrainConfig& user_config, bool demo, const TrainState* resume_from,
+                         DataParallelRank* dp) {
+  const bool main = !dp || dp->main();  // data parallel: rank 0 alone writes files, logs and samples
+  if (main && ::mkdir(user_config.output.dir.c_str(), 0777) != 0 && errno != EEXIST)
     throw std::runtime_error("cannot create " + user_config.output.dir);
-  check_memory_estimate(ctx, user_config);  // memory_check.h: before any weight is read
-  TrainConfig config = user_config;          // data.cache_file: the cache this run trains from
-  if (!demo) config.data.cache_file = training_cache_file(ctx, user_config);
+  if (!dp) check_memory_estimate(ctx, user_config);  // memory_check.h: before any weight is read
+  TrainConfig config = user_config;                  // data.cache_file: the cache this run trains from
+  if (!demo) config.data.cache_file = dp ? dp->cache_file() : training_cache_file(ctx, user_config);
   Trainer t(ctx, config, user_config);
   set_up(t, demo);
+  t.dp = dp;
+  if (dp) dp->attach(t.adapter.get());  // rank 0's adapter on every rank
   std::unique_ptr<SampleImages> sample_images;  // sample.every_n_steps > 0: checked before the first step
-  if (config.sample.every_n_steps > 0)
+  if (config.sample.every_n_steps > 0 && main)
     sample_images = std::make_unique<SampleImages>(ctx, config, t.model.shapes, demo, t.samples);
 
   TrainResult result;
@@ -457,27 +479,39 @@ TrainResult run_training(flame_ctx_t ctx, const TrainConfig& user_config, bool d
   int64_t first_step = 0;
   if (resume_from) {  // after every random draw of the set-up, so that the generator is the saved one
     first_step = t.resume(config.training.resume, *resume_from);
-    truncate_log_after(result.log_path, first_step);
-    std::printf("resuming from %s at step %lld\n", config.training.resume.c_str(), static_cast<long long>(first_step + 1));
+    if (main) {
+      truncate_log_after(result.log_path, first_step);
+      std::printf("resuming from %s at step %lld\n", config.training.resume.c_str(), static_cast<long long>(first_step + 1));
+    }
   }
-  std::ofstream log(result.log_path, resume_from ? std::ios::app : std::ios::trunc);
-  if (!log) throw std::runtime_error("cannot write " + result.log_path);
-  std::printf("training a %s LoRA (rank %d) on %zu samples for %lld steps\n", family_name(t.model.shapes.family),
-              config.network.dim, t.samples.size(), static_cast<long long>(config.training.max_train_steps));
+  std::ofstream log;
+  if (main) {
+    log.open(result.log_path, resume_from ? std::ios::app : std::ios::trunc);
+    if (!log) throw std::runtime_error("cannot write " + result.log_path);
+    std::printf("training a %s LoRA (rank %d) on %zu samples for %lld steps\n", family_name(t.model.shapes.family),
+                config.network.dim, t.samples.size(), static_cast<long long>(config.training.max_train_steps));
+  }
 
   Progress progress(config.training.max_train_steps, first_step);
   for (int64_t step = first_step; step < config.training.max_train_steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
-    const double loss = t.train_step(step);
+    double loss = t.train_step(step);
+    if (dp) loss = dp->mean_over_ranks(ctx, loss);  // the global batch's mean (global_batch.h)
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    log_step(ctx, log, progress, step + 1, loss, config.optimizer.learning_rate * lr_multiplier(t.schedule, step), ms);
+    if (main) {
+      log_step(ctx, log, progress, step + 1, loss, config.optimizer.learning_rate * lr_multiplier(t.schedule, step), ms);
+    } else if (!std::isfinite(loss)) {  // rank 0 stops with the message (log_step)
+      throw std::runtime_error("step " + std::to_string(step + 1) + ": the loss is not finite");
+    }
     result.final_loss = loss;
     result.steps = step + 1;
-    if (step + 1 < config.training.max_train_steps) save_outputs(t, sample_images.get(), step + 1, false, demo);
+    if (main && step + 1 < config.training.max_train_steps) save_outputs(t, sample_images.get(), step + 1, false, demo);
   }
+  if (dp) check_ranks_agree(*dp, ctx, t.adapter.get());
+  result.lora_path = output_file(config, ".safetensors");
+  if (!main) return result;
   if (::isatty(STDOUT_FILENO)) std::printf("\n");  // end the progress line
   save_outputs(t, sample_images.get(), result.steps, true, demo);
-  result.lora_path = output_file(config, ".safetensors");
   std::printf("saved %s (%s)\nlog: %s\n", result.lora_path.c_str(), config.output.format.c_str(), result.log_path.c_str());
   return result;
 }

@@ -1,0 +1,26 @@
+// optimizer.type to FLAME's optimizer kind and options (see optimizer_setup.h).
+#include "optimizer_setup.h"
+
+#include <stdexcept>
+
+#include "flame_handles.h"
+
+namespace flame_train {
+
+flame_optimizer_kind_t optimizer_kind(const std::string& type) {
+  if (type == "adamw") return FLAME_OPTIMIZER_ADAMW;
+  if (type == "lion") return FLAME_OPTIMIZER_LION;
+  throw std::invalid_argument("optimizer.type: '" + type + "' is not one of adamw, lion");
+}
+
+flame_optimizer_options_t adapter_optimizer_options(const TrainConfig& config) {
+  flame_optimizer_options_t o;
+  check(flame_optimizer_options_init(&o, optimizer_kind(config.optimizer.type)), "flame_optimizer_options_init");
+  o.lr = config.optimizer.learning_rate;
+  o.beta1 = config.optimizer.beta1;
+  o.beta2 = config.optimizer.beta2;
+  o.weight_decay = config.optimizer.weight_decay;
+  return o;
+}
+
+}  // namespace flame_train
