@@ -16,7 +16,9 @@
 // Resume (TrainerResume, AdamW and Lion): a 6-step run against 3 steps, then --resume from the state
 // saved at step 3: the logged losses, the final LoRA / EMA files and the final state are equal bit
 // for bit. EMA
-// (TrainerEma): each step's EMA equals the host's EMAModel update of the saved adapters.
+// (TrainerEma): each step's EMA equals the host's EMAModel update of the saved adapters. CUDA graphs
+// (TrainerGraphs): a run replaying per-bucket graphs equals the eager run bit for bit (losses, LoRA
+// and EMA files); LoRA dropout makes the run eager and says so.
 // Without a GPU the cases skip (exit 77 for CTest) unless FLAME_REQUIRE_GPU=1.
 #include <gtest/gtest.h>
 
@@ -423,3 +425,47 @@ TEST_F(TrainerMemoryOptions, Fp8AndOffloadBasesTrainLikeTheBf16Base) {
   EXPECT_LT(mean(q, q.size() - 10), 0.8 * mean(q, 0)) << "the fp8 base learns";
   EXPECT_LT(mean(q, q.size() - 10), 1.25 * mean(a, a.size() - 10)) << "as much as the bf16 base, about";
 }
+
+namespace {
+
+class TrainerGraphs : public GpuTest {};
+
+// training.cuda_graphs (the default) against the same run eager: 12 Flux demo steps with two
+// micro-batches per step, clipping and the EMA; each bucket's first micro-batch and the first update
+// run eagerly, later ones replay graphs whose inputs are refilled on the device. The replayed kernels
+// are the eager ones on the same data, so the losses and the LoRA / EMA files are equal bit for bit.
+TEST_F(TrainerGraphs, GraphStepsEqualEagerSteps) {
+  flame_train_test::TempDir dir;
+  ASSERT_FALSE(dir.path().empty()) << "mkdtemp failed";
+  const std::string options =
+      " --training.gradient_accumulation_steps=2 --optimizer.max_grad_norm=0.5 --training.ema_decay=0.9";
+  const std::string graph_out = dir.path() + "/graph", eager_out = dir.path() + "/eager";
+  const DemoRun graph = run_demo("flux", graph_out, options, 12);
+  ASSERT_EQ(graph.status, 0) << graph.output;
+  EXPECT_NE(graph.output.find("step: a CUDA graph per batch shape"), std::string::npos) << graph.output;
+  EXPECT_EQ(graph.output.find("CUDA graphs off"), std::string::npos) << graph.output;
+  const DemoRun eager = run_demo("flux", eager_out, options + " --training.cuda_graphs=false", 12);
+  ASSERT_EQ(eager.status, 0) << eager.output;
+  EXPECT_NE(eager.output.find("step: eager (training.cuda_graphs is false)"), std::string::npos) << eager.output;
+
+  const auto g = logged_losses(graph_out + "/demo_lora.jsonl"), e = logged_losses(eager_out + "/demo_lora.jsonl");
+  ASSERT_EQ(g.size(), 12u) << graph.output;
+  ASSERT_EQ(e.size(), 12u) << eager.output;
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(g[i].second, e[i].second) << "step " << i + 1;
+  for (const char* file : {"/demo_lora.safetensors", "/demo_lora-ema.safetensors"}) {
+    const std::string want = read_bytes(eager_out + file);
+    ASSERT_FALSE(want.empty()) << eager_out + file;
+    EXPECT_TRUE(read_bytes(graph_out + file) == want) << file << " differs between graph and eager";
+  }
+}
+
+// LoRA dropout draws random numbers inside the step: the run says so and trains eagerly.
+TEST_F(TrainerGraphs, DropoutTrainsEagerly) {
+  flame_train_test::TempDir dir;
+  ASSERT_FALSE(dir.path().empty()) << "mkdtemp failed";
+  const DemoRun r = run_demo("flux", dir.path() + "/out", " --network.dropout=0.1", 3);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("step: eager (network.dropout > 0"), std::string::npos) << r.output;
+}
+
+}  // namespace

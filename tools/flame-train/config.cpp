@@ -118,6 +118,8 @@ const std::vector<KeyDef>& key_table() {
       {"training.gradient_accumulation_steps", KeyType::Int, 1, "batches per optimizer step", 1, 4096},
       {"training.mixed_precision", KeyType::String, "bf16", "compute precision", 0, 0, false, {"bf16", "fp16", "fp32"}},
       {"training.gradient_checkpointing", KeyType::Bool, false, "recompute activations in backward"},
+      {"training.cuda_graphs", KeyType::Bool, true,
+       "replay each batch shape's step as a CUDA graph (eager with network.dropout > 0 or model.offload_budget_gib)"},
       {"training.ignore_memory_estimate", KeyType::Bool, false,
        "train even when the memory estimate exceeds the device's free memory"},
       {"training.gpus", KeyType::Int, 1,
@@ -473,6 +475,7 @@ TrainConfig to_config(const Values& v) {
   c.training.gradient_accumulation_steps = static_cast<int>(i("training.gradient_accumulation_steps"));
   c.training.mixed_precision = s("training.mixed_precision");
   c.training.gradient_checkpointing = b("training.gradient_checkpointing");
+  c.training.cuda_graphs = b("training.cuda_graphs");
   c.training.ignore_memory_estimate = b("training.ignore_memory_estimate");
   c.training.gpus = static_cast<int>(i("training.gpus"));
   c.training.device = static_cast<int>(i("training.device"));

@@ -73,6 +73,7 @@ struct TrainConfig {
     int gradient_accumulation_steps = 1;
     std::string mixed_precision;
     bool gradient_checkpointing = false;
+    bool cuda_graphs = true;  // step_graphs.h, where the step allows it (graphs_blocker)
     bool ignore_memory_estimate = false;  // train even when the memory estimate exceeds the free memory
     int gpus = 1;
     int device = 0;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 
 namespace flame_train {
 
@@ -70,6 +71,29 @@ Params AdapterEma::as_params() const {
   for (size_t i = 0; i < shadow_.size(); ++i)
     check(flame_params_add(list.get(), names_[i].c_str(), shadow_[i].get()), "flame_params_add");
   return list;
+}
+
+void AdapterEma::with_shadow_in(flame_params_t adapter, const std::function<void()>& use) const {
+  std::vector<Tensor> trained(shadow_.size());
+  {
+    NoGrad no_grad(ctx_);
+    for (size_t i = 0; i < shadow_.size(); ++i) {
+      flame_tensor_t t = adapter_tensor(adapter, static_cast<int64_t>(i));
+      check(flame_clone(t, trained[i].out()), "flame_clone");
+    }
+    for (size_t i = 0; i < shadow_.size(); ++i)
+      check(flame_copy(adapter_tensor(adapter, static_cast<int64_t>(i)), shadow_[i].get()), "flame_copy (EMA in)");
+  }
+  std::exception_ptr failure;
+  try {
+    use();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  NoGrad no_grad(ctx_);
+  for (size_t i = 0; i < trained.size(); ++i)
+    check(flame_copy(adapter_tensor(adapter, static_cast<int64_t>(i)), trained[i].get()), "flame_copy (adapter back)");
+  if (failure) std::rethrow_exception(failure);
 }
 
 }  // namespace flame_train

@@ -6,11 +6,12 @@
 //   d = min(decay, (1 + s) / (10 + s))     training.ema_warmup false (diffusers' default),
 //   d = min(decay, 1 - (1 + s)^(-2/3))     training.ema_warmup true (use_ema_warmup, inv_gamma 1,
 //                                          power 2/3: diffusers' defaults).
-// The shadow is saved as <name>-ema.safetensors in the LoRA's format (trainer.cpp swaps it into the
-// adapter for flame_model_save_lora) and is part of the resumable state (train_state.h).
+// The shadow is saved as <name>-ema.safetensors in the LoRA's format (with_shadow_in copies it into
+// the adapter for flame_model_save_lora) and is part of the resumable state (train_state.h).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,9 @@ class AdapterEma {
   void update(flame_params_t adapter, int64_t optimization_step);
   // The shadow tensors as a new list under the adapter's names (for saving and loading in place).
   Params as_params() const;
+  // Runs use() with the shadow written into the adapter's tensors in place (flame_copy, grad mode
+  // off), then writes the trained values back, also when use() throws (its exception is rethrown).
+  void with_shadow_in(flame_params_t adapter, const std::function<void()>& use) const;
 
  private:
   flame_ctx_t ctx_;

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <stdexcept>
@@ -32,7 +31,9 @@
 #include "progress.h"
 #include "random.h"
 #include "sample_images.h"
+#include "step_graphs.h"
 #include "tensor_helpers.h"
+#include "training_step.h"
 #include "train_state.h"
 #include "training_data.h"
 
@@ -43,66 +44,6 @@ namespace {
 constexpr int kDemoSamples = 4;
 constexpr int64_t kDemoLatentSide = 16;
 constexpr int64_t kDemoTokens = 8;
-
-using BinaryOp = flame_status_t (*)(flame_tensor_t, flame_tensor_t, flame_tensor_t*);
-
-Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* what) {
-  Tensor out;
-  check(op(a.get(), b.get(), out.out()), what);
-  return out;
-}
-
-// Stacks one member tensor of each sample of the batch along a new first axis.
-Tensor stack_member(const std::vector<TrainingSample>& samples, const std::vector<size_t>& batch,
-                    Tensor TrainingSample::*member) {
-  std::vector<flame_tensor_t> parts;
-  for (size_t i : batch) parts.push_back((samples[i].*member).get());
-  Tensor out;
-  check(flame_stack(parts.data(), static_cast<int32_t>(parts.size()), 0, out.out()), "flame_stack");
-  return out;
-}
-
-// x * a + y * b with per-sample coefficients a, b of shape [B, 1, 1, 1] (b may hold zeros).
-Tensor combine(flame_ctx_t ctx, const Tensor& x, const std::vector<float>& a, const Tensor& y,
-               const std::vector<float>& b) {
-  const std::vector<int64_t> shape = {static_cast<int64_t>(a.size()), 1, 1, 1};
-  Tensor ta = host_f32(ctx, a, shape), tb = host_f32(ctx, b, shape);
-  Tensor xa = binary(flame_mul, x, ta, "flame_mul"), yb = binary(flame_mul, y, tb, "flame_mul");
-  return binary(flame_add, xa, yb, "flame_add");
-}
-
-// The objective's settings, resolved from the configuration for the model family.
-struct Objective {
-  ModelFamily family = ModelFamily::Flux;
-  FlowMatchOptions flow;
-  PredictionType prediction = PredictionType::Epsilon;
-  std::vector<double> alphas_cumprod;
-  double min_snr_gamma = 0, noise_offset = 0, guidance = 1;
-  bool guidance_embeds = false;
-};
-
-Objective make_objective(const TrainConfig& c, const ModelShapes& shapes) {
-  Objective o;
-  o.family = shapes.family;
-  o.flow.sampling = parse_timestep_sampling(c.training.timestep_sampling);
-  o.flow.logit_mean = c.training.logit_mean;
-  o.flow.logit_std = c.training.logit_std;
-  o.flow.mode_scale = c.training.mode_scale;
-  o.flow.weighting = parse_flow_weighting(c.training.weighting_scheme);
-  if (c.training.flow_shift > 0) {
-    o.flow.shift = FlowShift::Fixed;
-    o.flow.fixed_shift = c.training.flow_shift;
-  } else {
-    o.flow.shift = shapes.family == ModelFamily::Sd3 ? FlowShift::Fixed : FlowShift::Resolution;
-  }
-  o.prediction = parse_prediction_type(c.training.prediction_type);
-  if (shapes.family == ModelFamily::Sdxl) o.alphas_cumprod = scaled_linear_alphas_cumprod();
-  o.min_snr_gamma = c.training.min_snr_gamma;
-  o.noise_offset = c.training.noise_offset;
-  o.guidance = c.training.guidance_scale;
-  o.guidance_embeds = shapes.guidance_embeds;
-  return o;
-}
 
 std::string output_file(const TrainConfig& c, const std::string& suffix) {
   return c.output.dir + "/" + c.output.name + suffix;
@@ -135,6 +76,7 @@ struct Trainer {
   Optimizer optimizer;
   LrSchedule schedule;
   std::unique_ptr<AdapterEma> ema;  // training.ema_decay > 0
+  std::unique_ptr<StepGraphs> graphs;
   DataPosition data;
   // Data parallel (data_parallel.h): this rank; null on one GPU. next_batch returns the rank's part of
   // each global batch (global_batch.h), with its place and loss scale for batch_loss.
@@ -158,20 +100,23 @@ struct Trainer {
   }
 
   // One optimizer step (0-based step): the accumulated batches, the update, the EMA; returns the mean
-  // of the batches' weighted losses.
+  // of the batches' weighted losses. Each micro-batch's draws run eagerly; its tensor work and the
+  // update replay CUDA graphs where the step allows (step_graphs.h).
   double train_step(int64_t step) {
     double loss_sum = 0;
     for (int micro = 0; micro < config.training.gradient_accumulation_steps; ++micro) {
       const std::vector<size_t>& batch = next_batch();
       if (dp) dp->set_sync(micro + 1 == config.training.gradient_accumulation_steps);
       if (batch.empty()) continue;  // data parallel: no part of a short global batch for this rank
-      Tensor loss = batch_loss(batch, static_cast<uint64_t>(step), micro);
-      double value = 0;
-      check(flame_tensor_item(loss.get(), &value), "flame_tensor_item");
-      loss_sum += value;
+      // Noise and timesteps keyed by each sample's place in the global batch (batch_noise.h).
+      const BatchPlace place{static_cast<uint64_t>(step), micro, share.first_position};
+      const StepInputs in = draw_step_inputs(ctx, config, objective, samples, batch, place, share.loss_scale);
+      loss_sum += graphs->run_micro(in);
     }
     if (dp) dp->wait();  // the gradients averaged over the ranks, before clipping
-    optimizer_step(step);
+    const double lr = config.optimizer.learning_rate * lr_multiplier(schedule, step);
+    check(flame_optimizer_set_lr(optimizer.get(), -1, lr), "flame_optimizer_set_lr");
+    graphs->run_update([&] { update(); });
     if (ema) ema->update(adapter.get(), step + 1);
     check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
     return loss_sum / config.training.gradient_accumulation_steps;
@@ -200,108 +145,9 @@ struct Trainer {
     check(flame_optimizer_create(ctx, &o, tensors, n, optimizer.out()), "flame_optimizer_create");
   }
 
-  // Forward and backward of one batch; returns its (weighted, undivided) loss tensor's value later.
-  Tensor batch_loss(const std::vector<size_t>& batch, uint64_t step, int micro) {
-    const TrainingSample& first = samples[batch.front()];
-    const int64_t b = static_cast<int64_t>(batch.size()), c = model.shapes.latent_channels, h = first.height,
-                  w = first.width;
-    Tensor x0 = to_f32(stack_member(samples, batch, &TrainingSample::latents).get());
-    // Noise and timesteps keyed by each sample's place in the global batch (batch_noise.h).
-    const BatchPlace place{step, micro, share.first_position};
-    Tensor noise = draw_batch_noise(ctx, config.training.seed, place, b, c, h, w, objective.noise_offset);
-
-    // Host draws: noise level, model timestep, weight per sample.
-    std::vector<float> timestep(b), weight(b), noisy_a(b), noisy_b(b), target_a(b), target_b(b);
-    for (int64_t i = 0; i < b; ++i) {
-      RandomStream rng(config.training.seed, RandomPurpose::Timestep, step, batch_sample_item(place, i));
-      if (objective.family == ModelFamily::Sdxl) {
-        const DdpmSample d = draw_ddpm_sample(objective.alphas_cumprod, objective.prediction, objective.min_snr_gamma, rng);
-        timestep[i] = static_cast<float>(d.timestep);
-        weight[i] = static_cast<float>(d.weight);
-        noisy_a[i] = static_cast<float>(d.noisy_x0_coef);
-        noisy_b[i] = static_cast<float>(d.noisy_noise_coef);
-        target_a[i] = static_cast<float>(d.target_x0_coef);
-        target_b[i] = static_cast<float>(d.target_noise_coef);
-      } else {
-        const bool flux = objective.family == ModelFamily::Flux;
-        const FlowSample f = draw_flow_sample(objective.flow, flux ? FlowTimestepInput::Sigma : FlowTimestepInput::SigmaTimes1000,
-                                              static_cast<double>((h / 2) * (w / 2)), rng);
-        timestep[i] = static_cast<float>(f.timestep);
-        weight[i] = static_cast<float>(f.weight);
-        noisy_a[i] = static_cast<float>(1.0 - f.sigma);
-        noisy_b[i] = static_cast<float>(f.sigma);
-        target_a[i] = -1.0f;
-        target_b[i] = 1.0f;
-      }
-    }
-    Tensor noisy = combine(ctx, x0, noisy_a, noise, noisy_b);
-    Tensor target = combine(ctx, x0, target_a, noise, target_b);
-
-    Params inputs;
-    check(flame_params_create(ctx, inputs.out()), "flame_params_create");
-    auto add = [&](const char* name, const Tensor& t) { check(flame_params_add(inputs.get(), name, t.get()), name); };
-    Tensor embeds = stack_member(samples, batch, &TrainingSample::prompt_embeds);
-    Tensor pooled = stack_member(samples, batch, &TrainingSample::pooled);
-    Tensor timesteps = host_f32(ctx, timestep, {b});
-    add("encoder_hidden_states", embeds);
-    add("timestep", timesteps);
-    Tensor hidden, img_ids, txt_ids, guidance, time_ids;
-    if (objective.family == ModelFamily::Flux) {
-      hidden = pack_latents(noisy.get(), b, c, h, w);
-      target = pack_latents(target.get(), b, c, h, w);
-      img_ids = flux_img_ids(ctx, h / 2, w / 2);
-      txt_ids = host_f32(ctx, std::vector<float>(static_cast<size_t>(first.tokens * 3), 0.0f), {first.tokens, 3});
-      add("hidden_states", hidden);
-      add("pooled_projections", pooled);
-      add("img_ids", img_ids);
-      add("txt_ids", txt_ids);
-      if (objective.guidance_embeds) {
-        guidance = host_f32(ctx, std::vector<float>(static_cast<size_t>(b), static_cast<float>(objective.guidance)), {b});
-        add("guidance", guidance);
-      }
-    } else if (objective.family == ModelFamily::Sd3) {
-      add("hidden_states", noisy);
-      add("pooled_projections", pooled);
-    } else {
-      time_ids = stack_member(samples, batch, &TrainingSample::time_ids);
-      add("sample", noisy);
-      add("text_embeds", pooled);
-      add("time_ids", time_ids);
-    }
-
-    Params outputs;
-    check(flame_model_forward(model.model.get(), inputs.get(), outputs.out()), "flame_model_forward");
-    flame_tensor_t sample = nullptr;
-    check(flame_params_find(outputs.get(), "sample", &sample), "flame_params_find");
-    if (!sample) throw std::runtime_error("the model returned no 'sample' output");
-    Tensor pred = to_f32(sample);
-
-    // Weighted MSE: mean over each sample's elements, times its weight, mean over the batch.
-    Tensor per_element;
-    check(flame_mse_loss(pred.get(), target.get(), FLAME_REDUCTION_NONE, per_element.out()), "flame_mse_loss");
-    int32_t nd = 0;
-    check(flame_tensor_ndim(per_element.get(), &nd), "flame_tensor_ndim");
-    std::vector<int32_t> dims;
-    for (int32_t d = 1; d < nd; ++d) dims.push_back(d);
-    Tensor per_sample, weighted, loss;
-    check(flame_mean(per_element.get(), dims.data(), static_cast<int32_t>(dims.size()), 0, per_sample.out()), "flame_mean");
-    Tensor weights = host_f32(ctx, weight, {b});
-    weighted = binary(flame_mul, per_sample, weights, "flame_mul");
-    check(flame_mean(weighted.get(), nullptr, 0, 0, loss.out()), "flame_mean");
-    if (share.loss_scale != 1.0) {  // data parallel, a short global batch: this rank's share of its mean
-      Tensor part;
-      check(flame_mul_scalar(loss.get(), share.loss_scale, part.out()), "flame_mul_scalar");
-      loss = std::move(part);
-    }
-    Tensor scaled;
-    check(flame_div_scalar(loss.get(), config.training.gradient_accumulation_steps, scaled.out()), "flame_div_scalar");
-    check(flame_backward(ctx, scaled.get(), nullptr, 0), "flame_backward");
-    return loss;
-  }
-
-  void optimizer_step(int64_t step) {
-    const double lr = config.optimizer.learning_rate * lr_multiplier(schedule, step);
-    check(flame_optimizer_set_lr(optimizer.get(), -1, lr), "flame_optimizer_set_lr");
+  // Clipping, the optimizer step and the gradients zeroed (in place with graphs, which keep
+  // accumulating into the same .grad memory; dropped otherwise).
+  void update() {
     if (config.optimizer.max_grad_norm > 0) {
       const flame_tensor_t* tensors = nullptr;
       int64_t n = 0;
@@ -311,7 +157,7 @@ struct Trainer {
             "flame_clip_grad_norm");
     }
     check(flame_optimizer_step(optimizer.get()), "flame_optimizer_step");
-    check(flame_optimizer_zero_grad(optimizer.get(), 1), "flame_optimizer_zero_grad");
+    check(flame_optimizer_zero_grad(optimizer.get(), graphs->enabled() ? 0 : 1), "flame_optimizer_zero_grad");
   }
 
   void save_lora(const std::string& path) {
@@ -322,25 +168,10 @@ struct Trainer {
     check(flame_model_save_lora(model.model.get(), nullptr, path.c_str(), options.dump().c_str()), "flame_model_save_lora");
   }
 
-  // The EMA's LoRA file: the shadow swapped into the adapter through two safetensors files beside
-  // path (the ABI copies tensors in place only from files), saved as the LoRA, the adapter restored.
+  // The EMA's LoRA file: the shadow copied into the adapter in place, saved as the LoRA, the trained
+  // adapter copied back (AdapterEma::with_shadow_in).
   void save_ema_lora(const std::string& path) {
-    const std::string trained = path + ".adapter.tmp", shadow = path + ".ema.tmp";
-    check(flame_params_save_safetensors(adapter.get(), trained.c_str(), nullptr, 0), "flame_params_save_safetensors");
-    Params shadow_params = ema->as_params();
-    check(flame_params_save_safetensors(shadow_params.get(), shadow.c_str(), nullptr, 0), "flame_params_save_safetensors");
-    check(flame_params_load_safetensors(adapter.get(), shadow.c_str(), 0), "flame_params_load_safetensors (EMA)");
-    std::string failure;
-    try {
-      save_lora(path);
-    } catch (const std::exception& e) {
-      failure = e.what();
-    }
-    check(flame_params_load_safetensors(adapter.get(), trained.c_str(), 0), "flame_params_load_safetensors (adapter)");
-    std::error_code ec;
-    std::filesystem::remove(trained, ec);
-    std::filesystem::remove(shadow, ec);
-    if (!failure.empty()) throw std::runtime_error(failure);
+    ema->with_shadow_in(adapter.get(), [&] { save_lora(path); });
   }
 
   // <name><suffix>.safetensors and, with the EMA, <name><suffix>-ema.safetensors; returns the first.
@@ -392,6 +223,8 @@ void set_up(Trainer& t, bool demo) {
   t.make_optimizer();
   if (config.training.ema_decay > 0)
     t.ema = std::make_unique<AdapterEma>(t.ctx, t.adapter.get(), config.training.ema_decay, config.training.ema_warmup);
+  t.graphs = std::make_unique<StepGraphs>(t.ctx, t.model.model.get(), t.objective,
+                                          config.training.gradient_accumulation_steps, graphs_blocker(config).empty());
   t.schedule = make_lr_schedule(config.optimizer.lr_scheduler, config.optimizer.lr_warmup_steps,
                                 config.training.max_train_steps);
 }
@@ -490,6 +323,10 @@ TrainResult run_training(flame_ctx_t ctx, const TrainConfig& user_config, bool d
     if (!log) throw std::runtime_error("cannot write " + result.log_path);
     std::printf("training a %s LoRA (rank %d) on %zu samples for %lld steps\n", family_name(t.model.shapes.family),
                 config.network.dim, t.samples.size(), static_cast<long long>(config.training.max_train_steps));
+  }
+  if (main) {
+    const std::string blocker = graphs_blocker(config);
+    std::printf("step: %s\n", blocker.empty() ? "a CUDA graph per batch shape" : ("eager (" + blocker + ")").c_str());
   }
 
   Progress progress(config.training.max_train_steps, first_step);

@@ -12,7 +12,9 @@
 //              (objectives.h; Flux latents packed 2x2 as diffusers' _pack_latents with img_ids /
 //              txt_ids), forward, weighted MSE divided by the accumulation count, backward; then
 //              clipping (flame_clip_grad_norm, optimizer.max_grad_norm > 0), the optimizer step,
-//              the gradients dropped;
+//              the gradients zeroed (training_step.h); with training.cuda_graphs (the default) each
+//              batch shape's tensor work and the update replay CUDA graphs that share one memory
+//              pool, the random draws made eagerly before each replay (step_graphs.h);
 //   output     the LoRA (output.format, kohya by default) every output.save_every_n_steps steps as
 //              <name>-step<N>.safetensors and at the end as <name>.safetensors in output.dir, and one
 //              JSON line per step in <name>.jsonl: {"step", "loss", "lr", "ms"} (loss: the mean of
