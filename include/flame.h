@@ -1817,7 +1817,8 @@ FLAME_API flame_status_t flame_ctx_cudnn_attention_info(flame_ctx_t ctx, uint64_
  *    them (their content is unspecified until the first replay). Intermediate tensors freed during
  *    the capture give their memory back to that private pool for later allocations of the same
  *    capture. The graph owns the pool until it is released; memory a kept tensor still uses is freed
- *    when both are released.
+ *    when both are released. Graphs of one step at several input shapes can share one pool
+ *    (flame_graph_capture_begin_shared, below).
  *  - Optimizers: flame_optimizer_step reads the step count and the learning rate from device memory
  *    and advances the count on the device, so replaying a captured step N times equals N eager steps,
  *    and flame_optimizer_set_lr between replays takes effect at the next replay (a set_lr captured
