@@ -69,8 +69,8 @@ void join_side_stream(Context& c) noexcept {
 void make_side_stream(Context& c) {
   if (!c.side_stream) {
     // The side stream may reuse pool blocks freed on the stream before a capture (it waits for them
-    // by event: capture_begin), but the pool must never order it after the stream by itself: that would
-    // make it wait on the capturing stream. Eager work allocates on one stream only, so this
+    // by event: capture_begin), but the pool must never order it after the stream by itself: that
+    // would make it wait on the capturing stream. Eager work allocates on one stream only, so this
     // changes nothing outside captures.
     int no = 0;
     c.check(c.drv.cuMemPoolSetAttribute(c.pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &no),

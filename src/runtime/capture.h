@@ -40,11 +40,11 @@
 // (GraphPool::sizes minus graph_only) are never handed out, nor is set-up memory or a block that
 // existed before a capture (neither is in `sizes`). This is safe because the graphs of one pool
 // never run at the same time: they replay in stream order on their one context, and each graph
-// writes a block before it reads it within a replay. The cost is the documented one: the kept output
-// of a capture may sit in a block that an earlier graph of the pool uses as an intermediate, so
-// replaying that graph overwrites it. The pool counts its users (a capture, then the graph it becomes); only when the
-// last one goes is it `released`: its graph_only blocks go back to the device, and blocks kept by
-// tensors are freed as their tensors go.
+// writes a block before it reads it within a replay. The cost is the documented one: the kept
+// output of a capture may sit in a block that an earlier graph of the pool uses as an
+// intermediate, so replaying that graph overwrites it. The pool counts its users (a capture, then
+// the graph it becomes); only when the last one goes is it `released`: its graph_only blocks go
+// back to the device, and blocks kept by tensors are freed as their tensors go.
 //
 // Kernels. A kernel first used during a capture is compiled (NVRTC, host only) and its module loaded
 // with the thread in relaxed mode. Drivers of CUDA 12.3 and newer load modules while a stream

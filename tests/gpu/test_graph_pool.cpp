@@ -191,7 +191,8 @@ TEST_F(GraphPool, AlternatingBucketGraphsEqualEagerSteps) {
   const Dims d{32, 96, 16};
   const size_t rounds = 4;
   const std::vector<std::vector<float>> init = random_init(rng, d);
-  Bucket big = make_bucket(ctx, rng, d, 48, static_cast<int>(rounds)), small = make_bucket(ctx, rng, d, 20, static_cast<int>(rounds));
+  Bucket big = make_bucket(ctx, rng, d, 48, static_cast<int>(rounds));
+  Bucket small = make_bucket(ctx, rng, d, 20, static_cast<int>(rounds));
 
   // Eager first: each product shape times its cuBLASLt candidates here, and the captures reuse the
   // choice, so both arms run the same algorithms.
@@ -213,7 +214,8 @@ TEST_F(GraphPool, AlternatingBucketGraphsEqualEagerSteps) {
   for (size_t r = 0; r < rounds; ++r) {
     const std::string round = " (round " + std::to_string(r) + ")";
     expect_bitwise(replay_step(g_big, gbig, r, loss_big), eager_losses[2 * r], "loss of the batch-48 graph" + round);
-    expect_bitwise(replay_step(g_small, gsmall, r, loss_small), eager_losses[2 * r + 1], "loss of the batch-20 graph" + round);
+    expect_bitwise(replay_step(g_small, gsmall, r, loss_small), eager_losses[2 * r + 1],
+                   "loss of the batch-20 graph" + round);
   }
   int64_t count = -1;
   FLAME_EXPECT_STATUS(flame_optimizer_step_count(og, &count), FLAME_OK);
