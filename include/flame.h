@@ -1817,7 +1817,8 @@ FLAME_API flame_status_t flame_ctx_cudnn_attention_info(flame_ctx_t ctx, uint64_
  *    them (their content is unspecified until the first replay). Intermediate tensors freed during
  *    the capture give their memory back to that private pool for later allocations of the same
  *    capture. The graph owns the pool until it is released; memory a kept tensor still uses is freed
- *    when both are released.
+ *    when both are released. Graphs of one step at several input shapes can share one pool
+ *    (flame_graph_capture_begin_shared, below).
  *  - Optimizers: flame_optimizer_step reads the step count and the learning rate from device memory
  *    and advances the count on the device, so replaying a captured step N times equals N eager steps,
  *    and flame_optimizer_set_lr between replays takes effect at the next replay (a set_lr captured
@@ -1884,6 +1885,28 @@ FLAME_API flame_status_t flame_copy_from_host(flame_tensor_t dst, const void* da
  * FLAME_ERROR_SHAPE_MISMATCH (shapes differ), FLAME_ERROR_INVALID_HANDLE (a released tensor),
  * FLAME_ERROR_CONTEXT_FAILED. On error dst is unchanged. */
 FLAME_API flame_status_t flame_copy(flame_tensor_t dst, flame_tensor_t src);
+/* Starts a capture like flame_graph_capture_begin, whose private memory pool is the pool of
+ * share_pool_with, a live graph of ctx (borrowed; it may be released at any time afterwards), as
+ * PyTorch's torch.cuda.graph(pool=other.pool()). Meant for one training step captured at several
+ * input shapes (one graph per shape, same parameters, .grad tensors and optimizer): the new capture
+ * reuses the memory that the pool's earlier captures needed only inside their graphs (intermediates),
+ * so N graphs sharing a pool hold about what the largest needs instead of N times a step's
+ * activations. share_pool_with NULL: exactly flame_graph_capture_begin (a pool of its own).
+ *  - Graphs sharing a pool must not run at the same time. Graphs of one context replay in stream
+ *    order, one after the other, so this always holds.
+ *  - A tensor created during the capture of one graph of the pool and kept by the caller (an output
+ *    such as the loss, or a .grad the capture created) may be overwritten by a replay of ANOTHER graph
+ *    of the same pool: read or copy it after its own graph's replay, before replaying another graph
+ *    of the pool. Tensors created before a capture (parameters, a .grad that existed already,
+ *    optimizer state, static inputs) are never in the pool; they are read and written only as the
+ *    captured calls say.
+ *  - The pool is freed when the last graph using it is released; memory a kept tensor still uses is
+ *    freed when that tensor is released too.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (ctx NULL; ctx capturing already; share_pool_with a graph of
+ * another context), FLAME_ERROR_INVALID_HANDLE (ctx not a live context; share_pool_with released or
+ * not a graph), FLAME_ERROR_CONTEXT_FAILED, FLAME_ERROR_CUDA. Nothing changes on an error, except
+ * that a call failing while ctx captures aborts that capture, as any call does (see above). */
+FLAME_API flame_status_t flame_graph_capture_begin_shared(flame_ctx_t ctx, flame_graph_t share_pool_with);
 
 /* ============================== Distributed: NCCL communicators and data parallelism ============================== */
 /* Multi-GPU training over NCCL (libnccl.so.2, 2.14 or newer, loaded at run time: set

@@ -69,6 +69,7 @@ CS_HAND_WRITTEN = {
     "flame_grad_scaler_set_state", "flame_lora_create", "flame_lora_release", "flame_lora_forward",
     "flame_lora_adapters", "flame_lora_merge", "flame_lora_unmerge", "flame_lora_is_merged", "flame_checkpoint",
     "flame_graph_capture_begin", "flame_graph_capture_end", "flame_graph_replay", "flame_graph_release",
+    "flame_graph_capture_begin_shared",
     "flame_copy_from_host", "flame_comm_unique_id", "flame_comm_rendezvous", "flame_comm_create", "flame_comm_create_group",
     "flame_comm_env_local_rank", "flame_comm_create_from_env", "flame_zero_create", "flame_zero_step",
     "flame_zero_release", "flame_optimizer_state_bytes",

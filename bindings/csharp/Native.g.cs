@@ -752,6 +752,7 @@ namespace Flame.Interop
             "flame_graph_release",
             "flame_copy_from_host",
             "flame_copy",
+            "flame_graph_capture_begin_shared",
             "flame_comm_options_init",
             "flame_comm_unique_id",
             "flame_comm_rendezvous",
@@ -1894,6 +1895,10 @@ namespace Flame.Interop
         /// <summary><c>flame_status_t flame_copy(flame_tensor_t dst, flame_tensor_t src)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_copy", ExactSpelling = true)]
         public static extern flame_status_t flame_copy(IntPtr dst, IntPtr src);
+
+        /// <summary><c>flame_status_t flame_graph_capture_begin_shared(flame_ctx_t ctx, flame_graph_t share_pool_with)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_graph_capture_begin_shared", ExactSpelling = true)]
+        public static extern flame_status_t flame_graph_capture_begin_shared(IntPtr ctx, IntPtr share_pool_with);
 
         /// <summary><c>flame_status_t flame_comm_options_init(flame_comm_options_t* opts)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_options_init", ExactSpelling = true)]

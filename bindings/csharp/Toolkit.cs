@@ -381,12 +381,24 @@ namespace Flame
         // ---- CUDA graphs ----
 
         /// <summary>flame_graph_capture_begin: the context's calls from now on are captured, not run,
-        /// until <see cref="EndCapture"/>. Prefer <see cref="Capture"/>.</summary>
+        /// until <see cref="EndCapture"/>. Prefer <see cref="Capture(Action)"/>.</summary>
         [Wraps("flame_graph_capture_begin")]
         public void BeginCapture()
         {
             Status.Check(Native.flame_graph_capture_begin(Raw));
             GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_graph_capture_begin_shared: begins a capture whose private memory pool is
+        /// sharePoolWith's (null: a pool of its own), so that graphs of one step at several input
+        /// shapes hold about what the largest needs. A tensor kept from one graph's capture may be
+        /// overwritten by a replay of another graph of the pool: read it before replaying another.</summary>
+        [Wraps("flame_graph_capture_begin_shared")]
+        public void BeginCapture(Graph sharePoolWith)
+        {
+            Status.Check(Native.flame_graph_capture_begin_shared(Raw, sharePoolWith == null ? IntPtr.Zero : sharePoolWith.Raw));
+            GC.KeepAlive(this);
+            GC.KeepAlive(sharePoolWith);
         }
 
         /// <summary>flame_graph_capture_end: the captured work as a graph to replay. When a call
@@ -402,10 +414,14 @@ namespace Flame
 
         /// <summary>Captures what body does on this context into a graph (begin, body, end). When body
         /// throws, the capture is ended and discarded and the exception propagates.</summary>
-        public Graph Capture(Action body)
+        public Graph Capture(Action body) { return Capture(null, body); }
+
+        /// <summary><see cref="Capture(Action)"/> into the memory pool of sharePoolWith (null: a pool
+        /// of its own; see <see cref="BeginCapture(Graph)"/>).</summary>
+        public Graph Capture(Graph sharePoolWith, Action body)
         {
             if (body == null) throw new ArgumentNullException("body");
-            BeginCapture();
+            BeginCapture(sharePoolWith);
             try
             {
                 body();

@@ -16,9 +16,10 @@ struct flame_graph_s {
 
 namespace {
 
-Graph& unwrap_graph(flame_graph_t g) {
-  FLAME_CHECK(g, FLAME_ERROR_INVALID_ARGUMENT, "graph is NULL");
-  FLAME_CHECK(g->magic == kGraphMagic && g->graph, FLAME_ERROR_INVALID_HANDLE, "graph is not a live graph (released already?)");
+Graph& unwrap_graph(flame_graph_t g, const char* name = "graph") {
+  FLAME_CHECK(g, FLAME_ERROR_INVALID_ARGUMENT, name, " is NULL");
+  FLAME_CHECK(g->magic == kGraphMagic && g->graph, FLAME_ERROR_INVALID_HANDLE, name,
+              " is not a live graph (released already?)");
   return *g->graph;
 }
 
@@ -55,6 +56,20 @@ FLAME_API flame_status_t flame_graph_capture_begin(flame_ctx_t ctx) {
     Context& c = context_of(ctx);
     ContextScope scope(c);
     capture_begin(c);
+  });
+}
+
+FLAME_API flame_status_t flame_graph_capture_begin_shared(flame_ctx_t ctx, flame_graph_t share_pool_with) {
+  return api_call("flame_graph_capture_begin_shared", [&] {
+    Context& c = context_of(ctx);
+    std::shared_ptr<GraphPool> pool;
+    if (share_pool_with) {
+      Graph& other = unwrap_graph(share_pool_with, "share_pool_with");
+      FLAME_CHECK(&other.ctx() == &c, FLAME_ERROR_INVALID_ARGUMENT, "share_pool_with belongs to another context than ctx");
+      pool = other.pool();
+    }
+    ContextScope scope(c);
+    capture_begin(c, pool);
   });
 }
 

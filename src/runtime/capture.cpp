@@ -24,11 +24,37 @@ void finish_pool(Context& c, const std::shared_ptr<GraphPool>& pool) noexcept {
   pool->free_blocks.clear();
 }
 
-// The graph is gone: its own blocks go back (held ones when their tensors go).
+// A graph (or an abandoned capture) lets go of its pool. The last user's blocks go back (held ones
+// when their tensors go); while other graphs share the pool, every block stays with them.
 void release_pool(Context& c, GraphPool& pool) noexcept {
+  if (--pool.users > 0) return;
   pool.released = true;
   for (CUdeviceptr p : pool.graph_only) c.release_block(p);
   pool.graph_only.clear();
+}
+
+// A shared capture's starting free list: the pool's capture-memory blocks that only earlier graphs
+// use (graph_only and in `sizes`); set-up memory and pre-capture blocks stay in graph_only.
+struct ReusableBlocks {
+  std::multimap<size_t, CUdeviceptr> free_blocks;
+  std::vector<CUdeviceptr> graph_only;
+};
+
+ReusableBlocks reusable_blocks(const GraphPool& pool) {
+  ReusableBlocks r;
+  for (CUdeviceptr p : pool.graph_only) {
+    auto it = pool.sizes.find(p);
+    if (it != pool.sizes.end()) r.free_blocks.emplace(it->second, p);
+    else r.graph_only.push_back(p);
+  }
+  return r;
+}
+
+// The capture starts using the pool (after everything that can fail: nothing throws here).
+void join_pool(GraphPool& pool, ReusableBlocks& reusable) noexcept {
+  pool.free_blocks.swap(reusable.free_blocks);
+  pool.graph_only.swap(reusable.graph_only);
+  ++pool.users;
 }
 
 // The stream waits for the side stream's set-up work (after a capture ended or was abandoned).
@@ -37,6 +63,22 @@ void join_side_stream(Context& c) noexcept {
     c.drv.cuStreamWaitEvent(c.stream, c.side_events[1], 0);
   else
     c.drv.cuStreamSynchronize(c.side_stream);  // cannot order by event: wait for it instead
+}
+
+// The side stream and its events, made on the first capture.
+void make_side_stream(Context& c) {
+  if (!c.side_stream) {
+    // The side stream may reuse pool blocks freed on the stream before a capture (it waits for them
+    // by event: capture_begin), but the pool must never order it after the stream by itself: that
+    // would make it wait on the capturing stream. Eager work allocates on one stream only, so this
+    // changes nothing outside captures.
+    int no = 0;
+    c.check(c.drv.cuMemPoolSetAttribute(c.pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &no),
+            "cuMemPoolSetAttribute");
+    c.check(c.drv.cuStreamCreate(&c.side_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  }
+  for (CUevent& e : c.side_events)
+    if (!e) c.check(c.drv.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
 }
 
 }  // namespace
@@ -108,8 +150,12 @@ CUdeviceptr capture_allocate(Context& c, size_t bytes) {
   if (r == CUDA_ERROR_OUT_OF_MEMORY) c.fail_out_of_memory(bytes, Context::OomCause::Capture);
   c.check(r, "cuMemAllocFromPoolAsync");
   try {
-    pool.sizes.emplace(p, bytes);
-    (setup ? pool.setup_live : pool.live).insert(p);
+    if (setup) {
+      pool.setup_live.insert(p);
+    } else {  // capture memory: another capture of the pool may reuse it once nothing holds it
+      pool.sizes.emplace(p, bytes);
+      pool.live.insert(p);
+    }
   } catch (...) {
     pool.sizes.erase(p);
     pool.graph_only.push_back(p);  // reserved, freed with the graph (no free while capturing)
@@ -158,28 +204,22 @@ void Context::abort_capture() noexcept {
   release_pool(*this, *cap->pool);
 }
 
-void capture_begin(Context& c) {
+void capture_begin(Context& c, const std::shared_ptr<GraphPool>& shared) {
   FLAME_CHECK(!c.capture, FLAME_ERROR_INVALID_ARGUMENT, "the context is capturing a graph already (captures do not nest)");
+  FLAME_CHECK(!shared || shared->users > 0, FLAME_ERROR_INVALID_ARGUMENT,
+              "the pool to share belongs to no live graph");
   c.check_alive();
   blas(c);  // the cuBLASLt handle and its workspace: cublasLtCreate is no graph work
-  if (!c.side_stream) {
-    // The side stream may reuse pool blocks freed on the stream before a capture (it waits for them
-    // by event, below), but the pool must never order it after the stream by itself: that would
-    // make it wait on the capturing stream. Eager work allocates on one stream only, so this
-    // changes nothing outside captures.
-    int no = 0;
-    c.check(c.drv.cuMemPoolSetAttribute(c.pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &no),
-            "cuMemPoolSetAttribute");
-    c.check(c.drv.cuStreamCreate(&c.side_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  }
-  for (CUevent& e : c.side_events)
-    if (!e) c.check(c.drv.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+  make_side_stream(c);
   // Set-up work on the side stream comes after everything queued so far.
   c.check(c.drv.cuEventRecord(c.side_events[0], c.stream), "cuEventRecord");
   c.check(c.drv.cuStreamWaitEvent(c.side_stream, c.side_events[0], 0), "cuStreamWaitEvent");
   auto cap = std::make_unique<Capture>();
+  if (shared) cap->pool = shared;
   cap->thread = std::this_thread::get_id();
+  ReusableBlocks reusable = reusable_blocks(*cap->pool);
   c.check(c.drv.cuStreamBeginCapture(c.stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+  join_pool(*cap->pool, reusable);
   c.capture = std::move(cap);
 }
 

@@ -25,11 +25,26 @@
 //   another capture is in progress.
 // - When the capture ends, blocks that tensors still hold (outputs such as the loss, new .grad
 //   tensors) stay valid and are rewritten by every replay; each is freed when both its tensor and
-//   the graph are gone (Context::graph_held). All other blocks of the pool belong to the graph.
+//   the graph (every graph of a shared pool) are gone (Context::graph_held). All other blocks of the
+//   pool belong to the graph.
 // - Set-up memory (SetupScope): state that must persist across replays (optimizer moments, the
 //   optimizer's step/lr record) or constant tables the graph reads (the optimizer's tensor tables) are
 //   allocated the same way but initialised on the side stream at capture time, once, and are never
 //   handed to another allocation of the capture.
+//
+// Shared pools (flame_graph_capture_begin_shared, PyTorch's graph(pool=other.pool())). Graphs of the
+// same step at several input shapes can capture into one pool, so that together they hold about
+// what the largest one needs. At the start of a shared capture, the capture's free list is the
+// pool's capture-memory blocks that nothing else holds: the earlier captures' graph_only blocks
+// (their intermediates, and kept outputs whose tensors are gone). Blocks that tensors still hold
+// (GraphPool::sizes minus graph_only) are never handed out, nor is set-up memory or a block that
+// existed before a capture (neither is in `sizes`). This is safe because the graphs of one pool
+// never run at the same time: they replay in stream order on their one context, and each graph
+// writes a block before it reads it within a replay. The cost is the documented one: the kept
+// output of a capture may sit in a block that an earlier graph of the pool uses as an
+// intermediate, so replaying that graph overwrites it. The pool counts its users (a capture, then
+// the graph it becomes); only when the last one goes is it `released`: its graph_only blocks go
+// back to the device, and blocks kept by tensors are freed as their tensors go.
 //
 // Kernels. A kernel first used during a capture is compiled (NVRTC, host only) and its module loaded
 // with the thread in relaxed mode. Drivers of CUDA 12.3 and newer load modules while a stream
@@ -45,6 +60,7 @@
 #include <cuda.h>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -54,13 +70,16 @@
 
 namespace flame {
 
+// The private memory of one graph, or of several graphs sharing it (fields live, setup_live and
+// free_blocks describe the capture in progress; they are empty between captures).
 struct GraphPool {
-  std::unordered_map<CUdeviceptr, size_t> sizes;   // every block the capture allocated: its size
+  std::unordered_map<CUdeviceptr, size_t> sizes;   // every capture-memory block of the pool: its size
   std::unordered_set<CUdeviceptr> live;            // held now (capture memory)
   std::unordered_set<CUdeviceptr> setup_live;      // held now (set-up memory, never reused)
-  std::multimap<size_t, CUdeviceptr> free_blocks;  // freed during the capture: reusable within it
-  std::vector<CUdeviceptr> graph_only;             // blocks only the graph needs (freed at release)
-  bool released = false;                           // the graph is gone (or the capture aborted)
+  std::multimap<size_t, CUdeviceptr> free_blocks;  // free during the capture: reusable within it
+  std::vector<CUdeviceptr> graph_only;             // blocks only the graphs need (freed at release)
+  int users = 0;                                   // captures and graphs using the pool
+  bool released = false;                           // the last user is gone (graph released, capture aborted)
 };
 
 struct Capture {
@@ -109,6 +128,7 @@ class Graph {
   Graph& operator=(const Graph&) = delete;
   void replay();
   Context& ctx() { return *ctx_; }
+  const std::shared_ptr<GraphPool>& pool() const { return cap_->pool; }
 
  private:
   std::shared_ptr<Context> ctx_;
@@ -117,8 +137,9 @@ class Graph {
   std::unique_ptr<Capture> cap_;
 };
 
-// flame_graph_capture_begin / _end (the context is locked by the caller).
-void capture_begin(Context& ctx);
+// flame_graph_capture_begin(_shared) / _end (the context is locked by the caller). shared: the pool
+// of a live graph of ctx to capture into (see "Shared pools" above), or NULL for a pool of its own.
+void capture_begin(Context& ctx, const std::shared_ptr<GraphPool>& shared = nullptr);
 std::unique_ptr<Graph> capture_end(Context& ctx);
 
 }  // namespace flame

@@ -204,7 +204,7 @@ class Context : public std::enable_shared_from_this<Context> {
   // > 0 while a SetupScope is open: allocations are set-up memory (see capture.h), not capture memory.
   int setup_depth = 0;
   // Blocks allocated during a finished capture that a tensor still holds, with the pool of their
-  // graph: freed when both the holder and the graph have let go.
+  // graph: freed when both the holder and every graph of the pool have let go.
   std::unordered_map<CUdeviceptr, std::shared_ptr<GraphPool>> graph_held;
   // Throws FLAME_ERROR_UNSUPPORTED "<what> is not allowed during a CUDA graph capture" while capturing.
   void forbid_in_capture(const char* what) const;

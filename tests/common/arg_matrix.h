@@ -401,9 +401,12 @@ class Args {
   // ---- CUDA graphs (Live: a.cuda_graph is a graph captured on the context, one small op; a.capture_ctx
   // is the context, capturing when the call gets the live one; a.begin_ctx is the context for
   // flame_graph_capture_begin. finish() ends a capture either left open, so rows never leak one) ----
-  flame_graph_t cuda_graph(const char* name) {
-    int h = handle_index(name, true, false);
-    if (null_now() || mode_ == Mode::Probe) return nullptr;
+  flame_graph_t cuda_graph(const char* name) { return graph_handle(name, true); }
+  // A graph argument that may be NULL by contract (never NULLed by the sweeps).
+  flame_graph_t opt_cuda_graph(const char* name) { return graph_handle(name, false); }
+  flame_graph_t graph_handle(const char* name, bool is_nullable) {
+    int h = handle_index(name, is_nullable, false);
+    if ((is_nullable && null_now()) || mode_ == Mode::Probe) return nullptr;
     if (mode_ == Mode::Cpu) return reinterpret_cast<flame_graph_t>(garbage());
     if (bad_now(h)) {
       if (bad == Bad::Foreign) return live_cuda_graph(ctx2_, true);

@@ -1087,6 +1087,9 @@ TEST(Toolkit, LoraWithoutADriver) {
 TEST(NullArguments, Graphs) {
   FLAME_EXPECT_STATUS(flame_graph_capture_begin(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
   EXPECT_TRUE(contains(flame_last_error_message(), "flame_graph_capture_begin")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_graph_capture_begin_shared(nullptr, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_graph_capture_begin_shared")) << flame_last_error_message();
+  EXPECT_TRUE(contains(flame_last_error_message(), "ctx is NULL")) << flame_last_error_message();
   flame_graph_t g = reinterpret_cast<flame_graph_t>(static_cast<uintptr_t>(0x40));
   FLAME_EXPECT_STATUS(flame_graph_capture_end(nullptr, &g), FLAME_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(g, nullptr) << "flame_graph_capture_end must set *graph to NULL on failure";

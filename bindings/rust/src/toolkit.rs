@@ -618,10 +618,25 @@ impl Context {
         Ok(Graph { raw })
     }
 
+    /// Begins a capture whose private memory pool is `share_pool_with`'s (`None`: a pool of its
+    /// own), `flame_graph_capture_begin_shared`: graphs of one step at several input shapes then hold
+    /// about what the largest needs. A tensor kept from one graph's capture may be overwritten by a
+    /// replay of another graph of the pool: read it before replaying another one.
+    pub fn graph_capture_begin_shared(&self, share_pool_with: Option<&Graph>) -> Result<()> {
+        let other = share_pool_with.map_or(std::ptr::null_mut(), |g| g.raw);
+        check(unsafe { (api()?.flame_graph_capture_begin_shared)(self.raw, other) })
+    }
+
     /// Captures the work `f` queues on this context into a graph (begin, `f`, end; the capture is
     /// ended also when `f` fails or panics, and the error is returned).
     pub fn capture_graph(&self, f: impl FnOnce() -> Result<()>) -> Result<Graph> {
-        self.graph_capture_begin()?;
+        self.capture_graph_shared(None, f)
+    }
+
+    /// [`Context::capture_graph`] into the memory pool of `share_pool_with`
+    /// ([`Context::graph_capture_begin_shared`]).
+    pub fn capture_graph_shared(&self, share_pool_with: Option<&Graph>, f: impl FnOnce() -> Result<()>) -> Result<Graph> {
+        self.graph_capture_begin_shared(share_pool_with)?;
         let r = catch_unwind(AssertUnwindSafe(f));
         let g = self.graph_capture_end();
         match r {
@@ -1055,6 +1070,7 @@ pub const HAND_WRAPPED: &[(&str, &str)] = &[
     ("flame_lora_is_merged", "Lora::is_merged"),
     ("flame_checkpoint", "Context::checkpoint"),
     ("flame_graph_capture_end", "Context::graph_capture_end"),
+    ("flame_graph_capture_begin_shared", "Context::graph_capture_begin_shared"),
     ("flame_graph_replay", "Graph::replay"),
     ("flame_graph_release", "Graph::drop"),
     ("flame_copy_from_host", "Tensor::copy_from_slice"),
