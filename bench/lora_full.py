@@ -28,8 +28,19 @@ gradients dropped; median of the timed steps after warm-up; peak = max allocated
     pass, so the timing is undisturbed): CUDA device events as kernels, those whose name is a copy
     kernel with casting loads/stores as casts, and cudaStreamSynchronize / cudaDeviceSynchronize /
     cudaEventSynchronize / blocking cudaMemcpy calls of the CPU activity as syncs.
+  - GPU busy fraction (issue 36; --busy-steps N, default 3, 0 leaves it out): the union of the device
+    intervals of every kernel, memcpy and memset over the wall-clock time from the host's start of the
+    first of N steps to the end, device synchronised, of the last (overlapping work counts once). Both
+    sides measure N more steps after the timed ones, so the timed rows carry no tracing cost. FLAME:
+    flame_bench_model_step --busy N (CUPTI activity trace, bench/cupti_busy.c; eager and graph replay,
+    whose kernels CUPTI reports one by one), after one untimed step under the trace. PyTorch:
+    torch.profiler with the CUDA activity only (no CPU op tracing), after one untimed step under the
+    trace and a marker kernel, its Chrome trace's kernel / gpu_memcpy / gpu_memset events after the
+    marker merged (bench/busy_trace.py). Tracing costs host time per launch on both sides, which
+    lowers a host-bound step's fraction a little: busy_wall_ms_per_step (in the JSON) against the timed
+    ms shows how much.
 
-    PYTHONPATH=$PWD/.ref python3 bench/lora_full.py [--rows sdxl-b1,...] [--compile] [--out DIR]
+    PYTHONPATH=$PWD/.ref python3 bench/lora_full.py [--rows sdxl-b1,...] [--compile] [--busy-steps 3] [--out DIR]
 
 Writes DIR/lora_full.json and DIR/lora_full.md (the tier's table for bench/RESULTS.md).
 """
@@ -49,6 +60,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import models_full  # noqa: E402  (the full-size configs and inputs)
+import busy_trace  # noqa: E402  (the busy fraction's merging, shared with its self-check)
 
 # row -> (model, batch, checkpointing[, FLAME model options[, flame_bench_model_step flags]])
 ROWS = {
@@ -107,6 +119,38 @@ def torch_counts(step):
              and span.start <= e.time_range.start <= span.end]
     return dict(launches_per_step=len(device), cast_kernels_per_step=sum(1 for e in device if CAST_KERNEL.search(e.name)),
                 host_syncs_per_step=len(syncs))
+
+
+TORCH_BUSY_MARKER = "spin_kernel"  # torch.cuda._sleep's kernel: the device work after it is measured
+
+
+def torch_busy(step, steps, work):
+    """GPU busy fraction of `steps` more PyTorch steps (bench/busy_trace.py's definition): torch.profiler
+    with the CUDA activity only. Inside the profile one untimed step (the trace's start-up, as
+    flame_bench_model_step --busy does), then a marker kernel (torch.cuda._sleep) and a synchronize, then
+    the wall clock from just before the first measured step to the synchronised end of the last; the
+    device intervals that start after the marker, from the exported Chrome trace."""
+    from torch.profiler import ProfilerActivity, profile
+    marker = TORCH_BUSY_MARKER if hasattr(torch.cuda, "_sleep") else None
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        if marker:
+            step()
+            torch.cuda._sleep(1000)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    path = os.path.join(work, "torch_busy_trace.json")
+    prof.export_chrome_trace(path)
+    try:
+        with open(path) as f:
+            trace = json.load(f)
+    finally:
+        os.remove(path)
+    return busy_trace.summary(trace, wall_ms, steps, marker)
 
 
 def torch_row(spec, key, batch, ckpt, args):
@@ -171,6 +215,11 @@ def torch_row(spec, key, batch, ckpt, args):
         counts = torch_counts(step)
     except RuntimeError as e:  # no CUPTI: the row keeps its timing
         counts = dict(counts_error=str(e).splitlines()[0][:200])
+    if args.busy_steps:
+        try:
+            counts.update(torch_busy(step, args.busy_steps, args.work))
+        except (RuntimeError, OSError, ValueError) as e:  # no CUPTI, or no trace: the row keeps its timing
+            counts["busy_error"] = (str(e).splitlines() or [type(e).__name__])[0][:200]
     del model, opt, lora, x
     torch.cuda.empty_cache()
     return dict(ms=statistics.median(times), peak_gib=peak / 2**30, adapter_elements=adapter_elements,
@@ -190,12 +239,24 @@ def flame_row(spec, key, batch, ckpt, grad_cpu, args, graph, extra_options=None,
            "--inputs", os.path.join(side, "inputs.safetensors"), "--grads", os.path.join(side, "grads.safetensors"),
            "--checkpoint", str(ckpt), "--warmup", str(args.warmup), "--steps", str(args.steps),
            "--lora", json.dumps(lora), "--graph", str(int(graph)), *tool_flags]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    busy_error = None
+    r = subprocess.run(cmd + (["--busy", str(args.busy_steps)] if args.busy_steps else []), capture_output=True, text=True)
+    if r.returncode != 0 and "built without CUPTI" in r.stderr:  # the row without its busy fraction
+        busy_error = r.stderr.strip().splitlines()[-1][:200]
+        r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         return dict(error=(r.stderr or r.stdout).strip()[-1500:])
     res = json.loads(r.stdout.split("RESULT ", 1)[1].splitlines()[0])
     counts = {k: res[k] for k in ("launches_per_step", "cast_kernels_per_step", "host_syncs_per_step",
                                   "driver_allocations_per_step", "optimizer_in_backward") if k in res}
+    busy = {k: v for k, v in res.items() if k.startswith("busy_")}
+    if busy.get("busy_error"):  # no fraction (RESULT's -1): busy_error says why
+        busy.pop("busy_fraction", None)
+    else:
+        busy.pop("busy_error", None)
+    if busy_error:
+        busy["busy_error"] = busy_error
+    counts.update(busy)
     return dict(ms=res["step_ms_median"], peak_gib=res["peak_bytes"] / 2**30, adapter_elements=res["adapter_elements"],
                 graph=bool(res["graph"]), graph_error=res["graph_error"], **counts)
 
@@ -288,6 +349,12 @@ def work_cell(r, casts=True):
     return " / ".join(cell(r, k, ".0f") for k in keys)
 
 
+def busy_cell(t, f, fg):
+    """PyTorch / FLAME eager / FLAME graph busy fractions (- where not measured or no graph)."""
+    return " / ".join([cell(t, "busy_fraction", ".2f"), cell(f, "busy_fraction", ".2f"),
+                       cell(fg, "busy_fraction", ".2f") if fg.get("graph") else "-"])
+
+
 def table(rows, device, commit, compiled):
     lines = [f"{time.strftime('%Y-%m-%d')} · {device} · commit {commit} · torch {torch.__version__}"
              f"{' · PyTorch with regional compile' if compiled else ' · PyTorch eager'}", "",
@@ -296,17 +363,23 @@ def table(rows, device, commit, compiled):
              "(weights included). ratio = FLAME ms / PyTorch ms (lower is better).", "",
              "kernels / casts / syncs: per step (PyTorch: torch.profiler over one step; FLAME: flame_ctx_counters, "
              "a replayed graph is one launch).", "",
+             "busy: GPU busy fraction, the union of the kernel / memcpy / memset device intervals over the wall "
+             "time of separate traced steps after the timed ones (PyTorch: torch.profiler, CUDA activity only; "
+             "FLAME: flame_bench_model_step --busy, CUPTI).", "",
              "| row | PyTorch ms | PyTorch GiB | FLAME eager ms | ratio | FLAME graph ms | ratio | FLAME GiB | mem ratio "
-             "| PyTorch kernels / casts / syncs | FLAME eager kernels / casts / syncs | FLAME graph kernels / syncs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| PyTorch kernels / casts / syncs | FLAME eager kernels / casts / syncs | FLAME graph kernels / syncs "
+             "| busy PyTorch / FLAME eager / FLAME graph |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t, f, fg = r.get("torch", {}), r.get("flame", {}), r.get("flame_graph", {})
-        fe = f.get("error") or fg.get("graph_error")
+        fe = " ".join(dict.fromkeys(x for x in (f.get("error") or fg.get("graph_error"), t.get("busy_error"),
+                                                f.get("busy_error"), fg.get("busy_error")) if x))
         lines.append(f"| {r['row']} | {cell(t, 'ms', '.1f')} | {cell(t, 'peak_gib', '.2f')} | {cell(f, 'ms', '.1f')} "
                      f"| {cell(f, 'ratio', '.3f')} | {cell(fg, 'ms', '.1f') if fg.get('graph') else '-'} "
                      f"| {cell(fg, 'ratio', '.3f') if fg.get('graph') else '-'} | {cell(f, 'peak_gib', '.2f')} "
                      f"| {cell(f, 'mem_ratio', '.3f')} | {work_cell(t)} | {work_cell(f)} "
-                     f"| {work_cell(fg, casts=False) if fg.get('graph') else '-'} |" + (f" {fe[:120]}" if fe else ""))
+                     f"| {work_cell(fg, casts=False) if fg.get('graph') else '-'} | {busy_cell(t, f, fg)} |"
+                     + (f" {fe[:120]}" if fe else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -318,6 +391,8 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--compile", action="store_true", help="PyTorch with compile_repeated_blocks(fullgraph=True)")
     ap.add_argument("--no-graph", action="store_true", help="FLAME eager only")
+    ap.add_argument("--busy-steps", type=int, default=3,
+                    help="steps traced after the timed ones for the GPU busy fraction, both sides (0: not measured)")
     ap.add_argument("--flame-only", action="store_true",
                     help="FLAME's rows without PyTorch's (no ratios): FLAME-only rows judged against FLAME's bf16 row")
     ap.add_argument("--work", default="/tmp/flame_lora_full")

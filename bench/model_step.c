@@ -5,7 +5,7 @@
  *   flame_bench_model_step (--load PATH | --arch CLASS --config JSON) --inputs IN.safetensors
  *                          --grads G.safetensors [--options JSON] [--checkpoint N] [--warmup 2]
  *                          [--steps 5] [--out OUT.safetensors] [--lora JSON [--lr 1e-4] [--graph 1]
- *                          [--optimizer-in-backward | --clip-grad-norm MAX]]
+ *                          [--optimizer-in-backward | --clip-grad-norm MAX]] [--busy N]
  *
  * --arch / --config make the model with flame_model_create (random init; no load rate) instead.
  * --lora adds an adapter with flame_model_add_lora(JSON) (freezing the base) and an AdamW optimizer
@@ -35,7 +35,17 @@
  * f32 master weights over every parameter that requires grad, sharded with flame_zero_create at that
  * stage (3: the model's block parameters too, after one forward without gradients so that the model
  * knows its blocks), each step ending in flame_zero_step; each rank prints its own RESULT
- * (optimizer_state_bytes: this rank's share of the optimizer state). */
+ * (optimizer_state_bytes: this rank's share of the optimizer state).
+ * --busy N adds the GPU busy fraction, measured over N more steps after the timed ones (the same step:
+ * eager, or the graph replayed) with CUPTI's activity trace on (cupti_busy.h): the union of the device
+ * intervals of every kernel, memcpy and memset over the wall-clock time from the host's start of the
+ * first of those steps to the end, device synchronised, of the last. CUPTI attaches only for these
+ * steps (after one untimed step, so that its start-up stays out), so the timed steps above carry none of
+ * its overhead; its own cost per launch is in busy_wall_ms_per_step (compare step_ms_median). RESULT then
+ * also has busy_steps, busy_fraction, busy_device_ms_per_step (the union), busy_wall_ms_per_step,
+ * busy_records_per_step (kernels + memcpys + memsets the device ran: a graph's nodes one by one) and
+ * busy_error ("" or CUPTI's reason for no fraction: busy_fraction is then -1, the timing fields stay
+ * valid). A build without CUPTI refuses --busy at once ("built without CUPTI", exit 1). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>
@@ -44,6 +54,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include "bench_util.h"
+#include "cupti_busy.h"
 #include "flame.h"
 #include "optimizer_in_backward.h"
 
@@ -58,7 +69,7 @@ typedef struct {
   const char* inputs;
   const char* grads;
   const char* out;
-  long checkpoint, warmup, steps, graph, zero;
+  long checkpoint, warmup, steps, graph, zero, busy;
   double lr, clip_grad_norm; /* clip_grad_norm 0: no clipping */
   int optimizer_in_backward;
 } Args;
@@ -79,12 +90,13 @@ static int check(flame_status_t s, const char* what) {
 static void usage(void) {
   fprintf(stderr, "usage: flame_bench_model_step (--load PATH | --arch CLASS --config JSON) --inputs IN.safetensors "
                   "--grads G.safetensors [--options JSON] [--checkpoint N] [--warmup N] [--steps N] [--out OUT.safetensors] "
-                  "[--lora JSON [--lr LR] [--graph 1] [--optimizer-in-backward | --clip-grad-norm MAX] | --zero STAGE [--lr LR]]\n");
+                  "[--lora JSON [--lr LR] [--graph 1] [--optimizer-in-backward | --clip-grad-norm MAX] | --zero STAGE [--lr LR]] "
+                  "[--busy N]\n");
   exit(1);
 }
 
 static Args parse(int argc, char** argv) {
-  Args a = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 2, 5, 0, 0, 1e-4, 0, 0};
+  Args a = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 2, 5, 0, 0, 0, 1e-4, 0, 0};
   for (int i = 1; i < argc; i += 2) {
     const char* k = argv[i];
     if (!strcmp(k, "--optimizer-in-backward")) {  /* the one option without a value */
@@ -109,9 +121,10 @@ static Args parse(int argc, char** argv) {
     else if (!strcmp(k, "--checkpoint")) a.checkpoint = strtol(v, NULL, 10);
     else if (!strcmp(k, "--warmup")) a.warmup = strtol(v, NULL, 10);
     else if (!strcmp(k, "--steps")) a.steps = strtol(v, NULL, 10);
+    else if (!strcmp(k, "--busy")) a.busy = strtol(v, NULL, 10);
     else usage();
   }
-  if ((!a.load == !a.arch) || !a.inputs || !a.grads || a.steps < 1 || a.warmup < 0) usage();
+  if ((!a.load == !a.arch) || !a.inputs || !a.grads || a.steps < 1 || a.warmup < 0 || a.busy < 0) usage();
   if (a.graph && (!a.lora || a.warmup < 1)) usage();  /* a captured step needs the optimizer's state made */
   if (a.zero && (a.lora || a.graph || a.zero < 1 || a.zero > 3)) usage();
   if (a.clip_grad_norm < 0 || (a.clip_grad_norm > 0 && !a.lora)) usage();
@@ -318,9 +331,78 @@ static flame_optimizer_t full_finetune_optimizer(flame_ctx_t ctx, flame_comm_t c
   return opt;
 }
 
+typedef struct {
+  double fraction; /* -1: not measured (error says why) */
+  double device_ms_per_step, wall_ms_per_step, records_per_step;
+  char error[256];
+} BusyResult;
+
+/* --busy: one untimed step with CUPTI's trace on (its start-up), then `steps` steps in the window from
+ * the host's start of the first to the synchronised end of the last; the union of the device intervals
+ * inside that window over its length. A CUPTI failure, or a replay or synchronize failing under the
+ * trace, is reported in the result (the timed fields stay printable); a failing eager step still ends
+ * the program as in the timed loop. */
+static BusyResult measure_busy(flame_ctx_t ctx, flame_model_t model, flame_params_t inputs, const TensorFile* grads,
+                               flame_params_t params, const Update* update, flame_graph_t graph, long steps) {
+  BusyResult r;
+  memset(&r, 0, sizeof r);
+  r.fraction = -1;
+  if (busy_trace_start(r.error, sizeof r.error) != 0) return r;
+  uint64_t window_start = 0;
+  for (long i = -1; i < steps && !r.error[0]; ++i) {
+    if (i == 0) {
+      if (flame_ctx_synchronize(ctx) != FLAME_OK) {
+        snprintf(r.error, sizeof r.error, "flame_ctx_synchronize under CUPTI: %s", flame_last_error_message());
+        break;
+      }
+      window_start = busy_timestamp_ns();
+    }
+    if (!graph)
+      step(ctx, model, inputs, grads, params, update, NULL);
+    else if (flame_graph_replay(graph) != FLAME_OK)
+      snprintf(r.error, sizeof r.error, "flame_graph_replay under CUPTI: %s", flame_last_error_message());
+  }
+  if (!r.error[0] && flame_ctx_synchronize(ctx) != FLAME_OK)
+    snprintf(r.error, sizeof r.error, "flame_ctx_synchronize under CUPTI: %s", flame_last_error_message());
+  const uint64_t window_end = busy_timestamp_ns();
+  BusyInterval* v = NULL;
+  size_t n = 0, untimed = 0, dropped = 0;
+  char stop_error[256] = "";
+  const int stopped = busy_trace_stop(&v, &n, &untimed, &dropped, stop_error, sizeof stop_error) == 0;
+  if (!r.error[0] && !stopped) snprintf(r.error, sizeof r.error, "%s", stop_error);
+  if (r.error[0]) {
+    free(v);
+    return r;
+  }
+  n = busy_clip(v, n, window_start, window_end);
+  if (window_start == 0 || window_end <= window_start)
+    snprintf(r.error, sizeof r.error, "cuptiGetTimestamp gave no window (%llu..%llu)",
+             (unsigned long long)window_start, (unsigned long long)window_end);
+  else if (dropped || untimed)
+    snprintf(r.error, sizeof r.error, "CUPTI dropped %zu records and left %zu untimed", dropped, untimed);
+  else if (n == 0)
+    snprintf(r.error, sizeof r.error, "CUPTI recorded no kernel, memcpy or memset in the measured steps");
+  else {
+    const double window_ns = (double)(window_end - window_start);
+    const double busy_ns = (double)busy_union_ns(v, n);
+    r.fraction = busy_ns / window_ns;
+    r.device_ms_per_step = busy_ns / 1e6 / steps;
+    r.wall_ms_per_step = window_ns / 1e6 / steps;
+    r.records_per_step = (double)n / steps;
+  }
+  free(v);
+  return r;
+}
+
 int main(int argc, char** argv) {
   const double process_start = now_ms();
   const Args a = parse(argc, argv);
+  if (a.busy && !busy_built_with_cupti()) {
+    char why[256];
+    busy_trace_start(why, sizeof why);
+    fprintf(stderr, "flame_bench_model_step: --busy: %s\n", why);
+    return 1;
+  }
   flame_ctx_options_t o;
   check(flame_ctx_options_init(&o), "flame_ctx_options_init");
   int32_t local_rank = 0;
@@ -423,6 +505,16 @@ int main(int argc, char** argv) {
   uint64_t state_bytes = 0;
   if (opt) check(flame_optimizer_state_bytes(opt, &state_bytes), "flame_optimizer_state_bytes");
   if (oib) check(oib_state_bytes(oib, &state_bytes), "oib_state_bytes");
+  char busy_json[768] = "";
+  if (a.busy) {
+    BusyResult b = measure_busy(ctx, model, inputs, &grads, params, &update, graph, a.busy);
+    for (char* c = b.error; *c; ++c)  /* the message goes into a JSON string */
+      if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) *c = ' ';
+    snprintf(busy_json, sizeof busy_json,
+             ", \"busy_steps\": %ld, \"busy_fraction\": %.4f, \"busy_device_ms_per_step\": %.3f, "
+             "\"busy_wall_ms_per_step\": %.3f, \"busy_records_per_step\": %.1f, \"busy_error\": \"%s\"",
+             a.busy, b.fraction, b.device_ms_per_step, b.wall_ms_per_step, b.records_per_step, b.error);
+  }
   qsort(ms, (size_t)a.steps, sizeof(double), compare_doubles);
   for (const char* c = graph_error; *c; ++c)  /* the message goes into a JSON string */
     if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) graph_error[c - graph_error] = ' ';
@@ -431,12 +523,12 @@ int main(int argc, char** argv) {
          "\"graph_error\": \"%s\", \"launches_per_step\": %.1f, \"cast_kernels_per_step\": %.1f, "
          "\"host_syncs_per_step\": %.1f, \"driver_allocations_per_step\": %.1f, \"start_to_first_step_ms\": %.1f, "
          "\"optimizer_state_bytes\": %llu, \"zero_stage\": %ld, \"optimizer_in_backward\": %d, "
-         "\"clip_grad_norm\": %g}\n",
+         "\"clip_grad_norm\": %g%s}\n",
          load_ms, bytes, bytes > 0 ? bytes / 1e9 / (load_ms / 1e3) : 0.0, ms[a.steps / 2], ms[0],
          (unsigned long long)mem.peak_bytes_in_use, a.steps, (long long)adapter_elements, graph != NULL, graph_error,
          (double)total.launches / a.steps, (double)total.cast_kernels / a.steps, (double)total.host_syncs / a.steps,
          (double)total.driver_allocations / a.steps, start_to_first_step_ms, (unsigned long long)state_bytes, a.zero,
-         a.optimizer_in_backward, a.clip_grad_norm);
+         a.optimizer_in_backward, a.clip_grad_norm, busy_json);
   free(ms);
   flame_graph_release(graph);
   flame_zero_release(zero);

@@ -1808,7 +1808,7 @@ FLAME_API flame_status_t flame_ctx_cudnn_attention_info(flame_ctx_t ctx, uint64_
  * every host-side value (shapes, scalars, which kernel) fixed at that moment. Each replay then runs
  * exactly that work on the same memory, asynchronously on the context's stream. So:
  *  - Inputs: create static input tensors before the capture and write each new batch into them
- *    between replays with flame_copy_from_host (or any FLAME op writing them in place); the graph
+ *    between replays with flame_copy_from_host or flame_copy (a batch already on the GPU); the graph
  *    reads whatever they hold when it runs. Tensors created before the capture that the graph reads
  *    or writes (static inputs, parameters, their .grad, the optimizer) must stay alive while the
  *    graph may be replayed; FLAME keeps alive those released during the capture itself.
@@ -1870,6 +1870,20 @@ FLAME_API void flame_graph_release(flame_graph_t graph);
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (dst or data NULL, dst not contiguous, nbytes not numel * dtype
  * size), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_UNSUPPORTED (during a capture). */
 FLAME_API flame_status_t flame_copy_from_host(flame_tensor_t dst, const void* data, size_t nbytes);
+/* Writes src into the existing tensor dst in place (both borrowed, same context), converting src's
+ * dtype to dst's (flame_to_dtype's rules), in stream order: the device-side counterpart of
+ * flame_copy_from_host, e.g. to refill a graph's static inputs with a batch already on the GPU, or to
+ * copy one set of weights into another. src may have any strides (views, broadcast expand
+ * included); dst must be contiguous. Allowed during a capture (the copy becomes a node of the graph).
+ * Autograd: the copy is not recorded (no gradient flows to src) and it bumps dst's version, so a
+ * backward that saved dst fails with FLAME_ERROR_INPLACE_MODIFIED; a dst that requires grad (a
+ * parameter) may be written only with grad mode off (flame_ctx_set_grad_enabled), as PyTorch's
+ * copy_ under no_grad. A src that is dst itself (same memory and layout) is a no-op.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (dst or src NULL, another context, dst not contiguous, dst
+ * requires grad while grad mode is on, src and dst partly overlap in memory),
+ * FLAME_ERROR_SHAPE_MISMATCH (shapes differ), FLAME_ERROR_INVALID_HANDLE (a released tensor),
+ * FLAME_ERROR_CONTEXT_FAILED. On error dst is unchanged. */
+FLAME_API flame_status_t flame_copy(flame_tensor_t dst, flame_tensor_t src);
 
 /* ============================== Distributed: NCCL communicators and data parallelism ============================== */
 /* Multi-GPU training over NCCL (libnccl.so.2, 2.14 or newer, loaded at run time: set

@@ -751,6 +751,7 @@ namespace Flame.Interop
             "flame_graph_replay",
             "flame_graph_release",
             "flame_copy_from_host",
+            "flame_copy",
             "flame_comm_options_init",
             "flame_comm_unique_id",
             "flame_comm_rendezvous",
@@ -1889,6 +1890,10 @@ namespace Flame.Interop
         /// <summary><c>flame_status_t flame_copy_from_host(flame_tensor_t dst, const void* data, size_t nbytes)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_copy_from_host", ExactSpelling = true)]
         public static extern flame_status_t flame_copy_from_host(IntPtr dst, IntPtr data, UIntPtr nbytes);
+
+        /// <summary><c>flame_status_t flame_copy(flame_tensor_t dst, flame_tensor_t src)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_copy", ExactSpelling = true)]
+        public static extern flame_status_t flame_copy(IntPtr dst, IntPtr src);
 
         /// <summary><c>flame_status_t flame_comm_options_init(flame_comm_options_t* opts)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_comm_options_init", ExactSpelling = true)]

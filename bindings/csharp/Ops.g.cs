@@ -2140,6 +2140,17 @@ namespace Flame
             GC.KeepAlive(this);
         }
 
+        /// <summary><c>flame_status_t flame_copy(flame_tensor_t dst, flame_tensor_t src)</c></summary>
+        [Wraps("flame_copy")]
+        public unsafe void Copy(Tensor src)
+        {
+            {
+                Status.Check(Native.flame_copy(Raw, Tensor.RawOf(src)));
+            }
+            GC.KeepAlive(this);
+            GC.KeepAlive(src);
+        }
+
         /// <summary><c>flame_status_t flame_cat(const flame_tensor_t* tensors, int32_t n, int32_t dim, flame_tensor_t* out)</c></summary>
         [Wraps("flame_cat")]
         public static unsafe Tensor Cat(Tensor[] tensors, int dim)

@@ -2,8 +2,10 @@
 // compute eagerly, for (a) a chain of elementwise ops on a static input refilled between replays,
 // (b) MLP training steps with AdamW and a learning rate changed between steps (zero_grad inside
 // the capture, both set_to_none and filling with zeros), (c) allocations freed and reused inside a
-// capture; and the error paths: calls a graph cannot hold fail with FLAME_ERROR_UNSUPPORTED, abort
+// capture, (d) flame_copy refilling a static input from the device inside and outside a graph;
+// and the error paths: calls a graph cannot hold fail with FLAME_ERROR_UNSUPPORTED, abort
 // the capture (capture_end returns that error) and leave the context working.
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -419,6 +421,94 @@ TEST_F(Graph, BadArguments) {
   for (float v : floats(x)) ASSERT_EQ(v, 0.0f) << "a rejected copy wrote";
   FLAME_ASSERT_OK(flame_copy_from_host(x, host.data(), 24 * sizeof(float)));
   for (float v : floats(x)) ASSERT_EQ(v, 1.5f);
+}
+
+// flame_copy: the device-side static-input refill. Eagerly: a transposed f32 source into a bf16
+// destination converts and gathers; a broadcast (expanded) source fills; then inside a capture the
+// copy is a node of the graph, so each replay reads the source's current contents.
+TEST_F(Graph, CopyConvertsGathersAndReplaysInsideAGraph) {
+  Rng rng(11);
+  const std::vector<float> host = random_floats(rng, 24);
+  T src = from_floats(ctx, host, {4, 6});
+  T src_t, dst_bf16, back;
+  FLAME_ASSERT_OK(flame_transpose(src, 0, 1, src_t.out()));  // [6, 4], strided
+  const int64_t shape64[] = {6, 4};
+  FLAME_ASSERT_OK(flame_zeros(ctx, shape64, 2, FLAME_DTYPE_BF16, dst_bf16.out()));
+  FLAME_ASSERT_OK(flame_copy(dst_bf16, src_t));
+  FLAME_ASSERT_OK(flame_to_dtype(dst_bf16, FLAME_DTYPE_F32, back.out()));
+  const std::vector<float> got = floats(back);
+  for (int r = 0; r < 6; ++r)
+    for (int c = 0; c < 4; ++c) {
+      const float want = host[static_cast<size_t>(c * 6 + r)];
+      ASSERT_NEAR(got[static_cast<size_t>(r * 4 + c)], want, std::fabs(want) * (1.0f / 128)) << r << "," << c;
+    }
+  // A broadcast source: one row expanded over four.
+  T row = from_floats(ctx, {1, 2, 3, 4, 5, 6}, {1, 6}), rows, dst;
+  const int64_t expanded[] = {4, 6};
+  FLAME_ASSERT_OK(flame_expand(row, expanded, 2, rows.out()));
+  FLAME_ASSERT_OK(flame_zeros(ctx, expanded, 2, FLAME_DTYPE_F32, dst.out()));
+  FLAME_ASSERT_OK(flame_copy(dst, rows));
+  const std::vector<float> filled = floats(dst);
+  for (size_t i = 0; i < filled.size(); ++i) ASSERT_EQ(filled[i], static_cast<float>(i % 6 + 1));
+
+  // Captured: y = chain(static_x); static_x is refilled from a device tensor between replays.
+  T static_x = from_floats(ctx, host, {4, 6}), c = from_floats(ctx, random_floats(rng, 24), {4, 6});
+  T batch;
+  FLAME_ASSERT_OK(flame_zeros(ctx, expanded, 2, FLAME_DTYPE_F32, batch.out()));
+  T y;
+  FLAME_ASSERT_OK(flame_graph_capture_begin(ctx));
+  FLAME_ASSERT_OK(flame_copy(static_x, batch));
+  FLAME_ASSERT_OK(chain(static_x, c, y.out()));
+  flame_graph_t g = nullptr;
+  FLAME_ASSERT_OK(flame_graph_capture_end(ctx, &g));
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<float> next = random_floats(rng, 24);
+    T fresh = from_floats(ctx, next, {4, 6});
+    FLAME_ASSERT_OK(flame_copy(batch, fresh));  // eager, in stream order before the replay
+    FLAME_ASSERT_OK(flame_graph_replay(g));
+    T ref;
+    FLAME_ASSERT_OK(chain(fresh, c, ref.out()));
+    expect_bitwise(floats(y), floats(ref), "copy refilled inside the graph");
+  }
+  flame_graph_release(g);
+}
+
+TEST_F(Graph, CopyRefusesBadArgumentsAndWritesNothing) {
+  const int64_t shape[] = {4, 6}, other[] = {6, 4};
+  T dst, src, wrong, dst_t;
+  FLAME_ASSERT_OK(flame_zeros(ctx, shape, 2, FLAME_DTYPE_F32, dst.out()));
+  FLAME_ASSERT_OK(flame_ones(ctx, shape, 2, FLAME_DTYPE_F32, src.out()));
+  FLAME_ASSERT_OK(flame_ones(ctx, other, 2, FLAME_DTYPE_F32, wrong.out()));
+  FLAME_EXPECT_STATUS(flame_copy(nullptr, src), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_copy(dst, nullptr), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_copy(dst, wrong), FLAME_ERROR_SHAPE_MISMATCH);
+  FLAME_ASSERT_OK(flame_transpose(wrong, 0, 1, dst_t.out()));  // [4, 6] strided destination
+  FLAME_EXPECT_STATUS(flame_copy(dst_t, src), FLAME_ERROR_INVALID_ARGUMENT);
+  // Partial overlap: rows 0-2 into rows 1-3 of the same storage.
+  T big, lo, hi;
+  const int64_t five[] = {5, 6};
+  FLAME_ASSERT_OK(flame_zeros(ctx, five, 2, FLAME_DTYPE_F32, big.out()));
+  FLAME_ASSERT_OK(flame_narrow(big, 0, 0, 4, lo.out()));
+  FLAME_ASSERT_OK(flame_narrow(big, 0, 1, 4, hi.out()));
+  FLAME_EXPECT_STATUS(flame_copy(hi, lo), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_ASSERT_OK(flame_copy(lo, lo));  // itself: a no-op
+  // A parameter: only with grad mode off.
+  FLAME_ASSERT_OK(flame_tensor_set_requires_grad(dst, 1));
+  FLAME_EXPECT_STATUS(flame_copy(dst, src), FLAME_ERROR_INVALID_ARGUMENT);
+  for (float v : floats(dst)) ASSERT_EQ(v, 0.0f) << "a rejected copy wrote";
+  int32_t previous = 0;
+  FLAME_ASSERT_OK(flame_ctx_set_grad_enabled(ctx, 0, &previous));
+  FLAME_ASSERT_OK(flame_copy(dst, src));
+  FLAME_ASSERT_OK(flame_ctx_set_grad_enabled(ctx, previous, nullptr));
+  for (float v : floats(dst)) ASSERT_EQ(v, 1.0f);
+  // Another context's tensor.
+  flame_ctx_t other_ctx = nullptr;
+  FLAME_ASSERT_OK(flame_ctx_create(nullptr, &other_ctx));
+  T foreign;
+  FLAME_ASSERT_OK(flame_ones(other_ctx, shape, 2, FLAME_DTYPE_F32, foreign.out()));
+  FLAME_EXPECT_STATUS(flame_copy(src, foreign), FLAME_ERROR_INVALID_ARGUMENT);
+  foreign = T();
+  flame_ctx_destroy(other_ctx);
 }
 
 TEST(GraphContext, DestroyingTheContextDuringACaptureDiscardsIt) {

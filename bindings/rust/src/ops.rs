@@ -1237,6 +1237,12 @@ impl Tensor {
         check(unsafe { (api.flame_tensor_retain_grad)(self.raw) })?;
         Ok(())
     }
+    /// `flame_status_t flame_copy(flame_tensor_t dst, flame_tensor_t src)`.
+    pub fn copy(&self, src: &Tensor) -> Result<()> {
+        let api = api()?;
+        check(unsafe { (api.flame_copy)(self.raw, src.raw) })?;
+        Ok(())
+    }
 }
 
 impl Tensor {
@@ -1577,6 +1583,7 @@ pub const WRAPPED: &[(&str, &str)] = &[
     ("flame_tensor_detach", "Tensor::detach"),
     ("flame_tensor_zero_grad", "Tensor::zero_grad"),
     ("flame_tensor_retain_grad", "Tensor::retain_grad"),
+    ("flame_copy", "Tensor::copy"),
     ("flame_cat", "Tensor::cat"),
     ("flame_stack", "Tensor::stack"),
     ("flame_ctx_synchronize", "Context::synchronize"),
