@@ -16,7 +16,11 @@ gradients dropped; median of the timed steps after warm-up; peak = max allocated
     compile) timed separately.
   - FLAME: build/bench/flame_bench_model_step --arch --config (flame_model_create) --lora (the same
     targets by the architecture's default preset, checked by the adapter's element count) eager, and
-    with --graph 1 the whole step captured as one CUDA graph.
+    with --graph 1 the whole step captured as one CUDA graph. FLAME-only rows may add model options
+    (fp8 base, offload) and flags of the tool: "...-oib" rows pass --optimizer-in-backward (one AdamW
+    per adapter tensor, stepped from its post-accumulate-grad hook during backward, which then drops
+    the gradient: bench/optimizer_in_backward.h), so that no adapter gradient waits for the end of
+    backward.
 
   - Work per step (issue 36): kernels (every launch: kernels, GEMMs, memsets, copies; a replayed
     FLAME graph is one), cast kernels (dtype conversions) and host syncs. FLAME: flame_ctx_counters
@@ -58,7 +62,7 @@ sys.path.insert(0, HERE)
 import models_full  # noqa: E402  (the full-size configs and inputs)
 import busy_trace  # noqa: E402  (the busy fraction's merging, shared with its self-check)
 
-# row -> (model, batch, checkpointing)
+# row -> (model, batch, checkpointing[, FLAME model options[, flame_bench_model_step flags]])
 ROWS = {
     "sdxl-b1": ("sdxl", 1, 0),
     "sdxl-b4": ("sdxl", 4, 0),
@@ -68,6 +72,9 @@ ROWS = {
     "sd35-b1": ("sd35", 1, 0),
     # FLAME only (diffusers has no fp8 frozen base to train on): judged against FLAME's bf16 row
     "flux-b1-ckpt-fp8": ("flux", 1, 1, {"quantize": {"dtype": "f8_e4m3", "scale": "tensor"}}),
+    # FLAME only: the fp8 row with the optimizer applied inside backward (issue 36's 14 GiB target)
+    "flux-b1-ckpt-fp8-oib": ("flux", 1, 1, {"quantize": {"dtype": "f8_e4m3", "scale": "tensor"}},
+                             ["--optimizer-in-backward"]),
     # FLAME only: frozen blocks streamed from pinned host memory within 12 GiB of device memory for the
     # parameters (offload is not captured into graphs: eager only), judged against the bf16 ckpt row
     "flux-b1-ckpt-offload12": ("flux", 1, 1, {"offload": {"budget_bytes": 12 * 2**30}}),
@@ -219,7 +226,7 @@ def torch_row(spec, key, batch, ckpt, args):
                 compile_s=compile_s, **counts), grad_cpu
 
 
-def flame_row(spec, key, batch, ckpt, grad_cpu, args, graph, extra_options=None):
+def flame_row(spec, key, batch, ckpt, grad_cpu, args, graph, extra_options=None, tool_flags=()):
     side = os.path.join(args.work, f"{key}_b{batch}")
     os.makedirs(side, exist_ok=True)
     inputs = {k: (v.to(torch.bfloat16) if v.is_floating_point() and k not in UNBATCHED else v)
@@ -231,7 +238,7 @@ def flame_row(spec, key, batch, ckpt, grad_cpu, args, graph, extra_options=None)
     cmd = [args.tool, "--arch", ARCH[key], "--config", json.dumps(spec["cfg"]), "--options", json.dumps(options),
            "--inputs", os.path.join(side, "inputs.safetensors"), "--grads", os.path.join(side, "grads.safetensors"),
            "--checkpoint", str(ckpt), "--warmup", str(args.warmup), "--steps", str(args.steps),
-           "--lora", json.dumps(lora), "--graph", str(int(graph))]
+           "--lora", json.dumps(lora), "--graph", str(int(graph)), *tool_flags]
     busy_error = None
     r = subprocess.run(cmd + (["--busy", str(args.busy_steps)] if args.busy_steps else []), capture_output=True, text=True)
     if r.returncode != 0 and "built without CUPTI" in r.stderr:  # the row without its busy fraction
@@ -241,7 +248,7 @@ def flame_row(spec, key, batch, ckpt, grad_cpu, args, graph, extra_options=None)
         return dict(error=(r.stderr or r.stdout).strip()[-1500:])
     res = json.loads(r.stdout.split("RESULT ", 1)[1].splitlines()[0])
     counts = {k: res[k] for k in ("launches_per_step", "cast_kernels_per_step", "host_syncs_per_step",
-                                  "driver_allocations_per_step") if k in res}
+                                  "driver_allocations_per_step", "optimizer_in_backward") if k in res}
     busy = {k: v for k, v in res.items() if k.startswith("busy_")}
     if busy.get("busy_error"):  # no fraction (RESULT's -1): busy_error says why
         busy.pop("busy_fraction", None)
@@ -299,16 +306,18 @@ def warm_start_row(name, args):
 def run_row(name, args):
     key, batch, ckpt = ROWS[name][:3]
     extra = ROWS[name][3] if len(ROWS[name]) > 3 else None
+    flags = ROWS[name][4] if len(ROWS[name]) > 4 else []
     spec = models_full.MODELS[key]()
-    row = dict(row=name, model=spec["name"], batch=batch, checkpoint=ckpt, options=extra)
+    row = dict(row=name, model=spec["name"], batch=batch, checkpoint=ckpt, options=extra, tool_flags=flags)
     if extra or args.flame_only:  # FLAME only; the output gradient has the latents' shape (Flux: packed hidden_states)
         g = torch.Generator().manual_seed(3)
         latents = batched(spec["inputs"], batch)["sample" if key == "sdxl" else "hidden_states"]
         grad_cpu = torch.randn(latents.shape, generator=g)
         row["torch"] = {}
-        row["flame"] = flame_row(spec, key, batch, ckpt, grad_cpu, args, graph=False, extra_options=extra)
+        row["flame"] = flame_row(spec, key, batch, ckpt, grad_cpu, args, graph=False, extra_options=extra, tool_flags=flags)
         if not args.no_graph:
-            row["flame_graph"] = flame_row(spec, key, batch, ckpt, grad_cpu, args, graph=True, extra_options=extra)
+            row["flame_graph"] = flame_row(spec, key, batch, ckpt, grad_cpu, args, graph=True, extra_options=extra,
+                                           tool_flags=flags)
         print(f"[{name}] {json.dumps(row)}", flush=True)
         return row
     try:

@@ -4,13 +4,20 @@
  *
  *   flame_bench_model_step (--load PATH | --arch CLASS --config JSON) --inputs IN.safetensors
  *                          --grads G.safetensors [--options JSON] [--checkpoint N] [--warmup 2]
- *                          [--steps 5] [--out OUT.safetensors] [--lora JSON [--lr 1e-4] [--graph 1]] [--busy N]
+ *                          [--steps 5] [--out OUT.safetensors] [--lora JSON [--lr 1e-4] [--graph 1]
+ *                          [--optimizer-in-backward | --clip-grad-norm MAX]] [--busy N]
  *
  * --arch / --config make the model with flame_model_create (random init; no load rate) instead.
  * --lora adds an adapter with flame_model_add_lora(JSON) (freezing the base) and an AdamW optimizer
  * over its tensors; a step then also runs the optimizer and drops the adapter's gradients (the LoRA
  * training step). --graph 1 captures one such step after the warm-up as a CUDA graph
- * (flame_graph_capture_*) and times its replays. 
+ * (flame_graph_capture_*) and times its replays. --clip-grad-norm MAX clips the adapter's gradients
+ * to a global 2-norm of MAX (flame_clip_grad_norm) before the optimizer's step.
+ * --optimizer-in-backward (with --lora) replaces the one AdamW by one AdamW per adapter tensor (same
+ * options), each stepped from its tensor's post-accumulate-grad hook during backward, which then
+ * drops that gradient (optimizer_in_backward.h: why this is sound, with checkpointing and graphs);
+ * the step after backward then has nothing left to do. Not with --clip-grad-norm (a global norm
+ * needs every gradient before any update) nor --zero.
  * Loads PATH with flame_model_load (timed until the device is idle: the load rate is the file's size
  * over that time), then runs warm-up and timed steps of: forward on every tensor of IN, loss =
  * sum over the outputs o named in G of sum(o * G[o]), backward into every parameter that requires grad,
@@ -49,6 +56,7 @@
 #include "bench_util.h"
 #include "cupti_busy.h"
 #include "flame.h"
+#include "optimizer_in_backward.h"
 
 #define MAX_TENSORS 64
 
@@ -62,7 +70,8 @@ typedef struct {
   const char* grads;
   const char* out;
   long checkpoint, warmup, steps, graph, zero, busy;
-  double lr;
+  double lr, clip_grad_norm; /* clip_grad_norm 0: no clipping */
+  int optimizer_in_backward;
 } Args;
 
 typedef struct {
@@ -81,14 +90,20 @@ static int check(flame_status_t s, const char* what) {
 static void usage(void) {
   fprintf(stderr, "usage: flame_bench_model_step (--load PATH | --arch CLASS --config JSON) --inputs IN.safetensors "
                   "--grads G.safetensors [--options JSON] [--checkpoint N] [--warmup N] [--steps N] [--out OUT.safetensors] "
-                  "[--lora JSON [--lr LR] [--graph 1] | --zero STAGE [--lr LR]] [--busy N]\n");
+                  "[--lora JSON [--lr LR] [--graph 1] [--optimizer-in-backward | --clip-grad-norm MAX] | --zero STAGE [--lr LR]] "
+                  "[--busy N]\n");
   exit(1);
 }
 
 static Args parse(int argc, char** argv) {
-  Args a = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 2, 5, 0, 0, 0, 1e-4};
+  Args a = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 2, 5, 0, 0, 0, 1e-4, 0, 0};
   for (int i = 1; i < argc; i += 2) {
     const char* k = argv[i];
+    if (!strcmp(k, "--optimizer-in-backward")) {  /* the one option without a value */
+      a.optimizer_in_backward = 1;
+      --i;
+      continue;
+    }
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!v) usage();
     if (!strcmp(k, "--load")) a.load = v;
@@ -98,6 +113,7 @@ static Args parse(int argc, char** argv) {
     else if (!strcmp(k, "--lr")) a.lr = strtod(v, NULL);
     else if (!strcmp(k, "--graph")) a.graph = strtol(v, NULL, 10);
     else if (!strcmp(k, "--zero")) a.zero = strtol(v, NULL, 10);
+    else if (!strcmp(k, "--clip-grad-norm")) a.clip_grad_norm = strtod(v, NULL);
     else if (!strcmp(k, "--options")) a.options = v;
     else if (!strcmp(k, "--inputs")) a.inputs = v;
     else if (!strcmp(k, "--grads")) a.grads = v;
@@ -111,6 +127,17 @@ static Args parse(int argc, char** argv) {
   if ((!a.load == !a.arch) || !a.inputs || !a.grads || a.steps < 1 || a.warmup < 0 || a.busy < 0) usage();
   if (a.graph && (!a.lora || a.warmup < 1)) usage();  /* a captured step needs the optimizer's state made */
   if (a.zero && (a.lora || a.graph || a.zero < 1 || a.zero > 3)) usage();
+  if (a.clip_grad_norm < 0 || (a.clip_grad_norm > 0 && !a.lora)) usage();
+  if (a.optimizer_in_backward && !a.lora) {
+    fprintf(stderr, "flame_bench_model_step: --optimizer-in-backward steps the adapter's optimizers: it needs --lora\n");
+    exit(1);
+  }
+  if (a.optimizer_in_backward && a.clip_grad_norm > 0) {
+    fprintf(stderr, "flame_bench_model_step: --clip-grad-norm cannot be combined with --optimizer-in-backward: clipping "
+                    "to a global norm needs every gradient before any update, while each adapter tensor is updated "
+                    "(and its gradient dropped) as soon as backward completes it\n");
+    exit(1);
+  }
   return a;
 }
 
@@ -152,10 +179,39 @@ static double checkpoint_bytes(const char* path) {
   return total;
 }
 
-/* One step: forward, the loss, backward, then the optimizer's step when there is one, gradients
- * dropped. With out_path, the outputs are saved. */
+/* What a step does after backward: the optimizer (one, ZeRO-sharded, or inside backward), the
+ * adapter's tensors (borrowed from the adapter list) for clipping. All NULL / 0: no update. */
+typedef struct {
+  flame_optimizer_t opt;
+  flame_zero_t zero;
+  OptimizerInBackward* oib;
+  const flame_tensor_t* adapter;
+  int64_t n_adapter;
+  double clip_grad_norm;
+} Update;
+
+/* After backward (flame_backward returned st): the update of the normal path, or, with the optimizer
+ * in backward, nothing but readying its hooks (they stepped and dropped every adapter gradient). */
+static flame_status_t after_backward(flame_ctx_t ctx, const Update* u, flame_status_t st) {
+  if (u->oib) {
+    oib_end_backward(u->oib, NULL);  /* whatever backward returned */
+    return st;
+  }
+  if (st != FLAME_OK) return st;
+  if (u->zero) {
+    st = flame_zero_step(u->zero, NULL);
+    return st == FLAME_OK ? flame_optimizer_zero_grad(u->opt, 1) : st;
+  }
+  if (!u->opt) return FLAME_OK;
+  if (u->clip_grad_norm > 0) st = flame_clip_grad_norm(ctx, u->adapter, u->n_adapter, u->clip_grad_norm, 2.0, 0, NULL);
+  if (st == FLAME_OK) st = flame_optimizer_step(u->opt);
+  return st == FLAME_OK ? flame_optimizer_zero_grad(u->opt, 1) : st;
+}
+
+/* One step: forward, the loss, backward, then the update when there is one, gradients dropped. With
+ * out_path, the outputs are saved. */
 static void step(flame_ctx_t ctx, flame_model_t model, flame_params_t inputs, const TensorFile* grads,
-                 flame_params_t params, flame_optimizer_t opt, flame_zero_t zero, const char* out_path) {
+                 flame_params_t params, const Update* u, const char* out_path) {
   flame_params_t outputs = NULL;
   check(flame_model_forward(model, inputs, &outputs), "flame_model_forward");
   flame_tensor_t loss = NULL;
@@ -187,19 +243,11 @@ static void step(flame_ctx_t ctx, flame_model_t model, flame_params_t inputs, co
   }
   if (out_path)
     check(flame_safetensors_save(ctx, out_path, out_names, out_tensors, grads->n, NULL, 0), "flame_safetensors_save");
-  check(flame_backward(ctx, loss, NULL, 0), "flame_backward");
+  flame_status_t st = flame_backward(ctx, loss, NULL, 0);
   flame_tensor_release(loss);
   flame_params_release(outputs);
-  if (zero) {
-    check(flame_zero_step(zero, NULL), "flame_zero_step");
-    check(flame_optimizer_zero_grad(opt, 1), "flame_optimizer_zero_grad");
-    return;
-  }
-  if (opt) {
-    check(flame_optimizer_step(opt), "flame_optimizer_step");
-    check(flame_optimizer_zero_grad(opt, 1), "flame_optimizer_zero_grad");
-    return;
-  }
+  check(after_backward(ctx, u, st), u->oib ? "flame_backward (optimizer in backward)" : "flame_backward and the update");
+  if (u->opt || u->oib) return;
   int64_t n = 0;
   check(flame_params_count(params, &n), "flame_params_count");
   for (int64_t i = 0; i < n; ++i) {
@@ -212,8 +260,7 @@ static void step(flame_ctx_t ctx, flame_model_t model, flame_params_t inputs, co
 /* The step recorded into a graph: the same calls, but a failing call ends the capture instead of the
  * program (capture_end then reports it). */
 static void step_captured(flame_ctx_t ctx, flame_model_t model, flame_params_t inputs, const TensorFile* grads,
-                          flame_params_t params, flame_optimizer_t opt) {
-  (void)params;
+                          const Update* u) {
   flame_params_t outputs = NULL;
   if (flame_model_forward(model, inputs, &outputs) != FLAME_OK) return;
   flame_tensor_t loss = NULL;
@@ -234,8 +281,7 @@ static void step_captured(flame_ctx_t ctx, flame_model_t model, flame_params_t i
     loss = next;
     if (st != FLAME_OK) break;
   }
-  if (loss && flame_backward(ctx, loss, NULL, 0) == FLAME_OK && flame_optimizer_step(opt) == FLAME_OK)
-    flame_optimizer_zero_grad(opt, 1);
+  if (loss) after_backward(ctx, u, flame_backward(ctx, loss, NULL, 0));
   flame_tensor_release(loss);
   flame_params_release(outputs);
 }
@@ -297,8 +343,7 @@ typedef struct {
  * trace, is reported in the result (the timed fields stay printable); a failing eager step still ends
  * the program as in the timed loop. */
 static BusyResult measure_busy(flame_ctx_t ctx, flame_model_t model, flame_params_t inputs, const TensorFile* grads,
-                               flame_params_t params, flame_optimizer_t opt, flame_zero_t zero, flame_graph_t graph,
-                               long steps) {
+                               flame_params_t params, const Update* update, flame_graph_t graph, long steps) {
   BusyResult r;
   memset(&r, 0, sizeof r);
   r.fraction = -1;
@@ -313,7 +358,7 @@ static BusyResult measure_busy(flame_ctx_t ctx, flame_model_t model, flame_param
       window_start = busy_timestamp_ns();
     }
     if (!graph)
-      step(ctx, model, inputs, grads, params, opt, zero, NULL);
+      step(ctx, model, inputs, grads, params, update, NULL);
     else if (flame_graph_replay(graph) != FLAME_OK)
       snprintf(r.error, sizeof r.error, "flame_graph_replay under CUPTI: %s", flame_last_error_message());
   }
@@ -382,12 +427,13 @@ int main(int argc, char** argv) {
 
   flame_params_t params = NULL, inputs = NULL, adapter = NULL;
   flame_optimizer_t opt = NULL;
-  int64_t adapter_elements = 0;
+  OptimizerInBackward* oib = NULL;
+  flame_tensor_t* list = NULL;  /* the adapter's tensors, borrowed from adapter */
+  int64_t n = 0, adapter_elements = 0;
   if (a.lora) {
     check(flame_model_add_lora(model, a.lora, &adapter), "flame_model_add_lora");
-    int64_t n = 0;
     check(flame_params_count(adapter, &n), "flame_params_count");
-    flame_tensor_t* list = calloc((size_t)n, sizeof(flame_tensor_t));
+    list = calloc((size_t)(n > 0 ? n : 1), sizeof(flame_tensor_t));
     if (!list) return 1;
     for (int64_t i = 0; i < n; ++i) {
       int64_t numel = 0;
@@ -398,8 +444,10 @@ int main(int argc, char** argv) {
     flame_optimizer_options_t oo;
     check(flame_optimizer_options_init(&oo, FLAME_OPTIMIZER_ADAMW), "flame_optimizer_options_init");
     oo.lr = a.lr;
-    check(flame_optimizer_create(ctx, &oo, list, n, &opt), "flame_optimizer_create");
-    free(list);
+    if (a.optimizer_in_backward)
+      check(oib_create(ctx, &oo, list, n, &oib), "oib_create");
+    else
+      check(flame_optimizer_create(ctx, &oo, list, n, &opt), "flame_optimizer_create");
   }
   check(flame_model_params(model, &params), "flame_model_params");
   flame_zero_t zero = NULL;
@@ -407,10 +455,11 @@ int main(int argc, char** argv) {
   check(flame_params_create(ctx, &inputs), "flame_params_create");
   for (int64_t i = 0; i < in.n; ++i) check(flame_params_add(inputs, in.names[i], in.tensors[i]), "flame_params_add");
   if (a.zero) opt = full_finetune_optimizer(ctx, comm, model, params, inputs, a, &zero);
+  const Update update = {opt, zero, oib, list, n, a.clip_grad_norm};
 
   double start_to_first_step_ms = 0;
   for (long i = 0; i < a.warmup; ++i) {
-    step(ctx, model, inputs, &grads, params, opt, zero, i == 0 ? a.out : NULL);
+    step(ctx, model, inputs, &grads, params, &update, i == 0 ? a.out : NULL);
     if (i == 0) {
       check(flame_ctx_synchronize(ctx), "flame_ctx_synchronize");
       start_to_first_step_ms = now_ms() - process_start;
@@ -422,7 +471,7 @@ int main(int argc, char** argv) {
   char graph_error[512] = "";
   if (a.graph) {
     check(flame_graph_capture_begin(ctx), "flame_graph_capture_begin");
-    step_captured(ctx, model, inputs, &grads, params, opt);
+    step_captured(ctx, model, inputs, &grads, &update);
     if (flame_graph_capture_end(ctx, &graph) != FLAME_OK) {
       snprintf(graph_error, sizeof graph_error, "%s", flame_last_error_message());
       graph = NULL;
@@ -438,7 +487,7 @@ int main(int argc, char** argv) {
     if (graph)
       check(flame_graph_replay(graph), "flame_graph_replay");
     else
-      step(ctx, model, inputs, &grads, params, opt, zero, a.warmup == 0 && i == 0 ? a.out : NULL);
+      step(ctx, model, inputs, &grads, params, &update, a.warmup == 0 && i == 0 ? a.out : NULL);
     memset(&issued, 0, sizeof issued);
     issued.struct_size = sizeof issued;
     check(flame_ctx_counters(ctx, &issued), "flame_ctx_counters");
@@ -455,9 +504,10 @@ int main(int argc, char** argv) {
   check(flame_ctx_memory_stats(ctx, &mem), "flame_ctx_memory_stats");
   uint64_t state_bytes = 0;
   if (opt) check(flame_optimizer_state_bytes(opt, &state_bytes), "flame_optimizer_state_bytes");
+  if (oib) check(oib_state_bytes(oib, &state_bytes), "oib_state_bytes");
   char busy_json[768] = "";
   if (a.busy) {
-    BusyResult b = measure_busy(ctx, model, inputs, &grads, params, opt, zero, graph, a.busy);
+    BusyResult b = measure_busy(ctx, model, inputs, &grads, params, &update, graph, a.busy);
     for (char* c = b.error; *c; ++c)  /* the message goes into a JSON string */
       if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) *c = ' ';
     snprintf(busy_json, sizeof busy_json,
@@ -472,15 +522,19 @@ int main(int argc, char** argv) {
          "\"step_ms_min\": %.3f, \"peak_bytes\": %llu, \"steps\": %ld, \"adapter_elements\": %lld, \"graph\": %d, "
          "\"graph_error\": \"%s\", \"launches_per_step\": %.1f, \"cast_kernels_per_step\": %.1f, "
          "\"host_syncs_per_step\": %.1f, \"driver_allocations_per_step\": %.1f, \"start_to_first_step_ms\": %.1f, "
-         "\"optimizer_state_bytes\": %llu, \"zero_stage\": %ld%s}\n",
+         "\"optimizer_state_bytes\": %llu, \"zero_stage\": %ld, \"optimizer_in_backward\": %d, "
+         "\"clip_grad_norm\": %g%s}\n",
          load_ms, bytes, bytes > 0 ? bytes / 1e9 / (load_ms / 1e3) : 0.0, ms[a.steps / 2], ms[0],
          (unsigned long long)mem.peak_bytes_in_use, a.steps, (long long)adapter_elements, graph != NULL, graph_error,
          (double)total.launches / a.steps, (double)total.cast_kernels / a.steps, (double)total.host_syncs / a.steps,
-         (double)total.driver_allocations / a.steps, start_to_first_step_ms, (unsigned long long)state_bytes, a.zero, busy_json);
+         (double)total.driver_allocations / a.steps, start_to_first_step_ms, (unsigned long long)state_bytes, a.zero,
+         a.optimizer_in_backward, a.clip_grad_norm, busy_json);
   free(ms);
   flame_graph_release(graph);
   flame_zero_release(zero);
   flame_optimizer_release(opt);
+  oib_release(oib);
+  free(list);
   flame_params_release(adapter);
   flame_params_release(inputs);
   release_tensors(&in);
