@@ -2464,7 +2464,16 @@ FLAME_API flame_status_t flame_model_set_checkpointing(flame_model_t model, int6
  * against the diffusers / transformers module names (a module matches a target equal to it or
  * ending with "." + target, as peft's target_modules: "to_q" matches "down_blocks.1.attentions.0.
  * transformer_blocks.0.attn1.to_q"; '*' matches any run of characters). A model may hold
- * several adapters by name; each forward applies all of them in the order added. */
+ * several adapters by name; each forward applies all of them in the order added.
+ * LoKr (LyCORIS' Kronecker adapter, peft's LoKrConfig; "type": "lokr") replaces B A by a Kronecker
+ * product: y = x W^T + b + multiplier * scale * (dropout(x) kron(W1, W2)^T), W1 [a, b] and
+ * W2 [out / a, in / b] with (a, out / a) = factorization(out, factor) and (b, in / b) =
+ * factorization(in, factor) as LyCORIS defines it (the divisor pair closest to a square, the smaller
+ * member at most factor when factor > 0); W2 is stored as lokr_w2_a [out / a, rank] @ lokr_w2_b
+ * [rank, in / b] when rank < max(out / a, in / b) / 2, and W1 as lokr_w1_a @ lokr_w1_b when
+ * "decompose_both" and rank < max(a, b) / 2; scale = alpha / rank when a factor is so stored, 1 when
+ * both are whole (as LyCORIS and ComfyUI). The product is applied without forming the [out, in]
+ * matrix. */
 
 /* Adds a LoRA adapter to model. options_json (NULL or an object; every key optional):
  *   "name": string ("default"); "targets": [strings] (default: the architecture's usual targets of
@@ -2480,10 +2489,16 @@ FLAME_API flame_status_t flame_model_set_checkpointing(flame_model_t model, int6
  *   new adapter changes no output; drawn from the context's generator; "dropout": [0, 1) (0), on the
  *   adapter's input in training mode; "dtype": "f32" (default), "bf16", "f16" or "f64" of A and B;
  *   "freeze_base": true (default) makes every parameter of the model stop requiring grad;
- *   "multiplier": number (1); "dora": true adds DoRA's magnitude vectors (false).
+ *   "multiplier": number (1); "dora": true adds DoRA's magnitude vectors (false);
+ *   "type": "lora" (default) or "lokr" (above; with "init" "kaiming" only, as LyCORIS: W1 and
+ *   lokr_w1_a / _b / lokr_w2_a Kaiming-uniform, lokr_w2 or lokr_w2_b zero; not with "dora");
+ *   "factor": -1 (default) or a positive integer, LoKr's factorization factor; "decompose_both":
+ *   false (default), LoKr's W1 low rank too (both LoKr only).
  * OUT *adapter_params: a new list (release with flame_params_release) of the adapter's tensors
  * themselves, "<module>.lora_A.weight" and "<module>.lora_B.weight" (and with DoRA
- * "<module>.lora_magnitude_vector", [out]) per module in the model's order (hand it to flame_optimizer_create; writing into them changes the adapter). NULL on failure,
+ * "<module>.lora_magnitude_vector", [out]; for LoKr "<module>.lokr_w1" or "<module>.lokr_w1_a" and
+ * "_w1_b", then "<module>.lokr_w2" or "_w2_a" and "_w2_b", as peft's LoKr names them) per module in
+ * the model's order (hand it to flame_optimizer_create; writing into them changes the adapter). NULL on failure,
  * and the model is unchanged.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or adapter_params NULL, options not valid JSON, an
  * unknown key or a bad value naming it, a name in use, a target matching no linear layer, a model
@@ -2514,9 +2529,14 @@ FLAME_API flame_status_t flame_model_lora_params(flame_model_t model, const char
  *   "metadata": {string: string} entries added to the file's metadata.
  * The stored alphas include the adapter's multiplier. DoRA magnitudes are stored as
  * "<component>.<module>.lora_magnitude_vector" [out] with "use_dora": true in peft files, and as
- * LyCORIS' "<name>.dora_scale" [out, 1] in kohya files (ComfyUI reads it). Waits for the device.
+ * LyCORIS' "<name>.dora_scale" [out, 1] in kohya files (ComfyUI reads it). LoKr modules are stored
+ * in kohya files only, under LyCORIS' keys "<name>.lokr_w1" (or "_w1_a", "_w1_b"), "<name>.lokr_w2"
+ * (or "_w2_a", "_w2_b") and "<name>.alpha" (ComfyUI reads them; two whole factors store alpha = rank
+ * and carry the multiplier in lokr_w2), and only on layers that own their original tensor whole
+ * (not Flux's fused qkv / linear1 members nor its swapped norm_out.linear). Waits for the device.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or path NULL, no adapter of that name, a bad option
- * naming it, a module the format cannot express, a DoRA adapter whose multiplier is not 1), FLAME_ERROR_IO, FLAME_ERROR_INVALID_HANDLE,
+ * naming it, a module the format cannot express, a DoRA adapter whose multiplier is not 1, a LoKr
+ * adapter in the peft format or on a fused original), FLAME_ERROR_IO, FLAME_ERROR_INVALID_HANDLE,
  * FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA, FLAME_ERROR_UNSUPPORTED (during a graph capture). */
 FLAME_API flame_status_t flame_model_save_lora(flame_model_t model, const char* name, const char* path,
                                                const char* options_json);
@@ -2527,6 +2547,8 @@ FLAME_API flame_status_t flame_model_save_lora(flame_model_t model, const char* 
  * model in turn. A pair stored for a fused original module gives every member module the whole down
  * and its rows of the up (exact). A missing kohya alpha means alpha = rank (scale 1). DoRA
  * magnitudes (".lora_magnitude_vector" or ".dora_scale", [out] or [out, 1]) make DoRA modules.
+ * LyCORIS LoKr keys (".lokr_w1" or ".lokr_w1_a" / "_b", ".lokr_w2" or ".lokr_w2_a" / "_b", ".alpha")
+ * make LoKr modules (scale alpha / rank with a low-rank factor, else 1; no alpha: 1).
  * options_json (NULL or an object): "name" ("default"), "component" (as flame_model_save_lora),
  * "multiplier" (1), "dtype" ("f32") of the adapter's tensors, "trainable" (false: the tensors do not
  * require grad; true to go on training them).
@@ -2534,8 +2556,9 @@ FLAME_API flame_status_t flame_model_save_lora(flame_model_t model, const char* 
  * and the model is unchanged.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model, path or adapter_params NULL, a bad option, a name in
  * use, a model sharded over ranks by flame_zero_create stage 3), FLAME_ERROR_IO, FLAME_ERROR_INVALID_FORMAT (not safetensors, a key no rule knows or whose
- * module the model lacks, shapes contradicting the model, LyCORIS keys (LoHa, LoKr, an input-axis
- * dora_scale [1, in]), nothing for the
+ * module the model lacks, shapes contradicting the model, LyCORIS keys (LoHa, Tucker LoKr's
+ * lokr_t2, an input-axis dora_scale [1, in], DoRA on a LoKr), a LoKr whose factors are incomplete or
+ * do not make the weight's shape or that names a fused original, nothing for the
  * component: the message names the file and key), FLAME_ERROR_INVALID_HANDLE,
  * FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA, FLAME_ERROR_UNSUPPORTED (during a graph capture). */
 FLAME_API flame_status_t flame_model_load_lora(flame_model_t model, const char* path, const char* options_json,
@@ -2549,7 +2572,8 @@ FLAME_API flame_status_t flame_model_remove_lora(flame_model_t model, const char
 
 /* Folds the adapter called name (NULL: "default") into the model's weights and removes it: each
  * adapted weight becomes W + multiplier * (alpha / rank) * B A, or with DoRA
- * W + multiplier * ((m / n) * (W + (alpha / rank) * B A) - W) (n as above), computed in f32 on the
+ * W + multiplier * ((m / n) * (W + (alpha / rank) * B A) - W) (n as above), or for LoKr
+ * W + multiplier * scale * kron(W1, W2), computed in f32 on the
  * device and stored in the weight's dtype, so later forwards give the adapter's output up to that
  * rounding without its cost. The weights keep their identity (handles to them see the new values);
  * the adapter's tensors live on while references to them are held. Other adapters stay; a DoRA

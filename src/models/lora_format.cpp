@@ -378,6 +378,10 @@ LoraSavePlan plan_peft(const ComponentTable& t, const std::vector<LoraModuleShap
   bool any_dora = false;
   std::vector<int64_t> ranks;
   std::vector<double> alphas;
+  for (const LoraModuleShape& m : modules)
+    FLAME_CHECK(!m.lokr, FLAME_ERROR_INVALID_ARGUMENT, "LoRA module \"", m.module,
+                "\" is a LoKr: the peft / diffusers format has no LoKr (diffusers' loaders read LoRA only); "
+                "save it with \"format\": \"kohya\" (LyCORIS' keys, which ComfyUI reads)");
   for (const LoraModuleShape& m : modules) {
     const std::string base = t.peft_prefix + "." + m.module;
     plan.tensors.push_back({base + ".lora_A.weight", {m.rank, m.in_features}, LoraTensorKind::Down,
@@ -470,6 +474,11 @@ void add_kohya_metadata(const ComponentTable& t, const std::vector<LoraModuleSha
       md["ss_network_module"] = t.kind == ModelKind::T5 ? "networks.lora_flux" : "networks.lora";
       break;
   }
+  if (std::any_of(modules.begin(), modules.end(), [](const LoraModuleShape& m) { return m.lokr; })) {
+    // LyCORIS' kohya network (lycoris/kohya.py) names its algorithm in the network args
+    md["ss_network_module"] = "lycoris.kohya";
+    md["ss_network_args"] = R"({"algo": "lokr"})";
+  }
 }
 
 // A kohya ".dora_scale" [rows, 1] for the members of one stored name (model_lora.h's layout notes in
@@ -491,6 +500,32 @@ LoraStoredTensor kohya_dora_scale(const std::string& key, const std::vector<cons
   return s;
 }
 
+// A LoKr module's kohya tensors under key (LyCORIS' names, lora_format.h): its factors and the 0-d
+// alpha. Two whole factors store alpha = rank (scale 1, as LyCORIS) and carry m's scale in W2.
+void append_kohya_lokr(const ComponentTable& t, const LoraModuleShape& m, const LinearPiece& p, const std::string& key,
+                       LoraSavePlan& plan) {
+  const bool whole = t.kohya_saves_diffusers_names || (p.row_begin == 0 && p.rows == p.original_rows && !p.swap_halves);
+  FLAME_CHECK(whole && !p.transposed, FLAME_ERROR_INVALID_ARGUMENT, "LoRA module \"", m.module, "\" is a LoKr on ",
+              p.original, ", which the original layout stores ",
+              p.transposed ? "transposed" : p.swap_halves ? "with its row halves swapped" : "fused with other modules",
+              "; a Kronecker product cannot be split there (use a LoRA, or targets that own their weight)");
+  const LokrShape& ls = m.lokr_shape;
+  FLAME_CHECK(ls.w1_rows * ls.w2_rows == m.out_features && ls.w1_cols * ls.w2_cols == m.in_features,
+              FLAME_ERROR_INVALID_ARGUMENT, "LoRA module \"", m.module, "\": LoKr factors [", ls.w1_rows, ", ",
+              ls.w1_cols, "] x [", ls.w2_rows, ", ", ls.w2_cols, "] do not make its weight [", m.out_features, ", ",
+              m.in_features, "]");
+  const bool both_whole = !ls.w1_low_rank && !ls.w2_low_rank;
+  const double scale = m.alpha / static_cast<double>(m.rank);
+  for (LokrFactor f : ls.factors()) {
+    LoraStoredTensor s{key + "." + lokr_factor_name(f), ls.factor_shape(f, m.rank), LoraTensorKind::Lokr, {}, 0, f};
+    LoraTensorPiece piece{m.module, 0, s.shape[0], 0, s.shape[1], false, 1.0};
+    if (both_whole && f == LokrFactor::W2) piece.scale = scale;
+    s.pieces.push_back(std::move(piece));
+    plan.tensors.push_back(std::move(s));
+  }
+  plan.tensors.push_back({key + ".alpha", {}, LoraTensorKind::Alpha, {}, both_whole ? static_cast<double>(m.rank) : m.alpha});
+}
+
 LoraSavePlan plan_kohya(const ComponentTable& t, const std::vector<LoraModuleShape>& modules) {
   LoraSavePlan plan;
   plan.format = LoraFileFormat::Kohya;
@@ -501,6 +536,10 @@ LoraSavePlan plan_kohya(const ComponentTable& t, const std::vector<LoraModuleSha
     const LinearPiece& fp = need_module(t, first.module);
     const std::string stored = t.kohya_saves_diffusers_names ? fp.module : fp.original;
     if (!done.insert(stored).second) continue;
+    if (first.lokr) {
+      append_kohya_lokr(t, first, fp, t.kohya_prefix + "_" + underscored(stored), plan);
+      continue;
+    }
     std::vector<const LinearPiece*> members;
     if (t.kohya_saves_diffusers_names) {
       members.push_back(&fp);
@@ -510,6 +549,9 @@ LoraSavePlan plan_kohya(const ComponentTable& t, const std::vector<LoraModuleSha
     int64_t total_rank = 0, original_rows = t.kohya_saves_diffusers_names ? fp.out : fp.original_rows;
     for (const LinearPiece* p : members) {
       if (!by_module.count(p->module)) continue;
+      FLAME_CHECK(!by_module.at(p->module)->lokr, FLAME_ERROR_INVALID_ARGUMENT, "LoRA module \"", p->module,
+                  "\" is a LoKr and shares its original tensor ", p->original,
+                  " with a LoRA module; the kohya format stores one adapter per original tensor");
       FLAME_CHECK(!p->transposed, FLAME_ERROR_INVALID_ARGUMENT, "LoRA module \"", p->module, "\": its original tensor ",
                   p->original, " is stored transposed; the kohya format cannot express a LoRA on it");
       total_rank += by_module.at(p->module)->rank;
@@ -543,11 +585,12 @@ LoraSavePlan plan_kohya(const ComponentTable& t, const std::vector<LoraModuleSha
 
 // ---- loading ----
 
-enum class KeyRole { Down, Up, Alpha, Magnitude };
+enum class KeyRole { Down, Up, Alpha, Magnitude, Lokr };
 
 struct SuffixRule {
   const char* suffix;
   KeyRole role;
+  LokrFactor factor = LokrFactor::W1;  // Lokr
 };
 const SuffixRule kSuffixes[] = {
     {".lora_down.weight", KeyRole::Down},  {".lora_up.weight", KeyRole::Up},
@@ -556,11 +599,14 @@ const SuffixRule kSuffixes[] = {
     {".lora_linear_layer.down.weight", KeyRole::Down}, {".lora_linear_layer.up.weight", KeyRole::Up},
     {".alpha", KeyRole::Alpha},
     {".dora_scale", KeyRole::Magnitude},   {".lora_magnitude_vector", KeyRole::Magnitude},
+    {".lokr_w1", KeyRole::Lokr, LokrFactor::W1},   {".lokr_w1_a", KeyRole::Lokr, LokrFactor::W1A},
+    {".lokr_w1_b", KeyRole::Lokr, LokrFactor::W1B}, {".lokr_w2", KeyRole::Lokr, LokrFactor::W2},
+    {".lokr_w2_a", KeyRole::Lokr, LokrFactor::W2A}, {".lokr_w2_b", KeyRole::Lokr, LokrFactor::W2B},
 };
 
-// Keys of adapters FLAME cannot load yet (LyCORIS, LoCon's mid, peft's lora bias, full diffs),
-// by a piece of their name (after ".") or their ending.
-const char* const kUnsupportedMarks[] = {".hada_w", ".lokr_w", ".lokr_t",
+// Keys of adapters FLAME cannot load yet (LyCORIS' LoHa and Tucker LoKr, LoCon's mid, peft's lora
+// bias, full diffs), by a piece of their name (after ".") or their ending.
+const char* const kUnsupportedMarks[] = {".hada_w", ".lokr_t",
                                          ".hada_t", ".lora_mid.", ".lora_B.bias", ".w_norm", ".b_norm"};
 const char* const kUnsupportedEndings[] = {".diff", ".diff_b"};
 
@@ -570,6 +616,7 @@ struct Pair {
   const KeyShape* up = nullptr;
   const KeyShape* alpha = nullptr;
   const KeyShape* magnitude = nullptr;  // DoRA
+  std::map<LokrFactor, const KeyShape*> lokr;  // LoKr's factors
   std::string name;  // the module or original name it resolves to
   bool is_original = false;
 };
@@ -694,7 +741,151 @@ void check_magnitude_shape(const KeyShape& k, int64_t rows, int64_t in) {
               k, "a DoRA magnitude is [" + std::to_string(rows) + "] or [" + std::to_string(rows) + ", 1]");
 }
 
+// The LoKr source of one base name's tensors (lora_format.h's LoKr rules).
+LoraModuleSource lokr_source(const ComponentTable& t, const Pair& p, std::map<std::string, std::string>& module_key) {
+  const KeyShape* first = p.lokr.begin()->second;
+  auto factor = [&](LokrFactor f) -> const KeyShape* {
+    auto it = p.lokr.find(f);
+    return it == p.lokr.end() ? nullptr : it->second;
+  };
+  FLAME_CHECK(!p.down && !p.up, FLAME_ERROR_INVALID_FORMAT, "LoRA key ", first->name,
+              ": LoKr factors and a LoRA pair for the same module");
+  FLAME_CHECK(!p.magnitude, FLAME_ERROR_INVALID_FORMAT, "LoRA key ", p.magnitude ? p.magnitude->name : "",
+              ": DoRA on a LoKr (LyCORIS' weight_decompose) is not supported");
+  const KeyShape *w1 = factor(LokrFactor::W1), *w1a = factor(LokrFactor::W1A), *w1b = factor(LokrFactor::W1B);
+  const KeyShape *w2 = factor(LokrFactor::W2), *w2a = factor(LokrFactor::W2A), *w2b = factor(LokrFactor::W2B);
+  FLAME_CHECK(w1 ? !w1a && !w1b : w1a && w1b, FLAME_ERROR_INVALID_FORMAT, "LoRA key ", first->name,
+              ": a LoKr needs lokr_w1, or lokr_w1_a with lokr_w1_b, and not both");
+  FLAME_CHECK(w2 ? !w2a && !w2b : w2a && w2b, FLAME_ERROR_INVALID_FORMAT, "LoRA key ", first->name,
+              ": a LoKr needs lokr_w2, or lokr_w2_a with lokr_w2_b, and not both");
+  for (const auto& [f, k] : p.lokr) check_shape(k->shape.size() == 2 && k->shape[0] >= 1 && k->shape[1] >= 1, *k, "a LoKr factor is 2-D (Linear LoKr only)");
+  if (p.alpha) check_shape(p.alpha->shape.empty() || (p.alpha->shape.size() == 1 && p.alpha->shape[0] == 1), *p.alpha, "an alpha is 0-d");
+  LokrShape ls;
+  ls.w1_low_rank = w1 == nullptr;
+  ls.w2_low_rank = w2 == nullptr;
+  int64_t rank = 0;
+  if (w1a) {
+    check_shape(w1b->shape[0] == w1a->shape[1], *w1b, "lokr_w1_a is [" + std::to_string(w1a->shape[0]) + ", " +
+                                                        std::to_string(w1a->shape[1]) + "]: its rows must match");
+    rank = w1a->shape[1];
+  }
+  if (w2a) {
+    check_shape(w2b->shape[0] == w2a->shape[1], *w2b, "lokr_w2_a is [" + std::to_string(w2a->shape[0]) + ", " +
+                                                        std::to_string(w2a->shape[1]) + "]: its rows must match");
+    check_shape(rank == 0 || rank == w2a->shape[1], *w2a, "lokr_w1_a has rank " + std::to_string(rank));
+    rank = w2a->shape[1];
+  }
+  ls.w1_rows = w1 ? w1->shape[0] : w1a->shape[0];
+  ls.w1_cols = w1 ? w1->shape[1] : w1b->shape[1];
+  ls.w2_rows = w2 ? w2->shape[0] : w2a->shape[0];
+  ls.w2_cols = w2 ? w2->shape[1] : w2b->shape[1];
+  const LinearPiece* piece = nullptr;
+  if (p.is_original) {
+    const std::vector<size_t>& members = t.by_original.at(p.name);
+    const LinearPiece& only = t.pieces[members.front()];
+    FLAME_CHECK(members.size() == 1 && only.rows == only.original_rows && !only.swap_halves && !only.transposed,
+                FLAME_ERROR_INVALID_FORMAT, "LoRA key ", first->name, ": ", p.name,
+                " is fused, transposed or row-swapped in the original layout; a LoKr on it is not supported");
+    piece = &only;
+  } else {
+    piece = &t.pieces[t.by_module.at(p.name)];
+  }
+  check_shape(ls.w1_rows * ls.w2_rows == piece->out && ls.w1_cols * ls.w2_cols == piece->in, *first,
+              "kron(W1 [" + std::to_string(ls.w1_rows) + ", " + std::to_string(ls.w1_cols) + "], W2 [" +
+                  std::to_string(ls.w2_rows) + ", " + std::to_string(ls.w2_cols) + "]) must be the weight of " +
+                  piece->module + " [" + std::to_string(piece->out) + ", " + std::to_string(piece->in) + "]");
+  auto [mit, fresh] = module_key.emplace(piece->module, first->name);
+  FLAME_CHECK(fresh, FLAME_ERROR_INVALID_FORMAT, "LoRA key ", first->name, ": module ", piece->module,
+              " already has a LoRA from ", mit->second);
+  LoraModuleSource s;
+  s.module = piece->module;
+  s.rank = rank > 0 ? rank : 1;
+  s.in_features = piece->in;
+  s.out_features = piece->out;
+  s.lokr = true;
+  s.lokr_shape = ls;
+  for (LokrFactor f : ls.factors()) s.lokr_keys.emplace_back(f, factor(f)->name);
+  if (p.alpha) s.alpha_key = p.alpha->name;
+  s.alpha = static_cast<double>(s.rank);  // no alpha (or read later): scale 1, as ComfyUI and LyCORIS
+  return s;
+}
+
 }  // namespace
+
+const char* lokr_factor_name(LokrFactor f) {
+  switch (f) {
+    case LokrFactor::W1: return "lokr_w1";
+    case LokrFactor::W1A: return "lokr_w1_a";
+    case LokrFactor::W1B: return "lokr_w1_b";
+    case LokrFactor::W2: return "lokr_w2";
+    case LokrFactor::W2A: return "lokr_w2_a";
+    case LokrFactor::W2B: return "lokr_w2_b";
+  }
+  fail(FLAME_ERROR_INTERNAL, "unknown LoKr factor");
+}
+
+std::pair<int64_t, int64_t> lokr_factorization(int64_t dimension, int64_t factor) {
+  FLAME_CHECK(dimension >= 1, FLAME_ERROR_INVALID_ARGUMENT, "LoKr: dimension ", dimension, " < 1");
+  if (factor > 0 && dimension % factor == 0) {
+    const int64_t m = factor, n = dimension / factor;
+    return m > n ? std::make_pair(n, m) : std::make_pair(m, n);
+  }
+  const int64_t bound = factor < 0 ? dimension : factor;
+  int64_t m = 1, n = dimension;
+  const int64_t length = m + n;
+  while (m < n) {
+    int64_t new_m = m + 1;
+    while (dimension % new_m != 0) ++new_m;
+    const int64_t new_n = dimension / new_m;
+    if (new_m + new_n > length || new_m > bound) break;
+    m = new_m;
+    n = new_n;
+  }
+  return m > n ? std::make_pair(n, m) : std::make_pair(m, n);
+}
+
+std::vector<LokrFactor> LokrShape::factors() const {
+  std::vector<LokrFactor> out;
+  if (w1_low_rank) {
+    out.push_back(LokrFactor::W1A);
+    out.push_back(LokrFactor::W1B);
+  } else {
+    out.push_back(LokrFactor::W1);
+  }
+  if (w2_low_rank) {
+    out.push_back(LokrFactor::W2A);
+    out.push_back(LokrFactor::W2B);
+  } else {
+    out.push_back(LokrFactor::W2);
+  }
+  return out;
+}
+
+std::vector<int64_t> LokrShape::factor_shape(LokrFactor f, int64_t rank) const {
+  switch (f) {
+    case LokrFactor::W1: return {w1_rows, w1_cols};
+    case LokrFactor::W1A: return {w1_rows, rank};
+    case LokrFactor::W1B: return {rank, w1_cols};
+    case LokrFactor::W2: return {w2_rows, w2_cols};
+    case LokrFactor::W2A: return {w2_rows, rank};
+    case LokrFactor::W2B: return {rank, w2_cols};
+  }
+  fail(FLAME_ERROR_INTERNAL, "unknown LoKr factor");
+}
+
+LokrShape lokr_shape(int64_t out_features, int64_t in_features, int64_t rank, int64_t factor, bool decompose_both) {
+  const auto [a, c] = lokr_factorization(out_features, factor);
+  const auto [b, d] = lokr_factorization(in_features, factor);
+  LokrShape s;
+  s.w1_rows = a;
+  s.w1_cols = b;
+  s.w2_rows = c;
+  s.w2_cols = d;
+  // LyCORIS compares the int rank with a float half: rank < max / 2 exactly
+  s.w1_low_rank = decompose_both && 2 * rank < std::max(a, b);
+  s.w2_low_rank = 2 * rank < std::max(c, d);
+  return s;
+}
 
 LoraSavePlan plan_lora_save(const std::string& class_name, const nlohmann::json& full_config, const std::string& component,
                             const std::vector<LoraModuleShape>& modules, LoraFileFormat format) {
@@ -753,7 +944,7 @@ LoraLoadPlan plan_lora_load(const std::string& class_name, const nlohmann::json&
       for (const char* ending : kUnsupportedEndings) unsupported = unsupported || ends_with(k.name, ending);
       if (unsupported)
         fail(FLAME_ERROR_INVALID_FORMAT, "LoRA key ", k.name,
-             ": LyCORIS (LoHa, LoKr), LoCon mid, bias and diff tensors are not supported yet");
+             ": LyCORIS' LoHa and Tucker LoKr (lokr_t2), LoCon mid, bias and diff tensors are not supported yet");
       fail(FLAME_ERROR_INVALID_FORMAT, "LoRA key ", k.name, ": not a LoRA down, up or alpha tensor");
     }
     const std::string base = k.name.substr(0, k.name.size() - std::string(rule->suffix).size());
@@ -771,6 +962,7 @@ LoraLoadPlan plan_lora_load(const std::string& class_name, const nlohmann::json&
     const KeyShape** slot = rule->role == KeyRole::Down        ? &p.down
                             : rule->role == KeyRole::Up        ? &p.up
                             : rule->role == KeyRole::Magnitude ? &p.magnitude
+                            : rule->role == KeyRole::Lokr      ? &p.lokr[rule->factor]
                                                                : &p.alpha;
     FLAME_CHECK(*slot == nullptr, FLAME_ERROR_INVALID_FORMAT, "LoRA key ", k.name, ": the file also has ", (*slot)->name,
                 " for the same module");
@@ -781,6 +973,10 @@ LoraLoadPlan plan_lora_load(const std::string& class_name, const nlohmann::json&
   std::map<std::string, std::string> module_key;  // module -> the down key that set it
   for (const std::string& base : order) {
     const Pair& p = pairs.at(base);
+    if (!p.lokr.empty()) {
+      plan.modules.push_back(lokr_source(t, p, module_key));
+      continue;
+    }
     const KeyShape* any = p.down ? p.down : p.up ? p.up : p.alpha ? p.alpha : p.magnitude;
     FLAME_CHECK(p.down && p.up, FLAME_ERROR_INVALID_FORMAT, "LoRA key ", any->name, ": its ", p.down ? "up" : "down",
                 " tensor is missing");

@@ -42,6 +42,16 @@
 // W + scale B A (of W when it has no LoRA), which make its DoRA factor exactly 1. LyCORIS' other
 // layout, [1, in] (norms of input columns), is not a peft DoRA: loading it is an error.
 //
+// LoKr (LyCORIS' Kronecker adapter, model_lora.h): delta W = scale * kron(W1, W2) with W1 [a, b] and
+// W2 [out / a, in / b]. Kohya files store, under the module's kohya name, W1 as ".lokr_w1" or as
+// ".lokr_w1_a" [a, r] @ ".lokr_w1_b" [r, b], W2 as ".lokr_w2" or ".lokr_w2_a" [out / a, r] @
+// ".lokr_w2_b" [r, in / b], and a 0-d ".alpha": scale = alpha / r when a factor is stored low rank,
+// 1 when both are whole (LyCORIS' LokrModule, ComfyUI's comfy/weight_adapter/lokr.py, which reads
+// exactly these keys). A Kronecker product of one module cannot be split over the members of a fused
+// original (Flux's qkv, linear1) nor have its row halves swapped, so LoKr goes on modules that own
+// their original tensor whole. The peft / diffusers format has no LoKr (diffusers' loaders read
+// LoRA only; peft's LoKrConfig has no diffusers file): saving LoKr there is an error.
+//
 // Loading. The rule that is exact for every stored pair, fused or not: module m gets the whole stored
 // down [R, in], the rows of the stored up that hold m's output rows (halves swapped where the original
 // stores them swapped, e.g. Flux's final adaLN), rank R and the stored alpha (R when absent: scale 1,
@@ -53,6 +63,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 #include <nlohmann/json.hpp>
 #include "models/flux_keys.h"  // KeyShape
@@ -60,6 +71,31 @@
 namespace flame::models {
 
 enum class LoraFileFormat { Peft, Kohya };
+
+// LoKr's stored factors (LyCORIS' names without the leading '.').
+enum class LokrFactor { W1, W1A, W1B, W2, W2A, W2B };
+const char* lokr_factor_name(LokrFactor f);  // "lokr_w1", "lokr_w1_a", ...
+
+// LyCORIS' factorization(dimension, factor) (lycoris/functional/general.py): (m, n) with m * n =
+// dimension and m <= n; factor > 0 dividing dimension gives (factor, dimension / factor) ordered;
+// otherwise the divisor pair closest to a square whose smaller member is at most factor (factor < 0:
+// no bound): 128 -> (8, 16), 127 -> (1, 127); factor 4: 360 -> (4, 90).
+std::pair<int64_t, int64_t> lokr_factorization(int64_t dimension, int64_t factor);
+
+// The shape of a LoKr module on a [out, in] weight: W1 [w1_rows, w1_cols], W2 [w2_rows, w2_cols].
+struct LokrShape {
+  int64_t w1_rows = 0, w1_cols = 0;
+  int64_t w2_rows = 0, w2_cols = 0;
+  bool w1_low_rank = false;  // stored as lokr_w1_a @ lokr_w1_b of the module's rank
+  bool w2_low_rank = false;  // stored as lokr_w2_a @ lokr_w2_b
+  // The factors stored, in LyCORIS' order (w1 or w1_a, w1_b; w2 or w2_a, w2_b), and their shapes.
+  std::vector<LokrFactor> factors() const;
+  std::vector<int64_t> factor_shape(LokrFactor f, int64_t rank) const;
+};
+// LyCORIS' LokrModule rule for a Linear [out, in] (peft's LoKr layer the same): (a, c) =
+// factorization(out, factor), (b, d) = factorization(in, factor); W1 [a, b] is low rank when
+// decompose_both and rank < max(a, b) / 2; W2 [c, d] is low rank when rank < max(c, d) / 2.
+LokrShape lokr_shape(int64_t out_features, int64_t in_features, int64_t rank, int64_t factor, bool decompose_both);
 
 // Which trainer's default target list (default_lora_targets).
 enum class LoraTargetConvention {
@@ -75,9 +111,14 @@ struct LoraModuleShape {
   int64_t out_features = 0;
   double alpha = 0;  // scale = alpha / rank
   bool dora = false;  // the module has DoRA's magnitude vector [out]
+  // LoKr instead of a LoRA pair: its factors; scale = alpha / rank as above (a LoKr of two whole
+  // factors has scale 1 in files: the caller passes alpha = rank * its scale, the plan stores alpha
+  // = rank and multiplies W2 by the scale).
+  bool lokr = false;
+  LokrShape lokr_shape{};
 };
 
-enum class LoraTensorKind { Down, Up, Alpha, Magnitude };
+enum class LoraTensorKind { Down, Up, Alpha, Magnitude, Lokr };
 
 // Where one module's tensor goes inside a stored tensor. Down: the module's down [r, in] fills rows
 // [row_begin, row_begin + rows) (all columns). Up: the module's up [out, r], multiplied by scale and
@@ -85,7 +126,8 @@ enum class LoraTensorKind { Down, Up, Alpha, Magnitude };
 // columns [col_begin, col_begin + cols). Magnitude: the module's DoRA magnitude [out] (with halves
 // exchanged when swap_halves) fills rows [row_begin, row_begin + rows) of a [rows, 1] or [rows]
 // tensor; with adapted_row_norms the rows hold ||W + scale B A||_row of the module instead (a member of
-// a fused original without DoRA: factor 1). Everything of the stored tensor no piece covers is zero.
+// a fused original without DoRA: factor 1). Lokr: the module's LoKr factor (LoraStoredTensor::factor)
+// whole, times scale. Everything of the stored tensor no piece covers is zero.
 struct LoraTensorPiece {
   std::string module;
   int64_t row_begin = 0;
@@ -103,6 +145,7 @@ struct LoraStoredTensor {
   LoraTensorKind kind = LoraTensorKind::Down;
   std::vector<LoraTensorPiece> pieces;  // Down / Up
   double alpha = 0;                     // Alpha: the value stored
+  LokrFactor factor = LokrFactor::W1;   // Lokr: which factor
 };
 
 struct LoraSavePlan {
@@ -147,6 +190,11 @@ struct LoraModuleSource {
   LoraTensorSource down;  // [rank, in]
   LoraTensorSource up;    // [out, rank]
   LoraTensorSource magnitude;  // DoRA's [out] (rows of a [rows] / [rows, 1] tensor); key empty: plain LoRA
+  // LoKr (down / up empty): the stored factors' keys (whole tensors) and shape; rank = the low-rank
+  // factors' rank (1 when both are whole: scale 1 whatever the alpha).
+  bool lokr = false;
+  LokrShape lokr_shape{};
+  std::vector<std::pair<LokrFactor, std::string>> lokr_keys;
 };
 
 struct LoraLoadPlan {
@@ -167,7 +215,11 @@ struct LoraLoadPlan {
 // [out] or [out, 1]. Errors (FLAME_ERROR_INVALID_FORMAT, naming the key): a key no rule
 // knows or whose module the model lacks, a down without its up or the reverse, shapes that contradict
 // the model or each other, a non-0-d alpha, two pairs for one module, a magnitude without its pair or
-// of another shape (LyCORIS' [1, in] named as such), LyCORIS keys (unsupported for now), bad metadata JSON.
+// of another shape (LyCORIS' [1, in] named as such), LyCORIS keys other than LoKr's (LoHa, Tucker
+// lokr_t2), bad metadata JSON. LoKr keys (".lokr_w1", ".lokr_w1_a" / "_b", ".lokr_w2",
+// ".lokr_w2_a" / "_b" with ".alpha") make a LoKr source; errors: a factor missing or twice (w1 and
+// w1_a), LoRA or DoRA tensors beside them, shapes whose Kronecker product is not the weight's, two
+// ranks, a name of a fused original or one stored with swapped halves.
 LoraLoadPlan plan_lora_load(const std::string& class_name, const nlohmann::json& full_config, const std::string& component,
                             const std::vector<KeyShape>& file_keys, const std::map<std::string, std::string>& metadata);
 

@@ -207,6 +207,24 @@ const LoraAdapter* Model::find_lora_adapter(const std::string& name) const {
   return nullptr;
 }
 
+// A LoKr module of an adapter being added: its factors make a [out, in] product on ctx.
+static void check_lokr_module(const LoraModule& m, const LoraCandidate& target, const Context* ctx) {
+  FLAME_CHECK(!m.down && !m.up && !m.magnitude && m.lokr_rank >= 1 && (m.lokr_w1 ? !m.lokr_w1_a && !m.lokr_w1_b : m.lokr_w1_a && m.lokr_w1_b) &&
+                  (m.lokr_w2 ? !m.lokr_w2_a && !m.lokr_w2_b : m.lokr_w2_a && m.lokr_w2_b),
+              FLAME_ERROR_INVALID_ARGUMENT, "LoRA module ", m.module,
+              ": a LoKr holds lokr_w1 or lokr_w1_a / _b, and lokr_w2 or lokr_w2_a / _b, nothing else");
+  for (const auto& [f, t] : m.lokr_factors())
+    FLAME_CHECK(t->ndim() == 2 && &t->ctx() == ctx, FLAME_ERROR_INVALID_ARGUMENT, "LoRA module ", m.module, ": ",
+                lokr_factor_name(f), " must be a 2-D tensor of the model's context");
+  const LokrShape s = m.lokr_shape();
+  const bool inner = (!m.lokr_w1_a || m.lokr_w1_a->shape[1] == m.lokr_w1_b->shape[0]) &&
+                     (!m.lokr_w2_a || m.lokr_w2_a->shape[1] == m.lokr_w2_b->shape[0]);
+  FLAME_CHECK(inner && s.w1_rows * s.w2_rows == target.out_features && s.w1_cols * s.w2_cols == target.in_features,
+              FLAME_ERROR_INVALID_ARGUMENT, "LoRA module ", m.module, ": LoKr factors W1 [", s.w1_rows, ", ", s.w1_cols,
+              "] and W2 [", s.w2_rows, ", ", s.w2_cols, "] do not make its weight [", target.out_features, ", ",
+              target.in_features, "]");
+}
+
 void Model::add_lora_adapter(std::shared_ptr<LoraAdapter> adapter) {
   FLAME_CHECK(adapter && !adapter->name.empty(), FLAME_ERROR_INVALID_ARGUMENT, "LoRA adapter without a name");
   FLAME_CHECK(!find_lora_adapter(adapter->name), FLAME_ERROR_INVALID_ARGUMENT, "the model has a LoRA adapter \"",
@@ -217,6 +235,10 @@ void Model::add_lora_adapter(std::shared_ptr<LoraAdapter> adapter) {
     for (const LoraCandidate& l : linear)
       if (l.module == m.module) target = &l;
     FLAME_CHECK(target, FLAME_ERROR_INVALID_ARGUMENT, "LoRA module ", m.module, " is not a linear layer of ", class_name_);
+    if (m.is_lokr()) {
+      check_lokr_module(m, *target, ctx_.get());
+      continue;
+    }
     FLAME_CHECK(m.down && m.up && m.down->ndim() == 2 && m.up->ndim() == 2 && m.down->shape[1] == target->in_features &&
                     m.up->shape[0] == target->out_features && m.up->shape[1] == m.down->shape[0],
                 FLAME_ERROR_INVALID_ARGUMENT, "LoRA module ", m.module, ": A must be [rank, ", target->in_features,

@@ -41,6 +41,38 @@ V pattern_value(const std::vector<std::pair<std::string, V>>& patterns, const st
   return value;
 }
 
+// torch.nn.init.kaiming_uniform_(a = sqrt(5)) of a [rows, fan_in] tensor: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+Tensor kaiming_uniform(Context& ctx, int64_t rows, int64_t fan_in, DType dtype) {
+  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+  return ops::to_dtype(
+      ops::add_scalar(ops::mul_scalar(ops::rand(ctx, {rows, fan_in}, FLAME_DTYPE_F32), 2 * bound), -bound), dtype);
+}
+
+// A new LoKr module on m, initialised as LyCORIS' LokrModule (model_lora.h).
+LoraModule create_lokr_module(Context& ctx, const LoraCandidate& m, int64_t rank, double alpha,
+                              const LoraAdapterOptions& options) {
+  const LokrShape ls = lokr_shape(m.out_features, m.in_features, rank, options.lokr_factor, options.lokr_decompose_both);
+  LoraModule lm;
+  lm.module = m.module;
+  lm.alpha = alpha;
+  lm.lokr_rank = rank;
+  const DType d = options.dtype;
+  if (ls.w1_low_rank) {
+    lm.lokr_w1_a = kaiming_uniform(ctx, ls.w1_rows, rank, d);
+    lm.lokr_w1_b = kaiming_uniform(ctx, rank, ls.w1_cols, d);
+  } else {
+    lm.lokr_w1 = kaiming_uniform(ctx, ls.w1_rows, ls.w1_cols, d);
+  }
+  if (ls.w2_low_rank) {
+    lm.lokr_w2_a = kaiming_uniform(ctx, ls.w2_rows, rank, d);
+    lm.lokr_w2_b = ops::zeros(ctx, {rank, ls.w2_cols}, d);
+  } else {
+    lm.lokr_w2 = ops::zeros(ctx, {ls.w2_rows, ls.w2_cols}, d);
+  }
+  for (const auto& [f, t] : lm.lokr_factors()) autograd_meta(*t).requires_grad = true;
+  return lm;
+}
+
 }  // namespace
 
 LoraAdapterOptions parse_lora_adapter_options(const nlohmann::json& options) {
@@ -48,13 +80,14 @@ LoraAdapterOptions parse_lora_adapter_options(const nlohmann::json& options) {
   if (options.is_null()) return o;
   FLAME_CHECK(options.is_object(), FLAME_ERROR_INVALID_ARGUMENT, "LoRA options must be a JSON object");
   static const char* const kKeys[] = {"name", "targets",     "preset",     "rank",   "alpha", "rank_pattern",
-                                      "alpha_pattern", "init", "dropout", "dtype", "freeze_base", "multiplier", "dora"};
+                                      "alpha_pattern", "init", "dropout", "dtype", "freeze_base", "multiplier", "dora",
+                                      "type",    "factor",        "decompose_both"};
   for (auto it = options.begin(); it != options.end(); ++it) {
     bool known = false;
     for (const char* k : kKeys) known = known || it.key() == k;
     FLAME_CHECK(known, FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: unknown key \"", it.key(),
                 "\" (known: name, targets, preset, rank, alpha, rank_pattern, alpha_pattern, init, dropout, dtype, "
-                "freeze_base, multiplier, dora)");
+                "freeze_base, multiplier, dora, type, factor, decompose_both)");
   }
   if (options.contains("name")) {
     FLAME_CHECK(options["name"].is_string() && !options["name"].get<std::string>().empty(),
@@ -112,6 +145,28 @@ LoraAdapterOptions parse_lora_adapter_options(const nlohmann::json& options) {
     FLAME_CHECK(options["dora"].is_boolean(), FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: \"dora\" must be true or false");
     o.dora = options["dora"].get<bool>();
   }
+  if (options.contains("type")) {
+    const auto& t = options["type"];
+    FLAME_CHECK(t.is_string() && (t == "lora" || t == "lokr"), FLAME_ERROR_INVALID_ARGUMENT,
+                "LoRA options: \"type\" must be \"lora\" or \"lokr\"");
+    o.lokr = t == "lokr";
+  }
+  if (options.contains("factor")) {
+    const auto& f = options["factor"];
+    FLAME_CHECK(f.is_number_integer() && (f.get<int64_t>() == -1 || f.get<int64_t>() >= 1), FLAME_ERROR_INVALID_ARGUMENT,
+                "LoRA options: \"factor\" must be -1 or a positive integer");
+    o.lokr_factor = f.get<int64_t>();
+  }
+  if (options.contains("decompose_both")) {
+    FLAME_CHECK(options["decompose_both"].is_boolean(), FLAME_ERROR_INVALID_ARGUMENT,
+                "LoRA options: \"decompose_both\" must be true or false");
+    o.lokr_decompose_both = options["decompose_both"].get<bool>();
+  }
+  FLAME_CHECK(o.lokr || (!options.contains("factor") && !options.contains("decompose_both")), FLAME_ERROR_INVALID_ARGUMENT,
+              "LoRA options: \"factor\" and \"decompose_both\" are LoKr's (\"type\": \"lokr\")");
+  FLAME_CHECK(!o.lokr || !o.dora, FLAME_ERROR_INVALID_ARGUMENT, "LoRA options: \"dora\" with \"type\": \"lokr\" is not supported");
+  FLAME_CHECK(!o.lokr || o.init == "kaiming", FLAME_ERROR_INVALID_ARGUMENT,
+              "LoRA options: \"init\" \"", o.init, "\" with \"type\": \"lokr\"; LoKr initialises as LyCORIS (\"kaiming\")");
   return o;
 }
 
@@ -121,9 +176,35 @@ const LoraModule* LoraAdapter::find(const std::string& module) const {
   return nullptr;
 }
 
+std::vector<std::pair<LokrFactor, Tensor>> LoraModule::lokr_factors() const {
+  std::vector<std::pair<LokrFactor, Tensor>> out;
+  if (lokr_w1) out.emplace_back(LokrFactor::W1, lokr_w1);
+  if (lokr_w1_a) out.emplace_back(LokrFactor::W1A, lokr_w1_a);
+  if (lokr_w1_b) out.emplace_back(LokrFactor::W1B, lokr_w1_b);
+  if (lokr_w2) out.emplace_back(LokrFactor::W2, lokr_w2);
+  if (lokr_w2_a) out.emplace_back(LokrFactor::W2A, lokr_w2_a);
+  if (lokr_w2_b) out.emplace_back(LokrFactor::W2B, lokr_w2_b);
+  return out;
+}
+
+LokrShape LoraModule::lokr_shape() const {
+  LokrShape s;
+  s.w1_low_rank = lokr_w1 == nullptr;
+  s.w2_low_rank = lokr_w2 == nullptr;
+  s.w1_rows = lokr_w1 ? lokr_w1->shape[0] : lokr_w1_a->shape[0];
+  s.w1_cols = lokr_w1 ? lokr_w1->shape[1] : lokr_w1_b->shape[1];
+  s.w2_rows = lokr_w2 ? lokr_w2->shape[0] : lokr_w2_a->shape[0];
+  s.w2_cols = lokr_w2 ? lokr_w2->shape[1] : lokr_w2_b->shape[1];
+  return s;
+}
+
 std::vector<std::pair<std::string, Tensor>> LoraAdapter::named_tensors() const {
   std::vector<std::pair<std::string, Tensor>> out;
   for (const LoraModule& m : modules) {
+    if (m.is_lokr()) {
+      for (const auto& [f, t] : m.lokr_factors()) out.emplace_back(m.module + "." + lokr_factor_name(f), t);
+      continue;
+    }
     out.emplace_back(m.module + ".lora_A.weight", m.down);
     out.emplace_back(m.module + ".lora_B.weight", m.up);
     if (m.magnitude) out.emplace_back(m.module + ".lora_magnitude_vector", m.magnitude);
@@ -150,6 +231,10 @@ std::shared_ptr<LoraAdapter> create_lora_adapter(Context& ctx, const std::vector
     if (!selected) continue;
     const int64_t rank = pattern_value(options.rank_pattern, m.module, options.rank);
     const double alpha = pattern_value(options.alpha_pattern, m.module, options.alpha);
+    if (options.lokr) {
+      adapter->modules.push_back(create_lokr_module(ctx, m, rank, alpha, options));
+      continue;
+    }
     LoraModule lm;
     lm.module = m.module;
     lm.alpha = alpha;
@@ -205,7 +290,46 @@ Tensor dora_term(const LoraAdapter& adapter, const LoraModule& m, const Tensor& 
   return ops::add(ops::mul(ops::add_scalar(mag_norm_scale, -1.0), base_result), ops::mul(mag_norm_scale, lora));
 }
 
+Tensor in_dtype(const Tensor& t, DType d) { return t->dtype == d ? t : ops::to_dtype(t, d); }
+
+// x [N, ..., k] times (a @ b)^T, or w^T when whole: (x b^T) a^T, the low-rank product never formed.
+Tensor apply_factor(const Tensor& x, const Tensor& whole, const Tensor& a, const Tensor& b) {
+  const DType d = x->dtype;
+  if (whole) return ops::linear(x, in_dtype(whole, d), nullptr, ops::Activation::None);
+  return ops::linear(ops::linear(x, in_dtype(b, d), nullptr, ops::Activation::None), in_dtype(a, d), nullptr,
+                     ops::Activation::None);
+}
+
+// multiplier * scale * kron(W1, W2) x' (model_lora.h): X [N, b, d] -> X W2^T [N, b, c] -> transposed
+// [N, c, b] -> times W1^T [N, c, a] -> transposed [N, a, c] = rows i * c + k of the product.
+Tensor lokr_term(const LoraAdapter& adapter, const LoraModule& m, const Tensor& x, bool training) {
+  const LokrShape ls = m.lokr_shape();
+  const Tensor in = training && adapter.dropout > 0 ? ops::dropout(x, adapter.dropout, true) : x;
+  const int64_t features = ls.w1_cols * ls.w2_cols;
+  FLAME_CHECK(x->ndim() >= 1 && x->shape.back() == features, FLAME_ERROR_INVALID_ARGUMENT, "LoKr module ", m.module,
+              ": input of ", x->shape.back(), " features, expected ", features);
+  const int64_t n = features == 0 ? 0 : x->numel() / features;
+  const Tensor xs = ops::reshape(in, {n, ls.w1_cols, ls.w2_cols});
+  const Tensor z = apply_factor(xs, m.lokr_w2, m.lokr_w2_a, m.lokr_w2_b);                     // [N, b, c]
+  const Tensor zt = ops::mul_scalar(ops::contiguous(ops::transpose(z, 1, 2)), adapter.multiplier * m.scale());  // [N, c, b]
+  const Tensor y = apply_factor(zt, m.lokr_w1, m.lokr_w1_a, m.lokr_w1_b);                     // [N, c, a]
+  Shape out_shape = x->shape;
+  out_shape.back() = ls.w1_rows * ls.w2_rows;
+  return ops::reshape(ops::contiguous(ops::transpose(y, 1, 2)), out_shape);
+}
+
 }  // namespace
+
+Tensor lokr_kron_f32(const LoraModule& m) {
+  Context& ctx = (m.lokr_w1 ? m.lokr_w1 : m.lokr_w1_a)->ctx();
+  GradModeGuard guard(ctx, untracked_f32(ctx));
+  const LokrShape ls = m.lokr_shape();
+  const Tensor w1 = m.lokr_w1 ? as_f32(m.lokr_w1) : ops::mm(as_f32(m.lokr_w1_a), as_f32(m.lokr_w1_b));
+  const Tensor w2 = m.lokr_w2 ? as_f32(m.lokr_w2) : ops::mm(as_f32(m.lokr_w2_a), as_f32(m.lokr_w2_b));
+  // kron(W1, W2)[i c + k, j d + l] = W1[i, j] W2[k, l]: [a, 1, b, 1] * [1, c, 1, d] -> [a, c, b, d]
+  const Tensor p = ops::mul(ops::reshape(w1, {ls.w1_rows, 1, ls.w1_cols, 1}), ops::reshape(w2, {1, ls.w2_rows, 1, ls.w2_cols}));
+  return ops::reshape(p, {ls.w1_rows * ls.w2_rows, ls.w1_cols * ls.w2_cols});
+}
 
 Tensor dora_row_norms(const Tensor& weight, const LoraModule& m) {
   GradModeGuard guard(weight->ctx(), untracked_f32(weight->ctx()));
@@ -214,6 +338,7 @@ Tensor dora_row_norms(const Tensor& weight, const LoraModule& m) {
 
 Tensor lora_delta(const LoraAdapter& adapter, const LoraModule& m, const Tensor& x, const LoraBaseLinear& base,
                   bool training) {
+  if (m.is_lokr()) return lokr_term(adapter, m, x, training);
   if (m.magnitude) {
     const Tensor t = dora_term(adapter, m, x, base, training);
     return adapter.multiplier == 1.0 ? t : ops::mul_scalar(t, adapter.multiplier);
@@ -229,6 +354,7 @@ Tensor lora_delta(const LoraAdapter& adapter, const LoraModule& m, const Tensor&
 Tensor merged_lora_weight(const LoraAdapter& adapter, const LoraModule& m, const Tensor& weight) {
   GradModeGuard guard(weight->ctx(), untracked_f32(weight->ctx()));
   const Tensor w = as_f32(weight);
+  if (m.is_lokr()) return ops::add(w, ops::mul_scalar(lokr_kron_f32(m), adapter.multiplier * m.scale()));
   if (!m.magnitude)
     return ops::add(w, ops::mul_scalar(ops::mm(as_f32(m.up), as_f32(m.down)), adapter.multiplier * m.scale()));
   const Tensor adapted = adapted_weight_f32(weight, m);

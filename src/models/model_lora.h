@@ -18,6 +18,16 @@
 // multiplier other than 1 interpolates between the base and that output (ComfyUI's strength). W x is
 // the layer's own output: with several adapters on one layer, peft would feed earlier adapters'
 // terms into a later DoRA adapter's (m / n - 1) factor; FLAME keeps each adapter's term independent.
+//
+// LoKr (LyCORIS' Kronecker adapter, peft's LoKrConfig): a module may instead hold LoKr factors,
+// delta W = scale * kron(W1, W2) with W1 [a, b] (lokr_w1, or lokr_w1_a [a, r] @ lokr_w1_b [r, b]) and
+// W2 [out / a, in / b] (lokr_w2, or lokr_w2_a @ lokr_w2_b), shapes by LyCORIS' factorization rule
+// (lora_format.h lokr_shape), scale = alpha / r when a factor is low rank and 1 when both are whole
+// (LyCORIS and ComfyUI; peft uses alpha / r always). Initialised as LyCORIS: W1 (or both its
+// factors) and W2's a Kaiming-uniform, W2 (or lokr_w2_b) zero, so a new LoKr changes nothing. Its
+// term, multiplier * scale * kron(W1, W2) dropout(x), is computed without the [out, in] product:
+// with x viewed as X [N, b, d], kron(W1, W2) x = (W1 (W2 X^T)^T)^T flattened, two small products and
+// two transposes of activation size. LoKr and DoRA do not combine.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -46,6 +56,9 @@ struct LoraAdapterOptions {
   bool freeze_base = true;        // the model's own parameters stop requiring grad
   double multiplier = 1.0;        // the adapter's strength (ComfyUI's / kohya's multiplier)
   bool dora = false;              // "dora": true: every module also gets DoRA's magnitude vector
+  bool lokr = false;              // "type": "lokr" (default "lora")
+  int64_t lokr_factor = -1;       // "factor": LyCORIS' factorization factor (-1: closest to square)
+  bool lokr_decompose_both = false;  // "decompose_both": W1 low rank too (when rank < max(a, b) / 2)
 };
 
 // Reads flame_model_add_lora's options JSON; unknown keys and bad values fail with
@@ -54,12 +67,24 @@ LoraAdapterOptions parse_lora_adapter_options(const nlohmann::json& options);
 
 struct LoraModule {
   std::string module;  // the linear module it adapts
-  Tensor down;         // A [rank, in]
-  Tensor up;           // B [out, rank]
+  Tensor down;         // A [rank, in]; null for a LoKr module
+  Tensor up;           // B [out, rank]; null for a LoKr module
   Tensor magnitude;    // DoRA's m [out] in A's dtype; null for a plain LoRA module
   double alpha = 0.0;
-  int64_t rank() const { return down->shape[0]; }
-  double scale() const { return alpha / static_cast<double>(rank()); }
+  // LoKr (above): W1 = lokr_w1 or lokr_w1_a @ lokr_w1_b, W2 = lokr_w2 or lokr_w2_a @ lokr_w2_b (the
+  // unused ones null); lokr_rank is r (of the low-rank factors; the options' rank when both are whole).
+  Tensor lokr_w1, lokr_w1_a, lokr_w1_b, lokr_w2, lokr_w2_a, lokr_w2_b;
+  int64_t lokr_rank = 0;
+  bool is_lokr() const { return lokr_w1 || lokr_w1_a; }
+  bool lokr_both_whole() const { return lokr_w1 && lokr_w2; }
+  int64_t rank() const { return is_lokr() ? lokr_rank : down->shape[0]; }
+  double scale() const {
+    if (is_lokr() && lokr_both_whole()) return 1.0;
+    return alpha / static_cast<double>(rank());
+  }
+  // A LoKr module's factors as stored, in LyCORIS' order with their names (LokrShape::factors).
+  std::vector<std::pair<LokrFactor, Tensor>> lokr_factors() const;
+  LokrShape lokr_shape() const;
 };
 
 struct LoraAdapter {
@@ -69,13 +94,14 @@ struct LoraAdapter {
   std::vector<LoraModule> modules;  // in the model's module order
   const LoraModule* find(const std::string& module) const;
   // The adapter's tensors under peft's names: "<module>.lora_A.weight", "<module>.lora_B.weight" and,
-  // for a DoRA module, "<module>.lora_magnitude_vector".
+  // for a DoRA module, "<module>.lora_magnitude_vector"; a LoKr module's "<module>.lokr_w1" (or
+  // "_w1_a", "_w1_b") and "<module>.lokr_w2" (or "_w2_a", "_w2_b"), as peft's LoKr state dict.
   std::vector<std::pair<std::string, Tensor>> named_tensors() const;
 };
 
 // The adapter a set of options makes for modules (the model's linear layers): the targets select
-// modules (a target that selects nothing is FLAME_ERROR_INVALID_ARGUMENT naming it), A and B are
-// created in options.dtype with the init asked for, drawn from ctx's generator.
+// modules (a target that selects nothing is FLAME_ERROR_INVALID_ARGUMENT naming it), A and B (or a
+// LoKr's factors) are created in options.dtype with the init asked for, drawn from ctx's generator.
 std::shared_ptr<LoraAdapter> create_lora_adapter(Context& ctx, const std::vector<LoraCandidate>& modules,
                                                  const std::vector<std::string>& targets,
                                                  const LoraAdapterOptions& options);
@@ -92,8 +118,8 @@ struct LoraBaseLinear {
   Tensor scale;
 };
 
-// The adapter's term for module m in x's dtype, recorded: multiplier * scale * B(A(dropout(x))), or
-// DoRA's term (above) when m has a magnitude.
+// The adapter's term for module m in x's dtype, recorded: multiplier * scale * B(A(dropout(x))),
+// DoRA's term (above) when m has a magnitude, LoKr's multiplier * scale * kron(W1, W2) dropout(x).
 Tensor lora_delta(const LoraAdapter& adapter, const LoraModule& m, const Tensor& x, const LoraBaseLinear& base,
                   bool training);
 
@@ -102,7 +128,11 @@ Tensor lora_delta(const LoraAdapter& adapter, const LoraModule& m, const Tensor&
 Tensor dora_row_norms(const Tensor& weight, const LoraModule& m);
 
 // The weight with the adapter's module folded in, in f32 (not recorded):
-// W + multiplier * scale * B A, or for DoRA W + multiplier * ((m / n) * (W + scale * B A) - W).
+// W + multiplier * scale * B A, or for DoRA W + multiplier * ((m / n) * (W + scale * B A) - W), or
+// for LoKr W + multiplier * scale * kron(W1, W2).
 Tensor merged_lora_weight(const LoraAdapter& adapter, const LoraModule& m, const Tensor& weight);
+
+// kron(W1, W2) of a LoKr module in f32 [out, in] (not recorded).
+Tensor lokr_kron_f32(const LoraModule& m);
 
 }  // namespace flame::models

@@ -75,6 +75,20 @@ Tensor build_stored(const Model& model, const LoraAdapter& adapter, const LoraSt
   if (s.kind == LoraTensorKind::Alpha) return ops::scalar(ctx, s.alpha, FLAME_DTYPE_F32);
   Shape shape(s.shape.begin(), s.shape.end());
   Tensor out = ops::zeros(ctx, shape, dtype);
+  if (s.kind == LoraTensorKind::Lokr) {
+    for (const LoraTensorPiece& p : s.pieces) {
+      const LoraModule* m = adapter.find(p.module);
+      FLAME_CHECK(m && m->is_lokr(), FLAME_ERROR_INTERNAL, "the LoRA save plan names LoKr module ", p.module, " the adapter lacks");
+      Tensor factor;
+      for (const auto& [f, t] : m->lokr_factors())
+        if (f == s.factor) factor = t;
+      FLAME_CHECK(factor && factor->shape == out->shape, FLAME_ERROR_INTERNAL, "LoKr module ", p.module, ": no ",
+                  lokr_factor_name(s.factor), " of the planned shape");
+      if (p.scale != 1.0) factor = ops::mul_scalar(ops::to_dtype(factor, FLAME_DTYPE_F32), p.scale);
+      ops::copy_into(out, ops::to_dtype(factor, dtype));
+    }
+    return out;
+  }
   if (s.kind == LoraTensorKind::Magnitude) {
     const Tensor rows = ops::reshape(out, {shape[0]});
     for (const LoraTensorPiece& p : s.pieces)
@@ -93,6 +107,41 @@ Tensor build_stored(const Model& model, const LoraAdapter& adapter, const LoraSt
     }
   }
   return out;
+}
+
+// The value of a file's 0-d (or [1]) alpha tensor.
+double read_alpha(const CheckpointFiles& file, const std::string& path, const std::string& key, Context& ctx) {
+  Tensor a = ops::empty(ctx, {1}, FLAME_DTYPE_F64);
+  file.read_into(key, a);
+  double value = 0;
+  ops::to_host(a, &value, sizeof value);
+  FLAME_CHECK(std::isfinite(value), FLAME_ERROR_INVALID_FORMAT, path, ": ", key, " is not finite");
+  return value;
+}
+
+// A LoKr module of a load plan: its factors as stored, alpha from the file (scale 1 without one, and
+// always when both factors are whole, as LyCORIS and ComfyUI).
+LoraModule read_lokr_module(const CheckpointFiles& file, const std::string& path, const LoraModuleSource& src,
+                            const LoraLoadOptions& options, Context& ctx) {
+  LoraModule lm;
+  lm.module = src.module;
+  lm.lokr_rank = src.rank;
+  lm.alpha = src.alpha_key.empty() ? src.alpha : read_alpha(file, path, src.alpha_key, ctx);
+  for (const auto& [f, key] : src.lokr_keys) {
+    const std::vector<int64_t> dims = src.lokr_shape.factor_shape(f, src.rank);
+    Tensor t = ops::empty(ctx, Shape(dims.begin(), dims.end()), options.dtype);
+    file.read_into(key, t);
+    autograd_meta(*t).requires_grad = options.trainable;
+    switch (f) {
+      case LokrFactor::W1: lm.lokr_w1 = t; break;
+      case LokrFactor::W1A: lm.lokr_w1_a = t; break;
+      case LokrFactor::W1B: lm.lokr_w1_b = t; break;
+      case LokrFactor::W2: lm.lokr_w2 = t; break;
+      case LokrFactor::W2A: lm.lokr_w2_a = t; break;
+      case LokrFactor::W2B: lm.lokr_w2_b = t; break;
+    }
+  }
+  return lm;
 }
 
 }  // namespace
@@ -126,8 +175,21 @@ LoraFileContents lora_file_contents(const Model& m, const LoraAdapter& adapter, 
     FLAME_CHECK(!lm.magnitude || adapter.multiplier == 1.0, FLAME_ERROR_INVALID_ARGUMENT, "LoRA adapter \"", adapter.name,
                 "\" has DoRA modules and multiplier ", adapter.multiplier,
                 ": a file's alpha cannot express a DoRA multiplier (merge it, or save with multiplier 1)");
-  for (const LoraModule& lm : adapter.modules)
+  for (const LoraModule& lm : adapter.modules) {
+    if (lm.is_lokr()) {
+      LoraModuleShape s;
+      s.module = lm.module;
+      s.rank = lm.rank();
+      s.lokr_shape = lm.lokr_shape();
+      s.in_features = s.lokr_shape.w1_cols * s.lokr_shape.w2_cols;
+      s.out_features = s.lokr_shape.w1_rows * s.lokr_shape.w2_rows;
+      s.alpha = lm.scale() * adapter.multiplier * static_cast<double>(lm.rank());  // alpha / rank = the file's scale
+      s.lokr = true;
+      shapes.push_back(std::move(s));
+      continue;
+    }
     shapes.push_back({lm.module, lm.rank(), lm.down->shape[1], lm.up->shape[0], lm.alpha * adapter.multiplier, lm.magnitude != nullptr});
+  }
   const std::string component = options.component.empty() ? default_lora_component(m) : options.component;
   const LoraSavePlan plan = plan_lora_save(m.class_name(), m.config(), component, shapes, options.format);
   LoraFileContents out;
@@ -171,6 +233,10 @@ std::shared_ptr<LoraAdapter> read_lora_file(const Model& m, const std::string& p
   adapter->name = options.name;
   adapter->multiplier = options.multiplier;
   for (const LoraModuleSource& src : plan.modules) {
+    if (src.lokr) {
+      adapter->modules.push_back(read_lokr_module(file, path, src, options, ctx));
+      continue;
+    }
     LoraModule lm;
     lm.module = src.module;
     lm.down = ops::empty(ctx, {src.rank, src.in_features}, options.dtype);
@@ -185,14 +251,7 @@ std::shared_ptr<LoraAdapter> read_lora_file(const Model& m, const std::string& p
       lm.magnitude = src.magnitude.swap_halves ? swap_row_halves(magnitude) : magnitude;
       autograd_meta(*lm.magnitude).requires_grad = options.trainable;
     }
-    if (!src.alpha_key.empty()) {
-      Tensor a = ops::empty(ctx, {1}, FLAME_DTYPE_F64);
-      file.read_into(src.alpha_key, a);
-      double value = 0;
-      ops::to_host(a, &value, sizeof value);
-      FLAME_CHECK(std::isfinite(value), FLAME_ERROR_INVALID_FORMAT, path, ": ", src.alpha_key, " is not finite");
-      lm.alpha = value;
-    }
+    if (!src.alpha_key.empty()) lm.alpha = read_alpha(file, path, src.alpha_key, ctx);
     autograd_meta(*lm.down).requires_grad = options.trainable;
     autograd_meta(*lm.up).requires_grad = options.trainable;
     adapter->modules.push_back(std::move(lm));

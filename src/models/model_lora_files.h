@@ -2,7 +2,8 @@
 // builds the file's tensors (stacked downs, block-diagonal ups of fused original modules, kohya's
 // alphas) and its metadata; the caller writes them (the API layer owns the safetensors writer).
 // Reading maps the file (checkpoint_files.h), plans it against the model and makes a new adapter
-// whose modules hold exactly the stored delta W = alpha / rank * up @ down.
+// whose modules hold exactly the stored delta W = alpha / rank * up @ down (a LoKr's factors as
+// stored, lora_format.h).
 #pragma once
 #include <map>
 #include <memory>

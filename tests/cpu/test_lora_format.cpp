@@ -630,4 +630,209 @@ TEST(LoraFormat, TargetPatterns) {
   EXPECT_FALSE(lora_target_matches("encoder.block.0.layer.0.SelfAttention.q", "SelfAttention.k"));
 }
 
+// ---- LoKr (LyCORIS' Kronecker adapter) ----
+
+TEST(LoraFormat, LokrFactorizationIsLycoris) {
+  // lycoris/functional/general.py factorization(dimension, factor), computed by LyCORIS' own code
+  const struct {
+    int64_t dim, factor, m, n;
+  } cases[] = {{127, -1, 1, 127}, {128, -1, 8, 16},  {250, -1, 10, 25}, {360, -1, 18, 20}, {1024, -1, 32, 32},
+               {3072, -1, 48, 64}, {768, -1, 24, 32}, {96, -1, 8, 12},   {128, 2, 2, 64},   {360, 4, 4, 90},
+               {250, 4, 2, 125},  {250, 8, 5, 50},   {360, 16, 15, 24}, {64, 16, 4, 16},   {1024, 16, 16, 64}};
+  for (const auto& c : cases)
+    EXPECT_EQ(lokr_factorization(c.dim, c.factor), std::make_pair(c.m, c.n)) << c.dim << " factor " << c.factor;
+  // LokrModule's shapes: W1 [a, b] from the smaller members, W2 [c, d] low rank when rank < max(c, d) / 2
+  LokrShape s = lokr_shape(3072, 768, 32, -1, false);
+  EXPECT_EQ(s.w1_rows, 48);
+  EXPECT_EQ(s.w1_cols, 24);
+  EXPECT_EQ(s.w2_rows, 64);
+  EXPECT_EQ(s.w2_cols, 32);
+  EXPECT_FALSE(s.w1_low_rank);
+  EXPECT_FALSE(s.w2_low_rank);  // 32 >= 64 / 2
+  EXPECT_TRUE(lokr_shape(3072, 768, 31, -1, false).w2_low_rank);
+  s = lokr_shape(3072, 768, 15, -1, true);
+  EXPECT_TRUE(s.w2_low_rank);
+  EXPECT_TRUE(s.w1_low_rank);  // 15 < 48 / 2
+  s = lokr_shape(3072, 768, 4, 8, true);
+  EXPECT_EQ(s.w1_rows, 8);
+  EXPECT_EQ(s.w2_rows, 384);
+  EXPECT_FALSE(s.w1_low_rank);  // 4 >= 8 / 2
+  EXPECT_TRUE(s.w2_low_rank);
+  EXPECT_EQ(s.factors(), (std::vector<LokrFactor>{LokrFactor::W1, LokrFactor::W2A, LokrFactor::W2B}));
+  EXPECT_EQ(s.factor_shape(LokrFactor::W2B, 4), (std::vector<int64_t>{4, 96}));
+}
+
+// LoKr modules (whole and low-rank factors in turn) on every default kohya target of a model.
+std::vector<LoraModuleShape> lokr_modules_for(const LoraTestModel& m) {
+  std::vector<LoraModuleShape> out;
+  const auto selected = select_lora_modules(lora_candidate_modules(m.class_name, m.config),
+                                            default_lora_targets(m.class_name, m.config, LoraTargetConvention::Kohya));
+  for (size_t i = 0; i < selected.size(); ++i) {
+    LoraModuleShape s{selected[i].module, i % 3 == 0 ? 64 : 4, selected[i].in_features, selected[i].out_features, 8.0, false};
+    s.lokr = true;
+    s.lokr_shape = lokr_shape(s.out_features, s.in_features, s.rank, i % 2 ? 8 : -1, i % 4 == 1);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// Every key of a LoKr plan follows ComfyUI's comfy/weight_adapter/lokr.py: "<name>.lokr_w1" or
+// ".lokr_w1_a" + ".lokr_w1_b", ".lokr_w2" or ".lokr_w2_a" + ".lokr_w2_b", ".alpha"; name a weight
+// ComfyUI maps; kron(W1, W2) of the weight's shape (ComfyUI reshapes it to the weight); the low-rank
+// factors share the rank ComfyUI divides alpha by (w2_b's rows, else w1_b's).
+void expect_comfy_lokr_keys(const LoraSavePlan& plan, const std::string& model) {
+  ASSERT_EQ(plan.format, LoraFileFormat::Kohya);
+  const auto names = comfy_lora_names(model);
+  std::map<std::string, std::map<std::string, const LoraStoredTensor*>> by_name;
+  for (const LoraStoredTensor& t : plan.tensors) {
+    std::string name, role;
+    for (const char* s : {".lokr_w1", ".lokr_w1_a", ".lokr_w1_b", ".lokr_w2", ".lokr_w2_a", ".lokr_w2_b", ".alpha"})
+      if (!(name = strip(t.key, s)).empty()) {
+        role = s;
+        break;
+      }
+    ASSERT_FALSE(name.empty()) << t.key << ": no suffix ComfyUI's LoKr adapter reads";
+    ASSERT_TRUE(names.count(name)) << t.key << ": ComfyUI maps no weight to " << name;
+    ASSERT_TRUE(by_name[name].emplace(role, &t).second) << t.key << " twice";
+  }
+  EXPECT_FALSE(by_name.empty());
+  for (const auto& [name, roles] : by_name) {
+    auto get = [&](const char* r) { return roles.count(r) ? roles.at(r) : nullptr; };
+    const LoraStoredTensor *w1 = get(".lokr_w1"), *w1a = get(".lokr_w1_a"), *w1b = get(".lokr_w1_b");
+    const LoraStoredTensor *w2 = get(".lokr_w2"), *w2a = get(".lokr_w2_a"), *w2b = get(".lokr_w2_b");
+    ASSERT_TRUE(w1 ? !w1a && !w1b : w1a && w1b) << name << ": W1 whole or as _a / _b";
+    ASSERT_TRUE(w2 ? !w2a && !w2b : w2a && w2b) << name << ": W2 whole or as _a / _b";
+    for (const auto& [role, t] : roles)
+      if (role != ".alpha") ASSERT_EQ(t->shape.size(), 2u) << t->key;
+    const int64_t a = w1 ? w1->shape[0] : w1a->shape[0], b = w1 ? w1->shape[1] : w1b->shape[1];
+    const int64_t c = w2 ? w2->shape[0] : w2a->shape[0], d = w2 ? w2->shape[1] : w2b->shape[1];
+    if (w1a) EXPECT_EQ(w1a->shape[1], w1b->shape[0]) << name;
+    if (w2a) EXPECT_EQ(w2a->shape[1], w2b->shape[0]) << name;
+    if (w1a && w2a) EXPECT_EQ(w1b->shape[0], w2b->shape[0]) << name << ": one rank";
+    const std::vector<int64_t>& w = names.at(name);
+    EXPECT_EQ(a * c, w[0]) << name;
+    EXPECT_EQ(b * d, w[1]) << name;
+    ASSERT_TRUE(roles.count(".alpha")) << name << ": no alpha";
+    EXPECT_TRUE(roles.at(".alpha")->shape.empty()) << name;
+    EXPECT_GT(roles.at(".alpha")->alpha, 0) << name;
+  }
+}
+
+TEST(LoraFormat, LokrKohyaKeysAreComfyUisAndLoadBack) {
+  for (const char* name : {"sdxl", "sd15", "clip_l", "clip_g", "t5"}) {
+    SCOPED_TRACE(name);
+    const LoraTestModel m = lora_test_model(name);
+    const std::vector<LoraModuleShape> modules = lokr_modules_for(m);
+    ASSERT_FALSE(modules.empty());
+    const LoraSavePlan plan = plan_lora_save(m.class_name, m.config, m.component, modules, LoraFileFormat::Kohya);
+    expect_comfy_lokr_keys(plan, m.name);
+    EXPECT_EQ(plan.metadata.at("ss_network_module"), "lycoris.kohya");
+    std::map<std::string, const LoraStoredTensor*> stored;
+    for (const LoraStoredTensor& t : plan.tensors) stored[t.key] = &t;
+    const LoraLoadPlan loaded = plan_lora_load(m.class_name, m.config, m.component, keys_of(plan), plan.metadata);
+    ASSERT_EQ(loaded.modules.size(), modules.size());
+    std::map<std::string, const LoraModuleSource*> got;
+    for (const LoraModuleSource& s : loaded.modules) got[s.module] = &s;
+    for (const LoraModuleShape& mod : modules) {
+      ASSERT_TRUE(got.count(mod.module)) << mod.module;
+      const LoraModuleSource& s = *got.at(mod.module);
+      EXPECT_TRUE(s.lokr);
+      EXPECT_TRUE(s.down.key.empty() && s.up.key.empty());
+      EXPECT_EQ(s.lokr_shape.factors(), mod.lokr_shape.factors()) << mod.module;
+      EXPECT_EQ(s.lokr_shape.w1_rows, mod.lokr_shape.w1_rows);
+      EXPECT_EQ(s.lokr_shape.w2_cols, mod.lokr_shape.w2_cols);
+      ASSERT_FALSE(s.alpha_key.empty()) << mod.module;
+      const bool whole = !mod.lokr_shape.w1_low_rank && !mod.lokr_shape.w2_low_rank;
+      if (!whole) {
+        EXPECT_EQ(s.rank, mod.rank);
+        EXPECT_EQ(stored.at(s.alpha_key)->alpha, mod.alpha) << mod.module;
+      }
+      for (const auto& [f, key] : s.lokr_keys) {
+        const LoraStoredTensor& t = *stored.at(key);
+        EXPECT_EQ(t.kind, LoraTensorKind::Lokr);
+        EXPECT_EQ(t.factor, f);
+        ASSERT_EQ(t.pieces.size(), 1u);
+        EXPECT_EQ(t.pieces[0].module, mod.module);
+        // two whole factors: scale 1 in the file, the module's scale (alpha / rank) carried by W2
+        EXPECT_DOUBLE_EQ(t.pieces[0].scale, whole && f == LokrFactor::W2 ? mod.alpha / mod.rank : 1.0) << key;
+      }
+    }
+  }
+}
+
+TEST(LoraFormat, LokrRefusesFusedOriginalsAndPeft) {
+  const LoraTestModel m = lora_test_model("flux");
+  auto lokr_on = [&](const std::string& module, int64_t out, int64_t in) {
+    LoraModuleShape s{module, 4, in, out, 4.0, false};
+    s.lokr = true;
+    s.lokr_shape = lokr_shape(out, in, 4, -1, false);
+    return s;
+  };
+  // img_attn.proj owns its weight: fine; to_q lives in the fused img_attn.qkv; norm_out.linear is swapped
+  const LoraSavePlan ok = plan_lora_save(m.class_name, m.config, "transformer",
+                                         {lokr_on("transformer_blocks.0.attn.to_out.0", 3072, 3072)}, LoraFileFormat::Kohya);
+  expect_comfy_lokr_keys(ok, "flux");
+  EXPECT_TRUE(std::any_of(ok.tensors.begin(), ok.tensors.end(),
+                          [](const LoraStoredTensor& t) { return t.key == "lora_unet_double_blocks_0_img_attn_proj.lokr_w1"; }));
+  std::string msg = error_of([&] {
+    plan_lora_save(m.class_name, m.config, "transformer", {lokr_on("transformer_blocks.0.attn.to_q", 3072, 3072)},
+                   LoraFileFormat::Kohya);
+  }, FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(msg.find("transformer_blocks.0.attn.to_q"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("fused"), std::string::npos) << msg;
+  msg = error_of([&] {
+    plan_lora_save(m.class_name, m.config, "transformer", {lokr_on("norm_out.linear", 6144, 3072)}, LoraFileFormat::Kohya);
+  }, FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(msg.find("swapped"), std::string::npos) << msg;
+  msg = error_of([&] {
+    plan_lora_save(m.class_name, m.config, "transformer", {lokr_on("transformer_blocks.0.attn.to_out.0", 3072, 3072)},
+                   LoraFileFormat::Peft);
+  }, FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(msg.find("kohya"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("LoKr"), std::string::npos) << msg;
+}
+
+TEST(LoraFormat, LokrLoadErrorsNameTheKey) {
+  const LoraTestModel m = lora_test_model("flux");
+  auto load = [&](const std::vector<KeyShape>& keys) { return plan_lora_load(m.class_name, m.config, "transformer", keys, {}); };
+  const std::string k = "lora_unet_double_blocks_0_img_attn_proj";
+  // a LyCORIS file as users share it: W1 whole, W2 low rank, alpha; and one without alpha (scale 1)
+  LoraLoadPlan p = load({{k + ".lokr_w1", {48, 48}}, {k + ".lokr_w2_a", {64, 8}}, {k + ".lokr_w2_b", {8, 64}}, {k + ".alpha", {}}});
+  ASSERT_EQ(p.modules.size(), 1u);
+  EXPECT_EQ(p.modules[0].module, "transformer_blocks.0.attn.to_out.0");
+  EXPECT_EQ(p.modules[0].rank, 8);
+  EXPECT_EQ(p.modules[0].alpha_key, k + ".alpha");
+  p = load({{k + ".lokr_w1", {48, 48}}, {k + ".lokr_w2", {64, 64}}});
+  EXPECT_EQ(p.modules[0].rank, 1);
+  EXPECT_TRUE(p.modules[0].alpha_key.empty());
+  EXPECT_EQ(p.format, LoraFileFormat::Kohya);
+  // diffusers-named dotted keys (peft's LoKr state dict names under the component) load too
+  p = load({{"transformer.transformer_blocks.0.attn.to_out.0.lokr_w1", {48, 48}},
+            {"transformer.transformer_blocks.0.attn.to_out.0.lokr_w2", {64, 64}}});
+  EXPECT_EQ(p.modules[0].module, "transformer_blocks.0.attn.to_out.0");
+
+  const std::vector<std::pair<std::vector<KeyShape>, const char*>> bad = {
+      {{{k + ".lokr_w2", {64, 64}}}, "lokr_w1"},                                                   // no W1
+      {{{k + ".lokr_w1", {48, 48}}, {k + ".lokr_w1_a", {48, 2}}, {k + ".lokr_w1_b", {2, 48}}, {k + ".lokr_w2", {64, 64}}},
+       "lokr_w1"},                                                                                 // W1 twice
+      {{{k + ".lokr_w1", {48, 48}}, {k + ".lokr_w2_a", {64, 8}}}, "lokr_w2"},                      // w2_b missing
+      {{{k + ".lokr_w1", {48, 48}}, {k + ".lokr_w2", {64, 32}}}, "kron"},                          // product not the weight
+      {{{k + ".lokr_w1", {48, 48}}, {k + ".lokr_w2_a", {64, 8}}, {k + ".lokr_w2_b", {4, 64}}}, "rows must match"},
+      {{{k + ".lokr_w1_a", {48, 2}}, {k + ".lokr_w1_b", {2, 48}}, {k + ".lokr_w2_a", {64, 8}}, {k + ".lokr_w2_b", {8, 64}}},
+       "rank"},                                                                                    // two ranks
+      {{{k + ".lokr_w1", {48, 48}}, {k + ".lokr_w2", {64, 64}}, {k + ".lora_down.weight", {4, 3072}},
+        {k + ".lora_up.weight", {3072, 4}}}, "LoRA pair"},
+      {{{k + ".lokr_w1", {48, 48}}, {k + ".lokr_w2", {64, 64}}, {k + ".dora_scale", {3072, 1}}}, "DoRA"},
+      {{{k + ".lokr_w1", {48, 48}}, {k + ".lokr_t2", {8, 8, 1, 1}}, {k + ".lokr_w2_a", {8, 64}}, {k + ".lokr_w2_b", {8, 64}}},
+       "lokr_t2"},
+      {{{"lora_unet_double_blocks_0_img_attn_qkv.lokr_w1", {48, 48}}, {"lora_unet_double_blocks_0_img_attn_qkv.lokr_w2", {192, 64}}},
+       "fused"},
+  };
+  for (const auto& [keys, needle] : bad) {
+    const std::string msg = error_of([&] { load(keys); }, FLAME_ERROR_INVALID_FORMAT);
+    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    EXPECT_NE(msg.find("lora_unet_double_blocks_0_img_attn_"), std::string::npos) << msg;
+  }
+}
+
 }  // namespace

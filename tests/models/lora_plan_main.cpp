@@ -34,6 +34,7 @@ const char* kind_name(LoraTensorKind k) {
     case LoraTensorKind::Up: return "up";
     case LoraTensorKind::Alpha: return "alpha";
     case LoraTensorKind::Magnitude: return "magnitude";
+    case LoraTensorKind::Lokr: return "lokr";
   }
   return "?";
 }
