@@ -2096,8 +2096,9 @@ FLAME_API void flame_dp_release(flame_dp_t dp);
  * so that no flat copy of all gradients or parameters is made during the step.
  * The optimizer (flame_optimizer_*) keeps working for zero_grad, set_lr, get_lr and step_count;
  * flame_optimizer_step, flame_optimizer_add_param_group, flame_optimizer_save_state and
- * flame_optimizer_load_state refuse a sharded optimizer (use flame_zero_step; sharded state files
- * are not supported yet: FLAME_ERROR_UNSUPPORTED). It stays sharded after flame_zero_release. */
+ * flame_optimizer_load_state refuse a sharded optimizer (use flame_zero_step, and
+ * flame_zero_save_full, flame_zero_save_shards and flame_zero_load for its state:
+ * FLAME_ERROR_UNSUPPORTED). It stays sharded after flame_zero_release. */
 typedef struct flame_zero_s* flame_zero_t; /* the sharding of one optimizer over one communicator */
 typedef struct flame_model_s* flame_model_t; /* a model: see "Models" below */
 
@@ -2192,6 +2193,57 @@ FLAME_API flame_status_t flame_zero_gather_params(flame_zero_t zero, flame_param
 /* OUT *bytes: device memory held by opt's state tensors on this rank (moments, master weights;
  * 0 before the first step), to compare sharded and replicated runs. */
 FLAME_API flame_status_t flame_optimizer_state_bytes(flame_optimizer_t opt, uint64_t* bytes);
+
+/* ---- checkpoints of sharded training (any stage; they load on any number of ranks) ----
+ * Format: a "shard set" is world_size safetensors files; the file of rank r holds, for every
+ * parameter i of the optimizer (numbered 0, 1, ... across its groups in order, as torch's
+ * state_dict and flame_optimizer_save_state), the elements [lo, hi) (row-major) that rank r owned:
+ *   param.<i>                                    the parameter's values, in its dtype
+ *   state.<i>.exp_avg, state.<i>.exp_avg_sq,     Adam / AdamW moments (exp_avg only: Lion;
+ *   state.<i>.max_exp_avg_sq, state.<i>.momentum_buffer   amsgrad; SGD with momentum)
+ *   master.<i>                                   f32 master weights of f16/bf16 parameters
+ * state in f32 (f64 for f64 parameters), each tensor 1-D of hi - lo elements, absent when hi == lo
+ * or when the parameter has no such state yet (never stepped). Metadata "flame.zero_shard": JSON
+ * {"version": 1, "world": W, "rank": r, "kind": "adamw", "step": n, "rounding_rng": {"seed": s,
+ * "offset": o} or null, "lr": [lr of group 0, ...], "files": [base names of the W files, by rank],
+ * "params": [{"shape": [...], "dtype": "bf16", "lo": lo, "hi": hi}, ...]}. The ranges of the W files
+ * tile each parameter's elements exactly. A gathered file (flame_zero_save_full) is the set of one
+ * rank that owned everything: world 1, lo 0, hi numel, every tensor in its parameter's shape (so
+ * param.<i> is the whole parameter, readable with flame_safetensors_load).
+ * Parameters that are not the optimizer's (stage 3 block parameters it does not train) are not
+ * saved. Hyper-parameters other than the learning rates are not saved: the loading optimizer keeps
+ * its own (its kind, parameter count, shapes and dtypes must match the file's). */
+
+/* Collective: every rank's owned parameter elements and optimizer state are gathered (one tensor
+ * at a time: the call needs the memory of the largest parameter's state on every rank) and rank 0
+ * writes them to path as one safetensors file (format above; replaced atomically). Other ranks
+ * write nothing (path is read on rank 0 only but must not be NULL anywhere). Waits for the
+ * communication (up to the communicator's timeout).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs), FLAME_ERROR_IO (rank 0 cannot write path; rank 0
+ * still joins every collective, so the other ranks finish and return FLAME_OK), FLAME_ERROR_UNSUPPORTED (during a CUDA graph capture), FLAME_ERROR_CUDA
+ * (NCCL failed or timed out: aborted). */
+FLAME_API flame_status_t flame_zero_save_full(flame_zero_t zero, const char* path);
+/* Every rank writes its own file of a shard set, "<path_prefix>-<rank>-of-<world>.safetensors"
+ * (format above; replaced atomically), with no communication: call it on every rank after the same
+ * step. The directory must exist.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs), FLAME_ERROR_IO (cannot write),
+ * FLAME_ERROR_UNSUPPORTED (during a CUDA graph capture). */
+FLAME_API flame_status_t flame_zero_save_shards(flame_zero_t zero, const char* path_prefix);
+/* Loads a checkpoint into this rank's parameters and sharded optimizer state: path is a gathered
+ * file or any one file of a shard set (the others are found by the names its metadata lists, in the
+ * same directory). The set may come from any number of ranks and any stage: each rank reads from
+ * every file the elements it now owns (the whole values of parameters it keeps whole). Restores
+ * the values, the state, the step count, the rounding generator and each group's learning rate;
+ * no communication (every rank reads the same files). Everything is read and checked before
+ * anything changes: on failure the parameters and the optimizer are as they were.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs; another optimizer kind, group or parameter count;
+ * master copies for parameters this optimizer keeps none of), FLAME_ERROR_SHAPE_MISMATCH,
+ * FLAME_ERROR_DTYPE_MISMATCH (a parameter saved with another shape or dtype), FLAME_ERROR_IO (a file
+ * of the set is missing or unreadable), FLAME_ERROR_INVALID_FORMAT (not a safetensors file, no or bad
+ * "flame.zero_shard" metadata, tensors that do not match it, files that are not one set: another
+ * world size, rank or save, ranges that overlap or leave gaps, state held by some files only),
+ * FLAME_ERROR_UNSUPPORTED (during a CUDA graph capture). */
+FLAME_API flame_status_t flame_zero_load(flame_zero_t zero, const char* path);
 
 /* ============================== Models ============================== */
 /* A flame_model_t is a diffusion or text-encoder architecture built from FLAME's operations, with

@@ -777,6 +777,9 @@ namespace Flame.Interop
             "flame_zero_release",
             "flame_zero_gather_params",
             "flame_optimizer_state_bytes",
+            "flame_zero_save_full",
+            "flame_zero_save_shards",
+            "flame_zero_load",
             "flame_model_known_architectures",
             "flame_model_create",
             "flame_model_load",
@@ -1993,6 +1996,18 @@ namespace Flame.Interop
         /// <summary><c>flame_status_t flame_optimizer_state_bytes(flame_optimizer_t opt, uint64_t* bytes)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_state_bytes", ExactSpelling = true)]
         public static extern flame_status_t flame_optimizer_state_bytes(IntPtr opt, ulong* bytes);
+
+        /// <summary><c>flame_status_t flame_zero_save_full(flame_zero_t zero, const char* path)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_zero_save_full", ExactSpelling = true)]
+        public static extern flame_status_t flame_zero_save_full(IntPtr zero, string path);
+
+        /// <summary><c>flame_status_t flame_zero_save_shards(flame_zero_t zero, const char* path_prefix)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_zero_save_shards", ExactSpelling = true)]
+        public static extern flame_status_t flame_zero_save_shards(IntPtr zero, string path_prefix);
+
+        /// <summary><c>flame_status_t flame_zero_load(flame_zero_t zero, const char* path)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_zero_load", ExactSpelling = true)]
+        public static extern flame_status_t flame_zero_load(IntPtr zero, string path);
 
         /// <summary><c>flame_status_t flame_model_known_architectures(const char** names)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_known_architectures", ExactSpelling = true)]

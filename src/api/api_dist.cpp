@@ -14,6 +14,7 @@
 #include "api/params_list.h"
 #include "models/param_sharding.h"
 #include "toolkit/zero.h"
+#include "toolkit/zero_checkpoint.h"
 
 using namespace flame;
 
@@ -411,6 +412,33 @@ FLAME_API flame_status_t flame_zero_gather_params(flame_zero_t zero, flame_param
                 "zero shards no model's parameters (stage 1 or 2): read the parameters themselves");
     LiveScope scope(z.ctx());
     *out = make_params_list(z.ctx(), zero->sharding->gather_params());
+  });
+}
+
+FLAME_API flame_status_t flame_zero_save_full(flame_zero_t zero, const char* path) {
+  return api_call("flame_zero_save_full", [&] {
+    ZeroOptimizer& z = unwrap_zero(zero);
+    FLAME_CHECK(path, FLAME_ERROR_INVALID_ARGUMENT, "path is NULL");
+    LiveScope scope(z.ctx());
+    save_zero_full(z, path);
+  });
+}
+
+FLAME_API flame_status_t flame_zero_save_shards(flame_zero_t zero, const char* path_prefix) {
+  return api_call("flame_zero_save_shards", [&] {
+    ZeroOptimizer& z = unwrap_zero(zero);
+    FLAME_CHECK(path_prefix, FLAME_ERROR_INVALID_ARGUMENT, "path_prefix is NULL");
+    LiveScope scope(z.ctx());
+    save_zero_shards(z, path_prefix);
+  });
+}
+
+FLAME_API flame_status_t flame_zero_load(flame_zero_t zero, const char* path) {
+  return api_call("flame_zero_load", [&] {
+    ZeroOptimizer& z = unwrap_zero(zero);
+    FLAME_CHECK(path, FLAME_ERROR_INVALID_ARGUMENT, "path is NULL");
+    LiveScope scope(z.ctx());
+    load_zero(z, path);
   });
 }
 

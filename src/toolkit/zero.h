@@ -77,6 +77,8 @@ class ZeroOptimizer {
   // clipping asked for it, else an empty tensor.
   Tensor step(bool want_norm);
   Context& ctx() { return comm_->ctx(); }
+  Comm& comm() { return *comm_; }
+  Optimizer& optimizer() { return *opt_; }
 
  private:
   struct Member {

@@ -1145,6 +1145,12 @@ TEST(Distributed, ZeroOptionsDefaultsWithoutADriver) {
   FLAME_EXPECT_STATUS(flame_zero_gather_params(nullptr, &p), FLAME_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(p, nullptr);
   EXPECT_TRUE(contains(flame_last_error_message(), "flame_zero_gather_params")) << flame_last_error_message();
+  // Checkpoints: a NULL helper is refused before the path is read.
+  FLAME_EXPECT_STATUS(flame_zero_save_full(nullptr, "/nonexistent/full.safetensors"), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_zero_save_full")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_zero_save_shards(nullptr, "/nonexistent/ck"), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_zero_load(nullptr, "/nonexistent/ck-0-of-1.safetensors"), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_zero_load")) << flame_last_error_message();
 }
 
 TEST(Distributed, NullArgumentsWithoutADriver) {

@@ -932,6 +932,30 @@ impl Zero {
         Ok(unsafe { Params::from_raw(raw) })
     }
 
+    /// Collective (`flame_zero_save_full`): gathers every rank's parameters and optimizer state;
+    /// rank 0 writes them to one safetensors file (loadable with [`Zero::load`] on any number of ranks).
+    pub fn save_full(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let api = api()?;
+        let p = path_cstring(path.as_ref())?;
+        check(unsafe { (api.flame_zero_save_full)(self.raw, p.as_ptr()) })
+    }
+
+    /// Every rank writes its shard file `<prefix>-<rank>-of-<world>.safetensors`
+    /// (`flame_zero_save_shards`); no communication.
+    pub fn save_shards(&self, path_prefix: impl AsRef<std::path::Path>) -> Result<()> {
+        let api = api()?;
+        let p = path_cstring(path_prefix.as_ref())?;
+        check(unsafe { (api.flame_zero_save_shards)(self.raw, p.as_ptr()) })
+    }
+
+    /// Loads a gathered file or a shard set saved on any number of ranks (`flame_zero_load`; `path`
+    /// is any file of the set): this rank's parameters, optimizer state, step and learning rates.
+    pub fn load(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let api = api()?;
+        let p = path_cstring(path.as_ref())?;
+        check(unsafe { (api.flame_zero_load)(self.raw, p.as_ptr()) })
+    }
+
     /// Collective: one sharded optimizer step (`flame_zero_step`); returns the global gradient
     /// norm (0-d f32) when `want_norm`.
     pub fn step(&self, want_norm: bool) -> Result<Option<Tensor>> {
@@ -1084,6 +1108,9 @@ pub const HAND_WRAPPED: &[(&str, &str)] = &[
     ("flame_zero_release", "Zero::drop"),
     ("flame_zero_gather_params", "Zero::gather_params"),
     ("flame_optimizer_state_bytes", "Optimizer::state_bytes"),
+    ("flame_zero_save_full", "Zero::save_full"),
+    ("flame_zero_save_shards", "Zero::save_shards"),
+    ("flame_zero_load", "Zero::load"),
     ("flame_fused_compile", "Fused::compile"),
     ("flame_fused_call", "Fused::call"),
     ("flame_fused_release", "Fused::drop"),
