@@ -277,6 +277,12 @@ void ZeroOptimizer::gather_parameters(Flat& f) {
     if (m.param->param->numel() > 0) m.param->param->storage->version.fetch_add(1);
 }
 
+bool ZeroOptimizer::values_sharded(const OptimParam& p) const {
+  for (const auto& member : sharded_members_)
+    if (member.first == &p) return true;
+  return false;
+}
+
 Tensor ZeroOptimizer::step(bool want_norm) {
   comm_->check_usable();
   struct ConsumeShardGradients {  // stage 3: the next backward starts from zero, even after a failure

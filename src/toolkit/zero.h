@@ -79,6 +79,9 @@ class ZeroOptimizer {
   Context& ctx() { return comm_->ctx(); }
   Comm& comm() { return *comm_; }
   Optimizer& optimizer() { return *opt_; }
+  // Whether p's values live sharded (stage 3): then this rank holds only its owned elements, in
+  // p.shard_value (null when it owns none), and p.param holds no memory.
+  bool values_sharded(const OptimParam& p) const;
 
  private:
   struct Member {

@@ -382,7 +382,7 @@ void save_zero_full(ZeroOptimizer& z, const std::string& path) {
   const auto assemble = [&](size_t e) -> Tensor {
     OptimParam& p = *params[sources[e].param];
     const bool value = sources[e].slot == slots.size() + 1;
-    if (value && !p.shard_value) return p.param;  // replicated: every rank holds it whole
+    if (value && !z.values_sharded(p)) return p.param;  // replicated: every rank holds it whole
     const Tensor piece = value ? owned_value(p) : *slot(p, sources[e].slot, slots.size());
     Tensor whole = make_tensor(c, p.param->shape, sources[e].dtype);
     ops::fill_(whole, 0.0);
@@ -470,8 +470,11 @@ void load_zero(ZeroOptimizer& z, const std::string& path) {
     OptimParam& p = *params[i];
     const Tensor& w = p.param;
     if (w->numel() == 0) continue;
-    values[i] = p.shard_value ? (p.shard_hi > p.shard_lo ? read_range(i, "param." + std::to_string(i), w->dtype, p.shard_lo, p.shard_hi) : Tensor())
-                              : read_range(i, "param." + std::to_string(i), w->dtype, 0, w->numel());
+    const std::string value_name = "param." + std::to_string(i);
+    if (!z.values_sharded(p))
+      values[i] = read_range(i, value_name, w->dtype, 0, w->numel());
+    else if (p.shard_hi > p.shard_lo)
+      values[i] = read_range(i, value_name, w->dtype, p.shard_lo, p.shard_hi);
     if (p.shard_hi <= p.shard_lo) continue;
     for (size_t k = 0; k <= slots.size(); ++k) {
       const bool held = std::any_of(files.begin(), files.end(), [&](const ZeroShardFile& f) { return f.params[i].present[k]; });
@@ -484,7 +487,7 @@ void load_zero(ZeroOptimizer& z, const std::string& path) {
   for (size_t i = 0; i < params.size(); ++i) {
     OptimParam& p = *params[i];
     if (values[i]) {
-      const Tensor& dst = p.shard_value ? p.shard_value : p.param;
+      const Tensor& dst = z.values_sharded(p) ? p.shard_value : p.param;
       ops::copy_into(dst, ops::reshape(values[i], dst->shape));
       dst->storage->version.fetch_add(1);
     }

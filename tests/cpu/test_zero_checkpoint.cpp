@@ -87,11 +87,11 @@ const std::vector<ParamSpec> kRank1 = {{{2, 3}, 4, 6, true}, {{5}, 0, 5, true}};
 
 }  // namespace
 
-TEST(ZeroCheckpoint, FileNames) {
+TEST(ZeroCheckpointFormat, FileNames) {
   EXPECT_EQ(zero_shard_file_name("/tmp/run/ck", 1, 2), "/tmp/run/ck-1-of-2.safetensors");
 }
 
-TEST(ZeroCheckpoint, ValidSetOfTwoRanks) {
+TEST(ZeroCheckpointFormat, ValidSetOfTwoRanks) {
   const File a = make_file(shard_meta(0, 2, kRank0), kRank0), b = make_file(shard_meta(1, 2, kRank1), kRank1);
   const ZeroShardFile fa = parse(a, "a"), fb = parse(b, "b");
   EXPECT_EQ(fa.world, 2);
@@ -109,7 +109,7 @@ TEST(ZeroCheckpoint, ValidSetOfTwoRanks) {
   EXPECT_NO_THROW(check_zero_shard_set({fa, fb}));
 }
 
-TEST(ZeroCheckpoint, RefusesBrokenFiles) {
+TEST(ZeroCheckpointFormat, RefusesBrokenFiles) {
   expect_error([&] { parse(make_file(json::object(), kRank0), "x"); }, FLAME_ERROR_INVALID_FORMAT, "version");
   json bad_kind = shard_meta(0, 2, kRank0);
   bad_kind["kind"] = "rmsprop";
@@ -134,7 +134,7 @@ TEST(ZeroCheckpoint, RefusesBrokenFiles) {
   expect_error([&] { parse_zero_shard_file(no_meta, "x"); }, FLAME_ERROR_INVALID_FORMAT, "not a FLAME ZeRO checkpoint");
 }
 
-TEST(ZeroCheckpoint, RefusesSetsThatAreNotOneSave) {
+TEST(ZeroCheckpointFormat, RefusesSetsThatAreNotOneSave) {
   const File a = make_file(shard_meta(0, 2, kRank0), kRank0), b = make_file(shard_meta(1, 2, kRank1), kRank1);
   const ZeroShardFile fa = parse(a, "a"), fb = parse(b, "b");
   expect_error([&] { check_zero_shard_set({fa}); }, FLAME_ERROR_INVALID_FORMAT, "a set of 2 files");
