@@ -1,0 +1,315 @@
+// Checkpoints of ZeRO-3 training (flame_zero_save_shards, flame_zero_save_full, flame_zero_load):
+// a tiny Flux transformer trained with its block parameters sharded over 2 ranks is saved as a
+// shard set and as a gathered file; one rank with the model unsharded (stage 1) loads either and
+// holds exactly the gathered parameters, and its next step on the same global batch equals the
+// 2-rank sharded step within f32 rounding. The gathered file's param.<i> are the values
+// flame_zero_gather_params returns.
+// Ranks run as in test_zero3.cpp. The test skips with fewer than 2 GPUs unless FLAME_REQUIRE_GPUS=2.
+//
+// On a 2-GPU machine:
+//   FLAME_REQUIRE_GPU=1 FLAME_REQUIRE_GPUS=2 ./build/tests/gpu/flame_gpu_tests --gtest_filter='Zero3Checkpoint*'
+#include <unistd.h>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+#include "flame_test.h"
+#include "model_test_handles.h"
+
+namespace {
+
+int required_gpus() {
+  const char* v = std::getenv("FLAME_REQUIRE_GPUS");
+  return v ? std::atoi(v) : 0;
+}
+
+int device_count() {
+  int32_t n = 0;
+  return flame_device_count(&n) == FLAME_OK ? n : 0;
+}
+
+flame_ctx_t make_ctx(int device) {
+  flame_ctx_options_t o;
+  flame_ctx_options_init(&o);
+  o.device = device;
+  o.seed = 77;
+  o.gemm_heuristic_only = 1;  // the same GEMM algorithm in every context: comparable results
+  flame_ctx_t c = nullptr;
+  return flame_ctx_create(&o, &c) == FLAME_OK ? c : nullptr;
+}
+
+std::string nccl_missing() {  // "" when NCCL loads
+  flame_ctx_t c = make_ctx(0);
+  if (!c) return flame_last_error_message();
+  flame_comm_id_t id;
+  std::string why = flame_comm_unique_id(c, &id) == FLAME_OK ? "" : flame_last_error_message();
+  flame_ctx_destroy(c);
+  return why;
+}
+
+#define ZERO3_CKPT_NEED_GPUS(n)                                                                             \
+  do {                                                                                                 \
+    const int have_ = device_count();                                                                  \
+    if (have_ < (n)) {                                                                                 \
+      if (required_gpus() >= (n) || ((n) == 1 && flame_gpu_required()))                                \
+        FAIL() << "needs " << (n) << " GPUs (FLAME_REQUIRE_GPUS / FLAME_REQUIRE_GPU set), found " << have_; \
+      GTEST_SKIP() << "needs " << (n) << " GPUs, found " << have_;                                     \
+    }                                                                                                  \
+    const std::string why_ = nccl_missing();                                                           \
+    if (!why_.empty()) {                                                                               \
+      if (flame_gpu_required() || required_gpus() > 0) FAIL() << "NCCL is not available: " << why_;   \
+      GTEST_SKIP() << "NCCL is not available: " << why_;                                               \
+    }                                                                                                  \
+  } while (0)
+
+void on_ranks(int world, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
+  for (auto& t : threads) t.join();
+}
+
+// Contexts on GPUs 0..world-1 and one communicator (flame_comm_create_group), released at the end.
+struct World {
+  std::vector<flame_ctx_t> ctxs;
+  std::vector<flame_comm_t> comms;
+  explicit World(int world) {
+    for (int r = 0; r < world; ++r) ctxs.push_back(make_ctx(r));
+    comms.assign(static_cast<size_t>(world), nullptr);
+    for (flame_ctx_t c : ctxs)
+      if (!c) return;
+    flame_comm_options_t o;
+    flame_comm_options_init(&o);
+    o.timeout_ms = 60000;
+    if (flame_comm_create_group(ctxs.data(), world, &o, comms.data()) != FLAME_OK) ADD_FAILURE() << flame_last_error_message();
+  }
+  bool ok() const { return !comms.empty() && comms[0]; }
+  ~World() {
+    on_ranks(static_cast<int>(comms.size()), [&](int r) { flame_comm_release(comms[static_cast<size_t>(r)]); });
+    for (flame_ctx_t c : ctxs) flame_ctx_destroy(c);
+  }
+};
+
+// A Flux transformer of 2 double and 4 single blocks (width 32): 6 sharded blocks; the embedders,
+// norm_out and proj_out are read outside blocks and stay whole.
+const char* const kFlux =
+    R"({"num_layers": 2, "num_single_layers": 4, "attention_head_dim": 16, "num_attention_heads": 2,
+        "in_channels": 16, "joint_attention_dim": 24, "pooled_projection_dim": 20, "guidance_embeds": true,
+        "axes_dims_rope": [4, 6, 6]})";
+
+flame_tensor_t host_tensor(flame_ctx_t ctx, const std::vector<int64_t>& shape, const std::vector<float>& v) {
+  flame_tensor_t t = nullptr;
+  EXPECT_EQ(flame_from_host(ctx, v.data(), v.size() * sizeof(float), shape.data(), static_cast<int32_t>(shape.size()),
+                            FLAME_DTYPE_F32, &t),
+            FLAME_OK);
+  return t;
+}
+
+std::vector<float> ramp(size_t n, float scale, float phase) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = std::sin(0.7f * static_cast<float>(i) + phase) * scale;
+  return v;
+}
+
+// Deterministic parameter values (the same on every rank and in every run), as in test_model_offload.cpp.
+void fill_params(flame_model_t m, uint32_t seed) {
+  ParamsHandle list;
+  ASSERT_EQ(flame_model_params(m, &list.p), FLAME_OK);
+  int64_t count = 0;
+  ASSERT_EQ(flame_params_count(list.p, &count), FLAME_OK);
+  uint32_t state = seed;
+  for (int64_t i = 0; i < count; ++i) {
+    flame_tensor_t t = nullptr;
+    ASSERT_EQ(flame_params_tensor(list.p, i, &t), FLAME_OK);
+    int64_t n = 0;
+    ASSERT_EQ(flame_tensor_numel(t, &n), FLAME_OK);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) {
+      state = state * 1664525u + 1013904223u;
+      x = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * 0.2f;
+    }
+    ASSERT_EQ(flame_copy_from_host(t, v.data(), v.size() * sizeof(float)), FLAME_OK) << flame_last_error_message();
+  }
+}
+
+// The inputs of rank r's batch at step s (data parallelism: ranks see different data).
+void make_inputs(flame_ctx_t ctx, int rank, int step, ParamsHandle& in) {
+  ASSERT_EQ(flame_params_create(ctx, &in.p), FLAME_OK);
+  const float phase = 0.3f + 0.9f * static_cast<float>(rank) + 0.4f * static_cast<float>(step);
+  auto add = [&](const char* name, flame_tensor_t t) {
+    ASSERT_EQ(flame_params_add(in.p, name, t), FLAME_OK);
+    flame_tensor_release(t);
+  };
+  add("hidden_states", host_tensor(ctx, {1, 12, 16}, ramp(12 * 16, 1.0f, phase)));
+  add("encoder_hidden_states", host_tensor(ctx, {1, 5, 24}, ramp(5 * 24, 1.0f, phase + 1.0f)));
+  add("pooled_projections", host_tensor(ctx, {1, 20}, ramp(20, 1.0f, phase + 2.0f)));
+  add("timestep", host_tensor(ctx, {1}, {0.25f + 0.2f * static_cast<float>(rank)}));
+  add("guidance", host_tensor(ctx, {1}, {3.5f}));
+  std::vector<float> ids(12 * 3, 0.0f);
+  for (int r = 0; r < 12; ++r) {
+    ids[r * 3 + 1] = static_cast<float>(r / 3);
+    ids[r * 3 + 2] = static_cast<float>(r % 3);
+  }
+  add("img_ids", host_tensor(ctx, {12, 3}, ids));
+  add("txt_ids", host_tensor(ctx, {5, 3}, std::vector<float>(15, 0.0f)));
+}
+
+// forward, `scale` times the mse against a fixed target, backward.
+flame_status_t forward_backward(flame_ctx_t ctx, flame_model_t m, int part, int step, double scale) {
+  ParamsHandle in, out;
+  make_inputs(ctx, part, step, in);
+  flame_status_t st = flame_model_forward(m, in.p, &out.p);
+  if (st != FLAME_OK) return st;
+  flame_tensor_t sample = nullptr;
+  if ((st = flame_params_find(out.p, "sample", &sample)) != FLAME_OK) return st;
+  T target(host_tensor(ctx, {1, 12, 16}, ramp(12 * 16, 0.5f, 2.2f))), l, scaled;
+  if ((st = flame_mse_loss(sample, target, FLAME_REDUCTION_MEAN, l.out())) != FLAME_OK) return st;
+  if ((st = flame_mul_scalar(l, scale, scaled.out())) != FLAME_OK) return st;
+  return flame_backward(ctx, scaled, nullptr, 0);
+}
+
+// One forward with gradients off: the model learns which parameters each block reads.
+flame_status_t learning_forward(flame_ctx_t ctx, flame_model_t m) {
+  ParamsHandle in, out;
+  make_inputs(ctx, 0, 0, in);
+  int32_t prev = 1;
+  flame_ctx_set_grad_enabled(ctx, 0, &prev);
+  const flame_status_t st = flame_model_forward(m, in.p, &out.p);
+  flame_ctx_set_grad_enabled(ctx, prev, nullptr);
+  return st;
+}
+
+flame_optimizer_t make_adamw(flame_ctx_t ctx, flame_params_t params) {
+  flame_optimizer_options_t o;
+  flame_optimizer_options_init(&o, FLAME_OPTIMIZER_ADAMW);
+  o.lr = 0.01;
+  o.weight_decay = 0.05;
+  const flame_tensor_t* ts = nullptr;
+  int64_t n = 0;
+  flame_params_count(params, &n);
+  flame_params_tensors(params, &ts);
+  flame_optimizer_t opt = nullptr;
+  flame_optimizer_create(ctx, &o, ts, n, &opt);
+  return opt;
+}
+
+std::vector<double> values_of(flame_params_t list) {
+  std::vector<double> all;
+  int64_t count = 0;
+  EXPECT_EQ(flame_params_count(list, &count), FLAME_OK);
+  for (int64_t i = 0; i < count; ++i) {
+    flame_tensor_t t = nullptr;
+    EXPECT_EQ(flame_params_tensor(list, i, &t), FLAME_OK);
+    for (float x : host_of(t)) all.push_back(x);
+  }
+  return all;
+}
+
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int bad = 0;
+  for (size_t k = 0; k < want.size() && bad < 5; ++k)
+    if (!(std::fabs(got[k] - want[k]) <= 1e-6 + 1e-4 * std::fabs(want[k]))) {  // f32: summation orders
+      ADD_FAILURE() << what << ": element " << k << " is " << got[k] << ", expected " << want[k];
+      ++bad;
+    }
+}
+
+constexpr int kSteps = 2;
+
+}  // namespace
+
+TEST(Zero3Checkpoint, ShardedOnTwoRanksResumesUnshardedOnOne) {
+  ZERO3_CKPT_NEED_GPUS(2);
+  char tmpl[] = "/tmp/flame_zero3_ckpt_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  std::vector<double> saved, next;  // rank 0's gathered parameters at the save and one step later
+  {
+    World w(2);
+    ASSERT_TRUE(w.ok());
+    on_ranks(2, [&](int r) {
+      flame_ctx_t ctx = w.ctxs[static_cast<size_t>(r)];
+      ModelHandle m;
+      ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
+      fill_params(m.m, 12345);
+      ASSERT_EQ(flame_model_set_checkpointing(m.m, 1), FLAME_OK);
+      ParamsHandle params;
+      ASSERT_EQ(flame_model_params(m.m, &params.p), FLAME_OK);
+      flame_optimizer_t opt = make_adamw(ctx, params.p);
+      ASSERT_NE(opt, nullptr) << flame_last_error_message();
+      ASSERT_EQ(learning_forward(ctx, m.m), FLAME_OK) << flame_last_error_message();
+      flame_zero_options_t o;
+      flame_zero_options_init(&o);
+      o.stage = 3;
+      o.model = m.m;
+      flame_zero_t zero = nullptr;
+      ASSERT_EQ(flame_zero_create(w.comms[static_cast<size_t>(r)], opt, &o, &zero), FLAME_OK) << flame_last_error_message();
+      for (int s = 0; s <= kSteps; ++s) {
+        if (s == kSteps) {
+          EXPECT_EQ(flame_zero_save_shards(zero, (dir + "/ck").c_str()), FLAME_OK) << flame_last_error_message();
+          EXPECT_EQ(flame_zero_save_full(zero, (dir + "/full.safetensors").c_str()), FLAME_OK) << flame_last_error_message();
+          ParamsHandle whole;
+          EXPECT_EQ(flame_zero_gather_params(zero, &whole.p), FLAME_OK) << flame_last_error_message();
+          if (r == 0 && whole.p) saved = values_of(whole.p);
+        }
+        EXPECT_EQ(forward_backward(ctx, m.m, r, s, 1.0), FLAME_OK) << flame_last_error_message();
+        EXPECT_EQ(flame_zero_step(zero, nullptr), FLAME_OK) << flame_last_error_message();
+        EXPECT_EQ(flame_optimizer_zero_grad(opt, 1), FLAME_OK);
+      }
+      ParamsHandle whole;
+      EXPECT_EQ(flame_zero_gather_params(zero, &whole.p), FLAME_OK) << flame_last_error_message();
+      if (r == 0 && whole.p) next = values_of(whole.p);
+      flame_zero_release(zero);
+      flame_optimizer_release(opt);
+    });
+  }
+  ASSERT_FALSE(saved.empty());
+  ASSERT_FALSE(next.empty());
+
+  // The gathered file holds what flame_zero_gather_params returned, parameter by parameter.
+  World one(1);
+  ASSERT_TRUE(one.ok());
+  flame_ctx_t ctx = one.ctxs[0];
+  {
+    flame_safetensors_t f = nullptr;
+    ASSERT_EQ(flame_safetensors_load(ctx, (dir + "/full.safetensors").c_str(), &f), FLAME_OK) << flame_last_error_message();
+    std::vector<double> file_values;
+    for (int64_t i = 0;; ++i) {
+      T t;
+      if (flame_safetensors_get(f, ("param." + std::to_string(i)).c_str(), t.out()) != FLAME_OK) break;
+      for (float x : host_of(t)) file_values.push_back(x);
+    }
+    EXPECT_EQ(file_values, saved);
+    flame_safetensors_release(f);
+  }
+
+  // One rank, the model unsharded, from the shard set and from the gathered file.
+  for (const std::string& path : {dir + "/ck-1-of-2.safetensors", dir + "/full.safetensors"}) {
+    SCOPED_TRACE(path);
+    ModelHandle m;
+    ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
+    fill_params(m.m, 777);  // other values: the load must replace them
+    ASSERT_EQ(flame_model_set_checkpointing(m.m, 1), FLAME_OK);
+    ParamsHandle params;
+    ASSERT_EQ(flame_model_params(m.m, &params.p), FLAME_OK);
+    flame_optimizer_t opt = make_adamw(ctx, params.p);
+    flame_zero_options_t o;
+    flame_zero_options_init(&o);
+    flame_zero_t zero = nullptr;
+    ASSERT_EQ(flame_zero_create(one.comms[0], opt, &o, &zero), FLAME_OK) << flame_last_error_message();
+    EXPECT_EQ(flame_zero_load(zero, path.c_str()), FLAME_OK) << flame_last_error_message();
+    int64_t count = -1;
+    EXPECT_EQ(flame_optimizer_step_count(opt, &count), FLAME_OK);
+    EXPECT_EQ(count, kSteps);
+    EXPECT_EQ(values_of(params.p), saved) << "the loaded parameters must be the saved ones bit for bit";
+    for (int part = 0; part < 2; ++part)
+      EXPECT_EQ(forward_backward(ctx, m.m, part, kSteps, 0.5), FLAME_OK) << flame_last_error_message();
+    EXPECT_EQ(flame_zero_step(zero, nullptr), FLAME_OK) << flame_last_error_message();
+    expect_close(values_of(params.p), next, "the step after loading");
+    flame_zero_release(zero);
+    flame_optimizer_release(opt);
+  }
+}
