@@ -4,7 +4,9 @@
 // holds exactly the gathered parameters, and its next step on the same global batch equals the
 // 2-rank sharded step within f32 rounding. The gathered file's param.<i> are the values
 // flame_zero_gather_params returns.
-// Ranks run as in test_zero3.cpp. The test skips with fewer than 2 GPUs unless FLAME_REQUIRE_GPUS=2.
+// The same on one rank (stage 3 over a world of 1) runs on one GPU.
+// Ranks run as in test_zero3.cpp. The 2-rank test skips with fewer than 2 GPUs unless
+// FLAME_REQUIRE_GPUS=2.
 //
 // On a 2-GPU machine:
 //   FLAME_REQUIRE_GPU=1 FLAME_REQUIRE_GPUS=2 ./build/tests/gpu/flame_gpu_tests --gtest_filter='Zero3Checkpoint*'
@@ -17,80 +19,10 @@
 #include <thread>
 #include <vector>
 #include "flame_test.h"
+#include "rank_test_helpers.h"
 #include "model_test_handles.h"
 
 namespace {
-
-int required_gpus() {
-  const char* v = std::getenv("FLAME_REQUIRE_GPUS");
-  return v ? std::atoi(v) : 0;
-}
-
-int device_count() {
-  int32_t n = 0;
-  return flame_device_count(&n) == FLAME_OK ? n : 0;
-}
-
-flame_ctx_t make_ctx(int device) {
-  flame_ctx_options_t o;
-  flame_ctx_options_init(&o);
-  o.device = device;
-  o.seed = 77;
-  o.gemm_heuristic_only = 1;  // the same GEMM algorithm in every context: comparable results
-  flame_ctx_t c = nullptr;
-  return flame_ctx_create(&o, &c) == FLAME_OK ? c : nullptr;
-}
-
-std::string nccl_missing() {  // "" when NCCL loads
-  flame_ctx_t c = make_ctx(0);
-  if (!c) return flame_last_error_message();
-  flame_comm_id_t id;
-  std::string why = flame_comm_unique_id(c, &id) == FLAME_OK ? "" : flame_last_error_message();
-  flame_ctx_destroy(c);
-  return why;
-}
-
-#define ZERO3_CKPT_NEED_GPUS(n)                                                                             \
-  do {                                                                                                 \
-    const int have_ = device_count();                                                                  \
-    if (have_ < (n)) {                                                                                 \
-      if (required_gpus() >= (n) || ((n) == 1 && flame_gpu_required()))                                \
-        FAIL() << "needs " << (n) << " GPUs (FLAME_REQUIRE_GPUS / FLAME_REQUIRE_GPU set), found " << have_; \
-      GTEST_SKIP() << "needs " << (n) << " GPUs, found " << have_;                                     \
-    }                                                                                                  \
-    const std::string why_ = nccl_missing();                                                           \
-    if (!why_.empty()) {                                                                               \
-      if (flame_gpu_required() || required_gpus() > 0) FAIL() << "NCCL is not available: " << why_;   \
-      GTEST_SKIP() << "NCCL is not available: " << why_;                                               \
-    }                                                                                                  \
-  } while (0)
-
-void on_ranks(int world, const std::function<void(int)>& body) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
-  for (auto& t : threads) t.join();
-}
-
-// Contexts on GPUs 0..world-1 and one communicator (flame_comm_create_group), released at the end.
-struct World {
-  std::vector<flame_ctx_t> ctxs;
-  std::vector<flame_comm_t> comms;
-  explicit World(int world) {
-    for (int r = 0; r < world; ++r) ctxs.push_back(make_ctx(r));
-    comms.assign(static_cast<size_t>(world), nullptr);
-    for (flame_ctx_t c : ctxs)
-      if (!c) return;
-    flame_comm_options_t o;
-    flame_comm_options_init(&o);
-    o.timeout_ms = 60000;
-    if (flame_comm_create_group(ctxs.data(), world, &o, comms.data()) != FLAME_OK) ADD_FAILURE() << flame_last_error_message();
-  }
-  bool ok() const { return !comms.empty() && comms[0]; }
-  ~World() {
-    on_ranks(static_cast<int>(comms.size()), [&](int r) { flame_comm_release(comms[static_cast<size_t>(r)]); });
-    for (flame_ctx_t c : ctxs) flame_ctx_destroy(c);
-  }
-};
 
 // A Flux transformer of 2 double and 4 single blocks (width 32): 6 sharded blocks; the embedders,
 // norm_out and proj_out are read outside blocks and stay whole.
@@ -98,14 +30,6 @@ const char* const kFlux =
     R"({"num_layers": 2, "num_single_layers": 4, "attention_head_dim": 16, "num_attention_heads": 2,
         "in_channels": 16, "joint_attention_dim": 24, "pooled_projection_dim": 20, "guidance_embeds": true,
         "axes_dims_rope": [4, 6, 6]})";
-
-flame_tensor_t host_tensor(flame_ctx_t ctx, const std::vector<int64_t>& shape, const std::vector<float>& v) {
-  flame_tensor_t t = nullptr;
-  EXPECT_EQ(flame_from_host(ctx, v.data(), v.size() * sizeof(float), shape.data(), static_cast<int32_t>(shape.size()),
-                            FLAME_DTYPE_F32, &t),
-            FLAME_OK);
-  return t;
-}
 
 std::vector<float> ramp(size_t n, float scale, float phase) {
   std::vector<float> v(n);
@@ -219,58 +143,73 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
 
 constexpr int kSteps = 2;
 
-}  // namespace
-
-TEST(Zero3Checkpoint, ShardedOnTwoRanksResumesUnshardedOnOne) {
-  ZERO3_CKPT_NEED_GPUS(2);
-  char tmpl[] = "/tmp/flame_zero3_ckpt_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  std::vector<double> saved, next;  // rank 0's gathered parameters at the save and one step later
-  {
-    World w(2);
-    ASSERT_TRUE(w.ok());
-    on_ranks(2, [&](int r) {
-      flame_ctx_t ctx = w.ctxs[static_cast<size_t>(r)];
-      ModelHandle m;
-      ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
-      fill_params(m.m, 12345);
-      ASSERT_EQ(flame_model_set_checkpointing(m.m, 1), FLAME_OK);
-      ParamsHandle params;
-      ASSERT_EQ(flame_model_params(m.m, &params.p), FLAME_OK);
-      flame_optimizer_t opt = make_adamw(ctx, params.p);
-      ASSERT_NE(opt, nullptr) << flame_last_error_message();
-      ASSERT_EQ(learning_forward(ctx, m.m), FLAME_OK) << flame_last_error_message();
-      flame_zero_options_t o;
-      flame_zero_options_init(&o);
-      o.stage = 3;
-      o.model = m.m;
-      flame_zero_t zero = nullptr;
-      ASSERT_EQ(flame_zero_create(w.comms[static_cast<size_t>(r)], opt, &o, &zero), FLAME_OK) << flame_last_error_message();
-      for (int s = 0; s <= kSteps; ++s) {
-        if (s == kSteps) {
-          EXPECT_EQ(flame_zero_save_shards(zero, (dir + "/ck").c_str()), FLAME_OK) << flame_last_error_message();
-          EXPECT_EQ(flame_zero_save_full(zero, (dir + "/full.safetensors").c_str()), FLAME_OK) << flame_last_error_message();
-          ParamsHandle whole;
-          EXPECT_EQ(flame_zero_gather_params(zero, &whole.p), FLAME_OK) << flame_last_error_message();
-          if (r == 0 && whole.p) saved = values_of(whole.p);
-        }
-        EXPECT_EQ(forward_backward(ctx, m.m, r, s, 1.0), FLAME_OK) << flame_last_error_message();
-        EXPECT_EQ(flame_zero_step(zero, nullptr), FLAME_OK) << flame_last_error_message();
-        EXPECT_EQ(flame_optimizer_zero_grad(opt, 1), FLAME_OK);
-      }
-      ParamsHandle whole;
-      EXPECT_EQ(flame_zero_gather_params(zero, &whole.p), FLAME_OK) << flame_last_error_message();
-      if (r == 0 && whole.p) next = values_of(whole.p);
-      flame_zero_release(zero);
-      flame_optimizer_release(opt);
-    });
+// One training step of the global batch (2 parts) on rank `rank` of `world` (1 or 2): on 2 ranks
+// rank r's part, on 1 rank both parts as two backwards of half the loss each.
+void train_step(flame_ctx_t ctx, flame_model_t m, flame_optimizer_t opt, flame_zero_t zero, int world, int rank, int step) {
+  if (world == 2) {
+    EXPECT_EQ(forward_backward(ctx, m, rank, step, 1.0), FLAME_OK) << flame_last_error_message();
+  } else {
+    for (int part = 0; part < 2; ++part)
+      EXPECT_EQ(forward_backward(ctx, m, part, step, 0.5), FLAME_OK) << flame_last_error_message();
   }
-  ASSERT_FALSE(saved.empty());
-  ASSERT_FALSE(next.empty());
+  EXPECT_EQ(flame_zero_step(zero, nullptr), FLAME_OK) << flame_last_error_message();
+  EXPECT_EQ(flame_optimizer_zero_grad(opt, 1), FLAME_OK);
+}
 
-  // The gathered file holds what flame_zero_gather_params returned, parameter by parameter.
-  World one(1);
+struct ShardedRun {
+  std::vector<double> saved, next;  // rank 0's gathered parameters at the save and one step later
+};
+
+// Trains the model with stage 3 on `world` ranks for kSteps steps, saves the shard set dir/ck and
+// the gathered file dir/full.safetensors, and steps once more.
+ShardedRun train_sharded_and_save(int world, const std::string& dir) {
+  ShardedRun out;
+  RankWorld w(world);
+  EXPECT_TRUE(w.ok());
+  if (!w.ok()) return out;
+  on_ranks(world, [&](int r) {
+    flame_ctx_t ctx = w.ctxs[static_cast<size_t>(r)];
+    ModelHandle m;
+    ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
+    fill_params(m.m, 12345);
+    ASSERT_EQ(flame_model_set_checkpointing(m.m, 1), FLAME_OK);
+    ParamsHandle params;
+    ASSERT_EQ(flame_model_params(m.m, &params.p), FLAME_OK);
+    flame_optimizer_t opt = make_adamw(ctx, params.p);
+    ASSERT_NE(opt, nullptr) << flame_last_error_message();
+    ASSERT_EQ(learning_forward(ctx, m.m), FLAME_OK) << flame_last_error_message();
+    flame_zero_options_t o;
+    flame_zero_options_init(&o);
+    o.stage = 3;
+    o.model = m.m;
+    flame_zero_t zero = nullptr;
+    ASSERT_EQ(flame_zero_create(w.comms[static_cast<size_t>(r)], opt, &o, &zero), FLAME_OK) << flame_last_error_message();
+    for (int s = 0; s <= kSteps; ++s) {
+      if (s == kSteps) {
+        EXPECT_EQ(flame_zero_save_shards(zero, (dir + "/ck").c_str()), FLAME_OK) << flame_last_error_message();
+        EXPECT_EQ(flame_zero_save_full(zero, (dir + "/full.safetensors").c_str()), FLAME_OK) << flame_last_error_message();
+        ParamsHandle whole;
+        EXPECT_EQ(flame_zero_gather_params(zero, &whole.p), FLAME_OK) << flame_last_error_message();
+        if (r == 0 && whole.p) out.saved = values_of(whole.p);
+      }
+      train_step(ctx, m.m, opt, zero, world, r, s);
+    }
+    ParamsHandle whole;
+    EXPECT_EQ(flame_zero_gather_params(zero, &whole.p), FLAME_OK) << flame_last_error_message();
+    if (r == 0 && whole.p) out.next = values_of(whole.p);
+    flame_zero_release(zero);
+    flame_optimizer_release(opt);
+  });
+  return out;
+}
+
+// The gathered file holds what flame_zero_gather_params returned, parameter by parameter; one rank
+// with the model unsharded (stage 1) loads the shard file `shard_file` and the gathered file, holds
+// exactly the saved parameters and steps as the sharded run did.
+void expect_resumes_unsharded(const std::string& dir, const std::string& shard_file, const ShardedRun& run) {
+  ASSERT_FALSE(run.saved.empty());
+  ASSERT_FALSE(run.next.empty());
+  RankWorld one(1);
   ASSERT_TRUE(one.ok());
   flame_ctx_t ctx = one.ctxs[0];
   {
@@ -282,12 +221,10 @@ TEST(Zero3Checkpoint, ShardedOnTwoRanksResumesUnshardedOnOne) {
       if (flame_safetensors_get(f, ("param." + std::to_string(i)).c_str(), t.out()) != FLAME_OK) break;
       for (float x : host_of(t)) file_values.push_back(x);
     }
-    EXPECT_EQ(file_values, saved);
+    EXPECT_EQ(file_values, run.saved);
     flame_safetensors_release(f);
   }
-
-  // One rank, the model unsharded, from the shard set and from the gathered file.
-  for (const std::string& path : {dir + "/ck-1-of-2.safetensors", dir + "/full.safetensors"}) {
+  for (const std::string& path : {dir + "/" + shard_file, dir + "/full.safetensors"}) {
     SCOPED_TRACE(path);
     ModelHandle m;
     ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
@@ -304,12 +241,34 @@ TEST(Zero3Checkpoint, ShardedOnTwoRanksResumesUnshardedOnOne) {
     int64_t count = -1;
     EXPECT_EQ(flame_optimizer_step_count(opt, &count), FLAME_OK);
     EXPECT_EQ(count, kSteps);
-    EXPECT_EQ(values_of(params.p), saved) << "the loaded parameters must be the saved ones bit for bit";
-    for (int part = 0; part < 2; ++part)
-      EXPECT_EQ(forward_backward(ctx, m.m, part, kSteps, 0.5), FLAME_OK) << flame_last_error_message();
-    EXPECT_EQ(flame_zero_step(zero, nullptr), FLAME_OK) << flame_last_error_message();
-    expect_close(values_of(params.p), next, "the step after loading");
+    EXPECT_EQ(values_of(params.p), run.saved) << "the loaded parameters must be the saved ones bit for bit";
+    train_step(ctx, m.m, opt, zero, 1, 0, kSteps);
+    expect_close(values_of(params.p), run.next, "the step after loading");
     flame_zero_release(zero);
     flame_optimizer_release(opt);
   }
+}
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/flame_zero3_ckpt_XXXXXX";
+  const char* d = mkdtemp(tmpl);
+  return d ? std::string(d) : std::string("/tmp");
+}
+
+}  // namespace
+
+TEST(Zero3Checkpoint, ShardedOnTwoRanksResumesUnshardedOnOne) {
+  NEED_GPUS_AND_NCCL(2);
+  const std::string dir = temp_dir();
+  const ShardedRun run = train_sharded_and_save(2, dir);
+  expect_resumes_unsharded(dir, "ck-1-of-2.safetensors", run);
+}
+
+// The same on one GPU: stage 3 on one rank (each block's shard is the whole block) saves a 1-file
+// set and a gathered file, and the unsharded model resumes from either.
+TEST(Zero3Checkpoint, ShardedOnOneRankResumesUnsharded) {
+  NEED_GPUS_AND_NCCL(1);
+  const std::string dir = temp_dir();
+  const ShardedRun run = train_sharded_and_save(1, dir);
+  expect_resumes_unsharded(dir, "ck-0-of-1.safetensors", run);
 }

@@ -2,10 +2,11 @@
 // a shard set saved on 2 ranks loads on 1 and one saved on 1 loads on 2, giving the same parameters
 // and the same next step; the gathered file holds the replicated run's parameters.
 //
-// Ranks run as in test_zero.cpp: one context per GPU, one thread per rank, in one process. The same
+// Ranks run as in test_zero.cpp (rank_test_helpers.h): one context per GPU, one thread per rank, in one process. The same
 // global batch is used whatever the world size: on 2 ranks rank r's rows, on 1 rank both ranks'
-// rows as two backwards of half the loss each (the same averaged gradient). Two-rank tests skip
-// with fewer GPUs unless FLAME_REQUIRE_GPUS=2 (then they fail).
+// rows as two backwards of half the loss each (the same averaged gradient). The one-rank tests
+// (OneRank*) run on one GPU; two-rank tests skip with fewer GPUs unless FLAME_REQUIRE_GPUS=2 (then
+// they fail).
 //
 // On a 2-GPU machine:
 //   FLAME_REQUIRE_GPU=1 FLAME_REQUIRE_GPUS=2 ./build/tests/gpu/flame_gpu_tests --gtest_filter='ZeroCheckpoint*'
@@ -18,100 +19,9 @@
 #include <thread>
 #include <vector>
 #include "flame_test.h"
+#include "rank_test_helpers.h"
 
 namespace {
-
-int required_gpus() {
-  const char* v = std::getenv("FLAME_REQUIRE_GPUS");
-  return v ? std::atoi(v) : 0;
-}
-
-int device_count() {
-  int32_t n = 0;
-  return flame_device_count(&n) == FLAME_OK ? n : 0;
-}
-
-flame_ctx_t make_ctx(int device) {
-  flame_ctx_options_t o;
-  flame_ctx_options_init(&o);
-  o.device = device;
-  o.seed = 77;
-  o.gemm_heuristic_only = 1;  // the same GEMM algorithm in every context: comparable results
-  flame_ctx_t c = nullptr;
-  return flame_ctx_create(&o, &c) == FLAME_OK ? c : nullptr;
-}
-
-std::string nccl_missing() {  // "" when NCCL loads
-  flame_ctx_t c = make_ctx(0);
-  if (!c) return flame_last_error_message();
-  flame_comm_id_t id;
-  std::string why = flame_comm_unique_id(c, &id) == FLAME_OK ? "" : flame_last_error_message();
-  flame_ctx_destroy(c);
-  return why;
-}
-
-#define CKPT_NEED_GPUS(n)                                                                              \
-  do {                                                                                                 \
-    const int have_ = device_count();                                                                  \
-    if (have_ < (n)) {                                                                                 \
-      if (required_gpus() >= (n) || ((n) == 1 && flame_gpu_required()))                                \
-        FAIL() << "needs " << (n) << " GPUs (FLAME_REQUIRE_GPUS / FLAME_REQUIRE_GPU set), found " << have_; \
-      GTEST_SKIP() << "needs " << (n) << " GPUs, found " << have_;                                     \
-    }                                                                                                  \
-    const std::string why_ = nccl_missing();                                                           \
-    if (!why_.empty()) {                                                                               \
-      if (flame_gpu_required() || required_gpus() > 0) FAIL() << "NCCL is not available: " << why_;   \
-      GTEST_SKIP() << "NCCL is not available: " << why_;                                               \
-    }                                                                                                  \
-  } while (0)
-
-void on_ranks(int world, const std::function<void(int)>& body) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
-  for (auto& t : threads) t.join();
-}
-
-// Contexts on GPUs 0..world-1 and one communicator, released at the end.
-struct World {
-  std::vector<flame_ctx_t> ctxs;
-  std::vector<flame_comm_t> comms;
-  explicit World(int world) {
-    for (int r = 0; r < world; ++r) ctxs.push_back(make_ctx(r));
-    comms.assign(static_cast<size_t>(world), nullptr);
-    for (flame_ctx_t c : ctxs)
-      if (!c) return;
-    flame_comm_options_t o;
-    flame_comm_options_init(&o);
-    o.timeout_ms = 60000;
-    if (flame_comm_create_group(ctxs.data(), world, &o, comms.data()) != FLAME_OK) ADD_FAILURE() << flame_last_error_message();
-  }
-  bool ok() const { return !comms.empty() && comms[0]; }
-  ~World() {
-    on_ranks(static_cast<int>(comms.size()), [&](int r) { flame_comm_release(comms[static_cast<size_t>(r)]); });
-    for (flame_ctx_t c : ctxs) flame_ctx_destroy(c);
-  }
-};
-
-flame_tensor_t from_doubles(flame_ctx_t c, const std::vector<double>& v, std::vector<int64_t> shape, flame_dtype_t d) {
-  flame_tensor_t f64 = nullptr, out = nullptr;
-  if (flame_from_host(c, v.data(), v.size() * sizeof(double), shape.data(), static_cast<int32_t>(shape.size()),
-                      FLAME_DTYPE_F64, &f64) != FLAME_OK)
-    return nullptr;
-  flame_to_dtype(f64, d, &out);
-  flame_tensor_release(f64);
-  return out;
-}
-
-std::vector<double> to_doubles(flame_tensor_t t) {
-  int64_t n = 0;
-  flame_tensor_numel(t, &n);
-  std::vector<double> v(static_cast<size_t>(n));
-  flame_tensor_t f64 = nullptr;
-  if (flame_to_dtype(t, FLAME_DTYPE_F64, &f64) != FLAME_OK) return {};
-  flame_status_t st = flame_to_host(f64, v.data(), v.size() * sizeof(double));
-  flame_tensor_release(f64);
-  return st == FLAME_OK ? v : std::vector<double>{};
-}
 
 std::vector<double> uniform(size_t n, uint32_t seed, double scale) {
   std::mt19937 g(seed);
@@ -215,7 +125,7 @@ struct Trained {
 // training before it), saves (shards to prefix, gathered to full) after them, then one more step.
 // With `load` set: loads it right after creation instead of training, checks the step count.
 Trained run(int world, int stage, int steps, const std::string& load, const std::string& prefix, const std::string& full) {
-  World w(world);
+  RankWorld w(world);
   EXPECT_TRUE(w.ok());
   Trained out;
   if (!w.ok()) return out;
@@ -259,9 +169,60 @@ Trained run(int world, int stage, int steps, const std::string& load, const std:
 
 }  // namespace
 
+// One GPU: saved on 1 rank (stage 2), loaded on 1 rank (stage 1) from the 1-file set and from the
+// gathered file: the same parameters bit for bit, then the same step.
+TEST(ZeroCheckpoint, OneRankSavesAndLoads) {
+  NEED_GPUS_AND_NCCL(1);
+  const std::string dir = temp_dir();
+  const Trained saved = run(1, 2, 3, "", dir + "/ck", dir + "/full.safetensors");
+  ASSERT_FALSE(saved.saved.empty());
+  for (const std::string& path : {dir + "/ck-0-of-1.safetensors", dir + "/full.safetensors"}) {
+    SCOPED_TRACE(path);
+    const Trained loaded = run(1, 1, 3, path, "", "");
+    EXPECT_EQ(loaded.saved, saved.saved) << "the loaded parameters must be the saved ones bit for bit";
+    expect_close(loaded.next, saved.next, "the step after loading");
+  }
+}
+
+// One GPU: a 1-rank file loaded into an optimizer of another kind, or a path that does not exist,
+// is refused and changes neither the parameters nor the step count.
+TEST(ZeroCheckpoint, OneRankRefusesAnotherOptimizerAndLeavesTheRunUnchanged) {
+  NEED_GPUS_AND_NCCL(1);
+  const std::string dir = temp_dir();
+  run(1, 1, 1, "", dir + "/ck", "");
+  RankWorld w(1);
+  ASSERT_TRUE(w.ok());
+  flame_ctx_t ctx = w.ctxs[0];
+  Model m;
+  ASSERT_TRUE(make_model(ctx, m, 50));
+  flame_optimizer_options_t oo;
+  flame_optimizer_options_init(&oo, FLAME_OPTIMIZER_SGD);
+  oo.lr = 0.02;
+  oo.master_weights = 1;
+  std::vector<flame_tensor_t> ps = m.params();
+  flame_optimizer_t opt = nullptr;
+  ASSERT_EQ(flame_optimizer_create(ctx, &oo, ps.data(), static_cast<int64_t>(ps.size()), &opt), FLAME_OK)
+      << flame_last_error_message();
+  flame_zero_options_t o;
+  flame_zero_options_init(&o);
+  flame_zero_t zero = nullptr;
+  ASSERT_EQ(flame_zero_create(w.comms[0], opt, &o, &zero), FLAME_OK) << flame_last_error_message();
+  const std::vector<double> before = all_params(m);
+  EXPECT_EQ(flame_zero_load(zero, (dir + "/ck-0-of-1.safetensors").c_str()), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flame_last_error_message()).find("adamw"), std::string::npos) << flame_last_error_message();
+  EXPECT_EQ(all_params(m), before);
+  int64_t count = -1;
+  EXPECT_EQ(flame_optimizer_step_count(opt, &count), FLAME_OK);
+  EXPECT_EQ(count, 0);
+  EXPECT_EQ(flame_zero_load(zero, (dir + "/nothing.safetensors").c_str()), FLAME_ERROR_IO);
+  EXPECT_EQ(all_params(m), before);
+  flame_zero_release(zero);
+  flame_optimizer_release(opt);
+}
+
 // Saved on 2 ranks (stage 2), loaded on 1 (stage 1): the same parameters, then the same step.
 TEST(ZeroCheckpoint, TwoRanksSaveOneRankLoads) {
-  CKPT_NEED_GPUS(2);
+  NEED_GPUS_AND_NCCL(2);
   const std::string dir = temp_dir();
   const Trained two = run(2, 2, 3, "", dir + "/ck", dir + "/full.safetensors");
   ASSERT_FALSE(two.saved.empty());
@@ -275,7 +236,7 @@ TEST(ZeroCheckpoint, TwoRanksSaveOneRankLoads) {
 
 // Saved on 1 rank, loaded on 2 (stage 2, and stage 1 from the gathered file).
 TEST(ZeroCheckpoint, OneRankSavesTwoRanksLoad) {
-  CKPT_NEED_GPUS(2);
+  NEED_GPUS_AND_NCCL(2);
   const std::string dir = temp_dir();
   const Trained one = run(1, 1, 3, "", dir + "/ck", dir + "/full.safetensors");
   ASSERT_FALSE(one.saved.empty());
@@ -291,7 +252,7 @@ TEST(ZeroCheckpoint, OneRankSavesTwoRanksLoad) {
 // all-gather) bit for bit, in their shapes, and the replicated run's within bf16 rounding; its
 // master weights round to the parameters.
 TEST(ZeroCheckpoint, GatheredFileHoldsTheParameters) {
-  CKPT_NEED_GPUS(2);
+  NEED_GPUS_AND_NCCL(2);
   const std::string dir = temp_dir();
   const std::string full = dir + "/full.safetensors";
   const Trained sharded = run(2, 2, 3, "", "", full);
@@ -299,7 +260,7 @@ TEST(ZeroCheckpoint, GatheredFileHoldsTheParameters) {
   // The replicated reference: one rank, the same global batch, no sharding at all.
   std::vector<double> replicated;
   {
-    flame_ctx_t ctx = make_ctx(0);
+    flame_ctx_t ctx = make_rank_ctx(0);
     ASSERT_NE(ctx, nullptr);
     {
       Model m;
@@ -315,7 +276,7 @@ TEST(ZeroCheckpoint, GatheredFileHoldsTheParameters) {
     }
     flame_ctx_destroy(ctx);
   }
-  flame_ctx_t ctx = make_ctx(0);
+  flame_ctx_t ctx = make_rank_ctx(0);
   ASSERT_NE(ctx, nullptr);
   {
     flame_safetensors_t f = nullptr;
@@ -348,11 +309,11 @@ TEST(ZeroCheckpoint, GatheredFileHoldsTheParameters) {
 
 // A shard set with a file missing, or of another optimizer, is refused and changes nothing.
 TEST(ZeroCheckpoint, RefusesIncompleteSetsAndLeavesTheRunUnchanged) {
-  CKPT_NEED_GPUS(2);
+  NEED_GPUS_AND_NCCL(2);
   const std::string dir = temp_dir();
   run(2, 2, 1, "", dir + "/ck", "");
   ASSERT_EQ(unlink((dir + "/ck-1-of-2.safetensors").c_str()), 0);
-  World w(1);
+  RankWorld w(1);
   ASSERT_TRUE(w.ok());
   flame_ctx_t ctx = w.ctxs[0];
   Model m;
