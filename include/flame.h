@@ -2102,6 +2102,9 @@ FLAME_API void flame_dp_release(flame_dp_t dp);
 typedef struct flame_zero_s* flame_zero_t; /* the sharding of one optimizer over one communicator */
 typedef struct flame_model_s* flame_model_t; /* a model: see "Models" below */
 
+/* flame_zero_options_t's reduce_dtype and gather_dtype: communicate in the parameters' own dtype. */
+#define FLAME_ZERO_PARAM_DTYPE (-1)
+
 /* Options of flame_zero_create. Fill with flame_zero_options_init; the struct may grow at its end. */
 typedef struct flame_zero_options_t {
   size_t struct_size;           /* sizeof(flame_zero_options_t), set by flame_zero_options_init */
@@ -2114,6 +2117,36 @@ typedef struct flame_zero_options_t {
   flame_model_t model;          /* stage 3: the model whose block parameters are sharded (borrowed;
                                    the helper keeps it alive); NULL (default) for stages 1 and 2 */
   int32_t gather_slots;         /* stage 3: device buffers of gathered blocks, in [2, 64]; default 2 */
+  /* Mixed precision of communication (read only when struct_size covers both fields; every rank
+   * must pass the same values): */
+  int32_t reduce_dtype;         /* the dtype the gradients are averaged in over the ranks (stage 1's
+                                   all-reduce, stage 2's and 3's reduce-scatters):
+                                   FLAME_ZERO_PARAM_DTYPE (default): each parameter's own dtype;
+                                   FLAME_DTYPE_F32 or FLAME_DTYPE_BF16: each rank's gradients are
+                                   cast to it before the collective and the average is cast back to
+                                   the parameter's dtype after (stage 3: then added to the gradient
+                                   shard, which accumulates in the parameter's dtype), as PyTorch
+                                   FSDP2's MixedPrecisionPolicy(reduce_dtype). bf16 halves the bytes
+                                   sent for f32 parameters and rounds each rank's gradient to bf16
+                                   (8 significant bits) even on one rank; f32 for bf16 parameters
+                                   sums the ranks' gradients without bf16 rounding in between. The
+                                   step's clipping and the optimizer see the average in the
+                                   parameter's dtype. Other values: FLAME_ERROR_INVALID_ARGUMENT. */
+  int32_t gather_dtype;         /* stage 3: the dtype of the parameter all-gather before each block:
+                                   FLAME_ZERO_PARAM_DTYPE (default): the parameters' dtype;
+                                   FLAME_DTYPE_BF16: each f32 block is gathered as bf16 (half the
+                                   bytes) from a bf16 copy of each rank's shard (made after each
+                                   step; shard/2 more bytes per rank) and widened back to f32 in
+                                   its gather buffer (each buffer 1.5x the block's f32 size), so the
+                                   block computes in f32 with its weights rounded to bf16; the
+                                   shards, the optimizer step and flame_zero_gather_params /
+                                   flame_zero_save_* keep the exact f32 values (FSDP2's
+                                   param_dtype = bf16 without the bf16 compute). Blocks of bf16/f16
+                                   parameters are gathered in their dtype either way. Stages 1 and 2
+                                   gather the stepped parameters in their own dtype always (a rounded
+                                   copy would make ranks differ): gather_dtype other than
+                                   FLAME_ZERO_PARAM_DTYPE with stage 1 or 2, or any other value:
+                                   FLAME_ERROR_INVALID_ARGUMENT. */
 } flame_zero_options_t;
 
 /* Stage 3 (parameter sharding, ZeRO-3 / FSDP) shards a model's parameters too: set opts->stage 3
@@ -2165,7 +2198,9 @@ FLAME_API flame_status_t flame_zero_options_init(flame_zero_options_t* opts);
  * sharded after flame_zero_release: the helper's shards stay with it).
  * OUT *out: a new helper (release with flame_zero_release).
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, bad options: stage outside [1, 3], opts->model NULL
- * with stage 3 or set with stage 1 or 2, gather_slots outside [2, 64]; optimizer of another context,
+ * with stage 3 or set with stage 1 or 2, gather_slots outside [2, 64], reduce_dtype not
+ * FLAME_ZERO_PARAM_DTYPE, FLAME_DTYPE_F32 or FLAME_DTYPE_BF16, gather_dtype not FLAME_ZERO_PARAM_DTYPE
+ * or FLAME_DTYPE_BF16 or set with stage 1 or 2: nothing is created); optimizer of another context,
  * stepped or sharded already; stage 3: a model handle that is not live, of another context, sharded
  * already, made with "offload" or "quantize", that has not run a forward, or whose blocks differ
  * from another rank's; another rank failed its checks), FLAME_ERROR_SHAPE_MISMATCH (another rank's

@@ -371,6 +371,10 @@ namespace Flame.Interop
         public IntPtr model;
         /// <summary><c>int32_t gather_slots</c></summary>
         public int gather_slots;
+        /// <summary><c>int32_t reduce_dtype</c></summary>
+        public int reduce_dtype;
+        /// <summary><c>int32_t gather_dtype</c></summary>
+        public int gather_dtype;
     }
 
     /// <summary><c>flame_memory_estimate_t</c>, laid out as in C.</summary>
@@ -459,6 +463,8 @@ namespace Flame.Interop
         public const int FLAME_STAT_COLUMNS = 6;
         /// <summary><c>#define FLAME_COMM_ID_BYTES 128</c></summary>
         public const int FLAME_COMM_ID_BYTES = 128;
+        /// <summary><c>#define FLAME_ZERO_PARAM_DTYPE -1</c></summary>
+        public const int FLAME_ZERO_PARAM_DTYPE = -1;
         /// <summary><c>FLAME_ATTENTION_CAUSAL</c></summary>
         public const uint FLAME_ATTENTION_CAUSAL = 1;
         /// <summary><c>FLAME_BACKWARD_RETAIN_GRAPH</c></summary>

@@ -484,6 +484,7 @@ void load_zero(ZeroOptimizer& z, const std::string& path) {
   c.synchronize();  // the mapped files stay until every copy from them is done
 
   // Commit.
+  z.before_writing_shards();  // stage 3: blocks gathered before the load must be gathered again
   for (size_t i = 0; i < params.size(); ++i) {
     OptimParam& p = *params[i];
     if (values[i]) {

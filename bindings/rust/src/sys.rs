@@ -23,6 +23,7 @@ pub const FLAME_STAT_NAN_COUNT: i32 = 4;
 pub const FLAME_STAT_INF_COUNT: i32 = 5;
 pub const FLAME_STAT_COLUMNS: i32 = 6;
 pub const FLAME_COMM_ID_BYTES: i32 = 128;
+pub const FLAME_ZERO_PARAM_DTYPE: i32 = -1;
 
 // ---- enums: C integer type, constants, and a newtype with associated constants ----
 // (a Rust enum would be undefined behaviour for values added by a newer library)
@@ -611,6 +612,8 @@ pub struct flame_zero_options_t {
     pub max_grad_norm: f64,
     pub model: flame_model_t,
     pub gather_slots: i32,
+    pub reduce_dtype: i32,
+    pub gather_dtype: i32,
 }
 
 #[repr(C)]

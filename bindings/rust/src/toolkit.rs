@@ -866,6 +866,13 @@ pub struct ZeroOptions {
     pub max_grad_norm: f64,
     /// Stage 3: device buffers of gathered blocks, in [2, 64].
     pub gather_slots: i32,
+    /// The dtype gradients are averaged in over the ranks: `sys::FLAME_ZERO_PARAM_DTYPE` (each
+    /// parameter's own, the default), `sys::FLAME_DTYPE_F32` or `sys::FLAME_DTYPE_BF16` (cast
+    /// before the collective, the average cast back to the parameter's dtype).
+    pub reduce_dtype: i32,
+    /// Stage 3: the dtype of the parameter all-gather: `sys::FLAME_ZERO_PARAM_DTYPE` (default) or
+    /// `sys::FLAME_DTYPE_BF16` (f32 blocks gathered as bf16 and widened back to f32).
+    pub gather_dtype: i32,
 }
 
 impl Default for ZeroOptions {
@@ -876,6 +883,8 @@ impl Default for ZeroOptions {
             broadcast_parameters: r.broadcast_parameters != 0,
             max_grad_norm: r.max_grad_norm,
             gather_slots: r.gather_slots,
+            reduce_dtype: r.reduce_dtype,
+            gather_dtype: r.gather_dtype,
         }
     }
 }
@@ -890,6 +899,8 @@ impl ZeroOptions {
             max_grad_norm: self.max_grad_norm,
             model: std::ptr::null_mut(),
             gather_slots: self.gather_slots,
+            reduce_dtype: self.reduce_dtype,
+            gather_dtype: self.gather_dtype,
         }
     }
 }

@@ -52,9 +52,14 @@ FLAME_ARG_ROW(flame_dp_set_sync, a.dp("dp"), 0);
 FLAME_ARG_ROW(flame_dp_wait, a.dp("dp"));
 FLAME_ARG_VOID(flame_dp_release, a.release_dp("dp"));
 
-const flame_zero_options_t* zero_opts(Args& a) {  // may be NULL by contract: never NULLed
+// May be NULL by contract: never NULLed. Live: gradients averaged in bf16 (a valid value other than
+// the default, so that the live sweep creates a helper with a communication dtype of its own).
+const flame_zero_options_t* zero_opts(Args& a) {
   auto* o = a.opt_out<flame_zero_options_t>("opts");
-  if (o) flame_zero_options_init(o);
+  if (o) {
+    flame_zero_options_init(o);
+    o->reduce_dtype = FLAME_DTYPE_BF16;
+  }
   return o;
 }
 
