@@ -272,3 +272,58 @@ TEST(Zero3Checkpoint, ShardedOnOneRankResumesUnsharded) {
   const ShardedRun run = train_sharded_and_save(1, dir);
   expect_resumes_unsharded(dir, "ck-0-of-1.safetensors", run);
 }
+
+// One GPU: flame_zero_load into a running stage-3 helper whose blocks are still gathered (a
+// forward after the last step leaves blocks in the ring) makes them stale: the loaded values are
+// what the next forward computes with, so the step after the load repeats the step after the save.
+// With gather_dtype bf16 the bf16 copies of the shards are made again from the loaded values too.
+static void expect_load_into_running_helper(int32_t gather_dtype) {
+  const std::string dir = temp_dir();
+  RankWorld w(1);
+  ASSERT_TRUE(w.ok());
+  flame_ctx_t ctx = w.ctxs[0];
+  ModelHandle m;
+  ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
+  fill_params(m.m, 12345);
+  ASSERT_EQ(flame_model_set_checkpointing(m.m, 1), FLAME_OK);
+  ParamsHandle params;
+  ASSERT_EQ(flame_model_params(m.m, &params.p), FLAME_OK);
+  flame_optimizer_t opt = make_adamw(ctx, params.p);
+  ASSERT_NE(opt, nullptr) << flame_last_error_message();
+  ASSERT_EQ(learning_forward(ctx, m.m), FLAME_OK) << flame_last_error_message();
+  flame_zero_options_t o;
+  flame_zero_options_init(&o);
+  o.stage = 3;
+  o.model = m.m;
+  o.gather_dtype = gather_dtype;
+  flame_zero_t zero = nullptr;
+  ASSERT_EQ(flame_zero_create(w.comms[0], opt, &o, &zero), FLAME_OK) << flame_last_error_message();
+  auto gathered = [&] {
+    ParamsHandle whole;
+    EXPECT_EQ(flame_zero_gather_params(zero, &whole.p), FLAME_OK) << flame_last_error_message();
+    return whole.p ? values_of(whole.p) : std::vector<double>{};
+  };
+  for (int s = 0; s < kSteps; ++s) train_step(ctx, m.m, opt, zero, 1, 0, s);
+  EXPECT_EQ(flame_zero_save_shards(zero, (dir + "/ck").c_str()), FLAME_OK) << flame_last_error_message();
+  const std::vector<double> saved = gathered();
+  train_step(ctx, m.m, opt, zero, 1, 0, kSteps);
+  const std::vector<double> next = gathered();
+  train_step(ctx, m.m, opt, zero, 1, 0, kSteps + 1);
+  // A forward after the step (an evaluation, gradients off) leaves blocks of the current values
+  // gathered in the ring; the load must not let the next forward reuse them.
+  ASSERT_EQ(learning_forward(ctx, m.m), FLAME_OK) << flame_last_error_message();
+  EXPECT_EQ(flame_zero_load(zero, (dir + "/ck-0-of-1.safetensors").c_str()), FLAME_OK) << flame_last_error_message();
+  EXPECT_EQ(gathered(), saved) << "the loaded shards are the saved ones bit for bit";
+  train_step(ctx, m.m, opt, zero, 1, 0, kSteps);
+  expect_close(gathered(), next, "the step after loading into the running helper");
+  flame_zero_release(zero);
+  flame_optimizer_release(opt);
+}
+
+TEST(Zero3Checkpoint, LoadIntoARunningShardedModelGathersItsBlocksAgain) {
+  NEED_GPUS_AND_NCCL(1);
+  for (int32_t gather : {FLAME_ZERO_PARAM_DTYPE, static_cast<int32_t>(FLAME_DTYPE_BF16)}) {
+    SCOPED_TRACE("gather_dtype " + std::to_string(gather));
+    expect_load_into_running_helper(gather);
+  }
+}
