@@ -2136,7 +2136,7 @@ typedef struct flame_zero_options_t {
                                    FLAME_ZERO_PARAM_DTYPE (default): the parameters' dtype;
                                    FLAME_DTYPE_BF16: each f32 block is gathered as bf16 (half the
                                    bytes) from a bf16 copy of each rank's shard (made after each
-                                   step; shard/2 more bytes per rank) and widened back to f32 in
+                                   step: 2 more bytes per shard element) and widened back to f32 in
                                    its gather buffer (each buffer 1.5x the block's f32 size), so the
                                    block computes in f32 with its weights rounded to bf16; the
                                    shards, the optimizer step and flame_zero_gather_params /

@@ -4,9 +4,9 @@
 //
 // Ranks run as in test_zero.cpp (rank_test_helpers.h): one context per GPU, one thread per rank, in one process. The same
 // global batch is used whatever the world size: on 2 ranks rank r's rows, on 1 rank both ranks'
-// rows as two backwards of half the loss each (the same averaged gradient). The one-rank tests
-// (OneRank*) run on one GPU; two-rank tests skip with fewer GPUs unless FLAME_REQUIRE_GPUS=2 (then
-// they fail).
+// rows as two backwards of half the loss each (the same averaged gradient). OneRankSavesAndLoads
+// and OneRankRefuses... run on one GPU; the tests that use two ranks skip with fewer GPUs unless
+// FLAME_REQUIRE_GPUS=2 (then they fail).
 //
 // On a 2-GPU machine:
 //   FLAME_REQUIRE_GPU=1 FLAME_REQUIRE_GPUS=2 ./build/tests/gpu/flame_gpu_tests --gtest_filter='ZeroCheckpoint*'
