@@ -2133,10 +2133,14 @@ FLAME_API void flame_dp_release(flame_dp_t dp);
  * so that no flat copy of all gradients or parameters is made during the step.
  * The optimizer (flame_optimizer_*) keeps working for zero_grad, set_lr, get_lr and step_count;
  * flame_optimizer_step, flame_optimizer_add_param_group, flame_optimizer_save_state and
- * flame_optimizer_load_state refuse a sharded optimizer (use flame_zero_step; sharded state files
- * are not supported yet: FLAME_ERROR_UNSUPPORTED). It stays sharded after flame_zero_release. */
+ * flame_optimizer_load_state refuse a sharded optimizer (use flame_zero_step, and
+ * flame_zero_save_full, flame_zero_save_shards and flame_zero_load for its state:
+ * FLAME_ERROR_UNSUPPORTED). It stays sharded after flame_zero_release. */
 typedef struct flame_zero_s* flame_zero_t; /* the sharding of one optimizer over one communicator */
 typedef struct flame_model_s* flame_model_t; /* a model: see "Models" below */
+
+/* flame_zero_options_t's reduce_dtype and gather_dtype: communicate in the parameters' own dtype. */
+#define FLAME_ZERO_PARAM_DTYPE (-1)
 
 /* Options of flame_zero_create. Fill with flame_zero_options_init; the struct may grow at its end. */
 typedef struct flame_zero_options_t {
@@ -2150,6 +2154,36 @@ typedef struct flame_zero_options_t {
   flame_model_t model;          /* stage 3: the model whose block parameters are sharded (borrowed;
                                    the helper keeps it alive); NULL (default) for stages 1 and 2 */
   int32_t gather_slots;         /* stage 3: device buffers of gathered blocks, in [2, 64]; default 2 */
+  /* Mixed precision of communication (read only when struct_size covers both fields; every rank
+   * must pass the same values): */
+  int32_t reduce_dtype;         /* the dtype the gradients are averaged in over the ranks (stage 1's
+                                   all-reduce, stage 2's and 3's reduce-scatters):
+                                   FLAME_ZERO_PARAM_DTYPE (default): each parameter's own dtype;
+                                   FLAME_DTYPE_F32 or FLAME_DTYPE_BF16: each rank's gradients are
+                                   cast to it before the collective and the average is cast back to
+                                   the parameter's dtype after (stage 3: then added to the gradient
+                                   shard, which accumulates in the parameter's dtype), as PyTorch
+                                   FSDP2's MixedPrecisionPolicy(reduce_dtype). bf16 halves the bytes
+                                   sent for f32 parameters and rounds each rank's gradient to bf16
+                                   (8 significant bits) even on one rank; f32 for bf16 parameters
+                                   sums the ranks' gradients without bf16 rounding in between. The
+                                   step's clipping and the optimizer see the average in the
+                                   parameter's dtype. Other values: FLAME_ERROR_INVALID_ARGUMENT. */
+  int32_t gather_dtype;         /* stage 3: the dtype of the parameter all-gather before each block:
+                                   FLAME_ZERO_PARAM_DTYPE (default): the parameters' dtype;
+                                   FLAME_DTYPE_BF16: each f32 block is gathered as bf16 (half the
+                                   bytes) from a bf16 copy of each rank's shard (made after each
+                                   step: 2 more bytes per shard element) and widened back to f32 in
+                                   its gather buffer (each buffer 1.5x the block's f32 size), so the
+                                   block computes in f32 with its weights rounded to bf16; the
+                                   shards, the optimizer step and flame_zero_gather_params /
+                                   flame_zero_save_* keep the exact f32 values (FSDP2's
+                                   param_dtype = bf16 without the bf16 compute). Blocks of bf16/f16
+                                   parameters are gathered in their dtype either way. Stages 1 and 2
+                                   gather the stepped parameters in their own dtype always (a rounded
+                                   copy would make ranks differ): gather_dtype other than
+                                   FLAME_ZERO_PARAM_DTYPE with stage 1 or 2, or any other value:
+                                   FLAME_ERROR_INVALID_ARGUMENT. */
 } flame_zero_options_t;
 
 /* Stage 3 (parameter sharding, ZeRO-3 / FSDP) shards a model's parameters too: set opts->stage 3
@@ -2201,7 +2235,9 @@ FLAME_API flame_status_t flame_zero_options_init(flame_zero_options_t* opts);
  * sharded after flame_zero_release: the helper's shards stay with it).
  * OUT *out: a new helper (release with flame_zero_release).
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, bad options: stage outside [1, 3], opts->model NULL
- * with stage 3 or set with stage 1 or 2, gather_slots outside [2, 64]; optimizer of another context,
+ * with stage 3 or set with stage 1 or 2, gather_slots outside [2, 64], reduce_dtype not
+ * FLAME_ZERO_PARAM_DTYPE, FLAME_DTYPE_F32 or FLAME_DTYPE_BF16, gather_dtype not FLAME_ZERO_PARAM_DTYPE
+ * or FLAME_DTYPE_BF16 or set with stage 1 or 2: nothing is created); optimizer of another context,
  * stepped or sharded already; stage 3: a model handle that is not live, of another context, sharded
  * already, made with "offload" or "quantize", that has not run a forward, or whose blocks differ
  * from another rank's; another rank failed its checks), FLAME_ERROR_SHAPE_MISMATCH (another rank's
@@ -2229,6 +2265,57 @@ FLAME_API flame_status_t flame_zero_gather_params(flame_zero_t zero, flame_param
 /* OUT *bytes: device memory held by opt's state tensors on this rank (moments, master weights;
  * 0 before the first step), to compare sharded and replicated runs. */
 FLAME_API flame_status_t flame_optimizer_state_bytes(flame_optimizer_t opt, uint64_t* bytes);
+
+/* ---- checkpoints of sharded training (any stage; they load on any number of ranks) ----
+ * Format: a "shard set" is world_size safetensors files; the file of rank r holds, for every
+ * parameter i of the optimizer (numbered 0, 1, ... across its groups in order, as torch's
+ * state_dict and flame_optimizer_save_state), the elements [lo, hi) (row-major) that rank r owned:
+ *   param.<i>                                    the parameter's values, in its dtype
+ *   state.<i>.exp_avg, state.<i>.exp_avg_sq,     Adam / AdamW moments (exp_avg only: Lion;
+ *   state.<i>.max_exp_avg_sq, state.<i>.momentum_buffer   amsgrad; SGD with momentum)
+ *   master.<i>                                   f32 master weights of f16/bf16 parameters
+ * state in f32 (f64 for f64 parameters), each tensor 1-D of hi - lo elements, absent when hi == lo
+ * or when the parameter has no such state yet (never stepped). Metadata "flame.zero_shard": JSON
+ * {"version": 1, "world": W, "rank": r, "kind": "adamw", "step": n, "rounding_rng": {"seed": s,
+ * "offset": o} or null, "lr": [lr of group 0, ...], "files": [base names of the W files, by rank],
+ * "params": [{"shape": [...], "dtype": "bf16", "lo": lo, "hi": hi}, ...]}. The ranges of the W files
+ * tile each parameter's elements exactly. A gathered file (flame_zero_save_full) is the set of one
+ * rank that owned everything: world 1, lo 0, hi numel, every tensor in its parameter's shape (so
+ * param.<i> is the whole parameter, readable with flame_safetensors_load).
+ * Parameters that are not the optimizer's (stage 3 block parameters it does not train) are not
+ * saved. Hyper-parameters other than the learning rates are not saved: the loading optimizer keeps
+ * its own (its kind, parameter count, shapes and dtypes must match the file's). */
+
+/* Collective: every rank's owned parameter elements and optimizer state are gathered (one tensor
+ * at a time: the call needs the memory of the largest parameter's state on every rank) and rank 0
+ * writes them to path as one safetensors file (format above; replaced atomically). Other ranks
+ * write nothing (path is read on rank 0 only but must not be NULL anywhere). Waits for the
+ * communication (up to the communicator's timeout).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs), FLAME_ERROR_IO (rank 0 cannot write path; rank 0
+ * still joins every collective, so the other ranks finish and return FLAME_OK), FLAME_ERROR_UNSUPPORTED (during a CUDA graph capture), FLAME_ERROR_CUDA
+ * (NCCL failed or timed out: aborted). */
+FLAME_API flame_status_t flame_zero_save_full(flame_zero_t zero, const char* path);
+/* Every rank writes its own file of a shard set, "<path_prefix>-<rank>-of-<world>.safetensors"
+ * (format above; replaced atomically), with no communication: call it on every rank after the same
+ * step. The directory must exist.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs), FLAME_ERROR_IO (cannot write),
+ * FLAME_ERROR_UNSUPPORTED (during a CUDA graph capture). */
+FLAME_API flame_status_t flame_zero_save_shards(flame_zero_t zero, const char* path_prefix);
+/* Loads a checkpoint into this rank's parameters and sharded optimizer state: path is a gathered
+ * file or any one file of a shard set (the others are found by the names its metadata lists, in the
+ * same directory). The set may come from any number of ranks and any stage: each rank reads from
+ * every file the elements it now owns (the whole values of parameters it keeps whole). Restores
+ * the values, the state, the step count, the rounding generator and each group's learning rate;
+ * no communication (every rank reads the same files). Everything is read and checked before
+ * anything changes: on failure the parameters and the optimizer are as they were.
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs; another optimizer kind, group or parameter count;
+ * master copies for parameters this optimizer keeps none of), FLAME_ERROR_SHAPE_MISMATCH,
+ * FLAME_ERROR_DTYPE_MISMATCH (a parameter saved with another shape or dtype), FLAME_ERROR_IO (a file
+ * of the set is missing or unreadable), FLAME_ERROR_INVALID_FORMAT (not a safetensors file, no or bad
+ * "flame.zero_shard" metadata, tensors that do not match it, files that are not one set: another
+ * world size, rank or save, ranges that overlap or leave gaps, state held by some files only),
+ * FLAME_ERROR_UNSUPPORTED (during a CUDA graph capture). */
+FLAME_API flame_status_t flame_zero_load(flame_zero_t zero, const char* path);
 
 /* ============================== Models ============================== */
 /* A flame_model_t is a diffusion or text-encoder architecture built from FLAME's operations, with

@@ -371,6 +371,10 @@ namespace Flame.Interop
         public IntPtr model;
         /// <summary><c>int32_t gather_slots</c></summary>
         public int gather_slots;
+        /// <summary><c>int32_t reduce_dtype</c></summary>
+        public int reduce_dtype;
+        /// <summary><c>int32_t gather_dtype</c></summary>
+        public int gather_dtype;
     }
 
     /// <summary><c>flame_memory_estimate_t</c>, laid out as in C.</summary>
@@ -459,6 +463,8 @@ namespace Flame.Interop
         public const int FLAME_STAT_COLUMNS = 6;
         /// <summary><c>#define FLAME_COMM_ID_BYTES 128</c></summary>
         public const int FLAME_COMM_ID_BYTES = 128;
+        /// <summary><c>#define FLAME_ZERO_PARAM_DTYPE -1</c></summary>
+        public const int FLAME_ZERO_PARAM_DTYPE = -1;
         /// <summary><c>FLAME_ATTENTION_CAUSAL</c></summary>
         public const uint FLAME_ATTENTION_CAUSAL = 1;
         /// <summary><c>FLAME_BACKWARD_RETAIN_GRAPH</c></summary>
@@ -779,6 +785,9 @@ namespace Flame.Interop
             "flame_zero_release",
             "flame_zero_gather_params",
             "flame_optimizer_state_bytes",
+            "flame_zero_save_full",
+            "flame_zero_save_shards",
+            "flame_zero_load",
             "flame_model_known_architectures",
             "flame_model_create",
             "flame_model_load",
@@ -2003,6 +2012,18 @@ namespace Flame.Interop
         /// <summary><c>flame_status_t flame_optimizer_state_bytes(flame_optimizer_t opt, uint64_t* bytes)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_state_bytes", ExactSpelling = true)]
         public static extern flame_status_t flame_optimizer_state_bytes(IntPtr opt, ulong* bytes);
+
+        /// <summary><c>flame_status_t flame_zero_save_full(flame_zero_t zero, const char* path)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_zero_save_full", ExactSpelling = true)]
+        public static extern flame_status_t flame_zero_save_full(IntPtr zero, string path);
+
+        /// <summary><c>flame_status_t flame_zero_save_shards(flame_zero_t zero, const char* path_prefix)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_zero_save_shards", ExactSpelling = true)]
+        public static extern flame_status_t flame_zero_save_shards(IntPtr zero, string path_prefix);
+
+        /// <summary><c>flame_status_t flame_zero_load(flame_zero_t zero, const char* path)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_zero_load", ExactSpelling = true)]
+        public static extern flame_status_t flame_zero_load(IntPtr zero, string path);
 
         /// <summary><c>flame_status_t flame_model_known_architectures(const char** names)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_model_known_architectures", ExactSpelling = true)]

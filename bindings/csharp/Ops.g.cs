@@ -454,6 +454,10 @@ namespace Flame
         public double MaxGradNorm { get { return O.max_grad_norm; } set { O.max_grad_norm = value; } }
         /// <summary><c>int32_t gather_slots</c></summary>
         public int GatherSlots { get { return O.gather_slots; } set { O.gather_slots = value; } }
+        /// <summary><c>int32_t reduce_dtype</c></summary>
+        public int ReduceDtype { get { return O.reduce_dtype; } set { O.reduce_dtype = value; } }
+        /// <summary><c>int32_t gather_dtype</c></summary>
+        public int GatherDtype { get { return O.gather_dtype; } set { O.gather_dtype = value; } }
     }
 
     public sealed partial class Tensor

@@ -1042,6 +1042,33 @@ namespace Flame
             return new Params(raw);
         }
 
+        /// <summary>flame_zero_save_full (collective): gathers every rank's parameters and optimizer
+        /// state; rank 0 writes them to one safetensors file at path (loadable on any number of ranks).</summary>
+        [Wraps("flame_zero_save_full")]
+        public void SaveFull(string path)
+        {
+            Status.Check(Native.flame_zero_save_full(Raw, path));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_zero_save_shards: this rank writes its shard file
+        /// "&lt;pathPrefix&gt;-&lt;rank&gt;-of-&lt;world&gt;.safetensors"; no communication.</summary>
+        [Wraps("flame_zero_save_shards")]
+        public void SaveShards(string pathPrefix)
+        {
+            Status.Check(Native.flame_zero_save_shards(Raw, pathPrefix));
+            GC.KeepAlive(this);
+        }
+
+        /// <summary>flame_zero_load: loads a gathered file or a shard set saved on any number of ranks
+        /// (path: any file of the set) into this rank's parameters and optimizer state.</summary>
+        [Wraps("flame_zero_load")]
+        public void Load(string path)
+        {
+            Status.Check(Native.flame_zero_load(Raw, path));
+            GC.KeepAlive(this);
+        }
+
         /// <summary>The raw handle (borrowed).</summary>
         public IntPtr Raw { get { return h.Get("Zero"); } }
 

@@ -4,6 +4,7 @@
 // while the context lives. Every call locks the communicator's context; waits inside hold that
 // lock (a context serves one rank).
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include "api/guard.h"
@@ -14,6 +15,7 @@
 #include "api/params_list.h"
 #include "models/param_sharding.h"
 #include "toolkit/zero.h"
+#include "toolkit/zero_checkpoint.h"
 
 using namespace flame;
 
@@ -344,6 +346,18 @@ FLAME_API void flame_dp_release(flame_dp_t dp) {
 
 // ---------------- sharded optimizer state and parameters (ZeRO-1, 2 and 3) ----------------
 
+namespace {
+
+// The bytes of a caller's flame_zero_options_t that hold its fields. A struct of the first version
+// (through gather_slots) ends in 4 bytes of padding where reduce_dtype now lies: the communication
+// dtypes are read only from a struct that holds both, else they keep their defaults.
+size_t zero_options_bytes_to_read(size_t struct_size) {
+  constexpr size_t kWithCommDtypes = offsetof(flame_zero_options_t, gather_dtype) + sizeof(int32_t);
+  return struct_size >= kWithCommDtypes ? sizeof(flame_zero_options_t) : offsetof(flame_zero_options_t, reduce_dtype);
+}
+
+}  // namespace
+
 FLAME_API flame_status_t flame_zero_options_init(flame_zero_options_t* opts) {
   return api_call("flame_zero_options_init", [&] {
     FLAME_CHECK(opts, FLAME_ERROR_INVALID_ARGUMENT, "opts is NULL");
@@ -354,6 +368,8 @@ FLAME_API flame_status_t flame_zero_options_init(flame_zero_options_t* opts) {
     opts->max_grad_norm = 0;
     opts->model = nullptr;
     opts->gather_slots = 2;
+    opts->reduce_dtype = FLAME_ZERO_PARAM_DTYPE;
+    opts->gather_dtype = FLAME_ZERO_PARAM_DTYPE;
   });
 }
 
@@ -361,20 +377,21 @@ FLAME_API flame_status_t flame_zero_create(flame_comm_t comm, flame_optimizer_t 
                                            flame_zero_t* out) {
   if (out) *out = nullptr;
   return api_call("flame_zero_create", [&] {
-    Comm& c = unwrap_comm(comm);
-    out_param(out, "out");
-    std::shared_ptr<Optimizer> o = optimizer_ref(opt);
+    // The options first: bad values are refused before any handle is looked at.
     flame_zero_options_t zo;
     flame_zero_options_init(&zo);
     if (opts) {  // read only what the caller's (possibly older, smaller) struct holds
       FLAME_CHECK(opts->struct_size >= sizeof(size_t) && opts->struct_size <= 4096, FLAME_ERROR_INVALID_ARGUMENT,
                   "opts->struct_size is ", opts->struct_size, "; set it with flame_zero_options_init");
-      std::memcpy(&zo, opts, std::min(opts->struct_size, sizeof zo));
+      std::memcpy(&zo, opts, std::min(opts->struct_size, zero_options_bytes_to_read(opts->struct_size)));
       zo.struct_size = sizeof zo;
     }
     validate_zero_options(zo);
+    Comm& c = unwrap_comm(comm);
+    out_param(out, "out");
+    std::shared_ptr<Optimizer> o = optimizer_ref(opt);
     std::shared_ptr<models::ParamSharding> sharding;
-    if (zo.stage == 3) sharding = std::make_shared<models::ParamSharding>(model_ref(zo.model, "opts->model"), comm->c, zo.gather_slots);
+    if (zo.stage == 3) sharding = std::make_shared<models::ParamSharding>(model_ref(zo.model, "opts->model"), comm->c, zo);
     LiveScope scope(c.ctx());
     auto z = std::make_shared<ZeroOptimizer>(comm->c, std::move(o), zo, sharding);
     *out = new flame_zero_s{kZeroMagic, std::move(z), std::move(sharding)};
@@ -411,6 +428,33 @@ FLAME_API flame_status_t flame_zero_gather_params(flame_zero_t zero, flame_param
                 "zero shards no model's parameters (stage 1 or 2): read the parameters themselves");
     LiveScope scope(z.ctx());
     *out = make_params_list(z.ctx(), zero->sharding->gather_params());
+  });
+}
+
+FLAME_API flame_status_t flame_zero_save_full(flame_zero_t zero, const char* path) {
+  return api_call("flame_zero_save_full", [&] {
+    ZeroOptimizer& z = unwrap_zero(zero);
+    FLAME_CHECK(path, FLAME_ERROR_INVALID_ARGUMENT, "path is NULL");
+    LiveScope scope(z.ctx());
+    save_zero_full(z, path);
+  });
+}
+
+FLAME_API flame_status_t flame_zero_save_shards(flame_zero_t zero, const char* path_prefix) {
+  return api_call("flame_zero_save_shards", [&] {
+    ZeroOptimizer& z = unwrap_zero(zero);
+    FLAME_CHECK(path_prefix, FLAME_ERROR_INVALID_ARGUMENT, "path_prefix is NULL");
+    LiveScope scope(z.ctx());
+    save_zero_shards(z, path_prefix);
+  });
+}
+
+FLAME_API flame_status_t flame_zero_load(flame_zero_t zero, const char* path) {
+  return api_call("flame_zero_load", [&] {
+    ZeroOptimizer& z = unwrap_zero(zero);
+    FLAME_CHECK(path, FLAME_ERROR_INVALID_ARGUMENT, "path is NULL");
+    LiveScope scope(z.ctx());
+    load_zero(z, path);
   });
 }
 

@@ -189,6 +189,12 @@ void BlockFetch::leave_block() noexcept {
   if (!active_.empty()) active_.pop_back();  // the slot stays held while views of it live
 }
 
+std::shared_ptr<Storage> BlockFetch::active_storage(int64_t block) const {
+  for (auto a = active_.rbegin(); a != active_.rend(); ++a)
+    if (a->block == block) return a->storage;
+  return nullptr;
+}
+
 Tensor BlockFetch::active_view(const std::string& name, const Tensor& stored) const {
   const Placement* p = placement(name);
   if (!p) return nullptr;

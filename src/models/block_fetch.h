@@ -80,6 +80,8 @@ class BlockFetch {
   // block is active and has them; null otherwise (not placed, outside its block, or an overflow
   // that returned null).
   Tensor active_view(const std::string& name, const Tensor& stored) const;
+  // The fetched weights of block while it is active (the Storage its views share); null otherwise.
+  std::shared_ptr<Storage> active_storage(int64_t block) const;
 
  private:
   struct Ring;  // slots, stream and events (block_fetch.cpp)

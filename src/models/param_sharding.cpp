@@ -27,8 +27,9 @@ uint64_t fnv1a(uint64_t h, uint64_t v) {
 
 }  // namespace
 
-ParamSharding::ParamSharding(std::shared_ptr<Model> model, std::shared_ptr<Comm> comm, int slots)
-    : model_(model), comm_(std::move(comm)), ctx_(model->ctx().shared_from_this()), slots_(slots) {}
+ParamSharding::ParamSharding(std::shared_ptr<Model> model, std::shared_ptr<Comm> comm, const flame_zero_options_t& o)
+    : model_(model), comm_(std::move(comm)), ctx_(model->ctx().shared_from_this()), slots_(o.gather_slots), comm_opts_(o),
+      gather_bf16_(o.gather_dtype == FLAME_DTYPE_BF16) {}
 
 // ---- set-up ----
 
@@ -73,7 +74,10 @@ void ParamSharding::lay_out(const Model& m) {
       total = align_up(total + t->numel(), align);
     }
     f.shard = align_up((total + world - 1) / world, align);
-    slot_bytes_ = std::max(slot_bytes_, static_cast<size_t>(world * f.shard * elem));
+    f.gather_bf16 = gather_bf16_ && f.dtype == FLAME_DTYPE_F32;
+    // gather_dtype bf16: the slot holds the f32 values and, behind them, the gathered bf16 ones.
+    const int64_t gathered_elem = f.gather_bf16 ? elem + static_cast<int64_t>(dtype_size(FLAME_DTYPE_BF16)) : elem;
+    slot_bytes_ = std::max(slot_bytes_, static_cast<size_t>(world * f.shard * gathered_elem));
     for (size_t k = 0; k < f.members.size(); ++k) {
       where_[f.members[k].name] = Where{flats_.size(), k};
       where_tensor_[f.members[k].stored.get()] = Where{flats_.size(), k};
@@ -91,6 +95,7 @@ void ParamSharding::check_same_layout_on_every_rank() {
     h = fnv1a(h, static_cast<uint64_t>(f.block));
     h = fnv1a(h, static_cast<uint64_t>(f.dtype));
     h = fnv1a(h, static_cast<uint64_t>(f.shard));
+    h = fnv1a(h, f.gather_bf16 ? 1u : 0u);  // one rank gathering bf16 and another f32 would mismatch
     for (const Member& m : f.members) {
       h = fnv1a(h, static_cast<uint64_t>(m.offset));
       h = fnv1a(h, static_cast<uint64_t>(m.stored->numel()));
@@ -124,11 +129,15 @@ std::shared_ptr<BlockFetch> ParamSharding::make_fetch() {
   auto fetch = std::make_shared<BlockFetch>(*ctx_, slots_, slot_bytes_, "parameter sharding (flame_zero_create stage 3)");
   std::shared_ptr<Comm> comm = comm_;
   for (const Flat& f : flats_) {
-    const Tensor value = f.value;  // kept alive by the Source
+    // gather_dtype bf16: the bf16 copies, into the slot's tail behind the f32 part.
+    const Tensor value = f.gather_bf16 ? f.value_bf16 : f.value;  // kept alive by the Source
     const size_t count = static_cast<size_t>(f.shard);
-    const ncclDataType_t dt = nccl_dtype(f.dtype);
+    const ncclDataType_t dt = nccl_dtype(value->dtype);
+    const CUdeviceptr at = f.gather_bf16 ? static_cast<CUdeviceptr>(comm->world() * f.shard * dtype_size(f.dtype)) : 0;
     BlockFetch::Source src;
-    src.fetch = [comm, value, count, dt](CUdeviceptr dst, CUstream s) { comm->enqueue_all_gather(value->data(), dst, count, dt, s); };
+    src.fetch = [comm, value, count, dt, at](CUdeviceptr dst, CUstream s) {
+      comm->enqueue_all_gather(value->data(), dst + at, count, dt, s);
+    };
     // The shards change only at a step, on every rank at once: a count of steps, the same on every
     // rank (a local version counter would not be: a rank whose part of a block is frozen would keep
     // its gathered copy while the others gather again, and the collectives would no longer match).
@@ -142,7 +151,9 @@ std::shared_ptr<BlockFetch> ParamSharding::make_fetch() {
     for (const Flat& f : flats_)
       if (f.block == block) {
         auto storage = std::make_shared<Storage>(ctx_, slot_bytes_);
-        comm_->enqueue_all_gather(f.value->data(), storage->ptr, static_cast<size_t>(f.shard), nccl_dtype(f.dtype),
+        const Tensor& value = f.gather_bf16 ? f.value_bf16 : f.value;
+        const CUdeviceptr at = f.gather_bf16 ? static_cast<CUdeviceptr>(comm_->world() * f.shard * dtype_size(f.dtype)) : 0;
+        comm_->enqueue_all_gather(value->data(), storage->ptr + at, static_cast<size_t>(f.shard), nccl_dtype(value->dtype),
                                   ctx_->stream);
         return storage;
       }
@@ -174,12 +185,22 @@ void ParamSharding::shard(bool broadcast) {
     copy_member_parts(f, v);
     values.push_back(v);
   }
-  for (size_t i = 0; i < flats_.size(); ++i) flats_[i].value = values[i];
+  std::vector<Tensor> values_bf16;  // gather_dtype bf16: the shards rounded, for the gathers
+  for (size_t i = 0; i < flats_.size(); ++i)
+    values_bf16.push_back(flats_[i].gather_bf16 ? ops::to_dtype(values[i], FLAME_DTYPE_BF16) : Tensor());
+  for (size_t i = 0; i < flats_.size(); ++i) {
+    flats_[i].value = values[i];
+    flats_[i].value_bf16 = values_bf16[i];
+  }
+  bf16_epoch_ = epoch_;
   std::shared_ptr<BlockFetch> fetch;
   try {
     fetch = make_fetch();
   } catch (...) {
-    for (Flat& f : flats_) f.value.reset();
+    for (Flat& f : flats_) {
+      f.value.reset();
+      f.value_bf16.reset();
+    }
     throw;
   }
   // ...then the parameters give their memory up (back to the pool in stream order, after the copies).
@@ -246,9 +267,33 @@ void ParamSharding::consume_gradients() noexcept {
 
 // ---- forward and backward ----
 
+void ParamSharding::refresh_bf16_shards() {
+  if (bf16_epoch_ == epoch_) return;
+  // On the compute stream, after the step that wrote the shards; every later gather is enqueued
+  // after it (a fill makes the fetch stream wait for the compute stream).
+  for (Flat& f : flats_)
+    if (f.gather_bf16) ops::copy_into(f.value_bf16, f.value);
+  bf16_epoch_ = epoch_;
+}
+
+void ParamSharding::widen_gathered(int64_t block) {
+  for (const Flat& f : flats_) {
+    if (f.block != block || !f.gather_bf16) continue;
+    std::shared_ptr<Storage> storage = fetch_->active_storage(block);
+    if (!storage) return;
+    const int64_t n = comm_->world() * f.shard;
+    // Both views of the entry's own Storage, made before any view the block computes with.
+    ops::copy_into(make_tensor_over(storage, {n}, FLAME_DTYPE_F32, 0), make_tensor_over(storage, {n}, FLAME_DTYPE_BF16, 2 * n));
+    return;
+  }
+}
+
 void ParamSharding::enter_block(int64_t block, bool recompute) {
+  ctx_->forbid_in_capture("a block of a model with parameter sharding (flame_zero_create stage 3)");
+  refresh_bf16_shards();
   fetch_->enter_block(block, recompute);
   try {
+    widen_gathered(block);
     active_.push_back({block, nullptr});
   } catch (...) {
     fetch_->leave_block();
@@ -308,19 +353,21 @@ void ParamSharding::reduce_gradients(size_t flat, const std::vector<Tensor>& gra
   comm_->check_usable();
   Flat& f = flats_[flat];
   const int64_t world = comm_->world();
-  Tensor packed = make_tensor(c, {world * f.shard}, f.dtype);
+  const DType reduce = zero_reduce_dtype(comm_opts_, f.dtype);  // opts->reduce_dtype
+  Tensor packed = make_tensor(c, {world * f.shard}, reduce);
   ops::fill_(packed, 0.0);
   for (size_t k = 0; k < f.members.size() && k < grads.size(); ++k) {
     if (!grads[k]) continue;
     const Member& m = f.members[k];
     FLAME_CHECK(grads[k]->shape == m.stored->shape, FLAME_ERROR_INTERNAL, "the gradient of sharded parameter ", m.name,
                 " has shape ", shape_str(grads[k]->shape));
-    const Tensor g = grads[k]->dtype == f.dtype ? alias(grads[k]) : ops::to_dtype(alias(grads[k]), f.dtype);
+    const Tensor g = grads[k]->dtype == reduce ? alias(grads[k]) : ops::to_dtype(alias(grads[k]), reduce);
     ops::copy_into(make_view(packed, m.stored->shape, contiguous_strides(m.stored->shape), m.offset), g);
   }
-  Tensor mine = make_tensor(c, {f.shard}, f.dtype);
-  comm_->enqueue_reduce_scatter(packed->data(), mine->data(), static_cast<size_t>(f.shard), nccl_dtype(f.dtype), ncclAvg,
+  Tensor mine = make_tensor(c, {f.shard}, reduce);
+  comm_->enqueue_reduce_scatter(packed->data(), mine->data(), static_cast<size_t>(f.shard), nccl_dtype(reduce), ncclAvg,
                                 c.stream);
+  if (reduce != f.dtype) mine = ops::to_dtype(mine, f.dtype);  // the shard accumulates in the parameters' dtype
   f.grad = f.grad ? ops::add(f.grad, mine) : mine;
 }
 

@@ -22,6 +22,13 @@
 // Collectives: all-gathers on the fetch stream, reduce-scatters on the compute stream, one
 // communicator; every rank makes the same calls in the same order (same program, same blocks: the
 // layout is compared across ranks before anything changes).
+// Mixed precision of communication (flame_zero_options_t): reduce_dtype packs the gradients cast to
+// it, reduce-scatters in it and adds the average cast back to the flat's dtype to the gradient
+// shard. gather_dtype bf16 for an f32 flat: each rank keeps a bf16 copy of its shard (refreshed on
+// the compute stream at the first block entry after a step or at shard()), the Source all-gathers
+// those copies into the slot's tail (its f32 part is world * S * 4 bytes, the tail world * S * 2),
+// and entering the block widens the tail into the f32 part on the compute stream before the block's
+// views are made. gather_params reads the f32 shards themselves (exact values).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -38,8 +45,9 @@ namespace flame::models {
 
 class ParamSharding : public ShardedParameters, public std::enable_shared_from_this<ParamSharding> {
  public:
-  // slots: ring buffers of gathered blocks (>= 2). Nothing changes before shard().
-  ParamSharding(std::shared_ptr<Model> model, std::shared_ptr<Comm> comm, int slots);
+  // o: gather_slots (ring buffers of gathered blocks, >= 2), reduce_dtype and gather_dtype, checked
+  // by validate_zero_options. Nothing changes before shard().
+  ParamSharding(std::shared_ptr<Model> model, std::shared_ptr<Comm> comm, const flame_zero_options_t& o);
 
   // ShardedParameters (toolkit/zero.h).
   void check(Comm& comm) override;
@@ -76,6 +84,8 @@ class ParamSharding : public ShardedParameters, public std::enable_shared_from_t
     std::vector<Member> members;
     Tensor value;       // this rank's shard [S]
     Tensor grad;        // its averaged gradient, accumulated since the last step (null: none)
+    bool gather_bf16 = false;  // gather_dtype bf16 and an f32 flat: gathered from value_bf16
+    Tensor value_bf16;         // then: value rounded to bf16 [S], as of gathered_epoch_
   };
   struct Where {
     size_t flat = 0, member = 0;
@@ -91,18 +101,25 @@ class ParamSharding : public ShardedParameters, public std::enable_shared_from_t
   // This rank's elements of f's flat, copied from the whole parameters into shard (zeros elsewhere).
   void copy_member_parts(const Flat& f, const Tensor& shard);
   void reduce_gradients(size_t flat, const std::vector<Tensor>& grads);
+  // gather_dtype bf16: the bf16 copies of the shards, made again when a step changed the shards.
+  void refresh_bf16_shards();
+  // gather_dtype bf16: the block's gathered bf16 values (the slot's tail) widened into its f32 part.
+  void widen_gathered(int64_t block);
   std::shared_ptr<Node> gather_node(size_t flat);
 
   std::weak_ptr<Model> model_;
   std::shared_ptr<Comm> comm_;
   std::shared_ptr<Context> ctx_;
   int slots_;
+  flame_zero_options_t comm_opts_;  // reduce_dtype (zero_reduce_dtype) and gather_dtype
+  bool gather_bf16_;                 // gather_dtype bf16 (applies to f32 flats)
   std::vector<Flat> flats_;
   std::unordered_map<std::string, Where> where_;
   std::unordered_map<const TensorImpl*, Where> where_tensor_;
   size_t slot_bytes_ = 0;
   std::shared_ptr<BlockFetch> fetch_;  // set by shard()
   uint64_t epoch_ = 0;                 // steps so far: the version of every block's gathered weights
+  uint64_t bf16_epoch_ = 0;            // epoch_ when the bf16 copies of the shards were made
   std::vector<ActiveGather> active_;   // nested block entries, innermost last
 };
 

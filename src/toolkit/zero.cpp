@@ -19,6 +19,18 @@ void validate_zero_options(const flame_zero_options_t& o) {
               "opts->broadcast_parameters must be 0 or 1");
   FLAME_CHECK(std::isfinite(o.max_grad_norm) && o.max_grad_norm >= 0, FLAME_ERROR_INVALID_ARGUMENT,
               "opts->max_grad_norm must be finite and >= 0 (0: no clipping), got ", o.max_grad_norm);
+  FLAME_CHECK(o.reduce_dtype == FLAME_ZERO_PARAM_DTYPE || o.reduce_dtype == FLAME_DTYPE_F32 || o.reduce_dtype == FLAME_DTYPE_BF16,
+              FLAME_ERROR_INVALID_ARGUMENT, "opts->reduce_dtype must be FLAME_ZERO_PARAM_DTYPE (-1), FLAME_DTYPE_F32 or ",
+              "FLAME_DTYPE_BF16, got ", o.reduce_dtype);
+  FLAME_CHECK(o.gather_dtype == FLAME_ZERO_PARAM_DTYPE || o.gather_dtype == FLAME_DTYPE_BF16, FLAME_ERROR_INVALID_ARGUMENT,
+              "opts->gather_dtype must be FLAME_ZERO_PARAM_DTYPE (-1) or FLAME_DTYPE_BF16, got ", o.gather_dtype);
+  FLAME_CHECK(o.gather_dtype == FLAME_ZERO_PARAM_DTYPE || o.stage == 3, FLAME_ERROR_INVALID_ARGUMENT,
+              "opts->gather_dtype is for stage 3 only (stages 1 and 2 gather the stepped parameters in their own dtype, ",
+              "so that every rank holds the same values): leave it FLAME_ZERO_PARAM_DTYPE");
+}
+
+DType zero_reduce_dtype(const flame_zero_options_t& o, DType param_dtype) {
+  return o.reduce_dtype == FLAME_ZERO_PARAM_DTYPE ? param_dtype : static_cast<DType>(o.reduce_dtype);
 }
 
 namespace {
@@ -153,7 +165,14 @@ Tensor ZeroOptimizer::reduce_gradients(Flat& f) {
   if (opts_.stage >= 2) return reduce_scatter_in_buckets(f);
   Tensor g = pack_gradients(f);
   const int64_t padded = f.shard * comm_->world();
-  comm_->enqueue_all_reduce(g->data(), static_cast<size_t>(padded), nccl_dtype(f.dtype), ncclAvg, c.stream);
+  const DType reduce = zero_reduce_dtype(opts_, f.dtype);
+  if (reduce == f.dtype) {
+    comm_->enqueue_all_reduce(g->data(), static_cast<size_t>(padded), nccl_dtype(f.dtype), ncclAvg, c.stream);
+  } else {  // opts->reduce_dtype: averaged in a cast copy, cast back into the kept buffer
+    Tensor sent = ops::to_dtype(g, reduce);
+    comm_->enqueue_all_reduce(sent->data(), static_cast<size_t>(padded), nccl_dtype(reduce), ncclAvg, c.stream);
+    ops::copy_into(g, sent);
+  }
   g->storage->version.fetch_add(1);
   for (const Member& m : f.members) {  // .grad: the average, a view into the kept buffer
     const Tensor& p = m.param->param;
@@ -201,9 +220,12 @@ void ZeroOptimizer::copy_flat_range(const Flat& f, int64_t lo, int64_t hi, const
 Tensor ZeroOptimizer::reduce_scatter_in_buckets(Flat& f) {
   Context& c = ctx();
   const int64_t world = comm_->world(), S = f.shard;
-  const int64_t n_max = bucket_piece(static_cast<int64_t>(dtype_size(f.dtype)), world, S);
+  // opts->reduce_dtype: buckets hold the gradients cast to it, and the averaged shard is cast back.
+  const DType reduce = zero_reduce_dtype(opts_, f.dtype);
+  const int64_t n_max = bucket_piece(static_cast<int64_t>(dtype_size(reduce)), world, S);
   Tensor shard = make_tensor(c, {S}, f.dtype);
-  Tensor bucket = make_tensor(c, {world * n_max}, f.dtype);
+  Tensor reduced = reduce == f.dtype ? shard : make_tensor(c, {S}, reduce);
+  Tensor bucket = make_tensor(c, {world * n_max}, reduce);
   // The largest in-shard position of each member's elements: it is complete after the bucket past it.
   std::vector<int64_t> last(f.members.size());
   for (size_t i = 0; i < f.members.size(); ++i) {
@@ -214,8 +236,8 @@ Tensor ZeroOptimizer::reduce_scatter_in_buckets(Flat& f) {
     const int64_t n = std::min(n_max, S - k0);
     for (int64_t r = 0; r < world; ++r)
       copy_flat_range(f, r * S + k0, r * S + k0 + n, flat_view(bucket, r * n, n), true);
-    comm_->enqueue_reduce_scatter(bucket->data(), shard->data() + static_cast<CUdeviceptr>(k0) * shard->elem_size(),
-                                  static_cast<size_t>(n), nccl_dtype(f.dtype), ncclAvg, c.stream);
+    comm_->enqueue_reduce_scatter(bucket->data(), reduced->data() + static_cast<CUdeviceptr>(k0) * reduced->elem_size(),
+                                  static_cast<size_t>(n), nccl_dtype(reduce), ncclAvg, c.stream);
     // Drop every gradient whose last bucket this was (host bookkeeping over the members).
     for (size_t i = 0; i < f.members.size(); ++i)
       if (last[i] >= 0 && last[i] < k0 + n) {
@@ -226,6 +248,7 @@ Tensor ZeroOptimizer::reduce_scatter_in_buckets(Flat& f) {
   }
   for (const Member& m : f.members)  // full gradients are no longer needed: only the shard is
     if (m.param->param->autograd) m.param->param->autograd->grad.reset();
+  if (reduced != shard) ops::copy_into(shard, reduced);
   shard->storage->version.fetch_add(1);
   return shard;
 }
@@ -275,6 +298,12 @@ void ZeroOptimizer::gather_parameters(Flat& f) {
   }
   for (const Member& m : f.members)
     if (m.param->param->numel() > 0) m.param->param->storage->version.fetch_add(1);
+}
+
+bool ZeroOptimizer::values_sharded(const OptimParam& p) const {
+  for (const auto& member : sharded_members_)
+    if (member.first == &p) return true;
+  return false;
 }
 
 Tensor ZeroOptimizer::step(bool want_norm) {

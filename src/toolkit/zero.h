@@ -20,6 +20,9 @@
 //   5. bucket by bucket, each rank copies its next owned parameter elements into its piece of a
 //      bucket, all-gathers it in place, and copies every parameter element back out of it.
 // Everything every rank does is in the same order with the same sizes, so NCCL calls match.
+// opts->reduce_dtype other than the flat's dtype: step 2 averages a copy cast to it (stage 1: the
+// whole of G, cast back into G after; stage 2: buckets of the cast gradients into a shard of that
+// dtype, cast back into the shard after).
 //
 // Stage 3 (parameter sharding, ZeRO-3): the parameters a ShardedParameters object holds (the model
 // layer's blocks, models/param_sharding.h) are not in any flat: their values live as each rank's
@@ -37,6 +40,8 @@
 namespace flame {
 
 void validate_zero_options(const flame_zero_options_t& o);
+// The dtype the gradients of parameters of param_dtype are averaged in (opts->reduce_dtype).
+DType zero_reduce_dtype(const flame_zero_options_t& o, DType param_dtype);
 
 // Stage 3: parameters whose values live sharded over the ranks, kept by a layer above the toolkit.
 // Their tensors hold no memory once sharded; each rank owns a contiguous range of each one's
@@ -77,6 +82,17 @@ class ZeroOptimizer {
   // clipping asked for it, else an empty tensor.
   Tensor step(bool want_norm);
   Context& ctx() { return comm_->ctx(); }
+  Comm& comm() { return *comm_; }
+  Optimizer& optimizer() { return *opt_; }
+  // Whether p's values live sharded (stage 3): then this rank holds only its owned elements, in
+  // p.shard_value (null when it owns none), and p.param holds no memory.
+  bool values_sharded(const OptimParam& p) const;
+  // Before writing the stage-3 shards outside a step (flame_zero_load): orders the compute stream
+  // after every gather in flight and makes every gathered block (and bf16 gather copy) stale, as a
+  // step does. Every rank calls it at the same point. Nothing to do for stages 1 and 2.
+  void before_writing_shards() {
+    if (sharded_) sharded_->before_step();
+  }
 
  private:
   struct Member {

@@ -931,7 +931,7 @@ class Args {
     return z;
   }
   // Stage 3: a tiny CLIP text model that ran one forward with gradients off (so that it knows its
-  // blocks), sharded over a world-size-1 communicator beside a live optimizer.
+  // blocks), sharded over a world-size-1 communicator beside a live optimizer, gathered in bf16.
   flame_zero_t live_zero3(flame_ctx_t c, bool keep) {
     flame_comm_t comm = live_comm(c, true);
     flame_optimizer_t opt = live_optimizer(c, true);
@@ -956,6 +956,8 @@ class Args {
     flame_zero_options_init(&o);
     o.stage = 3;
     o.model = m;
+    o.reduce_dtype = FLAME_DTYPE_F32;  // valid values other than the defaults (the CLIP model is f32)
+    o.gather_dtype = FLAME_DTYPE_BF16;
     flame_zero_t z = nullptr;
     if (flame_zero_create(comm, opt, &o, &z) != FLAME_OK) return nullptr;
     if (keep) zeros_.push_back(z);

@@ -11,6 +11,7 @@
 // message is per thread and "" after a success; flame_set_error_message.
 #include <cctype>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "flame_test.h"
@@ -1143,11 +1145,62 @@ TEST(Distributed, ZeroOptionsDefaultsWithoutADriver) {
   EXPECT_EQ(zo.max_grad_norm, 0.0);
   EXPECT_EQ(zo.model, nullptr);
   EXPECT_EQ(zo.gather_slots, 2);
+  EXPECT_EQ(zo.reduce_dtype, FLAME_ZERO_PARAM_DTYPE);
+  EXPECT_EQ(zo.gather_dtype, FLAME_ZERO_PARAM_DTYPE);
   FLAME_EXPECT_STATUS(flame_zero_options_init(nullptr), FLAME_ERROR_INVALID_ARGUMENT);
   flame_params_t p = reinterpret_cast<flame_params_t>(static_cast<uintptr_t>(0x40));
   FLAME_EXPECT_STATUS(flame_zero_gather_params(nullptr, &p), FLAME_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(p, nullptr);
   EXPECT_TRUE(contains(flame_last_error_message(), "flame_zero_gather_params")) << flame_last_error_message();
+  // Checkpoints: a NULL helper is refused before the path is read.
+  FLAME_EXPECT_STATUS(flame_zero_save_full(nullptr, "/nonexistent/full.safetensors"), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_zero_save_full")) << flame_last_error_message();
+  FLAME_EXPECT_STATUS(flame_zero_save_shards(nullptr, "/nonexistent/ck"), FLAME_ERROR_INVALID_ARGUMENT);
+  FLAME_EXPECT_STATUS(flame_zero_load(nullptr, "/nonexistent/ck-0-of-1.safetensors"), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "flame_zero_load")) << flame_last_error_message();
+}
+
+// The communication dtypes are checked before any handle: a bad value is refused by name and
+// nothing is created. A caller's struct of the version before them (its struct_size ends where
+// reduce_dtype now lies, in what was padding) keeps the defaults whatever that padding holds.
+TEST(Distributed, ZeroCommunicationDtypesRefusedBeforeAnyHandle) {
+  flame_zero_options_t zo;
+  flame_zero_t z = reinterpret_cast<flame_zero_t>(static_cast<uintptr_t>(0x40));
+  const std::vector<std::pair<int32_t, int32_t>> bad = {{FLAME_DTYPE_F16, FLAME_ZERO_PARAM_DTYPE},
+                                                        {FLAME_DTYPE_I64, FLAME_ZERO_PARAM_DTYPE},
+                                                        {-2, FLAME_ZERO_PARAM_DTYPE},
+                                                        {FLAME_ZERO_PARAM_DTYPE, FLAME_DTYPE_F32},
+                                                        {FLAME_ZERO_PARAM_DTYPE, FLAME_DTYPE_BF16}};  // stage 1
+  for (const auto& [reduce, gather] : bad) {
+    SCOPED_TRACE("reduce_dtype " + std::to_string(reduce) + ", gather_dtype " + std::to_string(gather));
+    FLAME_EXPECT_STATUS(flame_zero_options_init(&zo), FLAME_OK);
+    zo.reduce_dtype = reduce;
+    zo.gather_dtype = gather;
+    z = reinterpret_cast<flame_zero_t>(static_cast<uintptr_t>(0x40));
+    FLAME_EXPECT_STATUS(flame_zero_create(nullptr, nullptr, &zo, &z), FLAME_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(z, nullptr);
+    const std::string msg = flame_last_error_message();
+    EXPECT_TRUE(contains(msg.c_str(), reduce != FLAME_ZERO_PARAM_DTYPE ? "reduce_dtype" : "gather_dtype")) << msg;
+    EXPECT_TRUE(contains(msg.c_str(), "flame_zero_create")) << msg;
+  }
+  // Valid values pass the options and reach the handles (here: the NULL communicator).
+  FLAME_EXPECT_STATUS(flame_zero_options_init(&zo), FLAME_OK);
+  zo.reduce_dtype = FLAME_DTYPE_BF16;
+  FLAME_EXPECT_STATUS(flame_zero_create(nullptr, nullptr, &zo, &z), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "comm")) << flame_last_error_message();
+  EXPECT_FALSE(contains(flame_last_error_message(), "dtype")) << flame_last_error_message();
+  // The previous version's struct: its last 4 bytes were padding, here garbage, never read.
+  FLAME_EXPECT_STATUS(flame_zero_options_init(&zo), FLAME_OK);
+  zo.struct_size = offsetof(flame_zero_options_t, reduce_dtype) + sizeof(int32_t);
+  zo.reduce_dtype = 77;
+  zo.gather_dtype = 77;
+  FLAME_EXPECT_STATUS(flame_zero_create(nullptr, nullptr, &zo, &z), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "comm")) << flame_last_error_message();
+  EXPECT_FALSE(contains(flame_last_error_message(), "dtype")) << flame_last_error_message();
+  // The current struct with the same values is read whole and refused.
+  zo.struct_size = sizeof zo;
+  FLAME_EXPECT_STATUS(flame_zero_create(nullptr, nullptr, &zo, &z), FLAME_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(flame_last_error_message(), "reduce_dtype")) << flame_last_error_message();
 }
 
 TEST(Distributed, NullArgumentsWithoutADriver) {

@@ -1,6 +1,6 @@
 // White-box tests (no GPU) of what parameter sharding and offload plan from: the blocks a model's
 // first forward learns (src/models/block_params.*), and the ZeRO options' stage 3 rules
-// (validate_zero_options, src/toolkit/zero.cpp).
+// (validate_zero_options, src/toolkit/zero.cpp), the communication dtypes included.
 #include <gtest/gtest.h>
 #include <string>
 #include <vector>
@@ -100,6 +100,8 @@ flame_zero_options_t defaults() {
   o.stage = 1;
   o.broadcast_parameters = 1;
   o.gather_slots = 2;
+  o.reduce_dtype = FLAME_ZERO_PARAM_DTYPE;
+  o.gather_dtype = FLAME_ZERO_PARAM_DTYPE;
   return o;
 }
 
@@ -126,6 +128,42 @@ TEST(ZeroOptions, StageThreeNeedsAModelAndOnlyStageThreeTakesOne) {
   }
   o.gather_slots = 64;
   EXPECT_EQ(zero_status(o), FLAME_OK);
+}
+
+// Mixed precision of communication: reduce in the parameters' dtype, f32 or bf16 at every stage;
+// gather in the parameters' dtype, or bf16 at stage 3 only; every other value refused by name.
+TEST(ZeroOptions, CommunicationDtypes) {
+  flame_model_t fake = reinterpret_cast<flame_model_t>(static_cast<uintptr_t>(0x40));  // never read here
+  flame_zero_options_t o = defaults();
+  std::string msg;
+  for (int32_t stage : {1, 2, 3}) {
+    o.stage = stage;
+    o.model = stage == 3 ? fake : nullptr;
+    for (int32_t d : {FLAME_ZERO_PARAM_DTYPE, static_cast<int32_t>(FLAME_DTYPE_F32), static_cast<int32_t>(FLAME_DTYPE_BF16)}) {
+      o.reduce_dtype = d;
+      EXPECT_EQ(zero_status(o, &msg), FLAME_OK) << "stage " << stage << ", reduce_dtype " << d << ": " << msg;
+    }
+    for (int32_t d : {static_cast<int32_t>(FLAME_DTYPE_F16), static_cast<int32_t>(FLAME_DTYPE_F64),
+                      static_cast<int32_t>(FLAME_DTYPE_I32), static_cast<int32_t>(FLAME_DTYPE_U8), -2, 99}) {
+      o.reduce_dtype = d;
+      EXPECT_EQ(zero_status(o, &msg), FLAME_ERROR_INVALID_ARGUMENT) << "reduce_dtype " << d;
+      EXPECT_NE(msg.find("reduce_dtype"), std::string::npos) << msg;
+    }
+    o.reduce_dtype = FLAME_ZERO_PARAM_DTYPE;
+    o.gather_dtype = FLAME_DTYPE_BF16;
+    if (stage == 3) {
+      EXPECT_EQ(zero_status(o, &msg), FLAME_OK) << msg;
+    } else {
+      EXPECT_EQ(zero_status(o, &msg), FLAME_ERROR_INVALID_ARGUMENT) << "gather_dtype bf16 at stage " << stage;
+      EXPECT_NE(msg.find("stage 3 only"), std::string::npos) << msg;
+    }
+    for (int32_t d : {static_cast<int32_t>(FLAME_DTYPE_F32), static_cast<int32_t>(FLAME_DTYPE_F16), -2, 7}) {
+      o.gather_dtype = d;
+      EXPECT_EQ(zero_status(o, &msg), FLAME_ERROR_INVALID_ARGUMENT) << "gather_dtype " << d;
+      EXPECT_NE(msg.find("gather_dtype"), std::string::npos) << msg;
+    }
+    o.gather_dtype = FLAME_ZERO_PARAM_DTYPE;
+  }
 }
 
 }  // namespace

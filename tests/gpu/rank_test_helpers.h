@@ -1,4 +1,4 @@
-// Helpers of the multi-rank GPU tests (test_dist.cpp, test_zero.cpp, test_zero3.cpp): the GPU count
+// Helpers of the multi-rank GPU tests (test_dist.cpp, test_zero*.cpp): the GPU count
 // asked for by FLAME_REQUIRE_GPUS, ranks as threads of one process, host doubles to and from
 // tensors of any dtype, and (for the ZeRO tests) contexts of one seed on GPUs 0..world-1 joined by
 // one communicator, with the skip-or-fail rule for missing GPUs and NCCL.

@@ -23,6 +23,7 @@ pub const FLAME_STAT_NAN_COUNT: i32 = 4;
 pub const FLAME_STAT_INF_COUNT: i32 = 5;
 pub const FLAME_STAT_COLUMNS: i32 = 6;
 pub const FLAME_COMM_ID_BYTES: i32 = 128;
+pub const FLAME_ZERO_PARAM_DTYPE: i32 = -1;
 
 // ---- enums: C integer type, constants, and a newtype with associated constants ----
 // (a Rust enum would be undefined behaviour for values added by a newer library)
@@ -611,6 +612,8 @@ pub struct flame_zero_options_t {
     pub max_grad_norm: f64,
     pub model: flame_model_t,
     pub gather_slots: i32,
+    pub reduce_dtype: i32,
+    pub gather_dtype: i32,
 }
 
 #[repr(C)]
@@ -932,6 +935,9 @@ pub const SYMBOLS: &[&str] = &[
     "flame_zero_release",
     "flame_zero_gather_params",
     "flame_optimizer_state_bytes",
+    "flame_zero_save_full",
+    "flame_zero_save_shards",
+    "flame_zero_load",
     "flame_model_known_architectures",
     "flame_model_create",
     "flame_model_load",
@@ -1256,6 +1262,9 @@ pub struct Api {
     pub flame_zero_release: unsafe extern "C" fn(zero: flame_zero_t),
     pub flame_zero_gather_params: unsafe extern "C" fn(zero: flame_zero_t, params: *mut flame_params_t) -> flame_status_t,
     pub flame_optimizer_state_bytes: unsafe extern "C" fn(opt: flame_optimizer_t, bytes: *mut u64) -> flame_status_t,
+    pub flame_zero_save_full: unsafe extern "C" fn(zero: flame_zero_t, path: *const c_char) -> flame_status_t,
+    pub flame_zero_save_shards: unsafe extern "C" fn(zero: flame_zero_t, path_prefix: *const c_char) -> flame_status_t,
+    pub flame_zero_load: unsafe extern "C" fn(zero: flame_zero_t, path: *const c_char) -> flame_status_t,
     pub flame_model_known_architectures: unsafe extern "C" fn(names: *mut *const c_char) -> flame_status_t,
     pub flame_model_create: unsafe extern "C" fn(ctx: flame_ctx_t, architecture: *const c_char, config_json: *const c_char, options_json: *const c_char, model: *mut flame_model_t) -> flame_status_t,
     pub flame_model_load: unsafe extern "C" fn(ctx: flame_ctx_t, path: *const c_char, options_json: *const c_char, model: *mut flame_model_t) -> flame_status_t,
@@ -1588,6 +1597,9 @@ impl Api {
             flame_zero_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_zero_t)>(resolve(b"flame_zero_release\0")?),
             flame_zero_gather_params: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_zero_t, *mut flame_params_t) -> flame_status_t>(resolve(b"flame_zero_gather_params\0")?),
             flame_optimizer_state_bytes: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_optimizer_t, *mut u64) -> flame_status_t>(resolve(b"flame_optimizer_state_bytes\0")?),
+            flame_zero_save_full: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_zero_t, *const c_char) -> flame_status_t>(resolve(b"flame_zero_save_full\0")?),
+            flame_zero_save_shards: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_zero_t, *const c_char) -> flame_status_t>(resolve(b"flame_zero_save_shards\0")?),
+            flame_zero_load: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_zero_t, *const c_char) -> flame_status_t>(resolve(b"flame_zero_load\0")?),
             flame_model_known_architectures: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut *const c_char) -> flame_status_t>(resolve(b"flame_model_known_architectures\0")?),
             flame_model_create: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, *const c_char, *const c_char, *mut flame_model_t) -> flame_status_t>(resolve(b"flame_model_create\0")?),
             flame_model_load: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(flame_ctx_t, *const c_char, *const c_char, *mut flame_model_t) -> flame_status_t>(resolve(b"flame_model_load\0")?),

@@ -881,6 +881,13 @@ pub struct ZeroOptions {
     pub max_grad_norm: f64,
     /// Stage 3: device buffers of gathered blocks, in [2, 64].
     pub gather_slots: i32,
+    /// The dtype gradients are averaged in over the ranks: `sys::FLAME_ZERO_PARAM_DTYPE` (each
+    /// parameter's own, the default), `sys::FLAME_DTYPE_F32` or `sys::FLAME_DTYPE_BF16` (cast
+    /// before the collective, the average cast back to the parameter's dtype).
+    pub reduce_dtype: i32,
+    /// Stage 3: the dtype of the parameter all-gather: `sys::FLAME_ZERO_PARAM_DTYPE` (default) or
+    /// `sys::FLAME_DTYPE_BF16` (f32 blocks gathered as bf16 and widened back to f32).
+    pub gather_dtype: i32,
 }
 
 impl Default for ZeroOptions {
@@ -891,6 +898,8 @@ impl Default for ZeroOptions {
             broadcast_parameters: r.broadcast_parameters != 0,
             max_grad_norm: r.max_grad_norm,
             gather_slots: r.gather_slots,
+            reduce_dtype: r.reduce_dtype,
+            gather_dtype: r.gather_dtype,
         }
     }
 }
@@ -905,6 +914,8 @@ impl ZeroOptions {
             max_grad_norm: self.max_grad_norm,
             model: std::ptr::null_mut(),
             gather_slots: self.gather_slots,
+            reduce_dtype: self.reduce_dtype,
+            gather_dtype: self.gather_dtype,
         }
     }
 }
@@ -945,6 +956,30 @@ impl Zero {
         let mut raw: sys::flame_params_t = std::ptr::null_mut();
         check(unsafe { (api()?.flame_zero_gather_params)(self.raw, &mut raw) })?;
         Ok(unsafe { Params::from_raw(raw) })
+    }
+
+    /// Collective (`flame_zero_save_full`): gathers every rank's parameters and optimizer state;
+    /// rank 0 writes them to one safetensors file (loadable with [`Zero::load`] on any number of ranks).
+    pub fn save_full(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let api = api()?;
+        let p = path_cstring(path.as_ref())?;
+        check(unsafe { (api.flame_zero_save_full)(self.raw, p.as_ptr()) })
+    }
+
+    /// Every rank writes its shard file `<prefix>-<rank>-of-<world>.safetensors`
+    /// (`flame_zero_save_shards`); no communication.
+    pub fn save_shards(&self, path_prefix: impl AsRef<std::path::Path>) -> Result<()> {
+        let api = api()?;
+        let p = path_cstring(path_prefix.as_ref())?;
+        check(unsafe { (api.flame_zero_save_shards)(self.raw, p.as_ptr()) })
+    }
+
+    /// Loads a gathered file or a shard set saved on any number of ranks (`flame_zero_load`; `path`
+    /// is any file of the set): this rank's parameters, optimizer state, step and learning rates.
+    pub fn load(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let api = api()?;
+        let p = path_cstring(path.as_ref())?;
+        check(unsafe { (api.flame_zero_load)(self.raw, p.as_ptr()) })
     }
 
     /// Collective: one sharded optimizer step (`flame_zero_step`); returns the global gradient
@@ -1100,6 +1135,9 @@ pub const HAND_WRAPPED: &[(&str, &str)] = &[
     ("flame_zero_release", "Zero::drop"),
     ("flame_zero_gather_params", "Zero::gather_params"),
     ("flame_optimizer_state_bytes", "Optimizer::state_bytes"),
+    ("flame_zero_save_full", "Zero::save_full"),
+    ("flame_zero_save_shards", "Zero::save_shards"),
+    ("flame_zero_load", "Zero::load"),
     ("flame_fused_compile", "Fused::compile"),
     ("flame_fused_call", "Fused::call"),
     ("flame_fused_release", "Fused::drop"),

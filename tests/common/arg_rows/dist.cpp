@@ -52,10 +52,37 @@ FLAME_ARG_ROW(flame_dp_set_sync, a.dp("dp"), 0);
 FLAME_ARG_ROW(flame_dp_wait, a.dp("dp"));
 FLAME_ARG_VOID(flame_dp_release, a.release_dp("dp"));
 
-const flame_zero_options_t* zero_opts(Args& a) {  // may be NULL by contract: never NULLed
+// May be NULL by contract: never NULLed. Live: gradients averaged in bf16 (a valid value other than
+// the default, so that the live sweep creates a helper with a communication dtype of its own).
+const flame_zero_options_t* zero_opts(Args& a) {
   auto* o = a.opt_out<flame_zero_options_t>("opts");
-  if (o) flame_zero_options_init(o);
+  if (o) {
+    flame_zero_options_init(o);
+    o->reduce_dtype = FLAME_DTYPE_BF16;
+  }
   return o;
+}
+
+// A gathered ZeRO checkpoint (world 1) of live_optimizer's one f32 [2, 3] SGD parameter, all zeros,
+// named as a.out_path's file (Live; elsewhere the path is never opened).
+const char* zero_ckpt_path(Args& a, const char* name) {
+  const char* p = a.out_path(name);
+  if (!p || a.mode() != Mode::Live) return p;
+  const std::string meta =
+      "{\\\"version\\\":1,\\\"world\\\":1,\\\"rank\\\":0,\\\"kind\\\":\\\"sgd\\\",\\\"step\\\":0,"
+      "\\\"rounding_rng\\\":null,\\\"lr\\\":[0.001],\\\"files\\\":[\\\"out.safetensors\\\"],"
+      "\\\"params\\\":[{\\\"shape\\\":[2,3],\\\"dtype\\\":\\\"f32\\\",\\\"lo\\\":0,\\\"hi\\\":6}]}";
+  const std::string json = "{\"__metadata__\":{\"flame.zero_shard\":\"" + meta +
+                           "\"},\"param.0\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]}}";
+  std::string bytes;
+  for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>(static_cast<uint64_t>(json.size()) >> (8 * i)));
+  bytes += json;
+  bytes.append(24, '\0');
+  if (FILE* f = std::fopen(p, "wb")) {
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  }
+  return p;
 }
 
 FLAME_ARG_ROW(flame_zero_options_init, a.out<flame_zero_options_t>("opts"));
@@ -64,5 +91,8 @@ FLAME_ARG_ROW(flame_zero_step, a.zero("zero"), a.opt_out_t("total_norm"));
 FLAME_ARG_VOID(flame_zero_release, a.release_zero("zero"));
 FLAME_ARG_ROW(flame_zero_gather_params, a.zero3("zero"), a.out_params("params"));
 FLAME_ARG_ROW(flame_optimizer_state_bytes, a.opt("opt"), a.out<uint64_t>("bytes"));
+FLAME_ARG_ROW(flame_zero_save_full, a.zero("zero"), a.out_path("path"));
+FLAME_ARG_ROW(flame_zero_save_shards, a.zero("zero"), a.out_path("path_prefix"));
+FLAME_ARG_ROW(flame_zero_load, a.zero("zero"), zero_ckpt_path(a, "path"));
 
 }  // namespace
