@@ -37,7 +37,7 @@ using NamedTensors = std::vector<NamedTensor>;
 // them to compute_dtype when the two differ (storage dtypes such as F8 upcast at use). Inputs in
 // other float dtypes are cast to compute_dtype by the model.
 // With quantize enabled, the linear layers' weights (linear_modules()) are stored in F8 with a
-// scale beside them (quantized_weights.h) and the rest in param_dtype.
+// scale beside them (quantized_weights.h), or in NF4 (ops/nf4.h), and the rest in param_dtype.
 struct ModelOptions {
   DType param_dtype = FLAME_DTYPE_F32;
   DType compute_dtype = FLAME_DTYPE_F32;
@@ -181,7 +181,8 @@ class Model : public std::enable_shared_from_this<Model> {
   Tensor to_compute(const Tensor& t) const;
   // A new parameter in param_dtype; with options().quantize enabled, a linear layer's weight (2-D,
   // "<module>.weight", not an embedding) is made in F8, frozen, with its frozen f32 scale parameter
-  // "<module>.scale_weight" registered right after it.
+  // "<module>.scale_weight" registered right after it; with "nf4" its packed codes and statistics
+  // (add_nf4_param; a block size that does not divide its rows: FLAME_ERROR_INVALID_ARGUMENT).
   Tensor add_param(const std::string& name, const Shape& shape);
   // Runs block(x...) under the checkpoint policy for block index i: through toolkit checkpointing
   // when the policy selects it and a graph is being recorded, else directly. A checkpointed block
