@@ -8,12 +8,15 @@
 //  - R's linear weights set to Q's dequantised values (bf16(level * absmax), on the host): Q's forward
 //    equals R's (the NF4 linear computes with the dequantised weight);
 //  - against the bf16 model: NF4's error per weight is at most half the widest level gap (0.139) of
-//    its block's absmax and about 0.03 absmax RMS for normal weights (about 7% of a weight's RMS), so
-//    the output's relative RMS difference stays within 0.3 (several layers deep); double
-//    quantisation moves the absmax by its 8-bit error only: D within 0.05 of Q;
-//  - a LoRA trained 5 AdamW steps on D: losses finite and falling, within 50% of the same training
-//    on the bf16 base B at each step; gradients reach the adapter only; merging it into the NF4 base
-//    and saving the model are refused (FLAME_ERROR_INVALID_ARGUMENT, nothing changed);
+//    its block's absmax, and its RMS is 9.2% of the weights' RMS for normal weights in blocks of 64
+//    (simulated); a layer's output error is about as large, and independent errors of L layers in
+//    sequence add to about sqrt(L) x 9.2%: the bound 0.4 on the output's relative RMS difference
+//    admits up to 19 quantised layers in sequence (the tiny models have fewer); double quantisation
+//    moves each absmax by its 8-bit error only (well under 1%): D within 0.05 of Q;
+//  - a LoRA trained 5 AdamW steps on D and on the bf16 base B: losses finite and falling; D's first
+//    loss within (1 -+ 0.4)^2 of B's (the forward bound), and D's relative fall within half of B's
+//    either way; gradients reach the adapter only; merging it into the NF4 base and saving the
+//    model are refused (FLAME_ERROR_INVALID_ARGUMENT, nothing changed);
 //  - memory (flame_ctx_memory_stats): the device bytes of D's linear weights (with their statistics)
 //    are at most 0.3 of B's;
 //  - a block size that does not divide a layer's rows fails naming the layer; bad keys name the key.
@@ -387,7 +390,7 @@ void check_case(flame_ctx_t ctx, const char* arch, const char* config) {
   EXPECT_LE(rel_rms(yq, y_twin), 1e-5) << "the NF4 base differs from its dequantised bf16 twin";
   const double vs_bf16 = rel_rms(yq, y_bf16), dq_vs_plain = rel_rms(yd, yq);
   std::printf("[ %s ] NF4 vs bf16: relative RMS %.4f; double quant vs not: %.4f\n", arch, vs_bf16, dq_vs_plain);
-  EXPECT_LE(vs_bf16, 0.3);
+  EXPECT_LE(vs_bf16, 0.4);
   EXPECT_GT(vs_bf16, 0.0) << "NF4 equal to bf16: nothing was quantised?";
   EXPECT_LE(dq_vs_plain, 0.05);
 
@@ -396,12 +399,13 @@ void check_case(flame_ctx_t ctx, const char* arch, const char* config) {
   const std::vector<double> ld = train_lora(ctx, d.m, in.p), lb = train_lora(ctx, b.m, in.p);
   ASSERT_EQ(ld.size(), 5u);
   ASSERT_EQ(lb.size(), 5u);
-  for (size_t i = 0; i < 5; ++i) {
-    EXPECT_TRUE(std::isfinite(ld[i])) << "step " << i;
-    EXPECT_NEAR(ld[i], lb[i], 0.5 * lb[i]) << "step " << i;
-  }
+  for (size_t i = 0; i < 5; ++i) EXPECT_TRUE(std::isfinite(ld[i]) && std::isfinite(lb[i])) << "step " << i;
   EXPECT_LT(ld[4], ld[0]) << "the loss on the NF4 base did not fall";
   EXPECT_LT(lb[4], lb[0]);
+  EXPECT_GE(ld[0], 0.36 * lb[0]);
+  EXPECT_LE(ld[0], 1.96 * lb[0]);
+  const double fall_nf4 = 1.0 - ld[4] / ld[0], fall_bf16 = 1.0 - lb[4] / lb[0];
+  EXPECT_NEAR(fall_nf4, fall_bf16, 0.5 * fall_bf16) << "the NF4 base trains unlike the bf16 one";
   std::printf("[ %s ] LoRA losses NF4 %.5g -> %.5g, bf16 %.5g -> %.5g\n", arch, ld[0], ld[4], lb[0], lb[4]);
 
   // merging into the NF4 base and saving it are refused, nothing changed
@@ -421,6 +425,10 @@ TEST_F(ModelNf4, TinyFlux) { check_case(ctx, "FluxTransformer2DModel", kFlux); }
 TEST_F(ModelNf4, TinySdxlUnet) { check_case(ctx, "UNet2DConditionModel", kUnetSdxl); }
 
 TEST_F(ModelNf4, LinearWeightBytesAtMostThreeTenthsOfBf16) {
+  {  // what a context allocates once, at its first model (if anything), before measuring
+    ModelHandle warm_up;
+    create_seeded(ctx, "FluxTransformer2DModel", kFlux, kNf4, warm_up);
+  }
   for (const auto& [arch, config] : {std::pair<const char*, const char*>{"FluxTransformer2DModel", kFlux},
                                      std::pair<const char*, const char*>{"UNet2DConditionModel", kUnetSdxl}}) {
     SCOPED_TRACE(arch);
