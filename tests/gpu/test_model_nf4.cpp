@@ -5,6 +5,7 @@
 //  - Q's and D's parameter lists: each linear "<m>.weight" is U8 [out, in / 2] followed by
 //    "<m>.weight.absmax" (F32, or U8 with D's "<m>.weight.nested_absmax" and ".nested_offset"), all
 //    frozen; Q's codes and absmax equal a host reference of NF4 computed from R's bf16 weights;
+//  - B's bf16 file loaded with Q's option (flame_model_load quantises on the GPU) is Q bit for bit;
 //  - R's linear weights set to Q's dequantised values (bf16(level * absmax), on the host): Q's forward
 //    equals R's (the NF4 linear computes with the dequantised weight);
 //  - against the bf16 model: NF4's error per weight is at most half the widest level gap (0.139) of
@@ -394,8 +395,29 @@ void check_case(flame_ctx_t ctx, const char* arch, const char* config) {
   EXPECT_GT(vs_bf16, 0.0) << "NF4 equal to bf16: nothing was quantised?";
   EXPECT_LE(dq_vs_plain, 0.05);
 
-  // LoRA on the NF4 base (D) against the same on the bf16 base (B)
+  // flame_model_load quantises while loading: B's bf16 file loaded with Q's option is Q, bit for bit
   create_seeded(ctx, arch, config, kBf16, b);
+  const std::string file = "/tmp/flame_model_nf4_load_" + std::to_string(static_cast<long>(getpid())) + ".safetensors";
+  ASSERT_EQ(flame_model_save(b.m, file.c_str(), nullptr), FLAME_OK) << flame_last_error_message();
+  const std::string load_options = std::string(R"({"architecture": ")") + arch + R"(", "config": )" + config +
+                                   R"(, "dtype": "bf16", "quantize": {"dtype": "nf4", "double_quant": false}})";
+  {
+    ModelHandle loaded;
+    ParamsHandle l_list;
+    ASSERT_EQ(flame_model_load(ctx, file.c_str(), load_options.c_str(), &loaded.m), FLAME_OK) << flame_last_error_message();
+    std::remove(file.c_str());
+    ASSERT_EQ(flame_model_params(loaded.m, &l_list.p), FLAME_OK);
+    const std::vector<Entry> le = entries(l_list.p), qe = entries(q_list.p);
+    ASSERT_EQ(le.size(), qe.size());
+    for (size_t i = 0; i < le.size(); ++i) {
+      EXPECT_EQ(le[i].name, qe[i].name);
+      EXPECT_EQ(dtype_of(le[i].t), dtype_of(qe[i].t)) << le[i].name;
+      EXPECT_TRUE(bytes_of(le[i].t) == bytes_of(qe[i].t)) << le[i].name << " differs from the created NF4 model's";
+    }
+    EXPECT_EQ(rel_rms(run(loaded.m, in.p), yq), 0.0);
+  }
+
+  // LoRA on the NF4 base (D) against the same on the bf16 base (B)
   const std::vector<double> ld = train_lora(ctx, d.m, in.p), lb = train_lora(ctx, b.m, in.p);
   ASSERT_EQ(ld.size(), 5u);
   ASSERT_EQ(lb.size(), 5u);
