@@ -44,7 +44,7 @@ const char* const kFlux =
 const char* const kUnetSdxl = R"({"block_out_channels": [64, 128, 192], "layers_per_block": 1,
   "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
   "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
-  "transformer_layers_per_block": [1, 1, 1], "attention_head_dim": [1, 2, 3], "cross_attention_dim": 64,
+  "transformer_layers_per_block": [1, 1, 1], "attention_head_dim": [1, 2, 4], "cross_attention_dim": 64,
   "use_linear_projection": true, "norm_num_groups": 16, "addition_embed_type": "text_time",
   "addition_time_embed_dim": 8, "projection_class_embeddings_input_dim": 64})";
 // The shared tiny Flux config (model_test_handles.h): rows of 24 and 20, which no block divides.
