@@ -2347,6 +2347,29 @@ FLAME_API flame_status_t flame_zero_load(flame_zero_t zero, const char* path);
  *               quantised weight or its scale, which are made with requires_grad false (setting it
  *               later is ignored: no gradient reaches them). An unknown key or value:
  *               FLAME_ERROR_INVALID_ARGUMENT naming it ("quantize.scale", ...),
+ *   "quantize": {"dtype": "nf4", "block_size": 64, "double_quant": true} (both keys optional, these
+ *               defaults): a frozen NF4 base (QLoRA's 4-bit NormalFloat, as bitsandbytes' Linear4bit
+ *               with quant_type "nf4" and compress_statistics=True) in about a quarter of bf16's
+ *               memory. The weight of every linear layer is cut into blocks of block_size consecutive
+ *               elements of a row (a power of two in [16, 4096] that must divide the layer's row
+ *               length); each block keeps absmax = max |w| (f32) and each element the 4-bit code of
+ *               the nearest of the 16 NF4 levels to w / absmax (computed as w * (1 / absmax) in f32;
+ *               a value on a midpoint takes the lower code, as bitsandbytes), two codes per byte, the
+ *               first element in the high nibble. With double_quant the absmax values are stored in
+ *               8 bits: their mean is subtracted, and each run of 256 gets an f32 scale (the largest
+ *               |absmax - mean|) and codes into bitsandbytes' signed 8-bit dynamic map. Bytes per
+ *               weight: 0.5 + 1 / block_size (+ 4 / (256 block_size)) with double_quant, 0.5 +
+ *               4 / block_size without. At each use the weight is dequantised by one kernel to
+ *               compute_dtype (level * absmax, rounded once in f32, then to compute_dtype) and the
+ *               layer saves only the packed weight for backward. Everything else is as for fp8
+ *               above (frozen, LoRA and DoRA adapters beside it, gradients never reach it). A block
+ *               size that does not divide a layer's rows: FLAME_ERROR_INVALID_ARGUMENT naming
+ *               "quantize.block_size" and the layer; "scale" with nf4, or "block_size" /
+ *               "double_quant" with fp8: FLAME_ERROR_INVALID_ARGUMENT naming the key. An NF4 model
+ *               cannot be saved (flame_model_save) and a LoRA cannot be merged into it
+ *               (flame_model_merge_lora): both fail with FLAME_ERROR_INVALID_ARGUMENT and change
+ *               nothing; flame_model_load quantises each linear weight on the GPU from a temporary
+ *               f32 copy of that one weight, whatever the file stores,
  *   "offload": {"budget_bytes": N} or {"budget_fraction": f} (exactly one; optional "slots": 2..64,
  *              default 2): offload of frozen block weights for training in a fixed device budget.
  *              N bytes, or the share f in [0, 1] of the parameters' bytes, of device memory for the
@@ -2453,7 +2476,9 @@ FLAME_API flame_status_t flame_model_load(flame_ctx_t ctx, const char* path, con
  * that cannot hold this model, e.g. a shape the loader would not read back: the message names the
  * layout and the class; a model whose parameters are sharded over ranks by flame_zero_create stage 3:
  * save flame_zero_gather_params' list instead), FLAME_ERROR_IO, FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_OUT_OF_MEMORY,
- * FLAME_ERROR_CUDA. Nothing is written on error (the previous file at path stays). */
+ * FLAME_ERROR_CUDA. Nothing is written on error (the previous file at path stays). A model with an
+ * NF4 base ("quantize": {"dtype": "nf4"}) is not written: FLAME_ERROR_INVALID_ARGUMENT (load the
+ * original checkpoint with the option instead; its LoRA adapters save with flame_model_save_lora). */
 FLAME_API flame_status_t flame_model_save(flame_model_t model, const char* path, const char* layout);
 
 /* Releases the model and its references to its parameters (tensors taken from it live on while
@@ -2473,7 +2498,11 @@ FLAME_API flame_status_t flame_model_config(flame_model_t model, const char** co
  * into them (flame_params_load_safetensors, an optimizer step) changes the model. With "quantize",
  * each quantised "<module>.weight" is its FLAME_DTYPE_F8_E4M3 tensor and is followed by its f32 scale
  * "<module>.scale_weight" (0-d, or [out, 1] per row), both not requiring grad; the list's bytes are
- * the model's parameter memory (one byte per linear weight element).
+ * the model's parameter memory (one byte per linear weight element). With "quantize" {"dtype": "nf4"},
+ * each linear "<module>.weight" is its packed codes (FLAME_DTYPE_U8 [out, in / 2]) followed by
+ * "<module>.weight.absmax" (f32 [blocks], or with double_quant U8 codes [blocks] followed by the f32
+ * "<module>.weight.nested_absmax" [ceil(blocks / 256)] and the 0-d f32 "<module>.weight.nested_offset"),
+ * bitsandbytes' state-dict names, none requiring grad.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or params NULL), FLAME_ERROR_INVALID_HANDLE,
  * FLAME_ERROR_OUT_OF_MEMORY (host). */
 FLAME_API flame_status_t flame_model_params(flame_model_t model, flame_params_t* params);
@@ -2666,7 +2695,7 @@ FLAME_API flame_status_t flame_model_remove_lora(flame_model_t model, const char
  * the adapter's tensors live on while references to them are held. Other adapters stay; a DoRA
  * adapter on the same layers then normalises the merged weight (as peft).
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model NULL, no adapter of that name, a weight of a dtype a
- * merge cannot write, a model sharded over ranks by flame_zero_create stage 3: nothing changed), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_UNSUPPORTED (during a
+ * merge cannot write (an fp8 or NF4 base: the message says which), a model sharded over ranks by flame_zero_create stage 3: nothing changed), FLAME_ERROR_INVALID_HANDLE, FLAME_ERROR_UNSUPPORTED (during a
  * graph capture), FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA (the layers merged before the failure
  * stay merged and leave the adapter, the others keep it: the model computes the same function). */
 FLAME_API flame_status_t flame_model_merge_lora(flame_model_t model, const char* name);
@@ -2681,7 +2710,8 @@ typedef struct flame_memory_estimate_t {
   uint64_t weights_bytes;     /* the model's parameters on the device: exact (its own parameter table, in
                                  the options' dtype; "quantize": 1 byte per linear weight element plus its
                                  f32 scale; "offload": what stays resident after the offload plan, the ring
-                                 of slots included) */
+                                 of slots included; "quantize" nf4: half a byte per linear weight element
+                                 plus its block statistics, as the option above describes) */
   uint64_t adapter_bytes;     /* the LoRA tensors (A, B, DoRA magnitudes): exact */
   uint64_t gradient_bytes;    /* gradients of what is trained: exact */
   uint64_t optimizer_bytes;   /* optimizer state (AdamW / Adam: 2 moments, Lion: 1, SGD: none; f32, f64 for

@@ -223,6 +223,9 @@ FLAME_API flame_status_t flame_model_save(flame_model_t model, const char* path,
     flame_model_s& m = model_of(model);
     m.model->check_not_sharded("save the model");
     FLAME_CHECK(path, FLAME_ERROR_INVALID_ARGUMENT, "path is NULL");
+    FLAME_CHECK(!m.model->options().quantize.nf4(), FLAME_ERROR_INVALID_ARGUMENT,
+                "flame_model_save: the model's base is NF4 (\"quantize\": {\"dtype\": \"nf4\"}), which FLAME does not write "
+                "to files; load the original checkpoint with the same option instead (or save only the LoRA adapters)");
     const std::string kind = layout ? layout : "diffusers";
     const models::ParamStore& store = m.model->params();
     // The plan first: a bad layout fails before the device is touched.

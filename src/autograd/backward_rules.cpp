@@ -21,6 +21,7 @@
 #include "ops/derivatives.h"
 #include "ops/nnops.h"
 #include "ops/ops.h"
+#include "ops/nf4.h"
 #include "ops/quantized.h"
 
 namespace flame {
@@ -565,6 +566,33 @@ RULE(QuantizedLinear) {  // y = act(z), z = x W^T + b, W = q * scale frozen: dz 
   }
   Tensor gx, gb;
   if (n.needs_input_grad(0)) gx = mm(dz, dequantize(q, s, dz->dtype));
+  if (n.needs_input_grad(1)) gb = linear_weight_grad(dz, nullptr, false, true, n.inputs[1].dtype).second;
+  return {gx, gb};
+}
+
+// ---- the frozen NF4 base's linear layer (ops/nf4.h; inputs {x, bias}; saved packed, absmax, with double
+// quantisation the nested scale, offset and code, then as QuantizedLinear: ops/nf4.cpp lays them out) ----
+RULE(Nf4Linear) {  // as QuantizedLinear, with W = the NF4 weight dequantised again
+  const LinearAttrs& a = n.attrs<LinearAttrs>();
+  Nf4Weight w;
+  w.packed = saved(n, 0);
+  w.absmax = saved(n, 1);
+  size_t k = 2;  // the first saved tensor after the weight's
+  if (w.absmax->dtype == FLAME_DTYPE_U8) {
+    w.nested_scale = saved(n, 2);
+    w.nested_offset = saved(n, 3);
+    w.nested_code = saved(n, 4);
+    k = 5;
+  }
+  Tensor dz = g;
+  if (a.act == Activation::Relu) dz = where(cmp(OpId::Gt, saved(n, k), 0), g, like_scalar(g, 0));
+  if (a.act == Activation::GeluTanh) {  // under create_graph the pre-activation is recomputed with its history
+    const Tensor z = g->ctx().recording() ? nf4_linear(saved(n, k + 1), w, a.has_bias ? saved(n, k + 2) : nullptr, Activation::None)
+                                          : saved(n, k);
+    dz = binary(OpId::GeluTanhBackward, g, z);
+  }
+  Tensor gx, gb;
+  if (n.needs_input_grad(0)) gx = mm(dz, nf4_dequantize(w, dz->dtype));
   if (n.needs_input_grad(1)) gb = linear_weight_grad(dz, nullptr, false, true, n.inputs[1].dtype).second;
   return {gx, gb};
 }

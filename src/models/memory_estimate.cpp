@@ -2,6 +2,7 @@
 // tables, an activation plan per family (the checkpointable blocks in execution order with what each
 // keeps and takes), then the sums for the request's options.
 #include "models/memory_estimate.h"
+#include "cuda/nf4_constants.cuh"
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -375,6 +376,12 @@ TrainingMemoryEstimate estimate_training_memory(const TrainingMemoryRequest& q) 
   const uint64_t param_elem = dtype_size(o.param_dtype);
   auto stored_bytes = [&](const ParamInfo& p) -> uint64_t {
     if (!o.quantize.enabled || !is_linear_weight(p)) return p.numel() * param_elem;
+    if (o.quantize.nf4()) {  // ops/nf4.h: half a byte per weight, an absmax per block (1 byte, or f32)
+      const uint64_t blocks = p.numel() / static_cast<uint64_t>(o.quantize.block_size);
+      if (!o.quantize.double_quant) return p.numel() / 2 + blocks * 4;
+      const uint64_t chunks = (blocks + kNf4NestedBlock - 1) / kNf4NestedBlock;
+      return p.numel() / 2 + blocks + chunks * 4 + 4;  // codes, nested scales, the mean
+    }
     const uint64_t scale = o.quantize.scale == QuantScale::PerRow ? static_cast<uint64_t>(p.shape[0]) * 4 : 4;
     return p.numel() * dtype_size(o.quantize.dtype) + scale;
   };

@@ -6,7 +6,7 @@
 //  - Parameters: the exact list of names and shapes the model registers (unet2d_condition_param_specs,
 //    flux_diffusers_tensors, sd3_parameter_table: the same tables the loader checks files against),
 //    in the options' dtype; with "quantize" every linear weight at 1 byte per element plus its f32
-//    scale; with "offload" the device-resident part after the plan WeightOffload would make (frozen
+//    scale (with "dtype": "nf4" at half a byte plus its block statistics); with "offload" the device-resident part after the plan WeightOffload would make (frozen
 //    blocks moved in execution order until the rest plus the ring fits the budget).
 //  - Adapter, gradients, optimizer state: exact element counts (the LoRA options select modules
 //    exactly as flame_model_add_lora does, rank_pattern included); moments in f32 (f64 for f64).

@@ -108,11 +108,76 @@ Tensor Model::add_param(const std::string& name, const Shape& shape) {
   const WeightQuantization& q = options_.quantize;
   const std::string module = shape.size() == 2 ? weight_module(name) : std::string();
   if (!q.enabled || module.empty() || is_embedding(module)) return params_.add(*ctx_, name, shape, options_.param_dtype);
+  if (q.nf4()) return add_nf4_param(name, module, shape);
   Tensor w = params_.add(*ctx_, name, shape, q.dtype, false);
   const std::string scale = scale_weight_name(name);
   params_.add(*ctx_, scale, scale_shape(q.scale, shape), FLAME_DTYPE_F32, false);
   quantized_.emplace(name, scale);
   return w;
+}
+
+namespace {
+// The statistics' names of an NF4 weight (bitsandbytes' state-dict names beside "<module>.weight").
+std::string nf4_absmax_name(const std::string& weight) { return weight + ".absmax"; }
+std::string nf4_nested_scale_name(const std::string& weight) { return weight + ".nested_absmax"; }
+std::string nf4_nested_offset_name(const std::string& weight) { return weight + ".nested_offset"; }
+
+// Checks that block_size divides the row length of the linear layer module ([out, in]).
+void check_nf4_rows(const WeightQuantization& q, const std::string& module, const Shape& shape) {
+  FLAME_CHECK(shape.size() == 2 && shape[1] % q.block_size == 0, FLAME_ERROR_INVALID_ARGUMENT, "options: \"quantize.block_size\" ",
+              q.block_size, " does not divide the row length of the linear layer ", module, " ", shape_str(shape),
+              " (NF4 blocks stay within a row: pick a smaller power of two)");
+}
+}  // namespace
+
+Tensor Model::add_nf4_param(const std::string& name, const std::string& module, const Shape& shape) {
+  const WeightQuantization& q = options_.quantize;
+  check_nf4_rows(q, module, shape);
+  if (q.double_quant && !nf4_code_) nf4_code_ = ops::nf4_dynamic_map(*ctx_);
+  const ops::Nf4Weight w = ops::nf4_empty(*ctx_, shape[0], shape[1], q.block_size, q.double_quant ? nf4_code_ : nullptr);
+  Nf4Names names{nf4_absmax_name(name), std::string(), std::string()};
+  params_.insert(name, w.packed);
+  params_.insert(names.absmax, w.absmax);
+  if (q.double_quant) {
+    names.nested_scale = nf4_nested_scale_name(name);
+    names.nested_offset = nf4_nested_offset_name(name);
+    params_.insert(names.nested_scale, w.nested_scale);
+    params_.insert(names.nested_offset, w.nested_offset);
+  }
+  nf4_.emplace(name, names);
+  return w.packed;
+}
+
+ops::Nf4Weight Model::nf4_weight(const std::string& weight_name) const {
+  auto it = nf4_.find(weight_name);
+  FLAME_CHECK(it != nf4_.end(), FLAME_ERROR_INTERNAL, weight_name, " is not an NF4 weight of ", class_name_);
+  ops::Nf4Weight w;
+  w.packed = params_.get(weight_name);
+  w.absmax = params_.get(it->second.absmax);
+  if (!it->second.nested_scale.empty()) {
+    w.nested_scale = params_.get(it->second.nested_scale);
+    w.nested_offset = params_.get(it->second.nested_offset);
+    w.nested_code = nf4_code_;
+  }
+  return w;
+}
+
+ops::Nf4Weight Model::fetched_nf4(const std::string& weight_name) const {
+  ops::Nf4Weight w = nf4_weight(weight_name);
+  const Nf4Names& names = nf4_.at(weight_name);
+  w.packed = fetched(weight_name, w.packed);
+  w.absmax = fetched(names.absmax, w.absmax);
+  if (w.double_quant()) {
+    w.nested_scale = fetched(names.nested_scale, w.nested_scale);
+    w.nested_offset = fetched(names.nested_offset, w.nested_offset);
+  }
+  return w;
+}
+
+Shape Model::logical_shape(const std::string& name) const {
+  const Tensor& t = params_.get(name);
+  if (!is_nf4_weight(name)) return t->shape;
+  return {t->shape[0], t->shape[1] * 2};
 }
 
 Tensor Model::fetched(const std::string& name, const Tensor& stored) const {
@@ -133,6 +198,7 @@ Tensor Model::param(const std::string& name) const {
   const Tensor w = fetched(name, params_.get(name));
   // a quantised linear weight as stored (F8): adapted_linear runs it through ops::quantized_linear
   if (!quantized_.empty() && quantized_.count(name)) return w;
+  if (!nf4_.empty() && nf4_.count(name)) return w;  // NF4's packed codes: adapted_linear runs ops::nf4_linear
   return w->dtype == options_.compute_dtype ? w : ops::to_dtype(w, options_.compute_dtype);
 }
 
@@ -142,23 +208,40 @@ const Tensor* Model::quantization_scale(const std::string& weight_name) const {
 }
 
 bool Model::is_quantization_scale(const std::string& name) const {
+  if (!nf4_.empty())
+    for (const char* suffix : {".absmax", ".nested_absmax", ".nested_offset"}) {  // "<module>.weight<suffix>"
+      const size_t n = std::char_traits<char>::length(suffix);
+      if (name.size() > n && name.compare(name.size() - n, n, suffix) == 0 && nf4_.count(name.substr(0, name.size() - n)))
+        return true;
+    }
   if (quantized_.empty() || !is_scale_weight_name(name)) return false;
   const std::string weight = name.substr(0, name.size() - std::char_traits<char>::length(".scale_weight")) + ".weight";
   return quantized_.count(weight) != 0;
 }
 
 void Model::quantize_linear_weights(const WeightQuantization& q) {
-  FLAME_CHECK(q.enabled && !options_.quantize.enabled && quantized_.empty(), FLAME_ERROR_INTERNAL,
+  FLAME_CHECK(q.enabled && !options_.quantize.enabled && quantized_.empty() && nf4_.empty(), FLAME_ERROR_INTERNAL,
               "quantize_linear_weights on a model that is quantised already, or without a quantisation");
   std::vector<std::string> linear;
-  for (const LoraCandidate& l : linear_modules()) linear.push_back(l.module + ".weight");
+  for (const LoraCandidate& l : linear_modules()) {
+    if (q.nf4()) check_nf4_rows(q, l.module, {l.out_features, l.in_features});  // before anything changes
+    linear.push_back(l.module + ".weight");
+  }
   std::sort(linear.begin(), linear.end());
   std::vector<std::string> names = params_.names();
   std::vector<Tensor> tensors = params_.tensors();
   params_ = ParamStore();
+  if (q.nf4()) options_.quantize = q;  // add_nf4_param reads the block size and double quantisation
   for (size_t i = 0; i < names.size(); ++i) {
     if (!std::binary_search(linear.begin(), linear.end(), names[i])) {
       params_.insert(names[i], tensors[i]);
+      continue;
+    }
+    if (q.nf4()) {
+      const Tensor full = tensors[i];
+      tensors[i].reset();
+      add_nf4_param(names[i], weight_module(names[i]), full->shape);
+      ops::nf4_quantize_into(full, nf4_weight(names[i]));  // the full-precision weight goes after this
       continue;
     }
     Tensor w = ops::empty(*ctx_, tensors[i]->shape, q.dtype);
@@ -176,11 +259,11 @@ void Model::quantize_linear_weights(const WeightQuantization& q) {
 void Model::check_quantized_weights() const {
   if (!options_.quantize.enabled) return;
   const std::vector<LoraCandidate> linear = linear_modules();
-  FLAME_CHECK(linear.size() == quantized_.size(), FLAME_ERROR_INTERNAL, class_name_, " quantised ", quantized_.size(),
-              " weights but has ", linear.size(), " linear layers");
+  FLAME_CHECK(linear.size() == quantized_.size() + nf4_.size(), FLAME_ERROR_INTERNAL, class_name_, " quantised ",
+              quantized_.size() + nf4_.size(), " weights but has ", linear.size(), " linear layers");
   for (const LoraCandidate& l : linear)
-    FLAME_CHECK(quantized_.count(l.module + ".weight"), FLAME_ERROR_INTERNAL, class_name_, ": the linear layer ", l.module,
-                " was not quantised");
+    FLAME_CHECK(quantized_.count(l.module + ".weight") || nf4_.count(l.module + ".weight"), FLAME_ERROR_INTERNAL, class_name_,
+                ": the linear layer ", l.module, " was not quantised");
 }
 
 std::vector<LoraCandidate> Model::linear_modules() const {
@@ -192,7 +275,8 @@ std::vector<LoraCandidate> Model::linear_modules() const {
     if (t->ndim() != 2 || n.size() <= suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0)
       continue;
     const std::string module = n.substr(0, n.size() - suffix.size());
-    if (!is_embedding(module)) out.push_back({module, t->shape[1], t->shape[0]});
+    const int64_t in = is_nf4_weight(n) ? t->shape[1] * 2 : t->shape[1];  // NF4: two codes per byte
+    if (!is_embedding(module)) out.push_back({module, in, t->shape[0]});
   }
   return out;
 }
@@ -289,6 +373,9 @@ void merge_lora(Model& m, const std::string& name) {
   for (const LoraModule& lm : adapter->modules) {
     const Tensor* w = m.params().find(lm.module + ".weight");
     FLAME_CHECK(w, FLAME_ERROR_INVALID_ARGUMENT, "LoRA module ", lm.module, " has no weight in ", m.class_name());
+    FLAME_CHECK(!m.is_nf4_weight(lm.module + ".weight"), FLAME_ERROR_INVALID_ARGUMENT, "LoRA merge: the weight of ", lm.module,
+                " is a frozen NF4 base (\"quantize\": {\"dtype\": \"nf4\"}), which a merge cannot write without "
+                "quantising the adapter into it; merge into a model loaded without \"quantize\", or keep the adapter beside it");
     const DType d = (*w)->dtype;
     FLAME_CHECK(d == FLAME_DTYPE_F32 || d == FLAME_DTYPE_BF16 || d == FLAME_DTYPE_F16 || d == FLAME_DTYPE_F64,
                 FLAME_ERROR_INVALID_ARGUMENT, "LoRA merge: the weight of ", lm.module, " is ", dtype_name(d),
@@ -323,6 +410,7 @@ Tensor activate(const Tensor& y, ops::Activation act) {
 
 Tensor weight_value_f32(const Model& m, const std::string& weight_name) {
   const Tensor& w = m.params().get(weight_name);
+  if (m.is_nf4_weight(weight_name)) return ops::nf4_dequantize(m.nf4_weight(weight_name), FLAME_DTYPE_F32);
   if (const Tensor* scale = m.quantization_scale(weight_name)) return dequantize(w, *scale, FLAME_DTYPE_F32);
   return w;
 }
@@ -345,11 +433,24 @@ Tensor Model::adapted_linear(const Tensor& x, const std::string& module, const T
   }
   FLAME_CHECK(!quantized || scale, FLAME_ERROR_INTERNAL, "the F8 weight of ", module, " is not a quantised parameter of ",
               class_name_);
-  if (terms.empty())
+  // An NF4 weight arrives as its packed codes (param()); its statistics are fetched beside it.
+  const bool nf4 = !nf4_.empty() && weight->dtype == FLAME_DTYPE_U8 && is_nf4_weight(module + ".weight");
+  ops::Nf4Weight nf4_base;
+  if (nf4) {
+    nf4_base = fetched_nf4(module + ".weight");
+    nf4_base.packed = weight;
+  }
+  if (terms.empty()) {
+    if (nf4) return ops::nf4_linear(x, nf4_base, bias, act);
     return scale ? ops::quantized_linear(x, weight, scale, bias, act) : ops::linear(x, weight, bias, act);
+  }
   LoraBaseLinear base_linear;
   base_linear.bias = bias;
-  if (scale) {
+  if (nf4) {
+    base_linear.nf4 = nf4_base;
+    if (dora) base_linear.weight = ops::nf4_dequantize(nf4_base, options_.compute_dtype);
+    base_linear.output = ops::nf4_linear(x, nf4_base, bias);
+  } else if (scale) {
     base_linear.quantized = weight;
     base_linear.scale = scale;
     // DoRA's norms read the weight's value: dequantised here as param() did before, for this call only

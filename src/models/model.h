@@ -21,6 +21,7 @@
 #include "models/block_params.h"
 #include "models/model_lora.h"
 #include "models/quantized_weights.h"
+#include "ops/nf4.h"
 #include "models/weight_offload.h"
 #include "ops/ops.h"
 #include "tensor/tensor.h"
@@ -36,7 +37,7 @@ using NamedTensors = std::vector<NamedTensor>;
 // them to compute_dtype when the two differ (storage dtypes such as F8 upcast at use). Inputs in
 // other float dtypes are cast to compute_dtype by the model.
 // With quantize enabled, the linear layers' weights (linear_modules()) are stored in F8 with a
-// scale beside them (quantized_weights.h) and the rest in param_dtype.
+// scale beside them (quantized_weights.h), or in NF4 (ops/nf4.h), and the rest in param_dtype.
 struct ModelOptions {
   DType param_dtype = FLAME_DTYPE_F32;
   DType compute_dtype = FLAME_DTYPE_F32;
@@ -118,11 +119,21 @@ class Model : public std::enable_shared_from_this<Model> {
   void add_lora_adapter(std::shared_ptr<LoraAdapter> adapter);
   void remove_lora_adapter(const std::string& name);  // FLAME_ERROR_INVALID_ARGUMENT when absent
 
-  // The scale parameter ("<module>.scale_weight") of a quantised weight called weight_name; null
-  // when that weight is not quantised (or absent).
+  // The scale parameter ("<module>.scale_weight") of an fp8-quantised weight called weight_name;
+  // null when that weight is not quantised in fp8 (or absent).
   const Tensor* quantization_scale(const std::string& weight_name) const;
-  // Whether name is the scale parameter of a quantised weight.
+  // Whether name is the scale parameter of an fp8-quantised weight, or a statistic of an NF4 weight.
   bool is_quantization_scale(const std::string& name) const;
+  // Whether weight_name is an NF4 weight ("quantize": {"dtype": "nf4"}): its parameter holds the
+  // packed codes (U8 [out, in / 2]) and its statistics sit beside it as "<module>.weight.absmax" and,
+  // with double quantisation, "<module>.weight.nested_absmax" and "<module>.weight.nested_offset"
+  // (bitsandbytes' state-dict names).
+  bool is_nf4_weight(const std::string& weight_name) const { return nf4_.count(weight_name) != 0; }
+  // The NF4 weight called weight_name as stored (its tensors, not fetched); FLAME_ERROR_INTERNAL
+  // when it is not one.
+  ops::Nf4Weight nf4_weight(const std::string& weight_name) const;
+  // The shape the parameter called name stands for: [out, in] for an NF4 weight, else its shape.
+  Shape logical_shape(const std::string& name) const;
   // Replaces every linear weight (stored in param_dtype, already initialised) by its quantisation q
   // (quantize_into, one weight at a time, each freed once quantised) with its scale parameter right
   // after it, and records q in options(). For a new model (flame_model_create); the model must not
@@ -170,7 +181,8 @@ class Model : public std::enable_shared_from_this<Model> {
   Tensor to_compute(const Tensor& t) const;
   // A new parameter in param_dtype; with options().quantize enabled, a linear layer's weight (2-D,
   // "<module>.weight", not an embedding) is made in F8, frozen, with its frozen f32 scale parameter
-  // "<module>.scale_weight" registered right after it.
+  // "<module>.scale_weight" registered right after it; with "nf4" its packed codes and statistics
+  // (add_nf4_param; a block size that does not divide its rows: FLAME_ERROR_INVALID_ARGUMENT).
   Tensor add_param(const std::string& name, const Shape& shape);
   // Runs block(x...) under the checkpoint policy for block index i: through toolkit checkpointing
   // when the policy selects it and a graph is being recorded, else directly. A checkpointed block
@@ -201,6 +213,17 @@ class Model : public std::enable_shared_from_this<Model> {
   CheckpointPolicy checkpoint_;
   std::vector<std::shared_ptr<LoraAdapter>> adapters_;
   std::unordered_map<std::string, std::string> quantized_;  // quantised weight name -> its scale's name
+  // An NF4 weight's statistics (is_nf4_weight); nested_scale and nested_offset empty without double
+  // quantisation.
+  struct Nf4Names {
+    std::string absmax, nested_scale, nested_offset;
+  };
+  std::unordered_map<std::string, Nf4Names> nf4_;  // NF4 weight name -> its statistics' names
+  Tensor nf4_code_;  // the 8-bit dynamic map the double-quantised absmax codes index (ops::nf4_dynamic_map)
+  // Registers the NF4 weight name of shape [out, in] (module: its layer) and its statistics.
+  Tensor add_nf4_param(const std::string& name, const std::string& module, const Shape& shape);
+  // The NF4 weight called weight_name as the forward uses it (fetched, as param() fetches).
+  ops::Nf4Weight fetched_nf4(const std::string& weight_name) const;
   std::shared_ptr<WeightOffload> offload_;  // null unless options_.offload.enabled
   mutable BlockParams block_params_;        // learnt by param() and run_block in the first forward
   std::shared_ptr<ParamSharding> sharding_;  // null unless sharded over ranks

@@ -301,7 +301,7 @@ void copy_parameters(Model& model, const ModelLoadPlan& plan) {
     FLAME_CHECK(shapes.count(src.key), FLAME_ERROR_INVALID_FORMAT, view.source(), " lacks the tensor ", src.key,
                 " (parameter ", name, ")");
     const KeyShape& k = *shapes[src.key];
-    std::vector<int64_t> expect = dst->shape;
+    std::vector<int64_t> expect = model.logical_shape(name);  // an NF4 weight: [out, in], not its packed codes
     if (src.transposed && expect.size() == 2) std::swap(expect[0], expect[1]);
     std::vector<int64_t> stored = k.shape;
     if (src.rows >= 0 && !stored.empty()) stored[0] = src.rows;

@@ -284,7 +284,8 @@ Tensor dora_term(const LoraAdapter& adapter, const LoraModule& m, const Tensor& 
   const Tensor norm = dora_row_norms(base.weight, m);  // detached, as peft's weight_norm.detach()
   const Tensor mag_norm_scale = ops::to_dtype(ops::div(as_f32(m.magnitude), norm), d);  // [out], reaches m
   Tensor base_result;
-  if (dropped && base.quantized) base_result = ops::quantized_linear(in, base.quantized, base.scale, nullptr);
+  if (dropped && base.nf4.packed) base_result = ops::nf4_linear(in, base.nf4, nullptr);
+  else if (dropped && base.quantized) base_result = ops::quantized_linear(in, base.quantized, base.scale, nullptr);
   else if (dropped) base_result = ops::linear(in, base.weight, nullptr, ops::Activation::None);
   else base_result = base.bias ? ops::sub(base.output, base.bias) : base.output;
   return ops::add(ops::mul(ops::add_scalar(mag_norm_scale, -1.0), base_result), ops::mul(mag_norm_scale, lora));

@@ -37,6 +37,7 @@
 #include <vector>
 #include <nlohmann/json.hpp>
 #include "models/lora_format.h"  // LoraCandidate: a linear layer, lora_target_matches
+#include "ops/nf4.h"
 #include "tensor/tensor.h"
 
 namespace flame::models {
@@ -109,13 +110,14 @@ std::shared_ptr<LoraAdapter> create_lora_adapter(Context& ctx, const std::vector
 // The linear layer an adapter term is added to: its weight and bias (may be null) as the forward
 // uses them (compute dtype) and its output x W^T + b. Over a quantised weight, `quantized` and `scale`
 // hold it as stored (F8 and its f32 scale; ops/quantized.h) and `weight` is its dequantised value,
-// set only when a DoRA term reads it (the norms), else null.
+// set only when a DoRA term reads it (the norms), else null. Over an NF4 weight, `nf4` holds it.
 struct LoraBaseLinear {
   Tensor weight;
   Tensor bias;
   Tensor output;
   Tensor quantized;
   Tensor scale;
+  ops::Nf4Weight nf4;  // over an NF4 weight (ops/nf4.h): its packed codes and statistics, else empty
 };
 
 // The adapter's term for module m in x's dtype, recorded: multiplier * scale * B(A(dropout(x))),

@@ -5,6 +5,7 @@
 #include <cstring>
 #include "core/error.h"
 #include "ops/ops.h"
+#include "ops/nf4.h"
 #include "ops/quantized.h"
 
 namespace flame::models {
@@ -111,6 +112,13 @@ std::string read_weight(const Model& model, const CheckpointFiles& view, const P
                         const Tensor& dst) {
   const std::string candidate = stored_scale_key(src.key);
   const std::string scale_key = !candidate.empty() && view.contains(candidate) ? candidate : std::string();
+  if (model.is_nf4_weight(name)) {  // quantised on the GPU from an f32 copy of this one weight
+    const ops::Nf4Weight nf4 = model.nf4_weight(name);
+    const Tensor full = ops::empty(dst->ctx(), {nf4.out_features(), nf4.in_features()}, FLAME_DTYPE_F32);
+    read_dequantized(view, src, scale_key, full);
+    ops::nf4_quantize_into(full, nf4);
+    return scale_key;
+  }
   const Tensor* scale = model.quantization_scale(name);
   if (!scale) {
     read_dequantized(view, src, scale_key, dst);

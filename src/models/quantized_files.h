@@ -14,6 +14,9 @@
 //     quantised on the GPU (quantize_into). A scale stored per row loads into a per-tensor parameter
 //     only when all its rows for the parameter are equal (checked on the host: loading waits anyway),
 //     else FLAME_ERROR_INVALID_ARGUMENT asks for "scale": "row"; a per-tensor one fills every row.
+//   - into an NF4 weight (Model::is_nf4_weight): whatever the file stores is read into a temporary
+//     f32 copy of that one weight (a scaled F8 one dequantised first), then quantised on the GPU
+//     (ops::nf4_quantize_into).
 //   - into a parameter of a float dtype: a scaled F8 weight is dequantised (weight * scale_weight,
 //     rounded once to the parameter's dtype); anything else is read as before (read_parameter).
 #pragma once

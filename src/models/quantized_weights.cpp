@@ -35,23 +35,45 @@ WeightQuantization parse_weight_quantization(const nlohmann::json& value) {
   WeightQuantization q;
   if (value.is_null() || (value.is_boolean() && !value.get<bool>())) return q;
   FLAME_CHECK(value.is_object(), FLAME_ERROR_INVALID_ARGUMENT,
-              "options: \"quantize\" must be an object such as {\"dtype\": \"f8_e4m3\", \"scale\": \"tensor\"} (or null)");
+              "options: \"quantize\" must be an object such as {\"dtype\": \"f8_e4m3\", \"scale\": \"tensor\"} or "
+              "{\"dtype\": \"nf4\"} (or null)");
   for (auto it = value.begin(); it != value.end(); ++it)
-    FLAME_CHECK(it.key() == "dtype" || it.key() == "scale", FLAME_ERROR_INVALID_ARGUMENT, "options: unknown key \"quantize.",
-                it.key(), "\" (known: quantize.dtype, quantize.scale)");
+    FLAME_CHECK(it.key() == "dtype" || it.key() == "scale" || it.key() == "block_size" || it.key() == "double_quant",
+                FLAME_ERROR_INVALID_ARGUMENT, "options: unknown key \"quantize.", it.key(),
+                "\" (known: quantize.dtype, quantize.scale, quantize.block_size, quantize.double_quant)");
   q.enabled = true;
   if (value.contains("dtype")) {
     const nlohmann::json& d = value["dtype"];
-    const bool known = d.is_string() && (d.get<std::string>() == "f8_e4m3" || d.get<std::string>() == "float8_e4m3fn");
+    const std::string name = d.is_string() ? d.get<std::string>() : std::string();
+    const bool known = name == "f8_e4m3" || name == "float8_e4m3fn" || name == "nf4";
     FLAME_CHECK(known, FLAME_ERROR_INVALID_ARGUMENT, "options: \"quantize.dtype\" is ", d.dump(),
-                ", not \"f8_e4m3\" (or \"float8_e4m3fn\"), the one quantised dtype FLAME has");
+                ", not \"f8_e4m3\" (or \"float8_e4m3fn\") or \"nf4\", the quantised formats FLAME has");
+    if (name == "nf4") q.format = QuantFormat::Nf4;
   }
+  const char* format = q.format == QuantFormat::Nf4 ? "nf4" : "f8_e4m3";
+  for (const char* key : {"block_size", "double_quant"})
+    FLAME_CHECK(q.format == QuantFormat::Nf4 || !value.contains(key), FLAME_ERROR_INVALID_ARGUMENT, "options: \"quantize.", key,
+                "\" is an option of \"dtype\": \"nf4\", not of ", format);
+  FLAME_CHECK(q.format == QuantFormat::Fp8 || !value.contains("scale"), FLAME_ERROR_INVALID_ARGUMENT,
+              "options: \"quantize.scale\" is an option of fp8, not of nf4 (whose scales are one absmax per block_size elements)");
   if (value.contains("scale")) {
     const nlohmann::json& s = value["scale"];
     const bool tensor = s.is_string() && s.get<std::string>() == "tensor", row = s.is_string() && s.get<std::string>() == "row";
     FLAME_CHECK(tensor || row, FLAME_ERROR_INVALID_ARGUMENT, "options: \"quantize.scale\" is ", s.dump(),
                 ", not \"tensor\" (one scale per weight) or \"row\" (one per output row)");
     q.scale = row ? QuantScale::PerRow : QuantScale::PerTensor;
+  }
+  if (value.contains("block_size")) {
+    const nlohmann::json& b = value["block_size"];
+    const int64_t v = b.is_number_integer() ? b.get<int64_t>() : 0;
+    FLAME_CHECK(v >= 16 && v <= 4096 && (v & (v - 1)) == 0, FLAME_ERROR_INVALID_ARGUMENT, "options: \"quantize.block_size\" is ",
+                b.dump(), ", not a power of two in [16, 4096]");
+    q.block_size = v;
+  }
+  if (value.contains("double_quant")) {
+    FLAME_CHECK(value["double_quant"].is_boolean(), FLAME_ERROR_INVALID_ARGUMENT, "options: \"quantize.double_quant\" is ",
+                value["double_quant"].dump(), ", not a boolean");
+    q.double_quant = value["double_quant"].get<bool>();
   }
   return q;
 }

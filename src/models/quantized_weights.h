@@ -19,18 +19,29 @@
 namespace flame::models {
 
 enum class QuantScale { PerTensor, PerRow };
+// The format of a quantised base: fp8 with a scale (this file), or NF4 (ops/nf4.h: packed 4-bit
+// codes with an absmax per block, optionally double-quantised).
+enum class QuantFormat { Fp8, Nf4 };
 
-// The model option {"quantize": {"dtype": "f8_e4m3", "scale": "tensor" | "row"}}.
+// The model option {"quantize": {"dtype": "f8_e4m3", "scale": "tensor" | "row"}} or
+// {"quantize": {"dtype": "nf4", "block_size": 64, "double_quant": true}}.
 struct WeightQuantization {
   bool enabled = false;
-  DType dtype = FLAME_DTYPE_F8_E4M3;
-  QuantScale scale = QuantScale::PerTensor;
+  QuantFormat format = QuantFormat::Fp8;
+  DType dtype = FLAME_DTYPE_F8_E4M3;  // fp8 only
+  QuantScale scale = QuantScale::PerTensor;  // fp8 only
+  int64_t block_size = 64;    // NF4 only: elements per absmax, a power of two in [16, 4096]
+  bool double_quant = true;   // NF4 only: the absmax values in 8 bits (bitsandbytes' compress_statistics)
+  bool nf4() const { return enabled && format == QuantFormat::Nf4; }
 };
 
 // Parses the value of the "quantize" key: null or false (off), or an object whose keys are all
-// optional: "dtype" ("f8_e4m3", the default; "float8_e4m3fn" is accepted too) and "scale" ("tensor",
-// the default, or "row"). Anything else fails with FLAME_ERROR_INVALID_ARGUMENT naming the key
-// ("quantize", "quantize.dtype", "quantize.scale" or the unknown "quantize.<key>").
+// optional: "dtype" ("f8_e4m3", the default; "float8_e4m3fn" is accepted too; or "nf4"), for fp8
+// "scale" ("tensor", the default, or "row"), for NF4 "block_size" (an integer, a power of two in
+// [16, 4096], default 64) and "double_quant" (a boolean, default true). Anything else, or a key of
+// the other format, fails with FLAME_ERROR_INVALID_ARGUMENT naming the key ("quantize",
+// "quantize.dtype", "quantize.scale", "quantize.block_size", "quantize.double_quant" or the unknown
+// "quantize.<key>").
 WeightQuantization parse_weight_quantization(const nlohmann::json& value);
 
 // The largest finite e4m3 value: a per-tensor scale is amax / kF8E4M3Max.

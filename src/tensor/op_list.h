@@ -234,9 +234,11 @@
 // ---- the frozen fp8 base's linear layer (src/ops/quantized.cpp, kernel cuda/dequantize.cuh) ----
 // y = x W^T + b with W = q * scale frozen in fp8: one node over (x, bias) that saves q and scale, not
 // the dequantised W; its rule dequantises them again for the input gradient. No C entry point (the
-// model layer's "quantize" option uses it).
+// model layer's "quantize" option uses it). Nf4Linear: the same over an NF4 weight (src/ops/nf4.cpp,
+// kernels cuda/nf4.cuh), saving the packed codes and their statistics.
 #define FLAME_QUANTIZED_OPS(X) \
-  X(QuantizedLinear, quantized_linear, RULE)          
+  X(QuantizedLinear, quantized_linear, RULE)          \
+  X(Nf4Linear, nf4_linear, RULE)
 
 // Every elementwise row (5 columns), then every other row (3 columns), in OpId order.
 #define FLAME_ELEMENTWISE_OPS(X)                                                                  \

@@ -319,6 +319,16 @@ TEST_P(KernelCompile, Dequantize) {
   compile_all("dequantize.cuh", names, GetParam());
 }
 
+// ---- the frozen NF4 base: quantisation and dequantisation (cuda/nf4.cuh, src/ops/nf4.cpp) ----
+#include "ops/nf4.h"
+
+TEST_P(KernelCompile, Nf4) {
+  auto names = flame::ops::nf4_instantiations();
+  // the two quantisation kernels, then {f32, f16, bf16, f64} x {absmax f32, double-quantised} x {1, 4} bytes per thread
+  EXPECT_EQ(names.size(), 18u);
+  compile_all("nf4.cuh", names, GetParam());  // includes nf4_constants.cuh
+}
+
 // ---- training toolkit: fused gradient tools and loss scaling (cuda/grad_tools.cuh) ----
 #include "toolkit/grad_tools.h"
 

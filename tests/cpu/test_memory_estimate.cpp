@@ -79,6 +79,33 @@ TEST(MemoryEstimate, WeightBytesFollowDtypeAndQuantize) {
   EXPECT_GT(linear_elements_minus_scales, bf16.parameter_count / 2);
 }
 
+TEST(MemoryEstimate, Nf4WeightsAtHalfAByteWithBlockStatistics) {
+  // Flux-dev: every linear layer's rows are multiples of 3072, so every block size divides them.
+  auto bytes = [](const char* quantize) {
+    return estimate_of(request("FluxTransformer2DModel", kFluxDevConfig,
+                               std::string(R"("options": {"dtype": "bf16", "quantize": )") + quantize + "}"))
+        .weights_bytes;
+  };
+  const uint64_t bf16 = estimate_of(request("FluxTransformer2DModel", kFluxDevConfig, R"("options": {"dtype": "bf16"})")).weights_bytes;
+  const uint64_t b16 = bytes(R"({"dtype": "nf4", "block_size": 16, "double_quant": false})");
+  const uint64_t b32 = bytes(R"({"dtype": "nf4", "block_size": 32, "double_quant": false})");
+  // L linear elements: 2L bytes in bf16, L / 2 + 4 L / block without double quantisation, so
+  // b16 - b32 = L / 8 and bf16 - b16 = 2L - L / 2 - L / 4 = 10 (L / 8).
+  ASSERT_GT(b16, b32);
+  const uint64_t eighth = b16 - b32, linear = 8 * eighth;
+  EXPECT_EQ(bf16 - b16, 10 * eighth);
+  EXPECT_GT(linear, bf16 / 2 * 9 / 10) << "Flux-dev's linear weights are most of its parameters";
+  // the defaults (block 64, double quantisation): L / 2 + L / 64 (8-bit absmax) + 4 bytes per 256
+  // blocks + 4 per layer, at most 0.3 of bf16's 2L
+  const uint64_t dq = bytes(R"({"dtype": "nf4"})");
+  const uint64_t other = bf16 - 2 * linear;
+  const uint64_t linear_dq = dq - other;
+  EXPECT_GE(linear_dq, linear / 2 + linear / 64 + linear / 64 / 256 * 4);
+  EXPECT_LE(linear_dq, linear / 2 + linear / 64 + linear / 64 / 256 * 4 + 8 * 1000);  // < 1000 layers: a partial chunk and a mean each
+  EXPECT_LE(static_cast<double>(linear_dq), 0.3 * static_cast<double>(2 * linear));
+  EXPECT_LT(dq, bytes(R"({"dtype": "nf4", "double_quant": false})"));
+}
+
 TEST(MemoryEstimate, AdapterSizesOfDiffusersDefaultTargets) {
   // SDXL: to_q, to_k, to_v, to_out.0 of attn1 and attn2 in 10 blocks of width 640 and 60 of 1280
   // (cross-attention k / v from 2048): 16 x (224 C + 4096) per block.

@@ -1,6 +1,6 @@
 // The "quantize" model option and the names of quantised weights without a GPU
 // (src/models/quantized_weights.h, quantized_files.h): parsing, defaults and errors that name the
-// key; the scale names and shapes; and the load plan of a ComfyUI "scaled fp8" Flux file (F8_E4M3
+// key (fp8 and NF4); the scale names and shapes; and the load plan of a ComfyUI "scaled fp8" Flux file (F8_E4M3
 // weights, scale_weight scalars, the scaled_fp8 marker), which must be recognised as before.
 #include <gtest/gtest.h>
 #include <string>
@@ -61,7 +61,7 @@ TEST(ModelQuantizeOptions, ErrorsNameTheKey) {
       {{{"quantize", true}}, "\"quantize\""},
       {{{"quantize", {{"bits", 8}}}}, "quantize.bits"},
       {{{"quantize", {{"dtype", "f8_e5m2"}}}}, "quantize.dtype"},
-      {{{"quantize", {{"dtype", "nf4"}}}}, "quantize.dtype"},
+      {{{"quantize", {{"dtype", "nf8"}}}}, "quantize.dtype"},
       {{{"quantize", {{"dtype", 8}}}}, "quantize.dtype"},
       {{{"quantize", {{"scale", "block"}}}}, "quantize.scale"},
       {{{"quantize", {{"scale", nullptr}}}}, "quantize.scale"},
@@ -71,6 +71,68 @@ TEST(ModelQuantizeOptions, ErrorsNameTheKey) {
     const auto [status, message] = parse_error(b.options);
     EXPECT_EQ(status, FLAME_ERROR_INVALID_ARGUMENT) << b.options.dump();
     EXPECT_NE(message.find(b.names), std::string::npos) << b.options.dump() << ": " << message;
+  }
+}
+
+TEST(ModelQuantizeOptions, Nf4DefaultsAreBitsandbytesQLoRA) {
+  // bitsandbytes' Linear4bit(quant_type="nf4", compress_statistics=True): blocks of 64, double quantisation.
+  const ModelOptions nf4 = parse_model_options({{"dtype", "bf16"}, {"quantize", {{"dtype", "nf4"}}}});
+  EXPECT_TRUE(nf4.quantize.enabled);
+  EXPECT_TRUE(nf4.quantize.nf4());
+  EXPECT_EQ(nf4.quantize.format, QuantFormat::Nf4);
+  EXPECT_EQ(nf4.quantize.block_size, 64);
+  EXPECT_TRUE(nf4.quantize.double_quant);
+  EXPECT_EQ(nf4.param_dtype, FLAME_DTYPE_BF16);
+
+  const ModelOptions custom =
+      parse_model_options({{"quantize", {{"dtype", "nf4"}, {"block_size", 4096}, {"double_quant", false}}}});
+  EXPECT_EQ(custom.quantize.block_size, 4096);
+  EXPECT_FALSE(custom.quantize.double_quant);
+  EXPECT_EQ(parse_model_options({{"quantize", {{"dtype", "nf4"}, {"block_size", 16}}}}).quantize.block_size, 16);
+  EXPECT_FALSE(parse_model_options({{"quantize", {{"dtype", "f8_e4m3"}}}}).quantize.nf4());
+}
+
+TEST(ModelQuantizeOptions, Nf4ErrorsNameTheKey) {
+  struct Bad {
+    nlohmann::json quantize;
+    const char* names;
+  };
+  const std::vector<Bad> bad = {
+      {{{"dtype", "nf4"}, {"block_size", 63}}, "quantize.block_size"},
+      {{{"dtype", "nf4"}, {"block_size", 8}}, "quantize.block_size"},
+      {{{"dtype", "nf4"}, {"block_size", 8192}}, "quantize.block_size"},
+      {{{"dtype", "nf4"}, {"block_size", 0}}, "quantize.block_size"},
+      {{{"dtype", "nf4"}, {"block_size", -64}}, "quantize.block_size"},
+      {{{"dtype", "nf4"}, {"block_size", "64"}}, "quantize.block_size"},
+      {{{"dtype", "nf4"}, {"block_size", 64.0}}, "quantize.block_size"},
+      {{{"dtype", "nf4"}, {"double_quant", "yes"}}, "quantize.double_quant"},
+      {{{"dtype", "nf4"}, {"double_quant", 1}}, "quantize.double_quant"},
+      {{{"dtype", "nf4"}, {"scale", "row"}}, "quantize.scale"},
+      {{{"dtype", "f8_e4m3"}, {"block_size", 64}}, "quantize.block_size"},
+      {{{"block_size", 64}}, "quantize.block_size"},  // the default dtype is fp8
+      {{{"dtype", "f8_e4m3"}, {"double_quant", true}}, "quantize.double_quant"},
+      {{{"dtype", "nf4"}, {"blocksize", 64}}, "quantize.blocksize"},
+      {{{"dtype", "nf4"}, {"compress_statistics", true}}, "quantize.compress_statistics"},
+      {{{"dtype", "NF4"}}, "quantize.dtype"},
+  };
+  for (const Bad& b : bad) {
+    const nlohmann::json options = {{"quantize", b.quantize}};
+    const auto [status, message] = parse_error(options);
+    EXPECT_EQ(status, FLAME_ERROR_INVALID_ARGUMENT) << options.dump();
+    EXPECT_NE(message.find(b.names), std::string::npos) << options.dump() << ": " << message;
+  }
+  // with "offload", as fp8
+  EXPECT_EQ(parse_error({{"quantize", {{"dtype", "nf4"}}}, {"offload", {{"budget_bytes", 1 << 30}}}}).first,
+            FLAME_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(ModelQuantizeOptions, LoadRejectsBadNf4OptionsBeforeOpeningFiles) {
+  try {
+    plan_model_load("/nonexistent/flux.safetensors", {{"quantize", {{"dtype", "nf4"}, {"block_size", 48}}}});
+    FAIL() << "a bad NF4 block size was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), FLAME_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("quantize.block_size"), std::string::npos) << e.what();
   }
 }
 

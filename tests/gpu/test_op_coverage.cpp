@@ -45,6 +45,9 @@ const std::map<std::string, std::string>& checked_elsewhere() {
                            "QuantizedOps.LinearEqualsLinearOverTheDequantizedWeight (x and bias gradients against "
                            "linear over the dequantised weight) and ...UnderCreateGraph; LoRA gradients through "
                            "models in test_model_quantized.cpp"},
+      {"nf4_linear", "no C entry point (the NF4 base of the model layer): tests/gpu/models/test_nf4.cpp "
+                     "Nf4Ops.LinearEqualsLinearOverTheDequantizedWeight (x and bias gradients against linear over the "
+                     "dequantised weight) and ...UnderCreateGraph; LoRA gradients through models in test_model_nf4.cpp"},
   };
   return m;
 }
