@@ -107,6 +107,16 @@ double rel_diff(const std::vector<A>& a, const std::vector<B>& b) {
   return den > 0 ? num / den : num;
 }
 
+// The output named output of one forward, on the host (a failure is a test failure; then empty).
+inline std::vector<float> forward_output(flame_model_t m, const char* output, flame_params_t in) {
+  ParamsHandle out;
+  EXPECT_EQ(flame_model_forward(m, in, &out.p), FLAME_OK) << flame_last_error_message();
+  flame_tensor_t y = nullptr;
+  EXPECT_EQ(flame_params_find(out.p, output, &y), FLAME_OK);
+  if (!y) return {};
+  return host_of(y);
+}
+
 // loss = sum(y * y) of one forward (y: the output named output), backward into the leaves.
 inline void backward_sum_squares(flame_ctx_t ctx, flame_model_t m, const char* output, flame_params_t in) {
   ParamsHandle out;

@@ -46,14 +46,7 @@ void make_model(flame_ctx_t ctx, const Case& c, ModelHandle& m) {
   fill_list(ps.p, 12345, 0.2f);
 }
 
-std::vector<float> run(flame_model_t m, const Case& c, flame_params_t in) {
-  ParamsHandle out;
-  EXPECT_EQ(flame_model_forward(m, in, &out.p), FLAME_OK) << flame_last_error_message();
-  flame_tensor_t y = nullptr;
-  EXPECT_EQ(flame_params_find(out.p, c.output, &y), FLAME_OK);
-  if (!y) return {};
-  return host_of(y);
-}
+std::vector<float> run(flame_model_t m, const Case& c, flame_params_t in) { return forward_output(m, c.output, in); }
 
 flame_tensor_t find_or_null(flame_params_t list, const std::string& name) {
   flame_tensor_t t = nullptr;

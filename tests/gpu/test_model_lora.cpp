@@ -55,14 +55,7 @@ void make_model(flame_ctx_t ctx, const Case& c, ModelHandle& m) {
 
 void make_inputs(flame_ctx_t ctx, const Case& c, ParamsHandle& in) { make_tiny_model_inputs(ctx, c.arch, in); }
 
-std::vector<float> run(flame_model_t m, const Case& c, flame_params_t in) {
-  ParamsHandle out;
-  EXPECT_EQ(flame_model_forward(m, in, &out.p), FLAME_OK) << flame_last_error_message();
-  flame_tensor_t y = nullptr;
-  EXPECT_EQ(flame_params_find(out.p, c.output, &y), FLAME_OK);
-  if (!y) return {};
-  return host_of(y);
-}
+std::vector<float> run(flame_model_t m, const Case& c, flame_params_t in) { return forward_output(m, c.output, in); }
 
 // Writes W + scale * B A into model's weights for every module of the adapter list (host, double).
 void merge_on_host(flame_params_t adapter, flame_model_t into, double scale) {
