@@ -28,12 +28,8 @@ namespace {
 
 class ModelLokr : public GpuTest {};
 
-const char* const kClip = R"({"vocab_size": 100, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-      "num_attention_heads": 1, "max_position_embeddings": 16})";
-const char* const kFlux =
-    R"({"num_layers": 2, "num_single_layers": 2, "attention_head_dim": 16, "num_attention_heads": 2,
-        "in_channels": 16, "joint_attention_dim": 24, "pooled_projection_dim": 20, "guidance_embeds": true,
-        "axes_dims_rope": [4, 6, 6]})";
+const char* const kClip = kTinyClipConfig;
+const char* const kFlux = kTinyFluxConfig;
 
 struct Case {
   const char* arch;
@@ -43,28 +39,6 @@ struct Case {
 const Case kClipCase = {"CLIPTextModel", kClip, "last_hidden_state"};
 const Case kFluxCase = {"FluxTransformer2DModel", kFlux, "sample"};
 
-void fill_tensor(flame_tensor_t t, uint32_t& state, float scale) {
-  int64_t n = 0;
-  ASSERT_EQ(flame_tensor_numel(t, &n), FLAME_OK);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) {
-    state = state * 1664525u + 1013904223u;
-    x = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * scale;
-  }
-  ASSERT_EQ(flame_copy_from_host(t, v.data(), v.size() * sizeof(float)), FLAME_OK) << flame_last_error_message();
-}
-
-void fill_list(flame_params_t list, uint32_t seed, float scale) {
-  int64_t count = 0;
-  ASSERT_EQ(flame_params_count(list, &count), FLAME_OK);
-  uint32_t state = seed;
-  for (int64_t i = 0; i < count; ++i) {
-    flame_tensor_t t = nullptr;
-    ASSERT_EQ(flame_params_tensor(list, i, &t), FLAME_OK);
-    fill_tensor(t, state, scale);
-  }
-}
-
 void make_model(flame_ctx_t ctx, const Case& c, ModelHandle& m) {
   ASSERT_EQ(flame_model_create(ctx, c.arch, c.config, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
   ParamsHandle ps;
@@ -72,55 +46,13 @@ void make_model(flame_ctx_t ctx, const Case& c, ModelHandle& m) {
   fill_list(ps.p, 12345, 0.2f);
 }
 
-std::vector<float> run(flame_model_t m, const Case& c, flame_params_t in) {
-  ParamsHandle out;
-  EXPECT_EQ(flame_model_forward(m, in, &out.p), FLAME_OK) << flame_last_error_message();
-  flame_tensor_t y = nullptr;
-  EXPECT_EQ(flame_params_find(out.p, c.output, &y), FLAME_OK);
-  if (!y) return {};
-  return host_of(y);
-}
-
-template <typename A, typename B>
-double rel_diff(const std::vector<A>& a, const std::vector<B>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    num = std::max(num, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
-    den = std::max(den, std::fabs(static_cast<double>(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
-
-std::vector<std::string> names_of(flame_params_t list) {
-  int64_t n = 0;
-  EXPECT_EQ(flame_params_count(list, &n), FLAME_OK);
-  std::vector<std::string> out;
-  for (int64_t i = 0; i < n; ++i) {
-    const char* name = nullptr;
-    EXPECT_EQ(flame_params_name(list, i, &name), FLAME_OK);
-    out.push_back(name);
-  }
-  return out;
-}
+std::vector<float> run(flame_model_t m, const Case& c, flame_params_t in) { return forward_output(m, c.output, in); }
 
 flame_tensor_t find_or_null(flame_params_t list, const std::string& name) {
   flame_tensor_t t = nullptr;
   EXPECT_EQ(flame_params_find(list, name.c_str(), &t), FLAME_OK);
   return t;
 }
-
-std::vector<int64_t> shape_of(flame_tensor_t t) {
-  int32_t nd = 0;
-  EXPECT_EQ(flame_tensor_ndim(t, &nd), FLAME_OK);
-  std::vector<int64_t> s(static_cast<size_t>(nd));
-  if (nd > 0) {
-    EXPECT_EQ(flame_tensor_shape(t, s.data(), nd), FLAME_OK);
-  }
-  return s;
-}
-
-std::vector<double> to_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
 
 // A row-major host matrix.
 struct Mat {
@@ -212,26 +144,6 @@ void merge_on_host(const std::vector<HostLokr>& mods, flame_params_t params, fla
   }
 }
 
-// loss = sum(y * y) of one forward, backward into the leaves.
-void backward_sum_squares(flame_ctx_t ctx, flame_model_t m, const Case& c, flame_params_t in) {
-  ParamsHandle out;
-  ASSERT_EQ(flame_model_forward(m, in, &out.p), FLAME_OK) << flame_last_error_message();
-  flame_tensor_t y = nullptr;
-  ASSERT_EQ(flame_params_find(out.p, c.output, &y), FLAME_OK);
-  T sq, loss;
-  ASSERT_EQ(flame_mul(y, y, sq.out()), FLAME_OK);
-  ASSERT_EQ(flame_sum_all(sq.h, loss.out()), FLAME_OK);
-  ASSERT_EQ(flame_backward(ctx, loss.h, nullptr, 0), FLAME_OK) << flame_last_error_message();
-}
-
-std::vector<double> grad_of(flame_tensor_t t) {
-  T g;
-  EXPECT_EQ(flame_tensor_grad(t, g.out()), FLAME_OK);
-  EXPECT_NE(g.h, nullptr);
-  if (!g.h) return {};
-  return to_double(host_of(g.h));
-}
-
 std::string temp_path(const char* tag) {
   return std::string("/tmp/flame_model_lokr_") + tag + "_" + std::to_string(static_cast<long>(getpid())) + ".safetensors";
 }
@@ -280,8 +192,8 @@ void check_lokr(flame_ctx_t ctx, const char* options, double alpha, double multi
   }
   EXPECT_LE(rel_diff(adapted, run(merged.m, c, in.p)), 1e-4) << "LoKr output differs from (W + s kron(W1, W2)) x + b";
 
-  backward_sum_squares(ctx, m.m, c, in.p);
-  backward_sum_squares(ctx, merged.m, c, in.p);
+  backward_sum_squares(ctx, m.m, c.output, in.p);
+  backward_sum_squares(ctx, merged.m, c.output, in.p);
   ParamsHandle merged_params;
   ASSERT_EQ(flame_model_params(merged.m, &merged_params.p), FLAME_OK);
   for (const HostLokr& h : mods) {
@@ -380,7 +292,7 @@ TEST_F(ModelLokr, KohyaFileRoundTripsAndPeftRefuses) {
     EXPECT_EQ(names_of(loaded.p), names_of(adapter.p)) << "the file holds other factors";
     EXPECT_LE(rel_diff(run(fresh.m, c, in.p), adapted), 1e-5) << "the kohya LoKr file means another adapter";
     // the loaded factors train: gradients reach them
-    backward_sum_squares(ctx, fresh.m, c, in.p);
+    backward_sum_squares(ctx, fresh.m, c.output, in.p);
     for (const std::string& n : names_of(loaded.p)) {
       double mx = 0;
       for (double v : grad_of(find_or_null(loaded.p, n))) mx = std::max(mx, std::fabs(v));

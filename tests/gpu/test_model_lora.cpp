@@ -30,18 +30,14 @@ namespace {
 class ModelLora : public GpuTest {};
 
 
-const char* const kFlux =
-    R"({"num_layers": 2, "num_single_layers": 2, "attention_head_dim": 16, "num_attention_heads": 2,
-        "in_channels": 16, "joint_attention_dim": 24, "pooled_projection_dim": 20, "guidance_embeds": true,
-        "axes_dims_rope": [4, 6, 6]})";
+const char* const kFlux = kTinyFluxConfig;
 const char* const kUnetSdxl = R"({"block_out_channels": [32, 48, 64], "layers_per_block": 2,
   "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
   "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
   "transformer_layers_per_block": [1, 2, 3], "attention_head_dim": [1, 2, 4], "cross_attention_dim": 40,
   "use_linear_projection": true, "norm_num_groups": 8, "addition_embed_type": "text_time",
   "addition_time_embed_dim": 8, "projection_class_embeddings_input_dim": 72})";
-const char* const kClip = R"({"vocab_size": 100, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-      "num_attention_heads": 1, "max_position_embeddings": 16})";
+const char* const kClip = kTinyClipConfig;
 
 struct Case {
   const char* arch;
@@ -49,25 +45,6 @@ struct Case {
   const char* output;
 };
 
-
-// Fills every tensor of a list with values of a fixed pseudo-random sequence times scale.
-void fill_list(flame_params_t list, uint32_t seed, float scale) {
-  int64_t count = 0;
-  ASSERT_EQ(flame_params_count(list, &count), FLAME_OK);
-  uint32_t state = seed;
-  for (int64_t i = 0; i < count; ++i) {
-    flame_tensor_t t = nullptr;
-    ASSERT_EQ(flame_params_tensor(list, i, &t), FLAME_OK);
-    int64_t n = 0;
-    ASSERT_EQ(flame_tensor_numel(t, &n), FLAME_OK);
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v) {
-      state = state * 1664525u + 1013904223u;
-      x = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * scale;
-    }
-    ASSERT_EQ(flame_copy_from_host(t, v.data(), v.size() * sizeof(float)), FLAME_OK) << flame_last_error_message();
-  }
-}
 
 void make_model(flame_ctx_t ctx, const Case& c, ModelHandle& m) {
   ASSERT_EQ(flame_model_create(ctx, c.arch, c.config, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
@@ -78,24 +55,7 @@ void make_model(flame_ctx_t ctx, const Case& c, ModelHandle& m) {
 
 void make_inputs(flame_ctx_t ctx, const Case& c, ParamsHandle& in) { make_tiny_model_inputs(ctx, c.arch, in); }
 
-std::vector<float> run(flame_model_t m, const Case& c, flame_params_t in) {
-  ParamsHandle out;
-  EXPECT_EQ(flame_model_forward(m, in, &out.p), FLAME_OK) << flame_last_error_message();
-  flame_tensor_t y = nullptr;
-  EXPECT_EQ(flame_params_find(out.p, c.output, &y), FLAME_OK);
-  if (!y) return {};
-  return host_of(y);
-}
-
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::fabs(static_cast<double>(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
+std::vector<float> run(flame_model_t m, const Case& c, flame_params_t in) { return forward_output(m, c.output, in); }
 
 // Writes W + scale * B A into model's weights for every module of the adapter list (host, double).
 void merge_on_host(flame_params_t adapter, flame_model_t into, double scale) {
@@ -277,18 +237,6 @@ flame_tensor_t find_tensor(flame_params_t list, const std::string& name) {
   return t;
 }
 
-std::vector<std::string> names_of(flame_params_t list) {
-  int64_t n = 0;
-  EXPECT_EQ(flame_params_count(list, &n), FLAME_OK);
-  std::vector<std::string> out;
-  for (int64_t i = 0; i < n; ++i) {
-    const char* name = nullptr;
-    EXPECT_EQ(flame_params_name(list, i, &name), FLAME_OK);
-    out.push_back(name);
-  }
-  return out;
-}
-
 std::string module_of(const std::string& name, const std::string& suffix) {
   return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0
              ? name.substr(0, name.size() - suffix.size())
@@ -321,8 +269,6 @@ struct HostDora {
     return std::sqrt(n);
   }
 };
-
-std::vector<double> to_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
 
 HostDora host_dora(flame_params_t adapter, flame_params_t params, const std::string& module, double scale) {
   HostDora h;
@@ -384,26 +330,6 @@ void merge_dora_on_host(flame_params_t adapter, flame_params_t params, flame_mod
   }
 }
 
-// loss = sum(y * y) of one forward, backward into the leaves.
-void backward_sum_squares(flame_ctx_t ctx, flame_model_t m, const Case& c, flame_params_t in) {
-  ParamsHandle out;
-  ASSERT_EQ(flame_model_forward(m, in, &out.p), FLAME_OK) << flame_last_error_message();
-  flame_tensor_t y = nullptr;
-  ASSERT_EQ(flame_params_find(out.p, c.output, &y), FLAME_OK);
-  T sq, loss;
-  ASSERT_EQ(flame_mul(y, y, sq.out()), FLAME_OK);
-  ASSERT_EQ(flame_sum_all(sq.h, loss.out()), FLAME_OK);
-  ASSERT_EQ(flame_backward(ctx, loss.h, nullptr, 0), FLAME_OK) << flame_last_error_message();
-}
-
-std::vector<double> grad_of(flame_tensor_t t) {
-  T g;
-  EXPECT_EQ(flame_tensor_grad(t, g.out()), FLAME_OK);
-  EXPECT_NE(g.h, nullptr);
-  if (!g.h) return {};
-  return to_double(host_of(g.h));
-}
-
 double rel_diff_d(const std::vector<double>& a, const std::vector<double>& b) {
   EXPECT_EQ(a.size(), b.size());
   double num = 0, den = 0;
@@ -451,8 +377,8 @@ TEST_F(ModelLora, DoraMatchesHostMergedWeightsAndGradients) {
 
   // Gradients: with n constant, dL/dm = sum_k G (W + s B A) / n, dL/dB = s diag(m / n) G A^T and
   // dL/dA = s B^T diag(m / n) G, where G is the merged model's weight gradient.
-  backward_sum_squares(ctx, m.m, c, in.p);
-  backward_sum_squares(ctx, merged.m, c, in.p);
+  backward_sum_squares(ctx, m.m, c.output, in.p);
+  backward_sum_squares(ctx, merged.m, c.output, in.p);
   ParamsHandle merged_params;
   ASSERT_EQ(flame_model_params(merged.m, &merged_params.p), FLAME_OK);
   for (const std::string& mod : mods) {
@@ -488,7 +414,7 @@ TEST_F(ModelLora, DoraMatchesHostMergedWeightsAndGradients) {
                                  &dropped.p), FLAME_OK) << flame_last_error_message();
   fill_dora(dropped.p, params.p);
   ASSERT_EQ(flame_model_set_training(m.m, 1), FLAME_OK);
-  backward_sum_squares(ctx, m.m, c, in.p);
+  backward_sum_squares(ctx, m.m, c.output, in.p);
   for (const std::string& name : names_of(dropped.p)) {
     double mx = 0;
     for (double v : grad_of(find_tensor(dropped.p, name))) mx = std::max(mx, std::fabs(v));

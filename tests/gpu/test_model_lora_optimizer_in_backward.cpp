@@ -27,10 +27,7 @@ namespace {
 
 class ModelLoraOptimizerInBackward : public GpuTest {};
 
-const char* const kFlux =
-    R"({"num_layers": 2, "num_single_layers": 2, "attention_head_dim": 16, "num_attention_heads": 2,
-        "in_channels": 16, "joint_attention_dim": 24, "pooled_projection_dim": 20, "guidance_embeds": true,
-        "axes_dims_rope": [4, 6, 6]})";
+const char* const kFlux = kTinyFluxConfig;
 const char* const kLora = R"({"rank": 64, "alpha": 32})";
 constexpr int kSteps = 3;
 

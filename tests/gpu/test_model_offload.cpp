@@ -42,24 +42,6 @@ struct Case {
 const Case kFluxCase{"FluxTransformer2DModel", kFlux, "sample", "transformer_blocks.0.attn.to_q.weight"};
 const Case kUnetCase{"UNet2DConditionModel", kUnetSdxl, "sample", "down_blocks.0.resnets.0.conv1.weight"};
 
-void fill_list(flame_params_t list, uint32_t seed, float scale) {
-  int64_t count = 0;
-  ASSERT_EQ(flame_params_count(list, &count), FLAME_OK);
-  uint32_t state = seed;
-  for (int64_t i = 0; i < count; ++i) {
-    flame_tensor_t t = nullptr;
-    ASSERT_EQ(flame_params_tensor(list, i, &t), FLAME_OK);
-    int64_t n = 0;
-    ASSERT_EQ(flame_tensor_numel(t, &n), FLAME_OK);
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v) {
-      state = state * 1664525u + 1013904223u;
-      x = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * scale;
-    }
-    ASSERT_EQ(flame_copy_from_host(t, v.data(), v.size() * sizeof(float)), FLAME_OK) << flame_last_error_message();
-  }
-}
-
 void make_inputs(flame_ctx_t ctx, const Case& c, ParamsHandle& in) { make_tiny_model_inputs(ctx, c.arch, in); }
 
 uint64_t bytes_in_use(flame_ctx_t ctx) {

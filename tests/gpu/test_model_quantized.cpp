@@ -66,16 +66,6 @@ int64_t numel_of(flame_tensor_t t) {
   return n;
 }
 
-std::vector<int64_t> shape_of(flame_tensor_t t) {
-  int32_t nd = 0;
-  EXPECT_EQ(flame_tensor_ndim(t, &nd), FLAME_OK);
-  std::vector<int64_t> s(static_cast<size_t>(nd));
-  if (nd > 0) {
-    EXPECT_EQ(flame_tensor_shape(t, s.data(), nd), FLAME_OK);
-  }
-  return s;
-}
-
 std::vector<unsigned char> bytes_of(flame_tensor_t t) {
   std::vector<unsigned char> b(static_cast<size_t>(numel_of(t)) * dtype_bytes(dtype_of(t)));
   EXPECT_EQ(flame_to_host(t, b.data(), b.size()), FLAME_OK) << flame_last_error_message();
@@ -123,16 +113,6 @@ std::vector<float> floats_of(flame_tensor_t t) {
   T f;
   EXPECT_EQ(flame_to_dtype(t, FLAME_DTYPE_F32, f.out()), FLAME_OK) << flame_last_error_message();
   return f.h ? host_of(f.h) : std::vector<float>{};
-}
-
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::fabs(static_cast<double>(b[i])));
-  }
-  return den > 0 ? num / den : num;
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {

@@ -16,18 +16,17 @@ max|flame - peft| / max|peft| per tensor within --tol (1e-4).
 
 Exit status 0 when every compared tensor is within tolerance, 1 otherwise.
 """
-import argparse
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import torch
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_model_parity import clip_case, rel_err  # noqa: E402
+import parity_common  # noqa: E402
+from check_model_parity import clip_case  # noqa: E402
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj", "fc1"]
 RANK, ALPHA = 4, 8
@@ -108,41 +107,11 @@ def run(tool, d, tol):
         return False
     got = load_file(paths["flame.safetensors"])
     floor = 1e-6 * max(v.abs().max().item() for k, v in ref.items() if k.startswith(("grad", "lora_grad")))
-    ok, worst = True, (0.0, "")
-    for k, v in ref.items():
-        if k not in got:
-            print(f"FAIL: {k} missing from FLAME's results")
-            ok = False
-            continue
-        if tuple(got[k].shape) != tuple(v.shape):
-            print(f"FAIL: {k}: shape {tuple(got[k].shape)} vs peft's {tuple(v.shape)}")
-            ok = False
-            continue
-        e = rel_err(got[k], v, floor if k.startswith("grad") else 0.0)
-        worst = max(worst, (e, k))
-        if e > tol:
-            print(f"FAIL: {k}: rel err {e:.3e} > {tol:.0e}")
-            ok = False
-        elif e > 1e-6:
-            print(f"      {k}: rel err {e:.3e}")
+    ok, worst = parity_common.compare_tensors(got, ref, tol, lambda k: floor if k.startswith("grad") else 0.0,
+                                              report_above=1e-6)
     print(f"[dora/clip_l] {'OK' if ok else 'FAIL'}: {len(ref)} tensors ({magnitudes} DoRA modules), worst {worst[0]:.3e} ({worst[1]})")
     return ok
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tool", required=True, help="path of flame_model_run")
-    ap.add_argument("--tol", type=float, default=1e-4)
-    ap.add_argument("--keep", help="directory to keep the files in (default: a temporary one)")
-    a = ap.parse_args()
-    if a.keep:
-        os.makedirs(a.keep, exist_ok=True)
-        ok = run(a.tool, a.keep, a.tol)
-    else:
-        with tempfile.TemporaryDirectory() as d:
-            ok = run(a.tool, d, a.tol)
-    sys.exit(0 if ok else 1)
-
-
 if __name__ == "__main__":
-    main()
+    parity_common.main(__doc__, run)

@@ -104,6 +104,23 @@ SampleFile read_sample(const std::string& path) {
 }
 #endif
 
+// The trained LoRA file loads onto a fresh bf16 demo model of family and holds parameters (their
+// count into count).
+void expect_lora_loads(flame_ctx_t ctx, const std::string& family, const std::string& lora, int64_t& count) {
+  const char* architecture = nullptr;
+  const char* config = flame_train::demo_model_config(family, &architecture);
+  flame_model_t model = nullptr;
+  ASSERT_EQ(flame_model_create(ctx, architecture, config, R"({"dtype": "bf16"})", &model), FLAME_OK)
+      << flame_last_error_message();
+  flame_params_t adapter = nullptr;
+  EXPECT_EQ(flame_model_load_lora(model, lora.c_str(), nullptr, &adapter), FLAME_OK) << flame_last_error_message();
+  count = 0;
+  if (adapter) EXPECT_EQ(flame_params_count(adapter, &count), FLAME_OK);
+  EXPECT_GT(count, 0);
+  flame_params_release(adapter);
+  flame_model_release(model);
+}
+
 // The sample row of step: two 128 x 128 images side by side, pixels that vary in each.
 void expect_sample_row(const std::string& out, int step, const std::string& log) {
   char name[64];
@@ -163,18 +180,8 @@ TEST_P(TrainerDemo, LossFallsAndTheLoraLoadsBack) {
   expect_sample_row(out, 60, r.output);
   const std::string lora = out + "/demo_lora.safetensors";
   ASSERT_TRUE(file_exists(lora)) << r.output;
-  const char* architecture = nullptr;
-  const char* config = flame_train::demo_model_config(family, &architecture);
-  flame_model_t model = nullptr;
-  ASSERT_EQ(flame_model_create(ctx, architecture, config, R"({"dtype": "bf16"})", &model), FLAME_OK)
-      << flame_last_error_message();
-  flame_params_t adapter = nullptr;
-  EXPECT_EQ(flame_model_load_lora(model, lora.c_str(), nullptr, &adapter), FLAME_OK) << flame_last_error_message();
   int64_t count = 0;
-  if (adapter) EXPECT_EQ(flame_params_count(adapter, &count), FLAME_OK);
-  EXPECT_GT(count, 0);
-  flame_params_release(adapter);
-  flame_model_release(model);
+  ASSERT_NO_FATAL_FAILURE(expect_lora_loads(ctx, family, lora, count));
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, TrainerDemo, ::testing::Values("flux", "sd3", "sdxl"));
@@ -229,18 +236,8 @@ TEST_F(TrainerLion, FluxDemoLossFallsAndTheStateHoldsOneMoment) {
 
   const std::string lora = out + "/demo_lora.safetensors";
   ASSERT_TRUE(file_exists(lora)) << r.output;
-  const char* architecture = nullptr;
-  const char* config = flame_train::demo_model_config("flux", &architecture);
-  flame_model_t model = nullptr;
-  ASSERT_EQ(flame_model_create(ctx, architecture, config, R"({"dtype": "bf16"})", &model), FLAME_OK)
-      << flame_last_error_message();
-  flame_params_t adapter = nullptr;
-  EXPECT_EQ(flame_model_load_lora(model, lora.c_str(), nullptr, &adapter), FLAME_OK) << flame_last_error_message();
   int64_t count = 0;
-  if (adapter) EXPECT_EQ(flame_params_count(adapter, &count), FLAME_OK);
-  EXPECT_GT(count, 0);
-  flame_params_release(adapter);
-  flame_model_release(model);
+  ASSERT_NO_FATAL_FAILURE(expect_lora_loads(ctx, "flux", lora, count));
 
   const HostTensors state = read_host_tensors(out + "/demo_lora-state-step000060/optimizer.safetensors");
   ASSERT_TRUE(state.error.empty()) << state.error;

@@ -8,18 +8,16 @@
 #include "config.h"
 #include "image_writers.h"
 #include "train_state.h"
+#include "trainer_test_support.h"
 
+using flame_train_test::ProgramRun;
 using flame_train_test::TempDir;
 
 namespace {
 
-struct RunResult {
-  int status = -1;
-  std::string output;  // stdout and stderr together
-};
-
-// Runs flame-train with args (each single-quoted for the shell) and no CUDA driver.
-RunResult run_trainer(const std::vector<std::string>& args) {
+// Runs flame-train with args (each single-quoted for the shell) and no CUDA driver; output holds
+// stdout and stderr together.
+ProgramRun run_trainer(const std::vector<std::string>& args) {
   std::string cmd = "FLAME_CUDA_DRIVER_PATH=/nonexistent/libcuda.so.1 '" FLAME_TRAIN_EXE "'";
   for (const auto& a : args) {
     std::string quoted;
@@ -27,15 +25,7 @@ RunResult run_trainer(const std::vector<std::string>& args) {
     cmd += " '" + quoted + "'";
   }
   cmd += " 2>&1";
-  RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  return flame_train_test::run_shell(cmd);
 }
 
 // A model file and a folder with two images in different buckets.
@@ -62,7 +52,7 @@ struct TrainerFiles {
 }  // namespace
 
 TEST(TrainerProgram, HelpExitsZeroAndListsKeys) {
-  RunResult r = run_trainer({"--help"});
+  ProgramRun r = run_trainer({"--help"});
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("Usage: flame-train"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("--data.keep_tokens (integer, default 0)"), std::string::npos) << r.output;
@@ -72,7 +62,7 @@ TEST(TrainerProgram, HelpExitsZeroAndListsKeys) {
 // any GPU work, naming each key to set.
 TEST(TrainerProgram, DryRunNamesMissingCachingStageSources) {
   TrainerFiles s;
-  RunResult r = run_trainer(s.args({"--dry-run", "--model.arch=flux"}));
+  ProgramRun r = run_trainer(s.args({"--dry-run", "--model.arch=flux"}));
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("model.vae is required"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("model.text_encoder_2 is required"), std::string::npos) << r.output;
@@ -81,7 +71,7 @@ TEST(TrainerProgram, DryRunNamesMissingCachingStageSources) {
 
 TEST(TrainerProgram, DryRunPrintsTheBucketPlan) {
   TrainerFiles s;
-  RunResult r = run_trainer(s.args({"--dry-run", "--training.batch_size=2"}));
+  ProgramRun r = run_trainer(s.args({"--dry-run", "--training.batch_size=2"}));
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("images: 2 (1 without a caption file), samples per epoch with repeats: 5"), std::string::npos)
       << r.output;
@@ -94,7 +84,7 @@ TEST(TrainerProgram, DryRunPrintsTheBucketPlan) {
             std::string::npos) << r.output;
   EXPECT_NE(r.output.find("dry run: configuration and data are valid"), std::string::npos) << r.output;
   // --gpus 2 with batch_size 1: the same global batches of 2 (data parallel), planned as above.
-  RunResult two = run_trainer(s.args({"--dry-run", "--training.batch_size=1", "--gpus", "2"}));
+  ProgramRun two = run_trainer(s.args({"--dry-run", "--training.batch_size=1", "--gpus", "2"}));
   EXPECT_EQ(two.status, 0) << two.output;
   EXPECT_NE(two.output.find("data parallel: 2 GPUs x batch_size 1 = global batch 2"), std::string::npos) << two.output;
   EXPECT_NE(two.output.find("samples 4  batches 2"), std::string::npos) << two.output;
@@ -103,7 +93,7 @@ TEST(TrainerProgram, DryRunPrintsTheBucketPlan) {
 
 TEST(TrainerProgram, ConfigurationAndDataErrorsExitOneBeforeTheGpu) {
   TrainerFiles s;
-  RunResult r = run_trainer(s.args({"--data.resoluton=512", "--network.dim=0"}));
+  ProgramRun r = run_trainer(s.args({"--data.resoluton=512", "--network.dim=0"}));
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("did you mean 'data.resolution'?"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("network.dim: 0 is out of range [1, 1024]"), std::string::npos) << r.output;
@@ -123,24 +113,24 @@ TEST(TrainerProgram, ConfigurationAndDataErrorsExitOneBeforeTheGpu) {
 
 TEST(TrainerProgram, WithoutADriverExitsTwoWithTheLibraryMessage) {
   TrainerFiles s;
-  RunResult r = run_trainer(s.args({}));
+  ProgramRun r = run_trainer(s.args({}));
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_NE(r.output.find("flame-train: no GPU available (FLAME_ERROR_NO_DRIVER)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("/nonexistent/libcuda.so.1"), std::string::npos) << r.output;  // the library's text
 }
 
 TEST(TrainerProgram, DemoNeedsNoFiles) {
-  RunResult dry = run_trainer({"--demo", "--dry-run", "--output.dir=/tmp"});
+  ProgramRun dry = run_trainer({"--demo", "--dry-run", "--output.dir=/tmp"});
   EXPECT_EQ(dry.status, 0) << dry.output;
   EXPECT_NE(dry.output.find("demo: random data"), std::string::npos) << dry.output;
-  RunResult r = run_trainer({"--demo", "--model.path=demo:sd3", "--output.dir=/tmp"});
+  ProgramRun r = run_trainer({"--demo", "--model.path=demo:sd3", "--output.dir=/tmp"});
   EXPECT_EQ(r.status, 2) << r.output;  // no driver here
   EXPECT_NE(r.output.find("no GPU available"), std::string::npos) << r.output;
-  RunResult two = run_trainer({"--demo", "--gpus", "2", "--output.dir=/tmp"});  // data parallel: the same
+  ProgramRun two = run_trainer({"--demo", "--gpus", "2", "--output.dir=/tmp"});  // data parallel: the same
   EXPECT_EQ(two.status, 2) << two.output;
   EXPECT_NE(two.output.find("no GPU available"), std::string::npos) << two.output;
   EXPECT_NE(two.output.find("/nonexistent/libcuda.so.1"), std::string::npos) << two.output;
-  RunResult bad = run_trainer({"--demo", "--data.cache_file=/nonexistent/cache.safetensors", "--output.dir=/tmp"});
+  ProgramRun bad = run_trainer({"--demo", "--data.cache_file=/nonexistent/cache.safetensors", "--output.dir=/tmp"});
   EXPECT_EQ(bad.status, 1) << bad.output;
   EXPECT_NE(bad.output.find("data.cache_file: /nonexistent/cache.safetensors does not exist"), std::string::npos)
       << bad.output;
@@ -148,14 +138,14 @@ TEST(TrainerProgram, DemoNeedsNoFiles) {
 
 // --dry-run prints the library's memory estimate (CPU only: the demo model's architecture and config).
 TEST(TrainerProgram, DryRunPrintsTheMemoryEstimate) {
-  RunResult dry = run_trainer({"--demo", "--dry-run", "--output.dir=/tmp", "--training.batch_size=2"});
+  ProgramRun dry = run_trainer({"--demo", "--dry-run", "--output.dir=/tmp", "--training.batch_size=2"});
   EXPECT_EQ(dry.status, 0) << dry.output;
   EXPECT_NE(dry.output.find("memory estimate: "), std::string::npos) << dry.output;
   EXPECT_NE(dry.output.find(" GiB peak (weights "), std::string::npos) << dry.output;
   EXPECT_EQ(dry.output.find("not available"), std::string::npos) << dry.output;
   // An unreadable model file: reported, the dry run still checks the rest.
   TrainerFiles s;
-  RunResult r = run_trainer(s.args({"--dry-run"}));
+  ProgramRun r = run_trainer(s.args({"--dry-run"}));
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("memory estimate: not available: flame_model_estimate_memory failed"), std::string::npos)
       << r.output;
@@ -166,7 +156,7 @@ TEST(TrainerProgram, DryRunPrintsTheMemoryEstimate) {
 TEST(TrainerProgram, ResumeIsCheckedBeforeTheGpu) {
   TempDir dir;
   const std::string out = dir.file("out"), state = out + "/demo_lora-state-step000002";
-  RunResult r = run_trainer({"--demo", "--output.dir=" + out, "--resume", state});
+  ProgramRun r = run_trainer({"--demo", "--output.dir=" + out, "--resume", state});
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("training.resume: " + state + " does not exist"), std::string::npos) << r.output;
 

@@ -9,6 +9,7 @@
 
 #include "objectives.h"
 #include "random.h"
+#include "tensor_helpers.h"
 
 namespace flame_train {
 namespace {
@@ -25,14 +26,6 @@ std::string shape_text(const std::vector<int64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
-}
-
-Tensor tensor_from_host(flame_ctx_t ctx, const std::vector<float>& v, const std::vector<int64_t>& shape) {
-  Tensor t;
-  check(flame_from_host(ctx, v.data(), v.size() * sizeof(float), shape.data(), static_cast<int32_t>(shape.size()),
-                        FLAME_DTYPE_F32, t.out()),
-        "flame_from_host");
-  return t;
 }
 
 std::string metadata(flame_safetensors_t file, const char* key) {
@@ -159,13 +152,13 @@ std::vector<TrainingSample> make_demo_samples(flame_ctx_t ctx, const ModelShapes
     for (float& v : embeds) v = static_cast<float>(standard_normal(rng));
     for (float& v : pooled) v = static_cast<float>(standard_normal(rng));
     TrainingSample s;
-    s.latents = tensor_from_host(ctx, latents, {c_count, height, width});
-    s.prompt_embeds = tensor_from_host(ctx, embeds, {tokens, shapes.text_dim});
-    s.pooled = tensor_from_host(ctx, pooled, {shapes.pooled_dim});
+    s.latents = host_f32(ctx, latents, {c_count, height, width});
+    s.prompt_embeds = host_f32(ctx, embeds, {tokens, shapes.text_dim});
+    s.pooled = host_f32(ctx, pooled, {shapes.pooled_dim});
     if (shapes.family == ModelFamily::Sdxl) {
       const int py = static_cast<int>(height * 8), px = static_cast<int>(width * 8);
       const std::array<float, 6> ids = sdxl_time_ids(py, px, 0, 0, py, px);
-      s.time_ids = tensor_from_host(ctx, std::vector<float>(ids.begin(), ids.end()), {6});
+      s.time_ids = host_f32(ctx, std::vector<float>(ids.begin(), ids.end()), {6});
     }
     s.height = height;
     s.width = width;
