@@ -75,11 +75,8 @@ RunResult train(RankWorld& w, bool sharded) {
     flame_comm_t comm = w.comms[static_cast<size_t>(r)];
     const uint64_t start = bytes_in_use(ctx);
     ModelHandle m;
-    ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
-    fill_flux_params(m.m, 12345);
-    ASSERT_EQ(flame_model_set_checkpointing(m.m, 1), FLAME_OK);
     ParamsHandle params;
-    ASSERT_EQ(flame_model_params(m.m, &params.p), FLAME_OK);
+    ASSERT_TRUE(make_flux_model(ctx, 12345, m, params));
     int64_t n = 0;
     ASSERT_EQ(flame_params_count(params.p, &n), FLAME_OK);
     const flame_tensor_t* ps = nullptr;
@@ -183,11 +180,8 @@ TEST(Zero3, OneRankTrainsAsThePlainOptimizer) {
   std::vector<double> want, want_losses;
   {
     ModelHandle m;
-    ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK);
-    fill_flux_params(m.m, 12345);
-    ASSERT_EQ(flame_model_set_checkpointing(m.m, 1), FLAME_OK);
     ParamsHandle params;
-    FLAME_ASSERT_OK(flame_model_params(m.m, &params.p));
+    ASSERT_TRUE(make_flux_model(ctx, 12345, m, params));
     int64_t n = 0;
     const flame_tensor_t* ps = nullptr;
     FLAME_ASSERT_OK(flame_params_count(params.p, &n));

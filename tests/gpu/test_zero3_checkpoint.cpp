@@ -57,11 +57,8 @@ ShardedRun train_sharded_and_save(int world, const std::string& dir) {
   on_ranks(world, [&](int r) {
     flame_ctx_t ctx = w.ctxs[static_cast<size_t>(r)];
     ModelHandle m;
-    ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
-    fill_flux_params(m.m, 12345);
-    ASSERT_EQ(flame_model_set_checkpointing(m.m, 1), FLAME_OK);
     ParamsHandle params;
-    ASSERT_EQ(flame_model_params(m.m, &params.p), FLAME_OK);
+    ASSERT_TRUE(make_flux_model(ctx, 12345, m, params));
     flame_optimizer_t opt = make_flux_adamw(ctx, params.p);
     ASSERT_NE(opt, nullptr) << flame_last_error_message();
     ASSERT_EQ(learning_forward(ctx, m.m), FLAME_OK) << flame_last_error_message();
@@ -114,11 +111,8 @@ void expect_resumes_unsharded(const std::string& dir, const std::string& shard_f
   for (const std::string& path : {dir + "/" + shard_file, dir + "/full.safetensors"}) {
     SCOPED_TRACE(path);
     ModelHandle m;
-    ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
-    fill_flux_params(m.m, 777);  // other values: the load must replace them
-    ASSERT_EQ(flame_model_set_checkpointing(m.m, 1), FLAME_OK);
     ParamsHandle params;
-    ASSERT_EQ(flame_model_params(m.m, &params.p), FLAME_OK);
+    ASSERT_TRUE(make_flux_model(ctx, 777, m, params));  // other values: the load must replace them
     flame_optimizer_t opt = make_flux_adamw(ctx, params.p);
     flame_zero_options_t o;
     flame_zero_options_init(&o);
@@ -170,11 +164,8 @@ static void expect_load_into_running_helper(int32_t gather_dtype) {
   ASSERT_TRUE(w.ok());
   flame_ctx_t ctx = w.ctxs[0];
   ModelHandle m;
-  ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
-  fill_flux_params(m.m, 12345);
-  ASSERT_EQ(flame_model_set_checkpointing(m.m, 1), FLAME_OK);
   ParamsHandle params;
-  ASSERT_EQ(flame_model_params(m.m, &params.p), FLAME_OK);
+  ASSERT_TRUE(make_flux_model(ctx, 12345, m, params));
   flame_optimizer_t opt = make_flux_adamw(ctx, params.p);
   ASSERT_NE(opt, nullptr) << flame_last_error_message();
   ASSERT_EQ(learning_forward(ctx, m.m), FLAME_OK) << flame_last_error_message();

@@ -174,11 +174,8 @@ FluxRun train_flux(int world, int32_t reduce_dtype, int32_t gather_dtype) {
   on_ranks(sharded ? world : 1, [&](int r) {
     flame_ctx_t ctx = w.ctxs[static_cast<size_t>(r)];
     ModelHandle m;
-    ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
-    fill_flux_params(m.m, 12345);
-    ASSERT_EQ(flame_model_set_checkpointing(m.m, 1), FLAME_OK);
     ParamsHandle params;
-    ASSERT_EQ(flame_model_params(m.m, &params.p), FLAME_OK);
+    ASSERT_TRUE(make_flux_model(ctx, 12345, m, params));
     if (r == 0) out.start = values_of(params.p);
     const flame_tensor_t* ts = nullptr;
     int64_t n = 0;

@@ -115,6 +115,21 @@ inline void fill_flux_params(flame_model_t m, uint32_t seed) {
   }
 }
 
+// The tiny Flux transformer with fill_flux_params(seed) and activation checkpointing on, and its
+// parameter list in params; false, with a test failure added, when a call fails.
+inline bool make_flux_model(flame_ctx_t ctx, uint32_t seed, ModelHandle& m, ParamsHandle& params) {
+  if (flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m) != FLAME_OK) {
+    ADD_FAILURE() << "flame_model_create: " << flame_last_error_message();
+    return false;
+  }
+  fill_flux_params(m.m, seed);
+  if (flame_model_set_checkpointing(m.m, 1) != FLAME_OK || flame_model_params(m.m, &params.p) != FLAME_OK) {
+    ADD_FAILURE() << flame_last_error_message();
+    return false;
+  }
+  return true;
+}
+
 // The inputs of batch part `part` (on 2 ranks: rank `part`'s data) at step `step`.
 inline void make_flux_inputs(flame_ctx_t ctx, int part, int step, ParamsHandle& in) {
   ASSERT_EQ(flame_params_create(ctx, &in.p), FLAME_OK);
