@@ -138,11 +138,22 @@ inline std::vector<double> grad_of(flame_tensor_t t) {
   return to_double(host_of(g.h));
 }
 
-// n smooth, deterministic values in [-scale, scale].
-inline std::vector<float> ramp(size_t n, float scale) {
+// n smooth, deterministic values in [-scale, scale]; another phase gives other values (the
+// multi-rank tests: each rank its own inputs).
+inline std::vector<float> ramp(size_t n, float scale, float phase = 0.3f) {
   std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = std::sin(0.7f * static_cast<float>(i) + 0.3f) * scale;
+  for (size_t i = 0; i < n; ++i) v[i] = std::sin(0.7f * static_cast<float>(i) + phase) * scale;
   return v;
+}
+
+// The img_ids of the tiny Flux configs' 12 image tokens: a 4 x 3 grid, (0, row, column) each.
+inline std::vector<float> flux_img_ids() {
+  std::vector<float> ids(12 * 3, 0.0f);
+  for (int r = 0; r < 12; ++r) {
+    ids[r * 3 + 1] = static_cast<float>(r / 3);
+    ids[r * 3 + 2] = static_cast<float>(r % 3);
+  }
+  return ids;
 }
 
 // The forward inputs of the tests' tiny configs, owned by the new list in: Flux (12 image tokens of
@@ -160,12 +171,7 @@ inline void make_tiny_model_inputs(flame_ctx_t ctx, const std::string& arch, Par
     add("pooled_projections", host_tensor(ctx, {1, 20}, ramp(20, 1.0f)));
     add("timestep", host_tensor(ctx, {1}, {0.5f}));
     add("guidance", host_tensor(ctx, {1}, {3.5f}));
-    std::vector<float> ids(12 * 3, 0.0f);
-    for (int r = 0; r < 12; ++r) {
-      ids[r * 3 + 1] = static_cast<float>(r / 3);
-      ids[r * 3 + 2] = static_cast<float>(r % 3);
-    }
-    add("img_ids", host_tensor(ctx, {12, 3}, ids));
+    add("img_ids", host_tensor(ctx, {12, 3}, flux_img_ids()));
     add("txt_ids", host_tensor(ctx, {5, 3}, std::vector<float>(15, 0.0f)));
   } else if (arch == "UNet2DConditionModel") {
     add("sample", host_tensor(ctx, {1, 4, 16, 16}, ramp(4 * 16 * 16, 1.0f)));

@@ -25,6 +25,7 @@
 #include <vector>
 #include "flame_test.h"
 #include "rank_test_helpers.h"
+#include "zero_test_helpers.h"
 
 extern char** environ;
 
@@ -32,65 +33,20 @@ namespace {
 
 
 
-std::vector<double> uniform(size_t n, uint32_t seed, double scale) {
-  std::mt19937 g(seed);
-  std::uniform_real_distribution<double> u(-scale, scale);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(g);
-  return v;
-}
-
-// y = W2 relu(W1 x + b1) + b2 with 16*8 + 16 + 5*16 + 5 = 229 parameters: on 2 ranks the shard
+// The MLP (zero_test_helpers.h): 16*8 + 16 + 5*16 + 5 = 229 parameters: on 2 ranks the shard
 // boundary (115) cuts W1, and one element of padding ends the flat.
-constexpr int64_t kIn = 8, kHidden = 16, kOut = 5, kRows = 6;
-
-struct Model {
-  T w1, b1, w2, b2;
-  std::vector<flame_tensor_t> params() const { return {w1.h, b1.h, w2.h, b2.h}; }
-};
-
-bool make_model(flame_ctx_t ctx, Model& m, flame_dtype_t d) {
-  auto make = [&](T& t, std::vector<int64_t> shape, uint32_t seed) {
-    size_t n = 1;
-    for (int64_t s : shape) n *= static_cast<size_t>(s);
-    t = T(from_doubles(ctx, uniform(n, seed, 0.4), shape, d));
-    return t.h && flame_tensor_set_requires_grad(t, 1) == FLAME_OK;
-  };
-  return make(m.w1, {kHidden, kIn}, 1) && make(m.b1, {kHidden}, 2) && make(m.w2, {kOut, kHidden}, 3) && make(m.b2, {kOut}, 4);
-}
 
 // Rank r's batch of step s: its own rows (data parallelism: ranks see different data).
-flame_status_t forward_backward(flame_ctx_t ctx, const Model& m, int rank, int step, flame_dtype_t d) {
+flame_status_t forward_backward(flame_ctx_t ctx, const Mlp& m, int rank, int step, flame_dtype_t d) {
   const uint32_t seed = 1000u * static_cast<uint32_t>(step) + 10u * static_cast<uint32_t>(rank);
-  T x(from_doubles(ctx, uniform(kRows * kIn, seed, 1.0), {kRows, kIn}, d));
-  T y(from_doubles(ctx, uniform(kRows * kOut, seed + 1, 1.0), {kRows, kOut}, d));
+  T x(from_doubles(ctx, uniform(kMlpRows * kMlpIn, seed, 1.0), {kMlpRows, kMlpIn}, d));
+  T y(from_doubles(ctx, uniform(kMlpRows * kMlpOut, seed + 1, 1.0), {kMlpRows, kMlpOut}, d));
   T h, out, loss;
   flame_status_t st;
   if ((st = flame_linear(x, m.w1, m.b1, FLAME_ACTIVATION_RELU, h.out())) != FLAME_OK) return st;
   if ((st = flame_linear(h, m.w2, m.b2, FLAME_ACTIVATION_NONE, out.out())) != FLAME_OK) return st;
   if ((st = flame_mse_loss(out, y, FLAME_REDUCTION_MEAN, loss.out())) != FLAME_OK) return st;
   return flame_backward(ctx, loss, nullptr, 0);
-}
-
-flame_optimizer_t make_adamw(flame_ctx_t ctx, const Model& m, bool master) {
-  flame_optimizer_options_t o;
-  flame_optimizer_options_init(&o, FLAME_OPTIMIZER_ADAMW);
-  o.lr = 0.02;
-  o.weight_decay = 0.05;
-  o.master_weights = master ? 1 : 0;
-  std::vector<flame_tensor_t> ps = m.params();
-  flame_optimizer_t opt = nullptr;
-  flame_optimizer_create(ctx, &o, ps.data(), static_cast<int64_t>(ps.size()), &opt);
-  return opt;
-}
-
-std::vector<double> all_params(const Model& m) {
-  std::vector<double> all;
-  for (flame_tensor_t p : m.params()) {
-    std::vector<double> v = to_doubles(p);
-    all.insert(all.end(), v.begin(), v.end());
-  }
-  return all;
 }
 
 constexpr int kSteps = 4;
@@ -114,10 +70,10 @@ RunResult train(RankWorld& w, int stage, flame_dtype_t d) {
   res.grads_after.resize(static_cast<size_t>(world));
   on_ranks(world, [&](int r) {
     flame_ctx_t ctx = w.ctxs[static_cast<size_t>(r)];
-    Model m;
-    ASSERT_TRUE(make_model(ctx, m, d));
+    Mlp m;
+    ASSERT_TRUE(make_mlp(ctx, m, d));
     std::vector<flame_tensor_t> ps = m.params();
-    flame_optimizer_t opt = make_adamw(ctx, m, d != FLAME_DTYPE_F32);
+    flame_optimizer_t opt = make_mlp_adamw(ctx, m, d != FLAME_DTYPE_F32);
     ASSERT_NE(opt, nullptr);
     flame_dp_t dp = nullptr;
     flame_zero_t zero = nullptr;
@@ -153,7 +109,7 @@ RunResult train(RankWorld& w, int stage, flame_dtype_t d) {
     }
     res.grads_after[static_cast<size_t>(r)] = with_grad;
     EXPECT_EQ(flame_optimizer_state_bytes(opt, &res.state_bytes[static_cast<size_t>(r)]), FLAME_OK);
-    res.params[static_cast<size_t>(r)] = all_params(m);
+    res.params[static_cast<size_t>(r)] = mlp_values(m);
     flame_zero_release(zero);
     flame_dp_release(dp);
     flame_optimizer_release(opt);
@@ -179,7 +135,7 @@ void check_against_replicated(flame_dtype_t d) {
   ASSERT_TRUE(w.ok());
   const RunResult ref = train(w, 0, d);
   ASSERT_EQ(ref.params[0], ref.params[1]) << "the replicated ranks differ";
-  const int64_t elems = kHidden * kIn + kHidden + kOut * kHidden + kOut;
+  const int64_t elems = kMlpHidden * kMlpIn + kMlpHidden + kMlpOut * kMlpHidden + kMlpOut;
   const uint64_t per_elem = d == FLAME_DTYPE_F32 ? 8 : 12;  // m, v (f32) [+ f32 master]
   EXPECT_EQ(ref.state_bytes[0], per_elem * static_cast<uint64_t>(elems));
   const bool f32 = d == FLAME_DTYPE_F32;
@@ -289,9 +245,9 @@ TEST(Zero, OneRankEqualsPlainStepAndRefusesUnshardedUse) {
   flame_ctx_t ctx = w.ctxs[0];
   std::vector<double> want;
   {
-    Model m;
-    ASSERT_TRUE(make_model(ctx, m, FLAME_DTYPE_F32));
-    flame_optimizer_t opt = make_adamw(ctx, m, false);
+    Mlp m;
+    ASSERT_TRUE(make_mlp(ctx, m, FLAME_DTYPE_F32));
+    flame_optimizer_t opt = make_mlp_adamw(ctx, m, false);
     std::vector<flame_tensor_t> ps = m.params();
     for (int s = 0; s < 3; ++s) {
       FLAME_ASSERT_OK(forward_backward(ctx, m, 0, s, FLAME_DTYPE_F32));
@@ -299,12 +255,12 @@ TEST(Zero, OneRankEqualsPlainStepAndRefusesUnshardedUse) {
       FLAME_ASSERT_OK(flame_optimizer_step(opt));
       FLAME_ASSERT_OK(flame_optimizer_zero_grad(opt, 1));
     }
-    want = all_params(m);
+    want = mlp_values(m);
     flame_optimizer_release(opt);
   }
-  Model m;
-  ASSERT_TRUE(make_model(ctx, m, FLAME_DTYPE_F32));
-  flame_optimizer_t opt = make_adamw(ctx, m, false);
+  Mlp m;
+  ASSERT_TRUE(make_mlp(ctx, m, FLAME_DTYPE_F32));
+  flame_optimizer_t opt = make_mlp_adamw(ctx, m, false);
   flame_zero_options_t o;
   FLAME_ASSERT_OK(flame_zero_options_init(&o));
   EXPECT_EQ(o.stage, 1);
@@ -326,7 +282,7 @@ TEST(Zero, OneRankEqualsPlainStepAndRefusesUnshardedUse) {
     FLAME_ASSERT_OK(forward_backward(ctx, m, 0, s, FLAME_DTYPE_F32));
     FLAME_ASSERT_OK(flame_zero_step(zero, nullptr));
   }
-  expect_close(all_params(m), want, 1e-6, 1e-5, "one-rank sharded run");
+  expect_close(mlp_values(m), want, 1e-6, 1e-5, "one-rank sharded run");
   int64_t steps = 0;
   FLAME_ASSERT_OK(flame_optimizer_step_count(opt, &steps));
   EXPECT_EQ(steps, 3);
@@ -346,7 +302,7 @@ TEST(Zero, OneRankEqualsPlainStepAndRefusesUnshardedUse) {
   flame_optimizer_release(opt);
 
   // An optimizer that stepped already cannot be sharded.
-  flame_optimizer_t stepped = make_adamw(ctx, m, false);
+  flame_optimizer_t stepped = make_mlp_adamw(ctx, m, false);
   FLAME_ASSERT_OK(forward_backward(ctx, m, 0, 0, FLAME_DTYPE_F32));
   FLAME_ASSERT_OK(flame_optimizer_step(stepped));
   FLAME_EXPECT_STATUS(flame_zero_create(w.comms[0], stepped, nullptr, &zero), FLAME_ERROR_INVALID_ARGUMENT);
@@ -363,9 +319,9 @@ TEST(Zero2, OneRankFailingItsChecksFailsEveryRank) {
   std::vector<std::string> msgs(2);
   on_ranks(2, [&](int r) {
     flame_ctx_t ctx = w.ctxs[static_cast<size_t>(r)];
-    Model m;
-    ASSERT_TRUE(make_model(ctx, m, FLAME_DTYPE_F32));
-    flame_optimizer_t opt = make_adamw(ctx, m, false);
+    Mlp m;
+    ASSERT_TRUE(make_mlp(ctx, m, FLAME_DTYPE_F32));
+    flame_optimizer_t opt = make_mlp_adamw(ctx, m, false);
     if (r == 1) {  // rank 1 stepped its optimizer already
       EXPECT_EQ(forward_backward(ctx, m, r, 0, FLAME_DTYPE_F32), FLAME_OK);
       EXPECT_EQ(flame_optimizer_step(opt), FLAME_OK);

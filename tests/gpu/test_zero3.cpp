@@ -25,71 +25,14 @@
 #include "flame_test.h"
 #include "rank_test_helpers.h"
 #include "model_test_handles.h"
+#include "zero_test_helpers.h"
 
 namespace {
-
-
-// A Flux transformer of 2 double and 4 single blocks (width 32): 6 sharded blocks; the embedders,
-// norm_out and proj_out are read outside blocks and stay whole.
-const char* const kFlux =
-    R"({"num_layers": 2, "num_single_layers": 4, "attention_head_dim": 16, "num_attention_heads": 2,
-        "in_channels": 16, "joint_attention_dim": 24, "pooled_projection_dim": 20, "guidance_embeds": true,
-        "axes_dims_rope": [4, 6, 6]})";
-
-// ramp (model_test_handles.h) with a phase: each rank its own inputs.
-std::vector<float> ramp(size_t n, float scale, float phase) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = std::sin(0.7f * static_cast<float>(i) + phase) * scale;
-  return v;
-}
-
-// Deterministic parameter values (the same on every rank and in every run), as in test_model_offload.cpp.
-void fill_params(flame_model_t m) {
-  ParamsHandle list;
-  ASSERT_EQ(flame_model_params(m, &list.p), FLAME_OK);
-  int64_t count = 0;
-  ASSERT_EQ(flame_params_count(list.p, &count), FLAME_OK);
-  uint32_t state = 12345;
-  for (int64_t i = 0; i < count; ++i) {
-    flame_tensor_t t = nullptr;
-    ASSERT_EQ(flame_params_tensor(list.p, i, &t), FLAME_OK);
-    int64_t n = 0;
-    ASSERT_EQ(flame_tensor_numel(t, &n), FLAME_OK);
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v) {
-      state = state * 1664525u + 1013904223u;
-      x = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * 0.2f;
-    }
-    ASSERT_EQ(flame_copy_from_host(t, v.data(), v.size() * sizeof(float)), FLAME_OK) << flame_last_error_message();
-  }
-}
-
-// The inputs of rank r's batch at step s (data parallelism: ranks see different data).
-void make_inputs(flame_ctx_t ctx, int rank, int step, ParamsHandle& in) {
-  ASSERT_EQ(flame_params_create(ctx, &in.p), FLAME_OK);
-  const float phase = 0.3f + 0.9f * static_cast<float>(rank) + 0.4f * static_cast<float>(step);
-  auto add = [&](const char* name, flame_tensor_t t) {
-    ASSERT_EQ(flame_params_add(in.p, name, t), FLAME_OK);
-    flame_tensor_release(t);
-  };
-  add("hidden_states", host_tensor(ctx, {1, 12, 16}, ramp(12 * 16, 1.0f, phase)));
-  add("encoder_hidden_states", host_tensor(ctx, {1, 5, 24}, ramp(5 * 24, 1.0f, phase + 1.0f)));
-  add("pooled_projections", host_tensor(ctx, {1, 20}, ramp(20, 1.0f, phase + 2.0f)));
-  add("timestep", host_tensor(ctx, {1}, {0.25f + 0.2f * static_cast<float>(rank)}));
-  add("guidance", host_tensor(ctx, {1}, {3.5f}));
-  std::vector<float> ids(12 * 3, 0.0f);
-  for (int r = 0; r < 12; ++r) {
-    ids[r * 3 + 1] = static_cast<float>(r / 3);
-    ids[r * 3 + 2] = static_cast<float>(r % 3);
-  }
-  add("img_ids", host_tensor(ctx, {12, 3}, ids));
-  add("txt_ids", host_tensor(ctx, {5, 3}, std::vector<float>(15, 0.0f)));
-}
 
 // forward, mse against a fixed target, backward; the loss in *loss.
 flame_status_t forward_backward(flame_ctx_t ctx, flame_model_t m, int rank, int step, double* loss) {
   ParamsHandle in, out;
-  make_inputs(ctx, rank, step, in);
+  make_flux_inputs(ctx, rank, step, in);
   flame_status_t st = flame_model_forward(m, in.p, &out.p);
   if (st != FLAME_OK) return st;
   flame_tensor_t sample = nullptr;
@@ -98,44 +41,6 @@ flame_status_t forward_backward(flame_ctx_t ctx, flame_model_t m, int rank, int 
   if ((st = flame_mse_loss(sample, target, FLAME_REDUCTION_MEAN, l.out())) != FLAME_OK) return st;
   if ((st = flame_tensor_item(l, loss)) != FLAME_OK) return st;
   return flame_backward(ctx, l, nullptr, 0);
-}
-
-// One forward with gradients off: the model learns which parameters each block reads.
-flame_status_t learning_forward(flame_ctx_t ctx, flame_model_t m) {
-  ParamsHandle in, out;
-  make_inputs(ctx, 0, 0, in);
-  int32_t prev = 1;
-  flame_ctx_set_grad_enabled(ctx, 0, &prev);
-  const flame_status_t st = flame_model_forward(m, in.p, &out.p);
-  flame_ctx_set_grad_enabled(ctx, prev, nullptr);
-  return st;
-}
-
-flame_optimizer_t make_adamw(flame_ctx_t ctx, flame_params_t params) {
-  flame_optimizer_options_t o;
-  flame_optimizer_options_init(&o, FLAME_OPTIMIZER_ADAMW);
-  o.lr = 0.01;
-  o.weight_decay = 0.05;
-  const flame_tensor_t* ts = nullptr;
-  int64_t n = 0;
-  flame_params_count(params, &n);
-  flame_params_tensors(params, &ts);
-  flame_optimizer_t opt = nullptr;
-  flame_optimizer_create(ctx, &o, ts, n, &opt);
-  return opt;
-}
-
-// Every value of every parameter of list, in order.
-std::vector<double> values_of(flame_params_t list) {
-  std::vector<double> all;
-  int64_t count = 0;
-  EXPECT_EQ(flame_params_count(list, &count), FLAME_OK);
-  for (int64_t i = 0; i < count; ++i) {
-    flame_tensor_t t = nullptr;
-    EXPECT_EQ(flame_params_tensor(list, i, &t), FLAME_OK);
-    for (float x : host_of(t)) all.push_back(x);
-  }
-  return all;
 }
 
 uint64_t bytes_in_use(flame_ctx_t ctx) {
@@ -170,16 +75,13 @@ RunResult train(RankWorld& w, bool sharded) {
     flame_comm_t comm = w.comms[static_cast<size_t>(r)];
     const uint64_t start = bytes_in_use(ctx);
     ModelHandle m;
-    ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
-    fill_params(m.m);
-    ASSERT_EQ(flame_model_set_checkpointing(m.m, 1), FLAME_OK);
     ParamsHandle params;
-    ASSERT_EQ(flame_model_params(m.m, &params.p), FLAME_OK);
+    ASSERT_TRUE(make_flux_model(ctx, 12345, m, params));
     int64_t n = 0;
     ASSERT_EQ(flame_params_count(params.p, &n), FLAME_OK);
     const flame_tensor_t* ps = nullptr;
     ASSERT_EQ(flame_params_tensors(params.p, &ps), FLAME_OK);
-    flame_optimizer_t opt = make_adamw(ctx, params.p);
+    flame_optimizer_t opt = make_flux_adamw(ctx, params.p);
     ASSERT_NE(opt, nullptr) << flame_last_error_message();
     flame_dp_t dp = nullptr;
     flame_zero_t zero = nullptr;
@@ -278,16 +180,13 @@ TEST(Zero3, OneRankTrainsAsThePlainOptimizer) {
   std::vector<double> want, want_losses;
   {
     ModelHandle m;
-    ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK);
-    fill_params(m.m);
-    ASSERT_EQ(flame_model_set_checkpointing(m.m, 1), FLAME_OK);
     ParamsHandle params;
-    FLAME_ASSERT_OK(flame_model_params(m.m, &params.p));
+    ASSERT_TRUE(make_flux_model(ctx, 12345, m, params));
     int64_t n = 0;
     const flame_tensor_t* ps = nullptr;
     FLAME_ASSERT_OK(flame_params_count(params.p, &n));
     FLAME_ASSERT_OK(flame_params_tensors(params.p, &ps));
-    flame_optimizer_t opt = make_adamw(ctx, params.p);
+    flame_optimizer_t opt = make_flux_adamw(ctx, params.p);
     ASSERT_NE(opt, nullptr);
     for (int s = 0; s < kSteps; ++s) {
       double loss = NAN;
@@ -302,10 +201,10 @@ TEST(Zero3, OneRankTrainsAsThePlainOptimizer) {
   }
   ModelHandle m;
   ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK);
-  fill_params(m.m);
+  fill_flux_params(m.m, 12345);
   ParamsHandle params;
   FLAME_ASSERT_OK(flame_model_params(m.m, &params.p));
-  flame_optimizer_t opt = make_adamw(ctx, params.p);
+  flame_optimizer_t opt = make_flux_adamw(ctx, params.p);
   ASSERT_NE(opt, nullptr);
   FLAME_ASSERT_OK(learning_forward(ctx, m.m));
   flame_zero_options_t o;
@@ -383,7 +282,7 @@ TEST(Zero3, BadInputFailsAndChangesNothing) {
   ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK);
   ParamsHandle params;
   FLAME_ASSERT_OK(flame_model_params(m.m, &params.p));
-  flame_optimizer_t opt = make_adamw(ctx, params.p);
+  flame_optimizer_t opt = make_flux_adamw(ctx, params.p);
   ASSERT_NE(opt, nullptr);
   flame_zero_options_t o;
   FLAME_ASSERT_OK(flame_zero_options_init(&o));
@@ -421,7 +320,7 @@ TEST(Zero3, BadInputFailsAndChangesNothing) {
   // gather_params needs a stage-3 helper.
   flame_zero_options_t o1;
   FLAME_ASSERT_OK(flame_zero_options_init(&o1));
-  flame_optimizer_t opt1 = make_adamw(ctx, params.p);
+  flame_optimizer_t opt1 = make_flux_adamw(ctx, params.p);
   flame_zero_t z1 = nullptr;
   FLAME_ASSERT_OK(flame_zero_create(w.comms[0], opt1, &o1, &z1));
   flame_params_t got = reinterpret_cast<flame_params_t>(static_cast<uintptr_t>(0x40));

@@ -21,115 +21,9 @@
 #include "flame_test.h"
 #include "rank_test_helpers.h"
 #include "model_test_handles.h"
+#include "zero_test_helpers.h"
 
 namespace {
-
-// A Flux transformer of 2 double and 4 single blocks (width 32): 6 sharded blocks; the embedders,
-// norm_out and proj_out are read outside blocks and stay whole.
-const char* const kFlux =
-    R"({"num_layers": 2, "num_single_layers": 4, "attention_head_dim": 16, "num_attention_heads": 2,
-        "in_channels": 16, "joint_attention_dim": 24, "pooled_projection_dim": 20, "guidance_embeds": true,
-        "axes_dims_rope": [4, 6, 6]})";
-
-std::vector<float> ramp(size_t n, float scale, float phase) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = std::sin(0.7f * static_cast<float>(i) + phase) * scale;
-  return v;
-}
-
-// Deterministic parameter values (the same on every rank and in every run), as in test_model_offload.cpp.
-void fill_params(flame_model_t m, uint32_t seed) {
-  ParamsHandle list;
-  ASSERT_EQ(flame_model_params(m, &list.p), FLAME_OK);
-  int64_t count = 0;
-  ASSERT_EQ(flame_params_count(list.p, &count), FLAME_OK);
-  uint32_t state = seed;
-  for (int64_t i = 0; i < count; ++i) {
-    flame_tensor_t t = nullptr;
-    ASSERT_EQ(flame_params_tensor(list.p, i, &t), FLAME_OK);
-    int64_t n = 0;
-    ASSERT_EQ(flame_tensor_numel(t, &n), FLAME_OK);
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v) {
-      state = state * 1664525u + 1013904223u;
-      x = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * 0.2f;
-    }
-    ASSERT_EQ(flame_copy_from_host(t, v.data(), v.size() * sizeof(float)), FLAME_OK) << flame_last_error_message();
-  }
-}
-
-// The inputs of rank r's batch at step s (data parallelism: ranks see different data).
-void make_inputs(flame_ctx_t ctx, int rank, int step, ParamsHandle& in) {
-  ASSERT_EQ(flame_params_create(ctx, &in.p), FLAME_OK);
-  const float phase = 0.3f + 0.9f * static_cast<float>(rank) + 0.4f * static_cast<float>(step);
-  auto add = [&](const char* name, flame_tensor_t t) {
-    ASSERT_EQ(flame_params_add(in.p, name, t), FLAME_OK);
-    flame_tensor_release(t);
-  };
-  add("hidden_states", host_tensor(ctx, {1, 12, 16}, ramp(12 * 16, 1.0f, phase)));
-  add("encoder_hidden_states", host_tensor(ctx, {1, 5, 24}, ramp(5 * 24, 1.0f, phase + 1.0f)));
-  add("pooled_projections", host_tensor(ctx, {1, 20}, ramp(20, 1.0f, phase + 2.0f)));
-  add("timestep", host_tensor(ctx, {1}, {0.25f + 0.2f * static_cast<float>(rank)}));
-  add("guidance", host_tensor(ctx, {1}, {3.5f}));
-  std::vector<float> ids(12 * 3, 0.0f);
-  for (int r = 0; r < 12; ++r) {
-    ids[r * 3 + 1] = static_cast<float>(r / 3);
-    ids[r * 3 + 2] = static_cast<float>(r % 3);
-  }
-  add("img_ids", host_tensor(ctx, {12, 3}, ids));
-  add("txt_ids", host_tensor(ctx, {5, 3}, std::vector<float>(15, 0.0f)));
-}
-
-// forward, `scale` times the mse against a fixed target, backward.
-flame_status_t forward_backward(flame_ctx_t ctx, flame_model_t m, int part, int step, double scale) {
-  ParamsHandle in, out;
-  make_inputs(ctx, part, step, in);
-  flame_status_t st = flame_model_forward(m, in.p, &out.p);
-  if (st != FLAME_OK) return st;
-  flame_tensor_t sample = nullptr;
-  if ((st = flame_params_find(out.p, "sample", &sample)) != FLAME_OK) return st;
-  T target(host_tensor(ctx, {1, 12, 16}, ramp(12 * 16, 0.5f, 2.2f))), l, scaled;
-  if ((st = flame_mse_loss(sample, target, FLAME_REDUCTION_MEAN, l.out())) != FLAME_OK) return st;
-  if ((st = flame_mul_scalar(l, scale, scaled.out())) != FLAME_OK) return st;
-  return flame_backward(ctx, scaled, nullptr, 0);
-}
-
-// One forward with gradients off: the model learns which parameters each block reads.
-flame_status_t learning_forward(flame_ctx_t ctx, flame_model_t m) {
-  ParamsHandle in, out;
-  make_inputs(ctx, 0, 0, in);
-  int32_t prev = 1;
-  flame_ctx_set_grad_enabled(ctx, 0, &prev);
-  const flame_status_t st = flame_model_forward(m, in.p, &out.p);
-  flame_ctx_set_grad_enabled(ctx, prev, nullptr);
-  return st;
-}
-
-flame_optimizer_t make_adamw(flame_ctx_t ctx, flame_params_t params) {
-  flame_optimizer_options_t o;
-  flame_optimizer_options_init(&o, FLAME_OPTIMIZER_ADAMW);
-  o.lr = 0.01;
-  o.weight_decay = 0.05;
-  const flame_tensor_t* ts = nullptr;
-  int64_t n = 0;
-  flame_params_count(params, &n);
-  flame_params_tensors(params, &ts);
-  flame_optimizer_t opt = nullptr;
-  flame_optimizer_create(ctx, &o, ts, n, &opt);
-  return opt;
-}
-
-std::vector<double> values_of(flame_params_t list) {
-  std::vector<double> all;
-  int64_t count = 0;
-  EXPECT_EQ(flame_params_count(list, &count), FLAME_OK);
-  for (int64_t i = 0; i < count; ++i) {
-    flame_tensor_t t = nullptr;
-    EXPECT_EQ(flame_params_tensor(list, i, &t), FLAME_OK);
-    for (float x : host_of(t)) all.push_back(x);
-  }
-  return all;
-}
 
 void expect_close(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -146,14 +40,7 @@ constexpr int kSteps = 2;
 // One training step of the global batch (2 parts) on rank `rank` of `world` (1 or 2): on 2 ranks
 // rank r's part, on 1 rank both parts as two backwards of half the loss each.
 void train_step(flame_ctx_t ctx, flame_model_t m, flame_optimizer_t opt, flame_zero_t zero, int world, int rank, int step) {
-  if (world == 2) {
-    EXPECT_EQ(forward_backward(ctx, m, rank, step, 1.0), FLAME_OK) << flame_last_error_message();
-  } else {
-    for (int part = 0; part < 2; ++part)
-      EXPECT_EQ(forward_backward(ctx, m, part, step, 0.5), FLAME_OK) << flame_last_error_message();
-  }
-  EXPECT_EQ(flame_zero_step(zero, nullptr), FLAME_OK) << flame_last_error_message();
-  EXPECT_EQ(flame_optimizer_zero_grad(opt, 1), FLAME_OK);
+  zero_train_step(zero, opt, world, rank, [&](int part, double scale) { return flux_backward(ctx, m, part, step, scale); });
 }
 
 struct ShardedRun {
@@ -170,12 +57,9 @@ ShardedRun train_sharded_and_save(int world, const std::string& dir) {
   on_ranks(world, [&](int r) {
     flame_ctx_t ctx = w.ctxs[static_cast<size_t>(r)];
     ModelHandle m;
-    ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
-    fill_params(m.m, 12345);
-    ASSERT_EQ(flame_model_set_checkpointing(m.m, 1), FLAME_OK);
     ParamsHandle params;
-    ASSERT_EQ(flame_model_params(m.m, &params.p), FLAME_OK);
-    flame_optimizer_t opt = make_adamw(ctx, params.p);
+    ASSERT_TRUE(make_flux_model(ctx, 12345, m, params));
+    flame_optimizer_t opt = make_flux_adamw(ctx, params.p);
     ASSERT_NE(opt, nullptr) << flame_last_error_message();
     ASSERT_EQ(learning_forward(ctx, m.m), FLAME_OK) << flame_last_error_message();
     flame_zero_options_t o;
@@ -227,12 +111,9 @@ void expect_resumes_unsharded(const std::string& dir, const std::string& shard_f
   for (const std::string& path : {dir + "/" + shard_file, dir + "/full.safetensors"}) {
     SCOPED_TRACE(path);
     ModelHandle m;
-    ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
-    fill_params(m.m, 777);  // other values: the load must replace them
-    ASSERT_EQ(flame_model_set_checkpointing(m.m, 1), FLAME_OK);
     ParamsHandle params;
-    ASSERT_EQ(flame_model_params(m.m, &params.p), FLAME_OK);
-    flame_optimizer_t opt = make_adamw(ctx, params.p);
+    ASSERT_TRUE(make_flux_model(ctx, 777, m, params));  // other values: the load must replace them
+    flame_optimizer_t opt = make_flux_adamw(ctx, params.p);
     flame_zero_options_t o;
     flame_zero_options_init(&o);
     flame_zero_t zero = nullptr;
@@ -283,12 +164,9 @@ static void expect_load_into_running_helper(int32_t gather_dtype) {
   ASSERT_TRUE(w.ok());
   flame_ctx_t ctx = w.ctxs[0];
   ModelHandle m;
-  ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
-  fill_params(m.m, 12345);
-  ASSERT_EQ(flame_model_set_checkpointing(m.m, 1), FLAME_OK);
   ParamsHandle params;
-  ASSERT_EQ(flame_model_params(m.m, &params.p), FLAME_OK);
-  flame_optimizer_t opt = make_adamw(ctx, params.p);
+  ASSERT_TRUE(make_flux_model(ctx, 12345, m, params));
+  flame_optimizer_t opt = make_flux_adamw(ctx, params.p);
   ASSERT_NE(opt, nullptr) << flame_last_error_message();
   ASSERT_EQ(learning_forward(ctx, m.m), FLAME_OK) << flame_last_error_message();
   flame_zero_options_t o;

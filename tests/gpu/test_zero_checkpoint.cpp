@@ -20,83 +20,17 @@
 #include <vector>
 #include "flame_test.h"
 #include "rank_test_helpers.h"
+#include "zero_test_helpers.h"
 
 namespace {
 
-std::vector<double> uniform(size_t n, uint32_t seed, double scale) {
-  std::mt19937 g(seed);
-  std::uniform_real_distribution<double> u(-scale, scale);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(g);
-  return v;
-}
-
-// y = W2 relu(W1 x + b1) + b2, 229 bf16 parameters (f32 master weights): on 2 ranks the shard
-// boundary (115) cuts W1.
-constexpr int64_t kIn = 8, kHidden = 16, kOut = 5, kRows = 6;
+// The MLP (zero_test_helpers.h) with 229 bf16 parameters (f32 master weights): on 2 ranks the
+// shard boundary (115) cuts W1.
 constexpr flame_dtype_t kDtype = FLAME_DTYPE_BF16;
 
-struct Model {
-  T w1, b1, w2, b2;
-  std::vector<flame_tensor_t> params() const { return {w1.h, b1.h, w2.h, b2.h}; }
-};
-
-// seed_offset != 0 gives other initial values (a load must replace them).
-bool make_model(flame_ctx_t ctx, Model& m, uint32_t seed_offset) {
-  auto make = [&](T& t, std::vector<int64_t> shape, uint32_t seed) {
-    size_t n = 1;
-    for (int64_t s : shape) n *= static_cast<size_t>(s);
-    t = T(from_doubles(ctx, uniform(n, seed + seed_offset, 0.4), shape, kDtype));
-    return t.h && flame_tensor_set_requires_grad(t, 1) == FLAME_OK;
-  };
-  return make(m.w1, {kHidden, kIn}, 1) && make(m.b1, {kHidden}, 2) && make(m.w2, {kOut, kHidden}, 3) && make(m.b2, {kOut}, 4);
-}
-
-// Backward of `scale` times the MSE loss of batch part `part` of step `step`.
-flame_status_t forward_backward(flame_ctx_t ctx, const Model& m, int part, int step, double scale) {
-  const uint32_t seed = 1000u * static_cast<uint32_t>(step) + 10u * static_cast<uint32_t>(part);
-  T x(from_doubles(ctx, uniform(kRows * kIn, seed, 1.0), {kRows, kIn}, kDtype));
-  T y(from_doubles(ctx, uniform(kRows * kOut, seed + 1, 1.0), {kRows, kOut}, kDtype));
-  T h, out, loss, scaled;
-  flame_status_t st;
-  if ((st = flame_linear(x, m.w1, m.b1, FLAME_ACTIVATION_RELU, h.out())) != FLAME_OK) return st;
-  if ((st = flame_linear(h, m.w2, m.b2, FLAME_ACTIVATION_NONE, out.out())) != FLAME_OK) return st;
-  if ((st = flame_mse_loss(out, y, FLAME_REDUCTION_MEAN, loss.out())) != FLAME_OK) return st;
-  if ((st = flame_mul_scalar(loss, scale, scaled.out())) != FLAME_OK) return st;
-  return flame_backward(ctx, scaled, nullptr, 0);
-}
-
 // One training step of the global batch (2 parts) on rank `rank` of `world` (1 or 2).
-void train_step(flame_ctx_t ctx, const Model& m, flame_optimizer_t opt, flame_zero_t zero, int world, int rank, int step) {
-  if (world == 2) {
-    EXPECT_EQ(forward_backward(ctx, m, rank, step, 1.0), FLAME_OK) << flame_last_error_message();
-  } else {
-    for (int part = 0; part < 2; ++part)
-      EXPECT_EQ(forward_backward(ctx, m, part, step, 0.5), FLAME_OK) << flame_last_error_message();
-  }
-  EXPECT_EQ(flame_zero_step(zero, nullptr), FLAME_OK) << flame_last_error_message();
-  EXPECT_EQ(flame_optimizer_zero_grad(opt, 1), FLAME_OK);
-}
-
-flame_optimizer_t make_adamw(flame_ctx_t ctx, const Model& m) {
-  flame_optimizer_options_t o;
-  flame_optimizer_options_init(&o, FLAME_OPTIMIZER_ADAMW);
-  o.lr = 0.02;
-  o.weight_decay = 0.05;
-  o.master_weights = 1;
-  std::vector<flame_tensor_t> ps = m.params();
-  flame_optimizer_t opt = nullptr;
-  flame_optimizer_create(ctx, &o, ps.data(), static_cast<int64_t>(ps.size()), &opt);
-  return opt;
-}
-
-std::vector<double> all_params(const Model& m) {
-  std::vector<double> all;
-  for (flame_tensor_t p : m.params()) {
-    std::vector<double> v = to_doubles(p);
-    all.insert(all.end(), v.begin(), v.end());
-  }
-  return all;
+void train_step(flame_ctx_t ctx, const Mlp& m, flame_optimizer_t opt, flame_zero_t zero, int world, int rank, int step) {
+  zero_train_step(zero, opt, world, rank, [&](int part, double scale) { return mlp_backward(ctx, m, kDtype, part, step, scale); });
 }
 
 void expect_close(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
@@ -131,9 +65,9 @@ Trained run(int world, int stage, int steps, const std::string& load, const std:
   if (!w.ok()) return out;
   on_ranks(world, [&](int r) {
     flame_ctx_t ctx = w.ctxs[static_cast<size_t>(r)];
-    Model m;
-    ASSERT_TRUE(make_model(ctx, m, load.empty() ? 0u : 50u));
-    flame_optimizer_t opt = make_adamw(ctx, m);
+    Mlp m;
+    ASSERT_TRUE(make_mlp(ctx, m, kDtype, load.empty() ? 0u : 50u));
+    flame_optimizer_t opt = make_mlp_adamw(ctx, m, true);
     ASSERT_NE(opt, nullptr);
     flame_zero_options_t o;
     flame_zero_options_init(&o);
@@ -154,9 +88,9 @@ Trained run(int world, int stage, int steps, const std::string& load, const std:
     if (!full.empty()) {
       EXPECT_EQ(flame_zero_save_full(zero, full.c_str()), FLAME_OK) << flame_last_error_message();
     }
-    std::vector<double> saved = all_params(m);
+    std::vector<double> saved = mlp_values(m);
     train_step(ctx, m, opt, zero, world, r, steps);
-    std::vector<double> next = all_params(m);
+    std::vector<double> next = mlp_values(m);
     if (r == 0) {
       out.saved = saved;
       out.next = next;
@@ -193,8 +127,8 @@ TEST(ZeroCheckpoint, OneRankRefusesAnotherOptimizerAndLeavesTheRunUnchanged) {
   RankWorld w(1);
   ASSERT_TRUE(w.ok());
   flame_ctx_t ctx = w.ctxs[0];
-  Model m;
-  ASSERT_TRUE(make_model(ctx, m, 50));
+  Mlp m;
+  ASSERT_TRUE(make_mlp(ctx, m, kDtype, 50));
   flame_optimizer_options_t oo;
   flame_optimizer_options_init(&oo, FLAME_OPTIMIZER_SGD);
   oo.lr = 0.02;
@@ -207,15 +141,15 @@ TEST(ZeroCheckpoint, OneRankRefusesAnotherOptimizerAndLeavesTheRunUnchanged) {
   flame_zero_options_init(&o);
   flame_zero_t zero = nullptr;
   ASSERT_EQ(flame_zero_create(w.comms[0], opt, &o, &zero), FLAME_OK) << flame_last_error_message();
-  const std::vector<double> before = all_params(m);
+  const std::vector<double> before = mlp_values(m);
   EXPECT_EQ(flame_zero_load(zero, (dir + "/ck-0-of-1.safetensors").c_str()), FLAME_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(flame_last_error_message()).find("adamw"), std::string::npos) << flame_last_error_message();
-  EXPECT_EQ(all_params(m), before);
+  EXPECT_EQ(mlp_values(m), before);
   int64_t count = -1;
   EXPECT_EQ(flame_optimizer_step_count(opt, &count), FLAME_OK);
   EXPECT_EQ(count, 0);
   EXPECT_EQ(flame_zero_load(zero, (dir + "/nothing.safetensors").c_str()), FLAME_ERROR_IO);
-  EXPECT_EQ(all_params(m), before);
+  EXPECT_EQ(mlp_values(m), before);
   flame_zero_release(zero);
   flame_optimizer_release(opt);
 }
@@ -263,15 +197,15 @@ TEST(ZeroCheckpoint, GatheredFileHoldsTheParameters) {
     flame_ctx_t ctx = make_rank_ctx(0);
     ASSERT_NE(ctx, nullptr);
     {
-      Model m;
-      ASSERT_TRUE(make_model(ctx, m, 0));
-      flame_optimizer_t opt = make_adamw(ctx, m);
+      Mlp m;
+      ASSERT_TRUE(make_mlp(ctx, m, kDtype, 0));
+      flame_optimizer_t opt = make_mlp_adamw(ctx, m, true);
       for (int s = 0; s < 3; ++s) {
-        for (int part = 0; part < 2; ++part) ASSERT_EQ(forward_backward(ctx, m, part, s, 0.5), FLAME_OK);
+        for (int part = 0; part < 2; ++part) ASSERT_EQ(mlp_backward(ctx, m, kDtype, part, s, 0.5), FLAME_OK);
         ASSERT_EQ(flame_optimizer_step(opt), FLAME_OK) << flame_last_error_message();
         ASSERT_EQ(flame_optimizer_zero_grad(opt, 1), FLAME_OK);
       }
-      replicated = all_params(m);
+      replicated = mlp_values(m);
       flame_optimizer_release(opt);
     }
     flame_ctx_destroy(ctx);
@@ -282,7 +216,7 @@ TEST(ZeroCheckpoint, GatheredFileHoldsTheParameters) {
     flame_safetensors_t f = nullptr;
     ASSERT_EQ(flame_safetensors_load(ctx, full.c_str(), &f), FLAME_OK) << flame_last_error_message();
     std::vector<double> file_params;
-    const std::vector<std::vector<int64_t>> shapes = {{kHidden, kIn}, {kHidden}, {kOut, kHidden}, {kOut}};
+    const std::vector<std::vector<int64_t>> shapes = {{kMlpHidden, kMlpIn}, {kMlpHidden}, {kMlpOut, kMlpHidden}, {kMlpOut}};
     for (int i = 0; i < 4; ++i) {
       const std::string name = "param." + std::to_string(i);
       T t, master, exp_avg;
@@ -316,16 +250,16 @@ TEST(ZeroCheckpoint, RefusesIncompleteSetsAndLeavesTheRunUnchanged) {
   RankWorld w(1);
   ASSERT_TRUE(w.ok());
   flame_ctx_t ctx = w.ctxs[0];
-  Model m;
-  ASSERT_TRUE(make_model(ctx, m, 50));
-  flame_optimizer_t opt = make_adamw(ctx, m);
+  Mlp m;
+  ASSERT_TRUE(make_mlp(ctx, m, kDtype, 50));
+  flame_optimizer_t opt = make_mlp_adamw(ctx, m, true);
   flame_zero_options_t o;
   flame_zero_options_init(&o);
   flame_zero_t zero = nullptr;
   ASSERT_EQ(flame_zero_create(w.comms[0], opt, &o, &zero), FLAME_OK) << flame_last_error_message();
-  const std::vector<double> before = all_params(m);
+  const std::vector<double> before = mlp_values(m);
   EXPECT_EQ(flame_zero_load(zero, (dir + "/ck-0-of-2.safetensors").c_str()), FLAME_ERROR_IO);
-  EXPECT_EQ(all_params(m), before);
+  EXPECT_EQ(mlp_values(m), before);
   int64_t count = -1;
   EXPECT_EQ(flame_optimizer_step_count(opt, &count), FLAME_OK);
   EXPECT_EQ(count, 0);

@@ -30,6 +30,7 @@
 #include "flame_test.h"
 #include "model_test_handles.h"
 #include "rank_test_helpers.h"
+#include "zero_test_helpers.h"
 
 namespace {
 
@@ -37,14 +38,6 @@ constexpr int kSteps = 3;
 constexpr double kLr = 0.05;
 constexpr double kReduceFraction = 1.0 / 64;  // 4 x bf16's unit roundoff 2^-8
 constexpr double kGatherFraction = 1.0 / 16;  // 16 x 2^-8: rounded weights through every layer
-
-std::vector<double> uniform(size_t n, uint32_t seed, double scale) {
-  std::mt19937 g(seed);
-  std::uniform_real_distribution<double> u(-scale, scale);
-  std::vector<double> v(n);
-  for (double& x : v) x = u(g);
-  return v;
-}
 
 flame_optimizer_t make_sgd(flame_ctx_t ctx, const flame_tensor_t* params, int64_t n, bool master_weights) {
   flame_optimizer_options_t o;
@@ -82,48 +75,7 @@ void expect_rounded_not_identical(const std::vector<double>& got, const std::vec
               what.c_str(), worst, worst / moved, moved, fraction);
 }
 
-// ---- a small MLP for stages 1 and 2: y = W2 relu(W1 x + b1) + b2, 229 parameters ----
-
-constexpr int64_t kIn = 8, kHidden = 16, kOut = 5, kRows = 6;
-
-struct Mlp {
-  T w1, b1, w2, b2;
-  std::vector<flame_tensor_t> params() const { return {w1.h, b1.h, w2.h, b2.h}; }
-};
-
-bool make_mlp(flame_ctx_t ctx, Mlp& m, flame_dtype_t d) {
-  auto make = [&](T& t, std::vector<int64_t> shape, uint32_t seed) {
-    size_t n = 1;
-    for (int64_t s : shape) n *= static_cast<size_t>(s);
-    t = T(from_doubles(ctx, uniform(n, seed, 0.4), shape, d));
-    return t.h && flame_tensor_set_requires_grad(t, 1) == FLAME_OK;
-  };
-  return make(m.w1, {kHidden, kIn}, 1) && make(m.b1, {kHidden}, 2) && make(m.w2, {kOut, kHidden}, 3) &&
-         make(m.b2, {kOut}, 4);
-}
-
-std::vector<double> mlp_values(const Mlp& m) {
-  std::vector<double> all;
-  for (flame_tensor_t p : m.params()) {
-    std::vector<double> v = to_doubles(p);
-    all.insert(all.end(), v.begin(), v.end());
-  }
-  return all;
-}
-
-// Backward of `scale` times the MSE loss of batch part `part` (of 2) of step `step`.
-flame_status_t mlp_backward(flame_ctx_t ctx, const Mlp& m, flame_dtype_t d, int part, int step, double scale) {
-  const uint32_t seed = 1000u * static_cast<uint32_t>(step) + 10u * static_cast<uint32_t>(part);
-  T x(from_doubles(ctx, uniform(kRows * kIn, seed, 1.0), {kRows, kIn}, d));
-  T y(from_doubles(ctx, uniform(kRows * kOut, seed + 1, 1.0), {kRows, kOut}, d));
-  T h, out, loss, scaled;
-  flame_status_t st;
-  if ((st = flame_linear(x, m.w1, m.b1, FLAME_ACTIVATION_RELU, h.out())) != FLAME_OK) return st;
-  if ((st = flame_linear(h, m.w2, m.b2, FLAME_ACTIVATION_NONE, out.out())) != FLAME_OK) return st;
-  if ((st = flame_mse_loss(out, y, FLAME_REDUCTION_MEAN, loss.out())) != FLAME_OK) return st;
-  if ((st = flame_mul_scalar(loss, scale, scaled.out())) != FLAME_OK) return st;
-  return flame_backward(ctx, scaled, nullptr, 0);
-}
+// ---- a small MLP for stages 1 and 2 (Mlp, zero_test_helpers.h) ----
 
 // Whether every value of t is a bf16 value (t rounded to bf16 and back is t).
 bool holds_bf16_values(flame_tensor_t t) {
@@ -205,96 +157,7 @@ std::vector<double> train_mlp_replicated() {
   return end;
 }
 
-// ---- a tiny Flux transformer for stage 3 (f32; 6 sharded blocks, as in test_zero3.cpp) ----
-
-const char* const kFlux =
-    R"({"num_layers": 2, "num_single_layers": 4, "attention_head_dim": 16, "num_attention_heads": 2,
-        "in_channels": 16, "joint_attention_dim": 24, "pooled_projection_dim": 20, "guidance_embeds": true,
-        "axes_dims_rope": [4, 6, 6]})";
-
-std::vector<float> phased_ramp(size_t n, float scale, float phase) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = std::sin(0.7f * static_cast<float>(i) + phase) * scale;
-  return v;
-}
-
-void fill_flux_params(flame_model_t m) {
-  ParamsHandle list;
-  ASSERT_EQ(flame_model_params(m, &list.p), FLAME_OK);
-  int64_t count = 0;
-  ASSERT_EQ(flame_params_count(list.p, &count), FLAME_OK);
-  uint32_t state = 12345;
-  for (int64_t i = 0; i < count; ++i) {
-    flame_tensor_t t = nullptr;
-    ASSERT_EQ(flame_params_tensor(list.p, i, &t), FLAME_OK);
-    int64_t n = 0;
-    ASSERT_EQ(flame_tensor_numel(t, &n), FLAME_OK);
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v) {
-      state = state * 1664525u + 1013904223u;
-      x = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * 0.2f;
-    }
-    ASSERT_EQ(flame_copy_from_host(t, v.data(), v.size() * sizeof(float)), FLAME_OK) << flame_last_error_message();
-  }
-}
-
-// The inputs of batch part `part` at step `step`.
-void flux_inputs(flame_ctx_t ctx, int part, int step, ParamsHandle& in) {
-  ASSERT_EQ(flame_params_create(ctx, &in.p), FLAME_OK);
-  const float phase = 0.3f + 0.9f * static_cast<float>(part) + 0.4f * static_cast<float>(step);
-  auto add = [&](const char* name, flame_tensor_t t) {
-    ASSERT_EQ(flame_params_add(in.p, name, t), FLAME_OK);
-    flame_tensor_release(t);
-  };
-  add("hidden_states", host_tensor(ctx, {1, 12, 16}, phased_ramp(12 * 16, 1.0f, phase)));
-  add("encoder_hidden_states", host_tensor(ctx, {1, 5, 24}, phased_ramp(5 * 24, 1.0f, phase + 1.0f)));
-  add("pooled_projections", host_tensor(ctx, {1, 20}, phased_ramp(20, 1.0f, phase + 2.0f)));
-  add("timestep", host_tensor(ctx, {1}, {0.25f + 0.2f * static_cast<float>(part)}));
-  add("guidance", host_tensor(ctx, {1}, {3.5f}));
-  std::vector<float> ids(12 * 3, 0.0f);
-  for (int r = 0; r < 12; ++r) {
-    ids[r * 3 + 1] = static_cast<float>(r / 3);
-    ids[r * 3 + 2] = static_cast<float>(r % 3);
-  }
-  add("img_ids", host_tensor(ctx, {12, 3}, ids));
-  add("txt_ids", host_tensor(ctx, {5, 3}, std::vector<float>(15, 0.0f)));
-}
-
-flame_status_t flux_backward(flame_ctx_t ctx, flame_model_t m, int part, int step, double scale) {
-  ParamsHandle in, out;
-  flux_inputs(ctx, part, step, in);
-  flame_status_t st = flame_model_forward(m, in.p, &out.p);
-  if (st != FLAME_OK) return st;
-  flame_tensor_t sample = nullptr;
-  if ((st = flame_params_find(out.p, "sample", &sample)) != FLAME_OK) return st;
-  T target(host_tensor(ctx, {1, 12, 16}, phased_ramp(12 * 16, 0.5f, 2.2f))), l, scaled;
-  if ((st = flame_mse_loss(sample, target, FLAME_REDUCTION_MEAN, l.out())) != FLAME_OK) return st;
-  if ((st = flame_mul_scalar(l, scale, scaled.out())) != FLAME_OK) return st;
-  return flame_backward(ctx, scaled, nullptr, 0);
-}
-
-// One forward with gradients off: the model learns which parameters each block reads.
-flame_status_t flux_learning_forward(flame_ctx_t ctx, flame_model_t m) {
-  ParamsHandle in, out;
-  flux_inputs(ctx, 0, 0, in);
-  int32_t prev = 1;
-  flame_ctx_set_grad_enabled(ctx, 0, &prev);
-  const flame_status_t st = flame_model_forward(m, in.p, &out.p);
-  flame_ctx_set_grad_enabled(ctx, prev, nullptr);
-  return st;
-}
-
-std::vector<double> flux_values(flame_params_t list) {
-  std::vector<double> all;
-  int64_t count = 0;
-  EXPECT_EQ(flame_params_count(list, &count), FLAME_OK);
-  for (int64_t i = 0; i < count; ++i) {
-    flame_tensor_t t = nullptr;
-    EXPECT_EQ(flame_params_tensor(list, i, &t), FLAME_OK);
-    for (float x : host_of(t)) all.push_back(x);
-  }
-  return all;
-}
+// ---- a tiny Flux transformer for stage 3 (f32; 6 sharded blocks, kFlux, zero_test_helpers.h) ----
 
 struct FluxRun {
   std::vector<double> start, end;  // rank 0's whole parameters before and after kSteps steps
@@ -311,12 +174,9 @@ FluxRun train_flux(int world, int32_t reduce_dtype, int32_t gather_dtype) {
   on_ranks(sharded ? world : 1, [&](int r) {
     flame_ctx_t ctx = w.ctxs[static_cast<size_t>(r)];
     ModelHandle m;
-    ASSERT_EQ(flame_model_create(ctx, "FluxTransformer2DModel", kFlux, nullptr, &m.m), FLAME_OK) << flame_last_error_message();
-    fill_flux_params(m.m);
-    ASSERT_EQ(flame_model_set_checkpointing(m.m, 1), FLAME_OK);
     ParamsHandle params;
-    ASSERT_EQ(flame_model_params(m.m, &params.p), FLAME_OK);
-    if (r == 0) out.start = flux_values(params.p);
+    ASSERT_TRUE(make_flux_model(ctx, 12345, m, params));
+    if (r == 0) out.start = values_of(params.p);
     const flame_tensor_t* ts = nullptr;
     int64_t n = 0;
     ASSERT_EQ(flame_params_count(params.p, &n), FLAME_OK);
@@ -325,7 +185,7 @@ FluxRun train_flux(int world, int32_t reduce_dtype, int32_t gather_dtype) {
     ASSERT_NE(opt, nullptr);
     flame_zero_t zero = nullptr;
     if (sharded) {
-      ASSERT_EQ(flux_learning_forward(ctx, m.m), FLAME_OK) << flame_last_error_message();
+      ASSERT_EQ(learning_forward(ctx, m.m), FLAME_OK) << flame_last_error_message();
       flame_zero_options_t o;
       flame_zero_options_init(&o);
       o.stage = 3;
@@ -350,9 +210,9 @@ FluxRun train_flux(int world, int32_t reduce_dtype, int32_t gather_dtype) {
     if (zero) {
       ParamsHandle whole;
       EXPECT_EQ(flame_zero_gather_params(zero, &whole.p), FLAME_OK) << flame_last_error_message();
-      if (r == 0 && whole.p) out.end = flux_values(whole.p);
+      if (r == 0 && whole.p) out.end = values_of(whole.p);
     } else if (r == 0) {
-      out.end = flux_values(params.p);
+      out.end = values_of(params.p);
     }
     flame_zero_release(zero);
     flame_optimizer_release(opt);
