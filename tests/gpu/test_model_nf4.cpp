@@ -104,15 +104,6 @@ int64_t numel_of(flame_tensor_t t) {
   EXPECT_EQ(flame_tensor_numel(t, &n), FLAME_OK);
   return n;
 }
-std::vector<int64_t> shape_of(flame_tensor_t t) {
-  int32_t nd = 0;
-  EXPECT_EQ(flame_tensor_ndim(t, &nd), FLAME_OK);
-  std::vector<int64_t> s(static_cast<size_t>(nd));
-  if (nd > 0) {
-    EXPECT_EQ(flame_tensor_shape(t, s.data(), nd), FLAME_OK);
-  }
-  return s;
-}
 size_t dtype_bytes(flame_dtype_t d) {
   switch (d) {
     case FLAME_DTYPE_F32: return 4;
