@@ -18,17 +18,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 bool is_f8(DType d) { return d == FLAME_DTYPE_F8_E4M3 || d == FLAME_DTYPE_F8_E5M2; }
 
-// Runs the enclosed ops without recording them.
-struct NoGradScope {
-  explicit NoGradScope(Context& c) : guard(c, off(c)) {}
-  static GradMode off(Context& c) {
-    GradMode m = c.mode;
-    m.grad_enabled = false;
-    return m;
-  }
-  GradModeGuard guard;
-};
-
 }  // namespace
 
 WeightQuantization parse_weight_quantization(const nlohmann::json& value) {
@@ -98,7 +87,7 @@ void quantize_into(const Tensor& w, const Tensor& q, const Tensor& scale) {
   const bool per_row = scale->ndim() == 2;
   FLAME_CHECK(per_row ? scale->shape == Shape({w->shape[0], 1}) : scale->ndim() == 0, FLAME_ERROR_INTERNAL,
               "quantize_into: a scale of shape ", shape_str(scale->shape), " for a ", shape_str(w->shape), " weight");
-  NoGradScope no_grad(w->ctx());
+  GradModeGuard no_grad(w->ctx(), w->ctx().mode.with_grad(false));  // not recorded
   const Tensor wf = w->dtype == FLAME_DTYPE_F32 ? w : ops::to_dtype(w, FLAME_DTYPE_F32);
   const Tensor amax = per_row ? ops::amax(ops::abs(wf), {1}, true) : ops::amax(ops::abs(wf), {0, 1}, false);
   // An all-zero weight (a zero-initialised layer) gets a tiny scale and quantises to zeros.
@@ -109,7 +98,7 @@ void quantize_into(const Tensor& w, const Tensor& q, const Tensor& scale) {
 }
 
 Tensor dequantize(const Tensor& q, const Tensor& scale, DType dtype) {
-  NoGradScope no_grad(q->ctx());
+  GradModeGuard no_grad(q->ctx(), q->ctx().mode.with_grad(false));  // not recorded
   const Tensor s = scale->dtype == FLAME_DTYPE_F32 ? scale : ops::to_dtype(scale, FLAME_DTYPE_F32);
   if (is_f8(q->dtype)) return ops::dequantize(q, s, dtype);  // one kernel, no f32 temporary
   // a scaled weight of another dtype (a file's bf16 weight with a scale): the same arithmetic, composed

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "cuda/nf4_constants.cuh"
 #include "ops/nn_rows.h"
+#include "ops/quantized.h"
 #include "runtime/context.h"
 #include "runtime/kernel_key.h"
 #include "tensor/autograd_graph.h"
@@ -33,17 +34,6 @@ int log2_of(int64_t v) {
   while ((int64_t{1} << s) < v) ++s;
   return s;
 }
-
-// Runs the enclosed ops without recording them.
-struct NoGradScope {
-  explicit NoGradScope(Context& c) : guard(c, off(c)) {}
-  static GradMode off(Context& c) {
-    GradMode m = c.mode;
-    m.grad_enabled = false;
-    return m;
-  }
-  GradModeGuard guard;
-};
 
 // Checks the weight's tensors against each other as Nf4Weight documents them.
 void check_nf4(const ops::Nf4Weight& w, const char* op) {
@@ -168,7 +158,7 @@ void ops::nf4_quantize_into(const Tensor& w, const Nf4Weight& dst) {
   FLAME_CHECK(w->shape == Shape({dst.out_features(), dst.in_features()}), FLAME_ERROR_SHAPE_MISMATCH, "nf4_quantize_into: a ",
               shape_str(w->shape), " weight into NF4 tensors of a [", dst.out_features(), ", ", dst.in_features(), "] one");
   Context& ctx = w->ctx();
-  NoGradScope no_grad(ctx);
+  GradModeGuard no_grad(ctx, ctx.mode.with_grad(false));  // not recorded
   const Tensor wf = w->dtype == FLAME_DTYPE_F32 && w->contiguous() ? w : contiguous(to_dtype(w, FLAME_DTYPE_F32));
   const int64_t blocks = dst.absmax->numel();
   const Tensor absmax = dst.double_quant() ? empty(ctx, {blocks}, FLAME_DTYPE_F32) : dst.absmax;
@@ -206,40 +196,6 @@ Tensor ops::nf4_dequantize(const Nf4Weight& weight, DType dtype) {
   return out;
 }
 
-namespace {
-
-// The recorded 2-D layer: x [R, in]. Saved: packed, absmax, (nested scale, offset, code), then
-// relu's output, or gelu's pre-activation followed by x and the bias (as quantized_linear2d).
-Tensor nf4_linear2d(const Tensor& x, const ops::Nf4Weight& weight, const Tensor& bias, ops::Activation act) {
-  Context& ctx = x->ctx();
-  const bool gelu = act == ops::Activation::GeluTanh;
-  const bool keep_aux = gelu && ctx.recording() && (requires_grad(*x) || (bias && requires_grad(*bias)));
-  Tensor out, aux;
-  {
-    const Tensor w = ops::nf4_dequantize(weight, x->dtype);
-    std::tie(out, aux) = ops::linear2d_forward(x, w, bias, act, keep_aux);
-  }  // the dequantised weight goes here; the node keeps the packed one
-  if (auto node = record(OpId::Nf4Linear, {x, bias}, {out})) {
-    node->attributes = ops::LinearAttrs{act, bias != nullptr, false};
-    node->saved.emplace_back(weight.packed, false);
-    node->saved.emplace_back(weight.absmax, false);
-    if (weight.double_quant()) {
-      node->saved.emplace_back(weight.nested_scale, false);
-      node->saved.emplace_back(weight.nested_offset, false);
-      node->saved.emplace_back(weight.nested_code, false);
-    }
-    if (act == ops::Activation::Relu) node->saved.emplace_back(out, true);
-    if (gelu) {
-      node->saved.emplace_back(aux, false);
-      node->saved.emplace_back(x, false);
-      if (bias) node->saved.emplace_back(bias, false);
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
 Tensor ops::nf4_linear(const Tensor& x, const Nf4Weight& weight, const Tensor& bias, Activation act) {
   check_nf4(weight, "nf4_linear");
   FLAME_CHECK(&x->ctx() == &weight.packed->ctx(), FLAME_ERROR_INVALID_ARGUMENT, "nf4_linear: x and the weight belong to different contexts");
@@ -254,13 +210,11 @@ Tensor ops::nf4_linear(const Tensor& x, const Nf4Weight& weight, const Tensor& b
     FLAME_CHECK(bias->ndim() == 1 && bias->shape[0] == out, FLAME_ERROR_SHAPE_MISMATCH, "nf4_linear: bias ",
                 shape_str(bias->shape), " must be [", out, "]");
   }
-  if (x->ndim() == 2) return nf4_linear2d(x, weight, bias, act);
-  Shape lead(x->shape.begin(), x->shape.end() - 1);
-  int64_t rows = 1;
-  for (int64_t s : lead) rows *= s;
-  const Tensor y = nf4_linear2d(reshape(x, {rows, in}), weight, bias, act);
-  lead.push_back(out);
-  return reshape(y, lead);
+  // Saved: packed, absmax, (nested scale, offset, code), then linear's own (linear_over_dequantized).
+  std::vector<Tensor> saved = {weight.packed, weight.absmax};
+  if (weight.double_quant()) saved.insert(saved.end(), {weight.nested_scale, weight.nested_offset, weight.nested_code});
+  return linear_over_dequantized(x, [&](DType dtype) { return nf4_dequantize(weight, dtype); }, in, out, bias, act,
+                                 OpId::Nf4Linear, saved);
 }
 
 std::vector<std::string> ops::nf4_instantiations() {

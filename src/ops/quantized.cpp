@@ -80,21 +80,20 @@ Tensor ops::dequantize(const Tensor& q, const Tensor& scale, DType dtype) {
 
 namespace {
 
-// The recorded 2-D layer: x [R, in], q [out, in]. Saved: q, scale, then relu's output, or gelu's
-// pre-activation followed by x and the bias (create_graph recomputes the pre-activation with history).
-Tensor quantized_linear2d(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor& bias, ops::Activation act) {
+// The recorded 2-D layer: x [R, in] (see linear_over_dequantized).
+Tensor linear2d_over_dequantized(const Tensor& x, const std::function<Tensor(DType)>& dequantize_weight, const Tensor& bias,
+                                 ops::Activation act, OpId op, const std::vector<Tensor>& weight_saved) {
   Context& ctx = x->ctx();
   const bool gelu = act == ops::Activation::GeluTanh;
   const bool keep_aux = gelu && ctx.recording() && (requires_grad(*x) || (bias && requires_grad(*bias)));
   Tensor out, aux;
   {
-    const Tensor w = ops::dequantize(q, scale, x->dtype);
+    const Tensor w = dequantize_weight(x->dtype);
     std::tie(out, aux) = ops::linear2d_forward(x, w, bias, act, keep_aux);
-  }  // the dequantised weight goes here; the node keeps q and scale
-  if (auto node = record(OpId::QuantizedLinear, {x, bias}, {out})) {
+  }  // the dequantised weight goes here; the node keeps the quantised one
+  if (auto node = record(op, {x, bias}, {out})) {
     node->attributes = ops::LinearAttrs{act, bias != nullptr, false};
-    node->saved.emplace_back(q, false);
-    node->saved.emplace_back(scale, false);
+    for (const Tensor& t : weight_saved) node->saved.emplace_back(t, false);
     if (act == ops::Activation::Relu) node->saved.emplace_back(out, true);
     if (gelu) {
       node->saved.emplace_back(aux, false);
@@ -123,12 +122,19 @@ Tensor ops::quantized_linear(const Tensor& x, const Tensor& q, const Tensor& sca
     FLAME_CHECK(bias->ndim() == 1 && bias->shape[0] == q->shape[0], FLAME_ERROR_SHAPE_MISMATCH, "quantized_linear: bias ",
                 shape_str(bias->shape), " must be [", q->shape[0], "]");
   }
-  if (x->ndim() == 2) return quantized_linear2d(x, q, scale, bias, act);
+  return linear_over_dequantized(x, [&](DType dtype) { return dequantize(q, scale, dtype); }, q->shape[1], q->shape[0],
+                                 bias, act, OpId::QuantizedLinear, {q, scale});
+}
+
+Tensor ops::linear_over_dequantized(const Tensor& x, const std::function<Tensor(DType)>& dequantize_weight, int64_t in_features,
+                                    int64_t out_features, const Tensor& bias, Activation act, OpId op,
+                                    const std::vector<Tensor>& weight_saved) {
+  if (x->ndim() == 2) return linear2d_over_dequantized(x, dequantize_weight, bias, act, op, weight_saved);
   Shape lead(x->shape.begin(), x->shape.end() - 1);
   int64_t rows = 1;
   for (int64_t s : lead) rows *= s;
-  const Tensor out = quantized_linear2d(reshape(x, {rows, q->shape[1]}), q, scale, bias, act);
-  lead.push_back(q->shape[0]);
+  const Tensor out = linear2d_over_dequantized(reshape(x, {rows, in_features}), dequantize_weight, bias, act, op, weight_saved);
+  lead.push_back(out_features);
   return reshape(out, lead);
 }
 

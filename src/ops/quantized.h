@@ -11,6 +11,7 @@
 //    instead of 2 (bf16), at the price of one more dequantisation kernel per backward. q and scale
 //    never get a gradient (they are constants of the node, as dequantize's result is).
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 #include "ops/ops.h"
@@ -36,6 +37,14 @@ void dequantize_into(const Tensor& q, const Tensor& scale, const Tensor& out);
 // DTYPE_MISMATCH for x or bias.
 Tensor quantized_linear(const Tensor& x, const Tensor& q, const Tensor& scale, const Tensor& bias,
                         Activation act = Activation::None);
+
+// act(x W^T + bias) for x [..., in_features] with W [out_features, in_features] = dequantize_weight(x's
+// dtype), made for the forward only: the one recorded layer of every quantised base (quantized_linear,
+// nf4_linear). Its node (op) reaches x and bias, saves weight_saved in order, then, as Linear does,
+// relu's output or gelu's pre-activation followed by x and the bias. The callers check the arguments.
+Tensor linear_over_dequantized(const Tensor& x, const std::function<Tensor(DType)>& dequantize_weight, int64_t in_features,
+                               int64_t out_features, const Tensor& bias, Activation act, OpId op,
+                               const std::vector<Tensor>& weight_saved);
 
 // The kernel instantiations dequantize may launch (tests/cpu/test_kernels.cpp compiles them).
 std::vector<std::string> dequantize_instantiations();
