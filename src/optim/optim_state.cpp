@@ -34,27 +34,10 @@ using json = nlohmann::json;
 constexpr const char* kKey = "flame.optimizer_state";
 constexpr size_t kChunkBytes = size_t(64) << 20;
 
-const char* kind_name(int32_t k) {
-  switch (k) {
-    case FLAME_OPTIMIZER_SGD: return "sgd";
-    case FLAME_OPTIMIZER_ADAM: return "adam";
-    case FLAME_OPTIMIZER_ADAMW: return "adamw";
-    case FLAME_OPTIMIZER_LION: return "lion";
-  }
-  return "unknown";
-}
 
 DType state_dtype(DType param) { return param == FLAME_DTYPE_F64 ? FLAME_DTYPE_F64 : FLAME_DTYPE_F32; }
 bool is_half(DType d) { return d == FLAME_DTYPE_F16 || d == FLAME_DTYPE_BF16; }
 
-// The state slot names of a kind, in OptimParam order m, v, vmax.
-std::vector<std::string> slot_names(int32_t kind) {
-  switch (kind) {
-    case FLAME_OPTIMIZER_SGD: return {"momentum_buffer"};
-    case FLAME_OPTIMIZER_LION: return {"exp_avg"};
-    default: return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-  }
-}
 Tensor* slot(OptimParam& p, size_t k) { return k == 0 ? &p.m : (k == 1 ? &p.v : &p.vmax); }
 
 json group_json(const OptimGroup& g) {
@@ -109,12 +92,36 @@ bool parse_name(const std::string& name, const std::vector<std::string>& slots, 
 
 }  // namespace
 
+const char* optimizer_kind_name(int32_t kind) {
+  switch (kind) {
+    case FLAME_OPTIMIZER_SGD: return "sgd";
+    case FLAME_OPTIMIZER_ADAM: return "adam";
+    case FLAME_OPTIMIZER_ADAMW: return "adamw";
+    case FLAME_OPTIMIZER_LION: return "lion";
+  }
+  return "unknown";
+}
+
+int32_t optimizer_kind_of_name(const std::string& name) {
+  for (int32_t k : {FLAME_OPTIMIZER_SGD, FLAME_OPTIMIZER_ADAM, FLAME_OPTIMIZER_ADAMW, FLAME_OPTIMIZER_LION})
+    if (name == optimizer_kind_name(k)) return k;
+  return -1;
+}
+
+std::vector<std::string> optimizer_state_slot_names(int32_t kind) {
+  switch (kind) {
+    case FLAME_OPTIMIZER_SGD: return {"momentum_buffer"};
+    case FLAME_OPTIMIZER_LION: return {"exp_avg"};
+    default: return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  }
+}
+
 void save_optimizer_state(Optimizer& opt, const std::string& path) {
   Context& c = opt.ctx();
   FLAME_CHECK(!opt.sharded(), FLAME_ERROR_UNSUPPORTED,
               "the optimizer is sharded over ranks (flame_zero_create): its state files are not supported yet");
   c.forbid_in_capture("writing an optimizer state file");
-  const std::vector<std::string> slots = slot_names(opt.kind());
+  const std::vector<std::string> slots = optimizer_state_slot_names(opt.kind());
   std::vector<st::TensorEntry> entries;
   std::vector<Tensor> tensors;
   json groups = json::array();
@@ -137,7 +144,7 @@ void save_optimizer_state(Optimizer& opt, const std::string& path) {
     }
   }
   const RoundingRng& rng = opt.rounding_rng();
-  json meta = {{"version", 1}, {"kind", kind_name(opt.kind())}, {"step", opt.step_count()},
+  json meta = {{"version", 1}, {"kind", optimizer_kind_name(opt.kind())}, {"step", opt.step_count()},
                {"rounding_rng", rng.ready ? json{{"seed", rng.seed}, {"offset", rng.offset}} : json(nullptr)},
                {"groups", groups}};
   const std::vector<std::pair<std::string, std::string>> metadata = {{kKey, meta.dump()}};
@@ -182,8 +189,8 @@ void load_optimizer_state(Optimizer& opt, const std::string& path) {
   FLAME_CHECK(field(meta, "version", json::value_t::number_integer, where).get<int64_t>() == 1,
               FLAME_ERROR_INVALID_FORMAT, where, ": unknown version ", meta.at("version").dump());
   const std::string kind = field(meta, "kind", json::value_t::string, where).get<std::string>();
-  FLAME_CHECK(kind == kind_name(opt.kind()), FLAME_ERROR_INVALID_ARGUMENT, path, " holds the state of a ", kind,
-              " optimizer; this optimizer is ", kind_name(opt.kind()));
+  FLAME_CHECK(kind == optimizer_kind_name(opt.kind()), FLAME_ERROR_INVALID_ARGUMENT, path, " holds the state of a ", kind,
+              " optimizer; this optimizer is ", optimizer_kind_name(opt.kind()));
   const json& step = field(meta, "step", json::value_t::number_integer, where);
   FLAME_CHECK(step.get<int64_t>() >= 0, FLAME_ERROR_INVALID_FORMAT, where, ": step is negative");
   RoundingRng rng;
@@ -249,14 +256,14 @@ void load_optimizer_state(Optimizer& opt, const std::string& path) {
   }
 
   // Tensors: known names only, each once (parse() rejected duplicates), with the right geometry.
-  const std::vector<std::string> slots = slot_names(opt.kind());
+  const std::vector<std::string> slots = optimizer_state_slot_names(opt.kind());
   std::vector<std::array<Tensor, 4>> loaded(params.size());  // m, v, vmax, master
   c.check_alive();
   for (const st::TensorEntry& e : h.tensors) {
     size_t i = 0;
     int s = 0;
     FLAME_CHECK(parse_name(e.name, slots, params.size(), &i, &s), FLAME_ERROR_INVALID_FORMAT, path, ": tensor '", e.name,
-                "' is not state of this ", kind_name(opt.kind()), " optimizer with ", params.size(), " parameters");
+                "' is not state of this ", optimizer_kind_name(opt.kind()), " optimizer with ", params.size(), " parameters");
     const Tensor& w = params[i];
     FLAME_CHECK(s >= 0 || (is_half(w->dtype) && opts[group_of[i]].master_weights), FLAME_ERROR_INVALID_FORMAT, path,
                 ": tensor '", e.name, "' is a master copy, but parameter ", i, " is ", dtype_name(w->dtype),

@@ -101,4 +101,12 @@ void validate_optimizer_options(const flame_optimizer_options_t& o, int32_t kind
 void save_optimizer_state(Optimizer& opt, const std::string& path);
 void load_optimizer_state(Optimizer& opt, const std::string& path);
 
+// A kind's name in state files ("sgd", "adam", "adamw", "lion"; "unknown" otherwise).
+const char* optimizer_kind_name(int32_t kind);
+// The kind named so in state files; -1 for another name.
+int32_t optimizer_kind_of_name(const std::string& name);
+// The state slot names of a kind, in OptimParam order m, v, vmax (torch.optim's state keys; Adam's
+// for a kind of another value).
+std::vector<std::string> optimizer_state_slot_names(int32_t kind);
+
 }  // namespace flame

@@ -25,22 +25,7 @@ namespace {
 using json = nlohmann::json;
 constexpr size_t kChunkBytes = size_t(64) << 20;
 
-const char* kind_name(int32_t k) {
-  switch (k) {
-    case FLAME_OPTIMIZER_SGD: return "sgd";
-    case FLAME_OPTIMIZER_ADAM: return "adam";
-    case FLAME_OPTIMIZER_ADAMW: return "adamw";
-    case FLAME_OPTIMIZER_LION: return "lion";
-  }
-  return "unknown";
-}
 
-// The tensor name suffixes of a kind's state slots (OptimParam order m, v, vmax), then the master copy.
-std::vector<std::string> slot_names(const std::string& kind) {
-  if (kind == "sgd") return {"momentum_buffer"};
-  if (kind == "lion") return {"exp_avg"};
-  return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-}
 Tensor* slot(OptimParam& p, size_t k, size_t n_slots) {
   if (k == n_slots) return &p.master;
   return k == 0 ? &p.m : (k == 1 ? &p.v : &p.vmax);
@@ -99,7 +84,7 @@ json metadata_json(ZeroOptimizer& z, int64_t rank, int64_t world, const std::vec
     params.push_back({{"shape", p->param->shape}, {"dtype", dtype_name(p->param->dtype)}, {"lo", lo}, {"hi", hi}});
   }
   const RoundingRng& rng = opt.rounding_rng();
-  return {{"version", 1}, {"world", world}, {"rank", rank}, {"kind", kind_name(opt.kind())}, {"step", opt.step_count()},
+  return {{"version", 1}, {"world", world}, {"rank", rank}, {"kind", optimizer_kind_name(opt.kind())}, {"step", opt.step_count()},
           {"rounding_rng", rng.ready ? json{{"seed", rng.seed}, {"offset", rng.offset}} : json(nullptr)},
           {"lr", lrs}, {"files", files}, {"params", params}};
 }
@@ -223,7 +208,7 @@ ZeroShardFile parse_zero_shard_file(const st::Header& h, const std::string& path
                 FLAME_ERROR_INVALID_FORMAT, where, ": \"files\" must hold base names (no '/')");
     f.files.push_back(name.get<std::string>());
   }
-  const std::vector<std::string> slots = slot_names(f.kind);
+  const std::vector<std::string> slots = optimizer_state_slot_names(optimizer_kind_of_name(f.kind));
   const json& params = field(meta, "params", where);
   FLAME_CHECK(params.is_array(), FLAME_ERROR_INVALID_FORMAT, where, ": \"params\" is not an array");
   size_t expected_tensors = 0;
@@ -323,7 +308,7 @@ void save_zero_shards(ZeroOptimizer& z, const std::string& prefix) {
   const int64_t rank = z.comm().rank(), world = z.comm().world();
   std::vector<std::string> files;
   for (int64_t r = 0; r < world; ++r) files.push_back(base_name(zero_shard_file_name(prefix, r, world)));
-  const std::vector<std::string> slots = slot_names(kind_name(opt.kind()));
+  const std::vector<std::string> slots = optimizer_state_slot_names(opt.kind());
   std::vector<st::TensorEntry> entries;
   std::vector<Tensor> tensors;
   const std::vector<OptimParam*> params = all_params(opt);
@@ -353,7 +338,7 @@ void save_zero_full(ZeroOptimizer& z, const std::string& path) {
   z.comm().check_usable();
   Optimizer& opt = z.optimizer();
   const bool writer = z.comm().rank() == 0;
-  const std::vector<std::string> slots = slot_names(kind_name(opt.kind()));
+  const std::vector<std::string> slots = optimizer_state_slot_names(opt.kind());
   const std::vector<OptimParam*> params = all_params(opt);
   const std::vector<std::vector<bool>> present = present_anywhere(z, params, slots.size());
   struct Source {
@@ -423,8 +408,8 @@ void load_zero(ZeroOptimizer& z, const std::string& path) {
 
   // Against this optimizer.
   const std::vector<OptimParam*> params = all_params(opt);
-  FLAME_CHECK(first.kind == kind_name(opt.kind()), FLAME_ERROR_INVALID_ARGUMENT, path, " holds the state of a ", first.kind,
-              " optimizer; this optimizer is ", kind_name(opt.kind()));
+  FLAME_CHECK(first.kind == optimizer_kind_name(opt.kind()), FLAME_ERROR_INVALID_ARGUMENT, path, " holds the state of a ", first.kind,
+              " optimizer; this optimizer is ", optimizer_kind_name(opt.kind()));
   FLAME_CHECK(first.lrs.size() == opt.groups().size() && first.params.size() == params.size(),
               FLAME_ERROR_INVALID_ARGUMENT, path, " holds ", first.lrs.size(), " groups and ", first.params.size(),
               " parameters; the optimizer has ", opt.groups().size(), " and ", params.size());
@@ -435,7 +420,7 @@ void load_zero(ZeroOptimizer& z, const std::string& path) {
     FLAME_CHECK(first.params[i].dtype == dtype_name(w->dtype), FLAME_ERROR_DTYPE_MISMATCH, path, ": parameter ", i,
                 " was saved as ", first.params[i].dtype, "; the optimizer's is ", dtype_name(w->dtype));
   }
-  const std::vector<std::string> slots = slot_names(first.kind);
+  const std::vector<std::string> slots = optimizer_state_slot_names(opt.kind());  // first.kind checked above
   for (size_t i = 0, gi = 0, in_group = 0; i < params.size(); ++i, ++in_group) {
     while (in_group >= opt.groups()[gi].params.size()) ++gi, in_group = 0;
     const bool has_master = std::any_of(files.begin(), files.end(), [&](const ZeroShardFile& f) {
