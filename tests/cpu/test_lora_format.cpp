@@ -696,7 +696,8 @@ void expect_comfy_lokr_keys(const LoraSavePlan& plan, const std::string& model) 
     ASSERT_TRUE(by_name[name].emplace(role, &t).second) << t.key << " twice";
   }
   EXPECT_FALSE(by_name.empty());
-  for (const auto& [name, roles] : by_name) {
+  for (const auto& [name, roles_of_name] : by_name) {
+    const auto& roles = roles_of_name;  // clang refuses a lambda capture of a structured binding
     auto get = [&](const char* r) { return roles.count(r) ? roles.at(r) : nullptr; };
     const LoraStoredTensor *w1 = get(".lokr_w1"), *w1a = get(".lokr_w1_a"), *w1b = get(".lokr_w1_b");
     const LoraStoredTensor *w2 = get(".lokr_w2"), *w2a = get(".lokr_w2_a"), *w2b = get(".lokr_w2_b");
@@ -828,7 +829,8 @@ TEST(LoraFormat, LokrLoadErrorsNameTheKey) {
       {{{"lora_unet_double_blocks_0_img_attn_qkv.lokr_w1", {48, 48}}, {"lora_unet_double_blocks_0_img_attn_qkv.lokr_w2", {192, 64}}},
        "fused"},
   };
-  for (const auto& [keys, needle] : bad) {
+  for (const auto& [bad_keys, needle] : bad) {
+    const auto& keys = bad_keys;  // clang refuses a lambda capture of a structured binding
     const std::string msg = error_of([&] { load(keys); }, FLAME_ERROR_INVALID_FORMAT);
     EXPECT_NE(msg.find(needle), std::string::npos) << msg;
     EXPECT_NE(msg.find("lora_unet_double_blocks_0_img_attn_"), std::string::npos) << msg;
