@@ -116,6 +116,14 @@ std::vector<std::string> optimizer_state_slot_names(int32_t kind) {
   }
 }
 
+bool optimizer_state_slots_complete(const std::vector<bool>& present, size_t n_slots) {
+  if (n_slots < 3) return true;
+  FLAME_CHECK(present.size() >= 3, FLAME_ERROR_INTERNAL, "optimizer_state_slots_complete: ", present.size(),
+              " flags for 3 slots");
+  const bool m = present[0], v = present[1], vmax = present[2];
+  return m == v && (m || !vmax);
+}
+
 void save_optimizer_state(Optimizer& opt, const std::string& path) {
   Context& c = opt.ctx();
   FLAME_CHECK(!opt.sharded(), FLAME_ERROR_UNSUPPORTED,
@@ -279,8 +287,9 @@ void load_optimizer_state(Optimizer& opt, const std::string& path) {
     loaded[i][s < 0 ? 3 : static_cast<size_t>(s)] = std::move(t);
   }
   for (size_t i = 0; i < loaded.size(); ++i) {
-    const bool m = static_cast<bool>(loaded[i][0]), v = static_cast<bool>(loaded[i][1]);
-    FLAME_CHECK(slots.size() == 1 || (m == v && (m || !loaded[i][2])), FLAME_ERROR_INVALID_FORMAT, path,
+    const std::vector<bool> present = {static_cast<bool>(loaded[i][0]), static_cast<bool>(loaded[i][1]),
+                                       static_cast<bool>(loaded[i][2])};
+    FLAME_CHECK(optimizer_state_slots_complete(present, slots.size()), FLAME_ERROR_INVALID_FORMAT, path,
                 ": parameter ", i, " has an incomplete Adam state (exp_avg, exp_avg_sq and max_exp_avg_sq go together)");
   }
 

@@ -108,5 +108,11 @@ int32_t optimizer_kind_of_name(const std::string& name);
 // The state slot names of a kind, in OptimParam order m, v, vmax (torch.optim's state keys; Adam's
 // for a kind of another value).
 std::vector<std::string> optimizer_state_slot_names(int32_t kind);
+// Whether the slots a state file holds for one parameter (present[k] for slot k of
+// optimizer_state_slot_names; entries past n_slots are ignored) form a state the optimizer can step:
+// Adam's exp_avg and exp_avg_sq come together, and max_exp_avg_sq only with them (a lone exp_avg
+// would meet a zero exp_avg_sq and take a first step about 30 times too large). A one-slot kind
+// holds its slot or none.
+bool optimizer_state_slots_complete(const std::vector<bool>& present, size_t n_slots);
 
 }  // namespace flame

@@ -33,8 +33,11 @@ Tensor* slot(OptimParam& p, size_t k, size_t n_slots) {
 std::string tensor_name(size_t i, size_t k, const std::vector<std::string>& slots) {
   return k == slots.size() ? "master." + std::to_string(i) : "state." + std::to_string(i) + "." + slots[k];
 }
-// Shapes here were checked (the parser's, or the metadata's bounded dims): the product fits.
+// Shapes here were checked (the parser's, or the metadata's bounded dims): a product without a zero
+// fits. A zero dimension is looked for first: the parser's [2^40, 2^23, 0] holds no elements, but its
+// first two dimensions alone overflow int64.
 int64_t numel_of(const Shape& s) {
+  if (std::find(s.begin(), s.end(), int64_t{0}) != s.end()) return 0;
   int64_t n = 1;
   for (int64_t d : s) n *= d;
   return n;
@@ -221,9 +224,12 @@ ZeroShardFile parse_zero_shard_file(const st::Header& h, const std::string& path
     for (const json& d : shape) {
       FLAME_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0 && d.get<int64_t>() <= (int64_t{1} << 40),
                   FLAME_ERROR_INVALID_FORMAT, pw, ": the shape holds a bad dimension");
-      p.shape.push_back(d.get<int64_t>());
-      numel *= d.get<int64_t>();
-      FLAME_CHECK(numel <= (int64_t{1} << 40), FLAME_ERROR_INVALID_FORMAT, pw, ": too many elements");
+      const int64_t dim = d.get<int64_t>();
+      p.shape.push_back(dim);
+      // Checked before multiplying: two dimensions of up to 2^40 would overflow int64.
+      FLAME_CHECK(dim == 0 || numel <= (int64_t{1} << 40) / dim, FLAME_ERROR_INVALID_FORMAT, pw,
+                  ": too many elements");
+      numel *= dim;
     }
     const json& dt = field(params[i], "dtype", pw);
     FLAME_CHECK(dt.is_string(), FLAME_ERROR_INVALID_FORMAT, pw, ": \"dtype\" is not a string");
@@ -250,6 +256,8 @@ ZeroShardFile parse_zero_shard_file(const st::Header& h, const std::string& path
     const bool has_value = check_tensor("param." + std::to_string(i), true);
     FLAME_CHECK(has_value == (p.hi > p.lo), FLAME_ERROR_INVALID_FORMAT, path, ": tensor 'param.", i, "' is missing");
     for (size_t k = 0; k <= slots.size(); ++k) p.present.push_back(check_tensor(tensor_name(i, k, slots), false));
+    FLAME_CHECK(optimizer_state_slots_complete(p.present, slots.size()), FLAME_ERROR_INVALID_FORMAT, path,
+                ": parameter ", i, " has an incomplete Adam state (exp_avg, exp_avg_sq and max_exp_avg_sq go together)");
     f.params.push_back(std::move(p));
   }
   FLAME_CHECK(expected_tensors == h.tensors.size(), FLAME_ERROR_INVALID_FORMAT, path, " holds ",

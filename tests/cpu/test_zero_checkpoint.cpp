@@ -15,20 +15,20 @@ using json = nlohmann::json;
 
 namespace {
 
-// One parameter of a file under construction: its range, and whether the file holds its SGD
-// momentum buffer.
+// One parameter of a file under construction: its range, and whether the file holds its state
+// (make_file's state slots).
 struct ParamSpec {
   std::vector<int64_t> shape;
   int64_t lo, hi;
   bool momentum;
 };
 
-// The metadata of rank `rank` of a world-size `world` SGD set.
-json shard_meta(int64_t rank, int64_t world, const std::vector<ParamSpec>& params) {
+// The metadata of rank `rank` of a world-size `world` set of an optimizer kind (SGD by default).
+json shard_meta(int64_t rank, int64_t world, const std::vector<ParamSpec>& params, const std::string& kind = "sgd") {
   json files = json::array(), ps = json::array();
   for (int64_t r = 0; r < world; ++r) files.push_back(zero_shard_file_name("ck", r, world));
   for (const ParamSpec& p : params) ps.push_back({{"shape", p.shape}, {"dtype", "f32"}, {"lo", p.lo}, {"hi", p.hi}});
-  return {{"version", 1}, {"world", world}, {"rank", rank}, {"kind", "sgd"}, {"step", 3}, {"rounding_rng", nullptr},
+  return {{"version", 1}, {"world", world}, {"rank", rank}, {"kind", kind}, {"step", 3}, {"rounding_rng", nullptr},
           {"lr", json::array({0.5})}, {"files", files}, {"params", ps}};
 }
 
@@ -38,9 +38,11 @@ struct File {
   std::unique_ptr<st::Header> header;
 };
 
-// Tensors param.<i> (and state.<i>.momentum_buffer) of hi - lo f32 elements each, plus `extra`
-// elements in param.0 (to break it) and an optional stray tensor.
-File make_file(const json& meta, const std::vector<ParamSpec>& params, int64_t extra = 0, bool stray = false) {
+// Tensors param.<i> (and state.<i>.<slot> for each of state_slots where the spec holds state) of
+// hi - lo f32 elements each, plus `extra` elements in param.0 (to break it) and an optional stray
+// tensor.
+File make_file(const json& meta, const std::vector<ParamSpec>& params, int64_t extra = 0, bool stray = false,
+               const std::vector<std::string>& state_slots = {"momentum_buffer"}) {
   std::vector<st::TensorEntry> entries;
   auto add = [&](const std::string& name, int64_t n) {
     st::TensorEntry e;
@@ -53,7 +55,8 @@ File make_file(const json& meta, const std::vector<ParamSpec>& params, int64_t e
     const int64_t n = params[i].hi - params[i].lo + (i == 0 ? extra : 0);
     if (n == 0) continue;
     add("param." + std::to_string(i), n);
-    if (params[i].momentum) add("state." + std::to_string(i) + ".momentum_buffer", n);
+    if (params[i].momentum)
+      for (const std::string& slot : state_slots) add("state." + std::to_string(i) + "." + slot, n);
   }
   if (stray) add("something_else", 1);
   const std::vector<std::pair<std::string, std::string>> metadata = {{kZeroShardKey, meta.dump()}};
@@ -132,6 +135,36 @@ TEST(ZeroCheckpointFormat, RefusesBrokenFiles) {
   st::Header no_meta = *plain.header;
   no_meta.metadata.clear();
   expect_error([&] { parse_zero_shard_file(no_meta, "x"); }, FLAME_ERROR_INVALID_FORMAT, "not a FLAME ZeRO checkpoint");
+}
+
+TEST(ZeroCheckpointFormat, AdamStateIsWholeOrAbsent) {
+  // exp_avg and exp_avg_sq together (with or without AMSGrad's max_exp_avg_sq), or no state at all
+  // (a save before the first step); anything else would step a moment against a zero partner.
+  for (const std::vector<std::string>& slots : std::vector<std::vector<std::string>>{
+           {"exp_avg", "exp_avg_sq"}, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}, {}}) {
+    const File f = make_file(shard_meta(0, 2, kRank0, "adamw"), kRank0, 0, false, slots);
+    EXPECT_NO_THROW(parse(f, "ok")) << slots.size() << " slots";
+  }
+  for (const std::vector<std::string>& slots : std::vector<std::vector<std::string>>{
+           {"exp_avg"}, {"exp_avg_sq"}, {"max_exp_avg_sq"}, {"exp_avg", "max_exp_avg_sq"}}) {
+    SCOPED_TRACE(slots.front());
+    expect_error([&] { parse(make_file(shard_meta(0, 2, kRank0, "adam"), kRank0, 0, false, slots), "x"); },
+                 FLAME_ERROR_INVALID_FORMAT, "parameter 0 has an incomplete Adam state");
+  }
+  // One moment is Lion's and SGD's whole state.
+  EXPECT_NO_THROW(parse(make_file(shard_meta(0, 2, kRank0, "lion"), kRank0, 0, false, {"exp_avg"}), "lion"));
+}
+
+TEST(ZeroCheckpointFormat, RefusesShapesPastTheElementBoundWithoutOverflow) {
+  // Two dimensions of 2^30 and 2^40 multiply past int64: refused as too many elements, not wrapped.
+  json big = shard_meta(0, 2, kRank0);
+  big["params"][0]["shape"] = json::array({int64_t{1} << 30, int64_t{1} << 40});
+  expect_error([&] { parse(make_file(big, kRank0), "x"); }, FLAME_ERROR_INVALID_FORMAT, "too many elements");
+  big["params"][0]["shape"] = json::array({int64_t{1} << 40, int64_t{1} << 40, 0});
+  expect_error([&] { parse(make_file(big, kRank0), "x"); }, FLAME_ERROR_INVALID_FORMAT, "too many elements");
+  // 2^40 elements, the bound itself, are accepted (this file holds 4 of them).
+  big["params"][0]["shape"] = json::array({int64_t{1} << 20, int64_t{1} << 20});
+  EXPECT_NO_THROW(parse(make_file(big, kRank0), "x"));
 }
 
 TEST(ZeroCheckpointFormat, RefusesSetsThatAreNotOneSave) {
