@@ -2307,13 +2307,18 @@ FLAME_API flame_status_t flame_zero_save_shards(flame_zero_t zero, const char* p
  * every file the elements it now owns (the whole values of parameters it keeps whole). Restores
  * the values, the state, the step count, the rounding generator and each group's learning rate;
  * no communication (every rank reads the same files). Everything is read and checked before
- * anything changes: on failure the parameters and the optimizer are as they were.
+ * anything changes: on failure the parameters and the optimizer are as they were. Until then each
+ * rank holds a second copy of what it loads (the parameters it keeps whole, its shards of the
+ * others and of the state). A failure is this rank's alone: when one rank fails (out of memory, a
+ * file missing on its machine) while others succeed, the ranks no longer agree, and the program
+ * must stop (or load again everywhere) rather than train on.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs; another optimizer kind, group or parameter count;
  * master copies for parameters this optimizer keeps none of), FLAME_ERROR_SHAPE_MISMATCH,
  * FLAME_ERROR_DTYPE_MISMATCH (a parameter saved with another shape or dtype), FLAME_ERROR_IO (a file
  * of the set is missing or unreadable), FLAME_ERROR_INVALID_FORMAT (not a safetensors file, no or bad
  * "flame.zero_shard" metadata, tensors that do not match it, files that are not one set: another
- * world size, rank or save, ranges that overlap or leave gaps, state held by some files only),
+ * world size, rank or save, ranges that overlap or leave gaps, state held by some files only, an
+ * incomplete Adam state: exp_avg without exp_avg_sq or the reverse, max_exp_avg_sq without them),
  * FLAME_ERROR_UNSUPPORTED (during a CUDA graph capture). */
 FLAME_API flame_status_t flame_zero_load(flame_zero_t zero, const char* path);
 
