@@ -2662,8 +2662,9 @@ FLAME_API flame_status_t flame_model_lora_params(flame_model_t model, const char
 FLAME_API flame_status_t flame_model_save_lora(flame_model_t model, const char* name, const char* path,
                                                const char* options_json);
 
-/* Loads a LoRA file (kohya, peft / diffusers, or ComfyUI's diffusers-named keys; the key forms of
- * lora_format.h, detected from the keys) as a new adapter of the model. Keys of other pipeline
+/* Loads a LoRA file (kohya, peft / diffusers, OneTrainer's "lora_transformer_" and SimpleTuner's
+ * LyCORIS "lycoris_" keys, or ComfyUI's diffusers-named keys; the key forms of lora_format.h,
+ * detected from the keys) as a new adapter of the model. Keys of other pipeline
  * components are skipped, so one file holding a UNet's and its text encoders' LoRAs loads into each
  * model in turn. A pair stored for a fused original module gives every member module the whole down
  * and its rows of the up (exact). A missing kohya alpha means alpha = rank (scale 1). DoRA

@@ -53,8 +53,8 @@ struct ComponentTable {
   bool sd3_dual_attention = false;
 };
 
-const std::vector<std::string> kAllKohyaPrefixes = {"lora_unet_", "lora_transformer_", "lora_te1_", "lora_te2_",
-                                                     "lora_te3_", "lora_te_"};
+const std::vector<std::string> kAllKohyaPrefixes = {"lora_unet_", "lora_transformer_", "lycoris_", "lora_te1_",
+                                                     "lora_te2_", "lora_te3_", "lora_te_"};
 const std::vector<std::string> kAllDottedPrefixes = {"model.diffusion_model.", "diffusion_model.", "transformer.", "unet.",
                                                      "text_encoder_2.", "text_encoder_3.", "text_encoder."};
 
@@ -312,7 +312,8 @@ ComponentTable component_table(const std::string& class_name, const nlohmann::js
   t.kohya_saves_diffusers_names = !(t.kind == ModelKind::Flux || t.kind == ModelKind::SD3 || t.kind == ModelKind::SDXLUNet);
   if (denoiser) {
     t.kohya_prefix = "lora_unet";
-    t.kohya_accepted = {"lora_unet_", "lora_transformer_"};
+    // lycoris_: SimpleTuner's LyCORIS files (diffusers names), as ComfyUI reads them.
+    t.kohya_accepted = {"lora_unet_", "lora_transformer_", "lycoris_"};
     t.dotted_accepted = {"model.diffusion_model.", "diffusion_model.", "transformer.", "unet."};
   } else {
     const bool t5 = t.kind == ModelKind::T5;
@@ -871,6 +872,15 @@ std::vector<int64_t> LokrShape::factor_shape(LokrFactor f, int64_t rank) const {
     case LokrFactor::W2B: return {rank, w2_cols};
   }
   fail(FLAME_ERROR_INTERNAL, "unknown LoKr factor");
+}
+
+int64_t LokrShape::elements(int64_t rank) const {
+  int64_t n = 0;
+  for (LokrFactor f : factors()) {
+    const std::vector<int64_t> shape = factor_shape(f, rank);
+    n += shape[0] * shape[1];
+  }
+  return n;
 }
 
 LokrShape lokr_shape(int64_t out_features, int64_t in_features, int64_t rank, int64_t factor, bool decompose_both) {

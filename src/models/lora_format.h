@@ -91,6 +91,8 @@ struct LokrShape {
   // The factors stored, in LyCORIS' order (w1 or w1_a, w1_b; w2 or w2_a, w2_b), and their shapes.
   std::vector<LokrFactor> factors() const;
   std::vector<int64_t> factor_shape(LokrFactor f, int64_t rank) const;
+  // The elements of all stored factors at that rank (what the adapter trains).
+  int64_t elements(int64_t rank) const;
 };
 // LyCORIS' LokrModule rule for a Linear [out, in] (peft's LoKr layer the same): (a, c) =
 // factorization(out, factor), (b, d) = factorization(in, factor); W1 [a, b] is low rank when
@@ -204,7 +206,8 @@ struct LoraLoadPlan {
 };
 
 // Reads a LoRA file's key list (names and shapes, from its safetensors header) and metadata for one
-// component. Accepted names: kohya "lora_unet_" / "lora_transformer_" / "lora_te{,1,2,3}_" with original
+// component. Accepted names: kohya "lora_unet_" / "lora_transformer_" / "lycoris_" (SimpleTuner's
+// LyCORIS files, denoisers) / "lora_te{,1,2,3}_" with original
 // or diffusers module names (underscored); dotted names with the prefixes "unet.", "transformer.",
 // "diffusion_model.", "model.diffusion_model.", "text_encoder{,_2,_3}." or none, under diffusers or
 // original module names; suffixes ".lora_down.weight" / ".lora_up.weight" / ".alpha",

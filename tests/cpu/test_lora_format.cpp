@@ -434,13 +434,27 @@ TEST(LoraFormat, LoadsComfyStyleNames) {
       {"transformer.transformer_blocks.1.ff.net.2.lora_up.weight", {3072, 8}},
       {"transformer.transformer_blocks.1.ff.net.2.alpha", {}},
       {"lora_transformer_single_transformer_blocks_0_proj_out.lora_down.weight", {8, 15360}},
-      {"lora_transformer_single_transformer_blocks_0_proj_out.lora_up.weight", {3072, 8}}};
+      {"lora_transformer_single_transformer_blocks_0_proj_out.lora_up.weight", {3072, 8}},
+      // SimpleTuner's LyCORIS files: "lycoris_" + the diffusers name
+      {"lycoris_single_transformer_blocks_1_attn_to_k.lora_down.weight", {8, 3072}},
+      {"lycoris_single_transformer_blocks_1_attn_to_k.lora_up.weight", {3072, 8}},
+      {"lycoris_single_transformer_blocks_1_attn_to_k.alpha", {}}};
   const LoraLoadPlan plan = plan_lora_load(m.class_name, m.config, "transformer", keys, {});
   std::set<std::string> got;
   for (const LoraModuleSource& s : plan.modules) got.insert(s.module);
   EXPECT_EQ(got, (std::set<std::string>{"transformer_blocks.1.attn.add_q_proj", "transformer_blocks.1.attn.add_k_proj",
                                         "transformer_blocks.1.attn.add_v_proj", "transformer_blocks.1.ff.net.2",
-                                        "single_transformer_blocks.0.proj_out"}));
+                                        "single_transformer_blocks.0.proj_out", "single_transformer_blocks.1.attn.to_k"}));
+  // ... and for a UNet (ComfyUI's unet_to_diffusers names); a text encoder leaves them to the UNet
+  const LoraTestModel sdxl = lora_test_model("sdxl");
+  const std::vector<KeyShape> unet_keys = {
+      {"lycoris_down_blocks_1_attentions_0_transformer_blocks_0_attn1_to_q.lora_down.weight", {4, 640}},
+      {"lycoris_down_blocks_1_attentions_0_transformer_blocks_0_attn1_to_q.lora_up.weight", {640, 4}}};
+  const LoraLoadPlan unet = plan_lora_load(sdxl.class_name, sdxl.config, "unet", unet_keys, {});
+  ASSERT_EQ(unet.modules.size(), 1u);
+  EXPECT_EQ(unet.modules[0].module, "down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q");
+  const LoraTestModel clip = lora_test_model("clip_l");
+  EXPECT_EQ(plan_lora_load(clip.class_name, clip.config, clip.component, unet_keys, {}).other_component_keys.size(), 2u);
 }
 
 TEST(LoraFormat, PeftMetadataIsWhatDiffusersReads) {
