@@ -431,8 +431,12 @@ TrainingMemoryEstimate estimate_training_memory(const TrainingMemoryRequest& q) 
     }
     uint64_t adapter_elements = 0;
     for (const LoraCandidate& m : select_lora_modules(candidates, targets)) {
-      const uint64_t rank = static_cast<uint64_t>(module_rank(lo, m.module));
-      adapter_elements += rank * static_cast<uint64_t>(m.in_features + m.out_features);
+      const int64_t rank = module_rank(lo, m.module);
+      if (lo.lokr)  // its Kronecker factors (model_lora.cpp's create_lokr_module), far fewer than a LoRA's
+        adapter_elements += static_cast<uint64_t>(
+            lokr_shape(m.out_features, m.in_features, rank, lo.lokr_factor, lo.lokr_decompose_both).elements(rank));
+      else
+        adapter_elements += static_cast<uint64_t>(rank) * static_cast<uint64_t>(m.in_features + m.out_features);
       if (lo.dora) adapter_elements += static_cast<uint64_t>(m.out_features);
     }
     e.adapter = adapter_elements * dtype_size(lo.dtype);

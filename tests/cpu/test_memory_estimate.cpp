@@ -124,6 +124,20 @@ TEST(MemoryEstimate, AdapterSizesOfDiffusersDefaultTargets) {
       R"("options": {"dtype": "bf16"}, "lora": {"rank": 16, "rank_pattern": {"ff.net.2": 32}}, "optimizer": "lion")"));
   EXPECT_EQ(patterned.trainable_count, flux.trainable_count + 19ull * 16 * 15360);
   EXPECT_EQ(patterned.optimizer_bytes, 4 * patterned.trainable_count);
+  // LoKr (LyCORIS' factorization, factor -1): a [3072, 3072] projection is kron(W1 [48, 48],
+  // W2 [64, 64]) with W2 low rank at rank 16 (16 < 64 / 2): 48 x 48 + 2 x 64 x 16 = 4352 elements; a
+  // [12288, 3072] or [3072, 12288] feed-forward layer has W1 [96, 48] (or [48, 96]) and W2 [128, 64]
+  // (or [64, 128]) as 128 x 16 + 16 x 64: 4608 + 3072 = 7680.
+  const flame_memory_estimate_t lokr = estimate_of(request(
+      "FluxTransformer2DModel", kFluxDevConfig, R"("options": {"dtype": "bf16"}, "lora": {"type": "lokr", "rank": 16})"));
+  EXPECT_EQ(lokr.trainable_count, 19ull * (8 * 4352 + 4 * 7680) + 38ull * 3 * 4352);
+  EXPECT_EQ(lokr.adapter_bytes, 4 * lokr.trainable_count);
+  // decompose_both makes W1 low rank too where rank < max(a, b) / 2 (16 < 24 and 16 < 48):
+  // [3072, 3072]: 2 x 48 x 16 + 2 x 64 x 16; feed-forward: (96 + 48) x 16 + (128 + 64) x 16.
+  const flame_memory_estimate_t both = estimate_of(request(
+      "FluxTransformer2DModel", kFluxDevConfig,
+      R"("options": {"dtype": "bf16"}, "lora": {"type": "lokr", "rank": 16, "decompose_both": true})"));
+  EXPECT_EQ(both.trainable_count, 19ull * (8 * 3584 + 4 * 5376) + 38ull * 3 * 3584);
   // A full fine-tune trains every parameter.
   const flame_memory_estimate_t full =
       estimate_of(request("FluxTransformer2DModel", kTinyFluxConfig, R"("options": {"dtype": "bf16"}, "lora": null)"));
