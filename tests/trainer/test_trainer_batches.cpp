@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "batch_noise.h"
+#include "config.h"
 #include "global_batch.h"
 #include "training_data.h"
 
@@ -97,5 +98,8 @@ TEST(TrainerGlobalBatch, RankSharesSplitTheGlobalBatchExactly) {
 TEST(TrainerGlobalBatch, SampleKeysFollowTheGlobalPlace) {
   EXPECT_EQ(batch_sample_item(BatchPlace{5, 0, 0}, 1), batch_sample_item(BatchPlace{5, 0, 1}, 0));
   EXPECT_EQ(batch_sample_item(BatchPlace{5, 2, 3}, 1), 2u * 65536u + 4u);
+  // The last position of the largest global batch stays below the next micro-step's first.
+  EXPECT_LT(batch_sample_item(BatchPlace{5, 0, static_cast<uint64_t>(kMaxGlobalBatch) - 1}, 0),
+            batch_sample_item(BatchPlace{5, 1, 0}, 0));
   EXPECT_NE(batch_sample_item(BatchPlace{5, 1, 0}, 0), batch_sample_item(BatchPlace{5, 0, 0}, 0));
 }

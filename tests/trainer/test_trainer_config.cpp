@@ -310,6 +310,10 @@ TEST(TrainerConfig, GpusOptionAndGlobalBatch) {
   EXPECT_TRUE(has_problem(f.problems({"--gpus=0"}), "training.gpus: 0 is out of range [1, 64]"));
   EXPECT_TRUE(has_problem(f.problems({"--gpus=two"}), "--training.gpus: 'two' is not an integer"));
   EXPECT_THROW(flame_train_test::command_line({"--gpus"}), ConfigError);
+  // The global batch is bounded by the per-sample random streams' key (batch_noise.h).
+  EXPECT_TRUE(f.problems({"--training.batch_size=1024", "--gpus=64"}).empty());
+  EXPECT_TRUE(has_problem(f.problems({"--training.batch_size=1025", "--gpus=64"}),
+                          "training.batch_size x training.gpus (1025 x 64) is larger than the largest global batch, 65536"));
   const std::string help = help_text();
   EXPECT_NE(help.find("--gpus N"), std::string::npos);
   EXPECT_NE(help.find("global batch is batch_size x training.gpus"), std::string::npos);

@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "config.h"
 #include "random.h"
 
 namespace flame_train {
@@ -32,7 +33,8 @@ Tensor randn(flame_ctx_t ctx, const std::vector<int64_t>& shape) {
 }  // namespace
 
 uint64_t batch_sample_item(const BatchPlace& place, int64_t i) {
-  return static_cast<uint64_t>(place.micro) * 65536u + place.first_position + static_cast<uint64_t>(i);
+  return static_cast<uint64_t>(place.micro) * static_cast<uint64_t>(kMaxGlobalBatch) + place.first_position +
+         static_cast<uint64_t>(i);
 }
 
 Tensor draw_batch_noise(flame_ctx_t ctx, uint64_t seed, const BatchPlace& place, int64_t b, int64_t c, int64_t h,

@@ -2,7 +2,7 @@
 // sample gets the same noise whichever GPU trains it and however the global batch is cut into
 // per-GPU batches (data parallel, data_parallel.h): `--gpus 2` with batch_size 1 draws what
 // `--gpus 1` with batch_size 2 draws. Each sample's noise is flame_randn from the context's Philox
-// generator set to (key, 0), key = RandomStream(seed, Noise, step, micro * 65536 + position); with
+// generator set to (key, 0), key = RandomStream(seed, Noise, step, micro * kMaxGlobalBatch (config.h) + position); with
 // noise_offset > 0, diffusers' offset * randn(1, C, 1, 1) follows from the same stream. The context's
 // own generator state is restored afterwards (dropout and the resumable state keep their stream).
 // Public C ABI only; not during a CUDA graph capture (random numbers are refused there).

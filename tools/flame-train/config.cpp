@@ -540,6 +540,10 @@ void check_consistency(const TrainConfig& c, std::vector<std::string>& problems)
   if (c.data.captions.separator.empty()) problems.push_back("data.caption_separator: must not be empty");
   if (c.output.name.empty() || c.output.name.find('/') != std::string::npos)
     problems.push_back("output.name: '" + c.output.name + "' must be a non-empty file name without '/'");
+  if (static_cast<int64_t>(c.training.batch_size) * c.training.gpus > kMaxGlobalBatch)
+    problems.push_back("training.batch_size x training.gpus (" + std::to_string(c.training.batch_size) + " x " +
+                       std::to_string(c.training.gpus) + ") is larger than the largest global batch, " +
+                       std::to_string(kMaxGlobalBatch));
   if (c.optimizer.lr_warmup_steps > c.training.max_train_steps)
     problems.push_back("optimizer.lr_warmup_steps (" + std::to_string(c.optimizer.lr_warmup_steps) +
                        ") is larger than training.max_train_steps (" + std::to_string(c.training.max_train_steps) + ")");

@@ -22,6 +22,11 @@
 
 namespace flame_train {
 
+// The largest global batch (training.batch_size x training.gpus): the per-sample random streams
+// (batch_noise.h) key a sample by micro-step x kMaxGlobalBatch + its position, so a larger batch
+// would give two samples one stream. A configuration past it is refused.
+constexpr int64_t kMaxGlobalBatch = 65536;
+
 class ConfigError : public std::runtime_error {
  public:
   explicit ConfigError(const std::vector<std::string>& problems);
