@@ -10,11 +10,15 @@
 #include <string>
 #include <vector>
 #include "core/error.h"
+#include "key_test_helpers.h"
 #include "model_configs.h"
 #include "models/flux_keys.h"
 
 using namespace flame;
 using namespace flame::models;
+using flame::models::testing::element_count;
+using flame::models::testing::status_of;
+using flame::models::testing::with_prefix;
 
 namespace {
 
@@ -25,25 +29,8 @@ FluxConfig tiny_config() {
   return c;
 }
 
-std::vector<KeyShape> with_prefix(std::vector<KeyShape> keys, const std::string& prefix) {
-  for (KeyShape& k : keys) k.name = prefix + k.name;
-  return keys;
-}
-
 flame_status_t detect_status(const std::vector<KeyShape>& keys, std::string* msg) {
-  try {
-    detect_flux_checkpoint(keys);
-    return FLAME_OK;
-  } catch (const Error& e) {
-    *msg = e.what();
-    return e.status();
-  }
-}
-
-int64_t numel(const std::vector<int64_t>& s) {
-  int64_t n = 1;
-  for (int64_t v : s) n *= v;
-  return n;
+  return status_of([&] { detect_flux_checkpoint(keys); }, msg);
 }
 
 void expect_same_config(const FluxConfig& a, const FluxConfig& b) {
@@ -70,8 +57,8 @@ TEST(FluxKeys, FluxDevTensorCountsAndSizes) {
   EXPECT_EQ(bfl.size(), 780u);
   EXPECT_EQ(diff.size(), 1160u);
   int64_t n_bfl = 0, n_diff = 0;
-  for (const KeyShape& k : bfl) n_bfl += numel(k.shape);
-  for (const KeyShape& k : diff) n_diff += numel(k.shape);
+  for (const KeyShape& k : bfl) n_bfl += element_count(k.shape);
+  for (const KeyShape& k : diff) n_diff += element_count(k.shape);
   EXPECT_EQ(n_bfl, n_diff);
   EXPECT_EQ(n_bfl, 11901408320);  // Flux-dev's 11.9 B parameters
   // Schnell has no guidance embedder: 4 tensors fewer.

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 #include "core/error.h"
+#include "key_test_helpers.h"
 #include "model_configs.h"
 #include "models/clip_keys.h"
 #include "models/sd3_keys.h"
@@ -14,34 +15,16 @@
 
 using namespace flame;
 using namespace flame::models;
+using namespace flame::models::testing;
 
 namespace {
 
-int64_t total(const MappedTable& t) {
-  int64_t n = 0;
-  for (const MappedParameter& p : t.parameters) {
-    int64_t e = 1;
-    for (int64_t d : p.shape) e *= d;
-    n += e;
-  }
-  return n;
-}
-
 std::vector<KeyShape> keys_of(const SD3Config& c, bool original, const std::string& prefix) {
-  const MappedTable t = sd3_parameter_table(c);
-  std::vector<KeyShape> out;
-  for (const KeyShape& k : original ? t.original : t.diffusers_tensors()) out.push_back({prefix + k.name, k.shape});
-  return out;
+  return table_keys(sd3_parameter_table(c), original, prefix);
 }
 
 flame_status_t detect_status(const std::vector<KeyShape>& keys, std::string* msg) {
-  try {
-    detect_sd3_checkpoint(keys);
-    return FLAME_OK;
-  } catch (const Error& e) {
-    *msg = e.what();
-    return e.status();
-  }
+  return status_of([&] { detect_sd3_checkpoint(keys); }, msg);
 }
 
 void expect_same(const SD3Config& a, const SD3Config& b) {
@@ -66,16 +49,16 @@ TEST(SD3Keys, Sd35MediumAndSd3MediumTotals) {
   const MappedTable m3 = sd3_parameter_table(sd3_medium_config());
   // Parameters plus the positional table (a persistent buffer in state_dict): SD3.5-medium
   // 2,243,171,520 + 384^2 x 1536, SD3-medium 2,028,328,000 + 192^2 x 1536.
-  EXPECT_EQ(total(m35), 2243171520 + 384LL * 384 * 1536);
-  EXPECT_EQ(total(m3), 2028328000 + 192LL * 192 * 1536);
+  EXPECT_EQ(parameter_total(m35), 2243171520 + 384LL * 384 * 1536);
+  EXPECT_EQ(parameter_total(m3), 2028328000 + 192LL * 192 * 1536);
   // keras_hub's SD3 presets count the MMDiT with CLIP-L (with projection), bigG and the 16-channel VAE:
   // 2,987,080,931 (SD3-medium) and 3,371,793,763 (SD3.5-medium), the positional tables included.
   ClipTextConfig clip_l;
   clip_l.with_projection = true;
-  const int64_t others = total(clip_parameter_table(clip_l)) + total(clip_parameter_table(clip_bigg_config())) +
-                         total(vae_parameter_table(sd3_vae_config()));
-  EXPECT_EQ(total(m3) + others, 2987080931);
-  EXPECT_EQ(total(m35) + others, 3371793763);
+  const int64_t others = parameter_total(clip_parameter_table(clip_l)) + parameter_total(clip_parameter_table(clip_bigg_config())) +
+                         parameter_total(vae_parameter_table(sd3_vae_config()));
+  EXPECT_EQ(parameter_total(m3) + others, 2987080931);
+  EXPECT_EQ(parameter_total(m35) + others, 3371793763);
   EXPECT_EQ(m35.parameters.size(), 909u);
   EXPECT_EQ(m3.parameters.size(), 683u);
   // The 24 blocks' fused projections (x and context qkv), 13 dual attentions (attn2.qkv).

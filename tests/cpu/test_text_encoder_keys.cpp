@@ -7,45 +7,19 @@
 #include <string>
 #include <vector>
 #include "core/error.h"
+#include "key_test_helpers.h"
 #include "model_configs.h"
 #include "models/clip_keys.h"
 #include "models/t5_keys.h"
 
 using namespace flame;
 using namespace flame::models;
+using namespace flame::models::testing;
 
 namespace {
 
-int64_t total(const MappedTable& t) {
-  int64_t n = 0;
-  for (const MappedParameter& p : t.parameters) {
-    int64_t e = 1;
-    for (int64_t d : p.shape) e *= d;
-    n += e;
-  }
-  return n;
-}
-
-std::vector<KeyShape> with_prefix(const std::vector<KeyShape>& keys, const std::string& prefix) {
-  std::vector<KeyShape> out;
-  for (const KeyShape& k : keys) out.push_back({prefix + k.name, k.shape});
-  return out;
-}
-
 std::vector<KeyShape> clip_keys(const ClipTextConfig& c, bool open_clip, const std::string& prefix) {
-  const MappedTable t = clip_parameter_table(c);
-  return with_prefix(open_clip ? t.original : t.diffusers_tensors(), prefix);
-}
-
-template <class F>
-flame_status_t status_of(F&& f, std::string* msg) {
-  try {
-    f();
-    return FLAME_OK;
-  } catch (const Error& e) {
-    *msg = e.what();
-    return e.status();
-  }
+  return table_keys(clip_parameter_table(c), open_clip, prefix);
 }
 
 void expect_same(const ClipTextConfig& a, const ClipTextConfig& b) {
@@ -65,9 +39,9 @@ void expect_same(const ClipTextConfig& a, const ClipTextConfig& b) {
 TEST(ClipKeys, ClipLAndBigGTotals) {
   ClipTextConfig with_projection;
   with_projection.with_projection = true;
-  EXPECT_EQ(total(clip_parameter_table(ClipTextConfig{})), 123060480);      // CLIP-L CLIPTextModel
-  EXPECT_EQ(total(clip_parameter_table(with_projection)), 123060480 + 768 * 768);  // SD3's CLIP-L
-  EXPECT_EQ(total(clip_parameter_table(clip_bigg_config())), 694659840);    // SDXL's text_encoder_2
+  EXPECT_EQ(parameter_total(clip_parameter_table(ClipTextConfig{})), 123060480);      // CLIP-L CLIPTextModel
+  EXPECT_EQ(parameter_total(clip_parameter_table(with_projection)), 123060480 + 768 * 768);  // SD3's CLIP-L
+  EXPECT_EQ(parameter_total(clip_parameter_table(clip_bigg_config())), 694659840);    // SDXL's text_encoder_2
   EXPECT_EQ(clip_parameter_table(ClipTextConfig{}).parameters.size(), 196u);
   EXPECT_EQ(clip_parameter_table(clip_bigg_config()).parameters.size(), 517u);
 }
@@ -185,7 +159,7 @@ TEST(ClipKeys, IncompleteOrContradictoryListsAreErrorsNamingTheKey) {
 
 TEST(T5Keys, T5XxlTotalsAndNames) {
   const MappedTable t = t5_parameter_table(T5Config{});
-  EXPECT_EQ(total(t), 4762310656);  // T5-XXL v1.1's encoder
+  EXPECT_EQ(parameter_total(t), 4762310656);  // T5-XXL v1.1's encoder
   EXPECT_EQ(t.parameters.size(), 219u);
   std::map<std::string, std::vector<int64_t>> by;
   for (const MappedParameter& p : t.parameters) {

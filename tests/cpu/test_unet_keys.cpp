@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 #include "core/error.h"
+#include "key_test_helpers.h"
 #include "model_configs.h"
 #include "models/unet_keys.h"
 
@@ -16,6 +17,8 @@ using namespace flame;
 using namespace flame::models;
 
 namespace {
+
+using flame::models::testing::status_of;
 
 UNetConfig tiny_unet() { return flame::models::testing::tiny_unet_config(); }
 
@@ -26,13 +29,7 @@ std::vector<KeyShape> keys_of(const UNetConfig& c, bool sgm, const std::string& 
 }
 
 flame_status_t detect_status(const std::vector<KeyShape>& keys, std::string* msg) {
-  try {
-    detect_unet_checkpoint(keys);
-    return FLAME_OK;
-  } catch (const Error& e) {
-    *msg = e.what();
-    return e.status();
-  }
+  return status_of([&] { detect_unet_checkpoint(keys); }, msg);
 }
 
 void expect_same(const UNetConfig& a, const UNetConfig& b) {

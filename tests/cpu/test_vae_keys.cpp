@@ -7,39 +7,22 @@
 #include <string>
 #include <vector>
 #include "core/error.h"
+#include "key_test_helpers.h"
 #include "model_configs.h"
 #include "models/vae_keys.h"
 
 using namespace flame;
 using namespace flame::models;
+using namespace flame::models::testing;
 
 namespace {
 
-int64_t total(const MappedTable& t) {
-  int64_t n = 0;
-  for (const MappedParameter& p : t.parameters) {
-    int64_t e = 1;
-    for (int64_t d : p.shape) e *= d;
-    n += e;
-  }
-  return n;
-}
-
 std::vector<KeyShape> keys_of(const VAEConfig& c, bool ldm, const std::string& prefix) {
-  const MappedTable t = vae_parameter_table(c);
-  std::vector<KeyShape> out;
-  for (const KeyShape& k : ldm ? t.original : t.diffusers_tensors()) out.push_back({prefix + k.name, k.shape});
-  return out;
+  return table_keys(vae_parameter_table(c), ldm, prefix);
 }
 
 flame_status_t detect_status(const std::vector<KeyShape>& keys, std::string* msg) {
-  try {
-    detect_vae_checkpoint(keys);
-    return FLAME_OK;
-  } catch (const Error& e) {
-    *msg = e.what();
-    return e.status();
-  }
+  return status_of([&] { detect_vae_checkpoint(keys); }, msg);
 }
 
 }  // namespace
@@ -47,8 +30,8 @@ flame_status_t detect_status(const std::vector<KeyShape>& keys, std::string* msg
 TEST(VAEKeys, SdxlAndFluxTotals) {
   const MappedTable xl = vae_parameter_table(VAEConfig{});
   const MappedTable flux = vae_parameter_table(flux_vae_config());
-  EXPECT_EQ(total(xl), 83653863);    // SDXL's AutoencoderKL
-  EXPECT_EQ(total(flux), 83819683);  // Flux's (and SD3's)
+  EXPECT_EQ(parameter_total(xl), 83653863);    // SDXL's AutoencoderKL
+  EXPECT_EQ(parameter_total(flux), 83819683);  // Flux's (and SD3's)
   EXPECT_EQ(xl.parameters.size(), 248u);
   EXPECT_EQ(flux.parameters.size(), 244u);
   EXPECT_EQ(xl.original.size(), xl.parameters.size());  // nothing fused
