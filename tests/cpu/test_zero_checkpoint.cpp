@@ -112,6 +112,26 @@ TEST(ZeroCheckpointFormat, ValidSetOfTwoRanks) {
   EXPECT_NO_THROW(check_zero_shard_set({fa, fb}));
 }
 
+TEST(ZeroCheckpointFormat, ValidSetOfThreeRanksWithRanksThatOwnNothing) {
+  // Parameter 0 in three pieces; parameter 1 all on rank 0 (ranks 1 and 2 own none of it and hold
+  // no tensor for it, not even its state).
+  const std::vector<std::vector<ParamSpec>> ranks = {{{{2, 3}, 0, 2, true}, {{5}, 0, 5, true}},
+                                                     {{{2, 3}, 2, 4, true}, {{5}, 5, 5, false}},
+                                                     {{{2, 3}, 4, 6, true}, {{5}, 5, 5, false}}};
+  std::vector<File> files;
+  for (int64_t r = 0; r < 3; ++r) files.push_back(make_file(shard_meta(r, 3, ranks[r]), ranks[r]));
+  std::vector<ZeroShardFile> set;
+  for (int64_t r = 0; r < 3; ++r) set.push_back(parse(files[r], "r" + std::to_string(r)));
+  EXPECT_FALSE(set[2].params[1].present[0]);
+  EXPECT_NO_THROW(check_zero_shard_set(set));
+  // Rank 1 without its piece of parameter 0's state, while ranks 0 and 2 hold theirs.
+  std::vector<ParamSpec> stateless = ranks[1];
+  stateless[0].momentum = false;
+  const File bare = make_file(shard_meta(1, 3, stateless), stateless);
+  set[1] = parse(bare, "bare");
+  expect_error([&] { check_zero_shard_set(set); }, FLAME_ERROR_INVALID_FORMAT, "state is in 2 of the 3");
+}
+
 TEST(ZeroCheckpointFormat, RefusesBrokenFiles) {
   expect_error([&] { parse(make_file(json::object(), kRank0), "x"); }, FLAME_ERROR_INVALID_FORMAT, "version");
   json bad_kind = shard_meta(0, 2, kRank0);
