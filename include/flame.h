@@ -2653,11 +2653,15 @@ FLAME_API flame_status_t flame_model_lora_params(flame_model_t model, const char
  * LyCORIS' "<name>.dora_scale" [out, 1] in kohya files (ComfyUI reads it). LoKr modules are stored
  * in kohya files only, under LyCORIS' keys "<name>.lokr_w1" (or "_w1_a", "_w1_b"), "<name>.lokr_w2"
  * (or "_w2_a", "_w2_b") and "<name>.alpha" (ComfyUI reads them; two whole factors store alpha = rank
- * and carry the multiplier in lokr_w2), and only on layers that own their original tensor whole
- * (not Flux's fused qkv / linear1 members nor its swapped norm_out.linear). Waits for the device.
+ * and carry the multiplier in lokr_w2). A LoKr on one member of a fused original (Flux's qkv and
+ * linear1, SD3's qkv: a Kronecker product cannot be split over the fused rows) or on a layer whose
+ * original has its row halves swapped (Flux's and SD3's norm_out.linear, SD3's last
+ * norm1_context.linear) is stored under the module's own diffusers name with OneTrainer's prefix,
+ * "lora_transformer_<module>" with '_' for '.' (ComfyUI applies it to the member's rows of the fused
+ * weight, halves swapped back); a LoKr on a layer stored transposed is refused. Waits for the device.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (model or path NULL, no adapter of that name, a bad option
  * naming it, a module the format cannot express, a DoRA adapter whose multiplier is not 1, a LoKr
- * adapter in the peft format or on a fused original), FLAME_ERROR_IO, FLAME_ERROR_INVALID_HANDLE,
+ * adapter in the peft format or on a transposed original), FLAME_ERROR_IO, FLAME_ERROR_INVALID_HANDLE,
  * FLAME_ERROR_OUT_OF_MEMORY, FLAME_ERROR_CUDA, FLAME_ERROR_UNSUPPORTED (during a graph capture). */
 FLAME_API flame_status_t flame_model_save_lora(flame_model_t model, const char* name, const char* path,
                                                const char* options_json);

@@ -48,6 +48,11 @@ struct ComponentTable {
   std::string peft_prefix;                   // "transformer", "unet", "text_encoder", ...
   std::string kohya_prefix;                  // "lora_unet", "lora_te1", ...
   std::vector<std::string> kohya_accepted;   // prefixes (with '_') accepted on load for this component
+  // Flux and SD3: the prefix under which a LoKr on one member of a fused original (or on an original
+  // with swapped row halves) is saved, with the member's diffusers name (OneTrainer's
+  // "lora_transformer_", which ComfyUI maps to the member's rows of the fused weight, halves swapped
+  // back); empty: such a LoKr cannot be saved.
+  std::string kohya_member_prefix;
   std::vector<std::string> dotted_accepted;  // prefixes (with '.') accepted on load
   bool sd3_qk_norm = false;                  // SD3: the model version kohya's metadata names
   bool sd3_dual_attention = false;
@@ -314,6 +319,7 @@ ComponentTable component_table(const std::string& class_name, const nlohmann::js
     t.kohya_prefix = "lora_unet";
     // lycoris_: SimpleTuner's LyCORIS files (diffusers names), as ComfyUI reads them.
     t.kohya_accepted = {"lora_unet_", "lora_transformer_", "lycoris_"};
+    if (t.kind == ModelKind::Flux || t.kind == ModelKind::SD3) t.kohya_member_prefix = "lora_transformer_";
     t.dotted_accepted = {"model.diffusion_model.", "diffusion_model.", "transformer.", "unet."};
   } else {
     const bool t5 = t.kind == ModelKind::T5;
@@ -501,11 +507,21 @@ LoraStoredTensor kohya_dora_scale(const std::string& key, const std::vector<cons
   return s;
 }
 
+bool owns_original(const LinearPiece& p) { return p.row_begin == 0 && p.rows == p.original_rows && !p.swap_halves; }
+
+// Whether a LoKr on p is saved under its member name (ComponentTable::kohya_member_prefix): p is a
+// row range of a fused original (a Kronecker product cannot be split across the fused rows), or an
+// original stored with its row halves swapped (ComfyUI maps the diffusers name with its
+// swap_scale_shift, which it applies to the adapter's difference).
+bool lokr_saved_as_member(const ComponentTable& t, const LinearPiece& p) {
+  return !t.kohya_member_prefix.empty() && !t.kohya_saves_diffusers_names && !owns_original(p) && !p.transposed;
+}
+
 // A LoKr module's kohya tensors under key (LyCORIS' names, lora_format.h): its factors and the 0-d
 // alpha. Two whole factors store alpha = rank (scale 1, as LyCORIS) and carry m's scale in W2.
 void append_kohya_lokr(const ComponentTable& t, const LoraModuleShape& m, const LinearPiece& p, const std::string& key,
                        LoraSavePlan& plan) {
-  const bool whole = t.kohya_saves_diffusers_names || (p.row_begin == 0 && p.rows == p.original_rows && !p.swap_halves);
+  const bool whole = t.kohya_saves_diffusers_names || owns_original(p) || lokr_saved_as_member(t, p);
   FLAME_CHECK(whole && !p.transposed, FLAME_ERROR_INVALID_ARGUMENT, "LoRA module \"", m.module, "\" is a LoKr on ",
               p.original, ", which the original layout stores ",
               p.transposed ? "transposed" : p.swap_halves ? "with its row halves swapped" : "fused with other modules",
@@ -535,10 +551,13 @@ LoraSavePlan plan_kohya(const ComponentTable& t, const std::vector<LoraModuleSha
   std::set<std::string> done;
   for (const LoraModuleShape& first : modules) {
     const LinearPiece& fp = need_module(t, first.module);
-    const std::string stored = t.kohya_saves_diffusers_names ? fp.module : fp.original;
+    const bool member_key = first.lokr && lokr_saved_as_member(t, fp);
+    const std::string stored = t.kohya_saves_diffusers_names || member_key ? fp.module : fp.original;
     if (!done.insert(stored).second) continue;
     if (first.lokr) {
-      append_kohya_lokr(t, first, fp, t.kohya_prefix + "_" + underscored(stored), plan);
+      append_kohya_lokr(t, first, fp,
+                        member_key ? t.kohya_member_prefix + underscored(stored) : t.kohya_prefix + "_" + underscored(stored),
+                        plan);
       continue;
     }
     std::vector<const LinearPiece*> members;

@@ -48,9 +48,13 @@
 // ".lokr_w2_b" [r, in / b], and a 0-d ".alpha": scale = alpha / r when a factor is stored low rank,
 // 1 when both are whole (LyCORIS' LokrModule, ComfyUI's comfy/weight_adapter/lokr.py, which reads
 // exactly these keys). A Kronecker product of one module cannot be split over the members of a fused
-// original (Flux's qkv, linear1) nor have its row halves swapped, so LoKr goes on modules that own
-// their original tensor whole. The peft / diffusers format has no LoKr (diffusers' loaders read
-// LoRA only; peft's LoKrConfig has no diffusers file): saving LoKr there is an error.
+// original (Flux's qkv, linear1; SD3's qkv) nor have its row halves swapped: a LoKr on a fused member
+// or a half-swapped original is saved under the module's diffusers name with OneTrainer's
+// "lora_transformer_" prefix (ComfyUI maps it to the member's rows of the fused weight, or to the
+// original with swap_scale_shift applied to the difference: comfy/lora.py model_lora_keys_unet,
+// comfy/utils.py flux_to_diffusers / mmdit_to_diffusers), and a LoKr on a transposed original is
+// refused. The peft / diffusers format has no LoKr (diffusers' loaders read LoRA only; peft's
+// LoKrConfig has no diffusers file): saving LoKr there is an error.
 //
 // Loading. The rule that is exact for every stored pair, fused or not: module m gets the whole stored
 // down [R, in], the rows of the stored up that hold m's output rows (halves swapped where the original

@@ -10,7 +10,9 @@
 //    when missing), or "<name>.lora_B.weight" + "<name>.lora_A.weight"; up [out, r], down [r, in].
 //  - denoiser names: "lora_unet_" + the original weight's name under "diffusion_model." without
 //    ".weight", '.' -> '_' (for a UNet also the diffusers names, via unet_to_diffusers); diffusers names
-//    "transformer.<diffusers module>" (Flux, SD3: flux_to_diffusers / mmdit_to_diffusers). For a UNet
+//    "transformer.<diffusers module>" (Flux, SD3: flux_to_diffusers / mmdit_to_diffusers), and
+//    OneTrainer's "lora_transformer_<diffusers module, '_' for '.'>", which for a member of a fused
+//    original (Flux's qkv, linear1; SD3's qkv) patches the member's rows only. For a UNet
 //    ComfyUI maps only the old attention-processor names ("unet.<...>.processor.to_q"), not peft's
 //    "unet.<diffusers module>": a peft SDXL / SD 1.5 file is for diffusers, kohya is for ComfyUI. The
 //    peft keys of a UNet and of T5 are checked against the model's diffusers modules instead.
@@ -65,10 +67,17 @@ std::map<std::string, std::vector<int64_t>> comfy_lora_names(const std::string& 
     const std::string m = strip(weight, ".weight");
     if (!m.empty() && shape.size() == 2) names[head + m] = shape;
   };
+  auto add_onetrainer = [&](const std::string& weight, const std::vector<int64_t>& shape) {
+    const std::string m = strip(weight, ".weight");
+    if (!m.empty() && shape.size() == 2) names["lora_transformer_" + underscored(m)] = shape;
+  };
   if (model == "flux") {
     const FluxConfig c;
     for (const KeyShape& k : flux_original_tensors(c)) add_original(k.name, k.shape);
-    for (const KeyShape& k : flux_diffusers_tensors(c)) add_diffusers("transformer.", k.name, k.shape);
+    for (const KeyShape& k : flux_diffusers_tensors(c)) {
+      add_diffusers("transformer.", k.name, k.shape);
+      add_onetrainer(k.name, k.shape);
+    }
   } else if (model == "sdxl" || model == "sd15") {
     const UNetConfig c = model == "sdxl" ? UNetConfig() : sd15_unet_config();
     for (const UNetParameter& p : unet_parameters(c)) {
@@ -79,7 +88,10 @@ std::map<std::string, std::vector<int64_t>> comfy_lora_names(const std::string& 
   } else if (model == "sd3") {
     const MappedTable t = sd3_parameter_table(SD3Config());
     for (const KeyShape& k : t.original) add_original(k.name, k.shape);
-    for (const KeyShape& k : t.diffusers_tensors()) add_diffusers("transformer.", k.name, k.shape);
+    for (const KeyShape& k : t.diffusers_tensors()) {
+      add_diffusers("transformer.", k.name, k.shape);
+      add_onetrainer(k.name, k.shape);
+    }
   } else if (model == "clip_l" || model == "clip_g") {
     const ClipTextConfig c = model == "clip_l" ? ClipTextConfig() : clip_bigg_config();
     const std::string te = model == "clip_l" ? "lora_te1_" : "lora_te2_";
@@ -734,7 +746,7 @@ void expect_comfy_lokr_keys(const LoraSavePlan& plan, const std::string& model) 
 }
 
 TEST(LoraFormat, LokrKohyaKeysAreComfyUisAndLoadBack) {
-  for (const char* name : {"sdxl", "sd15", "clip_l", "clip_g", "t5"}) {
+  for (const char* name : {"flux", "sd3", "sdxl", "sd15", "clip_l", "clip_g", "t5"}) {
     SCOPED_TRACE(name);
     const LoraTestModel m = lora_test_model(name);
     const std::vector<LoraModuleShape> modules = lokr_modules_for(m);
@@ -775,7 +787,7 @@ TEST(LoraFormat, LokrKohyaKeysAreComfyUisAndLoadBack) {
   }
 }
 
-TEST(LoraFormat, LokrRefusesFusedOriginalsAndPeft) {
+TEST(LoraFormat, LokrOnFusedOrSwappedOriginalsTakesMemberNamesAndRefusesPeft) {
   const LoraTestModel m = lora_test_model("flux");
   auto lokr_on = [&](const std::string& module, int64_t out, int64_t in) {
     LoraModuleShape s{module, 4, in, out, 4.0, false};
@@ -783,23 +795,39 @@ TEST(LoraFormat, LokrRefusesFusedOriginalsAndPeft) {
     s.lokr_shape = lokr_shape(out, in, 4, -1, false);
     return s;
   };
-  // img_attn.proj owns its weight: fine; to_q lives in the fused img_attn.qkv; norm_out.linear is swapped
+  auto has_key = [](const LoraSavePlan& plan, const std::string& key) {
+    return std::any_of(plan.tensors.begin(), plan.tensors.end(), [&](const LoraStoredTensor& t) { return t.key == key; });
+  };
+  // img_attn.proj owns its weight: its original name. to_q and to_k live in the fused img_attn.qkv,
+  // proj_mlp in linear1, and norm_out.linear is stored with swapped halves: each under its own
+  // diffusers name with OneTrainer's prefix, which ComfyUI maps to its rows of the fused weight (or
+  // swaps the halves of the difference back).
   const LoraSavePlan ok = plan_lora_save(m.class_name, m.config, "transformer",
-                                         {lokr_on("transformer_blocks.0.attn.to_out.0", 3072, 3072)}, LoraFileFormat::Kohya);
+                                         {lokr_on("transformer_blocks.0.attn.to_out.0", 3072, 3072),
+                                          lokr_on("transformer_blocks.0.attn.to_q", 3072, 3072),
+                                          lokr_on("transformer_blocks.0.attn.to_k", 3072, 3072),
+                                          lokr_on("single_transformer_blocks.1.proj_mlp", 12288, 3072),
+                                          lokr_on("norm_out.linear", 6144, 3072)},
+                                         LoraFileFormat::Kohya);
   expect_comfy_lokr_keys(ok, "flux");
-  EXPECT_TRUE(std::any_of(ok.tensors.begin(), ok.tensors.end(),
-                          [](const LoraStoredTensor& t) { return t.key == "lora_unet_double_blocks_0_img_attn_proj.lokr_w1"; }));
-  std::string msg = error_of([&] {
-    plan_lora_save(m.class_name, m.config, "transformer", {lokr_on("transformer_blocks.0.attn.to_q", 3072, 3072)},
-                   LoraFileFormat::Kohya);
-  }, FLAME_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(msg.find("transformer_blocks.0.attn.to_q"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("fused"), std::string::npos) << msg;
-  msg = error_of([&] {
-    plan_lora_save(m.class_name, m.config, "transformer", {lokr_on("norm_out.linear", 6144, 3072)}, LoraFileFormat::Kohya);
-  }, FLAME_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(msg.find("swapped"), std::string::npos) << msg;
-  msg = error_of([&] {
+  EXPECT_TRUE(has_key(ok, "lora_unet_double_blocks_0_img_attn_proj.lokr_w1"));
+  EXPECT_TRUE(has_key(ok, "lora_transformer_transformer_blocks_0_attn_to_q.lokr_w1"));
+  EXPECT_TRUE(has_key(ok, "lora_transformer_transformer_blocks_0_attn_to_k.alpha"));
+  EXPECT_TRUE(has_key(ok, "lora_transformer_single_transformer_blocks_1_proj_mlp.lokr_w1"));
+  EXPECT_TRUE(has_key(ok, "lora_transformer_norm_out_linear.lokr_w1"));
+  const LoraLoadPlan back = plan_lora_load(m.class_name, m.config, "transformer", keys_of(ok), ok.metadata);
+  std::set<std::string> modules;
+  for (const LoraModuleSource& s : back.modules) modules.insert(s.module);
+  EXPECT_EQ(modules, (std::set<std::string>{"transformer_blocks.0.attn.to_out.0", "transformer_blocks.0.attn.to_q",
+                                            "transformer_blocks.0.attn.to_k", "single_transformer_blocks.1.proj_mlp",
+                                            "norm_out.linear"}));
+  // SD3's fused qkv likewise
+  const LoraTestModel sd3 = lora_test_model("sd3");
+  const LoraSavePlan s3 = plan_lora_save(sd3.class_name, sd3.config, "transformer",
+                                         {lokr_on("transformer_blocks.0.attn.to_v", 1536, 1536)}, LoraFileFormat::Kohya);
+  expect_comfy_lokr_keys(s3, "sd3");
+  EXPECT_TRUE(has_key(s3, "lora_transformer_transformer_blocks_0_attn_to_v.lokr_w1"));
+  const std::string msg = error_of([&] {
     plan_lora_save(m.class_name, m.config, "transformer", {lokr_on("transformer_blocks.0.attn.to_out.0", 3072, 3072)},
                    LoraFileFormat::Peft);
   }, FLAME_ERROR_INVALID_ARGUMENT);
