@@ -75,6 +75,9 @@ ROWS = {
     # FLAME only: the fp8 row with the optimizer applied inside backward (issue 36's 14 GiB target)
     "flux-b1-ckpt-fp8-oib": ("flux", 1, 1, {"quantize": {"dtype": "f8_e4m3", "scale": "tensor"}},
                              ["--optimizer-in-backward"]),
+    # FLAME only: a QLoRA-style NF4 base (64-value blocks, double-quantised scales, as bitsandbytes'
+    # nf4 with compress_statistics; bitsandbytes is not on the bench machine), judged against the bf16 row
+    "flux-b1-ckpt-nf4": ("flux", 1, 1, {"quantize": {"dtype": "nf4"}}),
     # FLAME only: frozen blocks streamed from pinned host memory within 12 GiB of device memory for the
     # parameters (offload is not captured into graphs: eager only), judged against the bf16 ckpt row
     "flux-b1-ckpt-offload12": ("flux", 1, 1, {"offload": {"budget_bytes": 12 * 2**30}}),

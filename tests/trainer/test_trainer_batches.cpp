@@ -1,7 +1,8 @@
 // flame-train's epoch batches (training_data.h, plan_epoch_batches): host logic only, on samples
 // whose tensors are empty (no GPU): equal shapes together, at most batch_size each, every sample
 // once per epoch, the same plan for the same (seed, epoch) and another for another epoch; and the
-// data-parallel split of a global batch among the GPUs (global_batch.h, batch_noise.h's keys).
+// data-parallel split of a global batch among the GPUs (global_batch.h, batch_noise.h's keys, LoRA
+// dropout's generator seeds).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include "batch_noise.h"
 #include "config.h"
 #include "global_batch.h"
+#include "random.h"
 #include "training_data.h"
 
 using namespace flame_train;
@@ -102,4 +104,18 @@ TEST(TrainerGlobalBatch, SampleKeysFollowTheGlobalPlace) {
   EXPECT_LT(batch_sample_item(BatchPlace{5, 0, static_cast<uint64_t>(kMaxGlobalBatch) - 1}, 0),
             batch_sample_item(BatchPlace{5, 1, 0}, 0));
   EXPECT_NE(batch_sample_item(BatchPlace{5, 1, 0}, 0), batch_sample_item(BatchPlace{5, 0, 0}, 0));
+}
+
+// LoRA dropout's generator seed: two ranks of one micro-step (batches starting at 0 and at 2) draw
+// different masks; the same place gives the same seed (a resumed run draws the same masks); the step,
+// the micro-step and the run's seed each change it; and it is not the noise key of the same place.
+TEST(TrainerGlobalBatch, DropoutSeedsDifferPerRankAndRepeatPerPlace) {
+  const BatchPlace rank0{7, 1, 0}, rank1{7, 1, 2};
+  EXPECT_NE(dropout_generator_seed(42, rank0), dropout_generator_seed(42, rank1));
+  EXPECT_EQ(dropout_generator_seed(42, rank1), dropout_generator_seed(42, BatchPlace{7, 1, 2}));
+  EXPECT_NE(dropout_generator_seed(42, rank0), dropout_generator_seed(42, BatchPlace{8, 1, 0}));
+  EXPECT_NE(dropout_generator_seed(42, rank0), dropout_generator_seed(42, BatchPlace{7, 0, 0}));
+  EXPECT_NE(dropout_generator_seed(42, rank0), dropout_generator_seed(43, rank0));
+  EXPECT_NE(dropout_generator_seed(42, rank0),
+            RandomStream(42, RandomPurpose::Noise, 7, batch_sample_item(rank0, 0)).next_u64());
 }

@@ -18,7 +18,8 @@
 // for bit. EMA
 // (TrainerEma): each step's EMA equals the host's EMAModel update of the saved adapters. CUDA graphs
 // (TrainerGraphs): a run replaying per-bucket graphs equals the eager run bit for bit (losses, LoRA
-// and EMA files); LoRA dropout makes the run eager and says so.
+// and EMA files), also with two batch shapes under a cosine schedule; LoRA dropout makes the run
+// eager and says so.
 // Without a GPU the cases skip (exit 77 for CTest) unless FLAME_REQUIRE_GPU=1.
 #include <gtest/gtest.h>
 
@@ -450,6 +451,78 @@ TEST_F(TrainerGraphs, GraphStepsEqualEagerSteps) {
   ASSERT_EQ(e.size(), 12u) << eager.output;
   for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(g[i].second, e[i].second) << "step " << i + 1;
   for (const char* file : {"/demo_lora.safetensors", "/demo_lora-ema.safetensors"}) {
+    const std::string want = read_bytes(eager_out + file);
+    ASSERT_FALSE(want.empty()) << eager_out + file;
+    EXPECT_TRUE(read_bytes(graph_out + file) == want) << file << " differs between graph and eager";
+  }
+}
+
+// A latent cache (training_data.h's layout) for the Flux demo model with samples of two latent
+// sizes, 16 x 16 and 16 x 24 (two buckets), smooth per-sample values; f32.
+std::string write_two_bucket_flux_cache(flame_ctx_t ctx, const std::string& dir) {
+  const int64_t channels = 16, tokens = 8, text_dim = 24, pooled_dim = 20;  // model_setup.cpp's kDemoFlux
+  std::vector<std::string> names;
+  std::vector<flame_tensor_t> handles;
+  auto add = [&](const std::string& name, const std::vector<int64_t>& shape, float phase) {
+    int64_t count = 1;
+    for (int64_t d : shape) count *= d;
+    std::vector<float> v(static_cast<size_t>(count));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = 0.5f * std::sin(0.37f * static_cast<float>(i) + phase);
+    flame_tensor_t t = nullptr;
+    EXPECT_EQ(flame_from_host(ctx, v.data(), v.size() * sizeof(float), shape.data(), static_cast<int32_t>(shape.size()),
+                              FLAME_DTYPE_F32, &t),
+              FLAME_OK);
+    names.push_back(name);
+    handles.push_back(t);
+  };
+  const int64_t widths[4] = {16, 24, 16, 24};
+  for (int i = 0; i < 4; ++i) {
+    const std::string n = std::to_string(i);
+    add("latents." + n, {channels, 16, widths[i]}, static_cast<float>(i));
+    add("prompt_embeds." + n, {tokens, text_dim}, 10.0f + static_cast<float>(i));
+    add("pooled_prompt_embeds." + n, {pooled_dim}, 20.0f + static_cast<float>(i));
+  }
+  std::vector<const char*> name_ptrs;
+  for (const std::string& n : names) name_ptrs.push_back(n.c_str());
+  const char* metadata[] = {"flame_train_cache", "1", "family", "flux", "count", "4"};
+  const std::string path = dir + "/two_buckets.safetensors";
+  EXPECT_EQ(flame_safetensors_save(ctx, path.c_str(), name_ptrs.data(), handles.data(),
+                                   static_cast<int64_t>(handles.size()), metadata, 3),
+            FLAME_OK)
+      << flame_last_error_message();
+  for (flame_tensor_t t : handles) flame_tensor_release(t);
+  return path;
+}
+
+// Two batch shapes (two graphs of micro-batches and the update's, replayed in turn from one pool)
+// under a cosine schedule with warm-up (the learning rate set between replays), two micro-batches per
+// step, clipping and the EMA: the run equals the eager one bit for bit.
+TEST_F(TrainerGraphs, TwoBatchShapesWithCosineScheduleEqualEager) {
+  flame_train_test::TempDir dir;
+  ASSERT_FALSE(dir.path().empty()) << "mkdtemp failed";
+  const std::string cache = write_two_bucket_flux_cache(ctx, dir.path());
+  auto run = [&](const std::string& out, const std::string& extra) {
+    const std::string cmd = std::string("'") + FLAME_TRAIN_EXE + "' --model.path=demo:flux --data.cache_file='" + cache +
+                            "' --training.max_train_steps=12 --training.gradient_accumulation_steps=2"
+                            " --optimizer.learning_rate=0.02 --optimizer.lr_scheduler=cosine"
+                            " --optimizer.lr_warmup_steps=3 --optimizer.max_grad_norm=0.5 --training.ema_decay=0.9"
+                            " --output.name=two --output.dir='" +
+                            out + "'" + extra + " 2>&1";
+    return flame_train_test::run_shell(cmd);
+  };
+  const std::string graph_out = dir.path() + "/graph", eager_out = dir.path() + "/eager";
+  const DemoRun graph = run(graph_out, "");
+  ASSERT_EQ(graph.status, 0) << graph.output;
+  EXPECT_NE(graph.output.find("CUDA graphs: 3 (2 batch shapes and the update)"), std::string::npos) << graph.output;
+  EXPECT_EQ(graph.output.find("CUDA graphs off"), std::string::npos) << graph.output;
+  const DemoRun eager = run(eager_out, " --training.cuda_graphs=false");
+  ASSERT_EQ(eager.status, 0) << eager.output;
+
+  const auto g = logged_losses(graph_out + "/two.jsonl"), e = logged_losses(eager_out + "/two.jsonl");
+  ASSERT_EQ(g.size(), 12u) << graph.output;
+  ASSERT_EQ(e.size(), 12u) << eager.output;
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(g[i].second, e[i].second) << "step " << i + 1;
+  for (const char* file : {"/two.safetensors", "/two-ema.safetensors"}) {
     const std::string want = read_bytes(eager_out + file);
     ASSERT_FALSE(want.empty()) << eager_out + file;
     EXPECT_TRUE(read_bytes(graph_out + file) == want) << file << " differs between graph and eager";

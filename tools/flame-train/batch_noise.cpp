@@ -37,6 +37,14 @@ uint64_t batch_sample_item(const BatchPlace& place, int64_t i) {
          static_cast<uint64_t>(i);
 }
 
+uint64_t dropout_generator_seed(uint64_t seed, const BatchPlace& place) {
+  return RandomStream(seed, RandomPurpose::Dropout, place.step, batch_sample_item(place, 0)).next_u64();
+}
+
+void seed_dropout_generator(flame_ctx_t ctx, uint64_t seed, const BatchPlace& place) {
+  check(flame_ctx_set_rng_state(ctx, dropout_generator_seed(seed, place), 0), "flame_ctx_set_rng_state");
+}
+
 Tensor draw_batch_noise(flame_ctx_t ctx, uint64_t seed, const BatchPlace& place, int64_t b, int64_t c, int64_t h,
                         int64_t w, double noise_offset) {
   GeneratorStateGuard keep(ctx);

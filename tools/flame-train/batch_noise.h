@@ -5,6 +5,10 @@
 // generator set to (key, 0), key = RandomStream(seed, Noise, step, micro * kMaxGlobalBatch (config.h) + position); with
 // noise_offset > 0, diffusers' offset * randn(1, C, 1, 1) follows from the same stream. The context's
 // own generator state is restored afterwards (dropout and the resumable state keep their stream).
+// LoRA dropout draws its masks inside the step from the context's generator: before each micro-batch
+// the generator is set to (RandomStream(seed, Dropout, step, item of the batch's first sample), 0),
+// so that every rank of a data-parallel run draws its own masks (not the same ones on each GPU) and a
+// resumed run draws the masks of the uninterrupted one.
 // Public C ABI only; not during a CUDA graph capture (random numbers are refused there).
 #pragma once
 
@@ -29,5 +33,11 @@ Tensor draw_batch_noise(flame_ctx_t ctx, uint64_t seed, const BatchPlace& place,
 
 // The RandomStream item of sample i of a batch at place (the timestep draws use it too).
 uint64_t batch_sample_item(const BatchPlace& place, int64_t i);
+
+// The Philox seed of the dropout masks of the micro-batch at place (see above).
+uint64_t dropout_generator_seed(uint64_t seed, const BatchPlace& place);
+
+// Sets the context's generator to (dropout_generator_seed(seed, place), 0). Throws FlameError.
+void seed_dropout_generator(flame_ctx_t ctx, uint64_t seed, const BatchPlace& place);
 
 }  // namespace flame_train

@@ -24,6 +24,7 @@ enum class RandomPurpose : uint64_t {
   Timestep = 7,  // the noise level of each sample of a training step
   DemoData = 8,  // the --demo data set
   Noise = 9,     // the Philox key of each sample's training noise (batch_noise.h)
+  Dropout = 10,  // the Philox key of a micro-batch's LoRA dropout masks (batch_noise.h)
 };
 
 // splitmix64 stream: small, fast and statistically fine for shuffles and coin flips.

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,51 @@ void refill(const StepInputs& dst, const StepInputs& src) {
     if ((dst.*m).get()) check(flame_copy((dst.*m).get(), (src.*m).get()), "flame_copy (static input)");
 }
 
+// The adapter's gradients at one moment, to put back after a micro-batch failed half-way (its
+// backward may have added to some of them). A parameter without a gradient gets none back.
+class GradientSnapshot {
+ public:
+  explicit GradientSnapshot(flame_params_t adapter) {
+    const flame_tensor_t* tensors = nullptr;
+    int64_t n = 0;
+    check(flame_params_count(adapter, &n), "flame_params_count");
+    check(flame_params_tensors(adapter, &tensors), "flame_params_tensors");
+    for (int64_t i = 0; i < n; ++i) {
+      Saved s;
+      s.param = tensors[i];
+      Tensor grad;
+      check(flame_tensor_grad(tensors[i], grad.out()), "flame_tensor_grad");
+      if (grad.get()) check(flame_clone(grad.get(), s.copy.out()), "flame_clone (gradient snapshot)");
+      saved_.push_back(std::move(s));
+    }
+  }
+
+  void restore() const {
+    for (const Saved& s : saved_) {
+      Tensor grad;
+      check(flame_tensor_grad(s.param, grad.out()), "flame_tensor_grad");
+      if (!s.copy.get()) {
+        check(flame_tensor_set_grad(s.param, nullptr), "flame_tensor_set_grad");
+      } else if (grad.get()) {  // in place: the same .grad memory as before
+        check(flame_copy(grad.get(), s.copy.get()), "flame_copy (gradient snapshot)");
+      } else {
+        Tensor back;
+        check(flame_clone(s.copy.get(), back.out()), "flame_clone (gradient snapshot)");
+        check(flame_tensor_set_grad(s.param, back.get()), "flame_tensor_set_grad");
+      }
+    }
+  }
+
+ private:
+  struct Saved {
+    flame_tensor_t param = nullptr;  // borrowed from the adapter
+    Tensor copy;                     // empty: no gradient
+  };
+  std::vector<Saved> saved_;
+};
+
+bool out_of_memory(const FlameError& e) { return e.status() == FLAME_ERROR_OUT_OF_MEMORY; }
+
 double item(flame_tensor_t t) {
   double v = 0;
   check(flame_tensor_item(t, &v), "flame_tensor_item");
@@ -49,9 +95,14 @@ std::string graphs_blocker(const TrainConfig& config) {
   return "";
 }
 
-StepGraphs::StepGraphs(flame_ctx_t ctx, flame_model_t model, const Objective& objective, int accumulation_steps,
-                       bool enabled)
-    : ctx_(ctx), model_(model), objective_(objective), accumulation_steps_(accumulation_steps), enabled_(enabled) {}
+StepGraphs::StepGraphs(flame_ctx_t ctx, flame_model_t model, flame_params_t adapter, const Objective& objective,
+                       int accumulation_steps, bool enabled)
+    : ctx_(ctx),
+      model_(model),
+      adapter_(adapter),
+      objective_(objective),
+      accumulation_steps_(accumulation_steps),
+      enabled_(enabled) {}
 
 StepGraphs::~StepGraphs() {
   flame_graph_release(update_graph_);
@@ -74,7 +125,10 @@ void StepGraphs::disable(const std::string& why) {
 
 // Captures work() into a graph sharing the run's pool; NULL (graphs disabled) when it fails.
 flame_graph_t StepGraphs::capture(const std::function<void()>& work, const char* what) {
-  check(flame_graph_capture_begin_shared(ctx_, pool_owner()), "flame_graph_capture_begin_shared");
+  if (flame_graph_capture_begin_shared(ctx_, pool_owner()) != FLAME_OK) {  // e.g. no memory for the pool
+    disable(std::string("starting the capture of ") + what + " failed: " + flame_last_error_message());
+    return nullptr;
+  }
   std::string failure;
   try {
     work();
@@ -97,6 +151,20 @@ double StepGraphs::eager_micro(const StepInputs& in) {
   return item(loss.get());
 }
 
+// A new bucket's first micro-batch while other graphs hold their pool (see step_graphs.h).
+double StepGraphs::warm_up_beside_graphs(const StepInputs& in) {
+  std::unique_ptr<GradientSnapshot> before;
+  try {
+    before = std::make_unique<GradientSnapshot>(adapter_);
+    return eager_micro(in);
+  } catch (const FlameError& e) {
+    if (!out_of_memory(e)) throw;
+    disable(std::string("a new batch shape ran out of memory beside the graphs' pool: ") + e.what());
+  }
+  if (before) before->restore();
+  return eager_micro(in);
+}
+
 void StepGraphs::capture_bucket(const BucketKey& key, const StepInputs& first) {
   auto b = std::make_unique<BucketGraph>();
   b->inputs = static_copy(first);
@@ -111,7 +179,9 @@ double StepGraphs::run_micro(const StepInputs& in) {
   const BucketKey key = {in.batch, in.channels, in.height, in.width, in.tokens};
   auto it = buckets_.find(key);
   if (it == buckets_.end()) {
-    const double loss = eager_micro(in);  // the bucket's warm-up is a real micro-batch
+    // the bucket's warm-up is a real micro-batch
+    const double loss = buckets_.empty() && !update_graph_ ? eager_micro(in) : warm_up_beside_graphs(in);
+    if (!enabled_) return loss;  // the warm-up gave the graphs up
     capture_bucket(key, in);
     return loss;
   }

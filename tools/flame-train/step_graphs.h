@@ -14,8 +14,12 @@
 // graphs of N buckets hold about one step's transient memory, not N. A loss read right after its
 // replay is never overwritten by another graph of the pool.
 //
-// If a capture fails (an operation that a graph cannot hold), the graphs are dropped, a note is
-// printed once, and training goes on eagerly.
+// If a capture fails (an operation that a graph cannot hold, or no memory for it), the graphs are
+// dropped, a note is printed once, and training goes on eagerly. A new bucket's eager warm-up runs
+// outside the graphs' pool, so next to a pool that holds a step's transient memory it can run out of
+// memory where an eager run would not: the adapter's gradients are copied first (small next to the
+// step), and on running out of memory the graphs are dropped (their pool freed), the gradients put
+// back and the micro-batch run again eagerly. No micro-batch is lost or counted twice.
 #pragma once
 
 #include <array>
@@ -38,7 +42,9 @@ std::string graphs_blocker(const TrainConfig& config);
 class StepGraphs {
  public:
   // enabled false: every micro-batch and update runs eagerly (graphs_blocker named a reason).
-  StepGraphs(flame_ctx_t ctx, flame_model_t model, const Objective& objective, int accumulation_steps, bool enabled);
+  // adapter: the trained parameters, whose gradients a new bucket's warm-up may have to put back.
+  StepGraphs(flame_ctx_t ctx, flame_model_t model, flame_params_t adapter, const Objective& objective,
+             int accumulation_steps, bool enabled);
   ~StepGraphs();
   StepGraphs(const StepGraphs&) = delete;
   StepGraphs& operator=(const StepGraphs&) = delete;
@@ -51,6 +57,7 @@ class StepGraphs {
 
   bool enabled() const { return enabled_; }
   size_t graph_count() const { return buckets_.size() + (update_graph_ ? 1 : 0); }
+  size_t bucket_count() const { return buckets_.size(); }
 
  private:
   using BucketKey = std::array<int64_t, 5>;  // B, C, H, W, T
@@ -61,6 +68,7 @@ class StepGraphs {
   };
 
   double eager_micro(const StepInputs& in);
+  double warm_up_beside_graphs(const StepInputs& in);
   void capture_bucket(const BucketKey& key, const StepInputs& first);
   flame_graph_t capture(const std::function<void()>& work, const char* what);
   void disable(const std::string& why);
@@ -68,6 +76,7 @@ class StepGraphs {
 
   flame_ctx_t ctx_;
   flame_model_t model_;
+  flame_params_t adapter_;
   const Objective& objective_;
   int accumulation_steps_;
   bool enabled_ = true;

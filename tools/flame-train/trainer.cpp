@@ -111,6 +111,8 @@ struct Trainer {
       // Noise and timesteps keyed by each sample's place in the global batch (batch_noise.h).
       const BatchPlace place{static_cast<uint64_t>(step), micro, share.first_position};
       const StepInputs in = draw_step_inputs(ctx, config, objective, samples, batch, place, share.loss_scale);
+      // LoRA dropout's masks: this batch's own (each rank its own), whatever ran before (batch_noise.h)
+      if (config.network.dropout > 0) seed_dropout_generator(ctx, config.training.seed, place);
       loss_sum += graphs->run_micro(in);
     }
     if (dp) dp->wait();  // the gradients averaged over the ranks, before clipping
@@ -223,7 +225,7 @@ void set_up(Trainer& t, bool demo) {
   t.make_optimizer();
   if (config.training.ema_decay > 0)
     t.ema = std::make_unique<AdapterEma>(t.ctx, t.adapter.get(), config.training.ema_decay, config.training.ema_warmup);
-  t.graphs = std::make_unique<StepGraphs>(t.ctx, t.model.model.get(), t.objective,
+  t.graphs = std::make_unique<StepGraphs>(t.ctx, t.model.model.get(), t.adapter.get(), t.objective,
                                           config.training.gradient_accumulation_steps, graphs_blocker(config).empty());
   t.schedule = make_lr_schedule(config.optimizer.lr_scheduler, config.optimizer.lr_warmup_steps,
                                 config.training.max_train_steps);
@@ -348,6 +350,9 @@ TrainResult run_training(flame_ctx_t ctx, const TrainConfig& user_config, bool d
   result.lora_path = output_file(config, ".safetensors");
   if (!main) return result;
   if (::isatty(STDOUT_FILENO)) std::printf("\n");  // end the progress line
+  if (t.graphs->enabled() && t.graphs->graph_count() > 0)
+    std::printf("CUDA graphs: %zu (%zu batch shape%s and the update)\n", t.graphs->graph_count(),
+                t.graphs->bucket_count(), t.graphs->bucket_count() == 1 ? "" : "s");
   save_outputs(t, sample_images.get(), result.steps, true, demo);
   std::printf("saved %s (%s)\nlog: %s\n", result.lora_path.c_str(), config.output.format.c_str(), result.log_path.c_str());
   return result;
