@@ -460,7 +460,7 @@ TEST_F(TrainerGraphs, GraphStepsEqualEagerSteps) {
 // A latent cache (training_data.h's layout) for the Flux demo model with samples of two latent
 // sizes, 16 x 16 and 16 x 24 (two buckets), smooth per-sample values; f32.
 std::string write_two_bucket_flux_cache(flame_ctx_t ctx, const std::string& dir) {
-  const int64_t channels = 16, tokens = 8, text_dim = 24, pooled_dim = 20;  // model_setup.cpp's kDemoFlux
+  const int64_t channels = 4, tokens = 8, text_dim = 24, pooled_dim = 20;  // kDemoFlux: in_channels 16 / 2x2
   std::vector<std::string> names;
   std::vector<flame_tensor_t> handles;
   auto add = [&](const std::string& name, const std::vector<int64_t>& shape, float phase) {
