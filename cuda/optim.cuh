@@ -5,6 +5,10 @@
 // through a master copy may be written with stochastic rounding (Philox bits below the bf16 mantissa).
 // The step count and learning rates are read from a device record that optim_tick advances, so that
 // a step captured in a CUDA graph does on every replay what the next eager step would do.
+// optim_step_8bit keeps the moments as blockwise 8-bit codes (bitsandbytes' 8-bit optimizers): per
+// block of 256 elements one f32 absmax per moment; each moment is dequantised (code value x absmax),
+// updated in f32 with the same formula as optim_step, and quantised again to the nearest code of
+// the block's new absmax (the code tables come from the host: src/optim/optimizer.cpp).
 #pragma once
 #include "common.cuh"
 #include "random.cuh"
@@ -15,6 +19,7 @@ namespace flame {
 struct OptimTensor {
   u64 param, grad, m, v, vmax, master;
   i64 numel, rng_base, first;  // first: the step that created the state (SGD's buffer starts as its gradient)
+  u64 m_absmax, v_absmax;      // optim_step_8bit: f32 per block of kQuantBlock elements
 };
 struct OptimChunk {
   i64 tensor, start;
@@ -23,6 +28,7 @@ struct OptimHyper {
   double beta1, beta2, eps, weight_decay, momentum, dampening;
   u64 record;  // [i64 step, f64 lr of group 0, 1, ...]
   i64 group, kind, flags, seed, offset;
+  u64 codes;  // optim_step_8bit: f32 [2, 256], the signed code table then the unsigned one, ascending
 };
 
 // One step more on the device (one thread), launched before the step's updates.
@@ -169,6 +175,93 @@ __global__ void optim_step(const OptimTensor* tensors, const OptimChunk* chunks,
     if (vmax) vmax[i] = vx;
     if (master) master[i] = w;
     param[i] = round_param<P>(w, seed, rng0 + static_cast<u64>(i), stochastic);
+  }
+}
+
+// ---- blockwise 8-bit moments ----
+constexpr int kQuantBlock = 256;  // elements per absmax; also the block size of optim_step_8bit
+
+// The index of the code nearest to x in the ascending table (ties to the lower code); x is clamped
+// to the table's range first.
+__device__ __forceinline__ unsigned char nearest_code(const float* code, float x) {
+  x = fminf(fmaxf(x, code[0]), code[255]);
+  int lo = 0, hi = 255;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (code[mid] <= x) lo = mid;
+    else hi = mid;
+  }
+  return static_cast<unsigned char>(x - code[lo] <= code[hi] - x ? lo : hi);
+}
+
+// The largest of one value per thread over the block (kQuantBlock threads); every thread gets it.
+__device__ __forceinline__ float block_max(float x, float* scratch) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = x;
+  __syncthreads();
+  float r = scratch[0];
+#pragma unroll
+  for (int w = 1; w < kQuantBlock / 32; ++w) r = fmaxf(r, scratch[w]);
+  return r;
+}
+
+// Adam / AdamW / Lion with 8-bit moments (m: signed codes, v: unsigned codes). Chunks start at
+// multiples of kQuantBlock; one thread per element of each quantisation block of the chunk.
+template <class P>
+__global__ void __launch_bounds__(kQuantBlock) optim_step_8bit(const OptimTensor* tensors, const OptimChunk* chunks,
+                                                               i64 chunk, OptimHyper h) {
+  const OptimChunk ck = chunks[blockIdx.x];
+  const OptimTensor t = tensors[ck.tensor];
+  const i64 end = ck.start + chunk < t.numel ? ck.start + chunk : t.numel;
+  P* param = reinterpret_cast<P*>(t.param);
+  const P* grad = reinterpret_cast<const P*>(t.grad);
+  unsigned char* m = reinterpret_cast<unsigned char*>(t.m);
+  unsigned char* v = reinterpret_cast<unsigned char*>(t.v);
+  float* m_absmax = reinterpret_cast<float*>(t.m_absmax);
+  float* v_absmax = reinterpret_cast<float*>(t.v_absmax);
+  float* master = reinterpret_cast<float*>(t.master);
+  __shared__ float signed_code[256], unsigned_code[256], scratch[2][kQuantBlock / 32];
+  __shared__ double bias_corr[2];
+  const float* codes = reinterpret_cast<const float*>(h.codes);
+  signed_code[threadIdx.x] = codes[threadIdx.x];
+  unsigned_code[threadIdx.x] = codes[256 + threadIdx.x];
+  const i64 step = reinterpret_cast<const i64*>(h.record)[0];
+  const double lr_d = reinterpret_cast<const double*>(h.record)[1 + h.group];
+  if (threadIdx.x == 0) {
+    bias_corr[0] = 1.0 - pow(h.beta1, static_cast<double>(step));
+    bias_corr[1] = 1.0 - pow(h.beta2, static_cast<double>(step));
+  }
+  __syncthreads();
+  const OptimScalars<float> s{float(lr_d), float(h.beta1), float(h.beta2), float(h.eps), float(h.weight_decay), 0.0f,
+                              0.0f, float(bias_corr[0]), float(bias_corr[1]), static_cast<int>(h.kind),
+                              static_cast<int>(h.flags), t.first == step};
+  const bool stochastic = (s.flags & kStochastic) != 0;
+  const u64 seed = static_cast<u64>(h.seed), rng0 = static_cast<u64>(h.offset + t.rng_base);
+  for (i64 b = ck.start; b < end; b += kQuantBlock) {
+    const i64 i = b + threadIdx.x, block = b / kQuantBlock;
+    const bool live = i < end;
+    float w = 0.0f, mv = 0.0f, vv = 0.0f, vx = 0.0f;
+    if (live) {
+      w = master ? master[i] : to_compute(param[i]);
+      mv = signed_code[m[i]] * m_absmax[block];
+      if (v) vv = unsigned_code[v[i]] * v_absmax[block];
+      update_one(s, w, to_compute(grad[i]), mv, vv, vx);
+    }
+    // Every thread read the old absmax before block_max's barrier; thread 0 writes the new one after.
+    const float am = block_max(live ? fabsf(mv) : 0.0f, scratch[0]);
+    const float av = v ? block_max(live ? vv : 0.0f, scratch[1]) : 0.0f;
+    if (live) {
+      m[i] = nearest_code(signed_code, am > 0.0f ? mv / am : 0.0f);
+      if (v) v[i] = nearest_code(unsigned_code, av > 0.0f ? vv / av : 0.0f);
+      if (master) master[i] = w;
+      param[i] = round_param<P>(w, seed, rng0 + static_cast<u64>(i), stochastic);
+    }
+    if (threadIdx.x == 0) {
+      m_absmax[block] = am;
+      if (v) v_absmax[block] = av;
+    }
+    __syncthreads();  // the scratch is reused by the next block
   }
 }
 

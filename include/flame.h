@@ -1361,13 +1361,34 @@ FLAME_API flame_status_t flame_optimizer_step_count(flame_optimizer_t opt, int64
 /* Frees the optimizer and its state (parameters stay). NULL: no-op. */
 FLAME_API void flame_optimizer_release(flame_optimizer_t opt);
 
+/* The width of opt's moments: bits 32 (f32, the default) or 8 (blockwise 8-bit states, as
+ * bitsandbytes' Adam8bit / AdamW8bit / Lion8bit: about a quarter of the memory). With 8, every
+ * f16 / bf16 / f32 parameter of at least 4096 elements keeps each moment as one byte per element,
+ * a code index, plus one f32 absmax per block of 256 consecutive elements (row-major); smaller
+ * parameters and f64 ones keep f32 (f64) moments. A step dequantises a moment (code value x its
+ * block's absmax), updates it in f32 with the same formula as the 32-bit step, then stores it as
+ * the code nearest to moment / the block's new absmax (the largest |moment| of the block; ties to
+ * the lower code). The code tables, 256 values each, ascending: for decade i = 0 .. 6 and
+ * j = 0 .. n_i - 1 the values 10^(i - 6) * (0.1 + 0.9 * (j + 0.5) / n_i), with n_i = 2^i for the
+ * first moment (signed: these values, their negatives, 0 and 1) and n_i = 2^(i + 1) for the
+ * second (unsigned: these values, 0 and 1). The first step therefore equals the 32-bit step; later
+ * ones differ by the rounding of the stored moments. Works in CUDA graphs; saved and loaded by
+ * flame_optimizer_save_state / _load_state (a file loads only into an optimizer of the same width).
+ * Errors: FLAME_ERROR_INVALID_ARGUMENT (opt NULL; bits not 8 or 32; 8 for an SGD optimizer, with
+ * an amsgrad group, or on a sharded optimizer (flame_zero_create refuses 8-bit optimizers too);
+ * a change once the optimizer holds state: choose the width before its first step),
+ * FLAME_ERROR_INVALID_HANDLE. Nothing changes on an error. */
+FLAME_API flame_status_t flame_optimizer_set_state_bits(flame_optimizer_t opt, int32_t bits);
+
 /* ---- optimizer state files ---- */
 
 /* Writes the complete state of opt to a safetensors file at path (NUL-terminated; replaced
  * atomically, as flame_safetensors_save does): the step count, every group's hyper-parameters
  * (learning rates included), the moments as f32 (f64 for f64 parameters) tensors
  * "state.<i>.momentum_buffer" (SGD), "state.<i>.exp_avg", "state.<i>.exp_avg_sq",
- * "state.<i>.max_exp_avg_sq" (Adam, AdamW; Lion has exp_avg only), the f32 master weights
+ * "state.<i>.max_exp_avg_sq" (Adam, AdamW; Lion has exp_avg only; 8-bit moments,
+ * flame_optimizer_set_state_bits, as u8 codes with "state.<i>.exp_avg_absmax" and
+ * "state.<i>.exp_avg_sq_absmax", f32 [ceil(numel / 256)]), the f32 master weights
  * "master.<i>" and the stochastic-rounding generator, with the parameters numbered 0, 1, ... across
  * the groups in order (as torch's state_dict); the rest is JSON in the metadata entry
  * "flame.optimizer_state". A parameter never stepped has no tensors. The parameters themselves are
@@ -2262,8 +2283,8 @@ FLAME_API void flame_zero_release(flame_zero_t zero);
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (NULLs, a helper of stage 1 or 2, its model released),
  * FLAME_ERROR_CUDA (NCCL failed or timed out: aborted). */
 FLAME_API flame_status_t flame_zero_gather_params(flame_zero_t zero, flame_params_t* params);
-/* OUT *bytes: device memory held by opt's state tensors on this rank (moments, master weights;
- * 0 before the first step), to compare sharded and replicated runs. */
+/* OUT *bytes: device memory held by opt's state tensors on this rank (moments and their 8-bit
+ * absmax, master weights; 0 before the first step), to compare sharded and replicated runs. */
 FLAME_API flame_status_t flame_optimizer_state_bytes(flame_optimizer_t opt, uint64_t* bytes);
 
 /* ---- checkpoints of sharded training (any stage; they load on any number of ranks) ----
@@ -2725,7 +2746,9 @@ typedef struct flame_memory_estimate_t {
   uint64_t adapter_bytes;     /* the LoRA tensors (A, B, DoRA magnitudes): exact */
   uint64_t gradient_bytes;    /* gradients of what is trained: exact */
   uint64_t optimizer_bytes;   /* optimizer state (AdamW / Adam: 2 moments, Lion: 1, SGD: none; f32, f64 for
-                                 f64 tensors): exact */
+                                 f64 tensors): exact; with an "...8bit" optimizer 1 byte per element and
+                                 moment plus an f32 per 256 elements (tensors under 4096 elements keep f32
+                                 moments but are counted so: at most 3 bytes per such element low) */
   uint64_t activation_bytes;  /* what the forward keeps for backward plus backward's transients: estimated */
   uint64_t workspace_bytes;   /* cuBLASLt's workspace (32 MiB) */
   uint64_t total_bytes;       /* the sum of the above: the expected peak */
@@ -2744,7 +2767,8 @@ typedef struct flame_memory_estimate_t {
  *   rank 16, f32); null or false: a full fine-tune (every unquantised parameter trained);
  *   "batch" (1), "height" and "width" in pixels (1024; multiples of 8: latents are 1/8 of the image),
  *   "text_tokens" (77 for the UNet, 512 for Flux, 333 for SD3), "checkpointing" (every_n_blocks of
- *   flame_model_set_checkpointing, 0), "optimizer": "adamw" (default), "adam", "lion" or "sgd".
+ *   flame_model_set_checkpointing, 0), "optimizer": "adamw" (default), "adam", "lion" or "sgd", or
+ *   "adamw8bit", "adam8bit", "lion8bit" (8-bit moments, flame_optimizer_set_state_bits).
  * Architectures: UNet2DConditionModel, FluxTransformer2DModel, SD3Transformer2DModel.
  * How activations are estimated: a structural count, per block, of the tensors its operations keep
  * for backward (per token or pixel position, from the config's widths and the request's shapes),

@@ -1313,6 +1313,15 @@ namespace Flame
             GC.KeepAlive(this);
         }
 
+        /// <summary>flame_optimizer_set_state_bits: 8 for blockwise 8-bit moments (bitsandbytes'
+        /// AdamW8bit / Lion8bit), 32 for f32 (the default); before the first step.</summary>
+        [Wraps("flame_optimizer_set_state_bits")]
+        public void SetStateBits(int bits)
+        {
+            Status.Check(Native.flame_optimizer_set_state_bits(Raw, bits));
+            GC.KeepAlive(this);
+        }
+
         /// <summary>flame_optimizer_set_lr: the learning rate of group, or of every group for -1.</summary>
         [Wraps("flame_optimizer_set_lr")]
         public void SetLr(double lr, int group = -1)

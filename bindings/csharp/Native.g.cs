@@ -704,6 +704,7 @@ namespace Flame.Interop
             "flame_optimizer_get_lr",
             "flame_optimizer_step_count",
             "flame_optimizer_release",
+            "flame_optimizer_set_state_bits",
             "flame_optimizer_save_state",
             "flame_optimizer_load_state",
             "flame_grad_scaler_options_init",
@@ -1688,6 +1689,10 @@ namespace Flame.Interop
         /// <summary><c>void flame_optimizer_release(flame_optimizer_t opt)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_release", ExactSpelling = true)]
         public static extern void flame_optimizer_release(IntPtr opt);
+
+        /// <summary><c>flame_status_t flame_optimizer_set_state_bits(flame_optimizer_t opt, int32_t bits)</c></summary>
+        [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_set_state_bits", ExactSpelling = true)]
+        public static extern flame_status_t flame_optimizer_set_state_bits(IntPtr opt, int bits);
 
         /// <summary><c>flame_status_t flame_optimizer_save_state(flame_optimizer_t opt, const char* path)</c></summary>
         [DllImport(Lib, CallingConvention = CallingConvention.Cdecl, EntryPoint = "flame_optimizer_save_state", ExactSpelling = true)]

@@ -156,6 +156,14 @@ FLAME_API flame_status_t flame_optimizer_state_bytes(flame_optimizer_t o, uint64
   });
 }
 
+FLAME_API flame_status_t flame_optimizer_set_state_bits(flame_optimizer_t o, int32_t bits) {
+  return api_call("flame_optimizer_set_state_bits", [&] {
+    Optimizer& opt = unwrap_opt(o);
+    ContextScope scope(opt.ctx());
+    opt.set_state_bits(bits);
+  });
+}
+
 // A released optimizer frees its state at once; the emptied handle is parked in the context's
 // dead_objects (as tensors and safetensors files), so passing it again is FLAME_ERROR_INVALID_HANDLE.
 FLAME_API void flame_optimizer_release(flame_optimizer_t o) {

@@ -352,9 +352,9 @@ TrainingMemoryRequest parse_training_memory_request(const nlohmann::json& r) {
   if (r.contains("optimizer") && !r["optimizer"].is_null()) {
     FLAME_CHECK(r["optimizer"].is_string(), FLAME_ERROR_INVALID_ARGUMENT, "request: \"optimizer\" must be a string");
     q.optimizer = r["optimizer"].get<std::string>();
-    FLAME_CHECK(q.optimizer == "adamw" || q.optimizer == "adam" || q.optimizer == "lion" || q.optimizer == "sgd",
-                FLAME_ERROR_INVALID_ARGUMENT, "request: \"optimizer\" \"", q.optimizer,
-                "\" is not known (adamw, adam, lion, sgd)");
+    const std::set<std::string> known = {"adamw", "adam", "lion", "sgd", "adamw8bit", "adam8bit", "lion8bit"};
+    FLAME_CHECK(known.count(q.optimizer), FLAME_ERROR_INVALID_ARGUMENT, "request: \"optimizer\" \"", q.optimizer,
+                "\" is not known (adamw, adam, lion, sgd, adamw8bit, adam8bit, lion8bit)");
   }
   return q;
 }
@@ -454,8 +454,11 @@ TrainingMemoryEstimate estimate_training_memory(const TrainingMemoryRequest& q) 
     if (o.param_dtype == FLAME_DTYPE_F64) optimizer_elem_bytes = 8;
   }
   e.gradients = trainable_bytes;
-  const uint64_t moments = q.optimizer == "sgd" ? 0 : q.optimizer == "lion" ? 1 : 2;
-  e.optimizer = moments * e.trainable_count * optimizer_elem_bytes;
+  const bool eight_bit = q.optimizer.size() > 4 && q.optimizer.compare(q.optimizer.size() - 4, 4, "8bit") == 0;
+  const uint64_t moments = q.optimizer == "sgd" ? 0 : q.optimizer.compare(0, 4, "lion") == 0 ? 1 : 2;
+  // 8-bit moments (flame_optimizer_set_state_bits): a byte per element plus an f32 absmax per 256
+  e.optimizer = eight_bit ? moments * (e.trainable_count + 4 * ((e.trainable_count + 255) / 256))
+                          : moments * e.trainable_count * optimizer_elem_bytes;
 
   // Offload (weight_offload.cpp's plan): frozen blocks to host memory in execution order until the
   // rest plus the ring fits the budget.

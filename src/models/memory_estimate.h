@@ -56,7 +56,7 @@ struct TrainingMemoryRequest {
   int64_t height = 1024, width = 1024;  // pixels
   int64_t text_tokens = -1;             // -1: the architecture's usual length (77, 512, 333)
   int64_t checkpoint_every = 0;         // flame_model_set_checkpointing's every_n_blocks
-  std::string optimizer = "adamw";      // "adamw", "adam", "lion", "sgd"
+  std::string optimizer = "adamw";      // "adamw", "adam", "lion", "sgd"; "adamw8bit", "adam8bit", "lion8bit"
 };
 
 struct TrainingMemoryEstimate {

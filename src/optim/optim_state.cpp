@@ -6,7 +6,11 @@
 //   state.<i>.max_exp_avg_sq                          amsgrad
 //   master.<i>                                        f32 master weights of f16/bf16 parameters
 // each in the state's dtype (f32; f64 for f64 parameters) and the parameter's shape. A parameter
-// that has no state yet (never stepped with a gradient) has no tensors.
+// that has no state yet (never stepped with a gradient) has no tensors. With 8-bit states
+// (flame_optimizer_set_state_bits), a parameter whose moments are 8-bit (optimizer.h) stores each
+// moment as u8 codes in its shape plus state.<i>.<slot>_absmax, f32 [ceil(numel / 256)]; the
+// metadata JSON below then also holds "state_bits": 8, and only an optimizer with 8-bit states
+// loads the file.
 // Metadata "flame.optimizer_state": JSON {"version": 1, "kind": "adamw", "step": n,
 // "rounding_rng": {"seed": s, "offset": o} or null, "groups": [{hyper-parameters..., "params":
 // [{"shape": [...], "dtype": "bf16"}, ...]}, ...]}. Doubles are written by nlohmann-json with
@@ -39,6 +43,9 @@ DType state_dtype(DType param) { return param == FLAME_DTYPE_F64 ? FLAME_DTYPE_F
 bool is_half(DType d) { return d == FLAME_DTYPE_F16 || d == FLAME_DTYPE_BF16; }
 
 Tensor* slot(OptimParam& p, size_t k) { return k == 0 ? &p.m : (k == 1 ? &p.v : &p.vmax); }
+Tensor* absmax_slot(OptimParam& p, size_t k) { return k == 0 ? &p.m_absmax : &p.v_absmax; }
+std::string absmax_name(const std::string& slot) { return slot + "_absmax"; }
+int64_t absmax_count(const Tensor& w) { return (w->numel() + kQuantBlock - 1) / kQuantBlock; }
 
 json group_json(const OptimGroup& g) {
   const flame_optimizer_options_t& o = g.opts;
@@ -146,7 +153,10 @@ void save_optimizer_state(Optimizer& opt, const std::string& path) {
         entries.push_back(e);
         tensors.push_back(t);
       };
-      for (size_t k = 0; k < slots.size(); ++k) add("state." + std::to_string(index) + "." + slots[k], *slot(p, k));
+      for (size_t k = 0; k < slots.size(); ++k) {
+        add("state." + std::to_string(index) + "." + slots[k], *slot(p, k));
+        if (k < 2) add("state." + std::to_string(index) + "." + absmax_name(slots[k]), *absmax_slot(p, k));
+      }
       add("master." + std::to_string(index), p.master);
       ++index;
     }
@@ -155,6 +165,7 @@ void save_optimizer_state(Optimizer& opt, const std::string& path) {
   json meta = {{"version", 1}, {"kind", optimizer_kind_name(opt.kind())}, {"step", opt.step_count()},
                {"rounding_rng", rng.ready ? json{{"seed", rng.seed}, {"offset", rng.offset}} : json(nullptr)},
                {"groups", groups}};
+  if (opt.state_bits() != 32) meta["state_bits"] = opt.state_bits();
   const std::vector<std::pair<std::string, std::string>> metadata = {{kKey, meta.dump()}};
   const std::vector<size_t> order = st::layout(entries, metadata);
   const std::string header = st::serialize_header(entries, order, metadata);
@@ -199,6 +210,15 @@ void load_optimizer_state(Optimizer& opt, const std::string& path) {
   const std::string kind = field(meta, "kind", json::value_t::string, where).get<std::string>();
   FLAME_CHECK(kind == optimizer_kind_name(opt.kind()), FLAME_ERROR_INVALID_ARGUMENT, path, " holds the state of a ", kind,
               " optimizer; this optimizer is ", optimizer_kind_name(opt.kind()));
+  int64_t file_bits = 32;
+  if (meta.contains("state_bits")) {
+    file_bits = field(meta, "state_bits", json::value_t::number_integer, where).get<int64_t>();
+    FLAME_CHECK(file_bits == 8 || file_bits == 32, FLAME_ERROR_INVALID_FORMAT, where, ": state_bits is ", file_bits,
+                " (8 or 32)");
+  }
+  FLAME_CHECK(file_bits == opt.state_bits(), FLAME_ERROR_INVALID_ARGUMENT, path, " holds ", file_bits,
+              "-bit optimizer states; this optimizer keeps ", opt.state_bits(),
+              "-bit states (flame_optimizer_set_state_bits before loading)");
   const json& step = field(meta, "step", json::value_t::number_integer, where);
   FLAME_CHECK(step.get<int64_t>() >= 0, FLAME_ERROR_INVALID_FORMAT, where, ": step is negative");
   RoundingRng rng;
@@ -265,32 +285,47 @@ void load_optimizer_state(Optimizer& opt, const std::string& path) {
 
   // Tensors: known names only, each once (parse() rejected duplicates), with the right geometry.
   const std::vector<std::string> slots = optimizer_state_slot_names(opt.kind());
-  std::vector<std::array<Tensor, 4>> loaded(params.size());  // m, v, vmax, master
+  std::vector<std::string> names = slots;  // the slots, then the absmax of the first two (8-bit moments)
+  for (size_t k = 0; k < std::min<size_t>(2, slots.size()); ++k) names.push_back(absmax_name(slots[k]));
+  std::vector<std::array<Tensor, 6>> loaded(params.size());  // m, v, vmax, master, m_absmax, v_absmax
   c.check_alive();
   for (const st::TensorEntry& e : h.tensors) {
     size_t i = 0;
     int s = 0;
-    FLAME_CHECK(parse_name(e.name, slots, params.size(), &i, &s), FLAME_ERROR_INVALID_FORMAT, path, ": tensor '", e.name,
+    FLAME_CHECK(parse_name(e.name, names, params.size(), &i, &s), FLAME_ERROR_INVALID_FORMAT, path, ": tensor '", e.name,
                 "' is not state of this ", optimizer_kind_name(opt.kind()), " optimizer with ", params.size(), " parameters");
     const Tensor& w = params[i];
     FLAME_CHECK(s >= 0 || (is_half(w->dtype) && opts[group_of[i]].master_weights), FLAME_ERROR_INVALID_FORMAT, path,
                 ": tensor '", e.name, "' is a master copy, but parameter ", i, " is ", dtype_name(w->dtype),
                 " in a group ", opts[group_of[i]].master_weights ? "with" : "without",
                 " master_weights (only f16/bf16 parameters of such groups have one)");
-    FLAME_CHECK(e.supported && e.dtype == state_dtype(w->dtype) && e.shape == w->shape, FLAME_ERROR_INVALID_FORMAT, path,
-                ": tensor '", e.name, "' is ", e.dtype_name, " ", shape_str(e.shape), "; expected ",
-                st::format_dtype_name(state_dtype(w->dtype)), " ", shape_str(w->shape));
+    const bool absmax = s >= static_cast<int>(slots.size());
+    FLAME_CHECK(!absmax || opt.quantizes(w), FLAME_ERROR_INVALID_FORMAT, path, ": tensor '", e.name,
+                "' is the absmax of 8-bit moments, but parameter ", i, " keeps ",
+                opt.state_bits() == 8 ? "f32 moments (it is f64 or has fewer than 4096 elements)" : "32-bit moments");
+    const DType want = absmax                                   ? FLAME_DTYPE_F32
+                       : s >= 0 && s < 2 && opt.quantizes(w) ? FLAME_DTYPE_U8
+                                                              : state_dtype(w->dtype);
+    const Shape want_shape = absmax ? Shape{absmax_count(w)} : w->shape;
+    FLAME_CHECK(e.supported && e.dtype == want && e.shape == want_shape, FLAME_ERROR_INVALID_FORMAT, path, ": tensor '",
+                e.name, "' is ", e.dtype_name, " ", shape_str(e.shape), "; expected ", st::format_dtype_name(want), " ",
+                shape_str(want_shape));
     Tensor t = make_tensor(c, e.shape, e.dtype);
     if (e.bytes())
       c.check(c.drv.cuMemcpyHtoDAsync(t->data(), file.data() + h.data_start + e.begin, e.bytes(), c.stream),
               "cuMemcpyHtoDAsync");
-    loaded[i][s < 0 ? 3 : static_cast<size_t>(s)] = std::move(t);
+    const size_t at = s < 0 ? 3 : absmax ? 4 + static_cast<size_t>(s) - slots.size() : static_cast<size_t>(s);
+    loaded[i][at] = std::move(t);
   }
   for (size_t i = 0; i < loaded.size(); ++i) {
     const std::vector<bool> present = {static_cast<bool>(loaded[i][0]), static_cast<bool>(loaded[i][1]),
                                        static_cast<bool>(loaded[i][2])};
     FLAME_CHECK(optimizer_state_slots_complete(present, slots.size()), FLAME_ERROR_INVALID_FORMAT, path,
                 ": parameter ", i, " has an incomplete Adam state (exp_avg, exp_avg_sq and max_exp_avg_sq go together)");
+    for (size_t k = 0; k < 2; ++k)  // 8-bit moments come with their absmax
+      FLAME_CHECK(static_cast<bool>(loaded[i][4 + k]) == (opt.quantizes(params[i]) && static_cast<bool>(loaded[i][k])),
+                  FLAME_ERROR_INVALID_FORMAT, path, ": parameter ", i, "'s 8-bit ", k == 0 ? "first" : "second",
+                  " moment and its absmax do not come together");
   }
 
   // Commit: nothing below throws.
@@ -302,6 +337,8 @@ void load_optimizer_state(Optimizer& opt, const std::string& path) {
       p.v = loaded[i][1];
       p.vmax = loaded[i][2];
       p.master = loaded[i][3];
+      p.m_absmax = loaded[i][4];
+      p.v_absmax = loaded[i][5];
       p.first_step = 0;  // loaded state is not fresh (SGD's buffer continues)
       ++i;
     }

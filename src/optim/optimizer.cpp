@@ -1,7 +1,8 @@
-// Host side of the fused optimizer steps: per group and parameter dtype, a table of tensors and a
-// table of chunks (65536 elements per block) is uploaded and one kernel updates them all; the step
-// count and learning rates come from the device record (optimizer.h).
+// Host side of the fused optimizer steps: per group, parameter dtype and moment width (f32 or 8-bit),
+// a table of tensors and a table of chunks (65536 elements per block) is uploaded and one kernel
+// updates them all; the step count and learning rates come from the device record (optimizer.h).
 #include "optim/optimizer.h"
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -19,6 +20,7 @@ namespace {
 struct OptimTensor {
   uint64_t param, grad, m, v, vmax, master;
   int64_t numel, rng_base, first;
+  uint64_t m_absmax, v_absmax;
 };
 struct OptimChunk {
   int64_t tensor, start;
@@ -27,11 +29,14 @@ struct OptimHyper {
   double beta1, beta2, eps, weight_decay, momentum, dampening;
   uint64_t record;  // [int64 step, f64 lr per group]
   int64_t group, kind, flags, seed, offset;
+  uint64_t codes;   // 8-bit moments: f32 [2 * 256]
 };
 enum : int { kNesterov = 1, kAmsgrad = 2, kMaximize = 4, kStochastic = 16, kHasMomentum = 32 };
 constexpr int64_t kChunk = 65536;
 constexpr KernelTemplate kOptimStep{"optim.cuh", "flame::optim_step", {TArg::Dtype}};  // <parameter type>
+constexpr KernelTemplate kOptimStep8{"optim.cuh", "flame::optim_step_8bit", {TArg::Dtype}};  // <parameter type>
 constexpr KernelTemplate kOptimTick{"optim.cuh", "flame::optim_tick", {}};
+static_assert(kChunk % kQuantBlock == 0, "8-bit chunks start at quantisation block boundaries");
 
 DType compute_dtype(DType d) { return d == FLAME_DTYPE_F64 ? FLAME_DTYPE_F64 : FLAME_DTYPE_F32; }
 
@@ -41,6 +46,24 @@ void check_real(double v, const char* name, bool allow_zero = true) {
 }
 
 }  // namespace
+
+std::vector<float> blockwise8_codes(bool is_signed) {
+  // Decade i = 0 .. 6 (magnitude 10^(i - 6)) holds n_i = 2^i (signed) or 2^(i + 1) (unsigned) values
+  // 10^(i - 6) * (0.1 + 0.9 * (j + 0.5) / n_i), j < n_i; then 0 and 1 (and the negatives when signed).
+  static const double kDecade[7] = {1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0};
+  std::vector<double> v = {0.0, 1.0};
+  for (int i = 0; i < 7; ++i) {
+    const int n = is_signed ? 1 << i : 2 << i;
+    for (int j = 0; j < n; ++j) {
+      const double x = kDecade[i] * (0.1 + 0.9 * (j + 0.5) / n);
+      v.push_back(x);
+      if (is_signed) v.push_back(-x);
+    }
+  }
+  std::sort(v.begin(), v.end());
+  FLAME_CHECK(v.size() == 256, FLAME_ERROR_INTERNAL, "an 8-bit code table of ", v.size(), " values");
+  return std::vector<float>(v.begin(), v.end());
+}
 
 void validate_optimizer_options(const flame_optimizer_options_t& o, int32_t kind) {
   FLAME_CHECK(o.struct_size == sizeof(flame_optimizer_options_t), FLAME_ERROR_INVALID_ARGUMENT,
@@ -64,6 +87,8 @@ void Optimizer::add_group(const flame_optimizer_options_t& opts, const std::vect
   FLAME_CHECK(!sharded_, FLAME_ERROR_INVALID_ARGUMENT,
               "the optimizer is sharded over ranks (flame_zero_create): add every group before sharding it");
   validate_optimizer_options(opts, kind_);
+  FLAME_CHECK(state_bits_ == 32 || !opts.amsgrad, FLAME_ERROR_INVALID_ARGUMENT,
+              "amsgrad is not available with 8-bit optimizer states");
   std::set<const TensorImpl*> seen;
   for (auto& g : groups_)
     for (auto& p : g.params) seen.insert(p.param.get());
@@ -182,13 +207,53 @@ void Optimizer::check_shardable() const {
       FLAME_CHECK(!p.m && !p.v && !p.vmax && !p.master, FLAME_ERROR_INVALID_ARGUMENT,
                   "the optimizer holds state already (loaded from a file?): shard it before its first step");
   FLAME_CHECK(!sharded_, FLAME_ERROR_INVALID_ARGUMENT, "the optimizer is sharded already (one ZeRO helper per optimizer)");
+  FLAME_CHECK(state_bits_ == 32, FLAME_ERROR_INVALID_ARGUMENT,
+              "the optimizer keeps 8-bit states, which sharding (ZeRO) does not support: use 32-bit states");
+}
+
+bool Optimizer::quantizes(const Tensor& param) const {
+  return state_bits_ == 8 && param->dtype != FLAME_DTYPE_F64 && param->numel() >= kMinQuantizedNumel;
+}
+
+void Optimizer::set_state_bits(int32_t bits) {
+  FLAME_CHECK(bits == 8 || bits == 32, FLAME_ERROR_INVALID_ARGUMENT, "state bits must be 8 or 32, got ", bits);
+  if (bits == state_bits_) return;
+  FLAME_CHECK(bits == 32 || kind_ == FLAME_OPTIMIZER_ADAM || kind_ == FLAME_OPTIMIZER_ADAMW || kind_ == FLAME_OPTIMIZER_LION,
+              FLAME_ERROR_INVALID_ARGUMENT, "8-bit states are for Adam, AdamW and Lion, not ", optimizer_kind_name(kind_));
+  FLAME_CHECK(!sharded_, FLAME_ERROR_INVALID_ARGUMENT,
+              "the optimizer is sharded over ranks (flame_zero_create): its state width cannot change");
+  for (auto& g : groups_) {
+    FLAME_CHECK(bits == 32 || !g.opts.amsgrad, FLAME_ERROR_INVALID_ARGUMENT,
+                "amsgrad is not available with 8-bit optimizer states");
+    for (auto& p : g.params)
+      FLAME_CHECK(!p.m && !p.v && !p.vmax, FLAME_ERROR_INVALID_ARGUMENT,
+                  "the optimizer holds state already (it stepped, or a state was loaded): choose the state width "
+                  "before the first step");
+  }
+  state_bits_ = bits;
+}
+
+void Optimizer::upload_codes() {
+  if (codes_) return;
+  Context& ctx = *ctx_;
+  std::vector<float> host = blockwise8_codes(true);
+  const std::vector<float> unsigned_codes = blockwise8_codes(false);
+  host.insert(host.end(), unsigned_codes.begin(), unsigned_codes.end());
+  {
+    SetupScope setup(ctx);  // persists across replays; written below, outside any graph
+    codes_ = make_tensor(ctx, {static_cast<int64_t>(host.size())}, FLAME_DTYPE_F32);
+  }
+  RelaxedCaptureMode relaxed(ctx);
+  // A pageable source: the copy is staged before cuMemcpyHtoDAsync returns.
+  ctx.check(ctx.drv.cuMemcpyHtoDAsync(codes_->data(), host.data(), host.size() * sizeof(float), ctx.init_stream()),
+            "cuMemcpyHtoDAsync");
 }
 
 uint64_t Optimizer::state_bytes() const {
   uint64_t n = 0;
   for (auto& g : groups_)
     for (auto& p : g.params)
-      for (const Tensor* t : {&p.m, &p.v, &p.vmax, &p.master})
+      for (const Tensor* t : {&p.m, &p.v, &p.vmax, &p.master, &p.m_absmax, &p.v_absmax})
         if (*t) n += static_cast<uint64_t>((*t)->numel()) * (*t)->elem_size();
   return n;
 }
@@ -199,6 +264,7 @@ void Optimizer::run_step() {
   const int64_t t = steps_ + 1;  // the step the device record will hold after optim_tick
   struct Launch {
     DType dtype;
+    bool quantized;  // 8-bit moments (optim_step_8bit)
     size_t group;
     std::vector<OptimTensor> tensors;
     std::vector<OptimChunk> chunks;
@@ -211,7 +277,7 @@ void Optimizer::run_step() {
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     auto& grp = groups_[gi];
     const flame_optimizer_options_t& o = grp.opts;
-    std::map<DType, size_t> index;  // launches of this group by parameter dtype
+    std::map<std::pair<DType, bool>, size_t> index;  // launches of this group by parameter dtype and 8-bit
     int64_t rng_total = 0;
     const int64_t flags = (o.nesterov ? kNesterov : 0) | (o.amsgrad ? kAmsgrad : 0) | (o.maximize ? kMaximize : 0) |
                           (o.momentum > 0 ? kHasMomentum : 0) | (o.stochastic_rounding ? kStochastic : 0);
@@ -250,11 +316,17 @@ void Optimizer::run_step() {
       const DType cd = compute_dtype(w->dtype);
       const bool adam = o.kind == FLAME_OPTIMIZER_ADAM || o.kind == FLAME_OPTIMIZER_ADAMW;
       const bool needs_m = adam || o.kind == FLAME_OPTIMIZER_LION || (o.kind == FLAME_OPTIMIZER_SGD && o.momentum > 0);
+      const bool quantized = !sharded_ && quantizes(w);  // sharded optimizers keep 32-bit states
+      const Shape absmax_shape = {(numel + kQuantBlock - 1) / kQuantBlock};
       if (needs_m && !p.m) {
-        p.m = zero_state(ctx, state_shape, cd);
+        p.m = zero_state(ctx, state_shape, quantized ? FLAME_DTYPE_U8 : cd);
+        if (quantized) p.m_absmax = zero_state(ctx, absmax_shape, FLAME_DTYPE_F32);  // all zero: m = 0
         p.first_step = t;
       }
-      if (adam && !p.v) p.v = zero_state(ctx, state_shape, cd);
+      if (adam && !p.v) {
+        p.v = zero_state(ctx, state_shape, quantized ? FLAME_DTYPE_U8 : cd);
+        if (quantized) p.v_absmax = zero_state(ctx, absmax_shape, FLAME_DTYPE_F32);
+      }
       if (adam && o.amsgrad && !p.vmax) p.vmax = zero_state(ctx, state_shape, cd);
       if (o.master_weights && w->dtype != cd && !p.master) {
         ctx.forbid_in_capture("creating f32 master weights (run one eager step before capturing)");
@@ -264,16 +336,17 @@ void Optimizer::run_step() {
           p.master = sharded_ ? ops::contiguous(ops::to_dtype(ops::narrow(ops::reshape(alias(w), {w->numel()}), 0, lo, numel), cd))
                               : ops::to_dtype(alias(w), cd);
       }
-      auto at = index.find(w->dtype);
+      auto at = index.find({w->dtype, quantized});
       if (at == index.end()) {
-        at = index.emplace(w->dtype, launches.size()).first;
-        launches.push_back({w->dtype, gi, {}, {}, flags, 0});
+        at = index.emplace(std::make_pair(w->dtype, quantized), launches.size()).first;
+        launches.push_back({w->dtype, quantized, gi, {}, {}, flags, 0});
       }
       Launch& l = launches[at->second];
       const CUdeviceptr param_at =
           p.shard_value ? p.shard_value->data() : w->data() + static_cast<CUdeviceptr>(lo) * w->elem_size();
       OptimTensor ot{param_at, g->data(), p.m ? p.m->data() : 0, p.v ? p.v->data() : 0, p.vmax ? p.vmax->data() : 0,
-                     p.master ? p.master->data() : 0, numel, rng_total + lo, p.first_step};
+                     p.master ? p.master->data() : 0, numel, rng_total + lo, p.first_step,
+                     p.m_absmax ? p.m_absmax->data() : 0, p.v_absmax ? p.v_absmax->data() : 0};
       rng_total += w->numel();
       const int64_t idx = static_cast<int64_t>(l.tensors.size());
       l.tensors.push_back(ot);
@@ -288,6 +361,7 @@ void Optimizer::run_step() {
   // Everything that may fail (allocation, upload, kernel compilation) before optim_tick, so that a
   // failed step leaves the device's step count equal to the host's.
   sync_record();
+  if (std::any_of(launches.begin(), launches.end(), [](const Launch& l) { return l.quantized; })) upload_codes();
   CUdeviceptr record = record_->data();
   std::vector<Tensor> metas(launches.size());
   std::vector<CUfunction> fns(launches.size(), nullptr);
@@ -307,7 +381,7 @@ void Optimizer::run_step() {
       ctx.check(ctx.drv.cuMemcpyHtoDAsync(metas[i]->data(), l.tensors.data(), tb, ctx.init_stream()), "cuMemcpyHtoDAsync");
       ctx.check(ctx.drv.cuMemcpyHtoDAsync(metas[i]->data() + tb, l.chunks.data(), cb, ctx.init_stream()), "cuMemcpyHtoDAsync");
     }
-    fns[i] = ctx.function(make_key(kOptimStep, l.dtype));
+    fns[i] = ctx.function(make_key(l.quantized ? kOptimStep8 : kOptimStep, l.dtype));
   }
   CUfunction tick = ctx.function(make_key(kOptimTick));
   {  // step += 1 on the device, before the updates read it
@@ -320,7 +394,7 @@ void Optimizer::run_step() {
     const flame_optimizer_options_t& o = groups_[l.group].opts;
     OptimHyper h{o.beta1, o.beta2, o.eps, o.weight_decay, o.momentum, o.dampening, static_cast<uint64_t>(record),
                  static_cast<int64_t>(l.group), o.kind, l.flags, static_cast<int64_t>(rng_.seed),
-                 static_cast<int64_t>(l.rng_offset)};
+                 static_cast<int64_t>(l.rng_offset), l.quantized ? static_cast<uint64_t>(codes_->data()) : 0};
     CUdeviceptr tensors = metas[i]->data(), chunks = metas[i]->data() + l.tensors.size() * sizeof(OptimTensor);
     int64_t chunk = kChunk;
     void* args[] = {&tensors, &chunks, &chunk, &h};

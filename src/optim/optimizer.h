@@ -7,6 +7,12 @@
 // state, saved and loaded by optim_state.cpp, replays a run bit for bit whatever else uses the
 // context's generator.
 //
+// 8-bit states (set_state_bits(8), bitsandbytes' Adam8bit / AdamW8bit / Lion8bit): the moments of
+// every f16/bf16/f32 parameter of at least kMinQuantizedNumel elements are u8 codes with one f32
+// absmax per block of 256 elements (m_absmax, v_absmax); smaller parameters (biases, norms) keep f32
+// moments, as bitsandbytes' min_8bit_size. The two code tables (blockwise8_codes) are uploaded once
+// per optimizer. A parameter's moments are 8-bit exactly when its m is u8.
+//
 // Graph capture (runtime/capture.h): the step count and each group's learning rate live in a small
 // device record, [int64 step, f64 lr of group 0, 1, ...]. Every step launches optim_tick (step += 1
 // on the device) and the update kernels read the step (bias corrections, SGD's first step) and the
@@ -32,6 +38,7 @@ namespace flame {
 struct OptimParam {
   Tensor param;
   Tensor m, v, vmax, master;  // created at the first step that sees a gradient
+  Tensor m_absmax, v_absmax;   // 8-bit moments: f32 [ceil(numel / 256)] each (m, v are u8 then)
   int64_t first_step = 0;      // the step that created m (SGD's buffer starts as that step's gradient)
   int64_t shard_lo = 0, shard_hi = 0;  // sharded optimizers only: the elements this rank steps
   Tensor shard_grad;                   // sharded optimizers only: their gradient
@@ -42,6 +49,14 @@ struct OptimGroup {
   flame_optimizer_options_t opts;
   std::vector<OptimParam> params;
 };
+
+// 8-bit states: the parameters with fewer elements keep f32 moments (bitsandbytes' min_8bit_size).
+constexpr int64_t kMinQuantizedNumel = 4096;
+constexpr int64_t kQuantBlock = 256;  // elements per absmax (cuda/optim.cuh)
+
+// The code tables of 8-bit moments, ascending (flame.h, flame_optimizer_set_state_bits, gives the
+// rule): signed (first moments) when is_signed, else unsigned (second moments). 256 values each.
+std::vector<float> blockwise8_codes(bool is_signed);
 
 // The stochastic-rounding generator: Philox key and next counter; ready once keyed.
 struct RoundingRng {
@@ -65,8 +80,14 @@ class Optimizer : public std::enable_shared_from_this<Optimizer> {
   bool sharded() const { return sharded_; }
   // Steps the owned elements of every parameter from their shard_grad (sharded optimizers).
   void step_shard();
-  // Bytes of device memory held by the state tensors (moments, master weights).
+  // Bytes of device memory held by the state tensors (moments, their absmax, master weights).
   uint64_t state_bytes() const;
+  // 32 (f32 moments, the default) or 8 (see above). Needs an Adam, AdamW or Lion optimizer that has
+  // no state yet, no amsgrad group, and is not sharded; FLAME_ERROR_INVALID_ARGUMENT otherwise.
+  void set_state_bits(int32_t bits);
+  int32_t state_bits() const { return state_bits_; }
+  // Whether parameter p gets 8-bit moments under the current setting.
+  bool quantizes(const Tensor& param) const;
   void zero_grad(bool set_to_none);
   // Sets the host value and, in stream order, the device record's (a memset, capturable).
   void set_lr(int32_t group, double lr);
@@ -90,7 +111,10 @@ class Optimizer : public std::enable_shared_from_this<Optimizer> {
   Tensor record_;              // [int64 step, f64 lr per group] on the device
   bool record_stale_ = true;   // host step count or groups changed: upload before the next step
   bool sharded_ = false;
+  int32_t state_bits_ = 32;
+  Tensor codes_;  // 8-bit states: f32 [2 * 256], blockwise8_codes(true) then (false); set-up memory
   void run_step();
+  void upload_codes();
   uint64_t take_rounding_rng(uint64_t n);
   void sync_record();
 };

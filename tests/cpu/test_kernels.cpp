@@ -214,6 +214,8 @@ TEST_P(KernelCompile, Optimizers) {
   std::vector<std::string> v;
   for (DType d : {FLAME_DTYPE_F32, FLAME_DTYPE_F64, FLAME_DTYPE_F16, FLAME_DTYPE_BF16})
     v.push_back(std::string("flame::optim_step<") + device_type(d) + ">");
+  for (DType d : {FLAME_DTYPE_F32, FLAME_DTYPE_F16, FLAME_DTYPE_BF16})  // 8-bit moments: no f64 parameters
+    v.push_back(std::string("flame::optim_step_8bit<") + device_type(d) + ">");
   compile_all("optim.cuh", v, GetParam());
 }
 // ---- neural-network kernels (ops/nn.h): every softmax / norm instantiation the ops may launch ----

@@ -124,6 +124,16 @@ TEST(MemoryEstimate, AdapterSizesOfDiffusersDefaultTargets) {
       R"("options": {"dtype": "bf16"}, "lora": {"rank": 16, "rank_pattern": {"ff.net.2": 32}}, "optimizer": "lion")"));
   EXPECT_EQ(patterned.trainable_count, flux.trainable_count + 19ull * 16 * 15360);
   EXPECT_EQ(patterned.optimizer_bytes, 4 * patterned.trainable_count);
+  // 8-bit moments (flame_optimizer_set_state_bits): a byte per element and moment plus an f32 per 256.
+  for (const char* name : {"adamw8bit", "lion8bit"}) {
+    SCOPED_TRACE(name);
+    const flame_memory_estimate_t q = estimate_of(request(
+        "FluxTransformer2DModel", kFluxDevConfig,
+        std::string(R"("options": {"dtype": "bf16"}, "lora": {"rank": 16}, "optimizer": ")") + name + "\""));
+    const uint64_t moments = std::string(name) == "lion8bit" ? 1 : 2;
+    EXPECT_EQ(q.trainable_count, flux.trainable_count);
+    EXPECT_EQ(q.optimizer_bytes, moments * (q.trainable_count + 4 * ((q.trainable_count + 255) / 256)));
+  }
   // LoKr (LyCORIS' factorization, factor -1): a [3072, 3072] projection is kron(W1 [48, 48],
   // W2 [64, 64]) with W2 low rank at rank 16 (16 < 64 / 2): 48 x 48 + 2 x 64 x 16 = 4352 elements; a
   // [12288, 3072] or [3072, 12288] feed-forward layer has W1 [96, 48] (or [48, 96]) and W2 [128, 64]

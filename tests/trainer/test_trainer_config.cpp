@@ -167,7 +167,7 @@ TEST(TrainerConfig, TypesRangesAndChoices) {
   EXPECT_TRUE(has_problem(f.problems({"--optimizer.learning_rate=0"}), "out of range (0, 1]"));
   EXPECT_TRUE(has_problem(f.problems({"--data.caption_dropout_rate=1.5"}), "out of range [0, 1]"));
   EXPECT_TRUE(has_problem(f.problems({"--data.flip_aug=maybe"}), "'maybe' is not a boolean"));
-  EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=sgd"}), "\"sgd\" is not one of adamw, lion"));
+  EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=sgd"}), "\"sgd\" is not one of adamw, lion, adamw8bit, lion8bit"));
   EXPECT_TRUE(has_problem(f.problems({"--training.seed=-1"}), "out of range"));
   EXPECT_TRUE(has_problem(f.problems({"--sample.prompts=[1, 2]"}), "expected a list of strings"));
   const std::string file = f.dir.file("types.json");
@@ -287,9 +287,27 @@ TEST(TrainerConfig, LionOptimizerAndItsDefaults) {
   EXPECT_EQ(nlohmann::json::parse(memory_estimate_request(c)).at("optimizer"), "lion");
 }
 
+// adamw8bit and lion8bit: the same kinds with 8-bit moments; lion8bit takes Lion's beta2; the
+// memory estimate is asked for the 8-bit optimizer by name.
+TEST(TrainerConfig, EightBitOptimizers) {
+  Fixture f;
+  TrainConfig c = load_config(f.parse({"--optimizer.type=lion8bit"}));
+  EXPECT_EQ(c.optimizer.beta2, 0.99);
+  EXPECT_EQ(adapter_optimizer_options(c).kind, FLAME_OPTIMIZER_LION);
+  EXPECT_EQ(optimizer_state_bits(c.optimizer.type), 8);
+  EXPECT_EQ(nlohmann::json::parse(memory_estimate_request(c)).at("optimizer"), "lion8bit");
+  c = load_config(f.parse({"--optimizer.type=adamw8bit"}));
+  EXPECT_EQ(c.optimizer.beta2, 0.999);
+  EXPECT_EQ(adapter_optimizer_options(c).kind, FLAME_OPTIMIZER_ADAMW);
+  EXPECT_EQ(optimizer_state_bits(c.optimizer.type), 8);
+  EXPECT_EQ(optimizer_state_bits("adamw"), 32);
+  EXPECT_EQ(optimizer_state_bits("lion"), 32);
+  EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=AdamW8bit"}), "\"AdamW8bit\" is not one of"));
+}
+
 TEST(TrainerConfig, LionBadValues) {
   Fixture f;
-  EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=Lion"}), "\"Lion\" is not one of adamw, lion"));
+  EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=Lion"}), "\"Lion\" is not one of adamw, lion, adamw8bit, lion8bit"));
   EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=lion", "--optimizer.beta1=1"}),
                           "optimizer.beta1: 1 is out of range (it must be below 1)"));
   EXPECT_TRUE(has_problem(f.problems({"--optimizer.type=lion", "--optimizer.beta2=1"}),

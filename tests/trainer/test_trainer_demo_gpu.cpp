@@ -252,7 +252,8 @@ TEST_F(TrainerLion, FluxDemoLossFallsAndTheStateHoldsOneMoment) {
   EXPECT_LE(static_cast<int64_t>(moments), count);
 }
 
-// The optimizer of the resume test: adamw and lion.
+// The optimizer of the resume test: adamw, lion and adamw8bit (at network.dim 128, so that the demo's
+// adapter tensors reach the 4096 elements from which moments are 8-bit).
 class TrainerResume : public GpuTest, public ::testing::WithParamInterface<const char*> {};
 
 // An uninterrupted 6-step run against one stopped after step 3 (its end saves the state) and resumed
@@ -262,8 +263,9 @@ TEST_P(TrainerResume, ResumedRunEqualsTheUninterruptedOne) {
   flame_train_test::TempDir dir;
   ASSERT_FALSE(dir.path().empty()) << "mkdtemp failed";
   const std::string whole = dir.path() + "/whole", parts = dir.path() + "/parts";
+  const bool eight_bit = std::string(GetParam()) == "adamw8bit";
   const std::string options = std::string(" --output.save_state_every_n_steps=3 --training.ema_decay=0.9") +
-                              " --optimizer.type=" + GetParam();
+                              " --optimizer.type=" + GetParam() + (eight_bit ? " --network.dim=128 --network.alpha=128" : "");
   const DemoRun a = run_demo("flux", whole, options, 6);
   ASSERT_EQ(a.status, 0) << a.output;
   const DemoRun first = run_demo("flux", parts, options, 3);
@@ -294,9 +296,11 @@ TEST_P(TrainerResume, ResumedRunEqualsTheUninterruptedOne) {
     return nlohmann::json::parse(read_bytes(folder + "/state.json")).at("rng");
   };
   EXPECT_EQ(rng(parts + "/demo_lora-state-step000006"), rng(whole + "/demo_lora-state-step000006"));
+  const std::string optimizer_file = read_bytes(whole + "/demo_lora-state-step000006/optimizer.safetensors");
+  EXPECT_EQ(optimizer_file.find("exp_avg_absmax") != std::string::npos, eight_bit) << "8-bit moments in the state";
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, TrainerResume, ::testing::Values("adamw", "lion"));
+INSTANTIATE_TEST_SUITE_P(Optimizers, TrainerResume, ::testing::Values("adamw", "lion", "adamw8bit"));
 
 class TrainerEma : public GpuTest {};
 

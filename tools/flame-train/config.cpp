@@ -96,7 +96,8 @@ const std::vector<KeyDef>& key_table() {
       {"optimizer.type", KeyType::String, "adamw",
        "adamw, or lion (Chen et al. 2023: the sign of an interpolated momentum, one moment per weight instead of "
        "two; usually wants a 3-10x smaller optimizer.learning_rate than AdamW, which flame-train does not apply "
-       "for you)", 0, 0, false, {"adamw", "lion"}},
+       "for you); adamw8bit, lion8bit: the same with blockwise 8-bit moments (as bitsandbytes' AdamW8bit, "
+       "Lion8bit), a quarter of the optimizer memory", 0, 0, false, {"adamw", "lion", "adamw8bit", "lion8bit"}},
       {"optimizer.learning_rate", KeyType::Float, 1e-4, "peak learning rate", 0, 1, true},
       {"optimizer.beta1", KeyType::Float, 0.9,
        "AdamW: first-moment decay; Lion: the interpolation of momentum and gradient whose sign is the update "
@@ -659,7 +660,8 @@ void apply_demo_defaults(Values& values, const std::string& demo_path, bool lion
 void apply_optimizer_defaults(Values& values) {
   if (values.count("optimizer.beta2")) return;
   const auto type = values.find("optimizer.type");
-  const bool lion = type != values.end() && type->second.is_string() && type->second.get<std::string>() == "lion";
+  const bool lion = type != values.end() && type->second.is_string() &&
+                    type->second.get<std::string>().compare(0, 4, "lion") == 0;  // lion, lion8bit
   values["optimizer.beta2"] = lion ? json(kLionBeta2) : find_key("optimizer.beta2")->default_value;
 }
 
@@ -679,7 +681,8 @@ TrainConfig load_config(const CommandLine& cmd) {
     const bool demo_named = path != named.end() && path->second.is_string() &&
                             path->second.get<std::string>().rfind("demo:", 0) == 0;
     const auto type = named.find("optimizer.type");
-    const bool lion = type != named.end() && type->second == "lion";
+    const bool lion = type != named.end() && type->second.is_string() &&
+                      type->second.get<std::string>().compare(0, 4, "lion") == 0;  // lion, lion8bit
     apply_demo_defaults(values, demo_named ? path->second.get<std::string>() : "demo:flux", lion);
   }
   if (!cmd.config_file.empty()) apply_file(cmd.config_file, values, problems);

@@ -8,10 +8,12 @@
 namespace flame_train {
 
 flame_optimizer_kind_t optimizer_kind(const std::string& type) {
-  if (type == "adamw") return FLAME_OPTIMIZER_ADAMW;
-  if (type == "lion") return FLAME_OPTIMIZER_LION;
-  throw std::invalid_argument("optimizer.type: '" + type + "' is not one of adamw, lion");
+  if (type == "adamw" || type == "adamw8bit") return FLAME_OPTIMIZER_ADAMW;
+  if (type == "lion" || type == "lion8bit") return FLAME_OPTIMIZER_LION;
+  throw std::invalid_argument("optimizer.type: '" + type + "' is not one of adamw, lion, adamw8bit, lion8bit");
 }
+
+int32_t optimizer_state_bits(const std::string& type) { return type == "adamw8bit" || type == "lion8bit" ? 8 : 32; }
 
 flame_optimizer_options_t adapter_optimizer_options(const TrainConfig& config) {
   flame_optimizer_options_t o;

@@ -145,6 +145,8 @@ struct Trainer {
     check(flame_params_count(adapter.get(), &n), "flame_params_count");
     check(flame_params_tensors(adapter.get(), &tensors), "flame_params_tensors");
     check(flame_optimizer_create(ctx, &o, tensors, n, optimizer.out()), "flame_optimizer_create");
+    check(flame_optimizer_set_state_bits(optimizer.get(), optimizer_state_bits(config.optimizer.type)),
+          "flame_optimizer_set_state_bits");
   }
 
   // Clipping, the optimizer step and the gradients zeroed (in place with graphs, which keep

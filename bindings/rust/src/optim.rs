@@ -128,6 +128,13 @@ impl Optimizer {
         check(unsafe { (api.flame_optimizer_zero_grad)(self.raw, set_to_none as i32) })
     }
 
+    /// `flame_optimizer_set_state_bits`: 8 for blockwise 8-bit moments (bitsandbytes' AdamW8bit /
+    /// Lion8bit), 32 for f32 (the default); before the first step.
+    pub fn set_state_bits(&self, bits: i32) -> Result<()> {
+        let api = api()?;
+        check(unsafe { (api.flame_optimizer_set_state_bits)(self.raw, bits) })
+    }
+
     /// `flame_optimizer_set_lr`: the learning rate of one group, or of every group for None.
     pub fn set_lr(&self, group: Option<usize>, lr: f64) -> Result<()> {
         let api = api()?;

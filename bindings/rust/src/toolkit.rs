@@ -1188,6 +1188,7 @@ pub const HAND_WRAPPED: &[(&str, &str)] = &[
     ("flame_optimizer_step", "Optimizer::step"),
     ("flame_optimizer_zero_grad", "Optimizer::zero_grad"),
     ("flame_optimizer_set_lr", "Optimizer::set_lr"),
+    ("flame_optimizer_set_state_bits", "Optimizer::set_state_bits"),
     ("flame_optimizer_get_lr", "Optimizer::lr"),
     ("flame_optimizer_step_count", "Optimizer::step_count"),
     ("flame_optimizer_release", "Optimizer::drop"),
