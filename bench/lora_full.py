@@ -78,6 +78,9 @@ ROWS = {
     # FLAME only: a QLoRA-style NF4 base (64-value blocks, double-quantised scales, as bitsandbytes'
     # nf4 with compress_statistics; bitsandbytes is not on the bench machine), judged against the bf16 row
     "flux-b1-ckpt-nf4": ("flux", 1, 1, {"quantize": {"dtype": "nf4"}}),
+    # FLAME only: the bf16 ckpt row with AdamW's moments in 8 bits (flame_optimizer_set_state_bits, as
+    # bitsandbytes' AdamW8bit; not installed on the bench machine)
+    "flux-b1-ckpt-adamw8bit": ("flux", 1, 1, None, ["--state-bits", "8"]),
     # FLAME only: frozen blocks streamed from pinned host memory within 12 GiB of device memory for the
     # parameters (offload is not captured into graphs: eager only), judged against the bf16 ckpt row
     "flux-b1-ckpt-offload12": ("flux", 1, 1, {"offload": {"budget_bytes": 12 * 2**30}}),
@@ -251,7 +254,8 @@ def flame_row(spec, key, batch, ckpt, grad_cpu, args, graph, extra_options=None,
         return dict(error=(r.stderr or r.stdout).strip()[-1500:])
     res = json.loads(r.stdout.split("RESULT ", 1)[1].splitlines()[0])
     counts = {k: res[k] for k in ("launches_per_step", "cast_kernels_per_step", "host_syncs_per_step",
-                                  "driver_allocations_per_step", "optimizer_in_backward") if k in res}
+                                  "driver_allocations_per_step", "optimizer_in_backward", "optimizer_state_bytes",
+                                  "state_bits") if k in res}
     busy = {k: v for k, v in res.items() if k.startswith("busy_")}
     if busy.get("busy_error"):  # no fraction (RESULT's -1): busy_error says why
         busy.pop("busy_fraction", None)
@@ -312,7 +316,7 @@ def run_row(name, args):
     flags = ROWS[name][4] if len(ROWS[name]) > 4 else []
     spec = models_full.MODELS[key]()
     row = dict(row=name, model=spec["name"], batch=batch, checkpoint=ckpt, options=extra, tool_flags=flags)
-    if extra or args.flame_only:  # FLAME only; the output gradient has the latents' shape (Flux: packed hidden_states)
+    if extra or flags or args.flame_only:  # FLAME only; the output gradient has the latents' shape (Flux: packed hidden_states)
         g = torch.Generator().manual_seed(3)
         latents = batched(spec["inputs"], batch)["sample" if key == "sdxl" else "hidden_states"]
         grad_cpu = torch.randn(latents.shape, generator=g)

@@ -5,7 +5,7 @@
  *   flame_bench_model_step (--load PATH | --arch CLASS --config JSON) --inputs IN.safetensors
  *                          --grads G.safetensors [--options JSON] [--checkpoint N] [--warmup 2]
  *                          [--steps 5] [--out OUT.safetensors] [--lora JSON [--lr 1e-4] [--graph 1]
- *                          [--optimizer-in-backward | --clip-grad-norm MAX]] [--busy N]
+ *                          [--optimizer-in-backward | --clip-grad-norm MAX] [--state-bits 8]] [--busy N]
  *
  * --arch / --config make the model with flame_model_create (random init; no load rate) instead.
  * --lora adds an adapter with flame_model_add_lora(JSON) (freezing the base) and an AdamW optimizer
@@ -18,6 +18,8 @@
  * drops that gradient (optimizer_in_backward.h: why this is sound, with checkpointing and graphs);
  * the step after backward then has nothing left to do. Not with --clip-grad-norm (a global norm
  * needs every gradient before any update) nor --zero.
+ * --state-bits 8 (with --lora, not with --optimizer-in-backward) keeps the AdamW moments in 8 bits
+ * (flame_optimizer_set_state_bits; "state_bits" and "optimizer_state_bytes" in the result).
  * Loads PATH with flame_model_load (timed until the device is idle: the load rate is the file's size
  * over that time), then runs warm-up and timed steps of: forward on every tensor of IN, loss =
  * sum over the outputs o named in G of sum(o * G[o]), backward into every parameter that requires grad,
@@ -70,6 +72,7 @@ typedef struct {
   const char* grads;
   const char* out;
   long checkpoint, warmup, steps, graph, zero, busy;
+  long state_bits; /* the LoRA optimizer's moments: 32 (f32) or 8 (flame_optimizer_set_state_bits) */
   double lr, clip_grad_norm; /* clip_grad_norm 0: no clipping */
   int optimizer_in_backward;
 } Args;
@@ -90,7 +93,7 @@ static int check(flame_status_t s, const char* what) {
 static void usage(void) {
   fprintf(stderr, "usage: flame_bench_model_step (--load PATH | --arch CLASS --config JSON) --inputs IN.safetensors "
                   "--grads G.safetensors [--options JSON] [--checkpoint N] [--warmup N] [--steps N] [--out OUT.safetensors] "
-                  "[--lora JSON [--lr LR] [--graph 1] [--optimizer-in-backward | --clip-grad-norm MAX] | --zero STAGE [--lr LR]] "
+                  "[--lora JSON [--lr LR] [--graph 1] [--optimizer-in-backward | --clip-grad-norm MAX] [--state-bits 8] | --zero STAGE [--lr LR]] "
                   "[--busy N]\n");
   exit(1);
 }
@@ -122,9 +125,16 @@ static Args parse(int argc, char** argv) {
     else if (!strcmp(k, "--warmup")) a.warmup = strtol(v, NULL, 10);
     else if (!strcmp(k, "--steps")) a.steps = strtol(v, NULL, 10);
     else if (!strcmp(k, "--busy")) a.busy = strtol(v, NULL, 10);
+    else if (!strcmp(k, "--state-bits")) a.state_bits = strtol(v, NULL, 10);
     else usage();
   }
+  if (a.state_bits == 0) a.state_bits = 32;
   if ((!a.load == !a.arch) || !a.inputs || !a.grads || a.steps < 1 || a.warmup < 0 || a.busy < 0) usage();
+  if (a.state_bits != 32 && (!a.lora || a.optimizer_in_backward)) {
+    fprintf(stderr, "flame_bench_model_step: --state-bits sets the one LoRA optimizer's moments: it needs --lora "
+                    "without --optimizer-in-backward\n");
+    exit(1);
+  }
   if (a.graph && (!a.lora || a.warmup < 1)) usage();  /* a captured step needs the optimizer's state made */
   if (a.zero && (a.lora || a.graph || a.zero < 1 || a.zero > 3)) usage();
   if (a.clip_grad_norm < 0 || (a.clip_grad_norm > 0 && !a.lora)) usage();
@@ -448,6 +458,7 @@ int main(int argc, char** argv) {
       check(oib_create(ctx, &oo, list, n, &oib), "oib_create");
     else
       check(flame_optimizer_create(ctx, &oo, list, n, &opt), "flame_optimizer_create");
+    if (opt) check(flame_optimizer_set_state_bits(opt, (int32_t)a.state_bits), "flame_optimizer_set_state_bits");
   }
   check(flame_model_params(model, &params), "flame_model_params");
   flame_zero_t zero = NULL;
@@ -523,12 +534,12 @@ int main(int argc, char** argv) {
          "\"graph_error\": \"%s\", \"launches_per_step\": %.1f, \"cast_kernels_per_step\": %.1f, "
          "\"host_syncs_per_step\": %.1f, \"driver_allocations_per_step\": %.1f, \"start_to_first_step_ms\": %.1f, "
          "\"optimizer_state_bytes\": %llu, \"zero_stage\": %ld, \"optimizer_in_backward\": %d, "
-         "\"clip_grad_norm\": %g%s}\n",
+         "\"clip_grad_norm\": %g, \"state_bits\": %ld%s}\n",
          load_ms, bytes, bytes > 0 ? bytes / 1e9 / (load_ms / 1e3) : 0.0, ms[a.steps / 2], ms[0],
          (unsigned long long)mem.peak_bytes_in_use, a.steps, (long long)adapter_elements, graph != NULL, graph_error,
          (double)total.launches / a.steps, (double)total.cast_kernels / a.steps, (double)total.host_syncs / a.steps,
          (double)total.driver_allocations / a.steps, start_to_first_step_ms, (unsigned long long)state_bytes, a.zero,
-         a.optimizer_in_backward, a.clip_grad_norm, busy_json);
+         a.optimizer_in_backward, a.clip_grad_norm, a.state_bits, busy_json);
   free(ms);
   flame_graph_release(graph);
   flame_zero_release(zero);
