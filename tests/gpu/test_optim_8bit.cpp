@@ -12,37 +12,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
-#include <unistd.h>
 #include "host_ref.h"
+#include "temp_files_test.h"
 
 using namespace href;
 
 namespace {
 
-class Optim8bit : public GpuTest {
- protected:
-  void SetUp() override {
-    GpuTest::SetUp();
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/flame_optim8_XXXXXX";
-    ASSERT_NE(mkdtemp(&tmpl[0]), nullptr);
-    dir = tmpl;
-  }
-  void TearDown() override {
-    for (const std::string& f : files) std::remove(f.c_str());
-    if (!dir.empty()) rmdir(dir.c_str());
-    GpuTest::TearDown();
-  }
-  std::string path(const char* name) {
-    files.push_back(dir + "/" + name);
-    return files.back();
-  }
-  std::string dir;
-  std::vector<std::string> files;
-};
+class Optim8bit : public TempFilesTest {};
 
 // flame.h's code tables: decade i = 0 .. 6, n_i values 10^(i - 6) * (0.1 + 0.9 * (j + 0.5) / n_i),
 // with n_i = 2^i (signed: with the negatives) or 2^(i + 1) (unsigned); plus 0 and 1; ascending.

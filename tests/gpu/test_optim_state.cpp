@@ -5,38 +5,17 @@
 // parameters with f32 master weights and stochastic rounding (the rounding generator is part of the
 // state; the context's generator is disturbed in between to prove it). Then every rejected file
 // leaves the optimizer exactly as it was.
-#include <stdlib.h>
-#include <unistd.h>
 #include <cstdio>
 #include <string>
 #include <vector>
 #include "host_ref.h"
+#include "temp_files_test.h"
 
 using namespace href;
 
 namespace {
 
-class OptimState : public GpuTest {
- protected:
-  void SetUp() override {
-    GpuTest::SetUp();
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/flame_optstate_XXXXXX";
-    ASSERT_NE(mkdtemp(&tmpl[0]), nullptr);
-    dir = tmpl;
-  }
-  void TearDown() override {
-    for (const std::string& f : files) std::remove(f.c_str());
-    if (!dir.empty()) rmdir(dir.c_str());
-    GpuTest::TearDown();
-  }
-  std::string path(const char* name) {
-    files.push_back(dir + "/" + name);
-    return files.back();
-  }
-  std::string dir;
-  std::vector<std::string> files;
-};
+class OptimState : public TempFilesTest {};
 
 struct Config {
   const char* name;
