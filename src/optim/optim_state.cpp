@@ -255,6 +255,8 @@ void load_optimizer_state(Optimizer& opt, const std::string& path) {
     o.maximize = flag(g, "maximize", gw);
     o.master_weights = flag(g, "master_weights", gw);
     o.stochastic_rounding = flag(g, "stochastic_rounding", gw);
+    FLAME_CHECK(file_bits == 32 || !o.amsgrad, FLAME_ERROR_INVALID_FORMAT, gw,
+                ": amsgrad with 8-bit states (the 8-bit step keeps no maximum of the second moment)");
     try {
       validate_optimizer_options(o, opt.kind());
     } catch (const Error& e) {

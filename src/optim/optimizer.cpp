@@ -239,14 +239,16 @@ void Optimizer::upload_codes() {
   std::vector<float> host = blockwise8_codes(true);
   const std::vector<float> unsigned_codes = blockwise8_codes(false);
   host.insert(host.end(), unsigned_codes.begin(), unsigned_codes.end());
+  Tensor codes;
   {
     SetupScope setup(ctx);  // persists across replays; written below, outside any graph
-    codes_ = make_tensor(ctx, {static_cast<int64_t>(host.size())}, FLAME_DTYPE_F32);
+    codes = make_tensor(ctx, {static_cast<int64_t>(host.size())}, FLAME_DTYPE_F32);
   }
   RelaxedCaptureMode relaxed(ctx);
   // A pageable source: the copy is staged before cuMemcpyHtoDAsync returns.
-  ctx.check(ctx.drv.cuMemcpyHtoDAsync(codes_->data(), host.data(), host.size() * sizeof(float), ctx.init_stream()),
+  ctx.check(ctx.drv.cuMemcpyHtoDAsync(codes->data(), host.data(), host.size() * sizeof(float), ctx.init_stream()),
             "cuMemcpyHtoDAsync");
+  codes_ = std::move(codes);  // only once uploaded: a failed upload is tried again at the next step
 }
 
 uint64_t Optimizer::state_bytes() const {
@@ -318,14 +320,19 @@ void Optimizer::run_step() {
       const bool needs_m = adam || o.kind == FLAME_OPTIMIZER_LION || (o.kind == FLAME_OPTIMIZER_SGD && o.momentum > 0);
       const bool quantized = !sharded_ && quantizes(w);  // sharded optimizers keep 32-bit states
       const Shape absmax_shape = {(numel + kQuantBlock - 1) / kQuantBlock};
+      // A moment and its absmax are made together (a failed allocation leaves neither).
       if (needs_m && !p.m) {
-        p.m = zero_state(ctx, state_shape, quantized ? FLAME_DTYPE_U8 : cd);
-        if (quantized) p.m_absmax = zero_state(ctx, absmax_shape, FLAME_DTYPE_F32);  // all zero: m = 0
+        Tensor m = zero_state(ctx, state_shape, quantized ? FLAME_DTYPE_U8 : cd);
+        Tensor absmax = quantized ? zero_state(ctx, absmax_shape, FLAME_DTYPE_F32) : Tensor();  // all zero: m = 0
+        p.m = std::move(m);
+        p.m_absmax = std::move(absmax);
         p.first_step = t;
       }
       if (adam && !p.v) {
-        p.v = zero_state(ctx, state_shape, quantized ? FLAME_DTYPE_U8 : cd);
-        if (quantized) p.v_absmax = zero_state(ctx, absmax_shape, FLAME_DTYPE_F32);
+        Tensor v = zero_state(ctx, state_shape, quantized ? FLAME_DTYPE_U8 : cd);
+        Tensor absmax = quantized ? zero_state(ctx, absmax_shape, FLAME_DTYPE_F32) : Tensor();
+        p.v = std::move(v);
+        p.v_absmax = std::move(absmax);
       }
       if (adam && o.amsgrad && !p.vmax) p.vmax = zero_state(ctx, state_shape, cd);
       if (o.master_weights && w->dtype != cd && !p.master) {

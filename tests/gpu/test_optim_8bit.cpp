@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 #include "host_ref.h"
@@ -238,6 +240,20 @@ TEST_F(Optim8bit, StateFileResumesBitForBitAndNeedsTheSameWidth) {
   flame_optimizer_t narrow = make_optimizer(ctx, o, {b[0], b[1], b[2]}, 8);
   EXPECT_EQ(flame_optimizer_load_state(narrow, plain_file.c_str()), FLAME_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(flame_last_error_message()).find("32-bit"), std::string::npos) << flame_last_error_message();
+  // An 8-bit file whose group says amsgrad (which 8-bit states cannot keep) is refused.
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t at = bytes.find("amsgrad"), colon = bytes.find(':', at);
+  ASSERT_NE(at, std::string::npos);
+  ASSERT_EQ(bytes.at(colon + 1), '0');
+  bytes[colon + 1] = '1';
+  const std::string amsgrad_file = path("amsgrad.safetensors");
+  std::ofstream(amsgrad_file, std::ios::binary) << bytes;
+  EXPECT_EQ(flame_optimizer_load_state(narrow, amsgrad_file.c_str()), FLAME_ERROR_INVALID_FORMAT);
+  EXPECT_NE(std::string(flame_last_error_message()).find("amsgrad"), std::string::npos) << flame_last_error_message();
   for (flame_optimizer_t x : {opt, resumed, plain, narrow}) flame_optimizer_release(x);
 }
 
