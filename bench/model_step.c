@@ -99,7 +99,7 @@ static void usage(void) {
 }
 
 static Args parse(int argc, char** argv) {
-  Args a = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 2, 5, 0, 0, 0, 1e-4, 0, 0};
+  Args a = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 2, 5, 0, 0, 0, 32, 1e-4, 0, 0};
   for (int i = 1; i < argc; i += 2) {
     const char* k = argv[i];
     if (!strcmp(k, "--optimizer-in-backward")) {  /* the one option without a value */
@@ -128,7 +128,6 @@ static Args parse(int argc, char** argv) {
     else if (!strcmp(k, "--state-bits")) a.state_bits = strtol(v, NULL, 10);
     else usage();
   }
-  if (a.state_bits == 0) a.state_bits = 32;
   if ((!a.load == !a.arch) || !a.inputs || !a.grads || a.steps < 1 || a.warmup < 0 || a.busy < 0) usage();
   if (a.state_bits != 32 && (!a.lora || a.optimizer_in_backward)) {
     fprintf(stderr, "flame_bench_model_step: --state-bits sets the one LoRA optimizer's moments: it needs --lora "
