@@ -17,6 +17,8 @@ FLAME_ARG_ROW(flame_optimizer_zero_grad, a.opt("opt"), 0);
 FLAME_ARG_ROW(flame_optimizer_set_lr, a.opt("opt"), -1, 0.01);
 FLAME_ARG_ROW(flame_optimizer_get_lr, a.opt("opt"), 0, a.out<double>("lr"));
 FLAME_ARG_ROW(flame_optimizer_step_count, a.opt("opt"), a.out<int64_t>("steps"));
+// 32: the width a.opt (SGD, no state) already has; 8 is refused for SGD (tests/gpu/test_optim_8bit.cpp).
+FLAME_ARG_ROW(flame_optimizer_set_state_bits, a.opt("opt"), 32);
 FLAME_ARG_VOID(flame_optimizer_release, a.release_opt("opt"));
 
 FLAME_ARG_ROW(flame_clip_grad_norm, a.ctx("ctx"), a.ts("params", {param(), param()}), 2, 1.0, 2.0, 0,
