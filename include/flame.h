@@ -1374,6 +1374,8 @@ FLAME_API void flame_optimizer_release(flame_optimizer_t opt);
  * second (unsigned: these values, 0 and 1). The first step therefore equals the 32-bit step; later
  * ones differ by the rounding of the stored moments. Works in CUDA graphs; saved and loaded by
  * flame_optimizer_save_state / _load_state (a file loads only into an optimizer of the same width).
+ * opt is borrowed; nothing is allocated here (the moments are made, in this width, by the first step
+ * that sees a gradient) and nothing waits for the device. Setting the width opt already has is a no-op.
  * Errors: FLAME_ERROR_INVALID_ARGUMENT (opt NULL; bits not 8 or 32; 8 for an SGD optimizer, with
  * an amsgrad group, or on a sharded optimizer (flame_zero_create refuses 8-bit optimizers too);
  * a change once the optimizer holds state: choose the width before its first step),
